@@ -1,0 +1,18 @@
+"""radixlang_runtime: the serving runtime (scheduler, paged KV cache, model runner, server)."""
+
+from typing import Any
+
+__all__ = ["Engine", "ServerArgs"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:  # lazy: importing the package must not import torch
+    if name == "Engine":
+        from radixlang_runtime.engine import Engine
+
+        return Engine
+    if name == "ServerArgs":
+        from radixlang_runtime.server_args import ServerArgs
+
+        return ServerArgs
+    raise AttributeError(name)

@@ -1,0 +1,177 @@
+"""In-process Engine (offline use, tests, benchmarks): SGLang's offline API over our scheduler.
+
+    engine = Engine()                         # the embedded SmolLM2 model
+    engine.generate("The capital of France is", {"max_new_tokens": 16, "temperature": 0})
+    engine.shutdown()
+
+The scheduler runs on its own thread (SchedulerLoop), so concurrent `generate` calls from several
+threads are batched together continuously; a streaming call yields while others keep decoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Iterator, Optional, Union
+
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.model.resolve import resolve_model_dir, served_name
+from radixlang_runtime.model.runner import ModelRunner
+from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.scheduler.loop import ReqUpdate, SchedulerLoop
+from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.server_args import ServerArgs, server_args_from_kwargs
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, list[str], None]
+InputIds = Union[list[int], list[list[int]], None]
+SamplingArg = Union[dict[str, Any], list[dict[str, Any]], None]
+
+
+class Engine:
+    def __init__(self, model_path: Optional[str] = None, **server_args: Any):
+        from transformers import AutoTokenizer
+
+        self.server_args: ServerArgs = server_args_from_kwargs(model_path, **server_args)
+        args = self.server_args
+        self.model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
+        self.served_model_name = args.served_model_name or served_name(args.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_dir)
+        self.runner = ModelRunner(args, self.model_dir)
+        sizes = self.runner.sizes
+        self.context_len = sizes.context_len
+        self.vocab_size = self.runner.cfg.vocab_size
+        eos = set(self.runner.cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                page_size=args.page_size, context_len=sizes.context_len,
+                max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
+                chunked_prefill_size=args.chunked_prefill_size, eos_token_ids=tuple(sorted(eos)),
+                new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
+                new_token_ratio_decay=args.new_token_ratio_decay, debug_check_integrity=args.debug_check_integrity,
+            ),
+            self.runner,
+            PageAllocator(sizes.num_slots, args.page_size),
+            TableManager(sizes.table_rows),
+            detokenize=lambda ids: self.tokenizer.decode(ids),
+        )
+        self._loop = SchedulerLoop(self.scheduler, args.stream_interval)
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, prompt: Prompt = None, sampling_params: SamplingArg = None, input_ids: InputIds = None,
+                 stream: bool = False, rid: Union[str, list[str], None] = None) -> Any:
+        """Returns a dict (single prompt), a list of dicts (list input), or a generator of chunks."""
+        reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid)
+        if stream:
+            if is_batch or len(reqs) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            return self._stream(reqs[0])
+        queues = [(req, self._loop.submit(req, stream=False)) for req in reqs]
+        results = [self._result(req, q.get()) for req, q in queues]
+        return results if is_batch or len(results) > 1 else results[0]
+
+    def abort_request(self, rid: str) -> None:
+        self._loop.abort(rid)
+
+    def check_integrity(self) -> None:
+        """free + in use == total; only meaningful while no request is in flight."""
+        self.scheduler.check_integrity()
+
+    def shutdown(self) -> None:
+        self._loop.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ requests
+    def _make_reqs(self, prompt: Prompt, sampling_params: SamplingArg, input_ids: InputIds, rid) -> tuple[list[Req], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt / input_ids")
+        if prompt is not None:
+            is_batch = isinstance(prompt, list)
+            prompts = prompt if is_batch else [prompt]
+            if not all(isinstance(p, str) for p in prompts):
+                raise ValueError("prompt must be a string or a list of strings")
+            ids_list = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        else:
+            is_batch = bool(input_ids) and isinstance(input_ids[0], list)
+            ids_list = input_ids if is_batch else [input_ids]
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids_list):
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {len(ids_list)} prompts")
+            sps = [SamplingParams.from_dict(s) for s in sampling_params]
+        else:
+            sps = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
+        rids = rid if isinstance(rid, list) else [rid] * len(ids_list)
+        reqs = []
+        for i, (ids, sp) in enumerate(zip(ids_list, sps)):
+            self._validate(ids, sp)
+            for j in range(sp.n):
+                base = rids[i] or uuid.uuid4().hex
+                reqs.append(Req(rid=base if sp.n == 1 else f"{base}-{j}", input_ids=list(ids), sampling=sp))
+        return reqs, is_batch
+
+    def _validate(self, ids: list[int], sp: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
+        sp.check_vocab(self.vocab_size)
+        if len(ids) + sp.max_new_tokens > self.context_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the context length {self.context_len}"
+            )
+        if len(ids) + sp.max_new_tokens > self.runner.sizes.num_slots:
+            raise ValueError(
+                f"prompt + max_new_tokens ({len(ids) + sp.max_new_tokens}) exceeds the KV pool "
+                f"({self.runner.sizes.num_slots} tokens); raise --max-total-tokens"
+            )
+
+    # ------------------------------------------------------------------ results
+    def _stream(self, req: Req) -> Iterator[dict]:
+        q = self._loop.submit(req, stream=True)
+        try:
+            while True:
+                upd = q.get()
+                out = self._result(req, upd, partial=upd.finished_reason is None and upd.error is None)
+                yield out
+                if out["meta_info"]["finish_reason"] is not None:
+                    return
+        finally:
+            if not req.finished:  # the consumer stopped early: free the request's memory
+                self._loop.abort(req.rid)
+
+    def _result(self, req: Req, upd: ReqUpdate, partial: bool = False) -> dict:
+        if upd.error is not None:
+            raise RuntimeError(f"request {req.rid} failed: {upd.error}")
+        sp = req.sampling
+        text = self.tokenizer.decode(upd.output_ids, skip_special_tokens=sp.skip_special_tokens)
+        fin = upd.finished_reason
+        if partial:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next token
+        elif fin and fin.get("type") == "stop" and isinstance(fin.get("matched"), str) and not sp.no_stop_trim:
+            cut = text.find(fin["matched"])
+            if cut >= 0:
+                text = text[:cut]
+        end = req.finished_at or time.perf_counter()
+        return {
+            "text": text,
+            "output_ids": upd.output_ids,
+            "meta_info": {
+                "id": req.rid,
+                "prompt_tokens": len(req.input_ids),
+                "completion_tokens": len(upd.output_ids),
+                "cached_tokens": upd.cached_len,
+                "finish_reason": fin,
+                "e2e_latency": end - req.created_at,
+            },
+        }

@@ -1,0 +1,41 @@
+"""The attention-backend contract. Backends register in `attention/__init__.py` and are chosen
+by `--attention-backend`; the model calls `forward` once per layer and never sees paging."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixlang_runtime.model.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    @abstractmethod
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Once per step, before the layers: precompute index tensors into `fb.attn_meta`."""
+
+    @abstractmethod
+    def forward_extend(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """Causal attention of each request's new tokens over its prefix (in the pool) + themselves.
+
+        Args: q [T, H, D]; the layer's K/V for the new tokens are already stored at fb.out_loc.
+        Returns: [T, H * D].
+        """
+
+    @abstractmethod
+    def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """One new token per request over its whole sequence. q [B, H, D] -> [B, H * D]."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D]: stores k/v into the pool, then attends."""
+        fb.kv_pool.store(layer, fb.out_loc, k, v)
+        if fb.is_decode:
+            return self.forward_decode(q, layer, fb)
+        return self.forward_extend(q, layer, fb)

@@ -1,0 +1,30 @@
+"""ForwardBatch: the tensors of one step, built by the runner from a ScheduleBatch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from radixlang_runtime.mem.kv_pool import KVPool
+
+
+@dataclass
+class ForwardBatch:
+    phase: str  # "extend" | "decode"
+    batch_size: int  # B
+    input_ids: torch.Tensor  # [T] int64, T = sum(extend_lens)
+    positions: torch.Tensor  # [T] int64
+    out_loc: torch.Tensor  # [T] int64 slots the new K/V go to
+    req_rows: torch.Tensor  # [B] int64 rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int64 prefix + extend
+    seq_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    kv_pool: KVPool
+    attn_meta: Optional[Any] = None  # set by the attention backend's init_forward_metadata
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"

@@ -1,0 +1,148 @@
+"""GGUF -> HF directory (config.json + model.safetensors + tokenizer files).
+
+The `gguf` package reads and dequantizes the tensors (Q4_1, Q8_0, F16, ...) to float32. llama.cpp's
+converter permutes the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
+weights are the HF layout our model (and transformers) expects. The result is written atomically into
+a cache directory keyed by the GGUF file's identity, so the second start skips all of this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import numpy as np
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if not m or m.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+
+
+def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`: per head, rows (pair, half) -> (half, pair).
+
+    w: [n_heads * head_dim, ...] -> same shape, rows in HF (rotate_half) order.
+    """
+    head_dim = w.shape[0] // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_to_hf_config(reader) -> dict:
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})")
+    a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    names = {t.name for t in reader.tensors}
+    heads = int(a("attention.head_count"))
+    hidden = int(a("embedding_length"))
+    vocab = int(a("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", []))))
+    return {
+        "architectures": [_ARCHS[arch]],
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(a("feed_forward_length")),
+        "num_hidden_layers": int(a("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
+        "head_dim": int(a("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(a("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(a("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+
+
+def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
+    """Dequantized float32 tensors under HF names."""
+    from gguf.quants import dequantize
+
+    permute_qk = config["model_type"] == "llama"
+    out = {}
+    for t in reader.tensors:
+        w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        name = t.name
+        if permute_qk and name.endswith("attn_q.weight"):
+            w = unpermute_rotary_rows(w, config["num_attention_heads"])
+        elif permute_qk and name.endswith("attn_k.weight"):
+            w = unpermute_rotary_rows(w, config["num_key_value_heads"])
+        out[hf_tensor_name(name)] = w
+    return out
+
+
+def cache_key(gguf_path: str) -> str:
+    st = os.stat(gguf_path)
+    ident = f"{os.path.abspath(gguf_path)}:{st.st_size}:{int(st.st_mtime)}:v1"
+    stem = os.path.splitext(os.path.basename(gguf_path))[0]
+    return f"{stem}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+
+def convert_gguf(gguf_path: str, out_dir: str) -> str:
+    """Write an HF directory for `gguf_path` into `out_dir` (atomically). Returns out_dir."""
+    import gguf
+    from safetensors.numpy import save_file
+    from transformers import AutoTokenizer
+
+    reader = gguf.GGUFReader(gguf_path)
+    config = gguf_to_hf_config(reader)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+    try:
+        save_file(gguf_state_dict(reader, config), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        # transformers builds a fast tokenizer (vocab, merges, special tokens, chat template) from
+        # the GGUF metadata; we keep its files so later starts need no GGUF parsing at all.
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:  # another process won the race: keep theirs
+            if not os.path.exists(os.path.join(out_dir, "config.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

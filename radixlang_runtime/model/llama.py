@@ -1,0 +1,178 @@
+"""Llama-family decoder written for the paged KV pool (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3).
+
+Tokens of all requests in a step are flattened into one [T] axis; attention is the only place that
+knows about requests, through the backend and the ForwardBatch. q/k/v and gate/up are fused into one
+matmul each (weights are concatenated at load time).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlang_runtime.model.attention.base import AttentionBackend
+from radixlang_runtime.model.config import ModelConfig
+from radixlang_runtime.model.forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As HF: normalise in float32, cast back, then scale by the weight.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Rotary:
+    """Neox-style RoPE (rotate_half), cos/sin cached in float32 for every position.
+
+    A plain object, not a module: the model is built on the meta device and materialised with
+    `to_empty`, which must not wipe these tables.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device=device), inv_freq)  # [P, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self.cos = emb.cos()  # [P, D]
+        self.sin = emb.sin()  # [P, D]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        return self.forward(q, k, positions)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """q [T, H, D], k [T, Hkv, D], positions [T] -> rotated q, k."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, rotary: Rotary):
+        super().__init__()
+        self.layer_id = layer_id
+        self.h, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.backend = backend
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.h, self.d)
+        k = k.view(T, self.hkv, self.d)
+        v = v.view(T, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q, k, fb.positions)
+        o = self.backend.forward(q, k, v, self.layer_id, fb)  # [T, H D]
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, rotary: Rotary):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id, backend, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = rotary
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, self.rotary) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
+        (all T rows when None)."""
+        x = self.embed_tokens(fb.input_ids)  # [T, hidden]
+        for layer in self.layers:
+            x = layer(x, fb)
+        if logit_rows is not None:
+            x = x[logit_rows]
+        x = self.norm(x)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, w).float()  # [R, V]
+
+    # --- weights ---
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load HF-named tensors; fuses q/k/v and gate/up. Every parameter must be covered."""
+        cfg = self.cfg
+        own = dict(self.named_parameters())
+        done: set[str] = set()
+
+        def put(name: str, value: torch.Tensor) -> None:
+            p = own[name]
+            if p.shape != value.shape:
+                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
+            with torch.no_grad():
+                p.copy_(value)
+            done.add(name)
+
+        def take(name: str) -> torch.Tensor:
+            if name not in tensors:
+                raise ValueError(f"checkpoint is missing {name}")
+            return tensors[name]
+
+        put("embed_tokens.weight", take("model.embed_tokens.weight"))
+        put("norm.weight", take("model.norm.weight"))
+        if self.lm_head is not None:
+            put("lm_head.weight", take("lm_head.weight"))
+        for i in range(cfg.num_hidden_layers):
+            src, dst = f"model.layers.{i}.", f"layers.{i}."
+            a = src + "self_attn."
+            put(dst + "self_attn.qkv_proj.weight",
+                torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]))
+            if cfg.attention_bias:
+                put(dst + "self_attn.qkv_proj.bias",
+                    torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]))
+            put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight"))
+            if cfg.qk_norm:
+                put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
+                put(dst + "self_attn.k_norm.weight", take(a + "k_norm.weight"))
+            m = src + "mlp."
+            put(dst + "mlp.gate_up_proj.weight", torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
+            put(dst + "mlp.down_proj.weight", take(m + "down_proj.weight"))
+            put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
+            put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
+        missing = sorted(set(own) - done)
+        if missing:
+            raise ValueError(f"parameters not loaded: {missing[:5]}")

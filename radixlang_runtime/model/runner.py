@@ -1,0 +1,144 @@
+"""ModelRunner: owns the model, the KV pool and the sampler; runs one ScheduleBatch per call."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from radixlang_runtime.mem.kv_pool import KVPool
+from radixlang_runtime.model.attention import create_attention_backend
+from radixlang_runtime.model.config import ModelConfig
+from radixlang_runtime.model.forward_batch import ForwardBatch
+from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
+from radixlang_runtime.model.sampler import Sampler
+from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_BUDGET = 1 << 30  # bytes
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RunnerSizes:
+    """What the scheduler needs to know about the runner's memory."""
+
+    num_slots: int
+    table_rows: int
+    context_len: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    # auto: bfloat16 on CPU (oneDNN bf16 GEMMs) and on GPU.
+    return torch.bfloat16 if name == "auto" else _DTYPES[name]
+
+
+def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_dir: str):
+        self.args = args
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.cfg = cfg = ModelConfig.from_dir(model_dir)
+        self.context_len = args.context_length or cfg.max_position_embeddings
+
+        backend = create_attention_backend(args.attention_backend, cfg.num_attention_heads,
+                                           cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim ** -0.5)
+        self.backend = backend
+        rotary = Rotary(cfg.head_dim, cfg.rope_theta, self.context_len, self.device)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg, backend, rotary)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        model.load_hf_state_dict(load_safetensors_dir(model_dir))
+        self.model = model.eval()
+
+        num_slots = self._kv_slots()
+        table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
+        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                              self.dtype, self.device, table_rows, self.context_len)
+        self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
+        seed = args.random_seed if args.random_seed is not None else 0
+        self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
+        logger.info("model %s: %s on %s, KV pool %d tokens, %d request rows",
+                    cfg.architecture, self.dtype, self.device, num_slots, table_rows)
+
+    def _kv_slots(self) -> int:
+        a, cfg = self.args, self.cfg
+        ps = a.page_size
+        if a.max_total_tokens is not None:
+            return a.max_total_tokens // ps * ps
+        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info()
+            budget = int(free * (a.mem_fraction_static or 0.85))
+        else:
+            budget = a.kv_cache_budget_bytes or DEFAULT_CPU_KV_BUDGET
+        return max(ps, budget // per_token // ps * ps)
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def forward(self, batch: ScheduleBatch) -> None:
+        fb = self._build_forward_batch(batch)
+        self.backend.init_forward_metadata(fb)
+        sample_idx = [i for i, s in enumerate(batch.sample) if s]
+        if not sample_idx:
+            # Non-final chunks and prefill-only requests: run the layers for their K/V, skip the head.
+            self.model(fb, logit_rows=torch.empty(0, dtype=torch.int64, device=self.device))
+            batch.next_token_ids = []
+            return
+        ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
+        rows = torch.tensor([ends[i] - 1 for i in sample_idx], dtype=torch.int64, device=self.device)
+        logits = self.model(fb, logit_rows=rows)  # [R, V] float32
+        batch.next_token_ids = self.sampler.sample(logits, [batch.reqs[i] for i in sample_idx])
+
+    def _build_forward_batch(self, batch: ScheduleBatch) -> ForwardBatch:
+        dev = self.device
+        B = batch.batch_size
+        req_rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64, device=dev)
+        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev)
+        extend_lens = [len(x) for x in batch.extend_ids]
+        out_loc = torch.tensor(list(itertools.chain.from_iterable(batch.out_locs)), dtype=torch.int64, device=dev)
+        input_ids = torch.tensor(list(itertools.chain.from_iterable(batch.extend_ids)), dtype=torch.int64, device=dev)
+        if batch.phase == "decode":
+            positions = prefix
+            row_of_token = req_rows
+        else:
+            lens = torch.tensor(extend_lens, dtype=torch.int64, device=dev)
+            starts = torch.cumsum(lens, 0) - lens
+            T = int(input_ids.shape[0])
+            positions = torch.arange(T, device=dev) + torch.repeat_interleave(prefix - starts, lens)
+            row_of_token = torch.repeat_interleave(req_rows, lens)
+        # Record where each new position's K/V lives: req_to_token[row, pos] = slot.
+        self.kv_pool.req_to_token[row_of_token, positions] = out_loc
+        seq_lens_cpu = [p + n for p, n in zip(batch.prefix_lens, extend_lens)]
+        return ForwardBatch(
+            phase=batch.phase, batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
+            req_rows=req_rows, seq_lens=prefix + torch.tensor(extend_lens, dtype=torch.int64, device=dev),
+            seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=extend_lens,
+            kv_pool=self.kv_pool,
+        )

@@ -1,0 +1,105 @@
+"""Per-request sampling parameters (SGLang's names), validated once on arrival. Torch-free."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+GREEDY_EPS = 1e-6  # temperature below this is greedy
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    regex: Optional[str] = None
+    json_schema: Optional[str] = None
+    sampling_seed: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        if d.get("stop_token_ids") is None:
+            d.pop("stop_token_ids", None)
+        if d.get("stop_regex") is None:
+            d.pop("stop_regex", None)
+        sp = cls(**d)
+        sp.normalize()
+        return sp
+
+    # --- derived ---
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS or self.top_k == 1
+
+    @property
+    def stop_strs(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def normalize(self) -> None:
+        """Type checks and range checks; raises ValueError naming the field and the allowed range."""
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool), f"{name} must be a number, got {v!r}")
+            setattr(self, name, float(v))
+        need(self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        need(0 <= self.min_new_tokens <= self.max_new_tokens,
+             f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}")
+        need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        need(-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        need(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        need(0.0 < self.repetition_penalty <= 2.0, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        need(self.n >= 1, f"n must be >= 1, got {self.n}")
+        need(self.stop is None or isinstance(self.stop, str)
+             or (isinstance(self.stop, list) and all(isinstance(s, str) for s in self.stop)),
+             "stop must be a string or a list of strings")
+        need(all(isinstance(s, str) and s for s in self.stop_strs), "stop strings must be non-empty")
+        need(isinstance(self.stop_token_ids, list) and all(isinstance(t, int) for t in self.stop_token_ids),
+             "stop_token_ids must be a list of integers")
+        need(self.regex is None or self.json_schema is None, "at most one of regex / json_schema may be set")
+        need(self.sampling_seed is None or isinstance(self.sampling_seed, int), "sampling_seed must be an integer")
+        if self.regex is not None or self.json_schema is not None or self.stop_regex:
+            # Constrained decoding lands with the grammar backend; refuse rather than ignore.
+            raise ValueError("regex / json_schema / stop_regex constrained decoding is not supported yet")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")

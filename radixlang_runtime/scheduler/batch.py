@@ -1,0 +1,31 @@
+"""What one forward step runs (torch-free): the runner turns it into tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from radixlang_runtime.scheduler.request import Req
+
+Phase = Literal["extend", "decode"]
+
+
+@dataclass
+class ScheduleBatch:
+    phase: Phase
+    reqs: list[Req]
+    # Per request, aligned with reqs:
+    prefix_lens: list[int]  # kv_len before this step (positions already in the pool)
+    extend_ids: list[list[int]]  # tokens to run; a decode step runs exactly one per request
+    out_locs: list[list[int]]  # slots where this step stores their K/V (same lengths as extend_ids)
+    sample: list[bool]  # False for a non-final prefill chunk (or max_new_tokens == 0): no token is drawn
+    # Filled by the runner:
+    next_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(x) for x in self.extend_ids)

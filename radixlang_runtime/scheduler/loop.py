@@ -1,0 +1,112 @@
+"""SchedulerLoop: runs the scheduler on a thread and hands each request's progress to its waiter.
+
+Requests come in through a thread-safe inbox; while the scheduler has work it drains the inbox
+without blocking (so requests join between any two steps), and blocks on it when idle.
+The in-process Engine uses this directly; the server's scheduler process will wrap the same loop
+with ZeroMQ queues instead of Python ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReqUpdate:
+    """A snapshot of a request's progress, safe to read on another thread."""
+
+    output_ids: list[int]
+    finished_reason: Optional[dict]
+    cached_len: int
+    error: Optional[str] = None
+
+
+@dataclass
+class _Waiter:
+    req: Req
+    out: "queue.Queue[ReqUpdate]"
+    stream: bool
+    sent_len: int = 0
+
+
+@dataclass
+class _Abort:
+    rid: str
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Scheduler, stream_interval: int = 1):
+        self.scheduler = scheduler
+        self.stream_interval = stream_interval
+        self._inbox: "queue.Queue[object]" = queue.Queue()
+        self._waiters: dict[str, _Waiter] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radixlang-scheduler", daemon=True)
+        self._thread.start()
+
+    # --- producer side (any thread) ---
+    def submit(self, req: Req, stream: bool) -> "queue.Queue[ReqUpdate]":
+        out: "queue.Queue[ReqUpdate]" = queue.Queue()
+        self._inbox.put(_Waiter(req, out, stream))
+        return out
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(_Abort(rid))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    # --- the loop (scheduler thread) ---
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=self.scheduler.is_idle)
+            if self._stop.is_set():
+                break
+            try:
+                touched = self.scheduler.step()
+            except Exception as e:  # never leave a waiter hanging: fail what was in flight
+                logger.exception("scheduler step failed")
+                for req in self.scheduler.abort_all():
+                    self._emit(req, error=f"internal error: {e!r}")
+                continue
+            for req in touched:
+                self._emit(req)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, _Waiter):
+                self._waiters[item.req.rid] = item
+                self.scheduler.add_request(item.req)
+            elif isinstance(item, _Abort):
+                self.scheduler.abort(item.rid)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _emit(self, req: Req, error: Optional[str] = None) -> None:
+        w = self._waiters.get(req.rid)
+        if w is None:
+            return
+        n = len(req.output_ids)
+        done = req.finished or error is not None
+        if done or (w.stream and n - w.sent_len >= self.stream_interval):
+            w.sent_len = n
+            w.out.put(ReqUpdate(list(req.output_ids), req.finished_reason, req.cached_len, error))
+        if done:
+            del self._waiters[req.rid]

@@ -1,0 +1,89 @@
+"""Prefill admission (torch-free): which waiting requests join the next prefill batch.
+
+PrefillAdder admits requests in queue order while every budget holds:
+- rem_total_tokens: free KV slots minus what running requests are expected to still decode
+  (remaining new tokens x new_token_ratio, clipped), so admitting a request does not starve them;
+- rem_input_tokens: prefill tokens per batch (--max-prefill-tokens);
+- rem_chunk_tokens: the most one request may prefill in one step (--chunked-prefill-size); a longer
+  prompt is truncated to a chunk and continues next step (at most one chunked request at a time);
+- free request-table rows and --max-running-requests.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from radixlang_runtime.scheduler.request import Req
+
+CLIP_MAX_NEW_TOKENS = 4096  # a request's decode reservation never counts more than this
+
+
+class AddResult(enum.Enum):
+    CONTINUE = "continue"  # admitted; try the next one
+    NO_TOKEN = "no_token"  # out of KV or input budget: stop this round
+    OTHER = "other"  # out of rows / request slots: stop this round
+
+
+def decode_reservation(req: Req, new_token_ratio: float) -> int:
+    return int(min(req.remaining_new_tokens, CLIP_MAX_NEW_TOKENS) * new_token_ratio)
+
+
+def prefill_target_len(req: Req) -> int:
+    """Positions that must be in the KV pool before the request can decode.
+
+    A fresh request prefills its prompt and samples its first token. A retracted one already has
+    outputs: it recomputes everything but its last token, which is its next decode input.
+    """
+    return req.seq_len - 1 if req.output_ids else req.seq_len
+
+
+@dataclass
+class Admission:
+    req: Req
+    extend_len: int
+    is_last_chunk: bool
+
+
+@dataclass
+class PrefillAdder:
+    page_size: int
+    rem_total_tokens: int
+    rem_input_tokens: int
+    rem_chunk_tokens: int  # -1: no chunking
+    rem_rows: int
+    rem_running: int
+    new_token_ratio: float
+    running_empty: bool  # nothing decoding: admit the first request even if its reservation won't fit
+    admitted: list[Admission] = field(default_factory=list)
+
+    def _pages(self, cur_len: int, extend_len: int) -> int:
+        ps = self.page_size
+        return (-(-(cur_len + extend_len) // ps) - (-(-cur_len // ps))) * ps
+
+    def add_one(self, req: Req, holds_row: bool) -> AddResult:
+        if not holds_row and (self.rem_rows <= 0 or self.rem_running <= 0):
+            return AddResult.OTHER
+        remaining = prefill_target_len(req) - req.kv_len
+        extend = remaining
+        if self.rem_chunk_tokens != -1:
+            extend = min(extend, self.rem_chunk_tokens)
+        extend = min(extend, self.rem_input_tokens)
+        if extend <= 0:
+            return AddResult.NO_TOKEN
+        is_last = extend == remaining
+        need_now = self._pages(req.kv_len, extend)
+        need = need_now + (decode_reservation(req, self.new_token_ratio) if is_last else 0)
+        if need > self.rem_total_tokens:
+            # Progress guarantee: with nothing decoding, the head request runs if its prefill fits;
+            # retract_decode handles the rest should its decode run out of memory later.
+            if not (self.running_empty and not self.admitted and need_now <= self.rem_total_tokens):
+                return AddResult.NO_TOKEN
+            need = need_now
+        self.rem_total_tokens -= need
+        self.rem_input_tokens -= extend
+        if not holds_row:
+            self.rem_rows -= 1
+            self.rem_running -= 1
+        self.admitted.append(Admission(req, extend, is_last))
+        return AddResult.CONTINUE if is_last else AddResult.OTHER

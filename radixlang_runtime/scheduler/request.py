@@ -1,0 +1,60 @@
+"""A request as the scheduler sees it (torch-free).
+
+Lengths (mini-sglang's vocabulary):
+- fill_ids = input_ids + output_ids: every token the request has seen.
+- kv_len = len(kv_indices): positions 0..kv_len-1 have K/V in the pool.
+- While decoding, kv_len == len(fill_ids) - 1: the last sampled token is the next decode input.
+- extend_len: tokens a prefill step adds (fill_ids[kv_len : kv_len + extend_len]).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixlang_runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class Req:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    # --- memory ---
+    table_idx: int = -1  # row in req_to_token, -1 when not holding one
+    kv_indices: list[int] = field(default_factory=list)  # slot of each position with K/V stored
+    cached_len: int = 0  # prompt tokens served from the prefix cache (reported as cached_tokens)
+    # --- state ---
+    finished_reason: Optional[dict[str, Any]] = None
+    stop_str_tail: str = ""  # decoded tail of the output used to look for stop strings
+    num_retractions: int = 0
+    # --- timing ---
+    created_at: float = field(default_factory=time.perf_counter)
+    first_token_at: Optional[float] = None
+    finished_at: Optional[float] = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.kv_indices)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.sampling.max_new_tokens - len(self.output_ids), 0)
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        self.finished_reason = reason
+        self.finished_at = time.perf_counter()

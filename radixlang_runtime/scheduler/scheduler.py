@@ -1,0 +1,260 @@
+"""The scheduler core (torch-free): continuous batching, prefill first.
+
+Each `step()`: drop aborted requests -> form a batch (a prefill batch if one can be admitted,
+otherwise one decode step over every running request) -> `runner.forward(batch)` -> append sampled
+tokens, finish requests, free their memory. The runner is anything with `forward(ScheduleBatch)`
+that fills `batch.next_token_ids` (one per request whose `sample` flag is set), so tests drive this
+class with a fake runner and no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.scheduler.policy import AddResult, PrefillAdder, decode_reservation, prefill_target_len
+from radixlang_runtime.scheduler.request import Req
+
+
+class Runner(Protocol):
+    def forward(self, batch: ScheduleBatch) -> None: ...
+
+
+@dataclass
+class SchedulerConfig:
+    page_size: int
+    context_len: int
+    max_running_requests: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int  # -1: off
+    eos_token_ids: tuple[int, ...]
+    new_token_ratio_init: float = 0.7
+    new_token_ratio_min: float = 0.1
+    new_token_ratio_decay: float = 0.001
+    debug_check_integrity: bool = False
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, runner: Runner, allocator: PageAllocator, table: TableManager,
+                 detokenize: Callable[[list[int]], str]):
+        self.cfg = cfg
+        self.runner = runner
+        self.allocator = allocator
+        self.table = table
+        self.detokenize = detokenize
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Optional[Req] = None  # a prompt mid-way through chunked prefill
+        self._to_abort: set[str] = set()
+        self.new_token_ratio = cfg.new_token_ratio_init
+        self.num_retracted_total = 0
+        self.forward_steps = 0
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        self._to_abort.add(rid)
+
+    @property
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked_req)
+
+    # ------------------------------------------------------------------ the loop body
+    def step(self) -> list[Req]:
+        """One scheduling iteration. Returns the requests that produced tokens or finished."""
+        touched = self._process_aborts()
+        batch = self.get_next_batch_to_run()
+        if batch is None:
+            if self.cfg.debug_check_integrity and self.is_idle:
+                self.check_integrity()
+            return touched
+        self.runner.forward(batch)
+        self.forward_steps += 1
+        return touched + self._process_batch_result(batch)
+
+    def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
+        if self.waiting or self.chunked_req:
+            batch = self._get_new_prefill_batch()
+            if batch is not None:
+                return batch
+        if self.running:
+            return self._get_decode_batch()
+        return None
+
+    # ------------------------------------------------------------------ prefill
+    def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
+        cfg = self.cfg
+        adder = PrefillAdder(
+            page_size=cfg.page_size,
+            rem_total_tokens=self.allocator.available_size()
+            - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
+            rem_input_tokens=cfg.max_prefill_tokens,
+            rem_chunk_tokens=cfg.chunked_prefill_size,
+            rem_rows=self.table.available,
+            rem_running=cfg.max_running_requests - len(self.running) - (1 if self.chunked_req else 0),
+            new_token_ratio=self.new_token_ratio,
+            running_empty=not self.running,
+        )
+        proceed = True
+        if self.chunked_req is not None:  # the chunked request goes first; others may follow its last chunk
+            proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
+        if proceed:
+            for req in self.waiting:
+                if adder.add_one(req, holds_row=False) != AddResult.CONTINUE:
+                    break
+        if not adder.admitted:
+            return None
+        admitted_ids = {id(a.req) for a in adder.admitted}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+
+        reqs, prefix_lens, extend_ids, out_locs, sample = [], [], [], [], []
+        for a in adder.admitted:
+            req = a.req
+            if req.table_idx < 0:
+                req.table_idx = self.table.allocate()
+            start = req.kv_len
+            slots = self._alloc(req, a.extend_len)
+            reqs.append(req)
+            prefix_lens.append(start)
+            extend_ids.append(req.fill_ids[start:start + a.extend_len])
+            out_locs.append(slots)
+            # A retracted request (it has outputs) resumes decoding without drawing a token here.
+            sample.append(a.is_last_chunk and not req.output_ids and req.sampling.max_new_tokens > 0)
+            self.chunked_req = None if a.is_last_chunk else req
+        return ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample)
+
+    # ------------------------------------------------------------------ decode
+    def _get_decode_batch(self) -> ScheduleBatch:
+        self._ensure_decode_memory()
+        reqs = list(self.running)
+        prefix_lens = [r.kv_len for r in reqs]
+        extend_ids = [[r.fill_ids[-1]] for r in reqs]
+        out_locs = [self._alloc(r, 1) for r in reqs]
+        self.new_token_ratio = max(self.new_token_ratio - self.cfg.new_token_ratio_decay, self.cfg.new_token_ratio_min)
+        return ScheduleBatch("decode", reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs))
+
+    def _ensure_decode_memory(self) -> None:
+        """retract_decode: while the next step's slots don't fit, send requests back to waiting.
+
+        The retracted request keeps its output ids; its KV is freed and recomputed on readmission,
+        so its greedy output is unchanged. The victim is the one with the most tokens still to decode
+        (ties: the newest), as in SGLang.
+        """
+        def need() -> int:
+            return sum(self.allocator.slots_needed(r.kv_len, 1) for r in self.running)
+
+        retracted = False
+        while self.running and need() > self.allocator.available_size():
+            if len(self.running) == 1:
+                raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
+            victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
+            self.running.remove(victim)
+            self._release(victim)
+            victim.num_retractions += 1
+            self.num_retracted_total += 1
+            self.waiting.insert(0, victim)
+            retracted = True
+        if retracted:
+            self.new_token_ratio = self.cfg.new_token_ratio_init
+
+    # ------------------------------------------------------------------ results
+    def _process_batch_result(self, batch: ScheduleBatch) -> list[Req]:
+        touched: list[Req] = []
+        tokens = iter(batch.next_token_ids)
+        now = time.perf_counter()
+        for req, sampled in zip(batch.reqs, batch.sample):
+            if batch.phase == "extend" and req is self.chunked_req:
+                continue  # more chunks to go
+            if sampled:
+                req.output_ids.append(next(tokens))
+                if req.first_token_at is None:
+                    req.first_token_at = now
+                self._check_finished(req)
+            elif req.sampling.max_new_tokens == 0:
+                req.finish({"type": "length", "length": 0})
+            touched.append(req)
+            if req.finished:
+                if batch.phase == "decode":
+                    self.running.remove(req)
+                self._release(req)
+            elif batch.phase == "extend":
+                self.running.append(req)
+        return touched
+
+    def _check_finished(self, req: Req) -> None:
+        sp = req.sampling
+        out = req.output_ids
+        last = out[-1]
+        if len(out) >= sp.min_new_tokens:
+            if last in sp.stop_token_ids or (not sp.ignore_eos and last in self.cfg.eos_token_ids):
+                req.finish({"type": "stop", "matched": last})
+                return
+            stops = sp.stop_strs
+            if stops:
+                window = max(len(s) for s in stops) + 2
+                tail = self.detokenize(out[-window:])
+                for s in stops:
+                    if s in tail:
+                        req.finish({"type": "stop", "matched": s})
+                        return
+        if len(out) >= sp.max_new_tokens:
+            req.finish({"type": "length", "length": sp.max_new_tokens})
+        elif req.seq_len >= self.cfg.context_len:
+            req.finish({"type": "length", "length": len(out)})
+
+    # ------------------------------------------------------------------ memory
+    def _alloc(self, req: Req, n: int) -> list[int]:
+        last = req.kv_indices[-1] if req.kv_indices else -1
+        slots = self.allocator.alloc_extend(last, req.kv_len, n)
+        req.kv_indices.extend(slots)
+        return slots
+
+    def _release(self, req: Req) -> None:
+        if req.kv_indices:
+            self.allocator.free(req.kv_indices)
+            req.kv_indices = []
+        if req.table_idx >= 0:
+            self.table.free(req.table_idx)
+            req.table_idx = -1
+
+    def _process_aborts(self) -> list[Req]:
+        if not self._to_abort:
+            return []
+        aborted: list[Req] = []
+        for req in list(self.waiting) + list(self.running) + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid in self._to_abort:
+                aborted.append(req)
+        for req in aborted:
+            if req in self.waiting:
+                self.waiting.remove(req)
+            if req in self.running:
+                self.running.remove(req)
+            if req is self.chunked_req:
+                self.chunked_req = None
+            self._release(req)
+            req.finish({"type": "abort", "message": "aborted by request"})
+        self._to_abort.clear()
+        return aborted
+
+    def abort_all(self, message: str = "aborted") -> list[Req]:
+        """Release every request (used when a step fails); returns them, finished with `abort`."""
+        reqs = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
+        self.waiting, self.running, self.chunked_req = [], [], None
+        for req in reqs:
+            self._release(req)
+            req.finish({"type": "abort", "message": message})
+        return reqs
+
+    def check_integrity(self) -> None:
+        """free + in use == total for slots and table rows (no cache yet: cached == 0)."""
+        ps = self.cfg.page_size
+        live = self.running + self.waiting + ([self.chunked_req] if self.chunked_req else [])
+        in_use = sum(-(-r.kv_len // ps) * ps for r in live)
+        self.allocator.check_integrity(expected_in_use_slots=in_use)
+        self.table.check_integrity(rows_in_use=sum(1 for r in live if r.table_idx >= 0))

@@ -1,0 +1,131 @@
+"""Server arguments: one dataclass, SGLang's flag names; argparse reads its defaults from it.
+
+Importable without torch. "auto" values (dtype, memory sizes) are resolved by the model runner,
+which knows the device and the model; the dataclass itself only validates what it can see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Literal, Optional
+
+SchedulePolicy = Literal["lpm", "fcfs", "dfs-weight"]
+
+
+@dataclass
+class ServerArgs:
+    # --- model ---
+    model_path: Optional[str] = None  # None: the embedded default (SmolLM2-135M-Instruct GGUF)
+    tokenizer_path: Optional[str] = None
+    served_model_name: Optional[str] = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bfloat16 on CPU)
+    context_length: Optional[int] = None
+    device: str = "auto"  # auto | cpu | cuda
+    model_cache_dir: Optional[str] = None  # where GGUF conversions are cached
+
+    # --- http ---
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None
+    enable_metrics: bool = False
+    log_level: str = "info"
+    chat_template: Optional[str] = None
+
+    # --- parallelism ---
+    tp_size: int = 1
+    dp_size: int = 1
+
+    # --- memory ---
+    mem_fraction_static: Optional[float] = None  # GPU: share of device memory for weights + KV
+    max_total_tokens: Optional[int] = None  # KV pool size in tokens (overrides the memory budget)
+    kv_cache_budget_bytes: Optional[int] = None  # CPU: bytes for the KV pool (default 2 GiB)
+    page_size: int = 1
+    max_running_requests: Optional[int] = None
+
+    # --- scheduling ---
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 8192  # -1 disables chunking
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    new_token_ratio_init: float = 0.7
+    new_token_ratio_min: float = 0.1
+    new_token_ratio_decay: float = 0.001
+    stream_interval: int = 1
+    random_seed: Optional[int] = None
+    debug_check_integrity: bool = False  # run allocator checks whenever the scheduler goes idle
+
+    # --- kernels / constraints ---
+    attention_backend: str = "torch"
+    grammar_backend: str = "outlines"
+    disable_jump_forward: bool = False
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(self.dtype in ("auto", "float32", "bfloat16", "float16"),
+             f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
+        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda; got {self.device!r}")
+        need(self.page_size >= 1, f"page_size must be >= 1; got {self.page_size}")
+        need(self.tp_size >= 1 and self.dp_size >= 1, "tp_size and dp_size must be >= 1")
+        need(self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
+        need(self.chunked_prefill_size == -1 or self.chunked_prefill_size >= self.page_size,
+             "chunked_prefill_size must be -1 (off) or >= page_size")
+        need(self.schedule_policy in ("lpm", "fcfs", "dfs-weight"),
+             f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
+        need(self.attention_backend in ("torch", "triton"),
+             f"attention_backend must be torch or triton; got {self.attention_backend!r}")
+        need(self.grammar_backend in ("outlines", "none"), "grammar_backend must be outlines or none")
+        need(self.max_total_tokens is None or self.max_total_tokens >= self.page_size,
+             "max_total_tokens must be >= page_size")
+        need(self.max_running_requests is None or self.max_running_requests >= 1,
+             "max_running_requests must be >= 1")
+        need(self.mem_fraction_static is None or 0.0 < self.mem_fraction_static < 1.0,
+             "mem_fraction_static must be in (0, 1)")
+        need(self.stream_interval >= 1, "stream_interval must be >= 1")
+        need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
+             "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
+
+    # --- CLI ---
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """One flag per field, `--kebab-case`, defaults read from the dataclass."""
+        for f in fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", default=default)
+                continue
+            kind = _CLI_TYPES.get(f.name, str)
+            parser.add_argument(flag, type=kind, default=default)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
+
+    def replace(self, **changes) -> "ServerArgs":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_INT_FIELDS = {
+    "context_length", "port", "tp_size", "dp_size", "max_total_tokens", "kv_cache_budget_bytes",
+    "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
+    "stream_interval", "random_seed",
+}
+_FLOAT_FIELDS = {"mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay"}
+_CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
+
+
+def server_args_from_kwargs(model_path: Optional[str] = None, **kwargs) -> ServerArgs:
+    """Engine(model_path=..., **server_args): unknown names raise a TypeError naming them."""
+    known = {f.name for f in fields(ServerArgs)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
+    return ServerArgs(model_path=model_path, **kwargs)
