@@ -41,14 +41,21 @@ class Engine:
         self.model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         self.served_model_name = args.served_model_name or served_name(args.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_dir)
-        self.runner = ModelRunner(args, self.model_dir)
-        sizes = self.runner.sizes
-        self.context_len = sizes.context_len
+        self._loop = SchedulerLoop(lambda: self._build_scheduler(args), args.stream_interval)
+        self.scheduler: Scheduler = self._loop.scheduler
+        self.runner: ModelRunner = self.scheduler.runner
+        self.context_len = self.runner.sizes.context_len
         self.vocab_size = self.runner.cfg.vocab_size
-        eos = set(self.runner.cfg.eos_token_ids)
+
+    def _build_scheduler(self, args: ServerArgs) -> Scheduler:
+        """Runs on the scheduler thread: every torch op of the engine happens there."""
+        runner = ModelRunner(args, self.model_dir)
+        args = args.resolve_for_device(runner.device.type)
+        sizes = runner.sizes
+        eos = set(runner.cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.scheduler = Scheduler(
+        return Scheduler(
             SchedulerConfig(
                 page_size=args.page_size, context_len=sizes.context_len,
                 max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
@@ -56,12 +63,11 @@ class Engine:
                 new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
                 new_token_ratio_decay=args.new_token_ratio_decay, debug_check_integrity=args.debug_check_integrity,
             ),
-            self.runner,
+            runner,
             PageAllocator(sizes.num_slots, args.page_size),
             TableManager(sizes.table_rows),
             detokenize=lambda ids: self.tokenizer.decode(ids),
         )
-        self._loop = SchedulerLoop(self.scheduler, args.stream_interval)
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompt: Prompt = None, sampling_params: SamplingArg = None, input_ids: InputIds = None,

@@ -1,4 +1,9 @@
-"""KV pool: per layer a K and a V buffer indexed by token slot, and the `req_to_token` table."""
+"""KV pool: per layer a K and a V buffer indexed by token slot, and the `req_to_token` table.
+
+Layout: head-major, [kv_heads, num_slots, head_dim]. Gathering a batch's slots along dim 1 then
+yields [kv_heads, B, L, head_dim] directly, the layout batched matmul wants (no transpose copy);
+on CPU that halves decode attention time against the token-major [num_slots, kv_heads, head_dim].
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ class KVPool:
     def __init__(self, num_slots: int, num_layers: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, table_rows: int, context_len: int):
         self.num_slots = num_slots
-        # k_buffers[l], v_buffers[l]: [num_slots, kv_heads, head_dim]
-        self.k_buffers = [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        # k_buffers[l], v_buffers[l]: [kv_heads, num_slots, head_dim]
+        self.k_buffers = [torch.zeros(kv_heads, num_slots, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(kv_heads, num_slots, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         # req_to_token[row, pos] = slot of position pos of the request in that row. [table_rows, context_len] int64.
         # Entries past a request's length are stale but always valid slot numbers (gathers stay in range).
         self.req_to_token = torch.zeros(table_rows, context_len, dtype=torch.int64, device=device)
@@ -22,5 +27,21 @@ class KVPool:
 
     def store(self, layer: int, out_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """out_loc: [T] slots; k, v: [T, kv_heads, head_dim]."""
-        self.k_buffers[layer].index_copy_(0, out_loc, k)
-        self.v_buffers[layer].index_copy_(0, out_loc, v)
+        self.k_buffers[layer].index_copy_(1, out_loc, k.transpose(0, 1))
+        self.v_buffers[layer].index_copy_(1, out_loc, v.transpose(0, 1))
+
+    def flat_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """slots [N] -> rows [kv_heads * N] of a buffer viewed as [kv_heads * num_slots, head_dim]."""
+        heads = torch.arange(self.k_buffers[0].shape[0], device=slots.device)
+        return (heads[:, None] * self.num_slots + slots[None, :]).reshape(-1)
+
+    def gather(self, layer: int, flat_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """flat_rows from flat_index(slots) -> K, V each [kv_heads, N, head_dim], contiguous.
+
+        A row gather over the 2-D view runs on all intra-op threads (a gather along dim 1 of the
+        3-D buffer does not), which matters: decode reads every cached token of every layer.
+        """
+        hkv, _, d = self.k_buffers[layer].shape
+        k = self.k_buffers[layer].view(-1, d).index_select(0, flat_rows)
+        v = self.v_buffers[layer].view(-1, d).index_select(0, flat_rows)
+        return k.view(hkv, -1, d), v.view(hkv, -1, d)

@@ -24,6 +24,7 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     kv_pool: KVPool
     attn_meta: Optional[Any] = None  # set by the attention backend's init_forward_metadata
+    rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [T, 1, D] each, set by the model
 
     @property
     def is_decode(self) -> bool:

@@ -23,39 +23,44 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # As HF: normalise in float32, cast back, then scale by the weight.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # One fused op (float32 accumulation inside); HF rounds to the input dtype before the
+        # weight multiply, so bf16 results may differ from HF in the last bit.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Rotary:
-    """Neox-style RoPE (rotate_half), cos/sin cached in float32 for every position.
+    """Neox-style RoPE (rotate_half). cos/sin are computed in float32 for every position (as HF
+    does) and kept in the model dtype, so a step only gathers its positions' rows.
 
     A plain object, not a module: the model is built on the meta device and materialised with
     `to_empty`, which must not wipe these tables.
     """
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device):
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device, dtype: torch.dtype):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device=device), inv_freq)  # [P, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        self.cos = emb.cos()  # [P, D]
-        self.sin = emb.sin()  # [P, D]
+        self.cos = emb.cos().to(dtype)  # [P, D]
+        self.sin = emb.sin()[:, : head_dim // 2].to(dtype)  # [P, D/2]: both halves of sin are equal
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        return self.forward(q, k, positions)
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Once per step: positions [T] -> cos, sin [T, 1, D]."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        """q [T, H, D], k [T, Hkv, D], positions [T] -> rotated q, k."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    @staticmethod
+    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, heads, D] (q and k heads together) -> rotated x.
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        x * cos + rotate_half(x) * sin, written as one multiply and two half-width fused
+        multiply-adds (rotate_half(x) = cat(-x2, x1) is never materialised).
+        """
+        cos, sin = cos_sin  # [T, 1, D], [T, 1, D/2]
+        h = x.shape[-1] // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        out = x * cos
+        out[..., :h].addcmul_(x2, sin, value=-1.0)
+        out[..., h:].addcmul_(x1, sin)
+        return out
 
 
 class Attention(nn.Module):
@@ -74,13 +79,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.h, self.d)
-        k = k.view(T, self.hkv, self.d)
-        v = v.view(T, self.hkv, self.d)
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.d)  # q and k heads
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, k, fb.positions)
+            qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
+        qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
+        q, k = qk[:, : self.h], qk[:, self.h :]
         o = self.backend.forward(q, k, v, self.layer_id, fb)  # [T, H D]
         return self.o_proj(o)
 
@@ -124,6 +128,7 @@ class LlamaForCausalLM(nn.Module):
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
         (all T rows when None)."""
         x = self.embed_tokens(fb.input_ids)  # [T, hidden]
+        fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
         for layer in self.layers:
             x = layer(x, fb)
         if logit_rows is not None:

@@ -70,7 +70,7 @@ class ModelRunner:
         backend = create_attention_backend(args.attention_backend, cfg.num_attention_heads,
                                            cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim ** -0.5)
         self.backend = backend
-        rotary = Rotary(cfg.head_dim, cfg.rope_theta, self.context_len, self.device)
+        rotary = Rotary(cfg.head_dim, cfg.rope_theta, self.context_len, self.device, self.dtype)
         with torch.device("meta"):
             model = LlamaForCausalLM(cfg, backend, rotary)
         model = model.to_empty(device=self.device).to(self.dtype)

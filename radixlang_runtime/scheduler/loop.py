@@ -2,6 +2,10 @@
 
 Requests come in through a thread-safe inbox; while the scheduler has work it drains the inbox
 without blocking (so requests join between any two steps), and blocks on it when idle.
+
+NOTE: the scheduler (model runner included) is *built* on the loop thread too. All torch work of
+the process then happens on one thread: on CPU, OpenMP work issued from a second thread after
+another thread used the pool runs about 2x slower (measured on small GEMMs here).
 The in-process Engine uses this directly; the server's scheduler process will wrap the same loop
 with ZeroMQ queues instead of Python ones.
 """
@@ -11,8 +15,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -44,14 +48,31 @@ class _Abort:
 
 
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, stream_interval: int = 1):
-        self.scheduler = scheduler
+    def __init__(self, build_scheduler: Callable[[], Scheduler], stream_interval: int = 1):
+        """Builds the scheduler on the loop thread; returns once it is built (re-raising a failure)."""
         self.stream_interval = stream_interval
         self._inbox: "queue.Queue[object]" = queue.Queue()
         self._waiters: dict[str, _Waiter] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radixlang-scheduler", daemon=True)
+        self._built = threading.Event()
+        self._build_error: Optional[BaseException] = None
+        self.scheduler: Optional[Scheduler] = None
+        self._thread = threading.Thread(target=self._main, args=(build_scheduler,), name="radixlang-scheduler",
+                                        daemon=True)
         self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            raise self._build_error
+
+    def _main(self, build_scheduler: Callable[[], Scheduler]) -> None:
+        try:
+            self.scheduler = build_scheduler()
+        except BaseException as e:  # handed to the constructing thread
+            self._build_error = e
+            return
+        finally:
+            self._built.set()
+        self._run()
 
     # --- producer side (any thread) ---
     def submit(self, req: Req, stream: bool) -> "queue.Queue[ReqUpdate]":

@@ -22,10 +22,11 @@ class AttentionBackend(ABC):
         """Once per step, before the layers: precompute index tensors into `fb.attn_meta`."""
 
     @abstractmethod
-    def forward_extend(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                       fb: ForwardBatch) -> torch.Tensor:
         """Causal attention of each request's new tokens over its prefix (in the pool) + themselves.
 
-        Args: q [T, H, D]; the layer's K/V for the new tokens are already stored at fb.out_loc.
+        Args: q [T, H, D]; k, v [T, Hkv, D] of the new tokens, already stored at fb.out_loc.
         Returns: [T, H * D].
         """
 
@@ -38,4 +39,4 @@ class AttentionBackend(ABC):
         fb.kv_pool.store(layer, fb.out_loc, k, v)
         if fb.is_decode:
             return self.forward_decode(q, layer, fb)
-        return self.forward_extend(q, layer, fb)
+        return self.forward_extend(q, k, v, layer, fb)

@@ -1,10 +1,12 @@
 """Torch attention over the paged KV pool (CPU, and the reference for the Triton kernels).
 
-Decode: all requests in one SDPA call. K/V are gathered through req_to_token into a padded
-[B, L_max] block; a boolean mask hides the padding when lengths differ. GQA runs without repeating
-K/V: the G = H / Hkv query heads of a KV head ride as the query-length axis ([B, Hkv, G, D]).
-Extend: one SDPA call per request (causal, bottom-right aligned over prefix + new tokens), or one
-call for the whole batch when every request is a fresh prompt of the same length.
+Decode: one batched computation for all requests. Each request's slots are gathered through
+req_to_token into a padded [B, L_max] block (one index_select per buffer, giving [Hkv, B, L_max, D]);
+a mask hides the padding when lengths differ. GQA needs no K/V repeat: the G = H / Hkv query heads
+of a KV head form the query axis of one [G, D] x [D, L] product.
+Extend: a request without a cached prefix attends over its own new K/V (no gather); with a prefix,
+its whole sequence is gathered from the pool and the causal mask is bottom-right aligned. When every
+request is a fresh prompt of the same length, the whole batch is one SDPA call.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ from radixlang_runtime.model.forward_batch import ForwardBatch
 
 @dataclass
 class DecodeMeta:
-    kv_idx: torch.Tensor  # [B, L_max] int64 slots (past a request's length: any valid slot)
-    mask: Optional[torch.Tensor]  # [B, 1, 1, L_max] bool, None when all lengths are equal
+    kv_rows: torch.Tensor  # [Hkv * B * L_max] pool rows (KVPool.flat_index), by head then request (padding: any valid slot)
+    max_len: int  # L_max
+    keep_mask: Optional[torch.Tensor]  # [1, B, 1, L_max] bool, False on padding; None when lengths are equal
 
 
 @dataclass
 class ExtendMeta:
     uniform: bool  # every request: no prefix, same extend length
     starts: list[int]  # offset of each request's tokens in T
-    kv_idx: list[Optional[torch.Tensor]]  # per request [L_i] slots, None when it has no prefix
-    masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool, None when plain causal
+    kv_rows: list[Optional[torch.Tensor]]  # per request [Hkv * L_i] pool rows when it has a prefix, else None
+    masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool (True = attend) when it has a prefix
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -38,61 +41,65 @@ class TorchAttentionBackend(AttentionBackend):
         pool = fb.kv_pool
         if fb.is_decode:
             max_len = max(fb.seq_lens_cpu)
-            kv_idx = pool.req_to_token[fb.req_rows, :max_len]
-            mask = None
+            kv_slots = pool.req_to_token[fb.req_rows, :max_len].reshape(-1)
+            keep_mask = None
             if min(fb.seq_lens_cpu) != max_len:
-                ar = torch.arange(max_len, device=kv_idx.device)
-                mask = (ar[None, :] < fb.seq_lens[:, None]).view(fb.batch_size, 1, 1, max_len)
-            fb.attn_meta = DecodeMeta(kv_idx, mask)
+                ar = torch.arange(max_len, device=kv_slots.device)
+                keep_mask = (ar[None, :] < fb.seq_lens[:, None]).view(1, fb.batch_size, 1, max_len)
+            fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask)
             return
-        starts, idxs, masks = [], [], []
+        starts, slots, masks = [], [], []
         off = 0
+        dev = pool.req_to_token.device
         for i, (p, n) in enumerate(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)):
             starts.append(off)
             off += n
             if p == 0:
-                idxs.append(None)
+                slots.append(None)
                 masks.append(None)
                 continue
-            idxs.append(pool.req_to_token[fb.req_rows[i], : p + n])
-            # query i (absolute position p + i) sees keys 0 .. p + i
-            q_pos = torch.arange(p, p + n, device=pool.req_to_token.device)
-            masks.append(torch.arange(p + n, device=q_pos.device)[None, :] <= q_pos[:, None])
+            slots.append(pool.flat_index(pool.req_to_token[fb.req_rows[i], : p + n]))
+            # the query at absolute position p + j sees keys 0 .. p + j
+            q_pos = torch.arange(p, p + n, device=dev)
+            masks.append(torch.arange(p + n, device=dev)[None, :] <= q_pos[:, None])
         uniform = all(p == 0 for p in fb.prefix_lens_cpu) and len(set(fb.extend_lens_cpu)) == 1
-        fb.attn_meta = ExtendMeta(uniform, starts, idxs, masks)
+        fb.attn_meta = ExtendMeta(uniform, starts, slots, masks)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         meta: DecodeMeta = fb.attn_meta
         B, H, D = q.shape
-        hkv = self.num_kv_heads
-        k = fb.kv_pool.k_buffers[layer][meta.kv_idx].transpose(1, 2)  # [B, Hkv, L, D]
-        v = fb.kv_pool.v_buffers[layer][meta.kv_idx].transpose(1, 2)  # [B, Hkv, L, D]
-        qg = q.view(B, hkv, H // hkv, D)  # [B, Hkv, G, D]
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask, scale=self.scale)
-        return o.reshape(B, H * D)
+        hkv, L = self.num_kv_heads, meta.max_len
+        k, v = fb.kv_pool.gather(layer, meta.kv_rows)
+        k = k.view(hkv, B, L, D)
+        v = v.view(hkv, B, L, D)
+        qg = q.reshape(B, hkv, H // hkv, D).transpose(0, 1).contiguous()  # [Hkv, B, G, D]; strided q costs SDPA ~50%
+        # SDPA sees Hkv as the batch and B as the heads. NOTE: not a hand-written matmul/softmax: in
+        # bf16 every new L makes oneDNN build a new matmul primitive (~1 ms each on this CPU).
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.keep_mask, scale=self.scale)  # [Hkv, B, G, D]
+        return o.transpose(0, 1).reshape(B, H * D)
 
-    def forward_extend(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                       fb: ForwardBatch) -> torch.Tensor:
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
-        kb, vb = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
+        hkv = self.num_kv_heads
         if meta.uniform:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
-            loc = fb.out_loc.view(B, n)
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]
-            kk = kb[loc].transpose(1, 2)  # [B, Hkv, n, D]
-            vv = vb[loc].transpose(1, 2)
-            o = F.scaled_dot_product_attention(qb, kk, vv, is_causal=True, scale=self.scale, enable_gqa=True)
+            kb = k.view(B, n, hkv, D).transpose(1, 2)  # [B, Hkv, n, D]
+            vb = v.view(B, n, hkv, D).transpose(1, 2)
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=self.scale, enable_gqa=True)
             return o.transpose(1, 2).reshape(T, H * D)
         out = torch.empty(T, H * D, dtype=q.dtype, device=q.device)
         for i, n in enumerate(fb.extend_lens_cpu):
             s = meta.starts[i]
             qi = q[s : s + n].transpose(0, 1)  # [H, n, D]
-            idx = meta.kv_idx[i] if meta.kv_idx[i] is not None else fb.out_loc[s : s + n]
-            ki = kb[idx].transpose(0, 1)  # [Hkv, L, D]
-            vi = vb[idx].transpose(0, 1)
-            if meta.masks[i] is None:
+            if meta.kv_rows[i] is None:
+                ki, vi = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)  # [Hkv, n, D]
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
-                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=meta.masks[i], scale=self.scale, enable_gqa=True)
+                ki, vi = fb.kv_pool.gather(layer, meta.kv_rows[i])  # [Hkv, L, D]
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=meta.masks[i], scale=self.scale,
+                                                   enable_gqa=True)
             out[s : s + n] = o.transpose(0, 1).reshape(n, H * D)
         return out

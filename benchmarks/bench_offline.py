@@ -1,0 +1,134 @@
+"""Offline throughput: radixlang's Engine against transformers `generate` (static batching).
+
+Workloads (the same token ids for every system):
+  W1  64 prompts x 256 random token ids -> 128 new tokens each, greedy, EOS ignored
+  W2  1 prompt of 32 tokens -> 256 new tokens, greedy, EOS ignored
+Each system runs in its own child process (no shared thread pools or allocator state) and each
+workload is timed --runs times after a warm-up; the table shows medians of output tokens/s, the
+ratios against transformers at its default dtype (float32, as the checkpoint is stored) and at
+bfloat16 (radixlang's CPU default), and each child's peak RSS.
+
+    python benchmarks/bench_offline.py                 # full: 3 runs, both baselines
+    python benchmarks/bench_offline.py --runs 1 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import statistics
+import time
+
+VOCAB_LO, VOCAB_HI = 100, 49000
+
+
+def workloads(quick: bool) -> dict[str, dict]:
+    import random
+
+    rng = random.Random(0)
+    n1, l1, o1 = (16, 128, 32) if quick else (64, 256, 128)
+    n2, o2 = 32, (64 if quick else 256)
+    return {
+        "W1": {"ids": [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(l1)] for _ in range(n1)], "new": o1},
+        "W2": {"ids": [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n2)]], "new": o2},
+    }
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_radixlang(model_dir: str, wls: dict, runs: int, out: mp.Queue) -> None:
+    from radixlang_runtime import Engine
+
+    eng = Engine(model_dir)
+    res = {}
+    try:
+        eng.generate(input_ids=wls["W2"]["ids"][0], sampling_params={"max_new_tokens": 8, "temperature": 0})
+        for name, wl in wls.items():
+            sp = {"max_new_tokens": wl["new"], "temperature": 0, "ignore_eos": True}
+            rates = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                outs = eng.generate(input_ids=wl["ids"], sampling_params=sp)
+                dt = time.perf_counter() - t
+                rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs) / dt)
+            res[name] = rates
+        res["dtype"] = str(eng.runner.dtype).replace("torch.", "")
+        res["peak_rss_mb"] = _peak_rss_mb()
+    finally:
+        eng.shutdown()
+    out.put(res)
+
+
+def run_transformers(model_dir: str, dtype_name: str, wls: dict, runs: int, out: mp.Queue) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, dtype_name)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    res = {}
+    with torch.inference_mode():
+        warm = torch.tensor(wls["W2"]["ids"])
+        model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, pad_token_id=2)
+        for name, wl in wls.items():
+            ids = torch.tensor(wl["ids"])  # equal lengths: static batching without padding
+            rates = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=wl["new"],
+                                     min_new_tokens=wl["new"], do_sample=False, pad_token_id=2)
+                dt = time.perf_counter() - t
+                rates.append((gen.shape[1] - ids.shape[1]) * ids.shape[0] / dt)
+            res[name] = rates
+    res["dtype"] = dtype_name
+    res["peak_rss_mb"] = _peak_rss_mb()
+    out.put(res)
+
+
+def in_child(target, *args) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, q))
+    p.start()
+    res = q.get()
+    p.join()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    ap.add_argument("--baseline-dtypes", default="float32,bfloat16")
+    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap.add_argument("--json", default=None, help="also write the raw numbers here")
+    a = ap.parse_args()
+
+    from radixlang_runtime.model.resolve import resolve_model_dir
+
+    model_dir = resolve_model_dir(a.model_path)
+    wls = workloads(a.quick)
+    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs)}
+    for dt in a.baseline_dtypes.split(","):
+        results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
+
+    med = {k: {w: statistics.median(v[w]) for w in wls} for k, v in results.items()}
+    print(f"\nmodel {model_dir}\nruns per workload: {a.runs} (medians below)")
+    print(f"{'system':<24} {'dtype':<9} {'W1 tok/s':>10} {'W2 tok/s':>10} {'peak RSS MB':>12}")
+    for k, v in results.items():
+        print(f"{k:<24} {v['dtype']:<9} {med[k]['W1']:>10.1f} {med[k]['W2']:>10.1f} {v['peak_rss_mb']:>12.0f}")
+    for k in results:
+        if k.startswith("transformers"):
+            r1 = med["radixlang"]["W1"] / med[k]["W1"]
+            r2 = med["radixlang"]["W2"] / med[k]["W2"]
+            print(f"radixlang / {k}: W1 {r1:.2f}x  W2 {r2:.2f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": results, "medians": med}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

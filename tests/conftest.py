@@ -1,0 +1,84 @@
+"""Shared fixtures. The real-model fixtures load the embedded SmolLM2 once per session."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+def wait_idle(engine, timeout: float = 30.0) -> None:
+    """Aborts are asynchronous: wait until the scheduler holds no request."""
+    deadline = time.time() + timeout
+    while not engine.scheduler.is_idle:
+        if time.time() > deadline:
+            raise AssertionError("scheduler did not go idle")
+        time.sleep(0.01)
+
+
+def assert_whole(engine) -> None:
+    """free + in use == total, and nothing is in use once idle."""
+    wait_idle(engine)
+    engine.check_integrity()
+    alloc = engine.scheduler.allocator
+    assert alloc.available_size() == alloc.total_slots, "KV slots leaked"
+    assert engine.scheduler.table.available == engine.scheduler.table.num_rows, "table rows leaked"
+
+
+@pytest.fixture(scope="session")
+def engine_fp32():
+    from radixlang_runtime import Engine
+
+    eng = Engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture
+def engine(engine_fp32):
+    """The session engine, checked whole after every test that uses it."""
+    yield engine_fp32
+    assert_whole(engine_fp32)
+
+
+@pytest.fixture(scope="session")
+def hf_model(engine_fp32):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(engine_fp32.model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "The three primary colors are",
+    "import numpy as np\nx = np.",
+    "Water boils at a temperature of",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+    "The quick brown fox",
+    "In 1969, the first human",
+]
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model, engine_fp32):
+    """transformers' greedy continuation of a token list (batch 1, no padding), memoised."""
+    import torch
+
+    cache: dict[tuple, list[int]] = {}
+
+    def run(ids: list[int], n: int) -> list[int]:
+        key = (tuple(ids), n)
+        if key not in cache:
+            with torch.no_grad():
+                out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                        eos_token_id=2, pad_token_id=2)
+            cache[key] = out[0, len(ids):].tolist()
+        return cache[key]
+
+    return run

@@ -1,0 +1,161 @@
+"""The scheduler core with a fake runner: no torch, no model."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from fakes import FakeRunner, expected_output
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+
+EOS = 96  # FakeRunner's vocabulary is 0..96
+
+
+def make(num_slots=4096, page_size=1, rows=32, max_prefill=512, chunk=256, ratio=0.7, eos=EOS):
+    cfg = SchedulerConfig(page_size=page_size, context_len=4096, max_running_requests=rows,
+                          max_prefill_tokens=max_prefill, chunked_prefill_size=chunk, eos_token_ids=(eos,),
+                          new_token_ratio_init=ratio, new_token_ratio_min=0.05, new_token_ratio_decay=0.01)
+    runner = FakeRunner()
+    sched = Scheduler(cfg, runner, PageAllocator(num_slots, page_size), TableManager(rows), detokenize=lambda ids: "")
+    return sched, runner
+
+
+def req(rid, n_prompt, max_new, seed=0, **sp) -> Req:
+    rng = random.Random(hash((rid, seed)) & 0xFFFF)
+    ids = [rng.randrange(0, 90) for _ in range(n_prompt)]
+    params = SamplingParams.from_dict({"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, **sp})
+    return Req(rid=rid, input_ids=ids, sampling=params)
+
+
+def drain(sched, limit=10_000):
+    finished = []
+    for _ in range(limit):
+        if sched.is_idle:
+            return finished
+        finished += [r for r in sched.step() if r.finished]
+    raise AssertionError("scheduler did not drain")
+
+
+def assert_whole(sched):
+    sched.check_integrity()
+    assert sched.allocator.available_size() == sched.allocator.total_slots
+    assert sched.table.available == sched.table.num_rows
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_requests_joining_mid_decode_get_their_solo_output(page_size):
+    sched, runner = make(page_size=page_size)
+    reqs = [req(f"r{i}", 5 + 7 * i, 20 + i) for i in range(6)]
+    done = []
+    for i, r in enumerate(reqs):  # one new request every 3 steps, while earlier ones decode
+        sched.add_request(r)
+        for _ in range(3):
+            done += [x for x in sched.step() if x.finished]
+    done += drain(sched)
+    assert {r.rid for r in done} == {r.rid for r in reqs}
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens)
+        assert r.finished_reason == {"type": "length", "length": r.sampling.max_new_tokens}
+    phases = [p for p, _, _ in runner.batches]
+    assert "decode" in phases[: phases.index("extend", 1) + 1]  # a prefill came after decoding began
+    assert max(b for p, b, _ in runner.batches if p == "decode") > 1  # decode steps were batched
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_chunked_prefill_respects_budgets(page_size):
+    sched, runner = make(page_size=page_size, max_prefill=64, chunk=32)
+    long = req("long", 150, 5)
+    short = [req(f"s{i}", 10, 5) for i in range(4)]
+    sched.add_request(long)
+    for r in short:
+        sched.add_request(r)
+    drain(sched)
+    assert all(tokens <= 64 for p, _, tokens in runner.batches if p == "extend")
+    assert sum(1 for p, _, _ in runner.batches if p == "extend") >= 150 // 32
+    for r in [long, *short]:
+        assert r.output_ids == expected_output(r.input_ids, 5)
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_retract_decode_when_memory_runs_out(page_size):
+    # 8 requests of 20 + 40 tokens need 480 slots; the pool has 256: decode must retract.
+    sched, _ = make(num_slots=256, page_size=page_size, ratio=0.05)
+    reqs = [req(f"r{i}", 20, 40) for i in range(8)]
+    for r in reqs:
+        sched.add_request(r)
+    drain(sched)
+    assert sched.num_retracted_total > 0
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, 40), r.rid
+    assert_whole(sched)
+
+
+def test_abort_frees_memory_everywhere():
+    sched, _ = make(max_prefill=16, chunk=8)
+    a, b, c = req("a", 10, 50), req("b", 40, 50), req("c", 10, 50)
+    for r in (a, b, c):
+        sched.add_request(r)
+    for _ in range(4):
+        sched.step()  # a decoding, b mid-chunk, c waiting
+    assert sched.chunked_req is b or b.kv_len > 0
+    for r in (a, b, c):
+        sched.abort(r.rid)
+    sched.step()
+    assert all(r.finished_reason["type"] == "abort" for r in (a, b, c))
+    assert sched.is_idle
+    assert_whole(sched)
+
+
+def test_finish_reasons():
+    sched, _ = make()
+    solo = expected_output(req("x", 8, 0).input_ids, 60)
+    stop_tok = solo[5]
+    first = solo.index(stop_tok)
+    r_stop = req("x", 8, 60, stop_token_ids=[stop_tok])
+    r_min = req("x", 8, 60, stop_token_ids=[stop_tok], min_new_tokens=first + 2)
+    r_len = req("x", 8, 3)
+    r_zero = req("x", 8, 0)
+    for i, r in enumerate((r_stop, r_min, r_len, r_zero)):
+        r.rid = f"x{i}"
+        sched.add_request(r)
+    drain(sched)
+    assert r_stop.output_ids == solo[: first + 1]
+    assert r_stop.finished_reason == {"type": "stop", "matched": stop_tok}
+    assert len(r_min.output_ids) >= first + 2  # min_new_tokens: the early stop id did not finish it
+    assert r_len.finished_reason == {"type": "length", "length": 3} and len(r_len.output_ids) == 3
+    assert r_zero.output_ids == [] and r_zero.finished_reason == {"type": "length", "length": 0}
+    assert_whole(sched)
+
+
+def test_eos_finishes_unless_ignored():
+    base = req("e", 6, 0)
+    solo = expected_output(base.input_ids, 200)
+    eos = solo[10]
+    sched, _ = make(eos=eos)
+    r = req("e", 6, 200, ignore_eos=False)
+    r2 = req("e", 6, 200)
+    r2.rid = "e2"
+    sched.add_request(r)
+    sched.add_request(r2)
+    drain(sched)
+    assert r.output_ids == solo[: solo.index(eos) + 1]
+    assert r.finished_reason == {"type": "stop", "matched": eos}
+    assert len(r2.output_ids) == 200
+    assert_whole(sched)
+
+
+def test_scheduler_modules_do_not_import_torch():
+    import subprocess
+
+    code = ("import sys; import radixlang_runtime.scheduler.scheduler, radixlang_runtime.scheduler.policy, "
+            "radixlang_runtime.mem.allocator, radixlang_runtime.sampling_params, radixlang_runtime.server_args; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
