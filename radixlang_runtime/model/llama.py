@@ -123,6 +123,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, self.rotary) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
 
     def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
@@ -134,8 +135,19 @@ class LlamaForCausalLM(nn.Module):
         if logit_rows is not None:
             x = x[logit_rows]
         x = self.norm(x)
+        if self.head is not None:
+            return self.head(x).float()  # [R, V]
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, w).float()  # [R, V]
+
+    def pack_for_cpu(self) -> int:
+        """Prepack every projection (and the output head, tied or not) for oneDNN; see packed_linear."""
+        from radixlang_runtime.model.packed_linear import PackedLinear, pack_linears
+
+        n = pack_linears(self.layers)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.head = PackedLinear(w, None)
+        return n + 1
 
     # --- weights ---
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:

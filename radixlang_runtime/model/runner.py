@@ -15,6 +15,7 @@ from radixlang_runtime.model.attention import create_attention_backend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
+from radixlang_runtime.model.packed_linear import packing_available
 from radixlang_runtime.model.sampler import Sampler
 from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.server_args import ServerArgs
@@ -75,6 +76,8 @@ class ModelRunner:
             model = LlamaForCausalLM(cfg, backend, rotary)
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_hf_state_dict(load_safetensors_dir(model_dir))
+        if packing_available(self.device, self.dtype):
+            logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
         self.model = model.eval()
 
         num_slots = self._kv_slots()

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from radixlang_runtime.model.attention import cpu_decode
 from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
@@ -37,8 +38,24 @@ class ExtendMeta:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    """use_cpu_kernel: decode through cpu_decode.c (bf16 on CPU, when it builds); None = auto."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 use_cpu_kernel: Optional[bool] = None):
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.use_cpu_kernel = use_cpu_kernel
+
+    def _kernel_ok(self, fb: ForwardBatch) -> bool:
+        if self.use_cpu_kernel is None:
+            probe = fb.kv_pool.k_buffers[0]
+            self.use_cpu_kernel = cpu_decode.supported(probe, self.head_dim, self.num_heads, self.num_kv_heads)
+        return self.use_cpu_kernel
+
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         pool = fb.kv_pool
+        if fb.is_decode and self._kernel_ok(fb):
+            fb.attn_meta = None  # the kernel reads req_to_token itself
+            return
         if fb.is_decode:
             max_len = max(fb.seq_lens_cpu)
             kv_slots = pool.req_to_token[fb.req_rows, :max_len].reshape(-1)
@@ -66,8 +83,13 @@ class TorchAttentionBackend(AttentionBackend):
         fb.attn_meta = ExtendMeta(uniform, starts, slots, masks)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        meta: DecodeMeta = fb.attn_meta
         B, H, D = q.shape
+        if fb.attn_meta is None:  # the C kernel, straight from the pool
+            pool = fb.kv_pool
+            o = cpu_decode.paged_decode(q, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+                                        fb.req_rows, fb.seq_lens, self.scale)
+            return o.view(B, H * D)
+        meta: DecodeMeta = fb.attn_meta
         hkv, L = self.num_kv_heads, meta.max_len
         k, v = fb.kv_pool.gather(layer, meta.kv_rows)
         k = k.view(hkv, B, L, D)

@@ -1,0 +1,203 @@
+/*
+ * Paged decode attention for CPU, bfloat16, reading K/V straight from the pool.
+ *
+ * The torch path gathers every request's K/V into a padded block (a full copy of the cache each
+ * layer) and then runs SDPA over it; this kernel reads each cached row once, in place.
+ *
+ * Shapes (all contiguous):
+ *   q            [B, H, D]        bf16 (uint16 bit patterns)
+ *   k_pool/v_pool [Hkv, N, D]     bf16, N = pool slots
+ *   req_to_token [rows, ctx]      int64 slot of each position of each table row
+ *   req_rows     [B]              int64 table row of each request
+ *   seq_lens     [B]              int64 positions to attend (all already in the pool)
+ *   out          [B, H, D]        bf16
+ * Query head h uses KV head h / (H / Hkv). Scores and accumulators are float32; the output is
+ * rounded to bf16 (nearest even). One task per (request, KV head), spread over OpenMP threads.
+ * Limits: D <= 256, H / Hkv <= 32.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = ((uint32_t)x) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#ifdef __AVX512F__
+/* 16 bf16 -> 16 float */
+static inline __m512 load16_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+/* e^x for x <= 0 (softmax inputs after max subtraction): 2^(x log2 e) as 2^n * p(f), |f| <= 1/2,
+ * p a degree-6 polynomial for 2^f; relative error ~2e-7. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* In place: sg[0..L) -> exp(sg - max); returns the sum. */
+static inline float softmax_numerators(float *sg, int64_t L) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int64_t l = 0;
+    for (; l + 16 <= L; l += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(sg + l));
+    const __mmask16 tail = (__mmask16)((1u << (L - l)) - 1u);
+    if (L - l) vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, sg + l));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
+    __m512 vs = _mm512_setzero_ps();
+    for (l = 0; l + 16 <= L; l += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + l), m));
+        _mm512_storeu_ps(sg + l, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    if (L - l) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + l), m));
+        _mm512_mask_storeu_ps(sg + l, tail, e);
+        vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(tail, e));
+    }
+    return _mm512_reduce_add_ps(vs);
+}
+
+/* The vector path: D % 16 == 0. Scores of one KV row for all G query heads share its load. */
+static void task_avx512(const float *qf, const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *slots,
+                        int64_t L, int64_t G, int64_t D, int64_t h, int64_t N, float *scores, float *acc) {
+    const int64_t J = D / 16;
+    for (int64_t l = 0; l < L; l++) {
+        const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
+        __m512 kv[16];
+        for (int64_t j = 0; j < J; j++) kv[j] = load16_bf16(kr + 16 * j);
+        for (int64_t g = 0; g < G; g++) {
+            const float *qg = qf + g * D;
+            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), kv[0]);
+            for (int64_t j = 1; j < J; j++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * j), kv[j], a);
+            scores[g * L + l] = _mm512_reduce_add_ps(a);
+        }
+    }
+    float inv_sum[32];
+    for (int64_t g = 0; g < G; g++) inv_sum[g] = 1.f / softmax_numerators(scores + g * L, L);
+    __m512 av[32 * 16];
+    for (int64_t i = 0; i < G * J; i++) av[i] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < L; l++) {
+        const uint16_t *vr = v_pool + (h * N + slots[l]) * D;
+        __m512 vv[16];
+        for (int64_t j = 0; j < J; j++) vv[j] = load16_bf16(vr + 16 * j);
+        for (int64_t g = 0; g < G; g++) {
+            const __m512 p = _mm512_set1_ps(scores[g * L + l]);
+            for (int64_t j = 0; j < J; j++) av[g * J + j] = _mm512_fmadd_ps(p, vv[j], av[g * J + j]);
+        }
+    }
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t j = 0; j < J; j++)
+            _mm512_storeu_ps(acc + 16 * (g * J + j), _mm512_mul_ps(av[g * J + j], _mm512_set1_ps(inv_sum[g])));
+}
+#endif
+
+int paged_decode_bf16(const uint16_t *q, const uint16_t *k_pool, const uint16_t *v_pool,
+                      const int64_t *req_to_token, const int64_t *req_rows, const int64_t *seq_lens,
+                      int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx, float scale,
+                      uint16_t *out) {
+    const int64_t G = H / Hkv;
+    if (D > 256 || G > 32 || G * Hkv != H) return -1;
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    int err = 0;
+
+#pragma omp parallel
+    {
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(G * (max_len > 0 ? max_len : 1)));
+        float qf[32 * 256];
+        float acc[32 * 256];
+        /* every thread must reach the worksharing loop (its barrier), even without a buffer */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < B * Hkv; task++) {
+                if (!scores) {
+                    err = -2;
+                    continue;
+                }
+                const int64_t b = task / Hkv, h = task % Hkv;
+                const int64_t L = seq_lens[b];
+                const int64_t *slots = req_to_token + req_rows[b] * ctx;
+                for (int64_t g = 0; g < G; g++)
+                    for (int64_t d = 0; d < D; d++)
+                        qf[g * D + d] = bf16_to_f32(q[(b * H + h * G + g) * D + d]) * scale;
+#ifdef __AVX512F__
+                if (D % 16 == 0) {
+                    task_avx512(qf, k_pool, v_pool, slots, L, G, D, h, N, scores, acc);
+                    for (int64_t g = 0; g < G; g++)
+                        for (int64_t d = 0; d < D; d++)
+                            out[(b * H + h * G + g) * D + d] = f32_to_bf16(acc[g * D + d]);
+                    continue;
+                }
+#endif
+                /* scalar path. pass 1: scores[g][l] = q_g . k_l */
+                for (int64_t l = 0; l < L; l++) {
+                    const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
+                    float kf[256];
+                    for (int64_t d = 0; d < D; d++) kf[d] = bf16_to_f32(kr[d]);
+                    for (int64_t g = 0; g < G; g++) {
+                        float s = 0.f;
+                        const float *qg = qf + g * D;
+#pragma omp simd reduction(+ : s)
+                        for (int64_t d = 0; d < D; d++) s += qg[d] * kf[d];
+                        scores[g * L + l] = s;
+                    }
+                }
+                /* softmax per query head */
+                float inv_sum[32];
+                for (int64_t g = 0; g < G; g++) {
+                    float *sg = scores + g * L;
+                    float m = -INFINITY;
+                    for (int64_t l = 0; l < L; l++) m = sg[l] > m ? sg[l] : m;
+                    float sum = 0.f;
+                    for (int64_t l = 0; l < L; l++) {
+                        sg[l] = expf(sg[l] - m);
+                        sum += sg[l];
+                    }
+                    inv_sum[g] = 1.f / sum;
+                }
+                /* pass 2: acc_g = sum_l p_gl v_l */
+                memset(acc, 0, sizeof(float) * (size_t)(G * D));
+                for (int64_t l = 0; l < L; l++) {
+                    const uint16_t *vr = v_pool + (h * N + slots[l]) * D;
+                    float vf[256];
+                    for (int64_t d = 0; d < D; d++) vf[d] = bf16_to_f32(vr[d]);
+                    for (int64_t g = 0; g < G; g++) {
+                        const float p = scores[g * L + l];
+                        float *ag = acc + g * D;
+#pragma omp simd
+                        for (int64_t d = 0; d < D; d++) ag[d] += p * vf[d];
+                    }
+                }
+                for (int64_t g = 0; g < G; g++)
+                    for (int64_t d = 0; d < D; d++)
+                        out[(b * H + h * G + g) * D + d] = f32_to_bf16(acc[g * D + d] * inv_sum[g]);
+            }
+        free(scores);
+    }
+    return err;
+}
