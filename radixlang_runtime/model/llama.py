@@ -11,21 +11,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
 
 class RMSNorm(nn.Module):
+    """`forward(x)` normalises x; `add_forward(x, residual)` first does residual += x (in place)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.use_cpu_kernel = False  # bf16 on CPU: one C pass for the add and the norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One fused op (float32 accumulation inside); HF rounds to the input dtype before the
-        # weight multiply, so bf16 results may differ from HF in the last bit.
+        # float32 statistics inside; HF rounds to the input dtype before the weight multiply, so
+        # bf16 results may differ from HF in the last bit.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.use_cpu_kernel:
+            return cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps)
+        residual.add_(x)
+        return self.forward(residual)
 
 
 class Rotary:
@@ -96,8 +106,13 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
 
+        self.use_cpu_kernel = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if self.use_cpu_kernel:
+            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -109,9 +124,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), fb)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """h: the previous block's output (None for the first layer); residual: the stream, updated
+        in place (residual += h). Returns this layer's MLP output, to be added by the next norm."""
+        x = self.input_layernorm(residual) if h is None else self.input_layernorm.add_forward(h, residual)
+        a = self.self_attn(x, fb)
+        return self.mlp(self.post_attention_layernorm.add_forward(a, residual))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -128,17 +146,24 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
         (all T rows when None)."""
-        x = self.embed_tokens(fb.input_ids)  # [T, hidden]
+        residual = self.embed_tokens(fb.input_ids)  # [T, hidden], the residual stream
         fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
+        h = None
         for layer in self.layers:
-            x = layer(x, fb)
+            h = layer(h, residual, fb)
         if logit_rows is not None:
-            x = x[logit_rows]
-        x = self.norm(x)
+            h, residual = h[logit_rows], residual[logit_rows]
+        x = self.norm.add_forward(h, residual)
         if self.head is not None:
             return self.head(x).float()  # [R, V]
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, w).float()  # [R, V]
+
+    def enable_cpu_kernels(self) -> None:
+        """bf16 on CPU: fused add+RMSNorm and SiLU-and-mul C kernels (see cpu_kernels/)."""
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, MLP)):
+                m.use_cpu_kernel = True
 
     def pack_for_cpu(self) -> int:
         """Prepack every projection (and the output head, tied or not) for oneDNN; see packed_linear."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlang_runtime.mem.kv_pool import KVPool
+from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention import create_attention_backend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
@@ -78,6 +79,8 @@ class ModelRunner:
         model.load_hf_state_dict(load_safetensors_dir(model_dir))
         if packing_available(self.device, self.dtype):
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
+            if cpu_kernels.load() is not None:
+                model.enable_cpu_kernels()
         self.model = model.eval()
 
         num_slots = self._kv_slots()

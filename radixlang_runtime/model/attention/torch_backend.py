@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from radixlang_runtime.model.attention import cpu_decode
+from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
@@ -38,7 +38,7 @@ class ExtendMeta:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    """use_cpu_kernel: decode through cpu_decode.c (bf16 on CPU, when it builds); None = auto."""
+    """use_cpu_kernel: decode through cpu_kernels/decode_attention.c (bf16 on CPU, when it builds); None = auto."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  use_cpu_kernel: Optional[bool] = None):
@@ -48,7 +48,7 @@ class TorchAttentionBackend(AttentionBackend):
     def _kernel_ok(self, fb: ForwardBatch) -> bool:
         if self.use_cpu_kernel is None:
             probe = fb.kv_pool.k_buffers[0]
-            self.use_cpu_kernel = cpu_decode.supported(probe, self.head_dim, self.num_heads, self.num_kv_heads)
+            self.use_cpu_kernel = cpu_kernels.supported(probe, self.head_dim, self.num_heads, self.num_kv_heads)
         return self.use_cpu_kernel
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -86,7 +86,7 @@ class TorchAttentionBackend(AttentionBackend):
         B, H, D = q.shape
         if fb.attn_meta is None:  # the C kernel, straight from the pool
             pool = fb.kv_pool
-            o = cpu_decode.paged_decode(q, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+            o = cpu_kernels.paged_decode(q, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
                                         fb.req_rows, fb.seq_lens, self.scale)
             return o.view(B, H * D)
         meta: DecodeMeta = fb.attn_meta

@@ -1,8 +1,10 @@
-"""Build and call cpu_decode.c (paged bf16 decode attention) through ctypes.
+"""C kernels for the bf16 CPU path, built with the system C compiler and called through ctypes.
 
-The C file is compiled once with the system C compiler into the cache directory (keyed by the
-source hash); a machine without a compiler falls back to the torch path. The library links the
-same libgomp.so.1 torch already loaded, so both share one OpenMP thread pool.
+- decode_attention.c: paged decode attention reading K/V in place from the pool;
+- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul.
+All *.c files here compile once into one library in the cache directory (keyed by the sources'
+hash); a machine without a compiler falls back to the torch ops. The library links the same
+libgomp.so.1 torch already loaded, so both share one OpenMP thread pool.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SRC = os.path.join(os.path.dirname(__file__), "cpu_decode.c")
+_DIR = os.path.dirname(__file__)
+_SRCS = sorted(os.path.join(_DIR, f) for f in os.listdir(_DIR) if f.endswith(".c"))
 _lib: Optional[ctypes.CDLL] = None
 _tried = False
 
@@ -40,25 +43,29 @@ def load() -> Optional[ctypes.CDLL]:
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        logger.warning("no C compiler: CPU decode attention uses the torch path")
+        logger.warning("no C compiler: the CPU path uses torch ops only")
         return None
-    src = open(_SRC, "rb").read()
-    so = os.path.join(_cache_dir(), f"cpu_decode-{hashlib.sha1(src).hexdigest()[:16]}.so")
+    digest = hashlib.sha1(b"".join(open(p, "rb").read() for p in _SRCS)).hexdigest()[:16]
+    so = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
     if not os.path.exists(so):
         os.makedirs(_cache_dir(), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
         os.close(fd)
-        cmd = [cc, "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", _SRC, "-o", tmp, "-lm"]
+        cmd = [cc, "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", *_SRCS, "-o", tmp, "-lm"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             os.unlink(tmp)
-            logger.warning("building cpu_decode.c failed, using the torch path:\n%s", res.stderr[-2000:])
+            logger.warning("building the CPU kernels failed, using torch ops:\n%s", res.stderr[-2000:])
             return None
         os.replace(tmp, so)
     lib = ctypes.CDLL(so)
     fn = lib.paged_decode_bf16
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
+    lib.add_rms_norm_bf16.restype = None
+    lib.add_rms_norm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.silu_mul_bf16.restype = None
+    lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     _lib = lib
     return _lib
 
@@ -81,4 +88,21 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, re
     )
     if rc != 0:
         raise RuntimeError(f"paged_decode_bf16 failed with code {rc}")
+    return out
+
+
+def add_rms_norm(x: Optional[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual [T, H] += x (in place, when x is given); returns rms_norm(residual) * weight. All bf16."""
+    T, H = residual.shape
+    out = torch.empty_like(residual)
+    xp = None if x is None else x.contiguous().data_ptr()
+    _lib.add_rms_norm_bf16(residual.data_ptr(), xp, weight.data_ptr(), out.data_ptr(), T, H, eps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] bf16 -> silu(gate) * up [T, I]."""
+    T, two_i = gate_up.shape
+    out = torch.empty(T, two_i // 2, dtype=gate_up.dtype)
+    _lib.silu_mul_bf16(gate_up.contiguous().data_ptr(), out.data_ptr(), T, two_i // 2)
     return out
