@@ -84,9 +84,30 @@ static inline float softmax_numerators(float *sg, int64_t L) {
 }
 
 /* The vector path: D % 16 == 0. Scores of one KV row for all G query heads share its load. */
-static void task_avx512(const float *qf, const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *slots,
-                        int64_t L, int64_t G, int64_t D, int64_t h, int64_t N, float *scores, float *acc) {
+static void task_avx512(const float *qf, const uint16_t *qb, float scale, const uint16_t *k_pool,
+                        const uint16_t *v_pool, const int64_t *slots, int64_t L, int64_t G, int64_t D, int64_t h,
+                        int64_t N, float *scores, float *acc) {
     const int64_t J = D / 16;
+#ifdef __AVX512BF16__
+    if (D % 32 == 0) {
+        /* bf16 dot products straight from the pool (VDPBF16PS: exact products, float32 sums);
+         * qb holds the G unscaled bf16 query rows, the scale is applied to the sums. */
+        const int64_t P = D / 32;
+        __m512bh qv[32 * 8];
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t p = 0; p < P; p++) qv[g * P + p] = (__m512bh)_mm512_loadu_si512(qb + g * D + 32 * p);
+        for (int64_t l = 0; l < L; l++) {
+            const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
+            __m512bh kv[8];
+            for (int64_t p = 0; p < P; p++) kv[p] = (__m512bh)_mm512_loadu_si512(kr + 32 * p);
+            for (int64_t g = 0; g < G; g++) {
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t p = 0; p < P; p++) a = _mm512_dpbf16_ps(a, qv[g * P + p], kv[p]);
+                scores[g * L + l] = _mm512_reduce_add_ps(a) * scale;
+            }
+        }
+    } else
+#endif
     for (int64_t l = 0; l < L; l++) {
         const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
         __m512 kv[16];
@@ -147,7 +168,7 @@ int paged_decode_bf16(const uint16_t *q, const uint16_t *k_pool, const uint16_t 
                         qf[g * D + d] = bf16_to_f32(q[(b * H + h * G + g) * D + d]) * scale;
 #ifdef __AVX512F__
                 if (D % 16 == 0) {
-                    task_avx512(qf, k_pool, v_pool, slots, L, G, D, h, N, scores, acc);
+                    task_avx512(qf, q + (b * H + h * G) * D, scale, k_pool, v_pool, slots, L, G, D, h, N, scores, acc);
                     for (int64_t g = 0; g < G; g++)
                         for (int64_t d = 0; d < D; d++)
                             out[(b * H + h * G + g) * D + d] = f32_to_bf16(acc[g * D + d]);
