@@ -50,7 +50,7 @@ class Engine:
     def _build_scheduler(self, args: ServerArgs) -> Scheduler:
         """Runs on the scheduler thread: every torch op of the engine happens there."""
         runner = ModelRunner(args, self.model_dir)
-        args = args.resolve_for_device(runner.device.type)
+        args = runner.args  # "auto" sizes resolved for the device
         sizes = runner.sizes
         eos = set(runner.cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -24,9 +24,9 @@ def test_fp32_batch_matches_transformers(engine, hf_greedy):
         assert out["meta_info"]["prompt_tokens"] == len(x)
 
 
-@pytest.mark.parametrize("page_size", [16])
+@pytest.mark.parametrize("page_size", [1])  # the session engine runs the CPU default, 16
 def test_page_size_and_chunked_prefill_match(page_size, hf_greedy):
-    """page size 16 and a chunk size smaller than the prompts: same tokens."""
+    """page size 1 and a chunk size smaller than the prompts: same tokens."""
     from radixlang_runtime import Engine
 
     with Engine(dtype="float32", max_total_tokens=4096, page_size=page_size, chunked_prefill_size=16,

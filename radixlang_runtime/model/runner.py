@@ -63,8 +63,8 @@ def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
 
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_dir: str):
-        self.args = args
         self.device = resolve_device(args.device)
+        self.args = args = args.resolve_for_device(self.device.type)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.cfg = cfg = ModelConfig.from_dir(model_dir)
         self.context_len = args.context_length or cfg.max_position_embeddings

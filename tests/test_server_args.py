@@ -1,0 +1,48 @@
+"""ServerArgs: SGLang flag names, defaults read from the dataclass, validation, device resolution."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from radixlang_runtime.server_args import ServerArgs, server_args_from_kwargs
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    return ServerArgs.from_cli_args(p.parse_args(argv))
+
+
+def test_cli_uses_sglang_flag_names_and_dataclass_defaults():
+    a = parse(["--model-path", "/m", "--page-size", "16", "--max-total-tokens", "4096", "--disable-radix-cache",
+               "--schedule-policy", "fcfs", "--mem-fraction-static", "0.8"])
+    assert (a.model_path, a.page_size, a.max_total_tokens, a.disable_radix_cache, a.schedule_policy) == \
+        ("/m", 16, 4096, True, "fcfs")
+    assert a.mem_fraction_static == 0.8
+    d = parse([])
+    assert d == ServerArgs()
+    assert (d.host, d.port) == ("127.0.0.1", 30000)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("dtype", "int8"), ("page_size", 0), ("schedule_policy", "random"), ("attention_backend", "flash"),
+    ("mem_fraction_static", 1.5), ("max_running_requests", 0), ("chunked_prefill_size", 0),
+])
+def test_invalid_values_are_rejected(field, value):
+    with pytest.raises(ValueError, match=field.split("_")[0]):
+        ServerArgs(**{field: value})
+
+
+def test_resolve_for_device_fills_only_auto_values():
+    cpu = ServerArgs().resolve_for_device("cpu")
+    assert (cpu.page_size, cpu.max_prefill_tokens, cpu.chunked_prefill_size) == (16, 4096, 4096)
+    gpu = ServerArgs().resolve_for_device("cuda")
+    assert (gpu.page_size, gpu.max_prefill_tokens, gpu.chunked_prefill_size) == (1, 16384, 8192)
+    assert ServerArgs(page_size=1, chunked_prefill_size=-1).resolve_for_device("cpu").chunked_prefill_size == -1
+
+
+def test_unknown_kwargs_are_named():
+    with pytest.raises(TypeError, match="nope"):
+        server_args_from_kwargs(None, nope=1)
