@@ -134,7 +134,7 @@ class Scheduler:
         self._ensure_decode_memory()
         reqs = list(self.running)
         prefix_lens = [r.kv_len for r in reqs]
-        extend_ids = [[r.fill_ids[-1]] for r in reqs]
+        extend_ids = [[r.output_ids[-1]] for r in reqs]  # a running request has sampled at least once
         out_locs = [self._alloc(r, 1) for r in reqs]
         self.new_token_ratio = max(self.new_token_ratio - self.cfg.new_token_ratio_decay, self.cfg.new_token_ratio_min)
         return ScheduleBatch("decode", reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs))

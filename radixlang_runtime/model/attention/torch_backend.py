@@ -35,6 +35,8 @@ class ExtendMeta:
     starts: list[int]  # offset of each request's tokens in T
     kv_rows: list[Optional[torch.Tensor]]  # per request [Hkv * L_i] pool rows when it has a prefix, else None
     masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool (True = attend) when it has a prefix
+    fresh_starts: Optional[torch.Tensor] = None  # [R] int64, set when no request has a prefix (C kernel input)
+    fresh_lens: Optional[torch.Tensor] = None  # [R] int64
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -79,8 +81,12 @@ class TorchAttentionBackend(AttentionBackend):
             # the query at absolute position p + j sees keys 0 .. p + j
             q_pos = torch.arange(p, p + n, device=dev)
             masks.append(torch.arange(p + n, device=dev)[None, :] <= q_pos[:, None])
-        uniform = all(p == 0 for p in fb.prefix_lens_cpu) and len(set(fb.extend_lens_cpu)) == 1
+        fresh = all(p == 0 for p in fb.prefix_lens_cpu)
+        uniform = fresh and len(set(fb.extend_lens_cpu)) == 1
         fb.attn_meta = ExtendMeta(uniform, starts, slots, masks)
+        if fresh and self._kernel_ok(fb):
+            fb.attn_meta.fresh_starts = torch.tensor(starts, dtype=torch.int64)
+            fb.attn_meta.fresh_lens = torch.tensor(fb.extend_lens_cpu, dtype=torch.int64)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         B, H, D = q.shape
@@ -105,6 +111,10 @@ class TorchAttentionBackend(AttentionBackend):
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
         hkv = self.num_kv_heads
+        if meta.fresh_starts is not None:  # the C kernel (bf16 on CPU), when the shapes suit it
+            o = cpu_kernels.extend_causal(q, k, v, meta.fresh_starts, meta.fresh_lens, self.scale)
+            if o is not None:
+                return o
         if meta.uniform:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]

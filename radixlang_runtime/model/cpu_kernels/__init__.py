@@ -45,7 +45,8 @@ def load() -> Optional[ctypes.CDLL]:
     if cc is None:
         logger.warning("no C compiler: the CPU path uses torch ops only")
         return None
-    digest = hashlib.sha1(b"".join(open(p, "rb").read() for p in _SRCS)).hexdigest()[:16]
+    sources = _SRCS + [os.path.join(_DIR, "common.h")]
+    digest = hashlib.sha1(b"".join(open(p, "rb").read() for p in sources)).hexdigest()[:16]
     so = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
     if not os.path.exists(so):
         os.makedirs(_cache_dir(), exist_ok=True)
@@ -64,6 +65,9 @@ def load() -> Optional[ctypes.CDLL]:
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
     lib.add_rms_norm_bf16.restype = None
     lib.add_rms_norm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.extend_causal_bf16.restype = ctypes.c_int
+    lib.extend_causal_bf16.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
+                                       + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_void_p])
     lib.silu_mul_bf16.restype = None
     lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     _lib = lib
@@ -105,4 +109,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     T, two_i = gate_up.shape
     out = torch.empty(T, two_i // 2, dtype=gate_up.dtype)
     _lib.silu_mul_bf16(gate_up.contiguous().data_ptr(), out.data_ptr(), T, two_i // 2)
+    return out
+
+
+def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
+                  scale: float) -> Optional[torch.Tensor]:
+    """Causal attention of prefix-free requests over their own tokens.
+
+    q [T, H, D], k / v [T, Hkv, D] bf16, each with contiguous heads (row strides may differ);
+    starts / lens [R] int64 -> out [T, H * D], or None where the kernel does not apply.
+    """
+    T, H, D = q.shape
+    for t in (q, k, v):
+        if t.stride(2) != 1 or t.stride(1) != D:
+            return None
+    out = torch.empty(T, H * D, dtype=q.dtype)
+    rc = _lib.extend_causal_bf16(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                                 starts.data_ptr(), lens.data_ptr(), starts.shape[0], H, k.shape[1], D, scale,
+                                 out.data_ptr())
+    if rc == -1:
+        return None
+    if rc != 0:
+        raise RuntimeError(f"extend_causal_bf16 failed with code {rc}")
     return out

@@ -15,52 +15,11 @@
  * rounded to bf16 (nearest even). One task per (request, KV head), spread over OpenMP threads.
  * Limits: D <= 256, H / Hkv <= 32.
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+#include "common.h"
 
 #ifdef __AVX512F__
-/* 16 bf16 -> 16 float */
-static inline __m512 load16_bf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-/* e^x for x <= 0 (softmax inputs after max subtraction): 2^(x log2 e) as 2^n * p(f), |f| <= 1/2,
- * p a degree-6 polynomial for 2^f; relative error ~2e-7. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* In place: sg[0..L) -> exp(sg - max); returns the sum. */
 static inline float softmax_numerators(float *sg, int64_t L) {
     __m512 vm = _mm512_set1_ps(-INFINITY);
