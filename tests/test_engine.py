@@ -125,11 +125,13 @@ def test_eos_min_new_tokens_ignore_eos_and_stop_ids(engine):
 
 
 def test_penalties_change_a_repetitive_continuation(engine):
+    # presence_penalty shifts every seen token equally, so on a loop of already-seen tokens it need
+    # not change the argmax; its exact effect on logits is checked in test_sampler_unit.
     p = "1, 1, 1, 1, 1, 1, 1, 1,"
     sp = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
     base = engine.generate(p, sp)["output_ids"]
     most = max(set(base), key=base.count)
-    for extra in ({"frequency_penalty": 1.5}, {"presence_penalty": 1.5}, {"repetition_penalty": 1.8}):
+    for extra in ({"frequency_penalty": 1.5}, {"repetition_penalty": 1.8}):
         pen = engine.generate(p, dict(sp, **extra))["output_ids"]
         assert pen.count(most) < base.count(most), extra
 
