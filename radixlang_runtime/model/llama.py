@@ -74,7 +74,7 @@ class Rotary:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, rotary: Rotary):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend):
         super().__init__()
         self.layer_id = layer_id
         self.h, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -84,7 +84,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
-        self.rotary = rotary
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -117,10 +116,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, rotary: Rotary):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, backend, rotary)
+        self.self_attn = Attention(cfg, layer_id, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -138,7 +137,7 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, self.rotary) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
@@ -172,6 +171,7 @@ class LlamaForCausalLM(nn.Module):
         n = pack_linears(self.layers)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.head = PackedLinear(w, None)
+        self.lm_head = None  # an untied head now lives only in its packed copy
         return n + 1
 
     # --- weights ---

@@ -28,7 +28,6 @@ class Req:
     cached_len: int = 0  # prompt tokens served from the prefix cache (reported as cached_tokens)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
-    stop_str_tail: str = ""  # decoded tail of the output used to look for stop strings
     num_retractions: int = 0
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
