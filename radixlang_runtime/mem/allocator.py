@@ -18,6 +18,12 @@ class OutOfSlotsError(RuntimeError):
     pass
 
 
+def slots_spanned(cur_len: int, extend_len: int, page_size: int) -> int:
+    """Slots of new pages a holder at length cur_len needs to grow by extend_len."""
+    new_pages = -(-(cur_len + extend_len) // page_size) - (-(-cur_len // page_size))
+    return new_pages * page_size
+
+
 class PageAllocator:
     def __init__(self, num_slots: int, page_size: int = 1):
         if page_size < 1 or num_slots < page_size:
@@ -39,9 +45,7 @@ class PageAllocator:
 
     def slots_needed(self, cur_len: int, extend_len: int) -> int:
         """Slots of new pages a holder at length cur_len needs to grow by extend_len."""
-        ps = self.page_size
-        new_pages = -(-(cur_len + extend_len) // ps) - (-(-cur_len // ps))
-        return new_pages * ps
+        return slots_spanned(cur_len, extend_len, self.page_size)
 
     # --- allocate / free ---
     def alloc_extend(self, last_slot: int, cur_len: int, extend_len: int) -> list[int]:

@@ -17,9 +17,13 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
+def cache_root() -> str:
+    """Everything radixlang caches (converted models, built kernels) lives under here."""
+    return os.environ.get("RADIXLANG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlang")
+
+
 def default_cache_dir() -> str:
-    base = os.environ.get("RADIXLANG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlang")
-    return os.path.join(base, "models")
+    return os.path.join(cache_root(), "models")
 
 
 def embedded_gguf_path() -> str:

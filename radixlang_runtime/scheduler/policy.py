@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from radixlang_runtime.mem.allocator import slots_spanned
 from radixlang_runtime.scheduler.request import Req
 
 CLIP_MAX_NEW_TOKENS = 4096  # a request's decode reservation never counts more than this
@@ -57,10 +58,6 @@ class PrefillAdder:
     running_empty: bool  # nothing decoding: admit the first request even if its reservation won't fit
     admitted: list[Admission] = field(default_factory=list)
 
-    def _pages(self, cur_len: int, extend_len: int) -> int:
-        ps = self.page_size
-        return (-(-(cur_len + extend_len) // ps) - (-(-cur_len // ps))) * ps
-
     def add_one(self, req: Req, holds_row: bool) -> AddResult:
         if not holds_row and (self.rem_rows <= 0 or self.rem_running <= 0):
             return AddResult.OTHER
@@ -72,7 +69,7 @@ class PrefillAdder:
         if extend <= 0:
             return AddResult.NO_TOKEN
         is_last = extend == remaining
-        need_now = self._pages(req.kv_len, extend)
+        need_now = slots_spanned(req.kv_len, extend, self.page_size)
         need = need_now + (decode_reservation(req, self.new_token_ratio) if is_last else 0)
         if need > self.rem_total_tokens:
             # Progress guarantee: with nothing decoding, the head request runs if its prefill fits;

@@ -253,8 +253,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """free + in use == total for slots and table rows (no cache yet: cached == 0)."""
-        ps = self.cfg.page_size
         live = self.running + self.waiting + ([self.chunked_req] if self.chunked_req else [])
-        in_use = sum(-(-r.kv_len // ps) * ps for r in live)
+        in_use = sum(self.allocator.slots_needed(0, r.kv_len) for r in live)
         self.allocator.check_integrity(expected_in_use_slots=in_use)
         self.table.check_integrity(rows_in_use=sum(1 for r in live if r.table_idx >= 0))

@@ -20,6 +20,8 @@ from typing import Optional
 
 import torch
 
+from radixlang_runtime.model.resolve import cache_root
+
 logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
@@ -29,8 +31,7 @@ _tried = False
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("RADIXLANG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlang")
-    return os.path.join(base, "kernels")
+    return os.path.join(cache_root(), "kernels")
 
 
 def load() -> Optional[ctypes.CDLL]:
