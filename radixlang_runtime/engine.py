@@ -16,10 +16,12 @@ import uuid
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
 from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.loop import ReqUpdate, SchedulerLoop
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -61,11 +63,12 @@ class Engine:
                 max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
                 chunked_prefill_size=args.chunked_prefill_size, eos_token_ids=tuple(sorted(eos)),
                 new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
-                new_token_ratio_decay=args.new_token_ratio_decay, debug_check_integrity=args.debug_check_integrity,
+                new_token_ratio_decay=args.new_token_ratio_decay, schedule_policy=args.schedule_policy,
+                debug_check_integrity=args.debug_check_integrity,
             ),
             runner,
-            PageAllocator(sizes.num_slots, args.page_size),
-            TableManager(sizes.table_rows),
+            KVManager(PageAllocator(sizes.num_slots, args.page_size), TableManager(sizes.table_rows),
+                      None if args.disable_radix_cache else RadixCache(args.page_size)),
             detokenize=lambda ids: self.tokenizer.decode(ids),
         )
 
@@ -86,8 +89,26 @@ class Engine:
         self._loop.abort(rid)
 
     def check_integrity(self) -> None:
-        """free + in use == total; only meaningful while no request is in flight."""
-        self.scheduler.check_integrity()
+        """Every KV page free, cached or held by a live request (run on the scheduler thread)."""
+        self._loop.call(lambda s: s.check_integrity())
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache. False (nothing done) while requests are queued or running."""
+        return self._loop.call(lambda s: s.flush_cache())
+
+    def get_stats(self) -> dict[str, Any]:
+        """KV and scheduler counters, read on the scheduler thread."""
+        def read(s: Scheduler) -> dict[str, Any]:
+            kv = s.kv
+            return {
+                "total_slots": kv.allocator.total_slots, "free_slots": kv.allocator.available_size(),
+                "cached_slots": kv.cached_size(), "evictable_slots": kv.evictable_size(),
+                "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
+                "prefill_tokens_computed": s.prefill_tokens_computed,
+                "prefill_tokens_cached": s.prefill_tokens_cached,
+                "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
+            }
+        return self._loop.call(read)
 
     def shutdown(self) -> None:
         self._loop.close()

@@ -43,3 +43,37 @@ def test_extend_causal_matches_sdpa(lens, H, hkv, D):
             q[s : s + n].float().transpose(0, 1), k[s : s + n].float().transpose(0, 1),
             v[s : s + n].float().transpose(0, 1), is_causal=True, enable_gqa=True).transpose(0, 1)
         torch.testing.assert_close(got[s : s + n].view(n, H, D).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128)])
+def test_extend_with_paged_prefix_matches_reference(page_size, H, hkv, D):
+    """Prefixes read in place through req_to_token (scattered slots), new tokens from q/k/v."""
+    from kernels.reference import paged_attention_ref
+
+    g = torch.Generator().manual_seed(2)
+    prefix_lens, extend_lens = [0, 33, 1, 200, 16], [5, 1, 40, 17, 16]
+    num_slots, rows = 1024, [3, 0, 4, 1, 2]
+    kb = torch.randn(hkv, num_slots, D, generator=g).bfloat16()
+    vb = torch.randn(hkv, num_slots, D, generator=g).bfloat16()
+    rt = torch.zeros(5, 512, dtype=torch.int64)
+    pages = torch.randperm(num_slots // page_size, generator=g).tolist()
+    for row, p, n in zip(rows, prefix_lens, extend_lens):  # each request gets whole pages, shuffled
+        npages = -(-(p + n) // page_size)
+        mine = [pages.pop() for _ in range(npages)]
+        rt[row, : p + n] = torch.tensor([mine[i // page_size] * page_size + i % page_size for i in range(p + n)])
+    T = sum(extend_lens)
+    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).bfloat16()
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for row, p, n in zip(rows, prefix_lens, extend_lens):  # the new tokens' K/V are stored first, as the model does
+        kb[:, rt[row, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[row, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    starts = torch.tensor([sum(extend_lens[:i]) for i in range(5)])
+    prefix = cpu_kernels.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens))
+    got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(extend_lens), D ** -0.5, prefix)
+    if got is None:
+        pytest.skip("no AVX-512 BF16 on this CPU")
+    want = paged_attention_ref(q, kb, vb, rt, rows, prefix_lens, extend_lens, D ** -0.5)
+    torch.testing.assert_close(got.view(T, H, D).float(), want, rtol=2e-2, atol=2e-2)

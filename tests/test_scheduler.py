@@ -9,7 +9,9 @@ import pytest
 
 from fakes import FakeRunner, expected_output
 from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -17,12 +19,15 @@ from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 EOS = 96  # FakeRunner's vocabulary is 0..96
 
 
-def make(num_slots=4096, page_size=1, rows=32, max_prefill=512, chunk=256, ratio=0.7, eos=EOS):
+def make(num_slots=4096, page_size=1, rows=32, max_prefill=512, chunk=256, ratio=0.7, eos=EOS, radix=True,
+         policy="fcfs"):
     cfg = SchedulerConfig(page_size=page_size, context_len=4096, max_running_requests=rows,
                           max_prefill_tokens=max_prefill, chunked_prefill_size=chunk, eos_token_ids=(eos,),
-                          new_token_ratio_init=ratio, new_token_ratio_min=0.05, new_token_ratio_decay=0.01)
+                          new_token_ratio_init=ratio, new_token_ratio_min=0.05, new_token_ratio_decay=0.01,
+                          schedule_policy=policy, debug_check_integrity=True)
     runner = FakeRunner()
-    sched = Scheduler(cfg, runner, PageAllocator(num_slots, page_size), TableManager(rows), detokenize=lambda ids: "")
+    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(rows), RadixCache(page_size) if radix else None)
+    sched = Scheduler(cfg, runner, kv, detokenize=lambda ids: "")
     return sched, runner
 
 
@@ -43,8 +48,10 @@ def drain(sched, limit=10_000):
 
 
 def assert_whole(sched):
+    """Idle: every page free or cached (nothing locked), every row free."""
     sched.check_integrity()
-    assert sched.allocator.available_size() == sched.allocator.total_slots
+    assert sched.allocator.available_size() + sched.kv.cached_size() == sched.allocator.total_slots
+    assert sched.kv.evictable_size() == sched.kv.cached_size()
     assert sched.table.available == sched.table.num_rows
 
 
@@ -159,3 +166,136 @@ def test_scheduler_modules_do_not_import_torch():
             "radixlang_runtime.mem.allocator, radixlang_runtime.sampling_params, radixlang_runtime.server_args; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def shared(rid, prefix, n_unique, max_new, seed=0, **sp) -> Req:
+    r = req(rid, n_unique, max_new, seed, **sp)
+    r.input_ids = list(prefix) + r.input_ids
+    return r
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_shared_prefix_is_computed_once(page_size):
+    sched, runner = make(page_size=page_size, max_prefill=4096)
+    prefix = req("p", 100, 0).input_ids
+    reqs = [shared(f"s{i}", prefix, 10, 8) for i in range(8)]
+    for r in reqs:  # all arrive together: the in-batch check lets one compute the prefix first
+        sched.add_request(r)
+    drain(sched)
+    aligned = 100 // page_size * page_size
+    assert reqs[0].cached_len == 0
+    assert all(r.cached_len >= aligned for r in reqs[1:])  # (random unique parts may share a token more)
+    assert sched.prefill_tokens_computed == sum(110 - r.cached_len for r in reqs) <= 110 + 7 * (110 - aligned)
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, 8), r.rid
+    assert_whole(sched)
+    # A later request reuses the prompt *and* the generated tokens of a finished one.
+    again = req("again", 0, 4)
+    again.input_ids = reqs[3].input_ids + reqs[3].output_ids[:-1] + [5]
+    sched.add_request(again)
+    drain(sched)
+    assert again.cached_len == (len(again.input_ids) - 1) // page_size * page_size
+    assert again.output_ids == expected_output(again.input_ids, 4)
+    assert_whole(sched)
+
+
+def test_without_radix_cache_nothing_is_shared():
+    sched, runner = make(radix=False)
+    prefix = req("p", 100, 0).input_ids
+    reqs = [shared(f"s{i}", prefix, 10, 8) for i in range(4)]
+    for r in reqs:
+        sched.add_request(r)
+    drain(sched)
+    assert all(r.cached_len == 0 for r in reqs) and runner.cached_prefix_tokens == 0
+    assert sched.prefill_tokens_computed == 4 * 110
+    assert sched.allocator.available_size() == sched.allocator.total_slots
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cache_evicts_lru_when_the_pool_fills(page_size):
+    sched, _ = make(num_slots=512, page_size=page_size)
+    for i in range(20):  # 20 x 90 tokens pass through a 512-slot pool, one at a time
+        r = req(f"e{i}", 80, 10)
+        sched.add_request(r)
+        drain(sched)
+        assert r.output_ids == expected_output(r.input_ids, 10)
+        assert_whole(sched)
+    assert 0 < sched.kv.cached_size() <= 512
+    # The most recent request is still cached; the first was evicted.
+    first, last = req("e0", 80, 1), req("e19", 80, 1)
+    first.rid, last.rid = "f", "l"
+    sched.add_request(last)
+    drain(sched)
+    assert last.cached_len == 79 // page_size * page_size
+    sched.add_request(first)
+    drain(sched)
+    assert first.cached_len == 0
+
+
+def test_flush_cache_refused_while_busy():
+    sched, _ = make()
+    r = req("a", 50, 20)
+    sched.add_request(r)
+    sched.step()
+    assert not sched.flush_cache()
+    drain(sched)
+    assert sched.kv.cached_size() > 0
+    assert sched.flush_cache()
+    assert sched.kv.cached_size() == 0 and sched.allocator.available_size() == sched.allocator.total_slots
+    r2 = req("a", 50, 20)
+    r2.rid = "a2"
+    sched.add_request(r2)
+    drain(sched)
+    assert r2.cached_len == 0 and r2.output_ids == r.output_ids
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_cache_aware_policies_put_cached_prefixes_first(policy):
+    sched, _ = make(policy=policy, max_prefill=64, chunk=64)
+    warm = req("w", 60, 1)
+    sched.add_request(warm)
+    drain(sched)
+    cold = [req(f"c{i}", 40, 1) for i in range(3)]
+    hot = [shared(f"h{i}", warm.input_ids[:48], 8, 1, seed=i) for i in range(2)]
+    for r in cold + hot:
+        sched.add_request(r)
+    batch = sched.get_next_batch_to_run()
+    assert [r.rid for r in batch.reqs][:2] == ["h0", "h1"]  # 16 + 16 new tokens fit before any 40-token cold one
+    sched.runner.forward(batch)
+    sched._process_batch_result(batch)
+    drain(sched)
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_random_traffic_keeps_outputs_and_memory(seed, page_size):
+    """Arrivals, shared prefixes, aborts, retraction and eviction together; the runner and
+    check_integrity (every step) verify each slot; every surviving request gets its solo output."""
+    rng = random.Random(seed)
+    radix = seed % 3 != 0
+    policy = ["fcfs", "lpm", "dfs-weight"][seed % 3]
+    sched, _ = make(num_slots=rng.choice([384, 768, 2048]), page_size=page_size, max_prefill=rng.choice([64, 256]),
+                    chunk=rng.choice([32, 128, -1]), ratio=rng.choice([0.05, 0.7]), radix=radix, policy=policy)
+    prefixes = [req(f"p{i}", rng.randrange(10, 120), 0, seed).input_ids for i in range(3)]
+    reqs, aborted = [], set()
+    for step in range(400):
+        if len(reqs) < 40 and rng.random() < 0.3:
+            r = shared(f"q{len(reqs)}", rng.choice(prefixes)[: rng.randrange(0, 120)], rng.randrange(1, 30),
+                       rng.randrange(1, 40), seed)
+            reqs.append(r)
+            sched.add_request(r)
+        if reqs and rng.random() < 0.03:
+            victim = rng.choice(reqs)
+            aborted.add(victim.rid)
+            sched.abort(victim.rid)
+        sched.step()
+    drain(sched)
+    for r in reqs:
+        assert r.finished
+        if r.finished_reason["type"] == "abort":
+            assert r.rid in aborted
+            continue
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens), r.rid
+    assert_whole(sched)

@@ -86,6 +86,9 @@ class PageAllocator:
         self._free_pages.extend(pages)
         self._allocated_pages -= len(pages)
 
+    def free_page_ids(self) -> list[int]:
+        return list(self._free_pages)
+
     # --- checks ---
     def check_integrity(self, expected_in_use_slots: int | None = None) -> None:
         free = self._free_pages

@@ -139,7 +139,12 @@ class ModelRunner:
             T = int(input_ids.shape[0])
             positions = torch.arange(T, device=dev) + torch.repeat_interleave(prefix - starts, lens)
             row_of_token = torch.repeat_interleave(req_rows, lens)
-        # Record where each new position's K/V lives: req_to_token[row, pos] = slot.
+        # Record where each position's K/V lives: req_to_token[row, pos] = slot. Rows the scheduler
+        # marked (a prefix from the cache, or slots swapped for the cache's) get their prefix rewritten.
+        for i in batch.rewrite_rows:
+            req, p = batch.reqs[i], batch.prefix_lens[i]
+            if p:
+                self.kv_pool.req_to_token[req.table_idx, :p] = torch.tensor(req.kv_indices[:p], dtype=torch.int64)
         self.kv_pool.req_to_token[row_of_token, positions] = out_loc
         seq_lens_cpu = [p + n for p, n in zip(batch.prefix_lens, extend_lens)]
         return ForwardBatch(

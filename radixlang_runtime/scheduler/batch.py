@@ -19,6 +19,9 @@ class ScheduleBatch:
     extend_ids: list[list[int]]  # tokens to run; a decode step runs exactly one per request
     out_locs: list[list[int]]  # slots where this step stores their K/V (same lengths as extend_ids)
     sample: list[bool]  # False for a non-final prefill chunk (or max_new_tokens == 0): no token is drawn
+    # Requests (indices into reqs) whose table row must be rewritten before the step:
+    # req_to_token[row, :prefix_len] = req.kv_indices[:prefix_len] (a cache match, or slots swapped for the tree's).
+    rewrite_rows: list[int] = field(default_factory=list)
     # Filled by the runner:
     next_token_ids: list[int] = field(default_factory=list)
 

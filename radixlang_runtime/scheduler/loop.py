@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -45,6 +45,12 @@ class _Waiter:
 @dataclass
 class _Abort:
     rid: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[Scheduler], Any]
+    out: "queue.Queue[tuple[bool, Any]]"
 
 
 class SchedulerLoop:
@@ -83,6 +89,15 @@ class SchedulerLoop:
     def abort(self, rid: str) -> None:
         self._inbox.put(_Abort(rid))
 
+    def call(self, fn: Callable[[Scheduler], Any], timeout: float = 60.0) -> Any:
+        """Run fn(scheduler) on the loop thread between two steps; return its result (or raise its error)."""
+        out: "queue.Queue[tuple[bool, Any]]" = queue.Queue()
+        self._inbox.put(_Call(fn, out))
+        ok, value = out.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
     def close(self) -> None:
         self._stop.set()
         self._inbox.put(None)
@@ -115,6 +130,11 @@ class SchedulerLoop:
                 self.scheduler.add_request(item.req)
             elif isinstance(item, _Abort):
                 self.scheduler.abort(item.rid)
+            elif isinstance(item, _Call):
+                try:
+                    item.out.put((True, item.fn(self.scheduler)))
+                except Exception as e:  # handed to the caller
+                    item.out.put((False, e))
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:

@@ -7,17 +7,23 @@ PrefillAdder admits requests in queue order while every budget holds:
 - rem_chunk_tokens: the most one request may prefill in one step (--chunked-prefill-size); a longer
   prompt is truncated to a chunk and continues next step (at most one chunked request at a time);
 - free request-table rows and --max-running-requests.
+order_waiting sorts the queue first (--schedule-policy).
 """
 
 from __future__ import annotations
 
 import enum
+from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Optional
 
 from radixlang_runtime.mem.allocator import slots_spanned
+from radixlang_runtime.mem.radix_cache import RadixCache, TreeNode
 from radixlang_runtime.scheduler.request import Req
 
 CLIP_MAX_NEW_TOKENS = 4096  # a request's decode reservation never counts more than this
+LPM_MAX_QUEUE = 128  # past this many waiting requests, cache-aware ordering costs more than it saves: fcfs
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
 class AddResult(enum.Enum):
@@ -37,6 +43,54 @@ def prefill_target_len(req: Req) -> int:
     outputs: it recomputes everything but its last token, which is its next decode input.
     """
     return req.seq_len - 1 if req.output_ids else req.seq_len
+
+
+def order_waiting(waiting: list[Req], policy: str, radix: Optional[RadixCache]) -> list[Req]:
+    """The queue in the order admission tries it.
+
+    fcfs: arrival order. lpm: longest cached prefix first (stable, so ties stay fcfs); shared
+    prefixes are then reused before LRU eviction can take them. dfs-weight: requests grouped by the
+    cache node their prefix ends at, visiting heavier subtrees (more waiting requests) first and a
+    node's subtree before the requests ending at the node, so a shared subtree is prefilled together. Cache-aware policies fall back to fcfs without a
+    cache or past LPM_MAX_QUEUE waiting requests. Retracted requests (they hold outputs) stay in front.
+    """
+    if policy == "fcfs" or radix is None or len(waiting) > LPM_MAX_QUEUE:
+        return waiting
+    nodes: dict[int, TreeNode] = {}
+    lens: dict[int, int] = {}
+    for r in waiting:
+        m = radix.match_prefix(r.fill_ids[: prefill_target_len(r) - 1])
+        nodes[id(r)], lens[id(r)] = m.last_node, m.length
+    if policy == "lpm":
+        ordered = sorted(waiting, key=lambda r: -lens[id(r)])
+    elif policy == "dfs-weight":
+        ordered = _dfs_weight(waiting, nodes, radix.root)
+    else:
+        raise ValueError(f"unknown schedule policy {policy!r}; expected one of {SCHEDULE_POLICIES}")
+    retracted = [r for r in waiting if r.output_ids]
+    return retracted + [r for r in ordered if not r.output_ids]
+
+
+def _dfs_weight(waiting: list[Req], nodes: dict[int, TreeNode], root: TreeNode) -> list[Req]:
+    at_node: dict[int, list[Req]] = defaultdict(list)
+    weight: dict[int, int] = defaultdict(int)
+    for r in waiting:
+        node: Optional[TreeNode] = nodes[id(r)]
+        at_node[id(node)].append(r)
+        while node is not None:
+            weight[id(node)] += 1
+            node = node.parent
+    out: list[Req] = []
+    stack: list[tuple[TreeNode, bool]] = [(root, False)]
+    while stack:  # post-order, as SGLang: a subtree's requests before the requests ending at its root
+        node, expanded = stack.pop()
+        if expanded:
+            out.extend(at_node.get(id(node), ()))
+            continue
+        stack.append((node, True))
+        kids = sorted((c for c in node.children.values() if weight[id(c)]), key=lambda c: weight[id(c)])
+        stack.extend((c, False) for c in kids)  # heaviest last: popped first
+    return out
 
 
 @dataclass

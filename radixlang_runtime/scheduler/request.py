@@ -5,6 +5,8 @@ Lengths (mini-sglang's vocabulary):
 - kv_len = len(kv_indices): positions 0..kv_len-1 have K/V in the pool.
 - While decoding, kv_len == len(fill_ids) - 1: the last sampled token is the next decode input.
 - extend_len: tokens a prefill step adds (fill_ids[kv_len : kv_len + extend_len]).
+- tree_len: kv_indices[:tree_len] belong to the radix cache (locked through last_node, page-aligned);
+  kv_indices[tree_len:] are the request's own slots. cached_len <= tree_len.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ class Req:
     # --- memory ---
     table_idx: int = -1  # row in req_to_token, -1 when not holding one
     kv_indices: list[int] = field(default_factory=list)  # slot of each position with K/V stored
-    cached_len: int = 0  # prompt tokens served from the prefix cache (reported as cached_tokens)
+    cached_len: int = 0  # prompt tokens served from the prefix cache at first admission (cached_tokens)
+    tree_len: int = 0  # leading kv_indices owned by the radix cache
+    last_node: Any = None  # the radix node locked for kv_indices[:tree_len] (None: nothing locked)
+    row_dirty: bool = False  # kv_indices[:kv_len] changed in place: the runner rewrites the table row
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
     num_retractions: int = 0

@@ -1,10 +1,10 @@
-"""The scheduler core (torch-free): continuous batching, prefill first.
+"""The scheduler core (torch-free): continuous batching, prefill first, over a shared prefix cache.
 
 Each `step()`: drop aborted requests -> form a batch (a prefill batch if one can be admitted,
 otherwise one decode step over every running request) -> `runner.forward(batch)` -> append sampled
-tokens, finish requests, free their memory. The runner is anything with `forward(ScheduleBatch)`
-that fills `batch.next_token_ids` (one per request whose `sample` flag is set), so tests drive this
-class with a fake runner and no torch.
+tokens, finish requests, hand their KV to the radix cache. The runner is anything with
+`forward(ScheduleBatch)` that fills `batch.next_token_ids` (one per request whose `sample` flag is
+set), so tests drive this class with a fake runner and no torch. Slot ownership lives in KVManager.
 """
 
 from __future__ import annotations
@@ -13,11 +13,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
-from radixlang_runtime.mem.allocator import PageAllocator
-from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.scheduler.batch import ScheduleBatch
-from radixlang_runtime.scheduler.policy import AddResult, PrefillAdder, decode_reservation, prefill_target_len
+from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
+                                                prefill_target_len)
 from radixlang_runtime.scheduler.request import Req
+
+# A waiting request that shares at least this many uncached tokens with one admitted in the same
+# round waits a round: the other computes them once and this one then hits the cache (SGLang's
+# in-batch prefix caching check).
+IN_BATCH_SHARE_THRESHOLD = 32
 
 
 class Runner(Protocol):
@@ -35,16 +41,17 @@ class SchedulerConfig:
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
     new_token_ratio_decay: float = 0.001
+    schedule_policy: str = "fcfs"  # "lpm" | "fcfs" | "dfs-weight" (see policy.order_waiting)
     debug_check_integrity: bool = False
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, runner: Runner, allocator: PageAllocator, table: TableManager,
-                 detokenize: Callable[[list[int]], str]):
+    def __init__(self, cfg: SchedulerConfig, runner: Runner, kv: KVManager, detokenize: Callable[[list[int]], str]):
         self.cfg = cfg
         self.runner = runner
-        self.allocator = allocator
-        self.table = table
+        self.kv = kv
+        self.allocator = kv.allocator
+        self.table = kv.table
         self.detokenize = detokenize
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -53,6 +60,8 @@ class Scheduler:
         self.new_token_ratio = cfg.new_token_ratio_init
         self.num_retracted_total = 0
         self.forward_steps = 0
+        self.prefill_tokens_computed = 0  # extend tokens run through the model
+        self.prefill_tokens_cached = 0  # prompt tokens served by the radix cache instead
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -71,12 +80,13 @@ class Scheduler:
         touched = self._process_aborts()
         batch = self.get_next_batch_to_run()
         if batch is None:
-            if self.cfg.debug_check_integrity and self.is_idle:
-                self.check_integrity()
             return touched
         self.runner.forward(batch)
         self.forward_steps += 1
-        return touched + self._process_batch_result(batch)
+        touched += self._process_batch_result(batch)
+        if self.cfg.debug_check_integrity:
+            self.check_integrity()
+        return touched
 
     def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
         if self.waiting or self.chunked_req:
@@ -89,11 +99,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
-        cfg = self.cfg
+        cfg, kv = self.cfg, self.kv
         adder = PrefillAdder(
             page_size=cfg.page_size,
-            rem_total_tokens=self.allocator.available_size()
-            - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
+            rem_total_tokens=kv.available_size() - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
             rem_input_tokens=cfg.max_prefill_tokens,
             rem_chunk_tokens=cfg.chunked_prefill_size,
             rem_rows=self.table.available,
@@ -104,10 +113,9 @@ class Scheduler:
         proceed = True
         if self.chunked_req is not None:  # the chunked request goes first; others may follow its last chunk
             proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
-        if proceed:
-            for req in self.waiting:
-                if adder.add_one(req, holds_row=False) != AddResult.CONTINUE:
-                    break
+        if proceed and self.waiting:
+            self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
+            self._admit_waiting(adder)
         if not adder.admitted:
             return None
         admitted_ids = {id(a.req) for a in adder.admitted}
@@ -116,10 +124,9 @@ class Scheduler:
         reqs, prefix_lens, extend_ids, out_locs, sample = [], [], [], [], []
         for a in adder.admitted:
             req = a.req
-            if req.table_idx < 0:
-                req.table_idx = self.table.allocate()
+            kv.assign_row(req)
             start = req.kv_len
-            slots = self._alloc(req, a.extend_len)
+            slots = kv.alloc(req, a.extend_len)
             reqs.append(req)
             prefix_lens.append(start)
             extend_ids.append(req.fill_ids[start:start + a.extend_len])
@@ -127,7 +134,36 @@ class Scheduler:
             # A retracted request (it has outputs) resumes decoding without drawing a token here.
             sample.append(a.is_last_chunk and not req.output_ids and req.sampling.max_new_tokens > 0)
             self.chunked_req = None if a.is_last_chunk else req
-        return ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample)
+            self.prefill_tokens_computed += a.extend_len
+        return ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample,
+                             rewrite_rows=self._take_dirty_rows(reqs))
+
+    def _admit_waiting(self, adder: PrefillAdder) -> None:
+        """Offer waiting requests to the adder in order: each first gets its cached prefix (locked);
+        one that is refused gives it back. Admission stops at the first request a budget refuses."""
+        kv = self.kv
+        batch_tree = RadixCache(1) if kv.radix is not None else None  # prompts admitted this round
+        for req in self.waiting:
+            target = prefill_target_len(req)
+            adder.rem_total_tokens -= (locked := kv.match(req, target))
+            if batch_tree is not None:
+                ids = req.fill_ids[:target]
+                if batch_tree.match_prefix(ids).length - req.kv_len >= IN_BATCH_SHARE_THRESHOLD:
+                    kv.unmatch(req)
+                    adder.rem_total_tokens += locked
+                    continue
+            res = adder.add_one(req, holds_row=False)
+            if adder.admitted and adder.admitted[-1].req is req:
+                if not req.output_ids:  # first admission (a retracted request keeps its first figure)
+                    req.cached_len = req.kv_len
+                self.prefill_tokens_cached += req.kv_len
+                if batch_tree is not None:
+                    batch_tree.insert(ids, [0] * len(ids))
+            else:
+                kv.unmatch(req)
+                adder.rem_total_tokens += locked
+            if res != AddResult.CONTINUE:
+                break
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
@@ -135,9 +171,18 @@ class Scheduler:
         reqs = list(self.running)
         prefix_lens = [r.kv_len for r in reqs]
         extend_ids = [[r.output_ids[-1]] for r in reqs]  # a running request has sampled at least once
-        out_locs = [self._alloc(r, 1) for r in reqs]
+        self.kv.ensure_free(sum(self.allocator.slots_needed(r.kv_len, 1) for r in reqs))  # one eviction pass
+        out_locs = [self.kv.alloc(r, 1) for r in reqs]
         self.new_token_ratio = max(self.new_token_ratio - self.cfg.new_token_ratio_decay, self.cfg.new_token_ratio_min)
-        return ScheduleBatch("decode", reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs))
+        return ScheduleBatch("decode", reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs),
+                             rewrite_rows=self._take_dirty_rows(reqs))
+
+    @staticmethod
+    def _take_dirty_rows(reqs: list[Req]) -> list[int]:
+        dirty = [i for i, r in enumerate(reqs) if r.row_dirty]
+        for i in dirty:
+            reqs[i].row_dirty = False
+        return dirty
 
     def _ensure_decode_memory(self) -> None:
         """retract_decode: while the next step's slots don't fit, send requests back to waiting.
@@ -150,7 +195,7 @@ class Scheduler:
             return sum(self.allocator.slots_needed(r.kv_len, 1) for r in self.running)
 
         retracted = False
-        while self.running and need() > self.allocator.available_size():
+        while self.running and need() > self.kv.available_size():
             if len(self.running) == 1:
                 raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
             victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
@@ -170,7 +215,8 @@ class Scheduler:
         now = time.perf_counter()
         for req, sampled in zip(batch.reqs, batch.sample):
             if batch.phase == "extend" and req is self.chunked_req:
-                continue  # more chunks to go
+                self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
+                continue
             if sampled:
                 req.output_ids.append(next(tokens))
                 if req.first_token_at is None:
@@ -184,6 +230,7 @@ class Scheduler:
                     self.running.remove(req)
                 self._release(req)
             elif batch.phase == "extend":
+                self.kv.cache_unfinished(req)
                 self.running.append(req)
         return touched
 
@@ -209,19 +256,12 @@ class Scheduler:
             req.finish({"type": "length", "length": len(out)})
 
     # ------------------------------------------------------------------ memory
-    def _alloc(self, req: Req, n: int) -> list[int]:
-        last = req.kv_indices[-1] if req.kv_indices else -1
-        slots = self.allocator.alloc_extend(last, req.kv_len, n)
-        req.kv_indices.extend(slots)
-        return slots
+    def _release(self, req: Req, cache: bool = True) -> None:
+        self.kv.release(req, cache=cache)
 
-    def _release(self, req: Req) -> None:
-        if req.kv_indices:
-            self.allocator.free(req.kv_indices)
-            req.kv_indices = []
-        if req.table_idx >= 0:
-            self.table.free(req.table_idx)
-            req.table_idx = -1
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; refused (False) while any request is queued or running."""
+        return self.is_idle and self.kv.flush()
 
     def _process_aborts(self) -> list[Req]:
         if not self._to_abort:
@@ -247,13 +287,10 @@ class Scheduler:
         reqs = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
         self.waiting, self.running, self.chunked_req = [], [], None
         for req in reqs:
-            self._release(req)
+            self._release(req, cache=False)  # the failed step may have left garbage in its slots
             req.finish({"type": "abort", "message": message})
         return reqs
 
     def check_integrity(self) -> None:
-        """free + in use == total for slots and table rows (no cache yet: cached == 0)."""
-        live = self.running + self.waiting + ([self.chunked_req] if self.chunked_req else [])
-        in_use = sum(self.allocator.slots_needed(0, r.kv_len) for r in live)
-        self.allocator.check_integrity(expected_in_use_slots=in_use)
-        self.table.check_integrity(rows_in_use=sum(1 for r in live if r.table_idx >= 0))
+        """Every page free, cached or held by exactly one live request; table rows likewise."""
+        self.kv.check_integrity(self.running + self.waiting + ([self.chunked_req] if self.chunked_req else []))

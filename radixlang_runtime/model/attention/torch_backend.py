@@ -7,10 +7,12 @@ of a KV head form the query axis of one [G, D] x [D, L] product.
 Extend: a request without a cached prefix attends over its own new K/V (no gather); with a prefix,
 its whole sequence is gathered from the pool and the causal mask is bottom-right aligned. When every
 request is a fresh prompt of the same length, the whole batch is one SDPA call.
+In bf16 on CPU both phases go to the C kernels (cpu_kernels/), which read cached K/V in place.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,8 +37,11 @@ class ExtendMeta:
     starts: list[int]  # offset of each request's tokens in T
     kv_rows: list[Optional[torch.Tensor]]  # per request [Hkv * L_i] pool rows when it has a prefix, else None
     masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool (True = attend) when it has a prefix
-    fresh_starts: Optional[torch.Tensor] = None  # [R] int64, set when no request has a prefix (C kernel input)
-    fresh_lens: Optional[torch.Tensor] = None  # [R] int64
+    # C kernel inputs (bf16 on CPU): offsets and lengths of each request's new tokens, [R] int64 each,
+    # and its cached prefix length ([R] int64, None when no request has one).
+    kernel_starts: Optional[torch.Tensor] = None
+    kernel_lens: Optional[torch.Tensor] = None
+    kernel_prefix_lens: Optional[torch.Tensor] = None
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -67,6 +72,13 @@ class TorchAttentionBackend(AttentionBackend):
                 keep_mask = (ar[None, :] < fb.seq_lens[:, None]).view(1, fb.batch_size, 1, max_len)
             fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask)
             return
+        fresh = all(p == 0 for p in fb.prefix_lens_cpu)
+        if self._kernel_ok(fb) and self.head_dim % 32 == 0:  # the C kernel reads prefixes in place: no gather, no masks
+            starts = [0, *itertools.accumulate(fb.extend_lens_cpu)][:-1]
+            fb.attn_meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
+                                      torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
+                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64))
+            return
         starts, slots, masks = [], [], []
         off = 0
         dev = pool.req_to_token.device
@@ -81,12 +93,8 @@ class TorchAttentionBackend(AttentionBackend):
             # the query at absolute position p + j sees keys 0 .. p + j
             q_pos = torch.arange(p, p + n, device=dev)
             masks.append(torch.arange(p + n, device=dev)[None, :] <= q_pos[:, None])
-        fresh = all(p == 0 for p in fb.prefix_lens_cpu)
         uniform = fresh and len(set(fb.extend_lens_cpu)) == 1
         fb.attn_meta = ExtendMeta(uniform, starts, slots, masks)
-        if fresh and self._kernel_ok(fb):
-            fb.attn_meta.fresh_starts = torch.tensor(starts, dtype=torch.int64)
-            fb.attn_meta.fresh_lens = torch.tensor(fb.extend_lens_cpu, dtype=torch.int64)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         B, H, D = q.shape
@@ -111,10 +119,16 @@ class TorchAttentionBackend(AttentionBackend):
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
         hkv = self.num_kv_heads
-        if meta.fresh_starts is not None:  # the C kernel (bf16 on CPU), when the shapes suit it
-            o = cpu_kernels.extend_causal(q, k, v, meta.fresh_starts, meta.fresh_lens, self.scale)
+        if meta.kernel_starts is not None:  # the C kernel (bf16 on CPU)
+            prefix = None
+            if meta.kernel_prefix_lens is not None:
+                pool = fb.kv_pool
+                prefix = cpu_kernels.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+                                                 fb.req_rows, meta.kernel_prefix_lens)
+            o = cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix)
             if o is not None:
                 return o
+            raise RuntimeError("the CPU extend kernel rejected a batch it was chosen for")
         if meta.uniform:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]

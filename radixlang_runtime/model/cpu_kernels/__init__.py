@@ -1,6 +1,7 @@
 """C kernels for the bf16 CPU path, built with the system C compiler and called through ctypes.
 
 - decode_attention.c: paged decode attention reading K/V in place from the pool;
+- extend_attention.c: extend (prefill) attention over a cached prefix read in place + the new tokens;
 - norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul.
 All *.c files here compile once into one library in the cache directory (keyed by the sources'
 hash); a machine without a compiler falls back to the torch ops. The library links the same
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -68,7 +70,9 @@ def load() -> Optional[ctypes.CDLL]:
     lib.add_rms_norm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
     lib.extend_causal_bf16.restype = ctypes.c_int
     lib.extend_causal_bf16.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
-                                       + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_void_p])
+                                       + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_void_p]
+                                       + [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+                                       + [ctypes.c_void_p] * 2)
     lib.silu_mul_bf16.restype = None
     lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     _lib = lib
@@ -114,22 +118,40 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
-                  scale: float) -> Optional[torch.Tensor]:
-    """Causal attention of prefix-free requests over their own tokens.
+                  scale: float, prefix: Optional["PagedPrefix"] = None) -> Optional[torch.Tensor]:
+    """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves.
 
-    q [T, H, D], k / v [T, Hkv, D] bf16, each with contiguous heads (row strides may differ);
-    starts / lens [R] int64 -> out [T, H * D], or None where the kernel does not apply.
+    q [T, H, D], k / v [T, Hkv, D] bf16 (the new tokens), each with contiguous heads (row strides may
+    differ); starts / lens [R] int64 -> out [T, H * D], or None where the kernel does not apply.
+    prefix: where each request's first prefix_lens[r] positions live in the pool (None: no prefixes).
     """
     T, H, D = q.shape
     for t in (q, k, v):
         if t.stride(2) != 1 or t.stride(1) != D:
             return None
     out = torch.empty(T, H * D, dtype=q.dtype)
+    if prefix is None:
+        pool_args = (None, None, 0, None, 0, None, None)
+    else:
+        rt = prefix.req_to_token
+        pool_args = (prefix.k_pool.data_ptr(), prefix.v_pool.data_ptr(), prefix.k_pool.shape[1], rt.data_ptr(),
+                     rt.stride(0), prefix.req_rows.data_ptr(), prefix.prefix_lens.data_ptr())
     rc = _lib.extend_causal_bf16(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                                  starts.data_ptr(), lens.data_ptr(), starts.shape[0], H, k.shape[1], D, scale,
-                                 out.data_ptr())
+                                 out.data_ptr(), *pool_args)
     if rc == -1:
         return None
     if rc != 0:
         raise RuntimeError(f"extend_causal_bf16 failed with code {rc}")
     return out
+
+
+@dataclass
+class PagedPrefix:
+    """The cached prefixes of an extend batch, read in place from the pool."""
+
+    k_pool: torch.Tensor  # [Hkv, N, D] bf16, contiguous (one layer)
+    v_pool: torch.Tensor  # [Hkv, N, D]
+    req_to_token: torch.Tensor  # [rows, ctx] int64, contiguous rows
+    req_rows: torch.Tensor  # [R] int64
+    prefix_lens: torch.Tensor  # [R] int64

@@ -1,0 +1,166 @@
+"""Who owns which KV slot (torch-free): requests, the radix cache, or the free list.
+
+KVManager joins the PageAllocator, the request-table rows and (unless --disable-radix-cache) the
+RadixCache, and moves slots between them at each point of a request's life:
+- admission: `match` the longest cached prefix (always leaving one token to compute), lock it;
+- growth: `alloc` new slots, evicting least-recently-used unlocked cache entries when short;
+- after each prefill step: `cache_unfinished` inserts what the request has computed so that others
+  can share it, and swaps the request's duplicate slots for the tree's;
+- finish, abort, retract: `release` inserts the request's tokens (cache=True) and unlocks.
+Invariant (check_integrity): every page is exactly one of free / in the tree / owned by one live
+request (kv_indices[tree_len:]), and the tree's evictable + protected sizes add up to its size.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.scheduler.request import Req
+
+
+class KVManager:
+    def __init__(self, allocator: PageAllocator, table: TableManager, radix: Optional[RadixCache]):
+        if radix is not None and radix.page_size != allocator.page_size:
+            raise ValueError("the radix cache and the allocator must use the same page size")
+        self.allocator = allocator
+        self.table = table
+        self.radix = radix
+        self.page_size = allocator.page_size
+
+    # ------------------------------------------------------------------ sizes
+    def evictable_size(self) -> int:
+        return self.radix.evictable_size() if self.radix else 0
+
+    def cached_size(self) -> int:
+        return self.radix.total_size() if self.radix else 0
+
+    def available_size(self) -> int:
+        """Slots a request could get now: free pages plus what eviction can free."""
+        return self.allocator.available_size() + self.evictable_size()
+
+    # ------------------------------------------------------------------ admission
+    def match(self, req: Req, target_len: int) -> int:
+        """Give a request that holds nothing the cached prefix of fill_ids[:target_len - 1] (at least one
+        token stays to compute) and lock it. Returns how many evictable slots the lock protected (the
+        caller's KV budget shrinks by that much)."""
+        if self.radix is None or req.kv_indices or target_len <= 1:
+            return 0
+        before = self.radix.evictable_size()
+        m = self.radix.match_prefix(req.fill_ids[: target_len - 1])
+        if m.length == 0:
+            return 0
+        self.radix.lock(m.last_node)
+        req.kv_indices, req.tree_len, req.last_node, req.row_dirty = list(m.slots), m.length, m.last_node, True
+        return before - self.radix.evictable_size()
+
+    def unmatch(self, req: Req) -> None:
+        """Undo `match` for a request that was not admitted after all."""
+        if req.last_node is not None:
+            self.radix.unlock(req.last_node)
+        req.kv_indices, req.tree_len, req.last_node = [], 0, None
+
+    def assign_row(self, req: Req) -> None:
+        if req.table_idx < 0:
+            req.table_idx = self.table.allocate()
+
+    # ------------------------------------------------------------------ growth
+    def ensure_free(self, num_slots: int) -> None:
+        """Evict from the tree until num_slots slots are free (or nothing evictable is left)."""
+        short = num_slots - self.allocator.available_size()
+        if short > 0 and self.radix is not None:
+            self.allocator.free(self.radix.evict(short))
+
+    def alloc(self, req: Req, n: int) -> list[int]:
+        """Slots for positions kv_len .. kv_len+n-1 of req (appended to req.kv_indices)."""
+        self.ensure_free(self.allocator.slots_needed(req.kv_len, n))
+        last = req.kv_indices[-1] if req.kv_indices else -1
+        slots = self.allocator.alloc_extend(last, req.kv_len, n)
+        req.kv_indices.extend(slots)
+        return slots
+
+    # ------------------------------------------------------------------ caching
+    def _insert(self, req: Req) -> int:
+        """Insert the page-aligned part of what req has computed; free the request's own slots the tree
+        already held (positions tree_len .. already-1). Returns the aligned length inserted."""
+        aligned = req.kv_len // self.page_size * self.page_size
+        if aligned <= req.tree_len:
+            return req.tree_len
+        already = self.radix.insert(req.fill_ids[:aligned], req.kv_indices[:aligned])
+        if already > req.tree_len:
+            self.allocator.free(req.kv_indices[req.tree_len:already])
+        return aligned
+
+    def cache_unfinished(self, req: Req) -> None:
+        """After a prefill step of a request that goes on: share its computed tokens now. Its duplicate
+        slots (another request stored the same tokens meanwhile) are swapped for the tree's copies."""
+        if self.radix is None:
+            return
+        old_tree_len = req.tree_len
+        aligned = self._insert(req)
+        if aligned == old_tree_len:
+            return
+        m = self.radix.match_prefix(req.fill_ids[:aligned])
+        if m.length != aligned:
+            raise AssertionError(f"radix: inserted {aligned} tokens but matched {m.length}")
+        if req.kv_indices[:aligned] != m.slots:
+            req.kv_indices[:aligned] = m.slots
+            req.row_dirty = True
+        self.radix.lock(m.last_node)
+        if req.last_node is not None:
+            self.radix.unlock(req.last_node)
+        req.tree_len, req.last_node = aligned, m.last_node
+
+    def release(self, req: Req, cache: bool = True) -> None:
+        """Give back everything req holds. cache=True stores its computed tokens in the tree first
+        (finish, abort, retract); cache=False (a failed step: the K/V may be garbage) only frees."""
+        if self.radix is not None and cache:
+            keep = self._insert(req)
+        else:
+            keep = req.tree_len
+        if len(req.kv_indices) > keep:
+            self.allocator.free(req.kv_indices[keep:])
+        if req.last_node is not None:
+            self.radix.unlock(req.last_node)
+        req.kv_indices, req.tree_len, req.last_node, req.row_dirty = [], 0, None, False
+        if req.table_idx >= 0:
+            self.table.free(req.table_idx)
+            req.table_idx = -1
+
+    def flush(self) -> bool:
+        """Empty the tree. Only when no request holds any of it (the caller checks it is idle)."""
+        if self.radix is None:
+            return True
+        if self.radix.protected_size():
+            return False
+        self.allocator.free(self.radix.reset())
+        return True
+
+    # ------------------------------------------------------------------ checks
+    def check_integrity(self, live: Iterable[Req]) -> None:
+        """Every page: free, in the tree, or owned by exactly one live request; rows likewise."""
+        live = list(live)
+        ps = self.page_size
+        owners: dict[int, str] = {p: "free" for p in self.allocator.free_page_ids()}
+        if len(owners) != self.allocator.free_pages:
+            raise AssertionError("allocator: a page is on the free list twice")
+
+        def claim(slots: Iterable[int], who: str) -> None:
+            for page in {s // ps for s in slots}:
+                if page in owners:
+                    raise AssertionError(f"page {page} owned by {who} and {owners[page]}")
+                owners[page] = who
+
+        if self.radix is not None:
+            self.radix.check_integrity()
+            claim(self.radix.all_slots(), "the radix cache")
+        for r in live:
+            if r.tree_len % ps or (r.tree_len and r.last_node is None):
+                raise AssertionError(f"request {r.rid}: tree_len {r.tree_len} without an aligned locked node")
+            claim(r.kv_indices[r.tree_len:], f"request {r.rid}")
+        if len(owners) != self.allocator.num_pages:
+            raise AssertionError(f"{self.allocator.num_pages - len(owners)} pages are neither free, cached nor held")
+        self.allocator.check_integrity()
+        self.table.check_integrity(rows_in_use=sum(1 for r in live if r.table_idx >= 0))
