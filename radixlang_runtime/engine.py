@@ -15,16 +15,14 @@ import time
 import uuid
 from typing import Any, Iterator, Optional, Union
 
-from radixlang_runtime.mem.allocator import PageAllocator
-from radixlang_runtime.mem.radix_cache import RadixCache
-from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.limits import check_request
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.loop import ReqUpdate, SchedulerLoop
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.scheduler.factory import build_scheduler, runtime_limits, scheduler_stats
+from radixlang_runtime.scheduler.scheduler import Scheduler
 from radixlang_runtime.server_args import ServerArgs, server_args_from_kwargs
 
 logger = logging.getLogger(__name__)
@@ -46,31 +44,13 @@ class Engine:
         self._loop = SchedulerLoop(lambda: self._build_scheduler(args), args.stream_interval)
         self.scheduler: Scheduler = self._loop.scheduler
         self.runner: ModelRunner = self.scheduler.runner
-        self.context_len = self.runner.sizes.context_len
-        self.vocab_size = self.runner.cfg.vocab_size
+        self.limits = runtime_limits(self.scheduler)
+        self.context_len = self.limits.context_len
+        self.vocab_size = self.limits.vocab_size
 
     def _build_scheduler(self, args: ServerArgs) -> Scheduler:
         """Runs on the scheduler thread: every torch op of the engine happens there."""
-        runner = ModelRunner(args, self.model_dir)
-        args = runner.args  # "auto" sizes resolved for the device
-        sizes = runner.sizes
-        eos = set(runner.cfg.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        return Scheduler(
-            SchedulerConfig(
-                page_size=args.page_size, context_len=sizes.context_len,
-                max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
-                chunked_prefill_size=args.chunked_prefill_size, eos_token_ids=tuple(sorted(eos)),
-                new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
-                new_token_ratio_decay=args.new_token_ratio_decay, schedule_policy=args.schedule_policy,
-                debug_check_integrity=args.debug_check_integrity,
-            ),
-            runner,
-            KVManager(PageAllocator(sizes.num_slots, args.page_size), TableManager(sizes.table_rows),
-                      None if args.disable_radix_cache else RadixCache(args.page_size)),
-            detokenize=lambda ids: self.tokenizer.decode(ids),
-        )
+        return build_scheduler(args, self.model_dir, self.tokenizer)
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompt: Prompt = None, sampling_params: SamplingArg = None, input_ids: InputIds = None,
@@ -86,7 +66,10 @@ class Engine:
         return results if is_batch or len(results) > 1 else results[0]
 
     def abort_request(self, rid: str) -> None:
+        """End request rid wherever it is (queued, prefilling, decoding): finish_reason {"type": "abort"}."""
         self._loop.abort(rid)
+
+    abort = abort_request
 
     def check_integrity(self) -> None:
         """Every KV page free, cached or held by a live request (run on the scheduler thread)."""
@@ -98,17 +81,7 @@ class Engine:
 
     def get_stats(self) -> dict[str, Any]:
         """KV and scheduler counters, read on the scheduler thread."""
-        def read(s: Scheduler) -> dict[str, Any]:
-            kv = s.kv
-            return {
-                "total_slots": kv.allocator.total_slots, "free_slots": kv.allocator.available_size(),
-                "cached_slots": kv.cached_size(), "evictable_slots": kv.evictable_size(),
-                "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
-                "prefill_tokens_computed": s.prefill_tokens_computed,
-                "prefill_tokens_cached": s.prefill_tokens_cached,
-                "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
-            }
-        return self._loop.call(read)
+        return self._loop.call(scheduler_stats)
 
     def shutdown(self) -> None:
         self._loop.close()
@@ -141,27 +114,11 @@ class Engine:
         rids = rid if isinstance(rid, list) else [rid] * len(ids_list)
         reqs = []
         for i, (ids, sp) in enumerate(zip(ids_list, sps)):
-            self._validate(ids, sp)
+            check_request(ids, sp, self.limits)
             for j in range(sp.n):
                 base = rids[i] or uuid.uuid4().hex
                 reqs.append(Req(rid=base if sp.n == 1 else f"{base}-{j}", input_ids=list(ids), sampling=sp))
         return reqs, is_batch
-
-    def _validate(self, ids: list[int], sp: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("the prompt is empty (no tokens)")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
-            raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
-        sp.check_vocab(self.vocab_size)
-        if len(ids) + sp.max_new_tokens > self.context_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the context length {self.context_len}"
-            )
-        if len(ids) + sp.max_new_tokens > self.runner.sizes.num_slots:
-            raise ValueError(
-                f"prompt + max_new_tokens ({len(ids) + sp.max_new_tokens}) exceeds the KV pool "
-                f"({self.runner.sizes.num_slots} tokens); raise --max-total-tokens"
-            )
 
     # ------------------------------------------------------------------ results
     def _stream(self, req: Req) -> Iterator[dict]:
@@ -198,6 +155,7 @@ class Engine:
                 "prompt_tokens": len(req.input_ids),
                 "completion_tokens": len(upd.output_ids),
                 "cached_tokens": upd.cached_len,
+                "num_retractions": req.num_retractions,
                 "finish_reason": fin,
                 "e2e_latency": end - req.created_at,
             },

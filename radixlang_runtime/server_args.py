@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Literal, Optional
 
 SchedulePolicy = Literal["lpm", "fcfs", "dfs-weight"]
@@ -30,6 +30,7 @@ class ServerArgs:
     port: int = 30000
     api_key: Optional[str] = None
     enable_metrics: bool = False
+    log_requests: bool = False
     log_level: str = "info"
     chat_template: Optional[str] = None
 
@@ -49,6 +50,7 @@ class ServerArgs:
     chunked_prefill_size: Optional[int] = None  # -1 disables chunking; None: 8192 on GPU, 4096 on CPU
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    enable_mixed_chunk: bool = False  # decode steps share the forward pass of prefill chunks
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
     new_token_ratio_decay: float = 0.001

@@ -276,8 +276,10 @@ def test_random_traffic_keeps_outputs_and_memory(seed, page_size):
     rng = random.Random(seed)
     radix = seed % 3 != 0
     policy = ["fcfs", "lpm", "dfs-weight"][seed % 3]
+    mixed = seed % 2 == 1
     sched, _ = make(num_slots=rng.choice([384, 768, 2048]), page_size=page_size, max_prefill=rng.choice([64, 256]),
                     chunk=rng.choice([32, 128, -1]), ratio=rng.choice([0.05, 0.7]), radix=radix, policy=policy)
+    sched.cfg.enable_mixed_chunk = mixed
     prefixes = [req(f"p{i}", rng.randrange(10, 120), 0, seed).input_ids for i in range(3)]
     reqs, aborted = [], set()
     for step in range(400):
@@ -299,3 +301,70 @@ def test_random_traffic_keeps_outputs_and_memory(seed, page_size):
             continue
         assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens), r.rid
     assert_whole(sched)
+
+
+def test_decode_interleaves_with_prefill_chunks():
+    sched, runner = make(max_prefill=64, chunk=64)
+    short = req("short", 8, 40)
+    sched.add_request(short)
+    sched.step()  # short prefilled, now decoding
+    long = req("long", 600, 4)
+    sched.add_request(long)
+    drain(sched)
+    phases = [p for p, _, _ in sched.recent_batches]
+    chunk_steps = [i for i, p in enumerate(phases) if p == "extend" and i >= 1]  # step 0: short's prefill
+    assert len(chunk_steps) >= 9  # 600 tokens / 64
+    for a, b in zip(chunk_steps, chunk_steps[1:]):
+        assert "decode" in phases[a + 1 : b], "two chunks ran back to back while a request was decoding"
+    assert short.output_ids == expected_output(short.input_ids, 40)
+    assert long.output_ids == expected_output(long.input_ids, 4)
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_mixed_chunk_runs_decode_inside_prefill_batches(page_size):
+    sched, _ = make(page_size=page_size, max_prefill=64, chunk=64)
+    sched.cfg.enable_mixed_chunk = True
+    reqs = [req("a", 8, 30), req("b", 300, 10), req("c", 50, 20)]
+    sched.add_request(reqs[0])
+    sched.step()
+    for r in reqs[1:]:
+        sched.add_request(r)
+    drain(sched)
+    phases = [p for p, _, _ in sched.recent_batches]
+    assert "mixed" in phases
+    assert phases.count("mixed") >= 4  # a decoded inside b's chunks (300 tokens / 64) instead of between them
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens), r.rid
+    assert_whole(sched)
+
+
+def test_prefill_adder_reports_each_budget():
+    from radixlang_runtime.scheduler.policy import AddResult, PrefillAdder
+
+    def adder(**kw):
+        base = dict(page_size=1, rem_total_tokens=1000, rem_input_tokens=100, rem_chunk_tokens=-1, rem_rows=4,
+                    rem_running=4, new_token_ratio=0.5, running_empty=False)
+        return PrefillAdder(**{**base, **kw})
+
+    a = adder(rem_rows=0)
+    assert a.add_one(req("x", 10, 10), holds_row=False) == AddResult.OTHER and a.stop_reason == "rows"
+    a = adder(rem_running=0)
+    assert a.add_one(req("x", 10, 10), holds_row=False) == AddResult.OTHER and a.stop_reason == "max_running"
+    a = adder(rem_input_tokens=15)
+    assert a.add_one(req("x", 10, 10), holds_row=False) == AddResult.CONTINUE  # 10 of 15 input tokens
+    assert a.add_one(req("y", 10, 10), holds_row=False) == AddResult.OTHER and a.stop_reason == "chunked"
+    assert a.admitted[-1].extend_len == 5 and not a.admitted[-1].is_last_chunk
+    assert a.add_one(req("z", 10, 10), holds_row=False) == AddResult.NO_TOKEN and a.stop_reason == "input_tokens"
+    # KV: 10 prompt + 0.5 x 100 reserved = 60 > 59; fits exactly at 60.
+    a = adder(rem_total_tokens=59)
+    assert a.add_one(req("x", 10, 100), holds_row=False) == AddResult.NO_TOKEN and a.stop_reason == "kv_tokens"
+    a = adder(rem_total_tokens=60)
+    assert a.add_one(req("x", 10, 100), holds_row=False) == AddResult.CONTINUE and a.rem_total_tokens == 0
+    # With nothing decoding the head request runs if its prompt fits, reservation or not.
+    a = adder(rem_total_tokens=10, running_empty=True)
+    assert a.add_one(req("x", 10, 100), holds_row=False) == AddResult.CONTINUE
+    # The per-request chunk cuts a long prompt; page size rounds the KV it takes.
+    a = adder(rem_chunk_tokens=32, page_size=16, rem_total_tokens=1000)
+    assert a.add_one(req("x", 40, 4), holds_row=False) == AddResult.OTHER
+    assert a.admitted[0].extend_len == 32 and a.rem_total_tokens == 1000 - 32 and a.rem_input_tokens == 68

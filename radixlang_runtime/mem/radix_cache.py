@@ -9,7 +9,8 @@ Invariants:
   with lock_ref > 0;
 - the tree never frees memory: `insert` tells the caller how much it already held (the caller frees
   its duplicate slots) and `evict` / `reset` return slots for the allocator to take back.
-Not wired into the scheduler yet (see the RadixAttention issue).
+The scheduler reaches it through scheduler/kv_manager.py, which moves slots between requests,
+this tree and the allocator.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ class RadixCache:
         return ids[pos] if self.page_size == 1 else tuple(ids[pos : pos + self.page_size])
 
     def _common_len(self, a: list[int], b: list[int], start: int) -> int:
+        """Page-aligned length of the common prefix of a and b[start:]."""
         n = min(len(a), len(b) - start)
         i = 0
+        while i + 64 <= n and a[i : i + 64] == b[start + i : start + i + 64]:  # slice compares run in C
+            i += 64
         while i < n and a[i] == b[start + i]:
             i += 1
         return i // self.page_size * self.page_size

@@ -148,7 +148,7 @@ class ModelRunner:
         self.kv_pool.req_to_token[row_of_token, positions] = out_loc
         seq_lens_cpu = [p + n for p, n in zip(batch.prefix_lens, extend_lens)]
         return ForwardBatch(
-            phase=batch.phase, batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
+            phase="decode" if batch.phase == "decode" else "extend", batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
             req_rows=req_rows, seq_lens=prefix + torch.tensor(extend_lens, dtype=torch.int64, device=dev),
             seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=extend_lens,
             kv_pool=self.kv_pool,

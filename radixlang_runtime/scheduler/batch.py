@@ -7,7 +7,9 @@ from typing import Literal
 
 from radixlang_runtime.scheduler.request import Req
 
-Phase = Literal["extend", "decode"]
+# "mixed" (--enable-mixed-chunk): a prefill batch whose tail, reqs[decode_from:], are running requests
+# taking their next decode step inside the same forward pass (each an extend of one token).
+Phase = Literal["extend", "decode", "mixed"]
 
 
 @dataclass
@@ -22,8 +24,13 @@ class ScheduleBatch:
     # Requests (indices into reqs) whose table row must be rewritten before the step:
     # req_to_token[row, :prefix_len] = req.kv_indices[:prefix_len] (a cache match, or slots swapped for the tree's).
     rewrite_rows: list[int] = field(default_factory=list)
+    decode_from: int = -1  # first decoding request (0 for "decode", len(reqs) for "extend"); set in __post_init__
     # Filled by the runner:
     next_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.decode_from < 0:
+            self.decode_from = 0 if self.phase == "decode" else len(self.reqs)
 
     @property
     def batch_size(self) -> int:

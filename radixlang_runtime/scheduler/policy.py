@@ -111,17 +111,26 @@ class PrefillAdder:
     new_token_ratio: float
     running_empty: bool  # nothing decoding: admit the first request even if its reservation won't fit
     admitted: list[Admission] = field(default_factory=list)
+    # Why admission stopped: "rows" | "max_running" | "input_tokens" | "kv_tokens" | "chunked" (a request
+    # was cut to a chunk: nothing may follow it) | None (the queue ran out first).
+    stop_reason: Optional[str] = None
+
+    def _stop(self, reason: str, result: AddResult) -> AddResult:
+        self.stop_reason = reason
+        return result
 
     def add_one(self, req: Req, holds_row: bool) -> AddResult:
-        if not holds_row and (self.rem_rows <= 0 or self.rem_running <= 0):
-            return AddResult.OTHER
+        if not holds_row and self.rem_rows <= 0:
+            return self._stop("rows", AddResult.OTHER)
+        if not holds_row and self.rem_running <= 0:
+            return self._stop("max_running", AddResult.OTHER)
         remaining = prefill_target_len(req) - req.kv_len
         extend = remaining
         if self.rem_chunk_tokens != -1:
             extend = min(extend, self.rem_chunk_tokens)
         extend = min(extend, self.rem_input_tokens)
         if extend <= 0:
-            return AddResult.NO_TOKEN
+            return self._stop("input_tokens", AddResult.NO_TOKEN)
         is_last = extend == remaining
         need_now = slots_spanned(req.kv_len, extend, self.page_size)
         need = need_now + (decode_reservation(req, self.new_token_ratio) if is_last else 0)
@@ -129,7 +138,7 @@ class PrefillAdder:
             # Progress guarantee: with nothing decoding, the head request runs if its prefill fits;
             # retract_decode handles the rest should its decode run out of memory later.
             if not (self.running_empty and not self.admitted and need_now <= self.rem_total_tokens):
-                return AddResult.NO_TOKEN
+                return self._stop("kv_tokens", AddResult.NO_TOKEN)
             need = need_now
         self.rem_total_tokens -= need
         self.rem_input_tokens -= extend
@@ -137,4 +146,4 @@ class PrefillAdder:
             self.rem_rows -= 1
             self.rem_running -= 1
         self.admitted.append(Admission(req, extend, is_last))
-        return AddResult.CONTINUE if is_last else AddResult.OTHER
+        return AddResult.CONTINUE if is_last else self._stop("chunked", AddResult.OTHER)

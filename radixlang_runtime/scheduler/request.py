@@ -36,6 +36,7 @@ class Req:
     num_retractions: int = 0
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
+    admitted_at: Optional[float] = None  # first admission to a prefill batch
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
 

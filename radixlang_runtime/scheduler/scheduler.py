@@ -10,6 +10,7 @@ set), so tests drive this class with a fake runner and no torch. Slot ownership 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
@@ -42,6 +43,7 @@ class SchedulerConfig:
     new_token_ratio_min: float = 0.1
     new_token_ratio_decay: float = 0.001
     schedule_policy: str = "fcfs"  # "lpm" | "fcfs" | "dfs-weight" (see policy.order_waiting)
+    enable_mixed_chunk: bool = False  # decode steps ride along in prefill batches
     debug_check_integrity: bool = False
 
 
@@ -62,6 +64,10 @@ class Scheduler:
         self.forward_steps = 0
         self.prefill_tokens_computed = 0  # extend tokens run through the model
         self.prefill_tokens_cached = 0  # prompt tokens served by the radix cache instead
+        self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
+        self._decode_owed = False  # a chunk just ran while requests were decoding: decode next
+        # (phase, batch size, tokens) of recent steps, for debugging and tests of step order.
+        self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -83,19 +89,44 @@ class Scheduler:
             return touched
         self.runner.forward(batch)
         self.forward_steps += 1
+        self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
         touched += self._process_batch_result(batch)
+        # Chunked prefill never freezes decoding: after a non-final chunk, running requests step once.
+        self._decode_owed = batch.phase == "extend" and self.chunked_req is not None and bool(self.running)
         if self.cfg.debug_check_integrity:
             self.check_integrity()
         return touched
 
     def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
-        if self.waiting or self.chunked_req:
+        """Prefill first; decode when nothing can be admitted, or when a chunk just ran (interleave)."""
+        if (self.waiting or self.chunked_req) and not self._decode_owed:
             batch = self._get_new_prefill_batch()
             if batch is not None:
+                if self.cfg.enable_mixed_chunk and self.running:
+                    self._mix_in_decode(batch)
                 return batch
+        self._decode_owed = False
         if self.running:
             return self._get_decode_batch()
         return None
+
+    def _mix_in_decode(self, batch: ScheduleBatch) -> None:
+        """Append every running request's decode step to a prefill batch, when its slots are free now
+        (otherwise they decode next step, where retract_decode can make room)."""
+        need = sum(self.allocator.slots_needed(r.kv_len, 1) for r in self.running)
+        if need > self.kv.available_size():
+            return
+        self.kv.ensure_free(need)
+        batch.phase = "mixed"
+        for r in self.running:
+            batch.reqs.append(r)
+            batch.prefix_lens.append(r.kv_len)
+            batch.extend_ids.append([r.output_ids[-1]])
+            batch.out_locs.append(self.kv.alloc(r, 1))
+            batch.sample.append(True)
+            if r.row_dirty:
+                batch.rewrite_rows.append(len(batch.reqs) - 1)
+                r.row_dirty = False
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
@@ -113,9 +144,12 @@ class Scheduler:
         proceed = True
         if self.chunked_req is not None:  # the chunked request goes first; others may follow its last chunk
             proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
+        if cfg.enable_mixed_chunk:
+            adder.rem_input_tokens -= len(self.running)  # their decode tokens share the forward pass
         if proceed and self.waiting:
             self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
             self._admit_waiting(adder)
+        self.last_stop_reason = adder.stop_reason
         if not adder.admitted:
             return None
         admitted_ids = {id(a.req) for a in adder.admitted}
@@ -154,8 +188,9 @@ class Scheduler:
                     continue
             res = adder.add_one(req, holds_row=False)
             if adder.admitted and adder.admitted[-1].req is req:
-                if not req.output_ids:  # first admission (a retracted request keeps its first figure)
+                if not req.output_ids:  # first admission (a retracted request keeps its first figures)
                     req.cached_len = req.kv_len
+                    req.admitted_at = req.admitted_at or time.perf_counter()
                 self.prefill_tokens_cached += req.kv_len
                 if batch_tree is not None:
                     batch_tree.insert(ids, [0] * len(ids))
@@ -213,8 +248,9 @@ class Scheduler:
         touched: list[Req] = []
         tokens = iter(batch.next_token_ids)
         now = time.perf_counter()
-        for req, sampled in zip(batch.reqs, batch.sample):
-            if batch.phase == "extend" and req is self.chunked_req:
+        for i, (req, sampled) in enumerate(zip(batch.reqs, batch.sample)):
+            decoding = i >= batch.decode_from
+            if not decoding and req is self.chunked_req:
                 self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
                 continue
             if sampled:
@@ -226,10 +262,10 @@ class Scheduler:
                 req.finish({"type": "length", "length": 0})
             touched.append(req)
             if req.finished:
-                if batch.phase == "decode":
+                if decoding:
                     self.running.remove(req)
                 self._release(req)
-            elif batch.phase == "extend":
+            elif not decoding:
                 self.kv.cache_unfinished(req)
                 self.running.append(req)
         return touched

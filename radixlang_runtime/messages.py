@@ -1,0 +1,119 @@
+"""Every message that crosses a process boundary, as typed dataclasses encoded with msgpack.
+
+Torch-free (the DSL's ZeroMQ backend imports it). Links:
+  tokenizer manager -> scheduler:   TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq
+  scheduler -> detokenizer:         BatchTokenIDOut
+  detokenizer -> tokenizer manager: BatchStrOut
+  scheduler -> tokenizer manager:   FlushCacheOut, StatsOut, ErrorOut
+`encode` writes [type name, field values in declaration order]; `decode` rebuilds the dataclass and
+rejects unknown types. Never pickle: a message is data, not code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import msgpack
+
+
+@dataclass
+class TokenizedGenerateReq:
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]  # validated by the sender; SamplingParams.from_dict on arrival
+    stream: bool = False
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class FlushCacheReq:
+    req_id: str
+
+
+@dataclass
+class FlushCacheOut:
+    req_id: str
+    success: bool
+
+
+@dataclass
+class GetStatsReq:
+    req_id: str
+
+
+@dataclass
+class StatsOut:
+    req_id: str
+    stats: dict[str, Any]
+
+
+@dataclass
+class ErrorOut:
+    """The scheduler failed these requests (an internal error); they are finished."""
+
+    rids: list[str]
+    message: str
+
+
+@dataclass
+class BatchTokenIDOut:
+    """New output tokens of some requests after one scheduler step (one entry per request)."""
+
+    rids: list[str]
+    new_ids: list[list[int]]  # tokens since the previous message for that request
+    finished_reasons: list[Optional[dict[str, Any]]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    num_retractions: list[int]
+    queue_times: list[float]  # seconds from arrival at the scheduler to first admission (0 until admitted)
+    skip_special_tokens: list[bool]
+    spaces_between_special_tokens: list[bool]
+    no_stop_trim: list[bool]
+
+
+@dataclass
+class BatchStrOut:
+    """Detokenized progress. text: the new text since the previous message, or, when text_is_full,
+    the whole text (sent once, at the finish, when a stop string was trimmed from it)."""
+
+    rids: list[str]
+    texts: list[str]
+    text_is_full: list[bool]
+    new_ids: list[list[int]]
+    finished_reasons: list[Optional[dict[str, Any]]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    num_retractions: list[int]
+    queue_times: list[float]
+
+
+MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
+            BatchTokenIDOut, BatchStrOut)
+_BY_NAME = {cls.__name__: cls for cls in MESSAGES}
+_FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES}
+
+
+def encode(msg: Any) -> bytes:
+    cls = type(msg)
+    if cls not in _FIELDS:
+        raise TypeError(f"not a message type: {cls.__name__}")
+    return msgpack.packb([cls.__name__, [getattr(msg, n) for n in _FIELDS[cls]]], use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    name, values = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        raise ValueError(f"unknown message type {name!r}")
+    return cls(*values)
+
+
+__all__ = [c.__name__ for c in MESSAGES] + ["encode", "decode", "MESSAGES"]

@@ -1,0 +1,59 @@
+"""Build the scheduler with its model runner, allocator, table and radix cache from ServerArgs.
+
+Shared by the in-process Engine (on its scheduler thread) and the server's scheduler process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixlang_runtime.limits import RuntimeLimits
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.model.runner import ModelRunner
+from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.server_args import ServerArgs
+
+
+def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any) -> Scheduler:
+    runner = ModelRunner(args, model_dir)
+    args = runner.args  # "auto" sizes resolved for the device
+    sizes = runner.sizes
+    eos = set(runner.cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return Scheduler(
+        SchedulerConfig(
+            page_size=args.page_size, context_len=sizes.context_len,
+            max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
+            chunked_prefill_size=args.chunked_prefill_size, eos_token_ids=tuple(sorted(eos)),
+            new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
+            new_token_ratio_decay=args.new_token_ratio_decay, schedule_policy=args.schedule_policy,
+            enable_mixed_chunk=args.enable_mixed_chunk, debug_check_integrity=args.debug_check_integrity,
+        ),
+        runner,
+        KVManager(PageAllocator(sizes.num_slots, args.page_size), TableManager(sizes.table_rows),
+                  None if args.disable_radix_cache else RadixCache(args.page_size)),
+        detokenize=lambda ids: tokenizer.decode(ids),
+    )
+
+
+def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
+    runner = scheduler.runner
+    return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots)
+
+
+def scheduler_stats(s: Scheduler) -> dict[str, Any]:
+    """KV and scheduler counters (call on the scheduler's thread)."""
+    kv = s.kv
+    return {
+        "total_slots": kv.allocator.total_slots, "free_slots": kv.allocator.available_size(),
+        "cached_slots": kv.cached_size(), "evictable_slots": kv.evictable_size(),
+        "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting) + (1 if s.chunked_req else 0),
+        "prefill_tokens_computed": s.prefill_tokens_computed,
+        "prefill_tokens_cached": s.prefill_tokens_cached,
+        "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
+        "new_token_ratio": s.new_token_ratio,
+    }

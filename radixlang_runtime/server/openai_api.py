@@ -1,0 +1,276 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
+text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
+(`stream_options.include_usage`), then `data: [DONE]`. Options the runtime cannot honour yet
+(logprobs, logit_bias, tools, response_format / regex) answer 400 instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.server.http_server import (SSE_DONE, BadRequest, ServerState, _final, guard_stream, read_json,
+                                                  sse, stream_response)
+
+_EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
+               "no_stop_trim", "regex", "json_schema")
+
+
+def _finish(reason: Optional[dict]) -> Optional[str]:
+    if reason is None:
+        return None
+    return {"stop": "stop", "length": "length"}.get(reason.get("type"), reason.get("type"))
+
+
+def _number(body: dict, name: str, default: Any) -> Any:
+    v = body.get(name, default)
+    return default if v is None else v
+
+
+def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_left: int) -> dict[str, Any]:
+    """OpenAI request fields -> our sampling_params dict (validated later by SamplingParams)."""
+    for name in ("logit_bias",):
+        if body.get(name):
+            raise BadRequest(f"{name} is not supported yet")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise BadRequest("response_format (json_object / json_schema) is not supported yet: constrained decoding "
+                         "has not landed")
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    if max_tokens is None:  # completions: 16 (OpenAI's default); chat: whatever room is left
+        max_tokens = max_tokens_default if max_tokens_default is not None else context_left
+    sp: dict[str, Any] = {
+        "max_new_tokens": max_tokens,
+        "min_new_tokens": _number(body, "min_tokens", 0),
+        "temperature": _number(body, "temperature", 1.0),
+        "top_p": _number(body, "top_p", 1.0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
+        "stop": body.get("stop"),
+        "sampling_seed": body.get("seed"),
+    }
+    for name in _EXTENSIONS:
+        if body.get(name) is not None:
+            sp[name] = body[name]
+    return sp
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _check_common(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise BadRequest("logprobs are not supported yet")
+    n = body.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+        raise BadRequest(f"n must be an integer in [1, 64], got {n!r}")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise BadRequest("stream_options must be an object")
+    return body
+
+
+class _Choices:
+    """The runtime requests behind one OpenAI call: prompts x n, validated up front."""
+
+    def __init__(self, state: ServerState, prompts: list[list[int]], sp_dict: dict, n: int):
+        self.tm = state.tm
+        self.items: list[tuple[list[int], SamplingParams]] = []
+        for ids in prompts:
+            sp = self.tm.prepare(ids, sp_dict)
+            self.items += [(ids, sp)] * n
+
+    def streams(self) -> list[AsyncIterator[dict]]:
+        return [self.tm.generate(ids, sp, stream=True) for ids, sp in self.items]
+
+    async def finals(self) -> list[dict]:
+        return await asyncio.gather(*(_final(self.tm.generate(ids, sp)) for ids, sp in self.items))
+
+
+async def _merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[dict]) -> None:
+        try:
+            async for out in gen:
+                await queue.put((i, out))
+        except Exception as e:
+            await queue.put((i, e))
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, out = await queue.get()
+            if out is None:
+                remaining -= 1
+            elif isinstance(out, Exception):
+                raise out
+            else:
+                yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
+        for g in gens:
+            await g.aclose()
+
+
+def add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    tm = state.tm
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "radixlang", "max_model_len": tm.limits.context_len}]}
+
+    # ------------------------------------------------------------------ completions
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = _check_common(await read_json(request))
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts = [tm.encode_text(prompt)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [tm.encode_text(p) for p in prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            prompts = prompt
+        else:
+            raise BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+        echo = bool(body.get("echo"))
+        texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None
+        n = body.get("n", 1)
+        choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), n)
+        rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
+                                                                   include_usage)))
+        outs = await choices.finals()
+        return JSONResponse({
+            "id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": i, "text": (texts[i // n] if echo else "") + o["text"], "logprobs": None,
+                         "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
+            "usage": _sum_usage(outs, n),
+        })
+
+    async def _stream_completion(choices: _Choices, rid: str, created: int, model: str,
+                                 echo_texts: Optional[list[str]], n: int, include_usage: bool) -> AsyncIterator[bytes]:
+        sent = [0] * len(choices.items)
+        finals: list[Optional[dict]] = [None] * len(choices.items)
+
+        def chunk(i: int, text: str, finish: Optional[str]) -> bytes:
+            return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                        "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}]})
+
+        if echo_texts:
+            for i in range(len(choices.items)):
+                yield chunk(i, echo_texts[i // n], None)
+        async for i, out in _merged(choices.streams()):
+            text = out["text"]
+            delta = text[sent[i]:] if len(text) >= sent[i] else ""
+            sent[i] = max(sent[i], len(text))
+            fin = _finish(out["meta_info"]["finish_reason"])
+            if fin is not None:
+                finals[i] = out
+            if delta or fin is not None:
+                yield chunk(i, delta, fin)
+        if include_usage:
+            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                       "usage": _sum_usage([f for f in finals if f], n)})
+        yield SSE_DONE
+
+    # ------------------------------------------------------------------ chat
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = _check_common(await read_json(request))
+        if body.get("tools"):
+            raise BadRequest("tools are not supported yet")
+        ids = tm.encode_text(render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template))
+        n = body.get("n", 1)
+        room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
+        choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), n)
+        rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage)))
+        outs = await choices.finals()
+        return JSONResponse({
+            "id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": o["text"]}, "logprobs": None,
+                         "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
+            "usage": _sum_usage(outs, n),
+        })
+
+    async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n: int,
+                           include_usage: bool) -> AsyncIterator[bytes]:
+        def chunk(i: int, delta: dict, finish: Optional[str]) -> bytes:
+            return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+        sent = [0] * len(choices.items)
+        finals: list[Optional[dict]] = [None] * len(choices.items)
+        for i in range(len(choices.items)):
+            yield chunk(i, {"role": "assistant", "content": ""}, None)
+        async for i, out in _merged(choices.streams()):
+            text = out["text"]
+            delta = text[sent[i]:] if len(text) >= sent[i] else ""
+            sent[i] = max(sent[i], len(text))
+            if delta:
+                yield chunk(i, {"content": delta}, None)
+            fin = _finish(out["meta_info"]["finish_reason"])
+            if fin is not None:
+                finals[i] = out
+                yield chunk(i, {}, fin)
+        if include_usage:
+            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [], "usage": _sum_usage([f for f in finals if f], n)})
+        yield SSE_DONE
+
+
+def _sum_usage(outs: list[dict], n: int) -> dict:
+    """Prompt tokens count once per prompt (not per sample), as OpenAI reports them."""
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs[::n])
+    completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    cached = sum(o["meta_info"]["cached_tokens"] for o in outs[::n])
+    return usage(prompt, completion, cached)
+
+
+def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str]) -> str:
+    """messages -> prompt text through the tokenizer's Jinja chat template (or --chat-template)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    clean = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+            raise BadRequest("each message needs a role of system, user, assistant, tool or developer")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is supported
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest("only text content parts are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest("message content must be a string or a list of text parts")
+        clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    template = chat_template
+    if template is not None and not ("{%" in template or "{{" in template):
+        with open(template) as f:  # a path to a Jinja file
+            template = f.read()
+    return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template)
