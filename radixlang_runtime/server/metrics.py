@@ -65,6 +65,11 @@ class ServerMetrics:
         if aborted:
             self.num_aborted_requests.inc()
 
+    def on_abandoned(self) -> None:
+        """The client left before the end: the request was aborted."""
+        self.num_requests.inc()
+        self.num_aborted_requests.inc()
+
     def render(self, stats: dict[str, Any]) -> bytes:
         now = time.perf_counter()
         self.gen_throughput.set(self._gen_since_scrape / max(now - self._last_scrape, 1e-6))

@@ -100,6 +100,8 @@ class TokenizerManager:
             if not state.finished:  # the consumer went away: free the request's memory
                 state.finished = True
                 self.abort(rid)
+                if self.metrics:
+                    self.metrics.on_abandoned()
             self.states.pop(rid, None)
 
     def abort(self, rid: str) -> None:

@@ -1,0 +1,79 @@
+"""Server processes: API keys, SIGTERM leaves no child behind, a dead scheduler is reported, not hung on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+
+from server_utils import ServerProcess
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited; it only waits for its parent to read its status
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while any(alive(p) for p in pids):
+        assert time.time() < deadline, f"still running: {[p for p in pids if alive(p)]}"
+        time.sleep(0.1)
+
+
+def test_api_key_then_sigterm_stops_every_process():
+    srv = ServerProcess("--api-key", "sekret", "--enable-metrics", "--max-total-tokens", "2048")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            assert c.post("/generate", json={"text": "hi"}).status_code == 401
+            assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+            auth = {"Authorization": "Bearer sekret"}
+            out = c.post("/generate", headers=auth, json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+            assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
+            pids = c.get("/server_info", headers=auth).json()["pids"]
+        assert set(pids) == {"server", "scheduler", "detokenizer"} and pids["server"] == srv.proc.pid
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(60)
+        wait_gone(pids.values())
+    finally:
+        srv.stop()
+
+
+def test_dead_scheduler_fails_requests_and_stops_the_server():
+    srv = ServerProcess("--max-total-tokens", "2048")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            pids = c.get("/server_info").json()["pids"]
+            result: dict = {}
+
+            def long_request() -> None:
+                try:
+                    result["r"] = c.post("/generate", json={"text": "Go on:", "sampling_params": {
+                        "max_new_tokens": 1500, "ignore_eos": True}})
+                except httpx.HTTPError as e:
+                    result["r"] = e
+
+            th = threading.Thread(target=long_request)
+            th.start()
+            time.sleep(1.0)
+            os.kill(pids["scheduler"], signal.SIGKILL)
+            th.join(30)
+            r = result["r"]
+            assert isinstance(r, httpx.HTTPError) or r.status_code >= 500, r
+            if not isinstance(r, httpx.HTTPError):
+                assert "scheduler" in r.json()["error"]["message"]
+        assert srv.proc.wait(30) == 1  # the server noticed and exited instead of hanging
+        wait_gone(pids.values())
+    finally:
+        srv.stop()
