@@ -16,6 +16,7 @@ import uuid
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.limits import check_request
+from radixlang_runtime.logprob_format import Decode, input_meta, normalize_logprob_args, output_meta
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
 from radixlang_runtime.sampling_params import SamplingParams
@@ -54,15 +55,23 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompt: Prompt = None, sampling_params: SamplingArg = None, input_ids: InputIds = None,
-                 stream: bool = False, rid: Union[str, list[str], None] = None) -> Any:
-        """Returns a dict (single prompt), a list of dicts (list input), or a generator of chunks."""
-        reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid)
+                 stream: bool = False, rid: Union[str, list[str], None] = None, return_logprob: bool = False,
+                 logprob_start_len: Union[int, list[int], None] = None, top_logprobs_num: int = 0,
+                 return_text_in_logprobs: bool = False) -> Any:
+        """Returns a dict (single prompt), a list of dicts (list input), or a generator of chunks.
+
+        return_logprob adds meta_info input_token_logprobs (from logit position logprob_start_len,
+        default 0) and output_token_logprobs (+ *_top_logprobs with top_logprobs_num), as the
+        native protocol does; entries are [logprob, token_id, text | None]."""
+        reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid,
+                                         (return_logprob, logprob_start_len, top_logprobs_num))
+        decode = self._token_text if return_text_in_logprobs else None
         if stream:
             if is_batch or len(reqs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
-            return self._stream(reqs[0])
+            return self._stream(reqs[0], decode)
         queues = [(req, self._loop.submit(req, stream=False)) for req in reqs]
-        results = [self._result(req, q.get()) for req, q in queues]
+        results = [self._result(req, q.get(), decode) for req, q in queues]
         return results if is_batch or len(results) > 1 else results[0]
 
     def abort_request(self, rid: str) -> None:
@@ -93,7 +102,8 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ requests
-    def _make_reqs(self, prompt: Prompt, sampling_params: SamplingArg, input_ids: InputIds, rid) -> tuple[list[Req], bool]:
+    def _make_reqs(self, prompt: Prompt, sampling_params: SamplingArg, input_ids: InputIds, rid,
+                   logprob: tuple[bool, Any, Any] = (False, None, 0)) -> tuple[list[Req], bool]:
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt / input_ids")
         if prompt is not None:
@@ -112,21 +122,30 @@ class Engine:
         else:
             sps = [SamplingParams.from_dict(sampling_params)] * len(ids_list)
         rids = rid if isinstance(rid, list) else [rid] * len(ids_list)
+        return_logprob, start, top_num = logprob
+        starts = start if isinstance(start, list) else [start] * len(ids_list)
+        if len(rids) != len(ids_list) or len(starts) != len(ids_list):
+            raise ValueError("rid / logprob_start_len lists must have one entry per prompt")
         reqs = []
         for i, (ids, sp) in enumerate(zip(ids_list, sps)):
             check_request(ids, sp, self.limits)
+            k, top = normalize_logprob_args(len(ids), return_logprob, starts[i], top_num)
             for j in range(sp.n):
                 base = rids[i] or uuid.uuid4().hex
-                reqs.append(Req(rid=base if sp.n == 1 else f"{base}-{j}", input_ids=list(ids), sampling=sp))
+                reqs.append(Req(rid=base if sp.n == 1 else f"{base}-{j}", input_ids=list(ids), sampling=sp,
+                                return_logprob=return_logprob, logprob_start_len=k, top_logprobs_num=top))
         return reqs, is_batch
 
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
     # ------------------------------------------------------------------ results
-    def _stream(self, req: Req) -> Iterator[dict]:
+    def _stream(self, req: Req, decode: Decode = None) -> Iterator[dict]:
         q = self._loop.submit(req, stream=True)
         try:
             while True:
                 upd = q.get()
-                out = self._result(req, upd, partial=upd.finished_reason is None and upd.error is None)
+                out = self._result(req, upd, decode, partial=upd.finished_reason is None and upd.error is None)
                 yield out
                 if out["meta_info"]["finish_reason"] is not None:
                     return
@@ -134,7 +153,7 @@ class Engine:
             if not req.finished:  # the consumer stopped early: free the request's memory
                 self._loop.abort(req.rid)
 
-    def _result(self, req: Req, upd: ReqUpdate, partial: bool = False) -> dict:
+    def _result(self, req: Req, upd: ReqUpdate, decode: Decode = None, partial: bool = False) -> dict:
         if upd.error is not None:
             raise RuntimeError(f"request {req.rid} failed: {upd.error}")
         sp = req.sampling
@@ -147,16 +166,17 @@ class Engine:
             if cut >= 0:
                 text = text[:cut]
         end = req.finished_at or time.perf_counter()
-        return {
-            "text": text,
-            "output_ids": upd.output_ids,
-            "meta_info": {
-                "id": req.rid,
-                "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(upd.output_ids),
-                "cached_tokens": upd.cached_len,
-                "num_retractions": req.num_retractions,
-                "finish_reason": fin,
-                "e2e_latency": end - req.created_at,
-            },
+        meta = {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(upd.output_ids),
+            "cached_tokens": upd.cached_len,
+            "num_retractions": req.num_retractions,
+            "finish_reason": fin,
+            "e2e_latency": end - req.created_at,
         }
+        if req.return_logprob and upd.logprobs is not None:
+            in_vals, in_top, out_vals, out_top = upd.logprobs
+            meta.update(input_meta(req.input_ids, req.logprob_start_len, in_vals, in_top, req.top_logprobs_num, decode))
+            meta.update(output_meta(out_vals, upd.output_ids, out_top, req.top_logprobs_num, decode))
+        return {"text": text, "output_ids": upd.output_ids, "meta_info": meta}

@@ -12,7 +12,7 @@ rejects unknown types. Never pickle: a message is data, not code.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import msgpack
@@ -24,6 +24,9 @@ class TokenizedGenerateReq:
     input_ids: list[int]
     sampling_params: dict[str, Any]  # validated by the sender; SamplingParams.from_dict on arrival
     stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = 0  # validated: < len(input_ids)
+    top_logprobs_num: int = 0
 
 
 @dataclass
@@ -76,6 +79,12 @@ class BatchTokenIDOut:
     skip_special_tokens: list[bool]
     spaces_between_special_tokens: list[bool]
     no_stop_trim: list[bool]
+    # Logprobs (None for requests that did not ask): input ones whole, in the first message of a request;
+    # output ones as deltas aligned with new_ids. Values and [[logprob, id], ...] top rows.
+    input_logprobs: list[Optional[list[float]]] = field(default_factory=list)
+    input_top_logprobs: list[Optional[list]] = field(default_factory=list)
+    output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
+    output_top_logprobs: list[Optional[list]] = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +102,10 @@ class BatchStrOut:
     cached_tokens: list[int]
     num_retractions: list[int]
     queue_times: list[float]
+    input_logprobs: list[Optional[list[float]]] = field(default_factory=list)
+    input_top_logprobs: list[Optional[list]] = field(default_factory=list)
+    output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
+    output_top_logprobs: list[Optional[list]] = field(default_factory=list)
 
 
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,

@@ -106,3 +106,13 @@ def test_abort_mid_chunk_frees_everything(engine_chunked):
     th.join(30)
     wait_idle(eng)
     assert_whole(eng)
+
+
+def test_chunked_prefill_returns_every_input_logprob(engine_chunked, engine_fp32):
+    prompt = long_prompt(700, seed=5)
+    kw = dict(sampling_params={**GREEDY, "max_new_tokens": 2}, return_logprob=True, logprob_start_len=0)
+    chunked = engine_chunked.generate(input_ids=prompt, **kw)["meta_info"]["input_token_logprobs"]
+    whole = engine_fp32.generate(input_ids=prompt, **kw)["meta_info"]["input_token_logprobs"]
+    assert len(chunked) == len(whole) == 700 and chunked[0][0] is None
+    assert [t for _, t, _ in chunked] == prompt
+    assert max(abs(a[0] - b[0]) for a, b in zip(chunked[1:], whole[1:])) < 2e-4

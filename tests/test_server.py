@@ -169,7 +169,10 @@ HOSTILE = [
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                               "response_format": {"type": "json_object"}}),
     ("/v1/completions", {"model": "m", "prompt": "hi", "n": 0}),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "logprobs": 3}),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "logprobs": 50}),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+    ("/generate", {"text": "a b c", "return_logprob": True, "logprob_start_len": 99}),
+    ("/generate", {"text": "a b c", "return_logprob": True, "top_logprobs_num": -1}),
     ("/v1/completions", {"model": "m", "prompt": {"x": 1}}),
     ("/v1/completions", {"model": "m", "prompt": "hi", "temperature": -1}),
 ]
@@ -235,6 +238,45 @@ def test_64_concurrent_streams_complete_and_are_counted(client, server):
     assert_idle_and_whole(client)
 
 
+def test_select_style_scoring_equals_the_engine(client, engine_fp32):
+    """The SGLang frontend's select: prefill the prefix, then one call scoring every choice."""
+    prefix = "Q: Which animal barks? Think about pets and farms before you answer. A:"
+    warm = client.post("/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 0}}).json()
+    n = warm["meta_info"]["prompt_tokens"]
+    choices = [" dog", " cat", " a very large whale"]
+    body = {"text": [prefix + c for c in choices], "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": max(n - 2, 0), "return_text_in_logprobs": True}
+    outs = client.post("/generate", json=body).json()
+    ref = engine_fp32.generate([prefix + c for c in choices], {"max_new_tokens": 0}, return_logprob=True,
+                               logprob_start_len=max(n - 2, 0), return_text_in_logprobs=True)
+    for o, r in zip(outs, ref):
+        got, want = o["meta_info"]["input_token_logprobs"], r["meta_info"]["input_token_logprobs"]
+        assert [e[1:] for e in got] == [e[1:] for e in want]  # same tokens, same texts
+        assert max(abs(a[0] - b[0]) for a, b in zip(got, want)) < 2e-4
+        assert o["meta_info"]["cached_tokens"] >= 16 and "output_token_logprobs" in o["meta_info"]
+    # unconditional likelihood: the choices' tokens alone, from position 0
+    alone = client.post("/generate", json={"input_ids": [engine_fp32.tokenizer.encode(c) for c in choices],
+                                           "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}).json()
+    assert all(a["meta_info"]["input_token_logprobs"][0][0] is None for a in alone)
+
+
+def test_streamed_logprobs_are_deltas(client):
+    body = {"text": "Logprobs, please:", "stream": True, "return_logprob": True, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": 6, "min_new_tokens": 6, "temperature": 0}}
+    with client.stream("POST", "/generate", json=body) as r:
+        events = sse_events(r.iter_lines())[:-1]
+    total = 0
+    for ev in events:
+        m = ev["meta_info"]
+        total += len(m["output_token_logprobs"])
+        assert m["output_token_logprobs_length"] == total == len(ev["output_ids"])
+        assert all(len(row) == 2 for row in m["output_top_logprobs"])
+    assert "input_token_logprobs" in events[0]["meta_info"] and total == 6
+    plain = client.post("/generate", json={**body, "stream": False}).json()["meta_info"]["output_token_logprobs"]
+    streamed = [e for ev in events for e in ev["meta_info"]["output_token_logprobs"]]
+    assert [e[1] for e in streamed] == [e[1] for e in plain]
+
+
 # ------------------------------------------------------------------------------------ OpenAI SDK
 def test_openai_chat_and_stream(oai, engine_fp32, hf_greedy):
     messages = [{"role": "user", "content": "Name three fruits."}]
@@ -275,6 +317,21 @@ def test_openai_completions_n_stop_seed(oai, engine_fp32):
         model="m", prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True, extra_body={"min_tokens": 6})
         if c.choices)
     assert streamed == r.choices[0].text
+
+
+def test_openai_logprobs(oai):
+    r = oai.completions.create(model="m", prompt="Two plus two is", max_tokens=4, temperature=0, logprobs=2,
+                               extra_body={"min_tokens": 4})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 4 and "".join(lp.tokens) == r.choices[0].text
+    assert all(len(top) == 2 and max(top.values()) >= v - 1e-6 for top, v in zip(lp.top_logprobs, lp.token_logprobs))
+    e = oai.completions.create(model="m", prompt="Two plus two is", max_tokens=1, temperature=0, logprobs=0, echo=True)
+    assert e.choices[0].logprobs.token_logprobs[0] is None and len(e.choices[0].logprobs.tokens) >= 5
+    c = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                    temperature=0, logprobs=True, top_logprobs=3)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens and all(len(x.top_logprobs) == 3 for x in content)
+    assert all(x.logprob <= 0 and x.top_logprobs[0].logprob >= x.logprob - 1e-6 for x in content)
 
 
 def test_openai_errors_are_exceptions_with_messages(oai):

@@ -16,6 +16,8 @@ from radixlang_runtime.model.attention import create_attention_backend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
+from radixlang_runtime.model.logprobs import (fill_input_logprobs, fill_output_logprobs, output_logprob_rows,
+                                              plan_input_logprobs)
 from radixlang_runtime.model.packed_linear import packing_available
 from radixlang_runtime.model.sampler import Sampler
 from radixlang_runtime.scheduler.batch import ScheduleBatch
@@ -112,15 +114,21 @@ class ModelRunner:
         fb = self._build_forward_batch(batch)
         self.backend.init_forward_metadata(fb)
         sample_idx = [i for i, s in enumerate(batch.sample) if s]
-        if not sample_idx:
-            # Non-final chunks and prefill-only requests: run the layers for their K/V, skip the head.
-            self.model(fb, logit_rows=torch.empty(0, dtype=torch.int64, device=self.device))
+        plans = plan_input_logprobs(batch) if batch.phase != "decode" else []
+        ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
+        # The head runs only on the rows that need logits: sampled positions, then logprob positions.
+        rows = [ends[i] - 1 for i in sample_idx] + [r for p in plans for r in p.rows]
+        logits = self.model(fb, logit_rows=torch.tensor(rows, dtype=torch.int64, device=self.device))  # [R, V] fp32
+        S = len(sample_idx)
+        if plans:
+            fill_input_logprobs(batch, plans, logits[S:])
+        if not S:  # non-final chunks and prefill-only requests
             batch.next_token_ids = []
             return
-        ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
-        rows = torch.tensor([ends[i] - 1 for i in sample_idx], dtype=torch.int64, device=self.device)
-        logits = self.model(fb, logit_rows=rows)  # [R, V] float32
-        batch.next_token_ids = self.sampler.sample(logits, [batch.reqs[i] for i in sample_idx])
+        sample_logits = logits[:S]
+        want, lsm = output_logprob_rows(batch, sample_idx, sample_logits)
+        batch.next_token_ids = self.sampler.sample(sample_logits, [batch.reqs[i] for i in sample_idx])
+        fill_output_logprobs(batch, sample_idx, want, lsm, batch.next_token_ids)
 
     def _build_forward_batch(self, batch: ScheduleBatch) -> ForwardBatch:
         dev = self.device

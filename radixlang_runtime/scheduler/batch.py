@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Optional
 
 from radixlang_runtime.scheduler.request import Req
 
 # "mixed" (--enable-mixed-chunk): a prefill batch whose tail, reqs[decode_from:], are running requests
 # taking their next decode step inside the same forward pass (each an extend of one token).
 Phase = Literal["extend", "decode", "mixed"]
+
+
+@dataclass
+class StepLogprobs:
+    """Logprobs one step produced for one request (filled by the runner)."""
+
+    input_vals: list[float] = field(default_factory=list)  # next-token logprobs of this step's prompt positions
+    input_top: list[list[list]] = field(default_factory=list)  # per position [[logprob, id], ...] (top_logprobs_num)
+    output_val: Optional[float] = None  # logprob of the sampled token
+    output_top: Optional[list[list]] = None
 
 
 @dataclass
@@ -27,6 +37,7 @@ class ScheduleBatch:
     decode_from: int = -1  # first decoding request (0 for "decode", len(reqs) for "extend"); set in __post_init__
     # Filled by the runner:
     next_token_ids: list[int] = field(default_factory=list)
+    logprobs: dict[int, StepLogprobs] = field(default_factory=dict)  # request index -> its logprobs this step
 
     def __post_init__(self) -> None:
         if self.decode_from < 0:

@@ -49,7 +49,10 @@ class KVManager:
         if self.radix is None or req.kv_indices or target_len <= 1:
             return 0
         before = self.radix.evictable_size()
-        m = self.radix.match_prefix(req.fill_ids[: target_len - 1])
+        limit = target_len - 1
+        if req.wants_input_logprobs:  # positions >= logprob_start_len need their logits: compute them
+            limit = min(limit, req.logprob_start_len)
+        m = self.radix.match_prefix(req.fill_ids[:limit])
         if m.length == 0:
             return 0
         self.radix.lock(m.last_node)

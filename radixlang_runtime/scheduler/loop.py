@@ -32,6 +32,8 @@ class ReqUpdate:
     finished_reason: Optional[dict]
     cached_len: int
     error: Optional[str] = None
+    # (input logprobs, input top rows, output logprobs, output top rows) when the request asked for them
+    logprobs: Optional[tuple[list, list, list, list]] = None
 
 
 @dataclass
@@ -148,6 +150,10 @@ class SchedulerLoop:
         done = req.finished or error is not None
         if done or (w.stream and n - w.sent_len >= self.stream_interval):
             w.sent_len = n
-            w.out.put(ReqUpdate(list(req.output_ids), req.finished_reason, req.cached_len, error))
+            lp = None
+            if req.return_logprob:
+                lp = (list(req.input_logprobs), list(req.input_top_logprobs), list(req.output_logprobs),
+                      list(req.output_top_logprobs))
+            w.out.put(ReqUpdate(list(req.output_ids), req.finished_reason, req.cached_len, error, lp))
         if done:
             del self._waiters[req.rid]

@@ -31,6 +31,14 @@ class Req:
     tree_len: int = 0  # leading kv_indices owned by the radix cache
     last_node: Any = None  # the radix node locked for kv_indices[:tree_len] (None: nothing locked)
     row_dirty: bool = False  # kv_indices[:kv_len] changed in place: the runner rewrites the table row
+    # --- logprobs (return_logprob): raw log_softmax of the model's logits, before any sampling transform ---
+    return_logprob: bool = False
+    logprob_start_len: int = 0  # first logit position whose next-token logprob is returned (< len(input_ids))
+    top_logprobs_num: int = 0
+    input_logprobs: list[float] = field(default_factory=list)  # of tokens logprob_start_len+1 .. L-1
+    input_top_logprobs: list[list[list]] = field(default_factory=list)  # per position: [[logprob, id], ...]
+    output_logprobs: list[float] = field(default_factory=list)  # one per output token
+    output_top_logprobs: list[list[list]] = field(default_factory=list)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
     num_retractions: int = 0
@@ -51,6 +59,12 @@ class Req:
     @property
     def kv_len(self) -> int:
         return len(self.kv_indices)
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        """Prompt positions >= logprob_start_len must be computed, not served from the cache (a
+        retracted request has them already)."""
+        return self.return_logprob and not self.output_ids
 
     @property
     def finished(self) -> bool:

@@ -250,6 +250,14 @@ class Scheduler:
         now = time.perf_counter()
         for i, (req, sampled) in enumerate(zip(batch.reqs, batch.sample)):
             decoding = i >= batch.decode_from
+            lp = batch.logprobs.get(i)
+            if lp is not None:
+                req.input_logprobs += lp.input_vals
+                req.input_top_logprobs += lp.input_top
+                if lp.output_val is not None:
+                    req.output_logprobs.append(lp.output_val)
+                    if lp.output_top is not None:
+                        req.output_top_logprobs.append(lp.output_top)
             if not decoding and req is self.chunked_req:
                 self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
                 continue

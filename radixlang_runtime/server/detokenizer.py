@@ -74,6 +74,11 @@ class IncrementalDetokenizer:
             out.cached_tokens.append(msg.cached_tokens[i])
             out.num_retractions.append(msg.num_retractions[i])
             out.queue_times.append(msg.queue_times[i])
+            if msg.input_logprobs:
+                out.input_logprobs.append(msg.input_logprobs[i])
+                out.input_top_logprobs.append(msg.input_top_logprobs[i])
+                out.output_logprobs.append(msg.output_logprobs[i])
+                out.output_top_logprobs.append(msg.output_top_logprobs[i])
         return out
 
     def _resync(self, st: DecodeState, skip: bool, spaces: bool) -> str:

@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from radixlang_runtime import __version__
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable, TokenizerManager
+from radixlang_runtime.logprob_format import normalize_logprob_args
+from radixlang_runtime.server.tokenizer_manager import LogprobRequest, RuntimeUnavailable, TokenizerManager
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -87,15 +88,16 @@ def _listify(value: Any, n: int, name: str) -> list:
     return [value] * n
 
 
-def parse_generate(tm: TokenizerManager, body: Any) -> tuple[list[tuple[list[int], SamplingParams, Optional[str]]], bool]:
-    """-> ([(input_ids, sampling, rid)] with n > 1 fanned out, whether the input was a list)."""
+Item = tuple[list[int], SamplingParams, Optional[str], Optional[LogprobRequest]]
+
+
+def parse_generate(tm: TokenizerManager, body: Any) -> tuple[list[Item], bool]:
+    """-> ([(input_ids, sampling, rid, logprob request)] with n > 1 fanned out, whether the input was a list)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise BadRequest("pass exactly one of text / input_ids")
-    if body.get("return_logprob") or body.get("top_logprobs_num"):
-        raise BadRequest("return_logprob / top_logprobs_num are not supported yet")
     if text is not None:
         is_list = isinstance(text, list)
         texts = text if is_list else [text]
@@ -109,13 +111,21 @@ def parse_generate(tm: TokenizerManager, body: Any) -> tuple[list[tuple[list[int
             raise BadRequest("input_ids must be a list of integers or a list of such lists")
     sps = _listify(body.get("sampling_params"), len(prompts), "sampling_params")
     rids = _listify(body.get("rid"), len(prompts), "rid")
+    starts = _listify(body.get("logprob_start_len"), len(prompts), "logprob_start_len")
+    return_logprob = body.get("return_logprob", False)
+    if not isinstance(return_logprob, bool):
+        raise BadRequest("return_logprob must be a boolean")
     out = []
-    for p, sp_dict, rid in zip(prompts, sps, rids):
+    for p, sp_dict, rid, start in zip(prompts, sps, rids, starts):
         if rid is not None and not isinstance(rid, str):
             raise BadRequest("rid must be a string")
         sp = tm.prepare(p, sp_dict)
+        lp = None
+        if return_logprob:
+            k, top = normalize_logprob_args(len(p), True, start, body.get("top_logprobs_num"))
+            lp = LogprobRequest(k, top, bool(body.get("return_text_in_logprobs")))
         for j in range(sp.n):
-            out.append((p, sp, rid if sp.n == 1 or rid is None else f"{rid}-{j}"))
+            out.append((p, sp, rid if sp.n == 1 or rid is None else f"{rid}-{j}", lp))
     return out, is_list or len(out) > 1
 
 
@@ -123,11 +133,11 @@ async def generate_route(state: ServerState, request: Request) -> Response:
     tm = state.tm
     body = await read_json(request)
     items, as_list = parse_generate(tm, body)
-    if rid_dupes := {r for _, _, r in items if r is not None and sum(x[2] == r for x in items) > 1}:
+    if rid_dupes := {it[2] for it in items if it[2] is not None and sum(x[2] == it[2] for x in items) > 1}:
         raise BadRequest(f"duplicate rid(s): {sorted(rid_dupes)}")
     if body.get("stream"):
         return stream_response(guard_stream(_stream_generate(tm, items, as_list)))
-    results = await asyncio.gather(*(_final(tm.generate(ids, sp, rid)) for ids, sp, rid in items))
+    results = await asyncio.gather(*(_final(tm.generate(ids, sp, rid, logprob=lp)) for ids, sp, rid, lp in items))
     return JSONResponse(results if as_list else results[0])
 
 
@@ -151,7 +161,7 @@ async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool) -> 
             await queue.put((i, e))
         await queue.put((i, None))
 
-    gens = [tm.generate(ids, sp, rid, stream=True) for ids, sp, rid in items]
+    gens = [tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]
     tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
     try:
         remaining = len(tasks)

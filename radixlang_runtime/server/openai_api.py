@@ -3,7 +3,8 @@
 Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
 text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Options the runtime cannot honour yet
-(logprobs, logit_bias, tools, response_format / regex) answer 400 instead of being ignored.
+(logit_bias, tools, response_format / regex) answer 400 instead of being ignored. Logprobs are the
+model's raw log_softmax (before temperature), in OpenAI's shapes for completions and chat.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.http_server import (SSE_DONE, BadRequest, ServerState, _final, guard_stream, read_json,
                                                   sse, stream_response)
+from radixlang_runtime.server.tokenizer_manager import LogprobRequest
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                "no_stop_trim", "regex", "json_schema")
@@ -73,8 +76,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
 def _check_common(body: Any) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise BadRequest("logprobs are not supported yet")
     n = body.get("n", 1)
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
         raise BadRequest(f"n must be an integer in [1, 64], got {n!r}")
@@ -87,18 +88,60 @@ def _check_common(body: Any) -> dict:
 class _Choices:
     """The runtime requests behind one OpenAI call: prompts x n, validated up front."""
 
-    def __init__(self, state: ServerState, prompts: list[list[int]], sp_dict: dict, n: int):
+    def __init__(self, state: ServerState, prompts: list[list[int]], sp_dict: dict, n: int,
+                 top_logprobs: Optional[int] = None, echo: bool = False):
         self.tm = state.tm
-        self.items: list[tuple[list[int], SamplingParams]] = []
+        self.items: list[tuple[list[int], SamplingParams, Optional[LogprobRequest]]] = []
         for ids in prompts:
             sp = self.tm.prepare(ids, sp_dict)
-            self.items += [(ids, sp)] * n
+            lp = None
+            if top_logprobs is not None:  # without echo only output logprobs: start at the last prompt position
+                start, top = normalize_logprob_args(len(ids), True, 0 if echo else len(ids) - 1, top_logprobs)
+                lp = LogprobRequest(start, top, with_text=True)
+            self.items += [(ids, sp, lp)] * n
 
     def streams(self) -> list[AsyncIterator[dict]]:
-        return [self.tm.generate(ids, sp, stream=True) for ids, sp in self.items]
+        return [self.tm.generate(ids, sp, stream=True, logprob=lp) for ids, sp, lp in self.items]
 
     async def finals(self) -> list[dict]:
-        return await asyncio.gather(*(_final(self.tm.generate(ids, sp)) for ids, sp in self.items))
+        return await asyncio.gather(*(_final(self.tm.generate(ids, sp, logprob=lp)) for ids, sp, lp in self.items))
+
+
+def _int_option(body: dict, name: str, hi: int) -> Optional[int]:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
+        raise BadRequest(f"{name} must be an integer in [0, {hi}], got {v!r}")
+    return v
+
+
+def completion_logprobs(meta: dict, echo: bool, text_offset0: int = 0) -> dict:
+    """meta_info entries -> OpenAI completions `logprobs` (tokens, token_logprobs, top_logprobs, text_offset)."""
+    entries = meta.get("output_token_logprobs", [])
+    tops = meta.get("output_top_logprobs") or [None] * len(entries)
+    if echo and "input_token_logprobs" in meta:
+        entries = meta["input_token_logprobs"] + entries
+        tops = (meta.get("input_top_logprobs") or [None] * len(meta["input_token_logprobs"])) + tops
+    tokens = [e[2] for e in entries]
+    offsets, pos = [], text_offset0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries],
+            "top_logprobs": [None if row is None else {e[2]: e[0] for e in row} for row in tops],
+            "text_offset": offsets}
+
+
+def chat_logprobs(meta: dict, with_top: bool) -> dict:
+    entries = meta.get("output_token_logprobs", [])
+    tops = meta.get("output_top_logprobs") or [[] for _ in entries]
+
+    def item(e: list) -> dict:
+        return {"token": e[2], "logprob": e[0], "bytes": list(e[2].encode())}
+
+    return {"content": [{**item(e), "top_logprobs": [item(x) for x in row] if with_top else []}
+                        for e, row in zip(entries, tops)]}
 
 
 async def _merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
@@ -156,28 +199,31 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         echo = bool(body.get("echo"))
         texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None
         n = body.get("n", 1)
-        choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), n)
+        top = _int_option(body, "logprobs", 20)
+        choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), n, top, echo)
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
-                                                                   include_usage)))
+                                                                   include_usage, top is not None)))
         outs = await choices.finals()
         return JSONResponse({
             "id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": (texts[i // n] if echo else "") + o["text"], "logprobs": None,
+            "choices": [{"index": i, "text": (texts[i // n] if echo else "") + o["text"],
+                         "logprobs": completion_logprobs(o["meta_info"], echo) if top is not None else None,
                          "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
             "usage": _sum_usage(outs, n),
         })
 
     async def _stream_completion(choices: _Choices, rid: str, created: int, model: str,
-                                 echo_texts: Optional[list[str]], n: int, include_usage: bool) -> AsyncIterator[bytes]:
+                                 echo_texts: Optional[list[str]], n: int, include_usage: bool,
+                                 logprobs: bool) -> AsyncIterator[bytes]:
         sent = [0] * len(choices.items)
         finals: list[Optional[dict]] = [None] * len(choices.items)
 
-        def chunk(i: int, text: str, finish: Optional[str]) -> bytes:
+        def chunk(i: int, text: str, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
             return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                        "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}]})
+                        "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
 
         if echo_texts:
             for i in range(len(choices.items)):
@@ -189,8 +235,9 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             fin = _finish(out["meta_info"]["finish_reason"])
             if fin is not None:
                 finals[i] = out
-            if delta or fin is not None:
-                yield chunk(i, delta, fin)
+            lp = completion_logprobs(out["meta_info"], False) if logprobs else None
+            if delta or fin is not None or (lp and lp["tokens"]):
+                yield chunk(i, delta, fin, lp)
         if include_usage:
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
                        "usage": _sum_usage([f for f in finals if f], n)})
@@ -205,24 +252,33 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         ids = tm.encode_text(render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template))
         n = body.get("n", 1)
         room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
-        choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), n)
+        want_lp = body.get("logprobs") or False
+        if not isinstance(want_lp, bool):
+            raise BadRequest("logprobs must be a boolean for chat completions")
+        top = _int_option(body, "top_logprobs", 20)
+        if top and not want_lp:
+            raise BadRequest("top_logprobs needs logprobs: true")
+        choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), n,
+                           (top or 0) if want_lp else None)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage)))
+            return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
+                                                             want_lp, bool(top))))
         outs = await choices.finals()
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": o["text"]}, "logprobs": None,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": o["text"]},
+                         "logprobs": chat_logprobs(o["meta_info"], bool(top)) if want_lp else None,
                          "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
             "usage": _sum_usage(outs, n),
         })
 
     async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n: int,
-                           include_usage: bool) -> AsyncIterator[bytes]:
-        def chunk(i: int, delta: dict, finish: Optional[str]) -> bytes:
+                           include_usage: bool, want_lp: bool, with_top: bool) -> AsyncIterator[bytes]:
+        def chunk(i: int, delta: dict, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+                        "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
 
         sent = [0] * len(choices.items)
         finals: list[Optional[dict]] = [None] * len(choices.items)
@@ -232,8 +288,9 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             text = out["text"]
             delta = text[sent[i]:] if len(text) >= sent[i] else ""
             sent[i] = max(sent[i], len(text))
-            if delta:
-                yield chunk(i, {"content": delta}, None)
+            lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
+            if delta or (lp and lp["content"]):
+                yield chunk(i, {"content": delta}, None, lp)
             fin = _finish(out["meta_info"]["finish_reason"])
             if fin is not None:
                 finals[i] = out

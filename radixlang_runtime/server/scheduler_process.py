@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class _Sent:
     stream: bool
-    sent_len: int = 0
+    sent_len: int = 0  # output tokens (and output logprobs) already sent
 
 
 class SchedulerProcessLoop:
@@ -85,7 +85,9 @@ class SchedulerProcessLoop:
         if isinstance(msg, TokenizedGenerateReq):
             sp = self._SP.from_dict(msg.sampling_params)  # validated by the sender; cannot fail here
             self.sent[msg.rid] = _Sent(stream=msg.stream)
-            self.scheduler.add_request(self._Req(rid=msg.rid, input_ids=msg.input_ids, sampling=sp))
+            self.scheduler.add_request(self._Req(
+                rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
+                logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
@@ -118,6 +120,12 @@ class SchedulerProcessLoop:
             out.skip_special_tokens.append(sp.skip_special_tokens)
             out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
             out.no_stop_trim.append(sp.no_stop_trim)
+            lp, first = req.return_logprob, st.sent_len == 0
+            top = lp and req.top_logprobs_num > 0
+            out.input_logprobs.append(req.input_logprobs if lp and first else None)
+            out.input_top_logprobs.append(req.input_top_logprobs if top and first else None)
+            out.output_logprobs.append(req.output_logprobs[st.sent_len:n] if lp else None)
+            out.output_top_logprobs.append(req.output_top_logprobs[st.sent_len:n] if top else None)
             st.sent_len = n
             if req.finished:
                 del self.sent[req.rid]

@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from radixlang_runtime.limits import RuntimeLimits, check_request
+from radixlang_runtime.logprob_format import input_meta, output_meta
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         StatsOut, TokenizedGenerateReq, decode, encode)
 from radixlang_runtime.sampling_params import SamplingParams
@@ -34,15 +35,32 @@ class RuntimeUnavailable(RuntimeError):
 
 
 @dataclass
+class LogprobRequest:
+    """What a request asked for (normalize_logprob_args validated it)."""
+
+    start: int = 0
+    top_num: int = 0
+    with_text: bool = False
+
+
+@dataclass
 class ReqState:
     rid: str
-    prompt_tokens: int
+    input_ids: list[int]
+    stream: bool
+    logprob: Optional[LogprobRequest]
     queue: "asyncio.Queue[dict]" = field(default_factory=asyncio.Queue)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
     created: float = field(default_factory=time.perf_counter)
     last_token_at: Optional[float] = None
+    # logprobs received so far (non-streaming requests return them whole at the end)
+    in_vals: list = field(default_factory=list)
+    in_top: list = field(default_factory=list)
+    out_vals: list = field(default_factory=list)
+    out_top: list = field(default_factory=list)
+    input_emitted: bool = False
 
 
 class TokenizerManager:
@@ -76,18 +94,22 @@ class TokenizerManager:
         return sp
 
     async def generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str] = None,
-                       stream: bool = False) -> AsyncIterator[dict]:
+                       stream: bool = False, logprob: Optional[LogprobRequest] = None) -> AsyncIterator[dict]:
         """Yields progress snapshots ({"text", "output_ids", "meta_info"}); the last has a finish_reason.
-        Exactly one sample (callers fan out n > 1 with distinct rids)."""
+        Exactly one sample (callers fan out n > 1 with distinct rids). Text and output_ids are
+        cumulative; with logprobs, a streaming request's output logprob lists are the delta since the
+        previous snapshot (input ones come once, in the first), a non-streaming one gets them whole."""
         if self.dead:
             raise RuntimeUnavailable(self.dead)
         rid = rid or uuid.uuid4().hex
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
-        state = ReqState(rid, len(input_ids))
+        state = ReqState(rid, input_ids, stream, logprob)
         self.states[rid] = state
         params = {k: v for k, v in vars(sp).items() if k != "n"}
-        await self.to_scheduler.send(encode(TokenizedGenerateReq(rid, list(input_ids), params, stream)))
+        lp = logprob or LogprobRequest()
+        await self.to_scheduler.send(encode(TokenizedGenerateReq(rid, list(input_ids), params, stream, logprob is not None,
+                                                                 lp.start, lp.top_num)))
         try:
             while True:
                 out = await state.queue.get()
@@ -160,17 +182,37 @@ class TokenizerManager:
             if fin is not None:
                 st.finished = True
                 if self.metrics:
-                    self.metrics.on_finish(now - st.created, msg.queue_times[i], st.prompt_tokens,
+                    self.metrics.on_finish(now - st.created, msg.queue_times[i], len(st.input_ids),
                                            msg.cached_tokens[i], fin.get("type") == "abort")
-            st.queue.put_nowait({
-                "text": st.text,
-                "output_ids": list(st.output_ids),
-                "meta_info": {
-                    "id": rid, "finish_reason": fin, "prompt_tokens": msg.prompt_tokens[i],
-                    "completion_tokens": msg.completion_tokens[i], "cached_tokens": msg.cached_tokens[i],
-                    "num_retractions": msg.num_retractions[i], "e2e_latency": now - st.created,
-                },
-            })
+            meta = {
+                "id": rid, "finish_reason": fin, "prompt_tokens": msg.prompt_tokens[i],
+                "completion_tokens": msg.completion_tokens[i], "cached_tokens": msg.cached_tokens[i],
+                "num_retractions": msg.num_retractions[i], "e2e_latency": now - st.created,
+            }
+            if st.logprob is not None and msg.output_logprobs:
+                self._logprob_meta(st, msg, i, new_ids, meta)
+            st.queue.put_nowait({"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta})
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _logprob_meta(self, st: ReqState, msg: BatchStrOut, i: int, new_ids: list[int], meta: dict) -> None:
+        lp = st.logprob
+        decode = self._token_text if lp.with_text else None
+        if msg.input_logprobs[i] is not None:
+            st.in_vals, st.in_top = msg.input_logprobs[i], msg.input_top_logprobs[i] or []
+        out_vals, out_top = msg.output_logprobs[i] or [], msg.output_top_logprobs[i] or []
+        if st.stream:
+            if not st.input_emitted:
+                meta.update(input_meta(st.input_ids, lp.start, st.in_vals, st.in_top, lp.top_num, decode))
+                st.input_emitted = True
+            meta.update(output_meta(out_vals, new_ids, out_top, lp.top_num, decode))
+            meta["output_token_logprobs_length"] = len(st.output_ids)
+        else:
+            st.out_vals += out_vals
+            st.out_top += out_top
+            meta.update(input_meta(st.input_ids, lp.start, st.in_vals, st.in_top, lp.top_num, decode))
+            meta.update(output_meta(st.out_vals, st.output_ids, st.out_top, lp.top_num, decode))
 
     def mark_dead(self, why: str) -> None:
         """A child process died: fail every waiting request now; new ones get 503."""
