@@ -55,11 +55,12 @@ class ServerArgs:
     new_token_ratio_min: float = 0.1
     new_token_ratio_decay: float = 0.001
     stream_interval: int = 1
+    incremental_streaming_output: bool = False  # /generate streams text / output_ids as deltas
     random_seed: Optional[int] = None
     debug_check_integrity: bool = False  # run allocator checks whenever the scheduler goes idle
 
     # --- kernels / constraints ---
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
 
@@ -78,8 +79,8 @@ class ServerArgs:
              "chunked_prefill_size must be -1 (off) or >= page_size")
         need(self.schedule_policy in ("lpm", "fcfs", "dfs-weight"),
              f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
-        need(self.attention_backend in ("torch", "triton"),
-             f"attention_backend must be torch or triton; got {self.attention_backend!r}")
+        need(self.attention_backend in ("auto", "torch", "triton"),
+             f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("outlines", "none"), "grammar_backend must be outlines or none")
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
@@ -103,6 +104,7 @@ class ServerArgs:
             page_size=self.page_size or (1 if gpu else 16),
             max_prefill_tokens=self.max_prefill_tokens or (16384 if gpu else 4096),
             chunked_prefill_size=self.chunked_prefill_size or (8192 if gpu else 4096),
+            attention_backend=("triton" if gpu else "torch") if self.attention_backend == "auto" else self.attention_backend,
         )
 
     # --- CLI ---

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -32,7 +33,8 @@ def wait_gone(pids, timeout: float = 30) -> None:
 
 
 def test_api_key_then_sigterm_stops_every_process():
-    srv = ServerProcess("--api-key", "sekret", "--enable-metrics", "--max-total-tokens", "2048")
+    srv = ServerProcess("--api-key", "sekret", "--enable-metrics", "--max-total-tokens", "2048",
+                        "--incremental-streaming-output")
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             assert c.post("/generate", json={"text": "hi"}).status_code == 401
@@ -41,6 +43,13 @@ def test_api_key_then_sigterm_stops_every_process():
             auth = {"Authorization": "Bearer sekret"}
             out = c.post("/generate", headers=auth, json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
             assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
+            body = {"text": "Once upon", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+            plain = c.post("/generate", headers=auth, json=body).json()
+            with c.stream("POST", "/generate", headers=auth, json={**body, "stream": True}) as r:
+                events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+            assert len(events) >= 2  # --incremental-streaming-output: deltas that add up
+            assert "".join(e["text"] for e in events) == plain["text"]
+            assert [t for e in events for t in e["output_ids"]] == plain["output_ids"]
             pids = c.get("/server_info", headers=auth).json()["pids"]
         assert set(pids) == {"server", "scheduler", "detokenizer"} and pids["server"] == srv.proc.pid
         srv.proc.send_signal(signal.SIGTERM)

@@ -136,7 +136,7 @@ async def generate_route(state: ServerState, request: Request) -> Response:
     if rid_dupes := {it[2] for it in items if it[2] is not None and sum(x[2] == it[2] for x in items) > 1}:
         raise BadRequest(f"duplicate rid(s): {sorted(rid_dupes)}")
     if body.get("stream"):
-        return stream_response(guard_stream(_stream_generate(tm, items, as_list)))
+        return stream_response(guard_stream(_stream_generate(tm, items, as_list, state.args.incremental_streaming_output)))
     results = await asyncio.gather(*(_final(tm.generate(ids, sp, rid, logprob=lp)) for ids, sp, rid, lp in items))
     return JSONResponse(results if as_list else results[0])
 
@@ -148,9 +148,10 @@ async def _final(gen: AsyncIterator[dict]) -> dict:
     return last
 
 
-async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool) -> AsyncIterator[bytes]:
-    """One SSE event per update of any of the requests (cumulative text / output_ids); with several
-    requests each event carries its `index`."""
+async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool,
+                           incremental: bool = False) -> AsyncIterator[bytes]:
+    """One SSE event per update of any of the requests (cumulative text / output_ids, or deltas with
+    --incremental-streaming-output); with several requests each event carries its `index`."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, gen: AsyncIterator[dict]) -> None:
@@ -163,6 +164,7 @@ async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool) -> 
 
     gens = [tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]
     tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
     try:
         remaining = len(tasks)
         while remaining:
@@ -172,6 +174,11 @@ async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool) -> 
                 continue
             if isinstance(out, Exception):
                 raise out
+            if incremental:
+                text, ids = out["text"], out["output_ids"]
+                t0, n0 = sent.get(i, (0, 0))
+                out["text"], out["output_ids"] = text[t0:], ids[n0:]
+                sent[i] = (max(t0, len(text)), len(ids))
             if as_list:
                 out["index"] = i
             yield sse(out)

@@ -11,5 +11,9 @@ def create_attention_backend(name: str, num_heads: int, num_kv_heads: int, head_
 
         return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
     if name == "triton":
-        raise ValueError("attention backend 'triton' is not available yet (kernels/ lands with its own issue)")
+        try:
+            from radixlang_runtime.model.attention.triton_backend import TritonAttentionBackend
+        except ImportError as e:
+            raise ValueError(f"attention backend 'triton' needs the triton package ({e})") from None
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
     raise ValueError(f"unknown attention backend {name!r}; choose torch or triton")

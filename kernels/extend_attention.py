@@ -1,0 +1,156 @@
+"""Paged extend (prefill) attention in Triton: new tokens attend to their cached prefix and causally
+to themselves, with one online softmax across both.
+
+Shapes and layout:
+  q_extend     [T, H, D]          the new tokens of all requests, request r at rows
+                                  extend_starts[r] .. extend_starts[r] + extend_lens[r] - 1
+  k_extend     [T, Hkv, D]        their keys / values (rows may be strided views of a fused qkv; the
+  v_extend     [T, Hkv, D]        last dimension must be contiguous)
+  k_buffer     [Hkv, N, D]        the KV pool of one layer, read for the prefix
+  v_buffer     [Hkv, N, D]
+  req_to_token [rows, ctx] int64  slot of each position (one entry per position: any page size)
+  req_rows, prefix_lens, extend_lens, extend_starts: [R] int64
+  -> out       [T, H, D]          dtype of q
+New token i of request r sits at position prefix_lens[r] + i and sees positions 0 .. prefix_lens[r] + i.
+dtypes float32 / bfloat16 / float16; float32 math. Query head h reads KV head h // (H / Hkv).
+
+Grid (R, H, cdiv(max extend_len, BLOCK_M)): a program owns BLOCK_M queries of one head. Stage 1 walks
+the prefix in BLOCK_N blocks through req_to_token (no mask but the length); stage 2 walks the new keys
+up to its last query with the causal mask. Optional logit soft-cap c > 0: c * tanh(scores / c).
+Limits: D <= 256 (padded to a power of two with masks: 80 and 96 work).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+# Triton's CPU interpreter multiplies bfloat16 blocks wrongly (numpy has no bfloat16), so interpreted
+# runs (tests on CPU) upcast both operands to float32; compiled GPU runs feed tl.dot the input dtype
+# (tensor cores, float32 accumulation) and float32 inputs use exact "ieee" products, not TF32.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_ptr, ext_ptr, start_ptr, o_ptr,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_bh, stride_bs, stride_rt, stride_ot, stride_oh,
+                   scale, soft_cap,
+                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    mb = tl.program_id(2)
+    n_ext = tl.load(ext_ptr + r)
+    if mb * BLOCK_M >= n_ext:
+        return
+    prefix = tl.load(pre_ptr + r)
+    row = tl.load(rows_ptr + r)
+    q_start = tl.load(start_ptr + r)
+    kvh = h // G
+
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the request's new tokens
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < n_ext
+    mask_d = offs_d < D
+    q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D], input dtype
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # stage 1: the cached prefix, from the pool
+    for n0 in range(0, prefix, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < prefix
+        slots = tl.load(rt_ptr + row * stride_rt + offs_n, mask=mask_n, other=0)
+        off = kvh * stride_bh + slots[:, None] * stride_bs + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(kb_ptr + off, mask=kv_mask, other=0.0)
+        v = tl.load(vb_ptr + off, mask=kv_mask, other=0.0)
+        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+        if SOFT_CAP:
+            qk = soft_cap * _tanh(qk / soft_cap)
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        m_i = m_new
+
+    # stage 2: the new tokens, causal (key j visible to query i iff j <= i)
+    last = tl.minimum((mb + 1) * BLOCK_M, n_ext)
+    for n0 in range(0, last, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n_ext
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(ke_ptr + (q_start + offs_n)[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(ve_ptr + (q_start + offs_n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+        if SOFT_CAP:
+            qk = soft_cap * _tanh(qk / soft_cap)
+        visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see no key at all
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(o_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out,
+             mask=mask_m[:, None] & mask_d[None, :])
+
+
+def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                     req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
+                     extend_lens: torch.Tensor, extend_starts: torch.Tensor, scale: float, soft_cap: float = 0.0,
+                     max_extend_len: int | None = None, block_m: int = 32, block_n: int = 32) -> torch.Tensor:
+    """See the module docstring. max_extend_len (host int) sizes the grid; default: extend_lens.max()."""
+    T, H, D = q.shape
+    hkv = k.shape[1]
+    if H % hkv or D > 256:
+        raise ValueError(f"unsupported shape: H={H}, Hkv={hkv}, D={D}")
+    for t in (q, k, v):
+        if t.stride(-1) != 1:
+            raise ValueError("the last dimension of q / k / v must be contiguous")
+    R = req_rows.shape[0]
+    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    if R == 0 or T == 0:
+        return out
+    if max_extend_len is None:
+        max_extend_len = int(extend_lens.max().item())
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    grid = (R, H, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts, out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0), out.stride(0), out.stride(1),
+        scale, soft_cap,
+        G=H // hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BLOCK_D, SOFT_CAP=soft_cap > 0,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED,
+    )
+    return out

@@ -1,0 +1,109 @@
+"""The Triton extend and decode kernels against kernels/reference.py (interpreted on CPU:
+TRITON_INTERPRET=1, set in conftest when there is no GPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from kernels.decode_attention import decode_attention  # noqa: E402
+from kernels.extend_attention import extend_attention  # noqa: E402
+from kernels.reference import paged_attention_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# float32 agrees to rounding; half types: inputs are rounded the same way for both sides, the
+# kernel accumulates in float32 but p is rounded before P.V on GPUs (tl.dot inputs), the reference not.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
+def paged_setup(prefix_lens, extend_lens, hkv, D, dtype, page_size, seed):
+    """A pool with each request's positions on its own shuffled pages, as the allocator lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(-(-(p + n) // page_size) for p, n in zip(prefix_lens, extend_lens)) + 4
+    N = total * page_size
+    kb = torch.randn(hkv, N, D, generator=g).to(dtype)
+    vb = torch.randn(hkv, N, D, generator=g).to(dtype)
+    ctx = max(p + n for p, n in zip(prefix_lens, extend_lens))
+    rows = list(range(len(prefix_lens)))
+    random.Random(seed).shuffle(rows)
+    rt = torch.zeros(len(rows), ctx + 8, dtype=torch.int64)
+    pages = torch.randperm(total, generator=g).tolist()
+    for r, p, n in zip(rows, prefix_lens, extend_lens):
+        mine = [pages.pop() for _ in range(-(-(p + n) // page_size))]
+        rt[r, : p + n] = torch.tensor([mine[i // page_size] * page_size + i % page_size for i in range(p + n)])
+    return kb, vb, rt, rows
+
+
+CONFIGS = [(9, 3, 64), (32, 8, 128), (8, 2, 80)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("H,hkv,D", CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_extend_matches_reference(H, hkv, D, dtype, page_size):
+    prefix_lens, extend_lens = [0, 37, 1, 120, 0], [5, 1, 64, 17, 33]
+    kb, vb, rt, rows = paged_setup(prefix_lens, extend_lens, hkv, D, dtype, page_size, seed=H + D)
+    T = sum(extend_lens)
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).to(dtype)  # strided views of a fused projection
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for r, p, n in zip(rows, prefix_lens, extend_lens):  # the new K/V are stored before attention
+        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    starts = torch.tensor([sum(extend_lens[:i]) for i in range(len(extend_lens))])
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
+    dev = lambda x: x.to(DEVICE)  # noqa: E731
+    got = extend_attention(dev(q), dev(k), dev(v), dev(kb), dev(vb), dev(rt), t(rows), t(prefix_lens), t(extend_lens),
+                           dev(starts), D ** -0.5)
+    want = paged_attention_ref(q, kb, vb, rt, rows, prefix_lens, extend_lens, D ** -0.5)
+    assert got.dtype == dtype and got.shape == (T, H, D)
+    torch.testing.assert_close(got.float().cpu(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("H,hkv,D", CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_matches_reference(H, hkv, D, dtype, page_size):
+    seq_lens = [1, 300, 17, 64, 129]
+    kb, vb, rt, rows = paged_setup([n - 1 for n in seq_lens], [1] * len(seq_lens), hkv, D, dtype, page_size, seed=D)
+    q = torch.randn(len(seq_lens), H, D, generator=torch.Generator().manual_seed(3)).to(dtype)
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
+    got = decode_attention(q.to(DEVICE), kb.to(DEVICE), vb.to(DEVICE), rt.to(DEVICE), t(rows), t(seq_lens),
+                           D ** -0.5, split_len=64)
+    want = paged_attention_ref(q, kb, vb, rt, rows, [n - 1 for n in seq_lens], [1] * len(seq_lens), D ** -0.5)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float().cpu(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_soft_cap_in_both_kernels():
+    H, hkv, D, cap = 8, 2, 64, 5.0
+    seq_lens = [40, 3]
+    kb, vb, rt, rows = paged_setup([n - 1 for n in seq_lens], [1, 1], hkv, D, torch.float32, 1, seed=1)
+    q = torch.randn(2, H, D) * 4  # large scores, so the cap matters
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
+    d = lambda *xs: [x.to(DEVICE) for x in xs]  # noqa: E731
+    got = decode_attention(*d(q, kb, vb, rt), t(rows), t(seq_lens), D ** -0.5, soft_cap=cap).cpu()
+    want = paged_attention_ref(q, kb, vb, rt, rows, [n - 1 for n in seq_lens], [1, 1], D ** -0.5, soft_cap=cap)
+    uncapped = paged_attention_ref(q, kb, vb, rt, rows, [n - 1 for n in seq_lens], [1, 1], D ** -0.5)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert (want - uncapped).abs().max() > 1e-2
+    prefix, ext = [10, 0], [6, 9]
+    kb, vb, rt, rows = paged_setup(prefix, ext, hkv, D, torch.float32, 16, seed=2)
+    qkv = torch.randn(15, H + 2 * hkv, D) * 4
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for r, p, n in zip(rows, prefix, ext):
+        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    got = extend_attention(*d(q, k, v, kb, vb, rt), t(rows), t(prefix), t(ext), t([0, 6]), D ** -0.5,
+                           soft_cap=cap).cpu()
+    want = paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5, soft_cap=cap)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
