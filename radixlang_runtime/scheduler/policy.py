@@ -111,6 +111,7 @@ class PrefillAdder:
     new_token_ratio: float
     running_empty: bool  # nothing decoding: admit the first request even if its reservation won't fit
     admitted: list[Admission] = field(default_factory=list)
+    whole_only: bool = False  # refuse a request that would have to be cut into chunks
     # Why admission stopped: "rows" | "max_running" | "input_tokens" | "kv_tokens" | "chunked" (a request
     # was cut to a chunk: nothing may follow it) | None (the queue ran out first).
     stop_reason: Optional[str] = None
@@ -132,6 +133,8 @@ class PrefillAdder:
         if extend <= 0:
             return self._stop("input_tokens", AddResult.NO_TOKEN)
         is_last = extend == remaining
+        if self.whole_only and not is_last:
+            return self._stop("input_tokens", AddResult.NO_TOKEN)
         need_now = slots_spanned(req.kv_len, extend, self.page_size)
         need = need_now + (decode_reservation(req, self.new_token_ratio) if is_last else 0)
         if need > self.rem_total_tokens:

@@ -141,11 +141,22 @@ class Scheduler:
             new_token_ratio=self.new_token_ratio,
             running_empty=not self.running,
         )
-        proceed = True
-        if self.chunked_req is not None:  # the chunked request goes first; others may follow its last chunk
-            proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
         if cfg.enable_mixed_chunk:
             adder.rem_input_tokens -= len(self.running)  # their decode tokens share the forward pass
+        proceed = True
+        if self.chunked_req is not None:
+            if self.waiting and cfg.chunked_prefill_size > 0:
+                # Arrivals that fit whole in half a chunk go first, so a long prompt's chunks do not hold
+                # back short requests; the chunk shrinks by what they take (the step stays one chunk).
+                self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
+                budget, adder.whole_only = adder.rem_input_tokens, True
+                adder.rem_input_tokens = min(budget, cfg.chunked_prefill_size // 2)
+                self._admit_waiting(adder)
+                used = sum(a.extend_len for a in adder.admitted)
+                adder.rem_input_tokens, adder.whole_only = budget - used, False
+                adder.rem_chunk_tokens = cfg.chunked_prefill_size - used
+            # then the chunked request; others may follow its last chunk
+            proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
         if proceed and self.waiting:
             self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
             self._admit_waiting(adder)
@@ -167,7 +178,10 @@ class Scheduler:
             out_locs.append(slots)
             # A retracted request (it has outputs) resumes decoding without drawing a token here.
             sample.append(a.is_last_chunk and not req.output_ids and req.sampling.max_new_tokens > 0)
-            self.chunked_req = None if a.is_last_chunk else req
+            if not a.is_last_chunk:
+                self.chunked_req = req
+            elif req is self.chunked_req:  # its last chunk (it may also sit out a step: then it stays)
+                self.chunked_req = None
             self.prefill_tokens_computed += a.extend_len
         return ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample,
                              rewrite_rows=self._take_dirty_rows(reqs))
@@ -177,7 +191,10 @@ class Scheduler:
         one that is refused gives it back. Admission stops at the first request a budget refuses."""
         kv = self.kv
         batch_tree = RadixCache(1) if kv.radix is not None else None  # prompts admitted this round
+        already = {id(a.req) for a in adder.admitted}
         for req in self.waiting:
+            if id(req) in already:
+                continue
             target = prefill_target_len(req)
             adder.rem_total_tokens -= (locked := kv.match(req, target))
             if batch_tree is not None:
