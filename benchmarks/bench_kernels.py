@@ -61,7 +61,7 @@ def bench_decode(quick: bool) -> list[dict]:
             gbs = B * ctx * hkv * D * 2 * 2 / (ms * 1e-3) / 1e9
             rows.append({"kernel": "decode", "batch": B, "context": ctx, "ms": ms, "GB/s": gbs,
                          "hbm_share": gbs * 1e9 / bw if bw else None, "sdpa_ms": ms_sdpa, "max_diff": diff})
-            del kb, vb, k, v
+            kb = vb = k = v = None  # free before the next, larger case
             torch.cuda.empty_cache()
     return rows
 

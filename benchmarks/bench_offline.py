@@ -4,7 +4,8 @@ Workloads (the same token ids for every system):
   W1  64 prompts x 256 random token ids -> 128 new tokens each, greedy, EOS ignored
   W2  1 prompt of 32 tokens -> 256 new tokens, greedy, EOS ignored
 Each system runs in its own child process (no shared thread pools or allocator state) and each
-workload is timed --runs times after a warm-up; the table shows medians of output tokens/s, the
+workload is timed --runs times after a warm-up (radixlang flushes its prefix cache before each run:
+the prompts repeat across runs); the table shows medians of output tokens/s, the
 ratios against transformers at its default dtype (float32, as the checkpoint is stored) and at
 bfloat16 (radixlang's CPU default), and each child's peak RSS.
 
@@ -20,6 +21,8 @@ import multiprocessing as mp
 import resource
 import statistics
 import time
+
+from bench_common import in_child
 
 VOCAB_LO, VOCAB_HI = 100, 49000
 
@@ -51,6 +54,7 @@ def run_radixlang(model_dir: str, wls: dict, runs: int, out: mp.Queue) -> None:
             sp = {"max_new_tokens": wl["new"], "temperature": 0, "ignore_eos": True}
             rates = []
             for _ in range(runs):
+                assert eng.flush_cache()  # the same prompts every run: no reuse from the previous one
                 t = time.perf_counter()
                 outs = eng.generate(input_ids=wl["ids"], sampling_params=sp)
                 dt = time.perf_counter() - t
@@ -86,16 +90,6 @@ def run_transformers(model_dir: str, dtype_name: str, wls: dict, runs: int, out:
     res["dtype"] = dtype_name
     res["peak_rss_mb"] = _peak_rss_mb()
     out.put(res)
-
-
-def in_child(target, *args) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=target, args=(*args, q))
-    p.start()
-    res = q.get()
-    p.join()
-    return res
 
 
 def main() -> None:

@@ -21,6 +21,8 @@ import random
 import statistics
 import time
 
+from bench_common import in_child
+
 NEW_TOKENS = 16
 # Eight worked examples in the style of GSM8K few-shot prompts (the shared part: ~610 tokens).
 EXAMPLES = [
@@ -84,22 +86,12 @@ def run_setting(disable: bool, runs: int, out: mp.Queue) -> None:
     out.put(res)
 
 
-def _child(disable: bool, runs: int) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=run_setting, args=(disable, runs, q))
-    p.start()
-    res = q.get()
-    p.join()
-    return res
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
-    on, off = _child(False, args.runs), _child(True, args.runs)
+    on, off = in_child(run_setting, False, args.runs), in_child(run_setting, True, args.runs)
     rows, summary = [], {}
     print(f"{'workload':10} {'cache':5} {'wall s (median)':>16} {'prefill computed':>17} {'hit rate':>9}  runs (s)")
     for name in on:

@@ -25,6 +25,8 @@ import statistics
 import threading
 import time
 
+from bench_common import in_child, percentile
+
 
 # ---------------------------------------------------------------------------------------- part 1
 class NullRunner:
@@ -109,11 +111,6 @@ def online_run(setting: dict, out: mp.Queue) -> None:
     out.put({"records": records, "wall": wall})
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def part2() -> list[dict]:
     settings = [
         {"name": "chunked 256", "args": {"chunked_prefill_size": 256, "max_prefill_tokens": 4096}},
@@ -122,20 +119,15 @@ def part2() -> list[dict]:
         {"name": "unchunked", "args": {"chunked_prefill_size": -1, "max_prefill_tokens": 4096}},
     ]
     rows = []
-    ctx = mp.get_context("spawn")
     for s in settings:
-        q = ctx.Queue()
-        p = ctx.Process(target=online_run, args=(s, q))
-        p.start()
-        res = q.get()
-        p.join()
+        res = in_child(online_run, s)
         short = [r for r in res["records"] if r["kind"] == "short"]
         long = [r for r in res["records"] if r["kind"] == "long"]
         ttft = [r["ttft"] * 1e3 for r in short]
         itl = [x * 1e3 for r in short for x in r["itl"]]
-        rows.append({"setting": s["name"], "ttft_p50_ms": pct(ttft, 0.5), "ttft_p99_ms": pct(ttft, 0.99),
-                     "itl_p50_ms": pct(itl, 0.5), "itl_p99_ms": pct(itl, 0.99), "itl_max_ms": max(itl),
-                     "long_ttft_p50_ms": pct([r["ttft"] * 1e3 for r in long], 0.5), "wall_s": res["wall"]})
+        rows.append({"setting": s["name"], "ttft_p50_ms": percentile(ttft, 0.5), "ttft_p99_ms": percentile(ttft, 0.99),
+                     "itl_p50_ms": percentile(itl, 0.5), "itl_p99_ms": percentile(itl, 0.99), "itl_max_ms": max(itl),
+                     "long_ttft_p50_ms": percentile([r["ttft"] * 1e3 for r in long], 0.5), "wall_s": res["wall"]})
     return rows
 
 

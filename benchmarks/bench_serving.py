@@ -25,9 +25,10 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import httpx
+
+from bench_common import in_child, percentile
 
 
 @dataclass
@@ -112,7 +113,7 @@ async def run_rate(base_url: str, backend: str, model: str, prompts: list[list[i
     ok = [r for r in results if r.ok]
     if not ok:
         raise RuntimeError(f"every request failed, e.g. {results[0].error}")
-    pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3  # noqa: E731
+    pct = lambda xs, q: percentile(xs, q) * 1e3  # noqa: E731
     ttft = [r.ttft for r in ok]
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     itl = [x for r in ok for x in r.itl]
@@ -120,8 +121,8 @@ async def run_rate(base_url: str, backend: str, model: str, prompts: list[list[i
     return {"rate": rate, "completed": len(ok), "failed": len(results) - len(ok), "wall_s": wall,
             "req_per_s": len(ok) / wall, "out_tok_per_s": out_tokens / wall,
             "ttft_p50_ms": pct(ttft, 0.5), "ttft_p99_ms": pct(ttft, 0.99),
-            "tpot_p50_ms": pct(tpot, 0.5) if tpot else 0.0, "tpot_p99_ms": pct(tpot, 0.99) if tpot else 0.0,
-            "itl_p50_ms": pct(itl, 0.5) if itl else 0.0, "itl_p99_ms": pct(itl, 0.99) if itl else 0.0}
+            "tpot_p50_ms": pct(tpot, 0.5), "tpot_p99_ms": pct(tpot, 0.99),
+            "itl_p50_ms": pct(itl, 0.5), "itl_p99_ms": pct(itl, 0.99)}
 
 
 def engine_throughput(server_flags: dict, prompts: list[list[int]], out_len: int, runs: int, out: mp.Queue) -> None:
@@ -186,12 +187,7 @@ def main() -> None:
               f"{r['itl_p99_ms']:8.1f}")
     result: dict = {"rows": rows}
     if args.compare_engine:
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        p = ctx.Process(target=engine_throughput, args=({}, prompts, args.output_len, args.runs, q))
-        p.start()
-        eng = q.get()
-        p.join()
+        eng = in_child(engine_throughput, {}, prompts, args.output_len, args.runs)
         share = statistics.median(http_inf) / statistics.median(eng)
         result["engine_vs_http"] = {"engine_tok_s": eng, "http_tok_s": http_inf, "http_share": share}
         print(f"rate=inf output tok/s: HTTP {statistics.median(http_inf):.1f} (runs {', '.join(f'{x:.1f}' for x in http_inf)}) "

@@ -21,29 +21,11 @@ Limits: D <= 256 (padded to a power of two with masks, so 80 or 96 work); G <= 6
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-
-# Triton's CPU interpreter multiplies bfloat16 blocks wrongly (numpy has no bfloat16), so interpreted
-# runs (tests on CPU) upcast both operands to float32; compiled GPU runs feed tl.dot the input dtype
-# (tensor cores, float32 accumulation) and float32 inputs use exact "ieee" products, not TF32.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _tanh(x):
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    return tl.dot(a, b, input_precision=PRECISION)
+from kernels.triton_common import INTERPRETED, dot_precision, scores, softmax_step
 
 
 @triton.jit
@@ -80,16 +62,8 @@ def _decode_stage1(q_ptr, k_ptr, v_ptr, rt_ptr, rows_ptr, lens_ptr, mid_o_ptr, m
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale  # [BLOCK_G, BLOCK_N]
-        if SOFT_CAP:
-            qk = soft_cap * _tanh(qk / soft_cap)
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        m_i = m_new
+        qk = scores(q, k, mask_n[None, :], scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)  # [BLOCK_G, BLOCK_N]
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     has_keys = end > start
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -151,7 +125,7 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         scale, soft_cap, split_len,
         G=G, D=D, BLOCK_G=BLOCK_G, BLOCK_D=BLOCK_D, BLOCK_N=block_n, SOFT_CAP=soft_cap > 0,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
     )
     _decode_stage2[(B, H)](
         mid_o, mid_lse, out, seq_lens, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),

@@ -22,29 +22,11 @@ Limits: D <= 256 (padded to a power of two with masks: 80 and 96 work).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-
-# Triton's CPU interpreter multiplies bfloat16 blocks wrongly (numpy has no bfloat16), so interpreted
-# runs (tests on CPU) upcast both operands to float32; compiled GPU runs feed tl.dot the input dtype
-# (tensor cores, float32 accumulation) and float32 inputs use exact "ieee" products, not TF32.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _tanh(x):
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    return tl.dot(a, b, input_precision=PRECISION)
+from kernels.triton_common import INTERPRETED, dot_precision, scores, softmax_step
 
 
 @triton.jit
@@ -86,16 +68,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(kb_ptr + off, mask=kv_mask, other=0.0)
         v = tl.load(vb_ptr + off, mask=kv_mask, other=0.0)
-        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
-        if SOFT_CAP:
-            qk = soft_cap * _tanh(qk / soft_cap)
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        m_i = m_new
+        qk = scores(q, k, mask_n[None, :], scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     # stage 2: the new tokens, causal (key j visible to query i iff j <= i)
     last = tl.minimum((mb + 1) * BLOCK_M, n_ext)
@@ -107,18 +81,9 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
                     mask=kv_mask, other=0.0)
         v = tl.load(ve_ptr + (q_start + offs_n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        qk = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
-        if SOFT_CAP:
-            qk = soft_cap * _tanh(qk / soft_cap)
         visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see no key at all
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
-        m_i = m_new
+        qk = scores(q, k, visible, scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(o_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out,
@@ -151,6 +116,6 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
         k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0), out.stride(0), out.stride(1),
         scale, soft_cap,
         G=H // hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BLOCK_D, SOFT_CAP=soft_cap > 0,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
     )
     return out

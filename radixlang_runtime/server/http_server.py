@@ -148,46 +148,52 @@ async def _final(gen: AsyncIterator[dict]) -> dict:
     return last
 
 
-async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool,
-                           incremental: bool = False) -> AsyncIterator[bytes]:
-    """One SSE event per update of any of the requests (cumulative text / output_ids, or deltas with
-    --incremental-streaming-output); with several requests each event carries its `index`."""
+async def merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
+    """Interleave several requests' snapshots as they come: yields (index, snapshot). An error in one
+    is raised here; leaving early (client gone, error) closes every generator, aborting its request."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, gen: AsyncIterator[dict]) -> None:
         try:
             async for out in gen:
                 await queue.put((i, out))
-        except Exception as e:  # surfaced to the stream below
+        except Exception as e:  # surfaced to the consumer below
             await queue.put((i, e))
         await queue.put((i, None))
 
-    gens = [tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]
     tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
-    sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
     try:
         remaining = len(tasks)
         while remaining:
             i, out = await queue.get()
             if out is None:
                 remaining -= 1
-                continue
-            if isinstance(out, Exception):
+            elif isinstance(out, Exception):
                 raise out
-            if incremental:
-                text, ids = out["text"], out["output_ids"]
-                t0, n0 = sent.get(i, (0, 0))
-                out["text"], out["output_ids"] = text[t0:], ids[n0:]
-                sent[i] = (max(t0, len(text)), len(ids))
-            if as_list:
-                out["index"] = i
-            yield sse(out)
-        yield SSE_DONE
-    finally:  # client gone or error: stop the pumps, which aborts their requests
+            else:
+                yield i, out
+    finally:
         for t in tasks:
             t.cancel()
         for g in gens:
             await g.aclose()
+
+
+async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool,
+                           incremental: bool = False) -> AsyncIterator[bytes]:
+    """One SSE event per update of any of the requests (cumulative text / output_ids, or deltas with
+    --incremental-streaming-output); with several requests each event carries its `index`."""
+    sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
+    async for i, out in merged([tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]):
+        if incremental:
+            text, ids = out["text"], out["output_ids"]
+            t0, n0 = sent.get(i, (0, 0))
+            out["text"], out["output_ids"] = text[t0:], ids[n0:]
+            sent[i] = (max(t0, len(text)), len(ids))
+        if as_list:
+            out["index"] = i
+        yield sse(out)
+    yield SSE_DONE
 
 
 # ---------------------------------------------------------------------------------------- the app

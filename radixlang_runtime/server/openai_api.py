@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse
 
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.server.http_server import (SSE_DONE, BadRequest, ServerState, _final, guard_stream, read_json,
-                                                  sse, stream_response)
+from radixlang_runtime.server.http_server import (SSE_DONE, BadRequest, ServerState, _final, guard_stream, merged,
+                                                  read_json, sse, stream_response)
 from radixlang_runtime.server.tokenizer_manager import LogprobRequest
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
@@ -144,35 +144,6 @@ def chat_logprobs(meta: dict, with_top: bool) -> dict:
                         for e, row in zip(entries, tops)]}
 
 
-async def _merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, gen: AsyncIterator[dict]) -> None:
-        try:
-            async for out in gen:
-                await queue.put((i, out))
-        except Exception as e:
-            await queue.put((i, e))
-        await queue.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, out = await queue.get()
-            if out is None:
-                remaining -= 1
-            elif isinstance(out, Exception):
-                raise out
-            else:
-                yield i, out
-    finally:
-        for t in tasks:
-            t.cancel()
-        for g in gens:
-            await g.aclose()
-
-
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     tm = state.tm
 
@@ -228,7 +199,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         if echo_texts:
             for i in range(len(choices.items)):
                 yield chunk(i, echo_texts[i // n], None)
-        async for i, out in _merged(choices.streams()):
+        async for i, out in merged(choices.streams()):
             text = out["text"]
             delta = text[sent[i]:] if len(text) >= sent[i] else ""
             sent[i] = max(sent[i], len(text))
@@ -284,7 +255,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         finals: list[Optional[dict]] = [None] * len(choices.items)
         for i in range(len(choices.items)):
             yield chunk(i, {"role": "assistant", "content": ""}, None)
-        async for i, out in _merged(choices.streams()):
+        async for i, out in merged(choices.streams()):
             text = out["text"]
             delta = text[sent[i]:] if len(text) >= sent[i] else ""
             sent[i] = max(sent[i], len(text))

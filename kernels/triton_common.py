@@ -1,0 +1,53 @@
+"""Pieces both Triton attention kernels share: scores with the optional soft-cap, one online-softmax
+step, and the dot product that stays exact on the CPU interpreter.
+
+Triton's CPU interpreter multiplies bfloat16 blocks wrongly (numpy has no bfloat16), so interpreted
+runs (the tests on CPU) upcast both operands to float32; compiled GPU runs feed tl.dot the input dtype
+(tensor cores, float32 accumulation), and float32 inputs use exact "ieee" products, not TF32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_precision(dtype) -> str:
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is ignored for half inputs
+
+
+@triton.jit
+def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def scores(q, k, visible, scale, soft_cap, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
+           UPCAST: tl.constexpr):
+    """q [M, D], k [N, D] -> float32 [M, N] scaled scores (soft-capped: c * tanh(s / c)), -inf where
+    not visible."""
+    qk = dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+    if SOFT_CAP:
+        qk = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * qk / soft_cap) + 1.0))
+    return tl.where(visible, qk, float("-inf"))
+
+
+@triton.jit
+def softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold one block of scores qk [M, N] and values v [N, D] into the running max m_i [M], sum l_i [M]
+    and unnormalised output acc [M, D]. Rows that have seen no key yet stay at zero."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return m_new, l_i, acc
