@@ -19,7 +19,7 @@ from radixlang_runtime.limits import check_request
 from radixlang_runtime.logprob_format import Decode, input_meta, normalize_logprob_args, output_meta
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
-from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.sampling_params import SamplingParams, trim_at_stop
 from radixlang_runtime.scheduler.loop import ReqUpdate, SchedulerLoop
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.factory import build_scheduler, runtime_limits, scheduler_stats
@@ -161,10 +161,8 @@ class Engine:
         fin = upd.finished_reason
         if partial:
             text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next token
-        elif fin and fin.get("type") == "stop" and isinstance(fin.get("matched"), str) and not sp.no_stop_trim:
-            cut = text.find(fin["matched"])
-            if cut >= 0:
-                text = text[:cut]
+        elif (trimmed := trim_at_stop(text, fin, sp.no_stop_trim)) is not None:
+            text = trimmed
         end = req.finished_at or time.perf_counter()
         meta = {
             "id": req.rid,

@@ -103,3 +103,13 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")
+
+
+def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool) -> Optional[str]:
+    """The final text cut before the stop string that finished the request, or None when nothing is
+    cut (no stop string matched, no_stop_trim, or the string is not in the decoded text)."""
+    if no_stop_trim or not finish_reason or finish_reason.get("type") != "stop":
+        return None
+    matched = finish_reason.get("matched")
+    cut = text.find(matched) if isinstance(matched, str) else -1
+    return text[:cut] if cut >= 0 else None

@@ -36,6 +36,12 @@ class ReqUpdate:
     logprobs: Optional[tuple[list, list, list, list]] = None
 
 
+def update_due(req: Req, sent_len: int, stream: bool, stream_interval: int) -> bool:
+    """Whether a request's progress goes out now: at the finish, and for a streaming request every
+    stream_interval new tokens. Shared by this loop and the server's scheduler process."""
+    return req.finished or (stream and len(req.output_ids) - sent_len >= stream_interval)
+
+
 @dataclass
 class _Waiter:
     req: Req
@@ -148,7 +154,7 @@ class SchedulerLoop:
             return
         n = len(req.output_ids)
         done = req.finished or error is not None
-        if done or (w.stream and n - w.sent_len >= self.stream_interval):
+        if done or update_due(req, w.sent_len, w.stream, self.stream_interval):
             w.sent_len = n
             lp = None
             if req.return_logprob:

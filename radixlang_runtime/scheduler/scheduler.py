@@ -118,15 +118,14 @@ class Scheduler:
             return
         self.kv.ensure_free(need)
         batch.phase = "mixed"
+        first = len(batch.reqs)
         for r in self.running:
             batch.reqs.append(r)
             batch.prefix_lens.append(r.kv_len)
             batch.extend_ids.append([r.output_ids[-1]])
             batch.out_locs.append(self.kv.alloc(r, 1))
             batch.sample.append(True)
-            if r.row_dirty:
-                batch.rewrite_rows.append(len(batch.reqs) - 1)
-                r.row_dirty = False
+        batch.rewrite_rows += [first + i for i in self._take_dirty_rows(self.running)]
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
@@ -143,12 +142,13 @@ class Scheduler:
         )
         if cfg.enable_mixed_chunk:
             adder.rem_input_tokens -= len(self.running)  # their decode tokens share the forward pass
+        if self.waiting:  # once per attempt: cache-aware policies re-match every waiting request
+            self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
         proceed = True
         if self.chunked_req is not None:
             if self.waiting and cfg.chunked_prefill_size > 0:
                 # Arrivals that fit whole in half a chunk go first, so a long prompt's chunks do not hold
                 # back short requests; the chunk shrinks by what they take (the step stays one chunk).
-                self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
                 budget, adder.whole_only = adder.rem_input_tokens, True
                 adder.rem_input_tokens = min(budget, cfg.chunked_prefill_size // 2)
                 self._admit_waiting(adder)
@@ -158,7 +158,6 @@ class Scheduler:
             # then the chunked request; others may follow its last chunk
             proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
         if proceed and self.waiting:
-            self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
             self._admit_waiting(adder)
         self.last_stop_reason = adder.stop_reason
         if not adder.admitted:

@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 
 from radixlang_runtime.messages import BatchStrOut, BatchTokenIDOut, decode, encode
+from radixlang_runtime.sampling_params import trim_at_stop
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server_args import ServerArgs
 
@@ -59,11 +60,9 @@ class IncrementalDetokenizer:
             is_full = False
             if fin is not None:
                 del self.states[rid]
-                matched = fin.get("matched")
-                if fin.get("type") == "stop" and isinstance(matched, str) and not msg.no_stop_trim[i]:
-                    cut = st.text.find(matched)
-                    if cut >= 0:
-                        new, is_full = st.text[:cut], True
+                trimmed = trim_at_stop(st.text, fin, msg.no_stop_trim[i])
+                if trimmed is not None:
+                    new, is_full = trimmed, True
             out.rids.append(rid)
             out.texts.append(new)
             out.text_is_full.append(is_full)

@@ -65,6 +65,12 @@ def sse(obj: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def text_delta(text: str, sent: int) -> tuple[str, int]:
+    """The part of a cumulative text not sent yet, and the new sent length. A final text may be shorter
+    (a stop string trimmed after it streamed): nothing more is sent then."""
+    return text[sent:], max(sent, len(text))
+
+
 def stream_response(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -186,10 +192,11 @@ async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool,
     sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
     async for i, out in merged([tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]):
         if incremental:
-            text, ids = out["text"], out["output_ids"]
             t0, n0 = sent.get(i, (0, 0))
-            out["text"], out["output_ids"] = text[t0:], ids[n0:]
-            sent[i] = (max(t0, len(text)), len(ids))
+            ids = out["output_ids"]
+            out["text"], t1 = text_delta(out["text"], t0)
+            out["output_ids"] = ids[n0:]
+            sent[i] = (t1, len(ids))
         if as_list:
             out["index"] = i
         yield sse(out)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.http_server import (SSE_DONE, BadRequest, ServerState, _final, guard_stream, merged,
-                                                  read_json, sse, stream_response)
+                                                  read_json, sse, stream_response, text_delta)
 from radixlang_runtime.server.tokenizer_manager import LogprobRequest
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
@@ -200,9 +200,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             for i in range(len(choices.items)):
                 yield chunk(i, echo_texts[i // n], None)
         async for i, out in merged(choices.streams()):
-            text = out["text"]
-            delta = text[sent[i]:] if len(text) >= sent[i] else ""
-            sent[i] = max(sent[i], len(text))
+            delta, sent[i] = text_delta(out["text"], sent[i])
             fin = _finish(out["meta_info"]["finish_reason"])
             if fin is not None:
                 finals[i] = out
@@ -256,9 +254,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         for i in range(len(choices.items)):
             yield chunk(i, {"role": "assistant", "content": ""}, None)
         async for i, out in merged(choices.streams()):
-            text = out["text"]
-            delta = text[sent[i]:] if len(text) >= sent[i] else ""
-            sent[i] = max(sent[i], len(text))
+            delta, sent[i] = text_delta(out["text"], sent[i])
             lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
             if delta or (lp and lp["content"]):
                 yield chunk(i, {"content": delta}, None, lp)

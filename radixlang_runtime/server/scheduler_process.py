@@ -21,6 +21,7 @@ import zmq
 
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, ErrorOut, FlushCacheOut, FlushCacheReq,
                                         GetStatsReq, StatsOut, TokenizedGenerateReq, decode, encode)
+from radixlang_runtime.scheduler.loop import update_due
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server_args import ServerArgs
 
@@ -105,9 +106,9 @@ class SchedulerProcessLoop:
             st = self.sent.get(req.rid)
             if st is None:
                 continue
-            n = len(req.output_ids)
-            if not (req.finished or (st.stream and n - st.sent_len >= self.stream_interval)):
+            if not update_due(req, st.sent_len, st.stream, self.stream_interval):
                 continue
+            n = len(req.output_ids)
             sp = req.sampling
             out.rids.append(req.rid)
             out.new_ids.append(req.output_ids[st.sent_len:n])
