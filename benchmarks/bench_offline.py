@@ -3,7 +3,8 @@
 Workloads (the same token ids for every system):
   W1  64 prompts x 256 random token ids -> 128 new tokens each, greedy, EOS ignored
   W2  1 prompt of 32 tokens -> 256 new tokens, greedy, EOS ignored
-Each system runs in its own child process (no shared thread pools or allocator state) and each
+RADIXLANG_CPU_MASK in the environment applies to every child (it also caps oneDNN, so transformers
+runs as it would on such a CPU). Each system runs in its own child process (no shared thread pools or allocator state) and each
 workload is timed --runs times after a warm-up (radixlang flushes its prefix cache before each run:
 the prompts repeat across runs); the table shows medians of output tokens/s, the
 ratios against transformers at its default dtype (float32, as the checkpoint is stored) and at
@@ -43,10 +44,10 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_radixlang(model_dir: str, wls: dict, runs: int, out: mp.Queue) -> None:
+def run_radixlang(model_dir: str, wls: dict, runs: int, out: mp.Queue, dtype: str = "auto") -> None:
     from radixlang_runtime import Engine
 
-    eng = Engine(model_dir)
+    eng = Engine(model_dir, dtype=dtype)
     res = {}
     try:
         eng.generate(input_ids=wls["W2"]["ids"][0], sampling_params={"max_new_tokens": 8, "temperature": 0})
@@ -61,6 +62,7 @@ def run_radixlang(model_dir: str, wls: dict, runs: int, out: mp.Queue) -> None:
                 rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs) / dt)
             res[name] = rates
         res["dtype"] = str(eng.runner.dtype).replace("torch.", "")
+        res["cpu"] = eng.get_stats()["cpu"]
         res["peak_rss_mb"] = _peak_rss_mb()
     finally:
         eng.shutdown()
@@ -99,18 +101,20 @@ def main() -> None:
     ap.add_argument("--baseline-dtypes", default="float32,bfloat16")
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
+    ap.add_argument("--dtype", default="auto", help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
     a = ap.parse_args()
 
     from radixlang_runtime.model.resolve import resolve_model_dir
 
     model_dir = resolve_model_dir(a.model_path)
     wls = workloads(a.quick)
-    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs)}
+    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, a.dtype)}
     for dt in a.baseline_dtypes.split(","):
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
 
     med = {k: {w: statistics.median(v[w]) for w in wls} for k, v in results.items()}
     print(f"\nmodel {model_dir}\nruns per workload: {a.runs} (medians below)")
+    print(f"radixlang CPU: {results['radixlang']['cpu']}")
     print(f"{'system':<24} {'dtype':<9} {'W1 tok/s':>10} {'W2 tok/s':>10} {'peak RSS MB':>12}")
     for k, v in results.items():
         print(f"{k:<24} {v['dtype']:<9} {med[k]['W1']:>10.1f} {med[k]['W2']:>10.1f} {v['peak_rss_mb']:>12.0f}")

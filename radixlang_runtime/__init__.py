@@ -2,6 +2,10 @@
 
 from typing import Any
 
+from radixlang_runtime.model.cpu_caps import apply_mask_to_environment
+
+apply_mask_to_environment()  # RADIXLANG_CPU_MASK also caps oneDNN; must precede torch's first GEMM
+
 __all__ = ["Engine", "ServerArgs"]
 __version__ = "0.1.0"
 

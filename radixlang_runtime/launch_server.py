@@ -110,11 +110,19 @@ def launch_server(args: ServerArgs) -> int:
         @contextlib.asynccontextmanager
         async def lifespan(app: Any):
             tm.start()
+            frontend = None
+            if args.frontend_port:  # the DSL's ZeroMQ link, same TokenizerManager as HTTP
+                from radixlang_runtime.server.frontend_zmq import FrontendServer
+
+                frontend = FrontendServer(f"tcp://{args.host}:{args.frontend_port}", app, tm, args.api_key)
+                frontend.start()
             task = asyncio.get_running_loop().create_task(watchdog())
             logger.info("ready: http://%s:%d (model %s, %s on %s, loaded in %.1f s)", args.host, args.port,
                         state.served_model_name, info["dtype"], info["device"], info["load_seconds"])
             yield
             task.cancel()
+            if frontend is not None:
+                await frontend.close()
 
         app = create_app(state, lifespan=lifespan)
         config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", log_level=args.log_level,

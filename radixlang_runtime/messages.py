@@ -85,6 +85,7 @@ class BatchTokenIDOut:
     input_top_logprobs: list[Optional[list]] = field(default_factory=list)
     output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
     output_top_logprobs: list[Optional[list]] = field(default_factory=list)
+    stop_from_end: list[int] = field(default_factory=list)  # Req.stop_from_end (0: no stop string)
 
 
 @dataclass
@@ -108,10 +109,35 @@ class BatchStrOut:
     output_top_logprobs: list[Optional[list]] = field(default_factory=list)
 
 
+@dataclass
+class FrontendReq:
+    """DSL client -> server frontend socket (server/frontend_zmq.py). method: generate (body = the
+    native /generate JSON body), model_info, server_info, flush_cache, abort ({"req_id"}),
+    concate_and_append, pin_prefix, unpin_prefix, ping. api_key: the --api-key rule of HTTP."""
+
+    req_id: str
+    method: str
+    body: Any = None
+    api_key: Optional[str] = None
+
+
+@dataclass
+class FrontendOut:
+    """Server frontend socket -> DSL client: one reply (or one stream event) for req_id. status is
+    HTTP's (200, 400, 401, 404, 503); body the /generate JSON result / event or {"error": {...}};
+    done marks the last message for that req_id."""
+
+    req_id: str
+    status: int
+    body: Any = None
+    done: bool = True
+
+
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
             BatchTokenIDOut, BatchStrOut)
-_BY_NAME = {cls.__name__: cls for cls in MESSAGES}
-_FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES}
+FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
+_BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
+_FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES + FRONTEND_MESSAGES}
 
 
 def encode(msg: Any) -> bytes:
@@ -129,4 +155,4 @@ def decode(data: bytes) -> Any:
     return cls(*values)
 
 
-__all__ = [c.__name__ for c in MESSAGES] + ["encode", "decode", "MESSAGES"]
+__all__ = [c.__name__ for c in MESSAGES + FRONTEND_MESSAGES] + ["encode", "decode", "MESSAGES", "FRONTEND_MESSAGES"]

@@ -105,11 +105,18 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")
 
 
-def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool) -> Optional[str]:
+def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,
+                 from_end: int = 0) -> Optional[str]:
     """The final text cut before the stop string that finished the request, or None when nothing is
-    cut (no stop string matched, no_stop_trim, or the string is not in the decoded text)."""
+    cut (no stop string matched, no_stop_trim, or the string is not in the decoded text).
+    from_end: where the occurrence that ended generation starts, counted from the end of the text
+    (Req.stop_from_end); an earlier occurrence (inside the min_new_tokens part) is never the cut."""
     if no_stop_trim or not finish_reason or finish_reason.get("type") != "stop":
         return None
     matched = finish_reason.get("matched")
-    cut = text.find(matched) if isinstance(matched, str) else -1
+    if not isinstance(matched, str):
+        return None
+    if 0 < from_end <= len(text) and text.startswith(matched, len(text) - from_end):
+        return text[: len(text) - from_end]
+    cut = text.rfind(matched)
     return text[:cut] if cut >= 0 else None

@@ -33,6 +33,7 @@ class ServerArgs:
     log_requests: bool = False
     log_level: str = "info"
     chat_template: Optional[str] = None
+    frontend_port: Optional[int] = None  # the DSL's ZeroMQ link on tcp://host:frontend_port (None: off)
 
     # --- parallelism ---
     tp_size: int = 1
@@ -61,8 +62,8 @@ class ServerArgs:
 
     # --- kernels / constraints ---
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
-    grammar_backend: str = "outlines"
-    disable_jump_forward: bool = False
+    grammar_backend: str = "none"  # outlines: refused until constrained decoding lands (issue 12)
+    disable_jump_forward: bool = False  # refused until jump-forward exists (issue 12)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -73,7 +74,6 @@ class ServerArgs:
              f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda; got {self.device!r}")
         need(self.page_size is None or self.page_size >= 1, f"page_size must be >= 1; got {self.page_size}")
-        need(self.tp_size >= 1 and self.dp_size >= 1, "tp_size and dp_size must be >= 1")
         need(self.max_prefill_tokens is None or self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
         need(self.chunked_prefill_size in (None, -1) or self.chunked_prefill_size >= (self.page_size or 1),
              "chunked_prefill_size must be -1 (off) or >= page_size")
@@ -82,6 +82,13 @@ class ServerArgs:
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("outlines", "none"), "grammar_backend must be outlines or none")
+        # Flags tell the truth: what is not implemented yet is refused, not accepted and ignored.
+        need(self.tp_size == 1, f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (use 1)")
+        need(self.dp_size == 1, f"dp_size {self.dp_size}: data parallelism is not implemented yet (use 1)")
+        need(self.grammar_backend == "none", "grammar_backend 'outlines': constrained decoding is not implemented "
+             "yet (regex / json_schema requests answer 400); use none")
+        need(not self.disable_jump_forward, "disable_jump_forward: jump-forward is not implemented yet, so there "
+             "is nothing to disable")
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
         need(self.max_running_requests is None or self.max_running_requests >= 1,
@@ -132,7 +139,7 @@ class ServerArgs:
 
 
 _INT_FIELDS = {
-    "context_length", "port", "tp_size", "dp_size", "max_total_tokens", "kv_cache_budget_bytes",
+    "context_length", "port", "frontend_port", "tp_size", "dp_size", "max_total_tokens", "kv_cache_budget_bytes",
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
     "stream_interval", "random_seed",
 }

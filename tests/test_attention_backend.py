@@ -10,11 +10,12 @@ import torch
 from kernels.reference import paged_attention_ref
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.kv_pool import KVPool
+from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.torch_backend import TorchAttentionBackend
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
 
-def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32, seed=0):
+def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32, seed=0, kernels=False):
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     pool = KVPool(2048, 1, hkv, D, dtype, torch.device("cpu"), table_rows=8, context_len=512)
@@ -41,6 +42,8 @@ def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32
         prefix_lens_cpu=list(prefix_lens), extend_lens_cpu=list(extend_lens), kv_pool=pool,
     )
     backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
+    if kernels:  # the C kernels where this CPU's plan chooses them (as the model runner configures it)
+        backend.configure(cpu_kernels.plan(torch.device("cpu"), dtype, D, H, hkv, packed_linears=False))
     backend.init_forward_metadata(fb)
     got = backend.forward(q, k, v, 0, fb).view(T, H, D).float()
     ref = paged_attention_ref(q, pool.k_buffers[0], pool.v_buffers[0], pool.req_to_token, rows,
@@ -60,12 +63,14 @@ CASES = [
 @pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (4, 4, 80), (8, 2, 96), (4, 1, 128), (6, 3, 13)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(H, hkv, D, page_size, case):
-    got, ref = run_case(H, hkv, D, page_size, *case)
+@pytest.mark.parametrize("kernels", [False, True])
+def test_matches_reference(H, hkv, D, page_size, case, kernels):
+    got, ref = run_case(H, hkv, D, page_size, *case, kernels=kernels)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bfloat16_close_to_reference(case):
-    got, ref = run_case(9, 3, 64, 1, *case, dtype=torch.bfloat16)
+@pytest.mark.parametrize("kernels", [False, True])
+def test_bfloat16_close_to_reference(case, kernels):
+    got, ref = run_case(9, 3, 64, 1, *case, dtype=torch.bfloat16, kernels=kernels)
     torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2)

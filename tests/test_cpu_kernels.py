@@ -1,17 +1,50 @@
-"""The C kernels called directly, against plain torch math (skipped where they cannot build)."""
+"""The C kernels called directly, against plain torch math and kernels/reference.py, once per
+instruction set this machine has (AVX512-BF16 / AVX-512 / AVX2 / plain x86-64 builds of the same
+sources, selected by masking features), in bf16 and float32. Skipped where no compiler exists."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.reference import paged_attention_ref
 from radixlang_runtime.model import cpu_kernels
+from radixlang_runtime.model.cpu_caps import apply_mask, detect, parse_mask
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler: torch fallback in use")
+pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: torch fallback in use")
+
+_MASKS = {"avx512_bf16": "", "avx512": "avx512_bf16", "avx2": "avx512", "scalar": "avx2"}
 
 
-def test_add_rms_norm_and_silu_mul():
+def _isas() -> list[str]:
+    caps = detect()
+    if caps.arch not in ("x86_64", "AMD64"):
+        return [caps.isa]
+    order = ["avx512_bf16", "avx512", "avx2", "scalar"]
+    return order[order.index(caps.isa):]  # the machine's own and every weaker one
+
+
+@pytest.fixture(params=_isas())
+def isa(request, monkeypatch):
+    """Installs the library built for one instruction set as cpu_kernels' library for the test."""
+    caps = detect()
+    masked = caps.masked | parse_mask(_MASKS[request.param])
+    caps = dataclasses.replace(caps, features=apply_mask(caps.features, masked), masked=masked)
+    assert caps.isa == request.param
+    lib = cpu_kernels.build_library(caps)
+    assert lib is not None, "the kernels must build for every instruction set of this CPU"
+    monkeypatch.setattr(cpu_kernels, "_lib", lib)
+    return request.param
+
+
+def _tol(dtype):
+    return dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+
+
+def test_add_rms_norm_and_silu_mul(isa):
     g = torch.Generator().manual_seed(0)
     for T, H in [(7, 576), (3, 13)]:
         r = torch.randn(T, H, generator=g).bfloat16()
@@ -27,43 +60,46 @@ def test_add_rms_norm_and_silu_mul():
         torch.testing.assert_close(cpu_kernels.silu_mul(gu).float(), want, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("lens", [[7, 7, 7], [5, 1, 40, 17], [300]])
-@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128)])
-def test_extend_causal_matches_sdpa(lens, H, hkv, D):
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
+def test_extend_causal_matches_sdpa(isa, dtype, lens, H, hkv, D):
     g = torch.Generator().manual_seed(1)
     T = sum(lens)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).bfloat16()  # strided views, as the model passes
+    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).to(dtype)  # strided views, as the model passes
     q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
     starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))])
-    got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(lens), D ** -0.5)
-    if got is None:
-        pytest.skip("no AVX-512 BF16 on this CPU")
-    for s, n in zip(starts.tolist(), lens):
-        want = F.scaled_dot_product_attention(
-            q[s : s + n].float().transpose(0, 1), k[s : s + n].float().transpose(0, 1),
-            v[s : s + n].float().transpose(0, 1), is_causal=True, enable_gqa=True).transpose(0, 1)
-        torch.testing.assert_close(got[s : s + n].view(n, H, D).float(), want, rtol=2e-2, atol=2e-2)
+    for dp in {False, isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0}:
+        got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(lens), D ** -0.5, dpbf16=dp)
+        for s, n in zip(starts.tolist(), lens):
+            want = F.scaled_dot_product_attention(
+                q[s : s + n].float().transpose(0, 1), k[s : s + n].float().transpose(0, 1),
+                v[s : s + n].float().transpose(0, 1), is_causal=True, enable_gqa=True).transpose(0, 1)
+            torch.testing.assert_close(got[s : s + n].view(n, H, D).float(), want, **_tol(dtype))
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128)])
-def test_extend_with_paged_prefix_matches_reference(page_size, H, hkv, D):
-    """Prefixes read in place through req_to_token (scattered slots), new tokens from q/k/v."""
-    from kernels.reference import paged_attention_ref
-
-    g = torch.Generator().manual_seed(2)
-    prefix_lens, extend_lens = [0, 33, 1, 200, 16], [5, 1, 40, 17, 16]
-    num_slots, rows = 1024, [3, 0, 4, 1, 2]
-    kb = torch.randn(hkv, num_slots, D, generator=g).bfloat16()
-    vb = torch.randn(hkv, num_slots, D, generator=g).bfloat16()
-    rt = torch.zeros(5, 512, dtype=torch.int64)
+def _scattered_pool(g, hkv, D, dtype, page_size, rows, lens, num_slots=1024):
+    """K/V pools of random (stale) data and a req_to_token whose requests own shuffled whole pages."""
+    kb = torch.randn(hkv, num_slots, D, generator=g).to(dtype)
+    vb = torch.randn(hkv, num_slots, D, generator=g).to(dtype)
+    rt = torch.zeros(max(rows) + 1, 512, dtype=torch.int64)
     pages = torch.randperm(num_slots // page_size, generator=g).tolist()
-    for row, p, n in zip(rows, prefix_lens, extend_lens):  # each request gets whole pages, shuffled
-        npages = -(-(p + n) // page_size)
-        mine = [pages.pop() for _ in range(npages)]
-        rt[row, : p + n] = torch.tensor([mine[i // page_size] * page_size + i % page_size for i in range(p + n)])
+    for row, n in zip(rows, lens):
+        mine = [pages.pop() for _ in range(-(-n // page_size))]
+        rt[row, :n] = torch.tensor([mine[i // page_size] * page_size + i % page_size for i in range(n)])
+    return kb, vb, rt
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
+def test_extend_with_paged_prefix_matches_reference(isa, dtype, page_size, H, hkv, D):
+    """Prefixes read in place through req_to_token (scattered slots), new tokens from q/k/v."""
+    g = torch.Generator().manual_seed(2)
+    prefix_lens, extend_lens, rows = [0, 33, 1, 200, 16], [5, 1, 40, 17, 16], [3, 0, 4, 1, 2]
+    kb, vb, rt = _scattered_pool(g, hkv, D, dtype, page_size, rows, [p + n for p, n in zip(prefix_lens, extend_lens)])
     T = sum(extend_lens)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).bfloat16()
+    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).to(dtype)
     q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
     start = 0
     for row, p, n in zip(rows, prefix_lens, extend_lens):  # the new tokens' K/V are stored first, as the model does
@@ -72,8 +108,32 @@ def test_extend_with_paged_prefix_matches_reference(page_size, H, hkv, D):
         start += n
     starts = torch.tensor([sum(extend_lens[:i]) for i in range(5)])
     prefix = cpu_kernels.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens))
-    got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(extend_lens), D ** -0.5, prefix)
-    if got is None:
-        pytest.skip("no AVX-512 BF16 on this CPU")
     want = paged_attention_ref(q, kb, vb, rt, rows, prefix_lens, extend_lens, D ** -0.5)
-    torch.testing.assert_close(got.view(T, H, D).float(), want, rtol=2e-2, atol=2e-2)
+    for dp in {False, isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0}:
+        got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(extend_lens), D ** -0.5, prefix, dpbf16=dp)
+        torch.testing.assert_close(got.view(T, H, D).float(), want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
+def test_paged_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
+    g = torch.Generator().manual_seed(3)
+    seq_lens, rows = [1, 37, 200, 16, 5], [2, 0, 4, 1, 3]
+    kb, vb, rt = _scattered_pool(g, hkv, D, dtype, page_size, rows, seq_lens)
+    q = torch.randn(len(rows), H, D, generator=g).to(dtype)
+    got = cpu_kernels.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(seq_lens), D ** -0.5)
+    want = paged_attention_ref(q, kb, vb, rt, rows, [s - 1 for s in seq_lens], [1] * len(rows), D ** -0.5)
+    torch.testing.assert_close(got.float(), want, **_tol(dtype))
+
+
+def test_plan_never_chooses_a_kernel_outside_its_limits():
+    cpu = torch.device("cpu")
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        for D, H, hkv in [(64, 9, 3), (13, 6, 3), (512, 4, 4), (64, 66, 2)]:
+            p = cpu_kernels.plan(cpu, dtype, D, H, hkv, packed_linears=False)
+            kernel_ok = cpu_kernels.load() is not None and dtype != torch.float16 and D <= 256 and H // hkv <= 32
+            assert p.c_decode == kernel_ok and p.c_extend == kernel_ok
+            assert ("+dpbf16" in p.extend_attention) == (kernel_ok and detect().isa == "avx512_bf16"
+                                                         and dtype == torch.bfloat16 and D % 32 == 0)
+            assert p.c_norm_act == (kernel_ok and dtype == torch.bfloat16)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from radixlang_runtime.messages import BatchTokenIDOut
-from radixlang_runtime.server.detokenizer import IncrementalDetokenizer
+from radixlang_runtime.detokenize import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_chunks_of_any_size_give_the_full_decode(tokenizer, seed):
         chunk = ids[pos : pos + n]
         pos += n
         fin = {"type": "length", "length": len(ids)} if pos >= len(ids) else None
-        out = detok.update(msg("r", chunk, fin))
+        out, _ = detok.update(msg("r", chunk, fin))
         assert not out.text_is_full[0]
         got += out.texts[0]
         if fin is None:
@@ -52,7 +52,7 @@ def test_stop_string_is_trimmed_unless_no_stop_trim(tokenizer):
         detok = IncrementalDetokenizer(tokenizer)
         cut = len(tokenizer.encode("The answer is 4. END", add_special_tokens=False))
         detok.update(msg("r", ids[:3]))
-        out = detok.update(msg("r", ids[3:cut], {"type": "stop", "matched": " END"}, no_trim=no_trim))
+        out, _ = detok.update(msg("r", ids[3:cut], {"type": "stop", "matched": " END"}, no_trim=no_trim))
         assert out.text_is_full[0] is (not no_trim)
         text = out.texts[0] if out.text_is_full[0] else tokenizer.decode(ids[:3]) + out.texts[0]
         assert text == want

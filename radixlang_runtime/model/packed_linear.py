@@ -17,8 +17,10 @@ logger = logging.getLogger(__name__)
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """bf16 on a CPU where oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on an AVX2-only
+    CPU, or with oneDNN capped there by the capability mask, the reorder raises). Else plain F.linear."""
     return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Module):

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlang_runtime import faults
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention import create_attention_backend
+from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
@@ -47,8 +49,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    # auto: bfloat16 on CPU (oneDNN bf16 GEMMs) and on GPU.
-    return torch.bfloat16 if name == "auto" else _DTYPES[name]
+    """auto: bfloat16 on GPU and on CPUs with bf16 dot products in hardware (AVX512-BF16 / AMX);
+    float32 on every other CPU. Measured (W1 = 64 x 256 -> 128 tokens, output tok/s): on a Xeon without
+    AVX512-BF16 a large bf16 GEMM ran at 61 GFLOP/s against fp32's 324, and W1 ran 69 tok/s in bf16
+    (kernels off) against 161 in fp32; on this project's Zen 5 class CPU with AVX512-BF16 masked (oneDNN
+    capped at AVX512_CORE_VNNI) see benchmarks/bench_offline.py figures in docs/ARCHITECTURE.md."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type != "cpu" or detect().native_bf16:
+        return torch.bfloat16
+    return torch.float32
 
 
 def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
@@ -79,10 +89,16 @@ class ModelRunner:
             model = LlamaForCausalLM(cfg, backend, rotary)
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_hf_state_dict(load_safetensors_dir(model_dir))
-        if packing_available(self.device, self.dtype):
+        packed = packing_available(self.device, self.dtype)
+        if packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
-            if cpu_kernels.load() is not None:
-                model.enable_cpu_kernels()
+        self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, packed)
+        if self.cpu_paths.c_norm_act:
+            model.enable_cpu_kernels()
+        if hasattr(backend, "configure"):
+            backend.configure(self.cpu_paths)
+        logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
 
         num_slots = self._kv_slots()
@@ -111,6 +127,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
     def forward(self, batch: ScheduleBatch) -> None:
+        faults.maybe_raise("forward", (r.rid for r in batch.reqs))
         fb = self._build_forward_batch(batch)
         self.backend.init_forward_metadata(fb)
         sample_idx = [i for i, s in enumerate(batch.sample) if s]

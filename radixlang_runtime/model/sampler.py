@@ -44,7 +44,8 @@ class Sampler:
         for i, r in enumerate(reqs):
             sp = r.sampling
             if len(r.output_ids) < sp.min_new_tokens:
-                ids = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
+                # every end token, ignore_eos or not (SGLang's min-new-tokens penalizer does the same)
+                ids = set(sp.stop_token_ids) | set(self.eos_token_ids)
                 rows.extend([i] * len(ids))
                 cols.extend(ids)
         if rows:

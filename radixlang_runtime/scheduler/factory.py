@@ -21,14 +21,13 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any) -> Schedul
     runner = ModelRunner(args, model_dir)
     args = runner.args  # "auto" sizes resolved for the device
     sizes = runner.sizes
-    eos = set(runner.cfg.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
+    eos = end_token_ids(model_dir, runner.cfg.eos_token_ids, tokenizer)
+    runner.sampler.eos_token_ids = list(eos)  # the min_new_tokens mask and the finish check agree
     return Scheduler(
         SchedulerConfig(
             page_size=args.page_size, context_len=sizes.context_len,
             max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
-            chunked_prefill_size=args.chunked_prefill_size, eos_token_ids=tuple(sorted(eos)),
+            chunked_prefill_size=args.chunked_prefill_size, eos_token_ids=eos,
             new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
             new_token_ratio_decay=args.new_token_ratio_decay, schedule_policy=args.schedule_policy,
             enable_mixed_chunk=args.enable_mixed_chunk, debug_check_integrity=args.debug_check_integrity,
@@ -38,6 +37,23 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any) -> Schedul
                   None if args.disable_radix_cache else RadixCache(args.page_size)),
         detokenize=lambda ids: tokenizer.decode(ids),
     )
+
+
+def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:
+    """The one set of end tokens: config.json's eos_token_id (int or list) + the tokenizer's EOS +
+    generation_config.json's eos_token_id. Used by the Sampler (min_new_tokens) and the Scheduler."""
+    import json
+    import os
+
+    eos = set(config_eos)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(tokenizer.eos_token_id)
+    gen_cfg = os.path.join(model_dir, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        with open(gen_cfg) as f:
+            g = json.load(f).get("eos_token_id")
+        eos.update(g if isinstance(g, list) else [] if g is None else [g])
+    return tuple(sorted(eos))
 
 
 def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
@@ -56,4 +72,15 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "prefill_tokens_cached": s.prefill_tokens_cached,
         "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
         "new_token_ratio": s.new_token_ratio,
+        "cpu": runner_paths(s.runner),
     }
+
+
+def runner_paths(runner: Any) -> dict[str, Any]:
+    """What this CPU supports and which implementation runs each operation (cpu_kernels.plan)."""
+    from radixlang_runtime.model.cpu_caps import detect
+
+    paths = getattr(runner, "cpu_paths", None)
+    dtype = getattr(runner, "dtype", None)
+    return {**detect().summary(), "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+            "paths": paths.to_dict() if paths is not None else None}

@@ -1,23 +1,30 @@
-"""SchedulerLoop: runs the scheduler on a thread and hands each request's progress to its waiter.
+"""RequestLoop: the one drain -> step -> emit cycle, shared by the in-process Engine and the server.
 
-Requests come in through a thread-safe inbox; while the scheduler has work it drains the inbox
-without blocking (so requests join between any two steps), and blocks on it when idle.
+The loop owns what is common: turning `TokenizedGenerateReq` messages into scheduler requests,
+aborts, control calls (flush, stats, an arbitrary function on the scheduler thread), one scheduler
+step at a time, and the progress messages of the requests a step touched (`BatchTokenIDOut`, the
+same typed message the server sends to its detokenizer). What differs is only where messages come
+from and go to, a `LoopIO`: Python queues in the Engine (loop_thread.py), ZeroMQ sockets in the
+server's scheduler process (server/scheduler_process.py).
 
-NOTE: the scheduler (model runner included) is *built* on the loop thread too. All torch work of
-the process then happens on one thread: on CPU, OpenMP work issued from a second thread after
-another thread used the pool runs about 2x slower (measured on small GEMMs here).
-The in-process Engine uses this directly; the server's scheduler process will wrap the same loop
-with ZeroMQ queues instead of Python ones.
+Invariants:
+- a request's progress goes out at its finish and, when streaming, every stream_interval tokens
+  (`update_due`); output ids and output logprobs go out as deltas, input logprobs once, first.
+- every request that entered the loop gets exactly one final message: a finish in a BatchTokenIDOut,
+  or an error (`LoopIO.send_error`) when a fault ended it. A step fault ends only its batch's
+  requests (Scheduler.step); a fault outside any batch ends every request in flight.
+- the loop never blocks while the scheduler has work; idle, it waits at most `idle_wait` seconds.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
+from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
+                                        StatsOut, TokenizedGenerateReq)
+from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
 
@@ -25,141 +32,134 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ReqUpdate:
-    """A snapshot of a request's progress, safe to read on another thread."""
+class Call:
+    """Run fn(scheduler) between two steps (in-process only); reply(ok, value or exception)."""
 
-    output_ids: list[int]
-    finished_reason: Optional[dict]
-    cached_len: int
-    error: Optional[str] = None
-    # (input logprobs, input top rows, output logprobs, output top rows) when the request asked for them
-    logprobs: Optional[tuple[list, list, list, list]] = None
+    fn: Callable[[Scheduler], Any]
+    reply: Callable[[bool, Any], None]
+
+
+class LoopIO(Protocol):
+    def receive(self, timeout: float) -> list[Any]:
+        """Messages that arrived; waits up to `timeout` seconds for the first (0: never waits)."""
+
+    def send_tokens(self, out: BatchTokenIDOut) -> None: ...
+
+    def send_error(self, rids: list[str], message: str) -> None: ...
+
+    def send_control(self, msg: Any) -> None:
+        """A reply to a control request (FlushCacheOut, StatsOut)."""
 
 
 def update_due(req: Req, sent_len: int, stream: bool, stream_interval: int) -> bool:
     """Whether a request's progress goes out now: at the finish, and for a streaming request every
-    stream_interval new tokens. Shared by this loop and the server's scheduler process."""
+    stream_interval new tokens."""
     return req.finished or (stream and len(req.output_ids) - sent_len >= stream_interval)
 
 
+def empty_token_out() -> BatchTokenIDOut:
+    return BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [])
+
+
 @dataclass
-class _Waiter:
-    req: Req
-    out: "queue.Queue[ReqUpdate]"
+class _Sent:
     stream: bool
-    sent_len: int = 0
+    sent_len: int = 0  # output tokens (and output logprobs) already sent
 
 
-@dataclass
-class _Abort:
-    rid: str
-
-
-@dataclass
-class _Call:
-    fn: Callable[[Scheduler], Any]
-    out: "queue.Queue[tuple[bool, Any]]"
-
-
-class SchedulerLoop:
-    def __init__(self, build_scheduler: Callable[[], Scheduler], stream_interval: int = 1):
-        """Builds the scheduler on the loop thread; returns once it is built (re-raising a failure)."""
+class RequestLoop:
+    def __init__(self, scheduler: Scheduler, io: LoopIO, stream_interval: int = 1,
+                 stats: Optional[Callable[[Scheduler], dict]] = None, idle_wait: float = 0.5):
+        self.scheduler = scheduler
+        self.io = io
         self.stream_interval = stream_interval
-        self._inbox: "queue.Queue[object]" = queue.Queue()
-        self._waiters: dict[str, _Waiter] = {}
-        self._stop = threading.Event()
-        self._built = threading.Event()
-        self._build_error: Optional[BaseException] = None
-        self.scheduler: Optional[Scheduler] = None
-        self._thread = threading.Thread(target=self._main, args=(build_scheduler,), name="radixlang-scheduler",
-                                        daemon=True)
-        self._thread.start()
-        self._built.wait()
-        if self._build_error is not None:
-            raise self._build_error
+        self.stats = stats
+        self.idle_wait = idle_wait
+        self.sent: dict[str, _Sent] = {}
 
-    def _main(self, build_scheduler: Callable[[], Scheduler]) -> None:
-        try:
-            self.scheduler = build_scheduler()
-        except BaseException as e:  # handed to the constructing thread
-            self._build_error = e
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        while not should_stop():
+            self.run_once()
+
+    def run_once(self) -> None:
+        for msg in self.io.receive(self.idle_wait if self.scheduler.is_idle else 0.0):
+            self.handle(msg)
+        if self.scheduler.is_idle:
             return
-        finally:
-            self._built.set()
-        self._run()
+        try:
+            touched = self.scheduler.step()
+        except Exception as e:  # noqa: BLE001 - a fault outside any batch: fail what is in flight, keep serving
+            logger.exception("scheduler step failed outside a batch")
+            touched = self.scheduler.abort_all(f"internal error: {type(e).__name__}: {e}")
+        self.emit(touched)
 
-    # --- producer side (any thread) ---
-    def submit(self, req: Req, stream: bool) -> "queue.Queue[ReqUpdate]":
-        out: "queue.Queue[ReqUpdate]" = queue.Queue()
-        self._inbox.put(_Waiter(req, out, stream))
-        return out
-
-    def abort(self, rid: str) -> None:
-        self._inbox.put(_Abort(rid))
-
-    def call(self, fn: Callable[[Scheduler], Any], timeout: float = 60.0) -> Any:
-        """Run fn(scheduler) on the loop thread between two steps; return its result (or raise its error)."""
-        out: "queue.Queue[tuple[bool, Any]]" = queue.Queue()
-        self._inbox.put(_Call(fn, out))
-        ok, value = out.get(timeout=timeout)
-        if not ok:
-            raise value
-        return value
-
-    def close(self) -> None:
-        self._stop.set()
-        self._inbox.put(None)
-        self._thread.join(timeout=30)
-
-    # --- the loop (scheduler thread) ---
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._drain(block=self.scheduler.is_idle)
-            if self._stop.is_set():
-                break
+    # ------------------------------------------------------------------ intake
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, TokenizedGenerateReq):
+            sp = SamplingParams.from_dict(msg.sampling_params)  # validated by the sender
+            self.sent[msg.rid] = _Sent(stream=msg.stream)
+            self.scheduler.add_request(Req(
+                rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
+                logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num))
+        elif isinstance(msg, AbortReq):
+            self.scheduler.abort(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            self.io.send_control(FlushCacheOut(msg.req_id, self.scheduler.flush_cache()))
+        elif isinstance(msg, GetStatsReq):
+            self.io.send_control(StatsOut(msg.req_id, self.stats(self.scheduler) if self.stats else {}))
+        elif isinstance(msg, Call):
             try:
-                touched = self.scheduler.step()
-            except Exception as e:  # never leave a waiter hanging: fail what was in flight
-                logger.exception("scheduler step failed")
-                for req in self.scheduler.abort_all():
-                    self._emit(req, error=f"internal error: {e!r}")
+                value = msg.fn(self.scheduler)
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                msg.reply(False, e)
+            else:
+                msg.reply(True, value)
+        else:
+            logger.warning("scheduler loop: unexpected message %s", type(msg).__name__)
+
+    # ------------------------------------------------------------------ progress
+    def emit(self, touched: list[Req]) -> None:
+        out = empty_token_out()
+        errors: dict[str, list[str]] = {}
+        for req in touched:
+            st = self.sent.get(req.rid)
+            if st is None:
                 continue
-            for req in touched:
-                self._emit(req)
+            if req.error is not None:
+                errors.setdefault(req.error, []).append(req.rid)
+                del self.sent[req.rid]
+                continue
+            if not update_due(req, st.sent_len, st.stream, self.stream_interval):
+                continue
+            append_progress(out, req, st.sent_len)
+            st.sent_len = len(req.output_ids)
+            if req.finished:
+                del self.sent[req.rid]
+        for message, rids in errors.items():
+            self.io.send_error(rids, message)
+        if out.rids:
+            self.io.send_tokens(out)
 
-    def _drain(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            if isinstance(item, _Waiter):
-                self._waiters[item.req.rid] = item
-                self.scheduler.add_request(item.req)
-            elif isinstance(item, _Abort):
-                self.scheduler.abort(item.rid)
-            elif isinstance(item, _Call):
-                try:
-                    item.out.put((True, item.fn(self.scheduler)))
-                except Exception as e:  # handed to the caller
-                    item.out.put((False, e))
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
 
-    def _emit(self, req: Req, error: Optional[str] = None) -> None:
-        w = self._waiters.get(req.rid)
-        if w is None:
-            return
-        n = len(req.output_ids)
-        done = req.finished or error is not None
-        if done or update_due(req, w.sent_len, w.stream, self.stream_interval):
-            w.sent_len = n
-            lp = None
-            if req.return_logprob:
-                lp = (list(req.input_logprobs), list(req.input_top_logprobs), list(req.output_logprobs),
-                      list(req.output_top_logprobs))
-            w.out.put(ReqUpdate(list(req.output_ids), req.finished_reason, req.cached_len, error, lp))
-        if done:
-            del self._waiters[req.rid]
+def append_progress(out: BatchTokenIDOut, req: Req, sent_len: int) -> None:
+    """Add req's progress since sent_len output tokens to `out`."""
+    n = len(req.output_ids)
+    sp = req.sampling
+    out.rids.append(req.rid)
+    out.new_ids.append(req.output_ids[sent_len:n])
+    out.finished_reasons.append(req.finished_reason)
+    out.prompt_tokens.append(len(req.input_ids))
+    out.completion_tokens.append(n)
+    out.cached_tokens.append(req.cached_len)
+    out.num_retractions.append(req.num_retractions)
+    out.queue_times.append(req.admitted_at - req.created_at if req.admitted_at else 0.0)
+    out.skip_special_tokens.append(sp.skip_special_tokens)
+    out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
+    out.no_stop_trim.append(sp.no_stop_trim)
+    out.stop_from_end.append(req.stop_from_end)
+    lp, first = req.return_logprob, sent_len == 0
+    top = lp and req.top_logprobs_num > 0
+    out.input_logprobs.append(req.input_logprobs if lp and first else None)
+    out.input_top_logprobs.append(req.input_top_logprobs if top and first else None)
+    out.output_logprobs.append(req.output_logprobs[sent_len:n] if lp else None)
+    out.output_top_logprobs.append(req.output_top_logprobs[sent_len:n] if top else None)

@@ -41,6 +41,8 @@ class Req:
     output_top_logprobs: list[list[list]] = field(default_factory=list)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
+    error: Optional[str] = None  # set when an internal fault ended the request (finished_reason: abort)
+    stop_from_end: int = 0  # a stop string ended it: where that occurrence starts, in chars from the text's end
     num_retractions: int = 0
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)

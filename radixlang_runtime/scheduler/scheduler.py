@@ -9,6 +9,7 @@ set), so tests drive this class with a fake runner and no torch. Slot ownership 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
                                                 prefill_target_len)
 from radixlang_runtime.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
 
 # A waiting request that shares at least this many uncached tokens with one admitted in the same
 # round waits a round: the other computes them once and this one then hits the cache (SGLang's
@@ -82,15 +85,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop body
     def step(self) -> list[Req]:
-        """One scheduling iteration. Returns the requests that produced tokens or finished."""
+        """One scheduling iteration. Returns the requests that produced tokens or finished.
+
+        A fault while running or finishing the batch (forward, sampling, logprobs, stop checks) ends
+        exactly the batch's requests: each gets `error` set, an abort finish reason and its KV freed
+        (not cached: the slots may hold garbage); requests outside the batch go on next step."""
         touched = self._process_aborts()
         batch = self.get_next_batch_to_run()
         if batch is None:
             return touched
-        self.runner.forward(batch)
-        self.forward_steps += 1
-        self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
-        touched += self._process_batch_result(batch)
+        try:
+            self.runner.forward(batch)
+            self.forward_steps += 1
+            self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
+            touched += self._process_batch_result(batch)
+        except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
+            logger.exception("step failed (%s batch of %d): failing its requests", batch.phase, batch.batch_size)
+            return touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")
         # Chunked prefill never freezes decoding: after a non-final chunk, running requests step once.
         self._decode_owed = batch.phase == "extend" and self.chunked_req is not None and bool(self.running)
         if self.cfg.debug_check_integrity:
@@ -304,10 +315,15 @@ class Scheduler:
                 return
             stops = sp.stop_strs
             if stops:
+                # Only an occurrence that ends in the newest token's text counts: earlier ones were
+                # checked at their own step, or lie inside the min_new_tokens part.
                 window = max(len(s) for s in stops) + 2
                 tail = self.detokenize(out[-window:])
+                head = self.detokenize(out[-window:-1]) if len(out) > 1 else ""
                 for s in stops:
-                    if s in tail:
+                    at = tail.find(s, max(0, len(head) - len(s) + 1)) if tail.startswith(head) else tail.rfind(s)
+                    if at >= 0:
+                        req.stop_from_end = len(tail) - at
                         req.finish({"type": "stop", "matched": s})
                         return
         if len(out) >= sp.max_new_tokens:
@@ -342,6 +358,26 @@ class Scheduler:
         self._to_abort.clear()
         return aborted
 
+    def _fail_batch(self, batch: ScheduleBatch, message: str) -> list[Req]:
+        """End every request of a failed batch with `message`; free what each still holds."""
+        failed = []
+        for req in batch.reqs:
+            if req.error is not None:  # listed twice (mixed chunk): already handled
+                continue
+            if req in self.running:
+                self.running.remove(req)
+            if req in self.waiting:
+                self.waiting.remove(req)
+            if req is self.chunked_req:
+                self.chunked_req = None
+            if not req.finished:  # a request that finished before the fault was released already
+                self._release(req, cache=False)
+                req.finish({"type": "abort", "message": message})
+            req.error = message
+            failed.append(req)
+        self._decode_owed = False
+        return failed
+
     def abort_all(self, message: str = "aborted") -> list[Req]:
         """Release every request (used when a step fails); returns them, finished with `abort`."""
         reqs = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
@@ -349,6 +385,7 @@ class Scheduler:
         for req in reqs:
             self._release(req, cache=False)  # the failed step may have left garbage in its slots
             req.finish({"type": "abort", "message": message})
+            req.error = message
         return reqs
 
     def check_integrity(self) -> None:

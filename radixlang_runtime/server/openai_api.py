@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse
 
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.server.http_server import (SSE_DONE, BadRequest, ServerState, _final, guard_stream, merged,
-                                                  read_json, sse, stream_response, text_delta)
-from radixlang_runtime.server.tokenizer_manager import LogprobRequest
+from radixlang_runtime.results import LogprobRequest
+from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result, guard_stream,
+                                                  merged, read_json, sse, stream_response, text_delta)
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                "no_stop_trim", "regex", "json_schema")
@@ -89,8 +89,9 @@ class _Choices:
     """The runtime requests behind one OpenAI call: prompts x n, validated up front."""
 
     def __init__(self, state: ServerState, prompts: list[list[int]], sp_dict: dict, n: int,
-                 top_logprobs: Optional[int] = None, echo: bool = False):
+                 top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None):
         self.tm = state.tm
+        self.rid = rid or uuid.uuid4().hex  # runtime requests are rid-0, rid-1, ... (traceable, abortable)
         self.items: list[tuple[list[int], SamplingParams, Optional[LogprobRequest]]] = []
         for ids in prompts:
             sp = self.tm.prepare(ids, sp_dict)
@@ -101,10 +102,12 @@ class _Choices:
             self.items += [(ids, sp, lp)] * n
 
     def streams(self) -> list[AsyncIterator[dict]]:
-        return [self.tm.generate(ids, sp, stream=True, logprob=lp) for ids, sp, lp in self.items]
+        return [self.tm.generate(ids, sp, f"{self.rid}-{i}", stream=True, logprob=lp)
+                for i, (ids, sp, lp) in enumerate(self.items)]
 
     async def finals(self) -> list[dict]:
-        return await asyncio.gather(*(_final(self.tm.generate(ids, sp, logprob=lp)) for ids, sp, lp in self.items))
+        return await asyncio.gather(*(final_result(self.tm.generate(ids, sp, f"{self.rid}-{i}", logprob=lp))
+                                      for i, (ids, sp, lp) in enumerate(self.items)))
 
 
 def _int_option(body: dict, name: str, hi: int) -> Optional[int]:
@@ -171,8 +174,8 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None
         n = body.get("n", 1)
         top = _int_option(body, "logprobs", 20)
-        choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), n, top, echo)
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+        choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), n, top, echo, rid)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
@@ -227,9 +230,9 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         top = _int_option(body, "top_logprobs", 20)
         if top and not want_lp:
             raise BadRequest("top_logprobs needs logprobs: true")
-        choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), n,
-                           (top or 0) if want_lp else None)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+        choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), n,
+                           (top or 0) if want_lp else None, rid=rid)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,

@@ -20,9 +20,9 @@ import zmq
 import zmq.asyncio
 
 from radixlang_runtime.limits import RuntimeLimits, check_request
-from radixlang_runtime.logprob_format import input_meta, output_meta
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         StatsOut, TokenizedGenerateReq, decode, encode)
+from radixlang_runtime.results import LogprobRequest, ResultBuilder
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.metrics import ServerMetrics
@@ -35,32 +35,13 @@ class RuntimeUnavailable(RuntimeError):
 
 
 @dataclass
-class LogprobRequest:
-    """What a request asked for (normalize_logprob_args validated it)."""
-
-    start: int = 0
-    top_num: int = 0
-    with_text: bool = False
-
-
-@dataclass
 class ReqState:
-    rid: str
-    input_ids: list[int]
-    stream: bool
-    logprob: Optional[LogprobRequest]
+    result: ResultBuilder
     queue: "asyncio.Queue[dict]" = field(default_factory=asyncio.Queue)
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    created: float = field(default_factory=time.perf_counter)
-    last_token_at: Optional[float] = None
-    # logprobs received so far (non-streaming requests return them whole at the end)
-    in_vals: list = field(default_factory=list)
-    in_top: list = field(default_factory=list)
-    out_vals: list = field(default_factory=list)
-    out_top: list = field(default_factory=list)
-    input_emitted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.result.finished
 
 
 class TokenizerManager:
@@ -104,7 +85,7 @@ class TokenizerManager:
         rid = rid or uuid.uuid4().hex
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
-        state = ReqState(rid, input_ids, stream, logprob)
+        state = ReqState(ResultBuilder(rid, input_ids, stream, logprob, self._token_text))
         self.states[rid] = state
         params = {k: v for k, v in vars(sp).items() if k != "n"}
         lp = logprob or LogprobRequest()
@@ -120,7 +101,7 @@ class TokenizerManager:
                     return
         finally:
             if not state.finished:  # the consumer went away: free the request's memory
-                state.finished = True
+                state.result.finished = True
                 self.abort(rid)
                 if self.metrics:
                     self.metrics.on_abandoned()
@@ -162,7 +143,7 @@ class TokenizerManager:
                 for rid in msg.rids:
                     st = self.states.get(rid)
                     if st is not None:
-                        st.finished = True
+                        st.result.finished = True
                         st.queue.put_nowait({"error": msg.message})
 
     def _on_batch(self, msg: BatchStrOut) -> None:
@@ -171,55 +152,27 @@ class TokenizerManager:
             st = self.states.get(rid)
             if st is None:  # aborted by its handler meanwhile
                 continue
-            st.text = msg.texts[i] if msg.text_is_full[i] else st.text + msg.texts[i]
+            res = st.result
+            last = res.last_token_at
+            snapshot = res.apply(msg, i, now)
             new_ids = msg.new_ids[i]
-            st.output_ids.extend(new_ids)
             fin = msg.finished_reasons[i]
             if self.metrics and new_ids:
-                self.metrics.on_tokens(st.created, st.last_token_at, now, len(new_ids))
-            if new_ids:
-                st.last_token_at = now
-            if fin is not None:
-                st.finished = True
-                if self.metrics:
-                    self.metrics.on_finish(now - st.created, msg.queue_times[i], len(st.input_ids),
-                                           msg.cached_tokens[i], fin.get("type") == "abort")
-            meta = {
-                "id": rid, "finish_reason": fin, "prompt_tokens": msg.prompt_tokens[i],
-                "completion_tokens": msg.completion_tokens[i], "cached_tokens": msg.cached_tokens[i],
-                "num_retractions": msg.num_retractions[i], "e2e_latency": now - st.created,
-            }
-            if st.logprob is not None and msg.output_logprobs:
-                self._logprob_meta(st, msg, i, new_ids, meta)
-            st.queue.put_nowait({"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta})
+                self.metrics.on_tokens(res.created, last, now, len(new_ids))
+            if fin is not None and self.metrics:
+                self.metrics.on_finish(now - res.created, msg.queue_times[i], len(res.input_ids),
+                                       msg.cached_tokens[i], fin.get("type") == "abort")
+            st.queue.put_nowait(snapshot)
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
-
-    def _logprob_meta(self, st: ReqState, msg: BatchStrOut, i: int, new_ids: list[int], meta: dict) -> None:
-        lp = st.logprob
-        decode = self._token_text if lp.with_text else None
-        if msg.input_logprobs[i] is not None:
-            st.in_vals, st.in_top = msg.input_logprobs[i], msg.input_top_logprobs[i] or []
-        out_vals, out_top = msg.output_logprobs[i] or [], msg.output_top_logprobs[i] or []
-        if st.stream:
-            if not st.input_emitted:
-                meta.update(input_meta(st.input_ids, lp.start, st.in_vals, st.in_top, lp.top_num, decode))
-                st.input_emitted = True
-            meta.update(output_meta(out_vals, new_ids, out_top, lp.top_num, decode))
-            meta["output_token_logprobs_length"] = len(st.output_ids)
-        else:
-            st.out_vals += out_vals
-            st.out_top += out_top
-            meta.update(input_meta(st.input_ids, lp.start, st.in_vals, st.in_top, lp.top_num, decode))
-            meta.update(output_meta(st.out_vals, st.output_ids, st.out_top, lp.top_num, decode))
 
     def mark_dead(self, why: str) -> None:
         """A child process died: fail every waiting request now; new ones get 503."""
         self.dead = why
         for st in self.states.values():
             if not st.finished:
-                st.finished = True
+                st.result.finished = True
                 st.queue.put_nowait({"error": why})
         for fut in self._control.values():
             if not fut.done():

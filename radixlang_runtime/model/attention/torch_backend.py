@@ -7,7 +7,9 @@ of a KV head form the query axis of one [G, D] x [D, L] product.
 Extend: a request without a cached prefix attends over its own new K/V (no gather); with a prefix,
 its whole sequence is gathered from the pool and the causal mask is bottom-right aligned. When every
 request is a fresh prompt of the same length, the whole batch is one SDPA call.
-In bf16 on CPU both phases go to the C kernels (cpu_kernels/), which read cached K/V in place.
+On CPU both phases go to the C kernels (cpu_kernels/, bf16 and float32, which read cached K/V in
+place) when the model's CpuPaths say so (`configure`, decided once from the CPU's capabilities);
+without a plan (tests, other devices) the torch path above runs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class ExtendMeta:
     starts: list[int]  # offset of each request's tokens in T
     kv_rows: list[Optional[torch.Tensor]]  # per request [Hkv * L_i] pool rows when it has a prefix, else None
     masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool (True = attend) when it has a prefix
-    # C kernel inputs (bf16 on CPU): offsets and lengths of each request's new tokens, [R] int64 each,
+    # C kernel inputs (CPU): offsets and lengths of each request's new tokens, [R] int64 each,
     # and its cached prefix length ([R] int64, None when no request has one).
     kernel_starts: Optional[torch.Tensor] = None
     kernel_lens: Optional[torch.Tensor] = None
@@ -45,22 +47,20 @@ class ExtendMeta:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    """use_cpu_kernel: decode through cpu_kernels/decode_attention.c (bf16 on CPU, when it builds); None = auto."""
-
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 use_cpu_kernel: Optional[bool] = None):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
-        self.use_cpu_kernel = use_cpu_kernel
+        self.c_decode = False  # cpu_kernels.paged_decode
+        self.c_extend = False  # cpu_kernels.extend_causal
+        self.dpbf16 = False  # the extend kernel with VDPBF16PS
 
-    def _kernel_ok(self, fb: ForwardBatch) -> bool:
-        if self.use_cpu_kernel is None:
-            probe = fb.kv_pool.k_buffers[0]
-            self.use_cpu_kernel = cpu_kernels.supported(probe, self.head_dim, self.num_heads, self.num_kv_heads)
-        return self.use_cpu_kernel
+    def configure(self, paths: "cpu_kernels.CpuPaths") -> None:
+        """Take the kernel choices of cpu_kernels.plan() (they hold for every batch of this model)."""
+        self.c_decode, self.c_extend = paths.c_decode, paths.c_extend
+        self.dpbf16 = "+dpbf16" in paths.extend_attention
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         pool = fb.kv_pool
-        if fb.is_decode and self._kernel_ok(fb):
+        if fb.is_decode and self.c_decode:
             fb.attn_meta = None  # the kernel reads req_to_token itself
             return
         if fb.is_decode:
@@ -73,7 +73,7 @@ class TorchAttentionBackend(AttentionBackend):
             fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask)
             return
         fresh = all(p == 0 for p in fb.prefix_lens_cpu)
-        if self._kernel_ok(fb) and self.head_dim % 32 == 0:  # the C kernel reads prefixes in place: no gather, no masks
+        if self.c_extend:  # the C kernel reads prefixes in place: no gather, no masks
             starts = [0, *itertools.accumulate(fb.extend_lens_cpu)][:-1]
             fb.attn_meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
                                       torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
@@ -119,16 +119,14 @@ class TorchAttentionBackend(AttentionBackend):
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
         hkv = self.num_kv_heads
-        if meta.kernel_starts is not None:  # the C kernel (bf16 on CPU)
+        if meta.kernel_starts is not None:  # the C kernel
             prefix = None
             if meta.kernel_prefix_lens is not None:
                 pool = fb.kv_pool
                 prefix = cpu_kernels.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
                                                  fb.req_rows, meta.kernel_prefix_lens)
-            o = cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix)
-            if o is not None:
-                return o
-            raise RuntimeError("the CPU extend kernel rejected a batch it was chosen for")
+            return cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
+                                             self.dpbf16)
         if meta.uniform:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]

@@ -1,11 +1,15 @@
-"""C kernels for the bf16 CPU path, built with the system C compiler and called through ctypes.
+"""C kernels for the CPU path, built with the system C compiler and called through ctypes.
 
-- decode_attention.c: paged decode attention reading K/V in place from the pool;
-- extend_attention.c: extend (prefill) attention over a cached prefix read in place + the new tokens;
-- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul.
-All *.c files here compile once into one library in the cache directory (keyed by the sources'
-hash); a machine without a compiler falls back to the torch ops. The library links the same
-libgomp.so.1 torch already loaded, so both share one OpenMP thread pool.
+- decode_attention.c (+ decode_impl.h): paged decode attention reading K/V in place, bf16 and float32;
+- extend_attention.c: bf16 extend attention with VDPBF16PS (AVX512-BF16 builds only);
+- extend_portable.c (+ extend_impl.h): extend attention for any CPU, bf16 and float32;
+- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16).
+All *.c files compile once into one library for exactly the feature set cpu_caps.detect() allows
+(`kernel_cflags`, never -march=native), cached under a key of the sources, the compiler, the flags
+and the CPU's features. Which operation runs where is decided once per model by `plan()`: a kernel
+is only chosen where its own limits hold, so no chosen kernel can refuse a batch. Without a compiler
+(or with the mask word `cc`) every operation runs torch ops. The library links the same libgomp.so.1
+torch already loaded, so both share one OpenMP thread pool.
 """
 
 from __future__ import annotations
@@ -14,20 +18,21 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
 
+from radixlang_runtime.model.cpu_caps import CpuCaps, detect
 from radixlang_runtime.model.resolve import cache_root
 
 logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
 _SRCS = sorted(os.path.join(_DIR, f) for f in os.listdir(_DIR) if f.endswith(".c"))
+_HDRS = sorted(os.path.join(_DIR, f) for f in os.listdir(_DIR) if f.endswith(".h"))
 _lib: Optional[ctypes.CDLL] = None
 _tried = False
 
@@ -36,67 +41,134 @@ def _cache_dir() -> str:
     return os.path.join(cache_root(), "kernels")
 
 
+def build_flags(caps: CpuCaps) -> list[str]:
+    return ["-O3", *caps.kernel_cflags(), "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
+
+
+def library_key(caps: CpuCaps, cc: str) -> str:
+    """Sources + compiler + flags + the CPU's (masked) features: a library never crosses CPUs."""
+    h = hashlib.sha1()
+    for p in _SRCS + _HDRS:
+        h.update(open(p, "rb").read())
+    h.update(" ".join([cc, *build_flags(caps), caps.arch, *sorted(caps.features)]).encode())
+    return h.hexdigest()[:16]
+
+
 def load() -> Optional[ctypes.CDLL]:
-    """The compiled library, or None when it cannot be built here (the caller falls back)."""
+    """The library for this process's capabilities, or None (every caller then uses torch ops)."""
     global _lib, _tried
-    if _tried:
-        return _lib
-    _tried = True
-    if os.environ.get("RADIXLANG_DISABLE_CPU_KERNELS") == "1":
+    if not _tried:
+        _tried = True
+        _lib = build_library(detect())
+    return _lib
+
+
+def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
+    """Compile (or reuse from the cache) the library for `caps`; None without a compiler or on failure.
+    Tests build one per instruction set the machine has, to run every kernel path."""
+    if caps.compiler is None:
+        logger.warning("no C compiler (or masked): the CPU path uses torch ops only")
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        logger.warning("no C compiler: the CPU path uses torch ops only")
-        return None
-    sources = _SRCS + [os.path.join(_DIR, "common.h")]
-    digest = hashlib.sha1(b"".join(open(p, "rb").read() for p in sources)).hexdigest()[:16]
-    so = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
+    so = os.path.join(_cache_dir(), f"cpu_kernels-{caps.isa}-{library_key(caps, caps.compiler)}.so")
     if not os.path.exists(so):
         os.makedirs(_cache_dir(), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
         os.close(fd)
-        cmd = [cc, "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", *_SRCS, "-o", tmp, "-lm"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = [caps.compiler, *build_flags(caps), *_SRCS, "-o", tmp, "-lm"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            res = subprocess.CompletedProcess(cmd, 1, "", str(e))
         if res.returncode != 0:
             os.unlink(tmp)
             logger.warning("building the CPU kernels failed, using torch ops:\n%s", res.stderr[-2000:])
             return None
         os.replace(tmp, so)
     lib = ctypes.CDLL(so)
-    fn = lib.paged_decode_bf16
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
+    decode_args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
+    extend_args = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
+                   + [ctypes.c_float, ctypes.c_void_p] + [ctypes.c_void_p] * 2
+                   + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2)
+    for name, args in [("paged_decode_bf16", decode_args), ("paged_decode_f32", decode_args),
+                       ("extend_causal_bf16", extend_args), ("extend_causal_portable_bf16", extend_args),
+                       ("extend_causal_f32", extend_args)]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, args
     lib.add_rms_norm_bf16.restype = None
     lib.add_rms_norm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-    lib.extend_causal_bf16.restype = ctypes.c_int
-    lib.extend_causal_bf16.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
-                                       + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_void_p]
-                                       + [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-                                       + [ctypes.c_void_p] * 2)
     lib.silu_mul_bf16.restype = None
     lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
-    _lib = lib
-    return _lib
+    return lib
 
 
-def supported(q: torch.Tensor, head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
-    return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and head_dim <= 256
-            and num_heads // num_kv_heads <= 32 and load() is not None)
+@dataclass(frozen=True)
+class CpuPaths:
+    """Which implementation runs each operation of a model on this CPU (decided once, at model build).
+
+    "c:<isa>" = a C kernel compiled for that instruction set; "c:<isa>+dpbf16" uses VDPBF16PS;
+    "torch:..." = torch ops (the fallback every operation has)."""
+
+    decode_attention: str
+    extend_attention: str  # fresh prompts and cached prefixes alike (the kernel reads prefixes in place)
+    norm: str
+    activation: str
+    linear: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def c_decode(self) -> bool:
+        return self.decode_attention.startswith("c:")
+
+    @property
+    def c_extend(self) -> bool:
+        return self.extend_attention.startswith("c:")
+
+    @property
+    def c_norm_act(self) -> bool:
+        return self.norm.startswith("c:")
+
+
+def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int,
+         packed_linears: bool) -> CpuPaths:
+    """The path of each operation. A C kernel is chosen only where the library loaded, the dtype has an
+    entry point and the kernel's own limits (D <= 256, H / Hkv <= 32, whole GQA groups) hold."""
+    linear = "onednn:prepacked" if packed_linears else "torch:F.linear"
+    if device.type != "cpu":
+        return CpuPaths("backend", "backend", "torch", "torch", linear)
+    caps = detect()
+    ok = (load() is not None and dtype in (torch.bfloat16, torch.float32) and head_dim <= 256
+          and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 32)
+    isa = caps.isa
+    if not ok:
+        return CpuPaths("torch:sdpa-gather", "torch:sdpa", "torch", "torch", linear)
+    bf16 = dtype == torch.bfloat16
+    dp = bf16 and isa == "avx512_bf16"
+    decode = f"c:{isa}" + ("+dpbf16" if dp and head_dim % 32 == 0 else "")
+    extend = f"c:{isa}+dpbf16" if dp and head_dim % 32 == 0 else f"c:{isa}:portable"
+    norm_act = f"c:{isa}" if bf16 else "torch"
+    return CpuPaths(decode, extend, norm_act, norm_act, linear)
+
+
+def _check(rc: int, name: str) -> None:
+    if rc != 0:  # -1: limits (plan() never chooses such a batch); -2: out of memory
+        raise RuntimeError(f"CPU kernel {name} failed with code {rc}")
 
 
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
                  req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, D] bf16; pools [Hkv, N, D]; req_to_token [rows, ctx] int64 -> out [B, H, D] bf16."""
+    """q [B, H, D]; pools [Hkv, N, D]; req_to_token [rows, ctx] int64 -> out [B, H, D]. bf16 or float32."""
     q = q.contiguous()
     B, H, D = q.shape
     hkv, N, _ = k_pool.shape
     out = torch.empty_like(q)
-    rc = _lib.paged_decode_bf16(
+    name = "paged_decode_bf16" if q.dtype == torch.bfloat16 else "paged_decode_f32"
+    rc = getattr(_lib, name)(
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
         req_rows.data_ptr(), seq_lens.data_ptr(), B, H, hkv, D, N, req_to_token.shape[1], scale, out.data_ptr(),
     )
-    if rc != 0:
-        raise RuntimeError(f"paged_decode_bf16 failed with code {rc}")
+    _check(rc, name)
     return out
 
 
@@ -118,17 +190,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
-                  scale: float, prefix: Optional["PagedPrefix"] = None) -> Optional[torch.Tensor]:
+                  scale: float, prefix: Optional["PagedPrefix"] = None, dpbf16: bool = False) -> torch.Tensor:
     """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves.
 
-    q [T, H, D], k / v [T, Hkv, D] bf16 (the new tokens), each with contiguous heads (row strides may
-    differ); starts / lens [R] int64 -> out [T, H * D], or None where the kernel does not apply.
+    q [T, H, D], k / v [T, Hkv, D] (the new tokens; bf16 or float32), heads contiguous (row strides may
+    differ; other layouts are copied); starts / lens [R] int64 -> out [T, H * D].
     prefix: where each request's first prefix_lens[r] positions live in the pool (None: no prefixes).
+    dpbf16: the VDPBF16PS kernel (plan() sets it only on AVX512-BF16 builds, bf16, D % 32 == 0).
     """
     T, H, D = q.shape
-    for t in (q, k, v):
-        if t.stride(2) != 1 or t.stride(1) != D:
-            return None
+    q, k, v = (t if t.stride(2) == 1 and t.stride(1) == D else t.contiguous() for t in (q, k, v))
     out = torch.empty(T, H * D, dtype=q.dtype)
     if prefix is None:
         pool_args = (None, None, 0, None, 0, None, None)
@@ -136,13 +207,14 @@ def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tor
         rt = prefix.req_to_token
         pool_args = (prefix.k_pool.data_ptr(), prefix.v_pool.data_ptr(), prefix.k_pool.shape[1], rt.data_ptr(),
                      rt.stride(0), prefix.req_rows.data_ptr(), prefix.prefix_lens.data_ptr())
-    rc = _lib.extend_causal_bf16(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                                 starts.data_ptr(), lens.data_ptr(), starts.shape[0], H, k.shape[1], D, scale,
-                                 out.data_ptr(), *pool_args)
-    if rc == -1:
-        return None
-    if rc != 0:
-        raise RuntimeError(f"extend_causal_bf16 failed with code {rc}")
+    if q.dtype == torch.float32:
+        name = "extend_causal_f32"
+    else:
+        name = "extend_causal_bf16" if dpbf16 else "extend_causal_portable_bf16"
+    rc = getattr(_lib, name)(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                             starts.data_ptr(), lens.data_ptr(), starts.shape[0], H, k.shape[1], D, scale,
+                             out.data_ptr(), *pool_args)
+    _check(rc, name)
     return out
 
 
@@ -150,7 +222,7 @@ def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tor
 class PagedPrefix:
     """The cached prefixes of an extend batch, read in place from the pool."""
 
-    k_pool: torch.Tensor  # [Hkv, N, D] bf16, contiguous (one layer)
+    k_pool: torch.Tensor  # [Hkv, N, D] bf16 or float32, contiguous (one layer)
     v_pool: torch.Tensor  # [Hkv, N, D]
     req_to_token: torch.Tensor  # [rows, ctx] int64, contiguous rows
     req_rows: torch.Tensor  # [R] int64

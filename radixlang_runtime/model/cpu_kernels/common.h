@@ -1,10 +1,13 @@
-/* Shared helpers of the CPU kernels: bf16 <-> float32 and a vector e^x (AVX-512). */
+/* Shared helpers of the CPU kernels: bf16 <-> float32, a vector e^x (AVX-512 / AVX2) and the softmax
+ * numerators every attention kernel uses. Each helper has a path for AVX-512F, AVX2+FMA and plain C;
+ * which one compiles is decided by the target flags (cpu_caps.kernel_cflags), never -march=native. */
 #ifndef RADIXLANG_CPU_COMMON_H
 #define RADIXLANG_CPU_COMMON_H
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -56,4 +59,88 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 #endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* e^x for 8 lanes: the same polynomial as exp512; 2^n built in the exponent bits (n in [-126, 127]). */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* In place: s[0..L) -> exp(s - max(s)); returns the sum (L >= 1). */
+static inline float softmax_numerators(float *s, int64_t L) {
+    int64_t l = 0;
+    float m = -INFINITY, sum = 0.f;
+#if defined(__AVX512F__)
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (; l + 16 <= L; l += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + l));
+    m = _mm512_reduce_max_ps(vm);
+    for (int64_t i = l; i < L; i++) m = s[i] > m ? s[i] : m;
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 vs = _mm512_setzero_ps();
+    for (l = 0; l + 16 <= L; l += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
+        _mm512_storeu_ps(s + l, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    sum = _mm512_reduce_add_ps(vs);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    for (; l + 8 <= L; l += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + l));
+    float mm[8];
+    _mm256_storeu_ps(mm, vm);
+    for (int i = 0; i < 8; i++) m = mm[i] > m ? mm[i] : m;
+    for (int64_t i = l; i < L; i++) m = s[i] > m ? s[i] : m;
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 vs = _mm256_setzero_ps();
+    for (l = 0; l + 8 <= L; l += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + l), mv));
+        _mm256_storeu_ps(s + l, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    _mm256_storeu_ps(mm, vs);
+    for (int i = 0; i < 8; i++) sum += mm[i];
+#else
+    for (int64_t i = 0; i < L; i++) m = s[i] > m ? s[i] : m;
+#endif
+    for (; l < L; l++) {
+        s[l] = expf(s[l] - m);
+        sum += s[l];
+    }
+    return sum;
+}
+
+/* Extend attention work split: tasks (request, KV head, block of qb queries), so blocks keep every
+ * thread busy on one long prompt. task_off[r] = first task of request r, task_off[R] = the count
+ * (malloc'd, NULL when out of memory); extend_task_request finds the request of a task. */
+static inline int64_t *extend_task_offsets(const int64_t *lens, int64_t R, int64_t Hkv, int64_t qb) {
+    int64_t *off = (int64_t *)malloc(sizeof(int64_t) * (size_t)(R + 1));
+    if (!off) return NULL;
+    off[0] = 0;
+    for (int64_t r = 0; r < R; r++) off[r + 1] = off[r] + (lens[r] + qb - 1) / qb * Hkv;
+    return off;
+}
+
+static inline int64_t extend_task_request(const int64_t *off, int64_t R, int64_t task) {
+    int64_t r = 0, lo = 0, hi = R - 1;
+    while (lo <= hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (off[mid] <= task) r = mid, lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return r;
+}
 #endif

@@ -1,183 +1,35 @@
 /*
- * Paged decode attention for CPU, bfloat16, reading K/V straight from the pool.
+ * Paged decode attention for CPU, reading K/V straight from the pool, in bf16 and float32.
  *
  * The torch path gathers every request's K/V into a padded block (a full copy of the cache each
- * layer) and then runs SDPA over it; this kernel reads each cached row once, in place.
- *
- * Shapes (all contiguous):
- *   q            [B, H, D]        bf16 (uint16 bit patterns)
- *   k_pool/v_pool [Hkv, N, D]     bf16, N = pool slots
- *   req_to_token [rows, ctx]      int64 slot of each position of each table row
- *   req_rows     [B]              int64 table row of each request
- *   seq_lens     [B]              int64 positions to attend (all already in the pool)
- *   out          [B, H, D]        bf16
- * Query head h uses KV head h / (H / Hkv). Scores and accumulators are float32; the output is
- * rounded to bf16 (nearest even). One task per (request, KV head), spread over OpenMP threads.
- * Limits: D <= 256, H / Hkv <= 32.
+ * layer) and then runs SDPA over it; this kernel reads each cached row once, in place. The body is
+ * decode_impl.h, instantiated here for bf16 (paged_decode_bf16: VDPBF16PS dots with AVX512-BF16,
+ * else bf16 -> float32 FMAs) and float32 (paged_decode_f32). Shapes and limits: decode_impl.h.
  */
 #include <stdlib.h>
 
 #include "common.h"
 
-#ifdef __AVX512F__
-/* In place: sg[0..L) -> exp(sg - max); returns the sum. */
-static inline float softmax_numerators(float *sg, int64_t L) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    int64_t l = 0;
-    for (; l + 16 <= L; l += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(sg + l));
-    const __mmask16 tail = (__mmask16)((1u << (L - l)) - 1u);
-    if (L - l) vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, sg + l));
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
-    __m512 vs = _mm512_setzero_ps();
-    for (l = 0; l + 16 <= L; l += 16) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + l), m));
-        _mm512_storeu_ps(sg + l, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    if (L - l) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + l), m));
-        _mm512_mask_storeu_ps(sg + l, tail, e);
-        vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(tail, e));
-    }
-    return _mm512_reduce_add_ps(vs);
-}
+static inline float f32_id(float x) { return x; }
 
-/* The vector path: D % 16 == 0. Scores of one KV row for all G query heads share its load. */
-static void task_avx512(const float *qf, const uint16_t *qb, float scale, const uint16_t *k_pool,
-                        const uint16_t *v_pool, const int64_t *slots, int64_t L, int64_t G, int64_t D, int64_t h,
-                        int64_t N, float *scores, float *acc) {
-    const int64_t J = D / 16;
-#ifdef __AVX512BF16__
-    if (D % 32 == 0) {
-        /* bf16 dot products straight from the pool (VDPBF16PS: exact products, float32 sums);
-         * qb holds the G unscaled bf16 query rows, the scale is applied to the sums. */
-        const int64_t P = D / 32;
-        __m512bh qv[32 * 8];
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t p = 0; p < P; p++) qv[g * P + p] = (__m512bh)_mm512_loadu_si512(qb + g * D + 32 * p);
-        for (int64_t l = 0; l < L; l++) {
-            const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
-            __m512bh kv[8];
-            for (int64_t p = 0; p < P; p++) kv[p] = (__m512bh)_mm512_loadu_si512(kr + 32 * p);
-            for (int64_t g = 0; g < G; g++) {
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t p = 0; p < P; p++) a = _mm512_dpbf16_ps(a, qv[g * P + p], kv[p]);
-                scores[g * L + l] = _mm512_reduce_add_ps(a) * scale;
-            }
-        }
-    } else
-#endif
-    for (int64_t l = 0; l < L; l++) {
-        const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
-        __m512 kv[16];
-        for (int64_t j = 0; j < J; j++) kv[j] = load16_bf16(kr + 16 * j);
-        for (int64_t g = 0; g < G; g++) {
-            const float *qg = qf + g * D;
-            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), kv[0]);
-            for (int64_t j = 1; j < J; j++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * j), kv[j], a);
-            scores[g * L + l] = _mm512_reduce_add_ps(a);
-        }
-    }
-    float inv_sum[32];
-    for (int64_t g = 0; g < G; g++) inv_sum[g] = 1.f / softmax_numerators(scores + g * L, L);
-    __m512 av[32 * 16];
-    for (int64_t i = 0; i < G * J; i++) av[i] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < L; l++) {
-        const uint16_t *vr = v_pool + (h * N + slots[l]) * D;
-        __m512 vv[16];
-        for (int64_t j = 0; j < J; j++) vv[j] = load16_bf16(vr + 16 * j);
-        for (int64_t g = 0; g < G; g++) {
-            const __m512 p = _mm512_set1_ps(scores[g * L + l]);
-            for (int64_t j = 0; j < J; j++) av[g * J + j] = _mm512_fmadd_ps(p, vv[j], av[g * J + j]);
-        }
-    }
-    for (int64_t g = 0; g < G; g++)
-        for (int64_t j = 0; j < J; j++)
-            _mm512_storeu_ps(acc + 16 * (g * J + j), _mm512_mul_ps(av[g * J + j], _mm512_set1_ps(inv_sum[g])));
-}
-#endif
+#define ELEM uint16_t
+#define SUFFIX bf16
+#define TO_F32 bf16_to_f32
+#define FROM_F32 f32_to_bf16
+#define LOAD16 load16_bf16
+#define ELEM_IS_BF16 1
+#include "decode_impl.h"
+#undef ELEM
+#undef SUFFIX
+#undef TO_F32
+#undef FROM_F32
+#undef LOAD16
+#undef ELEM_IS_BF16
 
-int paged_decode_bf16(const uint16_t *q, const uint16_t *k_pool, const uint16_t *v_pool,
-                      const int64_t *req_to_token, const int64_t *req_rows, const int64_t *seq_lens,
-                      int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx, float scale,
-                      uint16_t *out) {
-    const int64_t G = H / Hkv;
-    if (D > 256 || G > 32 || G * Hkv != H) return -1;
-    int64_t max_len = 0;
-    for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
-    int err = 0;
-
-#pragma omp parallel
-    {
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(G * (max_len > 0 ? max_len : 1)));
-        float qf[32 * 256];
-        float acc[32 * 256];
-        /* every thread must reach the worksharing loop (its barrier), even without a buffer */
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < B * Hkv; task++) {
-                if (!scores) {
-                    err = -2;
-                    continue;
-                }
-                const int64_t b = task / Hkv, h = task % Hkv;
-                const int64_t L = seq_lens[b];
-                const int64_t *slots = req_to_token + req_rows[b] * ctx;
-                for (int64_t g = 0; g < G; g++)
-                    for (int64_t d = 0; d < D; d++)
-                        qf[g * D + d] = bf16_to_f32(q[(b * H + h * G + g) * D + d]) * scale;
-#ifdef __AVX512F__
-                if (D % 16 == 0) {
-                    task_avx512(qf, q + (b * H + h * G) * D, scale, k_pool, v_pool, slots, L, G, D, h, N, scores, acc);
-                    for (int64_t g = 0; g < G; g++)
-                        for (int64_t d = 0; d < D; d++)
-                            out[(b * H + h * G + g) * D + d] = f32_to_bf16(acc[g * D + d]);
-                    continue;
-                }
-#endif
-                /* scalar path. pass 1: scores[g][l] = q_g . k_l */
-                for (int64_t l = 0; l < L; l++) {
-                    const uint16_t *kr = k_pool + (h * N + slots[l]) * D;
-                    float kf[256];
-                    for (int64_t d = 0; d < D; d++) kf[d] = bf16_to_f32(kr[d]);
-                    for (int64_t g = 0; g < G; g++) {
-                        float s = 0.f;
-                        const float *qg = qf + g * D;
-#pragma omp simd reduction(+ : s)
-                        for (int64_t d = 0; d < D; d++) s += qg[d] * kf[d];
-                        scores[g * L + l] = s;
-                    }
-                }
-                /* softmax per query head */
-                float inv_sum[32];
-                for (int64_t g = 0; g < G; g++) {
-                    float *sg = scores + g * L;
-                    float m = -INFINITY;
-                    for (int64_t l = 0; l < L; l++) m = sg[l] > m ? sg[l] : m;
-                    float sum = 0.f;
-                    for (int64_t l = 0; l < L; l++) {
-                        sg[l] = expf(sg[l] - m);
-                        sum += sg[l];
-                    }
-                    inv_sum[g] = 1.f / sum;
-                }
-                /* pass 2: acc_g = sum_l p_gl v_l */
-                memset(acc, 0, sizeof(float) * (size_t)(G * D));
-                for (int64_t l = 0; l < L; l++) {
-                    const uint16_t *vr = v_pool + (h * N + slots[l]) * D;
-                    float vf[256];
-                    for (int64_t d = 0; d < D; d++) vf[d] = bf16_to_f32(vr[d]);
-                    for (int64_t g = 0; g < G; g++) {
-                        const float p = scores[g * L + l];
-                        float *ag = acc + g * D;
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) ag[d] += p * vf[d];
-                    }
-                }
-                for (int64_t g = 0; g < G; g++)
-                    for (int64_t d = 0; d < D; d++)
-                        out[(b * H + h * G + g) * D + d] = f32_to_bf16(acc[g * D + d] * inv_sum[g]);
-            }
-        free(scores);
-    }
-    return err;
-}
+#define ELEM float
+#define SUFFIX f32
+#define TO_F32 f32_id
+#define FROM_F32 f32_id
+#define LOAD16 _mm512_loadu_ps
+#define ELEM_IS_BF16 0
+#include "decode_impl.h"

@@ -30,22 +30,15 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
     const int64_t G = H / Hkv, P = D / 2, J = D / 16;
     /* Tasks: (request, KV head, block of QB queries). Blocks keep both threads busy on one long prompt
      * (3 KV heads alone split 2:1 over 2 threads); a block only prepares the keys it can see. */
-    int64_t *task_off = (int64_t *)malloc(sizeof(int64_t) * (size_t)(R + 1));
+    int64_t *task_off = extend_task_offsets(lens, R, Hkv, QB);
     if (!task_off) return -2;
-    task_off[0] = 0;
-    for (int64_t r = 0; r < R; r++) task_off[r + 1] = task_off[r] + (lens[r] + QB - 1) / QB * Hkv;
     const int64_t n_tasks = task_off[R];
     int err = 0;
 #pragma omp parallel
     {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_tasks; task++) {
-            int64_t r = 0, lo = 0, hi = R - 1; /* the request whose task range holds task */
-            while (lo <= hi) {
-                const int64_t mid = (lo + hi) / 2;
-                if (task_off[mid] <= task) r = mid, lo = mid + 1;
-                else hi = mid - 1;
-            }
+            const int64_t r = extend_task_request(task_off, R, task);
             const int64_t local = task - task_off[r], h = local % Hkv, i0 = local / Hkv * QB, s = starts[r];
             const int64_t i1 = i0 + QB < lens[r] ? i0 + QB : lens[r];
             const int64_t p = prefix_lens ? prefix_lens[r] : 0, n = p + i1; /* n: keys this block sees */

@@ -1,0 +1,116 @@
+"""Shared pieces of the HTTP routes (native, OpenAI) and the DSL's ZeroMQ frontend: the server state,
+error shapes, JSON bodies, Server-Sent Events, and the fan-in of several requests' snapshots.
+
+Error shape everywhere: `{"error": {"message", "type", "param", "code"}}`. A stream that fails after
+its headers went out sends `data: {"error": ...}` then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from radixlang_runtime.server.tokenizer_manager import TokenizerManager
+from radixlang_runtime.server_args import ServerArgs
+
+OPEN_ROUTES = ("/health", "/health_generate", "/metrics")  # no API key needed
+
+
+class BadRequest(ValueError):
+    pass
+
+
+@dataclass
+class ServerState:
+    args: ServerArgs  # resolved by the scheduler for its device
+    tm: TokenizerManager
+    model_dir: str
+    served_model_name: str
+    info: dict[str, Any]  # what the scheduler reported when it became ready
+    child_pids: dict[str, int] = field(default_factory=dict)
+
+
+def error_response(status: int, message: str, param: Optional[str] = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
+
+
+async def read_json(request: Request) -> Any:
+    body = await request.body()
+    if not body:
+        return {}
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the body is not valid JSON: {e}") from None
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def text_delta(text: str, sent: int) -> tuple[str, int]:
+    """The part of a cumulative text not sent yet, and the new sent length. A final text may be shorter
+    (a stop string trimmed after it streamed): nothing more is sent then."""
+    return text[sent:], max(sent, len(text))
+
+
+def stream_response(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def guard_stream(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """After the headers went out an error can only travel as an event: send it, then [DONE]."""
+    try:
+        async for chunk in events:
+            yield chunk
+    except (ValueError, RuntimeError) as e:
+        yield sse({"error": {"message": str(e)}})
+        yield SSE_DONE
+
+
+async def final_result(gen: AsyncIterator[dict]) -> dict:
+    last = None
+    async for out in gen:
+        last = out
+    return last
+
+
+async def merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
+    """Interleave several requests' snapshots as they come: yields (index, snapshot). An error in one
+    is raised here; leaving early (client gone, error) closes every generator, aborting its request."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[dict]) -> None:
+        try:
+            async for out in gen:
+                await queue.put((i, out))
+        except Exception as e:  # surfaced to the consumer below
+            await queue.put((i, e))
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, out = await queue.get()
+            if out is None:
+                remaining -= 1
+            elif isinstance(out, Exception):
+                raise out
+            else:
+                yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
+        for g in gens:
+            await g.aclose()
