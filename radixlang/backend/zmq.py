@@ -1,0 +1,200 @@
+"""ZmqBackend: the native protocol over the server's ZeroMQ frontend socket
+(`RuntimeEndpoint("tcp://host:port")`), msgpack messages FrontendReq / FrontendOut from
+radixlang_runtime/messages.py: no HTTP hop, no JSON.
+
+Threads: one I/O thread owns the DEALER socket. Callers (program workers, any number) hand their
+encoded requests to it through an inproc PUSH socket guarded by a lock, and wait on a per-request
+queue. Invariants:
+- every wait is bounded: a reply within `timeout`, and a heartbeat — the I/O thread pings every
+  second and, when nothing at all arrived for `dead_after` seconds while requests wait, fails them
+  all with BackendError (server killed, network gone) instead of waiting;
+- a stream the consumer leaves early sends an abort for its request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Optional
+
+from radixlang.backend.native import NativeBackend
+from radixlang.errors import BackendError
+from radixlang.global_config import global_config
+
+PING_EVERY_S = 1.0
+
+
+class ZmqLink:
+    """Request / reply and request / stream over one DEALER socket."""
+
+    def __init__(self, address: str, api_key: Optional[str], timeout: float, dead_after: float = 5.0):
+        import zmq
+
+        from radixlang_runtime import messages
+
+        self._zmq, self._msgs = zmq, messages
+        self.address, self.api_key, self.timeout, self.dead_after = address, api_key, timeout, dead_after
+        self._ctx = zmq.Context()
+        self._inproc = f"inproc://radixlang-{uuid.uuid4().hex}"
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.bind(self._inproc)
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.connect(self._inproc)
+        self._push_lock = threading.Lock()
+        self._waiters: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._io_loop, daemon=True, name="radixlang-zmq")
+        self._thread.start()
+
+    def close(self) -> None:
+        if not self._closed.is_set():
+            self._closed.set()
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ callers
+    def _send(self, req_id: str, method: str, body: Any) -> None:
+        data = self._msgs.encode(self._msgs.FrontendReq(req_id, method, body, self.api_key))
+        with self._push_lock:
+            self._push.send(data)
+
+    def open(self, method: str, body: Any = None) -> tuple[str, queue.Queue]:
+        if self._closed.is_set():
+            raise BackendError(f"the ZeroMQ link to {self.address} is closed")
+        req_id = f"{self._prefix}-{next(self._ids)}"
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            self._waiters[req_id] = q
+        self._send(req_id, method, body)
+        return req_id, q
+
+    def next_reply(self, req_id: str, q: queue.Queue) -> Any:
+        try:
+            out = q.get(timeout=self.timeout)
+        except queue.Empty:
+            raise BackendError(f"no reply from {self.address} within {self.timeout:.0f} s") from None
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def forget(self, req_id: str) -> None:
+        with self._lock:
+            self._waiters.pop(req_id, None)
+
+    def call(self, method: str, body: Any = None) -> Any:
+        req_id, q = self.open(method, body)
+        try:
+            out = self.next_reply(req_id, q)
+        finally:
+            self.forget(req_id)
+        _check(out, method)
+        return out.body
+
+    def stream(self, method: str, body: Any) -> Iterator[Any]:
+        req_id, q = self.open(method, body)
+        done = False
+        try:
+            while True:
+                out = self.next_reply(req_id, q)
+                _check(out, method)
+                if out.done:
+                    done = True
+                    return
+                yield out.body
+        finally:
+            self.forget(req_id)
+            if not done and not self._closed.is_set():
+                self._send(f"{req_id}-abort", "abort", {"req_id": req_id})
+
+    # ------------------------------------------------------------------ the I/O thread
+    def _io_loop(self) -> None:
+        zmq = self._zmq
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.address)
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        last_heard = last_ping = time.monotonic()
+        try:
+            while not self._closed.is_set():
+                events = dict(poller.poll(200))
+                now = time.monotonic()
+                if self._pull in events:
+                    while self._pull.poll(0):
+                        dealer.send(self._pull.recv())
+                if dealer in events:
+                    while dealer.poll(0):
+                        self._deliver(self._msgs.decode(dealer.recv()))
+                    last_heard = now
+                if now - last_ping >= PING_EVERY_S:
+                    dealer.send(self._msgs.encode(self._msgs.FrontendReq("ping", "ping", None, self.api_key)))
+                    last_ping = now
+                with self._lock:
+                    waiting = bool(self._waiters)
+                if not waiting:
+                    last_heard = max(last_heard, now - self.dead_after / 2)
+                elif now - last_heard > self.dead_after:
+                    self._fail_all(BackendError(f"the server at {self.address} stopped answering "
+                                                f"(nothing for {self.dead_after:.0f} s): connection lost", 503))
+                    last_heard = now
+        finally:
+            self._fail_all(BackendError(f"the ZeroMQ link to {self.address} was closed"))
+            dealer.close(0)
+            self._pull.close(0)
+            self._push.close(0)
+            self._ctx.term()
+
+    def _deliver(self, out: Any) -> None:
+        with self._lock:
+            q = self._waiters.get(out.req_id)
+        if q is not None:
+            q.put(out)
+
+    def _fail_all(self, err: BaseException) -> None:
+        with self._lock:
+            waiters = list(self._waiters.values())
+        for q in waiters:
+            q.put(err)
+
+
+def _check(out: Any, method: str) -> None:
+    if out.status != 200:
+        body = out.body
+        msg = body.get("error", {}).get("message", body) if isinstance(body, dict) else body
+        raise BackendError(f"{method} answered {out.status}: {msg}", out.status)
+
+
+class ZmqBackend(NativeBackend):
+    def __init__(self, address: str, api_key: Optional[str] = None, chat_template_name: Optional[str] = None,
+                 timeout: Optional[float] = None, dead_after: float = 5.0):
+        self.base_url = address
+        self.api_key = api_key
+        self.link = ZmqLink(address, api_key, timeout or global_config.request_timeout, dead_after)
+        try:
+            super().__init__(chat_template_name)
+        except BaseException:
+            self.link.close()
+            raise
+
+    def _call(self, body: dict) -> Any:
+        return self.link.call("generate", body)
+
+    def _call_stream(self, body: dict) -> Iterator[dict]:
+        return self.link.stream("generate", body)
+
+    def _control(self, method: str, body: Optional[dict] = None) -> Any:
+        return self.link.call(method, body)
+
+    def shutdown(self) -> None:
+        self.link.close()
+
+    def __del__(self) -> None:
+        link = self.__dict__.get("link")
+        if link is not None:
+            link._closed.set()

@@ -1,0 +1,259 @@
+"""The expression tree of a program: what `s += ...` queues (SGLang's class names, so code that
+imports them keeps working).
+
+Invariants:
+- expressions are inert data; only the interpreter (interpreter.py) executes them, only the tracer
+  (tracer.py) inspects them without a backend;
+- `a + b` of expressions (or of a str and an expression) is a flat `SglExprList`;
+- `SglSamplingParams` fields default to None in `gen` (program-level defaults of `run()` apply);
+  `resolve()` merges them onto the defaults and `to_runtime_kwargs()` gives the native
+  `sampling_params` dict (PROTOCOL.md), so every backend sends the same request shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
+
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+_DTYPE_REGEX = {int: REGEX_INT, "int": REGEX_INT, float: REGEX_FLOAT, "float": REGEX_FLOAT,
+                bool: REGEX_BOOL, "bool": REGEX_BOOL, str: REGEX_STR, "str": REGEX_STR}
+_NUMBER_DTYPES = (int, "int", float, "float")
+
+
+@dataclass
+class SglSamplingParams:
+    max_new_tokens: Optional[int] = 128
+    min_new_tokens: Optional[int] = 0
+    n: Optional[int] = 1
+    stop: Any = ()
+    stop_token_ids: Any = ()
+    stop_regex: Any = ()
+    temperature: Optional[float] = 1.0
+    top_p: Optional[float] = 1.0
+    top_k: Optional[int] = -1
+    min_p: Optional[float] = 0.0
+    frequency_penalty: Optional[float] = 0.0
+    presence_penalty: Optional[float] = 0.0
+    ignore_eos: Optional[bool] = False
+    return_logprob: Optional[bool] = None
+    logprob_start_len: Optional[int] = None
+    top_logprobs_num: Optional[int] = None
+    return_text_in_logprobs: Optional[bool] = None
+    json_schema: Optional[str] = None
+    dtype: Any = None
+    regex: Optional[str] = None
+
+    def clone(self) -> "SglSamplingParams":
+        return dataclasses.replace(self, stop=_as_list(self.stop), stop_token_ids=_as_list(self.stop_token_ids),
+                                   stop_regex=_as_list(self.stop_regex))
+
+    def resolve(self, overrides: "SglSamplingParams", template_stops: tuple = ()) -> "SglSamplingParams":
+        """These defaults with every non-None field of `overrides`; dtype becomes a regex (numbers also
+        stop at a space / newline); the chat template's stop strings are always added."""
+        out = self.clone()
+        for f in dataclasses.fields(self):
+            v = getattr(overrides, f.name)
+            if v is not None:
+                setattr(out, f.name, v)
+        out.stop = _as_list(out.stop)
+        out.stop_token_ids = _as_list(out.stop_token_ids)
+        out.stop_regex = _as_list(out.stop_regex)
+        if out.dtype is not None:
+            if out.dtype not in _DTYPE_REGEX:
+                raise ValueError(f"dtype must be int, float, str or bool; got {out.dtype!r}")
+            out.regex = _DTYPE_REGEX[out.dtype]
+            if out.dtype in _NUMBER_DTYPES:
+                out.stop += [x for x in (" ", "\n") if x not in out.stop]
+        out.stop += [x for x in template_stops if x not in out.stop]
+        return out
+
+    def to_runtime_kwargs(self) -> dict[str, Any]:
+        """The native `sampling_params` (SGLang's to_srt_kwargs shape)."""
+        return {
+            "max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens, "n": self.n,
+            "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids), "stop_regex": list(self.stop_regex),
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+            "ignore_eos": self.ignore_eos, "regex": self.regex, "json_schema": self.json_schema,
+        }
+
+    def logprob_kwargs(self) -> dict[str, Any]:
+        """The top-level logprob fields of a /generate body that were set."""
+        names = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
+def _as_list(v: Any) -> list:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    return list(v)
+
+
+def check_regex(regex: Optional[str]) -> None:
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ValueError(f"invalid regex {regex!r}: {e}") from None
+
+
+def schema_string(json_schema: Union[str, dict, None]) -> Optional[str]:
+    """json_schema travels as a JSON string (PROTOCOL.md); a dict is dumped, a string must parse."""
+    if json_schema is None:
+        return None
+    if isinstance(json_schema, dict):
+        return json.dumps(json_schema)
+    try:
+        json.loads(json_schema)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema must be a JSON string or a dict: {e}") from None
+    return json_schema
+
+
+# ---------------------------------------------------------------------------------------- nodes
+class SglExpr:
+    def __add__(self, other: Any) -> "SglExprList":
+        return _concat(self, _as_expr(other))
+
+    def __radd__(self, other: Any) -> "SglExprList":
+        return _concat(_as_expr(other), self)
+
+
+def _as_expr(x: Any) -> SglExpr:
+    if isinstance(x, str):
+        return SglConstantText(x)
+    if isinstance(x, SglExpr):
+        return x
+    raise TypeError(f"cannot add {type(x).__name__} to a program expression (use str(...))")
+
+
+def _concat(a: SglExpr, b: SglExpr) -> "SglExprList":
+    left = a.expr_list if isinstance(a, SglExprList) else [a]
+    right = b.expr_list if isinstance(b, SglExprList) else [b]
+    return SglExprList(left + right)
+
+
+class SglExprList(SglExpr):
+    def __init__(self, expr_list: List[SglExpr]):
+        self.expr_list = expr_list
+
+    def __repr__(self) -> str:
+        return f"ExprList({self.expr_list})"
+
+
+class SglConstantText(SglExpr):
+    def __init__(self, value: str):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Constant({self.value!r})"
+
+
+class SglGen(SglExpr):
+    def __init__(self, name: Optional[str], sampling_params: SglSamplingParams):
+        self.name = name
+        self.sampling_params = sampling_params
+
+    def __repr__(self) -> str:
+        return f"Gen({self.name!r})"
+
+
+class SglSelect(SglExpr):
+    def __init__(self, name: Optional[str], choices: List[str], temperature: float, choices_method: Any):
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("select needs a non-empty list of non-empty strings")
+        if temperature is None or temperature < 0:
+            raise ValueError(f"select temperature must be >= 0, got {temperature!r}")
+        self.name = name
+        self.choices = list(choices)
+        self.temperature = temperature
+        self.choices_method = choices_method
+
+    def __repr__(self) -> str:
+        return f"Select({self.name!r}, choices={self.choices})"
+
+
+class SglRoleBegin(SglExpr):
+    def __init__(self, role: str):
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleBegin({self.role})"
+
+
+class SglRoleEnd(SglExpr):
+    def __init__(self, role: str):
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleEnd({self.role})"
+
+
+class SglVarScopeBegin(SglExpr):
+    def __init__(self, name: str):
+        self.name = name
+
+
+class SglVarScopeEnd(SglExpr):
+    def __init__(self, name: str):
+        self.name = name
+
+
+class SglCommitLazy(SglExpr):
+    """Send the text so far as a prefill-only request (it lands in the radix cache)."""
+
+
+class SglConcateAndAppend(SglExpr):
+    def __init__(self, states: list):
+        self.states = states
+
+
+class SglImage(SglExpr):
+    def __init__(self, path: Any):
+        self.path = path
+
+
+class SglVideo(SglExpr):
+    def __init__(self, path: Any, num_frames: int):
+        self.path = path
+        self.num_frames = num_frames
+
+
+class SglArgument(SglExpr):
+    """A tracing placeholder for a program argument: any use of its value stops tracing."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _stop(self, *args: Any, **kwargs: Any) -> Any:
+        from radixlang.tracer import StopTracing
+
+        raise StopTracing(f"argument {self.name!r} is used")
+
+    __str__ = __format__ = __len__ = __getitem__ = __iter__ = __int__ = __float__ = __bool__ = _stop
+    __eq__ = __lt__ = __contains__ = __getattr__ = __call__ = _stop
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"Argument({self.name!r})"
+
+
+def produced_names(expr: Any) -> list[str]:
+    """Variable names an expression sets when it runs (what `s[name]` may wait for)."""
+    if isinstance(expr, (SglGen, SglSelect)):
+        return [expr.name]
+    if isinstance(expr, SglVarScopeEnd):
+        return [expr.name]
+    if isinstance(expr, SglExprList):
+        return [n for e in expr.expr_list for n in produced_names(e)]
+    return []

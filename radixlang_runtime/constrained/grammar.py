@@ -1,0 +1,101 @@
+"""CompiledGrammar: an outlines-core Index over one TokenVocab, plus per-state caches. Torch-free.
+
+States are the Index's own ints. Shared by every request with the same grammar (the cache hands out
+one object per (grammar key, tokenizer id)); only the scheduler thread touches its caches.
+
+Invariants:
+- allowed(state).ids: the text tokens allowed at `state`, ascending int64, never EOS nor the end
+  sentinel (EOS and the request's stop ids are added by the mask only at final states, state.py).
+- is_final(state): the output so far is in the grammar's language, i.e. the end sentinel is accepted
+  here and leads to the index's final state (the index compiles `(?:R)S`, see vocab.py). The
+  index's own is_final_state() is true only after S and is never used directly.
+- Every id in allowed(state).ids has a next state (Index.get_next_state is not None).
+- Per-state caches are LRUs bounded in bytes (a large grammar visits many states).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from radixlang_runtime.constrained.compile_index import build_index
+from radixlang_runtime.constrained.lru import LRU
+from radixlang_runtime.constrained.spec import GrammarSpec
+from radixlang_runtime.constrained.vocab import TokenVocab
+
+ALLOWED_CACHE_BYTES = 64 << 20  # per grammar: allowed-id arrays (+ the mask's tensors of them)
+FORCED_CACHE_ENTRIES = 4096  # per grammar: jump-forward results
+
+
+@dataclass
+class AllowedSet:
+    ids: np.ndarray  # int64 [n], ascending: text tokens allowed at the state (no EOS)
+    is_final: bool  # EOS / stop tokens may end the output here
+    device_cache: dict[Any, Any] = field(default_factory=dict)  # mask.py: per-device tensors of ids
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.nbytes)
+
+
+class CompiledGrammar:
+    def __init__(self, spec: GrammarSpec, index: Any, vocab: TokenVocab, index_nbytes: int = 0,
+                 compile_seconds: float = 0.0):
+        self.spec = spec
+        self.index = index
+        self.vocab = vocab
+        self.index_nbytes = index_nbytes  # pickled size: the cache's weight for this grammar
+        self.compile_seconds = compile_seconds
+        self.initial_state: int = index.get_initial_state()
+        self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
+        self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)  # jump_forward.py's per-state results
+
+    # ------------------------------------------------------------------ per state
+    def allowed(self, state: int) -> AllowedSet:
+        a = self._allowed.get(state)
+        if a is None:
+            ids = np.array(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
+            ids = np.sort(ids[(ids != self.vocab.eos_token_id) & (ids < self.vocab.logits_width)])
+            end = self.index.get_next_state(state, self.vocab.sentinel_id)
+            a = AllowedSet(ids, end is not None and bool(self.index.is_final_state(end)))
+            self._allowed.put(state, a, 2 * a.nbytes + 64)  # room for the mask's device copy
+        return a
+
+    def next_state(self, state: int, token_id: int) -> Optional[int]:
+        if token_id == self.vocab.eos_token_id or not 0 <= token_id < self.vocab.logits_width:
+            return None
+        return self.index.get_next_state(state, token_id)
+
+    def is_final(self, state: int) -> bool:
+        return self.allowed(state).is_final
+
+    def accepts(self, token_ids: list[int], state: Optional[int] = None) -> Optional[int]:
+        """Walk token_ids from `state` (default: initial); the end state, or None at an illegal token."""
+        s = self.initial_state if state is None else state
+        for t in token_ids:
+            nxt = self.next_state(s, t)
+            if nxt is None:
+                return None
+            s = nxt
+        return s
+
+    def __repr__(self) -> str:
+        return f"CompiledGrammar({self.spec.describe()}, {self.index_nbytes} bytes)"
+
+
+def compile_grammar(spec: GrammarSpec, vocab: TokenVocab) -> CompiledGrammar:
+    """Compile in this process (tests, benchmarks, warm-up). The server uses GrammarCompiler (cache.py):
+    a hostile grammar must not be able to take the scheduler's memory or time."""
+    t0 = time.perf_counter()
+    index = build_index(spec.kind, spec.compile_text, vocab.outlines_vocabulary(), vocab.sentinel)
+    elapsed = time.perf_counter() - t0
+    return CompiledGrammar(spec, index, vocab, len(pickle.dumps(index)), elapsed)
+
+
+def grammar_from_pickle(spec: GrammarSpec, data: bytes, vocab: TokenVocab, compile_seconds: float) -> CompiledGrammar:
+    """A compile worker's answer (a pickled Index from our own child process) -> CompiledGrammar."""
+    return CompiledGrammar(spec, pickle.loads(data), vocab, len(data), compile_seconds)

@@ -1,0 +1,151 @@
+"""Jump-forward: tokens the grammar forces, appended without sampling. Torch-free.
+
+1. Forced bytes come from the Index itself: at a non-final state, byte b is forced iff every allowed
+   token starts with b; the next state is the one after the single-byte token for b. Repeat until no
+   byte is forced, a final state, or MAX_FORCED_BYTES. No second automaton, no dialect mismatch.
+2. Forced bytes -> tokens: tokenize the whole UTF-8 characters of the forced bytes F (n bytes, states
+   s_0..s_n) with the tokenizer, then hold back the tail: h = the first position q < n where an
+   allowed token at s_q starts with F[q:] and runs past n (after `{"name"` the model keeps `": `, so
+   it can still pick `":"`-like merges). Only tokens ending at or before h are forced; each is also
+   walked through the Index (a token the Index refuses, e.g. a special token the text spelled, ends
+   the run there).
+3. Sampled tokens are never rewritten: forcing starts at the state after the last sampled token.
+
+Per state the result is cached on the CompiledGrammar (first time ~1 ms, then a dict lookup).
+Invariant: forced_tokens(state) advances the state over exactly the tokens it returns, and the
+bytes of those tokens are a prefix of the state's forced bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from radixlang_runtime.constrained.grammar import CompiledGrammar
+from radixlang_runtime.constrained.state import GrammarState
+
+MAX_FORCED_BYTES = 1024  # per run; a longer forced stretch continues in the next run
+MAX_RUNS = 64  # runs per forced_tokens call (each run is cached, this only bounds the loop)
+
+
+@dataclass(frozen=True)
+class ForcedBytes:
+    data: bytes  # bytes every continuation of the state starts with
+    states: tuple[int, ...]  # len(data) + 1: states[k] = the state after data[:k]
+
+
+@dataclass(frozen=True)
+class ForcedRun:
+    token_ids: tuple[int, ...]  # forced tokens from the state
+    end_state: int  # the state after them
+    held_back: int  # forced bytes left to the model (hold-back and partial UTF-8)
+
+
+def forced_bytes(g: CompiledGrammar, state: int) -> ForcedBytes:
+    v = g.vocab
+    data = bytearray()
+    states = [state]
+    s = state
+    while len(data) < MAX_FORCED_BYTES and not g.is_final(s):
+        ids = g.allowed(s).ids
+        if len(ids) == 0:
+            break
+        first = v.first_byte[ids]
+        b = int(first[0])
+        if b < 0 or bool((first != b).any()):
+            break
+        tok = int(v.single_byte_ids[b])
+        nxt = g.next_state(s, tok) if tok >= 0 else None
+        if nxt is None:
+            break
+        data.append(b)
+        s = nxt
+        states.append(s)
+    return ForcedBytes(bytes(data), tuple(states))
+
+
+def _any_allowed(allowed_sorted: np.ndarray, cands: np.ndarray) -> bool:
+    if len(cands) == 0 or len(allowed_sorted) == 0:
+        return False
+    pos = np.searchsorted(allowed_sorted, cands)
+    ok = pos < len(allowed_sorted)
+    return bool((allowed_sorted[pos[ok]] == cands[ok]).any())
+
+
+def hold_back_point(g: CompiledGrammar, fb: ForcedBytes) -> int:
+    """The first position q where an allowed token could start inside the forced bytes and run past
+    their end; len(data) when there is none."""
+    n = len(fb.data)
+    for q in range(n):
+        cands = g.vocab.ids_with_prefix(fb.data[q:], n - q)
+        if _any_allowed(g.allowed(fb.states[q]).ids, cands):
+            return q
+    return n
+
+
+def _utf8_prefix_len(b: bytes) -> int:
+    for cut in range(len(b), max(len(b) - 4, -1), -1):
+        try:
+            b[:cut].decode("utf-8")
+            return cut
+        except UnicodeDecodeError:
+            continue
+    return 0
+
+
+def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
+    """The forced tokens from `state` (cached per state)."""
+    hit = g.forced_cache.get(state)
+    if hit is not None:
+        return hit
+    run = ForcedRun((), state, 0)
+    fb = forced_bytes(g, state)
+    encode = g.vocab.encode
+    if fb.data and encode is not None:
+        h = hold_back_point(g, fb)
+        m = _utf8_prefix_len(fb.data)
+        out: list[int] = []
+        pos, s = 0, state
+        if h > 0 and m > 0:
+            for t in encode(fb.data[:m].decode("utf-8")):
+                tb = g.vocab.token_bytes[t] if 0 <= t < g.vocab.logits_width else None
+                if tb is None or pos + len(tb) > h or fb.data[pos:pos + len(tb)] != tb:
+                    break
+                nxt = g.next_state(s, t)
+                if nxt is None:
+                    break
+                out.append(t)
+                pos += len(tb)
+                s = nxt
+        run = ForcedRun(tuple(out), s, len(fb.data) - pos)
+    g.forced_cache.put(state, run)
+    return run
+
+
+def forced_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[int]:
+    """Tokens to append after the last sampled one (advancing `gs` over them); [] when the model must
+    choose. max_tokens caps the count (remaining max_new_tokens); the state advances only over those
+    returned. Call after every advance() of a sampled token, and once at admission."""
+    out: list[int] = []
+    for _ in range(MAX_RUNS):
+        if gs.terminated or (max_tokens is not None and len(out) >= max_tokens):
+            break
+        run = forced_run(gs.grammar, gs.state)
+        take = run.token_ids
+        if max_tokens is not None:
+            take = take[: max_tokens - len(out)]
+        stop = [k for k, t in enumerate(take) if t in gs.finish_ids]
+        if stop:  # a stop id that is also a text token ends the request: leave it to the model
+            take = take[: stop[0]]
+        if not take:
+            break
+        for t in take:
+            ok = gs.advance(t)
+            assert ok, "a forced token was refused by the index"
+        out.extend(take)
+        if len(take) < len(run.token_ids) or run.held_back > 0:
+            break
+    gs.num_forced += len(out)
+    return out

@@ -1,0 +1,122 @@
+"""The compile process: `python -m radixlang_runtime.constrained.worker_child MEMORY_BYTES`.
+
+Imports outlines-core, msgpack and the torch-free compile modules only. Runs under RLIMIT_AS =
+MEMORY_BYTES (0: no cap), so a hostile grammar ends this process (Rust aborts on a failed
+allocation), never the server. The parent kills it past the time limit.
+
+Protocol (framing.py frames; requests on stdin, replies on a private dup of stdout, whose fd 1 is
+pointed at stderr so stray prints cannot corrupt the channel):
+  {"op": "vocab", "tid", "eos", "sentinel", "tokens": [[bytes, [ids]], ...]} -> {"op": "vocab", "ok": True}
+  {"op": "compile", "job", "tid", "kind", "text", "disk": dir | None}
+      -> {"op": "compile", "job", "ok": True, "index": pickled Index, "seconds", "from_disk"}
+       | {"op": "compile", "job", "ok": False, "error": message}
+Disk cache: <disk>/<tid>/<sha256 of kind + text>.idx, written atomically (tmp + rename), entries
+over DISK_MAX_BYTES not written; an unreadable entry is deleted and recompiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import time
+from typing import Any, Optional
+
+DISK_MAX_BYTES = 256 << 20
+
+
+def disk_path(disk: Optional[str], tid: str, kind: str, text: str) -> Optional[str]:
+    if not disk:
+        return None
+    h = hashlib.sha256(f"{kind}\x00{text}".encode("utf-8")).hexdigest()
+    return os.path.join(disk, tid, h + ".idx")
+
+
+def _from_disk(path: Optional[str]) -> Optional[bytes]:
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        pickle.loads(data)  # validate: a truncated or foreign file is recompiled
+        return data
+    except Exception:  # noqa: BLE001 - any unreadable entry is replaced
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return None
+
+
+def _to_disk(path: Optional[str], data: bytes) -> None:
+    if path is None or len(data) > DISK_MAX_BYTES:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the disk cache is an optimisation
+
+
+def handle(msg: dict[str, Any], vocabs: dict[str, Any]) -> dict[str, Any]:
+    from outlines_core import Vocabulary
+
+    from radixlang_runtime.constrained.compile_index import build_index
+
+    if msg["op"] == "vocab":
+        vocabs[msg["tid"]] = (Vocabulary(msg["eos"], {bytes(b): list(ids) for b, ids in msg["tokens"]}),
+                              msg["sentinel"])
+        return {"op": "vocab", "ok": True}
+    job = msg["job"]
+    t0 = time.perf_counter()
+    path = disk_path(msg.get("disk"), msg["tid"], msg["kind"], msg["text"])
+    data = _from_disk(path)
+    if data is not None:
+        return {"op": "compile", "job": job, "ok": True, "index": data,
+                "seconds": time.perf_counter() - t0, "from_disk": True}
+    entry = vocabs.get(msg["tid"])
+    if entry is None:
+        return {"op": "compile", "job": job, "ok": False, "error": f"no vocabulary {msg['tid']} in the worker"}
+    try:
+        index = build_index(msg["kind"], msg["text"], entry[0], entry[1])
+    except ValueError as e:
+        return {"op": "compile", "job": job, "ok": False, "error": str(e)}
+    seconds = time.perf_counter() - t0
+    data = pickle.dumps(index)
+    del index
+    _to_disk(path, data)
+    return {"op": "compile", "job": job, "ok": True, "index": data, "seconds": seconds, "from_disk": False}
+
+
+def main() -> None:
+    import resource
+
+    from radixlang_runtime.constrained.framing import FrameReader, read_frame_blocking, write_frame
+
+    mem = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import outlines_core  # noqa: F401 - loaded before the cap, so the cap measures the compile
+
+    if mem > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    vocabs: dict[str, Any] = {}
+    reader, pending = FrameReader(), []
+    while True:
+        msg = read_frame_blocking(0, reader, pending)
+        if msg is None:
+            return
+        try:
+            reply = handle(msg, vocabs)
+        except MemoryError:
+            reply = {"op": msg.get("op"), "job": msg.get("job", -1), "ok": False, "error": "memory"}
+        write_frame(out_fd, reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The DSL against a real server started by `sgl.Runtime(...)` (launch_server with --frontend-port and
+--api-key), over both links: ZeroMQ (`Runtime.endpoint`) and HTTP (`RuntimeEndpoint(url)`).
+The module ends by killing the scheduler mid-stream, then checks shutdown leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import radixlang as sgl
+from radixlang import test_programs as tp
+from radixlang.errors import BackendError, ProgramError
+
+pytestmark = pytest.mark.slow
+KEY = "dsl-test-key"
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = sgl.Runtime(dtype="float32", max_total_tokens=8192, api_key=KEY, launch_timeout=300)
+    rt.child_pids = list(sgl.get_server_info(rt)["pids"].values())
+    yield rt
+    rt.shutdown()
+
+
+@pytest.fixture(scope="module")
+def links(runtime):
+    http = sgl.RuntimeEndpoint(runtime.url, api_key=KEY)
+    return {"zmq": runtime, "http": http}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) is gone too
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+# every program over ZeroMQ; over HTTP all but the two longest (the request bodies are the same
+# NativeBackend code on both links; test_both_links_agree_and_report compares them)
+CASES = [(p, "zmq") for p in tp.ALL] + [(p, "http") for p in tp.ALL
+                                       if p.__name__ not in ("test_react", "test_parallel_decoding")]
+
+
+@pytest.mark.parametrize("program,link", CASES, ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_program_on_server(links, link, program):
+    sgl.set_default_backend(links[link])
+    try:
+        program()
+    except ProgramError as e:
+        cause = e.__cause__
+        if program.__name__ in tp.CONSTRAINED and isinstance(cause, BackendError) and cause.status == 400:
+            pytest.skip(f"constrained decoding not in the runtime yet: {cause}")
+        raise
+    finally:
+        sgl.set_default_backend(None)
+
+
+def test_both_links_agree_and_report(links, runtime):
+    info = sgl.get_server_info(links["zmq"])
+    assert info["frontend_port"] == int(runtime.frontend_url.rsplit(":", 1)[1]) and info["api_key"] == KEY
+    assert links["http"].get_chat_template().name == links["zmq"].get_chat_template().name == "chatml"
+    picks = [tp.true_or_false.run(statement="Fire is cold.", backend=links[k]) for k in ("zmq", "http")]
+    assert picks[0]["answer"] == picks[1]["answer"]
+    assert picks[0].get_meta_info("answer")["normalized_prompt_logprobs"] == pytest.approx(
+        picks[1].get_meta_info("answer")["normalized_prompt_logprobs"], abs=1e-5)
+
+
+def test_the_api_key_rule_holds_on_both_links(runtime):
+    with pytest.raises(BackendError, match="401"):
+        sgl.RuntimeEndpoint(runtime.frontend_url, api_key="wrong")
+    with pytest.raises(BackendError, match="401"):
+        sgl.RuntimeEndpoint(runtime.url)
+
+
+def test_run_batch_prefix_is_cached_once(links):
+    assert links["zmq"].flush_cache() is True
+    states = tp.few_shot_qa.run_batch([{"question": f"What is the capital of country {i}?"} for i in range(4)],
+                                      backend=links["zmq"], temperature=0)
+    cached = [st.get_meta_info("answer")["cached_tokens"] for st in states]
+    prompt = [st.get_meta_info("answer")["prompt_tokens"] for st in states]
+    assert all(c >= p - 24 for c, p in zip(cached, prompt)), (cached, prompt)  # the shared prefix came from the cache
+
+
+def test_a_killed_scheduler_ends_streaming_states_within_seconds(links):
+    @sgl.function
+    def long(s):
+        s += "Count slowly:" + sgl.gen("a", max_tokens=4000, ignore_eos=True, temperature=0)
+
+    pids = sgl.get_server_info(links["zmq"])["pids"]
+    states = [long.run(backend=links[k], stream=True) for k in ("zmq", "http")]
+    for st in states:
+        next(iter(st.text_iter("a")))  # generation is under way
+    os.kill(pids["scheduler"], signal.SIGKILL)
+    t0 = time.monotonic()
+    for st in states:
+        with pytest.raises(ProgramError):
+            st["a"]
+        assert isinstance(st.error(), BackendError)
+    assert time.monotonic() - t0 < 15
+
+
+def test_shutdown_leaves_no_process(runtime):
+    pids = [runtime.pid, *runtime.child_pids]
+    runtime.shutdown()
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
+    out = os.popen(f"ps -o pid= --ppid {pids[0]}").read().split()
+    assert out == [], f"children of the server still running: {out}"
