@@ -1,9 +1,13 @@
 """Constrained decoding costs on the embedded SmolLM2 tokenizer:
 - compile time per grammar: cold (in a warm worker process, no cache), then cached (LRU hit);
 - the batched mask per step at batch 32 (CPU; CUDA too when present), per-state tensors cached;
-- jump-forward: forward passes per output with it on vs off, for a few JSON outputs.
+- jump-forward: forward passes per output with it on vs off, for a few JSON outputs;
+- --e2e: the real Engine (fp32 greedy) on JSON extraction, 8 schemas x 16 prompts, all requests at
+  once: jump-forward on vs off (identical text required, forward passes, output tok/s, every output
+  validated with jsonschema), then the masking cost at batch 32: constrained (jump-forward off) vs
+  unconstrained decoding of the same number of tokens.
 
-    python benchmarks/bench_constrained.py [--skip-json-object]
+    python benchmarks/bench_constrained.py [--skip-json-object] [--e2e]
 """
 
 from __future__ import annotations
@@ -113,9 +117,111 @@ def bench_jump_forward(compiler: GrammarCompiler, encode) -> None:
               f"({gs.num_forced} forced)")
 
 
+E2E_SCHEMAS = {
+    "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+             "required": ["name", "age"], "additionalProperties": False},
+    "nested": {"type": "object", "properties": {"person": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 24}, "address": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20}},
+            "required": ["city", "country"], "additionalProperties": False}},
+        "required": ["name", "address"], "additionalProperties": False}}, "required": ["person"],
+        "additionalProperties": False},
+    "array": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                                                        "minItems": 1, "maxItems": 4}},
+              "required": ["tags"], "additionalProperties": False},
+    "enum": {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
+                                              "confidence": {"enum": ["low", "medium", "high"]}},
+             "required": ["sentiment", "confidence"], "additionalProperties": False},
+    "tool_call": {"type": "object", "properties": {"name": {"enum": ["get_weather", "search_web", "send_email"]},
+                                                   "arguments": {"type": "object", "properties": {
+                                                       "query": {"type": "string", "maxLength": 40}},
+                                                       "required": ["query"], "additionalProperties": False}},
+                  "required": ["name", "arguments"], "additionalProperties": False},
+    "booleans": {"type": "object", "properties": {"is_urgent": {"type": "boolean"}, "needs_reply": {"type": "boolean"}},
+                 "required": ["is_urgent", "needs_reply"], "additionalProperties": False},
+    "numbers": {"type": "object", "properties": {"price": {"type": "integer"}, "quantity": {"type": "integer"}},
+                "required": ["price", "quantity"], "additionalProperties": False},
+    "items": {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "properties": {"product": {"type": "string", "maxLength": 16}, "qty": {"type": "integer"}},
+        "required": ["product", "qty"], "additionalProperties": False}}}, "required": ["items"],
+        "additionalProperties": False},
+}
+E2E_TEXTS = [
+    "Ann Lee, 34, lives in Lyon, France, and wants two coffees at 3 dollars.",
+    "Urgent: the server in Oslo is down, please reply with the weather search.",
+    "Bob (52) from Toronto, Canada loved the new phone; order 1 phone at 799.",
+    "Search the web for cheap flights to Rome and email the results to Kim.",
+    "Maria, age 27, Madrid, Spain: the delivery was late and the box was damaged.",
+    "Tom ordered 3 books and 2 pens; total price 45. Not urgent.",
+    "The weather in Tokyo tomorrow? Li Wei, 41, asks from Beijing, China.",
+    "Great service, fast shipping, would buy again! Five stars from Sara, 19.",
+    "Please send an email to the team about the meeting on Friday in Berlin.",
+    "Ravi, 60, from Pune, India, bought 4 lamps at 20 each.",
+    "Terrible app, it crashes every day. Needs a reply from support.",
+    "Find recipes for vegan pasta; Emma, 33, from Dublin, Ireland.",
+    "Order: 10 apples and 6 pears for 12 dollars, urgent delivery to Paris.",
+    "Neutral review: the hotel in Vienna was fine, nothing special.",
+    "Check the weather in Cairo for Omar, 45, who lives in Alexandria, Egypt.",
+    "Jo bought 1 laptop at 1200 and asks whether it needs a reply.",
+]
+
+
+def bench_e2e() -> None:
+    import jsonschema
+
+    from radixlang_runtime import Engine
+
+    eng = Engine(dtype="float32", max_total_tokens=65536)
+    try:
+        reqs = [(f"<|im_start|>user\nExtract from: {t}\nReply with JSON ({name}).<|im_end|>\n<|im_start|>assistant\n",
+                 schema) for name, schema in E2E_SCHEMAS.items() for t in E2E_TEXTS]
+        prompts = [p for p, _ in reqs]
+        sps = [{"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(s)} for _, s in reqs]
+        eng.generate(prompts[:2], sps[:2])  # compile every grammar once (cached), warm up
+        eng.generate(prompts, sps)
+        results = {}
+        for jf in (True, False):
+            eng._loop.call(lambda s: setattr(s.grammar, "jump_forward", jf))
+            assert eng.flush_cache()
+            steps0 = eng.get_stats()["forward_steps"]
+            t = time.perf_counter()
+            outs = eng.generate(prompts, sps)
+            dt = time.perf_counter() - t
+            toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            passes = sum(o["meta_info"]["forward_passes"] for o in outs)
+            results[jf] = (outs, dt, toks, passes, eng.get_stats()["forward_steps"] - steps0)
+            for o, (_, schema) in zip(outs, reqs):
+                jsonschema.validate(json.loads(o["text"]), schema)
+        on, off = results[True], results[False]
+        same = sum(a["text"] == b["text"] for a, b in zip(on[0], off[0]))
+        print(f"JSON extraction, {len(prompts)} requests (8 schemas x 16 prompts), fp32 greedy, all valid:")
+        for jf, (outs, dt, toks, passes, steps) in results.items():
+            print(f"  jump-forward {'on ' if jf else 'off'}: {toks} tokens in {dt:.2f} s = {toks / dt:.1f} tok/s, "
+                  f"request forward passes {passes}, batch steps {steps}")
+        print(f"  identical text on/off: {same}/{len(prompts)}; request forward passes -{1 - on[3] / off[3]:.1%}, "
+              f"batch steps -{1 - on[4] / off[4]:.1%}, wall {off[1] / on[1]:.2f}x")
+        # masking cost at batch 32: constrained (jump-forward off) vs unconstrained, same token count
+        eng._loop.call(lambda s: setattr(s.grammar, "jump_forward", False))
+        sub, sub_sps = prompts[:32], [dict(s, max_new_tokens=24) for s in sps[:32]]
+        rates = {"constrained": [], "unconstrained": []}
+        for _ in range(3):
+            for kind in rates:
+                assert eng.flush_cache()
+                sp = sub_sps if kind == "constrained" else [{"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}] * 32
+                t = time.perf_counter()
+                outs = eng.generate(sub, sp)
+                rates[kind].append(sum(o["meta_info"]["completion_tokens"] for o in outs) / (time.perf_counter() - t))
+        c, u = statistics.median(rates["constrained"]), statistics.median(rates["unconstrained"])
+        print(f"batch 32, jump-forward off, medians of 3: constrained {c:.1f} tok/s, unconstrained {u:.1f} tok/s "
+              f"({c / u:.1%} of unconstrained)")
+    finally:
+        eng.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-json-object", action="store_true")
+    ap.add_argument("--e2e", action="store_true", help="also run the real Engine on the JSON workload")
     args = ap.parse_args()
     tok = Tokenizer.from_file(os.path.join(resolve_model_dir(None), "tokenizer.json"))
     t0 = time.perf_counter()
@@ -135,6 +241,8 @@ def main() -> None:
         bench_jump_forward(compiler, lambda s: tok.encode(s, add_special_tokens=False).ids)
     finally:
         compiler.close()
+    if args.e2e:
+        bench_e2e()
 
 
 if __name__ == "__main__":

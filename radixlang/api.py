@@ -26,6 +26,10 @@ def _defaults(params: dict) -> SglSamplingParams:
 
 class SglFunction:
     def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None, bind_arguments: Optional[dict] = None):
+        if num_api_spec_tokens is not None:  # a flag that is accepted does what it says, or is refused
+            raise NotImplementedError(
+                f"function(num_api_spec_tokens={num_api_spec_tokens!r}): SGLang's API speculative execution (for "
+                "OpenAI-style backends) is not implemented in radixlang; drop the argument (None is accepted)")
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = bind_arguments or {}

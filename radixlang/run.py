@@ -5,8 +5,9 @@ Invariants:
   returns at once and the body runs on its own thread; a body exception ends the state (the
   exception is raised from `run()`, or kept as `error()` when streaming);
 - `run_batch` returns states in input order, each complete (synced); with more than one item it first
-  traces the body for its constant prefix and, when longer than `precache_min_chars`, pins it in
-  the radix cache for the batch (a plain prefill when the runtime has no pin), released at the end.
+  traces the body for its constant prefix and, when longer than `precache_min_chars`, prefills it
+  and pins it in the radix cache for the batch (the prefill alone when the runtime has no pin); the
+  pin is released at the end (the server also drops it when a ZeroMQ client goes away, or at its ttl).
 """
 
 from __future__ import annotations

@@ -60,6 +60,9 @@ class IncrementalDetokenizer:
             out.cached_tokens.append(msg.cached_tokens[i])
             out.num_retractions.append(msg.num_retractions[i])
             out.queue_times.append(msg.queue_times[i])
+            if msg.forced_tokens:
+                out.forced_tokens.append(msg.forced_tokens[i])
+                out.forward_passes.append(msg.forward_passes[i])
             if msg.input_logprobs:
                 out.input_logprobs.append(msg.input_logprobs[i])
                 out.input_top_logprobs.append(msg.input_top_logprobs[i])

@@ -95,12 +95,28 @@ class Engine:
         self._loop.call(lambda s: s.check_integrity())
 
     def flush_cache(self) -> bool:
-        """Empty the radix cache. False (nothing done) while requests are queued or running."""
+        """Empty the radix cache. False (nothing done) while requests are queued or running, or a prefix is pinned."""
         return self._loop.call(lambda s: s.flush_cache())
 
     def get_stats(self) -> dict[str, Any]:
         """KV and scheduler counters, read on the scheduler thread."""
         return self._loop.call(scheduler_stats)
+
+    def pin_prefix(self, text: Optional[str] = None, input_ids: Optional[list[int]] = None,
+                   ttl_s: Optional[float] = None) -> dict[str, Any]:
+        """Lock the cached part of a prefix (text or input_ids) in the radix cache until
+        `unpin_prefix(pin_id)` or ttl_s seconds: evictions cannot take it. Only what is cached is
+        locked (generate it with max_new_tokens=0 first). Returns {"pin_id", "pinned_len", "input_len"}.
+        While a pin exists flush_cache refuses."""
+        if (text is None) == (input_ids is None):
+            raise ValueError("pin_prefix takes text or input_ids (one of them)")
+        ids = self._encode(text) if text is not None else list(input_ids)
+        pin_id, pinned_len = self._loop.call(lambda s: s.kv.pin(ids, ttl_s))
+        return {"pin_id": pin_id, "pinned_len": pinned_len, "input_len": len(ids)}
+
+    def unpin_prefix(self, pin_id: str) -> bool:
+        """Release a pin; False when there is none by that id (unknown, unpinned or expired)."""
+        return self._loop.call(lambda s: s.kv.unpin(pin_id))
 
     def shutdown(self) -> None:
         self._loop.close()
@@ -144,7 +160,10 @@ class Engine:
         if kind == "error":
             self._detok.forget(builder.rid)
             builder.finished = True
-            raise RuntimeError(f"request {builder.rid} failed: {payload}")
+            status, message = payload
+            if status == 400:  # the request's own fault (its grammar)
+                raise ValueError(message)
+            raise RuntimeError(f"request {builder.rid} failed: {message}")
         out, failed = self._detok.update(payload)
         if failed:
             builder.finished = True

@@ -16,6 +16,7 @@ class RuntimeLimits:
     context_len: int
     vocab_size: int
     num_slots: int  # KV pool size in tokens
+    grammar: bool = True  # constrained decoding available (--grammar-backend outlines)
 
 
 def check_request(ids: list[int], sp: SamplingParams, limits: RuntimeLimits) -> None:
@@ -24,6 +25,8 @@ def check_request(ids: list[int], sp: SamplingParams, limits: RuntimeLimits) -> 
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < limits.vocab_size for t in ids):
         raise ValueError(f"input_ids must be integers in [0, {limits.vocab_size})")
     sp.check_vocab(limits.vocab_size)
+    if sp.constrained and not limits.grammar:
+        raise ValueError("regex / json_schema need a grammar backend: the server runs with --grammar-backend none")
     if len(ids) + sp.max_new_tokens > limits.context_len:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the context length "

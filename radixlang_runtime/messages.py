@@ -1,10 +1,11 @@
 """Every message that crosses a process boundary, as typed dataclasses encoded with msgpack.
 
 Torch-free (the DSL's ZeroMQ backend imports it). Links:
-  tokenizer manager -> scheduler:   TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq
+  tokenizer manager -> scheduler:   TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq,
+                                    PinPrefixReq, UnpinPrefixReq
   scheduler -> detokenizer:         BatchTokenIDOut
   detokenizer -> tokenizer manager: BatchStrOut
-  scheduler -> tokenizer manager:   FlushCacheOut, StatsOut, ErrorOut
+  scheduler -> tokenizer manager:   FlushCacheOut, StatsOut, ErrorOut, PinPrefixOut, UnpinPrefixOut
 `encode` writes [type name, field values in declaration order]; `decode` rebuilds the dataclass and
 rejects unknown types. Never pickle: a message is data, not code.
 """
@@ -57,11 +58,43 @@ class StatsOut:
 
 
 @dataclass
+class PinPrefixReq:
+    """Lock the longest cached prefix of input_ids in the radix cache (KVManager.pin); ttl_s: it
+    expires after that many seconds (None: until UnpinPrefixReq)."""
+
+    req_id: str
+    input_ids: list[int]
+    ttl_s: Optional[float] = None
+
+
+@dataclass
+class PinPrefixOut:
+    req_id: str
+    pin_id: Optional[str]  # None when refused (error says why)
+    pinned_len: int = 0  # page-aligned tokens locked (0: nothing of it was cached)
+    error: Optional[str] = None
+
+
+@dataclass
+class UnpinPrefixReq:
+    req_id: str
+    pin_id: str
+
+
+@dataclass
+class UnpinPrefixOut:
+    req_id: str
+    success: bool  # False: no such pin (unknown, already unpinned or expired)
+
+
+@dataclass
 class ErrorOut:
-    """The scheduler failed these requests (an internal error); they are finished."""
+    """These requests ended with an error; they are finished. status: 500 an internal fault, 400 the
+    request's own (a grammar that does not compile)."""
 
     rids: list[str]
     message: str
+    status: int = 500
 
 
 @dataclass
@@ -86,6 +119,8 @@ class BatchTokenIDOut:
     output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
     output_top_logprobs: list[Optional[list]] = field(default_factory=list)
     stop_from_end: list[int] = field(default_factory=list)  # Req.stop_from_end (0: no stop string)
+    forced_tokens: list[int] = field(default_factory=list)  # jump-forward tokens so far (meta_info.forced_tokens)
+    forward_passes: list[int] = field(default_factory=list)  # forward steps so far (meta_info.forward_passes)
 
 
 @dataclass
@@ -107,6 +142,8 @@ class BatchStrOut:
     input_top_logprobs: list[Optional[list]] = field(default_factory=list)
     output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
     output_top_logprobs: list[Optional[list]] = field(default_factory=list)
+    forced_tokens: list[int] = field(default_factory=list)
+    forward_passes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -134,7 +171,7 @@ class FrontendOut:
 
 
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
-            BatchTokenIDOut, BatchStrOut)
+            BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 _FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES + FRONTEND_MESSAGES}

@@ -59,6 +59,8 @@ class ResultBuilder:
             "completion_tokens": msg.completion_tokens[i], "cached_tokens": msg.cached_tokens[i],
             "num_retractions": msg.num_retractions[i], "e2e_latency": now - self.created,
         }
+        if msg.forced_tokens:  # constrained decoding: tokens jump-forward appended, and forward passes
+            meta["forced_tokens"], meta["forward_passes"] = msg.forced_tokens[i], msg.forward_passes[i]
         if self.logprob is not None and msg.output_logprobs:
             self._logprob_meta(msg, i, new_ids, meta)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

@@ -59,6 +59,11 @@ class SamplingParams:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @property
+    def constrained(self) -> bool:
+        """The output must match a grammar (regex / json_schema): the scheduler compiles and masks it."""
+        return self.regex is not None or self.json_schema is not None
+
+    @property
     def has_penalties(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
@@ -95,9 +100,12 @@ class SamplingParams:
              "stop_token_ids must be a list of integers")
         need(self.regex is None or self.json_schema is None, "at most one of regex / json_schema may be set")
         need(self.sampling_seed is None or isinstance(self.sampling_seed, int), "sampling_seed must be an integer")
-        if self.regex is not None or self.json_schema is not None or self.stop_regex:
-            # Constrained decoding lands with the grammar backend; refuse rather than ignore.
-            raise ValueError("regex / json_schema / stop_regex constrained decoding is not supported yet")
+        if self.stop_regex:  # a stop rule over the text, not a grammar: refused rather than ignored
+            raise ValueError("stop_regex is not supported yet (use stop strings, or regex to constrain the output)")
+        if self.constrained:
+            from radixlang_runtime.constrained.spec import spec_from_sampling
+
+            spec_from_sampling(self.regex, self.json_schema)  # ValueError naming what is wrong (HTTP 400)
 
     def check_vocab(self, vocab_size: int) -> None:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]

@@ -62,8 +62,8 @@ class ServerArgs:
 
     # --- kernels / constraints ---
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
-    grammar_backend: str = "none"  # outlines: refused until constrained decoding lands (issue 12)
-    disable_jump_forward: bool = False  # refused until jump-forward exists (issue 12)
+    grammar_backend: str = "outlines"  # outlines | none (regex / json_schema requests then answer 400)
+    disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -85,10 +85,6 @@ class ServerArgs:
         # Flags tell the truth: what is not implemented yet is refused, not accepted and ignored.
         need(self.tp_size == 1, f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (use 1)")
         need(self.dp_size == 1, f"dp_size {self.dp_size}: data parallelism is not implemented yet (use 1)")
-        need(self.grammar_backend == "none", "grammar_backend 'outlines': constrained decoding is not implemented "
-             "yet (regex / json_schema requests answer 400); use none")
-        need(not self.disable_jump_forward, "disable_jump_forward: jump-forward is not implemented yet, so there "
-             "is nothing to disable")
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
         need(self.max_running_requests is None or self.max_running_requests >= 1,

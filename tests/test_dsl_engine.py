@@ -8,7 +8,7 @@ import pytest
 import radixlang as sgl
 from radixlang import test_programs as tp
 from radixlang.backend.engine import EngineBackend
-from radixlang.errors import BackendError, ProgramError
+from radixlang.errors import BackendError
 
 pytestmark = pytest.mark.slow
 
@@ -22,19 +22,29 @@ def backend(engine_fp32):
 
 
 def run_program(program):
-    """Run one of SGLang's programs; constrained ones skip while the runtime refuses regex (400)."""
-    try:
-        program()
-    except ProgramError as e:
-        cause = e.__cause__
-        if program.__name__ in tp.CONSTRAINED and isinstance(cause, BackendError) and cause.status == 400:
-            pytest.skip(f"constrained decoding not in the runtime yet: {cause}")
-        raise
+    """Run one of SGLang's programs (the constrained ones too: regex / json / dtype go through the
+    runtime's grammar backend)."""
+    program()
 
 
 @pytest.mark.parametrize("program", tp.ALL, ids=lambda f: f.__name__)
 def test_program_on_engine(backend, program):
     run_program(program)
+
+
+def test_run_batch_pins_its_prefix_for_the_batch(backend, monkeypatch):
+    unpin, seen = backend.unpin_prefix, []
+
+    def spy(handle):  # the batch's end: its pin is still there, then released
+        seen.append((handle, backend.engine.get_stats()))
+        unpin(handle)
+
+    monkeypatch.setattr(backend, "unpin_prefix", spy)
+    states = tp.few_shot_qa.run_batch([{"question": f"What is the capital of country {i}?"} for i in range(3)],
+                                      temperature=0)
+    assert all(st.get_meta_info("answer")["cached_tokens"] > 0 for st in states)
+    assert len(seen) == 1 and seen[0][1]["num_pins"] == 1 and seen[0][1]["pinned_slots"] > 0, seen
+    assert backend.engine.get_stats()["num_pins"] == 0
 
 
 def test_embedded_model_gets_chatml_with_its_system_prompt(backend):

@@ -145,6 +145,19 @@ def test_bind_fixes_arguments(fake):
     assert prog.bind(b="!").run(a="hi", backend=fake).text() == "hi!"
 
 
+def test_num_api_spec_tokens_is_refused_not_ignored(fake):
+    with pytest.raises(NotImplementedError, match="num_api_spec_tokens=64.*not implemented"):
+        @sgl.function(num_api_spec_tokens=64)
+        def spec(s):
+            s += "x"
+
+    @sgl.function(num_api_spec_tokens=None)  # SGLang's default: accepted
+    def plain(s):
+        s += "x"
+
+    assert plain.run(backend=fake).text() == "x"
+
+
 def test_streaming_text_iter_and_async_meta():
     fake = FakeBackend(reply=lambda p, sp: " one two")
 

@@ -52,11 +52,6 @@ def test_program_on_server(links, link, program):
     sgl.set_default_backend(links[link])
     try:
         program()
-    except ProgramError as e:
-        cause = e.__cause__
-        if program.__name__ in tp.CONSTRAINED and isinstance(cause, BackendError) and cause.status == 400:
-            pytest.skip(f"constrained decoding not in the runtime yet: {cause}")
-        raise
     finally:
         sgl.set_default_backend(None)
 
@@ -78,13 +73,24 @@ def test_the_api_key_rule_holds_on_both_links(runtime):
         sgl.RuntimeEndpoint(runtime.url)
 
 
-def test_run_batch_prefix_is_cached_once(links):
-    assert links["zmq"].flush_cache() is True
+@pytest.mark.parametrize("link", ["zmq", "http"])
+def test_run_batch_prefix_is_cached_once(links, link, monkeypatch):
+    assert links[link].flush_cache() is True
+    backend = getattr(links[link], "endpoint", None) or links[link]
+    unpin, seen = backend.unpin_prefix, []
+
+    def spy(handle):  # the batch's end: its pin is still there, then released
+        seen.append((handle, sgl.get_server_info(links[link])["stats"]))
+        unpin(handle)
+
+    monkeypatch.setattr(backend, "unpin_prefix", spy)
     states = tp.few_shot_qa.run_batch([{"question": f"What is the capital of country {i}?"} for i in range(4)],
-                                      backend=links["zmq"], temperature=0)
+                                      backend=links[link], temperature=0)
     cached = [st.get_meta_info("answer")["cached_tokens"] for st in states]
     prompt = [st.get_meta_info("answer")["prompt_tokens"] for st in states]
     assert all(c >= p - 24 for c, p in zip(cached, prompt)), (cached, prompt)  # the shared prefix came from the cache
+    assert len(seen) == 1 and seen[0][0] and seen[0][1]["num_pins"] == 1 and seen[0][1]["pinned_slots"] > 0, seen
+    assert sgl.get_server_info(links[link])["stats"]["num_pins"] == 0
 
 
 def test_a_killed_scheduler_ends_streaming_states_within_seconds(links):

@@ -142,7 +142,8 @@ def test_penalties_change_a_repetitive_continuation(engine):
     ({"prompt": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
     ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "context length"),
     ({"prompt": "hi", "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids"),
-    ({"prompt": "hi", "sampling_params": {"regex": "a+"}}, "not supported"),
+    ({"prompt": "hi", "sampling_params": {"regex": "(a+"}}, "invalid regex"),
+    ({"prompt": "hi", "sampling_params": {"stop_regex": ["x"]}}, "not supported"),
     ({"prompt": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({}, "exactly one"),
 ])

@@ -25,6 +25,10 @@ SAMPLES = {
     m.BatchStrOut: dict(rids=["a"], texts=["héllo ✓"], text_is_full=[True], new_ids=[[5, 6]],
                         finished_reasons=[{"type": "length", "length": 2}], prompt_tokens=[1], completion_tokens=[2],
                         cached_tokens=[0], num_retractions=[0], queue_times=[0.1]),
+    m.PinPrefixReq: dict(req_id="p", input_ids=[1, 2, 3], ttl_s=2.5),
+    m.PinPrefixOut: dict(req_id="p", pin_id="pin-1", pinned_len=16, error=None),
+    m.UnpinPrefixReq: dict(req_id="u", pin_id="pin-1"),
+    m.UnpinPrefixOut: dict(req_id="u", success=True),
 }
 
 

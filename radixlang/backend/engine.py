@@ -76,6 +76,10 @@ class EngineBackend(NativeBackend):
             return e.flush_cache()
         if method == "concate_and_append":
             return {}
+        if method == "pin_prefix" and hasattr(e, "pin_prefix"):
+            return next(iter(_Pump(lambda: iter([e.pin_prefix(**body)]), self.timeout)))
+        if method == "unpin_prefix" and hasattr(e, "unpin_prefix"):
+            return {"pin_id": body["pin_id"], "success": e.unpin_prefix(body["pin_id"])}
         raise BackendError(f"{method} is not supported by the in-process engine", 404)
 
     def shutdown(self) -> None:

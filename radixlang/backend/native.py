@@ -84,6 +84,9 @@ class NativeBackend(BaseBackend):
         self._call({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
 
     def pin_prefix(self, prefix: str) -> Optional[Any]:
+        """Prefill the prefix, then pin it (a pin locks only what is cached). A runtime without pins
+        (404) gets the prefill alone from then on; the pin's id is the handle."""
+        self.cache_prefix(prefix)
         if self._pin_supported:
             try:
                 return self._control("pin_prefix", {"text": prefix})["pin_id"]
@@ -91,7 +94,6 @@ class NativeBackend(BaseBackend):
                 if e.status != 404:
                     raise
                 self._pin_supported = False
-        self.cache_prefix(prefix)
         return None
 
     def unpin_prefix(self, handle: Any) -> None:

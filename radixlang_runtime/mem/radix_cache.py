@@ -3,8 +3,9 @@
 Invariants:
 - every edge key is a whole number of pages (len % page_size == 0); children are looked up by their
   first token (page size 1) or first page; a node's `value` holds one slot per key token;
-- lock_ref of a node counts the locks of requests whose matched path runs through it; a node with
-  lock_ref > 0 is never evicted; the root is always locked;
+- lock_ref of a node counts the locks whose path runs through it (requests' matched prefixes and
+  prefix pins, scheduler/kv_manager.py); a node with lock_ref > 0 is never evicted; the root is
+  always locked;
 - evictable_size + protected_size == total size (tokens stored), where protected counts the nodes
   with lock_ref > 0;
 - the tree never frees memory: `insert` tells the caller how much it already held (the caller frees
@@ -203,6 +204,20 @@ class RadixCache:
                 ev += len(n.key)
         if (ev, pr) != (self._evictable, self._protected):
             raise AssertionError(f"radix accounting: counted {ev}/{pr}, recorded {self._evictable}/{self._protected}")
+
+    def check_locks(self, holders: list[TreeNode]) -> None:
+        """Every node's lock_ref equals the number of `holders` (each one lock on a node: a request's
+        last_node, a pin's node) whose path runs through it, and every holder is still in the tree."""
+        expected: dict[int, int] = {}
+        for node in holders:
+            while node is not self.root:
+                if node.parent is None or node.parent.children.get(self._child_key(node.key, 0)) is not node:
+                    raise AssertionError("a lock holder's node is no longer in the tree")
+                expected[id(node)] = expected.get(id(node), 0) + 1
+                node = node.parent
+        for n in self._nodes():
+            if n.lock_ref != expected.get(id(n), 0):
+                raise AssertionError(f"radix node lock_ref {n.lock_ref}, but {expected.get(id(n), 0)} holders")
 
     def dump(self, max_tokens: int = 8) -> str:
         """A compact text view, one node a line: depth, tokens (first few), slots count, lock_ref."""

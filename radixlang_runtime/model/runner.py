@@ -18,8 +18,8 @@ from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
-from radixlang_runtime.model.logprobs import (fill_input_logprobs, fill_output_logprobs, output_logprob_rows,
-                                              plan_input_logprobs)
+from radixlang_runtime.model.logprobs import fill_input_logprobs, plan_input_logprobs
+from radixlang_runtime.model.sample_step import sample_step
 from radixlang_runtime.model.packed_linear import packing_available
 from radixlang_runtime.model.sampler import Sampler
 from radixlang_runtime.scheduler.batch import ScheduleBatch
@@ -133,19 +133,19 @@ class ModelRunner:
         sample_idx = [i for i, s in enumerate(batch.sample) if s]
         plans = plan_input_logprobs(batch) if batch.phase != "decode" else []
         ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
-        # The head runs only on the rows that need logits: sampled positions, then logprob positions.
-        rows = [ends[i] - 1 for i in sample_idx] + [r for p in plans for r in p.rows]
+        # The head runs only on the rows that need logits: sampled positions (a request verifying a
+        # jump-forward draft: its last draft_len + 1 positions), then logprob positions.
+        counts = [1 + (batch.draft_lens[i] if batch.draft_lens else 0) for i in sample_idx]
+        rows = [r for i, n in zip(sample_idx, counts) for r in range(ends[i] - n, ends[i])]
+        S = len(rows)
+        rows += [r for p in plans for r in p.rows]
         logits = self.model(fb, logit_rows=torch.tensor(rows, dtype=torch.int64, device=self.device))  # [R, V] fp32
-        S = len(sample_idx)
         if plans:
             fill_input_logprobs(batch, plans, logits[S:])
         if not S:  # non-final chunks and prefill-only requests
             batch.next_token_ids = []
             return
-        sample_logits = logits[:S]
-        want, lsm = output_logprob_rows(batch, sample_idx, sample_logits)
-        batch.next_token_ids = self.sampler.sample(sample_logits, [batch.reqs[i] for i in sample_idx])
-        fill_output_logprobs(batch, sample_idx, want, lsm, batch.next_token_ids)
+        sample_step(batch, sample_idx, counts, logits[:S], self.sampler)
 
     def _build_forward_batch(self, batch: ScheduleBatch) -> ForwardBatch:
         dev = self.device

@@ -35,9 +35,13 @@ class ScheduleBatch:
     # req_to_token[row, :prefix_len] = req.kv_indices[:prefix_len] (a cache match, or slots swapped for the tree's).
     rewrite_rows: list[int] = field(default_factory=list)
     decode_from: int = -1  # first decoding request (0 for "decode", len(reqs) for "extend"); set in __post_init__
+    # Jump-forward drafts riding in this step (aligned with reqs; empty: none): reqs[i].draft's length,
+    # the last draft_lens[i] tokens of extend_ids[i]. The runner verifies them (model/sample_step.py).
+    draft_lens: list[int] = field(default_factory=list)
     # Filled by the runner:
     next_token_ids: list[int] = field(default_factory=list)
     logprobs: dict[int, StepLogprobs] = field(default_factory=dict)  # request index -> its logprobs this step
+    accepted: dict[int, int] = field(default_factory=dict)  # request index -> draft tokens the model agreed with
 
     def __post_init__(self) -> None:
         if self.decode_from < 0:

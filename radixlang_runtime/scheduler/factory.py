@@ -12,6 +12,7 @@ from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.runner import ModelRunner
+from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixlang_runtime.server_args import ServerArgs
@@ -23,6 +24,10 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any) -> Schedul
     sizes = runner.sizes
     eos = end_token_ids(model_dir, runner.cfg.eos_token_ids, tokenizer)
     runner.sampler.eos_token_ids = list(eos)  # the min_new_tokens mask and the finish check agree
+    grammar = None
+    if args.grammar_backend == "outlines":
+        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size), eos,
+                               jump_forward=not args.disable_jump_forward)
     return Scheduler(
         SchedulerConfig(
             page_size=args.page_size, context_len=sizes.context_len,
@@ -36,7 +41,21 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any) -> Schedul
         KVManager(PageAllocator(sizes.num_slots, args.page_size), TableManager(sizes.table_rows),
                   None if args.disable_radix_cache else RadixCache(args.page_size)),
         detokenize=lambda ids: tokenizer.decode(ids),
+        grammar=grammar,
     )
+
+
+def make_grammar_compiler(tokenizer: Any, logits_width: int) -> Any:
+    """outlines-core vocabulary of this tokenizer (built once, ~0.5 s) + a compiler whose indexes are
+    also cached on disk under the cache root (a restart reloads them in milliseconds)."""
+    import os
+
+    from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompiler
+    from radixlang_runtime.constrained.vocab import vocab_from_tokenizer
+    from radixlang_runtime.model.resolve import cache_root
+
+    vocab = vocab_from_tokenizer(tokenizer, logits_width=logits_width)
+    return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars")))
 
 
 def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:
@@ -58,7 +77,8 @@ def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -
 
 def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     runner = scheduler.runner
-    return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots)
+    return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
+                         grammar=scheduler.grammar is not None)
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:
@@ -72,6 +92,10 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "prefill_tokens_cached": s.prefill_tokens_cached,
         "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
         "new_token_ratio": s.new_token_ratio,
+        **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins
+        "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
+        "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
+        "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
     }
 

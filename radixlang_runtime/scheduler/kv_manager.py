@@ -7,28 +7,51 @@ RadixCache, and moves slots between them at each point of a request's life:
 - after each prefill step: `cache_unfinished` inserts what the request has computed so that others
   can share it, and swaps the request's duplicate slots for the tree's;
 - finish, abort, retract: `release` inserts the request's tokens (cache=True) and unlocks.
+Prefix pins (the DSL's run_batch keeps its shared prefix for the batch): `pin` locks the longest
+cached page-aligned prefix of some token ids so that `evict` cannot take it, `unpin` releases it.
+A pin only locks what is cached (the caller prefills first); the pins together lock at most
+max_pinned_fraction of the pool (a longer prefix is pinned in part) so requests keep room. A pin
+with a ttl expires at the first `expire_pins` after it (the loop calls it every iteration). flush
+refuses while anything is locked, pins included (as SGLang: unpin first).
 Invariant (check_integrity): every page is exactly one of free / in the tree / owned by one live
-request (kv_indices[tree_len:]), and the tree's evictable + protected sizes add up to its size.
+request (kv_indices[tree_len:]), and the tree's evictable + protected sizes add up to its size;
+every node's lock_ref counts exactly the live requests' and the pins' locks through it.
 """
 
 from __future__ import annotations
 
+import itertools
+import time
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from radixlang_runtime.mem.allocator import PageAllocator
-from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.radix_cache import RadixCache, TreeNode
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.scheduler.request import Req
 
 
+@dataclass
+class Pin:
+    node: Optional[TreeNode]  # locked once for this pin (None: nothing was cached, nothing locked)
+    length: int  # pinned tokens, page-aligned: the path root .. node
+    expires_at: Optional[float]  # time.monotonic() deadline; None: until unpin
+
+
 class KVManager:
-    def __init__(self, allocator: PageAllocator, table: TableManager, radix: Optional[RadixCache]):
+    def __init__(self, allocator: PageAllocator, table: TableManager, radix: Optional[RadixCache],
+                 max_pinned_fraction: float = 0.5):
         if radix is not None and radix.page_size != allocator.page_size:
             raise ValueError("the radix cache and the allocator must use the same page size")
+        if not 0.0 <= max_pinned_fraction <= 1.0:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
         self.allocator = allocator
         self.table = table
         self.radix = radix
         self.page_size = allocator.page_size
+        self.pins: dict[str, Pin] = {}
+        self.max_pinned_slots = int(allocator.total_slots * max_pinned_fraction)
+        self._pin_seq = itertools.count(1)
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self) -> int:
@@ -84,6 +107,16 @@ class KVManager:
         req.kv_indices.extend(slots)
         return slots
 
+    def truncate(self, req: Req, new_len: int) -> None:
+        """Drop positions new_len.. of req (K/V of draft tokens the model rejected). Whole pages past
+        the page of position new_len - 1 are freed; a partly used page stays with req (a position has
+        a fixed offset in its page, so the next alloc continues in it). new_len >= tree_len."""
+        assert req.tree_len <= new_len <= req.kv_len
+        keep = -(-new_len // self.page_size) * self.page_size  # positions < keep lie in req's kept pages
+        if len(req.kv_indices) > keep:
+            self.allocator.free(req.kv_indices[keep:])
+        del req.kv_indices[new_len:]
+
     # ------------------------------------------------------------------ caching
     def _insert(self, req: Req) -> int:
         """Insert the page-aligned part of what req has computed; free the request's own slots the tree
@@ -132,8 +165,85 @@ class KVManager:
             self.table.free(req.table_idx)
             req.table_idx = -1
 
+    # ------------------------------------------------------------------ prefix pins
+    def pin(self, token_ids: list[int], ttl_s: Optional[float] = None,
+            now: Optional[float] = None) -> tuple[str, int]:
+        """Lock the longest cached page-aligned prefix of token_ids until `unpin` (or ttl_s seconds).
+        Returns (pin_id, pinned_len); pinned_len is 0 when nothing is cached (the pin still exists)
+        and shorter than the cached prefix when the pins' cap (max_pinned_slots) is reached."""
+        if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
+                                  or not 0 < ttl_s < float("inf")):
+            raise ValueError(f"ttl_s must be a positive, finite number of seconds, got {ttl_s!r}")
+        node, length = None, 0
+        if self.radix is not None:
+            m = self.radix.match_prefix(token_ids)
+            length = self._capped_pin_len(m.last_node)
+            if length < m.length:
+                m = self.radix.match_prefix(token_ids[:length])  # splits the edge at the cap
+            if m.length:
+                node, length = m.last_node, m.length
+                self.radix.lock(node)
+        pin_id = f"pin-{next(self._pin_seq)}"
+        expires = None if ttl_s is None else (time.monotonic() if now is None else now) + ttl_s
+        self.pins[pin_id] = Pin(node, length, expires)
+        return pin_id, length
+
+    def _capped_pin_len(self, last: TreeNode) -> int:
+        """How much of the path root .. last a new pin may lock: nodes already pinned are free of
+        charge, the rest counts against max_pinned_slots - pinned_slots()."""
+        path = []
+        while last is not None and last is not self.radix.root:
+            path.append(last)
+            last = last.parent
+        pinned = self._pinned_nodes()
+        room = max(self.max_pinned_slots - sum(len(n.key) for n in pinned.values()), 0)
+        length = 0
+        for node in reversed(path):
+            cost = 0 if id(node) in pinned else len(node.key)
+            if cost > room:
+                return length + room // self.page_size * self.page_size
+            room -= cost
+            length += len(node.key)
+        return length
+
+    def _pinned_nodes(self) -> dict[int, TreeNode]:
+        out: dict[int, TreeNode] = {}
+        for p in self.pins.values():
+            node = p.node
+            while node is not None and node is not self.radix.root and id(node) not in out:
+                out[id(node)] = node
+                node = node.parent
+        return out
+
+    def unpin(self, pin_id: str) -> bool:
+        """Release a pin; False when there is no such pin (unknown, already unpinned or expired)."""
+        p = self.pins.pop(pin_id, None)
+        if p is None:
+            return False
+        if p.node is not None:
+            self.radix.unlock(p.node)
+        return True
+
+    def expire_pins(self, now: Optional[float] = None) -> list[str]:
+        """Drop the pins whose ttl has passed; returns their ids."""
+        if not self.pins:
+            return []
+        now = time.monotonic() if now is None else now
+        gone = [pid for pid, p in self.pins.items() if p.expires_at is not None and p.expires_at <= now]
+        for pid in gone:
+            self.unpin(pid)
+        return gone
+
+    def pinned_slots(self) -> int:
+        """Distinct slots the pins lock (overlapping pins count once)."""
+        return sum(len(n.key) for n in self._pinned_nodes().values()) if self.radix is not None else 0
+
+    def pin_stats(self) -> dict[str, int]:
+        return {"pinned_slots": self.pinned_slots(), "num_pins": len(self.pins)}
+
     def flush(self) -> bool:
-        """Empty the tree. Only when no request holds any of it (the caller checks it is idle)."""
+        """Empty the tree. Only when nothing holds any of it: no request (the caller checks it is
+        idle) and no pin (a pinned prefix is locked: flush refuses until it is unpinned or expires)."""
         if self.radix is None:
             return True
         if self.radix.protected_size():
@@ -158,6 +268,8 @@ class KVManager:
 
         if self.radix is not None:
             self.radix.check_integrity()
+            holders = [r.last_node for r in live if r.last_node is not None]
+            self.radix.check_locks(holders + [p.node for p in self.pins.values() if p.node is not None])
             claim(self.radix.all_slots(), "the radix cache")
         for r in live:
             if r.tree_len % ps or (r.tree_len and r.last_node is None):

@@ -1,7 +1,7 @@
 """RequestLoop: the one drain -> step -> emit cycle, shared by the in-process Engine and the server.
 
 The loop owns what is common: turning `TokenizedGenerateReq` messages into scheduler requests,
-aborts, control calls (flush, stats, an arbitrary function on the scheduler thread), one scheduler
+aborts, control calls (flush, stats, prefix pins, an arbitrary function on the scheduler thread), one scheduler
 step at a time, and the progress messages of the requests a step touched (`BatchTokenIDOut`, the
 same typed message the server sends to its detokenizer). What differs is only where messages come
 from and go to, a `LoopIO`: Python queues in the Engine (loop_thread.py), ZeroMQ sockets in the
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        StatsOut, TokenizedGenerateReq)
+                                        PinPrefixOut, PinPrefixReq, StatsOut, TokenizedGenerateReq, UnpinPrefixOut,
+                                        UnpinPrefixReq)
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -45,7 +46,7 @@ class LoopIO(Protocol):
 
     def send_tokens(self, out: BatchTokenIDOut) -> None: ...
 
-    def send_error(self, rids: list[str], message: str) -> None: ...
+    def send_error(self, rids: list[str], message: str, status: int = 500) -> None: ...
 
     def send_control(self, msg: Any) -> None:
         """A reply to a control request (FlushCacheOut, StatsOut)."""
@@ -84,8 +85,13 @@ class RequestLoop:
     def run_once(self) -> None:
         for msg in self.io.receive(self.idle_wait if self.scheduler.is_idle else 0.0):
             self.handle(msg)
+        for pin_id in self.scheduler.kv.expire_pins():  # every iteration, idle ones too (idle_wait apart)
+            logger.info("prefix pin %s expired", pin_id)
         if self.scheduler.is_idle:
             return
+        if self.scheduler.only_grammar_pending:  # compiles run in worker processes: don't spin
+            for msg in self.io.receive(0.005):
+                self.handle(msg)
         try:
             touched = self.scheduler.step()
         except Exception as e:  # noqa: BLE001 - a fault outside any batch: fail what is in flight, keep serving
@@ -107,6 +113,15 @@ class RequestLoop:
             self.io.send_control(FlushCacheOut(msg.req_id, self.scheduler.flush_cache()))
         elif isinstance(msg, GetStatsReq):
             self.io.send_control(StatsOut(msg.req_id, self.stats(self.scheduler) if self.stats else {}))
+        elif isinstance(msg, PinPrefixReq):
+            try:
+                pin_id, pinned_len = self.scheduler.kv.pin(msg.input_ids, msg.ttl_s)
+            except ValueError as e:  # validated by the sender; a bad one is answered, never fatal
+                self.io.send_control(PinPrefixOut(msg.req_id, None, 0, str(e)))
+            else:
+                self.io.send_control(PinPrefixOut(msg.req_id, pin_id, pinned_len))
+        elif isinstance(msg, UnpinPrefixReq):
+            self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id)))
         elif isinstance(msg, Call):
             try:
                 value = msg.fn(self.scheduler)
@@ -120,13 +135,13 @@ class RequestLoop:
     # ------------------------------------------------------------------ progress
     def emit(self, touched: list[Req]) -> None:
         out = empty_token_out()
-        errors: dict[str, list[str]] = {}
+        errors: dict[tuple[str, int], list[str]] = {}
         for req in touched:
             st = self.sent.get(req.rid)
             if st is None:
                 continue
             if req.error is not None:
-                errors.setdefault(req.error, []).append(req.rid)
+                errors.setdefault((req.error, req.error_status), []).append(req.rid)
                 del self.sent[req.rid]
                 continue
             if not update_due(req, st.sent_len, st.stream, self.stream_interval):
@@ -135,8 +150,8 @@ class RequestLoop:
             st.sent_len = len(req.output_ids)
             if req.finished:
                 del self.sent[req.rid]
-        for message, rids in errors.items():
-            self.io.send_error(rids, message)
+        for (message, status), rids in errors.items():
+            self.io.send_error(rids, message, status)
         if out.rids:
             self.io.send_tokens(out)
 
@@ -157,6 +172,8 @@ def append_progress(out: BatchTokenIDOut, req: Req, sent_len: int) -> None:
     out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
     out.no_stop_trim.append(sp.no_stop_trim)
     out.stop_from_end.append(req.stop_from_end)
+    out.forced_tokens.append(req.forced_tokens)
+    out.forward_passes.append(req.forward_passes)
     lp, first = req.return_logprob, sent_len == 0
     top = lp and req.top_logprobs_num > 0
     out.input_logprobs.append(req.input_logprobs if lp and first else None)

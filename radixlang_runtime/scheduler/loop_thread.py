@@ -24,7 +24,7 @@ from radixlang_runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
-Item = tuple[str, Any]  # ("tokens", BatchTokenIDOut) | ("error", message)
+Item = tuple[str, Any]  # ("tokens", BatchTokenIDOut) | ("error", (status, message))
 
 
 def entry(out: BatchTokenIDOut, i: int) -> BatchTokenIDOut:
@@ -62,12 +62,12 @@ class QueueIO:
             if q is not None:
                 q.put(("tokens", entry(out, i)))
 
-    def send_error(self, rids: list[str], message: str) -> None:
+    def send_error(self, rids: list[str], message: str, status: int = 500) -> None:
         for rid in rids:
             with self.lock:
                 q = self.waiters.pop(rid, None)
             if q is not None:
-                q.put(("error", message))
+                q.put(("error", (status, message)))
 
     def send_control(self, msg: Any) -> None:  # the Engine uses Call, not control messages
         logger.warning("unexpected control reply %s", type(msg).__name__)
@@ -76,7 +76,7 @@ class QueueIO:
         with self.lock:
             waiters, self.waiters = self.waiters, {}
         for q in waiters.values():
-            q.put(("error", message))
+            q.put(("error", (500, message)))
 
 
 class ThreadedLoop:
@@ -132,7 +132,7 @@ class ThreadedLoop:
                 return q.get(timeout=self.POLL)
             except queue.Empty:
                 if self.dead is not None or not self._thread.is_alive():
-                    return "error", self.dead or "scheduler loop died"
+                    return "error", (500, self.dead or "scheduler loop died")
 
     def put(self, msg: Any) -> None:
         self.io.inbox.put(msg)

@@ -39,9 +39,17 @@ class Req:
     input_top_logprobs: list[list[list]] = field(default_factory=list)  # per position: [[logprob, id], ...]
     output_logprobs: list[float] = field(default_factory=list)  # one per output token
     output_top_logprobs: list[list[list]] = field(default_factory=list)
+    # --- constrained decoding (scheduler/grammar_queue.py) ---
+    grammar: Any = None  # GrammarState once the grammar compiled; its position matches output_ids
+    grammar_handle: Any = None  # GrammarHandle while the grammar compiles
+    forced_tokens: int = 0  # output tokens jump-forward supplied (verified drafts)
+    draft: list[int] = field(default_factory=list)  # jump-forward tokens to verify in the next step
+    draft_states: list[Any] = field(default_factory=list)  # GrammarState before each draft token, then after all
+    forward_passes: int = 0  # forward steps this request took part in
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
-    error: Optional[str] = None  # set when an internal fault ended the request (finished_reason: abort)
+    error: Optional[str] = None  # set when a fault or a bad grammar ended the request (finished_reason: abort)
+    error_status: int = 500  # 400: the request's own fault (its grammar), 500: internal
     stop_from_end: int = 0  # a stop string ended it: where that occurrence starts, in chars from the text's end
     num_retractions: int = 0
     # --- timing ---

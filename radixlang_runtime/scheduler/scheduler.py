@@ -17,6 +17,7 @@ from typing import Callable, Optional, Protocol
 
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
                                                 prefill_target_len)
@@ -51,8 +52,10 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, runner: Runner, kv: KVManager, detokenize: Callable[[list[int]], str]):
+    def __init__(self, cfg: SchedulerConfig, runner: Runner, kv: KVManager, detokenize: Callable[[list[int]], str],
+                 grammar: Optional[GrammarQueue] = None):
         self.cfg = cfg
+        self.grammar = grammar  # None: constrained requests are refused before they get here
         self.runner = runner
         self.kv = kv
         self.allocator = kv.allocator
@@ -74,14 +77,26 @@ class Scheduler:
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
-        self.waiting.append(req)
+        if req.sampling.constrained and self.grammar is not None:
+            self.grammar.add(req)  # joins `waiting` once its grammar compiled (step polls)
+        else:
+            self.waiting.append(req)
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_pending)
+
+    @property
+    def grammar_pending(self) -> bool:
+        return self.grammar is not None and bool(self.grammar.pending)
+
+    @property
+    def only_grammar_pending(self) -> bool:
+        """Nothing to run but requests whose grammar compiles: the loop may wait a little."""
+        return self.grammar_pending and not (self.waiting or self.running or self.chunked_req)
 
     # ------------------------------------------------------------------ the loop body
     def step(self) -> list[Req]:
@@ -91,12 +106,16 @@ class Scheduler:
         exactly the batch's requests: each gets `error` set, an abort finish reason and its KV freed
         (not cached: the slots may hold garbage); requests outside the batch go on next step."""
         touched = self._process_aborts()
+        if self.grammar_pending:
+            touched += self._poll_grammars()
         batch = self.get_next_batch_to_run()
         if batch is None:
             return touched
         try:
             self.runner.forward(batch)
             self.forward_steps += 1
+            for r in batch.reqs:
+                r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
             touched += self._process_batch_result(batch)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
@@ -124,17 +143,20 @@ class Scheduler:
     def _mix_in_decode(self, batch: ScheduleBatch) -> None:
         """Append every running request's decode step to a prefill batch, when its slots are free now
         (otherwise they decode next step, where retract_decode can make room)."""
-        need = sum(self.allocator.slots_needed(r.kv_len, 1) for r in self.running)
+        need = sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
         if need > self.kv.available_size():
             return
+        if batch.draft_lens or any(r.draft for r in self.running):
+            batch.draft_lens = (batch.draft_lens or [0] * len(batch.reqs)) + [len(r.draft) for r in self.running]
         self.kv.ensure_free(need)
         batch.phase = "mixed"
         first = len(batch.reqs)
         for r in self.running:
             batch.reqs.append(r)
             batch.prefix_lens.append(r.kv_len)
-            batch.extend_ids.append([r.output_ids[-1]])
-            batch.out_locs.append(self.kv.alloc(r, 1))
+            ids = pending_ids(r) + r.draft
+            batch.extend_ids.append(ids)
+            batch.out_locs.append(self.kv.alloc(r, len(ids)))
             batch.sample.append(True)
         batch.rewrite_rows += [first + i for i in self._take_dirty_rows(self.running)]
 
@@ -232,12 +254,16 @@ class Scheduler:
         self._ensure_decode_memory()
         reqs = list(self.running)
         prefix_lens = [r.kv_len for r in reqs]
-        extend_ids = [[r.output_ids[-1]] for r in reqs]  # a running request has sampled at least once
-        self.kv.ensure_free(sum(self.allocator.slots_needed(r.kv_len, 1) for r in reqs))  # one eviction pass
-        out_locs = [self.kv.alloc(r, 1) for r in reqs]
+        extend_ids = [pending_ids(r) + r.draft for r in reqs]  # the last sampled token (+ a draft to verify)
+        self.kv.ensure_free(sum(self.allocator.slots_needed(r.kv_len, len(x)) for r, x in zip(reqs, extend_ids)))
+        out_locs = [self.kv.alloc(r, len(x)) for r, x in zip(reqs, extend_ids)]
         self.new_token_ratio = max(self.new_token_ratio - self.cfg.new_token_ratio_decay, self.cfg.new_token_ratio_min)
-        return ScheduleBatch("decode", reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs),
-                             rewrite_rows=self._take_dirty_rows(reqs))
+        # Forced tokens make some steps longer than one token: the batch runs as an extend over cached
+        # prefixes ("mixed" with every request decoding), still one forward pass.
+        phase = "decode" if all(len(x) == 1 for x in extend_ids) else "mixed"
+        return ScheduleBatch(phase, reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs),
+                             rewrite_rows=self._take_dirty_rows(reqs), decode_from=0,
+                             draft_lens=[len(r.draft) for r in reqs] if phase == "mixed" else [])
 
     @staticmethod
     def _take_dirty_rows(reqs: list[Req]) -> list[int]:
@@ -254,7 +280,7 @@ class Scheduler:
         (ties: the newest), as in SGLang.
         """
         def need() -> int:
-            return sum(self.allocator.slots_needed(r.kv_len, 1) for r in self.running)
+            return sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
 
         retracted = False
         while self.running and need() > self.kv.available_size():
@@ -281,18 +307,24 @@ class Scheduler:
             if lp is not None:
                 req.input_logprobs += lp.input_vals
                 req.input_top_logprobs += lp.input_top
-                if lp.output_val is not None:
-                    req.output_logprobs.append(lp.output_val)
-                    if lp.output_top is not None:
-                        req.output_top_logprobs.append(lp.output_top)
             if not decoding and req is self.chunked_req:
                 self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
                 continue
             if sampled:
-                req.output_ids.append(next(tokens))
-                if req.first_token_at is None:
-                    req.first_token_at = now
-                self._check_finished(req)
+                token = next(tokens)
+                if req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
+                    self._accept_draft(req, batch.accepted.get(i, 0))
+                if not req.finished:
+                    if lp is not None and lp.output_val is not None:
+                        req.output_logprobs.append(lp.output_val)
+                        if lp.output_top is not None:
+                            req.output_top_logprobs.append(lp.output_top)
+                    req.output_ids.append(token)
+                    if req.first_token_at is None:
+                        req.first_token_at = now
+                    self._after_sample(req)
+                if req.kv_len > req.seq_len - 1:  # K/V of rejected draft tokens
+                    self.kv.truncate(req, req.seq_len - 1)
             elif req.sampling.max_new_tokens == 0:
                 req.finish({"type": "length", "length": 0})
             touched.append(req)
@@ -304,6 +336,46 @@ class Scheduler:
                 self.kv.cache_unfinished(req)
                 self.running.append(req)
         return touched
+
+    def _after_sample(self, req: Req) -> None:
+        """Finish checks for the sampled token; for a constrained request also its grammar step and
+        the next jump-forward draft (verified by the next forward pass, model/sample_step.py)."""
+        if req.grammar is None:
+            self._check_finished(req)
+            return
+        if not self.grammar.advance(req, req.output_ids[-1]):  # the mask makes this a bug, not bad input
+            raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
+        self._check_finished(req)
+        if not req.finished and req.grammar.must_finish:  # complete, nothing may follow: no more passes
+            req.finish({"type": "stop", "matched": None})
+        req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
+
+    def _accept_draft(self, req: Req, accepted: int) -> None:
+        """Append the first `accepted` draft tokens as output, each checked like a sampled token."""
+        draft, req.draft, req.draft_states = req.draft, [], []
+        for t in draft[:accepted]:
+            req.output_ids.append(t)
+            req.forced_tokens += 1
+            self.grammar.advance(req, t)
+            if req.return_logprob:  # verified, not sampled: a null logprob entry keeps the lists aligned
+                req.output_logprobs.append(None)
+                if req.top_logprobs_num > 0:
+                    req.output_top_logprobs.append(None)
+            self._check_finished(req)
+            if req.finished:
+                return
+        if req.grammar.must_finish:
+            req.finish({"type": "stop", "matched": None})
+
+    def _poll_grammars(self) -> list[Req]:
+        """Requests whose grammar finished compiling join the queue (after its forced prefix); those
+        whose grammar failed end with a 400-class error."""
+        ready, failed = self.grammar.poll()
+        self.waiting += ready  # its first token is sampled by the prefill; drafts start after it
+        for req in failed:
+            if not req.finished:
+                req.finish({"type": "abort", "message": req.error})
+        return failed
 
     def _check_finished(self, req: Req) -> None:
         sp = req.sampling
@@ -343,6 +415,10 @@ class Scheduler:
         if not self._to_abort:
             return []
         aborted: list[Req] = []
+        if self.grammar is not None:
+            for req in self.grammar.remove(self._to_abort):
+                req.finish({"type": "abort", "message": "aborted by request"})
+                aborted.append(req)
         for req in list(self.waiting) + list(self.running) + ([self.chunked_req] if self.chunked_req else []):
             if req.rid in self._to_abort:
                 aborted.append(req)
@@ -382,7 +458,14 @@ class Scheduler:
         """Release every request (used when a step fails); returns them, finished with `abort`."""
         reqs = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
         self.waiting, self.running, self.chunked_req = [], [], None
+        if self.grammar is not None:
+            for req in self.grammar.take_all():  # nothing held yet: just end them
+                req.finish({"type": "abort", "message": message})
+                req.error = message
+                reqs.append(req)
         for req in reqs:
+            if req.finished:
+                continue
             self._release(req, cache=False)  # the failed step may have left garbage in its slots
             req.finish({"type": "abort", "message": message})
             req.error = message
@@ -391,3 +474,14 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Every page free, cached or held by exactly one live request; table rows likewise."""
         self.kv.check_integrity(self.running + self.waiting + ([self.chunked_req] if self.chunked_req else []))
+
+
+def pending_len(req: Req) -> int:
+    """Tokens of its output a running request still has to run (its last sampled token; more after a
+    retraction kept its output), not counting a jump-forward draft (req.draft) riding along."""
+    return len(req.input_ids) + len(req.output_ids) - req.kv_len
+
+
+def pending_ids(req: Req) -> list[int]:
+    n = pending_len(req)
+    return req.output_ids[-n:]  # n <= len(output_ids): a running request has sampled at least once

@@ -43,6 +43,7 @@ class FrontendServer:
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._pins: dict[bytes, set[str]] = {}
+        self._unpinning: set[asyncio.Task] = set()
         self._last_seen: dict[bytes, float] = {}
         self._loops: list[asyncio.Task] = []
 
@@ -91,7 +92,9 @@ class FrontendServer:
             if key[0] == ident:
                 task.cancel()  # tm.generate's finally aborts the request
         for pin_id in self._pins.pop(ident, set()):
-            asyncio.get_running_loop().create_task(self._unpin(pin_id))
+            task = asyncio.get_running_loop().create_task(self._unpin(pin_id))
+            self._unpinning.add(task)  # a strong reference until it is done
+            task.add_done_callback(self._unpinning.discard)
 
     def _reply(self, ident: bytes, req_id: str, status: int, body: Any = None, done: bool = True) -> None:
         self._outbox.put_nowait((ident, FrontendOut(req_id, status, body, done)))
@@ -175,19 +178,22 @@ class FrontendServer:
             return status, raw.decode(errors="replace")
 
     async def _pin(self, ident: bytes, req: FrontendReq) -> None:
-        """Needs TokenizerManager.pin_prefix(input_ids) -> pin_id and unpin_prefix(pin_id) (not there yet: 404)."""
-        if not hasattr(self.tm, "pin_prefix"):
-            self._reply(ident, req.req_id, 404, _err("this runtime cannot pin a prefix"))
-            return
+        """/pin_prefix and /unpin_prefix's bodies and answers. The client is watched (heartbeat), so a
+        pin has no ttl unless the body gives one: it ends with the client (_forget_client)."""
+        from radixlang_runtime.server.http_common import BadRequest, parse_pin_body
+
         body = req.body or {}
         if req.method == "pin_prefix":
-            pin_id = await self.tm.pin_prefix(self.tm.encode_text(body["text"]))
-            self._pins.setdefault(ident, set()).add(pin_id)
-            self._reply(ident, req.req_id, 200, {"pin_id": pin_id})
+            ids, ttl_s = parse_pin_body(self.tm, body, None)
+            out = await self.tm.pin_prefix(ids, ttl_s)
+            self._pins.setdefault(ident, set()).add(out["pin_id"])
+            self._reply(ident, req.req_id, 200, out)
         else:
-            self._pins.get(ident, set()).discard(body.get("pin_id"))
-            await self._unpin(body.get("pin_id"))
-            self._reply(ident, req.req_id, 200, {})
+            pin_id = body.get("pin_id") if isinstance(body, dict) else None
+            if not isinstance(pin_id, str):
+                raise BadRequest("unpin_prefix needs {\"pin_id\": \"...\"}")
+            self._pins.get(ident, set()).discard(pin_id)
+            self._reply(ident, req.req_id, 200, {"pin_id": pin_id, "success": await self.tm.unpin_prefix(pin_id)})
 
     async def _unpin(self, pin_id: Any) -> None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
@@ -49,6 +50,29 @@ async def read_json(request: Request) -> Any:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"the body is not valid JSON: {e}") from None
+
+
+HTTP_PIN_TTL_S = 600.0  # an HTTP client is not watched: its pin expires after this unless it says otherwise
+
+
+def parse_pin_body(tm: TokenizerManager, body: Any,
+                   default_ttl_s: Optional[float]) -> tuple[list[int], Optional[float]]:
+    """A /pin_prefix body: {"text": str} or {"input_ids": [int, ...]}, optional "ttl_s" (seconds > 0).
+    Returns (input_ids, ttl_s); raises BadRequest naming the field."""
+    if not isinstance(body, dict) or ("text" in body) == ("input_ids" in body):
+        raise BadRequest("pin_prefix needs {\"text\": \"...\"} or {\"input_ids\": [...]} (one of them)")
+    if "text" in body:
+        if not isinstance(body["text"], str):
+            raise BadRequest("text must be a string")
+        ids = tm.encode_text(body["text"])
+    else:
+        ids = body["input_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise BadRequest("input_ids must be a list of token ids")
+    ttl = body.get("ttl_s", default_ttl_s)
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf):
+        raise BadRequest(f"ttl_s must be a positive, finite number of seconds, got {ttl!r}")
+    return ids, ttl
 
 
 def sse(obj: Any) -> bytes:

@@ -18,8 +18,8 @@ from fastapi.responses import PlainTextResponse, Response
 
 from radixlang_runtime import __version__
 from radixlang_runtime.server.generate_api import generate_route
-from radixlang_runtime.server.http_common import (OPEN_ROUTES, BadRequest, ServerState, error_response, final_result,
-                                                  read_json)
+from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, ServerState, error_response,
+                                                  final_result, parse_pin_body, read_json)
 from radixlang_runtime.server.openai_api import add_openai_routes
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
@@ -97,7 +97,21 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     async def flush_cache():
         if await tm.flush_cache():
             return PlainTextResponse("Cache flushed.\n")
-        return error_response(400, "Cache not flushed: requests are queued or running.")
+        return error_response(400, "Cache not flushed: requests are queued or running, or a prefix is pinned.")
+
+    @app.post("/pin_prefix")
+    async def pin_prefix(request: Request):
+        """{"text" | "input_ids", "ttl_s"?} -> {"pin_id", "pinned_len", "input_len"}: locks what is cached."""
+        ids, ttl_s = parse_pin_body(tm, await read_json(request), HTTP_PIN_TTL_S)
+        return await tm.pin_prefix(ids, ttl_s)
+
+    @app.post("/unpin_prefix")
+    async def unpin_prefix(request: Request):
+        body = await read_json(request)
+        pin_id = body.get("pin_id") if isinstance(body, dict) else None
+        if not isinstance(pin_id, str):
+            raise BadRequest("unpin_prefix needs {\"pin_id\": \"...\"}")
+        return {"pin_id": pin_id, "success": await tm.unpin_prefix(pin_id)}
 
     @app.post("/abort_request")
     async def abort_request(request: Request):

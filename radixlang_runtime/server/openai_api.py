@@ -3,7 +3,8 @@
 Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
 text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Options the runtime cannot honour yet
-(logit_bias, tools, response_format / regex) answer 400 instead of being ignored. Logprobs are the
+(logit_bias, tools) answer 400 instead of being ignored. response_format json_schema / json_object
+(and the regex / json_schema extensions) constrain the output through the grammar backend. Logprobs are the
 model's raw log_softmax (before temperature), in OpenAI's shapes for completions and chat.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from radixlang_runtime.constrained.spec import spec_from_response_format
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.results import LogprobRequest
@@ -43,10 +45,7 @@ def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_
     for name in ("logit_bias",):
         if body.get(name):
             raise BadRequest(f"{name} is not supported yet")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise BadRequest("response_format (json_object / json_schema) is not supported yet: constrained decoding "
-                         "has not landed")
+    spec = spec_from_response_format(body.get("response_format"))  # ValueError (400) naming the problem
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
@@ -65,6 +64,10 @@ def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_
     for name in _EXTENSIONS:
         if body.get(name) is not None:
             sp[name] = body[name]
+    if spec is not None:  # json_object / json_schema: the same grammar path as native json_schema
+        if sp.get("regex") is not None or sp.get("json_schema") is not None:
+            raise BadRequest("pass either response_format or regex / json_schema, not both")
+        sp[spec.kind] = spec.source
     return sp
 
 

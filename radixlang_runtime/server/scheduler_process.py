@@ -52,8 +52,8 @@ class ZmqIO:
     def send_tokens(self, out: BatchTokenIDOut) -> None:
         self.to_detok.send(encode(out))
 
-    def send_error(self, rids: list[str], message: str) -> None:
-        self.to_tokenizer.send(encode(ErrorOut(rids, message)))
+    def send_error(self, rids: list[str], message: str, status: int = 500) -> None:
+        self.to_tokenizer.send(encode(ErrorOut(rids, message, status)))
 
     def send_control(self, msg: Any) -> None:
         self.to_tokenizer.send(encode(msg))

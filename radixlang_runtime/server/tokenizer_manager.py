@@ -21,7 +21,8 @@ import zmq.asyncio
 
 from radixlang_runtime.limits import RuntimeLimits, check_request
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        StatsOut, TokenizedGenerateReq, decode, encode)
+                                        PinPrefixOut, PinPrefixReq, StatsOut, TokenizedGenerateReq, UnpinPrefixOut,
+                                        UnpinPrefixReq, decode, encode)
 from radixlang_runtime.results import LogprobRequest, ResultBuilder
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.ipc import IpcPaths
@@ -95,7 +96,9 @@ class TokenizerManager:
             while True:
                 out = await state.queue.get()
                 if "error" in out:
-                    raise RuntimeUnavailable(out["error"]) if self.dead else RuntimeError(out["error"])
+                    if self.dead:
+                        raise RuntimeUnavailable(out["error"])
+                    raise (ValueError if out.get("status") == 400 else RuntimeError)(out["error"])
                 yield out
                 if out["meta_info"]["finish_reason"] is not None:
                     return
@@ -117,14 +120,26 @@ class TokenizerManager:
     async def get_stats(self) -> dict[str, Any]:
         return (await self._control_call(GetStatsReq)).stats
 
-    async def _control_call(self, cls: type, timeout: float = 30.0) -> Any:
+    async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None) -> dict[str, Any]:
+        """Lock the cached part of input_ids in the radix cache (KVManager.pin: only what is cached;
+        prefill it first). Returns {"pin_id", "pinned_len", "input_len"}; a bad ttl_s is a ValueError."""
+        out = await self._control_call(PinPrefixReq, list(input_ids), ttl_s)
+        if out.pin_id is None:
+            raise ValueError(out.error or "the prefix could not be pinned")
+        return {"pin_id": out.pin_id, "pinned_len": out.pinned_len, "input_len": len(input_ids)}
+
+    async def unpin_prefix(self, pin_id: str) -> bool:
+        """Release a pin; False when there is none by that id (unknown, unpinned or expired)."""
+        return (await self._control_call(UnpinPrefixReq, pin_id)).success
+
+    async def _control_call(self, cls: type, *fields: Any, timeout: float = 30.0) -> Any:
         if self.dead:
             raise RuntimeUnavailable(self.dead)
         req_id = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self._control[req_id] = fut
         try:
-            await self.to_scheduler.send(encode(cls(req_id)))
+            await self.to_scheduler.send(encode(cls(req_id, *fields)))
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._control.pop(req_id, None)
@@ -135,7 +150,7 @@ class TokenizerManager:
             msg = decode(await self.recv.recv())
             if isinstance(msg, BatchStrOut):
                 self._on_batch(msg)
-            elif isinstance(msg, (FlushCacheOut, StatsOut)):
+            elif isinstance(msg, (FlushCacheOut, StatsOut, PinPrefixOut, UnpinPrefixOut)):
                 fut = self._control.get(msg.req_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
@@ -144,7 +159,7 @@ class TokenizerManager:
                     st = self.states.get(rid)
                     if st is not None:
                         st.result.finished = True
-                        st.queue.put_nowait({"error": msg.message})
+                        st.queue.put_nowait({"error": msg.message, "status": msg.status})
 
     def _on_batch(self, msg: BatchStrOut) -> None:
         now = time.perf_counter()

@@ -1,0 +1,115 @@
+"""GrammarQueue: constrained requests wait here while their grammar compiles; token-level grammar steps.
+
+Torch-free. A request whose sampling params carry a regex / json_schema enters `add`; its grammar is
+submitted to the GrammarCompiler (compiles in worker processes, never on the scheduler thread) and the
+request waits in `pending` until `poll` finds it ready (it then joins the scheduler's waiting queue
+with a GrammarState) or failed (it ends with a 400-class error naming the problem). Other requests
+keep running meanwhile.
+
+After every sampled token the scheduler calls `advance`; with jump-forward on, `draft` returns the
+tokens the grammar forces next. They ride in the next forward pass as a multi-token extend and are
+verified there (model/sample_step.py): each is kept only if the model, sampling at that position,
+picks it, so the output is what token-by-token decoding gives. Invariants:
+- a GrammarState's position always equals the request's output_ids (retraction keeps both);
+- finish ids (EOS unless ignore_eos, plus stop_token_ids) are accepted only in final states;
+- a draft never includes a finish id and never rewrites a sampled token.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from radixlang_runtime.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
+
+GRAMMAR_ERROR_STATUS = 400  # a grammar that cannot be compiled is the request's fault
+
+
+class GrammarQueue:
+    def __init__(self, make_compiler: Callable[[], Any], end_ids: tuple[int, ...], jump_forward: bool = True):
+        """make_compiler: builds the GrammarCompiler on first use (its vocabulary takes ~0.5 s to build)."""
+        self._make_compiler = make_compiler
+        self._compiler: Optional[Any] = None
+        self.end_ids = end_ids
+        self.jump_forward = jump_forward
+        self.pending: list[Req] = []
+        self.forced_tokens_total = 0
+
+    @property
+    def compiler(self) -> Any:
+        if self._compiler is None:
+            self._compiler = self._make_compiler()
+            self._compiler.start()
+        return self._compiler
+
+    def add(self, req: Req) -> None:
+        from radixlang_runtime.constrained.spec import spec_from_sampling
+
+        spec = spec_from_sampling(req.sampling.regex, req.sampling.json_schema)  # validated on arrival
+        req.grammar_handle = self.compiler.submit(spec)
+        self.pending.append(req)
+
+    def poll(self) -> tuple[list[Req], list[Req]]:
+        """(requests whose grammar is ready: GrammarState attached; requests whose grammar failed: error
+        set). Never blocks."""
+        from radixlang_runtime.constrained.state import GrammarState
+
+        ready, failed, still = [], [], []
+        for req in self.pending:
+            h = req.grammar_handle
+            status = h.poll()
+            if status == "pending":
+                still.append(req)
+                continue
+            req.grammar_handle = None
+            if status == "ready":
+                sp = req.sampling
+                finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.end_ids))
+                req.grammar = GrammarState(h.grammar, finish)
+                ready.append(req)
+            else:
+                req.error, req.error_status = f"grammar error: {h.error}", GRAMMAR_ERROR_STATUS
+                failed.append(req)
+        self.pending = still
+        return ready, failed
+
+    def remove(self, rid_set: set[str]) -> list[Req]:
+        gone = [r for r in self.pending if r.rid in rid_set]
+        self.pending = [r for r in self.pending if r.rid not in rid_set]
+        return gone
+
+    def take_all(self) -> list[Req]:
+        gone, self.pending = self.pending, []
+        return gone
+
+    # ------------------------------------------------------------------ per token
+    @staticmethod
+    def advance(req: Req, token_id: int) -> bool:
+        """Move the request's grammar over a sampled token; False when the grammar refuses it."""
+        return req.grammar.advance(token_id)
+
+    def draft(self, req: Req) -> tuple[list[int], list[Any]]:
+        """Jump-forward: the tokens the grammar forces after the request's output so far (up to
+        max_new_tokens), as a draft the next forward pass verifies, and the GrammarState before each
+        draft token plus the one after all (the masks of the verification rows). The request's own
+        state does not move: accepted tokens advance it when they are appended. ([], []) when off."""
+        if not self.jump_forward or req.grammar is None or req.remaining_new_tokens <= 1:
+            return [], []
+        from radixlang_runtime.constrained.jump_forward import forced_tokens
+
+        probe = req.grammar.copy()
+        toks = forced_tokens(probe, max_tokens=req.remaining_new_tokens - 1)  # room for the model's own token
+        if not toks:
+            return [], []
+        states, walk = [req.grammar.copy()], req.grammar.copy()
+        for t in toks:
+            walk.advance(t)
+            states.append(walk.copy())
+        self.forced_tokens_total += len(toks)
+        return toks, states
+
+    def close(self) -> None:
+        if self._compiler is not None:
+            self._compiler.close()
