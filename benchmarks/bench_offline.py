@@ -44,7 +44,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_radixlang(model_dir: str, wls: dict, runs: int, out: mp.Queue, dtype: str = "auto") -> None:
+def run_radixlang(model_dir: str, wls: dict, runs: int, dtype: str, out: mp.Queue) -> None:
     from radixlang_runtime import Engine
 
     eng = Engine(model_dir, dtype=dtype)
