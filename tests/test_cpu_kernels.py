@@ -44,20 +44,24 @@ def _tol(dtype):
     return dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
 
 
-def test_add_rms_norm_and_silu_mul(isa):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_add_rms_norm_and_silu_mul(isa, dtype):
     g = torch.Generator().manual_seed(0)
-    for T, H in [(7, 576), (3, 13)]:
-        r = torch.randn(T, H, generator=g).bfloat16()
-        x = torch.randn(T, H, generator=g).bfloat16()
-        w = torch.randn(H, generator=g).bfloat16()
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for T, H in [(7, 576), (3, 13), (2, 40)]:
+        r = torch.randn(T, H, generator=g).to(dtype)
+        x = torch.randn(T, H, generator=g).to(dtype)
+        w = torch.randn(H, generator=g).to(dtype)
         want_r = r + x
         want = F.rms_norm(want_r.float(), (H,), w.float(), 1e-5)
         got = cpu_kernels.add_rms_norm(x, r, w, 1e-5)
+        assert got.dtype == dtype
         assert torch.equal(r, want_r)  # the residual is updated in place, rounded like torch's add
-        torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
-        gu = torch.randn(T, 2 * H, generator=g).bfloat16()
+        torch.testing.assert_close(got.float(), want, **tol)
+        torch.testing.assert_close(cpu_kernels.add_rms_norm(None, r, w, 1e-5).float(), want, **tol)
+        gu = 4 * torch.randn(T, 2 * H, generator=g).to(dtype)
         want = F.silu(gu[:, :H].float()) * gu[:, H:].float()
-        torch.testing.assert_close(cpu_kernels.silu_mul(gu).float(), want, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(cpu_kernels.silu_mul(gu).float(), want, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -3,7 +3,7 @@
 - decode_attention.c (+ decode_impl.h): paged decode attention reading K/V in place, bf16 and float32;
 - extend_attention.c: bf16 extend attention with VDPBF16PS (AVX512-BF16 builds only);
 - extend_portable.c (+ extend_impl.h): extend attention for any CPU, bf16 and float32;
-- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16).
+- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32).
 All *.c files compile once into one library for exactly the feature set cpu_caps.detect() allows
 (`kernel_cflags`, never -march=native), cached under a key of the sources, the compiler, the flags
 and the CPU's features. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -94,10 +94,11 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
                        ("extend_causal_f32", extend_args)]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, args
-    lib.add_rms_norm_bf16.restype = None
-    lib.add_rms_norm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-    lib.silu_mul_bf16.restype = None
-    lib.silu_mul_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    for suffix in ("bf16", "f32"):
+        norm, act = getattr(lib, f"add_rms_norm_{suffix}"), getattr(lib, f"silu_mul_{suffix}")
+        norm.restype, act.restype = None, None
+        norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        act.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     return lib
 
 
@@ -147,7 +148,7 @@ def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int
     dp = bf16 and isa == "avx512_bf16"
     decode = f"c:{isa}" + ("+dpbf16" if dp and head_dim % 32 == 0 else "")
     extend = f"c:{isa}+dpbf16" if dp and head_dim % 32 == 0 else f"c:{isa}:portable"
-    norm_act = f"c:{isa}" if bf16 else "torch"
+    norm_act = f"c:{isa}"
     return CpuPaths(decode, extend, norm_act, norm_act, linear)
 
 
@@ -173,19 +174,22 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, re
 
 
 def add_rms_norm(x: Optional[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """residual [T, H] += x (in place, when x is given); returns rms_norm(residual) * weight. All bf16."""
+    """residual [T, H] += x (in place, when x is given); returns rms_norm(residual) * weight.
+    All bf16 or all float32; residual contiguous."""
     T, H = residual.shape
     out = torch.empty_like(residual)
     xp = None if x is None else x.contiguous().data_ptr()
-    _lib.add_rms_norm_bf16(residual.data_ptr(), xp, weight.data_ptr(), out.data_ptr(), T, H, eps)
+    fn = _lib.add_rms_norm_bf16 if residual.dtype == torch.bfloat16 else _lib.add_rms_norm_f32
+    fn(residual.data_ptr(), xp, weight.data_ptr(), out.data_ptr(), T, H, eps)
     return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [T, 2I] bf16 -> silu(gate) * up [T, I]."""
+    """gate_up [T, 2I] bf16 or float32 -> silu(gate) * up [T, I]."""
     T, two_i = gate_up.shape
     out = torch.empty(T, two_i // 2, dtype=gate_up.dtype)
-    _lib.silu_mul_bf16(gate_up.contiguous().data_ptr(), out.data_ptr(), T, two_i // 2)
+    fn = _lib.silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else _lib.silu_mul_f32
+    fn(gate_up.contiguous().data_ptr(), out.data_ptr(), T, two_i // 2)
     return out
 
 
