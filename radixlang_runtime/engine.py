@@ -137,7 +137,7 @@ class Engine:
         reqs = []
         for it in items:
             lp = it.logprob or LogprobRequest()
-            params = {f: v for f, v in vars(it.sampling).items() if f != "n"}
+            params = it.sampling.to_wire()
             reqs.append(TokenizedGenerateReq(it.rid or uuid.uuid4().hex, it.input_ids, params, False,
                                              it.logprob is not None, lp.start, lp.top_num))
         return reqs, is_list

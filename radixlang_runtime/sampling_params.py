@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -22,7 +23,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] = field(default_factory=list)
-    stop_regex: list[str] = field(default_factory=list)
+    stop_regex: Union[str, list[str]] = field(default_factory=list)  # normalized to a list
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -43,9 +44,16 @@ class SamplingParams:
             d.pop("stop_token_ids", None)
         if d.get("stop_regex") is None:
             d.pop("stop_regex", None)
+        elif isinstance(d["stop_regex"], str):
+            d["stop_regex"] = [d["stop_regex"]]
         sp = cls(**d)
         sp.normalize()
         return sp
+
+    def to_wire(self) -> dict[str, Any]:
+        """The fields the scheduler needs, as a plain dict for a TokenizedGenerateReq (n is expanded
+        into n requests by the sender; derived state such as compiled stop patterns stays here)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "n"}
 
     # --- derived ---
     @property
@@ -57,6 +65,11 @@ class SamplingParams:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def stop_patterns(self) -> list["re.Pattern[str]"]:
+        """stop_regex compiled (once, by normalize())."""
+        return getattr(self, "_stop_patterns", None) or [_compile_stop_regex(r) for r in self.stop_regex]
 
     @property
     def constrained(self) -> bool:
@@ -100,8 +113,9 @@ class SamplingParams:
              "stop_token_ids must be a list of integers")
         need(self.regex is None or self.json_schema is None, "at most one of regex / json_schema may be set")
         need(self.sampling_seed is None or isinstance(self.sampling_seed, int), "sampling_seed must be an integer")
-        if self.stop_regex:  # a stop rule over the text, not a grammar: refused rather than ignored
-            raise ValueError("stop_regex is not supported yet (use stop strings, or regex to constrain the output)")
+        need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
+             "stop_regex must be a non-empty string or a list of them")
+        self._stop_patterns = [_compile_stop_regex(r) for r in self.stop_regex]
         if self.constrained:
             from radixlang_runtime.constrained.spec import spec_from_sampling
 
@@ -111,6 +125,13 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")
+
+
+def _compile_stop_regex(pattern: str) -> "re.Pattern[str]":
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
 
 
 def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,

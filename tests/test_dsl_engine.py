@@ -3,6 +3,8 @@ programs, and select decisions equal to the argmax of scores computed from the E
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import radixlang as sgl
@@ -101,3 +103,22 @@ def test_refused_request_ends_the_state(backend):
 
     st = prog.run()
     assert isinstance(st.error(), BackendError) and st.error().status == 400 and "top_p" in str(st.error())
+
+
+def test_gen_stop_regex_on_the_runtime(backend):
+    @sgl.function
+    def count(s):
+        s += "Count from 1 to 20: 1, 2, 3,"
+        s += sgl.gen("rest", max_tokens=48, temperature=0, stop_regex=r"1[0-9]")
+
+    @sgl.function
+    def count_free(s):
+        s += "Count from 1 to 20: 1, 2, 3,"
+        s += sgl.gen("rest", max_tokens=48, temperature=0)
+
+    free = count_free.run()["rest"]
+    first = re.search(r"1[0-9]", free)
+    assert first is not None, free  # the model counts past 9
+    st = count.run()
+    assert st["rest"] == free[: first.start()]
+    assert st.get_meta_info("rest")["finish_reason"]["matched"] == first.group(0)

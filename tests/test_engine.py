@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import re
+
 import pytest
 
 from conftest import PROMPTS, wait_idle
@@ -109,6 +111,30 @@ def test_stop_strings_are_trimmed(engine):
     assert kept["text"].endswith(stop) or stop in kept["text"]
 
 
+def test_stop_regex_cuts_at_the_first_match(engine):
+    p = PROMPTS[2]
+    base = engine.generate(p, {"temperature": 0, "max_new_tokens": 24})["text"]
+    words = re.findall(r"[A-Za-z]{4,}", base)
+    assert len(words) >= 3, base
+    target = words[len(words) // 2]
+    pattern = f"{target[:2]}[a-z]+"  # a regex, not a literal: matches target (and maybe an earlier word)
+    first = re.search(pattern, base)
+    out = engine.generate(p, {"temperature": 0, "max_new_tokens": 24, "stop_regex": pattern})
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
+    matched = out["meta_info"]["finish_reason"]["matched"]
+    assert re.fullmatch(pattern, matched), matched
+    # The match is seen as soon as the token that completes a match arrives: it may be a prefix of
+    # the word the full text has there (a later token could extend it), never a later occurrence.
+    assert out["text"] == base[: first.start()] and first.group(0).startswith(matched)
+    kept = engine.generate(p, {"temperature": 0, "max_new_tokens": 24, "stop_regex": [pattern, "@@"],
+                               "no_stop_trim": True})
+    assert kept["text"] == base[: first.start()] + matched
+    # inside the min_new_tokens part a match does not stop generation
+    n = len(engine.generate(p, {"temperature": 0, "max_new_tokens": 24})["output_ids"])
+    late = engine.generate(p, {"temperature": 0, "max_new_tokens": n, "min_new_tokens": n, "stop_regex": pattern})
+    assert late["text"] == base and late["meta_info"]["finish_reason"]["type"] == "length"
+
+
 def test_eos_min_new_tokens_ignore_eos_and_stop_ids(engine):
     chat = PROMPTS[3]  # a short chat answer that ends with <|im_end|> (id 2)
     base = engine.generate(chat, {"temperature": 0, "max_new_tokens": 64})
@@ -143,7 +169,8 @@ def test_penalties_change_a_repetitive_continuation(engine):
     ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "context length"),
     ({"prompt": "hi", "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids"),
     ({"prompt": "hi", "sampling_params": {"regex": "(a+"}}, "invalid regex"),
-    ({"prompt": "hi", "sampling_params": {"stop_regex": ["x"]}}, "not supported"),
+    ({"prompt": "hi", "sampling_params": {"stop_regex": ["(x"]}}, "stop_regex '\\(x' is not a valid"),
+    ({"prompt": "hi", "sampling_params": {"stop_regex": [""]}}, "stop_regex must be"),
     ({"prompt": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({}, "exactly one"),
 ])

@@ -158,6 +158,8 @@ HOSTILE = [
     ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 5, "max_new_tokens": 2}}),
     ("/generate", {"text": "a", "sampling_params": {"stop": 5}}),
     ("/generate", {"text": "a", "sampling_params": {"regex": "[0-9"}}),
+    ("/generate", {"text": "a", "sampling_params": {"stop_regex": "[0-9"}}),
+    ("/generate", {"text": "a", "sampling_params": {"stop_regex": [3]}}),
     ("/generate", {"input_ids": [1] * 9000}),
     ("/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]}),
     ("/generate", {"text": "a", "rid": 7}),

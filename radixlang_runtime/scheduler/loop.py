@@ -102,7 +102,11 @@ class RequestLoop:
     # ------------------------------------------------------------------ intake
     def handle(self, msg: Any) -> None:
         if isinstance(msg, TokenizedGenerateReq):
-            sp = SamplingParams.from_dict(msg.sampling_params)  # validated by the sender
+            try:
+                sp = SamplingParams.from_dict(msg.sampling_params)  # validated by the sender
+            except ValueError as e:  # a sender that skipped validation: this request fails, never the loop
+                self.io.send_error([msg.rid], str(e), 400)
+                return
             self.sent[msg.rid] = _Sent(stream=msg.stream)
             self.scheduler.add_request(Req(
                 rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 # round waits a round: the other computes them once and this one then hits the cache (SGLang's
 # in-batch prefix caching check).
 IN_BATCH_SHARE_THRESHOLD = 32
+# stop_regex looks at the text of this many newest output tokens: a longer match is not seen.
+STOP_REGEX_WINDOW = 256
 
 
 class Runner(Protocol):
@@ -398,10 +400,34 @@ class Scheduler:
                         req.stop_from_end = len(tail) - at
                         req.finish({"type": "stop", "matched": s})
                         return
+            if sp.stop_regex and self._stop_regex_matched(req):
+                return
         if len(out) >= sp.max_new_tokens:
             req.finish({"type": "length", "length": sp.max_new_tokens})
         elif req.seq_len >= self.cfg.context_len:
             req.finish({"type": "length", "length": len(out)})
+
+    def _stop_regex_matched(self, req: Req) -> bool:
+        """stop_regex: the first non-empty match, over the text of the last STOP_REGEX_WINDOW output
+        tokens, that ends inside the newest token's text finishes the request with matched = the
+        matched text (trimmed from the output like a stop string). Matches that end earlier were
+        checked at their own step or lie inside the min_new_tokens part; zero-width matches never stop."""
+        out = req.output_ids
+        tail = self.detokenize(out[-STOP_REGEX_WINDOW:])
+        head = self.detokenize(out[-STOP_REGEX_WINDOW:-1]) if len(out) > 1 else ""
+        newest_from = len(head) if tail.startswith(head) else 0
+        best = None
+        for pattern in req.sampling.stop_patterns:
+            for m in pattern.finditer(tail):
+                if m.end() > newest_from and m.end() > m.start():
+                    if best is None or m.start() < best.start():
+                        best = m
+                    break
+        if best is None:
+            return False
+        req.stop_from_end = len(tail) - best.start()
+        req.finish({"type": "stop", "matched": best.group(0)})
+        return True
 
     # ------------------------------------------------------------------ memory
     def _release(self, req: Req, cache: bool = True) -> None:

@@ -88,7 +88,7 @@ class TokenizerManager:
             raise ValueError(f"request id {rid!r} is already in use")
         state = ReqState(ResultBuilder(rid, input_ids, stream, logprob, self._token_text))
         self.states[rid] = state
-        params = {k: v for k, v in vars(sp).items() if k != "n"}
+        params = sp.to_wire()
         lp = logprob or LogprobRequest()
         await self.to_scheduler.send(encode(TokenizedGenerateReq(rid, list(input_ids), params, stream, logprob is not None,
                                                                  lp.start, lp.top_num)))
