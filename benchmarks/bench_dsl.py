@@ -4,7 +4,9 @@
   (c) naive    HTTP, one program (so one request) at a time, no prefix pre-caching
 Workloads: few-shot (8 shared examples, 64 questions) and a branching agent (select an action,
 fork two branches, gen in each). Reports programs/s, prefill tokens computed and the cache hit rate
-(from the server's /server_info stats). The cache is flushed before every run.
+(from the server's /server_info stats). The cache is flushed before every run; each mode runs --runs
+times, the modes taking turns (a different order each round, so warm-up and drift hit all alike), and
+the table shows medians.
 
     .venv/bin/python benchmarks/bench_dsl.py                       # starts its own server (sgl.Runtime)
     .venv/bin/python benchmarks/bench_dsl.py --questions 8 --max-tokens 4   # a tiny smoke run
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import sys
 import time
@@ -83,6 +86,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--modes", default="zmq,http,naive")
+    ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
 
     few_shot, agent = make_programs(args.shots, args.max_tokens)
@@ -92,13 +96,23 @@ def main() -> None:
     with sgl.Runtime(dtype=args.dtype, max_total_tokens=16384) as rt:
         links = {"zmq": rt.endpoint, "http": sgl.RuntimeEndpoint(rt.url), "naive": sgl.RuntimeEndpoint(rt.url)}
         few_shot.run(backend=rt.endpoint, **questions[0]).sync()  # warm-up (first-call costs)
-        rows = []
+        modes = args.modes.split(",")
         for name, program, batch in (("few_shot", few_shot, questions), ("agent", agent, tasks)):
-            for mode in args.modes.split(","):
-                row = {"workload": name, **run_one(links[mode], program, batch, mode)}
-                rows.append(row)
+            runs: dict[str, list[dict]] = {m: [] for m in modes}
+            for r in range(args.runs):
+                for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate the order
+                    runs[mode].append(run_one(links[mode], program, batch, mode))
+            for mode in modes:
+                rs = runs[mode]
+                row = {"workload": name, **rs[0], "runs": len(rs),
+                       **{k: statistics.median(x[k] for x in rs) for k in
+                          ("seconds", "programs_per_s", "prefill_tokens_computed", "cache_hit_rate")}}
                 print(json.dumps(row), flush=True)
-
+            if "naive" in runs:
+                base = statistics.median(x["programs_per_s"] for x in runs["naive"])
+                print(json.dumps({"workload": name, "speedup_vs_naive": {
+                    m: round(statistics.median(x["programs_per_s"] for x in runs[m]) / base, 2)
+                    for m in modes if m != "naive"}}), flush=True)
 
 if __name__ == "__main__":
     main()
