@@ -22,7 +22,8 @@ from test_constrained_helpers import (EOS, PERSON, REGEXES, SCHEMAS, TOOL_CALL, 
                                       regex_grammar, schema_grammar, vocab)
 
 from radixlang_runtime.constrained.grammar import CompiledGrammar
-from radixlang_runtime.constrained.jump_forward import forced_bytes, forced_run, forced_tokens
+from radixlang_runtime.constrained.jump_forward import (draft_tokens, forced_bytes, forced_run, forced_tokens,
+                                                       learn_rejection)
 from radixlang_runtime.constrained.state import GrammarState
 
 ASCII = st.characters(codec="ascii", exclude_categories=("Cc",))
@@ -173,3 +174,30 @@ def test_no_forcing_at_final_states_or_through_stop_ids():
     gs3 = GrammarState(g2, [EOS])
     assert gs3.advance_all(encode("x")) and vocab().bytes_of(forced_tokens(gs3)) == b", y"
     assert gs3.must_finish
+
+
+def test_draft_tokens_follow_the_models_rejections():
+    g = schema_grammar(TOOL_CALL)
+    g.draft_prefs.clear()  # grammars are shared between tests
+    try:
+        canonical = forced_tokens(GrammarState(g, [EOS]))
+        assert draft_tokens(GrammarState(g, [EOS])) == canonical  # nothing learned: the tokenizer's split
+        first = vocab().bytes_of(canonical[:1])
+        assert len(first) > 1, first  # e.g. '{"': the model may spell it '{' then '"'
+        shorter = encode(first[:1].decode())
+        assert len(shorter) == 1
+        learn_rejection(GrammarState(g, [EOS]), EOS)  # a finish id is never learned
+        learn_rejection(GrammarState(g, [EOS]), encode("z")[0])  # nor a token the grammar refuses here
+        assert len(g.draft_prefs) == 0
+        learn_rejection(GrammarState(g, [EOS]), shorter[0])
+        gs_draft, gs_canon = GrammarState(g, [EOS]), GrammarState(g, [EOS])
+        draft = draft_tokens(gs_draft)
+        canon = forced_tokens(gs_canon)
+        assert canon == canonical  # forced_tokens itself never changes
+        assert draft[0] == shorter[0] and draft != canonical
+        assert vocab().bytes_of(draft) == vocab().bytes_of(canonical)  # the same forced text, split the model's way
+        assert gs_draft.state == gs_canon.state and gs_draft.num_forced == len(draft)
+        capped = draft_tokens(GrammarState(g, [EOS]), max_tokens=1)
+        assert capped == draft[:1]
+    finally:
+        g.draft_prefs.clear()

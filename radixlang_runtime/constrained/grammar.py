@@ -53,6 +53,8 @@ class CompiledGrammar:
         self.initial_state: int = index.get_initial_state()
         self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
         self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)  # jump_forward.py's per-state results
+        # jump_forward.draft_tokens: state -> the token the model chose there when it rejected a draft
+        self.draft_prefs: LRU[int, int] = LRU(FORCED_CACHE_ENTRIES)
 
     # ------------------------------------------------------------------ per state
     def allowed(self, state: int) -> AllowedSet:

@@ -14,6 +14,14 @@
 Per state the result is cached on the CompiledGrammar (first time ~1 ms, then a dict lookup).
 Invariant: forced_tokens(state) advances the state over exactly the tokens it returns, and the
 bytes of those tokens are a prefix of the state's forced bytes.
+
+4. Drafts that follow the model (draft_tokens): the runtime verifies forced tokens as a draft, and a
+   model often spells forced text with other tokens than the tokenizer's canonical split (SmolLM2
+   writes `{` then `"` where the tokenizer has `{"`), so such drafts are rejected at that token. Each
+   rejection teaches the grammar: at that state the model chose token x (`learn_rejection`); the next
+   draft through that state drafts x instead and re-derives the forced tokens after it. A learned token
+   is allowed by the grammar at that state but may run past the forced bytes: draft_tokens' output is
+   a guess for the model to verify, never appended unverified. Greedy outputs are unchanged either way.
 """
 
 from __future__ import annotations
@@ -149,3 +157,36 @@ def forced_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[in
             break
     gs.num_forced += len(out)
     return out
+
+
+def draft_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[int]:
+    """forced_tokens, with the tokens the model chose at rejected drafts (learn_rejection) put in
+    place of the canonical ones; advances `gs` over exactly the tokens it returns."""
+    g = gs.grammar
+    out: list[int] = []
+    for _ in range(MAX_RUNS):
+        left = None if max_tokens is None else max_tokens - len(out)
+        if left == 0:
+            break
+        toks = forced_tokens(gs.copy(), left)
+        swapped = False
+        for t in toks:
+            x = g.draft_prefs.get(gs.state) if len(g.draft_prefs) else None
+            if x is not None and x != t and x not in gs.finish_ids and gs.advance(x):
+                out.append(x)
+                swapped = True  # the forced tokens after x differ: derive them again
+                break
+            ok = gs.advance(t)
+            assert ok, "a forced token was refused by the index"
+            out.append(t)
+        if not swapped:
+            break
+    gs.num_forced += len(out)
+    return out
+
+
+def learn_rejection(gs_before: GrammarState, chosen: int) -> None:
+    """The model rejected a draft token at the state `gs_before` and chose `chosen` (a sampled token,
+    allowed there by the mask): draft_tokens drafts it at that state from now on."""
+    if chosen not in gs_before.finish_ids and gs_before.grammar.next_state(gs_before.state, chosen) is not None:
+        gs_before.grammar.draft_prefs.put(gs_before.state, chosen)

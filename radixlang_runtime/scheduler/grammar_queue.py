@@ -97,10 +97,10 @@ class GrammarQueue:
         state does not move: accepted tokens advance it when they are appended. ([], []) when off."""
         if not self.jump_forward or req.grammar is None or req.remaining_new_tokens <= 1:
             return [], []
-        from radixlang_runtime.constrained.jump_forward import forced_tokens
+        from radixlang_runtime.constrained.jump_forward import draft_tokens
 
         probe = req.grammar.copy()
-        toks = forced_tokens(probe, max_tokens=req.remaining_new_tokens - 1)  # room for the model's own token
+        toks = draft_tokens(probe, max_tokens=req.remaining_new_tokens - 1)  # room for the model's own token
         if not toks:
             return [], []
         states, walk = [req.grammar.copy()], req.grammar.copy()
@@ -109,6 +109,13 @@ class GrammarQueue:
             states.append(walk.copy())
         self.forced_tokens_total += len(toks)
         return toks, states
+
+    @staticmethod
+    def learn(state_before: Any, sampled: int) -> None:
+        """The model sampled `sampled` where the draft had another token (see jump_forward.draft_tokens)."""
+        from radixlang_runtime.constrained.jump_forward import learn_rejection
+
+        learn_rejection(state_before, sampled)
 
     def close(self) -> None:
         if self._compiler is not None:

@@ -315,7 +315,7 @@ class Scheduler:
             if sampled:
                 token = next(tokens)
                 if req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
-                    self._accept_draft(req, batch.accepted.get(i, 0))
+                    self._accept_draft(req, batch.accepted.get(i, 0), token)
                 if not req.finished:
                     if lp is not None and lp.output_val is not None:
                         req.output_logprobs.append(lp.output_val)
@@ -352,9 +352,12 @@ class Scheduler:
             req.finish({"type": "stop", "matched": None})
         req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
 
-    def _accept_draft(self, req: Req, accepted: int) -> None:
-        """Append the first `accepted` draft tokens as output, each checked like a sampled token."""
-        draft, req.draft, req.draft_states = req.draft, [], []
+    def _accept_draft(self, req: Req, accepted: int, sampled: int) -> None:
+        """Append the first `accepted` draft tokens as output, each checked like a sampled token.
+        A rejected draft token teaches the grammar the model's own choice there (`sampled`)."""
+        draft, states, req.draft, req.draft_states = req.draft, req.draft_states, [], []
+        if accepted < len(draft):
+            self.grammar.learn(states[accepted], sampled)
         for t in draft[:accepted]:
             req.output_ids.append(t)
             req.forced_tokens += 1
