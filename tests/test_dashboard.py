@@ -103,7 +103,7 @@ def test_state_shows_the_shared_prefix_without_text(server):
         assert state["queues"]["waiting"] == 0 and state["queues"]["running"] == 0
         kv = state["kv"]
         assert kv["free"] + kv["evictable"] + kv["locked"] + kv["private"] == kv["total"]
-        assert kv["evictable"] >= node["tokens"]
+        assert kv["evictable"] >= node["tokens"] and kv["evicted_tokens_total"] == 0
         assert state["series"]["ttft"]["p50"] is not None
         assert SECRET not in r.text and "head_ids" not in r.text and not state["show_text"]
         page = c.get("/dashboard")

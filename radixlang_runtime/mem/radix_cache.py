@@ -44,6 +44,7 @@ class RadixCache:
             raise ValueError("page_size must be >= 1")
         self.page_size = page_size
         self._tick = 0  # the access clock: +1 per match / insert
+        self.evicted_tokens_total = 0  # tokens evicted by the LRU so far (not flushes)
         self.reset_tree()
 
     def _next_tick(self) -> int:
@@ -172,6 +173,7 @@ class RadixCache:
             self._evictable -= len(node.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        self.evicted_tokens_total += len(out)
         return out
 
     def reset(self) -> list[int]:

@@ -40,7 +40,8 @@ class DashboardState:
             "forward_steps": s.forward_steps,
         }
         pool = {"total": total, "free": free, "evictable": evictable, "locked": cached - evictable,
-                "private": total - free - cached, **kv.pin_stats()}
+                "private": total - free - cached, **kv.pin_stats(),
+                "evicted_tokens_total": kv.radix.evicted_tokens_total if kv.radix is not None else 0}
         return {"queues": queues, "kv": pool, "tree": self._tree_summary(s, with_ids),
                 "prefill_tokens_computed": s.prefill_tokens_computed, "prefill_tokens_cached": s.prefill_tokens_cached}
 
