@@ -49,6 +49,8 @@ class FlushCacheOut:
 @dataclass
 class GetStatsReq:
     req_id: str
+    detail: str = ""  # "dashboard": also the live view's state (scheduler/dashboard_state.py)
+    with_ids: bool = False  # the dashboard's tree nodes carry their first token ids (--dashboard-show-text)
 
 
 @dataclass

@@ -34,6 +34,7 @@ class ServerArgs:
     log_level: str = "info"
     chat_template: Optional[str] = None
     frontend_port: Optional[int] = None  # the DSL's ZeroMQ link on tcp://host:frontend_port (None: off)
+    dashboard_show_text: bool = False  # /dashboard labels radix nodes with their text (off: sizes only)
 
     # --- parallelism ---
     tp_size: int = 1

@@ -76,8 +76,9 @@ def test_tree_matches_reference(ps, program):
             node, _ = locks.pop(arg % len(locks))
             tree.unlock(node)
         elif op == "evict":
-            evictable_before = tree.evictable_size()
+            evictable_before, evicted_before = tree.evictable_size(), tree.evicted_tokens_total
             out = tree.evict(arg)
+            assert tree.evicted_tokens_total == evicted_before + len(out)
             protected = set().union(*[s for _, s in locks]) if locks else set()
             assert not protected & set(out), "a locked path was evicted"
             assert len(out) >= min(arg, evictable_before)  # unlocked leaves go until enough is freed

@@ -17,7 +17,6 @@ this tree and the allocator.
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass, field
 from typing import Hashable, Optional
 
@@ -44,8 +43,17 @@ class RadixCache:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         self.page_size = page_size
-        self._clock = itertools.count(1)
+        self._tick = 0  # the access clock: +1 per match / insert
+        self.evicted_tokens_total = 0  # tokens evicted by the LRU so far (not flushes)
         self.reset_tree()
+
+    def _next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def clock_now(self) -> int:
+        """The access clock's current value (node.last_access is a past value of it)."""
+        return self._tick
 
     def reset_tree(self) -> None:
         self.root = TreeNode(lock_ref=1)
@@ -81,7 +89,7 @@ class RadixCache:
         ends inside an edge splits it there (same content, finer structure) so the lock is exact."""
         ids = ids[: len(ids) // self.page_size * self.page_size]
         node, pos, slots = self.root, 0, []
-        now = next(self._clock)
+        now = self._next_tick()
         node.last_access = now
         while pos < len(ids):
             child = node.children.get(self._child_key(ids, pos))
@@ -116,7 +124,7 @@ class RadixCache:
         n_total = len(ids) // self.page_size * self.page_size
         ids, slots = ids[:n_total], slots[:n_total]
         node, pos = self.root, 0
-        now = next(self._clock)
+        now = self._next_tick()
         while pos < n_total:
             child = node.children.get(self._child_key(ids, pos))
             if child is None:
@@ -165,6 +173,7 @@ class RadixCache:
             self._evictable -= len(node.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        self.evicted_tokens_total += len(out)
         return out
 
     def reset(self) -> list[int]:

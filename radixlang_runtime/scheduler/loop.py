@@ -77,6 +77,7 @@ class RequestLoop:
         self.stats = stats
         self.idle_wait = idle_wait
         self.sent: dict[str, _Sent] = {}
+        self._dashboard: Any = None  # DashboardState, made at the first dashboard stats request
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
@@ -116,7 +117,14 @@ class RequestLoop:
         elif isinstance(msg, FlushCacheReq):
             self.io.send_control(FlushCacheOut(msg.req_id, self.scheduler.flush_cache()))
         elif isinstance(msg, GetStatsReq):
-            self.io.send_control(StatsOut(msg.req_id, self.stats(self.scheduler) if self.stats else {}))
+            stats = self.stats(self.scheduler) if self.stats else {}
+            if msg.detail == "dashboard":
+                if self._dashboard is None:
+                    from radixlang_runtime.scheduler.dashboard_state import DashboardState
+
+                    self._dashboard = DashboardState()
+                stats = {**stats, "dashboard": self._dashboard.collect(self.scheduler, msg.with_ids)}
+            self.io.send_control(StatsOut(msg.req_id, stats))
         elif isinstance(msg, PinPrefixReq):
             try:
                 pin_id, pinned_len = self.scheduler.kv.pin(msg.input_ids, msg.ttl_s)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 from radixlang_runtime.server_args import ServerArgs
 
-OPEN_ROUTES = ("/health", "/health_generate", "/metrics")  # no API key needed
+OPEN_ROUTES = ("/health", "/health_generate", "/metrics", "/dashboard")  # no key here (/dashboard checks its own)
 
 
 class BadRequest(ValueError):

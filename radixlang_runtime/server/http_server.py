@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from radixlang_runtime import __version__
+from radixlang_runtime.server.dashboard import add_dashboard_routes
 from radixlang_runtime.server.generate_api import generate_route
 from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, ServerState, error_response,
                                                   final_result, parse_pin_body, read_json)
@@ -136,4 +137,5 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
             return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     add_openai_routes(app, state)
+    add_dashboard_routes(app, state)
     return app

@@ -26,6 +26,7 @@ from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCa
 from radixlang_runtime.results import LogprobRequest, ResultBuilder
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.ipc import IpcPaths
+from radixlang_runtime.server.live_series import LiveSeries
 from radixlang_runtime.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.limits = limits
         self.metrics = metrics
+        self.live = LiveSeries()  # the dashboard's recent history (always on: a few deque appends)
         ctx = zmq.asyncio.Context()
         self.to_scheduler = ctx.socket(zmq.PUSH)
         self.to_scheduler.connect(ipc.scheduler_in)
@@ -120,6 +122,10 @@ class TokenizerManager:
     async def get_stats(self) -> dict[str, Any]:
         return (await self._control_call(GetStatsReq)).stats
 
+    async def get_dashboard_stats(self, with_ids: bool) -> dict[str, Any]:
+        """get_stats plus the live view's state ("dashboard": queues, KV split, radix tree summary)."""
+        return (await self._control_call(GetStatsReq, "dashboard", with_ids)).stats
+
     async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None) -> dict[str, Any]:
         """Lock the cached part of input_ids in the radix cache (KVManager.pin: only what is cached;
         prefill it first). Returns {"pin_id", "pinned_len", "input_len"}; a bad ttl_s is a ValueError."""
@@ -172,6 +178,10 @@ class TokenizerManager:
             snapshot = res.apply(msg, i, now)
             new_ids = msg.new_ids[i]
             fin = msg.finished_reasons[i]
+            if new_ids:
+                self.live.on_tokens(res.created, last, now, len(new_ids))
+            if fin is not None:
+                self.live.on_finish()
             if self.metrics and new_ids:
                 self.metrics.on_tokens(res.created, last, now, len(new_ids))
             if fin is not None and self.metrics:

@@ -1,0 +1,160 @@
+"""The live view: the radix tree summary (bounded, conserving tokens), /dashboard/state through the
+real server (the shared prefix node, queues, KV split; no prompt text without the flag; the API key
+rule), and the page itself rendered by headless Chromium with no network (DOM checks, a screenshot
+saved to tests/artifacts/dashboard.png). The browser test is skipped where no Chromium is installed
+(.ci/run installs Debian's `chromium`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+
+import httpx
+import pytest
+
+from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.radix_summary import summarize_tree
+from server_utils import ServerProcess
+
+ARTIFACTS = os.path.join(os.path.dirname(__file__), "artifacts")
+SECRET = "Zanzibarquux"
+SHARED = ("You are a meticulous assistant for the " + SECRET + " project. Answer in one short sentence, "
+          "cite nothing, and never use lists. ") * 3
+
+
+def _random_tree(n_seqs: int, seed: int = 0) -> RadixCache:
+    rng = random.Random(seed)
+    cache, slot = RadixCache(page_size=1), 0
+    seqs: list[list[int]] = []
+    for _ in range(n_seqs):
+        base = rng.choice(seqs) if seqs and rng.random() < 0.9 else []
+        cut = rng.randint(0, len(base))
+        ids = base[:cut] + [rng.randrange(1000) for _ in range(rng.randint(1, 12))]
+        held = cache.insert(ids, list(range(slot, slot + len(ids))))
+        slot += len(ids)
+        assert held <= len(ids)
+        seqs.append(ids)
+    return cache
+
+
+def test_tree_summary_is_bounded_and_conserves_tokens():
+    cache = _random_tree(7000)
+    total_nodes = sum(1 for _ in cache._nodes())
+    assert total_nodes > 10_000
+    out = summarize_tree(cache, max_nodes=300)
+    nodes = {n["id"]: n for n in out["nodes"]}
+    assert out["total_nodes"] == total_nodes and out["total_tokens"] == cache.total_size()
+    assert len(nodes) <= 301 and out["shown_nodes"] == len(nodes) - 1
+    kids: dict[int, list[dict]] = {}
+    for n in out["nodes"][1:]:
+        assert n["parent"] in nodes  # every shown node hangs under a shown one
+        kids.setdefault(n["parent"], []).append(n)
+    for n in out["nodes"]:
+        under = sum(c["subtree_tokens"] for c in kids.get(n["id"], []))
+        assert n["tokens"] + under + n["hidden_tokens"] == n["subtree_tokens"], n
+        assert "head_ids" not in n  # no token ids (so no text) unless asked
+    size = len(json.dumps(out))
+    assert size < 256 * 1024, size
+    with_ids = summarize_tree(cache, max_nodes=5, with_ids=True)
+    assert all(len(n["head_ids"]) == min(n["tokens"], 24) for n in with_ids["nodes"][1:])
+
+
+def test_empty_tree():
+    out = summarize_tree(RadixCache(page_size=16))
+    assert out["total_nodes"] == 0 and out["nodes"][0]["subtree_tokens"] == 0
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "8192")
+    yield srv
+    assert srv.stop() in (0, 143), srv.tail()
+
+
+def _shared_prefix_requests(url: str, headers: dict | None = None) -> None:
+    with httpx.Client(base_url=url, timeout=120, headers=headers or {}) as c:
+        for q in ("What is 2 + 2?", "Name a colour.", "Say hello."):  # each suffix spans whole pages
+            r = c.post("/generate", json={"text": SHARED + (q + " ") * 12, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+            assert r.status_code == 200, r.text
+
+
+def _shared_node(state: dict) -> dict:
+    nodes = state["tree"]["nodes"]
+    children: dict[int, int] = {}
+    for n in nodes[1:]:
+        children[n["parent"]] = children.get(n["parent"], 0) + 1
+    shared = [n for n in nodes[1:] if children.get(n["id"], 0) >= 2]
+    assert shared, nodes
+    return max(shared, key=lambda n: n["tokens"])
+
+
+@pytest.mark.slow
+def test_state_shows_the_shared_prefix_without_text(server):
+    _shared_prefix_requests(server.url)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.get("/dashboard/state")
+        assert r.status_code == 200, r.text
+        state = r.json()
+        node = _shared_node(state)
+        assert node["tokens"] >= 48 and node["tokens"] % 16 == 0  # the prefix, in whole pages
+        assert state["queues"]["waiting"] == 0 and state["queues"]["running"] == 0
+        kv = state["kv"]
+        assert kv["free"] + kv["evictable"] + kv["locked"] + kv["private"] == kv["total"]
+        assert kv["evictable"] >= node["tokens"] and kv["evicted_tokens_total"] == 0
+        assert state["series"]["ttft"]["p50"] is not None
+        assert SECRET not in r.text and "head_ids" not in r.text and not state["show_text"]
+        page = c.get("/dashboard")
+        assert page.status_code == 200 and "radix" in page.text.lower()
+        offline = page.text.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace, not a fetch
+        assert "http://" not in offline and "https://" not in offline and "<link" not in offline
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _browser(*args: str) -> str:
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--no-first-run", "--disable-extensions", "--virtual-time-budget=4000", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium installed (apt install chromium)")
+def test_page_renders_in_headless_chromium(server):
+    _shared_prefix_requests(server.url)
+    node = _shared_node(httpx.get(server.url + "/dashboard/state", timeout=60).json())
+    dom = _browser("--dump-dom", server.url + "/dashboard")
+    assert 'data-loaded="1"' in dom, dom[-3000:]
+    assert f'data-tokens="{node["tokens"]}"' in dom and 'data-shared="1"' in dom
+    assert 'id="q-running">0<' in dom and 'id="q-waiting">0<' in dom
+    assert 'id="kv-free"' in dom and "data-slots=" in dom
+    assert SECRET not in dom
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    shot = os.path.join(ARTIFACTS, "dashboard.png")
+    _browser(f"--screenshot={shot}", "--window-size=1300,900", server.url + "/dashboard")
+    assert os.path.getsize(shot) > 10_000
+
+
+@pytest.mark.slow
+def test_text_only_with_the_flag_and_the_api_key_rule():
+    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--dashboard-show-text",
+                        "--api-key", "sesame")
+    try:
+        _shared_prefix_requests(srv.url, {"Authorization": "Bearer sesame"})
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            assert c.get("/dashboard/state").status_code == 401
+            login = c.get("/dashboard")
+            assert login.status_code == 200 and 'type="password"' in login.text and 'id="tree"' not in login.text
+            assert c.get("/dashboard/state", params={"key": "wrong"}).status_code == 401
+            r = c.get("/dashboard/state", cookies={"radixlang_api_key": "sesame"})
+            assert r.status_code == 200 and r.json()["show_text"]
+            assert SECRET in _shared_node(r.json()).get("text", "") or SECRET in r.text
+            assert c.get("/dashboard", params={"key": "sesame"}).text.count("<svg") >= 2
+    finally:
+        assert srv.stop() in (0, 143), srv.tail()
