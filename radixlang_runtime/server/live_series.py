@@ -12,8 +12,9 @@ from collections import deque
 from typing import Any, Optional
 
 WINDOW_S = 300.0
-MAX_POINTS = 1200  # 4 Hz for 5 minutes
-MAX_LATENCIES = 4096
+SAMPLE_EVERY_S = 1.0  # at most one point a second, however often the state is read
+MAX_POINTS = 300  # 5 minutes
+MAX_LATENCIES = 2048
 PERCENTILES = (50, 90, 99)
 
 
@@ -46,10 +47,12 @@ class LiveSeries:
     def on_finish(self) -> None:
         self.finished_total += 1
 
-    def sample(self, dashboard: dict[str, Any]) -> dict[str, Any]:
-        """Append one point from the scheduler's dashboard state; returns it."""
+    def sample(self, dashboard: dict[str, Any]) -> None:
+        """Append a point from the scheduler's dashboard state (at most every SAMPLE_EVERY_S)."""
         now = time.monotonic()
         t0, tok0, fin0 = self._last
+        if self.points and now - t0 < SAMPLE_EVERY_S:
+            return
         dt = max(now - t0, 1e-6)
         kv, q = dashboard["kv"], dashboard["queues"]
         point = {"t": now, "tok_s": (self.tokens_total - tok0) / dt, "req_s": (self.finished_total - fin0) / dt,
@@ -57,7 +60,6 @@ class LiveSeries:
                  "waiting": q["waiting"], "running": q["running"], "forward_steps": q["forward_steps"]}
         self._last = (now, self.tokens_total, self.finished_total)
         self.points.append(point)
-        return point
 
     def snapshot(self) -> dict[str, Any]:
         """The window's points (t relative to now, seconds, negative) and latency percentiles."""
