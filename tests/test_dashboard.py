@@ -152,7 +152,8 @@ def test_text_only_with_the_flag_and_the_api_key_rule():
             login = c.get("/dashboard")
             assert login.status_code == 200 and 'type="password"' in login.text and 'id="tree"' not in login.text
             assert c.get("/dashboard/state", params={"key": "wrong"}).status_code == 401
-            r = c.get("/dashboard/state", cookies={"radixlang_api_key": "sesame"})
+            c.cookies.set("radixlang_api_key", "sesame")  # what the login form sets
+            r = c.get("/dashboard/state")
             assert r.status_code == 200 and r.json()["show_text"]
             assert SECRET in _shared_node(r.json()).get("text", "") or SECRET in r.text
             assert c.get("/dashboard", params={"key": "sesame"}).text.count("<svg") >= 2
