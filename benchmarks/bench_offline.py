@@ -12,6 +12,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
 
     python benchmarks/bench_offline.py                 # full: 3 runs, both baselines
     python benchmarks/bench_offline.py --runs 1 --quick
+    python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_radixlang(model_dir: str, wls: dict, runs: int, dtype: str, out: mp.Queue) -> None:
+def run_radixlang(model_dir: str, wls: dict, runs: int, dtype: str, quantization, out: mp.Queue) -> None:
     from radixlang_runtime import Engine
 
-    eng = Engine(model_dir, dtype=dtype)
+    eng = Engine(model_dir, dtype=dtype, quantization=quantization)
     res = {}
     try:
         eng.generate(input_ids=wls["W2"]["ids"][0], sampling_params={"max_new_tokens": 8, "temperature": 0})
@@ -102,13 +103,16 @@ def main() -> None:
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--dtype", default="auto", help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
+    ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8)")
     a = ap.parse_args()
 
     from radixlang_runtime.model.resolve import resolve_model_dir
 
     model_dir = resolve_model_dir(a.model_path)
     wls = workloads(a.quick)
-    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, a.dtype)}
+    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, None)}
+    if a.quantization:
+        results[f"radixlang-{a.quantization}"] = in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, a.quantization)
     for dt in a.baseline_dtypes.split(","):
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
 
@@ -118,11 +122,12 @@ def main() -> None:
     print(f"{'system':<24} {'dtype':<9} {'W1 tok/s':>10} {'W2 tok/s':>10} {'peak RSS MB':>12}")
     for k, v in results.items():
         print(f"{k:<24} {v['dtype']:<9} {med[k]['W1']:>10.1f} {med[k]['W2']:>10.1f} {v['peak_rss_mb']:>12.0f}")
-    for k in results:
-        if k.startswith("transformers"):
-            r1 = med["radixlang"]["W1"] / med[k]["W1"]
-            r2 = med["radixlang"]["W2"] / med[k]["W2"]
-            print(f"radixlang / {k}: W1 {r1:.2f}x  W2 {r2:.2f}x")
+    for ours in [k for k in results if k.startswith("radixlang")]:
+        for k in results:
+            if k.startswith("transformers"):
+                r1 = med[ours]["W1"] / med[k]["W1"]
+                r2 = med[ours]["W2"] / med[k]["W2"]
+                print(f"{ours} / {k}: W1 {r1:.2f}x  W2 {r2:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"results": results, "medians": med}, f, indent=2)

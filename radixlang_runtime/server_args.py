@@ -65,6 +65,7 @@ class ServerArgs:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     grammar_backend: str = "outlines"  # outlines | none (regex / json_schema requests then answer 400)
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
+    quantization: Optional[str] = None  # int8: weight-only int8 linears (model/quant_linear.py)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -83,6 +84,9 @@ class ServerArgs:
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("outlines", "none"), "grammar_backend must be outlines or none")
+        need(self.quantization in (None, "int8"),
+             f"quantization {self.quantization!r}: only int8 (weight-only, per channel) is implemented; "
+             "GGUF block formats (Q8_0, Q4_1) are not yet")
         # Flags tell the truth: what is not implemented yet is refused, not accepted and ignored.
         need(self.tp_size == 1, f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (use 1)")
         need(self.dp_size == 1, f"dp_size {self.dp_size}: data parallelism is not implemented yet (use 1)")

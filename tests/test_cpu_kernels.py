@@ -141,3 +141,34 @@ def test_plan_never_chooses_a_kernel_outside_its_limits():
             assert ("+dpbf16" in p.extend_attention) == (kernel_ok and detect().isa == "avx512_bf16"
                                                          and dtype == torch.bfloat16 and D % 32 == 0)
             assert p.c_norm_act == kernel_ok  # bf16 and float32 entry points
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 40, 33), (16, 1536, 64), (2, 13, 5)])
+def test_qlinear_int8_matches_dequantize_then_matmul(isa, dtype, M, K, N):
+    from radixlang_runtime.model.quant_linear import quantize_int8
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(N, K, generator=g)
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127
+    assert float(((q.float() * scale[:, None]) - w).abs().max()) <= float(scale.max()) / 2 + 1e-6
+    x = torch.randn(M, K, generator=g).to(dtype)
+    want = x.float() @ (q.float() * scale[:, None]).T
+    got = cpu_kernels.qlinear_int8(x, q, scale)
+    assert got is not None and got.dtype == dtype and got.shape == (M, N)
+    torch.testing.assert_close(got.float(), want, **(dict(rtol=1e-2, atol=2e-2) if dtype == torch.bfloat16
+                                                      else dict(rtol=1e-5, atol=1e-4)))
+    assert cpu_kernels.qlinear_int8(torch.randn(17, K).to(dtype), q, scale) is None  # above the kernel's M
+
+
+def test_int8_linear_module_both_paths(isa):
+    from radixlang_runtime.model.quant_linear import Int8Linear
+
+    g = torch.Generator().manual_seed(6)
+    w, b = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
+    lin = Int8Linear(w, b)
+    ref = lambda x: x @ (lin.qweight.float() * lin.scale[:, None]).T + b  # noqa: E731
+    for M in (1, 16, 17, 200):  # the C kernel, then the dequantize + GEMM path
+        x = torch.randn(M, 64, generator=g)
+        torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-4)

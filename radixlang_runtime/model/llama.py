@@ -174,6 +174,16 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None  # an untied head now lives only in its packed copy
         return n + 1
 
+    def quantize_int8(self) -> int:
+        """Weight-only int8 for every projection and the output head (see quant_linear)."""
+        from radixlang_runtime.model.quant_linear import Int8Linear, quantize_linears
+
+        n = quantize_linears(self.layers)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.head = Int8Linear(w, None)
+        self.lm_head = None
+        return n + 1
+
     # --- weights ---
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Load HF-named tensors; fuses q/k/v and gate/up. Every parameter must be covered."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import glob
 import itertools
 import logging
@@ -91,11 +93,16 @@ class ModelRunner:
             model = LlamaForCausalLM(cfg, backend, rotary)
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_hf_state_dict(load_safetensors_dir(model_dir))
-        packed = packing_available(self.device, self.dtype)
-        if packed:
+        packed = packing_available(self.device, self.dtype) and args.quantization is None
+        if args.quantization == "int8":
+            logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
+        elif packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
         self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, cfg.num_attention_heads,
                                           cfg.num_key_value_heads, packed)
+        if args.quantization == "int8":
+            kernel = f"c:{detect().isa}" if cpu_kernels.load() is not None and self.device.type == "cpu" else "torch"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=f"int8:{kernel} (M <= 16), prepacked dequantized above")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):

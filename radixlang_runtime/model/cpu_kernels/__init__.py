@@ -3,7 +3,8 @@
 - decode_attention.c (+ decode_impl.h): paged decode attention reading K/V in place, bf16 and float32;
 - extend_attention.c: bf16 extend attention with VDPBF16PS (AVX512-BF16 builds only);
 - extend_portable.c (+ extend_impl.h): extend attention for any CPU, bf16 and float32;
-- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32).
+- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32);
+- qlinear.c: weight-only int8 linear for decode-sized batches (M <= 16), bf16 and float32.
 All *.c files compile once into one library for exactly the feature set cpu_caps.detect() allows
 (`kernel_cflags`, never -march=native), cached under a key of the sources, the compiler, the flags
 and the CPU's features. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -95,6 +96,8 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, args
     for suffix in ("bf16", "f32"):
+        q = getattr(lib, f"qlinear_int8_{suffix}")
+        q.restype, q.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         norm, act = getattr(lib, f"add_rms_norm_{suffix}"), getattr(lib, f"silu_mul_{suffix}")
         norm.restype, act.restype = None, None
         norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
@@ -190,6 +193,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, two_i // 2, dtype=gate_up.dtype)
     fn = _lib.silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else _lib.silu_mul_f32
     fn(gate_up.contiguous().data_ptr(), out.data_ptr(), T, two_i // 2)
+    return out
+
+
+QLINEAR_MAX_M = 16  # qlinear.c's limit: larger batches dequantize and run a GEMM
+
+
+def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optional[torch.Tensor]:
+    """x [M, K] bf16 / float32, w [N, K] int8, scale [N] float32 -> x @ (w * scale).T [M, N] like x;
+    None when the library is not loaded or M > QLINEAR_MAX_M (the caller's torch path runs)."""
+    M, K = x.shape
+    if _lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    N = w.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype)
+    fn = _lib.qlinear_int8_bf16 if x.dtype == torch.bfloat16 else _lib.qlinear_int8_f32
+    _check(fn(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), M, K, N), "qlinear_int8")
     return out
 
 
