@@ -17,6 +17,7 @@ Sums are ordered differently from MKL's, so fp32 logits differ from transformers
 from __future__ import annotations
 
 import logging
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -49,13 +50,18 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Replace every nn.Linear under `module` by a PackedLinear; returns how many."""
+def replace_linears(module: nn.Module, make: Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]) -> int:
+    """Replace every nn.Linear under `module` by make(weight, bias); returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child.weight, child.bias))
+            setattr(module, name, make(child.weight, child.bias))
             count += 1
         else:
-            count += pack_linears(child)
+            count += replace_linears(child, make)
     return count
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every nn.Linear under `module` by a PackedLinear; returns how many."""
+    return replace_linears(module, PackedLinear)

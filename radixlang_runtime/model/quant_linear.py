@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from radixlang_runtime.model import cpu_kernels
-from radixlang_runtime.model.packed_linear import PackedLinear, packing_available
+from radixlang_runtime.model.packed_linear import PackedLinear, packing_available, replace_linears
 
 QUANTIZATIONS = ("int8",)
 
@@ -57,11 +57,4 @@ class Int8Linear(nn.Module):
 
 def quantize_linears(module: nn.Module) -> int:
     """Replace every nn.Linear under `module` by an Int8Linear; returns how many."""
-    count = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear(child.weight, child.bias))
-            count += 1
-        else:
-            count += quantize_linears(child)
-    return count
+    return replace_linears(module, Int8Linear)
