@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -52,7 +53,7 @@ class SamplingParams:
 
     def to_wire(self) -> dict[str, Any]:
         """The fields the scheduler needs, as a plain dict for a TokenizedGenerateReq (n is expanded
-        into n requests by the sender; derived state such as compiled stop patterns stays here)."""
+        into n requests by the sender)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "n"}
 
     # --- derived ---
@@ -68,8 +69,8 @@ class SamplingParams:
 
     @property
     def stop_patterns(self) -> list["re.Pattern[str]"]:
-        """stop_regex compiled (once, by normalize())."""
-        return getattr(self, "_stop_patterns", None) or [_compile_stop_regex(r) for r in self.stop_regex]
+        """stop_regex compiled (each pattern once per process: _compile_stop_regex is cached)."""
+        return [_compile_stop_regex(r) for r in self.stop_regex]
 
     @property
     def constrained(self) -> bool:
@@ -115,7 +116,8 @@ class SamplingParams:
         need(self.sampling_seed is None or isinstance(self.sampling_seed, int), "sampling_seed must be an integer")
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")
-        self._stop_patterns = [_compile_stop_regex(r) for r in self.stop_regex]
+        for r in self.stop_regex:
+            _compile_stop_regex(r)  # ValueError naming a bad pattern (HTTP 400)
         if self.constrained:
             from radixlang_runtime.constrained.spec import spec_from_sampling
 
@@ -127,6 +129,7 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")
 
 
+@functools.lru_cache(maxsize=1024)
 def _compile_stop_regex(pattern: str) -> "re.Pattern[str]":
     try:
         return re.compile(pattern)

@@ -22,6 +22,7 @@ from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
                                                 prefill_target_len)
 from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.stop_check import check_finished
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ logger = logging.getLogger(__name__)
 # round waits a round: the other computes them once and this one then hits the cache (SGLang's
 # in-batch prefix caching check).
 IN_BATCH_SHARE_THRESHOLD = 32
-# stop_regex looks at the text of this many newest output tokens: a longer match is not seen.
-STOP_REGEX_WINDOW = 256
 
 
 class Runner(Protocol):
@@ -383,54 +382,7 @@ class Scheduler:
         return failed
 
     def _check_finished(self, req: Req) -> None:
-        sp = req.sampling
-        out = req.output_ids
-        last = out[-1]
-        if len(out) >= sp.min_new_tokens:
-            if last in sp.stop_token_ids or (not sp.ignore_eos and last in self.cfg.eos_token_ids):
-                req.finish({"type": "stop", "matched": last})
-                return
-            stops = sp.stop_strs
-            if stops:
-                # Only an occurrence that ends in the newest token's text counts: earlier ones were
-                # checked at their own step, or lie inside the min_new_tokens part.
-                window = max(len(s) for s in stops) + 2
-                tail = self.detokenize(out[-window:])
-                head = self.detokenize(out[-window:-1]) if len(out) > 1 else ""
-                for s in stops:
-                    at = tail.find(s, max(0, len(head) - len(s) + 1)) if tail.startswith(head) else tail.rfind(s)
-                    if at >= 0:
-                        req.stop_from_end = len(tail) - at
-                        req.finish({"type": "stop", "matched": s})
-                        return
-            if sp.stop_regex and self._stop_regex_matched(req):
-                return
-        if len(out) >= sp.max_new_tokens:
-            req.finish({"type": "length", "length": sp.max_new_tokens})
-        elif req.seq_len >= self.cfg.context_len:
-            req.finish({"type": "length", "length": len(out)})
-
-    def _stop_regex_matched(self, req: Req) -> bool:
-        """stop_regex: the first non-empty match, over the text of the last STOP_REGEX_WINDOW output
-        tokens, that ends inside the newest token's text finishes the request with matched = the
-        matched text (trimmed from the output like a stop string). Matches that end earlier were
-        checked at their own step or lie inside the min_new_tokens part; zero-width matches never stop."""
-        out = req.output_ids
-        tail = self.detokenize(out[-STOP_REGEX_WINDOW:])
-        head = self.detokenize(out[-STOP_REGEX_WINDOW:-1]) if len(out) > 1 else ""
-        newest_from = len(head) if tail.startswith(head) else 0
-        best = None
-        for pattern in req.sampling.stop_patterns:
-            for m in pattern.finditer(tail):
-                if m.end() > newest_from and m.end() > m.start():
-                    if best is None or m.start() < best.start():
-                        best = m
-                    break
-        if best is None:
-            return False
-        req.stop_from_end = len(tail) - best.start()
-        req.finish({"type": "stop", "matched": best.group(0)})
-        return True
+        check_finished(req, self.cfg.eos_token_ids, self.cfg.context_len, self.detokenize)
 
     # ------------------------------------------------------------------ memory
     def _release(self, req: Req, cache: bool = True) -> None:
