@@ -43,11 +43,24 @@ class Engine:
 
         self.server_args: ServerArgs = server_args_from_kwargs(model_path, **server_args)
         args = self.server_args
+        if args.dp_size > 1 or args.nnodes > 1:
+            raise ValueError("the in-process Engine runs one replica on this machine: dp_size and nnodes must be 1 "
+                             "(launch_server serves data parallelism and multi-node groups)")
+        self._tp_procs: list = []
+        if args.tp_size > 1:  # rank 0 is the scheduler thread; ranks 1.. are worker processes
+            from radixlang_runtime.model.tp_worker import free_local_addr, spawn_tp_workers
+
+            args = self.server_args = args.replace(dist_init_addr=args.dist_init_addr or free_local_addr())
+            self._tp_procs = spawn_tp_workers(args, list(range(1, args.tp_size)))
         self.model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         self.served_model_name = args.served_model_name or served_name(args.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_dir)
         self._detok = IncrementalDetokenizer(self.tokenizer)
-        self._loop = ThreadedLoop(lambda: self._build_scheduler(args), args.stream_interval, scheduler_stats)
+        try:
+            self._loop = ThreadedLoop(lambda: self._build_scheduler(args), args.stream_interval, scheduler_stats)
+        except BaseException:
+            self._stop_tp_workers()
+            raise
         self.scheduler: Scheduler = self._loop.scheduler
         self.runner: ModelRunner = self.scheduler.runner
         self.limits = runtime_limits(self.scheduler)
@@ -56,7 +69,8 @@ class Engine:
 
     def _build_scheduler(self, args: ServerArgs) -> Scheduler:
         """Runs on the scheduler thread: every torch op of the engine happens there."""
-        return build_scheduler(args, self.model_dir, self.tokenizer)
+        return build_scheduler(args, self.model_dir, self.tokenizer,
+                               peers_alive=lambda: all(p.is_alive() for p in self._tp_procs))
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompt: Prompt = None, sampling_params: SamplingArg = None, input_ids: InputIds = None,
@@ -120,6 +134,17 @@ class Engine:
 
     def shutdown(self) -> None:
         self._loop.close()
+        if self._tp_procs and self.runner.tp is not None and not self._loop.is_alive():
+            self.runner.tp.close()  # STOP to the workers (the loop thread is done with the group)
+        self._stop_tp_workers()
+
+    def _stop_tp_workers(self, timeout: float = 10.0) -> None:
+        for p in self._tp_procs:
+            p.join(timeout=timeout)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        self._tp_procs = []
 
     def __enter__(self) -> "Engine":
         return self

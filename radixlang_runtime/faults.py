@@ -18,6 +18,16 @@ class InjectedFault(RuntimeError):
     """Raised on purpose (RADIXLANG_FAULT_INJECT)."""
 
 
+class FatalFault(RuntimeError):
+    """A fault the process cannot recover from (a tensor-parallel peer is gone): the requests in
+    flight fail with its message, then the request loop stops and the process exits.
+    `touched`: requests already failed where it was raised (the loop still has to report them)."""
+
+    def __init__(self, message: str, touched: Iterable = ()):
+        super().__init__(message)
+        self.touched = list(touched)
+
+
 def maybe_raise(site: str, rids: Iterable[str]) -> None:
     spec = os.environ.get(ENV)
     if not spec:

@@ -4,6 +4,11 @@ Starts the scheduler process (model + KV cache) and the detokenizer process, wai
 ready, then serves HTTP (FastAPI on uvicorn with uvloop) in this process, where the
 TokenizerManager lives. SIGTERM / SIGINT stop the server and every child. If a child dies, /health
 turns 503, requests in flight get an error, and the server exits with status 1 instead of hanging.
+
+Parallelism: --dp-size M starts M replicas, each a scheduler process (TP rank 0) plus its TP worker
+processes (ranks 1..tp_size-1 on this node, model/tp_worker.py); every one of them is a child the
+watchdog watches. With --nnodes N, node 0 runs this; nodes 1..N-1 run the same command with their
+--node-rank and only start their TP ranks (no HTTP), exiting when any of them exits.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ logger = logging.getLogger("radixlang_runtime.launch_server")
 READY_TIMEOUT_S = 1800  # first start converts the GGUF model and may compile kernels
 
 
-def _wait_ready(proc: mp.Process, conn: Any, name: str) -> dict:
+def _wait_ready(proc: mp.Process, conn: Any, name: str, others: list[mp.Process] = ()) -> dict:
+    """proc's ready message; an error as soon as proc or one of `others` (its TP ranks) exits."""
     deadline = time.time() + READY_TIMEOUT_S
     while time.time() < deadline:
         if conn.poll(0.2):
@@ -32,9 +38,44 @@ def _wait_ready(proc: mp.Process, conn: Any, name: str) -> dict:
             if msg.get("status") != "ready":
                 raise RuntimeError(f"{name} failed to start: {msg.get('message')}")
             return msg
-        if not proc.is_alive():
-            raise RuntimeError(f"{name} exited with code {proc.exitcode} before it was ready")
+        for p in [proc, *others]:
+            if not p.is_alive():
+                raise RuntimeError(f"{p.name} exited with code {p.exitcode} before {name} was ready")
     raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S} s")
+
+
+def _replica_args(args: ServerArgs, replica: int) -> ServerArgs:
+    """Replica `replica`'s arguments: its own TP rendezvous (dist_init_addr's port + replica, or a
+    free local port)."""
+    if args.tp_size == 1:
+        return args
+    from radixlang_runtime.model.tp_worker import free_local_addr
+
+    if args.dist_init_addr is None:
+        return args.replace(dist_init_addr=free_local_addr())
+    host, _, port = args.dist_init_addr.rpartition(":")
+    return args.replace(dist_init_addr=f"{host}:{int(port) + replica}")
+
+
+def run_node(args: ServerArgs) -> int:
+    """Nodes > 0 of a multi-node group: run this node's TP ranks until one exits (or SIGTERM)."""
+    from radixlang_runtime.model.tp_worker import local_ranks, spawn_tp_workers
+
+    signal.signal(signal.SIGTERM, _raise_exit)
+    procs = spawn_tp_workers(args, local_ranks(args))
+    logger.info("node %d: tp ranks %s, group at %s", args.node_rank, local_ranks(args), args.dist_init_addr)
+    code = 0
+    try:
+        while all(p.is_alive() for p in procs):
+            time.sleep(0.5)
+        ended = [p for p in procs if not p.is_alive()]
+        code = max(p.exitcode or 0 for p in ended)
+        logger.info("%s exited with code %s: node %d stops", ended[0].name, ended[0].exitcode, args.node_rank)
+    except (SystemExit, KeyboardInterrupt):
+        code = 0
+    finally:
+        _stop(procs)
+    return code
 
 
 def _stop(procs: list[mp.Process]) -> None:
@@ -65,18 +106,34 @@ def launch_server(args: ServerArgs) -> int:
     from radixlang_runtime.server.scheduler_process import run_scheduler_process
     from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 
+    from radixlang_runtime.model.tp_worker import local_ranks, spawn_tp_workers
+
+    if args.node_rank > 0:
+        return run_node(args)
     # Until uvicorn installs its own handlers, SIGTERM must still run the cleanup below.
     signal.signal(signal.SIGTERM, _raise_exit)
     ipc = IpcPaths.create()
     ctx = mp.get_context("spawn")
     procs: list[mp.Process] = []
+    child_pids: dict[str, int] = {}
     exit_code = 0
     try:
-        r, w = ctx.Pipe(duplex=False)
-        sched = ctx.Process(target=run_scheduler_process, args=(args, ipc, w), name="radixlang-scheduler", daemon=True)
-        sched.start()
-        procs.append(sched)
-        info = _wait_ready(sched, r, "scheduler")
+        starting = []
+        for i in range(args.dp_size):  # every replica loads at once; then each is waited for
+            rargs = _replica_args(args, i)
+            workers = spawn_tp_workers(rargs, [r for r in local_ranks(rargs) if r != 0])
+            procs += workers
+            child_pids.update({f"tp{i}.{r}": p.pid for r, p in zip(local_ranks(rargs)[1:], workers)})
+            r, w = ctx.Pipe(duplex=False)
+            name = "scheduler" if i == 0 else f"scheduler{i}"
+            sched = ctx.Process(target=run_scheduler_process, args=(rargs, ipc.for_replica(i), w),
+                                name=f"radixlang-{name}", daemon=True)
+            sched.start()
+            procs.append(sched)
+            child_pids[name] = sched.pid
+            starting.append((sched, r, name, workers))
+        infos = [_wait_ready(sched, r, name, workers) for sched, r, name, workers in starting]
+        info = infos[0]
         model_dir = info.pop("model_dir")
         r, w = ctx.Pipe(duplex=False)
         detok = ctx.Process(target=run_detokenizer_process, args=(args, ipc, model_dir, w),
@@ -87,10 +144,12 @@ def launch_server(args: ServerArgs) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
         metrics = ServerMetrics() if args.enable_metrics else None
-        tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics)
+        tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
+                              num_replicas=args.dp_size, load_balance_method=args.load_balance_method)
         resolved = ServerArgs(**info.pop("resolved_args"))
+        child_pids["detokenizer"] = detok.pid
         state = ServerState(resolved, tm, model_dir, args.served_model_name or served_name(args.model_path), info,
-                            {"scheduler": sched.pid, "detokenizer": detok.pid})
+                            child_pids)
         server: Any = None
 
         async def watchdog() -> None:

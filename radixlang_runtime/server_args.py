@@ -36,9 +36,14 @@ class ServerArgs:
     frontend_port: Optional[int] = None  # the DSL's ZeroMQ link on tcp://host:frontend_port (None: off)
     dashboard_show_text: bool = False  # /dashboard labels radix nodes with their text (off: sizes only)
 
-    # --- parallelism ---
-    tp_size: int = 1
-    dp_size: int = 1
+    # --- parallelism (model/parallel.py, server/router.py) ---
+    tp_size: int = 1  # tensor-parallel ranks (gloo on CPU, NCCL on CUDA)
+    dp_size: int = 1  # data-parallel replicas (each a TP group) behind one tokenizer manager and router
+    nnodes: int = 1  # nodes the TP ranks span (tp_size / nnodes ranks each)
+    node_rank: int = 0  # this node; nodes > 0 run ranks only, node 0 serves HTTP
+    dist_init_addr: Optional[str] = None  # host:port of rank 0's rendezvous (None: a free local port)
+    dist_timeout: float = 60.0  # seconds a collective may wait before the group counts as failed
+    load_balance_method: str = "cache_aware"  # cache_aware | round_robin | shortest_queue (dp_size > 1)
 
     # --- memory ---
     mem_fraction_static: Optional[float] = None  # GPU: share of device memory for weights + KV
@@ -87,9 +92,21 @@ class ServerArgs:
         need(self.quantization in (None, "int8"),
              f"quantization {self.quantization!r}: only int8 (weight-only, per channel) is implemented; "
              "GGUF block formats (Q8_0, Q4_1) are not yet")
-        # Flags tell the truth: what is not implemented yet is refused, not accepted and ignored.
-        need(self.tp_size == 1, f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (use 1)")
-        need(self.dp_size == 1, f"dp_size {self.dp_size}: data parallelism is not implemented yet (use 1)")
+        need(self.tp_size >= 1 and self.dp_size >= 1 and self.nnodes >= 1, "tp_size, dp_size and nnodes must be >= 1")
+        need(self.tp_size % self.nnodes == 0,
+             f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes} (the same ranks on every node)")
+        need(0 <= self.node_rank < self.nnodes, f"node_rank must be in [0, {self.nnodes}); got {self.node_rank}")
+        need(self.nnodes == 1 or self.dist_init_addr is not None,
+             "nnodes > 1 needs --dist-init-addr host:port (rank 0's node, reachable from every node)")
+        # Flags tell the truth: what is not implemented is refused, not accepted and ignored.
+        need(self.nnodes == 1 or self.dp_size == 1, "data parallelism over several nodes is not implemented "
+             "(use dp_size 1 with nnodes > 1, or nnodes 1)")
+        need(self.dist_timeout > 0, "dist_timeout must be > 0 seconds")
+        need(self.load_balance_method in ("cache_aware", "round_robin", "shortest_queue"),
+             f"load_balance_method must be cache_aware, round_robin or shortest_queue; got {self.load_balance_method!r}")
+        if self.dist_init_addr is not None:
+            host, sep, port = self.dist_init_addr.rpartition(":")
+            need(bool(sep and host and port.isdigit()), f"dist_init_addr must be host:port; got {self.dist_init_addr!r}")
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
         need(self.max_running_requests is None or self.max_running_requests >= 1,
@@ -140,11 +157,11 @@ class ServerArgs:
 
 
 _INT_FIELDS = {
-    "context_length", "port", "frontend_port", "tp_size", "dp_size", "max_total_tokens", "kv_cache_budget_bytes",
+    "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens", "kv_cache_budget_bytes",
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
     "stream_interval", "random_seed",
 }
-_FLOAT_FIELDS = {"mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay"}
+_FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay"}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 
 

@@ -3,9 +3,14 @@
 Tokens of all requests in a step are flattened into one [T] axis; attention is the only place that
 knows about requests, through the backend and the ForwardBatch. q/k/v and gate/up are fused into one
 matmul each (weights are concatenated at load time).
+
+Tensor parallel (parallel.py): the modules are built for one rank's Shard (its q/KV heads, its MLP
+columns, its vocab rows) and `reduce` sums a row-parallel output over the ranks (None: one rank).
 """
 
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +20,10 @@ from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
+from radixlang_runtime.model.parallel import Shard, make_shard
+from radixlang_runtime.model.weights import SafetensorsDir
+
+Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over the TP ranks
 
 
 class RMSNorm(nn.Module):
@@ -74,16 +83,17 @@ class Rotary:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__()
         self.layer_id = layer_id
-        self.h, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.h, self.hkv, self.d = shard.q_count, shard.kv_count, cfg.head_dim  # this rank's heads
         self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -95,33 +105,36 @@ class Attention(nn.Module):
         qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
         q, k = qk[:, : self.h], qk[:, self.h :]
         o = self.backend.forward(q, k, v, self.layer_id, fb)  # [T, H D]
-        return self.o_proj(o)
+        out = self.o_proj(o)  # [T, hidden]: this rank's heads' share
+        return out if self.reduce is None else self.reduce(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: Shard, reduce: Reduce):
         super().__init__()
-        self.inter = cfg.intermediate_size
+        self.inter = shard.inter_count  # this rank's columns of the intermediate size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
-
+        self.reduce = reduce
         self.use_cpu_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]
         if self.use_cpu_kernel:
-            return self.down_proj(cpu_kernels.silu_mul(gate_up))
-        gate, up = gate_up.split(self.inter, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+            out = self.down_proj(cpu_kernels.silu_mul(gate_up))
+        else:
+            gate, up = gate_up.split(self.inter, dim=-1)  # [T, I] each
+            out = self.down_proj(F.silu(gate) * up)
+        return out if self.reduce is None else self.reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, backend)
+        self.self_attn = Attention(cfg, layer_id, backend, shard, reduce)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, shard, reduce)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """h: the previous block's output (None for the first layer); residual: the stream, updated
@@ -132,20 +145,34 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
+                 shard: Shard | None = None, reduce: Reduce = None):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                 cfg.intermediate_size, cfg.vocab_size)
+        self.reduce = reduce
+        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
         self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for
+        the others) and the all-reduce assembles every row."""
+        if self.reduce is None:
+            return self.embed_tokens(ids)
+        local = ids - self.shard.vocab_start
+        mine = (local >= 0) & (local < self.shard.vocab_count)
+        x = self.embed_tokens(torch.where(mine, local, 0)) * mine.unsqueeze(1).to(self.embed_tokens.weight.dtype)
+        return self.reduce(x)
 
     def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
-        (all T rows when None)."""
-        residual = self.embed_tokens(fb.input_ids)  # [T, hidden], the residual stream
+        (all T rows when None). Tensor parallel: [R, vocab_count], this rank's vocab rows."""
+        residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
         fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
         h = None
         for layer in self.layers:
@@ -185,9 +212,14 @@ class LlamaForCausalLM(nn.Module):
         return n + 1
 
     # --- weights ---
-    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Load HF-named tensors; fuses q/k/v and gate/up. Every parameter must be covered."""
-        cfg = self.cfg
+    def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
+        """Load HF-named tensors (this rank's slices only); fuses q/k/v and gate/up. Every parameter
+        must be covered."""
+        cfg, sh, d = self.cfg, self.shard, self.cfg.head_dim
+        q_rows = (sh.q_start * d, (sh.q_start + sh.q_count) * d)
+        kv_rows = (sh.kv_start * d, (sh.kv_start + sh.kv_count) * d)
+        inter = (sh.inter_start, sh.inter_start + sh.inter_count)
+        vocab = (sh.vocab_start, sh.vocab_start + sh.vocab_count)
         own = dict(self.named_parameters())
         done: set[str] = set()
 
@@ -199,30 +231,30 @@ class LlamaForCausalLM(nn.Module):
                 p.copy_(value)
             done.add(name)
 
-        def take(name: str) -> torch.Tensor:
-            if name not in tensors:
-                raise ValueError(f"checkpoint is missing {name}")
-            return tensors[name]
+        take = tensors.get
 
-        put("embed_tokens.weight", take("model.embed_tokens.weight"))
+        put("embed_tokens.weight", take("model.embed_tokens.weight", rows=vocab))
         put("norm.weight", take("model.norm.weight"))
         if self.lm_head is not None:
-            put("lm_head.weight", take("lm_head.weight"))
+            put("lm_head.weight", take("lm_head.weight", rows=vocab))
         for i in range(cfg.num_hidden_layers):
             src, dst = f"model.layers.{i}.", f"layers.{i}."
             a = src + "self_attn."
-            put(dst + "self_attn.qkv_proj.weight",
-                torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]))
+            put(dst + "self_attn.qkv_proj.weight", torch.cat([
+                take(a + "q_proj.weight", rows=q_rows), take(a + "k_proj.weight", rows=kv_rows),
+                take(a + "v_proj.weight", rows=kv_rows)]))
             if cfg.attention_bias:
-                put(dst + "self_attn.qkv_proj.bias",
-                    torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]))
-            put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight"))
+                put(dst + "self_attn.qkv_proj.bias", torch.cat([
+                    take(a + "q_proj.bias", rows=q_rows), take(a + "k_proj.bias", rows=kv_rows),
+                    take(a + "v_proj.bias", rows=kv_rows)]))
+            put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
             if cfg.qk_norm:
                 put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
                 put(dst + "self_attn.k_norm.weight", take(a + "k_norm.weight"))
             m = src + "mlp."
-            put(dst + "mlp.gate_up_proj.weight", torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
-            put(dst + "mlp.down_proj.weight", take(m + "down_proj.weight"))
+            put(dst + "mlp.gate_up_proj.weight",
+                torch.cat([take(m + "gate_proj.weight", rows=inter), take(m + "up_proj.weight", rows=inter)]))
+            put(dst + "mlp.down_proj.weight", take(m + "down_proj.weight", cols=inter))
             put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
             put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
         missing = sorted(set(own) - done)

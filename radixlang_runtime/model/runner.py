@@ -1,14 +1,18 @@
-"""ModelRunner: owns the model, the KV pool and the sampler; runs one ScheduleBatch per call."""
+"""ModelRunner: owns the model, the KV pool and the sampler; runs one ScheduleBatch per call.
+
+A step is planned on the scheduler's rank into StepInputs (plain lists: the ids, positions' slots,
+table rewrites and logit rows), which is all any rank needs to run the model: with tensor
+parallelism (parallel.py) rank 0 broadcasts it and the other ranks run `run_step` on it
+(tp_worker.py); only rank 0 gets the full logits and samples.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-
-import glob
 import itertools
 import logging
-import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -23,6 +27,8 @@ from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
 from radixlang_runtime.model.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.sample_step import sample_step
 from radixlang_runtime.model.packed_linear import packing_available
+from radixlang_runtime.model.parallel import TPGroup, make_shard
+from radixlang_runtime.model.weights import SafetensorsDir
 from radixlang_runtime.model.sampler import Sampler
 from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.server_args import ServerArgs
@@ -65,41 +71,45 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+@dataclass
+class StepInputs:
+    """One forward pass, as plain data (what rank 0 broadcasts). B requests, T = sum(extend_lens) tokens."""
 
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update(load_file(f))
-    return tensors
+    phase: str  # "extend" | "decode"
+    input_ids: list[int]  # [T]
+    out_loc: list[int]  # [T] slots the new K/V go to
+    req_rows: list[int]  # [B] rows of req_to_token
+    prefix_lens: list[int]  # [B]
+    extend_lens: list[int]  # [B]
+    rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) to write first
+    logit_rows: list[int]  # [R] flattened token rows the head runs on
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_dir: str):
-        self.device = resolve_device(args.device)
+    def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None):
+        self.device = tp.device if tp is not None else resolve_device(args.device)
         self.args = args = args.resolve_for_device(self.device.type)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.cfg = cfg = ModelConfig.from_dir(model_dir)
         self.context_len = args.context_length or cfg.max_position_embeddings
+        self.tp = tp
+        self.shard = shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
+                                        cfg.vocab_size, tp.size if tp else 1, tp.rank if tp else 0)
 
-        backend = create_attention_backend(args.attention_backend, cfg.num_attention_heads,
-                                           cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim ** -0.5)
+        backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
+                                           cfg.head_dim ** -0.5)
         self.backend = backend
         rotary = Rotary(cfg.head_dim, cfg.rope_theta, self.context_len, self.device, self.dtype)
         with torch.device("meta"):
-            model = LlamaForCausalLM(cfg, backend, rotary)
+            model = LlamaForCausalLM(cfg, backend, rotary, shard, tp.all_reduce if tp else None)
         model = model.to_empty(device=self.device).to(self.dtype)
-        model.load_hf_state_dict(load_safetensors_dir(model_dir))
+        model.load_hf_state_dict(SafetensorsDir(model_dir))
         packed = packing_available(self.device, self.dtype) and args.quantization is None
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
-        self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, packed)
+        self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed)
         if args.quantization == "int8":
             kernel = f"c:{detect().isa}" if cpu_kernels.load() is not None and self.device.type == "cpu" else "torch"
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=f"int8:{kernel} (M <= 16), prepacked dequantized above")
@@ -112,7 +122,7 @@ class ModelRunner:
 
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
-        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
                               self.dtype, self.device, table_rows, self.context_len)
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
@@ -125,7 +135,9 @@ class ModelRunner:
         ps = a.page_size
         if a.max_total_tokens is not None:
             return a.max_total_tokens // ps * ps
-        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        # Every rank of a tensor-parallel group must get the same number of slots: size by the
+        # largest shard (ranks can hold one GQA group more than others).
+        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, self.shard.kv_count_max, cfg.head_dim, self.dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
@@ -137,8 +149,6 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ScheduleBatch) -> None:
         faults.maybe_raise("forward", (r.rid for r in batch.reqs))
-        fb = self._build_forward_batch(batch)
-        self.backend.init_forward_metadata(fb)
         sample_idx = [i for i, s in enumerate(batch.sample) if s]
         plans = plan_input_logprobs(batch) if batch.phase != "decode" else []
         ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
@@ -148,7 +158,10 @@ class ModelRunner:
         rows = [r for i, n in zip(sample_idx, counts) for r in range(ends[i] - n, ends[i])]
         S = len(rows)
         rows += [r for p in plans for r in p.rows]
-        logits = self.model(fb, logit_rows=torch.tensor(rows, dtype=torch.int64, device=self.device))  # [R, V] fp32
+        step = self._step_inputs(batch, rows)
+        if self.tp is not None:
+            self.tp.broadcast_obj(step)
+        logits = self.run_step(step)  # [R, V] fp32
         if plans:
             fill_input_logprobs(batch, plans, logits[S:])
         if not S:  # non-final chunks and prefill-only requests
@@ -156,15 +169,44 @@ class ModelRunner:
             return
         sample_step(batch, sample_idx, counts, logits[:S], self.sampler)
 
-    def _build_forward_batch(self, batch: ScheduleBatch) -> ForwardBatch:
+    @staticmethod
+    def _step_inputs(batch: ScheduleBatch, logit_rows: list[int]) -> StepInputs:
+        rewrites = []
+        for i in batch.rewrite_rows:
+            req, p = batch.reqs[i], batch.prefix_lens[i]
+            if p:
+                rewrites.append((req.table_idx, list(req.kv_indices[:p])))
+        return StepInputs(
+            phase="decode" if batch.phase == "decode" else "extend",
+            input_ids=list(itertools.chain.from_iterable(batch.extend_ids)),
+            out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
+            req_rows=[r.table_idx for r in batch.reqs], prefix_lens=list(batch.prefix_lens),
+            extend_lens=[len(x) for x in batch.extend_ids], rewrites=rewrites, logit_rows=logit_rows)
+
+    @torch.inference_mode()
+    def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
+        """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere)."""
+        fb = self._build_forward_batch(step)
+        self.backend.init_forward_metadata(fb)
+        logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64, device=self.device))
+        if self.tp is None:
+            return logits
+        return self.tp.gather_logits(logits, self.shard, self.cfg.vocab_size)
+
+    def keepalive(self) -> None:
+        """Between steps (the request loop calls it every iteration): see TPGroup.keepalive."""
+        if self.tp is not None:
+            self.tp.keepalive()
+
+    def _build_forward_batch(self, step: StepInputs) -> ForwardBatch:
         dev = self.device
-        B = batch.batch_size
-        req_rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64, device=dev)
-        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=dev)
-        extend_lens = [len(x) for x in batch.extend_ids]
-        out_loc = torch.tensor(list(itertools.chain.from_iterable(batch.out_locs)), dtype=torch.int64, device=dev)
-        input_ids = torch.tensor(list(itertools.chain.from_iterable(batch.extend_ids)), dtype=torch.int64, device=dev)
-        if batch.phase == "decode":
+        B = len(step.req_rows)
+        req_rows = torch.tensor(step.req_rows, dtype=torch.int64, device=dev)
+        prefix = torch.tensor(step.prefix_lens, dtype=torch.int64, device=dev)
+        extend_lens = step.extend_lens
+        out_loc = torch.tensor(step.out_loc, dtype=torch.int64, device=dev)
+        input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=dev)
+        if step.phase == "decode":
             positions = prefix
             row_of_token = req_rows
         else:
@@ -175,15 +217,13 @@ class ModelRunner:
             row_of_token = torch.repeat_interleave(req_rows, lens)
         # Record where each position's K/V lives: req_to_token[row, pos] = slot. Rows the scheduler
         # marked (a prefix from the cache, or slots swapped for the cache's) get their prefix rewritten.
-        for i in batch.rewrite_rows:
-            req, p = batch.reqs[i], batch.prefix_lens[i]
-            if p:
-                self.kv_pool.req_to_token[req.table_idx, :p] = torch.tensor(req.kv_indices[:p], dtype=torch.int64)
+        for row, slots in step.rewrites:
+            self.kv_pool.req_to_token[row, : len(slots)] = torch.tensor(slots, dtype=torch.int64)
         self.kv_pool.req_to_token[row_of_token, positions] = out_loc
-        seq_lens_cpu = [p + n for p, n in zip(batch.prefix_lens, extend_lens)]
+        seq_lens_cpu = [p + n for p, n in zip(step.prefix_lens, extend_lens)]
         return ForwardBatch(
-            phase="decode" if batch.phase == "decode" else "extend", batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
+            phase=step.phase, batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
             req_rows=req_rows, seq_lens=prefix + torch.tensor(extend_lens, dtype=torch.int64, device=dev),
-            seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(batch.prefix_lens), extend_lens_cpu=extend_lens,
+            seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(step.prefix_lens), extend_lens_cpu=extend_lens,
             kv_pool=self.kv_pool,
         )

@@ -5,7 +5,7 @@ Shared by the in-process Engine (on its scheduler thread) and the server's sched
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
@@ -18,8 +18,17 @@ from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixlang_runtime.server_args import ServerArgs
 
 
-def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any) -> Scheduler:
-    runner = ModelRunner(args, model_dir)
+def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
+                    peers_alive: Optional[Callable[[], bool]] = None) -> Scheduler:
+    """tp_size > 1: this is rank 0 of the group at args.dist_init_addr; the other ranks
+    (model/tp_worker.py) are started by the caller and must load too before this returns
+    (`peers_alive`: whether they still run, where the caller can see them)."""
+    from radixlang_runtime.model.tp_worker import make_group
+
+    tp = make_group(args, 0) if args.tp_size > 1 else None
+    runner = ModelRunner(args, model_dir, tp)
+    if tp is not None:
+        tp.wait_all_loaded(peers_alive)
     args = runner.args  # "auto" sizes resolved for the device
     sizes = runner.sizes
     eos = end_token_ids(model_dir, runner.cfg.eos_token_ids, tokenizer)

@@ -14,6 +14,8 @@ Invariants:
   or an error (`LoopIO.send_error`) when a fault ended it. A step fault ends only its batch's
   requests (Scheduler.step); a fault outside any batch ends every request in flight.
 - the loop never blocks while the scheduler has work; idle, it waits at most `idle_wait` seconds.
+- a FatalFault (a tensor-parallel peer gone) fails every request in flight, then `run` re-raises it:
+  the process cannot serve any more.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, StatsOut, TokenizedGenerateReq, UnpinPrefixOut,
                                         UnpinPrefixReq)
@@ -84,10 +87,21 @@ class RequestLoop:
             self.run_once()
 
     def run_once(self) -> None:
+        try:
+            self._iterate()
+        except FatalFault as e:
+            logger.error("fatal: %s; failing every request in flight", e)
+            self.emit(e.touched + self.scheduler.abort_all(f"internal error: {e}"))
+            raise
+
+    def _iterate(self) -> None:
         for msg in self.io.receive(self.idle_wait if self.scheduler.is_idle else 0.0):
             self.handle(msg)
         for pin_id in self.scheduler.kv.expire_pins():  # every iteration, idle ones too (idle_wait apart)
             logger.info("prefix pin %s expired", pin_id)
+        keepalive = getattr(self.scheduler.runner, "keepalive", None)  # tensor parallel: see parallel.py
+        if keepalive is not None:
+            keepalive()
         if self.scheduler.is_idle:
             return
         if self.scheduler.only_grammar_pending:  # compiles run in worker processes: don't spin
@@ -95,6 +109,8 @@ class RequestLoop:
                 self.handle(msg)
         try:
             touched = self.scheduler.step()
+        except FatalFault:
+            raise
         except Exception as e:  # noqa: BLE001 - a fault outside any batch: fail what is in flight, keep serving
             logger.exception("scheduler step failed outside a batch")
             touched = self.scheduler.abort_all(f"internal error: {type(e).__name__}: {e}")

@@ -163,3 +163,6 @@ class ThreadedLoop:
     def close(self, timeout: float = 30.0) -> None:
         self._stop.set()
         self._thread.join(timeout=timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
+from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
@@ -121,7 +122,10 @@ class Scheduler:
             touched += self._process_batch_result(batch)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
             logger.exception("step failed (%s batch of %d): failing its requests", batch.phase, batch.batch_size)
-            return touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")
+            failed = touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")
+            if isinstance(e, FatalFault):  # the loop fails the rest and stops (RequestLoop.run_once)
+                raise FatalFault(str(e), failed) from e
+            return failed
         # Chunked prefill never freezes decoding: after a non-final chunk, running requests step once.
         self._decode_owed = batch.phase == "extend" and self.chunked_req is not None and bool(self.running)
         if self.cfg.debug_check_integrity:

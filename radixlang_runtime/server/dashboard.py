@@ -72,7 +72,7 @@ class DashboardFeed:
         return {"model": self.state.served_model_name, "show_text": args.dashboard_show_text,
                 "queues": dash["queues"], "kv": dash["kv"], "tree": tree,
                 "cache_hit_rate": hits / max(1, hits + computed), "series": tm.live.snapshot(),
-                "cpu": stats.get("cpu")}
+                "cpu": stats.get("cpu"), "replica": 0, "num_replicas": len(tm.to_replicas)}
 
 
 def add_dashboard_routes(app: FastAPI, state: ServerState) -> None:

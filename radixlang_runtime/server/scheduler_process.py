@@ -17,6 +17,7 @@ from typing import Any
 
 import zmq
 
+from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import BatchTokenIDOut, ErrorOut, decode, encode
 from radixlang_runtime.scheduler.loop import RequestLoop
 from radixlang_runtime.server.ipc import IpcPaths
@@ -68,6 +69,9 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection) ->
         from radixlang_runtime.model.resolve import resolve_model_dir
         from radixlang_runtime.scheduler.factory import build_scheduler, runtime_limits, scheduler_stats
 
+        from radixlang_runtime.model.tp_worker import set_cpu_threads
+
+        set_cpu_threads(args)  # this process is one of several model processes on the node
         t0 = time.perf_counter()
         model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
@@ -91,4 +95,10 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection) ->
             return True
         return False
 
-    loop.run(parent_gone)
+    try:
+        loop.run(parent_gone)
+    except FatalFault as e:  # the requests in flight got their errors; the server sees this exit
+        logger.error("scheduler exits: %s", e)
+        raise SystemExit(1)
+    if runner.tp is not None:
+        runner.tp.close()

@@ -5,6 +5,11 @@ ValueError -> HTTP 400 before the scheduler sees it), sends them to the schedule
 detokenizer's results back to each waiting handler through a per-request asyncio.Queue. A handler
 that stops listening (client gone) aborts its request, which frees its KV at the next step.
 If a child process dies, `mark_dead` fails every request in flight and refuses new ones.
+
+Data parallel (dp_size > 1): one scheduler per replica; the Router (router.py) picks each request's
+replica and learns when it ends (the `finally` of `generate`, which every request passes exactly
+once). Aborts go to the request's replica; control calls go to every replica and their replies are
+merged (stats: counters summed, each replica's own under "replicas").
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.live_series import LiveSeries
 from radixlang_runtime.server.metrics import ServerMetrics
+from radixlang_runtime.server.router import Router, RouterConfig
+
+# Stats counters that add up over replicas (the others are taken from replica 0).
+_SUMMED_STATS = ("total_slots", "free_slots", "cached_slots", "evictable_slots", "num_running_reqs",
+                 "num_waiting_reqs", "prefill_tokens_computed", "prefill_tokens_cached", "num_retractions",
+                 "forward_steps", "pinned_slots", "num_pins", "num_grammar_waiting", "forced_tokens_total")
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +58,20 @@ class ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, ipc: IpcPaths, tokenizer: Any, limits: RuntimeLimits, metrics: Optional[ServerMetrics]):
+    def __init__(self, ipc: IpcPaths, tokenizer: Any, limits: RuntimeLimits, metrics: Optional[ServerMetrics],
+                 num_replicas: int = 1, load_balance_method: str = "cache_aware"):
         self.tokenizer = tokenizer
         self.limits = limits
         self.metrics = metrics
         self.live = LiveSeries()  # the dashboard's recent history (always on: a few deque appends)
         ctx = zmq.asyncio.Context()
-        self.to_scheduler = ctx.socket(zmq.PUSH)
-        self.to_scheduler.connect(ipc.scheduler_in)
+        self.to_replicas = []  # one PUSH socket per replica's scheduler
+        for i in range(num_replicas):
+            sock = ctx.socket(zmq.PUSH)
+            sock.connect(ipc.scheduler_in_of(i))
+            self.to_replicas.append(sock)
+        self.router = Router(num_replicas, RouterConfig(load_balance_method, tree_capacity_tokens=limits.num_slots)) \
+            if num_replicas > 1 else None
         self.recv = ctx.socket(zmq.PULL)
         self.recv.bind(ipc.tokenizer_in)
         self.states: dict[str, ReqState] = {}
@@ -92,9 +109,10 @@ class TokenizerManager:
         self.states[rid] = state
         params = sp.to_wire()
         lp = logprob or LogprobRequest()
-        await self.to_scheduler.send(encode(TokenizedGenerateReq(rid, list(input_ids), params, stream, logprob is not None,
-                                                                 lp.start, lp.top_num)))
+        replica = self.router.route(rid, input_ids) if self.router else 0
         try:
+            await self.to_replicas[replica].send(encode(TokenizedGenerateReq(
+                rid, list(input_ids), params, stream, logprob is not None, lp.start, lp.top_num)))
             while True:
                 out = await state.queue.get()
                 if "error" in out:
@@ -111,41 +129,82 @@ class TokenizerManager:
                 if self.metrics:
                     self.metrics.on_abandoned()
             self.states.pop(rid, None)
+            if self.router:
+                self.router.finish(rid)
 
     def abort(self, rid: str) -> None:
         """Queue an abort (no await: this also runs while a cancelled handler unwinds)."""
-        self.to_scheduler.send(encode(AbortReq(rid)))
+        replica = self.router.replica_of(rid) if self.router else 0
+        targets = self.to_replicas if replica is None else [self.to_replicas[replica]]
+        for sock in targets:  # an rid the router does not know (finished, or never sent): every replica
+            sock.send(encode(AbortReq(rid)))
 
     async def flush_cache(self) -> bool:
-        return (await self._control_call(FlushCacheReq)).success
+        ok = all(out.success for out in await self._control_all(FlushCacheReq))
+        if ok and self.router:
+            self.router.reset_trees()
+        return ok
 
     async def get_stats(self) -> dict[str, Any]:
-        return (await self._control_call(GetStatsReq)).stats
+        return self._merge_stats([out.stats for out in await self._control_all(GetStatsReq)])
 
-    async def get_dashboard_stats(self, with_ids: bool) -> dict[str, Any]:
-        """get_stats plus the live view's state ("dashboard": queues, KV split, radix tree summary)."""
-        return (await self._control_call(GetStatsReq, "dashboard", with_ids)).stats
+    async def get_dashboard_stats(self, with_ids: bool, replica: int = 0) -> dict[str, Any]:
+        """get_stats plus the live view's state ("dashboard": queues, KV split, radix tree summary)
+        of one replica."""
+        if not 0 <= replica < len(self.to_replicas):
+            raise ValueError(f"replica must be in [0, {len(self.to_replicas)})")
+        return (await self._control_call(GetStatsReq, "dashboard", with_ids, replica=replica)).stats
+
+    def _merge_stats(self, per_replica: list[dict[str, Any]]) -> dict[str, Any]:
+        if len(per_replica) == 1:
+            return per_replica[0]
+        merged = dict(per_replica[0])
+        for key in _SUMMED_STATS:
+            if key in merged:
+                merged[key] = sum(s.get(key, 0) for s in per_replica)
+        merged["replicas"] = per_replica
+        merged["router"] = self.router.stats() if self.router else None
+        return merged
 
     async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None) -> dict[str, Any]:
         """Lock the cached part of input_ids in the radix cache (KVManager.pin: only what is cached;
-        prefill it first). Returns {"pin_id", "pinned_len", "input_len"}; a bad ttl_s is a ValueError."""
-        out = await self._control_call(PinPrefixReq, list(input_ids), ttl_s)
-        if out.pin_id is None:
-            raise ValueError(out.error or "the prefix could not be pinned")
-        return {"pin_id": out.pin_id, "pinned_len": out.pinned_len, "input_len": len(input_ids)}
+        prefill it first). Returns {"pin_id", "pinned_len", "input_len"}; a bad ttl_s is a ValueError.
+        Data parallel: pinned on every replica (wherever it is cached); the id lists the replicas' pins."""
+        outs = await self._control_all(PinPrefixReq, list(input_ids), ttl_s)
+        if len(outs) == 1:
+            out = outs[0]
+            if out.pin_id is None:
+                raise ValueError(out.error or "the prefix could not be pinned")
+            return {"pin_id": out.pin_id, "pinned_len": out.pinned_len, "input_len": len(input_ids)}
+        if all(o.pin_id is None for o in outs):
+            raise ValueError(outs[0].error or "the prefix could not be pinned")
+        pin_id = "dp:" + ",".join(o.pin_id or "-" for o in outs)
+        return {"pin_id": pin_id, "pinned_len": max(o.pinned_len for o in outs), "input_len": len(input_ids)}
 
     async def unpin_prefix(self, pin_id: str) -> bool:
         """Release a pin; False when there is none by that id (unknown, unpinned or expired)."""
-        return (await self._control_call(UnpinPrefixReq, pin_id)).success
+        if not pin_id.startswith("dp:") or len(self.to_replicas) == 1:
+            return (await self._control_call(UnpinPrefixReq, pin_id)).success
+        ids = pin_id[3:].split(",")
+        if len(ids) != len(self.to_replicas):
+            return False
+        outs = await asyncio.gather(*(self._control_call(UnpinPrefixReq, p, replica=i)
+                                      for i, p in enumerate(ids) if p != "-"))
+        return bool(outs) and all(o.success for o in outs)
 
-    async def _control_call(self, cls: type, *fields: Any, timeout: float = 30.0) -> Any:
+    async def _control_all(self, cls: type, *fields: Any) -> list[Any]:
+        """The same control call on every replica; their replies in replica order."""
+        return list(await asyncio.gather(*(self._control_call(cls, *fields, replica=i)
+                                           for i in range(len(self.to_replicas)))))
+
+    async def _control_call(self, cls: type, *fields: Any, replica: int = 0, timeout: float = 30.0) -> Any:
         if self.dead:
             raise RuntimeUnavailable(self.dead)
         req_id = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self._control[req_id] = fut
         try:
-            await self.to_scheduler.send(encode(cls(req_id, *fields)))
+            await self.to_replicas[replica].send(encode(cls(req_id, *fields)))
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._control.pop(req_id, None)

@@ -1,0 +1,45 @@
+"""Checkpoint tensors read on demand from a directory of *.safetensors, whole or as a row / column range.
+
+A tensor-parallel rank reads only its slices (safetensors maps the file; `get_slice` copies just the
+requested range), so no rank ever holds a full copy of the weights it does not serve.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Optional
+
+import torch
+
+Range = Optional[tuple[int, int]]  # [start, stop) along one dimension; None: all of it
+
+
+class SafetensorsDir:
+    def __init__(self, path: str):
+        from safetensors import safe_open
+
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+        self._handles: list[Any] = [safe_open(f, framework="pt") for f in files]
+        self._where: dict[str, Any] = {}
+        for h in self._handles:
+            for name in h.keys():
+                self._where[name] = h
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str, rows: Range = None, cols: Range = None) -> torch.Tensor:
+        """The tensor `name`, or its rows [a, b) (dim 0) and/or columns [a, b) (dim 1)."""
+        h = self._where.get(name)
+        if h is None:
+            raise ValueError(f"checkpoint is missing {name}")
+        if rows is None and cols is None:
+            return h.get_tensor(name)
+        sl = h.get_slice(name)
+        r = slice(*rows) if rows is not None else slice(None)
+        if cols is None:
+            return sl[r]
+        return sl[r, slice(*cols)]
