@@ -149,15 +149,12 @@ class TPGroup:
         self.store.set(f"loaded/{self.rank}", "1")
         keys = [f"loaded/{r}" for r in range(self.size)]
         deadline = time.monotonic() + self._rendezvous_timeout.total_seconds()
-        while True:
-            try:
-                self.store.wait(keys, datetime.timedelta(seconds=1))
-                break
-            except RuntimeError:  # the store's timeout (DistStoreError)
-                if peers_alive is not None and not peers_alive():
-                    raise RuntimeError("a tensor-parallel rank exited while loading its shard") from None
-                if time.monotonic() > deadline:
-                    raise
+        while not self.store.check(keys):  # polled (a blocking wait logs a warning at every timeout)
+            if peers_alive is not None and not peers_alive():
+                raise RuntimeError("a tensor-parallel rank exited while loading its shard")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tensor-parallel ranks not loaded after {self._rendezvous_timeout}")
+            time.sleep(0.1)
         self._last_broadcast = time.monotonic()
 
     # ------------------------------------------------------------------ collectives
