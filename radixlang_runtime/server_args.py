@@ -70,7 +70,7 @@ class ServerArgs:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     grammar_backend: str = "outlines"  # outlines | none (regex / json_schema requests then answer 400)
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
-    quantization: Optional[str] = None  # int8: weight-only int8 linears (model/quant_linear.py)
+    quantization: Optional[str] = None  # int8 (model/quant_linear.py) | gguf: the .gguf's blocks (model/gguf_linear.py)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -89,9 +89,9 @@ class ServerArgs:
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("outlines", "none"), "grammar_backend must be outlines or none")
-        need(self.quantization in (None, "int8"),
-             f"quantization {self.quantization!r}: only int8 (weight-only, per channel) is implemented; "
-             "GGUF block formats (Q8_0, Q4_1) are not yet")
+        need(self.quantization in (None, "int8", "gguf"),
+             f"quantization {self.quantization!r}: implemented are int8 (weight-only, per channel) and gguf "
+             "(the .gguf model's own Q4_1 / Q8_0 blocks)")
         need(self.tp_size >= 1 and self.dp_size >= 1 and self.nnodes >= 1, "tp_size, dp_size and nnodes must be >= 1")
         need(self.tp_size % self.nnodes == 0,
              f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes} (the same ranks on every node)")

@@ -172,3 +172,23 @@ def test_int8_linear_module_both_paths(isa):
     for M in (1, 16, 17, 200):  # the C kernel, then the dequantize + GEMM path
         x = torch.randn(M, 64, generator=g)
         torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 64, 33), (16, 1536, 7), (5, 32, 4)])
+def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
+    """GGUF blocks as the gguf package writes them, against its own dequantize."""
+    import gguf.quants as gq
+
+    kind = getattr(gq.GGMLQuantizationType, fmt)
+    g = torch.Generator().manual_seed(7)
+    blocks = gq.quantize(torch.randn(N, K, generator=g).numpy(), kind)  # [N, K / 32 * bytes] uint8
+    w = torch.from_numpy(gq.dequantize(blocks, kind).copy())
+    x = torch.randn(M, K, generator=g).to(dtype)
+    want = x.float() @ w.T
+    got = cpu_kernels.gguf_gemv(x, torch.from_numpy(blocks), fmt)
+    assert got is not None and got.dtype == dtype and got.shape == (M, N)
+    torch.testing.assert_close(got.float(), want, **(dict(rtol=1e-2, atol=3e-2) if dtype == torch.bfloat16
+                                                      else dict(rtol=1e-5, atol=1e-4)))
+    assert cpu_kernels.gguf_gemv(torch.randn(17, K).to(dtype), torch.from_numpy(blocks), fmt) is None

@@ -1,8 +1,13 @@
-"""--quantization int8 on the real model (the kernel itself is checked against dequantize-then-matmul
-per ISA in test_cpu_kernels): the Engine answers sensibly in one stream (C kernel) and in a batch
-above the kernel's M (packed dequantized path), reports its path, and the allocator is whole.
-Greedy text may drift from the unquantized model's (int8 rounding), so it is not compared token for
-token; the top choice of the first token must be among the unquantized model's top 5."""
+"""--quantization int8 / gguf on the real model (the kernels themselves are checked against
+dequantize-then-matmul per ISA in test_cpu_kernels).
+
+int8: the Engine answers sensibly in one stream (C kernel) and in a batch above the kernel's M (packed
+dequantized path), reports its path, and the allocator is whole. Greedy text may drift from the
+unquantized model's (int8 rounding), so it is not compared token for token; the top choice of the
+first token must be among the unquantized model's top 5.
+gguf: the linears run on the embedded GGUF's own Q4_1 / Q8_0 blocks, the values the dequantized
+checkpoint holds, so float32 greedy output equals transformers' token for token (one stream through
+the block kernel, a batch of 10 through the packed path above M 16 for prefill)."""
 
 from __future__ import annotations
 
@@ -17,9 +22,37 @@ pytestmark = pytest.mark.slow
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_only_int8_is_accepted():
-    with pytest.raises(ValueError, match="only int8"):
+def test_only_implemented_quantizations_are_accepted():
+    with pytest.raises(ValueError, match="int8 .* and gguf"):
         ServerArgs(quantization="q4_1")
+
+
+def test_gguf_blocks_match_transformers_in_float32(hf_greedy):
+    from conftest import PROMPTS
+
+    eng = Engine(quantization="gguf", dtype="float32", max_total_tokens=4096)
+    try:
+        assert eng.get_stats()["cpu"]["paths"]["linear"].startswith("gguf Q4_1/Q8_0 blocks:")
+        from radixlang_runtime.model.gguf_linear import GGUFLinear
+
+        assert isinstance(eng.runner.model.head, GGUFLinear) and eng.runner.model.head.fmt == "Q8_0"
+        assert isinstance(eng.runner.model.layers[0].mlp.gate_up_proj, GGUFLinear)
+        ids = [eng.tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+        sp = {"max_new_tokens": 16, "min_new_tokens": 16, "temperature": 0}
+        one = eng.generate(input_ids=ids[0], sampling_params=sp)  # decode steps of M = 1
+        assert one["output_ids"] == hf_greedy(ids[0], 16)
+        for p, x, out in zip(PROMPTS, ids, eng.generate(input_ids=ids, sampling_params=sp)):
+            assert out["output_ids"] == hf_greedy(x, 16), p
+        assert_whole(eng)
+    finally:
+        eng.shutdown()
+
+
+def test_gguf_needs_a_gguf_model(tmp_path):
+    from radixlang_runtime.model.resolve import resolve_model_dir
+
+    with pytest.raises(ValueError, match="gguf"):
+        Engine(resolve_model_dir(None), quantization="gguf", max_total_tokens=1024)
 
 
 def test_int8_engine(engine):

@@ -112,6 +112,29 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def gguf_blocks(gguf_path: str, config: dict, formats: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[np.ndarray, str]]:
+    """The file's quantized tensors in `formats`, as they are: HF name -> (blocks [rows, row bytes]
+    uint8, format). q / k rows are unpermuted like gguf_state_dict's (rows are independent: a row's
+    blocks run along the input dimension), so block row n dequantizes to row n of the converted weight."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    permute_qk = config["model_type"] == "llama"
+    out = {}
+    for t in reader.tensors:
+        fmt = t.tensor_type.name
+        if fmt not in formats:
+            continue
+        rows = np.asarray(t.data)  # [rows, row bytes] uint8, a view of the mapped file
+        name = t.name
+        if permute_qk and name.endswith("attn_q.weight"):
+            rows = unpermute_rotary_rows(rows, config["num_attention_heads"])
+        elif permute_qk and name.endswith("attn_k.weight"):
+            rows = unpermute_rotary_rows(rows, config["num_key_value_heads"])
+        out[hf_tensor_name(name)] = (np.array(rows, copy=True, order="C"), fmt)  # writable, off the mapping
+    return out
+
+
 def cache_key(gguf_path: str) -> str:
     st = os.stat(gguf_path)
     ident = f"{os.path.abspath(gguf_path)}:{st.st_size}:{int(st.st_mtime)}:v1"

@@ -211,6 +211,41 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None
         return n + 1
 
+    def use_gguf_blocks(self, blocks: dict) -> int:
+        """--quantization gguf: every linear (and the output head) whose checkpoint tensors are GGUF
+        blocks in the file (HF name -> (rows uint8, format)) runs on them (see gguf_linear). Returns how
+        many; the others keep a packed dense weight."""
+        from radixlang_runtime.model.gguf_linear import GGUFLinear, fused_blocks
+        from radixlang_runtime.model.packed_linear import PackedLinear
+
+        def part(name: str):
+            got = blocks.get(name)
+            return None if got is None else (torch.from_numpy(got[0]), got[1])
+
+        def swap(owner: nn.Module, attr: str, names: list[str]) -> int:
+            lin = getattr(owner, attr)
+            parts = [part(n) for n in names]
+            fused = fused_blocks(parts) if all(p is not None for p in parts) else None
+            if fused is None:
+                setattr(owner, attr, PackedLinear(lin.weight, lin.bias))
+                return 0
+            setattr(owner, attr, GGUFLinear(lin.weight, lin.bias, *fused))
+            return 1
+
+        n = 0
+        for i, layer in enumerate(self.layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            n += swap(layer.self_attn, "qkv_proj", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+            n += swap(layer.self_attn, "o_proj", [a + "o_proj.weight"])
+            n += swap(layer.mlp, "gate_up_proj", [m + "gate_proj.weight", m + "up_proj.weight"])
+            n += swap(layer.mlp, "down_proj", [m + "down_proj.weight"])
+        head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        head = part(head_name)
+        self.head = GGUFLinear(w, None, *head) if head is not None else PackedLinear(w, None)
+        self.lm_head = None
+        return n + (head is not None)
+
     # --- weights ---
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
         """Load HF-named tensors (this rank's slices only); fuses q/k/v and gate/up. Every parameter

@@ -22,7 +22,6 @@ from torch import nn
 from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.packed_linear import PackedLinear, packing_available, replace_linears
 
-QUANTIZATIONS = ("int8",)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

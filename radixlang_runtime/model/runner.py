@@ -90,6 +90,7 @@ class ModelRunner:
         self.device = tp.device if tp is not None else resolve_device(args.device)
         self.args = args = args.resolve_for_device(self.device.type)
         self.dtype = resolve_dtype(args.dtype, self.device)
+        self.model_dir = model_dir
         self.cfg = cfg = ModelConfig.from_dir(model_dir)
         self.context_len = args.context_length or cfg.max_position_embeddings
         self.tp = tp
@@ -107,12 +108,15 @@ class ModelRunner:
         packed = packing_available(self.device, self.dtype) and args.quantization is None
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
+        elif args.quantization == "gguf":
+            logger.info("%d linear weights run on the GGUF file's blocks", model.use_gguf_blocks(self._gguf_blocks(args)))
         elif packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
         self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed)
-        if args.quantization == "int8":
+        if args.quantization is not None:
             kernel = f"c:{detect().isa}" if cpu_kernels.load() is not None and self.device.type == "cpu" else "torch"
-            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=f"int8:{kernel} (M <= 16), prepacked dequantized above")
+            fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=f"{fmt}:{kernel} (M <= 16), prepacked dequantized above")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):
@@ -129,6 +133,23 @@ class ModelRunner:
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
         logger.info("model %s: %s on %s, KV pool %d tokens, %d request rows",
                     cfg.architecture, self.dtype, self.device, num_slots, table_rows)
+
+    def _gguf_blocks(self, args: ServerArgs) -> dict:
+        """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one
+        when no --model-path)."""
+        import json
+        import os
+
+        from radixlang_runtime.model.gguf_convert import gguf_blocks
+        from radixlang_runtime.model.resolve import embedded_gguf_path
+
+        path = embedded_gguf_path() if args.model_path is None else args.model_path
+        if not path.endswith(".gguf") or not os.path.isfile(path):
+            raise ValueError(f"--quantization gguf runs on a .gguf file's blocks; model path {path!r} is not one")
+        if self.tp is not None:
+            raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
+        with open(os.path.join(self.model_dir, "config.json")) as f:
+            return gguf_blocks(path, json.load(f))
 
     def _kv_slots(self) -> int:
         a, cfg = self.args, self.cfg

@@ -4,7 +4,8 @@
 - extend_attention.c: bf16 extend attention with VDPBF16PS (AVX512-BF16 builds only);
 - extend_portable.c (+ extend_impl.h): extend attention for any CPU, bf16 and float32;
 - norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32);
-- qlinear.c: weight-only int8 linear for decode-sized batches (M <= 16), bf16 and float32.
+- gemv.c (+ gemv_impl.h): weight-streaming linears for decode-sized batches (M <= 16), bf16 and
+  float32 activations: weight-only int8 (qlinear_int8) and GGUF Q4_1 / Q8_0 blocks (gguf_gemv).
 All *.c files compile once into one library for exactly the feature set cpu_caps.detect() allows
 (`kernel_cflags`, never -march=native), cached under a key of the sources, the compiler, the flags
 and the CPU's features. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -81,7 +82,8 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         except (OSError, subprocess.SubprocessError) as e:
             res = subprocess.CompletedProcess(cmd, 1, "", str(e))
         if res.returncode != 0:
-            os.unlink(tmp)
+            if os.path.exists(tmp):  # the compiler may have removed its failed output already
+                os.unlink(tmp)
             logger.warning("building the CPU kernels failed, using torch ops:\n%s", res.stderr[-2000:])
             return None
         os.replace(tmp, so)
@@ -98,6 +100,8 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
     for suffix in ("bf16", "f32"):
         q = getattr(lib, f"qlinear_int8_{suffix}")
         q.restype, q.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        g = getattr(lib, f"gguf_gemv_{suffix}")
+        g.restype, g.argtypes = ctypes.c_int, [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3
         norm, act = getattr(lib, f"add_rms_norm_{suffix}"), getattr(lib, f"silu_mul_{suffix}")
         norm.restype, act.restype = None, None
         norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
@@ -196,7 +200,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-QLINEAR_MAX_M = 16  # qlinear.c's limit: larger batches dequantize and run a GEMM
+QLINEAR_MAX_M = 16  # gemv.c's limit: larger batches run a GEMM
 
 
 def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optional[torch.Tensor]:
@@ -210,6 +214,24 @@ def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optio
     out = torch.empty(M, N, dtype=x.dtype)
     fn = _lib.qlinear_int8_bf16 if x.dtype == torch.bfloat16 else _lib.qlinear_int8_f32
     _check(fn(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), M, K, N), "qlinear_int8")
+    return out
+
+
+GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type number, bytes per 32 weights)
+
+
+def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+    """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
+    x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
+    lib = lib or _lib
+    M, K = x.shape
+    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    N = blocks.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype)
+    fn = lib.gguf_gemv_bf16 if x.dtype == torch.bfloat16 else lib.gguf_gemv_f32
+    _check(fn(x.data_ptr(), blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0], out.data_ptr(), M, K, N), "gguf_gemv")
     return out
 
 

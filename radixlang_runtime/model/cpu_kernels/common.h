@@ -26,6 +26,32 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* IEEE fp16 (little-endian bytes at p, unaligned) -> float32 (GGUF block scales). */
+static inline float half_to_f32(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t u;
+    if (exp == 0x1F) {
+        u = sign | 0x7F800000u | (man << 13);  /* inf / nan */
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);  /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        u = sign;  /* zero */
+    } else {  /* subnormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
 #ifdef __AVX512F__
 /* 16 bf16 -> 16 float */
 static inline __m512 load16_bf16(const uint16_t *p) {

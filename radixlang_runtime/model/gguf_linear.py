@@ -1,0 +1,56 @@
+"""Linears on a GGUF file's own quantized blocks (`--quantization gguf`): Q4_1 / Q8_0 kept as they are.
+
+The embedded model ships as Q4_1 (layers) + Q8_0 (embedding / tied head); the converted checkpoint
+holds their dequantized values. With this flag the linears keep the blocks too:
+- decode batches (M <= cpu_kernels.QLINEAR_MAX_M) run gguf_gemv on the blocks (0.625 bytes per weight
+  for Q4_1, 1.06 for Q8_0, against 2 for bf16; decode reads every weight once per step);
+- larger batches run a oneDNN-prepacked copy of the dequantized weight (compute-bound there).
+Both read exactly the values the dequantized checkpoint holds, so unlike int8 re-quantization
+nothing drifts: only the summation order differs (float32 sums in the kernel).
+q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
+parts differ keeps the dense path). Tensor parallelism is not supported with this flag (refused).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from radixlang_runtime.model import cpu_kernels
+from radixlang_runtime.model.packed_linear import PackedLinear, packing_available
+
+
+class GGUFLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], blocks: torch.Tensor, fmt: str):
+        """weight [N, K] (the dequantized values, model dtype); blocks [N, K / 32 * bytes] uint8."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if blocks.shape[0] != self.out_features or fmt not in cpu_kernels.GGUF_BLOCK_FORMATS:
+            raise ValueError(f"GGUF blocks {tuple(blocks.shape)} {fmt} do not fit a {tuple(weight.shape)} weight")
+        if blocks.shape[1] != self.in_features // 32 * cpu_kernels.GGUF_BLOCK_FORMATS[fmt][1]:
+            raise ValueError(f"GGUF {fmt} rows of {blocks.shape[1]} bytes do not hold {self.in_features} weights")
+        self.register_buffer("blocks", blocks.contiguous())
+        self.fmt = fmt
+        self.bias = None if bias is None else bias.detach()
+        self.weight: Optional[torch.Tensor] = None
+        self.dense: Optional[nn.Module] = None
+        if packing_available(weight.device, weight.dtype):
+            self.dense = PackedLinear(weight, self.bias)
+        else:
+            self.weight = weight.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = cpu_kernels.gguf_gemv(x, self.blocks, self.fmt) if x.device.type == "cpu" else None
+        if y is None:
+            return self.dense(x) if self.dense is not None else torch.nn.functional.linear(x, self.weight, self.bias)
+        return y if self.bias is None else y + self.bias
+
+
+def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.Tensor, str]]:
+    """Stack the block rows of q/k/v (or gate/up); None when the parts' formats differ."""
+    fmts = {fmt for _, fmt in parts}
+    if len(fmts) != 1:
+        return None
+    return torch.cat([b for b, _ in parts]), fmts.pop()
