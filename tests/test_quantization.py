@@ -49,10 +49,19 @@ def test_gguf_blocks_match_transformers_in_float32(hf_greedy):
 
 
 def test_gguf_needs_a_gguf_model(tmp_path):
+    """A plain HF directory (the converted files, linked under another name, without the record of
+    their source) has no blocks to run on: a ValueError naming the problem."""
+    import os
+
+    from radixlang_runtime.model.gguf_convert import SOURCE_FILE
     from radixlang_runtime.model.resolve import resolve_model_dir
 
-    with pytest.raises(ValueError, match="gguf"):
-        Engine(resolve_model_dir(None), quantization="gguf", max_total_tokens=1024)
+    src = resolve_model_dir(None)
+    for name in os.listdir(src):
+        if name != SOURCE_FILE:
+            os.symlink(os.path.join(src, name), tmp_path / name)
+    with pytest.raises(ValueError, match="not converted from one"):
+        Engine(str(tmp_path), quantization="gguf", max_total_tokens=1024)
 
 
 def test_int8_engine(engine):

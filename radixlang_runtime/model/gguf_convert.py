@@ -135,6 +135,27 @@ def gguf_blocks(gguf_path: str, config: dict, formats: tuple[str, ...] = ("Q4_1"
     return out
 
 
+SOURCE_FILE = "gguf_source.json"  # in a converted directory: the .gguf it was converted from
+
+
+def gguf_source(model_dir: str) -> str | None:
+    """The .gguf a converted directory came from (None: not a conversion, or the file is gone).
+    Conversions written before the source file existed are recognised by their cache key when they
+    are the embedded model's."""
+    from radixlang_runtime.model.resolve import embedded_gguf_path
+
+    src = os.path.join(model_dir, SOURCE_FILE)
+    if os.path.isfile(src):
+        with open(src) as f:
+            path = json.load(f).get("gguf")
+        return path if path and os.path.isfile(path) else None
+    try:
+        embedded = embedded_gguf_path()
+    except FileNotFoundError:
+        return None
+    return embedded if os.path.basename(os.path.normpath(model_dir)) == cache_key(embedded) else None
+
+
 def cache_key(gguf_path: str) -> str:
     st = os.stat(gguf_path)
     ident = f"{os.path.abspath(gguf_path)}:{st.st_size}:{int(st.st_mtime)}:v1"
@@ -157,6 +178,8 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
         save_file(gguf_state_dict(reader, config), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
+        with open(os.path.join(tmp, SOURCE_FILE), "w") as f:  # --quantization gguf finds the blocks here
+            json.dump({"gguf": os.path.abspath(gguf_path)}, f)
         # transformers builds a fast tokenizer (vocab, merges, special tokens, chat template) from
         # the GGUF metadata; we keep its files so later starts need no GGUF parsing at all.
         tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))

@@ -136,16 +136,16 @@ class ModelRunner:
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
         """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one
-        when no --model-path)."""
+        when no --model-path; a directory this runtime converted knows its source)."""
         import json
         import os
 
-        from radixlang_runtime.model.gguf_convert import gguf_blocks
-        from radixlang_runtime.model.resolve import embedded_gguf_path
+        from radixlang_runtime.model.gguf_convert import gguf_blocks, gguf_source
 
-        path = embedded_gguf_path() if args.model_path is None else args.model_path
-        if not path.endswith(".gguf") or not os.path.isfile(path):
-            raise ValueError(f"--quantization gguf runs on a .gguf file's blocks; model path {path!r} is not one")
+        path = gguf_source(self.model_dir)
+        if path is None:
+            raise ValueError(f"--quantization gguf runs on a .gguf file's blocks; model {self.model_dir!r} was "
+                             "not converted from one")
         if self.tp is not None:
             raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
         with open(os.path.join(self.model_dir, "config.json")) as f:
