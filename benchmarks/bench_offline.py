@@ -13,6 +13,14 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py                 # full: 3 runs, both baselines
     python benchmarks/bench_offline.py --runs 1 --quick
     python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
+    python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
+
+--peers runs ../shared/peers' scripts (vLLM-CPU; llama.cpp BF16 with flash attention for W1, BF16 /
+Q8_0 / Q4_1 single stream for W2), each in its own venv under $PEERS_DIR (default /tmp/peers; install
+with ../shared/peers/install_vllm.sh and build_llamacpp.sh; a peer not installed is reported, not run),
+on the token ids of ../shared/peers/workloads.py (which then replace ours, fingerprints printed), plus
+that directory's bench_phys.py (GEMM and memory-read ceilings in the same run). Peer W2 figures are
+their decode tok/s (tokens 2..256 over their time); ours are output tokens over the whole call.
 """
 
 from __future__ import annotations
@@ -39,6 +47,71 @@ def workloads(quick: bool) -> dict[str, dict]:
         "W1": {"ids": [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(l1)] for _ in range(n1)], "new": o1},
         "W2": {"ids": [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n2)]], "new": o2},
     }
+
+
+def peer_workloads(peers_dir: str) -> dict[str, dict]:
+    """W1 / W2 on the peers' exact token ids (../shared/peers/workloads.py)."""
+    import sys
+
+    sys.path.insert(0, peers_dir)
+    import workloads as W  # noqa: E402
+
+    print(f"peer workloads: W1 {W.fingerprint(W.w1_prompts())}  W2 {W.fingerprint([W.w2_prompt()])}")
+    return {"W1": {"ids": W.w1_prompts(), "new": W.W1_OUT}, "W2": {"ids": [W.w2_prompt()], "new": W.W2_OUT}}
+
+
+# peer -> [(row name, workload, script, extra args, RESULT field)]
+PEER_RUNS = {
+    "vllm": [("vllm-bf16", "W1", "bench_vllm.py", ["--dtype", "bfloat16"], "out_tok_s"),
+             ("vllm-bf16", "W2", "bench_vllm.py", ["--dtype", "bfloat16"], "decode_tok_s_per_seq")],
+    "llamacpp": [("llamacpp-BF16", "W1", "bench_llamacpp.py", ["--mode", "batch", "--gguf", "BF16", "--flash", "on"],
+                  "out_tok_s")]
+                + [(f"llamacpp-{q}", "W2", "bench_llamacpp.py", ["--mode", "seq", "--gguf", q], "decode_tok_s_per_seq")
+                   for q in ("BF16", "Q8_0", "Q4_1")],
+}
+PEER_VENVS = {"vllm": "venv-vllm", "llamacpp": "venv-llamacpp"}
+
+
+def run_peers(peers: list[str], peers_dir: str, runs: int, model_dir: str) -> dict[str, dict]:
+    """Each peer script in its own venv and process; medians of its clean reps' RESULT records."""
+    import os
+    import subprocess
+    import tempfile
+
+    scratch = os.environ.get("PEERS_DIR", "/tmp/peers")
+    env = {**os.environ, "PEERS_MODEL_HF": model_dir, "PEERS_DIR": scratch}
+    rows: dict[str, dict] = {}
+    for peer in peers:
+        py = os.path.join(scratch, PEER_VENVS[peer], "bin", "python")
+        for row, wl, script, extra, field in PEER_RUNS[peer]:
+            entry = rows.setdefault(row, {"dtype": row.split("-", 1)[1], "peak_rss_mb": float("nan")})
+            if not os.path.exists(py):
+                entry["error"] = f"not installed ({PEER_VENVS[peer]} missing under {scratch})"
+                continue
+            with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
+                cmd = [py, os.path.join(peers_dir, script), "--workload", wl, "--reps", str(runs),
+                       "--out", out.name, *extra]
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+                recs = [json.loads(line[7:]) for line in res.stdout.splitlines() if line.startswith("RESULT ")]
+            vals = [r[field] for r in recs if r.get(field) is not None and r.get("clean", True)] or \
+                   [r[field] for r in recs if r.get(field) is not None]
+            if not vals:
+                entry["error"] = f"{script} {wl} failed: {(res.stderr or res.stdout)[-300:]}"
+                continue
+            entry[wl] = vals
+    return rows
+
+
+def physical_ceilings(peers_dir: str, model_dir: str) -> str:
+    """../shared/peers/bench_phys.py in this venv: GEMM GFLOP/s, memory read GB/s, the W1 / W2 limits."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PEERS_MODEL_HF": model_dir}
+    res = subprocess.run([sys.executable, os.path.join(peers_dir, "bench_phys.py")], env=env, capture_output=True,
+                         text=True, timeout=900)
+    return res.stdout.strip() or res.stderr[-500:]
 
 
 def _peak_rss_mb() -> float:
@@ -103,31 +176,49 @@ def main() -> None:
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--dtype", default="auto", help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
-    ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8)")
+    ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
+    ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp (see above)")
+    ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
     a = ap.parse_args()
+
+    import os
 
     from radixlang_runtime.model.resolve import resolve_model_dir
 
     model_dir = resolve_model_dir(a.model_path)
-    wls = workloads(a.quick)
+    peers = [p for p in a.peers.split(",") if p]
+    unknown = sorted(set(peers) - set(PEER_RUNS))
+    if unknown:
+        ap.error(f"unknown peer(s) {unknown}: choose from {sorted(PEER_RUNS)} (transformers is always run)")
+    peers_dir = a.peers_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
+    wls = peer_workloads(peers_dir) if peers else workloads(a.quick)
     results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, None)}
     if a.quantization:
         results[f"radixlang-{a.quantization}"] = in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, a.quantization)
     for dt in a.baseline_dtypes.split(","):
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
+    if peers:
+        results.update(run_peers(peers, peers_dir, a.runs, model_dir))
 
-    med = {k: {w: statistics.median(v[w]) for w in wls} for k, v in results.items()}
+    nan = float("nan")
+    med = {k: {w: statistics.median(v[w]) if v.get(w) else nan for w in wls} for k, v in results.items()}
     print(f"\nmodel {model_dir}\nruns per workload: {a.runs} (medians below)")
     print(f"radixlang CPU: {results['radixlang']['cpu']}")
     print(f"{'system':<24} {'dtype':<9} {'W1 tok/s':>10} {'W2 tok/s':>10} {'peak RSS MB':>12}")
     for k, v in results.items():
-        print(f"{k:<24} {v['dtype']:<9} {med[k]['W1']:>10.1f} {med[k]['W2']:>10.1f} {v['peak_rss_mb']:>12.0f}")
+        print(f"{k:<24} {v['dtype']:<9} {med[k]['W1']:>10.1f} {med[k]['W2']:>10.1f} {v['peak_rss_mb']:>12.0f}"
+              + (f"  {v['error']}" if v.get("error") else ""))
+    others = [k for k in results if not k.startswith("radixlang")]
     for ours in [k for k in results if k.startswith("radixlang")]:
-        for k in results:
-            if k.startswith("transformers"):
-                r1 = med[ours]["W1"] / med[k]["W1"]
-                r2 = med[ours]["W2"] / med[k]["W2"]
-                print(f"{ours} / {k}: W1 {r1:.2f}x  W2 {r2:.2f}x")
+        for k in others:
+            if med[k]["W1"] == med[k]["W1"] or med[k]["W2"] == med[k]["W2"]:  # not both NaN
+                print(f"{ours} / {k}: W1 {med[ours]['W1'] / med[k]['W1']:.2f}x  W2 {med[ours]['W2'] / med[k]['W2']:.2f}x")
+        for w in wls:
+            best = max((k for k in others if med[k][w] == med[k][w]), key=lambda k: med[k][w], default=None)
+            if best is not None:
+                print(f"{ours} / best peer on {w} ({best}): {med[ours][w] / med[best][w]:.2f}x")
+    if peers:
+        print("\nphysical ceilings (bench_phys.py, same run):\n" + physical_ceilings(peers_dir, model_dir))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"results": results, "medians": med}, f, indent=2)
