@@ -124,6 +124,18 @@ def _stream_until_error(url: str, result: dict) -> None:
         result["transport_error"] = repr(e)
 
 
+def _stream_running(url: str) -> tuple[threading.Thread, dict]:
+    """A long streaming request in a thread, once it has produced 3 events."""
+    result: dict = {}
+    t = threading.Thread(target=_stream_until_error, args=(url, result))
+    t.start()
+    deadline = time.time() + 60
+    while result.get("events", 0) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+    assert result.get("events", 0) >= 3, result
+    return t, result
+
+
 def _spawned_children(pid: int) -> list[int]:
     """pid's multiprocessing children (not its resource tracker)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
@@ -155,13 +167,7 @@ def test_server_tp2_over_two_local_nodes(hf_greedy):
         pids = list(info["pids"].values())
         rank1 = _spawned_children(node1.pid)
         assert len(rank1) == 1
-        result: dict = {}
-        t = threading.Thread(target=_stream_until_error, args=(srv.url, result))
-        t.start()
-        deadline = time.time() + 60
-        while result.get("events", 0) < 3 and time.time() < deadline:
-            time.sleep(0.1)
-        assert result.get("events", 0) >= 3, srv.tail()
+        t, result = _stream_running(srv.url)
         os.kill(rank1[0], signal.SIGKILL)
         t.join(30)
         assert not t.is_alive()
@@ -213,12 +219,7 @@ def test_server_dp2_cache_aware_router_then_a_dead_replica(hf_greedy):
             assert out == hf_greedy(x, NEW), p
         pids = httpx.get(srv.url + "/server_info", timeout=30).json()["pids"]
         assert {"scheduler", "scheduler1"} <= set(pids)
-        result: dict = {}
-        t = threading.Thread(target=_stream_until_error, args=(srv.url, result))
-        t.start()
-        deadline = time.time() + 60
-        while result.get("events", 0) < 3 and time.time() < deadline:
-            time.sleep(0.1)
+        t, result = _stream_running(srv.url)
         os.kill(pids["scheduler1"], signal.SIGKILL)
         deadline = time.time() + 10
         code = None

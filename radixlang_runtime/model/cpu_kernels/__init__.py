@@ -23,7 +23,7 @@ import os
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -203,18 +203,24 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 QLINEAR_MAX_M = 16  # gemv.c's limit: larger batches run a GEMM
 
 
+def _gemv(name: str, x: torch.Tensor, n_out: int, lib: Optional[ctypes.CDLL], *ptrs: Any) -> Optional[torch.Tensor]:
+    """Call gemv.c's `name`_{bf16,f32}(x, *ptrs, out, M, K, N): out [M, n_out] like x, or None when the
+    library is not loaded, x's dtype has no entry point or M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+    lib = lib or _lib
+    M, K = x.shape
+    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    out = torch.empty(M, n_out, dtype=x.dtype)
+    fn = getattr(lib, f"{name}_{'bf16' if x.dtype == torch.bfloat16 else 'f32'}")
+    _check(fn(x.data_ptr(), *ptrs, out.data_ptr(), M, K, n_out), name)
+    return out
+
+
 def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optional[torch.Tensor]:
     """x [M, K] bf16 / float32, w [N, K] int8, scale [N] float32 -> x @ (w * scale).T [M, N] like x;
     None when the library is not loaded or M > QLINEAR_MAX_M (the caller's torch path runs)."""
-    M, K = x.shape
-    if _lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    x = x.contiguous()
-    N = w.shape[0]
-    out = torch.empty(M, N, dtype=x.dtype)
-    fn = _lib.qlinear_int8_bf16 if x.dtype == torch.bfloat16 else _lib.qlinear_int8_f32
-    _check(fn(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), M, K, N), "qlinear_int8")
-    return out
+    return _gemv("qlinear_int8", x, w.shape[0], None, w.data_ptr(), scale.data_ptr())
 
 
 GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type number, bytes per 32 weights)
@@ -223,16 +229,7 @@ GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type nu
 def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
     """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
     x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
-    lib = lib or _lib
-    M, K = x.shape
-    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    x = x.contiguous()
-    N = blocks.shape[0]
-    out = torch.empty(M, N, dtype=x.dtype)
-    fn = lib.gguf_gemv_bf16 if x.dtype == torch.bfloat16 else lib.gguf_gemv_f32
-    _check(fn(x.data_ptr(), blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0], out.data_ptr(), M, K, N), "gguf_gemv")
-    return out
+    return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
 
 
 def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,

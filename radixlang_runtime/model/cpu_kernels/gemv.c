@@ -41,13 +41,6 @@ static float *x_to_f32(const void *x, int bf16, int64_t n) {
 #define LOADW1(row, k) ((float)(int8_t)(row)[k])
 #define SCALE SCALE_OF
 #include "gemv_impl.h"
-#undef GEMV_NAME
-#undef GEMV_BLOCK_FN
-#undef ROW_BYTES
-#undef LOADW16
-#undef LOADW8
-#undef LOADW1
-#undef SCALE
 
 /* GGUF Q4_1 blocks (ggml's block_q4_1, 20 bytes per 32 weights): fp16 d, fp16 m, 16 bytes qs;
  * weight j = d * q + m with q = qs[j] & 15 (j < 16) or qs[j - 16] >> 4. */
@@ -105,14 +98,6 @@ static inline __m256 q4_1_w8(const uint8_t *row, int64_t k) {
 #define LOADW1(row, k) q4_1_w1(row, k)
 #define SCALE SCALE_ONE
 #include "gemv_impl.h"
-#undef GEMV_NAME
-#undef GEMV_BLOCK_FN
-#undef ROW_BYTES
-#undef LOADW16
-#undef LOADW8
-#undef LOADW1
-#undef SCALE
-#undef DOT32
 
 /* GGUF Q8_0 blocks (block_q8_0, 34 bytes per 32 weights): fp16 d, 32 int8 qs; weight j = d * qs[j]. */
 #define Q8_0_BYTES 34

@@ -15,6 +15,7 @@
  * (AVX-512), LOADW8(row, k) -> __m256 (AVX2), LOADW1(row, k) -> float: weights k.. of a row (k a
  * multiple of 16 / 8), dequantized; SCALE(n) -> float. Optional DOT32(row, k, x0, x1, xs, acc, mc):
  * AVX-512, a whole 32-weight block at a time (acc[m] += the block's contribution for input m).
+ * The file undefines them all at its end.
  */
 
 static inline __attribute__((always_inline)) void GEMV_BLOCK_FN(const float *xf, const uint8_t *w, const float *scale,
@@ -110,3 +111,13 @@ static void GEMV_NAME(const float *xf, const uint8_t *w, const float *scale, con
         }
     }
 }
+
+/* the parameters are this inclusion's only: the next format defines its own */
+#undef GEMV_NAME
+#undef GEMV_BLOCK_FN
+#undef ROW_BYTES
+#undef LOADW16
+#undef LOADW8
+#undef LOADW1
+#undef SCALE
+#undef DOT32
