@@ -210,9 +210,10 @@ def main() -> None:
               + (f"  {v['error']}" if v.get("error") else ""))
     others = [k for k in results if not k.startswith("radixlang")]
     for ours in [k for k in results if k.startswith("radixlang")]:
-        for k in others:
-            if med[k]["W1"] == med[k]["W1"] or med[k]["W2"] == med[k]["W2"]:  # not both NaN
-                print(f"{ours} / {k}: W1 {med[ours]['W1'] / med[k]['W1']:.2f}x  W2 {med[ours]['W2'] / med[k]['W2']:.2f}x")
+        for k in others:  # the workloads a system ran (a NaN median: it did not run that one)
+            ratios = [f"{w} {med[ours][w] / med[k][w]:.2f}x" for w in wls if med[k][w] == med[k][w]]
+            if ratios:
+                print(f"{ours} / {k}: " + "  ".join(ratios))
         for w in wls:
             best = max((k for k in others if med[k][w] == med[k][w]), key=lambda k: med[k][w], default=None)
             if best is not None:

@@ -137,13 +137,20 @@ def _stream_running(url: str) -> tuple[threading.Thread, dict]:
 
 
 def _spawned_children(pid: int) -> list[int]:
-    """pid's multiprocessing children (not its resource tracker)."""
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    """pid's multiprocessing children (not its resource tracker), from /proc."""
     kids = []
-    for child in (int(x) for x in out.stdout.split()):
-        with open(f"/proc/{child}/cmdline", "rb") as f:
-            if b"spawn_main" in f.read():
-                kids.append(child)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in cmd:
+            kids.append(int(d))
     return kids
 
 
@@ -191,10 +198,11 @@ def _prompt_ids(prompts: list[str]) -> list[list[int]]:
     return [tok.encode(p, add_special_tokens=False) for p in prompts]
 
 
-def test_server_dp2_cache_aware_router_then_a_dead_replica(hf_greedy):
-    """Two replicas: each few-shot prefix is prefilled on one replica only (the router follows the
-    cache), outputs equal transformers', and a replica that dies stops the server cleanly."""
-    srv = ServerProcess("--dtype", "float32", "--dp-size", "2", "--max-total-tokens", "8192")
+def test_server_dp2_tp2_cache_aware_router_then_a_dead_replica(hf_greedy):
+    """Two replicas of two TP ranks each (single node): each few-shot prefix is prefilled on one
+    replica only (the router follows the cache), outputs equal transformers', and a replica that dies
+    stops the server and every rank cleanly."""
+    srv = ServerProcess("--dtype", "float32", "--dp-size", "2", "--tp-size", "2", "--max-total-tokens", "8192")
     try:
         shots = {name: "".join(f"Q: What is {i} plus {i}? A: {2 * i}.\n" for i in range(start, start + 24))
                  for name, start in (("a", 1), ("b", 50))}
@@ -218,7 +226,7 @@ def test_server_dp2_cache_aware_router_then_a_dead_replica(hf_greedy):
         for p, x, out in zip(PROMPTS, ids, _generate_ids(srv.url, ids)):
             assert out == hf_greedy(x, NEW), p
         pids = httpx.get(srv.url + "/server_info", timeout=30).json()["pids"]
-        assert {"scheduler", "scheduler1"} <= set(pids)
+        assert {"scheduler", "scheduler1", "tp0.1", "tp1.1"} <= set(pids)
         t, result = _stream_running(srv.url)
         os.kill(pids["scheduler1"], signal.SIGKILL)
         deadline = time.time() + 10
