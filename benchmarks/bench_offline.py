@@ -33,6 +33,7 @@ import statistics
 import time
 
 from bench_common import in_child
+from bench_peers import PEER_RUNS, default_peers_dir, peer_workloads, physical_ceilings, run_peers
 
 VOCAB_LO, VOCAB_HI = 100, 49000
 
@@ -47,71 +48,6 @@ def workloads(quick: bool) -> dict[str, dict]:
         "W1": {"ids": [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(l1)] for _ in range(n1)], "new": o1},
         "W2": {"ids": [[rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n2)]], "new": o2},
     }
-
-
-def peer_workloads(peers_dir: str) -> dict[str, dict]:
-    """W1 / W2 on the peers' exact token ids (../shared/peers/workloads.py)."""
-    import sys
-
-    sys.path.insert(0, peers_dir)
-    import workloads as W  # noqa: E402
-
-    print(f"peer workloads: W1 {W.fingerprint(W.w1_prompts())}  W2 {W.fingerprint([W.w2_prompt()])}")
-    return {"W1": {"ids": W.w1_prompts(), "new": W.W1_OUT}, "W2": {"ids": [W.w2_prompt()], "new": W.W2_OUT}}
-
-
-# peer -> [(row name, workload, script, extra args, RESULT field)]
-PEER_RUNS = {
-    "vllm": [("vllm-bf16", "W1", "bench_vllm.py", ["--dtype", "bfloat16"], "out_tok_s"),
-             ("vllm-bf16", "W2", "bench_vllm.py", ["--dtype", "bfloat16"], "decode_tok_s_per_seq")],
-    "llamacpp": [("llamacpp-BF16", "W1", "bench_llamacpp.py", ["--mode", "batch", "--gguf", "BF16", "--flash", "on"],
-                  "out_tok_s")]
-                + [(f"llamacpp-{q}", "W2", "bench_llamacpp.py", ["--mode", "seq", "--gguf", q], "decode_tok_s_per_seq")
-                   for q in ("BF16", "Q8_0", "Q4_1")],
-}
-PEER_VENVS = {"vllm": "venv-vllm", "llamacpp": "venv-llamacpp"}
-
-
-def run_peers(peers: list[str], peers_dir: str, runs: int, model_dir: str) -> dict[str, dict]:
-    """Each peer script in its own venv and process; medians of its clean reps' RESULT records."""
-    import os
-    import subprocess
-    import tempfile
-
-    scratch = os.environ.get("PEERS_DIR", "/tmp/peers")
-    env = {**os.environ, "PEERS_MODEL_HF": model_dir, "PEERS_DIR": scratch}
-    rows: dict[str, dict] = {}
-    for peer in peers:
-        py = os.path.join(scratch, PEER_VENVS[peer], "bin", "python")
-        for row, wl, script, extra, field in PEER_RUNS[peer]:
-            entry = rows.setdefault(row, {"dtype": row.split("-", 1)[1], "peak_rss_mb": float("nan")})
-            if not os.path.exists(py):
-                entry["error"] = f"not installed ({PEER_VENVS[peer]} missing under {scratch})"
-                continue
-            with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
-                cmd = [py, os.path.join(peers_dir, script), "--workload", wl, "--reps", str(runs),
-                       "--out", out.name, *extra]
-                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-                recs = [json.loads(line[7:]) for line in res.stdout.splitlines() if line.startswith("RESULT ")]
-            vals = [r[field] for r in recs if r.get(field) is not None and r.get("clean", True)] or \
-                   [r[field] for r in recs if r.get(field) is not None]
-            if not vals:
-                entry["error"] = f"{script} {wl} failed: {(res.stderr or res.stdout)[-300:]}"
-                continue
-            entry[wl] = vals
-    return rows
-
-
-def physical_ceilings(peers_dir: str, model_dir: str) -> str:
-    """../shared/peers/bench_phys.py in this venv: GEMM GFLOP/s, memory read GB/s, the W1 / W2 limits."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PEERS_MODEL_HF": model_dir}
-    res = subprocess.run([sys.executable, os.path.join(peers_dir, "bench_phys.py")], env=env, capture_output=True,
-                         text=True, timeout=900)
-    return res.stdout.strip() or res.stderr[-500:]
 
 
 def _peak_rss_mb() -> float:
@@ -181,8 +117,6 @@ def main() -> None:
     ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
     a = ap.parse_args()
 
-    import os
-
     from radixlang_runtime.model.resolve import resolve_model_dir
 
     model_dir = resolve_model_dir(a.model_path)
@@ -190,15 +124,15 @@ def main() -> None:
     unknown = sorted(set(peers) - set(PEER_RUNS))
     if unknown:
         ap.error(f"unknown peer(s) {unknown}: choose from {sorted(PEER_RUNS)} (transformers is always run)")
-    peers_dir = a.peers_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
-    wls = peer_workloads(peers_dir) if peers else workloads(a.quick)
+    peers_dir = a.peers_dir or default_peers_dir()
+    wls = {w: v for w, v in peer_workloads(peers_dir).items() if w in ("W1", "W2")} if peers else workloads(a.quick)
     results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, None)}
     if a.quantization:
         results[f"radixlang-{a.quantization}"] = in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, a.quantization)
     for dt in a.baseline_dtypes.split(","):
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
     if peers:
-        results.update(run_peers(peers, peers_dir, a.runs, model_dir))
+        results.update(run_peers(peers, peers_dir, a.runs, model_dir, ("W1", "W2")))
 
     nan = float("nan")
     med = {k: {w: statistics.median(v[w]) if v.get(w) else nan for w in wls} for k, v in results.items()}

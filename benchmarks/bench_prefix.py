@@ -10,6 +10,12 @@ speed-up of cache on over cache off, both measured in the same invocation.
 
     python benchmarks/bench_prefix.py             # 3 runs each
     python benchmarks/bench_prefix.py --runs 1
+    python benchmarks/bench_prefix.py --peers vllm,llamacpp   # + W3 on vLLM-CPU and llama.cpp, same ids
+
+--peers (bench_peers.py): W3 becomes ../shared/peers/workloads.py's W3 (same shape, the peers' ids) and
+each peer runs it with its prefix reuse on and off (vLLM prefix caching; llama.cpp BF16 batch mode,
+prefix decoded once and copied to every sequence); the table adds their wall times and the ratio of
+ours (cache on) to the best peer's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import statistics
 import time
 
 from bench_common import in_child
+from bench_peers import PEER_RUNS, default_peers_dir, peer_workloads, run_peers
 
 NEW_TOKENS = 16
 # Eight worked examples in the style of GSM8K few-shot prompts (the shared part: ~610 tokens).
@@ -57,13 +64,15 @@ def workloads(tokenizer) -> dict[str, list[list[int]]]:
     return {"W3": w3, "few-shot": fewshot}
 
 
-def run_setting(disable: bool, runs: int, out: mp.Queue) -> None:
+def run_setting(disable: bool, runs: int, w3_ids, out: mp.Queue) -> None:
     from radixlang_runtime import Engine
 
     eng = Engine(disable_radix_cache=disable)
     res: dict = {}
     try:
         wls = workloads(eng.tokenizer)
+        if w3_ids is not None:  # the peers' W3 ids
+            wls["W3"] = w3_ids
         sp = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
         eng.generate(input_ids=wls["W3"][0][:64], sampling_params={"max_new_tokens": 4})  # warm-up
         for name, ids in wls.items():
@@ -90,8 +99,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp: W3 on them too (see above)")
+    ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
     args = ap.parse_args()
-    on, off = in_child(run_setting, False, args.runs), in_child(run_setting, True, args.runs)
+    peers = [p for p in args.peers.split(",") if p]
+    if sorted(set(peers) - set(PEER_RUNS)):
+        ap.error(f"unknown peer(s): choose from {sorted(PEER_RUNS)}")
+    peers_dir = args.peers_dir or default_peers_dir()
+    w3_ids = peer_workloads(peers_dir)["W3"]["ids"] if peers else None
+    on, off = in_child(run_setting, False, args.runs, w3_ids), in_child(run_setting, True, args.runs, w3_ids)
     rows, summary = [], {}
     print(f"{'workload':10} {'cache':5} {'wall s (median)':>16} {'prefill computed':>17} {'hit rate':>9}  runs (s)")
     for name in on:
@@ -106,6 +122,19 @@ def main() -> None:
         same = sum(a == b for a, b in zip(on[name]["outputs"], off[name]["outputs"]))
         summary[name] = {"speedup": speedup, "same_greedy_outputs": same, "requests": on[name]["requests"]}
         print(f"{name:10} cache on is {speedup:.1f}x faster; greedy outputs identical on {same}/{on[name]['requests']}")
+    if peers:
+        from radixlang_runtime.model.resolve import resolve_model_dir
+
+        peer_rows = run_peers(peers, peers_dir, args.runs, resolve_model_dir(None), ("W3",))
+        ours = statistics.median(on["W3"]["times"])
+        print(f"\nW3 on the peers' ids: radixlang cache on {ours:.2f} s, off {statistics.median(off['W3']['times']):.2f} s")
+        for row, r in peer_rows.items():
+            if r.get("W3"):
+                med = statistics.median(r["W3"])
+                print(f"  {row:34s} {med:8.2f} s   radixlang (cache on) / this: {ours / med:.2f}x")
+            else:
+                print(f"  {row:34s} {r.get('error')}")
+        summary["peers_W3_wall_s"] = {row: r.get("W3") for row, r in peer_rows.items()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "summary": summary}, f, indent=1)
