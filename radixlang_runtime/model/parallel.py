@@ -73,10 +73,6 @@ class Shard:
     vocab_count: int
     vocab_padded: int  # ceil(V / size): the rows per rank in the gathered logits (the last rank padded)
 
-    @property
-    def parallel(self) -> bool:
-        return self.size > 1
-
 
 def head_split(num_heads: int, num_kv_heads: int, size: int, rank: int) -> tuple[int, int, int, int]:
     """(q_start, q_count, kv_start, kv_count) of `rank`, in whole GQA groups (see the module docstring)."""

@@ -196,7 +196,7 @@ class ModelRunner:
         for i in batch.rewrite_rows:
             req, p = batch.reqs[i], batch.prefix_lens[i]
             if p:
-                rewrites.append((req.table_idx, list(req.kv_indices[:p])))
+                rewrites.append((req.table_idx, req.kv_indices[:p]))  # a slice: already a copy
         return StepInputs(
             phase="decode" if batch.phase == "decode" else "extend",
             input_ids=list(itertools.chain.from_iterable(batch.extend_ids)),

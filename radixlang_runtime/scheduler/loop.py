@@ -81,6 +81,8 @@ class RequestLoop:
         self.idle_wait = idle_wait
         self.sent: dict[str, _Sent] = {}
         self._dashboard: Any = None  # DashboardState, made at the first dashboard stats request
+        # tensor parallel: rank 0 keeps its group alive between steps (model/parallel.py); fakes have none
+        self._keepalive: Optional[Callable[[], None]] = getattr(scheduler.runner, "keepalive", None)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
@@ -99,9 +101,8 @@ class RequestLoop:
             self.handle(msg)
         for pin_id in self.scheduler.kv.expire_pins():  # every iteration, idle ones too (idle_wait apart)
             logger.info("prefix pin %s expired", pin_id)
-        keepalive = getattr(self.scheduler.runner, "keepalive", None)  # tensor parallel: see parallel.py
-        if keepalive is not None:
-            keepalive()
+        if self._keepalive is not None:
+            self._keepalive()
         if self.scheduler.is_idle:
             return
         if self.scheduler.only_grammar_pending:  # compiles run in worker processes: don't spin

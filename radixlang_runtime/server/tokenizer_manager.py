@@ -148,12 +148,10 @@ class TokenizerManager:
     async def get_stats(self) -> dict[str, Any]:
         return self._merge_stats([out.stats for out in await self._control_all(GetStatsReq)])
 
-    async def get_dashboard_stats(self, with_ids: bool, replica: int = 0) -> dict[str, Any]:
+    async def get_dashboard_stats(self, with_ids: bool) -> dict[str, Any]:
         """get_stats plus the live view's state ("dashboard": queues, KV split, radix tree summary)
-        of one replica."""
-        if not 0 <= replica < len(self.to_replicas):
-            raise ValueError(f"replica must be in [0, {len(self.to_replicas)})")
-        return (await self._control_call(GetStatsReq, "dashboard", with_ids, replica=replica)).stats
+        of replica 0 (the live view shows one replica)."""
+        return (await self._control_call(GetStatsReq, "dashboard", with_ids)).stats
 
     def _merge_stats(self, per_replica: list[dict[str, Any]]) -> dict[str, Any]:
         if len(per_replica) == 1:
@@ -163,7 +161,7 @@ class TokenizerManager:
             if key in merged:
                 merged[key] = sum(s.get(key, 0) for s in per_replica)
         merged["replicas"] = per_replica
-        merged["router"] = self.router.stats() if self.router else None
+        merged["router"] = self.router.stats()  # several replicas: there is a router
         return merged
 
     async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None) -> dict[str, Any]:
