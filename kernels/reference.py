@@ -4,6 +4,7 @@ float32. Slow and obvious on purpose: kernels and backends are checked against i
 Shapes: q [T, H, D] (new tokens of all requests, flattened); k_buffer/v_buffer [Hkv, num_slots, D];
 req_to_token [rows, context_len]; per request: row, prefix_len, extend_len. Returns [T, H, D] float32.
 soft_cap c > 0 applies c * tanh(scores / c) to the scaled scores before the mask.
+prefix_attention_ref: the shared part of cascade attention (kernels/prefix_attention.py).
 """
 
 from __future__ import annotations
@@ -30,3 +31,27 @@ def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
         out[start : start + n] = (scores.softmax(-1) @ v).transpose(0, 1)
         start += n
     return out
+
+
+def prefix_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                         req_to_token: torch.Tensor, group_rows: list[int], group_lens: list[int],
+                         q_index: list[int], group_starts: list[int], scale: float,
+                         soft_cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows q_index[group_starts[g] : group_starts[g + 1]] of q [T, H, D] attend to positions
+    0 .. group_lens[g] - 1 of table row group_rows[g], unmasked. Returns o [T, H, D] float32 (zeros
+    in rows of no group) and lse [T, H] float32 of the scaled (soft-capped) scores (-inf there)."""
+    T, H, _ = q.shape
+    hkv = k_buffer.shape[0]
+    o = torch.zeros(q.shape, dtype=torch.float32)
+    lse = torch.full((T, H), float("-inf"))
+    for g, (row, p) in enumerate(zip(group_rows, group_lens)):
+        slots = req_to_token[row, :p]
+        k = k_buffer[:, slots].float().repeat_interleave(H // hkv, dim=0)  # [H, p, D]
+        v = v_buffer[:, slots].float().repeat_interleave(H // hkv, dim=0)
+        idx = torch.tensor(q_index[group_starts[g] : group_starts[g + 1]], dtype=torch.int64)
+        scores = q[idx].float().transpose(0, 1) @ k.transpose(1, 2) * scale  # [H, n, p]
+        if soft_cap > 0:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        o[idx] = (scores.softmax(-1) @ v).transpose(0, 1)
+        lse[idx] = scores.logsumexp(-1).transpose(0, 1)
+    return o, lse

@@ -9,7 +9,10 @@ its whole sequence is gathered from the pool and the causal mask is bottom-right
 request is a fresh prompt of the same length, the whole batch is one SDPA call.
 On CPU both phases go to the C kernels (cpu_kernels/, bf16 and float32, which read cached K/V in
 place) when the model's CpuPaths say so (`configure`, decided once from the CPU's capabilities);
-without a plan (tests, other devices) the torch path above runs.
+without a plan (tests, other devices) the torch path above runs. The C path also runs cascade
+attention (attention/cascade.py) when requests of the step share >= MIN_SHARED cached slots: the
+shared prefix is read once per group instead of once per request (`cascade = False` turns it off:
+the deterministic mode).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 
 from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.base import AttentionBackend
+from radixlang_runtime.model.attention.cascade import CascadePlan, plan_cascade
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
 
@@ -44,6 +48,12 @@ class ExtendMeta:
     kernel_starts: Optional[torch.Tensor] = None
     kernel_lens: Optional[torch.Tensor] = None
     kernel_prefix_lens: Optional[torch.Tensor] = None
+    cascade: Optional[CascadePlan] = None  # requests sharing cached slots (C kernel path only)
+
+
+@dataclass
+class CDecodeMeta:
+    cascade: Optional[CascadePlan]  # the C decode kernel reads req_to_token itself; only the groups are planned
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -52,6 +62,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.c_decode = False  # cpu_kernels.paged_decode
         self.c_extend = False  # cpu_kernels.extend_causal
         self.dpbf16 = False  # the extend kernel with VDPBF16PS
+        self.cascade = True  # shared-prefix attention on the C path (False: one pass per request)
 
     def configure(self, paths: "cpu_kernels.CpuPaths") -> None:
         """Take the kernel choices of cpu_kernels.plan() (they hold for every batch of this model)."""
@@ -61,7 +72,12 @@ class TorchAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         pool = fb.kv_pool
         if fb.is_decode and self.c_decode:
-            fb.attn_meta = None  # the kernel reads req_to_token itself
+            plan = None
+            if self.cascade:
+                B = fb.batch_size
+                plan = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
+                                    list(range(B)), [1] * B)
+            fb.attn_meta = CDecodeMeta(plan)
             return
         if fb.is_decode:
             max_len = max(fb.seq_lens_cpu)
@@ -75,9 +91,13 @@ class TorchAttentionBackend(AttentionBackend):
         fresh = all(p == 0 for p in fb.prefix_lens_cpu)
         if self.c_extend:  # the C kernel reads prefixes in place: no gather, no masks
             starts = [0, *itertools.accumulate(fb.extend_lens_cpu)][:-1]
+            plan = None
+            if self.cascade and not fresh:
+                plan = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), fb.prefix_lens_cpu, starts,
+                                    fb.extend_lens_cpu)
             fb.attn_meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
                                       torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
-                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64))
+                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan)
             return
         starts, slots, masks = [], [], []
         off = 0
@@ -98,10 +118,14 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         B, H, D = q.shape
-        if fb.attn_meta is None:  # the C kernel, straight from the pool
+        if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
             pool = fb.kv_pool
-            o = cpu_kernels.paged_decode(q, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
-                                        fb.req_rows, fb.seq_lens, self.scale)
+            kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], fb.attn_meta.cascade
+            prior = None
+            if plan is not None:
+                prior = cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16)
+            o = cpu_kernels.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                                        None if plan is None else plan.k_begin, prior)
             return o.view(B, H * D)
         meta: DecodeMeta = fb.attn_meta
         hkv, L = self.num_kv_heads, meta.max_len
@@ -120,13 +144,16 @@ class TorchAttentionBackend(AttentionBackend):
         T, H, D = q.shape
         hkv = self.num_kv_heads
         if meta.kernel_starts is not None:  # the C kernel
-            prefix = None
+            prefix, prior, plan = None, None, meta.cascade
             if meta.kernel_prefix_lens is not None:
                 pool = fb.kv_pool
-                prefix = cpu_kernels.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
-                                                 fb.req_rows, meta.kernel_prefix_lens)
+                kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
+                if plan is not None:
+                    prior = cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16)
+                prefix = cpu_kernels.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
+                                                 None if plan is None else plan.k_begin)
             return cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
-                                             self.dpbf16)
+                                             self.dpbf16, prior)
         if meta.uniform:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]

@@ -2,6 +2,8 @@
 
 The default on CUDA; on CPU it runs only under TRITON_INTERPRET=1 (tests). Metadata per step is a
 handful of [B] int64 tensors; both kernels read K/V in place from the pool through req_to_token.
+Decode with cascade on (attention/cascade.py): requests that share a cached prefix read it once per
+group (kernels/prefix_attention.py), then each its own tail with that result as the prior.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Optional
 import torch
 
 from radixlang_runtime.model.attention.base import AttentionBackend
+from radixlang_runtime.model.attention.cascade import MIN_SHARED, CascadePlan, plan_cascade
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
 
@@ -21,21 +24,39 @@ class TritonMeta:
     prefix_lens: Optional[torch.Tensor] = None  # [B] int64 (extend only)
     extend_lens: Optional[torch.Tensor] = None  # [B] int64
     extend_starts: Optional[torch.Tensor] = None  # [B] int64 offset of each request's new tokens in T
+    cascade: Optional[CascadePlan] = None  # decode: the shared-prefix groups of this step, if any
+    # with a plan: the shared part's output [B, H, D] and log-sum-exp [B, H], float32; each layer rewrites
+    # the grouped rows, the others stay zeros / -inf (weight 0 in the merge)
+    prior_o: Optional[torch.Tensor] = None
+    prior_lse: Optional[torch.Tensor] = None
 
 
 class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, soft_cap: float = 0.0):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.soft_cap = soft_cap
+        # decode reads a shared prefix once per group; False: one pass per request, e.g. the deterministic mode
+        self.cascade = True
         from kernels.decode_attention import decode_attention
         from kernels.extend_attention import extend_attention
+        from kernels.prefix_attention import shared_prefix_attention
 
-        self._decode, self._extend = decode_attention, extend_attention
+        self._decode, self._extend, self._prefix = decode_attention, extend_attention, shared_prefix_attention
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         dev = fb.input_ids.device
         if fb.is_decode:
             fb.attn_meta = TritonMeta(max(fb.seq_lens_cpu))
+            shareable = [n - 1 for n in fb.seq_lens_cpu]  # all but the new token are in the pool
+            if self.cascade and sum(n >= MIN_SHARED for n in shareable) >= 2:  # else no group: skip the sync
+                B = fb.batch_size
+                plan = plan_cascade(fb.kv_pool.req_to_token, fb.req_rows.tolist(), shareable, list(range(B)), [1] * B)
+                if plan is not None:
+                    fb.attn_meta.cascade = plan
+                    fb.attn_meta.prior_o = torch.zeros(B, self.num_heads, self.head_dim, dtype=torch.float32,
+                                                       device=dev)
+                    fb.attn_meta.prior_lse = torch.full((B, self.num_heads), float("-inf"), dtype=torch.float32,
+                                                        device=dev)
             return
         starts = [0]
         for n in fb.extend_lens_cpu[:-1]:
@@ -56,6 +77,13 @@ class TritonAttentionBackend(AttentionBackend):
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         m: TritonMeta = fb.attn_meta
         pool = fb.kv_pool
-        o = self._decode(q, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token, fb.req_rows,
-                         fb.seq_lens, self.scale, self.soft_cap, m.max_len)
+        kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
+        p = m.cascade
+        if p is not None:  # the shared prefixes once per group, into the prior each request's tail merges
+            self._prefix(q, kb, vb, pool.req_to_token, p.group_rows, p.group_lens, p.q_index, p.group_starts,
+                         self.scale, self.soft_cap, p.max_group_rows, p.max_shared, out_o=m.prior_o,
+                         out_lse=m.prior_lse)
+        o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
+                         m.max_len, k_begin=None if p is None else p.k_begin, prior_o=m.prior_o,
+                         prior_lse=m.prior_lse)
         return o.view(q.shape[0], -1)

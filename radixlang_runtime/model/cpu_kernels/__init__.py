@@ -3,6 +3,9 @@
 - decode_attention.c (+ decode_impl.h): paged decode attention reading K/V in place, bf16 and float32;
 - extend_attention.c: bf16 extend attention with VDPBF16PS (AVX512-BF16 builds only);
 - extend_portable.c (+ extend_impl.h): extend attention for any CPU, bf16 and float32;
+  the extend kernels also run cascade attention's shared part (`shared_prefix`: query rows of a
+  group over its shared positions, with log-sum-exp), and both decode and extend kernels take that
+  part's result as a prior to merge (attention/cascade.py);
 - norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32);
 - gemv.c (+ gemv_impl.h): weight-streaming linears for decode-sized batches (M <= 16), bf16 and
   float32 activations: weight-only int8 (qlinear_int8) and GGUF Q4_1 / Q8_0 blocks (gguf_gemv).
@@ -23,11 +26,14 @@ import os
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from radixlang_runtime.model.cpu_caps import CpuCaps, detect
+
+if TYPE_CHECKING:
+    from radixlang_runtime.model.attention.cascade import CascadePlan
 from radixlang_runtime.model.resolve import cache_root
 
 logger = logging.getLogger(__name__)
@@ -88,10 +94,10 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
             return None
         os.replace(tmp, so)
     lib = ctypes.CDLL(so)
-    decode_args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
+    decode_args = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
     extend_args = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
                    + [ctypes.c_float, ctypes.c_void_p] + [ctypes.c_void_p] * 2
-                   + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2)
+                   + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7)
     for name, args in [("paged_decode_bf16", decode_args), ("paged_decode_f32", decode_args),
                        ("extend_causal_bf16", extend_args), ("extend_causal_portable_bf16", extend_args),
                        ("extend_causal_f32", extend_args)]:
@@ -164,17 +170,29 @@ def _check(rc: int, name: str) -> None:
         raise RuntimeError(f"CPU kernel {name} failed with code {rc}")
 
 
+Prior = tuple  # (o [T, H, D] like q, lse [T, H] float32): cascade attention's shared part, merged in
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
-                 req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, D]; pools [Hkv, N, D]; req_to_token [rows, ctx] int64 -> out [B, H, D]. bf16 or float32."""
+                 req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_begin: Optional[torch.Tensor] = None,
+                 prior: Optional[Prior] = None) -> torch.Tensor:
+    """q [B, H, D]; pools [Hkv, N, D]; req_to_token [rows, ctx] int64 -> out [B, H, D]. bf16 or float32.
+    k_begin [B] int64: request b attends positions k_begin[b] .. seq_lens[b] - 1 (default 0);
+    prior: merged into each row by log-sum-exp (cascade attention's shared part)."""
     q = q.contiguous()
     B, H, D = q.shape
     hkv, N, _ = k_pool.shape
     out = torch.empty_like(q)
     name = "paged_decode_bf16" if q.dtype == torch.bfloat16 else "paged_decode_f32"
+    po, pl = prior if prior is not None else (None, None)
     rc = getattr(_lib, name)(
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
-        req_rows.data_ptr(), seq_lens.data_ptr(), B, H, hkv, D, N, req_to_token.shape[1], scale, out.data_ptr(),
+        req_rows.data_ptr(), seq_lens.data_ptr(), _ptr(k_begin), _ptr(po), _ptr(pl),
+        B, H, hkv, D, N, req_to_token.shape[1], scale, out.data_ptr(),
     )
     _check(rc, name)
     return out
@@ -232,33 +250,67 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[cty
     return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
 
 
-def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
-                  scale: float, prefix: Optional["PagedPrefix"] = None, dpbf16: bool = False) -> torch.Tensor:
-    """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves.
+def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:
+    D = t.shape[2]
+    return t if t.stride(2) == 1 and t.stride(1) == D else t.contiguous()
 
-    q [T, H, D], k / v [T, Hkv, D] (the new tokens; bf16 or float32), heads contiguous (row strides may
-    differ; other layouts are copied); starts / lens [R] int64 -> out [T, H * D].
-    prefix: where each request's first prefix_lens[r] positions live in the pool (None: no prefixes).
-    dpbf16: the VDPBF16PS kernel (plan() sets it only on AVX512-BF16 builds, bf16, D % 32 == 0).
-    """
+
+def _extend_call(q: torch.Tensor, kv: Optional[tuple], starts: torch.Tensor, lens: torch.Tensor, hkv: int,
+                 scale: float, prefix: Optional["PagedPrefix"], dpbf16: bool, out: torch.Tensor,
+                 q_index: Optional[torch.Tensor] = None, lse_out: Optional[torch.Tensor] = None,
+                 prior: Optional[Prior] = None) -> None:
+    """The one caller of the extend kernels' segment contract (extend_attention.c)."""
     T, H, D = q.shape
-    q, k, v = (t if t.stride(2) == 1 and t.stride(1) == D else t.contiguous() for t in (q, k, v))
-    out = torch.empty(T, H * D, dtype=q.dtype)
+    q = _heads_contiguous(q)
+    k, v = (None, None) if kv is None else (_heads_contiguous(kv[0]), _heads_contiguous(kv[1]))
     if prefix is None:
-        pool_args = (None, None, 0, None, 0, None, None)
+        pool_args = (None, None, 0, None, 0, None, None, None)
     else:
         rt = prefix.req_to_token
         pool_args = (prefix.k_pool.data_ptr(), prefix.v_pool.data_ptr(), prefix.k_pool.shape[1], rt.data_ptr(),
-                     rt.stride(0), prefix.req_rows.data_ptr(), prefix.prefix_lens.data_ptr())
+                     rt.stride(0), prefix.req_rows.data_ptr(), prefix.prefix_lens.data_ptr(), _ptr(prefix.k_begin))
     if q.dtype == torch.float32:
         name = "extend_causal_f32"
     else:
         name = "extend_causal_bf16" if dpbf16 else "extend_causal_portable_bf16"
-    rc = getattr(_lib, name)(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                             starts.data_ptr(), lens.data_ptr(), starts.shape[0], H, k.shape[1], D, scale,
-                             out.data_ptr(), *pool_args)
+    po, pl = prior if prior is not None else (None, None)
+    rc = getattr(_lib, name)(q.data_ptr(), q.stride(0), _ptr(k), 0 if k is None else k.stride(0), _ptr(v),
+                             0 if v is None else v.stride(0), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
+                             H, hkv, D, scale, out.data_ptr(), *pool_args, _ptr(q_index), _ptr(lse_out), _ptr(po),
+                             _ptr(pl))
     _check(rc, name)
+
+
+def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
+                  scale: float, prefix: Optional["PagedPrefix"] = None, dpbf16: bool = False,
+                  prior: Optional[Prior] = None) -> torch.Tensor:
+    """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves.
+
+    q [T, H, D], k / v [T, Hkv, D] (the new tokens; bf16 or float32), heads contiguous (row strides may
+    differ; other layouts are copied); starts / lens [R] int64 -> out [T, H * D].
+    prefix: where each request's positions prefix.k_begin[r] (default 0) .. prefix_lens[r] - 1 live in
+    the pool (None: no prefixes). prior: merged into each row (cascade attention's shared part).
+    dpbf16: the VDPBF16PS kernel (plan() sets it only on AVX512-BF16 builds, bf16, D % 32 == 0).
+    """
+    T, H, D = q.shape
+    out = torch.empty(T, H * D, dtype=q.dtype)
+    _extend_call(q, (k, v), starts, lens, k.shape[1], scale, prefix, dpbf16, out, prior=prior)
     return out
+
+
+def shared_prefix(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
+                  plan: "CascadePlan", scale: float, dpbf16: bool = False) -> Prior:
+    """Cascade attention's shared part (attention/cascade.py): every row of q [T, H, D] listed in
+    plan.q_index attends to positions 0 .. P_g - 1 of its group's table row, no causal mask.
+    Returns the prior (o [T, H, D] like q, lse [T, H] float32); rows outside every group keep lse -inf."""
+    T, H, D = q.shape
+    o = torch.zeros(T, H, D, dtype=q.dtype)
+    lse = torch.full((T, H), float("-inf"), dtype=torch.float32)
+    counts = plan.group_starts[1:] - plan.group_starts[:-1]
+    prefix = PagedPrefix(k_pool, v_pool, req_to_token, plan.group_rows, plan.group_lens)
+    _extend_call(q, None, plan.group_starts, counts, k_pool.shape[0], scale, prefix, dpbf16, o,
+                 q_index=plan.q_index, lse_out=lse)
+    return o, lse
 
 
 @dataclass
@@ -270,3 +322,4 @@ class PagedPrefix:
     req_to_token: torch.Tensor  # [rows, ctx] int64, contiguous rows
     req_rows: torch.Tensor  # [R] int64
     prefix_lens: torch.Tensor  # [R] int64
+    k_begin: Optional[torch.Tensor] = None  # [R] int64 first prefix position read (cascade's own part); None: 0

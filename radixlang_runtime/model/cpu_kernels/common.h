@@ -4,6 +4,7 @@
 #ifndef RADIXLANG_CPU_COMMON_H
 #define RADIXLANG_CPU_COMMON_H
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,8 +107,9 @@ static inline __m256 exp256(__m256 x) {
 }
 #endif
 
-/* In place: s[0..L) -> exp(s - max(s)); returns the sum (L >= 1). */
-static inline float softmax_numerators(float *s, int64_t L) {
+/* In place: s[0..L) -> exp(s - max(s)); returns the sum (L >= 1) and, when m_out is not NULL, the max
+ * (so the log-sum-exp of the row is *m_out + log(sum)). */
+static inline float softmax_numerators(float *s, int64_t L, float *m_out) {
     int64_t l = 0;
     float m = -INFINITY, sum = 0.f;
 #if defined(__AVX512F__)
@@ -146,7 +148,18 @@ static inline float softmax_numerators(float *s, int64_t L) {
         s[l] = expf(s[l] - m);
         sum += s[l];
     }
+    if (m_out) *m_out = m;
     return sum;
+}
+
+/* Cascade attention's merge (attention/cascade.py): o [D] is a normalised output with log-sum-exp
+ * lse; prior [D] another one over disjoint keys with prior_lse (-inf: no keys, o is kept). In place:
+ * o = (o e^(lse - m) + prior e^(prior_lse - m)) / (e^(lse - m) + e^(prior_lse - m)), m the larger. */
+static inline void merge_prior(float *o, int64_t D, float lse, const float *prior, float prior_lse) {
+    if (prior_lse == -INFINITY) return;
+    const float m = lse > prior_lse ? lse : prior_lse;
+    const float a = expf(lse - m), b = expf(prior_lse - m), inv = 1.f / (a + b);
+    for (int64_t d = 0; d < D; d++) o[d] = (o[d] * a + prior[d] * b) * inv;
 }
 
 /* Extend attention work split: tasks (request, KV head, block of qb queries), so blocks keep every
@@ -158,6 +171,19 @@ static inline int64_t *extend_task_offsets(const int64_t *lens, int64_t R, int64
     off[0] = 0;
     for (int64_t r = 0; r < R; r++) off[r + 1] = off[r] + (lens[r] + qb - 1) / qb * Hkv;
     return off;
+}
+
+/* Queries per attend task: up to max_qb, halved (down to 16) while there are fewer than 4 tasks per
+ * thread, so a small batch (a decode step's 64 rows against a shared prefix) still fills every thread. */
+static inline int64_t extend_query_block(const int64_t *lens, int64_t R, int64_t Hkv, int64_t max_qb) {
+    const int64_t want = 4 * (int64_t)omp_get_max_threads();
+    int64_t qb = max_qb;
+    for (; qb > 16; qb /= 2) {
+        int64_t tasks = 0;
+        for (int64_t r = 0; r < R && tasks < want; r++) tasks += (lens[r] + qb - 1) / qb * Hkv;
+        if (tasks >= want) break;
+    }
+    return qb;
 }
 
 static inline int64_t extend_task_request(const int64_t *off, int64_t R, int64_t task) {

@@ -8,6 +8,9 @@
  *   req_to_token  [rows, ctx] int64 slot of each position of each table row
  *   req_rows      [B]         int64 table row of each request
  *   seq_lens      [B]         int64 positions to attend (all already in the pool)
+ *   k_begin       [B]         int64 first position to attend (NULL: 0); cascade attention's own part
+ *   prior_o       [B, H, D]   ELEM, prior_lse [B, H] float32 (both NULL: none): the shared part of a
+ *                             cascade, merged into the output by log-sum-exp (common.h merge_prior)
  *   out           [B, H, D]   ELEM
  * Query head h uses KV head h / (H / Hkv). Scores and accumulators are float32. One task per
  * (request, KV head), spread over OpenMP threads. Limits: D <= 256, H / Hkv <= 32 (else -1).
@@ -19,7 +22,7 @@
 /* The vector path: D % 16 == 0. Scores of one KV row for all G query heads share its load. */
 static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, float scale, const ELEM *k_pool,
                                             const ELEM *v_pool, const int64_t *slots, int64_t L, int64_t G,
-                                            int64_t D, int64_t h, int64_t N, float *scores, float *acc) {
+                                            int64_t D, int64_t h, int64_t N, float *scores, float *acc, float *lse) {
     const int64_t J = D / 16;
     (void)qb, (void)scale;
 #if ELEM_IS_BF16 && defined(__AVX512BF16__)
@@ -54,7 +57,12 @@ static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, fl
         }
     }
     float inv_sum[32];
-    for (int64_t g = 0; g < G; g++) inv_sum[g] = 1.f / softmax_numerators(scores + g * L, L);
+    for (int64_t g = 0; g < G; g++) {
+        float m;
+        const float sum = softmax_numerators(scores + g * L, L, &m);
+        inv_sum[g] = 1.f / sum;
+        lse[g] = m + logf(sum);
+    }
     __m512 av[32 * 16];
     for (int64_t i = 0; i < G * J; i++) av[i] = _mm512_setzero_ps();
     for (int64_t l = 0; l < L; l++) {
@@ -75,7 +83,7 @@ static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, fl
 /* The portable path (any D): float32 rows, loops the compiler vectorises for the target (AVX2, NEON). */
 static void CAT(decode_task_portable_, SUFFIX)(const float *qf, const ELEM *k_pool, const ELEM *v_pool,
                                               const int64_t *slots, int64_t L, int64_t G, int64_t D, int64_t h,
-                                              int64_t N, float *scores, float *acc) {
+                                              int64_t N, float *scores, float *acc, float *lse) {
     for (int64_t l = 0; l < L; l++) { /* pass 1: scores[g][l] = q_g . k_l */
         const ELEM *kr = k_pool + (h * N + slots[l]) * D;
         float kf[256];
@@ -89,7 +97,12 @@ static void CAT(decode_task_portable_, SUFFIX)(const float *qf, const ELEM *k_po
         }
     }
     float inv_sum[32];
-    for (int64_t g = 0; g < G; g++) inv_sum[g] = 1.f / softmax_numerators(scores + g * L, L);
+    for (int64_t g = 0; g < G; g++) {
+        float m;
+        const float sum = softmax_numerators(scores + g * L, L, &m);
+        inv_sum[g] = 1.f / sum;
+        lse[g] = m + logf(sum);
+    }
     memset(acc, 0, sizeof(float) * (size_t)(G * D));
     for (int64_t l = 0; l < L; l++) { /* pass 2: acc_g = sum_l p_gl v_l */
         const ELEM *vr = v_pool + (h * N + slots[l]) * D;
@@ -107,7 +120,8 @@ static void CAT(decode_task_portable_, SUFFIX)(const float *qf, const ELEM *k_po
 }
 
 int CAT(paged_decode_, SUFFIX)(const ELEM *q, const ELEM *k_pool, const ELEM *v_pool, const int64_t *req_to_token,
-                               const int64_t *req_rows, const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv,
+                               const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin,
+                               const ELEM *prior_o, const float *prior_lse, int64_t B, int64_t H, int64_t Hkv,
                                int64_t D, int64_t N, int64_t ctx, float scale, ELEM *out) {
     const int64_t G = H / Hkv;
     if (D > 256 || G > 32 || G * Hkv != H) return -1;
@@ -119,6 +133,7 @@ int CAT(paged_decode_, SUFFIX)(const ELEM *q, const ELEM *k_pool, const ELEM *v_
         float *scores = (float *)malloc(sizeof(float) * (size_t)(G * (max_len > 0 ? max_len : 1)));
         float qf[32 * 256];
         float acc[32 * 256];
+        float lse[32], pf[256];
         /* every thread must reach the worksharing loop (its barrier), even without a buffer */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < B * Hkv; task++) {
@@ -127,19 +142,25 @@ int CAT(paged_decode_, SUFFIX)(const ELEM *q, const ELEM *k_pool, const ELEM *v_
                 continue;
             }
             const int64_t b = task / Hkv, h = task % Hkv;
-            const int64_t L = seq_lens[b];
-            const int64_t *slots = req_to_token + req_rows[b] * ctx;
+            const int64_t k0 = k_begin ? k_begin[b] : 0, L = seq_lens[b] - k0;
+            const int64_t *slots = req_to_token + req_rows[b] * ctx + k0;
             for (int64_t g = 0; g < G; g++)
                 for (int64_t d = 0; d < D; d++) qf[g * D + d] = TO_F32(q[(b * H + h * G + g) * D + d]) * scale;
 #ifdef __AVX512F__
             if (D % 16 == 0)
                 CAT(decode_task_avx512_, SUFFIX)(qf, q + (b * H + h * G) * D, scale, k_pool, v_pool, slots, L, G, D,
-                                                 h, N, scores, acc);
+                                                 h, N, scores, acc, lse);
             else
 #endif
-                CAT(decode_task_portable_, SUFFIX)(qf, k_pool, v_pool, slots, L, G, D, h, N, scores, acc);
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t d = 0; d < D; d++) out[(b * H + h * G + g) * D + d] = FROM_F32(acc[g * D + d]);
+                CAT(decode_task_portable_, SUFFIX)(qf, k_pool, v_pool, slots, L, G, D, h, N, scores, acc, lse);
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t row = b * H + h * G + g;
+                if (prior_o) {
+                    for (int64_t d = 0; d < D; d++) pf[d] = TO_F32(prior_o[row * D + d]);
+                    merge_prior(acc + g * D, D, lse[g], pf, prior_lse[row]);
+                }
+                for (int64_t d = 0; d < D; d++) out[row * D + d] = FROM_F32(acc[g * D + d]);
+            }
         }
         free(scores);
     }

@@ -1,127 +1,258 @@
 /*
- * Extend attention, bfloat16, CPU, AVX-512 BF16: each request's new tokens attend to its cached
- * prefix (read in place from the paged pool) and causally to themselves, in one softmax.
+ * Extend attention, bfloat16, CPU, AVX-512 BF16: each segment's query rows attend to a range of
+ * positions read in place from the paged pool and, causally, to the segment's new tokens, in one softmax.
  *
- * Shapes: q [T, *] rows with H heads of D at q + t * q_stride (element strides), k / v rows with Hkv
- * heads at k + t * k_stride / v + t * v_stride; out [T, H, D] contiguous. Request r covers rows starts[r] ..
- * starts[r] + lens[r] - 1. Query head h uses KV head h / (H / Hkv).
- * Prefix (optional: prefix_lens == NULL means none): request r's positions 0 .. prefix_lens[r] - 1 live in
- * k_pool / v_pool [Hkv, N, D] at slots req_to_token[req_rows[r] * rt_stride + pos]. New token i of r sits
- * at absolute position prefix_lens[r] + i and sees positions 0 .. prefix_lens[r] + i.
+ * Segments (the contract of every extend kernel: extend_impl.h is the portable body):
+ *   segment r has lens[r] query rows; row j is token row t = q_index ? q_index[starts[r] + j] : starts[r] + j
+ *   of q [T, *] (H heads of D at q + t * q_stride, element strides) and of out [T, H, D] (contiguous).
+ *   Pool keys (prefix_lens != NULL): positions k_begin[r] (NULL: 0) .. prefix_lens[r] - 1 of table row
+ *   req_rows[r], at slots req_to_token[req_rows[r] * rt_stride + pos] of k_pool / v_pool [Hkv, N, D].
+ *   New keys (k != NULL): rows starts[r] .. starts[r] + lens[r] - 1 of k / v (Hkv heads at k + t * k_stride);
+ *   row j sees new keys 0 .. j. With k == NULL a row sees only the pool keys (cascade's shared part).
+ *   lse_out [T, H] float32 (NULL: not written): log-sum-exp of each row's scaled scores.
+ *   prior_o [T, H, D] bf16 + prior_lse [T, H] (NULL: none): merged into each row (common.h merge_prior).
+ * Query head h uses KV head h / (H / Hkv).
  *
- * Per (request, KV head, block of queries): K is transposed once into d-pair-major [D/2][n16] (bf16
- * pairs), so one VDPBF16PS gives 16 keys' partial dot products in its lanes: no horizontal sums; V is
- * packed into key pairs [n16/2][D], so P.V is VDPBF16PS too (numerators rounded to bf16, as GPU flash
- * attention does). Per query row: scores -> softmax numerators -> P.V. Float32 sums, bf16 output.
- * Returns -1 when unsupported (D % 32 != 0, D > 256, or no AVX-512 BF16): the caller falls back.
+ * Two phases in one parallel region. Pack, tasks (segment, KV head, 256 keys): K into d-pair-major
+ * [D/2][n16] (bf16 pairs), so one VDPBF16PS gives 16 keys' partial dot products in its lanes; V into
+ * key pairs [n16/2][D], so P.V is VDPBF16PS too. Each (segment, head) is packed once, whatever the
+ * number of query blocks reading it (a shared prefix of 1,024 keys read by 2,000 rows: once).
+ * Attend, tasks (segment, KV head, block of up to MAX_QB queries): rows (query, head of the group) four at a
+ * time, so each packed K / V load feeds 4 rows (8 and 16 independent accumulators: the FMA chains
+ * are not latency-bound). Per row: scores -> softmax numerators -> P.V, numerators rounded to bf16
+ * (as GPU flash attention rounds P), float32 sums, bf16 output.
+ * Returns -1 when unsupported (D % 32 != 0, D > 256, or no AVX-512 BF16): the caller falls back; -2 out of memory.
  */
 #include <stdlib.h>
 
 #include "common.h"
 
-#define QB 128 /* queries per task */
+#define MAX_QB 128 /* query rows per attend task (fewer when there are few: extend_query_block) */
+#define KC 256  /* keys per pack task */
+#define RB 4    /* rows per register block */
+#define BM 32   /* rows per cache block: each chunk of K / V is read from L1 by all of them */
+#define KCH 128 /* keys per chunk (K and V chunks of 16 KB each at D = 64) */
 
-int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride, const uint16_t *v, int64_t v_stride,
-                       const int64_t *starts, const int64_t *lens, int64_t R, int64_t H, int64_t Hkv, int64_t D,
-                       float scale, uint16_t *out, const uint16_t *k_pool, const uint16_t *v_pool, int64_t N,
-                       const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows, const int64_t *prefix_lens) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* Keys c0 .. c1 - 1 (c0, c1 even; keys >= n are zero) of one segment and KV head: the first np from the
+ * pool at slot[l], the rest rows s + l - np of k / v. K into d-pair-major kt [D/2][n16], V into key
+ * pairs vt [n16/2][D]: vt[lp][d] = (v[2lp+1][d] << 16) | v[2lp][d] (bf16 bits). */
+static void pack_keys_bf16(const uint16_t *k_pool, const uint16_t *v_pool, int64_t N, const int64_t *slot, int64_t np,
+                           int64_t n, int64_t n16, const uint16_t *k, int64_t k_stride, const uint16_t *v,
+                           int64_t v_stride, int64_t s, int64_t h, int64_t D, int64_t c0, int64_t c1, uint32_t *kt,
+                           uint32_t *vt) {
+    const int64_t P = D / 2;
+#define KROW(l) ((l) < np ? k_pool + (h * N + slot[l]) * D : k + (s + (l) - np) * k_stride + h * D)
+#define VROW(l) ((l) < np ? v_pool + (h * N + slot[l]) * D : v + (s + (l) - np) * v_stride + h * D)
+    for (int64_t l = c0; l < c1; l++) {
+        if (l < n) {
+            const uint32_t *kr = (const uint32_t *)KROW(l);
+            for (int64_t pp = 0; pp < P; pp++) kt[pp * n16 + l] = kr[pp];
+        } else {
+            for (int64_t pp = 0; pp < P; pp++) kt[pp * n16 + l] = 0u;
+        }
+    }
+    for (int64_t lp = c0 / 2; lp < c1 / 2; lp++) {
+        const uint16_t *v0 = 2 * lp < n ? VROW(2 * lp) : NULL, *v1 = 2 * lp + 1 < n ? VROW(2 * lp + 1) : NULL;
+        for (int64_t d = 0; d < D; d++) vt[lp * D + d] = (v1 ? (uint32_t)v1[d] << 16 : 0u) | (v0 ? v0[d] : 0u);
+    }
+#undef KROW
+#undef VROW
+}
+
+/* Scores of RB rows (q pair pointers qp[0..RB)) for keys [c0, c1) (c0 % 32 == 0) into sc rows of width
+ * ld: 32 keys per pass (two 16-key blocks, the second when in range): 8 independent accumulators. */
+static inline __attribute__((always_inline)) void scores_block(const uint32_t **qp, const uint32_t *kt, int64_t n16,
+                                                              int64_t P, int64_t c0, int64_t c1, float scale,
+                                                              float *sc, int64_t ld) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t l0 = c0; l0 < c1; l0 += 32) {
+        __m512 a[RB], b[RB];
+        for (int i = 0; i < RB; i++) a[i] = b[i] = _mm512_setzero_ps();
+        if (l0 + 16 < c1) {
+            for (int64_t pp = 0; pp < P; pp++) {
+                const __m512bh k0v = (__m512bh)_mm512_load_si512(kt + pp * n16 + l0);
+                const __m512bh k1v = (__m512bh)_mm512_load_si512(kt + pp * n16 + l0 + 16);
+                for (int i = 0; i < RB; i++) {
+                    const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qp[i][pp]);
+                    a[i] = _mm512_dpbf16_ps(a[i], qb, k0v);
+                    b[i] = _mm512_dpbf16_ps(b[i], qb, k1v);
+                }
+            }
+            for (int i = 0; i < RB; i++) {
+                _mm512_store_ps(sc + i * ld + l0, _mm512_mul_ps(a[i], vs));
+                _mm512_store_ps(sc + i * ld + l0 + 16, _mm512_mul_ps(b[i], vs));
+            }
+        } else {
+            for (int64_t pp = 0; pp < P; pp++) {
+                const __m512bh k0v = (__m512bh)_mm512_load_si512(kt + pp * n16 + l0);
+                for (int i = 0; i < RB; i++) a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)_mm512_set1_epi32((int)qp[i][pp]), k0v);
+            }
+            for (int i = 0; i < RB; i++) _mm512_store_ps(sc + i * ld + l0, _mm512_mul_ps(a[i], vs));
+        }
+    }
+}
+
+/* P.V of RB rows over key pairs [lp0, lp1), JC 16-lane column groups from group jc, added to ob [RB][D]
+ * (set, not added, when lp0 == 0). pr[i]: row i's numerators as bf16 pairs. 4 x JC accumulators. */
+static inline __attribute__((always_inline)) void pv_block(const uint32_t **pr, const uint32_t *vt, int64_t D,
+                                                          int64_t lp0, int64_t lp1, int64_t jc, int JC, float *ob) {
+    __m512 acc[RB][4];
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < JC; j++)
+            acc[r][j] = lp0 ? _mm512_loadu_ps(ob + r * D + 16 * (jc + j)) : _mm512_setzero_ps();
+    for (int64_t lp = lp0; lp < lp1; lp++) {
+        __m512bh vv[4];
+        for (int j = 0; j < JC; j++) vv[j] = (__m512bh)_mm512_load_si512(vt + lp * D + 16 * (jc + j));
+        for (int r = 0; r < RB; r++) {
+            const __m512bh p = (__m512bh)_mm512_set1_epi32((int)pr[r][lp]);
+            for (int j = 0; j < JC; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], p, vv[j]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < JC; j++) _mm512_storeu_ps(ob + r * D + 16 * (jc + j), acc[r][j]);
+}
+#endif
+
+int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride, const uint16_t *v,
+                       int64_t v_stride, const int64_t *starts, const int64_t *lens, int64_t R, int64_t H, int64_t Hkv,
+                       int64_t D, float scale, uint16_t *out, const uint16_t *k_pool, const uint16_t *v_pool, int64_t N,
+                       const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows,
+                       const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,
+                       const uint16_t *prior_o, const float *prior_lse) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (D % 32 != 0 || D > 256 || H % Hkv != 0) return -1;
     const int64_t G = H / Hkv, P = D / 2, J = D / 16;
-    /* Tasks: (request, KV head, block of QB queries). Blocks keep both threads busy on one long prompt
-     * (3 KV heads alone split 2:1 over 2 threads); a block only prepares the keys it can see. */
+    /* per segment: pool keys, all keys n, n16 = n rounded up to 16, offset of its packed block
+     * (only segments with more than one query block are packed ahead; the others pack in their task) */
+    int64_t *npool = (int64_t *)malloc(sizeof(int64_t) * (size_t)(5 * R + 1));
+    if (!npool) return -2;
+    int64_t *nkeys = npool + R, *n16s = npool + 2 * R, *ahead = npool + 3 * R, *pk_off = npool + 4 * R;
+    int64_t max16 = 16, own16 = 16;
+    const int64_t QB = extend_query_block(lens, R, Hkv, MAX_QB);
+    /* keys c0 .. c1 - 1 of segment r, KV head h, into kt [P][n16] and vt [n16/2][D] (c0, c1 even) */
+#define pack_keys(r, h, c0, c1, kt, vt) \
+    pack_keys_bf16(k_pool, v_pool, N, np_slots(r), npool[r], nkeys[r], n16s[r], k, k_stride, v, v_stride, \
+                   starts[r], h, D, c0, c1, kt, vt)
+#define np_slots(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
+    pk_off[0] = 0;
+    for (int64_t r = 0; r < R; r++) {
+        npool[r] = prefix_lens ? prefix_lens[r] - (k_begin ? k_begin[r] : 0) : 0;
+        nkeys[r] = npool[r] + (k ? lens[r] : 0);
+        n16s[r] = (nkeys[r] + 15) / 16 * 16;
+        max16 = n16s[r] > max16 ? n16s[r] : max16;
+        const int shared = lens[r] > QB;
+        ahead[r] = shared ? n16s[r] : 0;
+        if (!shared) own16 = n16s[r] > own16 ? n16s[r] : own16;
+        pk_off[r + 1] = pk_off[r] + Hkv * D * ahead[r]; /* uint32 words: K [P][n16] then V [n16/2][D] per head */
+    }
+    uint32_t *packed = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (size_t)(pk_off[R] > 0 ? pk_off[R] : 16));
+    int64_t *pack_task = extend_task_offsets(ahead, R, Hkv, KC);
     int64_t *task_off = extend_task_offsets(lens, R, Hkv, QB);
-    if (!task_off) return -2;
-    const int64_t n_tasks = task_off[R];
     int err = 0;
+    if (!packed || !pack_task || !task_off) {
+        err = -2;
+        goto done;
+    }
 #pragma omp parallel
     {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < n_tasks; task++) {
-            const int64_t r = extend_task_request(task_off, R, task);
-            const int64_t local = task - task_off[r], h = local % Hkv, i0 = local / Hkv * QB, s = starts[r];
-            const int64_t i1 = i0 + QB < lens[r] ? i0 + QB : lens[r];
-            const int64_t p = prefix_lens ? prefix_lens[r] : 0, n = p + i1; /* n: keys this block sees */
-            const int64_t *slot = prefix_lens ? req_to_token + req_rows[r] * rt_stride : NULL;
-            const int64_t n16 = (n + 15) / 16 * 16;
-            uint32_t *kt = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (size_t)(P * n16));
-            uint32_t *vt = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (size_t)(n16 / 2 * D));
-            float *sc = (float *)aligned_alloc(64, sizeof(float) * (size_t)n16);
-            uint16_t *pb = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)n16);
-            if (!kt || !vt || !sc || !pb) {
+        for (int64_t task = 0; task < pack_task[R]; task++) {
+            const int64_t r = extend_task_request(pack_task, R, task);
+            const int64_t local = task - pack_task[r], h = local % Hkv, c0 = local / Hkv * KC;
+            uint32_t *kt = packed + pk_off[r] + h * D * n16s[r];
+            pack_keys(r, h, c0, c0 + KC < n16s[r] ? c0 + KC : n16s[r], kt, kt + P * n16s[r]);
+        }
+        /* the implicit barrier: every block is packed before any is read */
+        float *sc = (float *)aligned_alloc(64, sizeof(float) * (size_t)(BM * max16));
+        uint16_t *pb = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * (size_t)(BM * max16));
+        uint32_t *own = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (size_t)(D * own16));
+        float ob[BM * 256], pf[256];
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < task_off[R]; task++) {
+            if (!sc || !pb || !own) {
                 err = -2;
-                free(kt), free(vt), free(sc), free(pb);
                 continue;
             }
-#define KROW(l) ((l) < p ? k_pool + (h * N + slot[l]) * D : k + (s + (l) - p) * k_stride + h * D)
-#define VROW(l) ((l) < p ? v_pool + (h * N + slot[l]) * D : v + (s + (l) - p) * v_stride + h * D)
-            for (int64_t l = 0; l < n16; l++) {
-                const uint32_t *kr = (const uint32_t *)KROW(l < n ? l : 0);
-                for (int64_t pp = 0; pp < P; pp++) kt[pp * n16 + l] = l < n ? kr[pp] : 0u;
+            const int64_t r = extend_task_request(task_off, R, task);
+            const int64_t local = task - task_off[r], h = local % Hkv, j0 = local / Hkv * QB;
+            const int64_t j1 = j0 + QB < lens[r] ? j0 + QB : lens[r], n16 = n16s[r], np = npool[r];
+            const uint32_t *kt = packed + pk_off[r] + h * D * n16, *vt = kt + P * n16;
+            if (!ahead[r]) { /* one block reads this segment: pack it here, while it stays in cache */
+                pack_keys(r, h, 0, n16, own, own + P * n16);
+                kt = own, vt = own + P * n16;
             }
-            /* V as key pairs: vt[lp][d] = (v[2lp+1][d] << 16) | v[2lp][d] (bf16 bits), zero past n */
-            for (int64_t lp = 0; lp < n16 / 2; lp++) {
-                const uint16_t *v0 = 2 * lp < n ? VROW(2 * lp) : NULL, *v1 = 2 * lp + 1 < n ? VROW(2 * lp + 1) : NULL;
-                for (int64_t d = 0; d < D; d++)
-                    vt[lp * D + d] = (v1 ? (uint32_t)v1[d] << 16 : 0u) | (v0 ? v0[d] : 0u);
-            }
-#undef KROW
-#undef VROW
-            for (int64_t i = i0; i < i1; i++) {
-                for (int64_t g = 0; g < G; g++) {
-                    const uint32_t *qp = (const uint32_t *)(q + (s + i) * q_stride + (h * G + g) * D);
-                    const int64_t L = p + i + 1;
-                    for (int64_t l0 = 0; l0 < L; l0 += 16) {
-                        __m512 a = _mm512_setzero_ps();
-                        for (int64_t pp = 0; pp < P; pp++)
-                            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32((int)qp[pp]),
-                                                 (__m512bh)_mm512_load_si512(kt + pp * n16 + l0));
-                        _mm512_store_ps(sc + l0, _mm512_mul_ps(a, _mm512_set1_ps(scale)));
-                    }
-                    /* softmax numerators over 0..L-1 */
-                    __m512 vm = _mm512_set1_ps(-INFINITY);
+            const int64_t nrows = (j1 - j0) * G;
+            for (int64_t b0 = 0; b0 < nrows; b0 += BM) {
+                /* rows b0 .. b0 + nb - 1 (query j0 + row / G, head h * G + row % G), padded to whole
+                 * sub-blocks of RB with repeats of the last row (computed, never stored) */
+                const int64_t nb = nrows - b0 < BM ? nrows - b0 : BM, nsub = (nb + RB - 1) / RB;
+                int64_t t[BM], hh[BM], L[BM], Lmax = 0;
+                const uint32_t *qp[BM], *pr[BM];
+                for (int64_t i = 0; i < nsub * RB; i++) {
+                    const int64_t row = b0 + (i < nb ? i : nb - 1), j = j0 + row / G;
+                    t[i] = q_index ? q_index[starts[r] + j] : starts[r] + j;
+                    hh[i] = h * G + row % G;
+                    L[i] = np + (k ? j + 1 : 0);
+                    Lmax = L[i] > Lmax ? L[i] : Lmax;
+                    qp[i] = (const uint32_t *)(q + t[i] * q_stride + hh[i] * D);
+                }
+                /* scores chunk by chunk of KCH keys: the chunk of K stays in L1 while all nb rows read it */
+                for (int64_t c0 = 0; c0 < Lmax; c0 += KCH)
+                    for (int64_t sb = 0; sb < nsub; sb++)
+                        scores_block(qp + sb * RB, kt, n16, P, c0, c0 + KCH < Lmax ? c0 + KCH : Lmax, scale,
+                                     sc + sb * RB * max16, max16);
+                /* softmax numerators per row over its own L, rounded to bf16; zero up to the pair boundary */
+                const int64_t Lpair = (Lmax + 1) / 2 * 2;
+                float lse[BM], inv[BM];
+                for (int64_t i = 0; i < nsub * RB; i++) {
+                    float *sr = sc + i * max16, m;
+                    const float sum = softmax_numerators(sr, L[i], &m);
+                    inv[i] = 1.f / sum;
+                    lse[i] = m + logf(sum);
+                    uint16_t *p = pb + i * max16;
                     int64_t l = 0;
-                    for (; l + 16 <= L; l += 16) vm = _mm512_max_ps(vm, _mm512_load_ps(sc + l));
-                    const __mmask16 tail = (__mmask16)((1u << (L - l)) - 1u);
-                    if (L - l) vm = _mm512_mask_max_ps(vm, tail, vm, _mm512_load_ps(sc + l));
-                    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vm));
-                    __m512 vs = _mm512_setzero_ps();
-                    for (l = 0; l < L; l += 16) {
-                        const __mmask16 mk = L - l >= 16 ? (__mmask16)0xFFFF : tail;
-                        const __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_load_ps(sc + l), m)));
-                        _mm512_store_ps(sc + l, e);
-                        vs = _mm512_add_ps(vs, e);
+                    for (; l + 16 <= L[i]; l += 16)
+                        _mm256_store_si256((__m256i *)(p + l), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sr + l)));
+                    for (; l < L[i]; l++) p[l] = f32_to_bf16(sr[l]);
+                    for (; l < Lpair; l++) p[l] = 0;
+                    pr[i] = (const uint32_t *)p;
+                }
+                /* P.V chunk by chunk of KCH / 2 key pairs (the chunk of V stays in L1), sums kept in ob */
+                for (int64_t lp0 = 0; lp0 < Lpair / 2; lp0 += KCH / 2) {
+                    const int64_t lp1 = lp0 + KCH / 2 < Lpair / 2 ? lp0 + KCH / 2 : Lpair / 2;
+                    for (int64_t sb = 0; sb < nsub; sb++) {
+                        float *o = ob + sb * RB * D;
+                        if (J % 4 == 0)
+                            for (int64_t jc = 0; jc < J; jc += 4) pv_block(pr + sb * RB, vt, D, lp0, lp1, jc, 4, o);
+                        else
+                            for (int64_t jc = 0; jc < J; jc += 2) pv_block(pr + sb * RB, vt, D, lp0, lp1, jc, 2, o);
                     }
-                    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vs));
-                    /* P.V with VDPBF16PS over key pairs: numerators rounded to bf16 (as GPU flash
-                     * attention rounds P), sums in float32. Numerators past L are zero. */
-                    for (l = 0; l < L; l += 16) {
-                        const __mmask16 mk = L - l >= 16 ? (__mmask16)0xFFFF : tail;
-                        _mm256_store_si256((__m256i *)(pb + l),
-                                           (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_mov_ps(mk, _mm512_load_ps(sc + l))));
+                }
+                for (int64_t i = 0; i < nb; i++) {
+                    float *o = ob + i * D;
+                    for (int64_t d = 0; d < D; d++) o[d] *= inv[i];
+                    const int64_t row = t[i] * H + hh[i];
+                    if (prior_o) {
+                        for (int64_t d = 0; d < D; d++) pf[d] = bf16_to_f32(prior_o[row * D + d]);
+                        merge_prior(o, D, lse[i], pf, prior_lse[row]);
                     }
-                    const uint32_t *pp2 = (const uint32_t *)pb;
-                    __m512 acc[16];
-                    for (int64_t j = 0; j < J; j++) acc[j] = _mm512_setzero_ps();
-                    for (int64_t lp = 0; lp < (L + 1) / 2; lp++) {
-                        const __m512bh pl = (__m512bh)_mm512_set1_epi32((int)pp2[lp]);
-                        const uint32_t *vr = vt + lp * D;
-                        for (int64_t j = 0; j < J; j++)
-                            acc[j] = _mm512_dpbf16_ps(acc[j], pl, (__m512bh)_mm512_load_si512(vr + 16 * j));
-                    }
-                    uint16_t *o = out + ((s + i) * H + h * G + g) * D;
-                    for (int64_t j = 0; j < J; j++) store16_bf16(o + 16 * j, _mm512_mul_ps(acc[j], inv));
+                    if (lse_out) lse_out[row] = lse[i];
+                    for (int64_t j = 0; j < J; j++) store16_bf16(out + row * D + 16 * j, _mm512_loadu_ps(o + 16 * j));
                 }
             }
-            free(kt), free(vt), free(sc), free(pb);
         }
+        free(sc), free(pb), free(own);
     }
-    free(task_off);
+done:
+#undef pack_keys
+#undef np_slots
+    free(packed), free(pack_task), free(task_off), free(npool);
     return err;
 #else
     (void)q, (void)q_stride, (void)k, (void)k_stride, (void)v, (void)v_stride, (void)starts, (void)lens, (void)R, (void)H;
     (void)Hkv, (void)D, (void)scale, (void)out, (void)k_pool, (void)v_pool, (void)N, (void)req_to_token, (void)rt_stride;
-    (void)req_rows, (void)prefix_lens;
+    (void)req_rows, (void)prefix_lens, (void)k_begin, (void)q_index, (void)lse_out, (void)prior_o, (void)prior_lse;
     return -1;
 #endif
 }

@@ -3,80 +3,193 @@
  * (define ELEM, SUFFIX, TO_F32, FROM_F32, then include). Float32 math in loops the compiler
  * vectorises for the target (AVX-512F, AVX2, NEON); exp through common.h's softmax_numerators.
  *
- * Same contract as extend_causal_bf16 (extend_attention.c): q [T, *] rows with H heads of D at
- * q + t * q_stride, k / v rows with Hkv heads at k + t * k_stride / v + t * v_stride; out [T, H, D]
- * contiguous; request r covers rows starts[r] .. starts[r] + lens[r] - 1 and, when prefix_lens is not
- * NULL, first attends to its positions 0 .. prefix_lens[r] - 1 read in place from k_pool / v_pool
- * [Hkv, N, D] at slots req_to_token[req_rows[r] * rt_stride + pos]. New token i sees positions
- * 0 .. prefix_lens[r] + i. Any D <= 256 and H % Hkv == 0 (else -1); -2 when memory runs out.
+ * Same contract as extend_causal_bf16 (extend_attention.c: segments, pool keys from k_begin, new keys
+ * causal, k == NULL for pool keys only, q_index, lse_out, prior merge). Any D <= 256 and
+ * H % Hkv == 0 (else -1); -2 when memory runs out. Every row must see at least one key.
  *
- * Per task (request, KV head, block of QB queries): the keys the block can see are converted once to
- * float32, K transposed [D][n] so a query's scores are D axpys over contiguous keys, V row-major
- * [n][D] so P.V is L axpys over contiguous dims.
+ * Two phases like the bf16 kernel. Pack, tasks (segment, KV head, KC keys): keys converted once to
+ * float32, K transposed [D][n], V row-major [n][D]. Attend, tasks (segment, KV head, block of QB
+ * queries): rows PRB at a time; scores in blocks of 16 keys and P.V in blocks of 16 dims, so the
+ * sums stay in registers (the axpy form stored every partial sum: store-bound) and each K / V vector
+ * loaded feeds PRB rows.
  */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
+#define PRB 4 /* rows per block */
+#ifndef RADIXLANG_VF16
+#define RADIXLANG_VF16
+/* 16 floats as one GCC vector: one zmm with AVX-512, two ymm with AVX2, four NEON registers */
+typedef float vf16 __attribute__((vector_size(64)));
+/* 16 floats from p (unaligned) */
+static inline vf16 loadu_vf16(const float *p) {
+    vf16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+#endif
+#define SEG_SLOTS(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
+
+/* Keys c0 .. c1 - 1 of one segment and KV head as float32 (the first np from the pool at slot[l], the rest
+ * rows s + l - np of k / v): K transposed into kt [D][n], V row-major into vf [n][D]. */
+static void CAT(pack_keys_, SUFFIX)(const ELEM *k_pool, const ELEM *v_pool, int64_t N, const int64_t *slot, int64_t np,
+                                    int64_t n, const ELEM *k, int64_t k_stride, const ELEM *v, int64_t v_stride,
+                                    int64_t s, int64_t h, int64_t D, int64_t c0, int64_t c1, float *kt, float *vf) {
+    for (int64_t l = c0; l < c1; l++) {
+        const ELEM *kr = l < np ? k_pool + (h * N + slot[l]) * D : k + (s + l - np) * k_stride + h * D;
+        const ELEM *vr = l < np ? v_pool + (h * N + slot[l]) * D : v + (s + l - np) * v_stride + h * D;
+        for (int64_t d = 0; d < D; d++) kt[d * n + l] = TO_F32(kr[d]);
+        for (int64_t d = 0; d < D; d++) vf[l * D + d] = TO_F32(vr[d]);
+    }
+}
 
 int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, int64_t k_stride, const ELEM *v,
                                 int64_t v_stride, const int64_t *starts, const int64_t *lens, int64_t R, int64_t H,
                                 int64_t Hkv, int64_t D, float scale, ELEM *out, const ELEM *k_pool,
                                 const ELEM *v_pool, int64_t N, const int64_t *req_to_token, int64_t rt_stride,
-                                const int64_t *req_rows, const int64_t *prefix_lens) {
+                                const int64_t *req_rows, const int64_t *prefix_lens, const int64_t *k_begin,
+                                const int64_t *q_index, float *lse_out, const ELEM *prior_o, const float *prior_lse) {
     if (D > 256 || H % Hkv != 0) return -1;
-    const int64_t G = H / Hkv, QB = 64;
+    const int64_t G = H / Hkv, QB = extend_query_block(lens, R, Hkv, 64), KC = 256;
+    /* segments with more than one query block are packed ahead; the others pack in their task */
+    int64_t *npool = (int64_t *)malloc(sizeof(int64_t) * (size_t)(4 * R + 1));
+    if (!npool) return -2;
+    int64_t *nkeys = npool + R, *ahead = npool + 2 * R, *pk_off = npool + 3 * R, max_n = 1, own_n = 1;
+    pk_off[0] = 0;
+    for (int64_t r = 0; r < R; r++) {
+        npool[r] = prefix_lens ? prefix_lens[r] - (k_begin ? k_begin[r] : 0) : 0;
+        nkeys[r] = npool[r] + (k ? lens[r] : 0);
+        max_n = nkeys[r] > max_n ? nkeys[r] : max_n;
+        ahead[r] = lens[r] > QB ? nkeys[r] : 0;
+        if (!ahead[r]) own_n = nkeys[r] > own_n ? nkeys[r] : own_n;
+        pk_off[r + 1] = pk_off[r] + Hkv * 2 * D * ahead[r]; /* floats: K [D][n] then V [n][D] per head */
+    }
+    float *packed = (float *)malloc(sizeof(float) * (size_t)(pk_off[R] > 0 ? pk_off[R] : 1));
+    int64_t *pack_task = extend_task_offsets(ahead, R, Hkv, KC);
     int64_t *task_off = extend_task_offsets(lens, R, Hkv, QB);
-    if (!task_off) return -2;
-    const int64_t n_tasks = task_off[R];
     int err = 0;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t task = 0; task < n_tasks; task++) {
-        const int64_t r = extend_task_request(task_off, R, task);
-        const int64_t local = task - task_off[r], h = local % Hkv, i0 = local / Hkv * QB, s = starts[r];
-        const int64_t i1 = i0 + QB < lens[r] ? i0 + QB : lens[r];
-        const int64_t p = prefix_lens ? prefix_lens[r] : 0, n = p + i1; /* n: keys this block sees */
-        const int64_t *slot = prefix_lens ? req_to_token + req_rows[r] * rt_stride : NULL;
-        float *kt = (float *)malloc(sizeof(float) * (size_t)(D * n)); /* [D][n] */
-        float *vf = (float *)malloc(sizeof(float) * (size_t)(n * D)); /* [n][D] */
-        float *sc = (float *)malloc(sizeof(float) * (size_t)n);
-        if (!kt || !vf || !sc) {
-            err = -2;
-            free(kt), free(vf), free(sc);
-            continue;
+    if (!packed || !pack_task || !task_off) {
+        err = -2;
+        goto done;
+    }
+#pragma omp parallel
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < pack_task[R]; task++) {
+            const int64_t r = extend_task_request(pack_task, R, task);
+            const int64_t local = task - pack_task[r], h = local % Hkv, c0 = local / Hkv * KC;
+            float *kt = packed + pk_off[r] + h * 2 * D * nkeys[r];
+            CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), npool[r], nkeys[r], k, k_stride, v, v_stride,
+                                    starts[r], h, D, c0, c0 + KC < nkeys[r] ? c0 + KC : nkeys[r], kt, kt + D * nkeys[r]);
         }
-        for (int64_t l = 0; l < n; l++) {
-            const ELEM *kr = l < p ? k_pool + (h * N + slot[l]) * D : k + (s + l - p) * k_stride + h * D;
-            const ELEM *vr = l < p ? v_pool + (h * N + slot[l]) * D : v + (s + l - p) * v_stride + h * D;
-            for (int64_t d = 0; d < D; d++) kt[d * n + l] = TO_F32(kr[d]);
-            for (int64_t d = 0; d < D; d++) vf[l * D + d] = TO_F32(vr[d]);
-        }
-        for (int64_t i = i0; i < i1; i++) {
-            const int64_t L = p + i + 1;
-            for (int64_t g = 0; g < G; g++) {
-                const ELEM *qr = q + (s + i) * q_stride + (h * G + g) * D;
-                for (int64_t l = 0; l < L; l++) sc[l] = 0.f;
-                for (int64_t d = 0; d < D; d++) {
-                    const float qd = TO_F32(qr[d]) * scale;
-                    const float *kd = kt + d * n;
-#pragma omp simd
-                    for (int64_t l = 0; l < L; l++) sc[l] += qd * kd[l];
+        /* the implicit barrier: every block is packed before any is read */
+        float *sc = (float *)malloc(sizeof(float) * (size_t)(PRB * max_n));
+        float *own = (float *)malloc(sizeof(float) * (size_t)(2 * D * own_n));
+        float acc[PRB][256], qf[PRB][256], pf[256];
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < task_off[R]; task++) {
+            if (!sc || !own) {
+                err = -2;
+                continue;
+            }
+            const int64_t r = extend_task_request(task_off, R, task);
+            const int64_t local = task - task_off[r], h = local % Hkv, j0 = local / Hkv * QB;
+            const int64_t j1 = j0 + QB < lens[r] ? j0 + QB : lens[r], n = nkeys[r], np = npool[r];
+            const float *kt = packed + pk_off[r] + h * 2 * D * n, *vf = kt + D * n;
+            if (!ahead[r]) { /* one block reads this segment: pack it here, while it stays in cache */
+                CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), np, n, k, k_stride, v, v_stride, starts[r],
+                                        h, D, 0, n, own, own + D * n);
+                kt = own, vf = own + D * n;
+            }
+            const int64_t nrows = (j1 - j0) * G;
+            for (int64_t b0 = 0; b0 < nrows; b0 += PRB) {
+                const int64_t nb = nrows - b0 < PRB ? nrows - b0 : PRB;
+                int64_t t[PRB], hh[PRB], L[PRB], Lmax = 0;
+                for (int64_t i = 0; i < PRB; i++) { /* rows past nb repeat the last (computed, never stored) */
+                    const int64_t row = b0 + (i < nb ? i : nb - 1), j = j0 + row / G;
+                    t[i] = q_index ? q_index[starts[r] + j] : starts[r] + j;
+                    hh[i] = h * G + row % G;
+                    L[i] = np + (k ? j + 1 : 0);
+                    Lmax = L[i] > Lmax ? L[i] : Lmax;
+                    const ELEM *qr = q + t[i] * q_stride + hh[i] * D;
+                    for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
                 }
-                const float inv = 1.f / softmax_numerators(sc, L);
-                float acc[256];
-                for (int64_t d = 0; d < D; d++) acc[d] = 0.f;
-                for (int64_t l = 0; l < L; l++) {
-                    const float pl = sc[l];
-                    const float *vr = vf + l * D;
-#pragma omp simd
-                    for (int64_t d = 0; d < D; d++) acc[d] += pl * vr[d];
+                /* scores, 32 keys x PRB rows at a time: 2 * PRB independent sums stay in registers across d
+                 * (full blocks; the last, partial one lane by lane) */
+                int64_t l0 = 0;
+                for (; l0 + 32 <= Lmax; l0 += 32) {
+                    vf16 a[PRB], b[PRB];
+                    for (int i = 0; i < PRB; i++) a[i] = b[i] = (vf16){0};
+                    for (int64_t d = 0; d < D; d++) {
+                        const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
+                        for (int i = 0; i < PRB; i++) {
+                            a[i] += qf[i][d] * k0;
+                            b[i] += qf[i][d] * k1;
+                        }
+                    }
+                    for (int i = 0; i < PRB; i++) {
+                        memcpy(sc + i * max_n + l0, &a[i], sizeof a[i]);
+                        memcpy(sc + i * max_n + l0 + 16, &b[i], sizeof b[i]);
+                    }
                 }
-                ELEM *o = out + ((s + i) * H + h * G + g) * D;
-                for (int64_t d = 0; d < D; d++) o[d] = FROM_F32(acc[d] * inv);
+                for (int64_t i = 0; i < PRB; i++)
+                    for (int64_t l = l0; l < Lmax; l++) {
+                        float sum = 0.f;
+                        for (int64_t d = 0; d < D; d++) sum += qf[i][d] * kt[d * n + l];
+                        sc[i * max_n + l] = sum;
+                    }
+                float lse[PRB];
+                for (int64_t i = 0; i < PRB; i++) {
+                    float m, *si = sc + i * max_n;
+                    const float sum = softmax_numerators(si, L[i], &m);
+                    lse[i] = m + logf(sum);
+                    const float inv = 1.f / sum;
+                    for (int64_t l = 0; l < L[i]; l++) si[l] *= inv;
+                    for (int64_t l = L[i]; l < Lmax; l++) si[l] = 0.f;
+                }
+                /* P.V, 64 dims x PRB rows at a time: 4 * PRB independent sums stay in registers across keys
+                 * (whole 64-dim blocks; the dims past them lane by lane) */
+                int64_t d0 = 0;
+                for (; d0 + 64 <= D; d0 += 64) {
+                    vf16 a[PRB][4];
+                    for (int i = 0; i < PRB; i++)
+                        for (int c = 0; c < 4; c++) a[i][c] = (vf16){0};
+                    for (int64_t l = 0; l < Lmax; l++) {
+                        vf16 vv[4];
+                        for (int c = 0; c < 4; c++) vv[c] = loadu_vf16(vf + l * D + d0 + 16 * c);
+                        for (int i = 0; i < PRB; i++) {
+                            const float p = sc[i * max_n + l];
+                            for (int c = 0; c < 4; c++) a[i][c] += p * vv[c];
+                        }
+                    }
+                    for (int i = 0; i < PRB; i++)
+                        for (int c = 0; c < 4; c++) memcpy(acc[i] + d0 + 16 * c, &a[i][c], sizeof a[i][c]);
+                }
+                for (int64_t i = 0; i < PRB; i++) {
+                    for (int64_t d = d0; d < D; d++) acc[i][d] = 0.f;
+                    for (int64_t l = 0; l < Lmax; l++) {
+                        const float p = sc[i * max_n + l];
+                        for (int64_t d = d0; d < D; d++) acc[i][d] += p * vf[l * D + d];
+                    }
+                }
+                for (int64_t i = 0; i < nb; i++) {
+                    const int64_t row = t[i] * H + hh[i];
+                    if (prior_o) {
+                        for (int64_t d = 0; d < D; d++) pf[d] = TO_F32(prior_o[row * D + d]);
+                        merge_prior(acc[i], D, lse[i], pf, prior_lse[row]);
+                    }
+                    if (lse_out) lse_out[row] = lse[i];
+                    ELEM *o = out + row * D;
+                    for (int64_t d = 0; d < D; d++) o[d] = FROM_F32(acc[i][d]);
+                }
             }
         }
-        free(kt), free(vf), free(sc);
+        free(sc), free(own);
     }
-    free(task_off);
+done:
+    free(packed), free(pack_task), free(task_off), free(npool);
     return err;
 }
+#undef PRB
+#undef SEG_SLOTS
 #undef CAT
 #undef CAT_
