@@ -71,6 +71,7 @@ class ServerArgs:
     grammar_backend: str = "outlines"  # outlines | none (regex / json_schema requests then answer 400)
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
     quantization: Optional[str] = None  # int8 (model/quant_linear.py) | gguf: the .gguf's blocks (model/gguf_linear.py)
+    enable_deterministic_inference: bool = False  # batch-invariant numerics (model/deterministic.py)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -102,6 +103,12 @@ class ServerArgs:
         need(self.nnodes == 1 or self.dp_size == 1, "data parallelism over several nodes is not implemented "
              "(use dp_size 1 with nnodes > 1, or nnodes 1)")
         need(self.dist_timeout > 0, "dist_timeout must be > 0 seconds")
+        det = self.enable_deterministic_inference
+        need(not det or self.quantization is None, "enable_deterministic_inference runs unquantized weights only "
+             "(quantized linears switch kernels with the batch size)")
+        need(not det or self.tp_size == 1, "enable_deterministic_inference is not implemented with tp_size > 1")
+        need(not det or self.device != "cuda", "enable_deterministic_inference is implemented for the CPU kernels "
+             "only (not the Triton backend)")
         need(self.load_balance_method in ("cache_aware", "round_robin", "shortest_queue"),
              f"load_balance_method must be cache_aware, round_robin or shortest_queue; got {self.load_balance_method!r}")
         if self.dist_init_addr is not None:

@@ -38,6 +38,10 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
+    # The deterministic mode: a single row runs as two (oneDNN's M = 1 path orders fp32 sums
+    # differently from every M >= 2; measured, see model/deterministic.py).
+    pad_single_row = False
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
@@ -47,6 +51,11 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad_single_row and x.shape[0] == 1:
+            return self._run(x.expand(2, -1))[:1]
+        return self._run(x)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 

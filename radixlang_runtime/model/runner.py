@@ -18,7 +18,7 @@ import torch
 
 from radixlang_runtime import faults
 from radixlang_runtime.mem.kv_pool import KVPool
-from radixlang_runtime.model import cpu_kernels
+from radixlang_runtime.model import cpu_kernels, deterministic
 from radixlang_runtime.model.attention import create_attention_backend
 from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
@@ -121,6 +121,8 @@ class ModelRunner:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
+        if args.enable_deterministic_inference:
+            deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
 

@@ -12,7 +12,7 @@ place) when the model's CpuPaths say so (`configure`, decided once from the CPU'
 without a plan (tests, other devices) the torch path above runs. The C path also runs cascade
 attention (attention/cascade.py) when requests of the step share >= MIN_SHARED cached slots: the
 shared prefix is read once per group instead of once per request (`cascade = False` turns it off:
-the deterministic mode).
+the deterministic mode, which also runs decode rows through the extend kernel: model/deterministic.py).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.c_extend = False  # cpu_kernels.extend_causal
         self.dpbf16 = False  # the extend kernel with VDPBF16PS
         self.cascade = True  # shared-prefix attention on the C path (False: one pass per request)
+        self.rows_like_extend = False  # decode through the extend kernel (the deterministic mode)
 
     def configure(self, paths: "cpu_kernels.CpuPaths") -> None:
         """Take the kernel choices of cpu_kernels.plan() (they hold for every batch of this model)."""
@@ -121,6 +122,10 @@ class TorchAttentionBackend(AttentionBackend):
         if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
             pool = fb.kv_pool
             kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], fb.attn_meta.cascade
+            if self.rows_like_extend:
+                o = cpu_kernels.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                                                    self.dpbf16)
+                return o.view(B, H * D)
             prior = None
             if plan is not None:
                 prior = cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16)

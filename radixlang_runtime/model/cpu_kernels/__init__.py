@@ -313,6 +313,19 @@ def shared_prefix(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, r
     return o, lse
 
 
+def pool_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
+                        req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, dpbf16: bool = False) -> torch.Tensor:
+    """Decode through the extend kernel: row b of q [B, H, D] attends to positions 0 .. seq_lens[b] - 1
+    of table row req_rows[b], all in the pool. Each row gets exactly the arithmetic an extend gives
+    the same token (the deterministic mode: a token's output never depends on which kernel ran it)."""
+    B = q.shape[0]
+    out = torch.empty_like(q)
+    ones = torch.ones(B, dtype=torch.int64)
+    prefix = PagedPrefix(k_pool, v_pool, req_to_token, req_rows, seq_lens)
+    _extend_call(q, None, torch.arange(B, dtype=torch.int64), ones, k_pool.shape[0], scale, prefix, dpbf16, out)
+    return out
+
+
 @dataclass
 class PagedPrefix:
     """The cached prefixes of an extend batch, read in place from the pool."""
