@@ -13,6 +13,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py                 # full: 3 runs, both baselines
     python benchmarks/bench_offline.py --runs 1 --quick
     python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
+    python benchmarks/bench_offline.py --deterministic       # also --enable-deterministic-inference
     python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
 
 --peers runs ../shared/peers' scripts (vLLM-CPU; llama.cpp BF16 with flash attention for W1, BF16 /
@@ -54,10 +55,10 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_radixlang(model_dir: str, wls: dict, runs: int, dtype: str, quantization, out: mp.Queue) -> None:
+def run_radixlang(model_dir: str, wls: dict, runs: int, engine_args: dict, out: mp.Queue) -> None:
     from radixlang_runtime import Engine
 
-    eng = Engine(model_dir, dtype=dtype, quantization=quantization)
+    eng = Engine(model_dir, **engine_args)
     res = {}
     try:
         eng.generate(input_ids=wls["W2"]["ids"][0], sampling_params={"max_new_tokens": 8, "temperature": 0})
@@ -113,6 +114,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--dtype", default="auto", help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
     ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")
     ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp (see above)")
     ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
     a = ap.parse_args()
@@ -126,9 +129,13 @@ def main() -> None:
         ap.error(f"unknown peer(s) {unknown}: choose from {sorted(PEER_RUNS)} (transformers is always run)")
     peers_dir = a.peers_dir or default_peers_dir()
     wls = {w: v for w, v in peer_workloads(peers_dir).items() if w in ("W1", "W2")} if peers else workloads(a.quick)
-    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, None)}
+    results = {"radixlang": in_child(run_radixlang, model_dir, wls, a.runs, {"dtype": a.dtype})}
     if a.quantization:
-        results[f"radixlang-{a.quantization}"] = in_child(run_radixlang, model_dir, wls, a.runs, a.dtype, a.quantization)
+        results[f"radixlang-{a.quantization}"] = in_child(run_radixlang, model_dir, wls, a.runs,
+                                                          {"dtype": a.dtype, "quantization": a.quantization})
+    if a.deterministic:
+        results["radixlang-deterministic"] = in_child(run_radixlang, model_dir, wls, a.runs,
+                                                      {"dtype": a.dtype, "enable_deterministic_inference": True})
     for dt in a.baseline_dtypes.split(","):
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
     if peers:

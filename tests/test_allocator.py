@@ -79,3 +79,21 @@ def test_table_rows():
         t.allocate()
     t.free(rows[1])
     t.check_integrity(rows_in_use=2)
+
+
+def test_freed_pages_are_reused_before_untouched_ones():
+    """The touched part of the pool stays as small as the peak in use: 0 .. touched_pages - 1."""
+    from radixlang_runtime.mem.allocator import PageAllocator
+
+    for ps in (1, 16):
+        a = PageAllocator(64 * ps, ps)
+        held = [a.alloc_extend(-1, 0, 3 * ps) for _ in range(4)]
+        assert a.touched_pages == 12
+        for h in held:
+            a.free(h)
+        for _ in range(10):  # churn at the same peak: no new page is touched
+            x = a.alloc_extend(-1, 0, 12 * ps)
+            a.free(x)
+        assert a.touched_pages == 12
+        a.alloc_extend(-1, 0, 13 * ps)
+        assert a.touched_pages == 13

@@ -6,6 +6,8 @@ Invariants:
   radix cache); `check_integrity()` verifies free + allocated == total with no duplicates.
 - `alloc_extend` keeps a holder's position p at page offset p % page_size, so a page never holds
   tokens of two holders and freeing a holder's slots frees whole pages.
+- freed pages are reused before pages never used, which leave in id order: pages ever handed out
+  are exactly 0 .. touched_pages - 1 (the resident part of a lazily committed pool).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class PageAllocator:
         self.total_slots = self.num_pages * page_size
         self._free_pages: deque[int] = deque(range(self.num_pages))
         self._allocated_pages = 0
+        # Freed pages rejoin the front and are handed out first; pages never used wait behind them in
+        # id order. So the pool's touched part stays as small as the peak in use + cached (its pages
+        # are resident memory: model/memory.py), and the pages ever handed out are exactly
+        # 0 .. touched_pages - 1.
+        self.touched_pages = 0
 
     # --- sizes ---
     @property
@@ -60,6 +67,8 @@ class PageAllocator:
             pop = self._free_pages.popleft
             out = [pop() for _ in range(extend_len)]
             self._allocated_pages += extend_len
+            if out:
+                self.touched_pages = max(self.touched_pages, max(out) + 1)
             return out
         need = self.slots_needed(cur_len, extend_len) // ps
         if need > len(self._free_pages):
@@ -72,7 +81,9 @@ class PageAllocator:
             pos += tail
         end = cur_len + extend_len
         while pos < end:
-            base = self._free_pages.popleft() * ps
+            page = self._free_pages.popleft()
+            self.touched_pages = max(self.touched_pages, page + 1)
+            base = page * ps
             n = min(ps, end - pos)
             out.extend(range(base, base + n))
             pos += n
@@ -83,7 +94,7 @@ class PageAllocator:
         """Free the pages holding `slots` (all of a holder's slots, or whole pages of them)."""
         ps = self.page_size
         pages = list(slots) if ps == 1 else sorted({s // ps for s in slots})
-        self._free_pages.extend(pages)
+        self._free_pages.extendleft(reversed(pages))  # reused first, in the order given
         self._allocated_pages -= len(pages)
 
     def free_page_ids(self) -> list[int]:

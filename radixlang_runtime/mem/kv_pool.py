@@ -13,10 +13,15 @@ import torch
 class KVPool:
     def __init__(self, num_slots: int, num_layers: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, table_rows: int, context_len: int):
+        from radixlang_runtime.model.memory import kv_block
+
         self.num_slots = num_slots
-        # k_buffers[l], v_buffers[l]: [kv_heads, num_slots, head_dim]
-        self.k_buffers = [torch.zeros(kv_heads, num_slots, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(kv_heads, num_slots, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        # One block [2, layers, kv_heads, num_slots, head_dim], lazily zero when large (model/memory.py);
+        # k_buffers[l] = block[0, l], v_buffers[l] = block[1, l]: [kv_heads, num_slots, head_dim], contiguous.
+        block = kv_block((2, num_layers, kv_heads, num_slots, head_dim), dtype, device)
+        self.nbytes = block.numel() * block.element_size()
+        self.k_buffers = [block[0, i] for i in range(num_layers)]
+        self.v_buffers = [block[1, i] for i in range(num_layers)]
         # req_to_token[row, pos] = slot of position pos of the request in that row. [table_rows, context_len] int64.
         # Entries past a request's length are stale but always valid slot numbers (gathers stay in range).
         self.req_to_token = torch.zeros(table_rows, context_len, dtype=torch.int64, device=device)

@@ -18,7 +18,7 @@ import torch
 
 from radixlang_runtime import faults
 from radixlang_runtime.mem.kv_pool import KVPool
-from radixlang_runtime.model import cpu_kernels, deterministic
+from radixlang_runtime.model import cpu_kernels, deterministic, memory
 from radixlang_runtime.model.attention import create_attention_backend
 from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
@@ -35,7 +35,6 @@ from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CPU_KV_BUDGET = 1 << 30  # bytes
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -126,6 +125,10 @@ class ModelRunner:
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
 
+        self.available_after_warmup: Optional[int] = None
+        if self._sizes_pool_from_memory():
+            self._warm_up()
+            self.available_after_warmup = memory.mem_available()
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
         self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
@@ -164,9 +167,35 @@ class ModelRunner:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
-        else:
-            budget = a.kv_cache_budget_bytes or DEFAULT_CPU_KV_BUDGET
+        else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
+            budget = a.kv_cache_budget_bytes or memory.cpu_kv_budget(a.mem_fraction_static, self.available_after_warmup)
         return max(ps, budget // per_token // ps * ps)
+
+    def _sizes_pool_from_memory(self) -> bool:
+        a = self.args
+        return (self.device.type == "cpu" and self.tp is None and a.max_total_tokens is None
+                and a.kv_cache_budget_bytes is None)
+
+    def _warm_up(self, tokens: int = 256) -> None:
+        """One prefill of `tokens` tokens on a throw-away pool, before the real pool is sized: its
+        activations, oneDNN's primitives and the kernels' scratch are then part of the process (and
+        the first request does not pay for them)."""
+        n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
+        cfg = self.cfg
+        self.kv_pool = KVPool(n, cfg.num_hidden_layers, self.shard.kv_count, cfg.head_dim, self.dtype, self.device, 1, n)
+        ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
+        self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))
+        del self.kv_pool
+
+    def memory_breakdown(self, touched_slots: int) -> dict:
+        """What the process's memory consists of (model/memory.MemoryBreakdown); touched_slots from the allocator."""
+        pool = self.kv_pool
+        per_slot = pool.nbytes // max(1, pool.num_slots)
+        return memory.MemoryBreakdown(
+            weights=memory.weights_bytes(self.model), kv_pool=pool.nbytes, kv_touched=touched_slots * per_slot,
+            table=pool.req_to_token.numel() * pool.req_to_token.element_size(),
+            available_after_warmup=self.available_after_warmup, rss=memory.rss_bytes(),
+            peak_rss=memory.peak_rss_bytes()).to_dict()
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()

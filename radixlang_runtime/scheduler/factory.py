@@ -106,6 +106,9 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
+        # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)
+        "memory": (s.runner.memory_breakdown(kv.allocator.touched_pages * kv.allocator.page_size)
+                   if hasattr(s.runner, "memory_breakdown") else None),
     }
 
 

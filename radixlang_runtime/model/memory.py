@@ -1,0 +1,108 @@
+"""Where the runner's memory goes, and how big the CPU KV pool is.
+
+Sizing (CPU, no --max-total-tokens / --kv-cache-budget-bytes): after the weights are loaded and one
+warm-up prefill has run (its activations, oneDNN's primitives and scratch are then part of the
+process), the pool gets `mem_fraction_static` (default 0.4) of the memory the OS reports available
+(MemAvailable), capped at DEFAULT_CPU_KV_CAP when the fraction is not given, at least MIN_CPU_KV.
+
+Lazy pages: the pool is one allocation; above LAZY_BYTES it is not zero-filled but left to the OS,
+whose fresh anonymous pages read as zero and cost resident memory only once written. The pool used
+to be zero-filled at start: 1 GiB of RSS before the first request (measured: peak RSS 2.0 GB for a
+269 MB model). Below LAZY_BYTES torch.zeros runs (small blocks may come from reused heap memory).
+
+`breakdown` is what /server_info and Engine.get_stats() report under "memory".
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+DEFAULT_CPU_KV_FRACTION = 0.4
+DEFAULT_CPU_KV_CAP = 4 << 30  # bytes: the pool a default start may take (vLLM-CPU's default KV space is 4 GB)
+MIN_CPU_KV = 64 << 20
+LAZY_BYTES = 64 << 20
+
+
+def mem_available() -> Optional[int]:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    """Resident set size now (statm), or the peak where statm is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+
+
+def cpu_kv_budget(fraction: Optional[float], available: Optional[int]) -> int:
+    """Bytes for the CPU KV pool from the memory available after warm-up (see the module docstring)."""
+    if available is None:
+        return 1 << 30  # no /proc: the old fixed default
+    budget = int(available * (fraction or DEFAULT_CPU_KV_FRACTION))
+    if fraction is None:
+        budget = min(budget, DEFAULT_CPU_KV_CAP)
+    return max(budget, MIN_CPU_KV)
+
+
+def kv_block(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One tensor for every layer's K and V: zero-filled when small, lazily zero (OS pages) when large."""
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    for s in shape:
+        nbytes *= s
+    if device.type == "cpu" and nbytes >= LAZY_BYTES:
+        return torch.empty(shape, dtype=dtype, device=device)  # a fresh mmap: zero pages until written
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes. weights: parameters and buffers of the model (prepacked copies included, the tied
+    embedding counted once); kv_pool: the pool's reservation (resident only where written);
+    kv_touched: slots the allocator has handed out at least once x bytes per slot (an upper bound
+    of the pool's resident part); table: req_to_token; available_after_warmup: MemAvailable when the
+    pool was sized; rss / peak_rss: the process now and at its peak."""
+
+    weights: int
+    kv_pool: int
+    kv_touched: int
+    table: int
+    available_after_warmup: Optional[int]
+    rss: int
+    peak_rss: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def weights_bytes(model: nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    for m in model.modules():  # oneDNN-packed weights: opaque tensors (no data pointer) outside parameters
+        packed = getattr(m, "packed", None)
+        if isinstance(packed, torch.Tensor):
+            total += packed.numel() * packed.element_size()
+    return total
