@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRETED, dot_precision, scores, softmax_step
+from kernels.triton_common import INTERPRETED, attend_paged, dot_precision
 
 
 @triton.jit
@@ -61,16 +61,8 @@ def _decode_stage1(q_ptr, k_ptr, v_ptr, rt_ptr, rows_ptr, lens_ptr, begin_ptr, m
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        slots = tl.load(rt_ptr + row * stride_rt + offs_n, mask=mask_n, other=0)
-        kv_off = g * stride_kh + slots[:, None] * stride_ks + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-        qk = scores(q, k, mask_n[None, :], scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)  # [BLOCK_G, BLOCK_N]
-        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
+    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, g * stride_kh, stride_ks,
+                                 start, end, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST)
 
     has_keys = end > start
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import INTERPRETED, dot_precision, scores, softmax_step
+from kernels.triton_common import INTERPRETED, attend_paged, dot_precision, scores, softmax_step
 
 
 @triton.jit
@@ -60,16 +60,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     # stage 1: the cached prefix, from the pool
-    for n0 in range(0, prefix, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < prefix
-        slots = tl.load(rt_ptr + row * stride_rt + offs_n, mask=mask_n, other=0)
-        off = kvh * stride_bh + slots[:, None] * stride_bs + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(kb_ptr + off, mask=kv_mask, other=0.0)
-        v = tl.load(vb_ptr + off, mask=kv_mask, other=0.0)
-        qk = scores(q, k, mask_n[None, :], scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)
-        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
+    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, kb_ptr, vb_ptr, rt_ptr, row, stride_rt, kvh * stride_bh, stride_bs,
+                                 0, prefix, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST)
 
     # stage 2: the new tokens, causal (key j visible to query i iff j <= i)
     last = tl.minimum((mb + 1) * BLOCK_M, n_ext)

@@ -1,5 +1,6 @@
-"""Pieces both Triton attention kernels share: scores with the optional soft-cap, one online-softmax
-step, and the dot product that stays exact on the CPU interpreter.
+"""Pieces the Triton attention kernels share: scores with the optional soft-cap, one online-softmax
+step, the loop over a range of paged positions, and the dot product that stays exact on the CPU
+interpreter.
 
 Triton's CPU interpreter multiplies bfloat16 blocks wrongly (numpy has no bfloat16), so interpreted
 runs (the tests on CPU) upcast both operands to float32; compiled GPU runs feed tl.dot the input dtype
@@ -51,3 +52,23 @@ def softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.const
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
     return m_new, l_i, acc
+
+
+@triton.jit
+def attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off, stride_ks, start, end, offs_d,
+                 mask_d, scale, soft_cap, BLOCK_N: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """Fold positions start .. end - 1 of table row `row` (slots rt_ptr[row * stride_rt + pos]; K / V of
+    one KV head at k_ptr / v_ptr + kv_off + slot * stride_ks + d) into the online softmax of q [M, D]:
+    blocks of BLOCK_N positions, every one visible to every row of q."""
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        slots = tl.load(rt_ptr + row * stride_rt + offs_n, mask=mask_n, other=0)
+        off = kv_off + slots[:, None] * stride_ks + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + off, mask=kv_mask, other=0.0)
+        qk = scores(q, k, mask_n[None, :], scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)  # [M, BLOCK_N]
+        m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
+    return m_i, l_i, acc

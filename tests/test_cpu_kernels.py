@@ -94,6 +94,19 @@ def _scattered_pool(g, hkv, D, dtype, page_size, rows, lens, num_slots=1024):
     return kb, vb, rt
 
 
+def _new_tokens(g, H, hkv, D, dtype, kb, vb, rt, rows, prefix_lens, extend_lens):
+    """q, k, v of the new tokens (strided views of one qkv tensor, as the model passes), their K/V
+    stored in the pool first at positions prefix_lens[i] .. of each row, as the model does."""
+    qkv = torch.randn(sum(extend_lens), H + 2 * hkv, D, generator=g).to(dtype)
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for row, p, n in zip(rows, prefix_lens, extend_lens):
+        kb[:, rt[row, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[row, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    return q, k, v
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
@@ -103,13 +116,7 @@ def test_extend_with_paged_prefix_matches_reference(isa, dtype, page_size, H, hk
     prefix_lens, extend_lens, rows = [0, 33, 1, 200, 16], [5, 1, 40, 17, 16], [3, 0, 4, 1, 2]
     kb, vb, rt = _scattered_pool(g, hkv, D, dtype, page_size, rows, [p + n for p, n in zip(prefix_lens, extend_lens)])
     T = sum(extend_lens)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).to(dtype)
-    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
-    start = 0
-    for row, p, n in zip(rows, prefix_lens, extend_lens):  # the new tokens' K/V are stored first, as the model does
-        kb[:, rt[row, p : p + n]] = k[start : start + n].transpose(0, 1)
-        vb[:, rt[row, p : p + n]] = v[start : start + n].transpose(0, 1)
-        start += n
+    q, k, v = _new_tokens(g, H, hkv, D, dtype, kb, vb, rt, rows, prefix_lens, extend_lens)
     starts = torch.tensor([sum(extend_lens[:i]) for i in range(5)])
     prefix = cpu_kernels.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens))
     want = paged_attention_ref(q, kb, vb, rt, rows, prefix_lens, extend_lens, D ** -0.5)
@@ -258,13 +265,7 @@ def test_cascade_extend_matches_reference(isa, dtype, page_size, H, hkv, D):
                                    [c + n for c, n in zip(cached_tails, extend_lens)], rows)
     prefix_lens = [s - n for s, n in zip(seq, extend_lens)]
     T = sum(extend_lens)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).to(dtype)
-    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
-    start = 0
-    for row, p, n in zip(rows, prefix_lens, extend_lens):  # the new tokens' K/V are stored first, as the model does
-        kb[:, rt[row, p : p + n]] = k[start : start + n].transpose(0, 1)
-        vb[:, rt[row, p : p + n]] = v[start : start + n].transpose(0, 1)
-        start += n
+    q, k, v = _new_tokens(g, H, hkv, D, dtype, kb, vb, rt, rows, prefix_lens, extend_lens)
     starts = [sum(extend_lens[:i]) for i in range(5)]
     plan = plan_cascade(rt, rows, prefix_lens, starts, extend_lens, min_shared=16)
     assert plan is not None and plan.num_groups == 2 and plan.max_group_rows == 156

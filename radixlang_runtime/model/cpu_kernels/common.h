@@ -186,6 +186,47 @@ static inline int64_t extend_query_block(const int64_t *lens, int64_t R, int64_t
     return qb;
 }
 
+/* The work of one extend call (extend_attention.c, extend_impl.h). Per segment r: npool[r] pool keys
+ * (positions k_begin[r] .. prefix_lens[r] - 1), nkeys[r] = npool[r] + its new keys (lens[r] when the
+ * call has new tokens), nal[r] = nkeys[r] rounded up to `align`; pk_off[r]: where its block packed
+ * ahead starts (Hkv blocks of words_per_key * nal[r] words). Only segments read by more than one query
+ * block are packed ahead (ahead[r] = nal[r], else 0): the others pack in their one attend task, while
+ * the keys stay in cache. Tasks: pack_task (segment, KV head, kc keys) over the packed-ahead segments,
+ * task_off (segment, KV head, qb queries). max_al / own_al: the largest nal, and among the others. */
+typedef struct {
+    int64_t *npool, *nkeys, *nal, *ahead, *pk_off, *pack_task, *task_off;
+    int64_t qb, max_al, own_al;
+} extend_plan;
+
+static inline void extend_plan_free(extend_plan *p) {
+    free(p->npool), free(p->pack_task), free(p->task_off);
+}
+
+/* 0, or -2 when memory runs out (extend_plan_free is then still safe to call). */
+static inline int extend_plan_make(extend_plan *p, const int64_t *lens, int64_t R, int64_t Hkv,
+                                   const int64_t *prefix_lens, const int64_t *k_begin, int has_new, int64_t align,
+                                   int64_t words_per_key, int64_t max_qb, int64_t kc) {
+    memset(p, 0, sizeof *p);
+    p->npool = (int64_t *)malloc(sizeof(int64_t) * (size_t)(5 * R + 1));
+    if (!p->npool) return -2;
+    p->nkeys = p->npool + R, p->nal = p->npool + 2 * R, p->ahead = p->npool + 3 * R, p->pk_off = p->npool + 4 * R;
+    p->qb = extend_query_block(lens, R, Hkv, max_qb);
+    p->max_al = p->own_al = align;
+    p->pk_off[0] = 0;
+    for (int64_t r = 0; r < R; r++) {
+        p->npool[r] = prefix_lens ? prefix_lens[r] - (k_begin ? k_begin[r] : 0) : 0;
+        p->nkeys[r] = p->npool[r] + (has_new ? lens[r] : 0);
+        p->nal[r] = (p->nkeys[r] + align - 1) / align * align;
+        p->max_al = p->nal[r] > p->max_al ? p->nal[r] : p->max_al;
+        p->ahead[r] = lens[r] > p->qb ? p->nal[r] : 0;
+        if (!p->ahead[r]) p->own_al = p->nal[r] > p->own_al ? p->nal[r] : p->own_al;
+        p->pk_off[r + 1] = p->pk_off[r] + Hkv * words_per_key * p->ahead[r];
+    }
+    p->pack_task = extend_task_offsets(p->ahead, R, Hkv, kc);
+    p->task_off = extend_task_offsets(lens, R, Hkv, p->qb);
+    return p->pack_task && p->task_off ? 0 : -2;
+}
+
 static inline int64_t extend_task_request(const int64_t *off, int64_t R, int64_t task) {
     int64_t r = 0, lo = 0, hi = R - 1;
     while (lo <= hi) {

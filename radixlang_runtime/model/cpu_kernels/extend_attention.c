@@ -123,37 +123,21 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (D % 32 != 0 || D > 256 || H % Hkv != 0) return -1;
     const int64_t G = H / Hkv, P = D / 2, J = D / 16;
-    /* per segment: pool keys, all keys n, n16 = n rounded up to 16, offset of its packed block
-     * (only segments with more than one query block are packed ahead; the others pack in their task) */
-    int64_t *npool = (int64_t *)malloc(sizeof(int64_t) * (size_t)(5 * R + 1));
-    if (!npool) return -2;
-    int64_t *nkeys = npool + R, *n16s = npool + 2 * R, *ahead = npool + 3 * R, *pk_off = npool + 4 * R;
-    int64_t max16 = 16, own16 = 16;
-    const int64_t QB = extend_query_block(lens, R, Hkv, MAX_QB);
-    /* keys c0 .. c1 - 1 of segment r, KV head h, into kt [P][n16] and vt [n16/2][D] (c0, c1 even) */
-#define pack_keys(r, h, c0, c1, kt, vt) \
-    pack_keys_bf16(k_pool, v_pool, N, np_slots(r), npool[r], nkeys[r], n16s[r], k, k_stride, v, v_stride, \
-                   starts[r], h, D, c0, c1, kt, vt)
-#define np_slots(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
-    pk_off[0] = 0;
-    for (int64_t r = 0; r < R; r++) {
-        npool[r] = prefix_lens ? prefix_lens[r] - (k_begin ? k_begin[r] : 0) : 0;
-        nkeys[r] = npool[r] + (k ? lens[r] : 0);
-        n16s[r] = (nkeys[r] + 15) / 16 * 16;
-        max16 = n16s[r] > max16 ? n16s[r] : max16;
-        const int shared = lens[r] > QB;
-        ahead[r] = shared ? n16s[r] : 0;
-        if (!shared) own16 = n16s[r] > own16 ? n16s[r] : own16;
-        pk_off[r + 1] = pk_off[r] + Hkv * D * ahead[r]; /* uint32 words: K [P][n16] then V [n16/2][D] per head */
-    }
-    uint32_t *packed = (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (size_t)(pk_off[R] > 0 ? pk_off[R] : 16));
-    int64_t *pack_task = extend_task_offsets(ahead, R, Hkv, KC);
-    int64_t *task_off = extend_task_offsets(lens, R, Hkv, QB);
-    int err = 0;
-    if (!packed || !pack_task || !task_off) {
+    /* segments and tasks (common.h); per KV head a block of D uint32 words per key: K [P][n16], V [n16/2][D] */
+    extend_plan pl;
+    int err = extend_plan_make(&pl, lens, R, Hkv, prefix_lens, k_begin, k != NULL, 16, D, MAX_QB, KC);
+    uint32_t *packed = err ? NULL : (uint32_t *)aligned_alloc(64, sizeof(uint32_t) * (size_t)(pl.pk_off[R] > 0 ? pl.pk_off[R] : 16));
+    if (!packed) {
         err = -2;
         goto done;
     }
+    const int64_t *npool = pl.npool, *nkeys = pl.nkeys, *n16s = pl.nal, *ahead = pl.ahead, *pk_off = pl.pk_off;
+    const int64_t *pack_task = pl.pack_task, *task_off = pl.task_off, QB = pl.qb, max16 = pl.max_al, own16 = pl.own_al;
+    /* keys c0 .. c1 - 1 of segment r, KV head h, into kt [P][n16] and vt [n16/2][D] (c0, c1 even) */
+#define np_slots(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
+#define pack_keys(r, h, c0, c1, kt, vt) \
+    pack_keys_bf16(k_pool, v_pool, N, np_slots(r), npool[r], nkeys[r], n16s[r], k, k_stride, v, v_stride, \
+                   starts[r], h, D, c0, c1, kt, vt)
 #pragma omp parallel
     {
 #pragma omp for schedule(dynamic, 1)
@@ -247,7 +231,8 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
 done:
 #undef pack_keys
 #undef np_slots
-    free(packed), free(pack_task), free(task_off), free(npool);
+    free(packed);
+    extend_plan_free(&pl);
     return err;
 #else
     (void)q, (void)q_stride, (void)k, (void)k_stride, (void)v, (void)v_stride, (void)starts, (void)lens, (void)R, (void)H;

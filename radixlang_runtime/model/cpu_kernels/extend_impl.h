@@ -49,28 +49,17 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                                 const int64_t *req_rows, const int64_t *prefix_lens, const int64_t *k_begin,
                                 const int64_t *q_index, float *lse_out, const ELEM *prior_o, const float *prior_lse) {
     if (D > 256 || H % Hkv != 0) return -1;
-    const int64_t G = H / Hkv, QB = extend_query_block(lens, R, Hkv, 64), KC = 256;
-    /* segments with more than one query block are packed ahead; the others pack in their task */
-    int64_t *npool = (int64_t *)malloc(sizeof(int64_t) * (size_t)(4 * R + 1));
-    if (!npool) return -2;
-    int64_t *nkeys = npool + R, *ahead = npool + 2 * R, *pk_off = npool + 3 * R, max_n = 1, own_n = 1;
-    pk_off[0] = 0;
-    for (int64_t r = 0; r < R; r++) {
-        npool[r] = prefix_lens ? prefix_lens[r] - (k_begin ? k_begin[r] : 0) : 0;
-        nkeys[r] = npool[r] + (k ? lens[r] : 0);
-        max_n = nkeys[r] > max_n ? nkeys[r] : max_n;
-        ahead[r] = lens[r] > QB ? nkeys[r] : 0;
-        if (!ahead[r]) own_n = nkeys[r] > own_n ? nkeys[r] : own_n;
-        pk_off[r + 1] = pk_off[r] + Hkv * 2 * D * ahead[r]; /* floats: K [D][n] then V [n][D] per head */
-    }
-    float *packed = (float *)malloc(sizeof(float) * (size_t)(pk_off[R] > 0 ? pk_off[R] : 1));
-    int64_t *pack_task = extend_task_offsets(ahead, R, Hkv, KC);
-    int64_t *task_off = extend_task_offsets(lens, R, Hkv, QB);
-    int err = 0;
-    if (!packed || !pack_task || !task_off) {
+    const int64_t G = H / Hkv, KC = 256;
+    /* segments and tasks (common.h); per KV head a block of 2 D floats per key: K [D][n], V [n][D] */
+    extend_plan pl;
+    int err = extend_plan_make(&pl, lens, R, Hkv, prefix_lens, k_begin, k != NULL, 1, 2 * D, 64, KC);
+    float *packed = err ? NULL : (float *)malloc(sizeof(float) * (size_t)(pl.pk_off[R] > 0 ? pl.pk_off[R] : 1));
+    if (!packed) {
         err = -2;
         goto done;
     }
+    const int64_t *npool = pl.npool, *nkeys = pl.nkeys, *ahead = pl.ahead, *pk_off = pl.pk_off;
+    const int64_t *pack_task = pl.pack_task, *task_off = pl.task_off, QB = pl.qb, max_n = pl.max_al, own_n = pl.own_al;
 #pragma omp parallel
     {
 #pragma omp for schedule(dynamic, 1)
@@ -186,7 +175,8 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
         free(sc), free(own);
     }
 done:
-    free(packed), free(pack_task), free(task_off), free(npool);
+    free(packed);
+    extend_plan_free(&pl);
     return err;
 }
 #undef PRB
