@@ -55,3 +55,13 @@ def prefix_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torc
         o[idx] = (scores.softmax(-1) @ v).transpose(0, 1)
         lse[idx] = scores.logsumexp(-1).transpose(0, 1)
     return o, lse
+
+
+def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Cascade attention's merge (radixlang_runtime/model/attention/cascade.py): two normalised
+    outputs o [T, H, D] over disjoint keys with their log-sum-exp lse [T, H] (-inf: no keys) ->
+    the output over all keys, float32. The kernels merge in place of this."""
+    m = torch.maximum(lse_a, lse_b)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    return (o_a.float() * wa[..., None] + o_b.float() * wb[..., None]) / (wa + wb)[..., None]

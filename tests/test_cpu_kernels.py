@@ -242,7 +242,8 @@ def test_cascade_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
     assert sorted(plan.group_lens.tolist()) == [33 // page_size * page_size if page_size > 1 else 33, 80] or page_size > 1
     q = torch.randn(6, H, D, generator=g).to(dtype)
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0
-    prior = cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp)
+    prior = cpu_kernels.empty_prior(*q.shape, dtype)
+    cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
     got = cpu_kernels.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(lens), D ** -0.5, plan.k_begin, prior)
     want = paged_attention_ref(q, kb, vb, rt, rows, [n - 1 for n in lens], [1] * 6, D ** -0.5)
     torch.testing.assert_close(got.float(), want, **_tol(dtype))
@@ -270,7 +271,8 @@ def test_cascade_extend_matches_reference(isa, dtype, page_size, H, hkv, D):
     plan = plan_cascade(rt, rows, prefix_lens, starts, extend_lens, min_shared=16)
     assert plan is not None and plan.num_groups == 2 and plan.max_group_rows == 156
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0
-    prior = cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp)
+    prior = cpu_kernels.empty_prior(*q.shape, dtype)
+    cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
     prefix = cpu_kernels.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens), plan.k_begin)
     got = cpu_kernels.extend_causal(q, k, v, torch.tensor(starts), torch.tensor(extend_lens), D ** -0.5, prefix, dp,
                                     prior)
@@ -281,8 +283,9 @@ def test_cascade_extend_matches_reference(isa, dtype, page_size, H, hkv, D):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     """The shared part's log-sum-exp is the scores' (checked against torch), and merging two halves of
-    a sequence with cascade.merge_states gives attention over the whole."""
-    from radixlang_runtime.model.attention.cascade import CascadePlan, merge_states
+    a sequence with the reference merge_states gives attention over the whole."""
+    from kernels.reference import merge_states
+    from radixlang_runtime.model.attention.cascade import CascadePlan
 
     g = torch.Generator().manual_seed(6)
     H, hkv, D, L = 4, 2, 64, 90
@@ -291,9 +294,10 @@ def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     rt = torch.randperm(256, generator=g)[:L].view(1, L).clone()
     q = torch.randn(3, H, D, generator=g).to(dtype)
     t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    plan = CascadePlan(t([0]), t([50]), t([0, 2]), t([0, 2]), t([50, 0, 50]), 2, 50)
+    plan = CascadePlan(t([0]), t([50]), t([0, 2]), t([0, 2]), t([2]), t([50, 0, 50]), 2, 50)
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16
-    o, lse = cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp)
+    o, lse = cpu_kernels.empty_prior(*q.shape, dtype)
+    cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, (o, lse))
     k = kb[:, rt[0, :50]].float().repeat_interleave(H // hkv, 0)  # [H, 50, D]
     s = torch.einsum("bhd,hld->bhl", q.float(), k) * D ** -0.5
     torch.testing.assert_close(lse[[0, 2]], torch.logsumexp(s[[0, 2]], -1), **_tol(dtype))

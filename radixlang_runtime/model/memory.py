@@ -15,6 +15,7 @@ to be zero-filled at start: 1 GiB of RSS before the first request (measured: pea
 
 from __future__ import annotations
 
+import math
 import resource
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -65,9 +66,7 @@ def cpu_kv_budget(fraction: Optional[float], available: Optional[int]) -> int:
 
 def kv_block(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One tensor for every layer's K and V: zero-filled when small, lazily zero (OS pages) when large."""
-    nbytes = torch.empty((), dtype=dtype).element_size()
-    for s in shape:
-        nbytes *= s
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if device.type == "cpu" and nbytes >= LAZY_BYTES:
         return torch.empty(shape, dtype=dtype, device=device)  # a fresh mmap: zero pages until written
     return torch.zeros(shape, dtype=dtype, device=device)

@@ -124,6 +124,7 @@ class ModelRunner:
             deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
+        self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
 
         self.available_after_warmup: Optional[int] = None
         if self._sizes_pool_from_memory():
@@ -192,7 +193,7 @@ class ModelRunner:
         pool = self.kv_pool
         per_slot = pool.nbytes // max(1, pool.num_slots)
         return memory.MemoryBreakdown(
-            weights=memory.weights_bytes(self.model), kv_pool=pool.nbytes, kv_touched=touched_slots * per_slot,
+            weights=self.weights_bytes, kv_pool=pool.nbytes, kv_touched=touched_slots * per_slot,
             table=pool.req_to_token.numel() * pool.req_to_token.element_size(),
             available_after_warmup=self.available_after_warmup, rss=memory.rss_bytes(),
             peak_rss=memory.peak_rss_bytes()).to_dict()

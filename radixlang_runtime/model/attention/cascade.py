@@ -7,7 +7,8 @@ plain kernel reads that prefix once per request; here it is read once per group:
      group (no causal mask: each member's new tokens sit at positions >= P_g), giving a normalised
      output o_s and its log-sum-exp lse_s per (row, head);
   2. own part: each request attends to positions [k_begin, L) as before (causal for extend);
-  3. merge by log-sum-exp (the kernels of part 2 take part 1's result as a "prior"):
+  3. merge by log-sum-exp (the kernels of part 2 take part 1's result as a "prior"; the reference
+     is kernels/reference.merge_states):
         m = max(lse_s, lse_o);  o = (o_s e^(lse_s - m) + o_o e^(lse_o - m)) / (e^(lse_s - m) + e^(lse_o - m))
      A row outside every group has lse_s = -inf, so its prior weighs nothing.
 
@@ -38,6 +39,7 @@ class CascadePlan:
     group_lens: torch.Tensor  # [Gn] P_g >= MIN_SHARED
     q_index: torch.Tensor  # [E] rows of q (token rows) of each group's members, group after group
     group_starts: torch.Tensor  # [Gn + 1] offsets into q_index
+    group_counts: torch.Tensor  # [Gn] query rows of each group (group_starts' differences)
     k_begin: torch.Tensor  # [B] first position of each request's own part (P_g in a group, else 0)
     max_group_rows: int  # host: the most query rows in one group (sizes GPU grids without a sync)
     max_shared: int  # host: max P_g
@@ -109,13 +111,4 @@ def plan_cascade(req_to_token: torch.Tensor, req_rows: list[int], shareable: lis
         return torch.tensor(x, dtype=torch.int64, device=dev)
 
     return CascadePlan(t([req_rows[m[0]] for m, _ in groups]), t([p for _, p in groups]), t(q_index), t(starts),
-                       t(k_begin), max(b - a for a, b in zip(starts, starts[1:])), max(p for _, p in groups))
-
-
-def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """The reference merge: o [T, H, D], lse [T, H] float32 (-inf: no keys) -> merged o float32.
-    Kernels merge in place of this; tests check them against it."""
-    m = torch.maximum(lse_a, lse_b)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
-    return (o_a.float() * wa[..., None] + o_b.float() * wb[..., None]) / (wa + wb)[..., None]
+                       t([b - a for a, b in zip(starts, starts[1:])]), t(k_begin), max(b - a for a, b in zip(starts, starts[1:])), max(p for _, p in groups))

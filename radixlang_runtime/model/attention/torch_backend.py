@@ -49,11 +49,16 @@ class ExtendMeta:
     kernel_lens: Optional[torch.Tensor] = None
     kernel_prefix_lens: Optional[torch.Tensor] = None
     cascade: Optional[CascadePlan] = None  # requests sharing cached slots (C kernel path only)
+    prior: Optional[cpu_kernels.Prior] = None  # with a plan: the shared part's output, rewritten by every layer
 
 
 @dataclass
 class CDecodeMeta:
-    cascade: Optional[CascadePlan]  # the C decode kernel reads req_to_token itself; only the groups are planned
+    """The C decode kernel reads req_to_token itself: only the groups are planned."""
+
+    cascade: Optional[CascadePlan] = None
+    prior: Optional[cpu_kernels.Prior] = None  # with a plan: see ExtendMeta.prior
+    rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # deterministic mode: arange(B), ones(B)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -73,12 +78,15 @@ class TorchAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         pool = fb.kv_pool
         if fb.is_decode and self.c_decode:
-            plan = None
-            if self.cascade:
-                B = fb.batch_size
-                plan = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
-                                    list(range(B)), [1] * B)
-            fb.attn_meta = CDecodeMeta(plan)
+            B = fb.batch_size
+            meta = CDecodeMeta()
+            if self.rows_like_extend:
+                meta.rows = torch.arange(B, dtype=torch.int64), torch.ones(B, dtype=torch.int64)
+            elif self.cascade:
+                meta.cascade = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
+                                            list(range(B)), [1] * B)
+                meta.prior = self._prior(meta.cascade, B, pool)
+            fb.attn_meta = meta
             return
         if fb.is_decode:
             max_len = max(fb.seq_lens_cpu)
@@ -98,7 +106,8 @@ class TorchAttentionBackend(AttentionBackend):
                                     fb.extend_lens_cpu)
             fb.attn_meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
                                       torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
-                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan)
+                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan,
+                                      self._prior(plan, int(fb.input_ids.shape[0]), pool))
             return
         starts, slots, masks = [], [], []
         off = 0
@@ -117,20 +126,24 @@ class TorchAttentionBackend(AttentionBackend):
         uniform = fresh and len(set(fb.extend_lens_cpu)) == 1
         fb.attn_meta = ExtendMeta(uniform, starts, slots, masks)
 
+    def _prior(self, plan: Optional[CascadePlan], T: int, pool) -> Optional[cpu_kernels.Prior]:
+        if plan is None:
+            return None
+        return cpu_kernels.empty_prior(T, self.num_heads, self.head_dim, pool.k_buffers[0].dtype)
+
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         B, H, D = q.shape
         if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
-            pool = fb.kv_pool
-            kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], fb.attn_meta.cascade
-            if self.rows_like_extend:
-                o = cpu_kernels.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                                    self.dpbf16)
+            pool, cm = fb.kv_pool, fb.attn_meta
+            kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
+            if cm.rows is not None:
+                o = cpu_kernels.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
+                                                    self.scale, self.dpbf16)
                 return o.view(B, H * D)
-            prior = None
             if plan is not None:
-                prior = cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16)
+                cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, cm.prior)
             o = cpu_kernels.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                        None if plan is None else plan.k_begin, prior)
+                                        None if plan is None else plan.k_begin, cm.prior)
             return o.view(B, H * D)
         meta: DecodeMeta = fb.attn_meta
         hkv, L = self.num_kv_heads, meta.max_len
@@ -149,16 +162,16 @@ class TorchAttentionBackend(AttentionBackend):
         T, H, D = q.shape
         hkv = self.num_kv_heads
         if meta.kernel_starts is not None:  # the C kernel
-            prefix, prior, plan = None, None, meta.cascade
+            prefix, plan = None, meta.cascade
             if meta.kernel_prefix_lens is not None:
                 pool = fb.kv_pool
                 kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
                 if plan is not None:
-                    prior = cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16)
+                    cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, meta.prior)
                 prefix = cpu_kernels.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
                                                  None if plan is None else plan.k_begin)
             return cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
-                                             self.dpbf16, prior)
+                                             self.dpbf16, meta.prior)
         if meta.uniform:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]

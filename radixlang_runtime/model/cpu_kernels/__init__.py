@@ -298,31 +298,32 @@ def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tor
     return out
 
 
+def empty_prior(T: int, H: int, D: int, dtype: torch.dtype) -> Prior:
+    """A prior that weighs nothing: o zeros [T, H, D], lse -inf [T, H] float32 (shared_prefix fills the
+    grouped rows; one per step serves every layer, as each layer rewrites the same rows)."""
+    return torch.zeros(T, H, D, dtype=dtype), torch.full((T, H), float("-inf"), dtype=torch.float32)
+
+
 def shared_prefix(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
-                  plan: "CascadePlan", scale: float, dpbf16: bool = False) -> Prior:
+                  plan: "CascadePlan", scale: float, dpbf16: bool, prior: Prior) -> None:
     """Cascade attention's shared part (attention/cascade.py): every row of q [T, H, D] listed in
-    plan.q_index attends to positions 0 .. P_g - 1 of its group's table row, no causal mask.
-    Returns the prior (o [T, H, D] like q, lse [T, H] float32); rows outside every group keep lse -inf."""
-    T, H, D = q.shape
-    o = torch.zeros(T, H, D, dtype=q.dtype)
-    lse = torch.full((T, H), float("-inf"), dtype=torch.float32)
-    counts = plan.group_starts[1:] - plan.group_starts[:-1]
+    plan.q_index attends to positions 0 .. P_g - 1 of its group's table row, no causal mask; its
+    output and log-sum-exp go into those rows of `prior` (empty_prior), the other rows are untouched."""
     prefix = PagedPrefix(k_pool, v_pool, req_to_token, plan.group_rows, plan.group_lens)
-    _extend_call(q, None, plan.group_starts, counts, k_pool.shape[0], scale, prefix, dpbf16, o,
-                 q_index=plan.q_index, lse_out=lse)
-    return o, lse
+    _extend_call(q, None, plan.group_starts, plan.group_counts, k_pool.shape[0], scale, prefix, dpbf16, prior[0],
+                 q_index=plan.q_index, lse_out=prior[1])
 
 
 def pool_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
-                        req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, dpbf16: bool = False) -> torch.Tensor:
+                        req_rows: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor, ones: torch.Tensor,
+                        scale: float, dpbf16: bool = False) -> torch.Tensor:
     """Decode through the extend kernel: row b of q [B, H, D] attends to positions 0 .. seq_lens[b] - 1
-    of table row req_rows[b], all in the pool. Each row gets exactly the arithmetic an extend gives
-    the same token (the deterministic mode: a token's output never depends on which kernel ran it)."""
-    B = q.shape[0]
+    of table row req_rows[b], all in the pool (rows = arange(B), ones = [1] * B: one segment per row).
+    Each row gets exactly the arithmetic an extend gives the same token (the deterministic mode: a
+    token's output never depends on which kernel ran it)."""
     out = torch.empty_like(q)
-    ones = torch.ones(B, dtype=torch.int64)
     prefix = PagedPrefix(k_pool, v_pool, req_to_token, req_rows, seq_lens)
-    _extend_call(q, None, torch.arange(B, dtype=torch.int64), ones, k_pool.shape[0], scale, prefix, dpbf16, out)
+    _extend_call(q, None, rows, ones, k_pool.shape[0], scale, prefix, dpbf16, out)
     return out
 
 
