@@ -181,6 +181,46 @@ def test_int8_linear_module_both_paths(isa):
         torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 40, 33), (16, 1536, 64), (5, 2, 31), (4, 13, 70)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_gemv_matches_matmul(isa, dtype, M, K, N, bias):
+    """gemv_dense.c on its tiled copy (ragged last tile, odd K in float32, bias, strided rows, both
+    bf16 bodies) against a float32 matmul of the same values."""
+    if dtype == torch.bfloat16 and K % 2:
+        with pytest.raises(ValueError, match="even K"):
+            cpu_kernels.dense_tiles(torch.zeros(N, K, dtype=dtype))
+        return
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    b = torch.randn(N, generator=g).to(dtype) if bias else None
+    x = torch.randn(M, 2 * K, generator=g).to(dtype)[:, ::2] if K > 2 else torch.randn(M, K, generator=g).to(dtype)
+    tiles = cpu_kernels.dense_tiles(w)
+    assert tiles.shape[0] == -(-N // cpu_kernels.DENSE_TILE)
+    want = x.float() @ w.float().T + (b.float() if bias else 0)
+    tol = dict(rtol=1e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
+    for portable in ([False, True] if dtype == torch.bfloat16 else [False]):
+        got = cpu_kernels.dense_gemv(x, tiles, N, b, portable=portable)
+        assert got is not None and got.dtype == dtype and got.shape == (M, N)
+        torch.testing.assert_close(got.float(), want, **tol)
+    assert cpu_kernels.dense_gemv(torch.randn(17, K).to(dtype), tiles, N) is None  # above the kernel's M
+
+
+def test_packed_linear_with_tiles_both_paths(isa):
+    """PackedLinear with dense tiles: decode-sized batches run the tiles, larger ones oneDNN; same values."""
+    from radixlang_runtime.model.packed_linear import PackedLinear, packing_available
+
+    if not packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("oneDNN prepacking unavailable")
+    g = torch.Generator().manual_seed(9)
+    w, b = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
+    lin = PackedLinear(w, b, tiles=True)
+    assert lin.tiles is not None
+    for M in (1, 16, 17, 200):
+        x = torch.randn(M, 64, generator=g)
+        torch.testing.assert_close(lin(x), x @ w.T + b, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 64, 33), (16, 1536, 7), (5, 32, 4)])

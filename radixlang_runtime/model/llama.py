@@ -38,6 +38,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # float32 statistics inside; HF rounds to the input dtype before the weight multiply, so
         # bf16 results may differ from HF in the last bit.
+        if self.use_cpu_kernel and x.dim() == 2 and x.is_contiguous():
+            return cpu_kernels.add_rms_norm(None, x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -158,6 +160,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
         self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
+        self.fused_decode = None  # model/fused_decode.FusedDecode, set by the runner where it applies
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for
@@ -174,9 +177,12 @@ class LlamaForCausalLM(nn.Module):
         (all T rows when None). Tensor parallel: [R, vocab_count], this rank's vocab rows."""
         residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
         fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
-        h = None
-        for layer in self.layers:
-            h = layer(h, residual, fb)
+        if self.fused_decode is not None and self.fused_decode.applies(fb):
+            h = self.fused_decode.run(residual, fb)  # the same kernels, one C call per layer
+        else:
+            h = None
+            for layer in self.layers:
+                h = layer(h, residual, fb)
         if logit_rows is not None:
             h, residual = h[logit_rows], residual[logit_rows]
         x = self.norm.add_forward(h, residual)
@@ -191,13 +197,14 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, (RMSNorm, MLP)):
                 m.use_cpu_kernel = True
 
-    def pack_for_cpu(self) -> int:
-        """Prepack every projection (and the output head, tied or not) for oneDNN; see packed_linear."""
+    def pack_for_cpu(self, tiles: bool = False) -> int:
+        """Prepack every projection (and the output head, tied or not) for oneDNN, plus dense tiles for
+        decode-sized batches when `tiles`; see packed_linear."""
         from radixlang_runtime.model.packed_linear import PackedLinear, pack_linears
 
-        n = pack_linears(self.layers)
+        n = pack_linears(self.layers, tiles)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self.head = PackedLinear(w, None)
+        self.head = PackedLinear(w, None, tiles)
         self.lm_head = None  # an untied head now lives only in its packed copy
         return n + 1
 

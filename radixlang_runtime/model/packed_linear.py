@@ -12,6 +12,14 @@ M=1 656 -> 324 us, M=64 2300 -> 1180 us, M=1024 ~1.2x; the tied 49152 x 576 head
 A batch-size hint of 16 packs best for every M measured (1 .. 1024: hint 1 loses 20% at M=64-1024).
 Sums are ordered differently from MKL's, so fp32 logits differ from transformers' in the last bits
 (greedy parity tests still hold token for token).
+
+Decode-sized batches (M <= cpu_kernels.DENSE_MAX_M) run gemv_dense.c on a second, tiled copy of the
+weight (`tiles=True`; the runner asks for it wherever the C kernels load, except in the deterministic
+mode): decode is bandwidth-bound and oneDNN's packed GEMV streamed 17-26 GB/s. Measured (SmolLM2
+shapes, 30 distinct weights per shape so they come from DRAM, 2 threads, us per call, oneDNN ->
+tiles): bf16 M=1 qkv 52 -> 21, o 28 -> 12, gate_up 156 -> 109, down 72 -> 45, head 2276 -> 1695
+(~30-33 GB/s: this VM's read bandwidth); M=16 gate_up 214 -> 168; float32 M=1 gate_up 283 -> 166,
+head 3453 -> 1991. The cost: the weights are held twice (+2 bytes per bf16 weight).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from typing import Callable, Optional
 
 import torch
 from torch import nn
+
+from radixlang_runtime.model import cpu_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +52,23 @@ class PackedLinear(nn.Module):
     # differently from every M >= 2; measured, see model/deterministic.py).
     pad_single_row = False
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tiles: bool = False):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        # cpu_kernels.dense_tiles(weight) for decode-sized batches (see the module docstring), or None
+        self.tiles: Optional[torch.Tensor] = None
+        if tiles and (weight.dtype == torch.float32 or self.in_features % 2 == 0):
+            self.tiles = cpu_kernels.dense_tiles(weight)
         # [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor); batch-size hint: see above.
         hint = 16 if weight.dtype == torch.float32 else 1
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None and x.shape[0] <= cpu_kernels.DENSE_MAX_M:
+            y = cpu_kernels.dense_gemv(x, self.tiles, self.out_features, self.bias)
+            if y is not None:
+                return y
         if self.pad_single_row and x.shape[0] == 1:
             return self._run(x.expand(2, -1))[:1]
         return self._run(x)
@@ -71,6 +89,11 @@ def replace_linears(module: nn.Module, make: Callable[[torch.Tensor, Optional[to
     return count
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Replace every nn.Linear under `module` by a PackedLinear; returns how many."""
-    return replace_linears(module, PackedLinear)
+def dense_tiles_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """gemv_dense.c runs here: the CPU kernels loaded, bf16 or float32."""
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) and cpu_kernels.load() is not None
+
+
+def pack_linears(module: nn.Module, tiles: bool = False) -> int:
+    """Replace every nn.Linear under `module` by a PackedLinear (with dense tiles: see above); returns how many."""
+    return replace_linears(module, lambda w, b: PackedLinear(w, b, tiles))

@@ -23,10 +23,11 @@ from radixlang_runtime.model.attention import create_attention_backend
 from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
+from radixlang_runtime.model.fused_decode import FusedDecode
 from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
 from radixlang_runtime.model.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.sample_step import sample_step
-from radixlang_runtime.model.packed_linear import packing_available
+from radixlang_runtime.model.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.parallel import TPGroup, make_shard
 from radixlang_runtime.model.weights import SafetensorsDir
 from radixlang_runtime.model.sampler import Sampler
@@ -109,9 +110,11 @@ class ModelRunner:
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
             logger.info("%d linear weights run on the GGUF file's blocks", model.use_gguf_blocks(self._gguf_blocks(args)))
-        elif packed:
-            logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu())
-        self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed)
+        tiles = packed and dense_tiles_available(self.device, self.dtype) and not args.enable_deterministic_inference
+        if packed:
+            logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
+        self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
+                                          tiles)
         if args.quantization is not None:
             kernel = f"c:{detect().isa}" if cpu_kernels.load() is not None and self.device.type == "cpu" else "torch"
             fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
@@ -122,6 +125,10 @@ class ModelRunner:
             backend.configure(self.cpu_paths)
         if args.enable_deterministic_inference:
             deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
+        if self.device.type == "cpu" and self.cpu_paths.c_decode:
+            model.fused_decode = FusedDecode.build(model, self.dtype)
+            if model.fused_decode is not None:
+                self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {cpu_kernels.DENSE_MAX_M})")
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
         self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once

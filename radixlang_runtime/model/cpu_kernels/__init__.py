@@ -8,7 +8,9 @@
   part's result as a prior to merge (attention/cascade.py);
 - norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32);
 - gemv.c (+ gemv_impl.h): weight-streaming linears for decode-sized batches (M <= 16), bf16 and
-  float32 activations: weight-only int8 (qlinear_int8) and GGUF Q4_1 / Q8_0 blocks (gguf_gemv).
+  float32 activations: weight-only int8 (qlinear_int8) and GGUF Q4_1 / Q8_0 blocks (gguf_gemv);
+- gemv_dense.c: the same for dense bf16 / float32 weights, on a tiled copy (dense_tiles, dense_gemv);
+- decode_layer.c: a whole decoder layer of a decode-sized batch in one call (model/fused_decode.py).
 All *.c files compile once into one library for exactly the feature set cpu_caps.detect() allows
 (`kernel_cflags`, never -march=native), cached under a key of the sources, the compiler, the flags
 and the CPU's features. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -112,6 +114,13 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         norm.restype, act.restype = None, None
         norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         act.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    for name in ("decode_layer_bf16", "decode_layer_f32"):  # (weights*, step*, residual, h or NULL, out)
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 5
+    for name in ("dense_gemv_bf16", "dense_gemv_portable_bf16", "dense_gemv_f32"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     return lib
 
 
@@ -127,6 +136,7 @@ class CpuPaths:
     norm: str
     activation: str
     linear: str
+    decode_layer: str = "modules"  # "c:<isa> (M <= n)": decode-sized steps in one call per layer (fused_decode.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,10 +155,13 @@ class CpuPaths:
 
 
 def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int,
-         packed_linears: bool) -> CpuPaths:
+         packed_linears: bool, dense_tiles: bool = False) -> CpuPaths:
     """The path of each operation. A C kernel is chosen only where the library loaded, the dtype has an
     entry point and the kernel's own limits (D <= 256, H / Hkv <= 32, whole GQA groups) hold."""
     linear = "onednn:prepacked" if packed_linears else "torch:F.linear"
+    if dense_tiles:
+        dp = "+dpbf16" if dtype == torch.bfloat16 and detect().isa == "avx512_bf16" else ""
+        linear += f", c:{detect().isa}{dp} dense tiles (M <= {DENSE_MAX_M})"
     if device.type != "cpu":
         return CpuPaths("backend", "backend", "torch", "torch", linear)
     caps = detect()
@@ -248,6 +261,47 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[cty
     """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
     x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
     return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
+
+
+DENSE_MAX_M = 16  # gemv_dense.c's limit
+DENSE_TILE = 32  # output rows per tile (gemv_dense.c's TILE)
+
+
+def dense_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bf16 (K even) or float32 -> gemv_dense.c's tiled copy: bf16 [NT, K/2, 32, 2],
+    float32 [NT, K, 32], NT = ceil(N / 32), the last tile's missing rows zero."""
+    N, K = weight.shape
+    nt = -(-N // DENSE_TILE)
+    w = torch.zeros(nt * DENSE_TILE, K, dtype=weight.dtype)
+    w[:N] = weight.detach()
+    if weight.dtype == torch.bfloat16:
+        if K % 2:
+            raise ValueError(f"bf16 dense tiles need an even K, got {K}")
+        return w.view(nt, DENSE_TILE, K // 2, 2).permute(0, 2, 1, 3).contiguous()
+    if weight.dtype != torch.float32:
+        raise ValueError(f"dense tiles are bf16 or float32, got {weight.dtype}")
+    return w.view(nt, DENSE_TILE, K).permute(0, 2, 1).contiguous()
+
+
+def dense_gemv(x: torch.Tensor, tiles: torch.Tensor, n_out: int, bias: Optional[torch.Tensor] = None,
+               portable: bool = False, lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+    """x [M, K] (rows may be strided) @ W.T (+ bias) -> [M, n_out] like x, W given as dense_tiles(W) of
+    x's dtype; None when the library is not loaded or M > DENSE_MAX_M (the caller's GEMM runs).
+    portable: the bf16 body without VDPBF16PS (tests run both)."""
+    lib = lib or _lib
+    M, K = x.shape
+    if lib is None or M > DENSE_MAX_M or M == 0:
+        return None
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(M, n_out, dtype=x.dtype)
+    if x.dtype == torch.bfloat16:
+        name = "dense_gemv_portable_bf16" if portable else "dense_gemv_bf16"
+    else:
+        name = "dense_gemv_f32"
+    rc = getattr(lib, name)(x.data_ptr(), x.stride(0), tiles.data_ptr(), _ptr(bias), out.data_ptr(), M, K, n_out)
+    _check(rc, name)
+    return out
 
 
 def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:

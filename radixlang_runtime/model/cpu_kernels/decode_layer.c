@@ -1,0 +1,183 @@
+/*
+ * One decoder layer of a decode-sized batch in a single call (decode_layer_bf16 / _f32): the layer's
+ * ~15 torch ops and kernel calls cost ~100 us of dispatch per layer, a third of a one-stream decode
+ * step once the weights stream at the memory's rate (issue 13's figures in cpu_kernels/__init__.py).
+ *
+ *   x  = rms_norm(residual += h) * in_norm          (h == NULL on the first layer: no add)
+ *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]
+ *   a  = paged_decode(q, pool, req_to_token, req_rows, seq_lens) @ Wo.T
+ *   x2 = rms_norm(residual += a) * post_norm
+ *   out = silu_mul(x2 @ Wgate_up.T) @ Wdown.T
+ *
+ * Invariant: the same kernels, in the same order, with the same rounding points as the module path
+ * (llama.DecoderLayer with PackedLinear tiles / GGUFLinear / Int8Linear, the C norm and activation
+ * kernels, Rotary.apply, KVPool.store, TorchAttentionBackend's paged decode without cascade): the
+ * result is bit-identical to it (tests/test_fused_decode.py). Rope follows torch's rounding: x * cos
+ * is rounded to the element type, then addcmul_ adds the rotated half's product with one fused
+ * multiply-add (what torch's CPU addcmul does in float32; for bf16 inputs the product is exact, so
+ * fused or not is the same) and rounds again; nothing else is contracted (fp-contract off).
+ * Shapes: residual, h, out [M, hidden]; q heads first in qkv ([M, (H + 2 Hkv) D]); cos [M, D] and
+ * sin [M, D / 2] of the rows' positions (Rotary's tables); pools [Hkv, slots, D]. M <= DENSE_MAX_M.
+ * Returns 0, -1 (a linear refused the shapes: the planner never lets that happen), -2 out of memory.
+ */
+#include "common.h"
+
+/* the other kernels of this library (gemv.c, gemv_dense.c, norm_act.c, decode_attention.c) */
+int dense_gemv_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias, uint16_t *out,
+                    int64_t M, int64_t K, int64_t N);
+int dense_gemv_f32(const float *x, int64_t xs, const float *wt, const float *bias, float *out, int64_t M, int64_t K,
+                   int64_t N);
+int gguf_gemv_bf16(const uint16_t *x, const uint8_t *w, int64_t fmt, uint16_t *out, int64_t M, int64_t K, int64_t N);
+int gguf_gemv_f32(const float *x, const uint8_t *w, int64_t fmt, float *out, int64_t M, int64_t K, int64_t N);
+int qlinear_int8_bf16(const uint16_t *x, const int8_t *w, const float *scale, uint16_t *out, int64_t M, int64_t K,
+                      int64_t N);
+int qlinear_int8_f32(const float *x, const int8_t *w, const float *scale, float *out, int64_t M, int64_t K, int64_t N);
+void add_rms_norm_bf16(uint16_t *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t T,
+                       int64_t H, float eps);
+void add_rms_norm_f32(float *residual, const float *x, const float *weight, float *out, int64_t T, int64_t H,
+                      float eps);
+void silu_mul_bf16(const uint16_t *gu, uint16_t *out, int64_t T, int64_t I);
+void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I);
+int paged_decode_bf16(const uint16_t *q, const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *req_to_token,
+                      const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin,
+                      const uint16_t *prior_o, const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                      int64_t N, int64_t ctx, float scale, uint16_t *out);
+int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, const int64_t *req_to_token,
+                     const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin, const float *prior_o,
+                     const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx,
+                     float scale, float *out);
+
+/* A linear's weights: kind 0 dense tiles (gemv_dense.c; bias applied inside), 1 GGUF blocks of format
+ * fmt, 2 int8 rows with per-row scale. Mirrors ctypes' DecodeLinear in cpu_kernels/__init__.py. */
+typedef struct {
+    int64_t kind, fmt, N, K;
+    const void *w;
+    const float *scale;
+    const void *bias; /* [N] like x, or NULL */
+} decode_linear;
+
+typedef struct {
+    decode_linear qkv, o, gate_up, down;
+    const void *in_norm, *post_norm; /* [hidden] like x */
+    int64_t layer;                   /* index into the step's pools */
+} decode_layer_weights;
+
+typedef struct {
+    int64_t M, hidden, H, Hkv, D, inter, slots, ctx;
+    float eps, scale;
+    const void *cos, *sin;                               /* [M, D], [M, D / 2] like x */
+    const int64_t *out_loc, *req_to_token, *req_rows, *seq_lens; /* [M], [rows, ctx], [M], [M] */
+    void *const *k_pools, *const *v_pools;                       /* per layer [Hkv, slots, D] */
+} decode_step;
+
+static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16) {
+    int rc;
+    if (l->kind == 0)
+        rc = bf16 ? dense_gemv_bf16(x, l->K, l->w, l->bias, out, M, l->K, l->N)
+                  : dense_gemv_f32(x, l->K, l->w, l->bias, out, M, l->K, l->N);
+    else if (l->kind == 1)
+        rc = bf16 ? gguf_gemv_bf16(x, l->w, l->fmt, out, M, l->K, l->N) : gguf_gemv_f32(x, l->w, l->fmt, out, M, l->K, l->N);
+    else
+        rc = bf16 ? qlinear_int8_bf16(x, l->w, l->scale, out, M, l->K, l->N)
+                  : qlinear_int8_f32(x, l->w, l->scale, out, M, l->K, l->N);
+    if (rc || l->kind == 0 || !l->bias) return rc;
+    /* y + bias, rounded once (torch's add on the kernel's output) */
+    for (int64_t i = 0; i < M * l->N; i++) {
+        if (bf16) {
+            uint16_t *o = (uint16_t *)out;
+            o[i] = f32_to_bf16(bf16_to_f32(o[i]) + bf16_to_f32(((const uint16_t *)l->bias)[i % l->N]));
+        } else {
+            ((float *)out)[i] += ((const float *)l->bias)[i % l->N];
+        }
+    }
+    return 0;
+}
+
+static inline float ld(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline float rnd(float v, int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+static inline void st(void *p, int64_t i, float v, int bf16) {
+    if (bf16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* Neox rope on the q and k heads of qkv (in place) as Rotary.apply rounds it; then k and v of each row
+ * into the pool (KVPool.store). */
+__attribute__((optimize("fp-contract=off"))) static void rope_and_store(const decode_layer_weights *W,
+                                                                       const decode_step *S, void *qkv, int bf16) {
+    const int64_t D = S->D, h = D / 2, heads = S->H + S->Hkv, row = (S->H + 2 * S->Hkv) * D;
+    const size_t el = bf16 ? 2 : 4;
+    for (int64_t m = 0; m < S->M; m++) {
+        for (int64_t hd = 0; hd < heads; hd++) {
+            const int64_t base = m * row + hd * D;
+            for (int64_t i = 0; i < h; i++) {
+                const float x1 = ld(qkv, base + i, bf16), x2 = ld(qkv, base + h + i, bf16);
+                const float s = ld(S->sin, m * h + i, bf16);
+                const float o1 = rnd(x1 * ld(S->cos, m * D + i, bf16), bf16);
+                const float o2 = rnd(x2 * ld(S->cos, m * D + h + i, bf16), bf16);
+                st(qkv, base + i, fmaf(-x2, s, o1), bf16);
+                st(qkv, base + h + i, fmaf(x1, s, o2), bf16);
+            }
+        }
+        const int64_t slot = S->out_loc[m];
+        for (int64_t g = 0; g < S->Hkv; g++) {
+            const char *k = (const char *)qkv + (m * row + (S->H + g) * D) * el;
+            const char *v = (const char *)qkv + (m * row + (S->H + S->Hkv + g) * D) * el;
+            memcpy((char *)S->k_pools[W->layer] + ((g * S->slots + slot) * D) * el, k, D * el);
+            memcpy((char *)S->v_pools[W->layer] + ((g * S->slots + slot) * D) * el, v, D * el);
+        }
+    }
+}
+
+static int decode_layer(const decode_layer_weights *W, const decode_step *S, void *residual, const void *h, void *out,
+                        int bf16) {
+    const int64_t M = S->M, hid = S->hidden, D = S->D, qkv_n = (S->H + 2 * S->Hkv) * D;
+    const size_t el = bf16 ? 2 : 4;
+    /* scratch: x [M, hidden], qkv [M, qkv_n], q [M, H D], attn [M, H D], o [M, hidden], gu [M, 2I], act [M, I] */
+    char *buf = (char *)malloc((size_t)M * (2 * hid + qkv_n + 2 * S->H * D + 3 * S->inter) * el);
+    if (!buf) return -2;
+    char *x = buf, *qkv = x + M * hid * el, *q = qkv + M * qkv_n * el, *attn = q + M * S->H * D * el;
+    char *o = attn + M * S->H * D * el, *gu = o + M * hid * el, *act = gu + M * 2 * S->inter * el;
+    int rc;
+    if (bf16)
+        add_rms_norm_bf16(residual, h, W->in_norm, (uint16_t *)x, M, hid, S->eps);
+    else
+        add_rms_norm_f32(residual, h, W->in_norm, (float *)x, M, hid, S->eps);
+    if ((rc = run_linear(&W->qkv, x, qkv, M, bf16))) goto done;
+    rope_and_store(W, S, qkv, bf16);
+    for (int64_t m = 0; m < M; m++) memcpy(q + m * S->H * D * el, qkv + m * qkv_n * el, S->H * D * el);
+    const void *kp = S->k_pools[W->layer], *vp = S->v_pools[W->layer];
+    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows,
+                                  S->seq_lens, NULL, NULL, NULL, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
+                                  (uint16_t *)attn)
+              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens,
+                                 NULL, NULL, NULL, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale, (float *)attn);
+    if (rc) goto done;
+    if ((rc = run_linear(&W->o, attn, o, M, bf16))) goto done;
+    if (bf16)
+        add_rms_norm_bf16(residual, (const uint16_t *)o, W->post_norm, (uint16_t *)x, M, hid, S->eps);
+    else
+        add_rms_norm_f32(residual, (const float *)o, W->post_norm, (float *)x, M, hid, S->eps);
+    if ((rc = run_linear(&W->gate_up, x, gu, M, bf16))) goto done;
+    if (bf16)
+        silu_mul_bf16((const uint16_t *)gu, (uint16_t *)act, M, S->inter);
+    else
+        silu_mul_f32((const float *)gu, (float *)act, M, S->inter);
+    rc = run_linear(&W->down, act, out, M, bf16);
+done:
+    free(buf);
+    return rc;
+}
+
+int decode_layer_bf16(const decode_layer_weights *W, const decode_step *S, uint16_t *residual, const uint16_t *h,
+                      uint16_t *out) {
+    return decode_layer(W, S, residual, h, out, 1);
+}
+
+int decode_layer_f32(const decode_layer_weights *W, const decode_step *S, float *residual, const float *h,
+                     float *out) {
+    return decode_layer(W, S, residual, h, out, 0);
+}

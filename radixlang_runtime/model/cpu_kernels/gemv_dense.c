@@ -1,0 +1,240 @@
+/*
+ * Dense linears for decode-sized batches, reading a tiled copy of the weights made once at load time
+ * (cpu_kernels.dense_tiles):
+ *   out [M, N] = x [M, K] @ W.T (+ bias [N]),  M <= DENSE_MAX_M, sums in float32, out like x.
+ *
+ * Layout (TILE = 32 output rows per tile, NT = ceil(N / 32), the last tile's missing rows are zeros):
+ *   bf16     wt [NT][K / 2][32][2]: for each pair of inputs (2p, 2p + 1) the tile's 32 rows hold their
+ *            two weights side by side, so one 64-byte load is 16 rows x 1 pair: one VDPBF16PS against
+ *            x's pair broadcast (or, without AVX512-BF16, two FMAs on the halves of each 32-bit lane);
+ *   float32  wt [NT][K][32].
+ * Every tile is one contiguous run, and the OpenMP threads take contiguous ranges of tiles, so each
+ * thread reads one linear stream (the hardware prefetcher's best case). Four independent accumulator
+ * chains per input row (two halves of the tile x even / odd pairs) hide the FMA latency.
+ *
+ * Why not oneDNN here: decode reads every weight once per step, so one stream is bandwidth-bound, and
+ * oneDNN's packed bf16 GEMV streamed 17-26 GB/s where a plain read reaches ~33 (figures in
+ * packed_linear.py / the issue 13 notes); larger batches are compute-bound and stay on oneDNN.
+ *
+ * Paths: VDPBF16PS (AVX512-BF16 builds) and one portable body on GCC vector types, which the compiler
+ * lowers to AVX-512, AVX2 or plain code by the build's target flags. K must be even for bf16 (the
+ * planner only tiles such weights).
+ */
+#include "common.h"
+
+#define DENSE_MAX_M 16
+#define TILE 32
+#define MG 4 /* input rows per pass over a tile: a tile is re-read (from L1 / L2) per group of 4 */
+
+typedef float dvf __attribute__((vector_size(64)));
+typedef uint32_t dvu __attribute__((vector_size(64)));
+
+static inline dvf dense_loadf(const float *p) {
+    dvf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline dvu dense_loadu(const uint16_t *p) {
+    dvu v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the two bf16 halves of each 32-bit lane as float32: low half (input 2p), high half (input 2p + 1) */
+static inline dvf bf16_lo(dvu v) { return (dvf)(v << 16); }
+static inline dvf bf16_hi(dvu v) { return (dvf)(v & 0xFFFF0000u); }
+
+/* res[m][0..31] = tile . x[m] for m < mc; xf [mc rows, stride xs] float32 */
+static inline __attribute__((always_inline)) void tile_bf16_portable(const float *xf, int64_t xs, const uint16_t *wt,
+                                                                     int64_t K, float res[MG][TILE], const int mc) {
+    dvf a[MG][4];
+    for (int m = 0; m < mc; m++)
+        for (int c = 0; c < 4; c++) a[m][c] = (dvf){0};
+    const int64_t P = K / 2;
+    int64_t p = 0;
+    for (; p + 2 <= P; p += 2) {
+        const uint16_t *w = wt + p * 2 * TILE;
+        const dvu w0 = dense_loadu(w), w1 = dense_loadu(w + 32), w2 = dense_loadu(w + 64), w3 = dense_loadu(w + 96);
+        const dvf l0 = bf16_lo(w0), h0 = bf16_hi(w0), l1 = bf16_lo(w1), h1 = bf16_hi(w1);
+        const dvf l2 = bf16_lo(w2), h2 = bf16_hi(w2), l3 = bf16_lo(w3), h3 = bf16_hi(w3);
+        for (int m = 0; m < mc; m++) {
+            const float *x = xf + m * xs + 2 * p;
+            a[m][0] += l0 * x[0] + h0 * x[1];
+            a[m][1] += l1 * x[0] + h1 * x[1];
+            a[m][2] += l2 * x[2] + h2 * x[3];
+            a[m][3] += l3 * x[2] + h3 * x[3];
+        }
+    }
+    if (p < P) {
+        const uint16_t *w = wt + p * 2 * TILE;
+        const dvu w0 = dense_loadu(w), w1 = dense_loadu(w + 32);
+        for (int m = 0; m < mc; m++) {
+            const float *x = xf + m * xs + 2 * p;
+            a[m][0] += bf16_lo(w0) * x[0] + bf16_hi(w0) * x[1];
+            a[m][1] += bf16_lo(w1) * x[0] + bf16_hi(w1) * x[1];
+        }
+    }
+    for (int m = 0; m < mc; m++) {
+        const dvf lo = a[m][0] + a[m][2], hi = a[m][1] + a[m][3];
+        memcpy(res[m], &lo, sizeof lo);
+        memcpy(res[m] + 16, &hi, sizeof hi);
+    }
+}
+
+#if defined(__AVX512BF16__)
+/* the same with VDPBF16PS on bf16 x (x [mc rows, stride xs] bf16) */
+static inline __attribute__((always_inline)) void tile_bf16_dp(const uint16_t *x, int64_t xs, const uint16_t *wt,
+                                                               int64_t K, float res[MG][TILE], const int mc) {
+    __m512 a[MG][4];
+    for (int m = 0; m < mc; m++)
+        for (int c = 0; c < 4; c++) a[m][c] = _mm512_setzero_ps();
+    const int64_t P = K / 2;
+    int64_t p = 0;
+    for (; p + 2 <= P; p += 2) {
+        const uint16_t *w = wt + p * 2 * TILE;
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64), w3 = (__m512bh)_mm512_loadu_si512(w + 96);
+        for (int m = 0; m < mc; m++) {
+            uint32_t x01, x23;
+            memcpy(&x01, x + m * xs + 2 * p, 4);
+            memcpy(&x23, x + m * xs + 2 * p + 2, 4);
+            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)x01), b1 = (__m512bh)_mm512_set1_epi32((int)x23);
+            a[m][0] = _mm512_dpbf16_ps(a[m][0], w0, b0);
+            a[m][1] = _mm512_dpbf16_ps(a[m][1], w1, b0);
+            a[m][2] = _mm512_dpbf16_ps(a[m][2], w2, b1);
+            a[m][3] = _mm512_dpbf16_ps(a[m][3], w3, b1);
+        }
+    }
+    if (p < P) {
+        const uint16_t *w = wt + p * 2 * TILE;
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
+        for (int m = 0; m < mc; m++) {
+            uint32_t x01;
+            memcpy(&x01, x + m * xs + 2 * p, 4);
+            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)x01);
+            a[m][0] = _mm512_dpbf16_ps(a[m][0], w0, b0);
+            a[m][1] = _mm512_dpbf16_ps(a[m][1], w1, b0);
+        }
+    }
+    for (int m = 0; m < mc; m++) {
+        _mm512_storeu_ps(res[m], _mm512_add_ps(a[m][0], a[m][2]));
+        _mm512_storeu_ps(res[m] + 16, _mm512_add_ps(a[m][1], a[m][3]));
+    }
+}
+#endif
+
+/* float32 weights: wt [K][32] per tile */
+static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t xs, const float *wt, int64_t K,
+                                                           float res[MG][TILE], const int mc) {
+    dvf a[MG][4];
+    for (int m = 0; m < mc; m++)
+        for (int c = 0; c < 4; c++) a[m][c] = (dvf){0};
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) {
+        const float *w = wt + k * TILE;
+        const dvf w0 = dense_loadf(w), w1 = dense_loadf(w + 16), w2 = dense_loadf(w + 32), w3 = dense_loadf(w + 48);
+        for (int m = 0; m < mc; m++) {
+            const float *xm = x + m * xs + k;
+            a[m][0] += w0 * xm[0];
+            a[m][1] += w1 * xm[0];
+            a[m][2] += w2 * xm[1];
+            a[m][3] += w3 * xm[1];
+        }
+    }
+    if (k < K) {
+        const dvf w0 = dense_loadf(wt + k * TILE), w1 = dense_loadf(wt + k * TILE + 16);
+        for (int m = 0; m < mc; m++) {
+            a[m][0] += w0 * x[m * xs + k];
+            a[m][1] += w1 * x[m * xs + k];
+        }
+    }
+    for (int m = 0; m < mc; m++) {
+        const dvf lo = a[m][0] + a[m][2], hi = a[m][1] + a[m][3];
+        memcpy(res[m], &lo, sizeof lo);
+        memcpy(res[m] + 16, &hi, sizeof hi);
+    }
+}
+
+/* kind: 0 bf16 VDPBF16PS, 1 bf16 portable, 2 float32. x rows at stride xs (elements); out [M, N] like x. */
+static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, const void *wt, const void *bias,
+                       void *out, int64_t M, int64_t K, int64_t N, int64_t t) {
+    const int64_t n0 = t * TILE, nn = N - n0 < TILE ? N - n0 : TILE;
+    float res[MG][TILE];
+    for (int64_t m0 = 0; m0 < M; m0 += MG) {
+        const int mc = M - m0 < MG ? (int)(M - m0) : MG;
+#define DENSE_CASES(CALL) \
+    switch (mc) {         \
+        case 1: CALL(1); break; \
+        case 2: CALL(2); break; \
+        case 3: CALL(3); break; \
+        default: CALL(4); break; \
+    }
+        if (kind == 2) {
+            const float *w = (const float *)wt + t * K * TILE;
+#define CALL_F32(c) tile_f32((const float *)x + m0 * xs, xs, w, K, res, c)
+            DENSE_CASES(CALL_F32)
+        } else {
+            const uint16_t *w = (const uint16_t *)wt + t * K * TILE;
+#if defined(__AVX512BF16__)
+            if (kind == 0) {
+#define CALL_DP(c) tile_bf16_dp((const uint16_t *)x + m0 * xs, xs, w, K, res, c)
+                DENSE_CASES(CALL_DP)
+            } else
+#endif
+            {
+#define CALL_PORT(c) tile_bf16_portable(xf + m0 * K, K, w, K, res, c)
+                DENSE_CASES(CALL_PORT)
+            }
+        }
+        for (int m = 0; m < mc; m++)
+            for (int64_t j = 0; j < nn; j++) {
+                const int64_t n = n0 + j;
+                if (kind == 2) {
+                    ((float *)out)[(m0 + m) * N + n] = res[m][j] + (bias ? ((const float *)bias)[n] : 0.f);
+                } else {
+                    const float b = bias ? bf16_to_f32(((const uint16_t *)bias)[n]) : 0.f;
+                    ((uint16_t *)out)[(m0 + m) * N + n] = f32_to_bf16(res[m][j] + b);
+                }
+            }
+    }
+}
+
+static int dense_gemv(int kind, const void *x, int64_t xs, const void *wt, const void *bias, void *out, int64_t M,
+                      int64_t K, int64_t N) {
+    if (M < 1 || M > DENSE_MAX_M || (kind != 2 && K % 2)) return -1;
+    float *xf = NULL;
+    if (kind == 1) { /* the portable bf16 body multiplies in float32: convert x once */
+        xf = (float *)malloc((size_t)(M * K) * sizeof(float));
+        if (!xf) return -2;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) xf[m * K + k] = bf16_to_f32(((const uint16_t *)x)[m * xs + k]);
+    }
+    const int64_t NT = (N + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < NT; t++) dense_tile(kind, x, xf, xs, wt, bias, out, M, K, N, t);
+    free(xf);
+    return 0;
+}
+
+/* x [M, K] bf16 (row stride xs), wt the bf16 tiles, bias [N] bf16 or NULL -> out [M, N] bf16 */
+int dense_gemv_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias, uint16_t *out,
+                    int64_t M, int64_t K, int64_t N) {
+#if defined(__AVX512BF16__)
+    return dense_gemv(0, x, xs, wt, bias, out, M, K, N);
+#else
+    return dense_gemv(1, x, xs, wt, bias, out, M, K, N);
+#endif
+}
+
+/* the portable bf16 body on any build (tests run it beside VDPBF16PS) */
+int dense_gemv_portable_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias,
+                             uint16_t *out, int64_t M, int64_t K, int64_t N) {
+    return dense_gemv(1, x, xs, wt, bias, out, M, K, N);
+}
+
+/* x [M, K] float32 (row stride xs), wt the float32 tiles, bias [N] float32 or NULL -> out [M, N] float32 */
+int dense_gemv_f32(const float *x, int64_t xs, const float *wt, const float *bias, float *out, int64_t M, int64_t K,
+                   int64_t N) {
+    return dense_gemv(2, x, xs, wt, bias, out, M, K, N);
+}

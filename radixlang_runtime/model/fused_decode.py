@@ -1,0 +1,137 @@
+"""Decode-sized steps through cpu_kernels' decode_layer: one C call per decoder layer.
+
+A one-stream decode step runs ~15 torch ops and kernel calls per layer; once the weights stream at the
+memory's rate (gemv_dense.c) their dispatch is a large share of the step. FusedDecode describes each
+layer's weights to decode_layer.c once (pointers into the modules' own tensors: nothing is copied) and
+runs a step's layers as 30 calls.
+
+Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
+float32, one rank, no q/k norm, every linear a decode kernel (PackedLinear with dense tiles, GGUFLinear,
+Int8Linear), at most DENSE_MAX_M rows, and the attention backend's C decode without cascade groups or the
+deterministic row mode for this step. Then the result is bit-identical to the module path
+(tests/test_fused_decode.py); otherwise `applies` is False and the modules run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+from torch import nn
+
+from radixlang_runtime.model import cpu_kernels
+from radixlang_runtime.model.attention.torch_backend import CDecodeMeta
+from radixlang_runtime.model.forward_batch import ForwardBatch
+from radixlang_runtime.model.gguf_linear import GGUFLinear
+from radixlang_runtime.model.packed_linear import PackedLinear
+from radixlang_runtime.model.quant_linear import Int8Linear
+
+
+class DecodeLinear(ctypes.Structure):
+    """decode_layer.c's decode_linear: kind 0 dense tiles, 1 GGUF blocks, 2 int8 rows + scale."""
+
+    _fields_ = [("kind", ctypes.c_int64), ("fmt", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
+class DecodeLayerWeights(ctypes.Structure):
+    _fields_ = [("qkv", DecodeLinear), ("o", DecodeLinear), ("gate_up", DecodeLinear), ("down", DecodeLinear),
+                ("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("layer", ctypes.c_int64)]
+
+
+class DecodeStep(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("M", "hidden", "H", "Hkv", "D", "inter", "slots", "ctx")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+        ("out_loc", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p), ("req_rows", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p), ("k_pools", ctypes.POINTER(ctypes.c_void_p)),
+        ("v_pools", ctypes.POINTER(ctypes.c_void_p))]
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
+    """The kernel a decode-sized batch of `lin` runs, as decode_layer.c's descriptor; None when it has none."""
+    if isinstance(lin, PackedLinear) and lin.tiles is not None:
+        return DecodeLinear(0, 0, lin.out_features, lin.in_features, lin.tiles.data_ptr(), None, _ptr(lin.bias))
+    if isinstance(lin, GGUFLinear):
+        fmt = cpu_kernels.GGUF_BLOCK_FORMATS[lin.fmt][0]
+        return DecodeLinear(1, fmt, lin.out_features, lin.in_features, lin.blocks.data_ptr(), None, _ptr(lin.bias))
+    if isinstance(lin, Int8Linear):
+        return DecodeLinear(2, 0, lin.out_features, lin.in_features, lin.qweight.data_ptr(), lin.scale.data_ptr(),
+                            _ptr(lin.bias))
+    return None
+
+
+class FusedDecode:
+    def __init__(self, layers: list[nn.Module], weights: list[DecodeLayerWeights], dtype: torch.dtype,
+                 dims: tuple[int, ...], eps: float, scale: float):
+        self.layers = layers  # kept: the descriptors point into their tensors
+        self.weights = weights
+        self.dtype = dtype
+        self.dims = dims  # hidden, H, Hkv, D, inter
+        self.eps, self.scale = eps, scale
+        self._pools: Optional[tuple[object, ctypes.Array, ctypes.Array]] = None
+        lib = cpu_kernels.load()
+        self._fn = lib.decode_layer_bf16 if dtype == torch.bfloat16 else lib.decode_layer_f32
+
+    @staticmethod
+    def build(model: nn.Module, dtype: torch.dtype) -> Optional["FusedDecode"]:
+        """For a LlamaForCausalLM whose every layer can run decode_layer.c; else None."""
+        lib = cpu_kernels.load()
+        if lib is None or dtype not in (torch.bfloat16, torch.float32) or model.reduce is not None:
+            return None
+        weights = []
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.q_norm is not None or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel:
+                return None
+            lins = [describe_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            if any(d is None for d in lins):
+                return None
+            weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
+                                              layer.post_attention_layernorm.weight.data_ptr(), i))
+        a0 = model.layers[0].self_attn
+        dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)
+        return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale)
+
+    @staticmethod
+    def applies(fb: ForwardBatch) -> bool:
+        """This step runs the kernels decode_layer.c runs (see the module docstring)."""
+        meta = fb.attn_meta
+        return (fb.is_decode and fb.batch_size <= cpu_kernels.DENSE_MAX_M and isinstance(meta, CDecodeMeta)
+                and meta.cascade is None and meta.rows is None)
+
+    def _pool_arrays(self, pool) -> tuple[ctypes.Array, ctypes.Array]:
+        if self._pools is None or self._pools[0] is not pool:
+            n = len(pool.k_buffers)
+            self._pools = (pool, (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffers]),
+                           (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffers]))
+        return self._pools[1], self._pools[2]
+
+    def run(self, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """All layers on residual [M, hidden] (updated in place, as the module path does); returns the last
+        layer's MLP output [M, hidden]."""
+        pool = fb.kv_pool
+        kp, vp = self._pool_arrays(pool)
+        cos, sin = fb.rope_cos_sin
+        hidden, H, Hkv, D, inter = self.dims
+        M = residual.shape[0]
+        rt = pool.req_to_token
+        step = DecodeStep(M, hidden, H, Hkv, D, inter, pool.k_buffers[0].shape[1], rt.shape[1], self.eps, self.scale,
+                          cos.data_ptr(), sin.data_ptr(), fb.out_loc.data_ptr(), rt.data_ptr(), fb.req_rows.data_ptr(),
+                          fb.seq_lens.data_ptr(), kp, vp)
+        step_ptr = ctypes.addressof(step)
+        bufs = [torch.empty(M, hidden, dtype=self.dtype) for _ in range(2)]
+        h: Optional[torch.Tensor] = None
+        res = residual.data_ptr()
+        for i, w in enumerate(self.weights):
+            out = bufs[i % 2]
+            rc = self._fn(ctypes.addressof(w), step_ptr, res, None if h is None else h.data_ptr(), out.data_ptr())
+            if rc:
+                raise RuntimeError(f"CPU kernel decode_layer failed with code {rc} (layer {i})")
+            h = out
+        return h
+

@@ -1,0 +1,95 @@
+"""model/fused_decode.py: decode-sized steps through decode_layer.c give bit-identical logits and K/V to
+the module path, for every weight kind it takes (bf16 / float32 dense tiles, GGUF blocks, int8), on the
+embedded model; steps it must not take (cascade groups, larger batches) run the modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlang_runtime.model import cpu_kernels
+from radixlang_runtime.model.cpu_caps import detect
+from radixlang_runtime.model.fused_decode import FusedDecode
+from radixlang_runtime.model.runner import StepInputs
+
+pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: no fused decode")
+
+PROMPTS = [[(i * 37 + 11) % 40000 + 100 for i in range(n)] for n in (5, 23, 9)]
+
+
+def _scenario(runner, row0: int, slot0: int, steps: int = 4) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Prefill PROMPTS into table rows row0.., then `steps` decode steps of all three; the logits of every
+    step and the K/V the decode steps wrote (layer 0 and the last layer)."""
+    B = len(PROMPTS)
+    lens = [len(p) for p in PROMPTS]
+    slot = slot0
+    out_loc = list(range(slot, slot + sum(lens)))
+    slot += sum(lens)
+    ends = [sum(lens[: i + 1]) - 1 for i in range(B)]
+    rows = list(range(row0, row0 + B))
+    logits = [runner.run_step(StepInputs("extend", sum(PROMPTS, []), out_loc, rows, [0] * B, lens, [], ends))]
+    written = []
+    for s in range(steps):
+        ids = [int(t) for t in logits[-1].argmax(-1)]
+        loc = list(range(slot, slot + B))
+        slot += B
+        written += loc
+        logits.append(runner.run_step(StepInputs("decode", ids, loc, rows, [n + s for n in lens], [1] * B, [],
+                                                 list(range(B)))))
+    pool = runner.kv_pool
+    idx = torch.tensor(written)
+    kv = torch.cat([pool.k_buffers[i][:, idx].flatten() for i in (0, -1)] +
+                   [pool.v_buffers[i][:, idx].flatten() for i in (0, -1)])
+    return logits, kv
+
+
+@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"),
+                                dict(dtype="bfloat16", quantization="gguf"),
+                                dict(dtype="bfloat16", quantization="int8")], ids=["bf16", "fp32", "gguf", "int8"])
+def test_fused_decode_is_bit_identical_to_the_modules(kw):
+    from radixlang_runtime import Engine
+
+    with Engine(None, max_total_tokens=2048, **kw) as eng:
+        runner = eng.runner
+        model = runner.model
+        fused = model.fused_decode
+        assert fused is not None, runner.cpu_paths
+        assert runner.cpu_paths.decode_layer.startswith("c:")
+        calls = []
+        run = fused.run
+        fused.run = lambda residual, fb: (calls.append(fb.batch_size), run(residual, fb))[1]
+        with torch.inference_mode():
+            got, got_kv = _scenario(runner, 0, 0)
+            assert calls == [3, 3, 3, 3]  # every decode step, no prefill
+            model.fused_decode = None
+            want, want_kv = _scenario(runner, 3, 1000)
+            model.fused_decode = fused
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
+        assert torch.equal(got_kv, want_kv)
+
+
+def test_fused_decode_steps_aside_for_cascade_groups_and_large_batches():
+    from radixlang_runtime import Engine
+
+    with Engine(None, max_total_tokens=4096) as eng:
+        runner = eng.runner
+        fused = runner.model.fused_decode
+        assert fused is not None
+        seen = []
+        applies = fused.applies
+        fused.applies = lambda fb: (seen.append((fb.batch_size, applies(fb))), seen[-1][1])[1]
+        shared = list(range(500, 600))  # 100 shared positions: cascade groups them (MIN_SHARED = 64)
+        with torch.inference_mode():
+            runner.run_step(StepInputs("extend", shared, list(range(100)), [0], [0], [100], [], [99]))
+            rows = [0, 1, 2]
+            for r in (1, 2):  # the same cached slots in two more rows, one new token each
+                runner.kv_pool.req_to_token[r, :100] = torch.arange(100)
+            runner.run_step(StepInputs("decode", [7, 8, 9], [100, 101, 102], rows, [100] * 3, [1] * 3, [], [0, 1, 2]))
+            n = cpu_kernels.DENSE_MAX_M + 1
+            runner.run_step(StepInputs("extend", [5] * n, list(range(200, 200 + n)), list(range(3, 3 + n)), [0] * n,
+                                       [1] * n, [], list(range(n))))
+            runner.run_step(StepInputs("decode", [6] * n, list(range(300, 300 + n)), list(range(3, 3 + n)), [1] * n,
+                                       [1] * n, [], list(range(n))))
+        assert (3, False) in seen  # cascade groups: the modules' shared-prefix attention runs
+        assert (n, False) in seen  # above the decode kernels' batch size
