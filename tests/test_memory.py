@@ -32,6 +32,7 @@ def test_kv_block_is_zero_and_large_blocks_are_not_resident_until_written():
 def test_default_engine_sizes_from_free_memory_and_reports_its_memory():
     from radixlang_runtime import Engine
 
+    before = memory.rss_bytes()  # the test process may hold other engines
     with Engine(dtype="bfloat16") as eng:
         st = eng.get_stats()
         mem = st["memory"]
@@ -40,8 +41,9 @@ def test_default_engine_sizes_from_free_memory_and_reports_its_memory():
         assert mem["kv_pool"] <= max(memory.MIN_CPU_KV, min(memory.DEFAULT_CPU_KV_CAP, 0.4 * avail)) + (1 << 20)
         per_slot = mem["kv_pool"] // st["total_slots"]
         assert per_slot == 30 * 2 * 3 * 64 * 2  # layers x (K, V) x KV heads x head_dim x bf16
-        assert 200 << 20 < mem["weights"] < 800 << 20  # SmolLM2-135M in bf16 + oneDNN-packed copies
-        assert mem["kv_touched"] == 0 and mem["rss"] < mem["kv_pool"] + mem["weights"]
+        assert 200 << 20 < mem["weights"] < 1000 << 20  # SmolLM2-135M in bf16 + oneDNN-packed copies + tiles
+        # the 4 GiB pool is reserved, not resident: this engine's share of the RSS is weights and libraries
+        assert mem["kv_touched"] == 0 and mem["rss"] - before < mem["weights"] + (512 << 20) < mem["kv_pool"]
         eng.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
         mem = eng.get_stats()["memory"]
         assert 0 < mem["kv_touched"] <= mem["kv_pool"]

@@ -100,8 +100,9 @@ def weights_bytes(model: nn.Module) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    for m in model.modules():  # oneDNN-packed weights: opaque tensors (no data pointer) outside parameters
-        packed = getattr(m, "packed", None)
-        if isinstance(packed, torch.Tensor):
-            total += packed.numel() * packed.element_size()
+    for m in model.modules():  # oneDNN-packed weights (opaque tensors) and dense tiles, outside parameters
+        for name in ("packed", "tiles"):
+            t = getattr(m, name, None)
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
     return total
