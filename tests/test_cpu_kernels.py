@@ -203,7 +203,14 @@ def test_dense_gemv_matches_matmul(isa, dtype, M, K, N, bias):
         got = cpu_kernels.dense_gemv(x, tiles, N, b, portable=portable)
         assert got is not None and got.dtype == dtype and got.shape == (M, N)
         torch.testing.assert_close(got.float(), want, **tol)
-    assert cpu_kernels.dense_gemv(torch.randn(17, K).to(dtype), tiles, N) is None  # above the kernel's M
+    big = torch.randn(200, K, generator=g).to(dtype)
+    got = cpu_kernels.dense_gemv(big, tiles, N, b)
+    if cpu_kernels.dense_any_m(dtype):  # VDPBF16PS builds: the GEMM micro-kernel, any M, the same sums per row
+        assert isa == "avx512_bf16" and got is not None
+        torch.testing.assert_close(got.float(), big.float() @ w.float().T + (b.float() if bias else 0), **tol)
+        assert torch.equal(got[3:4], cpu_kernels.dense_gemv(big[3:4], tiles, N, b))  # batch-invariant rows
+    else:
+        assert got is None  # above the kernel's M: the caller's GEMM runs
 
 
 def test_packed_linear_with_tiles_both_paths(isa):
@@ -215,10 +222,17 @@ def test_packed_linear_with_tiles_both_paths(isa):
     g = torch.Generator().manual_seed(9)
     w, b = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
     lin = PackedLinear(w, b, tiles=True)
-    assert lin.tiles is not None
+    assert lin.tiles is not None and lin.packed is not None and not lin.any_m  # float32: oneDNN above M = 16
     for M in (1, 16, 17, 200):
         x = torch.randn(M, 64, generator=g)
         torch.testing.assert_close(lin(x), x @ w.T + b, rtol=1e-5, atol=1e-4)
+    if packing_available(torch.device("cpu"), torch.bfloat16):
+        wb, bb = w.bfloat16(), b.bfloat16()
+        lin = PackedLinear(wb, bb, tiles=True)
+        assert lin.any_m == (isa == "avx512_bf16") and (lin.packed is None) == lin.any_m
+        for M in (1, 16, 17, 200):
+            x = torch.randn(M, 64, generator=g).bfloat16()
+            torch.testing.assert_close(lin(x).float(), x.float() @ wb.float().T + bb.float(), rtol=2e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])

@@ -7,7 +7,7 @@ runs a step's layers as 30 calls.
 
 Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
 float32, one rank, no q/k norm, every linear a decode kernel (PackedLinear with dense tiles, GGUFLinear,
-Int8Linear), at most DENSE_MAX_M rows, and the attention backend's C decode without cascade groups or the
+Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M), and the attention backend's C decode without cascade groups or the
 deterministic row mode for this step. Then the result is bit-identical to the module path
 (tests/test_fused_decode.py); otherwise `applies` is False and the modules run.
 """
@@ -66,9 +66,12 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
 
 
 class FusedDecode:
+    MAX_ANY_M = 256  # a decode batch's scratch in decode_layer.c stays a few MB
+
     def __init__(self, layers: list[nn.Module], weights: list[DecodeLayerWeights], dtype: torch.dtype,
-                 dims: tuple[int, ...], eps: float, scale: float):
+                 dims: tuple[int, ...], eps: float, scale: float, max_batch: int):
         self.layers = layers  # kept: the descriptors point into their tensors
+        self.max_batch = max_batch
         self.weights = weights
         self.dtype = dtype
         self.dims = dims  # hidden, H, Hkv, D, inter
@@ -84,6 +87,7 @@ class FusedDecode:
         if lib is None or dtype not in (torch.bfloat16, torch.float32) or model.reduce is not None:
             return None
         weights = []
+        any_m = True
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             if attn.q_norm is not None or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel:
@@ -91,17 +95,20 @@ class FusedDecode:
             lins = [describe_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if any(d is None for d in lins):
                 return None
+            any_m = any_m and all(getattr(m, "any_m", False) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                                                      mlp.down_proj))
             weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
                                               layer.post_attention_layernorm.weight.data_ptr(), i))
         a0 = model.layers[0].self_attn
         dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)
-        return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale)
+        max_batch = FusedDecode.MAX_ANY_M if any_m else cpu_kernels.DENSE_MAX_M
+        return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale,
+                           max_batch)
 
-    @staticmethod
-    def applies(fb: ForwardBatch) -> bool:
+    def applies(self, fb: ForwardBatch) -> bool:
         """This step runs the kernels decode_layer.c runs (see the module docstring)."""
         meta = fb.attn_meta
-        return (fb.is_decode and fb.batch_size <= cpu_kernels.DENSE_MAX_M and isinstance(meta, CDecodeMeta)
+        return (fb.is_decode and fb.batch_size <= self.max_batch and isinstance(meta, CDecodeMeta)
                 and meta.cascade is None and meta.rows is None)
 
     def _pool_arrays(self, pool) -> tuple[ctypes.Array, ctypes.Array]:

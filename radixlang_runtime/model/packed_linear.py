@@ -19,7 +19,11 @@ mode): decode is bandwidth-bound and oneDNN's packed GEMV streamed 17-26 GB/s. M
 shapes, 30 distinct weights per shape so they come from DRAM, 2 threads, us per call, oneDNN ->
 tiles): bf16 M=1 qkv 52 -> 21, o 28 -> 12, gate_up 156 -> 109, down 72 -> 45, head 2276 -> 1695
 (~30-33 GB/s: this VM's read bandwidth); M=16 gate_up 214 -> 168; float32 M=1 gate_up 283 -> 166,
-head 3453 -> 1991. The cost: the weights are held twice (+2 bytes per bf16 weight).
+head 3453 -> 1991. On VDPBF16PS builds the bf16 tiles serve every batch size through a GEMM
+micro-kernel (cpu_kernels.dense_any_m), measured against oneDNN, us: M=64 gate_up 591 -> 547, head
+9718 -> 8922; M=512 gate_up 4290 -> 4071, down 2102 -> 2220, qkv 1302 -> 1347, head 80364 -> 80275;
+so those weights keep no oneDNN copy. Elsewhere the tiles serve M <= DENSE_MAX_M and a oneDNN copy the
+rest (the weights are held twice).
 """
 
 from __future__ import annotations
@@ -55,17 +59,22 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tiles: bool = False):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        # cpu_kernels.dense_tiles(weight) for decode-sized batches (see the module docstring), or None
+        self.bias = None if bias is None else bias.detach()
+        # cpu_kernels.dense_tiles(weight) (see the module docstring), or None; any_m: the tiles serve every
+        # batch size, and no oneDNN copy is kept
         self.tiles: Optional[torch.Tensor] = None
+        self.any_m = False
         if tiles and (weight.dtype == torch.float32 or self.in_features % 2 == 0):
             self.tiles = cpu_kernels.dense_tiles(weight)
+            self.any_m = cpu_kernels.dense_any_m(weight.dtype)
         # [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor); batch-size hint: see above.
-        hint = 16 if weight.dtype == torch.float32 else 1
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
-        self.bias = None if bias is None else bias.detach()
+        self.packed: Optional[torch.Tensor] = None
+        if not self.any_m:
+            hint = 16 if weight.dtype == torch.float32 else 1
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tiles is not None and x.shape[0] <= cpu_kernels.DENSE_MAX_M:
+        if self.tiles is not None and (self.any_m or x.shape[0] <= cpu_kernels.DENSE_MAX_M):
             y = cpu_kernels.dense_gemv(x, self.tiles, self.out_features, self.bias)
             if y is not None:
                 return y

@@ -110,7 +110,10 @@ class ModelRunner:
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
             logger.info("%d linear weights run on the GGUF file's blocks", model.use_gguf_blocks(self._gguf_blocks(args)))
-        tiles = packed and dense_tiles_available(self.device, self.dtype) and not args.enable_deterministic_inference
+        # the deterministic mode takes tiles only where they serve every batch size (their rows are then
+        # batch-invariant by construction: gemv_dense.c), never beside oneDNN's GEMM for larger batches
+        tiles = packed and dense_tiles_available(self.device, self.dtype) and (
+            not args.enable_deterministic_inference or cpu_kernels.dense_any_m(self.dtype, cpu_kernels.load()))
         if packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
         self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
@@ -128,7 +131,8 @@ class ModelRunner:
         if self.device.type == "cpu" and self.cpu_paths.c_decode:
             model.fused_decode = FusedDecode.build(model, self.dtype)
             if model.fused_decode is not None:
-                self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {cpu_kernels.DENSE_MAX_M})")
+                self.cpu_paths = dataclasses.replace(self.cpu_paths,
+                                                     decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
         self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once

@@ -117,6 +117,7 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
     for name in ("decode_layer_bf16", "decode_layer_f32"):  # (weights*, step*, residual, h or NULL, out)
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 5
+    lib.dense_any_m_bf16.restype, lib.dense_any_m_bf16.argtypes = ctypes.c_int, []
     for name in ("dense_gemv_bf16", "dense_gemv_portable_bf16", "dense_gemv_f32"):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
@@ -159,9 +160,10 @@ def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int
     """The path of each operation. A C kernel is chosen only where the library loaded, the dtype has an
     entry point and the kernel's own limits (D <= 256, H / Hkv <= 32, whole GQA groups) hold."""
     linear = "onednn:prepacked" if packed_linears else "torch:F.linear"
-    if dense_tiles:
-        dp = "+dpbf16" if dtype == torch.bfloat16 and detect().isa == "avx512_bf16" else ""
-        linear += f", c:{detect().isa}{dp} dense tiles (M <= {DENSE_MAX_M})"
+    if dense_tiles and dense_any_m(dtype, load()):
+        linear = f"c:{detect().isa}+dpbf16 dense tiles"
+    elif dense_tiles:
+        linear += f", c:{detect().isa} dense tiles (M <= {DENSE_MAX_M})"
     if device.type != "cpu":
         return CpuPaths("backend", "backend", "torch", "torch", linear)
     caps = detect()
@@ -263,7 +265,7 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[cty
     return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
 
 
-DENSE_MAX_M = 16  # gemv_dense.c's limit
+DENSE_MAX_M = 16  # gemv_dense.c's limit, except dense_any_m
 DENSE_TILE = 32  # output rows per tile (gemv_dense.c's TILE)
 
 
@@ -283,14 +285,22 @@ def dense_tiles(weight: torch.Tensor) -> torch.Tensor:
     return w.view(nt, DENSE_TILE, K).permute(0, 2, 1).contiguous()
 
 
+def dense_any_m(dtype: torch.dtype, lib: Optional[ctypes.CDLL] = None) -> bool:
+    """dense_gemv takes any batch size for `dtype` with the loaded library: bf16 on VDPBF16PS builds, whose
+    GEMM micro-kernel matches oneDNN's packed GEMM at large M (within +-6%, M = 512 .. 2048) and beats it
+    below (gemv_dense.c), so such weights need no oneDNN copy."""
+    lib = lib or _lib
+    return lib is not None and dtype == torch.bfloat16 and bool(lib.dense_any_m_bf16())
+
+
 def dense_gemv(x: torch.Tensor, tiles: torch.Tensor, n_out: int, bias: Optional[torch.Tensor] = None,
                portable: bool = False, lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
     """x [M, K] (rows may be strided) @ W.T (+ bias) -> [M, n_out] like x, W given as dense_tiles(W) of
-    x's dtype; None when the library is not loaded or M > DENSE_MAX_M (the caller's GEMM runs).
-    portable: the bf16 body without VDPBF16PS (tests run both)."""
+    x's dtype; None when the library is not loaded or M > DENSE_MAX_M without dense_any_m (the caller's
+    GEMM runs). portable: the bf16 body without VDPBF16PS (tests run both)."""
     lib = lib or _lib
     M, K = x.shape
-    if lib is None or M > DENSE_MAX_M or M == 0:
+    if lib is None or M == 0 or (M > DENSE_MAX_M and (portable or not dense_any_m(x.dtype, lib))):
         return None
     if x.stride(1) != 1:
         x = x.contiguous()

@@ -25,6 +25,9 @@
 #define DENSE_MAX_M 16
 #define TILE 32
 #define MG 4 /* input rows per pass over a tile: a tile is re-read (from L1 / L2) per group of 4 */
+#ifndef PAIRS_FROM_M
+#define PAIRS_FROM_M 4 /* dense_gemm_dp: batches above this take two tiles per task */
+#endif
 
 typedef float dvf __attribute__((vector_size(64)));
 typedef uint32_t dvu __attribute__((vector_size(64)));
@@ -82,44 +85,86 @@ static inline __attribute__((always_inline)) void tile_bf16_portable(const float
     }
 }
 
+
 #if defined(__AVX512BF16__)
-/* the same with VDPBF16PS on bf16 x (x [mc rows, stride xs] bf16) */
-static inline __attribute__((always_inline)) void tile_bf16_dp(const uint16_t *x, int64_t xs, const uint16_t *wt,
-                                                               int64_t K, float res[MG][TILE], const int mc) {
-    __m512 a[MG][4];
+/* Batches past a few rows: a GEMM micro-kernel of GR rows x two tiles (64 outputs) on the same layout.
+ * Per input pair it loads 4 weight vectors and GR broadcasts for 4 x GR VDPBF16PS (24 independent
+ * chains: no even / odd split needed); rows run in blocks of GEMM_MB that stay in L2 while every tile
+ * pair passes over them. */
+#define GR 6
+static inline __attribute__((always_inline)) void ukernel_dp(const uint16_t *x, int64_t xs, const uint16_t *w0,
+                                                             const uint16_t *w1, int64_t K, float res[GR][2 * TILE],
+                                                             const int mc, const int two) {
+    __m512 a[GR][4];
     for (int m = 0; m < mc; m++)
         for (int c = 0; c < 4; c++) a[m][c] = _mm512_setzero_ps();
     const int64_t P = K / 2;
-    int64_t p = 0;
-    for (; p + 2 <= P; p += 2) {
-        const uint16_t *w = wt + p * 2 * TILE;
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
-        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64), w3 = (__m512bh)_mm512_loadu_si512(w + 96);
+    for (int64_t p = 0; p < P; p++) {
+        const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + p * 2 * TILE);
+        const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w0 + p * 2 * TILE + 32);
+        __m512bh v2 = v0, v3 = v1;
+        if (two) {
+            v2 = (__m512bh)_mm512_loadu_si512(w1 + p * 2 * TILE);
+            v3 = (__m512bh)_mm512_loadu_si512(w1 + p * 2 * TILE + 32);
+        }
         for (int m = 0; m < mc; m++) {
-            uint32_t x01, x23;
-            memcpy(&x01, x + m * xs + 2 * p, 4);
-            memcpy(&x23, x + m * xs + 2 * p + 2, 4);
-            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)x01), b1 = (__m512bh)_mm512_set1_epi32((int)x23);
-            a[m][0] = _mm512_dpbf16_ps(a[m][0], w0, b0);
-            a[m][1] = _mm512_dpbf16_ps(a[m][1], w1, b0);
-            a[m][2] = _mm512_dpbf16_ps(a[m][2], w2, b1);
-            a[m][3] = _mm512_dpbf16_ps(a[m][3], w3, b1);
+            uint32_t xp;
+            memcpy(&xp, x + m * xs + 2 * p, 4);
+            const __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp);
+            a[m][0] = _mm512_dpbf16_ps(a[m][0], v0, b);
+            a[m][1] = _mm512_dpbf16_ps(a[m][1], v1, b);
+            if (two) {
+                a[m][2] = _mm512_dpbf16_ps(a[m][2], v2, b);
+                a[m][3] = _mm512_dpbf16_ps(a[m][3], v3, b);
+            }
         }
     }
-    if (p < P) {
-        const uint16_t *w = wt + p * 2 * TILE;
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
-        for (int m = 0; m < mc; m++) {
-            uint32_t x01;
-            memcpy(&x01, x + m * xs + 2 * p, 4);
-            const __m512bh b0 = (__m512bh)_mm512_set1_epi32((int)x01);
-            a[m][0] = _mm512_dpbf16_ps(a[m][0], w0, b0);
-            a[m][1] = _mm512_dpbf16_ps(a[m][1], w1, b0);
+    for (int m = 0; m < mc; m++)
+        for (int c = 0; c < (two ? 4 : 2); c++) _mm512_storeu_ps(res[m] + 16 * c, a[m][c]);
+}
+
+static void dense_gemm_dp(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias, uint16_t *out,
+                          int64_t M, int64_t K, int64_t N) {
+    const int64_t NT = (N + TILE - 1) / TILE;
+    const int span = M > PAIRS_FROM_M ? 2 : 1; /* tiles per task: small batches split N finer over the threads */
+    const int64_t NP = (NT + span - 1) / span;
+    int64_t MB = (256 * 1024 / (2 * K)) / GR * GR; /* a row block of x: ~256 KB */
+    if (MB < GR) MB = GR;
+#pragma omp parallel
+    for (int64_t mb = 0; mb < M; mb += MB) {
+        const int64_t me = mb + MB < M ? mb + MB : M;
+#pragma omp for schedule(static)
+        for (int64_t tp = 0; tp < NP; tp++) {
+            const int64_t t = span * tp;
+            const int two = span == 2 && t + 1 < NT;
+            const uint16_t *w0 = wt + t * K * TILE, *w1 = wt + (t + 1) * K * TILE;
+            const int64_t n0 = t * TILE, width = (two ? 2 : 1) * TILE, nn = N - n0 < width ? N - n0 : width;
+            float res[GR][2 * TILE];
+            for (int64_t m0 = mb; m0 < me; m0 += GR) {
+                const int mc = me - m0 < GR ? (int)(me - m0) : GR;
+                const uint16_t *xm = x + m0 * xs;
+#define UK(c) (two ? ukernel_dp(xm, xs, w0, w1, K, res, c, 1) : ukernel_dp(xm, xs, w0, w1, K, res, c, 0))
+                switch (mc) {
+                    case 1: UK(1); break;
+                    case 2: UK(2); break;
+                    case 3: UK(3); break;
+                    case 4: UK(4); break;
+                    case 5: UK(5); break;
+                    default: UK(6); break;
+                }
+#undef UK
+                for (int m = 0; m < mc; m++) {
+                    uint16_t *o = out + (m0 + m) * N + n0;
+                    int64_t j = 0;
+                    for (; j + 16 <= nn; j += 16) {
+                        __m512 v = _mm512_loadu_ps(res[m] + j);
+                        if (bias) v = _mm512_add_ps(v, load16_bf16(bias + n0 + j));
+                        store16_bf16(o + j, v);
+                    }
+                    for (; j < nn; j++) o[j] = f32_to_bf16(res[m][j] + (bias ? bf16_to_f32(bias[n0 + j]) : 0.f));
+                }
+            }
         }
-    }
-    for (int m = 0; m < mc; m++) {
-        _mm512_storeu_ps(res[m], _mm512_add_ps(a[m][0], a[m][2]));
-        _mm512_storeu_ps(res[m] + 16, _mm512_add_ps(a[m][1], a[m][3]));
     }
 }
 #endif
@@ -156,7 +201,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
     }
 }
 
-/* kind: 0 bf16 VDPBF16PS, 1 bf16 portable, 2 float32. x rows at stride xs (elements); out [M, N] like x. */
+/* kind 1 bf16 portable, 2 float32 (kind 0, VDPBF16PS, is dense_gemm_dp). x rows at stride xs (elements); out [M, N] like x. */
 static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, const void *wt, const void *bias,
                        void *out, int64_t M, int64_t K, int64_t N, int64_t t) {
     const int64_t n0 = t * TILE, nn = N - n0 < TILE ? N - n0 : TILE;
@@ -176,16 +221,8 @@ static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, con
             DENSE_CASES(CALL_F32)
         } else {
             const uint16_t *w = (const uint16_t *)wt + t * K * TILE;
-#if defined(__AVX512BF16__)
-            if (kind == 0) {
-#define CALL_DP(c) tile_bf16_dp((const uint16_t *)x + m0 * xs, xs, w, K, res, c)
-                DENSE_CASES(CALL_DP)
-            } else
-#endif
-            {
 #define CALL_PORT(c) tile_bf16_portable(xf + m0 * K, K, w, K, res, c)
-                DENSE_CASES(CALL_PORT)
-            }
+            DENSE_CASES(CALL_PORT)
         }
         for (int m = 0; m < mc; m++)
             for (int64_t j = 0; j < nn; j++) {
@@ -202,6 +239,12 @@ static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, con
 
 static int dense_gemv(int kind, const void *x, int64_t xs, const void *wt, const void *bias, void *out, int64_t M,
                       int64_t K, int64_t N) {
+#if defined(__AVX512BF16__)
+    if (kind == 0 && M >= 1 && K % 2 == 0) { /* any M: see dense_gemm_dp */
+        dense_gemm_dp(x, xs, wt, bias, out, M, K, N);
+        return 0;
+    }
+#endif
     if (M < 1 || M > DENSE_MAX_M || (kind != 2 && K % 2)) return -1;
     float *xf = NULL;
     if (kind == 1) { /* the portable bf16 body multiplies in float32: convert x once */
@@ -224,6 +267,15 @@ int dense_gemv_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uin
     return dense_gemv(0, x, xs, wt, bias, out, M, K, N);
 #else
     return dense_gemv(1, x, xs, wt, bias, out, M, K, N);
+#endif
+}
+
+/* 1 where dense_gemv_bf16 takes any M (VDPBF16PS builds: dense_gemm_dp), else 0 (M <= DENSE_MAX_M) */
+int dense_any_m_bf16(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
 #endif
 }
 
