@@ -118,6 +118,9 @@ def main() -> None:
                     help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")
     ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp (see above)")
     ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
+    ap.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="vLLM-CPU's dtype: float32 is what it runs on a CPU without AVX512-BF16 (with "
+                         "RADIXLANG_CPU_MASK=avx512_bf16 for ours: the issue's second table)")
     a = ap.parse_args()
 
     from radixlang_runtime.model.resolve import resolve_model_dir
@@ -139,7 +142,7 @@ def main() -> None:
     for dt in a.baseline_dtypes.split(","):
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
     if peers:
-        results.update(run_peers(peers, peers_dir, a.runs, model_dir, ("W1", "W2")))
+        results.update(run_peers(peers, peers_dir, a.runs, model_dir, ("W1", "W2"), a.peer_dtype))
 
     nan = float("nan")
     med = {k: {w: statistics.median(v[w]) if v.get(w) else nan for w in wls} for k, v in results.items()}

@@ -32,24 +32,32 @@ def peer_workloads(peers_dir: str) -> dict[str, dict]:
 
 # peer -> [(row name, workload, script, extra args, RESULT field)]. W1: output tok/s; W2: decode tok/s
 # (tokens 2..256 over their time); W3: wall seconds with the peer's prefix reuse on / off.
-PEER_RUNS = {
-    "vllm": [("vllm-bf16", "W1", "bench_vllm.py", ["--dtype", "bfloat16"], "out_tok_s"),
-             ("vllm-bf16", "W2", "bench_vllm.py", ["--dtype", "bfloat16"], "decode_tok_s_per_seq"),
-             ("vllm-bf16", "W3", "bench_vllm.py", ["--dtype", "bfloat16", "--prefix-caching", "on"], "wall_s"),
-             ("vllm-bf16 no-prefix-caching", "W3", "bench_vllm.py", ["--dtype", "bfloat16", "--prefix-caching", "off"],
-              "wall_s")],
-    "llamacpp": [("llamacpp-BF16", "W1", "bench_llamacpp.py", ["--mode", "batch", "--gguf", "BF16", "--flash", "on"],
-                  "out_tok_s")]
-                + [(f"llamacpp-{q}", "W2", "bench_llamacpp.py", ["--mode", "seq", "--gguf", q], "decode_tok_s_per_seq")
-                   for q in ("BF16", "Q8_0", "Q4_1")]
-                + [(f"llamacpp-BF16{'' if on == 'on' else ' no-prefix-share'}", "W3", "bench_llamacpp.py",
-                    ["--mode", "batch", "--gguf", "BF16", "--flash", "on", "--prefix", on], "wall_s")
-                   for on in ("on", "off")],
-}
+def peer_runs(vllm_dtype: str = "bfloat16") -> dict[str, list]:
+    """The rows each peer runs; vllm_dtype float32 is vLLM-CPU on a CPU without AVX512-BF16 (the issue's
+    second table: ours under RADIXLANG_CPU_MASK=avx512_bf16 runs float32 there too)."""
+    v = "vllm-" + {"bfloat16": "bf16", "float32": "fp32"}[vllm_dtype]
+    return {
+        "vllm": [(v, "W1", "bench_vllm.py", ["--dtype", vllm_dtype], "out_tok_s"),
+                 (v, "W2", "bench_vllm.py", ["--dtype", vllm_dtype], "decode_tok_s_per_seq"),
+                 (v, "W3", "bench_vllm.py", ["--dtype", vllm_dtype, "--prefix-caching", "on"], "wall_s"),
+                 (f"{v} no-prefix-caching", "W3", "bench_vllm.py", ["--dtype", vllm_dtype, "--prefix-caching", "off"],
+                  "wall_s")],
+        "llamacpp": [("llamacpp-BF16", "W1", "bench_llamacpp.py", ["--mode", "batch", "--gguf", "BF16", "--flash", "on"],
+                      "out_tok_s")]
+                    + [(f"llamacpp-{q}", "W2", "bench_llamacpp.py", ["--mode", "seq", "--gguf", q], "decode_tok_s_per_seq")
+                       for q in ("BF16", "Q8_0", "Q4_1")]
+                    + [(f"llamacpp-BF16{'' if on == 'on' else ' no-prefix-share'}", "W3", "bench_llamacpp.py",
+                        ["--mode", "batch", "--gguf", "BF16", "--flash", "on", "--prefix", on], "wall_s")
+                       for on in ("on", "off")],
+    }
+
+
+PEER_RUNS = peer_runs()
 PEER_VENVS = {"vllm": "venv-vllm", "llamacpp": "venv-llamacpp"}
 
 
-def run_peers(peers: list[str], peers_dir: str, runs: int, model_dir: str, workloads: tuple[str, ...]) -> dict[str, dict]:
+def run_peers(peers: list[str], peers_dir: str, runs: int, model_dir: str, workloads: tuple[str, ...],
+              vllm_dtype: str = "bfloat16") -> dict[str, dict]:
     """Each peer script (for the asked workloads) in its own venv and process: row -> {workload: values
     of its clean reps (all reps when none was clean)}, or "error"."""
     scratch = os.environ.get("PEERS_DIR", "/tmp/peers")
@@ -57,7 +65,7 @@ def run_peers(peers: list[str], peers_dir: str, runs: int, model_dir: str, workl
     rows: dict[str, dict] = {}
     for peer in peers:
         py = os.path.join(scratch, PEER_VENVS[peer], "bin", "python")
-        for row, wl, script, extra, field in PEER_RUNS[peer]:
+        for row, wl, script, extra, field in peer_runs(vllm_dtype)[peer]:
             if wl not in workloads:
                 continue
             entry = rows.setdefault(row, {"dtype": row.split("-", 1)[1].split()[0], "peak_rss_mb": float("nan")})

@@ -101,6 +101,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp: W3 on them too (see above)")
     ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
+    ap.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="vLLM-CPU's dtype: float32 is what it runs on a CPU without AVX512-BF16 (with "
+                         "RADIXLANG_CPU_MASK=avx512_bf16 for ours: the issue's second table)")
     args = ap.parse_args()
     peers = [p for p in args.peers.split(",") if p]
     if sorted(set(peers) - set(PEER_RUNS)):
@@ -125,7 +128,7 @@ def main() -> None:
     if peers:
         from radixlang_runtime.model.resolve import resolve_model_dir
 
-        peer_rows = run_peers(peers, peers_dir, args.runs, resolve_model_dir(None), ("W3",))
+        peer_rows = run_peers(peers, peers_dir, args.runs, resolve_model_dir(None), ("W3",), args.peer_dtype)
         ours = statistics.median(on["W3"]["times"])
         print(f"\nW3 on the peers' ids: radixlang cache on {ours:.2f} s, off {statistics.median(off['W3']['times']):.2f} s")
         for row, r in peer_rows.items():
