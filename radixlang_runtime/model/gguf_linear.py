@@ -4,7 +4,8 @@ The embedded model ships as Q4_1 (layers) + Q8_0 (embedding / tied head); the co
 holds their dequantized values. With this flag the linears keep the blocks too:
 - decode batches (M <= cpu_kernels.QLINEAR_MAX_M) run gguf_gemv on the blocks (0.625 bytes per weight
   for Q4_1, 1.06 for Q8_0, against 2 for bf16; decode reads every weight once per step);
-- larger batches run a oneDNN-prepacked copy of the dequantized weight (compute-bound there).
+- larger batches run a dense copy of the dequantized weight (compute-bound there): packed_linear's
+  tiles on VDPBF16PS builds, else oneDNN-prepacked.
 Both read exactly the values the dequantized checkpoint holds, so unlike int8 re-quantization
 nothing drifts: only the summation order differs (float32 sums in the kernel).
 q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
@@ -36,8 +37,8 @@ class GGUFLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
-        if packing_available(weight.device, weight.dtype):
-            self.dense = PackedLinear(weight, self.bias)
+        if packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
+            self.dense = PackedLinear(weight, self.bias, tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
         else:
             self.weight = weight.detach()
 

@@ -223,7 +223,9 @@ class LlamaForCausalLM(nn.Module):
         blocks in the file (HF name -> (rows uint8, format)) runs on them (see gguf_linear). Returns how
         many; the others keep a packed dense weight."""
         from radixlang_runtime.model.gguf_linear import GGUFLinear, fused_blocks
-        from radixlang_runtime.model.packed_linear import PackedLinear
+        from radixlang_runtime.model.packed_linear import PackedLinear, dense_tiles_available
+
+        tiles = dense_tiles_available(self.embed_tokens.weight.device, self.embed_tokens.weight.dtype)
 
         def part(name: str):
             got = blocks.get(name)
@@ -234,7 +236,7 @@ class LlamaForCausalLM(nn.Module):
             parts = [part(n) for n in names]
             fused = fused_blocks(parts) if all(p is not None for p in parts) else None
             if fused is None:
-                setattr(owner, attr, PackedLinear(lin.weight, lin.bias))
+                setattr(owner, attr, PackedLinear(lin.weight, lin.bias, tiles))
                 return 0
             setattr(owner, attr, GGUFLinear(lin.weight, lin.bias, *fused))
             return 1
@@ -249,7 +251,7 @@ class LlamaForCausalLM(nn.Module):
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         head = part(head_name)
-        self.head = GGUFLinear(w, None, *head) if head is not None else PackedLinear(w, None)
+        self.head = GGUFLinear(w, None, *head) if head is not None else PackedLinear(w, None, tiles)
         self.lm_head = None
         return n + (head is not None)
 

@@ -43,7 +43,8 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else bias.detach()
         self.dense: nn.Module | None = None  # batches above the kernel's M (see the module docstring)
         if packing_available(weight.device, weight.dtype):
-            self.dense = PackedLinear((q.float() * scale[:, None]).to(weight.dtype), self.bias)
+            self.dense = PackedLinear((q.float() * scale[:, None]).to(weight.dtype), self.bias,
+                                      tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = cpu_kernels.qlinear_int8(x, self.qweight, self.scale) if x.device.type == "cpu" else None
