@@ -1,24 +1,27 @@
 /*
- * Dense linears for decode-sized batches, reading a tiled copy of the weights made once at load time
- * (cpu_kernels.dense_tiles):
- *   out [M, N] = x [M, K] @ W.T (+ bias [N]),  M <= DENSE_MAX_M, sums in float32, out like x.
+ * Dense linears on a tiled copy of the weights made once at load time (cpu_kernels.dense_tiles):
+ *   out [M, N] = x [M, K] @ W.T (+ bias [N]), sums in float32, out like x.
  *
  * Layout (TILE = 32 output rows per tile, NT = ceil(N / 32), the last tile's missing rows are zeros):
  *   bf16     wt [NT][K / 2][32][2]: for each pair of inputs (2p, 2p + 1) the tile's 32 rows hold their
  *            two weights side by side, so one 64-byte load is 16 rows x 1 pair: one VDPBF16PS against
  *            x's pair broadcast (or, without AVX512-BF16, two FMAs on the halves of each 32-bit lane);
  *   float32  wt [NT][K][32].
- * Every tile is one contiguous run, and the OpenMP threads take contiguous ranges of tiles, so each
- * thread reads one linear stream (the hardware prefetcher's best case). Four independent accumulator
- * chains per input row (two halves of the tile x even / odd pairs) hide the FMA latency.
+ * Every tile is one contiguous run and the OpenMP threads take contiguous ranges of tiles, so a thread
+ * reads one linear stream (the hardware prefetcher's best case).
  *
- * Why not oneDNN here: decode reads every weight once per step, so one stream is bandwidth-bound, and
- * oneDNN's packed bf16 GEMV streamed 17-26 GB/s where a plain read reaches ~33 (figures in
- * packed_linear.py / the issue 13 notes); larger batches are compute-bound and stay on oneDNN.
+ * Two bodies:
+ * - VDPBF16PS builds, bf16 (dense_gemm_dp): any M. A micro-kernel of up to GR = 6 rows x 1 or 2 tiles
+ *   (one tile per task for M <= PAIRS_FROM_M, so small N still splits evenly over the threads); rows
+ *   run in L2-sized blocks while the tiles pass over them. Each output is one chain of VDPBF16PS over
+ *   the pairs in order, whatever M, the row's place or the task shape: rows are batch-invariant (the
+ *   deterministic mode relies on it). M=1 streams at the read bandwidth (the chains of 2 - 4 outputs
+ *   vectors keep ahead of memory); large M matches oneDNN's packed GEMM (packed_linear.py's figures).
+ * - portable (GCC vector types, lowered to AVX-512 / AVX2 / plain code by the build's flags), bf16 and
+ *   float32: M <= DENSE_MAX_M, four accumulator chains per row (two halves x even / odd pairs).
  *
- * Paths: VDPBF16PS (AVX512-BF16 builds) and one portable body on GCC vector types, which the compiler
- * lowers to AVX-512, AVX2 or plain code by the build's target flags. K must be even for bf16 (the
- * planner only tiles such weights).
+ * Why not oneDNN for decode: a step reads every weight once, so one stream is bandwidth-bound, and
+ * oneDNN's packed GEMV streamed 17-26 GB/s where a plain read reaches ~33. K must be even for bf16.
  */
 #include "common.h"
 
