@@ -7,8 +7,8 @@ runs a step's layers as 30 calls.
 
 Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
 float32, one rank, no q/k norm, every linear a decode kernel (PackedLinear with dense tiles, GGUFLinear,
-Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M), and the attention backend's C decode without cascade groups or the
-deterministic row mode for this step. Then the result is bit-identical to the module path
+Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M),
+and the attention backend's C decode without cascade groups or the deterministic row mode for this step. Then the result is bit-identical to the module path
 (tests/test_fused_decode.py); otherwise `applies` is False and the modules run.
 """
 
@@ -48,8 +48,7 @@ class DecodeStep(ctypes.Structure):
         ("v_pools", ctypes.POINTER(ctypes.c_void_p))]
 
 
-def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
-    return None if t is None else t.data_ptr()
+_ptr = cpu_kernels._ptr
 
 
 def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
@@ -92,11 +91,11 @@ class FusedDecode:
             attn, mlp = layer.self_attn, layer.mlp
             if attn.q_norm is not None or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel:
                 return None
-            lins = [describe_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            lins = [describe_linear(m) for m in mods]
             if any(d is None for d in lins):
                 return None
-            any_m = any_m and all(getattr(m, "any_m", False) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                                                      mlp.down_proj))
+            any_m = any_m and all(getattr(m, "any_m", False) for m in mods)
             weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
                                               layer.post_attention_layernorm.weight.data_ptr(), i))
         a0 = model.layers[0].self_attn

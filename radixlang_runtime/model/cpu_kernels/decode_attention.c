@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "kernels.h"
 
 static inline float f32_id(float x) { return x; }
 

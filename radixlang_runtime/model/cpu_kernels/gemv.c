@@ -9,6 +9,7 @@
  * oneDNN's packed GEMV by enough to keep a second, unpacked copy of the weights: bf16 M=1 161 vs 135 us.)
  */
 #include "common.h"
+#include "kernels.h"
 
 #define GEMV_MAX_M 16
 #define GEMV_ROWS 4

@@ -24,6 +24,7 @@
  * oneDNN's packed GEMV streamed 17-26 GB/s where a plain read reaches ~33. K must be even for bf16.
  */
 #include "common.h"
+#include "kernels.h"
 
 #define DENSE_MAX_M 16
 #define TILE 32
@@ -227,6 +228,9 @@ static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, con
 #define CALL_PORT(c) tile_bf16_portable(xf + m0 * K, K, w, K, res, c)
             DENSE_CASES(CALL_PORT)
         }
+#undef DENSE_CASES
+#undef CALL_F32
+#undef CALL_PORT
         for (int m = 0; m < mc; m++)
             for (int64_t j = 0; j < nn; j++) {
                 const int64_t n = n0 + j;

@@ -7,6 +7,7 @@
  * Rows are spread over OpenMP threads.
  */
 #include "common.h"
+#include "kernels.h"
 
 void add_rms_norm_bf16(uint16_t *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out,
                        int64_t T, int64_t H, float eps) {

@@ -1,0 +1,31 @@
+/* The library's entry points that other kernels of it call (decode_layer.c), declared once: every
+ * defining file includes this header too, so a signature that drifts fails to compile. */
+#ifndef RADIXLANG_CPU_KERNELS_H
+#define RADIXLANG_CPU_KERNELS_H
+#include <stdint.h>
+
+int dense_gemv_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias, uint16_t *out,
+                    int64_t M, int64_t K, int64_t N);
+int dense_gemv_f32(const float *x, int64_t xs, const float *wt, const float *bias, float *out, int64_t M, int64_t K,
+                   int64_t N);
+int gguf_gemv_bf16(const uint16_t *x, const uint8_t *w, int64_t fmt, uint16_t *out, int64_t M, int64_t K, int64_t N);
+int gguf_gemv_f32(const float *x, const uint8_t *w, int64_t fmt, float *out, int64_t M, int64_t K, int64_t N);
+int qlinear_int8_bf16(const uint16_t *x, const int8_t *w, const float *scale, uint16_t *out, int64_t M, int64_t K,
+                      int64_t N);
+int qlinear_int8_f32(const float *x, const int8_t *w, const float *scale, float *out, int64_t M, int64_t K, int64_t N);
+void add_rms_norm_bf16(uint16_t *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t T,
+                       int64_t H, float eps);
+void add_rms_norm_f32(float *residual, const float *x, const float *weight, float *out, int64_t T, int64_t H,
+                      float eps);
+void silu_mul_bf16(const uint16_t *gu, uint16_t *out, int64_t T, int64_t I);
+void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I);
+int paged_decode_bf16(const uint16_t *q, const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *req_to_token,
+                      const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin,
+                      const uint16_t *prior_o, const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                      int64_t N, int64_t ctx, float scale, uint16_t *out);
+int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, const int64_t *req_to_token,
+                     const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin, const float *prior_o,
+                     const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx,
+                     float scale, float *out);
+
+#endif
