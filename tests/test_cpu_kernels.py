@@ -127,7 +127,9 @@ def test_extend_with_paged_prefix_matches_reference(isa, dtype, page_size, H, hk
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
+# (16, 1, 32), (10, 2, 64), (4, 2, 48): the PV pass's query-head blocks of 8 / 4 + 1 / the generic
+# width; seq_lens cover the score pass's partial blocks of 16 (1, 5) and whole ones (16, 200 = 12.5)
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13), (16, 1, 32), (10, 2, 64), (4, 2, 48)])
 def test_paged_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
     g = torch.Generator().manual_seed(3)
     seq_lens, rows = [1, 37, 200, 16, 5], [2, 0, 4, 1, 3]

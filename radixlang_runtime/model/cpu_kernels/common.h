@@ -68,6 +68,33 @@ static inline void store16_bf16(uint16_t *p, __m512 v) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
 }
 
+/* The 16 horizontal sums of v[0..16) as one vector: lane i = sum of v[i]'s lanes. A transposing tree
+ * (4 levels: 8 + 4 + 2 + 1 pairs of two-source permutes and an add) where 16 separate reductions take
+ * ~8 shuffle/add steps each. Level k holds 16 / 2^k partial sums per input, inputs in order; the sum
+ * order of a lane is fixed (it depends on nothing but the lane). v is overwritten. */
+static inline __m512 hsum16x16(__m512 *v) {
+    /* level k (16, 8, 4, 2 partials per input): lo takes each input's first k / 2 partials, hi the rest;
+     * indices 16.. name the second source */
+    static const int32_t IDX[4][2][16] = {
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}, {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}, {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
+        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}, {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}}};
+#define HSUM_LEVEL(lvl, n)                                                                                  \
+    do {                                                                                                   \
+        const __m512i il = _mm512_loadu_si512(IDX[lvl][0]), ih = _mm512_loadu_si512(IDX[lvl][1]);          \
+        _Pragma("GCC unroll 8") for (int j = 0; j < (n) / 2; j++) v[j] =                                  \
+            _mm512_add_ps(_mm512_permutex2var_ps(v[2 * j], il, v[2 * j + 1]),                             \
+                          _mm512_permutex2var_ps(v[2 * j], ih, v[2 * j + 1]));                            \
+    } while (0)
+    HSUM_LEVEL(0, 16);
+    HSUM_LEVEL(1, 8);
+    HSUM_LEVEL(2, 4);
+    HSUM_LEVEL(3, 2);
+#undef HSUM_LEVEL
+    return v[0];
+}
+
 /* e^x for x in [-87, 88]: 2^(x log2 e) as 2^n * p(f), |f| <= 1/2, p a degree-6 polynomial for
  * 2^f; relative error ~2e-7. Inputs are clamped to that range. */
 static inline __m512 exp512(__m512 x) {
