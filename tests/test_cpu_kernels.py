@@ -367,3 +367,32 @@ def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     want = paged_attention_ref(q[[0]], kb, vb, rt, [0], [L - 1], [1], D ** -0.5)
     torch.testing.assert_close(merged, want, **_tol(dtype))
     del v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T,H,hkv,D", [(1, 9, 3, 64), (100, 9, 3, 64), (70, 4, 2, 32), (5, 8, 8, 128)])
+def test_rope_store_is_bit_identical_to_rotary_and_store(isa, dtype, T, H, hkv, D):
+    """rope_store == Rotary.apply + KVPool.store, bit for bit (T >= 64 takes the threaded loop); qkv rows
+    with a stride wider than their heads (a padded buffer) and scattered slots."""
+    from radixlang_runtime.mem.kv_pool import KVPool
+    from radixlang_runtime.model.llama import Rotary
+
+    g = torch.Generator().manual_seed(5)
+    width = (H + 2 * hkv) * D
+    buf = (torch.randn(T, width + 8, generator=g) * 4).to(dtype)
+    qkv = buf[:, :width]
+    rot = Rotary(D, 10000.0, 4096, torch.device("cpu"), dtype)
+    cos, sin = rot.cos_sin(torch.randint(0, 4096, (T,), generator=g))
+    slots = torch.randperm(300, generator=g)[:T]
+    pools = [KVPool(300, 1, hkv, D, dtype, torch.device("cpu"), 1, 8) for _ in range(2)]
+
+    heads = qkv.reshape(T, H + 2 * hkv, D)
+    want = Rotary.apply(heads[:, : H + hkv], (cos, sin))
+    pools[0].store(0, slots, want[:, H:], heads[:, H + hkv :])
+    got = qkv.clone()
+    cpu_kernels.rope_store(got, cos, sin, H, hkv, D, slots, pools[1].k_buffers[0], pools[1].v_buffers[0])
+    got = got.view(T, H + 2 * hkv, D)
+    assert torch.equal(got[:, : H + hkv], want)
+    assert torch.equal(got[:, H + hkv :], heads[:, H + hkv :])  # v untouched
+    assert torch.equal(pools[1].k_buffers[0], pools[0].k_buffers[0])
+    assert torch.equal(pools[1].v_buffers[0], pools[0].v_buffers[0])

@@ -96,10 +96,22 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
         self.reduce = reduce
+        self.use_cpu_kernel = False  # CPU C kernels: rope + K/V store in one pass (cpu_kernels.rope_store)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        pool = fb.kv_pool
+        if self.use_cpu_kernel and self.q_norm is None and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
+            # Rotary.apply's rounding, in place on qkv's q and k heads, then k, v into the pool
+            cos, sin = fb.rope_cos_sin
+            cpu_kernels.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
+                                   pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id])
+            q = qkv[:, : self.q_size].view(T, self.h, self.d)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.hkv, self.d)
+            v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
+            out = self.o_proj(self.backend.attend(q, k, v, self.layer_id, fb))
+            return out if self.reduce is None else self.reduce(out)
         qk = qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.d)  # q and k heads
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
         if self.q_norm is not None:
@@ -192,9 +204,9 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(x, w).float()  # [R, V]
 
     def enable_cpu_kernels(self) -> None:
-        """bf16 on CPU: fused add+RMSNorm and SiLU-and-mul C kernels (see cpu_kernels/)."""
+        """CPU C kernels (bf16 / float32): fused add+RMSNorm, SiLU-and-mul, rope + K/V store (see cpu_kernels/)."""
         for m in self.modules():
-            if isinstance(m, (RMSNorm, MLP)):
+            if isinstance(m, (RMSNorm, MLP, Attention)):
                 m.use_cpu_kernel = True
 
     def pack_for_cpu(self, tiles: bool = False) -> int:

@@ -37,6 +37,10 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D]: stores k/v into the pool, then attends."""
         fb.kv_pool.store(layer, fb.out_loc, k, v)
+        return self.attend(q, k, v, layer, fb)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """`forward` after the store: k/v are already in the pool at fb.out_loc (cpu_kernels.rope_store)."""
         if fb.is_decode:
             return self.forward_decode(q, layer, fb)
         return self.forward_extend(q, k, v, layer, fb)

@@ -114,6 +114,9 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         norm.restype, act.restype = None, None
         norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         act.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+        rope = getattr(lib, f"rope_store_{suffix}")  # (qkv, T, row_stride, H, Hkv, D, cos, sin, loc, kp, vp, N)
+        rope.restype = None
+        rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64]
     for name in ("decode_layer_bf16", "decode_layer_f32"):  # (weights*, step*, residual, h or NULL, out)
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 5
@@ -222,6 +225,22 @@ def add_rms_norm(x: Optional[torch.Tensor], residual: torch.Tensor, weight: torc
     fn = _lib.add_rms_norm_bf16 if residual.dtype == torch.bfloat16 else _lib.add_rms_norm_f32
     fn(residual.data_ptr(), xp, weight.data_ptr(), out.data_ptr(), T, H, eps)
     return out
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, D: int,
+               out_loc: Optional[torch.Tensor] = None, k_pool: Optional[torch.Tensor] = None,
+               v_pool: Optional[torch.Tensor] = None) -> None:
+    """In place: neox rope on the q and k heads of qkv [T, (H + 2 Hkv) D] (rows contiguous, any row stride),
+    as Rotary.apply rounds it; then, with out_loc [T] int64 and pools [Hkv, N, D], each row's k and v heads
+    into the pools (KVPool.store). cos [T, D], sin [T, D / 2] contiguous (Rotary.cos_sin); one dtype,
+    bf16 or float32 (rope_store.c)."""
+    T = qkv.shape[0]
+    assert qkv.stride(1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    assert qkv.shape[1] >= (H + 2 * Hkv) * D and cos.dtype == sin.dtype == qkv.dtype
+    fn = _lib.rope_store_bf16 if qkv.dtype == torch.bfloat16 else _lib.rope_store_f32
+    N = 0 if k_pool is None else k_pool.shape[1]
+    fn(qkv.data_ptr(), T, qkv.stride(0), H, Hkv, D, cos.data_ptr(), sin.data_ptr(), _ptr(out_loc), _ptr(k_pool),
+       _ptr(v_pool), N)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@
  * step once the weights stream at the memory's rate (issue 13's figures in cpu_kernels/__init__.py).
  *
  *   x  = rms_norm(residual += h) * in_norm          (h == NULL on the first layer: no add)
- *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]
+ *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]  (rope_store.c)
  *   a  = paged_decode(q, pool, req_to_token, req_rows, seq_lens) @ Wo.T
  *   x2 = rms_norm(residual += a) * post_norm
  *   out = silu_mul(x2 @ Wgate_up.T) @ Wdown.T
@@ -12,10 +12,8 @@
  * Invariant: the same kernels, in the same order, with the same rounding points as the module path
  * (llama.DecoderLayer with PackedLinear tiles / GGUFLinear / Int8Linear, the C norm and activation
  * kernels, Rotary.apply, KVPool.store, TorchAttentionBackend's paged decode without cascade): the
- * result is bit-identical to it (tests/test_fused_decode.py). Rope follows torch's rounding: x * cos
- * is rounded to the element type, then addcmul_ adds the rotated half's product with one fused
- * multiply-add (what torch's CPU addcmul does in float32; for bf16 inputs the product is exact, so
- * fused or not is the same) and rounds again; nothing else is contracted (fp-contract off).
+ * result is bit-identical to it (tests/test_fused_decode.py). Rope and the K/V store are rope_store.c's,
+ * which the module path calls too (Rotary's rounding points: see there).
  * Shapes: residual, h, out [M, hidden]; q heads first in qkv ([M, (H + 2 Hkv) D]); cos [M, D] and
  * sin [M, D / 2] of the rows' positions (Rotary's tables); pools [Hkv, slots, D]. M <= DENSE_MAX_M.
  * Returns 0, -1 (a linear refused the shapes: the planner never lets that happen), -2 out of memory.
@@ -70,45 +68,6 @@ static int run_linear(const decode_linear *l, const void *x, void *out, int64_t 
     return 0;
 }
 
-static inline float ld(const void *p, int64_t i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline float rnd(float v, int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
-static inline void st(void *p, int64_t i, float v, int bf16) {
-    if (bf16)
-        ((uint16_t *)p)[i] = f32_to_bf16(v);
-    else
-        ((float *)p)[i] = v;
-}
-
-/* Neox rope on the q and k heads of qkv (in place) as Rotary.apply rounds it; then k and v of each row
- * into the pool (KVPool.store). */
-__attribute__((optimize("fp-contract=off"))) static void rope_and_store(const decode_layer_weights *W,
-                                                                       const decode_step *S, void *qkv, int bf16) {
-    const int64_t D = S->D, h = D / 2, heads = S->H + S->Hkv, row = (S->H + 2 * S->Hkv) * D;
-    const size_t el = bf16 ? 2 : 4;
-    for (int64_t m = 0; m < S->M; m++) {
-        for (int64_t hd = 0; hd < heads; hd++) {
-            const int64_t base = m * row + hd * D;
-            for (int64_t i = 0; i < h; i++) {
-                const float x1 = ld(qkv, base + i, bf16), x2 = ld(qkv, base + h + i, bf16);
-                const float s = ld(S->sin, m * h + i, bf16);
-                const float o1 = rnd(x1 * ld(S->cos, m * D + i, bf16), bf16);
-                const float o2 = rnd(x2 * ld(S->cos, m * D + h + i, bf16), bf16);
-                st(qkv, base + i, fmaf(-x2, s, o1), bf16);
-                st(qkv, base + h + i, fmaf(x1, s, o2), bf16);
-            }
-        }
-        const int64_t slot = S->out_loc[m];
-        for (int64_t g = 0; g < S->Hkv; g++) {
-            const char *k = (const char *)qkv + (m * row + (S->H + g) * D) * el;
-            const char *v = (const char *)qkv + (m * row + (S->H + S->Hkv + g) * D) * el;
-            memcpy((char *)S->k_pools[W->layer] + ((g * S->slots + slot) * D) * el, k, D * el);
-            memcpy((char *)S->v_pools[W->layer] + ((g * S->slots + slot) * D) * el, v, D * el);
-        }
-    }
-}
-
 static int decode_layer(const decode_layer_weights *W, const decode_step *S, void *residual, const void *h, void *out,
                         int bf16) {
     const int64_t M = S->M, hid = S->hidden, D = S->D, qkv_n = (S->H + 2 * S->Hkv) * D;
@@ -124,7 +83,12 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
     else
         add_rms_norm_f32(residual, h, W->in_norm, (float *)x, M, hid, S->eps);
     if ((rc = run_linear(&W->qkv, x, qkv, M, bf16))) goto done;
-    rope_and_store(W, S, qkv, bf16);
+    if (bf16)
+        rope_store_bf16((uint16_t *)qkv, M, qkv_n, S->H, S->Hkv, D, S->cos, S->sin, S->out_loc,
+                        S->k_pools[W->layer], S->v_pools[W->layer], S->slots);
+    else
+        rope_store_f32((float *)qkv, M, qkv_n, S->H, S->Hkv, D, S->cos, S->sin, S->out_loc, S->k_pools[W->layer],
+                       S->v_pools[W->layer], S->slots);
     for (int64_t m = 0; m < M; m++) memcpy(q + m * S->H * D * el, qkv + m * qkv_n * el, S->H * D * el);
     const void *kp = S->k_pools[W->layer], *vp = S->v_pools[W->layer];
     rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows,

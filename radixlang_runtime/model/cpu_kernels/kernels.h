@@ -27,5 +27,10 @@ int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, c
                      const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin, const float *prior_o,
                      const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx,
                      float scale, float *out);
+void rope_store_bf16(uint16_t *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D,
+                     const uint16_t *cos, const uint16_t *sin, const int64_t *out_loc, uint16_t *k_pool,
+                     uint16_t *v_pool, int64_t N);
+void rope_store_f32(float *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D, const float *cos,
+                    const float *sin, const int64_t *out_loc, float *k_pool, float *v_pool, int64_t N);
 
 #endif
