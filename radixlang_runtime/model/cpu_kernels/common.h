@@ -142,14 +142,22 @@ static inline float softmax_numerators(float *s, int64_t L, float *m_out) {
 #if defined(__AVX512F__)
     __m512 vm = _mm512_set1_ps(-INFINITY);
     for (; l + 16 <= L; l += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + l));
+    /* the last L % 16 lanes under a mask (the row's scores are the only values read or written) */
+    const __mmask16 tail = (__mmask16)((1u << (L - l)) - 1u);
+    vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, s + l));
     m = _mm512_reduce_max_ps(vm);
-    for (int64_t i = l; i < L; i++) m = s[i] > m ? s[i] : m;
     const __m512 mv = _mm512_set1_ps(m);
     __m512 vs = _mm512_setzero_ps();
     for (l = 0; l + 16 <= L; l += 16) {
         const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
         _mm512_storeu_ps(s + l, e);
         vs = _mm512_add_ps(vs, e);
+    }
+    if (tail) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + l), mv));
+        _mm512_mask_storeu_ps(s + l, tail, e);
+        vs = _mm512_mask_add_ps(vs, tail, vs, e);
+        l = L;
     }
     sum = _mm512_reduce_add_ps(vs);
 #elif defined(__AVX2__) && defined(__FMA__)

@@ -34,6 +34,34 @@
 #define KCH 128 /* keys per chunk (K and V chunks of 16 KB each at D = 64) */
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* r[c] = column c of the 16 x 16 matrix of 32-bit words whose rows were r[0..16): unpacks of 32- and
+ * 64-bit elements, then two rounds of 128-bit lane shuffles (64 instructions for 256 words). */
+static inline void transpose16x16_epi32(__m512i *r) {
+    __m512i t[16], u[16], v[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + j], 128-bit lane k: rows 4i .. 4i + 3 of column 4k + j */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+        v[4 + j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+        v[8 + j] = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        v[12 + j] = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+    }
+    for (int j = 0; j < 4; j++) { /* columns j, 8 + j, 4 + j, 12 + j */
+        r[j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0xdd);
+        r[4 + j] = _mm512_shuffle_i32x4(v[4 + j], v[12 + j], 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(v[4 + j], v[12 + j], 0xdd);
+    }
+}
+
 /* Keys c0 .. c1 - 1 (c0, c1 even; keys >= n are zero) of one segment and KV head: the first np from the
  * pool at slot[l], the rest rows s + l - np of k / v. K into d-pair-major kt [D/2][n16], V into key
  * pairs vt [n16/2][D]: vt[lp][d] = (v[2lp+1][d] << 16) | v[2lp][d] (bf16 bits). */
@@ -44,7 +72,18 @@ static void pack_keys_bf16(const uint16_t *k_pool, const uint16_t *v_pool, int64
     const int64_t P = D / 2;
 #define KROW(l) ((l) < np ? k_pool + (h * N + slot[l]) * D : k + (s + (l) - np) * k_stride + h * D)
 #define VROW(l) ((l) < np ? v_pool + (h * N + slot[l]) * D : v + (s + (l) - np) * v_stride + h * D)
-    for (int64_t l = c0; l < c1; l++) {
+    int64_t l = c0;
+    for (; l + 16 <= c1 && l + 16 <= n; l += 16) { /* whole blocks of 16 keys: 16 x 16 transposes */
+        const uint32_t *rows[16];
+        for (int i = 0; i < 16; i++) rows[i] = (const uint32_t *)KROW(l + i);
+        for (int64_t p0 = 0; p0 < P; p0 += 16) { /* P = D / 2, a multiple of 16 */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(rows[i] + p0);
+            transpose16x16_epi32(r);
+            for (int c = 0; c < 16; c++) _mm512_storeu_si512(kt + (p0 + c) * n16 + l, r[c]);
+        }
+    }
+    for (; l < c1; l++) {
         if (l < n) {
             const uint32_t *kr = (const uint32_t *)KROW(l);
             for (int64_t pp = 0; pp < P; pp++) kt[pp * n16 + l] = kr[pp];
@@ -54,6 +93,14 @@ static void pack_keys_bf16(const uint16_t *k_pool, const uint16_t *v_pool, int64
     }
     for (int64_t lp = c0 / 2; lp < c1 / 2; lp++) {
         const uint16_t *v0 = 2 * lp < n ? VROW(2 * lp) : NULL, *v1 = 2 * lp + 1 < n ? VROW(2 * lp + 1) : NULL;
+        if (v0 && v1) { /* 16 pairs per vector: v0's element in the low half, v1's in the high */
+            for (int64_t d = 0; d < D; d += 16) {
+                const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v0 + d)));
+                const __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v1 + d)));
+                _mm512_storeu_si512(vt + lp * D + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+            }
+            continue;
+        }
         for (int64_t d = 0; d < D; d++) vt[lp * D + d] = (v1 ? (uint32_t)v1[d] << 16 : 0u) | (v0 ? v0[d] : 0u);
     }
 #undef KROW
@@ -198,7 +245,11 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
                     int64_t l = 0;
                     for (; l + 16 <= L[i]; l += 16)
                         _mm256_store_si256((__m256i *)(p + l), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sr + l)));
-                    for (; l < L[i]; l++) p[l] = f32_to_bf16(sr[l]);
+                    if (l < L[i]) {
+                        const __mmask16 tail = (__mmask16)((1u << (L[i] - l)) - 1u);
+                        _mm256_mask_storeu_epi16(p + l, tail, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail, sr + l)));
+                        l = L[i];
+                    }
                     for (; l < Lpair; l++) p[l] = 0;
                     pr[i] = (const uint32_t *)p;
                 }
