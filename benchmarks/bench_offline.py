@@ -109,7 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
-    ap.add_argument("--baseline-dtypes", default="float32,bfloat16")
+    ap.add_argument("--baseline-dtypes", default="float32,bfloat16", help="transformers' dtypes ('' for none)")
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--dtype", default="auto", help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
@@ -139,7 +139,7 @@ def main() -> None:
     if a.deterministic:
         results["radixlang-deterministic"] = in_child(run_radixlang, model_dir, wls, a.runs,
                                                       {"dtype": a.dtype, "enable_deterministic_inference": True})
-    for dt in a.baseline_dtypes.split(","):
+    for dt in [d for d in a.baseline_dtypes.split(",") if d]:  # "" runs no transformers baseline
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
     if peers:
         results.update(run_peers(peers, peers_dir, a.runs, model_dir, ("W1", "W2"), a.peer_dtype))

@@ -19,12 +19,6 @@
 #define CAT(a, b) CAT_(a, b)
 
 #ifdef __AVX512F__
-/* The vector path: D % 16 == 0. Scores go 16 positions at a time: one accumulator per position (a
- * VDPBF16PS or FMA chain over the row), the 16 reduced together by hsum16x16; a K/V row is loaded once
- * per query head from L1. Rows 64 (K) / 32 (V) positions ahead are prefetched into L2: slots need not
- * be consecutive (a request's pages lie anywhere in the pool). Measured (B = 64, L = 320, 9/3 heads,
- * D = 64, 30 layers' pools, 2 threads): consecutive slots 30 -> 22 ms, shuffled slots 122 -> 24 ms (prefetch
- * 16 / 8 ahead into L1: 40 ms). */
 /* out[g] = inv_sum[g] * sum_l p[g * L + l] * v_l for g < gb, V rows of D = 16 J elements: per element
  * one FMA chain over l in order (every block shape gives the same sums). Written once; instantiated
  * with constant J, gb (always_inline into pv_block_) so the gb x J accumulators are registers. */
@@ -64,6 +58,12 @@ static __attribute__((noinline)) void CAT(pv_block_generic_, SUFFIX)(
     CAT(pv_body_, SUFFIX)(p, L, v_pool, slots, h, N, J, gb, lines, inv_sum, out);
 }
 
+/* The vector path: D % 16 == 0. Scores go 16 positions at a time: one accumulator per position (a
+ * VDPBF16PS or FMA chain over the row), the 16 reduced together by hsum16x16; a K/V row is loaded once
+ * per query head from L1. Rows 64 (K) / 32 (V) positions ahead are prefetched into L2: slots need not
+ * be consecutive (a request's pages lie anywhere in the pool). Measured (B = 64, L = 320, 9/3 heads,
+ * D = 64, 30 layers' pools, 2 threads): consecutive slots 30 -> 18 ms, shuffled slots 122 -> 18 ms (prefetch
+ * 16 / 8 ahead into L1, and not from the task's start: 22 / 40 ms). */
 static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, float scale, const ELEM *k_pool,
                                             const ELEM *v_pool, const int64_t *slots, int64_t L, int64_t G,
                                             int64_t D, int64_t h, int64_t N, float *scores, float *acc, float *lse) {
