@@ -9,13 +9,17 @@
  *
  * Two phases like the bf16 kernel. Pack, tasks (segment, KV head, KC keys): keys converted once to
  * float32, K transposed [D][n], V row-major [n][D]. Attend, tasks (segment, KV head, block of QB
- * queries): rows PRB at a time; scores in blocks of 16 keys and P.V in blocks of 16 dims, so the
- * sums stay in registers (the axpy form stored every partial sum: store-bound) and each K / V vector
- * loaded feeds PRB rows.
+ * queries): rows in cache blocks of BM, PRB at a time in registers; scores in blocks of 32 keys and P.V
+ * in blocks of 64 dims, so the sums stay in registers (the axpy form stored every partial sum:
+ * store-bound) and each K / V vector loaded feeds PRB rows; keys in chunks of KCH that stay in L1 while
+ * every row of the cache block reads them (K's [D][n] rows are n floats apart: a 4-row block alone
+ * re-streamed all of K from L2). float32, 16 x 256 causal, 9/3 heads, D = 64: 28.8 -> 20.2 ms a layer.
  */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
-#define PRB 4 /* rows per block */
+#define PRB 4  /* rows per register block */
+#define BM 32  /* rows per cache block: each chunk of K / V is read from L1 by all of them */
+#define KCH 128 /* keys per chunk (K and V chunks of 32 KB each at D = 64) */
 #ifndef RADIXLANG_VF16
 #define RADIXLANG_VF16
 /* 16 floats as one GCC vector: one zmm with AVX-512, two ymm with AVX2, four NEON registers */
@@ -71,9 +75,9 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                                     starts[r], h, D, c0, c0 + KC < nkeys[r] ? c0 + KC : nkeys[r], kt, kt + D * nkeys[r]);
         }
         /* the implicit barrier: every block is packed before any is read */
-        float *sc = (float *)malloc(sizeof(float) * (size_t)(PRB * max_n));
+        float *sc = (float *)malloc(sizeof(float) * (size_t)(BM * max_n));
         float *own = (float *)malloc(sizeof(float) * (size_t)(2 * D * own_n));
-        float acc[PRB][256], qf[PRB][256], pf[256];
+        float acc[BM][256], qf[BM][256], pf[256]; /* 64 KB of stack: libgomp threads have MBs */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < task_off[R]; task++) {
             if (!sc || !own) {
@@ -90,10 +94,12 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                 kt = own, vf = own + D * n;
             }
             const int64_t nrows = (j1 - j0) * G;
-            for (int64_t b0 = 0; b0 < nrows; b0 += PRB) {
-                const int64_t nb = nrows - b0 < PRB ? nrows - b0 : PRB;
-                int64_t t[PRB], hh[PRB], L[PRB], Lmax = 0;
-                for (int64_t i = 0; i < PRB; i++) { /* rows past nb repeat the last (computed, never stored) */
+            for (int64_t b0 = 0; b0 < nrows; b0 += BM) {
+                /* rows b0 .. b0 + nb - 1, padded to whole sub-blocks of PRB with repeats of the last row
+                 * (computed, never stored) */
+                const int64_t nb = nrows - b0 < BM ? nrows - b0 : BM, nsub = (nb + PRB - 1) / PRB;
+                int64_t t[BM], hh[BM], L[BM], Lmax = 0;
+                for (int64_t i = 0; i < nsub * PRB; i++) {
                     const int64_t row = b0 + (i < nb ? i : nb - 1), j = j0 + row / G;
                     t[i] = q_index ? q_index[starts[r] + j] : starts[r] + j;
                     hh[i] = h * G + row % G;
@@ -102,32 +108,39 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     const ELEM *qr = q + t[i] * q_stride + hh[i] * D;
                     for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
                 }
-                /* scores, 32 keys x PRB rows at a time: 2 * PRB independent sums stay in registers across d
-                 * (full blocks; the last, partial one lane by lane) */
-                int64_t l0 = 0;
-                for (; l0 + 32 <= Lmax; l0 += 32) {
-                    vf16 a[PRB], b[PRB];
-                    for (int i = 0; i < PRB; i++) a[i] = b[i] = (vf16){0};
-                    for (int64_t d = 0; d < D; d++) {
-                        const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
-                        for (int i = 0; i < PRB; i++) {
-                            a[i] += qf[i][d] * k0;
-                            b[i] += qf[i][d] * k1;
+                /* scores chunk by chunk of KCH keys (the chunk of K stays in L1 while every sub-block reads
+                 * it), 32 keys x PRB rows at a time: 2 * PRB independent sums stay in registers across d */
+                const int64_t l32 = Lmax / 32 * 32;
+                for (int64_t c0 = 0; c0 < l32; c0 += KCH) {
+                    const int64_t c1 = c0 + KCH < l32 ? c0 + KCH : l32;
+                    for (int64_t sb = 0; sb < nsub; sb++) {
+                        float(*qs)[256] = qf + sb * PRB;
+                        float *ss = sc + sb * PRB * max_n;
+                        for (int64_t l0 = c0; l0 < c1; l0 += 32) {
+                            vf16 a[PRB], b[PRB];
+                            for (int i = 0; i < PRB; i++) a[i] = b[i] = (vf16){0};
+                            for (int64_t d = 0; d < D; d++) {
+                                const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
+                                for (int i = 0; i < PRB; i++) {
+                                    a[i] += qs[i][d] * k0;
+                                    b[i] += qs[i][d] * k1;
+                                }
+                            }
+                            for (int i = 0; i < PRB; i++) {
+                                memcpy(ss + i * max_n + l0, &a[i], sizeof a[i]);
+                                memcpy(ss + i * max_n + l0 + 16, &b[i], sizeof b[i]);
+                            }
                         }
                     }
-                    for (int i = 0; i < PRB; i++) {
-                        memcpy(sc + i * max_n + l0, &a[i], sizeof a[i]);
-                        memcpy(sc + i * max_n + l0 + 16, &b[i], sizeof b[i]);
-                    }
                 }
-                for (int64_t i = 0; i < PRB; i++)
-                    for (int64_t l = l0; l < Lmax; l++) {
+                for (int64_t i = 0; i < nsub * PRB; i++) /* the last Lmax % 32 keys lane by lane */
+                    for (int64_t l = l32; l < Lmax; l++) {
                         float sum = 0.f;
                         for (int64_t d = 0; d < D; d++) sum += qf[i][d] * kt[d * n + l];
                         sc[i * max_n + l] = sum;
                     }
-                float lse[PRB];
-                for (int64_t i = 0; i < PRB; i++) {
+                float lse[BM];
+                for (int64_t i = 0; i < nsub * PRB; i++) {
                     float m, *si = sc + i * max_n;
                     const float sum = softmax_numerators(si, L[i], &m);
                     lse[i] = m + logf(sum);
@@ -135,25 +148,36 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     for (int64_t l = 0; l < L[i]; l++) si[l] *= inv;
                     for (int64_t l = L[i]; l < Lmax; l++) si[l] = 0.f;
                 }
-                /* P.V, 64 dims x PRB rows at a time: 4 * PRB independent sums stay in registers across keys
-                 * (whole 64-dim blocks; the dims past them lane by lane) */
+                /* P.V, 64 dims x PRB rows at a time (4 * PRB independent sums in registers), chunk by chunk
+                 * of KCH keys (the chunk of V stays in L1), the sums kept in acc between chunks: per
+                 * element one sum over the keys in order, as without chunks; dims past the whole 64-dim
+                 * blocks lane by lane */
                 int64_t d0 = 0;
-                for (; d0 + 64 <= D; d0 += 64) {
-                    vf16 a[PRB][4];
-                    for (int i = 0; i < PRB; i++)
-                        for (int c = 0; c < 4; c++) a[i][c] = (vf16){0};
-                    for (int64_t l = 0; l < Lmax; l++) {
-                        vf16 vv[4];
-                        for (int c = 0; c < 4; c++) vv[c] = loadu_vf16(vf + l * D + d0 + 16 * c);
-                        for (int i = 0; i < PRB; i++) {
-                            const float p = sc[i * max_n + l];
-                            for (int c = 0; c < 4; c++) a[i][c] += p * vv[c];
+                for (; d0 + 64 <= D; d0 += 64)
+                    for (int64_t c0 = 0; c0 < Lmax; c0 += KCH) {
+                        const int64_t c1 = c0 + KCH < Lmax ? c0 + KCH : Lmax;
+                        for (int64_t sb = 0; sb < nsub; sb++) {
+                            vf16 a[PRB][4];
+                            for (int i = 0; i < PRB; i++)
+                                for (int c = 0; c < 4; c++)
+                                    if (c0)
+                                        a[i][c] = loadu_vf16(acc[sb * PRB + i] + d0 + 16 * c);
+                                    else
+                                        a[i][c] = (vf16){0};
+                            const float *ps = sc + sb * PRB * max_n;
+                            for (int64_t l = c0; l < c1; l++) {
+                                vf16 vv[4];
+                                for (int c = 0; c < 4; c++) vv[c] = loadu_vf16(vf + l * D + d0 + 16 * c);
+                                for (int i = 0; i < PRB; i++) {
+                                    const float p = ps[i * max_n + l];
+                                    for (int c = 0; c < 4; c++) a[i][c] += p * vv[c];
+                                }
+                            }
+                            for (int i = 0; i < PRB; i++)
+                                for (int c = 0; c < 4; c++) memcpy(acc[sb * PRB + i] + d0 + 16 * c, &a[i][c], sizeof a[i][c]);
                         }
                     }
-                    for (int i = 0; i < PRB; i++)
-                        for (int c = 0; c < 4; c++) memcpy(acc[i] + d0 + 16 * c, &a[i][c], sizeof a[i][c]);
-                }
-                for (int64_t i = 0; i < PRB; i++) {
+                for (int64_t i = 0; i < nsub * PRB; i++) {
                     for (int64_t d = d0; d < D; d++) acc[i][d] = 0.f;
                     for (int64_t l = 0; l < Lmax; l++) {
                         const float p = sc[i * max_n + l];
@@ -180,6 +204,8 @@ done:
     return err;
 }
 #undef PRB
+#undef BM
+#undef KCH
 #undef SEG_SLOTS
 #undef CAT
 #undef CAT_
