@@ -101,24 +101,20 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.d)  # q and k heads
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
         pool = fb.kv_pool
         if self.use_cpu_kernel and self.q_norm is None and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
-            # Rotary.apply's rounding, in place on qkv's q and k heads, then k, v into the pool
+            # Rotary.apply's rounding in place on qkv (qk is a view of it), then k, v into the pool
             cos, sin = fb.rope_cos_sin
             cpu_kernels.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
                                    pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id])
-            q = qkv[:, : self.q_size].view(T, self.h, self.d)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, self.hkv, self.d)
-            v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
-            out = self.o_proj(self.backend.attend(q, k, v, self.layer_id, fb))
-            return out if self.reduce is None else self.reduce(out)
-        qk = qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.d)  # q and k heads
-        v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
-        if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
-        qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
-        q, k = qk[:, : self.h], qk[:, self.h :]
-        o = self.backend.forward(q, k, v, self.layer_id, fb)  # [T, H D]
+            o = self.backend.attend(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
+        else:
+            if self.q_norm is not None:
+                qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
+            qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
+            o = self.backend.forward(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
         out = self.o_proj(o)  # [T, hidden]: this rank's heads' share
         return out if self.reduce is None else self.reduce(out)
 

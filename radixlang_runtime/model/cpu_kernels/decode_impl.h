@@ -19,23 +19,34 @@
 #define CAT(a, b) CAT_(a, b)
 
 #ifdef __AVX512F__
+#ifndef RADIXLANG_DECODE_PREFETCH
+#define RADIXLANG_DECODE_PREFETCH
+/* Rows i0 .. i1 - 1 (clipped to L) of one KV head's positions into L2: the `lines` cache lines of each
+ * pool row at slot slots[i] (pool [Hkv, N, D] of `row_bytes`-byte rows, base `pool`, head h). */
+/* always_inline: as a call in the P.V loop it doubled the kernel's time on scattered slots */
+static inline __attribute__((always_inline)) void prefetch_rows(const void *pool, const int64_t *slots, int64_t i0,
+                                                                int64_t i1, int64_t L, int64_t h, int64_t N,
+                                                                int64_t row_bytes, int64_t lines) {
+    for (int64_t i = i0; i < i1 && i < L; i++)
+        for (int64_t c = 0; c < lines; c++)
+            _mm_prefetch((const char *)pool + (h * N + slots[i]) * row_bytes + 64 * c, _MM_HINT_T1);
+}
+#endif
+
 /* out[g] = inv_sum[g] * sum_l p[g * L + l] * v_l for g < gb, V rows of D = 16 J elements: per element
  * one FMA chain over l in order (every block shape gives the same sums). Written once; instantiated
- * with constant J, gb (always_inline into pv_block_) so the gb x J accumulators are registers. */
+ * with constant J, gb (always_inline at the PV_BLOCK cases) so the gb x J accumulators are registers. */
 static inline __attribute__((always_inline)) void CAT(pv_body_, SUFFIX)(
     const float *p, int64_t L, const ELEM *v_pool, const int64_t *slots, int64_t h, int64_t N, int64_t J,
     int64_t gb, int64_t lines, const float *inv_sum, float *out) {
     const int64_t D = 16 * J;
     __m512 av[16 * 16];
     for (int64_t i = 0; i < gb * J; i++) av[i] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < L && l < 32; l++)
-        for (int64_t c = 0; c < lines; c++)
-            _mm_prefetch((const char *)(v_pool + (h * N + slots[l]) * D) + 64 * c, _MM_HINT_T1);
+    const int64_t row_bytes = D * (int64_t)sizeof(ELEM);
+    prefetch_rows(v_pool, slots, 0, 32, L, h, N, row_bytes, lines);
     for (int64_t l = 0; l < L; l++) {
         const ELEM *vr = v_pool + (h * N + slots[l]) * D;
-        if (l + 32 < L)
-            for (int64_t c = 0; c < lines; c++)
-                _mm_prefetch((const char *)(v_pool + (h * N + slots[l + 32]) * D) + 64 * c, _MM_HINT_T1);
+        prefetch_rows(v_pool, slots, l + 32, l + 33, L, h, N, row_bytes, lines);
         __m512 vv[16];
         for (int64_t j = 0; j < J; j++) vv[j] = LOAD16(vr + 16 * j);
         for (int64_t g = 0; g < gb; g++) {
@@ -46,11 +57,6 @@ static inline __attribute__((always_inline)) void CAT(pv_body_, SUFFIX)(
     for (int64_t g = 0; g < gb; g++)
         for (int64_t j = 0; j < J; j++)
             _mm512_storeu_ps(out + g * D + 16 * j, _mm512_mul_ps(av[g * J + j], _mm512_set1_ps(inv_sum[g])));
-}
-static inline __attribute__((always_inline)) void CAT(pv_block_, SUFFIX)(
-    const float *p, int64_t L, const ELEM *v_pool, const int64_t *slots, int64_t h, int64_t N, const int64_t J,
-    const int64_t gb, int64_t lines, const float *inv_sum, float *out) {
-    CAT(pv_body_, SUFFIX)(p, L, v_pool, slots, h, N, J, gb, lines, inv_sum, out);
 }
 static __attribute__((noinline)) void CAT(pv_block_generic_, SUFFIX)(
     const float *p, int64_t L, const ELEM *v_pool, const int64_t *slots, int64_t h, int64_t N, int64_t J,
@@ -80,16 +86,12 @@ static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, fl
         for (int64_t g = 0; g < G; g++)
             for (int64_t p = 0; p < P; p++) qv[g * P + p] = (__m512bh)_mm512_loadu_si512(qb + g * D + 32 * p);
 #endif
-    for (int64_t i = 0; i < L && i < 64; i++)
-        for (int64_t c = 0; c < lines; c++)
-            _mm_prefetch((const char *)(k_pool + (h * N + slots[i]) * D) + 64 * c, _MM_HINT_T1);
+    prefetch_rows(k_pool, slots, 0, 64, L, h, N, D * (int64_t)sizeof(ELEM), lines);
     for (int64_t l0 = 0; l0 < L; l0 += 16) {
         const int64_t n = L - l0 < 16 ? L - l0 : 16;
         const ELEM *kr[16];
         for (int64_t i = 0; i < 16; i++) kr[i] = i < n ? k_pool + (h * N + slots[l0 + i]) * D : zero_row;
-        for (int64_t i = l0 + 64; i < L && i < l0 + 80; i++)
-            for (int64_t c = 0; c < lines; c++)
-                _mm_prefetch((const char *)(k_pool + (h * N + slots[i]) * D) + 64 * c, _MM_HINT_T1);
+        prefetch_rows(k_pool, slots, l0 + 64, l0 + 80, L, h, N, D * (int64_t)sizeof(ELEM), lines);
         for (int64_t g = 0; g < G; g++) {
             __m512 a[16];
 #pragma GCC unroll 16
@@ -130,23 +132,14 @@ static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, fl
         const float *p = scores + g0 * L;
         float *o = acc + g0 * D;
         const float *is = inv_sum + g0;
+#define PV_BLOCK(j, g) \
+    case j * 100 + g: CAT(pv_body_, SUFFIX)(p, L, v_pool, slots, h, N, j, g, lines, is, o); break;
         switch (J * 100 + gb) { /* the common head dims (32, 64, 128) with constant J, gb; the rest generic */
-        case 201: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 1, lines, is, o); break;
-        case 202: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 2, lines, is, o); break;
-        case 203: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 3, lines, is, o); break;
-        case 204: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 4, lines, is, o); break;
-        case 205: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 5, lines, is, o); break;
-        case 206: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 6, lines, is, o); break;
-        case 207: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 7, lines, is, o); break;
-        case 208: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 2, 8, lines, is, o); break;
-        case 401: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 4, 1, lines, is, o); break;
-        case 402: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 4, 2, lines, is, o); break;
-        case 403: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 4, 3, lines, is, o); break;
-        case 404: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 4, 4, lines, is, o); break;
-        case 801: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 8, 1, lines, is, o); break;
-        case 802: CAT(pv_block_, SUFFIX)(p, L, v_pool, slots, h, N, 8, 2, lines, is, o); break;
+            PV_BLOCK(2, 1) PV_BLOCK(2, 2) PV_BLOCK(2, 3) PV_BLOCK(2, 4) PV_BLOCK(2, 5) PV_BLOCK(2, 6) PV_BLOCK(2, 7)
+            PV_BLOCK(2, 8) PV_BLOCK(4, 1) PV_BLOCK(4, 2) PV_BLOCK(4, 3) PV_BLOCK(4, 4) PV_BLOCK(8, 1) PV_BLOCK(8, 2)
         default: CAT(pv_block_generic_, SUFFIX)(p, L, v_pool, slots, h, N, J, gb, lines, is, o);
         }
+#undef PV_BLOCK
     }
 }
 #endif
