@@ -257,6 +257,81 @@ def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
     assert cpu_kernels.gguf_gemv(torch.randn(17, K).to(dtype), torch.from_numpy(blocks), fmt) is None
 
 
+def _q8_reference(x: torch.Tensor, blocks, fmt: str):
+    """gemv_q8.c's arithmetic in float64 numpy: x quantized per block of 32 (dx = max|x| / 127 in float32,
+    qx = x * (127 / max|x|) rounded to nearest even), integer block dots with the weights' quants, scaled.
+    Returns (that, exact dequantize-then-matmul, the bound sum_b dx_b / 2 sum_j |w_j|), all [M, N]."""
+    import gguf.quants as gq
+    import numpy as np
+
+    M, K = x.shape
+    N, nb = blocks.shape[0], K // 32
+    xb = x.float().numpy().reshape(M, nb, 32)
+    amax = np.abs(xb).max(-1)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    qx = np.rint(xb * inv[..., None]).astype(np.int64)
+    dx = (amax / np.float32(127)).astype(np.float64)
+    b = blocks.reshape(N, nb, -1)
+    dw = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
+    if fmt == "Q8_0":
+        qw, mw = b[..., 2:].view(np.int8).astype(np.int64), 0.0
+    else:
+        qs = b[..., 4:]
+        qw = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int64)
+        mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)[None]
+    sx = xb.astype(np.float64).sum(-1)[:, None]  # [M, 1, nb]
+    want = (np.einsum("mbj,nbj->mnb", qx, qw) * dw[None] * dx[:, None] + mw * sx).sum(-1)
+    w = gq.dequantize(blocks, getattr(gq.GGMLQuantizationType, fmt)).astype(np.float64)
+    exact = x.double().numpy() @ w.T
+    bound = (dx[:, None, :] / 2 * np.abs(w.reshape(N, nb, 32)).sum(-1)[None]).sum(-1)
+    return want, exact, bound
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 96, 33), (16, 1536, 7), (5, 32, 4), (7, 64, 1)])
+def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N):
+    """gemv_q8.c on gguf_q8_tiles: equal (to float32 rounding) to the integer dots of the int8 activations
+    with the blocks' quants, scaled (every ISA computes the same integers), and within the activations'
+    rounding bound of dequantize-then-matmul; odd block counts and N % 4 != 0 take the padding."""
+    import gguf.quants as gq
+    import numpy as np
+
+    g = torch.Generator().manual_seed(11)
+    blocks = gq.quantize(torch.randn(N, K, generator=g).numpy(), getattr(gq.GGMLQuantizationType, fmt))
+    x = torch.randn(M, K, generator=g).to(dtype)
+    x[0, :32] = 0.0  # an all-zero block: dx = 0
+    tiles = cpu_kernels.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
+    assert tiles.shape == (-(-N // 4), -(-K // 64), 272 if fmt == "Q8_0" else 160)
+    got = cpu_kernels.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
+    want, exact, bound = _q8_reference(x, blocks, fmt)
+    scale = np.abs(want).max()
+    assert np.abs(got.double().numpy() - want).max() <= 2e-6 * scale
+    assert (np.abs(got.double().numpy() - exact) <= bound * 1.001 + 1e-6 * scale).all()
+    out = cpu_kernels.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
+    assert out.dtype == dtype and torch.equal(out, got.to(dtype))
+    assert cpu_kernels.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
+
+
+def test_gguf_q8_gemv_extreme_quants(isa):
+    """Q8_0 quants of -128 (a file may hold them; the AVX512BW / AVX2 paths take |qw| = 128) against
+    activations at +-max (127: dx = 1, so every float step is exact too): the integer dots stay exact
+    (no 16-bit saturation)."""
+    import numpy as np
+
+    K, N = 128, 5
+    d = np.frombuffer(np.float16(0.5).tobytes(), dtype=np.uint8)
+    blocks = np.zeros((N, K // 32, 34), dtype=np.uint8)
+    blocks[..., :2] = d
+    blocks[..., 2:] = np.array([-128, 127] * 16, dtype=np.int8).view(np.uint8)
+    blocks[1, :, 2:] = np.array(-128, dtype=np.int8).view(np.uint8)
+    blocks = blocks.reshape(N, -1)
+    x = torch.tensor([[-127.0, 127.0] * (K // 2), [127.0] * K, [-127.0] * K], dtype=torch.float32)
+    got = cpu_kernels.gguf_q8_gemv(x, cpu_kernels.gguf_q8_tiles(torch.from_numpy(blocks), "Q8_0"), "Q8_0", N)
+    want, _, _ = _q8_reference(x, blocks, "Q8_0")
+    assert np.array_equal(got.double().numpy(), want)
+
+
 def _shared_pool(g, hkv, D, dtype, page_size, groups, tails, rows, num_slots=2048):
     """A pool where requests share leading pages: groups[i] = (shared length, member indices); request r
     then owns its tail of tails[r] positions on pages of its own. Returns pools, req_to_token, seq lens."""

@@ -1,5 +1,5 @@
 """model/fused_decode.py: decode-sized steps through decode_layer.c give bit-identical logits and K/V to
-the module path, for every weight kind it takes (bf16 / float32 dense tiles, GGUF blocks, int8), on the
+the module path, for every weight kind it takes (bf16 / float32 dense tiles, GGUF blocks and q8 tiles, int8), on the
 embedded model; steps it must not take (cascade groups, larger batches) run the modules."""
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def _scenario(runner, row0: int, slot0: int, steps: int = 4) -> tuple[list[torch
 
 
 @pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"),
-                                dict(dtype="bfloat16", quantization="gguf"),
-                                dict(dtype="bfloat16", quantization="int8")], ids=["bf16", "fp32", "gguf", "int8"])
+                                dict(dtype="bfloat16", quantization="gguf"), dict(dtype="float32", quantization="gguf"),
+                                dict(dtype="bfloat16", quantization="int8")],
+                         ids=["bf16", "fp32", "gguf", "gguf-fp32", "int8"])
 def test_fused_decode_is_bit_identical_to_the_modules(kw):
     from radixlang_runtime import Engine
     from radixlang_runtime.model.packed_linear import packing_available

@@ -7,7 +7,8 @@ unquantized model's (int8 rounding), so it is not compared token for token; the 
 first token must be among the unquantized model's top 5.
 gguf: the linears run on the embedded GGUF's own Q4_1 / Q8_0 blocks, the values the dequantized
 checkpoint holds, so float32 greedy output equals transformers' token for token (one stream through
-the block kernel, a batch of 10 through the packed path above M 16 for prefill)."""
+the block kernel, a batch of 10 through the packed path above M 16 for prefill). On a bf16 model the
+decode batches quantize their activations to int8 (gemv_q8.c, llama.cpp's scheme): checked like int8."""
 
 from __future__ import annotations
 
@@ -43,6 +44,31 @@ def test_gguf_blocks_match_transformers_in_float32(hf_greedy):
         assert one["output_ids"] == hf_greedy(ids[0], 16)
         for p, x, out in zip(PROMPTS, ids, eng.generate(input_ids=ids, sampling_params=sp)):
             assert out["output_ids"] == hf_greedy(x, 16), p
+        assert_whole(eng)
+    finally:
+        eng.shutdown()
+
+
+def test_gguf_bf16_runs_int8_activations(engine):
+    from radixlang_runtime.model.cpu_kernels import load
+    from radixlang_runtime.model.gguf_linear import GGUFLinear
+
+    eng = Engine(quantization="gguf", max_total_tokens=4096)
+    try:
+        head = eng.runner.model.head
+        assert isinstance(head, GGUFLinear) and head.fmt == "Q8_0"
+        if load() is not None:
+            assert head.q8 and head.blocks is None and head.tiles is not None
+            assert "x int8 activations" in eng.get_stats()["cpu"]["paths"]["linear"]
+        one = eng.generate(CHAT, {"max_new_tokens": 16, "temperature": 0})
+        assert "Paris" in one["text"], one["text"]
+        batch = eng.generate([f"Count to {i}:" for i in range(20)], {"max_new_tokens": 6, "temperature": 0})
+        assert all(o["meta_info"]["completion_tokens"] == 6 for o in batch)
+        sp = {"max_new_tokens": 1, "temperature": 0}
+        q_first = eng.generate(CHAT, sp)["output_ids"][0]
+        ref_top = engine.generate(CHAT, sp, return_logprob=True, top_logprobs_num=5)["meta_info"]["output_top_logprobs"][0]
+        assert q_first in [t[1] for t in ref_top], (q_first, ref_top)
+        wait_idle(eng)
         assert_whole(eng)
     finally:
         eng.shutdown()

@@ -64,7 +64,10 @@ class CpuCaps:
         """Target flags for the C kernels: exactly the features of `isa`, never the build machine's."""
         if self.arch not in ("x86_64", "AMD64"):
             return []  # portable C; the compiler's default target for this architecture
-        return {"avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16"], "avx512": ["-march=x86-64-v4"],
+        # every CPU with AVX512-BF16 has AVX512-VNNI (Cooper Lake, Sapphire Rapids, Zen 4 / 5); the flag is
+        # still only given where the CPU reports it
+        vnni = ["-mavx512vnni"] if "avx512_vnni" in self.features else []
+        return {"avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16", *vnni], "avx512": ["-march=x86-64-v4"],
                 "avx2": ["-march=x86-64-v3"], "scalar": ["-march=x86-64"]}[self.isa]
 
     def summary(self) -> dict:

@@ -117,6 +117,9 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         rope = getattr(lib, f"rope_store_{suffix}")  # (qkv, T, row_stride, H, Hkv, D, cos, sin, loc, kp, vp, N)
         rope.restype = None
         rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64]
+    lib.gguf_q8_gemv.restype = ctypes.c_int  # (x, x_bf16, tiles, fmt, out, out_bf16, M, K, N)
+    lib.gguf_q8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                 ctypes.c_int] + [ctypes.c_int64] * 3
     for name in ("decode_layer_bf16", "decode_layer_f32"):  # (weights*, step*, residual, h or NULL, out)
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 5
@@ -282,6 +285,46 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[cty
     """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
     x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
     return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
+
+
+Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
+
+
+def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) -> gemv_q8.c's tiles
+    [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1): the same
+    scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are zeros)."""
+    _, nbytes = GGUF_BLOCK_FORMATS[fmt]
+    N = blocks.shape[0]
+    nb = blocks.shape[1] // nbytes
+    nt, pairs = -(-N // Q8_TILE_ROWS), -(-nb // 2)
+    b = torch.zeros(nt * Q8_TILE_ROWS, pairs * 2, nbytes, dtype=torch.uint8)
+    b[:N, :nb] = blocks.reshape(N, nb, nbytes)
+    b = b.view(nt, Q8_TILE_ROWS, pairs, 2, nbytes).permute(0, 2, 1, 3, 4)  # [tile, pair, row, block, bytes]
+    if fmt == "Q8_0":
+        parts = [b[..., :2], b[..., 2:]]  # dw [4][2] fp16, then each row's 2 blocks of int8
+    else:  # dw, mw, then byte i = qw_b0[i] | qw_b1[i] << 4 (the file: byte j = qw[j] | qw[j + 16] << 4)
+        qs = b[..., 4:]
+        q = torch.cat([qs & 15, qs >> 4], dim=-1)  # [..., block, 32] weights in order
+        parts = [b[..., :2], b[..., 2:4], (q[..., 0, :] | (q[..., 1, :] << 4)).unsqueeze(-2)]
+    return torch.cat([p.reshape(nt, pairs, -1) for p in parts], dim=-1).contiguous()
+
+
+def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+    """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
+    gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
+    M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+    lib = lib or _lib
+    M, K = x.shape
+    if lib is None or M > QLINEAR_MAX_M:
+        return None
+    x = x.contiguous()
+    out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
+    rc = lib.gguf_q8_gemv(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0],
+                          out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, n_out)
+    _check(rc, "gguf_q8_gemv")
+    return out
 
 
 DENSE_MAX_M = 16  # gemv_dense.c's limit, except dense_any_m

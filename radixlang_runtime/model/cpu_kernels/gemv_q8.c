@@ -1,0 +1,310 @@
+/*
+ * GGUF-block linears for decode-sized batches with int8 activations (--quantization gguf on a bf16 model),
+ * the scheme of llama.cpp's vec_dot_q8_0_q8_0 / vec_dot_q4_1_q8_1, over the blocks repacked into tiles:
+ *
+ *   x [M, K] -> per block of 32 (Q8 activations): dx = max|x| / 127, qx = round(x / dx) in [-127, 127],
+ *               sx = sum(x) (float);
+ *   Q8_0 block (fp16 dw, 32 int8 qw):            w = dw qw       dot = dw dx sum(qw qx)
+ *   Q4_1 block (fp16 dw, fp16 mw, 32 nibbles qw): w = dw qw + mw  dot = dw dx sum(qw qx) + mw sx
+ *   out[m, n] = sum of the row's block dots, float32 sums, stored bf16 or float32.
+ *
+ * Precision: sum(qw qx) is an exact integer on every path (32 products, |qw| <= 128, |qx| <= 127), so
+ * the only error against dequantize-then-matmul is the activations' rounding, |x - dx qx| <= dx / 2:
+ * |out - exact| <= sum_b dx_b / 2 * sum_{j in b} |w_j| (tests/test_cpu_kernels.py checks that bound and
+ * the exact result on the quantized operands). GGUFLinear uses it for bf16 models (activations rounded
+ * to 8 significant bits already); float32 models keep gemv.c's float sums on the file's blocks.
+ *
+ * Tiles (gguf_q8_tiles in cpu_kernels/__init__.py packs them; the same bytes as the blocks, moved): rows
+ * in groups of 4 (N padded with zero rows), blocks in pairs (K / 32 padded to even with zero blocks);
+ * tile t, pair p is one step of STEP bytes at (t * pairs + p) * STEP:
+ *   Q8_0 (272 B): dw fp16 [4 rows][2 blocks] | qw int8 [4 rows][64]                (a row's 2 blocks in order)
+ *   Q4_1 (160 B): dw fp16 [4][2] | mw fp16 [4][2] | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4
+ * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
+ * at once were 4 streams and ran at ~13 GB/s from DRAM against 27 read), and the 8 scales of a step are
+ * one 16-byte load (on the file's layout, building each row's scale vector took ~10 shuffles a pair).
+ *
+ * Integer dot products, by what the build has:
+ *   AVX512-VNNI  VPDPBUSD (u8 x s8 -> s32, 4 products a lane). Q4_1's qw are u8 already; Q8_0's are made
+ *                u8 by qw ^ 0x80 = qw + 128, and the lanes start at -16 sum(qx) (8 lanes a block) to
+ *                take the excess 128 sum(qx) back out.
+ *   AVX512BW     VPMADDUBSW + VPMADDWD: Q8_0 as |qw| x (qx with qw's sign) (|pair| <= 2 128 127 < 2^15:
+ *                never saturates), Q4_1 as qw x qx.
+ *   AVX2         the same on 256-bit vectors, a block a step; plain C otherwise.
+ * AVX-512 lanes: a row's vector holds its two blocks (lanes 0-7 block 2p, 8-15 block 2p + 1).
+ * Work split: tiles over the OpenMP threads (contiguous ranges), inputs in groups of <= 4.
+ */
+#include "common.h"
+#include "kernels.h"
+
+#define Q8_MAX_M 16
+#define Q8_ROWS 4 /* rows per tile */
+#define Q8_GROUP 4
+#define FMT_Q4_1 2 /* ggml's type numbers */
+#define FMT_Q8_0 8
+
+static inline int64_t step_bytes(int fmt) { return fmt == FMT_Q8_0 ? 272 : 160; }
+
+/* The quantized activations, blocks padded to an even count nbp: row m's block b at [m * nbp + b]. */
+typedef struct {
+    int8_t *q;     /* [M, nbp * 32] */
+    float *d;      /* [M, nbp] dx */
+    int32_t *corr; /* [M, nbp] -16 sum(qx): Q8_0's VNNI start value per lane */
+    float *sx;     /* [M, nbp] sum(x): Q4_1's mw term */
+    int64_t nbp;
+} q8_act;
+
+/* one block of 32 activations (bf16 or float32) -> q8, rounded to nearest even */
+static inline void quantize_block(const void *x, int bf16, int8_t *q, float *d, int32_t *corr, float *sx) {
+#if defined(__AVX512F__)
+    __m512 a, b;
+    if (bf16) {
+        a = load16_bf16((const uint16_t *)x), b = load16_bf16((const uint16_t *)x + 16);
+    } else {
+        a = _mm512_loadu_ps((const float *)x), b = _mm512_loadu_ps((const float *)x + 16);
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+    const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
+    const int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+#else
+    float v[32], amax = 0.f, sum = 0.f;
+    for (int j = 0; j < 32; j++) {
+        v[j] = bf16 ? bf16_to_f32(((const uint16_t *)x)[j]) : ((const float *)x)[j];
+        amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        sum += v[j];
+    }
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) {
+        q[j] = (int8_t)nearbyintf(v[j] * id); /* the default rounding mode: to nearest even */
+        s += q[j];
+    }
+#endif
+    *d = amax / 127.f;
+    *corr = -16 * s;
+    *sx = sum;
+}
+
+/* 0, or -2 when out of memory (else free a->q after use). */
+static int quantize_rows(const void *x, int bf16, int64_t M, int64_t K, q8_act *a) {
+    const int64_t nb = K / 32, nbp = (nb + 1) / 2 * 2;
+    a->nbp = nbp;
+    a->q = (int8_t *)malloc((size_t)(M * nbp) * (32 + 3 * sizeof(float)));
+    if (!a->q) return -2;
+    a->d = (float *)(a->q + M * nbp * 32);
+    a->corr = (int32_t *)(a->d + M * nbp);
+    a->sx = (float *)(a->corr + M * nbp);
+    const size_t esz = bf16 ? 2 : 4;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nbp; b++) {
+            const int64_t i = m * nbp + b;
+            if (b < nb) {
+                quantize_block((const char *)x + (size_t)(m * K + b * 32) * esz, bf16, a->q + i * 32, a->d + i,
+                               a->corr + i, a->sx + i);
+            } else { /* the padding block */
+                memset(a->q + i * 32, 0, 32);
+                a->d[i] = 0.f, a->corr[i] = 0, a->sx[i] = 0.f;
+            }
+        }
+    return 0;
+}
+
+#if defined(__AVX512BW__)
+/* lanes 0-7 <- p[0], 8-15 <- p[1] (two 32-bit values) */
+static inline __m512i spread_pair(const void *p) {
+    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi32(idx, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* sum over each lane's 4 bytes of wa (u8) x qx (s8), added to start; neg: Q8_0's negative weights
+ * (the AVX512BW path multiplies |qw| by qx with qw's sign) */
+static inline __attribute__((always_inline)) __m512i dot_pair(const __m512i wa, const __mmask64 neg, const __m512i qx,
+                                                              const __m512i start, const int fmt) {
+#if defined(__AVX512VNNI__)
+    (void)neg, (void)fmt;
+    return _mm512_dpbusd_epi32(start, wa, qx);
+#else
+    const __m512i sx = fmt == FMT_Q8_0 ? _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx) : qx;
+    return _mm512_add_epi32(start, _mm512_madd_epi16(_mm512_maddubs_epi16(wa, sx), _mm512_set1_epi16(1)));
+#endif
+}
+
+/* One step (4 rows x 2 blocks) for inputs m0 .. m0 + mc - 1. acc[r][m]: 16 lanes of row r's sums;
+ * macc[m] (Q4_1): lane 2r + j holds sum of mw x sx of row r's blocks 2p' + j. */
+static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int64_t p, const int fmt, const q8_act *a,
+                                                          int64_t m0, const int mc, __m512 acc[Q8_ROWS][Q8_GROUP],
+                                                          __m256 macc[Q8_GROUP]) {
+    __m512i qx[Q8_GROUP], start[Q8_GROUP];
+    __m512 dx[Q8_GROUP];
+    for (int m = 0; m < mc; m++) {
+        const int64_t i = (m0 + m) * a->nbp + 2 * p;
+        qx[m] = _mm512_loadu_si512(a->q + i * 32);
+        dx[m] = _mm512_castsi512_ps(spread_pair(a->d + i));
+#if defined(__AVX512VNNI__)
+        start[m] = fmt == FMT_Q8_0 ? spread_pair(a->corr + i) : _mm512_setzero_si512();
+#else
+        start[m] = _mm512_setzero_si512();
+#endif
+        if (fmt == FMT_Q4_1) { /* [sx_b0, sx_b1] x 4 against the step's mw [4 rows][2 blocks] */
+            const __m256 sxp = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(a->sx + i)));
+            macc[m] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16))), sxp, macc[m]);
+        }
+    }
+    const __m512 dall = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
+    for (int r = 0; r < Q8_ROWS; r++) {
+        const __m512i ridx = _mm512_set_epi32(2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1,
+                                              2 * r + 1, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r);
+        const __m512 dw = _mm512_permutexvar_ps(ridx, dall);
+        __m512i wa;
+        __mmask64 neg = 0;
+        if (fmt == FMT_Q8_0) {
+            const __m512i w = _mm512_loadu_si512(s + 16 + r * 64);
+#if defined(__AVX512VNNI__)
+            wa = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+#else
+            wa = _mm512_abs_epi8(w);
+            neg = _mm512_movepi8_mask(w);
+#endif
+        } else { /* low nibbles: block 2p (lanes 0-7), high: block 2p + 1 */
+            const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(s + 32 + r * 32)));
+            const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL,
+                                                   4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, 0, 0);
+            wa = _mm512_and_si512(_mm512_srlv_epi16(y, shift), _mm512_set1_epi8(15));
+        }
+        for (int m = 0; m < mc; m++) {
+            const __m512i isum = dot_pair(wa, neg, qx[m], start[m], fmt);
+            acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx[m]), acc[r][m]);
+        }
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* One step, a block at a time (the tile's byte layout as above). acc[r][m]: 8 lanes of row r's sums. */
+static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int64_t p, const int fmt, const q8_act *a,
+                                                          int64_t m0, const int mc, __m256 acc[Q8_ROWS][Q8_GROUP]) {
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(15);
+    for (int r = 0; r < Q8_ROWS; r++) {
+        __m256i y = _mm256_setzero_si256();
+        if (fmt == FMT_Q4_1) y = _mm256_loadu_si256((const __m256i *)(s + 32 + r * 32));
+        for (int j = 0; j < 2; j++) {
+            const float dw = half_to_f32(s + 2 * (2 * r + j));
+            __m256i w = _mm256_setzero_si256(), wa;
+            if (fmt == FMT_Q8_0) {
+                w = _mm256_loadu_si256((const __m256i *)(s + 16 + r * 64 + j * 32));
+                wa = _mm256_abs_epi8(w);
+            } else {
+                wa = _mm256_and_si256(j ? _mm256_srli_epi16(y, 4) : y, low);
+            }
+            for (int m = 0; m < mc; m++) {
+                const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
+                const __m256i qx = _mm256_loadu_si256((const __m256i *)(a->q + i * 32));
+                const __m256i sx = fmt == FMT_Q8_0 ? _mm256_sign_epi8(qx, w) : qx;
+                const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
+                acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a->d[i]), acc[r][m]);
+                if (fmt == FMT_Q4_1) /* mw sx spread over the 8 lanes (an exact / 8) */
+                    acc[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_f32(s + 16 + 2 * (2 * r + j))),
+                                                _mm256_set1_ps(a->sx[i] * 0.125f), acc[r][m]);
+            }
+        }
+    }
+}
+#endif
+
+/* tile t's 4 output rows for inputs m0 .. m0 + mc - 1 */
+static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, const q8_act *a, void *out, int out_bf16,
+                                                          int64_t N, int64_t t, int64_t m0, const int fmt, const int mc) {
+    const int64_t pairs = a->nbp / 2;
+    const uint8_t *base = tiles + t * pairs * step_bytes(fmt);
+    float sums[Q8_ROWS][Q8_GROUP];
+#if defined(__AVX512BW__)
+    __m512 acc[Q8_ROWS][Q8_GROUP];
+    __m256 macc[Q8_GROUP];
+    for (int m = 0; m < mc; m++) {
+        macc[m] = _mm256_setzero_ps();
+        for (int r = 0; r < Q8_ROWS; r++) acc[r][m] = _mm512_setzero_ps();
+    }
+    for (int64_t p = 0; p < pairs; p++) q8_step(base + p * step_bytes(fmt), p, fmt, a, m0, mc, acc, macc);
+    for (int m = 0; m < mc; m++) {
+        float mt[8];
+        _mm256_storeu_ps(mt, macc[m]);
+        for (int r = 0; r < Q8_ROWS; r++)
+            sums[r][m] = _mm512_reduce_add_ps(acc[r][m]) + (fmt == FMT_Q4_1 ? mt[2 * r] + mt[2 * r + 1] : 0.f);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[Q8_ROWS][Q8_GROUP];
+    for (int r = 0; r < Q8_ROWS; r++)
+        for (int m = 0; m < mc; m++) acc[r][m] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) q8_step(base + p * step_bytes(fmt), p, fmt, a, m0, mc, acc);
+    for (int r = 0; r < Q8_ROWS; r++)
+        for (int m = 0; m < mc; m++) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            sums[r][m] = _mm_cvtss_f32(h);
+        }
+#else
+    for (int r = 0; r < Q8_ROWS; r++)
+        for (int m = 0; m < mc; m++) sums[r][m] = 0.f;
+    for (int64_t p = 0; p < pairs; p++) {
+        const uint8_t *s = base + p * step_bytes(fmt);
+        for (int r = 0; r < Q8_ROWS; r++)
+            for (int j = 0; j < 2; j++) {
+                const float dw = half_to_f32(s + 2 * (2 * r + j));
+                for (int m = 0; m < mc; m++) {
+                    const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
+                    const int8_t *qx = a->q + i * 32;
+                    int32_t dot = 0;
+                    if (fmt == FMT_Q8_0) {
+                        const int8_t *qw = (const int8_t *)(s + 16 + r * 64 + j * 32);
+                        for (int k = 0; k < 32; k++) dot += (int32_t)qw[k] * qx[k];
+                    } else {
+                        const uint8_t *y = s + 32 + r * 32;
+                        for (int k = 0; k < 32; k++) dot += (int32_t)((y[k] >> (4 * j)) & 15) * qx[k];
+                    }
+                    sums[r][m] += (float)dot * (dw * a->d[i]);
+                    if (fmt == FMT_Q4_1) sums[r][m] += half_to_f32(s + 16 + 2 * (2 * r + j)) * a->sx[i];
+                }
+            }
+    }
+#endif
+    for (int r = 0; r < Q8_ROWS && t * Q8_ROWS + r < N; r++)
+        for (int m = 0; m < mc; m++) {
+            const int64_t o = (m0 + m) * N + t * Q8_ROWS + r;
+            if (out_bf16)
+                ((uint16_t *)out)[o] = f32_to_bf16(sums[r][m]);
+            else
+                ((float *)out)[o] = sums[r][m];
+        }
+}
+
+#define Q8_GROUP_CASES(fmt)                                                                 \
+    switch (M - m0 >= Q8_GROUP ? Q8_GROUP : (int)(M - m0)) { /* constant sizes unroll */   \
+        case 1: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 1); break;                 \
+        case 2: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 2); break;                 \
+        case 3: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 3); break;                 \
+        default: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 4); break;                \
+    }
+
+/* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W given as the
+ * tiles above of format fmt (2 = Q4_1, 8 = Q8_0). -1: shapes refused (M > Q8_MAX_M, K % 32, another
+ * format); -2: out of memory. */
+int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
+                 int64_t K, int64_t N) {
+    if (M < 1 || M > Q8_MAX_M || K < 32 || K % 32 || N < 1 || (fmt != FMT_Q4_1 && fmt != FMT_Q8_0)) return -1;
+    q8_act a;
+    if (quantize_rows(x, x_bf16, M, K, &a)) return -2;
+    const int64_t nt = (N + Q8_ROWS - 1) / Q8_ROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t m0 = 0; m0 < M; m0 += Q8_GROUP) {
+            if (fmt == FMT_Q8_0) {
+                Q8_GROUP_CASES(FMT_Q8_0)
+            } else {
+                Q8_GROUP_CASES(FMT_Q4_1)
+            }
+        }
+    free(a.q);
+    return 0;
+}
