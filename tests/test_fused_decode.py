@@ -1,6 +1,6 @@
 """model/fused_decode.py: decode-sized steps through decode_layer.c give bit-identical logits and K/V to
 the module path, for every weight kind it takes (bf16 / float32 dense tiles, GGUF blocks and q8 tiles, int8), on the
-embedded model; steps it must not take (cascade groups, larger batches) run the modules."""
+embedded model, with and without cascade groups; steps it must not take (larger batches) run the modules."""
 
 from __future__ import annotations
 
@@ -17,24 +17,32 @@ pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler
 PROMPTS = [[(i * 37 + 11) % 40000 + 100 for i in range(n)] for n in (5, 23, 9)]
 
 
-def _scenario(runner, row0: int, slot0: int, steps: int = 4) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Prefill PROMPTS into table rows row0.., then `steps` decode steps of all three; the logits of every
-    step and the K/V the decode steps wrote (layer 0 and the last layer)."""
+def _scenario(runner, row0: int, slot0: int, steps: int = 4, shared: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Prefill PROMPTS into table rows row0.. (after `shared` positions that all three rows hold in the same
+    slots: cascade groups, when shared >= MIN_SHARED), then `steps` decode steps of all three; the logits
+    of every step and the K/V the decode steps wrote (layer 0 and the last layer)."""
     B = len(PROMPTS)
     lens = [len(p) for p in PROMPTS]
+    rows = list(range(row0, row0 + B))
     slot = slot0
+    if shared:
+        ids = [(i * 53 + 7) % 40000 + 100 for i in range(shared)]
+        runner.run_step(StepInputs("extend", ids, list(range(slot, slot + shared)), [row0], [0], [shared], [],
+                                   [shared - 1]))
+        for r in rows[1:]:
+            runner.kv_pool.req_to_token[r, :shared] = torch.arange(slot, slot + shared)
+        slot += shared
     out_loc = list(range(slot, slot + sum(lens)))
     slot += sum(lens)
     ends = [sum(lens[: i + 1]) - 1 for i in range(B)]
-    rows = list(range(row0, row0 + B))
-    logits = [runner.run_step(StepInputs("extend", sum(PROMPTS, []), out_loc, rows, [0] * B, lens, [], ends))]
+    logits = [runner.run_step(StepInputs("extend", sum(PROMPTS, []), out_loc, rows, [shared] * B, lens, [], ends))]
     written = []
     for s in range(steps):
         ids = [int(t) for t in logits[-1].argmax(-1)]
         loc = list(range(slot, slot + B))
         slot += B
         written += loc
-        logits.append(runner.run_step(StepInputs("decode", ids, loc, rows, [n + s for n in lens], [1] * B, [],
+        logits.append(runner.run_step(StepInputs("decode", ids, loc, rows, [shared + n + s for n in lens], [1] * B, [],
                                                  list(range(B)))))
     pool = runner.kv_pool
     idx = torch.tensor(written)
@@ -47,7 +55,8 @@ def _scenario(runner, row0: int, slot0: int, steps: int = 4) -> tuple[list[torch
                                 dict(dtype="bfloat16", quantization="gguf"), dict(dtype="float32", quantization="gguf"),
                                 dict(dtype="bfloat16", quantization="int8")],
                          ids=["bf16", "fp32", "gguf", "gguf-fp32", "int8"])
-def test_fused_decode_is_bit_identical_to_the_modules(kw):
+@pytest.mark.parametrize("shared", [0, 100], ids=["own", "cascade"])
+def test_fused_decode_is_bit_identical_to_the_modules(kw, shared):
     from radixlang_runtime import Engine
     from radixlang_runtime.model.packed_linear import packing_available
 
@@ -62,19 +71,20 @@ def test_fused_decode_is_bit_identical_to_the_modules(kw):
         assert runner.cpu_paths.decode_layer.startswith("c:")
         calls = []
         run = fused.run
-        fused.run = lambda residual, fb: (calls.append(fb.batch_size), run(residual, fb))[1]
+        fused.run = lambda residual, fb: (calls.append((fb.batch_size, fb.attn_meta.cascade is not None)),
+                                          run(residual, fb))[1]
         with torch.inference_mode():
-            got, got_kv = _scenario(runner, 0, 0)
-            assert calls == [3, 3, 3, 3]  # every decode step, no prefill
+            got, got_kv = _scenario(runner, 0, 0, shared=shared)
+            assert calls == [(3, shared > 0)] * 4  # every decode step (with cascade groups or not), no prefill
             model.fused_decode = None
-            want, want_kv = _scenario(runner, 3, 1000)
+            want, want_kv = _scenario(runner, 3, 1000, shared=shared)
             model.fused_decode = fused
         for step, (a, b) in enumerate(zip(got, want)):
             assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
         assert torch.equal(got_kv, want_kv)
 
 
-def test_fused_decode_steps_aside_for_cascade_groups_and_large_batches():
+def test_fused_decode_takes_cascade_groups_and_steps_aside_for_large_batches():
     from radixlang_runtime import Engine
 
     with Engine(None, max_total_tokens=4096) as eng:
@@ -97,5 +107,5 @@ def test_fused_decode_steps_aside_for_cascade_groups_and_large_batches():
                                        [1] * n, [], list(range(n))))
             runner.run_step(StepInputs("decode", [6] * n, list(range(300, 300 + n)), list(range(3, 3 + n)), [1] * n,
                                        [1] * n, [], list(range(n))))
-        assert (3, False) in seen  # cascade groups: the modules' shared-prefix attention runs
+        assert (3, True) in seen  # cascade groups: decode_layer.c runs the shared-prefix attention too
         assert (n, False) in seen  # above the decode kernels' batch size

@@ -8,7 +8,7 @@ runs a step's layers as 30 calls.
 Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
 float32, one rank, no q/k norm, every linear a decode kernel (PackedLinear with dense tiles, GGUFLinear,
 Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M),
-and the attention backend's C decode without cascade groups or the deterministic row mode for this step.
+and the attention backend's C decode (with or without cascade groups; not the deterministic row mode).
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
 False and the modules run.
 """
@@ -47,7 +47,9 @@ class DecodeStep(ctypes.Structure):
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
         ("out_loc", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p), ("req_rows", ctypes.c_void_p),
         ("seq_lens", ctypes.c_void_p), ("k_pools", ctypes.POINTER(ctypes.c_void_p)),
-        ("v_pools", ctypes.POINTER(ctypes.c_void_p))]
+        ("v_pools", ctypes.POINTER(ctypes.c_void_p)), ("groups", ctypes.c_int64), ("dpbf16", ctypes.c_int64)] + [
+        (n, ctypes.c_void_p) for n in ("group_rows", "group_lens", "q_index", "group_starts", "group_counts", "k_begin",
+                                       "prior_o", "prior_lse")]
 
 
 _ptr = cpu_kernels._ptr
@@ -111,7 +113,7 @@ class FusedDecode:
         """This step runs the kernels decode_layer.c runs (see the module docstring)."""
         meta = fb.attn_meta
         return (fb.is_decode and fb.batch_size <= self.max_batch and isinstance(meta, CDecodeMeta)
-                and meta.cascade is None and meta.rows is None)
+                and meta.rows is None)
 
     def _pool_arrays(self, pool) -> tuple[ctypes.Array, ctypes.Array]:
         if self._pools is None or self._pools[0] is not pool:
@@ -132,6 +134,14 @@ class FusedDecode:
         step = DecodeStep(M, hidden, H, Hkv, D, inter, pool.k_buffers[0].shape[1], rt.shape[1], self.eps, self.scale,
                           cos.data_ptr(), sin.data_ptr(), fb.out_loc.data_ptr(), rt.data_ptr(), fb.req_rows.data_ptr(),
                           fb.seq_lens.data_ptr(), kp, vp)
+        plan = fb.attn_meta.cascade
+        if plan is not None:  # the same calls as TorchAttentionBackend.forward_decode's
+            po, pl = fb.attn_meta.prior
+            step.groups, step.dpbf16 = plan.num_groups, int(self.layers[0].self_attn.backend.dpbf16)
+            step.group_rows, step.group_lens = plan.group_rows.data_ptr(), plan.group_lens.data_ptr()
+            step.q_index, step.group_starts = plan.q_index.data_ptr(), plan.group_starts.data_ptr()
+            step.group_counts, step.k_begin = plan.group_counts.data_ptr(), plan.k_begin.data_ptr()
+            step.prior_o, step.prior_lse = po.data_ptr(), pl.data_ptr()
         step_ptr = ctypes.addressof(step)
         bufs = [torch.empty(M, hidden, dtype=self.dtype) for _ in range(2)]
         h: Optional[torch.Tensor] = None

@@ -6,12 +6,14 @@
  *   x  = rms_norm(residual += h) * in_norm          (h == NULL on the first layer: no add)
  *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]  (rope_store.c)
  *   a  = paged_decode(q, pool, req_to_token, req_rows, seq_lens) @ Wo.T
+ *        (with cascade groups: first the groups' shared parts by the extend kernel into the prior, then
+ *        paged_decode over each request's own part from k_begin, merged with it: attention/cascade.py)
  *   x2 = rms_norm(residual += a) * post_norm
  *   out = silu_mul(x2 @ Wgate_up.T) @ Wdown.T
  *
  * Invariant: the same kernels, in the same order, with the same rounding points as the module path
  * (llama.DecoderLayer with PackedLinear tiles / GGUFLinear / Int8Linear, the C norm and activation
- * kernels, Rotary.apply, KVPool.store, TorchAttentionBackend's paged decode without cascade): the
+ * kernels, Rotary.apply, KVPool.store, TorchAttentionBackend's C decode and cascade calls): the
  * result is bit-identical to it (tests/test_fused_decode.py). Rope and the K/V store are rope_store.c's,
  * which the module path calls too (Rotary's rounding points: see there).
  * Shapes: residual, h, out [M, hidden]; q heads first in qkv ([M, (H + 2 Hkv) D]); cos [M, D] and
@@ -43,6 +45,11 @@ typedef struct {
     const void *cos, *sin;                               /* [M, D], [M, D / 2] like x */
     const int64_t *out_loc, *req_to_token, *req_rows, *seq_lens; /* [M], [rows, ctx], [M], [M] */
     void *const *k_pools, *const *v_pools;                       /* per layer [Hkv, slots, D] */
+    /* cascade groups (attention/cascade.py's CascadePlan; groups == 0: none): [G], [G], [E], [G + 1], [G], [M] */
+    int64_t groups, dpbf16;
+    const int64_t *group_rows, *group_lens, *q_index, *group_starts, *group_counts, *k_begin;
+    void *prior_o;    /* [M, H, D] like x: each layer's shared parts (rows not in a group keep lse -inf) */
+    float *prior_lse; /* [M, H] */
 } decode_step;
 
 static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16) {
@@ -93,11 +100,26 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
                        S->v_pools[W->layer], S->slots);
     for (int64_t m = 0; m < M; m++) memcpy(q + m * S->H * D * el, qkv + m * qkv_n * el, S->H * D * el);
     const void *kp = S->k_pools[W->layer], *vp = S->v_pools[W->layer];
-    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows,
-                                  S->seq_lens, NULL, NULL, NULL, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
-                                  (uint16_t *)attn)
-              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens,
-                                 NULL, NULL, NULL, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale, (float *)attn);
+    if (S->groups) { /* cpu_kernels.shared_prefix */
+        if (bf16)
+            rc = (S->dpbf16 ? extend_causal_bf16 : extend_causal_portable_bf16)(
+                (const uint16_t *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts, S->groups, S->H,
+                S->Hkv, D, S->scale, (uint16_t *)S->prior_o, kp, vp, S->slots, S->req_to_token, S->ctx, S->group_rows,
+                S->group_lens, NULL, S->q_index, S->prior_lse, NULL, NULL);
+        else
+            rc = extend_causal_f32((const float *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts,
+                                   S->groups, S->H, S->Hkv, D, S->scale, (float *)S->prior_o, kp, vp, S->slots,
+                                   S->req_to_token, S->ctx, S->group_rows, S->group_lens, NULL, S->q_index,
+                                   S->prior_lse, NULL, NULL);
+        if (rc) goto done;
+    }
+    const void *po = S->groups ? S->prior_o : NULL;
+    const float *pl = S->groups ? S->prior_lse : NULL;
+    const int64_t *kb = S->groups ? S->k_begin : NULL;
+    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, kb, po, pl,
+                                  M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale, (uint16_t *)attn)
+              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, kb, po, pl, M,
+                                 S->H, S->Hkv, D, S->slots, S->ctx, S->scale, (float *)attn);
     if (rc) goto done;
     if ((rc = run_linear(&W->o, attn, o, M, bf16))) goto done;
     if (bf16)

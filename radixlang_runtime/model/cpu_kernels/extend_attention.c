@@ -26,6 +26,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "kernels.h"
 
 #define MAX_QB 128 /* query rows per attend task (fewer when there are few: extend_query_block) */
 #define KC 256  /* keys per pack task */

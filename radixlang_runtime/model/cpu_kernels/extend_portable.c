@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "kernels.h"
 
 static inline float f32_same(float x) { return x; }
 

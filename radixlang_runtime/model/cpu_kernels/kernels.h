@@ -29,6 +29,17 @@ int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, c
                      const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin, const float *prior_o,
                      const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx,
                      float scale, float *out);
+/* extend attention (extend_attention.c: VDPBF16PS, -1 on other builds; extend_impl.h: portable) */
+#define EXTEND_ARGS(T)                                                                                              \
+    const T *q, int64_t q_stride, const T *k, int64_t k_stride, const T *v, int64_t v_stride, const int64_t *starts, \
+        const int64_t *lens, int64_t R, int64_t H, int64_t Hkv, int64_t D, float scale, T *out, const T *k_pool,    \
+        const T *v_pool, int64_t N, const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows,        \
+        const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,              \
+        const T *prior_o, const float *prior_lse
+int extend_causal_bf16(EXTEND_ARGS(uint16_t));
+int extend_causal_portable_bf16(EXTEND_ARGS(uint16_t));
+int extend_causal_f32(EXTEND_ARGS(float));
+#undef EXTEND_ARGS
 void rope_store_bf16(uint16_t *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D,
                      const uint16_t *cos, const uint16_t *sin, const int64_t *out_loc, uint16_t *k_pool,
                      uint16_t *v_pool, int64_t N);
