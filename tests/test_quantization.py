@@ -53,7 +53,7 @@ def test_gguf_bf16_runs_int8_activations(engine):
     from radixlang_runtime.model.cpu_kernels import load
     from radixlang_runtime.model.gguf_linear import GGUFLinear
 
-    eng = Engine(quantization="gguf", max_total_tokens=4096)
+    eng = Engine(quantization="gguf", dtype="bfloat16", max_total_tokens=4096)
     try:
         head = eng.runner.model.head
         assert isinstance(head, GGUFLinear) and head.fmt == "Q8_0"

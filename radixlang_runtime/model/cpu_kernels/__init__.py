@@ -124,6 +124,7 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 5
     lib.dense_any_m_bf16.restype, lib.dense_any_m_bf16.argtypes = ctypes.c_int, []
+    lib.dense_any_m_f32.restype, lib.dense_any_m_f32.argtypes = ctypes.c_int, []
     for name in ("dense_gemv_bf16", "dense_gemv_portable_bf16", "dense_gemv_f32"):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
@@ -348,11 +349,13 @@ def dense_tiles(weight: torch.Tensor) -> torch.Tensor:
 
 
 def dense_any_m(dtype: torch.dtype, lib: Optional[ctypes.CDLL] = None) -> bool:
-    """dense_gemv takes any batch size for `dtype` with the loaded library: bf16 on VDPBF16PS builds, whose
-    GEMM micro-kernel matches oneDNN's packed GEMM at large M (within +-6%, M = 512 .. 2048) and beats it
-    below (gemv_dense.c), so such weights need no oneDNN copy."""
+    """dense_gemv takes any batch size for `dtype` with the loaded library: bf16 on VDPBF16PS builds and
+    float32 on AVX-512 builds, whose GEMM micro-kernel matches oneDNN's packed GEMM at large M (within
+    +-6-8%, M = 512 .. 2048) and beats it below (gemv_dense.c), so such weights need no oneDNN copy."""
     lib = lib or _lib
-    return lib is not None and dtype == torch.bfloat16 and bool(lib.dense_any_m_bf16())
+    if lib is None or dtype not in (torch.bfloat16, torch.float32):
+        return False
+    return bool(lib.dense_any_m_bf16() if dtype == torch.bfloat16 else lib.dense_any_m_f32())
 
 
 def dense_gemv(x: torch.Tensor, tiles: torch.Tensor, n_out: int, bias: Optional[torch.Tensor] = None,

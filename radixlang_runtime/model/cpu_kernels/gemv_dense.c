@@ -11,14 +11,18 @@
  * reads one linear stream (the hardware prefetcher's best case).
  *
  * Two bodies:
- * - VDPBF16PS builds, bf16 (dense_gemm_dp): any M. A micro-kernel of up to GR = 6 rows x 1 or 2 tiles
+ * - dense_gemm, bf16 on VDPBF16PS builds and float32 on AVX-512 builds (FMA): any M. A micro-kernel of up to GR = 6 rows x 1 or 2 tiles
  *   (one tile per task for M <= PAIRS_FROM_M, so small N still splits evenly over the threads); rows
  *   run in L2-sized blocks while the tiles pass over them. Each output is one chain of VDPBF16PS over
  *   the pairs in order, whatever M, the row's place or the task shape: rows are batch-invariant (the
  *   deterministic mode relies on it). M=1 streams at the read bandwidth (the chains of 2 - 4 outputs
  *   vectors keep ahead of memory); large M matches oneDNN's packed GEMM (packed_linear.py's figures).
+ *   float32 (2 threads, us per call against oneDNN's packed fp32 GEMM): M=64 qkv 426 -> 355, o 281 -> 224,
+ *   gate_up 1127 -> 1061, down 813 -> 616; M=512 / 2048 within +-8% (200-215 GFLOP/s both: the FMA
+ *   ceiling); against the portable body at M <= 16 (30 distinct weights, from DRAM) equal or better
+ *   (M=16 gate_up 634 -> 584, head 7823 -> 6608).
  * - portable (GCC vector types, lowered to AVX-512 / AVX2 / plain code by the build's flags), bf16 and
- *   float32: M <= DENSE_MAX_M, four accumulator chains per row (two halves x even / odd pairs).
+ *   float32 below AVX-512: M <= DENSE_MAX_M, four accumulator chains per row (two halves x even / odd pairs).
  *
  * Why not oneDNN for decode: a step reads every weight once, so one stream is bandwidth-bound, and
  * oneDNN's packed GEMV streamed 17-26 GB/s where a plain read reaches ~33. K must be even for bf16.
@@ -30,7 +34,7 @@
 #define TILE 32
 #define MG 4 /* input rows per pass over a tile: a tile is re-read (from L1 / L2) per group of 4 */
 #ifndef PAIRS_FROM_M
-#define PAIRS_FROM_M 4 /* dense_gemm_dp: batches above this take two tiles per task */
+#define PAIRS_FROM_M 4 /* dense_gemm: batches above this take two tiles per task */
 #endif
 
 typedef float dvf __attribute__((vector_size(64)));
@@ -90,12 +94,13 @@ static inline __attribute__((always_inline)) void tile_bf16_portable(const float
 }
 
 
-#if defined(__AVX512BF16__)
-/* Batches past a few rows: a GEMM micro-kernel of GR rows x two tiles (64 outputs) on the same layout.
- * Per input pair it loads 4 weight vectors and GR broadcasts for 4 x GR VDPBF16PS (24 independent
- * chains: no even / odd split needed); rows run in blocks of GEMM_MB that stay in L2 while every tile
- * pair passes over them. */
+#if defined(__AVX512F__)
+/* Batches past a few rows: a GEMM micro-kernel of GR rows x two tiles (64 outputs) on the same layouts.
+ * Per input pair (bf16, VDPBF16PS) or input (float32, FMA) it loads 4 weight vectors and GR broadcasts
+ * for 4 x GR multiply-adds (24 independent chains: no even / odd split needed); rows run in blocks of
+ * GEMM_MB that stay in L2 while every tile pair passes over them. */
 #define GR 6
+#if defined(__AVX512BF16__)
 static inline __attribute__((always_inline)) void ukernel_dp(const uint16_t *x, int64_t xs, const uint16_t *w0,
                                                              const uint16_t *w1, int64_t K, float res[GR][2 * TILE],
                                                              const int mc, const int two) {
@@ -126,13 +131,54 @@ static inline __attribute__((always_inline)) void ukernel_dp(const uint16_t *x, 
     for (int m = 0; m < mc; m++)
         for (int c = 0; c < (two ? 4 : 2); c++) _mm512_storeu_ps(res[m] + 16 * c, a[m][c]);
 }
+#endif
 
-static void dense_gemm_dp(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias, uint16_t *out,
-                          int64_t M, int64_t K, int64_t N) {
+static inline __attribute__((always_inline)) void ukernel_fma(const float *x, int64_t xs, const float *w0,
+                                                              const float *w1, int64_t K, float res[GR][2 * TILE],
+                                                              const int mc, const int two) {
+    __m512 a[GR][4];
+    for (int m = 0; m < mc; m++)
+        for (int c = 0; c < 4; c++) a[m][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 v0 = _mm512_loadu_ps(w0 + k * TILE), v1 = _mm512_loadu_ps(w0 + k * TILE + 16);
+        __m512 v2 = v0, v3 = v1;
+        if (two) v2 = _mm512_loadu_ps(w1 + k * TILE), v3 = _mm512_loadu_ps(w1 + k * TILE + 16);
+        for (int m = 0; m < mc; m++) {
+            const __m512 b = _mm512_set1_ps(x[m * xs + k]);
+            a[m][0] = _mm512_fmadd_ps(v0, b, a[m][0]);
+            a[m][1] = _mm512_fmadd_ps(v1, b, a[m][1]);
+            if (two) {
+                a[m][2] = _mm512_fmadd_ps(v2, b, a[m][2]);
+                a[m][3] = _mm512_fmadd_ps(v3, b, a[m][3]);
+            }
+        }
+    }
+    for (int m = 0; m < mc; m++)
+        for (int c = 0; c < (two ? 4 : 2); c++) _mm512_storeu_ps(res[m] + 16 * c, a[m][c]);
+}
+
+/* the micro-kernel of x's dtype (f32: ukernel_fma; else ukernel_dp), mc and two as constants */
+static inline __attribute__((always_inline)) void ukernel(const void *x, int64_t xs, const void *w0, const void *w1,
+                                                          int64_t K, float res[GR][2 * TILE], const int mc,
+                                                          const int two, const int f32) {
+    if (f32) {
+        ukernel_fma((const float *)x, xs, (const float *)w0, (const float *)w1, K, res, mc, two);
+        return;
+    }
+#if defined(__AVX512BF16__)
+    ukernel_dp((const uint16_t *)x, xs, (const uint16_t *)w0, (const uint16_t *)w1, K, res, mc, two);
+#endif
+}
+
+/* out [M, N] = x [M, K] @ W.T (+ bias), W as tiles of x's dtype (f32: float32, else bf16), any M */
+static inline __attribute__((always_inline)) void dense_gemm(const void *x, int64_t xs, const void *wt,
+                                                             const void *bias, void *out, int64_t M, int64_t K,
+                                                             int64_t N, const int f32) {
+    const size_t esz = f32 ? 4 : 2;
     const int64_t NT = (N + TILE - 1) / TILE;
     const int span = M > PAIRS_FROM_M ? 2 : 1; /* tiles per task: small batches split N finer over the threads */
     const int64_t NP = (NT + span - 1) / span;
-    int64_t MB = (256 * 1024 / (2 * K)) / GR * GR; /* a row block of x: ~256 KB */
+    int64_t MB = (256 * 1024 / ((int64_t)esz * K)) / GR * GR; /* a row block of x: ~256 KB */
     if (MB < GR) MB = GR;
 #pragma omp parallel
     for (int64_t mb = 0; mb < M; mb += MB) {
@@ -141,13 +187,13 @@ static void dense_gemm_dp(const uint16_t *x, int64_t xs, const uint16_t *wt, con
         for (int64_t tp = 0; tp < NP; tp++) {
             const int64_t t = span * tp;
             const int two = span == 2 && t + 1 < NT;
-            const uint16_t *w0 = wt + t * K * TILE, *w1 = wt + (t + 1) * K * TILE;
+            const char *w0 = (const char *)wt + t * K * TILE * esz, *w1 = w0 + K * TILE * esz;
             const int64_t n0 = t * TILE, width = (two ? 2 : 1) * TILE, nn = N - n0 < width ? N - n0 : width;
             float res[GR][2 * TILE];
             for (int64_t m0 = mb; m0 < me; m0 += GR) {
                 const int mc = me - m0 < GR ? (int)(me - m0) : GR;
-                const uint16_t *xm = x + m0 * xs;
-#define UK(c) (two ? ukernel_dp(xm, xs, w0, w1, K, res, c, 1) : ukernel_dp(xm, xs, w0, w1, K, res, c, 0))
+                const char *xm = (const char *)x + m0 * xs * esz;
+#define UK(c) (two ? ukernel(xm, xs, w0, w1, K, res, c, 1, f32) : ukernel(xm, xs, w0, w1, K, res, c, 0, f32))
                 switch (mc) {
                     case 1: UK(1); break;
                     case 2: UK(2); break;
@@ -158,14 +204,25 @@ static void dense_gemm_dp(const uint16_t *x, int64_t xs, const uint16_t *wt, con
                 }
 #undef UK
                 for (int m = 0; m < mc; m++) {
-                    uint16_t *o = out + (m0 + m) * N + n0;
                     int64_t j = 0;
-                    for (; j + 16 <= nn; j += 16) {
-                        __m512 v = _mm512_loadu_ps(res[m] + j);
-                        if (bias) v = _mm512_add_ps(v, load16_bf16(bias + n0 + j));
-                        store16_bf16(o + j, v);
+                    if (f32) {
+                        float *o = (float *)out + (m0 + m) * N + n0;
+                        for (; j + 16 <= nn; j += 16) {
+                            __m512 v = _mm512_loadu_ps(res[m] + j);
+                            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps((const float *)bias + n0 + j));
+                            _mm512_storeu_ps(o + j, v);
+                        }
+                        for (; j < nn; j++) o[j] = res[m][j] + (bias ? ((const float *)bias)[n0 + j] : 0.f);
+                    } else {
+                        uint16_t *o = (uint16_t *)out + (m0 + m) * N + n0;
+                        for (; j + 16 <= nn; j += 16) {
+                            __m512 v = _mm512_loadu_ps(res[m] + j);
+                            if (bias) v = _mm512_add_ps(v, load16_bf16((const uint16_t *)bias + n0 + j));
+                            store16_bf16(o + j, v);
+                        }
+                        for (; j < nn; j++)
+                            o[j] = f32_to_bf16(res[m][j] + (bias ? bf16_to_f32(((const uint16_t *)bias)[n0 + j]) : 0.f));
                     }
-                    for (; j < nn; j++) o[j] = f32_to_bf16(res[m][j] + (bias ? bf16_to_f32(bias[n0 + j]) : 0.f));
                 }
             }
         }
@@ -205,7 +262,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
     }
 }
 
-/* kind 1 bf16 portable, 2 float32 (kind 0, VDPBF16PS, is dense_gemm_dp). x rows at stride xs (elements); out [M, N] like x. */
+/* kind 1 bf16 portable, 2 float32 without AVX-512 (kind 0 and AVX-512 float32 run dense_gemm). x rows at stride xs (elements); out [M, N] like x. */
 static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, const void *wt, const void *bias,
                        void *out, int64_t M, int64_t K, int64_t N, int64_t t) {
     const int64_t n0 = t * TILE, nn = N - n0 < TILE ? N - n0 : TILE;
@@ -247,8 +304,14 @@ static void dense_tile(int kind, const void *x, const float *xf, int64_t xs, con
 static int dense_gemv(int kind, const void *x, int64_t xs, const void *wt, const void *bias, void *out, int64_t M,
                       int64_t K, int64_t N) {
 #if defined(__AVX512BF16__)
-    if (kind == 0 && M >= 1 && K % 2 == 0) { /* any M: see dense_gemm_dp */
-        dense_gemm_dp(x, xs, wt, bias, out, M, K, N);
+    if (kind == 0 && M >= 1 && K % 2 == 0) { /* any M: see dense_gemm */
+        dense_gemm(x, xs, wt, bias, out, M, K, N, 0);
+        return 0;
+    }
+#endif
+#if defined(__AVX512F__)
+    if (kind == 2 && M >= 1) { /* any M: see dense_gemm */
+        dense_gemm(x, xs, wt, bias, out, M, K, N, 1);
         return 0;
     }
 #endif
@@ -277,9 +340,18 @@ int dense_gemv_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uin
 #endif
 }
 
-/* 1 where dense_gemv_bf16 takes any M (VDPBF16PS builds: dense_gemm_dp), else 0 (M <= DENSE_MAX_M) */
+/* 1 where dense_gemv_bf16 takes any M (VDPBF16PS builds: dense_gemm), else 0 (M <= DENSE_MAX_M) */
 int dense_any_m_bf16(void) {
 #if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 where dense_gemv_f32 takes any M (AVX-512 builds: dense_gemm), else 0 (M <= DENSE_MAX_M) */
+int dense_any_m_f32(void) {
+#if defined(__AVX512F__)
     return 1;
 #else
     return 0;
