@@ -4,8 +4,9 @@ Invariant: a greedy request's tokens do not depend on what it is batched with, o
 retraction, the pool size or cache hits. So every operation computes a token's row with arithmetic
 that depends on that row alone (and, for attention, on the K/V it reads), never on the batch:
 
-- linears: on VDPBF16PS builds in bf16, the dense tiles for every batch size (gemv_dense.c: each output
-  is one chain of VDPBF16PS over the input pairs, whatever the batch or the row's place in it).
+- linears: on VDPBF16PS builds in bf16 and on AVX-512 builds in float32, the dense tiles for every batch
+  size (gemv_dense.c: each output is one chain of VDPBF16PS / FMA over the inputs in order, whatever the
+  batch or the row's place in it).
   Elsewhere oneDNN's prepacked GEMM (packed_linear.PackedLinear). Measured on this project's Zen 5
   class CPU, bf16 and float32, every weight shape of SmolLM2: for M >= 2 a row's result is
   bit-identical whatever M (2 .. 3000) and wherever the row sits; M = 1 takes another path (float32
