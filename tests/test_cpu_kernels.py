@@ -262,31 +262,49 @@ def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
 def _q8_reference(x: torch.Tensor, blocks, fmt: str):
     """gemv_q8.c's arithmetic in float64 numpy: x quantized per block of 32 (dx = max|x| / 127 in float32,
     qx = x * (127 / max|x|) rounded to nearest even), integer block dots with the weights' quants, scaled.
+    blocks: GGUF rows (fmt Q4_1 / Q8_0), or (q [N, K] int8, scale [N]) for fmt "int8".
     Returns (that, exact dequantize-then-matmul, the bound sum_b dx_b / 2 sum_j |w_j|), all [M, N]."""
     import gguf.quants as gq
     import numpy as np
 
     M, K = x.shape
-    N, nb = blocks.shape[0], K // 32
+    nb = K // 32
     xb = x.float().numpy().reshape(M, nb, 32)
     amax = np.abs(xb).max(-1)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     qx = np.rint(xb * inv[..., None]).astype(np.int64)
     dx = (amax / np.float32(127)).astype(np.float64)
-    b = blocks.reshape(N, nb, -1)
-    dw = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
-    if fmt == "Q8_0":
-        qw, mw = b[..., 2:].view(np.int8).astype(np.int64), 0.0
+    mw = 0.0
+    if fmt == "int8":
+        q, scale = (t.numpy() for t in blocks)
+        N = q.shape[0]
+        qw = q.reshape(N, nb, 32).astype(np.int64)
+        dw = np.repeat(scale.astype(np.float64)[:, None], nb, 1)
+        w = q.astype(np.float64) * scale.astype(np.float64)[:, None]
     else:
-        qs = b[..., 4:]
-        qw = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int64)
-        mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)[None]
+        N = blocks.shape[0]
+        b = blocks.reshape(N, nb, -1)
+        dw = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
+        if fmt == "Q8_0":
+            qw = b[..., 2:].view(np.int8).astype(np.int64)
+        else:
+            qs = b[..., 4:]
+            qw = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int64)
+            mw = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)[None]
+        w = gq.dequantize(blocks, getattr(gq.GGMLQuantizationType, fmt)).astype(np.float64)
     sx = xb.astype(np.float64).sum(-1)[:, None]  # [M, 1, nb]
     want = (np.einsum("mbj,nbj->mnb", qx, qw) * dw[None] * dx[:, None] + mw * sx).sum(-1)
-    w = gq.dequantize(blocks, getattr(gq.GGMLQuantizationType, fmt)).astype(np.float64)
     exact = x.double().numpy() @ w.T
     bound = (dx[:, None, :] / 2 * np.abs(w.reshape(N, nb, 32)).sum(-1)[None]).sum(-1)
     return want, exact, bound
+
+
+def _assert_q8(got: torch.Tensor, want, exact, bound) -> None:
+    import numpy as np
+
+    scale = np.abs(want).max()
+    assert np.abs(got.double().numpy() - want).max() <= 2e-6 * scale
+    assert (np.abs(got.double().numpy() - exact) <= bound * 1.001 + 1e-6 * scale).all()
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
@@ -297,7 +315,6 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     with the blocks' quants, scaled (every ISA computes the same integers), and within the activations'
     rounding bound of dequantize-then-matmul; odd block counts and N % 4 != 0 take the padding."""
     import gguf.quants as gq
-    import numpy as np
 
     g = torch.Generator().manual_seed(11)
     blocks = gq.quantize(torch.randn(N, K, generator=g).numpy(), getattr(gq.GGMLQuantizationType, fmt))
@@ -306,13 +323,27 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     tiles = cpu_kernels.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
     assert tiles.shape == (-(-N // 4), -(-K // 64), 272 if fmt == "Q8_0" else 160)
     got = cpu_kernels.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
-    want, exact, bound = _q8_reference(x, blocks, fmt)
-    scale = np.abs(want).max()
-    assert np.abs(got.double().numpy() - want).max() <= 2e-6 * scale
-    assert (np.abs(got.double().numpy() - exact) <= bound * 1.001 + 1e-6 * scale).all()
+    _assert_q8(got, *_q8_reference(x, blocks, fmt))
     out = cpu_kernels.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
     assert out.dtype == dtype and torch.equal(out, got.to(dtype))
     assert cpu_kernels.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 96, 33), (16, 1536, 7), (5, 32, 4)])
+def test_int8_q8_gemv_is_exact_on_quantized_activations(isa, dtype, M, K, N):
+    """The INT8 tiles (--quantization int8 on bf16 models): the same checks as the GGUF formats, with one
+    float32 scale per row."""
+    from radixlang_runtime.model.quant_linear import quantize_int8
+
+    g = torch.Generator().manual_seed(12)
+    q, scale = quantize_int8(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g).to(dtype)
+    tiles = cpu_kernels.int8_q8_tiles(q)
+    assert tiles.shape == (-(-N // 4), -(-K // 64), 256)
+    got = cpu_kernels.int8_q8_gemv(x, tiles, scale, torch.float32)
+    _assert_q8(got, *_q8_reference(x, (q, scale), "int8"))
+    assert torch.equal(cpu_kernels.int8_q8_gemv(x, tiles, scale), got.to(dtype))
 
 
 def test_gguf_q8_gemv_extreme_quants(isa):

@@ -31,7 +31,7 @@ from radixlang_runtime.model.quant_linear import Int8Linear
 
 class DecodeLinear(ctypes.Structure):
     """decode_layer.c's decode_linear: kind 0 dense tiles, 1 GGUF blocks, 2 int8 rows + scale,
-    3 GGUF tiles with int8 activations (gemv_q8.c)."""
+    3 GGUF tiles with int8 activations (gemv_q8.c), 4 int8 tiles + scale with int8 activations."""
 
     _fields_ = [("kind", ctypes.c_int64), ("fmt", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
                 ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
@@ -64,7 +64,8 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
         w = lin.tiles if lin.q8 else lin.blocks
         return DecodeLinear(3 if lin.q8 else 1, fmt, lin.out_features, lin.in_features, w.data_ptr(), None, _ptr(lin.bias))
     if isinstance(lin, Int8Linear):
-        return DecodeLinear(2, 0, lin.out_features, lin.in_features, lin.qweight.data_ptr(), lin.scale.data_ptr(),
+        w = lin.tiles if lin.q8 else lin.qweight
+        return DecodeLinear(4 if lin.q8 else 2, 0, lin.out_features, lin.in_features, w.data_ptr(), lin.scale.data_ptr(),
                             _ptr(lin.bias))
     return None
 

@@ -4,12 +4,16 @@ int8 weights, activations and outputs stay in the model dtype.
     scale[n] = max_k |W[n, k]| / 127,  Q[n, k] = round(W[n, k] / scale[n])  (int8 in [-127, 127])
     y = x @ (Q * scale).T
 
-Decode batches (M <= cpu_kernels.QLINEAR_MAX_M) run the C kernel that reads Q directly (half the bytes
-of bf16 per step: decode is bandwidth-bound; ~20 GB/s measured on 2 Zen 5 cores). Larger batches are
+Decode batches (M <= cpu_kernels.QLINEAR_MAX_M) run a C kernel that reads Q directly (half the bytes
+of bf16 per step: decode is bandwidth-bound): on bf16 models gemv_q8.c on Q repacked into 4-row tiles
+(int8_q8_tiles), activations quantized to int8 per block of 32 (integer dots, as --quantization gguf;
+their rounding adds to the weights'), elsewhere (float32 models, K % 32 != 0) gemv.c's float sums on Q.
+Measured (M = 1, bf16, SmolLM2's shapes, 30 distinct weights from DRAM, 2 threads): a token's linears
+8.4 ms (float sums) -> 4.1 ms (int8 activations), e.g. gate_up 113 -> 58 us, the head 2840 -> 1125 us. Larger batches are
 compute-bound, where a GEMV-style kernel loses to oneDNN's GEMM: they run a oneDNN-prepacked copy of the
 dequantized weights (Q * scale in the model dtype) when oneDNN can pack that dtype, else convert Q per
 call and scale the columns. So on CPU the flag trades memory (int8 + the packed copy) for decode speed.
-Measured (one stream, 32 -> 64 tokens, bf16, 2 cores): 55 -> 78 tok/s. The tied output head gets its own int8 copy; the embedding
+Measured (one stream, 32 -> 64 tokens, bf16, 2 cores): 55 -> 78 tok/s with the float-sum kernel. The tied output head gets its own int8 copy; the embedding
 lookup keeps the model-dtype table. Numerics: the int8 rounding of each weight (relative error per
 channel <= 1 / 254) changes logits slightly, so greedy text can drift from the unquantized model's.
 """
@@ -38,8 +42,11 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         q, scale = quantize_int8(weight)
-        self.register_buffer("qweight", q)  # [N, K] int8
         self.register_buffer("scale", scale)  # [N] float32
+        # bf16 (C kernels, K % 32 == 0): Q only as gemv_q8.c's tiles (qweight None); else Q [N, K] int8
+        self.q8 = weight.dtype == torch.bfloat16 and self.in_features % 32 == 0 and cpu_kernels.load() is not None
+        self.tiles: torch.Tensor | None = cpu_kernels.int8_q8_tiles(q) if self.q8 else None
+        self.qweight: torch.Tensor | None = None if self.q8 else q
         self.bias = None if bias is None else bias.detach()
         self.dense: nn.Module | None = None  # batches above the kernel's M (see the module docstring)
         if packing_available(weight.device, weight.dtype):
@@ -47,7 +54,10 @@ class Int8Linear(nn.Module):
                                       tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_kernels.qlinear_int8(x, self.qweight, self.scale) if x.device.type == "cpu" else None
+        y = None
+        if x.device.type == "cpu":
+            y = (cpu_kernels.int8_q8_gemv(x, self.tiles, self.scale) if self.q8
+                 else cpu_kernels.qlinear_int8(x, self.qweight, self.scale))
         if y is None and self.dense is not None:
             return self.dense(x)
         if y is None:

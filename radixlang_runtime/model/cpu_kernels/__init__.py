@@ -117,6 +117,9 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         rope = getattr(lib, f"rope_store_{suffix}")  # (qkv, T, row_stride, H, Hkv, D, cos, sin, loc, kp, vp, N)
         rope.restype = None
         rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64]
+    lib.int8_q8_gemv.restype = ctypes.c_int  # (x, x_bf16, tiles, scale, out, out_bf16, M, K, N)
+    lib.int8_q8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int] + [ctypes.c_int64] * 3
     lib.gguf_q8_gemv.restype = ctypes.c_int  # (x, x_bf16, tiles, fmt, out, out_bf16, M, K, N)
     lib.gguf_q8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int] + [ctypes.c_int64] * 3
@@ -311,21 +314,42 @@ def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     return torch.cat([p.reshape(nt, pairs, -1) for p in parts], dim=-1).contiguous()
 
 
-def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
-    """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
-    gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
-    M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+def int8_q8_tiles(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] int8 (K % 32 == 0) -> gemv_q8.c's INT8 tiles [ceil(N / 4), ceil(K / 64), 256] uint8: each
+    step 4 rows x 64 values (padding zeros)."""
+    N, K = q.shape
+    nt, pairs = -(-N // Q8_TILE_ROWS), -(-K // 64)
+    t = torch.zeros(nt * Q8_TILE_ROWS, pairs * 64, dtype=torch.int8)
+    t[:N, :K] = q
+    return t.view(nt, Q8_TILE_ROWS, pairs, 64).permute(0, 2, 1, 3).reshape(nt, pairs, -1).view(torch.uint8).contiguous()
+
+
+def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: int,
+             out_dtype: Optional[torch.dtype], lib: Optional[ctypes.CDLL]) -> Optional[torch.Tensor]:
     lib = lib or _lib
     M, K = x.shape
     if lib is None or M > QLINEAR_MAX_M:
         return None
     x = x.contiguous()
     out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
-    rc = lib.gguf_q8_gemv(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0],
-                          out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, n_out)
-    _check(rc, "gguf_q8_gemv")
+    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(), arg, out.data_ptr(),
+                            int(out.dtype == torch.bfloat16), M, K, n_out)
+    _check(rc, name)
     return out
+
+
+def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+    """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
+    gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
+    M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+    return _q8_call("gguf_q8_gemv", x, tiles, GGUF_BLOCK_FORMATS[fmt][0], n_out, out_dtype, lib)
+
+
+def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+    """The same on int8_q8_tiles(Q) with row scales scale [N] float32: x @ (Q * scale).T."""
+    return _q8_call("int8_q8_gemv", x, tiles, scale.data_ptr(), scale.shape[0], out_dtype, lib)
 
 
 DENSE_MAX_M = 16  # gemv_dense.c's limit, except dense_any_m

@@ -25,7 +25,8 @@
 #include "kernels.h"
 
 /* A linear's weights: kind 0 dense tiles (gemv_dense.c; bias applied inside), 1 GGUF blocks of format
- * fmt, 2 int8 rows with per-row scale, 3 GGUF blocks of format fmt as gemv_q8.c's tiles. Mirrors ctypes' DecodeLinear in cpu_kernels/__init__.py. */
+ * fmt, 2 int8 rows with per-row scale, 3 GGUF blocks of format fmt as gemv_q8.c's tiles, 4 int8 rows as
+ * gemv_q8.c's tiles with per-row scale. Mirrors ctypes' DecodeLinear in cpu_kernels/__init__.py. */
 typedef struct {
     int64_t kind, fmt, N, K;
     const void *w;
@@ -61,6 +62,8 @@ static int run_linear(const decode_linear *l, const void *x, void *out, int64_t 
         rc = bf16 ? gguf_gemv_bf16(x, l->w, l->fmt, out, M, l->K, l->N) : gguf_gemv_f32(x, l->w, l->fmt, out, M, l->K, l->N);
     else if (l->kind == 3)
         rc = gguf_q8_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
+    else if (l->kind == 4)
+        rc = int8_q8_gemv(x, bf16, l->w, l->scale, out, bf16, M, l->K, l->N);
     else
         rc = bf16 ? qlinear_int8_bf16(x, l->w, l->scale, out, M, l->K, l->N)
                   : qlinear_int8_f32(x, l->w, l->scale, out, M, l->K, l->N);

@@ -1,11 +1,13 @@
 /*
- * GGUF-block linears for decode-sized batches with int8 activations (--quantization gguf on a bf16 model),
- * the scheme of llama.cpp's vec_dot_q8_0_q8_0 / vec_dot_q4_1_q8_1, over the blocks repacked into tiles:
+ * GGUF-block (and int8-row) linears for decode-sized batches with int8 activations (--quantization gguf /
+ * int8 on a bf16 model), the scheme of llama.cpp's vec_dot_q8_0_q8_0 / vec_dot_q4_1_q8_1, over the
+ * weights repacked into tiles:
  *
  *   x [M, K] -> per block of 32 (Q8 activations): dx = max|x| / 127, qx = round(x / dx) in [-127, 127],
  *               sx = sum(x) (float);
  *   Q8_0 block (fp16 dw, 32 int8 qw):            w = dw qw       dot = dw dx sum(qw qx)
  *   Q4_1 block (fp16 dw, fp16 mw, 32 nibbles qw): w = dw qw + mw  dot = dw dx sum(qw qx) + mw sx
+ *   INT8 row (int8 qw, float32 scale s per row):  w = s qw         row = s sum_b dx_b sum(qw qx)
  *   out[m, n] = sum of the row's block dots, float32 sums, stored bf16 or float32.
  *
  * Precision: sum(qw qx) is an exact integer on every path (32 products, |qw| <= 128, |qx| <= 127), so
@@ -19,6 +21,7 @@
  * tile t, pair p is one step of STEP bytes at (t * pairs + p) * STEP:
  *   Q8_0 (272 B): dw fp16 [4 rows][2 blocks] | qw int8 [4 rows][64]                (a row's 2 blocks in order)
  *   Q4_1 (160 B): dw fp16 [4][2] | mw fp16 [4][2] | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4
+ *   INT8 (256 B): qw int8 [4 rows][64]  (the row scales stay a float32 [N] vector, applied at the end)
  * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
  * at once were 4 streams and ran at ~13 GB/s from DRAM against 27 read), and the 8 scales of a step are
  * one 16-byte load (on the file's layout, building each row's scale vector took ~10 shuffles a pair).
@@ -30,6 +33,7 @@
  *   AVX512BW     VPMADDUBSW + VPMADDWD: Q8_0 as |qw| x (qx with qw's sign) (|pair| <= 2 128 127 < 2^15:
  *                never saturates), Q4_1 as qw x qx.
  *   AVX2         the same on 256-bit vectors, a block a step; plain C otherwise.
+ * Measured (M = 1, bf16 x, 30 distinct weights from DRAM, 2 threads): see gguf_linear.py / quant_linear.py.
  * AVX-512 lanes: a row's vector holds its two blocks (lanes 0-7 block 2p, 8-15 block 2p + 1).
  * Work split: tiles over the OpenMP threads (contiguous ranges), inputs in groups of <= 4.
  */
@@ -41,8 +45,12 @@
 #define Q8_GROUP 4
 #define FMT_Q4_1 2 /* ggml's type numbers */
 #define FMT_Q8_0 8
+#define FMT_INT8 -1 /* --quantization int8: int8 rows, one float32 scale per row (quant_linear.py) */
 
-static inline int64_t step_bytes(int fmt) { return fmt == FMT_Q8_0 ? 272 : 160; }
+static inline int64_t step_bytes(int fmt) { return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 ? 160 : 256; }
+/* Q8_0 and INT8 weights are signed (the xor / sign tricks below); INT8 tiles have no block scales */
+static inline int signed_w(int fmt) { return fmt != FMT_Q4_1; }
+static inline int64_t w_offset(int fmt) { return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 ? 32 : 0; }
 
 /* The quantized activations, blocks padded to an even count nbp: row m's block b at [m * nbp + b]. */
 typedef struct {
@@ -127,7 +135,7 @@ static inline __attribute__((always_inline)) __m512i dot_pair(const __m512i wa, 
     (void)neg, (void)fmt;
     return _mm512_dpbusd_epi32(start, wa, qx);
 #else
-    const __m512i sx = fmt == FMT_Q8_0 ? _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx) : qx;
+    const __m512i sx = signed_w(fmt) ? _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx) : qx;
     return _mm512_add_epi32(start, _mm512_madd_epi16(_mm512_maddubs_epi16(wa, sx), _mm512_set1_epi16(1)));
 #endif
 }
@@ -144,7 +152,7 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
         qx[m] = _mm512_loadu_si512(a->q + i * 32);
         dx[m] = _mm512_castsi512_ps(spread_pair(a->d + i));
 #if defined(__AVX512VNNI__)
-        start[m] = fmt == FMT_Q8_0 ? spread_pair(a->corr + i) : _mm512_setzero_si512();
+        start[m] = signed_w(fmt) ? spread_pair(a->corr + i) : _mm512_setzero_si512();
 #else
         start[m] = _mm512_setzero_si512();
 #endif
@@ -153,15 +161,16 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
             macc[m] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16))), sxp, macc[m]);
         }
     }
-    const __m512 dall = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
+    const __m512 dall = fmt == FMT_INT8 ? _mm512_set1_ps(1.f)
+                                        : _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
     for (int r = 0; r < Q8_ROWS; r++) {
         const __m512i ridx = _mm512_set_epi32(2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1,
                                               2 * r + 1, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r);
-        const __m512 dw = _mm512_permutexvar_ps(ridx, dall);
+        const __m512 dw = fmt == FMT_INT8 ? dall : _mm512_permutexvar_ps(ridx, dall);
         __m512i wa;
         __mmask64 neg = 0;
-        if (fmt == FMT_Q8_0) {
-            const __m512i w = _mm512_loadu_si512(s + 16 + r * 64);
+        if (signed_w(fmt)) {
+            const __m512i w = _mm512_loadu_si512(s + w_offset(fmt) + r * 64);
 #if defined(__AVX512VNNI__)
             wa = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
 #else
@@ -176,7 +185,8 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
         }
         for (int m = 0; m < mc; m++) {
             const __m512i isum = dot_pair(wa, neg, qx[m], start[m], fmt);
-            acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx[m]), acc[r][m]);
+            const __m512 sc = fmt == FMT_INT8 ? dx[m] : _mm512_mul_ps(dw, dx[m]);
+            acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[r][m]);
         }
     }
 }
@@ -189,10 +199,10 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
         __m256i y = _mm256_setzero_si256();
         if (fmt == FMT_Q4_1) y = _mm256_loadu_si256((const __m256i *)(s + 32 + r * 32));
         for (int j = 0; j < 2; j++) {
-            const float dw = half_to_f32(s + 2 * (2 * r + j));
+            const float dw = fmt == FMT_INT8 ? 1.f : half_to_f32(s + 2 * (2 * r + j));
             __m256i w = _mm256_setzero_si256(), wa;
-            if (fmt == FMT_Q8_0) {
-                w = _mm256_loadu_si256((const __m256i *)(s + 16 + r * 64 + j * 32));
+            if (signed_w(fmt)) {
+                w = _mm256_loadu_si256((const __m256i *)(s + w_offset(fmt) + r * 64 + j * 32));
                 wa = _mm256_abs_epi8(w);
             } else {
                 wa = _mm256_and_si256(j ? _mm256_srli_epi16(y, 4) : y, low);
@@ -200,7 +210,7 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
             for (int m = 0; m < mc; m++) {
                 const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
                 const __m256i qx = _mm256_loadu_si256((const __m256i *)(a->q + i * 32));
-                const __m256i sx = fmt == FMT_Q8_0 ? _mm256_sign_epi8(qx, w) : qx;
+                const __m256i sx = signed_w(fmt) ? _mm256_sign_epi8(qx, w) : qx;
                 const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
                 acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a->d[i]), acc[r][m]);
                 if (fmt == FMT_Q4_1) /* mw sx spread over the 8 lanes (an exact / 8) */
@@ -213,8 +223,9 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
 #endif
 
 /* tile t's 4 output rows for inputs m0 .. m0 + mc - 1 */
-static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, const q8_act *a, void *out, int out_bf16,
-                                                          int64_t N, int64_t t, int64_t m0, const int fmt, const int mc) {
+static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, const float *row_scale, const q8_act *a,
+                                                          void *out, int out_bf16, int64_t N, int64_t t, int64_t m0,
+                                                          const int fmt, const int mc) {
     const int64_t pairs = a->nbp / 2;
     const uint8_t *base = tiles + t * pairs * step_bytes(fmt);
     float sums[Q8_ROWS][Q8_GROUP];
@@ -251,13 +262,13 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
         const uint8_t *s = base + p * step_bytes(fmt);
         for (int r = 0; r < Q8_ROWS; r++)
             for (int j = 0; j < 2; j++) {
-                const float dw = half_to_f32(s + 2 * (2 * r + j));
+                const float dw = fmt == FMT_INT8 ? 1.f : half_to_f32(s + 2 * (2 * r + j));
                 for (int m = 0; m < mc; m++) {
                     const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
                     const int8_t *qx = a->q + i * 32;
                     int32_t dot = 0;
-                    if (fmt == FMT_Q8_0) {
-                        const int8_t *qw = (const int8_t *)(s + 16 + r * 64 + j * 32);
+                    if (signed_w(fmt)) {
+                        const int8_t *qw = (const int8_t *)(s + w_offset(fmt) + r * 64 + j * 32);
                         for (int k = 0; k < 32; k++) dot += (int32_t)qw[k] * qx[k];
                     } else {
                         const uint8_t *y = s + 32 + r * 32;
@@ -272,27 +283,25 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
     for (int r = 0; r < Q8_ROWS && t * Q8_ROWS + r < N; r++)
         for (int m = 0; m < mc; m++) {
             const int64_t o = (m0 + m) * N + t * Q8_ROWS + r;
+            const float v = fmt == FMT_INT8 ? sums[r][m] * row_scale[t * Q8_ROWS + r] : sums[r][m];
             if (out_bf16)
-                ((uint16_t *)out)[o] = f32_to_bf16(sums[r][m]);
+                ((uint16_t *)out)[o] = f32_to_bf16(v);
             else
-                ((float *)out)[o] = sums[r][m];
+                ((float *)out)[o] = v;
         }
 }
 
 #define Q8_GROUP_CASES(fmt)                                                                 \
     switch (M - m0 >= Q8_GROUP ? Q8_GROUP : (int)(M - m0)) { /* constant sizes unroll */   \
-        case 1: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 1); break;                 \
-        case 2: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 2); break;                 \
-        case 3: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 3); break;                 \
-        default: q8_tile(tiles, &a, out, out_bf16, N, t, m0, fmt, 4); break;                \
+        case 1: q8_tile(tiles, row_scale, &a, out, out_bf16, N, t, m0, fmt, 1); break;      \
+        case 2: q8_tile(tiles, row_scale, &a, out, out_bf16, N, t, m0, fmt, 2); break;      \
+        case 3: q8_tile(tiles, row_scale, &a, out, out_bf16, N, t, m0, fmt, 3); break;      \
+        default: q8_tile(tiles, row_scale, &a, out, out_bf16, N, t, m0, fmt, 4); break;     \
     }
 
-/* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W given as the
- * tiles above of format fmt (2 = Q4_1, 8 = Q8_0). -1: shapes refused (M > Q8_MAX_M, K % 32, another
- * format); -2: out of memory. */
-int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
-                 int64_t K, int64_t N) {
-    if (M < 1 || M > Q8_MAX_M || K < 32 || K % 32 || N < 1 || (fmt != FMT_Q4_1 && fmt != FMT_Q8_0)) return -1;
+static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, const float *row_scale, void *out,
+                   int out_bf16, int64_t M, int64_t K, int64_t N) {
+    if (M < 1 || M > Q8_MAX_M || K < 32 || K % 32 || N < 1) return -1;
     q8_act a;
     if (quantize_rows(x, x_bf16, M, K, &a)) return -2;
     const int64_t nt = (N + Q8_ROWS - 1) / Q8_ROWS;
@@ -301,10 +310,27 @@ int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, v
         for (int64_t m0 = 0; m0 < M; m0 += Q8_GROUP) {
             if (fmt == FMT_Q8_0) {
                 Q8_GROUP_CASES(FMT_Q8_0)
-            } else {
+            } else if (fmt == FMT_Q4_1) {
                 Q8_GROUP_CASES(FMT_Q4_1)
+            } else {
+                Q8_GROUP_CASES(FMT_INT8)
             }
         }
     free(a.q);
     return 0;
+}
+
+/* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W given as the
+ * tiles above of format fmt (2 = Q4_1, 8 = Q8_0). -1: shapes refused (M > Q8_MAX_M, K % 32, another
+ * format); -2: out of memory. */
+int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
+                 int64_t K, int64_t N) {
+    if (fmt != FMT_Q4_1 && fmt != FMT_Q8_0) return -1;
+    return q8_gemv(x, x_bf16, tiles, (int)fmt, NULL, out, out_bf16, M, K, N);
+}
+
+/* The same for --quantization int8: W = Q * scale[n] (Q int8 [N, K] as INT8 tiles, scale [N] float32). */
+int int8_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, const float *scale, void *out, int out_bf16,
+                 int64_t M, int64_t K, int64_t N) {
+    return q8_gemv(x, x_bf16, tiles, FMT_INT8, scale, out, out_bf16, M, K, N);
 }

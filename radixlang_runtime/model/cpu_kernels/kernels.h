@@ -10,6 +10,8 @@ int dense_gemv_f32(const float *x, int64_t xs, const float *wt, const float *bia
                    int64_t N);
 int gguf_gemv_bf16(const uint16_t *x, const uint8_t *w, int64_t fmt, uint16_t *out, int64_t M, int64_t K, int64_t N);
 int gguf_gemv_f32(const float *x, const uint8_t *w, int64_t fmt, float *out, int64_t M, int64_t K, int64_t N);
+int int8_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, const float *scale, void *out, int out_bf16,
+                 int64_t M, int64_t K, int64_t N);
 int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N);
 int qlinear_int8_bf16(const uint16_t *x, const int8_t *w, const float *scale, uint16_t *out, int64_t M, int64_t K,
