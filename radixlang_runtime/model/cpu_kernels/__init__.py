@@ -171,7 +171,7 @@ def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int
     entry point and the kernel's own limits (D <= 256, H / Hkv <= 32, whole GQA groups) hold."""
     linear = "onednn:prepacked" if packed_linears else "torch:F.linear"
     if dense_tiles and dense_any_m(dtype, load()):
-        linear = f"c:{detect().isa}+dpbf16 dense tiles"
+        linear = f"c:{detect().isa}+{'dpbf16' if dtype == torch.bfloat16 else 'fma'} dense tiles"
     elif dense_tiles:
         linear += f", c:{detect().isa} dense tiles (M <= {DENSE_MAX_M})"
     if device.type != "cpu":

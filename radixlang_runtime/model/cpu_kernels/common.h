@@ -114,6 +114,16 @@ static inline __m512 exp512(__m512 x) {
 }
 #endif
 
+#if defined(__AVX2__)
+/* the sum of v's 8 lanes (a fixed order: halves, then pairs) */
+static inline float hsum256(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__)
 /* e^x for 8 lanes: the same polynomial as exp512; 2^n built in the exponent bits (n in [-126, 127]). */
 static inline __m256 exp256(__m256 x) {

@@ -72,12 +72,7 @@ static inline __attribute__((always_inline)) void GEMV_BLOCK_FN(const float *xf,
         }
     }
     for (int r = 0; r < GEMV_ROWS; r++)
-        for (int m = 0; m < mc; m++) {
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            sums[r][m] = _mm_cvtss_f32(h);
-        }
+        for (int m = 0; m < mc; m++) sums[r][m] = hsum256(acc[r][m]);
 #else
     for (int r = 0; r < GEMV_ROWS; r++)
         for (int m = 0; m < mc; m++) sums[r][m] = 0.f;

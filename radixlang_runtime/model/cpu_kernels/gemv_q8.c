@@ -249,12 +249,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
         for (int m = 0; m < mc; m++) acc[r][m] = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) q8_step(base + p * step_bytes(fmt), p, fmt, a, m0, mc, acc);
     for (int r = 0; r < Q8_ROWS; r++)
-        for (int m = 0; m < mc; m++) {
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            sums[r][m] = _mm_cvtss_f32(h);
-        }
+        for (int m = 0; m < mc; m++) sums[r][m] = hsum256(acc[r][m]);
 #else
     for (int r = 0; r < Q8_ROWS; r++)
         for (int m = 0; m < mc; m++) sums[r][m] = 0.f;
