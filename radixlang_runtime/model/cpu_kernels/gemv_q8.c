@@ -13,8 +13,8 @@
  * Precision: sum(qw qx) is an exact integer on every path (32 products, |qw| <= 128, |qx| <= 127), so
  * the only error against dequantize-then-matmul is the activations' rounding, |x - dx qx| <= dx / 2:
  * |out - exact| <= sum_b dx_b / 2 * sum_{j in b} |w_j| (tests/test_cpu_kernels.py checks that bound and
- * the exact result on the quantized operands). GGUFLinear uses it for bf16 models (activations rounded
- * to 8 significant bits already); float32 models keep gemv.c's float sums on the file's blocks.
+ * the exact result on the quantized operands). GGUFLinear / Int8Linear use it for bf16 models (activations
+ * rounded to 8 significant bits already); float32 models keep gemv.c's float sums on the file's blocks / rows.
  *
  * Tiles (gguf_q8_tiles in cpu_kernels/__init__.py packs them; the same bytes as the blocks, moved): rows
  * in groups of 4 (N padded with zero rows), blocks in pairs (K / 32 padded to even with zero blocks);
@@ -27,11 +27,11 @@
  * one 16-byte load (on the file's layout, building each row's scale vector took ~10 shuffles a pair).
  *
  * Integer dot products, by what the build has:
- *   AVX512-VNNI  VPDPBUSD (u8 x s8 -> s32, 4 products a lane). Q4_1's qw are u8 already; Q8_0's are made
- *                u8 by qw ^ 0x80 = qw + 128, and the lanes start at -16 sum(qx) (8 lanes a block) to
- *                take the excess 128 sum(qx) back out.
- *   AVX512BW     VPMADDUBSW + VPMADDWD: Q8_0 as |qw| x (qx with qw's sign) (|pair| <= 2 128 127 < 2^15:
- *                never saturates), Q4_1 as qw x qx.
+ *   AVX512-VNNI  VPDPBUSD (u8 x s8 -> s32, 4 products a lane). Q4_1's qw are u8 already; Q8_0's and INT8's
+ *                are made u8 by qw ^ 0x80 = qw + 128, and the lanes start at -16 sum(qx) (8 lanes a block)
+ *                to take the excess 128 sum(qx) back out.
+ *   AVX512BW     VPMADDUBSW + VPMADDWD: Q8_0 / INT8 as |qw| x (qx with qw's sign) (|pair| <= 2 128 127 <
+ *                2^15: never saturates), Q4_1 as qw x qx.
  *   AVX2         the same on 256-bit vectors, a block a step; plain C otherwise.
  * Measured (M = 1, bf16 x, 30 distinct weights from DRAM, 2 threads): see gguf_linear.py / quant_linear.py.
  * AVX-512 lanes: a row's vector holds its two blocks (lanes 0-7 block 2p, 8-15 block 2p + 1).
