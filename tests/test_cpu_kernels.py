@@ -36,6 +36,9 @@ def isa(request, monkeypatch):
     assert caps.isa == request.param
     lib = cpu_kernels.build_library(caps)
     assert lib is not None, "the kernels must build for every instruction set of this CPU"
+    # load the process's own library first: a load() inside the test (a module's constructor) must not
+    # leave "tried" set with the patched library restored to None afterwards
+    cpu_kernels.load()
     monkeypatch.setattr(cpu_kernels, "_lib", lib)
     return request.param
 
