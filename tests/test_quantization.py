@@ -1,5 +1,5 @@
 """--quantization int8 / gguf on the real model (the kernels themselves are checked against
-dequantize-then-matmul per ISA in test_cpu_kernels).
+dequantize-then-matmul per ISA in test_cpu_linears).
 
 int8: the Engine answers sensibly in one stream (C kernel) and in a batch above the kernel's M (packed
 dequantized path), reports its path, and the allocator is whole. Greedy text may drift from the

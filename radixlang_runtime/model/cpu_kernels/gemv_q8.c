@@ -12,7 +12,7 @@
  *
  * Precision: sum(qw qx) is an exact integer on every path (32 products, |qw| <= 128, |qx| <= 127), so
  * the only error against dequantize-then-matmul is the activations' rounding, |x - dx qx| <= dx / 2:
- * |out - exact| <= sum_b dx_b / 2 * sum_{j in b} |w_j| (tests/test_cpu_kernels.py checks that bound and
+ * |out - exact| <= sum_b dx_b / 2 * sum_{j in b} |w_j| (tests/test_cpu_linears.py checks that bound and
  * the exact result on the quantized operands). GGUFLinear / Int8Linear use it for bf16 models (activations
  * rounded to 8 significant bits already); float32 models keep gemv.c's float sums on the file's blocks / rows.
  *
