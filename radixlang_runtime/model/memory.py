@@ -100,8 +100,8 @@ def weights_bytes(model: nn.Module) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    for m in model.modules():  # oneDNN-packed weights (opaque tensors), dense / GGUF tiles, GGUF blocks
-        for name in ("packed", "tiles", "blocks"):
+    for m in model.modules():  # oneDNN-packed weights (opaque tensors), dense / q8 tiles, GGUF blocks, int8 rows
+        for name in ("packed", "tiles", "blocks", "qweight"):
             t = getattr(m, name, None)
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()

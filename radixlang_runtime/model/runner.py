@@ -121,8 +121,8 @@ class ModelRunner:
         if args.quantization is not None:
             kernel = f"c:{detect().isa}" if cpu_kernels.load() is not None and self.device.type == "cpu" else "torch"
             fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
-            if fmt != "int8" and self.dtype == torch.bfloat16 and kernel != "torch":
-                fmt += " x int8 activations"  # gemv_q8.c (gguf_linear)
+            if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
+                kernel += " x int8 activations"
             above = "dense tiles" if cpu_kernels.dense_any_m(self.dtype, cpu_kernels.load()) else "oneDNN-prepacked"
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if self.cpu_paths.c_norm_act:

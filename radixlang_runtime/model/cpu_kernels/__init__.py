@@ -328,7 +328,7 @@ def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: i
              out_dtype: Optional[torch.dtype], lib: Optional[ctypes.CDLL]) -> Optional[torch.Tensor]:
     lib = lib or _lib
     M, K = x.shape
-    if lib is None or M > QLINEAR_MAX_M:
+    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
         return None
     x = x.contiguous()
     out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
