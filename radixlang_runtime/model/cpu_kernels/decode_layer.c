@@ -46,7 +46,8 @@ typedef struct {
     const void *cos, *sin;                               /* [M, D], [M, D / 2] like x */
     const int64_t *out_loc, *req_to_token, *req_rows, *seq_lens; /* [M], [rows, ctx], [M], [M] */
     void *const *k_pools, *const *v_pools;                       /* per layer [Hkv, slots, D] */
-    /* cascade groups (attention/cascade.py's CascadePlan; groups == 0: none): [G], [G], [E], [G + 1], [G], [M] */
+    /* cascade groups (attention/cascade.py's CascadePlan; groups == 0 and every pointer NULL: none):
+     * [G], [G], [E], [G + 1], [G], [M] */
     int64_t groups, dpbf16;
     const int64_t *group_rows, *group_lens, *q_index, *group_starts, *group_counts, *k_begin;
     void *prior_o;    /* [M, H, D] like x: each layer's shared parts (rows not in a group keep lse -inf) */
@@ -116,13 +117,13 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
                                    S->prior_lse, NULL, NULL);
         if (rc) goto done;
     }
-    const void *po = S->groups ? S->prior_o : NULL;
-    const float *pl = S->groups ? S->prior_lse : NULL;
-    const int64_t *kb = S->groups ? S->k_begin : NULL;
-    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, kb, po, pl,
-                                  M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale, (uint16_t *)attn)
-              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, kb, po, pl, M,
-                                 S->H, S->Hkv, D, S->slots, S->ctx, S->scale, (float *)attn);
+    /* without groups k_begin / prior_o / prior_lse are NULL (FusedDecode.run leaves them unset) */
+    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, S->k_begin,
+                                  S->prior_o, S->prior_lse, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
+                                  (uint16_t *)attn)
+              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, S->k_begin,
+                                 S->prior_o, S->prior_lse, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
+                                 (float *)attn);
     if (rc) goto done;
     if ((rc = run_linear(&W->o, attn, o, M, bf16))) goto done;
     if (bf16)
