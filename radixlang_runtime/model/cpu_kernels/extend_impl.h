@@ -8,16 +8,25 @@
  * H % Hkv == 0 (else -1); -2 when memory runs out. Every row must see at least one key.
  *
  * Two phases like the bf16 kernel. Pack, tasks (segment, KV head, KC keys): keys converted once to
- * float32, K transposed [D][n], V row-major [n][D]. Attend, tasks (segment, KV head, block of QB
- * queries): rows in cache blocks of BM, PRB at a time in registers; scores in blocks of 32 keys and P.V
- * in blocks of 64 dims, so the sums stay in registers (the axpy form stored every partial sum:
- * store-bound) and each K / V vector loaded feeds PRB rows; keys in chunks of KCH that stay in L1 while
- * every row of the cache block reads them (K's [D][n] rows are n floats apart: a 4-row block alone
- * re-streamed all of K from L2). float32, 16 x 256 causal, 9/3 heads, D = 64: 28.8 -> 20.2 ms a layer.
+ * float32, K transposed [D][n16], V row-major [n16][D] (n16: keys rounded up to 16, zero pads). Attend,
+ * tasks (segment, KV head, block of QB queries): rows in cache blocks of BM, PRB at a time in registers;
+ * scores in blocks of 32 keys and P.V in blocks of 16 PVC dims, so the sums stay in registers (the axpy
+ * form stored every partial sum: store-bound) and each K / V vector loaded feeds PRB rows; keys in chunks
+ * of KCH that stay in L1 while every row of the cache block reads them (K's [D][n16] rows are n16 floats
+ * apart: a 4-row block alone re-streamed all of K from L2). float32, 9/3 heads, D = 64, ms a layer
+ * (min of 7 calls, 2 threads): 16 x 256 causal 28.8 -> 20.2 (register blocks) -> 9.8 (the
+ * last Lmax % 32 keys as masked-by-L vector blocks instead of strided scalar dots, 70% of the time
+ * before) -> 8.6 (PRB 8 on AVX-512); cascade's shared part, 2,016 rows x 1,024 keys: 33 -> 25 (PRB 8).
  */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
-#define PRB 4  /* rows per register block */
+#ifdef __AVX512F__ /* 32 vector registers: 8 rows x 2 vectors of sums (+ the loads) */
+#define PRB 8  /* rows per register block */
+#define PVC 2  /* 16-lane vectors per P.V column block */
+#else /* 16 (AVX2: 8 vf16 of two registers each) */
+#define PRB 4
+#define PVC 4
+#endif
 #define BM 32  /* rows per cache block: each chunk of K / V is read from L1 by all of them */
 #define KCH 128 /* keys per chunk (K and V chunks of 32 KB each at D = 64) */
 #ifndef RADIXLANG_VF16
@@ -33,16 +42,23 @@ static inline vf16 loadu_vf16(const float *p) {
 #endif
 #define SEG_SLOTS(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
 
-/* Keys c0 .. c1 - 1 of one segment and KV head as float32 (the first np from the pool at slot[l], the rest
- * rows s + l - np of k / v): K transposed into kt [D][n], V row-major into vf [n][D]. */
+/* Keys c0 .. c1 - 1 (c0 % 16 == 0; keys >= n are zero) of one segment and KV head as float32 (the first np
+ * from the pool at slot[l], the rest rows s + l - np of k / v): K transposed into kt [D][n16] (16 keys at a
+ * time, so each line of kt is written whole), V row-major into vf [n16][D]. */
 static void CAT(pack_keys_, SUFFIX)(const ELEM *k_pool, const ELEM *v_pool, int64_t N, const int64_t *slot, int64_t np,
-                                    int64_t n, const ELEM *k, int64_t k_stride, const ELEM *v, int64_t v_stride,
-                                    int64_t s, int64_t h, int64_t D, int64_t c0, int64_t c1, float *kt, float *vf) {
-    for (int64_t l = c0; l < c1; l++) {
-        const ELEM *kr = l < np ? k_pool + (h * N + slot[l]) * D : k + (s + l - np) * k_stride + h * D;
-        const ELEM *vr = l < np ? v_pool + (h * N + slot[l]) * D : v + (s + l - np) * v_stride + h * D;
-        for (int64_t d = 0; d < D; d++) kt[d * n + l] = TO_F32(kr[d]);
-        for (int64_t d = 0; d < D; d++) vf[l * D + d] = TO_F32(vr[d]);
+                                    int64_t n, int64_t n16, const ELEM *k, int64_t k_stride, const ELEM *v,
+                                    int64_t v_stride, int64_t s, int64_t h, int64_t D, int64_t c0, int64_t c1,
+                                    float *kt, float *vf) {
+    for (int64_t l0 = c0; l0 < c1; l0 += 16) {
+        const ELEM *kr[16];
+        for (int i = 0; i < 16; i++) {
+            const int64_t l = l0 + i;
+            kr[i] = l >= n ? NULL : l < np ? k_pool + (h * N + slot[l]) * D : k + (s + l - np) * k_stride + h * D;
+            const ELEM *vr = l >= n ? NULL : l < np ? v_pool + (h * N + slot[l]) * D : v + (s + l - np) * v_stride + h * D;
+            for (int64_t d = 0; d < D; d++) vf[l * D + d] = vr ? TO_F32(vr[d]) : 0.f;
+        }
+        for (int64_t d = 0; d < D; d++)
+            for (int i = 0; i < 16; i++) kt[d * n16 + l0 + i] = kr[i] ? TO_F32(kr[i][d]) : 0.f;
     }
 }
 
@@ -54,15 +70,15 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                                 const int64_t *q_index, float *lse_out, const ELEM *prior_o, const float *prior_lse) {
     if (D > 256 || H % Hkv != 0) return -1;
     const int64_t G = H / Hkv, KC = 256;
-    /* segments and tasks (common.h); per KV head a block of 2 D floats per key: K [D][n], V [n][D] */
+    /* segments and tasks (common.h); per KV head a block of 2 D floats per key: K [D][n16], V [n16][D] */
     extend_plan pl;
-    int err = extend_plan_make(&pl, lens, R, Hkv, prefix_lens, k_begin, k != NULL, 1, 2 * D, 64, KC);
+    int err = extend_plan_make(&pl, lens, R, Hkv, prefix_lens, k_begin, k != NULL, 16, 2 * D, 64, KC);
     float *packed = err ? NULL : (float *)malloc(sizeof(float) * (size_t)(pl.pk_off[R] > 0 ? pl.pk_off[R] : 1));
     if (!packed) {
         err = -2;
         goto done;
     }
-    const int64_t *npool = pl.npool, *nkeys = pl.nkeys, *ahead = pl.ahead, *pk_off = pl.pk_off;
+    const int64_t *npool = pl.npool, *nkeys = pl.nkeys, *n16s = pl.nal, *ahead = pl.ahead, *pk_off = pl.pk_off;
     const int64_t *pack_task = pl.pack_task, *task_off = pl.task_off, QB = pl.qb, max_n = pl.max_al, own_n = pl.own_al;
 #pragma omp parallel
     {
@@ -70,9 +86,10 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
         for (int64_t task = 0; task < pack_task[R]; task++) {
             const int64_t r = extend_task_request(pack_task, R, task);
             const int64_t local = task - pack_task[r], h = local % Hkv, c0 = local / Hkv * KC;
-            float *kt = packed + pk_off[r] + h * 2 * D * nkeys[r];
-            CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), npool[r], nkeys[r], k, k_stride, v, v_stride,
-                                    starts[r], h, D, c0, c0 + KC < nkeys[r] ? c0 + KC : nkeys[r], kt, kt + D * nkeys[r]);
+            float *kt = packed + pk_off[r] + h * 2 * D * n16s[r];
+            CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), npool[r], nkeys[r], n16s[r], k, k_stride, v,
+                                    v_stride, starts[r], h, D, c0, c0 + KC < n16s[r] ? c0 + KC : n16s[r], kt,
+                                    kt + D * n16s[r]);
         }
         /* the implicit barrier: every block is packed before any is read */
         float *sc = (float *)malloc(sizeof(float) * (size_t)(BM * max_n));
@@ -86,11 +103,11 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
             }
             const int64_t r = extend_task_request(task_off, R, task);
             const int64_t local = task - task_off[r], h = local % Hkv, j0 = local / Hkv * QB;
-            const int64_t j1 = j0 + QB < lens[r] ? j0 + QB : lens[r], n = nkeys[r], np = npool[r];
+            const int64_t j1 = j0 + QB < lens[r] ? j0 + QB : lens[r], n = n16s[r], np = npool[r];
             const float *kt = packed + pk_off[r] + h * 2 * D * n, *vf = kt + D * n;
             if (!ahead[r]) { /* one block reads this segment: pack it here, while it stays in cache */
-                CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), np, n, k, k_stride, v, v_stride, starts[r],
-                                        h, D, 0, n, own, own + D * n);
+                CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), np, nkeys[r], n, k, k_stride, v, v_stride,
+                                        starts[r], h, D, 0, n, own, own + D * n);
                 kt = own, vf = own + D * n;
             }
             const int64_t nrows = (j1 - j0) * G;
@@ -109,36 +126,38 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
                 }
                 /* scores chunk by chunk of KCH keys (the chunk of K stays in L1 while every sub-block reads
-                 * it), 32 keys x PRB rows at a time: 2 * PRB independent sums stay in registers across d */
-                const int64_t l32 = Lmax / 32 * 32;
-                for (int64_t c0 = 0; c0 < l32; c0 += KCH) {
-                    const int64_t c1 = c0 + KCH < l32 ? c0 + KCH : l32;
+                 * it), 32 keys x PRB rows at a time (2 * PRB independent sums stay in registers across d), the
+                 * last 16 when Lmax rounds up to an odd number of 16s: keys L16 > l >= L[i] are computed (zero
+                 * pads past the segment's keys, which kt has up to n16) and ignored. Every score is the same
+                 * sum over d in order, whatever block it falls in. */
+                const int64_t L16 = (Lmax + 15) / 16 * 16;
+                for (int64_t c0 = 0; c0 < L16; c0 += KCH) {
+                    const int64_t c1 = c0 + KCH < L16 ? c0 + KCH : L16;
                     for (int64_t sb = 0; sb < nsub; sb++) {
                         float(*qs)[256] = qf + sb * PRB;
                         float *ss = sc + sb * PRB * max_n;
                         for (int64_t l0 = c0; l0 < c1; l0 += 32) {
                             vf16 a[PRB], b[PRB];
                             for (int i = 0; i < PRB; i++) a[i] = b[i] = (vf16){0};
-                            for (int64_t d = 0; d < D; d++) {
-                                const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
-                                for (int i = 0; i < PRB; i++) {
-                                    a[i] += qs[i][d] * k0;
-                                    b[i] += qs[i][d] * k1;
+                            if (l0 + 32 <= c1) {
+                                for (int64_t d = 0; d < D; d++) {
+                                    const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
+                                    for (int i = 0; i < PRB; i++) {
+                                        a[i] += qs[i][d] * k0;
+                                        b[i] += qs[i][d] * k1;
+                                    }
+                                }
+                                for (int i = 0; i < PRB; i++) memcpy(ss + i * max_n + l0 + 16, &b[i], sizeof b[i]);
+                            } else {
+                                for (int64_t d = 0; d < D; d++) {
+                                    const vf16 k0 = loadu_vf16(kt + d * n + l0);
+                                    for (int i = 0; i < PRB; i++) a[i] += qs[i][d] * k0;
                                 }
                             }
-                            for (int i = 0; i < PRB; i++) {
-                                memcpy(ss + i * max_n + l0, &a[i], sizeof a[i]);
-                                memcpy(ss + i * max_n + l0 + 16, &b[i], sizeof b[i]);
-                            }
+                            for (int i = 0; i < PRB; i++) memcpy(ss + i * max_n + l0, &a[i], sizeof a[i]);
                         }
                     }
                 }
-                for (int64_t i = 0; i < nsub * PRB; i++) /* the last Lmax % 32 keys lane by lane */
-                    for (int64_t l = l32; l < Lmax; l++) {
-                        float sum = 0.f;
-                        for (int64_t d = 0; d < D; d++) sum += qf[i][d] * kt[d * n + l];
-                        sc[i * max_n + l] = sum;
-                    }
                 float lse[BM];
                 for (int64_t i = 0; i < nsub * PRB; i++) {
                     float m, *si = sc + i * max_n;
@@ -148,33 +167,33 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     for (int64_t l = 0; l < L[i]; l++) si[l] *= inv;
                     for (int64_t l = L[i]; l < Lmax; l++) si[l] = 0.f;
                 }
-                /* P.V, 64 dims x PRB rows at a time (4 * PRB independent sums in registers), chunk by chunk
+                /* P.V, 16 PVC dims x PRB rows at a time (PVC * PRB independent sums in registers), chunk by chunk
                  * of KCH keys (the chunk of V stays in L1), the sums kept in acc between chunks: per
-                 * element one sum over the keys in order, as without chunks; dims past the whole 64-dim
+                 * element one sum over the keys in order, as without chunks; dims past the whole 16 PVC-dim
                  * blocks lane by lane */
                 int64_t d0 = 0;
-                for (; d0 + 64 <= D; d0 += 64)
+                for (; d0 + 16 * PVC <= D; d0 += 16 * PVC)
                     for (int64_t c0 = 0; c0 < Lmax; c0 += KCH) {
                         const int64_t c1 = c0 + KCH < Lmax ? c0 + KCH : Lmax;
                         for (int64_t sb = 0; sb < nsub; sb++) {
-                            vf16 a[PRB][4];
+                            vf16 a[PRB][PVC];
                             for (int i = 0; i < PRB; i++)
-                                for (int c = 0; c < 4; c++)
+                                for (int c = 0; c < PVC; c++)
                                     if (c0)
                                         a[i][c] = loadu_vf16(acc[sb * PRB + i] + d0 + 16 * c);
                                     else
                                         a[i][c] = (vf16){0};
                             const float *ps = sc + sb * PRB * max_n;
                             for (int64_t l = c0; l < c1; l++) {
-                                vf16 vv[4];
-                                for (int c = 0; c < 4; c++) vv[c] = loadu_vf16(vf + l * D + d0 + 16 * c);
+                                vf16 vv[PVC];
+                                for (int c = 0; c < PVC; c++) vv[c] = loadu_vf16(vf + l * D + d0 + 16 * c);
                                 for (int i = 0; i < PRB; i++) {
                                     const float p = ps[i * max_n + l];
-                                    for (int c = 0; c < 4; c++) a[i][c] += p * vv[c];
+                                    for (int c = 0; c < PVC; c++) a[i][c] += p * vv[c];
                                 }
                             }
                             for (int i = 0; i < PRB; i++)
-                                for (int c = 0; c < 4; c++) memcpy(acc[sb * PRB + i] + d0 + 16 * c, &a[i][c], sizeof a[i][c]);
+                                for (int c = 0; c < PVC; c++) memcpy(acc[sb * PRB + i] + d0 + 16 * c, &a[i][c], sizeof a[i][c]);
                         }
                     }
                 for (int64_t i = 0; i < nsub * PRB; i++) {
@@ -204,6 +223,7 @@ done:
     return err;
 }
 #undef PRB
+#undef PVC
 #undef BM
 #undef KCH
 #undef SEG_SLOTS
