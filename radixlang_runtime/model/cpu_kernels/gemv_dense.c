@@ -183,15 +183,21 @@ static inline __attribute__((always_inline)) void dense_gemm(const void *x, int6
 #pragma omp parallel
     for (int64_t mb = 0; mb < M; mb += MB) {
         const int64_t me = mb + MB < M ? mb + MB : M;
+        /* items (tile pair, part of the row block): S parts where the pairs don't divide evenly over the
+         * threads (o / down at N = 576: 9 pairs, 5 against 4, took 8-11% longer), so each thread gets the
+         * same rows x tiles; the pair split in parts is read by each of them */
+        const int64_t nth = omp_get_num_threads(), S = NP % nth && me - mb >= 2 * GR * nth ? nth : 1;
+        const int64_t part = ((me - mb + S - 1) / S + GR - 1) / GR * GR;
 #pragma omp for schedule(static)
-        for (int64_t tp = 0; tp < NP; tp++) {
+        for (int64_t item = 0; item < NP * S; item++) {
+            const int64_t tp = item / S, r0 = mb + item % S * part, r1 = r0 + part < me ? r0 + part : me;
             const int64_t t = span * tp;
             const int two = span == 2 && t + 1 < NT;
             const char *w0 = (const char *)wt + t * K * TILE * esz, *w1 = w0 + K * TILE * esz;
             const int64_t n0 = t * TILE, width = (two ? 2 : 1) * TILE, nn = N - n0 < width ? N - n0 : width;
             float res[GR][2 * TILE];
-            for (int64_t m0 = mb; m0 < me; m0 += GR) {
-                const int mc = me - m0 < GR ? (int)(me - m0) : GR;
+            for (int64_t m0 = r0; m0 < r1; m0 += GR) {
+                const int mc = r1 - m0 < GR ? (int)(r1 - m0) : GR;
                 const char *xm = (const char *)x + m0 * xs * esz;
 #define UK(c) (two ? ukernel(xm, xs, w0, w1, K, res, c, 1, f32) : ukernel(xm, xs, w0, w1, K, res, c, 0, f32))
                 switch (mc) {
