@@ -120,6 +120,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """down(silu(gate) * up), in blocks of at most ROWS token rows: a block's [ROWS, 2I] intermediate stays in
+    the caches between the three ops, where a 4,096-token chunk's (50 MB in float32) went to DRAM and back
+    twice and was a fresh mmap per call (page faults: gate_up at M = 4,096 ran at 167 GFLOP/s against 213
+    at M = 2,048). Each row's arithmetic is the same either way with the row-invariant linears."""
+
+    ROWS = 512
+
     def __init__(self, cfg: ModelConfig, shard: Shard, reduce: Reduce):
         super().__init__()
         self.inter = shard.inter_count  # this rank's columns of the intermediate size
@@ -129,13 +136,23 @@ class MLP(nn.Module):
         self.use_cpu_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2I]
-        if self.use_cpu_kernel:
-            out = self.down_proj(cpu_kernels.silu_mul(gate_up))
+        T = x.shape[0]
+        if T <= self.ROWS:
+            out = self._rows(x)
         else:
-            gate, up = gate_up.split(self.inter, dim=-1)  # [T, I] each
-            out = self.down_proj(F.silu(gate) * up)
+            first = self._rows(x[:self.ROWS])
+            out = first.new_empty(T, first.shape[1])
+            out[:self.ROWS] = first
+            for r0 in range(self.ROWS, T, self.ROWS):
+                out[r0:r0 + self.ROWS] = self._rows(x[r0:r0 + self.ROWS])
         return out if self.reduce is None else self.reduce(out)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [t, 2I]
+        if self.use_cpu_kernel:
+            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)  # [t, I] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
