@@ -140,11 +140,7 @@ class MLP(nn.Module):
         if T <= self.ROWS:
             out = self._rows(x)
         else:
-            first = self._rows(x[:self.ROWS])
-            out = first.new_empty(T, first.shape[1])
-            out[:self.ROWS] = first
-            for r0 in range(self.ROWS, T, self.ROWS):
-                out[r0:r0 + self.ROWS] = self._rows(x[r0:r0 + self.ROWS])
+            out = torch.cat([self._rows(x[r0:r0 + self.ROWS]) for r0 in range(0, T, self.ROWS)])
         return out if self.reduce is None else self.reduce(out)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:

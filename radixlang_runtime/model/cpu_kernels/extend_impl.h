@@ -8,14 +8,14 @@
  * H % Hkv == 0 (else -1); -2 when memory runs out. Every row must see at least one key.
  *
  * Two phases like the bf16 kernel. Pack, tasks (segment, KV head, KC keys): keys converted once to
- * float32, K transposed [D][n16], V row-major [n16][D] (n16: keys rounded up to 16, zero pads). Attend,
+ * float32, K transposed [D][n32], V row-major [n32][D] (n32: keys rounded up to 32, zero pads). Attend,
  * tasks (segment, KV head, block of QB queries): rows in cache blocks of BM, PRB at a time in registers;
  * scores in blocks of 32 keys and P.V in blocks of 16 PVC dims, so the sums stay in registers (the axpy
  * form stored every partial sum: store-bound) and each K / V vector loaded feeds PRB rows; keys in chunks
- * of KCH that stay in L1 while every row of the cache block reads them (K's [D][n16] rows are n16 floats
+ * of KCH that stay in L1 while every row of the cache block reads them (K's [D][n32] rows are n32 floats
  * apart: a 4-row block alone re-streamed all of K from L2). float32, 9/3 heads, D = 64, ms a layer
  * (min of 7 calls, 2 threads): 16 x 256 causal 28.8 -> 20.2 (register blocks) -> 9.8 (the
- * last Lmax % 32 keys as masked-by-L vector blocks instead of strided scalar dots, 70% of the time
+ * last Lmax % 32 keys as a whole 32-key vector block over zero pads instead of strided scalar dots, 70% of the time
  * before) -> 8.6 (PRB 8 on AVX-512); cascade's shared part, 2,016 rows x 1,024 keys: 33 -> 25 (PRB 8).
  */
 #define CAT_(a, b) a##b
@@ -43,22 +43,23 @@ static inline vf16 loadu_vf16(const float *p) {
 #define SEG_SLOTS(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
 
 /* Keys c0 .. c1 - 1 (c0 % 16 == 0; keys >= n are zero) of one segment and KV head as float32 (the first np
- * from the pool at slot[l], the rest rows s + l - np of k / v): K transposed into kt [D][n16] (16 keys at a
- * time, so each line of kt is written whole), V row-major into vf [n16][D]. */
+ * from the pool at slot[l], the rest rows s + l - np of k / v): K transposed into kt [D][n32] (16 keys at a
+ * time, so each line of kt is written whole), V row-major into vf [n32][D]. */
 static void CAT(pack_keys_, SUFFIX)(const ELEM *k_pool, const ELEM *v_pool, int64_t N, const int64_t *slot, int64_t np,
-                                    int64_t n, int64_t n16, const ELEM *k, int64_t k_stride, const ELEM *v,
+                                    int64_t n, int64_t n32, const ELEM *k, int64_t k_stride, const ELEM *v,
                                     int64_t v_stride, int64_t s, int64_t h, int64_t D, int64_t c0, int64_t c1,
                                     float *kt, float *vf) {
+    static const ELEM zero_row[256]; /* the pads past the segment's n keys */
     for (int64_t l0 = c0; l0 < c1; l0 += 16) {
         const ELEM *kr[16];
         for (int i = 0; i < 16; i++) {
             const int64_t l = l0 + i;
-            kr[i] = l >= n ? NULL : l < np ? k_pool + (h * N + slot[l]) * D : k + (s + l - np) * k_stride + h * D;
-            const ELEM *vr = l >= n ? NULL : l < np ? v_pool + (h * N + slot[l]) * D : v + (s + l - np) * v_stride + h * D;
-            for (int64_t d = 0; d < D; d++) vf[l * D + d] = vr ? TO_F32(vr[d]) : 0.f;
+            kr[i] = l >= n ? zero_row : l < np ? k_pool + (h * N + slot[l]) * D : k + (s + l - np) * k_stride + h * D;
+            const ELEM *vr = l >= n ? zero_row : l < np ? v_pool + (h * N + slot[l]) * D : v + (s + l - np) * v_stride + h * D;
+            for (int64_t d = 0; d < D; d++) vf[l * D + d] = TO_F32(vr[d]);
         }
         for (int64_t d = 0; d < D; d++)
-            for (int i = 0; i < 16; i++) kt[d * n16 + l0 + i] = kr[i] ? TO_F32(kr[i][d]) : 0.f;
+            for (int i = 0; i < 16; i++) kt[d * n32 + l0 + i] = TO_F32(kr[i][d]);
     }
 }
 
@@ -70,15 +71,15 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                                 const int64_t *q_index, float *lse_out, const ELEM *prior_o, const float *prior_lse) {
     if (D > 256 || H % Hkv != 0) return -1;
     const int64_t G = H / Hkv, KC = 256;
-    /* segments and tasks (common.h); per KV head a block of 2 D floats per key: K [D][n16], V [n16][D] */
+    /* segments and tasks (common.h); per KV head a block of 2 D floats per key: K [D][n32], V [n32][D] */
     extend_plan pl;
-    int err = extend_plan_make(&pl, lens, R, Hkv, prefix_lens, k_begin, k != NULL, 16, 2 * D, 64, KC);
+    int err = extend_plan_make(&pl, lens, R, Hkv, prefix_lens, k_begin, k != NULL, 32, 2 * D, 64, KC);
     float *packed = err ? NULL : (float *)malloc(sizeof(float) * (size_t)(pl.pk_off[R] > 0 ? pl.pk_off[R] : 1));
     if (!packed) {
         err = -2;
         goto done;
     }
-    const int64_t *npool = pl.npool, *nkeys = pl.nkeys, *n16s = pl.nal, *ahead = pl.ahead, *pk_off = pl.pk_off;
+    const int64_t *npool = pl.npool, *nkeys = pl.nkeys, *n32s = pl.nal, *ahead = pl.ahead, *pk_off = pl.pk_off;
     const int64_t *pack_task = pl.pack_task, *task_off = pl.task_off, QB = pl.qb, max_n = pl.max_al, own_n = pl.own_al;
 #pragma omp parallel
     {
@@ -86,10 +87,10 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
         for (int64_t task = 0; task < pack_task[R]; task++) {
             const int64_t r = extend_task_request(pack_task, R, task);
             const int64_t local = task - pack_task[r], h = local % Hkv, c0 = local / Hkv * KC;
-            float *kt = packed + pk_off[r] + h * 2 * D * n16s[r];
-            CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), npool[r], nkeys[r], n16s[r], k, k_stride, v,
-                                    v_stride, starts[r], h, D, c0, c0 + KC < n16s[r] ? c0 + KC : n16s[r], kt,
-                                    kt + D * n16s[r]);
+            float *kt = packed + pk_off[r] + h * 2 * D * n32s[r];
+            CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), npool[r], nkeys[r], n32s[r], k, k_stride, v,
+                                    v_stride, starts[r], h, D, c0, c0 + KC < n32s[r] ? c0 + KC : n32s[r], kt,
+                                    kt + D * n32s[r]);
         }
         /* the implicit barrier: every block is packed before any is read */
         float *sc = (float *)malloc(sizeof(float) * (size_t)(BM * max_n));
@@ -103,7 +104,7 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
             }
             const int64_t r = extend_task_request(task_off, R, task);
             const int64_t local = task - task_off[r], h = local % Hkv, j0 = local / Hkv * QB;
-            const int64_t j1 = j0 + QB < lens[r] ? j0 + QB : lens[r], n = n16s[r], np = npool[r];
+            const int64_t j1 = j0 + QB < lens[r] ? j0 + QB : lens[r], n = n32s[r], np = npool[r];
             const float *kt = packed + pk_off[r] + h * 2 * D * n, *vf = kt + D * n;
             if (!ahead[r]) { /* one block reads this segment: pack it here, while it stays in cache */
                 CAT(pack_keys_, SUFFIX)(k_pool, v_pool, N, SEG_SLOTS(r), np, nkeys[r], n, k, k_stride, v, v_stride,
@@ -126,35 +127,30 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
                 }
                 /* scores chunk by chunk of KCH keys (the chunk of K stays in L1 while every sub-block reads
-                 * it), 32 keys x PRB rows at a time (2 * PRB independent sums stay in registers across d), the
-                 * last 16 when Lmax rounds up to an odd number of 16s: keys L16 > l >= L[i] are computed (zero
-                 * pads past the segment's keys, which kt has up to n16) and ignored. Every score is the same
-                 * sum over d in order, whatever block it falls in. */
-                const int64_t L16 = (Lmax + 15) / 16 * 16;
-                for (int64_t c0 = 0; c0 < L16; c0 += KCH) {
-                    const int64_t c1 = c0 + KCH < L16 ? c0 + KCH : L16;
+                 * it), 32 keys x PRB rows at a time (2 * PRB independent sums stay in registers across d), up
+                 * to Lmax rounded up to 32: keys past a row's L[i] (later keys, or zero pads, which kt has up to
+                 * n32) are computed and ignored, so every score is the same sum over d in order, whatever
+                 * block it falls in. */
+                const int64_t L32 = (Lmax + 31) / 32 * 32;
+                for (int64_t c0 = 0; c0 < L32; c0 += KCH) {
+                    const int64_t c1 = c0 + KCH < L32 ? c0 + KCH : L32;
                     for (int64_t sb = 0; sb < nsub; sb++) {
                         float(*qs)[256] = qf + sb * PRB;
                         float *ss = sc + sb * PRB * max_n;
                         for (int64_t l0 = c0; l0 < c1; l0 += 32) {
                             vf16 a[PRB], b[PRB];
                             for (int i = 0; i < PRB; i++) a[i] = b[i] = (vf16){0};
-                            if (l0 + 32 <= c1) {
-                                for (int64_t d = 0; d < D; d++) {
-                                    const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
-                                    for (int i = 0; i < PRB; i++) {
-                                        a[i] += qs[i][d] * k0;
-                                        b[i] += qs[i][d] * k1;
-                                    }
-                                }
-                                for (int i = 0; i < PRB; i++) memcpy(ss + i * max_n + l0 + 16, &b[i], sizeof b[i]);
-                            } else {
-                                for (int64_t d = 0; d < D; d++) {
-                                    const vf16 k0 = loadu_vf16(kt + d * n + l0);
-                                    for (int i = 0; i < PRB; i++) a[i] += qs[i][d] * k0;
+                            for (int64_t d = 0; d < D; d++) {
+                                const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
+                                for (int i = 0; i < PRB; i++) {
+                                    a[i] += qs[i][d] * k0;
+                                    b[i] += qs[i][d] * k1;
                                 }
                             }
-                            for (int i = 0; i < PRB; i++) memcpy(ss + i * max_n + l0, &a[i], sizeof a[i]);
+                            for (int i = 0; i < PRB; i++) {
+                                memcpy(ss + i * max_n + l0, &a[i], sizeof a[i]);
+                                memcpy(ss + i * max_n + l0 + 16, &b[i], sizeof b[i]);
+                            }
                         }
                     }
                 }
