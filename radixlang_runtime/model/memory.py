@@ -5,10 +5,11 @@ warm-up prefill has run (its activations, oneDNN's primitives and scratch are th
 process), the pool gets `mem_fraction_static` (default 0.4) of the memory the OS reports available
 (MemAvailable), capped at DEFAULT_CPU_KV_CAP when the fraction is not given, at least MIN_CPU_KV.
 
-Lazy pages: the pool is one allocation; above LAZY_BYTES it is not zero-filled but left to the OS,
-whose fresh anonymous pages read as zero and cost resident memory only once written. The pool used
-to be zero-filled at start: 1 GiB of RSS before the first request (measured: peak RSS 2.0 GB for a
-269 MB model). Below LAZY_BYTES torch.zeros runs (small blocks may come from reused heap memory).
+Lazy pages: the pool is one allocation; above LAZY_BYTES it is its own anonymous mmap (not malloc's:
+a large torch.empty may be served from freed heap memory with old contents, seen in a long test run),
+whose fresh pages read as zero and cost resident memory only once written. The pool used to be
+zero-filled at start: 1 GiB of RSS before the first request (measured: peak RSS 2.0 GB for a 269 MB
+model). Below LAZY_BYTES torch.zeros runs.
 
 `breakdown` is what /server_info and Engine.get_stats() report under "memory".
 """
@@ -16,6 +17,7 @@ to be zero-filled at start: 1 GiB of RSS before the first request (measured: pea
 from __future__ import annotations
 
 import math
+import mmap
 import resource
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -67,8 +69,8 @@ def cpu_kv_budget(fraction: Optional[float], available: Optional[int]) -> int:
 def kv_block(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One tensor for every layer's K and V: zero-filled when small, lazily zero (OS pages) when large."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if device.type == "cpu" and nbytes >= LAZY_BYTES:
-        return torch.empty(shape, dtype=dtype, device=device)  # a fresh mmap: zero pages until written
+    if device.type == "cpu" and nbytes >= LAZY_BYTES:  # zero pages until written; the tensor keeps the map
+        return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
