@@ -126,6 +126,14 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     const ELEM *qr = q + t[i] * q_stride + hh[i] * D;
                     for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
                 }
+                /* the next cache block's query rows into L2 while this block computes: their first read
+                 * missed the caches (q straight from the qkv GEMM), 10% of a causal 16 x 256 call's samples;
+                 * causal 10.2 -> 9.8 ms, the shared parts unchanged */
+                for (int64_t row = b0 + BM; row < b0 + 2 * BM && row < nrows; row++) {
+                    const int64_t j = j0 + row / G, tn = q_index ? q_index[starts[r] + j] : starts[r] + j;
+                    const char *qr = (const char *)(q + tn * q_stride + (h * G + row % G) * D);
+                    for (int64_t c = 0; c < D * (int64_t)sizeof(ELEM); c += 64) __builtin_prefetch(qr + c, 0, 2);
+                }
                 /* scores chunk by chunk of KCH keys (the chunk of K stays in L1 while every sub-block reads
                  * it), 32 keys x PRB rows at a time (2 * PRB independent sums stay in registers across d), up
                  * to Lmax rounded up to 32: keys past a row's L[i] (later keys, or zero pads, which kt has up to
