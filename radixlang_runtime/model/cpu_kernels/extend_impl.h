@@ -40,6 +40,8 @@ static inline vf16 loadu_vf16(const float *p) {
     return v;
 }
 #endif
+/* the token row of segment r's query j (q_index maps the segment's rows to rows of q) */
+#define Q_TOKEN(r, j) (q_index ? q_index[starts[r] + (j)] : starts[r] + (j))
 #define SEG_SLOTS(r) (npool[r] ? req_to_token + req_rows[r] * rt_stride + (k_begin ? k_begin[r] : 0) : NULL)
 
 /* Keys c0 .. c1 - 1 (c0 % 16 == 0; keys >= n are zero) of one segment and KV head as float32 (the first np
@@ -119,7 +121,7 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                 int64_t t[BM], hh[BM], L[BM], Lmax = 0;
                 for (int64_t i = 0; i < nsub * PRB; i++) {
                     const int64_t row = b0 + (i < nb ? i : nb - 1), j = j0 + row / G;
-                    t[i] = q_index ? q_index[starts[r] + j] : starts[r] + j;
+                    t[i] = Q_TOKEN(r, j);
                     hh[i] = h * G + row % G;
                     L[i] = np + (k ? j + 1 : 0);
                     Lmax = L[i] > Lmax ? L[i] : Lmax;
@@ -130,8 +132,7 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                  * missed the caches (q straight from the qkv GEMM), 10% of a causal 16 x 256 call's samples;
                  * causal 10.2 -> 9.8 ms, the shared parts unchanged */
                 for (int64_t row = b0 + BM; row < b0 + 2 * BM && row < nrows; row++) {
-                    const int64_t j = j0 + row / G, tn = q_index ? q_index[starts[r] + j] : starts[r] + j;
-                    const char *qr = (const char *)(q + tn * q_stride + (h * G + row % G) * D);
+                    const char *qr = (const char *)(q + Q_TOKEN(r, j0 + row / G) * q_stride + (h * G + row % G) * D);
                     for (int64_t c = 0; c < D * (int64_t)sizeof(ELEM); c += 64) __builtin_prefetch(qr + c, 0, 2);
                 }
                 /* scores chunk by chunk of KCH keys (the chunk of K stays in L1 while every sub-block reads
@@ -231,5 +232,6 @@ done:
 #undef BM
 #undef KCH
 #undef SEG_SLOTS
+#undef Q_TOKEN
 #undef CAT
 #undef CAT_
