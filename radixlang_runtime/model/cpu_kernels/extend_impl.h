@@ -10,24 +10,33 @@
  * Two phases like the bf16 kernel. Pack, tasks (segment, KV head, KC keys): keys converted once to
  * float32, K transposed [D][n32], V row-major [n32][D] (n32: keys rounded up to 32, zero pads). Attend,
  * tasks (segment, KV head, block of QB queries): rows in cache blocks of BM, PRB at a time in registers;
- * scores in blocks of 32 keys and P.V in blocks of 16 PVC dims, so the sums stay in registers (the axpy
+ * scores in blocks of 16 SKV keys and P.V in blocks of 16 PVC dims, so the sums stay in registers (the axpy
  * form stored every partial sum: store-bound) and each K / V vector loaded feeds PRB rows; keys in chunks
  * of KCH that stay in L1 while every row of the cache block reads them (K's [D][n32] rows are n32 floats
  * apart: a 4-row block alone re-streamed all of K from L2). float32, 9/3 heads, D = 64, ms a layer
  * (min of 7 calls, 2 threads): 16 x 256 causal 28.8 -> 20.2 (register blocks) -> 9.8 (the
  * last Lmax % 32 keys as a whole 32-key vector block over zero pads instead of strided scalar dots, 70% of the time
  * before) -> 8.6 (PRB 8 on AVX-512); cascade's shared part, 2,016 rows x 1,024 keys: 33 -> 25 (PRB 8).
+ * AVX-512 now takes the GEMM micro-kernel's shape, 6 rows x 4 vectors (64 keys / all 64 dims) in both
+ * loops: one broadcast per 4 FMAs instead of per 2 (the broadcasts share the FMA's issue slots); A/B
+ * alternating in one process, 30 layers' pools rotating (from DRAM as in a run), ms a layer: W3 decode
+ * shared part (64 x 1,024) 1.121 -> 1.075, shared prefill (2,016 x 1,024) 30.4 -> 28.7, causal 16 x 256
+ * 10.38 -> 10.11 (0.97). BM 36 / 96 and KCH 64 / 256 beside BM 48 / KCH 128: noise; the softmax's
+ * 1 / sum folded into the output instead of the numerators: no gain.
  */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
-#ifdef __AVX512F__ /* 32 vector registers: 8 rows x 2 vectors of sums (+ the loads) */
-#define PRB 8  /* rows per register block */
-#define PVC 2  /* 16-lane vectors per P.V column block */
+#ifdef __AVX512F__ /* 32 vector registers: 6 rows x 4 vectors of sums (+ the loads) */
+#define PRB 6  /* rows per register block */
+#define SKV 4  /* 16-key vectors per score block */
+#define PVC 4  /* 16-lane vectors per P.V column block */
+#define BM 48  /* rows per cache block: each chunk of K / V is read from L1 by all of them */
 #else /* 16 (AVX2: 8 vf16 of two registers each) */
 #define PRB 4
+#define SKV 2
 #define PVC 4
+#define BM 32
 #endif
-#define BM 32  /* rows per cache block: each chunk of K / V is read from L1 by all of them */
 #define KCH 128 /* keys per chunk (K and V chunks of 32 KB each at D = 64) */
 #ifndef RADIXLANG_VF16
 #define RADIXLANG_VF16
@@ -63,6 +72,25 @@ static void CAT(pack_keys_, SUFFIX)(const ELEM *k_pool, const ELEM *v_pool, int6
         for (int64_t d = 0; d < D; d++)
             for (int i = 0; i < 16; i++) kt[d * n32 + l0 + i] = TO_F32(kr[i][d]);
     }
+}
+
+/* Scores of PRB rows (qs: scaled float32 queries) against keys l0 .. l0 + 16 nv - 1 of kt [D][n], into ss
+ * rows of width ld: PRB x nv sums in registers across d, each K vector loaded feeding PRB rows (nv a
+ * constant: SKV for the body, 2 for a last block of 32 keys). */
+static inline __attribute__((always_inline)) void CAT(score_block_, SUFFIX)(float (*qs)[256], const float *kt,
+                                                                           int64_t n, int64_t D, int64_t l0,
+                                                                           float *ss, int64_t ld, const int nv) {
+    vf16 a[PRB][SKV];
+    for (int i = 0; i < PRB; i++)
+        for (int c = 0; c < nv; c++) a[i][c] = (vf16){0};
+    for (int64_t d = 0; d < D; d++) {
+        vf16 kv[SKV];
+        for (int c = 0; c < nv; c++) kv[c] = loadu_vf16(kt + d * n + l0 + 16 * c);
+        for (int i = 0; i < PRB; i++)
+            for (int c = 0; c < nv; c++) a[i][c] += qs[i][d] * kv[c];
+    }
+    for (int i = 0; i < PRB; i++)
+        for (int c = 0; c < nv; c++) memcpy(ss + i * ld + l0 + 16 * c, &a[i][c], sizeof a[i][c]);
 }
 
 int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, int64_t k_stride, const ELEM *v,
@@ -146,21 +174,9 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     for (int64_t sb = 0; sb < nsub; sb++) {
                         float(*qs)[256] = qf + sb * PRB;
                         float *ss = sc + sb * PRB * max_n;
-                        for (int64_t l0 = c0; l0 < c1; l0 += 32) {
-                            vf16 a[PRB], b[PRB];
-                            for (int i = 0; i < PRB; i++) a[i] = b[i] = (vf16){0};
-                            for (int64_t d = 0; d < D; d++) {
-                                const vf16 k0 = loadu_vf16(kt + d * n + l0), k1 = loadu_vf16(kt + d * n + l0 + 16);
-                                for (int i = 0; i < PRB; i++) {
-                                    a[i] += qs[i][d] * k0;
-                                    b[i] += qs[i][d] * k1;
-                                }
-                            }
-                            for (int i = 0; i < PRB; i++) {
-                                memcpy(ss + i * max_n + l0, &a[i], sizeof a[i]);
-                                memcpy(ss + i * max_n + l0 + 16, &b[i], sizeof b[i]);
-                            }
-                        }
+                        int64_t l0 = c0;
+                        for (; l0 + 16 * SKV <= c1; l0 += 16 * SKV) CAT(score_block_, SUFFIX)(qs, kt, n, D, l0, ss, max_n, SKV);
+                        for (; l0 < c1; l0 += 32) CAT(score_block_, SUFFIX)(qs, kt, n, D, l0, ss, max_n, 2);
                     }
                 }
                 float lse[BM];
@@ -229,6 +245,7 @@ done:
 }
 #undef PRB
 #undef PVC
+#undef SKV
 #undef BM
 #undef KCH
 #undef SEG_SLOTS
