@@ -134,7 +134,8 @@ def main() -> None:
         for row, r in peer_rows.items():
             if r.get("W3"):
                 med = statistics.median(r["W3"])
-                print(f"  {row:34s} {med:8.2f} s   radixlang (cache on) / this: {ours / med:.2f}x")
+                runs = "/".join(f"{t:.2f}" for t in r["W3"])
+                print(f"  {row:34s} {med:8.2f} s ({runs})   radixlang (cache on) / this: {ours / med:.2f}x")
             else:
                 print(f"  {row:34s} {r.get('error')}")
         summary["peers_W3_wall_s"] = {row: r.get("W3") for row, r in peer_rows.items()}
