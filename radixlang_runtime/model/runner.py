@@ -91,6 +91,8 @@ class ModelRunner:
         self.args = args = args.resolve_for_device(self.device.type)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.model_dir = model_dir
+        if self.device.type == "cpu":
+            memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
         self.cfg = cfg = ModelConfig.from_dir(model_dir)
         self.context_len = args.context_length or cfg.max_position_embeddings
         self.tp = tp
