@@ -125,7 +125,7 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
         /* the implicit barrier: every block is packed before any is read */
         float *sc = (float *)malloc(sizeof(float) * (size_t)(BM * max_n));
         float *own = (float *)malloc(sizeof(float) * (size_t)(2 * D * own_n));
-        float acc[BM][256], qf[BM][256], pf[256]; /* 64 KB of stack: libgomp threads have MBs */
+        float acc[BM][256], qf[BM][256], pf[256]; /* 2 BM KB of stack: libgomp threads have MBs */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < task_off[R]; task++) {
             if (!sc || !own) {
@@ -175,7 +175,8 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                         float(*qs)[256] = qf + sb * PRB;
                         float *ss = sc + sb * PRB * max_n;
                         int64_t l0 = c0;
-                        for (; l0 + 16 * SKV <= c1; l0 += 16 * SKV) CAT(score_block_, SUFFIX)(qs, kt, n, D, l0, ss, max_n, SKV);
+                        for (; l0 + 16 * SKV <= c1; l0 += 16 * SKV)
+                            CAT(score_block_, SUFFIX)(qs, kt, n, D, l0, ss, max_n, SKV);
                         for (; l0 < c1; l0 += 32) CAT(score_block_, SUFFIX)(qs, kt, n, D, l0, ss, max_n, 2);
                     }
                 }
