@@ -75,7 +75,7 @@ def test_tune_malloc_keeps_step_buffers_resident():
         return
     assert applied
     _, plain = _step_buffer_faults(False, env)
-    # measured: tuned 3-4% of the written pages faulted (heap growth to a new largest size), plain 28-31%
+    # measured: tuned ~4% of the written pages faulted (heap growth to a new largest size), plain 28-31%
     assert all(f < 0.1 for f in tuned), (tuned, plain)
     assert all(t < p for t, p in zip(tuned, plain)), (tuned, plain)
     # the user's own malloc settings win
