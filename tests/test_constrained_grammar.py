@@ -174,6 +174,7 @@ def test_schema_outputs_validate_against_the_schema():
     for name, schema in SCHEMAS.items():
         g = schema_grammar(schema)
         rng = random.Random(name)
+        validated = 0
         for _ in range(10):
             s, out = g.initial_state, []
             for _ in range(400):
@@ -185,6 +186,8 @@ def test_schema_outputs_validate_against_the_schema():
                 s = g.next_state(s, t)
             if g.is_final(s):
                 jsonschema.validate(json.loads(vocab().bytes_of(out).decode("utf-8")), schema)
+                validated += 1
+        assert validated >= 1, f"{name}: no walk of 400 tokens reached a final state"
 
 
 # --------------------------------------------------------------------------- entry points

@@ -97,13 +97,13 @@ def test_hash_model_outputs_stay_valid_with_jump_forward(name):
     import jsonschema
 
     g = schema_grammar(SCHEMAS[name])
-    for _ in range(3):
-        out, _ = decode(g, [], jump=True, max_steps=300)
-        if out and out[-1] == EOS:
-            out = out[:-1]
-        gs = GrammarState(g, [EOS])
-        if gs.advance_all(out) and gs.is_final:
-            jsonschema.validate(json.loads(vocab().bytes_of(out).decode("utf-8")), SCHEMAS[name])
+    out, _ = decode(g, [], jump=True, max_steps=300)  # the hash scorer is deterministic: one decode
+    if out and out[-1] == EOS:
+        out = out[:-1]
+    gs = GrammarState(g, [EOS])
+    assert gs.advance_all(out)  # whatever the length, the output is a prefix of the language
+    if gs.is_final:  # a finished output is a valid instance as well
+        jsonschema.validate(json.loads(vocab().bytes_of(out).decode("utf-8")), SCHEMAS[name])
 
 
 def test_forced_tokens_are_the_tokenizers_tokens_of_the_forced_bytes():

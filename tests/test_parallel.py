@@ -35,7 +35,11 @@ def test_every_head_and_column_has_one_owner(h, hkv, tp):
     group = h // hkv
     q_owner, kv_ranks = {}, {}
     for s in shards:
-        assert s.q_count >= 1 and s.kv_count >= 1 and s.q_count == s.kv_count * group or hkv < tp
+        assert s.q_count >= 1 and s.kv_count >= 1
+        if hkv >= tp:  # whole GQA groups per rank
+            assert s.q_count == s.kv_count * group
+        else:  # fewer KV heads than ranks: one KV head replicated, its group's query heads split
+            assert s.kv_count == 1 and group % s.q_count == 0
         for q in range(s.q_start, s.q_start + s.q_count):
             assert q not in q_owner
             q_owner[q] = s.rank

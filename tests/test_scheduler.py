@@ -112,7 +112,8 @@ def test_abort_frees_memory_everywhere():
         sched.add_request(r)
     for _ in range(4):
         sched.step()  # a decoding, b mid-chunk, c waiting
-    assert sched.chunked_req is b or b.kv_len > 0
+    assert len(a.output_ids) > 0 and c.kv_len == 0
+    assert sched.chunked_req is b and 0 < b.kv_len < len(b.input_ids)
     for r in (a, b, c):
         sched.abort(r.rid)
     sched.step()
