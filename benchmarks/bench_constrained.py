@@ -120,7 +120,8 @@ def bench_jump_forward(compiler: GrammarCompiler, encode) -> None:
 # Integers carry maxDigits (an outlines extension): an unbounded [0-9]+ lets a greedy small model
 # loop on digits until max_new_tokens (seen once in 128 outputs), which no schema-valid JSON survives.
 E2E_SCHEMAS = {
-    "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "maxDigits": 4}},
+    "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                              "age": {"type": "integer", "maxDigits": 4}},
              "required": ["name", "age"], "additionalProperties": False},
     "nested": {"type": "object", "properties": {"person": {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 24}, "address": {"type": "object", "properties": {
@@ -141,10 +142,12 @@ E2E_SCHEMAS = {
                   "required": ["name", "arguments"], "additionalProperties": False},
     "booleans": {"type": "object", "properties": {"is_urgent": {"type": "boolean"}, "needs_reply": {"type": "boolean"}},
                  "required": ["is_urgent", "needs_reply"], "additionalProperties": False},
-    "numbers": {"type": "object", "properties": {"price": {"type": "integer", "maxDigits": 4}, "quantity": {"type": "integer", "maxDigits": 4}},
+    "numbers": {"type": "object", "properties": {"price": {"type": "integer", "maxDigits": 4},
+                                                 "quantity": {"type": "integer", "maxDigits": 4}},
                 "required": ["price", "quantity"], "additionalProperties": False},
     "items": {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {
-        "type": "object", "properties": {"product": {"type": "string", "maxLength": 16}, "qty": {"type": "integer", "maxDigits": 4}},
+        "type": "object", "properties": {"product": {"type": "string", "maxLength": 16},
+                                         "qty": {"type": "integer", "maxDigits": 4}},
         "required": ["product", "qty"], "additionalProperties": False}}}, "required": ["items"],
         "additionalProperties": False},
 }
@@ -219,7 +222,8 @@ def bench_e2e() -> None:
                 outs = eng.generate(sub, sp)
                 rates[kind].append(sum(o["meta_info"]["completion_tokens"] for o in outs) / (time.perf_counter() - t))
                 if kind == "constrained" and free_sps is None:
-                    free_sps = [{"temperature": 0, "ignore_eos": True, "max_new_tokens": o["meta_info"]["completion_tokens"]}
+                    free_sps = [{"temperature": 0, "ignore_eos": True,
+                                 "max_new_tokens": o["meta_info"]["completion_tokens"]}
                                 for o in outs]
         c, u = statistics.median(rates["constrained"]), statistics.median(rates["unconstrained"])
         print(f"batch 32, jump-forward off, medians of 3, same output token counts: constrained {c:.1f} tok/s, "

@@ -119,7 +119,8 @@ def main() -> int:
         print("bench_kernels: no CUDA device here; the Triton kernels are benchmarked on a GPU only (exit 0)")
         return 0
     sys.path.insert(0, ".")
-    print(f"device: {torch.cuda.get_device_name()}  (HBM {hbm_bandwidth(torch.cuda.get_device_name()) or 'unknown'} B/s)")
+    print(f"device: {torch.cuda.get_device_name()}  "
+          f"(HBM {hbm_bandwidth(torch.cuda.get_device_name()) or 'unknown'} B/s)")
     dec = bench_decode(args.quick)
     print(f"{'decode':8} {'batch':>5} {'ctx':>6} {'ms':>8} {'GB/s':>8} {'HBM%':>6} {'SDPA ms':>8} {'max diff':>9}")
     for r in dec:
@@ -127,7 +128,8 @@ def main() -> int:
         print(f"{'':8} {r['batch']:>5} {r['context']:>6} {r['ms']:8.3f} {r['GB/s']:8.0f} {share:>6} "
               f"{r['sdpa_ms']:8.3f} {r['max_diff']:9.2e}")
     ext = bench_extend(args.quick)
-    print(f"{'extend':8} {'prompt':>6} {'prefix':>6} {'ms':>8} {'TFLOP/s':>8} {'SDPA ms':>8} {'SDPA TF/s':>9} {'max diff':>9}")
+    print(f"{'extend':8} {'prompt':>6} {'prefix':>6} {'ms':>8} {'TFLOP/s':>8} {'SDPA ms':>8} {'SDPA TF/s':>9} "
+          f"{'max diff':>9}")
     for r in ext:
         print(f"{'':8} {r['prompt']:>6} {r['prefix']:>6} {r['ms']:8.3f} {r['TFLOP/s']:8.1f} {r['sdpa_ms']:8.3f} "
               f"{r['sdpa_TFLOP/s']:9.1f} {r['max_diff']:9.2e}")

@@ -4,8 +4,8 @@ Workloads (the same token ids for every system):
   W1  64 prompts x 256 random token ids -> 128 new tokens each, greedy, EOS ignored
   W2  1 prompt of 32 tokens -> 256 new tokens, greedy, EOS ignored
 RADIXLANG_CPU_MASK in the environment applies to every child (it also caps oneDNN, so transformers
-runs as it would on such a CPU). Each system runs in its own child process (no shared thread pools or allocator state) and each
-workload is timed --runs times after a warm-up (radixlang flushes its prefix cache before each run:
+runs as it would on such a CPU). Each system runs in its own child process (no shared thread pools or allocator state)
+and each workload is timed --runs times after a warm-up (radixlang flushes its prefix cache before each run:
 the prompts repeat across runs); the table shows medians of output tokens/s, the
 ratios against transformers at its default dtype (float32, as the checkpoint is stored) and at
 bfloat16 (radixlang's CPU default), and each child's peak RSS.
@@ -112,7 +112,8 @@ def main() -> None:
     ap.add_argument("--baseline-dtypes", default="float32,bfloat16", help="transformers' dtypes ('' for none)")
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
-    ap.add_argument("--dtype", default="auto", help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
+    ap.add_argument("--dtype", default="auto",
+                    help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
     ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")

@@ -42,9 +42,10 @@ def peer_runs(vllm_dtype: str = "bfloat16") -> dict[str, list]:
                  (v, "W3", "bench_vllm.py", ["--dtype", vllm_dtype, "--prefix-caching", "on"], "wall_s"),
                  (f"{v} no-prefix-caching", "W3", "bench_vllm.py", ["--dtype", vllm_dtype, "--prefix-caching", "off"],
                   "wall_s")],
-        "llamacpp": [("llamacpp-BF16", "W1", "bench_llamacpp.py", ["--mode", "batch", "--gguf", "BF16", "--flash", "on"],
-                      "out_tok_s")]
-                    + [(f"llamacpp-{q}", "W2", "bench_llamacpp.py", ["--mode", "seq", "--gguf", q], "decode_tok_s_per_seq")
+        "llamacpp": [("llamacpp-BF16", "W1", "bench_llamacpp.py",
+                      ["--mode", "batch", "--gguf", "BF16", "--flash", "on"], "out_tok_s")]
+                    + [(f"llamacpp-{q}", "W2", "bench_llamacpp.py", ["--mode", "seq", "--gguf", q],
+                        "decode_tok_s_per_seq")
                        for q in ("BF16", "Q8_0", "Q4_1")]
                     + [(f"llamacpp-BF16{'' if on == 'on' else ' no-prefix-share'}", "W3", "bench_llamacpp.py",
                         ["--mode", "batch", "--gguf", "BF16", "--flash", "on", "--prefix", on], "wall_s")

@@ -38,15 +38,18 @@ EXAMPLES = [
     ("Tom reads 15 pages a day. How many pages does he read in two weeks?",
      "Two weeks have 2 x 7 = 14 days. At 15 pages a day he reads 14 x 15 = 210 pages. The answer is 210."),
     ("A box holds 6 eggs. A farmer collects 75 eggs. How many full boxes can he fill, and how many eggs remain?",
-     "75 divided by 6 is 12 with remainder 3, since 12 x 6 = 72. He fills 12 boxes and 3 eggs remain. The answer is 12."),
+     "75 divided by 6 is 12 with remainder 3, since 12 x 6 = 72. He fills 12 boxes and 3 eggs remain. "
+     "The answer is 12."),
     ("A shirt costs $25 and is on sale for 20% off. What is the sale price?",
      "20% of $25 is 0.2 x 25 = $5. The sale price is 25 - 5 = $20. The answer is 20."),
     ("Maria has three times as many stickers as Ben. Together they have 48. How many does Ben have?",
      "If Ben has b stickers, Maria has 3b, so b + 3b = 4b = 48 and b = 12. The answer is 12."),
     ("A train travels at 60 km per hour for 2.5 hours. How far does it go?",
      "Distance is speed times time: 60 x 2.5 = 150 km. The answer is 150."),
-    ("A garden is 12 m long and 8 m wide. A path 1 m wide runs around the inside edge. What area is left inside the path?",
-     "Inside the path the garden is 12 - 2 = 10 m by 8 - 2 = 6 m, so the area is 10 x 6 = 60 square metres. The answer is 60."),
+    ("A garden is 12 m long and 8 m wide. A path 1 m wide runs around the inside edge. "
+     "What area is left inside the path?",
+     "Inside the path the garden is 12 - 2 = 10 m by 8 - 2 = 6 m, so the area is 10 x 6 = 60 square metres. "
+     "The answer is 60."),
     ("Sam saves $8 a week. He wants a bike that costs $120 and already has $24. How many weeks must he save?",
      "He still needs 120 - 24 = $96. At $8 a week that takes 96 / 8 = 12 weeks. The answer is 12."),
 ]
@@ -58,7 +61,8 @@ def workloads(tokenizer) -> dict[str, list[list[int]]]:
     shared = [rng.randrange(100, 49000) for _ in range(1024)]
     w3 = [shared + [rng.randrange(100, 49000) for _ in range(32)] for _ in range(64)]
     shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in EXAMPLES)
-    questions = [f"Question: Ann has {3 + i} bags with {5 + j} {item} each. She gives away {2 + i + j}. How many are left?\nAnswer:"
+    questions = [f"Question: Ann has {3 + i} bags with {5 + j} {item} each. She gives away {2 + i + j}. "
+                 "How many are left?\nAnswer:"
                  for i in range(8) for j, item in enumerate(ITEMS)]
     fewshot = [tokenizer.encode(shots + q, add_special_tokens=False) for q in questions]
     return {"W3": w3, "few-shot": fewshot}
@@ -130,7 +134,8 @@ def main() -> None:
 
         peer_rows = run_peers(peers, peers_dir, args.runs, resolve_model_dir(None), ("W3",), args.peer_dtype)
         ours = statistics.median(on["W3"]["times"])
-        print(f"\nW3 on the peers' ids: radixlang cache on {ours:.2f} s, off {statistics.median(off['W3']['times']):.2f} s")
+        print(f"\nW3 on the peers' ids: radixlang cache on {ours:.2f} s, "
+              f"off {statistics.median(off['W3']['times']):.2f} s")
         for row, r in peer_rows.items():
             if r.get("W3"):
                 med = statistics.median(r["W3"])

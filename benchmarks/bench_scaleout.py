@@ -42,9 +42,11 @@ def workload(questions_per_prefix: int, shots: int, seed: int = 0) -> list[tuple
     items = []
     for k, subject in enumerate(SUBJECTS):
         prefix = f"Answer with the {subject}.\n" + "".join(
-            f"Q: What is the {subject} of {c}?\nA: (example {i} for {subject})\n" for i, c in enumerate(COUNTRIES[:shots]))
+            f"Q: What is the {subject} of {c}?\nA: (example {i} for {subject})\n"
+            for i, c in enumerate(COUNTRIES[:shots]))
         for q in range(questions_per_prefix):
-            items.append((k, prefix + f"Q: What is the {subject} of {COUNTRIES[(q * 7 + k) % len(COUNTRIES)]} #{q}?\nA:"))
+            country = COUNTRIES[(q * 7 + k) % len(COUNTRIES)]
+            items.append((k, prefix + f"Q: What is the {subject} of {country} #{q}?\nA:"))
     random.Random(seed).shuffle(items)
     return items
 

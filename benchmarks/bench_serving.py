@@ -182,15 +182,16 @@ def main() -> None:
     print(f"{'rate':>6} {'done':>5} {'req/s':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
           f"{'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8}   (ms)")
     for r in rows:
-        print(f"{r['rate']:>6} {r['completed']:>5} {r['req_per_s']:7.2f} {r['out_tok_per_s']:8.1f} {r['ttft_p50_ms']:9.0f} "
-              f"{r['ttft_p99_ms']:9.0f} {r['tpot_p50_ms']:9.1f} {r['tpot_p99_ms']:9.1f} {r['itl_p50_ms']:8.1f} "
-              f"{r['itl_p99_ms']:8.1f}")
+        print(f"{r['rate']:>6} {r['completed']:>5} {r['req_per_s']:7.2f} {r['out_tok_per_s']:8.1f} "
+              f"{r['ttft_p50_ms']:9.0f} {r['ttft_p99_ms']:9.0f} {r['tpot_p50_ms']:9.1f} {r['tpot_p99_ms']:9.1f} "
+              f"{r['itl_p50_ms']:8.1f} {r['itl_p99_ms']:8.1f}")
     result: dict = {"rows": rows}
     if args.compare_engine:
         eng = in_child(engine_throughput, {}, prompts, args.output_len, args.runs)
         share = statistics.median(http_inf) / statistics.median(eng)
         result["engine_vs_http"] = {"engine_tok_s": eng, "http_tok_s": http_inf, "http_share": share}
-        print(f"rate=inf output tok/s: HTTP {statistics.median(http_inf):.1f} (runs {', '.join(f'{x:.1f}' for x in http_inf)}) "
+        print(f"rate=inf output tok/s: HTTP {statistics.median(http_inf):.1f} "
+              f"(runs {', '.join(f'{x:.1f}' for x in http_inf)}) "
               f"vs in-process Engine {statistics.median(eng):.1f} (runs {', '.join(f'{x:.1f}' for x in eng)}): "
               f"HTTP keeps {share:.1%} ({1 - share:+.1%} loss)")
     if args.json:

@@ -25,7 +25,8 @@ def _defaults(params: dict) -> SglSamplingParams:
 
 
 class SglFunction:
-    def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None, bind_arguments: Optional[dict] = None):
+    def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None,
+                 bind_arguments: Optional[dict] = None):
         if num_api_spec_tokens is not None:  # a flag that is accepted does what it says, or is refused
             raise NotImplementedError(
                 f"function(num_api_spec_tokens={num_api_spec_tokens!r}): SGLang's API speculative execution (for "
@@ -116,11 +117,13 @@ def get_server_info(backend: Any = None) -> Any:
 
 
 def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens: Optional[int] = None,
-        n: Optional[int] = None, stop: Optional[Union[str, List[str]]] = None, stop_token_ids: Optional[List[int]] = None,
+        n: Optional[int] = None, stop: Optional[Union[str, List[str]]] = None,
+        stop_token_ids: Optional[List[int]] = None,
         stop_regex: Optional[Union[str, List[str]]] = None, temperature: Optional[float] = None,
         top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
         frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
-        ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None, logprob_start_len: Optional[int] = None,
+        ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
+        logprob_start_len: Optional[int] = None,
         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None, dtype: Any = None,
         choices: Optional[List[str]] = None, choices_method: Optional[ChoicesSamplingMethod] = None,
         regex: Optional[str] = None, json_schema: Any = None) -> SglExpr:

@@ -171,7 +171,8 @@ def test_cascade_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0
     prior = cpu_kernels.empty_prior(*q.shape, dtype)
     cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
-    got = cpu_kernels.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(lens), D ** -0.5, plan.k_begin, prior)
+    got = cpu_kernels.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(lens), D ** -0.5, plan.k_begin,
+                                   prior)
     want = paged_attention_ref(q, kb, vb, rt, rows, [n - 1 for n in lens], [1] * 6, D ** -0.5)
     torch.testing.assert_close(got.float(), want, **_tol(dtype))
     assert torch.isinf(prior[1][3]).all()  # request 3 is in no group: its prior weighs nothing

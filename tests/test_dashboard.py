@@ -77,7 +77,8 @@ def server():
 def _shared_prefix_requests(url: str, headers: dict | None = None) -> None:
     with httpx.Client(base_url=url, timeout=120, headers=headers or {}) as c:
         for q in ("What is 2 + 2?", "Name a colour.", "Say hello."):  # each suffix spans whole pages
-            r = c.post("/generate", json={"text": SHARED + (q + " ") * 12, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+            r = c.post("/generate", json={"text": SHARED + (q + " ") * 12,
+                                          "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
             assert r.status_code == 200, r.text
 
 

@@ -28,7 +28,8 @@ def mixed_requests() -> list[tuple[str, int]]:
     out += [(SHOTS * 2 + f"Q: Which language is spoken in {c}?\nA:", 12) for c in COUNTRIES]
     out += [(p, 8 + 4 * (i % 5)) for i, p in enumerate(PROMPTS)]
     out += [(p + " and", 40 - i) for i, p in enumerate(PROMPTS)]
-    out += [(f"<|im_start|>user\nTell me one fact about {c}.<|im_end|>\n<|im_start|>assistant\n", 24) for c in COUNTRIES]
+    out += [(f"<|im_start|>user\nTell me one fact about {c}.<|im_end|>\n<|im_start|>assistant\n", 24)
+            for c in COUNTRIES]
     out += [(f"{n} + {n} =", 3 + n % 4) for n in range(4)]
     assert len(out) == 48
     return out

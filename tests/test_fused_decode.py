@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.cpu_caps import detect
-from radixlang_runtime.model.fused_decode import FusedDecode
 from radixlang_runtime.model.runner import StepInputs
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: no fused decode")
@@ -17,7 +15,8 @@ pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler
 PROMPTS = [[(i * 37 + 11) % 40000 + 100 for i in range(n)] for n in (5, 23, 9)]
 
 
-def _scenario(runner, row0: int, slot0: int, steps: int = 4, shared: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _scenario(runner, row0: int, slot0: int, steps: int = 4,
+              shared: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Prefill PROMPTS into table rows row0.. (after `shared` positions that all three rows hold in the same
     slots: cascade groups, when shared >= MIN_SHARED), then `steps` decode steps of all three; the logits
     of every step and the K/V the decode steps wrote (layer 0 and the last layer)."""

@@ -32,7 +32,8 @@ def test_page_size_and_chunked_prefill_match(page_size, hf_greedy):
     with Engine(dtype="float32", max_total_tokens=4096, page_size=page_size, chunked_prefill_size=16,
                 max_prefill_tokens=32) as eng:
         ids = _ids(eng, PROMPTS[:6])
-        outs = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0})
+        outs = eng.generate(input_ids=ids,
+                            sampling_params={"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0})
         for x, out in zip(ids, outs):
             assert out["output_ids"] == hf_greedy(x, 12)
         assert_whole(eng)

@@ -63,7 +63,8 @@ def test_unsplittable_heads_are_refused(h, hkv, tp):
 def test_parallel_flags_are_checked():
     from radixlang_runtime.server_args import ServerArgs
 
-    for bad, match in [({"tp_size": 3, "nnodes": 2}, "multiple of nnodes"), ({"nnodes": 2, "tp_size": 2}, "dist-init-addr"),
+    for bad, match in [({"tp_size": 3, "nnodes": 2}, "multiple of nnodes"),
+                       ({"nnodes": 2, "tp_size": 2}, "dist-init-addr"),
                        ({"node_rank": 1}, "node_rank"), ({"dp_size": 2, "nnodes": 2, "tp_size": 2,
                                                           "dist_init_addr": "h:1"}, "not implemented"),
                        ({"dist_init_addr": "nohostport"}, "host:port"), ({"load_balance_method": "x"}, "cache_aware")]:

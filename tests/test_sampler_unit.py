@@ -107,7 +107,8 @@ def test_min_new_tokens_masks_eos_and_stop_ids():
     logits = torch.full((2, V), -5.0)
     logits[:, EOS] = 10.0
     logits[:, 3] = 9.0
-    reqs = mk(1, out=[1], temperature=0.0, min_new_tokens=3, stop_token_ids=[3]) + mk(1, out=[1, 1, 1], temperature=0.0, min_new_tokens=3)
+    reqs = (mk(1, out=[1], temperature=0.0, min_new_tokens=3, stop_token_ids=[3])
+            + mk(1, out=[1, 1, 1], temperature=0.0, min_new_tokens=3))
     assert s.sample(logits, reqs) == [0, EOS]
 
 

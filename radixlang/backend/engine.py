@@ -3,7 +3,8 @@
 The native request bodies map onto `radixlang_runtime.Engine.generate`'s arguments; the engine
 raises ValueError for a refused request (→ BackendError 400). Every call runs on a helper thread
 and is waited for with a bound (`timeout`): past it TimeoutError is raised (a stream's engine
-request is aborted when its helper sees the next chunk). Streams give per-chunk logprob deltas whether the engine returns deltas or cumulative lists.
+request is aborted when its helper sees the next chunk). Streams give per-chunk logprob deltas whether
+the engine returns deltas or cumulative lists.
 Any other attribute (`generate`, `get_stats`, `tokenizer`, ...) is the engine's own, so SGLang's
 `sgl.Engine(...).generate(prompts, sampling_params)` also works.
 """
@@ -66,7 +67,8 @@ class EngineBackend(NativeBackend):
     def _control(self, method: str, body: Optional[dict] = None) -> Any:
         e = self.engine
         if method == "model_info":
-            return {"model_path": getattr(e, "model_dir", None), "served_model_name": getattr(e, "served_model_name", None),
+            return {"model_path": getattr(e, "model_dir", None),
+                    "served_model_name": getattr(e, "served_model_name", None),
                     "chat_template": getattr(getattr(e, "tokenizer", None), "chat_template", None),
                     "is_generation": True}
         if method == "server_info":

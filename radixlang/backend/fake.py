@@ -25,7 +25,8 @@ Logprob = Callable[[list, int], float]
 
 
 CHATML_JINJA = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-                "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+                "'<|im_end|>' + '\\n'}}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 def default_logprob(context: list, token_id: int) -> float:
@@ -44,7 +45,8 @@ class FakeBackend(NativeBackend):
         self.controls: list[tuple[str, Any]] = []
         self._seen: list[list[int]] = []
         self._lock = threading.Lock()
-        self._info = model_info or {"model_path": "fake-model", "served_model_name": "fake", "chat_template": CHATML_JINJA}
+        self._info = model_info or {"model_path": "fake-model", "served_model_name": "fake",
+                                    "chat_template": CHATML_JINJA}
         super().__init__(chat_template_name)
 
     # ------------------------------------------------------------------ transport

@@ -112,8 +112,8 @@ class NativeBackend(BaseBackend):
     # ------------------------------------------------------------------ select
     def select(self, text: str, choices: List[str], temperature: float,
                choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
-        prompt_len = self._call({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"] \
-            if text else 0
+        prompt_len = (self._call({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
+                      if text else 0)
         start = max(prompt_len - 2, 0)
         texts = ([text] if text else []) + [text + c for c in choices]
         objs = self._call({"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},

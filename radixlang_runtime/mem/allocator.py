@@ -111,7 +111,8 @@ class PageAllocator:
             )
         if expected_in_use_slots is not None and expected_in_use_slots != self._allocated_pages * self.page_size:
             raise AssertionError(
-                f"allocator: holders own {expected_in_use_slots} slots but {self._allocated_pages * self.page_size} are allocated"
+                f"allocator: holders own {expected_in_use_slots} slots but "
+                f"{self._allocated_pages * self.page_size} are allocated"
             )
 
     @property

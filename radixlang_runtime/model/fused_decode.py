@@ -62,11 +62,12 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
     if isinstance(lin, GGUFLinear):
         fmt = cpu_kernels.GGUF_BLOCK_FORMATS[lin.fmt][0]
         w = lin.tiles if lin.q8 else lin.blocks
-        return DecodeLinear(3 if lin.q8 else 1, fmt, lin.out_features, lin.in_features, w.data_ptr(), None, _ptr(lin.bias))
+        return DecodeLinear(3 if lin.q8 else 1, fmt, lin.out_features, lin.in_features, w.data_ptr(), None,
+                            _ptr(lin.bias))
     if isinstance(lin, Int8Linear):
         w = lin.tiles if lin.q8 else lin.qweight
-        return DecodeLinear(4 if lin.q8 else 2, 0, lin.out_features, lin.in_features, w.data_ptr(), lin.scale.data_ptr(),
-                            _ptr(lin.bias))
+        return DecodeLinear(4 if lin.q8 else 2, 0, lin.out_features, lin.in_features, w.data_ptr(),
+                            lin.scale.data_ptr(), _ptr(lin.bias))
     return None
 
 

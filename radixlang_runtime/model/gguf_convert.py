@@ -112,7 +112,8 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def gguf_blocks(gguf_path: str, config: dict, formats: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[np.ndarray, str]]:
+def gguf_blocks(gguf_path: str, config: dict,
+                formats: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[np.ndarray, str]]:
     """The file's quantized tensors in `formats`, as they are: HF name -> (blocks [rows, row bytes]
     uint8, format). q / k rows are unpermuted like gguf_state_dict's (rows are independent: a row's
     blocks run along the input dimension), so block row n dequantizes to row n of the converted weight."""

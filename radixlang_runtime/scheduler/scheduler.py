@@ -170,7 +170,8 @@ class Scheduler:
         cfg, kv = self.cfg, self.kv
         adder = PrefillAdder(
             page_size=cfg.page_size,
-            rem_total_tokens=kv.available_size() - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
+            rem_total_tokens=kv.available_size()
+            - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
             rem_input_tokens=cfg.max_prefill_tokens,
             rem_chunk_tokens=cfg.chunked_prefill_size,
             rem_rows=self.table.available,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from radixlang_runtime.model.attention.base import AttentionBackend
 
 
-def create_attention_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> AttentionBackend:
+def create_attention_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                             scale: float) -> AttentionBackend:
     if name == "torch":
         from radixlang_runtime.model.attention.torch_backend import TorchAttentionBackend
 

@@ -111,4 +111,5 @@ def plan_cascade(req_to_token: torch.Tensor, req_rows: list[int], shareable: lis
         return torch.tensor(x, dtype=torch.int64, device=dev)
 
     return CascadePlan(t([req_rows[m[0]] for m, _ in groups]), t([p for _, p in groups]), t(q_index), t(starts),
-                       t([b - a for a, b in zip(starts, starts[1:])]), t(k_begin), max(b - a for a, b in zip(starts, starts[1:])), max(p for _, p in groups))
+                       t([b - a for a, b in zip(starts, starts[1:])]), t(k_begin),
+                       max(b - a for a, b in zip(starts, starts[1:])), max(p for _, p in groups))

@@ -32,7 +32,8 @@ from radixlang_runtime.model.forward_batch import ForwardBatch
 
 @dataclass
 class DecodeMeta:
-    kv_rows: torch.Tensor  # [Hkv * B * L_max] pool rows (KVPool.flat_index), by head then request (padding: any valid slot)
+    # [Hkv * B * L_max] pool rows (KVPool.flat_index), by head then request (padding: any valid slot)
+    kv_rows: torch.Tensor
     max_len: int  # L_max
     keep_mask: Optional[torch.Tensor]  # [1, B, 1, L_max] bool, False on padding; None when lengths are equal
 

@@ -109,7 +109,8 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
         q = getattr(lib, f"qlinear_int8_{suffix}")
         q.restype, q.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         g = getattr(lib, f"gguf_gemv_{suffix}")
-        g.restype, g.argtypes = ctypes.c_int, [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3
+        g.restype, g.argtypes = (ctypes.c_int,
+                                 [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3)
         norm, act = getattr(lib, f"add_rms_norm_{suffix}"), getattr(lib, f"silu_mul_{suffix}")
         norm.restype, act.restype = None, None
         norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
@@ -285,7 +286,8 @@ def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optio
 GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type number, bytes per 32 weights)
 
 
-def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
+              lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
     """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
     x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
     return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
