@@ -11,7 +11,8 @@
    the run there).
 3. Sampled tokens are never rewritten: forcing starts at the state after the last sampled token.
 
-Per state the result is cached on the CompiledGrammar (first time ~1 ms, then a dict lookup).
+Per state the result is cached on the CompiledGrammar (the first time walks the Index and runs the
+tokenizer, then a dict lookup; docs/PERFORMANCE.md#grammar-and-jump-forward).
 Invariant: forced_tokens(state) advances the state over exactly the tokens it returns, and the
 bytes of those tokens are a prefix of the state's forced bytes.
 

@@ -7,9 +7,8 @@ holds their dequantized values. With this flag the linears keep the blocks too:
   - bf16 models: gemv_q8.c on the blocks repacked into 4-row tiles (gguf_q8_tiles: the same bytes,
     moved), activations quantized to int8 per block of 32 as llama.cpp does (its vec_dot_q8_0_q8_0 /
     q4_1_q8_1); the integer dots are exact, the activations' rounding (<= half a step of 1/127 of the
-    block's max) is the drift. Measured (M = 1, 30 distinct weights from DRAM, 2 threads, against the
-    float body below on the file's blocks): Q8_0 linears of a token 7.9 -> 4.2 ms, Q4_1 6.1 -> 3.0 ms
-    (~40 GB/s of blocks, the read probe's rate);
+    block's max) is the drift. Much faster than the float body below on the file's blocks, for both
+    formats: the blocks stream at the memory's read rate (docs/PERFORMANCE.md#quantized-linears);
   - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
     dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
     transformers', tests/test_quantization.py);

@@ -122,8 +122,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """down(silu(gate) * up), in blocks of at most ROWS token rows: a block's [ROWS, 2I] intermediate stays in
     the caches between the three ops, where a 4,096-token chunk's (50 MB in float32) went to DRAM and back
-    twice and was a fresh mmap per call (page faults: gate_up at M = 4,096 ran at 167 GFLOP/s against 213
-    at M = 2,048). Each row's arithmetic is the same either way with the row-invariant linears."""
+    twice and was a fresh mmap per call (its page faults made gate_up at M = 4,096 slower per FLOP than at
+    M = 2,048: docs/PERFORMANCE.md#mlp-row-blocks). Each row's arithmetic is the same either way with the
+    row-invariant linears."""
 
     ROWS = 512
 

@@ -8,8 +8,8 @@ process), the pool gets `mem_fraction_static` (default 0.4) of the memory the OS
 Lazy pages: the pool is one allocation; above LAZY_BYTES it is its own anonymous mmap (not malloc's:
 a large torch.empty may be served from freed heap memory with old contents, seen in a long test run),
 whose fresh pages read as zero and cost resident memory only once written. The pool used to be
-zero-filled at start: 1 GiB of RSS before the first request (measured: peak RSS 2.0 GB for a 269 MB
-model). Below LAZY_BYTES torch.zeros runs.
+zero-filled at start: the whole (then fixed, 1 GiB) pool resident before the first request, several
+times the embedded model's weights (docs/PERFORMANCE.md#memory). Below LAZY_BYTES torch.zeros runs.
 
 `breakdown` is what /server_info and Engine.get_stats() report under "memory".
 
@@ -17,13 +17,12 @@ Step buffers (tune_malloc, CPU runners on glibc): every step allocates and frees
 (logits [64, 49152] float32 is 12.6 MB, a prefill block's activations, the kernels' scratch). glibc
 serves a request above its mmap threshold with a fresh mmap and returns freed heap tops to the OS
 past its trim threshold; either way the next step's buffer is new pages, each a fault plus a zeroed
-4 KB (~1.4 us measured). A float32 W1 (64 x 256 -> 128) took 443k-884k faults a run, W3 12k-62k
-(and 1.4M with the threshold held at glibc's 128 KB default: 9.0 s against 7.1). With allocations up
-to MALLOC_MMAP_THRESHOLD from the heap and up to MALLOC_TRIM_THRESHOLD of freed heap kept, a W1 run
-after the first takes 18k-125k (the rest: the pool's first touches), W3 ~0; float32 W1 in-process,
-two processes per arm alternating, runs after the first: 38.67 -> 37.36 s (medians of 4). The cost:
-up to MALLOC_TRIM_THRESHOLD of freed heap stays resident after a peak (the pool, above LAZY_BYTES, is
-its own mmap either way). Settings the user gave glibc's malloc (MALLOC_*_ or GLIBC_TUNABLES in the
+4 KB page, a measurable share of a run's time (more still with the mmap threshold held at glibc's
+128 KB default). With allocations up to MALLOC_MMAP_THRESHOLD from the heap and up to
+MALLOC_TRIM_THRESHOLD of freed heap kept, a run after the first faults mostly on the pool's first
+touches, and runs faster (figures: docs/PERFORMANCE.md#memory). The cost: up to
+MALLOC_TRIM_THRESHOLD of freed heap stays resident after a peak (the pool, above LAZY_BYTES, is its
+own mmap either way). Settings the user gave glibc's malloc (MALLOC_*_ or GLIBC_TUNABLES in the
 environment) are left alone.
 """
 

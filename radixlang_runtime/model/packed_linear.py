@@ -1,30 +1,25 @@
 """CPU linears with oneDNN-prepacked weights (bf16 and float32).
 
 bf16: F.linear on CPU reorders a bf16 weight into oneDNN's blocked layout on every call; packing once
-at load time (the path torch.compile's CPU backend uses after freezing) measured here, per call:
-M=1 gate_up 133 -> 54 us, M=1 lm_head 4.7 -> 1.4 ms, M=64 ~1.3x, M=4096 ~1.08x, bit-identical
-outputs.
+at load time (the path torch.compile's CPU backend uses after freezing) removes that cost at every
+batch size, most at M=1, with bit-identical outputs.
 
-float32: F.linear runs MKL's sgemm, which streams weights from memory at ~11 GB/s on a 2-core Zen 5
-slice where a plain read reaches 26 GB/s; oneDNN's packed fp32 GEMM (AVX-512 or AVX2 kernels, no
-bf16 instructions needed), 60 distinct gate_up weights so they come from DRAM, per call:
-M=1 656 -> 324 us, M=64 2300 -> 1180 us, M=1024 ~1.2x; the tied 49152 x 576 head at M=1 9.8 -> 4.2 ms.
-A batch-size hint of 16 packs best for every M measured (1 .. 1024: hint 1 loses 20% at M=64-1024).
-Sums are ordered differently from MKL's, so fp32 logits differ from transformers' in the last bits
-(greedy parity tests still hold token for token).
+float32: F.linear runs MKL's sgemm, which streams weights from memory well below a plain read's
+bandwidth; oneDNN's packed fp32 GEMM (AVX-512 or AVX2 kernels, no bf16 instructions needed) is faster
+at every M measured, the tied head included. A batch-size hint of 16 packs best for every M measured
+(1 .. 1024; hint 1 loses at M >= 64). Sums are ordered differently from MKL's, so fp32 logits differ
+from transformers' in the last bits (greedy parity tests still hold token for token).
 
 Decode-sized batches (M <= cpu_kernels.DENSE_MAX_M) run gemv_dense.c on a second, tiled copy of the
 weight (`tiles=True`; the runner asks for it wherever the C kernels load, except in the deterministic
-mode): decode is bandwidth-bound and oneDNN's packed GEMV streamed 17-26 GB/s. Measured (SmolLM2
-shapes, 30 distinct weights per shape so they come from DRAM, 2 threads, us per call, oneDNN ->
-tiles): bf16 M=1 qkv 52 -> 21, o 28 -> 12, gate_up 156 -> 109, down 72 -> 45, head 2276 -> 1695
-(~30-33 GB/s: this VM's read bandwidth); M=16 gate_up 214 -> 168; float32 M=1 gate_up 283 -> 166,
-head 3453 -> 1991. On VDPBF16PS builds the bf16 tiles serve every batch size through a GEMM
-micro-kernel (cpu_kernels.dense_any_m), measured against oneDNN, us: M=64 gate_up 591 -> 547, head
-9718 -> 8922; M=512 gate_up 4290 -> 4071, down 2102 -> 2220, qkv 1302 -> 1347, head 80364 -> 80275;
-so those weights keep no oneDNN copy; float32 tiles do the same on AVX-512 builds (the FMA twin of that
-micro-kernel: M=64 qkv 426 -> 355 us, down 813 -> 616, large M within +-8% of oneDNN). Elsewhere the
-tiles serve M <= DENSE_MAX_M and a oneDNN copy the rest (the weights are held twice).
+mode): decode is bandwidth-bound and oneDNN's packed GEMV streams well below the read bandwidth; the
+tiles are faster for every shape measured, bf16 and float32, at the read bandwidth at M = 1. On
+VDPBF16PS builds the bf16 tiles serve every batch size through a GEMM micro-kernel
+(cpu_kernels.dense_any_m), faster than oneDNN's GEMM at M = 64 and level with it at M = 512, so those
+weights keep no oneDNN copy; float32 tiles do the same on AVX-512 builds (the FMA twin of that
+micro-kernel: faster at M = 64, level at large M). Elsewhere the tiles serve M <= DENSE_MAX_M and a
+oneDNN copy the rest (the weights are held twice).
+Figures: docs/PERFORMANCE.md#cpu-linears.
 """
 
 from __future__ import annotations

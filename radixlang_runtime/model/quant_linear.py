@@ -7,13 +7,12 @@ int8 weights, activations and outputs stay in the model dtype.
 Decode batches (M <= cpu_kernels.QLINEAR_MAX_M) run a C kernel that reads Q directly (half the bytes of bf16
 per step: decode is bandwidth-bound): on bf16 models gemv_q8.c on Q repacked into 4-row tiles (int8_q8_tiles),
 activations quantized to int8 per block of 32 (integer dots, as --quantization gguf; their rounding adds to
-the weights'), elsewhere (float32 models, K % 32 != 0) gemv.c's float sums on Q. Measured (M = 1, bf16,
-SmolLM2's shapes, 30 distinct weights from DRAM, 2 threads): a token's linears 8.4 ms (float sums) -> 4.1 ms
-(int8 activations), e.g. gate_up 113 -> 58 us, the head 2840 -> 1125 us. Larger batches are compute-bound,
+the weights'), elsewhere (float32 models, K % 32 != 0) gemv.c's float sums on Q. On bf16 models the integer dots are
+much faster than the float sums. Larger batches are compute-bound,
 where a GEMV-style kernel loses to oneDNN's GEMM: they run a oneDNN-prepacked copy of the dequantized weights
 (Q * scale in the model dtype) when oneDNN can pack that dtype, else convert Q per call and scale the columns.
-So on CPU the flag trades memory (int8 + the packed copy) for decode speed. Measured (one stream, 32 -> 64
-tokens, bf16, 2 cores): 55 -> 78 tok/s with the float-sum kernel. The tied output head gets its own int8 copy;
+So on CPU the flag trades memory (int8 + the packed copy) for decode speed (figures:
+docs/PERFORMANCE.md#quantized-linears). The tied output head gets its own int8 copy;
 the embedding lookup keeps the model-dtype table. Numerics: the int8 rounding of each weight (relative error
 per channel <= 1 / 254) changes logits slightly, so greedy text can drift from the unquantized model's.
 """

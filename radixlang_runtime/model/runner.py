@@ -58,12 +58,10 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto: bfloat16 on GPU and on CPUs with bf16 dot products in hardware (AVX512-BF16 / AMX);
-    float32 on every other CPU. Measured (W1 = 64 x 256 -> 128 tokens, output tok/s): on a Xeon without
-    AVX512-BF16 a large bf16 GEMM ran at 61 GFLOP/s against fp32's 324, and W1 ran 69 tok/s in bf16
-    (kernels off) against 161 in fp32; on this project's Zen 5 class CPU (2 cores) with AVX512-BF16
-    masked (oneDNN capped at AVX512_CORE): 1024 x 576 x 3072 GEMM bf16 73 GFLOP/s, fp32 184-197; the
-    fp32 path (oneDNN-prepacked linears, C norm/activation/attention) W1 167 / W2 31.8 tok/s against
-    transformers fp32 104 / 17.1 (bench_offline.py --baseline-dtypes float32, medians of 3)."""
+    float32 on every other CPU: without them oneDNN's bf16 GEMM runs at a fraction of its fp32 rate,
+    so a bf16 model there runs slower than the same model in fp32, whose path (oneDNN-prepacked
+    linears, C norm/activation/attention) also beats transformers' fp32 (figures, on a Xeon and on this
+    project's CPU with AVX512-BF16 masked: docs/PERFORMANCE.md#dtype-per-cpu)."""
     if name != "auto":
         return _DTYPES[name]
     if device.type != "cpu" or detect().native_bf16:

@@ -3,8 +3,9 @@ summary. Called on the scheduler's thread between steps (through a GetStatsReq w
 detail="dashboard"), so it never races a step; it never blocks one either (it runs in the loop's
 intake, like every stats request).
 
-Cost bound: the tree summary walks the whole tree (about 10 ms at 10,000 nodes in CPython), so it
-is recomputed at most every TREE_REFRESH_S; queue and pool figures are fresh on every call.
+Cost bound: the tree summary walks the whole tree, in CPython too slow to redo on every poll of a large
+tree (docs/PERFORMANCE.md#dashboard), so it is recomputed at most every TREE_REFRESH_S; queue and pool
+figures are fresh on every call.
 KV split (slots): free + evictable (cached, unlocked) + locked (cached, in use by a request or a pin)
 + private (held by requests, not in the tree) == total.
 """

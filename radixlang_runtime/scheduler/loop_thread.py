@@ -2,7 +2,7 @@
 
 NOTE: the scheduler (model runner included) is *built* on the loop thread too. All torch work of
 the process then happens on one thread: on CPU, OpenMP work issued from a second thread after
-another thread used the pool runs about 2x slower (measured on small GEMMs here).
+another thread used the pool runs much slower (docs/PERFORMANCE.md#threads).
 
 Invariants:
 - every submitted request's queue receives ("tokens", BatchTokenIDOut with its one entry) items and

@@ -151,9 +151,10 @@ class TorchAttentionBackend(AttentionBackend):
         k, v = fb.kv_pool.gather(layer, meta.kv_rows)
         k = k.view(hkv, B, L, D)
         v = v.view(hkv, B, L, D)
-        qg = q.reshape(B, hkv, H // hkv, D).transpose(0, 1).contiguous()  # [Hkv, B, G, D]; strided q costs SDPA ~50%
+        qg = q.reshape(B, hkv, H // hkv, D).transpose(0, 1).contiguous()  # [Hkv, B, G, D]; a strided q slows SDPA
         # SDPA sees Hkv as the batch and B as the heads. NOTE: not a hand-written matmul/softmax: in
-        # bf16 every new L makes oneDNN build a new matmul primitive (~1 ms each on this CPU).
+        # bf16 every new L makes oneDNN build a new matmul primitive, a cost paid again at every decode
+        # step as L grows (docs/PERFORMANCE.md#torch-backend).
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.keep_mask, scale=self.scale)  # [Hkv, B, G, D]
         return o.transpose(0, 1).reshape(B, H * D)
 

@@ -376,8 +376,8 @@ def dense_tiles(weight: torch.Tensor) -> torch.Tensor:
 
 def dense_any_m(dtype: torch.dtype, lib: Optional[ctypes.CDLL] = None) -> bool:
     """dense_gemv takes any batch size for `dtype` with the loaded library: bf16 on VDPBF16PS builds and
-    float32 on AVX-512 builds, whose GEMM micro-kernel matches oneDNN's packed GEMM at large M (within
-    +-6-8%, M = 512 .. 2048) and beats it below (gemv_dense.c), so such weights need no oneDNN copy."""
+    float32 on AVX-512 builds, whose GEMM micro-kernel matches oneDNN's packed GEMM at large M and beats
+    it below (docs/PERFORMANCE.md#cpu-linears), so such weights need no oneDNN copy."""
     lib = lib or _lib
     if lib is None or dtype not in (torch.bfloat16, torch.float32):
         return False

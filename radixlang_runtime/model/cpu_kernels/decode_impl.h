@@ -23,7 +23,7 @@
 #define RADIXLANG_DECODE_PREFETCH
 /* Rows i0 .. i1 - 1 (clipped to L) of one KV head's positions into L2: the `lines` cache lines of each
  * pool row at slot slots[i] (pool [Hkv, N, D] of `row_bytes`-byte rows, base `pool`, head h). */
-/* always_inline: as a call in the P.V loop it doubled the kernel's time on scattered slots */
+/* always_inline: as a call in the P.V loop it was far slower on scattered slots */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *pool, const int64_t *slots, int64_t i0,
                                                                 int64_t i1, int64_t L, int64_t h, int64_t N,
                                                                 int64_t row_bytes, int64_t lines) {
@@ -67,9 +67,9 @@ static __attribute__((noinline)) void CAT(pv_block_generic_, SUFFIX)(
 /* The vector path: D % 16 == 0. Scores go 16 positions at a time: one accumulator per position (a
  * VDPBF16PS or FMA chain over the row), the 16 reduced together by hsum16x16; a K/V row is loaded once
  * per query head from L1. Rows 64 (K) / 32 (V) positions ahead are prefetched into L2: slots need not
- * be consecutive (a request's pages lie anywhere in the pool). Measured (B = 64, L = 320, 9/3 heads,
- * D = 64, 30 layers' pools, 2 threads): consecutive slots 30 -> 18 ms, shuffled slots 122 -> 18 ms (prefetch
- * 16 / 8 ahead into L1, and not from the task's start: 22 / 40 ms). */
+ * be consecutive (a request's pages lie anywhere in the pool). With it shuffled slots run as fast as
+ * consecutive ones; prefetching nearer (into L1) or not from the task's start was slower
+ * (docs/PERFORMANCE.md#attention-kernels). */
 static void CAT(decode_task_avx512_, SUFFIX)(const float *qf, const ELEM *qb, float scale, const ELEM *k_pool,
                                             const ELEM *v_pool, const int64_t *slots, int64_t L, int64_t G,
                                             int64_t D, int64_t h, int64_t N, float *scores, float *acc, float *lse) {

@@ -1,7 +1,7 @@
 /*
- * One decoder layer of a decode-sized batch in a single call (decode_layer_bf16 / _f32): the layer's
- * ~15 torch ops and kernel calls cost ~100 us of dispatch per layer, a third of a one-stream decode
- * step once the weights stream at the memory's rate (issue 13's figures in cpu_kernels/__init__.py).
+ * One decoder layer of a decode-sized batch in a single call (decode_layer_bf16 / _f32): dispatching
+ * the layer's ~15 torch ops and kernel calls one by one cost a large share of a one-stream decode step
+ * once the weights stream at the memory's rate (docs/PERFORMANCE.md#fused-decode-layer).
  *
  *   x  = rms_norm(residual += h) * in_norm          (h == NULL on the first layer: no add)
  *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]  (rope_store.c)

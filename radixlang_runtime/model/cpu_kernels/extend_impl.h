@@ -13,16 +13,12 @@
  * scores in blocks of 16 SKV keys and P.V in blocks of 16 PVC dims, so the sums stay in registers (the axpy
  * form stored every partial sum: store-bound) and each K / V vector loaded feeds PRB rows; keys in chunks
  * of KCH that stay in L1 while every row of the cache block reads them (K's [D][n32] rows are n32 floats
- * apart: a 4-row block alone re-streamed all of K from L2). float32, 9/3 heads, D = 64, ms a layer
- * (min of 7 calls, 2 threads): 16 x 256 causal 28.8 -> 20.2 (register blocks) -> 9.8 (the
- * last Lmax % 32 keys as a whole 32-key vector block over zero pads instead of strided scalar dots, 70% of the time
- * before) -> 8.6 (PRB 8 on AVX-512); cascade's shared part, 2,016 rows x 1,024 keys: 33 -> 25 (PRB 8).
- * AVX-512 now takes the GEMM micro-kernel's shape, 6 rows x 4 vectors (64 keys / all 64 dims) in both
- * loops: one broadcast per 4 FMAs instead of per 2 (the broadcasts share the FMA's issue slots); A/B
- * alternating in one process, 30 layers' pools rotating (from DRAM as in a run), ms a layer: W3 decode
- * shared part (64 x 1,024) 1.121 -> 1.075, shared prefill (2,016 x 1,024) 30.4 -> 28.7, causal 16 x 256
- * 10.38 -> 10.11 (0.97). BM 36 / 96 and KCH 64 / 256 beside BM 48 / KCH 128: noise; the softmax's
- * 1 / sum folded into the output instead of the numerators: no gain.
+ * apart: a 4-row block alone re-streamed all of K from L2). The last Lmax % 32 keys of a block run as
+ * a whole 32-key vector block over zero pads: as strided scalar dots they took most of a causal call's
+ * time. AVX-512 takes the GEMM micro-kernel's shape, 6 rows x 4 vectors (64 keys / all 64 dims) in both
+ * loops: one broadcast per 4 FMAs instead of per 2 (the broadcasts share the FMA's issue slots).
+ * BM 36 / 96 and KCH 64 / 256 beside BM 48 / KCH 128: noise; the softmax's 1 / sum folded into the
+ * output instead of the numerators: no gain. Each step's figures: docs/PERFORMANCE.md#attention-kernels.
  */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -157,8 +153,8 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                     for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
                 }
                 /* the next cache block's query rows into L2 while this block computes: their first read
-                 * missed the caches (q straight from the qkv GEMM), 10% of a causal 16 x 256 call's samples;
-                 * causal 10.2 -> 9.8 ms, the shared parts unchanged */
+                 * missed the caches (q straight from the qkv GEMM), a visible share of a causal call's
+                 * samples (docs/PERFORMANCE.md#attention-kernels) */
                 for (int64_t row = b0 + BM; row < b0 + 2 * BM && row < nrows; row++) {
                     const char *qr = (const char *)(q + Q_TOKEN(r, j0 + row / G) * q_stride + (h * G + row % G) * D);
                     for (int64_t c = 0; c < D * (int64_t)sizeof(ELEM); c += 64) __builtin_prefetch(qr + c, 0, 2);

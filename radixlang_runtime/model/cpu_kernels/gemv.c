@@ -3,10 +3,10 @@
  *   qlinear_int8_bf16 / _f32   out = (x @ w.T) * scale    w [N, K] int8, scale [N] float32 (--quantization int8)
  *   gguf_gemv_bf16 / _f32      out = x @ W.T             W: N rows of GGUF Q4_1 or Q8_0 blocks (--quantization gguf)
  * x [M, K], out [M, N] bf16 or float32 (like x); sums in float32. Returns -1 when M > GEMV_MAX_M (the
- * caller then runs a GEMM), -2 when out of memory. Measured against the previous one-row-at-a-time
- * loop (gate_up 3072 x 576, 30 distinct weights so they come from DRAM, 2 threads): M=1 105 -> 95 us,
- * M=4 145 -> 102 us, M=16 701 -> 366 us. (A bf16 / float32 version of the same body did not beat
- * oneDNN's packed GEMV by enough to keep a second, unpacked copy of the weights: bf16 M=1 161 vs 135 us.)
+ * caller then runs a GEMM), -2 when out of memory. Weight rows go in groups of GEMV_ROWS per pass, which
+ * beat one row at a time at every M, most at M = 16. (A bf16 / float32 version of the same body did not
+ * beat oneDNN's packed GEMV by enough to keep a second, unpacked copy of the weights; gemv_dense.c's
+ * tiles do that now.) Figures: docs/PERFORMANCE.md#quantized-linears.
  */
 #include "common.h"
 #include "kernels.h"
@@ -65,9 +65,9 @@ static inline __m512 q4_1_w16(const uint8_t *row, int64_t k) {
     q = (k & 16) ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(15));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), half_bcast16(b), half_bcast16(b + 2));
 }
-/* a whole block: sum_j x_j (d q_j + m) = d (q . x) + m sum(x). Measured (gate_up 3072 x 576, M=1,
- * 2 threads): 102 -> 77 us against dequantizing 16 weights at a time. (For Q8_0 the 16-at-a-time
- * path measured faster, so Q8_0 has no DOT32.) */
+/* a whole block: sum_j x_j (d q_j + m) = d (q . x) + m sum(x): one scale and one offset per block
+ * instead of dequantizing 16 weights at a time, measured faster for Q4_1. (For Q8_0 the 16-at-a-time
+ * path measured faster, so Q8_0 has no DOT32; docs/PERFORMANCE.md#quantized-linears.) */
 static inline __attribute__((always_inline)) void q4_1_dot32(const uint8_t *row, int64_t k, const __m512 *x0,
                                                              const __m512 *x1, const __m512 *xs, __m512 *acc,
                                                              const int mc) {

@@ -16,16 +16,14 @@
  *   run in L2-sized blocks while the tiles pass over them. Each output is one chain of VDPBF16PS over
  *   the pairs in order, whatever M, the row's place or the task shape: rows are batch-invariant (the
  *   deterministic mode relies on it). M=1 streams at the read bandwidth (the chains of 2 - 4 outputs
- *   vectors keep ahead of memory); large M matches oneDNN's packed GEMM (packed_linear.py's figures).
- *   float32 (2 threads, us per call against oneDNN's packed fp32 GEMM): M=64 qkv 426 -> 355, o 281 -> 224,
- *   gate_up 1127 -> 1061, down 813 -> 616; M=512 / 2048 within +-8% (200-215 GFLOP/s both: the FMA
- *   ceiling); against the portable body at M <= 16 (30 distinct weights, from DRAM) equal or better
- *   (M=16 gate_up 634 -> 584, head 7823 -> 6608).
+ *   vectors keep ahead of memory); M = 64 beats oneDNN's packed GEMM and large M matches it (float32:
+ *   both at the FMA ceiling); at M <= 16 it is equal to or better than the portable body (figures:
+ *   docs/PERFORMANCE.md#cpu-linears).
  * - portable (GCC vector types, lowered to AVX-512 / AVX2 / plain code by the build's flags), bf16 and
  *   float32 below AVX-512: M <= DENSE_MAX_M, four accumulator chains per row (two halves x even / odd pairs).
  *
  * Why not oneDNN for decode: a step reads every weight once, so one stream is bandwidth-bound, and
- * oneDNN's packed GEMV streamed 17-26 GB/s where a plain read reaches ~33. K must be even for bf16.
+ * oneDNN's packed GEMV streams well below a plain read's bandwidth. K must be even for bf16.
  */
 #include "common.h"
 #include "kernels.h"
@@ -194,8 +192,8 @@ static inline __attribute__((always_inline)) void dense_gemm(const void *x, int6
     for (int64_t mb = 0; mb < M; mb += MB) {
         const int64_t me = mb + MB < M ? mb + MB : M;
         /* items (tile pair, part of the row block): S parts where the pairs don't divide evenly over the
-         * threads (o / down at N = 576: 9 pairs, 5 against 4, took 8-11% longer), so each thread gets the
-         * same rows x tiles; the pair split in parts is read by each of them */
+         * threads (o / down at N = 576: 9 pairs, 5 against 4, were measurably slower), so each thread gets
+         * the same rows x tiles; the pair split in parts is read by each of them */
         const int64_t nth = omp_get_num_threads(), S = NP % nth && me - mb >= 2 * GR * nth ? nth : 1;
         const int64_t part = ((me - mb + S - 1) / S + GR - 1) / GR * GR;
         /* the static schedule's chunk of this thread, so it knows its next item */
@@ -211,10 +209,8 @@ static inline __attribute__((always_inline)) void dense_gemm(const void *x, int6
             /* The next item's tiles (this thread's next, or its first in the next row block) stream into
              * L2 during this item's row groups, lpi lines per micro-kernel step, so the groups together
              * cover them: a tile pair's first pass over its rows read it from DRAM at the stream's rate
-             * while the FMAs waited. Not below 4 row groups (M = 1 / 8 were 3-15% slower with it).
-             * Weights from DRAM (8 per shape rotating), 2 threads, M = 64, A/B alternating: float32
-             * gate_up 1204 -> 1150 us, down 611 -> 584, head (N = 49152) 19.1 -> 17.9 ms; bf16 gate_up
-             * 599 -> 558; M = 512 within 1-2%, M <= 8 unchanged. */
+             * while the FMAs waited. Not below 4 row groups (M = 1 / 8 were slower with it). It gains
+             * most at M = 64, little at M = 512 (docs/PERFORMANCE.md#cpu-linears). */
             const int64_t nxt = item + 1 < i1 ? item + 1 : i0, nt = span * (nxt / S);
             const char *pf = (const char *)wt + nt * K * TILE * esz;
             const char *pf_end = pf + (nt + span <= NT ? span : NT - nt) * K * TILE * esz;

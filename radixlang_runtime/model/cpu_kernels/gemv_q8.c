@@ -23,8 +23,9 @@
  *   Q4_1 (160 B): dw fp16 [4][2] | mw fp16 [4][2] | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4
  *   INT8 (256 B): qw int8 [4 rows][64]  (the row scales stay a float32 [N] vector, applied at the end)
  * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
- * at once were 4 streams and ran at ~13 GB/s from DRAM against 27 read), and the 8 scales of a step are
- * one 16-byte load (on the file's layout, building each row's scale vector took ~10 shuffles a pair).
+ * at once were 4 streams and ran well below the read bandwidth from DRAM), and the 8 scales of a step
+ * are one 16-byte load (on the file's layout, building each row's scale vector took several shuffles a
+ * pair).
  *
  * Integer dot products, by what the build has:
  *   AVX512-VNNI  VPDPBUSD (u8 x s8 -> s32, 4 products a lane). Q4_1's qw are u8 already; Q8_0's and INT8's
@@ -33,7 +34,7 @@
  *   AVX512BW     VPMADDUBSW + VPMADDWD: Q8_0 / INT8 as |qw| x (qx with qw's sign) (|pair| <= 2 128 127 <
  *                2^15: never saturates), Q4_1 as qw x qx.
  *   AVX2         the same on 256-bit vectors, a block a step; plain C otherwise.
- * Measured (M = 1, bf16 x, 30 distinct weights from DRAM, 2 threads): see gguf_linear.py / quant_linear.py.
+ * Figures (M = 1, against gemv.c's float sums): docs/PERFORMANCE.md#quantized-linears.
  * AVX-512 lanes: a row's vector holds its two blocks (lanes 0-7 block 2p, 8-15 block 2p + 1).
  * Work split: tiles over the OpenMP threads (contiguous ranges), inputs in groups of <= 4.
  */

@@ -70,8 +70,8 @@ void silu_mul_bf16(const uint16_t *gu, uint16_t *out, int64_t T, int64_t I) {
 }
 
 /* float32 versions (the default dtype on CPUs without bf16 dot products). Same contracts; the add is
- * exact float32, as torch's. Torch runs these as 5-7 separate passes over [T, H] / [T, 2I]; measured
- * on the 4096-token prefill chunk of SmolLM2 (2 cores, AVX-512): silu(gate) * up 46 -> ~5 ms a layer. */
+ * exact float32, as torch's. Torch runs these as 5-7 separate passes over [T, H] / [T, 2I]; one pass
+ * each is several times faster on a prefill chunk (docs/PERFORMANCE.md#norm-and-activation). */
 void add_rms_norm_f32(float *residual, const float *x, const float *weight, float *out,
                       int64_t T, int64_t H, float eps) {
 #pragma omp parallel for schedule(static)

@@ -1,8 +1,8 @@
 /*
  * Neox rotary embedding in place on the q and k heads of a step's qkv rows, then each row's k and v heads
  * into the KV pool (rope_store_bf16 / rope_store_f32): what Rotary.apply + KVPool.store do in ~6 torch
- * ops per layer (measured on a 4,096-token prefill chunk of SmolLM2, 2 threads: 2.3 ms a layer, the
- * pool's index_copy_ along dim 1 alone 0.9 ms).
+ * ops per layer, the pool's index_copy_ along dim 1 a large part of their time
+ * (docs/PERFORMANCE.md#rope-and-kv-store).
  *
  *   qkv     [T, (H + 2 Hkv) D]  q heads, k heads, v heads per row (row stride row_stride elements)
  *   cos     [T, D], sin [T, D / 2]  the rows' positions' tables (Rotary.cos_sin), element type as qkv
