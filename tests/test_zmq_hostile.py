@@ -2,8 +2,8 @@
 server: 1,000 hostile messages from raw DEALER sockets (random bytes, truncated and misshapen
 msgpack, wrong frame counts, with and without the key), oversized frames and raw TCP garbage; each
 malformed message is counted as dropped (exactly, by reason), answered only when its sender holds
-the key, and afterwards a DSL program over the link (an old client and a new one) gives the same
-greedy text as before and as over HTTP, /health is 200 and no loop died. Without a model: the
+the key, and afterwards a DSL program over the link (the client that was there, and a new one,
+streaming) gives the greedy text it gave before, /health is 200 and no loop died. Without a model: the
 supervisor restarts a failing loop and /health names a frontend that stays down; a dispatch that
 raises is answered 500, a req_id already in flight 400, and the next message is served; a client
 names an address where nothing answers, within seconds."""
@@ -229,10 +229,9 @@ def test_hostile_traffic_leaves_the_link_serving(server):
     raw_tcp_garbage(int(server.frontend.rsplit(":", 1)[1]), rng)
 
     zmq_new = sgl.RuntimeEndpoint(server.frontend, api_key=KEY)
-    http = sgl.RuntimeEndpoint(server.url, api_key=KEY)
-    texts = [capital.run(backend=b)["a"] for b in (zmq_old, zmq_new, http)]
+    after_old = capital.run(backend=zmq_old)["a"]
     streamed = capital.run(backend=zmq_new, stream=True)
-    assert before_text and texts == [before_text] * 3 and streamed["a"] == before_text
+    assert before_text and after_old == before_text and streamed["a"] == before_text
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     info = frontend_info(server)
     assert info["loop_restarts"] == 0 and info["problem"] is None
