@@ -175,12 +175,14 @@ def launch_server(args: ServerArgs) -> int:
 
                 frontend = FrontendServer(f"tcp://{args.host}:{args.frontend_port}", app, tm, args.api_key)
                 frontend.start()
+                state.frontend = frontend  # /health and /server_info report it
             task = asyncio.get_running_loop().create_task(watchdog())
             logger.info("ready: http://%s:%d (model %s, %s on %s, loaded in %.1f s)", args.host, args.port,
                         state.served_model_name, info["dtype"], info["device"], info["load_seconds"])
             yield
             task.cancel()
             if frontend is not None:
+                state.frontend = None
                 await frontend.close()
 
         app = create_app(state, lifespan=lifespan)

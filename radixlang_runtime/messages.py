@@ -152,7 +152,8 @@ class BatchStrOut:
 class FrontendReq:
     """DSL client -> server frontend socket (server/frontend_zmq.py). method: generate (body = the
     native /generate JSON body), model_info, server_info, flush_cache, abort ({"req_id"}),
-    concate_and_append, pin_prefix, unpin_prefix, ping. api_key: the --api-key rule of HTTP."""
+    concate_and_append, pin_prefix, unpin_prefix, ping. api_key: the --api-key rule of HTTP; it stays
+    the last field (the frontend checks a message's tail for the key before decoding it)."""
 
     req_id: str
     method: str

@@ -164,6 +164,15 @@ class ServerArgs:
         return dataclasses.asdict(self)
 
 
+SECRET_ARGS = ("api_key",)
+
+
+def redacted(args: dict) -> dict:
+    """`args` (ServerArgs.to_dict()) as reports show it (/server_info, on HTTP and ZeroMQ): a secret
+    that is set reads "<redacted>", never its value."""
+    return {k: "<redacted>" if k in SECRET_ARGS and v is not None else v for k, v in args.items()}
+
+
 _INT_FIELDS = {
     "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens", "kv_cache_budget_bytes",
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",

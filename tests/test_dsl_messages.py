@@ -35,3 +35,11 @@ def test_defaults_round_trip():
     back = m.decode(m.encode(m.FrontendReq("p", "ping")))
     assert back == m.FrontendReq("p", "ping", None, None)
     assert m.decode(m.encode(m.FrontendOut("p", 401))).done is True
+
+
+def test_the_key_is_the_encoded_requests_tail():  # frontend_zmq checks it there before decoding
+    import msgpack
+
+    body = {"text": "x" * 5000, "api_key": "not this one"}
+    for key in ("k", "sekrit" * 40):
+        assert m.encode(m.FrontendReq("r", "generate", body, key)).endswith(msgpack.packb(key, use_bin_type=True))

@@ -4,6 +4,7 @@ The module ends by killing the scheduler mid-stream, then checks shutdown leaves
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -58,7 +59,8 @@ def test_program_on_server(links, link, program):
 
 def test_both_links_agree_and_report(links, runtime):
     info = sgl.get_server_info(links["zmq"])
-    assert info["frontend_port"] == int(runtime.frontend_url.rsplit(":", 1)[1]) and info["api_key"] == KEY
+    assert info["frontend_port"] == int(runtime.frontend_url.rsplit(":", 1)[1])
+    assert info["api_key"] is not None and KEY not in json.dumps(info)  # set, and never shown
     assert links["http"].get_chat_template().name == links["zmq"].get_chat_template().name == "chatml"
     picks = [tp.true_or_false.run(statement="Fire is cold.", backend=links[k]) for k in ("zmq", "http")]
     assert picks[0]["answer"] == picks[1]["answer"]

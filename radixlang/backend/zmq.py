@@ -5,9 +5,12 @@ radixlang_runtime/messages.py: no HTTP hop, no JSON.
 Threads: one I/O thread owns the DEALER socket. Callers (program workers, any number) hand their
 encoded requests to it through an inproc PUSH socket guarded by a lock, and wait on a per-request
 queue. Invariants:
-- every wait is bounded: a reply within `timeout`, and a heartbeat — the I/O thread pings every
-  second and, when nothing at all arrived for `dead_after` seconds while requests wait, fails them
-  all with BackendError (server killed, network gone) instead of waiting;
+- every wait is bounded: a reply within `timeout`, and a heartbeat — the I/O thread pings at once,
+  then every second and, when nothing at all arrived for `dead_after` seconds while requests wait,
+  fails them all with BackendError (server killed, network gone) instead of waiting;
+- before the first answer the bound is `connect_timeout` (3 s): an address where no server listens
+  fails within it, "no radixlang server answers at <address>", not as a server that went away;
+- what arrives is decoded defensively: anything but a FrontendOut is ignored (and is no answer);
 - a stream the consumer leaves early sends an abort for its request.
 """
 
@@ -25,18 +28,21 @@ from radixlang.errors import BackendError
 from radixlang.global_config import global_config
 
 PING_EVERY_S = 1.0
+CONNECT_TIMEOUT_S = 3.0  # the first ping's bound (a server answers pings from its event loop, at once)
 
 
 class ZmqLink:
     """Request / reply and request / stream over one DEALER socket."""
 
-    def __init__(self, address: str, api_key: Optional[str], timeout: float, dead_after: float = 5.0):
+    def __init__(self, address: str, api_key: Optional[str], timeout: float, dead_after: float = 5.0,
+                 connect_timeout: float = CONNECT_TIMEOUT_S):
         import zmq
 
         from radixlang_runtime import messages
 
         self._zmq, self._msgs = zmq, messages
         self.address, self.api_key, self.timeout, self.dead_after = address, api_key, timeout, dead_after
+        self.connect_timeout = min(connect_timeout, dead_after)
         self._ctx = zmq.Context()
         self._inproc = f"inproc://radixlang-{uuid.uuid4().hex}"
         self._pull = self._ctx.socket(zmq.PULL)
@@ -120,7 +126,9 @@ class ZmqLink:
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
-        last_heard = last_ping = time.monotonic()
+        last_heard = time.monotonic()
+        last_ping = last_heard - PING_EVERY_S  # the first ping goes out at once
+        heard = False  # anything from the server yet (before that, the bound is connect_timeout)
         try:
             while not self._closed.is_set():
                 events = dict(poller.poll(200))
@@ -130,18 +138,18 @@ class ZmqLink:
                         dealer.send(self._pull.recv())
                 if dealer in events:
                     while dealer.poll(0):
-                        self._deliver(self._msgs.decode(dealer.recv()))
-                    last_heard = now
+                        if self._deliver(dealer.recv()):
+                            last_heard, heard = now, True
                 if now - last_ping >= PING_EVERY_S:
                     dealer.send(self._msgs.encode(self._msgs.FrontendReq("ping", "ping", None, self.api_key)))
                     last_ping = now
                 with self._lock:
                     waiting = bool(self._waiters)
+                bound = self.dead_after if heard else self.connect_timeout
                 if not waiting:
-                    last_heard = max(last_heard, now - self.dead_after / 2)
-                elif now - last_heard > self.dead_after:
-                    self._fail_all(BackendError(f"the server at {self.address} stopped answering "
-                                                f"(nothing for {self.dead_after:.0f} s): connection lost", 503))
+                    last_heard = max(last_heard, now - bound / 2)
+                elif now - last_heard > bound:
+                    self._fail_all(self._silence(heard))
                     last_heard = now
         finally:
             self._fail_all(BackendError(f"the ZeroMQ link to {self.address} was closed"))
@@ -150,11 +158,26 @@ class ZmqLink:
             self._push.close(0)
             self._ctx.term()
 
-    def _deliver(self, out: Any) -> None:
+    def _silence(self, heard: bool) -> BackendError:
+        if heard:
+            return BackendError(f"the server at {self.address} stopped answering "
+                                f"(nothing for {self.dead_after:.0f} s): connection lost", 503)
+        return BackendError(f"no radixlang server answers at {self.address} (nothing within "
+                            f"{self.connect_timeout:.0f} s of connecting): is it running, with --frontend-port?", 503)
+
+    def _deliver(self, data: bytes) -> bool:
+        """Hand a reply to its waiter; False for anything that is not a FrontendOut (ignored)."""
+        try:
+            out = self._msgs.decode(data)
+        except Exception:
+            return False
+        if not isinstance(out, self._msgs.FrontendOut) or not isinstance(out.req_id, str):
+            return False
         with self._lock:
             q = self._waiters.get(out.req_id)
         if q is not None:
             q.put(out)
+        return True
 
     def _fail_all(self, err: BaseException) -> None:
         with self._lock:
@@ -172,10 +195,10 @@ def _check(out: Any, method: str) -> None:
 
 class ZmqBackend(NativeBackend):
     def __init__(self, address: str, api_key: Optional[str] = None, chat_template_name: Optional[str] = None,
-                 timeout: Optional[float] = None, dead_after: float = 5.0):
+                 timeout: Optional[float] = None, dead_after: float = 5.0, connect_timeout: float = CONNECT_TIMEOUT_S):
         self.base_url = address
         self.api_key = api_key
-        self.link = ZmqLink(address, api_key, timeout or global_config.request_timeout, dead_after)
+        self.link = ZmqLink(address, api_key, timeout or global_config.request_timeout, dead_after, connect_timeout)
         try:
             super().__init__(chat_template_name)
         except BaseException:

@@ -9,17 +9,46 @@ the same on both links. Invariants:
 - the --api-key rule is HTTP's: every method but ping needs the key (401 otherwise);
 - a client that stops pinging for CLIENT_TIMEOUT_S loses its requests (aborted, KV freed) and pins;
 - one task owns the socket's sends (a queue), the receive loop never awaits a request.
+
+Anyone who reaches the port can send anything; nothing they send stops the link:
+- libzmq refuses a frame over MAX_FRAME_BYTES (zmq.MAXMSGSIZE: it disconnects that peer instead of
+  buffering the frame). The largest real message is a long prompt: ~3-5 bytes a token id (a
+  128K-token prompt of ids ~640 KB, as text ~1 MB), a batch of them a few MB; 64 MiB is ample.
+- a message is [ident, data] (the ROUTER prepends ident to the DEALER's one frame); any other
+  frame count is dropped.
+- the key is checked before anything large is decoded. It travels inside the msgpack body, as
+  FrontendReq's last field, so a message that carries key K ends with K's msgpack string (the
+  smallest form, which msgpack and messages.encode write): that tail is compared
+  (hmac.compare_digest) before decoding. A message without it is decoded only up to
+  OPEN_MSG_BYTES (a ping, or a request to answer 401); a larger one is dropped unread. The decoded
+  api_key field is then the rule (the tail is a filter). Not chosen: the key in a frame of its
+  own (a protocol change for the same comparison) and ZeroMQ's PLAIN / CURVE handshake (ZAP), which
+  refuses silently where a wrong key must be a clear 401.
+- decode is msgpack.unpackb, whose limits (max_str_len, max_bin_len, max_array_len, max_map_len,
+  max_ext_len) default to the message's size: no header can claim more than the bytes that
+  arrived, and nesting stops at msgpack's own stack (1024 levels, StackError).
+- then the fields' types (str req_id and method, str or None api_key, abort's {"req_id": str}).
+  A message that fails any step is dropped and counted (stats(): /server_info's "frontend", and
+  radixlang:frontend_dropped_messages on /metrics); when its sender holds the key and its req_id
+  is a string it is also answered 400 naming the problem. A request whose handling raises is
+  answered 500 (authorized) or dropped, never the loop's end.
+- a supervisor restarts a loop (recv, send, janitor) that ends with an exception; one that ends
+  MAX_RESTARTS times within RESTART_WINDOW_S stays down and problem() names it: /health is 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import hmac
 import inspect
 import json
 import logging
 import time
+from collections import Counter
 from typing import Any, Optional
 
+import msgpack
 import zmq
 import zmq.asyncio
 
@@ -27,7 +56,20 @@ from radixlang_runtime.messages import FrontendOut, FrontendReq, decode, encode
 
 logger = logging.getLogger(__name__)
 CLIENT_TIMEOUT_S = 10.0
+MAX_FRAME_BYTES = 64 << 20  # zmq.MAXMSGSIZE: a larger frame disconnects its sender
+OPEN_MSG_BYTES = 4096  # what a message without the key may weigh to be decoded at all
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # a loop failing more often than this stays down
+DROP_LOG_EVERY_S = 5.0  # at most one log line per this many seconds about dropped messages
 _ROUTE_OF = {"model_info": "/get_model_info", "server_info": "/server_info", "flush_cache": "/flush_cache"}
+
+
+class _Dropped(Exception):
+    """A message not served. reason: its stats key; answer_to: (ident, req_id) of an authorized
+    sender to answer `status`, else None (nothing to answer, or nobody it may be told to)."""
+
+    def __init__(self, reason: str, detail: str, answer_to: Optional[tuple[bytes, str]] = None, status: int = 400):
+        super().__init__(detail)
+        self.reason, self.answer_to, self.status = reason, answer_to, status
 
 
 class FrontendServer:
@@ -35,48 +77,116 @@ class FrontendServer:
         self.address = address
         self.tm = tm
         self.api_key = api_key
+        # what a message carrying the key ends with (None: no key, every sender is authorized)
+        self._key_tail = msgpack.packb(api_key, use_bin_type=True) if api_key else None
         self._endpoints = {getattr(r, "path", None): getattr(r, "endpoint", None) for r in app.routes}
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self._sock.bind(address)
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._pins: dict[bytes, set[str]] = {}
         self._unpinning: set[asyncio.Task] = set()
         self._last_seen: dict[bytes, float] = {}
-        self._loops: list[asyncio.Task] = []
+        self._loops: dict[str, asyncio.Task] = {}
+        self._restarts: dict[str, list[float]] = {}  # loop name -> its restarts' times (this window)
+        self._restart_count = 0
+        self._problem: Optional[str] = None
+        self._closing = False
+        self._dropped: Counter[str] = Counter()
+        self._drop_logged_at = -DROP_LOG_EVERY_S
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._loops = [loop.create_task(f()) for f in (self._recv_loop, self._send_loop, self._janitor)]
+        for name in ("recv", "send", "janitor"):
+            self._spawn(name)
         logger.info("frontend socket: %s", self.address)
 
     async def close(self) -> None:
-        for t in self._loops + list(self._tasks.values()):
+        self._closing = True
+        for t in list(self._loops.values()) + list(self._tasks.values()):
             t.cancel()
-        await asyncio.gather(*self._loops, *self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*self._loops.values(), *self._tasks.values(), return_exceptions=True)
         self._sock.close(0)
         self._ctx.term()
+
+    def problem(self) -> Optional[str]:
+        """Why the link no longer serves (a loop that could not be restarted), else None."""
+        return self._problem
+
+    def stats(self) -> dict[str, Any]:
+        return {"address": self.address, "dropped_messages": sum(self._dropped.values()),
+                "dropped_by_reason": dict(self._dropped),
+                "loop_restarts": self._restart_count, "problem": self._problem}
+
+    # ------------------------------------------------------------------ supervisor
+    def _spawn(self, name: str) -> None:
+        body = {"recv": self._recv_loop, "send": self._send_loop, "janitor": self._janitor}[name]
+        task = asyncio.get_running_loop().create_task(body(), name=f"frontend-{name}")
+        self._loops[name] = task
+        task.add_done_callback(lambda t: self._loop_ended(name, t))
+
+    def _loop_ended(self, name: str, task: asyncio.Task) -> None:
+        if self._closing or task.cancelled():
+            return
+        err = task.exception()
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(name, []) if now - t < RESTART_WINDOW_S]
+        if len(recent) >= MAX_RESTARTS:
+            self._problem = (f"the ZeroMQ frontend at {self.address} is down: its {name} loop failed "
+                             f"{len(recent) + 1} times within {RESTART_WINDOW_S:.0f} s (last: {err!r})")
+            logger.error("%s", self._problem, exc_info=err)
+            return
+        self._restarts[name] = recent + [now]
+        self._restart_count += 1
+        logger.error("frontend socket: the %s loop ended (%r); restarting it", name, err, exc_info=err)
+        try:
+            self._spawn(name)
+        except Exception as e:  # e.g. the event loop is closing
+            self._problem = f"the ZeroMQ frontend at {self.address} is down: its {name} loop could not restart ({e!r})"
+            logger.error("%s", self._problem)
 
     # ------------------------------------------------------------------ loops
     async def _recv_loop(self) -> None:
         while True:
-            ident, data = await self._sock.recv_multipart()
-            self._last_seen[ident] = time.monotonic()
+            frames = await self._sock.recv_multipart(copy=False)  # Frames: no copy of what libzmq holds
             try:
-                req = decode(data)
-                if not isinstance(req, FrontendReq):
-                    raise ValueError(f"expected FrontendReq, got {type(req).__name__}")
-            except Exception as e:  # a malformed message: nothing to answer to
-                logger.warning("frontend socket: dropped a malformed message: %s", e)
-                continue
-            self._dispatch(ident, req)
+                self._take(frames)
+            except _Dropped as d:
+                self._count_drop(d.reason, str(d))
+                if d.answer_to is not None:
+                    self._reply(*d.answer_to, d.status, _err(str(d)))
+            except Exception as e:  # a fault of the parsing itself: the message is lost, the loop is not
+                logger.exception("frontend socket: a message could not be taken")
+                self._count_drop("internal", repr(e))
+
+    def _take(self, frames: list) -> None:
+        ident, req, authorized = self._parse(frames)
+        self._last_seen[ident] = time.monotonic()
+        try:
+            self._dispatch(ident, req, authorized)
+        except _Dropped:
+            raise
+        except Exception as e:
+            logger.exception("frontend socket: a %r request failed", req.method)
+            raise _Dropped("dispatch", f"internal error: {e!r}", (ident, req.req_id) if authorized else None,
+                           500) from None
 
     async def _send_loop(self) -> None:
         while True:
             ident, out = await self._outbox.get()
-            await self._sock.send_multipart([ident, encode(out)])
+            try:
+                data = encode(out)
+            except Exception as e:  # a body msgpack cannot carry: the client still gets its answer
+                logger.exception("frontend socket: a reply could not be encoded")
+                data = encode(FrontendOut(out.req_id, 500, _err(f"internal error: unencodable reply: {e!r}")))
+            try:
+                await self._sock.send_multipart([ident, data])
+            except zmq.ZMQError as e:
+                if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                    raise  # the socket itself failed: the supervisor's business
+                logger.warning("frontend socket: a reply was not delivered: %s", e)
 
     async def _janitor(self) -> None:
         while True:
@@ -99,20 +209,61 @@ class FrontendServer:
     def _reply(self, ident: bytes, req_id: str, status: int, body: Any = None, done: bool = True) -> None:
         self._outbox.put_nowait((ident, FrontendOut(req_id, status, body, done)))
 
+    # ------------------------------------------------------------------ parsing
+    def _parse(self, frames: list) -> tuple[bytes, FrontendReq, bool]:
+        """[ident, data] -> (ident, request, whether its sender holds the key); raises _Dropped."""
+        if len(frames) != 2:
+            raise _Dropped("frames", f"a message of {len(frames) - 1} frames (expected 1)")
+        ident, data = frames[0].bytes, frames[1].buffer
+        tail = self._key_tail
+        keyed = tail is None or (len(data) >= len(tail) and hmac.compare_digest(bytes(data[-len(tail):]), tail))
+        if not keyed and len(data) > OPEN_MSG_BYTES:
+            raise _Dropped("size", f"{len(data)} bytes without the key (at most {OPEN_MSG_BYTES} are read)")
+        try:
+            req = decode(data)
+        except Exception as e:
+            raise _Dropped("decode", f"not a message: {e!r}") from None
+        if not isinstance(req, FrontendReq):
+            raise _Dropped("type", f"expected a FrontendReq, got {type(req).__name__}")
+        authorized = keyed and self._key_ok(req.api_key)
+        problem = _shape_problem(req)
+        if problem is not None:
+            answerable = authorized and isinstance(req.req_id, str)
+            raise _Dropped("shape", problem, (ident, req.req_id) if answerable else None)
+        return ident, req, authorized
+
+    def _key_ok(self, key: Any) -> bool:
+        if self.api_key is None:
+            return True
+        return isinstance(key, str) and hmac.compare_digest(key.encode(), self.api_key.encode())
+
+    def _count_drop(self, reason: str, detail: str) -> None:
+        self._dropped[reason] += 1
+        metrics = getattr(self.tm, "metrics", None)
+        if metrics is not None:
+            metrics.frontend_dropped_messages.inc()
+        now = time.monotonic()
+        if now - self._drop_logged_at >= DROP_LOG_EVERY_S:  # a flood of them is not a flood of log lines
+            self._drop_logged_at = now
+            logger.warning("frontend socket: dropped a message (%s: %s); %d dropped so far", reason, detail[:200],
+                           sum(self._dropped.values()))
+
     # ------------------------------------------------------------------ requests
-    def _dispatch(self, ident: bytes, req: FrontendReq) -> None:
+    def _dispatch(self, ident: bytes, req: FrontendReq, authorized: bool) -> None:
         if req.method == "ping":
             self._reply(ident, req.req_id, 200, "pong")
             return
-        if self.api_key and req.api_key != self.api_key:
+        if not authorized:
             self._reply(ident, req.req_id, 401, _err("invalid or missing API key"))
             return
-        if req.method == "abort":
-            task = self._tasks.get((ident, (req.body or {}).get("req_id")))
+        if req.method == "abort":  # body checked by _shape_problem
+            task = self._tasks.get((ident, req.body["req_id"]))
             if task is not None:
                 task.cancel()
             return
         key = (ident, req.req_id)
+        if key in self._tasks:  # the first one keeps its id (and its abort)
+            raise _Dropped("duplicate", f"req_id {req.req_id!r} is already in flight", key)
         task = asyncio.get_running_loop().create_task(self._handle(ident, req))
         self._tasks[key] = task
         task.add_done_callback(lambda _t: self._tasks.pop(key, None))
@@ -200,6 +351,19 @@ class FrontendServer:
             await self.tm.unpin_prefix(pin_id)
         except Exception as e:
             logger.warning("unpin %s failed: %s", pin_id, e)
+
+
+def _shape_problem(req: FrontendReq) -> Optional[str]:
+    """What is wrong with a decoded request's field types, or None."""
+    if not isinstance(req.req_id, str):
+        return "req_id must be a string"
+    if not isinstance(req.method, str):
+        return "method must be a string"
+    if req.api_key is not None and not isinstance(req.api_key, str):
+        return "api_key must be a string or null"
+    if req.method == "abort" and not (isinstance(req.body, dict) and isinstance(req.body.get("req_id"), str)):
+        return 'abort needs the body {"req_id": "..."}'
+    return None
 
 
 def _err(message: str) -> dict:

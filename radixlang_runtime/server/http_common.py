@@ -34,6 +34,7 @@ class ServerState:
     served_model_name: str
     info: dict[str, Any]  # what the scheduler reported when it became ready
     child_pids: dict[str, int] = field(default_factory=dict)
+    frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
 
 
 def error_response(status: int, message: str, param: Optional[str] = None) -> JSONResponse:

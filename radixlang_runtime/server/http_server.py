@@ -23,6 +23,7 @@ from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, B
                                                   final_result, parse_pin_body, read_json)
 from radixlang_runtime.server.openai_api import add_openai_routes
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
+from radixlang_runtime.server_args import redacted
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,9 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
     @app.get("/health")
     async def health():
-        if tm.dead:
-            return error_response(503, tm.dead)
+        problem = tm.dead or (state.frontend.problem() if state.frontend else None)  # frontend_zmq.py
+        if problem:
+            return error_response(503, problem)
         return Response(status_code=200)
 
     @app.get("/health_generate")
@@ -88,8 +90,9 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
     async def server_info():
         stats = await tm.get_stats()
-        return {**args.to_dict(), **state.info, "version": __version__, "stats": stats,
-                "pids": {"server": os.getpid(), **state.child_pids}}
+        return {**redacted(args.to_dict()), **state.info, "version": __version__, "stats": stats,
+                "pids": {"server": os.getpid(), **state.child_pids},
+                "frontend": state.frontend.stats() if state.frontend else None}
 
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)

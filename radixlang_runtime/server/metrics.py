@@ -35,6 +35,9 @@ class ServerMetrics:
         self.cached_tokens = Counter(P + "cached_tokens", "Prompt tokens served from the cache", registry=r)
         self.num_requests = Counter(P + "num_requests", "Finished requests", registry=r)
         self.num_aborted_requests = Counter(P + "num_aborted_requests", "Aborted requests", registry=r)
+        self.frontend_dropped_messages = Counter(P + "frontend_dropped_messages",
+                                                 "Messages the ZeroMQ frontend dropped (malformed, or large "
+                                                 "without the key)", registry=r)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS,
                               registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between tokens", buckets=_LATENCY_BUCKETS,
