@@ -17,5 +17,10 @@ class BackendError(RuntimeError):
         self.status = status
 
 
+class UnreachableError(BackendError, ConnectionError):
+    """Nothing answers at the backend's address (connection refused, unknown host, no route, no TCP
+    connection within the connect timeout): raised at once, the message names the address."""
+
+
 def missing_extra(package: str, extra: str) -> ImportError:
     return ImportError(f"this needs the '{package}' package: pip install 'radixlang[{extra}]' (or pip install {package})")

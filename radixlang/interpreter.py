@@ -8,7 +8,11 @@ Invariants:
   returns at once when it is set, and raises at once when nothing queued will ever set it;
 - the first failing item's exception is kept in `error_`; queued and later items are skipped and
   their variables are `lost` (reading one raises ProgramError); text() returns what exists;
-- every wait is bounded by `global_config.wait_timeout` (TimeoutError past it).
+- every wait is bounded by `global_config.wait_timeout` (TimeoutError past it), taking `cond` included;
+- the worker is a daemon thread: nothing at interpreter exit waits for it. `end(wait=False)` (what
+  `ProgramState.__del__` calls) never blocks: the garbage collector runs it on any thread, at exit
+  too, when a worker the exit froze can hold `cond` forever; with `cond` held elsewhere it sets
+  `_ended` alone and the worker's idle poll sees it.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 from radixlang.errors import ProgramError
 from radixlang.global_config import global_config
 from radixlang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
                           SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVarScopeBegin,
                           SglVarScopeEnd, SglVideo, produced_names)
+
+_IDLE_POLL_S = 0.5  # the idle worker re-checks `_ended` this often (end(wait=False) may not notify)
 
 
 class StreamExecutor:
@@ -75,13 +82,28 @@ class StreamExecutor:
                 self._worker.start()
             self._bump()
 
-    def end(self) -> None:
-        """No more items will come; the worker exits once the queue is empty."""
-        with self.cond:
+    def end(self, wait: bool = True) -> None:
+        """No more items will come; the worker exits once the queue is empty (end never waits for it).
+
+        wait=True takes `cond` within wait_timeout (TimeoutError past it); wait=False only tries it:
+        when another thread holds it, `_ended` is set alone (a plain attribute write) and the lock's
+        holder or the worker's idle poll (every _IDLE_POLL_S) sees it."""
+        if wait:
+            with self._hold(global_config.wait_timeout, "lock to end the state"):
+                self._mark_ended()
+        elif self.cond.acquire(blocking=False):
+            try:
+                self._mark_ended()
+            finally:
+                self.cond.release()
+        else:
             self._ended = True
-            if self._worker is None:
-                self.is_finished = True
-            self._bump()
+
+    def _mark_ended(self) -> None:  # under cond
+        self._ended = True
+        if self._worker is None:
+            self.is_finished = True
+        self._bump()
 
     def fail(self, error: BaseException) -> None:
         with self.cond:
@@ -97,10 +119,20 @@ class StreamExecutor:
         self.cond.notify_all()
 
     # ------------------------------------------------------------------ waiting (any thread)
+    @contextmanager
+    def _hold(self, limit: float, what: str) -> Iterator[None]:
+        """`with self.cond`, bounded: a thread frozen at interpreter exit may never release it."""
+        if not self.cond.acquire(timeout=max(limit, 0.0)):
+            raise TimeoutError(f"program state: no {what} after {limit:g} s")
+        try:
+            yield
+        finally:
+            self.cond.release()
+
     def wait_until(self, pred: Callable[[], bool], what: str, timeout: Optional[float] = None) -> None:
         limit = global_config.wait_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        with self.cond:
+        with self._hold(limit, what):
             while not pred():
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -122,13 +154,18 @@ class StreamExecutor:
 
     def get_var(self, name: Any) -> Any:
         self.wait_until(lambda: self._pending[name] <= 0, f"value for variable {name!r}")
-        with self.cond:
+        with self._hold(global_config.wait_timeout, f"value for variable {name!r}"):
             if name in self.lost:
                 raise ProgramError(f"variable {name!r} will never be set: the program failed: "
                                    f"{self.error_!r}") from self.error_
             if name in self.variables:
                 return self.variables[name]
-        raise KeyError(f"variable {name!r} is not set and nothing queued sets it")
+            coming = [n for n, c in self._pending.items() if c > 0]
+            known = _names(n for n in self.variables if n not in coming)  # a streamed gen's partial text is coming
+            coming = _names(coming)
+        raise KeyError(f"variable {name!r} is not set and nothing queued sets it; "
+                       + (f"the variables are: {known}" if known else "no variable is set yet")
+                       + (f" (still to come: {coming})" if coming else ""))
 
     def set_var(self, name: Any, value: Any) -> None:
         with self.cond:
@@ -179,7 +216,7 @@ class StreamExecutor:
         while True:
             with self.cond:
                 while not self._items and not self._ended:
-                    self.cond.wait(0.5)
+                    self.cond.wait(_IDLE_POLL_S)
                 if not self._items:
                     self.is_finished = True
                     self._bump()
@@ -301,3 +338,10 @@ class StreamExecutor:
         self._fill(new_text)
         if global_config.enable_parallel_encoding and getattr(self.backend, "support_concate_and_append", False):
             self.backend.concatenate_and_append([st.stream_executor.sid for st in states], self.sid)
+
+
+def _names(names: Any, most: int = 20) -> str:
+    """'a', 'b', ... for a message: the first `most` names in order, then how many more."""
+    names = list(names)
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f", ... ({len(names) - most} more)" if len(names) > most else "")

@@ -104,10 +104,10 @@ class ProgramState:
     def __contains__(self, name: Any) -> bool:
         return name in self.stream_executor.variables
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # may run on any thread, at interpreter exit too: only signals, never waits
         exe = self.__dict__.get("stream_executor")
         if exe is not None:
-            exe.end()
+            exe.end(wait=False)
 
     def __repr__(self) -> str:  # never waits: a repr must not hang on a failed or running state
         exe = self.stream_executor

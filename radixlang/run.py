@@ -7,7 +7,9 @@ Invariants:
 - `run_batch` returns states in input order, each complete (synced); with more than one item it first
   traces the body for its constant prefix and, when longer than `precache_min_chars`, prefills it
   and pins it in the radix cache for the batch (the prefill alone when the runtime has no pin); the
-  pin is released at the end (the server also drops it when a ZeroMQ client goes away, or at its ttl).
+  pin is released at the end (the server also drops it when a ZeroMQ client goes away, or at its ttl);
+- an item's exception is raised from `run_batch` once the items already running end; queued ones
+  are cancelled (so are they when a generator_style consumer stops early).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def _batch(program: Any, backend: Any, batch_kwargs: list, default_params: SglSa
                 pbar.update(1)
             return st
 
-        with ThreadPoolExecutor(num_threads, thread_name_prefix="radixlang-batch") as pool:
+        pool = ThreadPoolExecutor(num_threads, thread_name_prefix="radixlang-batch")
+        try:
             window = max(num_threads * 4, 64)  # bounded look-ahead: results stream out in input order
             futures: list = []
             it = iter(batch_kwargs)
@@ -118,6 +121,8 @@ def _batch(program: Any, backend: Any, batch_kwargs: list, default_params: SglSa
                 if nxt is not None:
                     futures.append(pool.submit(one, nxt))
                 yield st
+        finally:  # an item's exception (or a consumer that left): queued items never start
+            pool.shutdown(wait=True, cancel_futures=True)
     finally:
         if pin is not None:
             backend.unpin_prefix(pin)

@@ -1,22 +1,25 @@
 """HttpBackend: the native protocol over HTTP (`RuntimeEndpoint("http://host:port")`), stdlib only.
 
 Works against radixlang's server and a real SGLang server. One keep-alive connection per calling
-thread. Every read is bounded by `timeout` (global_config.request_timeout by default); a refused
-request raises BackendError with the server's status and message; a connection that drops raises
-at once. A stream the consumer leaves early closes its connection (the server aborts the request).
-A reused keep-alive connection that the server closed meanwhile is retried once on a fresh one.
+thread. A connection is opened within `connect_timeout` (CONNECT_TIMEOUT_S at most): no server at
+the URL raises UnreachableError naming it at once. Every read is bounded by `timeout`
+(global_config.request_timeout by default); a refused request raises BackendError with the server's
+status and message; a connection that drops raises at once. A stream the consumer leaves early
+closes its connection (the server aborts the request). A reused keep-alive connection that the
+server closed meanwhile is retried once on a fresh one.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import urllib.parse
 from typing import Any, Iterator, Optional
 
 from radixlang.backend.native import NativeBackend
-from radixlang.errors import BackendError
+from radixlang.errors import BackendError, UnreachableError
 from radixlang.global_config import global_config
 
 _ROUTES = {  # control method -> (HTTP method, path)
@@ -28,6 +31,7 @@ _ROUTES = {  # control method -> (HTTP method, path)
     "unpin_prefix": ("POST", "/unpin_prefix"),
     "abort": ("POST", "/abort_request"),
 }
+CONNECT_TIMEOUT_S = 10.0  # a TCP (+ TLS) connect; the kernel accepts for a live server however busy it is
 
 
 class HttpBackend(NativeBackend):
@@ -40,6 +44,7 @@ class HttpBackend(NativeBackend):
         self.api_key = api_key
         self.verify = verify
         self.timeout = timeout or global_config.request_timeout
+        self.connect_timeout = min(self.timeout, CONNECT_TIMEOUT_S)
         self._https = u.scheme == "https"
         self._host, self._port = u.hostname, u.port or (443 if self._https else 80)
         self._base_path = u.path.rstrip("/")
@@ -54,8 +59,30 @@ class HttpBackend(NativeBackend):
             ctx = ssl.create_default_context(cafile=self.verify if isinstance(self.verify, str) else None)
             if self.verify is False:
                 ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=ctx)
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout, context=ctx)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+
+    def _connect(self) -> http.client.HTTPConnection:
+        """A connected connection (within connect_timeout) whose reads then wait up to `timeout`."""
+        conn = self._new_conn()
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise UnreachableError(f"cannot reach {self.base_url}: {self._why_unreachable(e)}") from e
+        conn.timeout = self.timeout
+        conn.sock.settimeout(self.timeout)
+        return conn
+
+    def _why_unreachable(self, e: BaseException) -> str:
+        where = f"{self._host}:{self._port}"
+        if isinstance(e, ConnectionRefusedError):
+            return f"connection refused: nothing listens at {where} (is the server running?)"
+        if isinstance(e, socket.gaierror):
+            return f"unknown host {self._host!r} ({e.strerror})"
+        if isinstance(e, TimeoutError):
+            return f"no connection to {where} within {self.connect_timeout:g} s"
+        return f"{where}: {e!r}"
 
     def _drop_conn(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -70,9 +97,11 @@ class HttpBackend(NativeBackend):
         data = None if body is None else json.dumps(body).encode()
         for attempt in (0, 1):
             conn = getattr(self._local, "conn", None)
+            if conn is not None and conn.sock is None:  # http.client closed it after a `Connection: close` answer
+                conn = self._local.conn = None
             reused = conn is not None
             if conn is None:
-                conn = self._local.conn = self._new_conn()
+                conn = self._local.conn = self._connect()
             try:
                 conn.request(method, self._base_path + path, body=data, headers=headers)
                 return conn.getresponse()

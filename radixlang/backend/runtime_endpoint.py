@@ -29,7 +29,11 @@ from radixlang.backend.base import BaseBackend
 
 def RuntimeEndpoint(base_url: str, api_key: Optional[str] = None, verify: Any = None,
                     chat_template_name: Optional[str] = None, timeout: Optional[float] = None) -> BaseBackend:
-    """http(s)://host:port → the native HTTP protocol; tcp://host:port (or ipc://) → the ZeroMQ link."""
+    """http(s)://host:port → the native HTTP protocol; tcp://host:port (or ipc://) → the ZeroMQ link.
+    An http(s) URL with no server behind it raises UnreachableError (radixlang.errors) at once, naming it."""
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "tcp://", "ipc://")):
+        raise ValueError(f"not a server URL: {base_url!r} (use http(s)://host:port, or tcp://host:port "
+                         "/ ipc://path for the ZeroMQ link)")
     if base_url.startswith(("tcp://", "ipc://")):
         from radixlang.backend.zmq import ZmqBackend
 
