@@ -130,9 +130,7 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
     if choices:
         return SglSelect(name, choices, 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
-    check_regex(regex)
-    for r in ([stop_regex] if isinstance(stop_regex, str) else stop_regex or []):
-        check_regex(r)
+    check_regex(regex)  # stop_regex is checked by the runtime (RE2 syntax, limits), which answers 400
     return SglGen(name, SglSamplingParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
         stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
+
+from radixlang_runtime.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
 
@@ -68,9 +68,9 @@ class SamplingParams:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @property
-    def stop_patterns(self) -> list["re.Pattern[str]"]:
-        """stop_regex compiled (each pattern once per process: _compile_stop_regex is cached)."""
-        return [_compile_stop_regex(r) for r in self.stop_regex]
+    def stop_patterns(self) -> list[StopRegex]:
+        """stop_regex compiled in RE2 (each pattern once per process: compile_stop_regex is cached)."""
+        return [compile_stop_regex(r) for r in self.stop_regex]
 
     @property
     def constrained(self) -> bool:
@@ -116,8 +116,7 @@ class SamplingParams:
         need(self.sampling_seed is None or isinstance(self.sampling_seed, int), "sampling_seed must be an integer")
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")
-        for r in self.stop_regex:
-            _compile_stop_regex(r)  # ValueError naming a bad pattern (HTTP 400)
+        check_stops(self.stop_strs, self.stop_regex)  # limits, RE2 compile: ValueError naming them (HTTP 400)
         if self.constrained:
             from radixlang_runtime.constrained.spec import spec_from_sampling
 
@@ -127,14 +126,6 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")
-
-
-@functools.lru_cache(maxsize=1024)
-def _compile_stop_regex(pattern: str) -> "re.Pattern[str]":
-    try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
 
 
 def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,

@@ -11,22 +11,29 @@ or lie inside the min_new_tokens part (and must not end the request later).
 
 from __future__ import annotations
 
-import re
+import os.path
 from typing import Callable, Optional
 
 from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.stop_regex import MAX_NEWEST_CHARS, StopRegex, first_stop
 
-# stop_regex looks at the text of this many newest output tokens: a longer match is not seen.
+# stop_regex looks at the text of this many newest output tokens, and at most this many characters of
+# it (bounds each step's RE2 search): a longer match is not seen.
 STOP_REGEX_WINDOW = 256
+STOP_REGEX_WINDOW_CHARS = 4096
 
 Detokenize = Callable[[list[int]], str]
+
+
+def _window(out: list[int], window: int, detokenize: Detokenize) -> tuple[str, str]:
+    """The text of the last `window` output tokens without and with the newest one."""
+    return (detokenize(out[-window:-1]) if len(out) > 1 else ""), detokenize(out[-window:])
 
 
 def _newest_text(out: list[int], window: int, detokenize: Detokenize) -> tuple[str, Optional[int]]:
     """The text of the last `window` output tokens and where the newest token's text starts in it
     (None when the text without the newest token is not a prefix, e.g. a multi-byte character)."""
-    tail = detokenize(out[-window:])
-    head = detokenize(out[-window:-1]) if len(out) > 1 else ""
+    head, tail = _window(out, window, detokenize)
     return tail, (len(head) if tail.startswith(head) else None)
 
 
@@ -39,19 +46,26 @@ def _stop_string(out: list[int], stops: list[str], detokenize: Detokenize) -> Op
     return None
 
 
-def _stop_regex(out: list[int], patterns: list["re.Pattern[str]"], detokenize: Detokenize) -> Optional[tuple[str, int]]:
-    """The first non-empty match (earliest start over all patterns) ending in the newest token's text;
-    zero-width matches never stop."""
-    tail, newest_from = _newest_text(out, STOP_REGEX_WINDOW, detokenize)
-    newest_from = newest_from or 0
-    best = None
+def _regex_window(out: list[int], detokenize: Detokenize) -> tuple[str, int]:
+    """The window text for stop_regex and where the newest token's text starts in it; when the text
+    without the newest token is not a prefix (a multi-byte character completed), from where they differ."""
+    head, tail = _window(out, STOP_REGEX_WINDOW, detokenize)
+    newest_from = len(head) if tail.startswith(head) else len(os.path.commonprefix([head, tail]))
+    newest_from = max(newest_from, len(tail) - MAX_NEWEST_CHARS)
+    cut = max(0, len(tail) - STOP_REGEX_WINDOW_CHARS)
+    return tail[cut:], max(0, newest_from - cut)
+
+
+def _stop_regex(out: list[int], patterns: list[StopRegex], detokenize: Detokenize) -> Optional[tuple[str, int]]:
+    """The stop of the earliest start over all patterns (ties: the first pattern) that ends in the newest
+    token's text (stop_regex.first_stop: non-empty, RE2, linear time)."""
+    tail, newest_from = _regex_window(out, detokenize)
+    best: Optional[tuple[int, str]] = None
     for pattern in patterns:
-        for m in pattern.finditer(tail):
-            if m.end() > newest_from and m.end() > m.start():
-                if best is None or m.start() < best.start():
-                    best = m
-                break
-    return None if best is None else (best.group(0), len(tail) - best.start())
+        hit = first_stop(pattern, tail, newest_from)
+        if hit is not None and (best is None or hit[0] < best[0]):
+            best = hit
+    return None if best is None else (best[1], len(tail) - best[0])
 
 
 def check_finished(req: Req, eos_token_ids: tuple[int, ...], context_len: int, detokenize: Detokenize) -> None:
