@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from radixlang_runtime.limits import (MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError, need_bool, need_float,
+                                      need_int, need_int_list, need_str, show)
 from radixlang_runtime.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
@@ -36,11 +38,11 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
-        d = dict(d or {})
+        d = {k: v for k, v in (d or {}).items() if v is not None}  # null: the field's default
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+            raise FieldError(unknown[0], f"unknown sampling parameter(s): {', '.join(unknown)}")
         if d.get("stop_token_ids") is None:
             d.pop("stop_token_ids", None)
         if d.get("stop_regex") is None:
@@ -88,15 +90,16 @@ class SamplingParams:
             if not cond:
                 raise ValueError(msg)
 
-        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+        # Types first (limits.need_*: bools are bools, ints fit int64, numbers are finite), then ranges.
+        self.max_new_tokens = need_int(self.max_new_tokens, "max_new_tokens", 0)
+        self.min_new_tokens = need_int(self.min_new_tokens, "min_new_tokens", 0)
+        self.top_k = need_int(self.top_k, "top_k")  # above the vocab size: the whole vocabulary, as -1
+        self.n = need_int(self.n, "n", 1, MAX_N)
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
-            v = getattr(self, name)
-            need(isinstance(v, (int, float)) and not isinstance(v, bool), f"{name} must be a number, got {v!r}")
-            setattr(self, name, float(v))
-        need(self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        need(0 <= self.min_new_tokens <= self.max_new_tokens,
+            setattr(self, name, need_float(getattr(self, name), name))
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            need_bool(getattr(self, name), name)
+        need(self.min_new_tokens <= self.max_new_tokens,
              f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}")
         need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
@@ -105,15 +108,19 @@ class SamplingParams:
         need(-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         need(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         need(0.0 < self.repetition_penalty <= 2.0, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
-        need(self.n >= 1, f"n must be >= 1, got {self.n}")
-        need(self.stop is None or isinstance(self.stop, str)
-             or (isinstance(self.stop, list) and all(isinstance(s, str) for s in self.stop)),
-             "stop must be a string or a list of strings")
-        need(all(isinstance(s, str) and s for s in self.stop_strs), "stop strings must be non-empty")
-        need(isinstance(self.stop_token_ids, list) and all(isinstance(t, int) for t in self.stop_token_ids),
-             "stop_token_ids must be a list of integers")
+        if self.stop is not None and not isinstance(self.stop, str):
+            need(isinstance(self.stop, list) and len(self.stop) <= MAX_STOP_STRINGS,
+                 f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings")
+        for i, s in enumerate(self.stop_strs):
+            name = "stop" if isinstance(self.stop, str) else f"stop[{i}]"
+            need(bool(need_str(s, name)), "stop strings must be non-empty")
+        need_int_list(self.stop_token_ids, "stop_token_ids", max_len=MAX_STOP_TOKEN_IDS)
+        for name in ("regex", "json_schema"):
+            if getattr(self, name) is not None:
+                need_str(getattr(self, name), name)
         need(self.regex is None or self.json_schema is None, "at most one of regex / json_schema may be set")
-        need(self.sampling_seed is None or isinstance(self.sampling_seed, int), "sampling_seed must be an integer")
+        if self.sampling_seed is not None:
+            need_int(self.sampling_seed, "sampling_seed")
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")
         check_stops(self.stop_strs, self.stop_regex)  # limits, RE2 compile: ValueError naming them (HTTP 400)
@@ -125,7 +132,7 @@ class SamplingParams:
     def check_vocab(self, vocab_size: int) -> None:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"stop_token_ids must be in [0, {vocab_size}), got {bad}")
+            raise FieldError("stop_token_ids", f"stop_token_ids must be in [0, {vocab_size}), got {show(bad)}")
 
 
 def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
+REDACTED = "<redacted>"
 SchedulePolicy = Literal["lpm", "fcfs", "dfs-weight"]
 
 
@@ -28,7 +29,8 @@ class ServerArgs:
     # --- http ---
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: Optional[str] = None
+    api_key: Optional[str] = field(default=None, repr=False)  # never printed or served: to_public_dict
+    max_request_body_bytes: int = 32 << 20  # larger bodies answer 413 (checked while the body is read)
     enable_metrics: bool = False
     log_requests: bool = False
     log_level: str = "info"
@@ -122,6 +124,7 @@ class ServerArgs:
         need(self.mem_fraction_static is None or 0.0 < self.mem_fraction_static < 1.0,
              "mem_fraction_static must be in (0, 1)")
         need(self.stream_interval >= 1, "stream_interval must be >= 1")
+        need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
 
@@ -161,22 +164,18 @@ class ServerArgs:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
+        """Every field, the API key included: for other processes of this server only."""
         return dataclasses.asdict(self)
 
-
-SECRET_ARGS = ("api_key",)
-
-
-def redacted(args: dict) -> dict:
-    """`args` (ServerArgs.to_dict()) as reports show it (/server_info, on HTTP and ZeroMQ): a secret
-    that is set reads "<redacted>", never its value."""
-    return {k: "<redacted>" if k in SECRET_ARGS and v is not None else v for k, v in args.items()}
+    def to_public_dict(self) -> dict:
+        """What may be served (/server_info) or logged: the API key shows as "<redacted>" when set."""
+        return {**self.to_dict(), "api_key": REDACTED if self.api_key else None}
 
 
 _INT_FIELDS = {
     "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens", "kv_cache_budget_bytes",
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
-    "stream_interval", "random_seed",
+    "stream_interval", "random_seed", "max_request_body_bytes",
 }
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay"}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}

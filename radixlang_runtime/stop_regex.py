@@ -32,7 +32,8 @@ from typing import Any, Optional
 
 import re2
 
-MAX_STOP_STRINGS = 16
+from radixlang_runtime.limits import MAX_STOP_STRINGS
+
 MAX_STOP_REGEX = 16
 MAX_STOP_CHARS = 1024  # per stop string and per stop_regex pattern
 STOP_REGEX_MAX_MEM = 4 << 20  # bytes, RE2's per-pattern budget (its default is 8 MiB)

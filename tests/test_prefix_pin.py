@@ -190,6 +190,9 @@ def test_the_zmq_frontend_unpins_a_vanished_clients_pins():
         def encode_text(self, text):
             return [ord(c) for c in text]
 
+        async def run_intake(self, fn, *args, size=0):
+            return fn(*args)
+
         async def pin_prefix(self, input_ids, ttl_s=None):
             pid = f"pin-{len(self.pinned) + 1}"
             self.pinned.add(pid)

@@ -116,6 +116,11 @@ def test_min_new_tokens_masks_eos_and_stop_ids():
     ("top_p", 0.0), ("top_p", 1.5), ("top_k", 0), ("top_k", -2), ("min_p", -0.1), ("min_p", 1.1),
     ("temperature", -1.0), ("frequency_penalty", 2.5), ("presence_penalty", -3.0),
     ("repetition_penalty", 0.0), ("repetition_penalty", 2.5), ("max_new_tokens", -1), ("n", 0),
+    # strict types (limits.need_*): bools are bools, ints are not bools and fit int64, numbers are finite
+    ("ignore_eos", "no"), ("skip_special_tokens", 0), ("no_stop_trim", 1), ("top_k", 2**64), ("top_k", True),
+    ("sampling_seed", 2**64), ("sampling_seed", 1.0), ("max_new_tokens", 2.0), ("n", 65), ("temperature", float("nan")),
+    ("top_p", float("inf")), ("min_p", 10**400), ("stop_token_ids", [True]), ("stop_token_ids", [2**64]),
+    ("stop", ["a", "\ud800"]), ("stop", ["a"] * 129), ("regex", 5),
 ])
 def test_invalid_parameters_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -165,18 +165,18 @@ HOSTILE = [
     ("/generate", {"text": "a", "rid": 7}),
     ("/generate", {"text": "a", "sampling_params": "greedy"}),
     ("/abort_request", {}),
-    ("/v1/chat/completions", {"model": "m"}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": 3}]}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+    ("/v1/chat/completions", {"model": "default"}),
+    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "wizard", "content": "hi"}]}),
+    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": 3}]}),
+    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}],
                               "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "n": 0}),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "logprobs": 50}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "n": 0}),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "logprobs": 50}),
+    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
     ("/generate", {"text": "a b c", "return_logprob": True, "logprob_start_len": 99}),
     ("/generate", {"text": "a b c", "return_logprob": True, "top_logprobs_num": -1}),
-    ("/v1/completions", {"model": "m", "prompt": {"x": 1}}),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "temperature": -1}),
+    ("/v1/completions", {"model": "default", "prompt": {"x": 1}}),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "temperature": -1}),
 ]
 
 
@@ -283,13 +283,13 @@ def test_streamed_logprobs_are_deltas(client):
 def test_openai_chat_and_stream(oai, engine_fp32, hf_greedy):
     messages = [{"role": "user", "content": "Name three fruits."}]
     # min_tokens (an extension) masks EOS as transformers' min_new_tokens does: 16 tokens to compare.
-    r = oai.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0,
+    r = oai.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0,
                                     extra_body={"min_tokens": 16})
     prompt = engine_fp32.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = engine_fp32.tokenizer.encode(prompt, add_special_tokens=False)
     assert r.choices[0].message.content == engine_fp32.tokenizer.decode(hf_greedy(ids, 16), skip_special_tokens=True)
     assert r.choices[0].message.role == "assistant" and r.usage.prompt_tokens == len(ids)
-    chunks = list(oai.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0,
+    chunks = list(oai.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0,
                                               stream=True, stream_options={"include_usage": True},
                                               extra_body={"min_tokens": 16}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -297,39 +297,39 @@ def test_openai_chat_and_stream(oai, engine_fp32, hf_greedy):
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
     # The same conversation again: the prompt comes from the radix cache.
-    r2 = oai.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0)
+    r2 = oai.chat.completions.create(model="default", messages=messages, max_tokens=4, temperature=0)
     assert r2.usage.prompt_tokens_details.cached_tokens >= 16
 
 
 def test_openai_completions_n_stop_seed(oai, engine_fp32):
     prompts = ["1, 2, 3,", "a, b, c,"]
-    r = oai.completions.create(model="m", prompt=prompts, max_tokens=6, n=2, temperature=0,
+    r = oai.completions.create(model="default", prompt=prompts, max_tokens=6, n=2, temperature=0,
                                extra_body={"min_tokens": 6})
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert r.choices[0].text == r.choices[1].text and r.choices[2].text == r.choices[3].text  # greedy samples agree
     assert r.usage.completion_tokens == 4 * 6
     assert r.usage.prompt_tokens == sum(len(engine_fp32.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
-    s = oai.completions.create(model="m", prompt="The first sentence. The second", max_tokens=30, temperature=0,
+    s = oai.completions.create(model="default", prompt="The first sentence. The second", max_tokens=30, temperature=0,
                                stop=["."])
     assert "." not in s.choices[0].text and s.choices[0].finish_reason == "stop"
-    a = oai.completions.create(model="m", prompt="Random word:", max_tokens=8, temperature=1.0, seed=11)
-    b = oai.completions.create(model="m", prompt="Random word:", max_tokens=8, temperature=1.0, seed=11)
+    a = oai.completions.create(model="default", prompt="Random word:", max_tokens=8, temperature=1.0, seed=11)
+    b = oai.completions.create(model="default", prompt="Random word:", max_tokens=8, temperature=1.0, seed=11)
     assert a.choices[0].text == b.choices[0].text
     streamed = "".join(c.choices[0].text for c in oai.completions.create(
-        model="m", prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True, extra_body={"min_tokens": 6})
+        model="default", prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True, extra_body={"min_tokens": 6})
         if c.choices)
     assert streamed == r.choices[0].text
 
 
 def test_openai_logprobs(oai):
-    r = oai.completions.create(model="m", prompt="Two plus two is", max_tokens=4, temperature=0, logprobs=2,
+    r = oai.completions.create(model="default", prompt="Two plus two is", max_tokens=4, temperature=0, logprobs=2,
                                extra_body={"min_tokens": 4})
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 4 and "".join(lp.tokens) == r.choices[0].text
     assert all(len(top) == 2 and max(top.values()) >= v - 1e-6 for top, v in zip(lp.top_logprobs, lp.token_logprobs))
-    e = oai.completions.create(model="m", prompt="Two plus two is", max_tokens=1, temperature=0, logprobs=0, echo=True)
+    e = oai.completions.create(model="default", prompt="Two plus two is", max_tokens=1, temperature=0, logprobs=0, echo=True)
     assert e.choices[0].logprobs.token_logprobs[0] is None and len(e.choices[0].logprobs.tokens) >= 5
-    c = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+    c = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
                                     temperature=0, logprobs=True, top_logprobs=3)
     content = c.choices[0].logprobs.content
     assert len(content) == c.usage.completion_tokens and all(len(x.top_logprobs) == 3 for x in content)
@@ -338,4 +338,4 @@ def test_openai_logprobs(oai):
 
 def test_openai_errors_are_exceptions_with_messages(oai):
     with pytest.raises(openai.BadRequestError, match="top_p"):
-        oai.completions.create(model="m", prompt="x", max_tokens=2, top_p=5)
+        oai.completions.create(model="default", prompt="x", max_tokens=2, top_p=5)

@@ -46,3 +46,13 @@ def test_resolve_for_device_fills_only_auto_values():
 def test_unknown_kwargs_are_named():
     with pytest.raises(TypeError, match="nope"):
         server_args_from_kwargs(None, nope=1)
+
+
+def test_the_api_key_is_redacted_wherever_args_are_shown():
+    a = parse(["--api-key", "sekrit", "--max-request-body-bytes", "4096"])
+    assert a.api_key == "sekrit" and a.to_dict()["api_key"] == "sekrit"  # the server's own processes need it
+    assert a.to_public_dict()["api_key"] == "<redacted>" and "sekrit" not in repr(a)
+    assert a.max_request_body_bytes == 4096 and a.to_public_dict()["max_request_body_bytes"] == 4096
+    assert ServerArgs().to_public_dict()["api_key"] is None  # no key: nothing to hide, and its absence shows
+    with pytest.raises(ValueError, match="max_request_body_bytes"):
+        ServerArgs(max_request_body_bytes=10)

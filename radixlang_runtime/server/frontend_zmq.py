@@ -294,11 +294,11 @@ class FrontendServer:
             self._reply(ident, req.req_id, 500, _err(f"internal error: {e!r}"))
 
     async def _generate(self, ident: bytes, req: FrontendReq) -> None:
-        from radixlang_runtime.server.generate_api import parse_generate
+        from radixlang_runtime.server.generate_api import intake_generate
         from radixlang_runtime.server.http_common import final_result as _final, merged
 
         body = req.body
-        items, as_list = parse_generate(self.tm, body)
+        items, as_list = await intake_generate(self.tm, body)
         if body.get("stream"):
             gens = [self.tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]
             async for i, out in merged(gens):
@@ -335,7 +335,7 @@ class FrontendServer:
 
         body = req.body or {}
         if req.method == "pin_prefix":
-            ids, ttl_s = parse_pin_body(self.tm, body, None)
+            ids, ttl_s = await self.tm.run_intake(parse_pin_body, self.tm, body, None)
             out = await self.tm.pin_prefix(ids, ttl_s)
             self._pins.setdefault(ident, set()).add(out["pin_id"])
             self._reply(ident, req.req_id, 200, out)

@@ -15,15 +15,18 @@ from typing import Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixlang_runtime import __version__
+from radixlang_runtime.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.server.dashboard import add_dashboard_routes
-from radixlang_runtime.server.generate_api import generate_route
-from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, ServerState, error_response,
-                                                  final_result, parse_pin_body, read_json)
+from radixlang_runtime.server.generate_api import generate_route, input_size
+from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, BodyTooLarge, ServerState,
+                                                  error_response, final_result, parse_pin_body, read_json)
 from radixlang_runtime.server.openai_api import add_openai_routes
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
-from radixlang_runtime.server_args import redacted
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
     @app.exception_handler(ValueError)  # BadRequest, and SamplingParams / limits validation
     async def bad_request(request: Request, e: ValueError):
-        return error_response(400, str(e))
+        return error_response(400, str(e), getattr(e, "param", None))
 
     @app.exception_handler(RuntimeUnavailable)
     async def unavailable(request: Request, e: RuntimeUnavailable):
@@ -54,10 +57,9 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     async def request_failed(request: Request, e: RuntimeError):
         return error_response(500, str(e))
 
-    @app.exception_handler(Exception)
-    async def internal(request: Request, e: Exception):  # never a hang or a bare traceback
-        logger.exception("request failed")
-        return error_response(500, f"internal error: {e!r}")
+    @app.exception_handler(StarletteHTTPException)  # 404 / 405 from routing, in the one error shape
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
 
     @app.post("/generate")
     async def generate(request: Request):
@@ -90,7 +92,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
     async def server_info():
         stats = await tm.get_stats()
-        return {**redacted(args.to_dict()), **state.info, "version": __version__, "stats": stats,
+        return {**args.to_public_dict(), **state.info, "version": __version__, "stats": stats,
                 "pids": {"server": os.getpid(), **state.child_pids},
                 "frontend": state.frontend.stats() if state.frontend else None}
 
@@ -106,24 +108,24 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     @app.post("/pin_prefix")
     async def pin_prefix(request: Request):
         """{"text" | "input_ids", "ttl_s"?} -> {"pin_id", "pinned_len", "input_len"}: locks what is cached."""
-        ids, ttl_s = parse_pin_body(tm, await read_json(request), HTTP_PIN_TTL_S)
+        body = await read_json(request)
+        ids, ttl_s = await tm.run_intake(parse_pin_body, tm, body, HTTP_PIN_TTL_S, size=input_size(body))
         return await tm.pin_prefix(ids, ttl_s)
 
     @app.post("/unpin_prefix")
     async def unpin_prefix(request: Request):
         body = await read_json(request)
-        pin_id = body.get("pin_id") if isinstance(body, dict) else None
-        if not isinstance(pin_id, str):
+        if not isinstance(body, dict) or "pin_id" not in body:
             raise BadRequest("unpin_prefix needs {\"pin_id\": \"...\"}")
+        pin_id = need_str(body["pin_id"], "pin_id", MAX_RID_LEN)
         return {"pin_id": pin_id, "success": await tm.unpin_prefix(pin_id)}
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
         body = await read_json(request)
-        rid = body.get("rid") if isinstance(body, dict) else None
-        if not isinstance(rid, str):
+        if not isinstance(body, dict) or "rid" not in body:
             raise BadRequest("abort_request needs {\"rid\": \"...\"}")
-        tm.abort(rid)
+        tm.abort(need_str(body["rid"], "rid", MAX_RID_LEN))
         return Response(status_code=200)
 
     @app.post("/concate_and_append_request")
@@ -141,4 +143,70 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
     add_openai_routes(app, state)
     add_dashboard_routes(app, state)
+    app.add_middleware(IntakeGuard, max_body_bytes=args.max_request_body_bytes)  # added last: outermost
     return app
+
+
+class IntakeGuard:
+    """The outermost layer of the app (plain ASGI).
+    - Body cap: a Content-Length above max_body_bytes answers 413 before a byte of the body is read; a
+      body that grows past it while it is read (chunked) ends the read with 413. Both close the
+      connection (the client is still sending what we will not read).
+    - An exception no handler took (a bug) answers the JSON 500 here. Starlette's ServerErrorMiddleware
+      would answer too, but then re-raise, and uvicorn closes the keep-alive connection after such an
+      exception: the client's next request on that connection failed. Here the connection stays usable.
+    Once a response has started nothing more can be sent: the exception is logged and uvicorn ends it."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(int(declared), scope, receive, send)
+            return
+        started = False
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise BodyTooLarge(seen)
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except Exception as e:
+            if _only(e, BodyTooLarge):
+                if not started:
+                    await self._too_large(seen, scope, receive, send)
+                return
+            logger.exception("request failed: %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await error_response(500, f"internal error: {e!r}")(scope, receive, send)
+
+    async def _too_large(self, size: int, scope: Scope, receive: Receive, send: Send) -> None:
+        message = (f"the request body (at least {size} bytes) is larger than the limit of {self.max_body_bytes} "
+                   "bytes (--max-request-body-bytes)")
+        await error_response(413, message, "max_request_body_bytes",
+                             headers={"connection": "close"})(scope, receive, send)
+
+
+def _only(e: BaseException, kind: type) -> bool:
+    """e is a `kind`, or a group of nothing else (BaseHTTPMiddleware's task group wraps what the body read raises)."""
+    subs = getattr(e, "exceptions", None)  # an exception group (no builtin on Python 3.10)
+    if isinstance(subs, tuple) and subs:
+        return all(_only(x, kind) for x in subs)
+    return isinstance(e, kind)

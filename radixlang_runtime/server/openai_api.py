@@ -2,31 +2,60 @@
 
 Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
 text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
-(`stream_options.include_usage`), then `data: [DONE]`. Options the runtime cannot honour yet
-(logit_bias, tools) answer 400 instead of being ignored. response_format json_schema / json_object
-(and the regex / json_schema extensions) constrain the output through the grammar backend. Logprobs are the
-model's raw log_softmax (before temperature), in OpenAI's shapes for completions and chat.
+(`stream_options.include_usage`), then `data: [DONE]`. Fields are strict (ROUTE_FIELDS): an unknown
+one answers 400 naming it, options the runtime cannot honour yet (logit_bias, best_of, suffix, tools,
+...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
+and change nothing; a `model` other than the served name or "default" is 404 model_not_found. Parsing,
+the chat template and tokenizing run on an intake thread (TokenizerManager.run_intake).
+response_format json_schema / json_object (and the regex / json_schema extensions) constrain the output
+through the grammar backend. Logprobs are the model's raw log_softmax (before temperature), in OpenAI's
+shapes for completions and chat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from radixlang_runtime.constrained.spec import spec_from_response_format
+from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.results import LogprobRequest
-from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result, guard_stream,
-                                                  merged, read_json, sse, stream_response, text_delta)
+from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, error_response, final_result,
+                                                  guard_stream, merged, read_json, sse, stream_response, text_delta)
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                "no_stop_trim", "regex", "json_schema")
+_SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
+                    "min_tokens", "response_format", *_EXTENSIONS)
+_INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
+# Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
+_OFF_VALUES: dict[str, tuple] = {
+    "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
+    "functions": ([],), "function_call": ("none", "auto"), "parallel_tool_calls": (True, False),
+    "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
+    "service_tier": ("auto", "default"),
+}
+_COMMON = {"model", "n", "stream", "stream_options", "logit_bias", *_SAMPLING_FIELDS, *_INFORMATIONAL}
+ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
+    "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
+    "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs",
+                             *(set(_OFF_VALUES) - {"best_of", "suffix"})},
+}
+MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
+MAX_LOGPROBS = 20  # OpenAI's cap of logprobs (completions) / top_logprobs (chat)
+
+
+class ModelNotFound(LookupError):
+    """An unknown `model`: 404 with OpenAI's code "model_not_found"."""
 
 
 def _finish(reason: Optional[dict]) -> Optional[str]:
@@ -35,31 +64,30 @@ def _finish(reason: Optional[dict]) -> Optional[str]:
     return {"stop": "stop", "length": "length"}.get(reason.get("type"), reason.get("type"))
 
 
-def _number(body: dict, name: str, default: Any) -> Any:
+def _opt(body: dict, name: str, default: Any) -> Any:
     v = body.get(name, default)
     return default if v is None else v
 
 
 def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_left: int) -> dict[str, Any]:
-    """OpenAI request fields -> our sampling_params dict (validated later by SamplingParams)."""
-    for name in ("logit_bias",):
-        if body.get(name):
-            raise BadRequest(f"{name} is not supported yet")
+    """OpenAI request fields -> our sampling_params dict (SamplingParams validates the rest; the fields
+    whose names differ are checked here, under their OpenAI names)."""
     spec = spec_from_response_format(body.get("response_format"))  # ValueError (400) naming the problem
     max_tokens = body.get("max_completion_tokens")
+    name = "max_completion_tokens"
     if max_tokens is None:
-        max_tokens = body.get("max_tokens")
+        max_tokens, name = body.get("max_tokens"), "max_tokens"
     if max_tokens is None:  # completions: 16 (OpenAI's default); chat: whatever room is left
         max_tokens = max_tokens_default if max_tokens_default is not None else context_left
     sp: dict[str, Any] = {
-        "max_new_tokens": max_tokens,
-        "min_new_tokens": _number(body, "min_tokens", 0),
-        "temperature": _number(body, "temperature", 1.0),
-        "top_p": _number(body, "top_p", 1.0),
-        "presence_penalty": _number(body, "presence_penalty", 0.0),
-        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
+        "max_new_tokens": need_int(max_tokens, name, 0),
+        "min_new_tokens": need_int(_opt(body, "min_tokens", 0), "min_tokens", 0),
+        "temperature": _opt(body, "temperature", 1.0),
+        "top_p": _opt(body, "top_p", 1.0),
+        "presence_penalty": _opt(body, "presence_penalty", 0.0),
+        "frequency_penalty": _opt(body, "frequency_penalty", 0.0),
         "stop": body.get("stop"),
-        "sampling_seed": body.get("seed"),
+        "sampling_seed": None if body.get("seed") is None else need_int(body["seed"], "seed"),
     }
     for name in _EXTENSIONS:
         if body.get(name) is not None:
@@ -76,15 +104,31 @@ def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _check_common(body: Any) -> dict:
+def check_openai_body(state: ServerState, body: Any, route: str) -> dict:
+    """The fields every OpenAI route shares: known names only, unimplemented ones off, the model
+    served here, n, stream, stream_options. Raises BadRequest / FieldError (400), ModelNotFound (404)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    n = body.get("n", 1)
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
-        raise BadRequest(f"n must be an integer in [1, 64], got {n!r}")
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise BadRequest("stream_options must be an object")
+    if unknown := sorted(set(body) - ROUTE_FIELDS[route]):
+        raise FieldError(unknown[0], f"unknown field(s) for {route}: {', '.join(show(u, 40) for u in unknown)}")
+    for name, off in _OFF_VALUES.items():
+        v = body.get(name)
+        if v is not None and not any(type(v) is type(o) and v == o for o in off):
+            allowed = f" (only {' or '.join(json.dumps(o) for o in off)})" if off else ""
+            raise FieldError(name, f"{name} is not supported{allowed}, got {show(v)}")
+    model = body.get("model")
+    if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES):
+        raise ModelNotFound(f"The model {show(model)} does not exist: this server serves "
+                            f"{state.served_model_name!r} (or {', '.join(map(repr, MODEL_ALIASES))})")
+    need_int(_opt(body, "n", 1), "n", 1, MAX_N)
+    need_bool(_opt(body, "stream", False), "stream")
+    so = _opt(body, "stream_options", {})
+    if not isinstance(so, dict):
+        raise FieldError("stream_options", "stream_options must be an object")
+    if unknown := sorted(set(so) - {"include_usage"}):
+        raise FieldError("stream_options",
+                         f"unknown field(s) in stream_options: {', '.join(show(u, 40) for u in unknown)}")
+    need_bool(_opt(so, "include_usage", False), "stream_options.include_usage")
     return body
 
 
@@ -96,8 +140,10 @@ class _Choices:
         self.tm = state.tm
         self.rid = rid or uuid.uuid4().hex  # runtime requests are rid-0, rid-1, ... (traceable, abortable)
         self.items: list[tuple[list[int], SamplingParams, Optional[LogprobRequest]]] = []
+        if len(prompts) * n > MAX_BATCH:
+            raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
         for ids in prompts:
-            sp = self.tm.prepare(ids, sp_dict)
+            sp = self.tm.prepare(ids, sp_dict, "prompt")
             lp = None
             if top_logprobs is not None:  # without echo only output logprobs: start at the last prompt position
                 start, top = normalize_logprob_args(len(ids), True, 0 if echo else len(ids) - 1, top_logprobs)
@@ -115,11 +161,7 @@ class _Choices:
 
 def _int_option(body: dict, name: str, hi: int) -> Optional[int]:
     v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
-        raise BadRequest(f"{name} must be an integer in [0, {hi}], got {v!r}")
-    return v
+    return None if v is None else need_int(v, name, 0, hi)
 
 
 def completion_logprobs(meta: dict, echo: bool, text_offset0: int = 0) -> dict:
@@ -159,28 +201,19 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                                             "owned_by": "radixlang", "max_model_len": tm.limits.context_len}]}
 
     # ------------------------------------------------------------------ completions
+    @app.exception_handler(ModelNotFound)
+    async def model_not_found(request: Request, e: ModelNotFound):
+        return error_response(404, str(e), "model", "model_not_found")
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = _check_common(await read_json(request))
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompts = [tm.encode_text(prompt)]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            prompts = [tm.encode_text(p) for p in prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompts = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-            prompts = prompt
-        else:
-            raise BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
-        echo = bool(body.get("echo"))
-        texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None
-        n = body.get("n", 1)
-        top = _int_option(body, "logprobs", 20)
+        body = check_openai_body(state, await read_json(request), "/v1/completions")
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
-        choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), n, top, echo, rid)
+        choices, texts, top = await tm.run_intake(_completion_intake, state, body, rid,
+                                                  size=len(await request.body()))
+        n, echo = _opt(body, "n", 1), texts is not None
         if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
             return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
                                                                    include_usage, top is not None)))
         outs = await choices.finals()
@@ -221,23 +254,12 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     # ------------------------------------------------------------------ chat
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = _check_common(await read_json(request))
-        if body.get("tools"):
-            raise BadRequest("tools are not supported yet")
-        ids = tm.encode_text(render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template))
-        n = body.get("n", 1)
-        room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
-        want_lp = body.get("logprobs") or False
-        if not isinstance(want_lp, bool):
-            raise BadRequest("logprobs must be a boolean for chat completions")
-        top = _int_option(body, "top_logprobs", 20)
-        if top and not want_lp:
-            raise BadRequest("top_logprobs needs logprobs: true")
+        body = check_openai_body(state, await read_json(request), "/v1/chat/completions")
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
-        choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), n,
-                           (top or 0) if want_lp else None, rid=rid)
+        choices, want_lp, top = await tm.run_intake(_chat_intake, state, body, rid, size=len(await request.body()))
+        n = _opt(body, "n", 1)
         if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
             return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
                                                              want_lp, bool(top))))
         outs = await choices.finals()
@@ -274,6 +296,45 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         yield SSE_DONE
 
 
+def _completion_intake(state: ServerState, body: dict,
+                       rid: str) -> tuple[_Choices, Optional[list[str]], Optional[int]]:
+    """A /v1/completions body -> (its choices, the prompts' texts when echo, logprobs). On an intake thread."""
+    tm = state.tm
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [tm.encode_text(prompt)]
+    elif isinstance(prompt, list) and prompt and len(prompt) > MAX_BATCH:
+        raise FieldError("prompt", f"prompt may hold at most {MAX_BATCH} prompts, got {len(prompt)}")
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = [tm.encode_text(p) for p in prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        prompts = prompt
+    else:
+        raise FieldError("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of "
+                                   "such lists")
+    echo = need_bool(_opt(body, "echo", False), "echo")
+    top = _int_option(body, "logprobs", MAX_LOGPROBS)
+    choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), _opt(body, "n", 1), top, echo, rid)
+    texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None  # after _Choices checked the ids
+    return choices, texts, top
+
+
+def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bool, Optional[int]]:
+    """A /v1/chat/completions body -> (its choices, logprobs, top_logprobs). On an intake thread."""
+    tm = state.tm
+    ids = tm.encode_text(render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template))
+    room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
+    want_lp = need_bool(_opt(body, "logprobs", False), "logprobs")
+    top = _int_option(body, "top_logprobs", MAX_LOGPROBS)
+    if top and not want_lp:
+        raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+    choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), _opt(body, "n", 1),
+                       (top or 0) if want_lp else None, rid=rid)
+    return choices, want_lp, top
+
+
 def _sum_usage(outs: list[dict], n: int) -> dict:
     """Prompt tokens count once per prompt (not per sample), as OpenAI reports them."""
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs[::n])
@@ -303,4 +364,7 @@ def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str]) -> 
     if template is not None and not ("{%" in template or "{{" in template):
         with open(template) as f:  # a path to a Jinja file
             template = f.read()
-    return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template)
+    try:
+        return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template)
+    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
+        raise BadRequest(f"the chat template refused these messages: {e}") from None

@@ -1,8 +1,9 @@
 """TokenizerManager: the server process's side of the runtime (asyncio, in the HTTP event loop).
 
 It tokenizes and validates requests (the same checks as the in-process Engine, so bad input is a
-ValueError -> HTTP 400 before the scheduler sees it), sends them to the scheduler, and routes the
-detokenizer's results back to each waiting handler through a per-request asyncio.Queue. A handler
+ValueError -> HTTP 400 before the scheduler sees it) on intake threads (run_intake: the event loop
+never tokenizes), sends them to the scheduler, and routes the detokenizer's results back to each
+waiting handler through a per-request asyncio.Queue. A handler
 that stops listening (client gone) aborts its request, which frees its KV at the next step.
 If a child process dies, `mark_dead` fails every request in flight and refuses new ones.
 
@@ -15,11 +16,13 @@ merged (stats: counters summed, each replica's own under "replicas").
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -41,6 +44,9 @@ _SUMMED_STATS = ("total_slots", "free_slots", "cached_slots", "evictable_slots",
                  "forward_steps", "pinned_slots", "num_pins", "num_grammar_waiting", "forced_tokens_total")
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+INTAKE_THREADS = 4  # per pool (tokenizing mostly runs without the GIL, so threads do run in parallel)
+BULK_INTAKE_SIZE = 256 * 1024  # characters / token ids from which a request is tokenized in the bulk pool
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -78,20 +84,32 @@ class TokenizerManager:
         self._control: dict[str, asyncio.Future] = {}
         self.dead: Optional[str] = None
         self._task: Optional[asyncio.Task] = None
+        self._intake_pool = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="intake")
+        self._bulk_pool = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="intake-bulk")
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._recv_loop())
 
     # ------------------------------------------------------------------ requests
     def encode_text(self, text: str) -> list[int]:
+        """Tokenize (blocking: call it inside run_intake, never on the event loop)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def prepare(self, input_ids: list[int], sampling_params: Optional[dict]) -> SamplingParams:
-        """Validate one prompt; raises ValueError naming the problem."""
+    async def run_intake(self, fn: Callable[..., T], *args: Any, size: int = 0) -> T:
+        """fn(*args) on an intake thread: parsing, chat templates, tokenizing and validating a request
+        (HF tokenizers release the GIL while encoding: a 10 MB text tokenizes on a thread while the
+        event loop keeps serving). `size` (characters or ids in the request) picks the pool: inputs of
+        at least BULK_INTAKE_SIZE go to their own pool, so big requests never queue ahead of small ones."""
+        pool = self._bulk_pool if size >= BULK_INTAKE_SIZE else self._intake_pool
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
+
+    def prepare(self, input_ids: list[int], sampling_params: Optional[dict],
+                ids_name: str = "input_ids") -> SamplingParams:
+        """Validate one prompt; raises ValueError naming the problem (ids_name: the field of the ids)."""
         if not isinstance(sampling_params, (dict, type(None))):
             raise ValueError("sampling_params must be an object")
         sp = SamplingParams.from_dict(sampling_params)
-        check_request(input_ids, sp, self.limits)
+        check_request(input_ids, sp, self.limits, ids_name)
         return sp
 
     async def generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str] = None,
