@@ -2,8 +2,15 @@
 
 Starts the scheduler process (model + KV cache) and the detokenizer process, waits until both report
 ready, then serves HTTP (FastAPI on uvicorn with uvloop) in this process, where the
-TokenizerManager lives. SIGTERM / SIGINT stop the server and every child. If a child dies, /health
-turns 503, requests in flight get an error, and the server exits with status 1 instead of hanging.
+TokenizerManager lives. If a child dies, /health turns 503, requests in flight get an error, and the
+server exits with status 1 instead of hanging.
+
+Shutdown: SIGTERM / SIGINT drain (TokenizerManager.drain): new work and /health get 503 at once, the
+requests in flight run on for up to --graceful-shutdown-timeout seconds, the rest end with a JSON 503
+(an SSE error event then [DONE] for a stream); then the listener closes, the children stop and the
+process exits 0. A second signal cuts the drain short. Before the server is up, a signal just stops
+the children. Every child dies with this process even when it is SIGKILLed (child_process.py): children
+are started from the main thread only, which lives as long as the process.
 
 Parallelism: --dp-size M starts M replicas, each a scheduler process (TP rank 0) plus its TP worker
 processes (ranks 1..tp_size-1 on this node, model/tp_worker.py); every one of them is a child the
@@ -21,12 +28,16 @@ import multiprocessing as mp
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from radixlang_runtime.server_args import ServerArgs
 
+if TYPE_CHECKING:
+    from radixlang_runtime.server.http_common import ServerState
+
 logger = logging.getLogger("radixlang_runtime.launch_server")
 READY_TIMEOUT_S = 1800  # first start converts the GGUF model and may compile kernels
+WRITE_OUT_S = 5  # after the drain: time for the last responses to reach their clients before uvicorn cuts them
 
 
 def _wait_ready(proc: mp.Process, conn: Any, name: str, others: list[mp.Process] = ()) -> dict:
@@ -93,14 +104,101 @@ def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def launch_server(args: ServerArgs) -> int:
+def _uvicorn_server(config: Any) -> Any:
+    """A uvicorn.Server that leaves SIGTERM / SIGINT to us: uvicorn's own handlers would stop at once
+    (closing the listener, then cutting the requests after its timeout) and re-raise the signal at the
+    end (exit status 143); ours drain first (launch_server's lifespan)."""
     import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return _Server(config)
+
+
+def _serve_http(args: ServerArgs, state: "ServerState", procs: list[mp.Process]) -> int:
+    """Serve HTTP (and the ZeroMQ frontend) until a signal's drain ends or a child dies; the exit code."""
+    import uvicorn
+
+    from radixlang_runtime.server.http_server import create_app
+
+    tm, info = state.tm, state.info
+    server: Any = None
+    exit_code = 0
+    drain_task: Optional[asyncio.Task] = None
+
+    async def watchdog() -> None:
+        nonlocal exit_code
+        while True:
+            await asyncio.sleep(0.5)
+            dead = [p for p in procs if not p.is_alive()]
+            if dead:
+                why = f"{dead[0].name} exited with code {dead[0].exitcode}"
+                logger.error("%s: shutting down", why)
+                tm.mark_dead(why)
+                exit_code = 1
+                await asyncio.sleep(0.5)  # let handlers answer 5xx before the server stops
+                server.should_exit = True
+                return
+
+    async def drain() -> None:
+        cut = await tm.drain(args.graceful_shutdown_timeout)
+        logger.info("drained: %d request(s) cut at the %g s limit; stopping", cut, args.graceful_shutdown_timeout)
+        server.should_exit = True
+
+    def on_signal(signum: int) -> None:
+        nonlocal drain_task
+        if drain_task is None:
+            logger.info("%s: draining (new requests get 503; up to %g s for the %d in flight)",
+                        signal.Signals(signum).name, args.graceful_shutdown_timeout, len(tm.states))
+            drain_task = asyncio.get_running_loop().create_task(drain())
+        else:  # a second signal: end the drain now
+            tm.lifecycle.cut_now = True
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        tm.start()
+        frontend = None
+        if args.frontend_port:  # the DSL's ZeroMQ link, same TokenizerManager as HTTP
+            from radixlang_runtime.server.frontend_zmq import FrontendServer
+
+            frontend = FrontendServer(f"tcp://{args.host}:{args.frontend_port}", app, tm, args.api_key)
+            frontend.start()
+            state.frontend = frontend  # /health and /server_info report it
+        task = loop.create_task(watchdog())
+        logger.info("ready: http://%s:%d (model %s, %s on %s, loaded in %.1f s)", args.host, args.port,
+                    state.served_model_name, info["dtype"], info["device"], info["load_seconds"])
+        yield
+        task.cancel()
+        if frontend is not None:
+            state.frontend = None
+            await frontend.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops at once (_raise_exit)
+            loop.remove_signal_handler(sig)
+        signal.signal(signal.SIGTERM, _raise_exit)
+
+    app = create_app(state, lifespan=lifespan)
+    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", log_level=args.log_level,
+                            timeout_graceful_shutdown=WRITE_OUT_S, access_log=False)
+    server = _uvicorn_server(config)
+    server.run()
+    if server.started is False and exit_code == 0:
+        exit_code = 1  # e.g. the port was taken
+    return exit_code
+
+
+def launch_server(args: ServerArgs) -> int:
     from transformers import AutoTokenizer
 
     from radixlang_runtime.limits import RuntimeLimits
     from radixlang_runtime.model.resolve import served_name
     from radixlang_runtime.server.detokenizer import run_detokenizer_process
-    from radixlang_runtime.server.http_server import ServerState, create_app
+    from radixlang_runtime.server.http_server import ServerState
     from radixlang_runtime.server.ipc import IpcPaths
     from radixlang_runtime.server.metrics import ServerMetrics
     from radixlang_runtime.server.scheduler_process import run_scheduler_process
@@ -110,7 +208,7 @@ def launch_server(args: ServerArgs) -> int:
 
     if args.node_rank > 0:
         return run_node(args)
-    # Until uvicorn installs its own handlers, SIGTERM must still run the cleanup below.
+    # Until the server's lifespan installs the drain's handlers, SIGTERM must still run the cleanup below.
     signal.signal(signal.SIGTERM, _raise_exit)
     ipc = IpcPaths.create()
     ctx = mp.get_context("spawn")
@@ -126,7 +224,7 @@ def launch_server(args: ServerArgs) -> int:
             child_pids.update({f"tp{i}.{r}": p.pid for r, p in zip(local_ranks(rargs)[1:], workers)})
             r, w = ctx.Pipe(duplex=False)
             name = "scheduler" if i == 0 else f"scheduler{i}"
-            sched = ctx.Process(target=run_scheduler_process, args=(rargs, ipc.for_replica(i), w),
+            sched = ctx.Process(target=run_scheduler_process, args=(rargs, ipc.for_replica(i), w, i),
                                 name=f"radixlang-{name}", daemon=True)
             sched.start()
             procs.append(sched)
@@ -145,53 +243,13 @@ def launch_server(args: ServerArgs) -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
         metrics = ServerMetrics() if args.enable_metrics else None
         tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
-                              num_replicas=args.dp_size, load_balance_method=args.load_balance_method)
+                              num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
+                              health_stall_timeout=args.health_stall_timeout)
         resolved = ServerArgs(**info.pop("resolved_args"))
         child_pids["detokenizer"] = detok.pid
         state = ServerState(resolved, tm, model_dir, args.served_model_name or served_name(args.model_path), info,
                             child_pids)
-        server: Any = None
-
-        async def watchdog() -> None:
-            nonlocal exit_code
-            while True:
-                await asyncio.sleep(0.5)
-                dead = [p for p in procs if not p.is_alive()]
-                if dead:
-                    why = f"{dead[0].name} exited with code {dead[0].exitcode}"
-                    logger.error("%s: shutting down", why)
-                    tm.mark_dead(why)
-                    exit_code = 1
-                    await asyncio.sleep(0.5)  # let handlers answer 5xx before the server stops
-                    server.should_exit = True
-                    return
-
-        @contextlib.asynccontextmanager
-        async def lifespan(app: Any):
-            tm.start()
-            frontend = None
-            if args.frontend_port:  # the DSL's ZeroMQ link, same TokenizerManager as HTTP
-                from radixlang_runtime.server.frontend_zmq import FrontendServer
-
-                frontend = FrontendServer(f"tcp://{args.host}:{args.frontend_port}", app, tm, args.api_key)
-                frontend.start()
-                state.frontend = frontend  # /health and /server_info report it
-            task = asyncio.get_running_loop().create_task(watchdog())
-            logger.info("ready: http://%s:%d (model %s, %s on %s, loaded in %.1f s)", args.host, args.port,
-                        state.served_model_name, info["dtype"], info["device"], info["load_seconds"])
-            yield
-            task.cancel()
-            if frontend is not None:
-                state.frontend = None
-                await frontend.close()
-
-        app = create_app(state, lifespan=lifespan)
-        config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", log_level=args.log_level,
-                                timeout_graceful_shutdown=5, access_log=False)
-        server = uvicorn.Server(config)
-        server.run()
-        if server.started is False and exit_code == 0:
-            exit_code = 1  # e.g. the port was taken
+        exit_code = _serve_http(args, state, procs)
     except SystemExit as e:
         exit_code = e.code if isinstance(e.code, int) else 1
     except RuntimeError as e:

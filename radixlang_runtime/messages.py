@@ -100,6 +100,14 @@ class ErrorOut:
 
 
 @dataclass
+class SchedulerHeartbeat:
+    """Scheduler -> tokenizer manager, at least every lifecycle.HEARTBEAT_S while the scheduler's loop
+    turns: /health reports a replica stuck when it has requests in flight and sends none (lifecycle.py)."""
+
+    replica: int
+
+
+@dataclass
 class BatchTokenIDOut:
     """New output tokens of some requests after one scheduler step (one entry per request)."""
 
@@ -174,7 +182,7 @@ class FrontendOut:
 
 
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
-            BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut)
+            BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut, SchedulerHeartbeat)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 _FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES + FRONTEND_MESSAGES}

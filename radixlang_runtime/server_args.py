@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
@@ -37,6 +38,12 @@ class ServerArgs:
     chat_template: Optional[str] = None
     frontend_port: Optional[int] = None  # the DSL's ZeroMQ link on tcp://host:frontend_port (None: off)
     dashboard_show_text: bool = False  # /dashboard labels radix nodes with their text (off: sizes only)
+    # SIGTERM / SIGINT: seconds the requests in flight may run on while new ones get 503 (0: they fail at
+    # once). SGLang's flag; 25 s leaves 5 s of Kubernetes' default 30 s grace for the errors and the stop.
+    graceful_shutdown_timeout: float = 25.0
+    # /health answers 503 when a scheduler with requests in flight sends no heartbeat for this long (a
+    # stuck step); one step would have to last this long to trip it (server/lifecycle.py)
+    health_stall_timeout: float = 30.0
 
     # --- parallelism (model/parallel.py, server/router.py) ---
     tp_size: int = 1  # tensor-parallel ranks (gloo on CPU, NCCL on CUDA)
@@ -106,6 +113,10 @@ class ServerArgs:
         need(self.nnodes == 1 or self.dp_size == 1, "data parallelism over several nodes is not implemented "
              "(use dp_size 1 with nnodes > 1, or nnodes 1)")
         need(self.dist_timeout > 0, "dist_timeout must be > 0 seconds")
+        need(0 <= self.graceful_shutdown_timeout < math.inf,
+             f"graceful_shutdown_timeout must be a finite number of seconds >= 0; got {self.graceful_shutdown_timeout}")
+        need(1.0 <= self.health_stall_timeout < math.inf,  # heartbeats come every 0.5 s: leave room for two
+             f"health_stall_timeout must be a finite number of seconds >= 1; got {self.health_stall_timeout}")
         det = self.enable_deterministic_inference
         need(not det or self.quantization is None, "enable_deterministic_inference runs unquantized weights only "
              "(quantized linears switch kernels with the batch size)")
@@ -177,7 +188,8 @@ _INT_FIELDS = {
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
     "stream_interval", "random_seed", "max_request_body_bytes",
 }
-_FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay"}
+_FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay",
+                 "graceful_shutdown_timeout", "health_stall_timeout"}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 
 

@@ -6,7 +6,7 @@ text, so no pattern can make the scheduler backtrack; Python's `re` is never use
 `re2` module that is not google-re2, e.g. one that falls back to `re`, is refused at import).
 
 Limits (a request over one gets a ValueError naming it, HTTP 400):
-  stop strings       at most MAX_STOP_STRINGS, each at most MAX_STOP_CHARS characters
+  stop strings       at most limits.MAX_STOP_STRINGS, each at most MAX_STOP_CHARS characters
   stop_regex         at most MAX_STOP_REGEX patterns, each at most MAX_STOP_CHARS characters; each compiled
                      under RE2's max_mem = STOP_REGEX_MAX_MEM (program and DFA cache); the request's
                      compiled programs together at most STOP_REGEX_MAX_PROGRAM RE2 instructions
@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import re2
-
-from radixlang_runtime.limits import MAX_STOP_STRINGS
 
 MAX_STOP_REGEX = 16
 MAX_STOP_CHARS = 1024  # per stop string and per stop_regex pattern
@@ -128,9 +126,8 @@ def compile_stop_regex(pattern: str) -> StopRegex:
 
 
 def check_stops(stop_strs: list[str], stop_regex: list[str]) -> list[StopRegex]:
-    """The per-request limits on stop strings and stop_regex; the patterns compiled. ValueError (HTTP 400)."""
-    if len(stop_strs) > MAX_STOP_STRINGS:
-        raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop_strs)}")
+    """The per-request limits on stop strings' lengths and on stop_regex (their count: SamplingParams.validate,
+    limits.MAX_STOP_STRINGS); the patterns compiled. ValueError (HTTP 400)."""
     for s in stop_strs:
         if len(s) > MAX_STOP_CHARS:
             raise ValueError(f"stop: a stop string is at most {MAX_STOP_CHARS:,} characters, got {len(s):,}")

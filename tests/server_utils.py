@@ -19,12 +19,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *flags: str, timeout: float = 300.0):
+    def __init__(self, *flags: str, timeout: float = 300.0, new_session: bool = False):
+        """new_session: the server leads its own session and process group (os.killpg reaches it, not pytest)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "radixlang_runtime.launch_server", "--port", str(self.port), *flags]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ),
+                                     start_new_session=new_session)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

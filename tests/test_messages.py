@@ -29,6 +29,7 @@ SAMPLES = {
     m.PinPrefixOut: dict(req_id="p", pin_id="pin-1", pinned_len=16, error=None),
     m.UnpinPrefixReq: dict(req_id="u", pin_id="pin-1"),
     m.UnpinPrefixOut: dict(req_id="u", success=True),
+    m.SchedulerHeartbeat: dict(replica=1),
 }
 
 

@@ -27,7 +27,8 @@ from radixlang_runtime import stop_regex as stop_regex_mod
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.stop_check import STOP_REGEX_WINDOW, _newest_text, _stop_regex, check_finished
-from radixlang_runtime.stop_regex import (MAX_STOP_CHARS, MAX_STOP_REGEX, MAX_STOP_STRINGS, STOP_REGEX_MAX_PROGRAM,
+from radixlang_runtime.limits import MAX_STOP_STRINGS
+from radixlang_runtime.stop_regex import (MAX_STOP_CHARS, MAX_STOP_REGEX, STOP_REGEX_MAX_PROGRAM,
                                           compile_stop_regex)
 from server_utils import ServerProcess
 

@@ -7,7 +7,9 @@ the job with the memory message. Either way the next job starts a fresh child; t
 once per child (a ~1 MB frame).
 
 Invariants: at most one job in the child at a time; every wait has a deadline; a child that could be
-in an unknown state (timeout, crash, memory error, broken pipe) is killed before the next job.
+in an unknown state (timeout, crash, memory error, broken pipe) is killed before the next job; the
+child dies with this process (child_process.py: PR_SET_PDEATHSIG follows the thread that starts it,
+which is the worker's own GrammarCompiler thread, alive until close() has killed the child).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class CompileWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixlang_runtime.constrained.worker_child", str(self.limits.memory_bytes)],
+            [sys.executable, "-m", "radixlang_runtime.constrained.worker_child", str(self.limits.memory_bytes),
+             str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self._reader, self._pending = FrameReader(), []
         try:

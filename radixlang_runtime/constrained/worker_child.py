@@ -1,8 +1,9 @@
-"""The compile process: `python -m radixlang_runtime.constrained.worker_child MEMORY_BYTES`.
+"""The compile process: `python -m radixlang_runtime.constrained.worker_child MEMORY_BYTES [PARENT_PID]`.
 
 Imports outlines-core, msgpack and the torch-free compile modules only. Runs under RLIMIT_AS =
 MEMORY_BYTES (0: no cap), so a hostile grammar ends this process (Rust aborts on a failed
-allocation), never the server. The parent kills it past the time limit.
+allocation), never the server. The parent kills it past the time limit; it dies with its parent
+PARENT_PID (child_process.py), even a SIGKILLed one.
 
 Protocol (framing.py frames; requests on stdin, replies on a private dup of stdout, whose fd 1 is
 pointed at stderr so stray prints cannot corrupt the channel):
@@ -96,7 +97,10 @@ def main() -> None:
     import resource
 
     from radixlang_runtime.constrained.framing import FrameReader, read_frame_blocking, write_frame
+    from radixlang_runtime.child_process import bind_to_parent
 
+    if len(sys.argv) > 2:
+        bind_to_parent(int(sys.argv[2]))
     mem = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     out_fd = os.dup(1)
     os.dup2(2, 1)

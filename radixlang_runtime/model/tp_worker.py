@@ -7,7 +7,8 @@ Engine's loop thread); every other rank runs `run_tp_worker`.
 Invariants:
 - a worker runs exactly the StepInputs rank 0 broadcasts, in order; None is a keepalive, STOP ends it;
 - a worker whose group fails (rank 0 gone, a peer gone, a timeout) exits with status 1 within the
-  group's timeout, never lingers: a dead scheduler leaves no orphan ranks.
+  group's timeout, never lingers: a dead scheduler leaves no orphan ranks;
+- a worker dies with the process that spawned it, even a SIGKILLed one (child_process.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import multiprocessing as mp
 import os
 import socket
 import sys
+import threading
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
+from radixlang_runtime.child_process import bind_to_parent
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -64,8 +67,11 @@ def make_group(args: ServerArgs, rank: int) -> Any:
     return TPGroup(rank, args.tp_size, args.dist_init_addr, args.dist_timeout, device)
 
 
-def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = None) -> None:
-    """Process entry point of TP rank `rank` > 0."""
+def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = None,
+                  parent_thread_lives: bool = True) -> None:
+    """Process entry point of TP rank `rank` > 0. parent_thread_lives: the spawning thread lives as long
+    as the spawning process (see bind_to_parent)."""
+    bind_to_parent(parent_thread_lives=parent_thread_lives)
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s tp{rank} %(levelname)s %(message)s")
     from radixlang_runtime.model.parallel import STOP, ParallelFault
     from radixlang_runtime.model.resolve import resolve_model_dir
@@ -100,11 +106,15 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
 
 
 def spawn_tp_workers(args: ServerArgs, ranks: list[int]) -> list[mp.Process]:
-    """Start worker processes for `ranks` (> 0); they join the group at args.dist_init_addr."""
+    """Start worker processes for `ranks` (> 0); they join the group at args.dist_init_addr. They die
+    with this process; started from another thread than the main one (an Engine built on a worker
+    thread), they watch the process, not the thread (bind_to_parent)."""
     ctx = mp.get_context("spawn")
+    main_thread = threading.current_thread() is threading.main_thread()
     procs = []
     for r in ranks:
-        p = ctx.Process(target=run_tp_worker, args=(args, r), name=f"radixlang-tp{r}", daemon=True)
+        p = ctx.Process(target=run_tp_worker, args=(args, r), kwargs={"parent_thread_lives": main_thread},
+                        name=f"radixlang-tp{r}", daemon=True)
         p.start()
         procs.append(p)
     return procs

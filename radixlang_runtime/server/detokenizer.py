@@ -1,16 +1,17 @@
 """The detokenizer process: BatchTokenIDOut from the scheduler -> BatchStrOut to the tokenizer manager
 (radixlang_runtime/detokenize.py does the decoding). A batch whose decoding raises is answered with
-an ErrorOut for its requests (their states dropped); the process keeps serving.
+an ErrorOut for its requests (their states dropped); the process keeps serving. It dies with its
+parent (child_process.py), even when the parent is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from multiprocessing.connection import Connection
 
 import zmq
 
+from radixlang_runtime.child_process import bind_to_parent
 from radixlang_runtime.detokenize import IncrementalDetokenizer
 from radixlang_runtime.messages import BatchTokenIDOut, ErrorOut, decode, encode
 from radixlang_runtime.server.ipc import IpcPaths
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, model_dir: str, ready: Connection) -> None:
+    bind_to_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s detokenizer %(levelname)s %(message)s")
     try:
         from transformers import AutoTokenizer
@@ -35,12 +37,7 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, model_dir: str, rea
         logger.exception("detokenizer failed to start")
         ready.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
         return
-    parent = os.getppid()
     while True:
-        if not recv.poll(timeout=1000):
-            if os.getppid() != parent:
-                return
-            continue
         try:
             msg = decode(recv.recv())
         except Exception:  # noqa: BLE001 - a malformed message is dropped, never fatal

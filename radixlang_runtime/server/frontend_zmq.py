@@ -105,6 +105,9 @@ class FrontendServer:
 
     async def close(self) -> None:
         self._closing = True
+        deadline = time.monotonic() + 2.0  # the drained requests' last replies go out first (bounded)
+        while not self._outbox.empty() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         for t in list(self._loops.values()) + list(self._tasks.values()):
             t.cancel()
         await asyncio.gather(*self._loops.values(), *self._tasks.values(), return_exceptions=True)
@@ -269,7 +272,7 @@ class FrontendServer:
         task.add_done_callback(lambda _t: self._tasks.pop(key, None))
 
     async def _handle(self, ident: bytes, req: FrontendReq) -> None:
-        from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
+        from radixlang_runtime.server.lifecycle import RuntimeUnavailable, ShuttingDown
 
         try:
             if req.method == "generate":
@@ -285,6 +288,8 @@ class FrontendServer:
                 self._reply(ident, req.req_id, 404, _err(f"unknown method {req.method!r}"))
         except asyncio.CancelledError:
             raise
+        except ShuttingDown as e:  # draining: the same message as HTTP's 503
+            self._reply(ident, req.req_id, 503, _err(str(e)))
         except RuntimeUnavailable as e:
             self._reply(ident, req.req_id, 503, _err(f"the runtime is unavailable: {e}"))
         except ValueError as e:

@@ -56,18 +56,19 @@ async def generate_route(state: ServerState, request: Request) -> Response:
     tm = state.tm
     body = await read_json(request)
     items, as_list = await intake_generate(tm, body)
-    if body.get("stream", False):
-        return stream_response(guard_stream(_stream_generate(tm, items, as_list, state.args.incremental_streaming_output)))
+    if body.get("stream", False):  # the requests are admitted (tm.generate) before the headers go out
+        gens = [tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]
+        return stream_response(guard_stream(_stream_generate(gens, as_list, state.args.incremental_streaming_output)))
     results = await asyncio.gather(*(final_result(tm.generate(ids, sp, rid, logprob=lp)) for ids, sp, rid, lp in items))
     return JSONResponse(results if as_list else results[0])
 
 
-async def _stream_generate(tm: TokenizerManager, items: list, as_list: bool,
+async def _stream_generate(gens: list[AsyncIterator[dict]], as_list: bool,
                            incremental: bool = False) -> AsyncIterator[bytes]:
     """One SSE event per update of any of the requests (cumulative text / output_ids, or deltas with
     --incremental-streaming-output); with several requests each event carries its `index`."""
     sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
-    async for i, out in merged([tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]):
+    async for i, out in merged(gens):
         if incremental:
             t0, n0 = sent.get(i, (0, 0))
             ids = out["output_ids"]

@@ -26,6 +26,7 @@ from radixlang_runtime.server.generate_api import generate_route, input_size
 from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, BodyTooLarge, ServerState,
                                                   error_response, final_result, parse_pin_body, read_json)
 from radixlang_runtime.server.openai_api import add_openai_routes
+from radixlang_runtime.server.lifecycle import ShuttingDown
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     async def bad_request(request: Request, e: ValueError):
         return error_response(400, str(e), getattr(e, "param", None))
 
+    @app.exception_handler(ShuttingDown)  # draining (SIGTERM): "server is shutting down..."
+    async def shutting_down(request: Request, e: ShuttingDown):
+        return error_response(503, str(e))
+
     @app.exception_handler(RuntimeUnavailable)
     async def unavailable(request: Request, e: RuntimeUnavailable):
         return error_response(503, f"the runtime is unavailable: {e}")
@@ -67,9 +72,10 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
     @app.get("/health")
     async def health():
-        problem = tm.dead or (state.frontend.problem() if state.frontend else None)  # frontend_zmq.py
-        if problem:
-            return error_response(503, problem)
+        if (why := await tm.health()) is not None:  # dead, draining, or a scheduler stuck with work waiting
+            return error_response(503, why)
+        if state.frontend is not None and (why := state.frontend.problem()) is not None:  # frontend_zmq.py
+            return error_response(503, why)
         return Response(status_code=200)
 
     @app.get("/health_generate")

@@ -1,33 +1,37 @@
 """The scheduler process: owns the model and the KV cache; the shared RequestLoop over ZeroMQ.
 
 ZmqIO is the loop's I/O here: requests and control messages arrive on a PULL socket, token progress
-goes to the detokenizer, errors and control replies go straight to the tokenizer manager. A step
-fault ends only its batch's requests (each gets an ErrorOut); the process exits when its parent
-disappears.
+goes to the detokenizer, errors and control replies go straight to the tokenizer manager, and so does a
+SchedulerHeartbeat at least every HEARTBEAT_S while the loop turns (/health's stall report). A step
+fault ends only its batch's requests (each gets an ErrorOut); the process dies with its parent
+(child_process.py), even when the parent is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 import zmq
 
+from radixlang_runtime.child_process import bind_to_parent
 from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.messages import BatchTokenIDOut, ErrorOut, decode, encode
+from radixlang_runtime.messages import BatchTokenIDOut, ErrorOut, SchedulerHeartbeat, decode, encode
 from radixlang_runtime.scheduler.loop import RequestLoop
 from radixlang_runtime.server.ipc import IpcPaths
+from radixlang_runtime.server.lifecycle import HEARTBEAT_S
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 
 class ZmqIO:
-    def __init__(self, ipc: IpcPaths):
+    def __init__(self, ipc: IpcPaths, replica: int = 0):
+        self.replica = replica
+        self._heartbeat_at = 0.0
         ctx = zmq.Context()
         self.recv = ctx.socket(zmq.PULL)
         self.recv.bind(ipc.scheduler_in)
@@ -37,6 +41,15 @@ class ZmqIO:
         self.to_tokenizer.connect(ipc.tokenizer_in)
 
     def receive(self, timeout: float) -> list[Any]:
+        # The loop calls this once per iteration (before every step, and every idle_wait when idle), so
+        # a heartbeat goes out unless one step runs long; a step that never returns stops them.
+        now = time.monotonic()
+        if now - self._heartbeat_at >= HEARTBEAT_S:
+            self._heartbeat_at = now
+            try:  # droppable: never block on it (the tokenizer manager binds only once every child is ready)
+                self.to_tokenizer.send(encode(SchedulerHeartbeat(self.replica)), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         if timeout > 0 and not self.recv.poll(timeout=int(timeout * 1000)):
             return []
         msgs = []
@@ -60,8 +73,10 @@ class ZmqIO:
         self.to_tokenizer.send(encode(msg))
 
 
-def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection) -> None:
-    """Entry point of the child process. Reports {"status": "ready", ...} or {"status": "error", ...}."""
+def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, replica: int = 0) -> None:
+    """Entry point of the child process (replica `replica`'s scheduler, TP rank 0). Reports
+    {"status": "ready", ...} or {"status": "error", ...}."""
+    bind_to_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s")
     try:
         from transformers import AutoTokenizer
@@ -76,7 +91,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection) ->
         model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
         scheduler = build_scheduler(args, model_dir, tokenizer)
-        loop = RequestLoop(scheduler, ZmqIO(ipc), args.stream_interval, stats=scheduler_stats)
+        loop = RequestLoop(scheduler, ZmqIO(ipc, replica), args.stream_interval, stats=scheduler_stats)
         runner = scheduler.runner
         ready.send({
             "status": "ready", "model_dir": model_dir, "limits": dataclasses.asdict(runtime_limits(scheduler)),
@@ -87,18 +102,8 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection) ->
         logger.exception("scheduler failed to start")
         ready.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
         return
-    parent = os.getppid()
-
-    def parent_gone() -> bool:
-        if scheduler.is_idle and os.getppid() != parent:
-            logger.info("parent process gone: scheduler exits")
-            return True
-        return False
-
     try:
-        loop.run(parent_gone)
+        loop.run(lambda: False)  # until the server stops this process (or its death ends it)
     except FatalFault as e:  # the requests in flight got their errors; the server sees this exit
         logger.error("scheduler exits: %s", e)
         raise SystemExit(1)
-    if runner.tp is not None:
-        runner.tp.close()

@@ -5,10 +5,13 @@ ValueError -> HTTP 400 before the scheduler sees it) on intake threads (run_inta
 never tokenizes), sends them to the scheduler, and routes the detokenizer's results back to each
 waiting handler through a per-request asyncio.Queue. A handler
 that stops listening (client gone) aborts its request, which frees its KV at the next step.
-If a child process dies, `mark_dead` fails every request in flight and refuses new ones.
+Availability lives in one Lifecycle (lifecycle.py): `generate` and `prepare` admit new work through it
+(503 while the server drains or is dead), /health asks `health()`. If a child process dies, `mark_dead`
+fails every request in flight; SIGTERM / SIGINT run `drain`: admission stops, the requests in flight run
+on for the drain time, the rest fail with ShuttingDown (the same path as mark_dead's).
 
 Data parallel (dp_size > 1): one scheduler per replica; the Router (router.py) picks each request's
-replica and learns when it ends (the `finally` of `generate`, which every request passes exactly
+replica and learns when it ends (the `finally` of `_generate`, which every request passes exactly
 once). Aborts go to the request's replica; control calls go to every replica and their replies are
 merged (stats: counters summed, each replica's own under "replicas").
 """
@@ -29,11 +32,12 @@ import zmq.asyncio
 
 from radixlang_runtime.limits import RuntimeLimits, check_request
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        PinPrefixOut, PinPrefixReq, StatsOut, TokenizedGenerateReq, UnpinPrefixOut,
-                                        UnpinPrefixReq, decode, encode)
+                                        PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, TokenizedGenerateReq,
+                                        UnpinPrefixOut, UnpinPrefixReq, decode, encode)
 from radixlang_runtime.results import LogprobRequest, ResultBuilder
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.server.ipc import IpcPaths
+from radixlang_runtime.server.lifecycle import SHUTTING_DOWN, Lifecycle, RuntimeUnavailable, ShuttingDown
 from radixlang_runtime.server.live_series import LiveSeries
 from radixlang_runtime.server.metrics import ServerMetrics
 from radixlang_runtime.server.router import Router, RouterConfig
@@ -49,10 +53,6 @@ INTAKE_THREADS = 4  # per pool (tokenizing mostly runs without the GIL, so threa
 BULK_INTAKE_SIZE = 256 * 1024  # characters / token ids from which a request is tokenized in the bulk pool
 
 
-class RuntimeUnavailable(RuntimeError):
-    """The scheduler or detokenizer process is gone: HTTP 503."""
-
-
 @dataclass
 class ReqState:
     result: ResultBuilder
@@ -65,7 +65,7 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, ipc: IpcPaths, tokenizer: Any, limits: RuntimeLimits, metrics: Optional[ServerMetrics],
-                 num_replicas: int = 1, load_balance_method: str = "cache_aware"):
+                 num_replicas: int = 1, load_balance_method: str = "cache_aware", health_stall_timeout: float = 30.0):
         self.tokenizer = tokenizer
         self.limits = limits
         self.metrics = metrics
@@ -82,7 +82,7 @@ class TokenizerManager:
         self.recv.bind(ipc.tokenizer_in)
         self.states: dict[str, ReqState] = {}
         self._control: dict[str, asyncio.Future] = {}
-        self.dead: Optional[str] = None
+        self.lifecycle = Lifecycle(num_replicas, health_stall_timeout)
         self._task: Optional[asyncio.Task] = None
         self._intake_pool = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="intake")
         self._bulk_pool = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="intake-bulk")
@@ -103,23 +103,35 @@ class TokenizerManager:
         pool = self._bulk_pool if size >= BULK_INTAKE_SIZE else self._intake_pool
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
 
+    @property
+    def dead(self) -> Optional[str]:
+        return self.lifecycle.dead
+
     def prepare(self, input_ids: list[int], sampling_params: Optional[dict],
                 ids_name: str = "input_ids") -> SamplingParams:
-        """Validate one prompt; raises ValueError naming the problem (ids_name: the field of the ids)."""
+        """Validate one prompt; raises ValueError naming the problem (ids_name: the field of the ids),
+        ShuttingDown / RuntimeUnavailable (503) when no new work is admitted (the OpenAI routes call this
+        before their headers go out)."""
+        self.lifecycle.admit()
         if not isinstance(sampling_params, (dict, type(None))):
             raise ValueError("sampling_params must be an object")
         sp = SamplingParams.from_dict(sampling_params)
         check_request(input_ids, sp, self.limits, ids_name)
         return sp
 
-    async def generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str] = None,
-                       stream: bool = False, logprob: Optional[LogprobRequest] = None) -> AsyncIterator[dict]:
+    def generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str] = None,
+                 stream: bool = False, logprob: Optional[LogprobRequest] = None) -> AsyncIterator[dict]:
         """Yields progress snapshots ({"text", "output_ids", "meta_info"}); the last has a finish_reason.
         Exactly one sample (callers fan out n > 1 with distinct rids). Text and output_ids are
         cumulative; with logprobs, a streaming request's output logprob lists are the delta since the
-        previous snapshot (input ones come once, in the first), a non-streaming one gets them whole."""
-        if self.dead:
-            raise RuntimeUnavailable(self.dead)
+        previous snapshot (input ones come once, in the first), a non-streaming one gets them whole.
+        Admission is decided here, when called, not at the first iteration: callers create the
+        iterators before any response header goes out, so a refused request is a plain 503."""
+        self.lifecycle.admit()
+        return self._generate(input_ids, sp, rid, stream, logprob)
+
+    async def _generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str], stream: bool,
+                        logprob: Optional[LogprobRequest]) -> AsyncIterator[dict]:
         rid = rid or uuid.uuid4().hex
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -134,6 +146,8 @@ class TokenizerManager:
             while True:
                 out = await state.queue.get()
                 if "error" in out:
+                    if "raise" in out:  # _fail_in_flight's: the runtime is gone or the drain ran out
+                        raise out["raise"](out["error"])
                     if self.dead:
                         raise RuntimeUnavailable(out["error"])
                     raise (ValueError if out.get("status") == 400 else RuntimeError)(out["error"])
@@ -229,7 +243,9 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             msg = decode(await self.recv.recv())
-            if isinstance(msg, BatchStrOut):
+            if isinstance(msg, SchedulerHeartbeat):
+                self.lifecycle.on_heartbeat(msg.replica)
+            elif isinstance(msg, BatchStrOut):
                 self._on_batch(msg)
             elif isinstance(msg, (FlushCacheOut, StatsOut, PinPrefixOut, UnpinPrefixOut)):
                 fut = self._control.get(msg.req_id)
@@ -267,13 +283,51 @@ class TokenizerManager:
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
+    # ------------------------------------------------------------------ lifecycle
     def mark_dead(self, why: str) -> None:
         """A child process died: fail every waiting request now; new ones get 503."""
-        self.dead = why
-        for st in self.states.values():
-            if not st.finished:
-                st.result.finished = True
-                st.queue.put_nowait({"error": why})
+        self.lifecycle.dead = why
+        self._fail_in_flight(why, RuntimeUnavailable, abort=False)
         for fut in self._control.values():
             if not fut.done():
                 fut.set_exception(RuntimeUnavailable(why))
+
+    def _fail_in_flight(self, message: str, error: type, abort: bool) -> int:
+        """End every unfinished request now: its handler raises error(message) (RuntimeUnavailable,
+        ShuttingDown: HTTP 503, an SSE error event then [DONE] for a stream). abort: also free its KV
+        (the scheduler is alive). Returns how many were ended."""
+        ended = [rid for rid, st in self.states.items() if not st.finished]
+        for rid in ended:
+            st = self.states[rid]
+            st.result.finished = True
+            st.queue.put_nowait({"error": message, "raise": error})
+            if abort:
+                self.abort(rid)
+        return len(ended)
+
+    async def drain(self, timeout_s: float) -> int:
+        """SIGTERM / SIGINT: refuse new work from now on, let the requests in flight finish for up to
+        timeout_s seconds (less if lifecycle.cut_now is set: a second signal), then fail the rest with
+        ShuttingDown and wait (bounded) until their handlers have let go. Returns how many were cut."""
+        self.lifecycle.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.states and time.monotonic() < deadline and not self.lifecycle.cut_now:
+            await asyncio.sleep(0.05)
+        why = ("a second signal ended the drain" if self.lifecycle.cut_now else
+               f"the request did not finish within the {timeout_s:g} s drain (--graceful-shutdown-timeout)")
+        cut = self._fail_in_flight(f"{SHUTTING_DOWN}: {why}", ShuttingDown, abort=True)
+        deadline = time.monotonic() + 5.0  # handlers pop their state as they unwind (each one event-loop turn)
+        while self.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return cut
+
+    async def health(self) -> Optional[str]:
+        """Why /health answers 503 (dead, draining, a scheduler stuck with work waiting), or None."""
+        def in_flight() -> list[int]:  # per replica
+            return self.router.loads() if self.router else [len(self.states)]
+
+        if self.lifecycle.stalled(in_flight()) is not None:
+            # This event loop may itself have been busy: let the receive loop read the heartbeats that
+            # queued meanwhile before calling the scheduler stuck.
+            await asyncio.sleep(0.1)
+        return self.lifecycle.unhealthy(in_flight())
