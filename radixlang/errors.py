@@ -23,4 +23,5 @@ class UnreachableError(BackendError, ConnectionError):
 
 
 def missing_extra(package: str, extra: str) -> ImportError:
-    return ImportError(f"this needs the '{package}' package: pip install 'radixlang[{extra}]' (or pip install {package})")
+    return ImportError(f"this needs the '{package}' package: pip install 'radixlang[{extra}]' "
+                       f"(or pip install {package})")

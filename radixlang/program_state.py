@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, List, Optional
+from typing import Any, AsyncIterator, Iterator, List, Optional
 
 from radixlang.interpreter import StreamExecutor
 from radixlang.ir import (SglConcateAndAppend, SglExpr, SglExprList, SglRoleBegin, SglRoleEnd, SglVarScopeBegin,
@@ -156,7 +156,8 @@ class ProgramState:
             return
         yield from self._chunks(var_name, False)
 
-    async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
+    async def text_async_iter(self, var_name: Optional[str] = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
         if not self.stream_executor.stream:
             loop = asyncio.get_running_loop()
             if var_name is None:

@@ -182,7 +182,8 @@ class FrontendOut:
 
 
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
-            BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut, SchedulerHeartbeat)
+            BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
+            SchedulerHeartbeat)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 _FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES + FRONTEND_MESSAGES}

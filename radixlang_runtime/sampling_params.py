@@ -105,12 +105,15 @@ class SamplingParams:
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
         need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
-        need(-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        need(-2.0 <= self.frequency_penalty <= 2.0,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         need(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        need(0.0 < self.repetition_penalty <= 2.0, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        need(0.0 < self.repetition_penalty <= 2.0,
+             f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
         if self.stop is not None and not isinstance(self.stop, str):
             need(isinstance(self.stop, list), "stop must be a string or a list of strings")
-            need(len(self.stop) <= MAX_STOP_STRINGS, f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+            need(len(self.stop) <= MAX_STOP_STRINGS,
+                 f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for i, s in enumerate(self.stop_strs):
             name = "stop" if isinstance(self.stop, str) else f"stop[{i}]"
             need(bool(need_str(s, name)), "stop strings must be non-empty")

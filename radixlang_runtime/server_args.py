@@ -124,10 +124,12 @@ class ServerArgs:
         need(not det or self.device != "cuda", "enable_deterministic_inference is implemented for the CPU kernels "
              "only (not the Triton backend)")
         need(self.load_balance_method in ("cache_aware", "round_robin", "shortest_queue"),
-             f"load_balance_method must be cache_aware, round_robin or shortest_queue; got {self.load_balance_method!r}")
+             "load_balance_method must be cache_aware, round_robin or shortest_queue; "
+             f"got {self.load_balance_method!r}")
         if self.dist_init_addr is not None:
             host, sep, port = self.dist_init_addr.rpartition(":")
-            need(bool(sep and host and port.isdigit()), f"dist_init_addr must be host:port; got {self.dist_init_addr!r}")
+            need(bool(sep and host and port.isdigit()),
+                 f"dist_init_addr must be host:port; got {self.dist_init_addr!r}")
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
         need(self.max_running_requests is None or self.max_running_requests >= 1,
@@ -151,7 +153,8 @@ class ServerArgs:
             page_size=self.page_size or (1 if gpu else 16),
             max_prefill_tokens=self.max_prefill_tokens or (16384 if gpu else 4096),
             chunked_prefill_size=self.chunked_prefill_size or (8192 if gpu else 4096),
-            attention_backend=("triton" if gpu else "torch") if self.attention_backend == "auto" else self.attention_backend,
+            attention_backend=(("triton" if gpu else "torch") if self.attention_backend == "auto"
+                               else self.attention_backend),
         )
 
     # --- CLI ---
@@ -182,14 +185,14 @@ class ServerArgs:
         """What may be served (/server_info) or logged: the API key shows as "<redacted>" when set."""
         return {**self.to_dict(), "api_key": REDACTED if self.api_key else None}
 
-
 _INT_FIELDS = {
-    "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens", "kv_cache_budget_bytes",
+    "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens",
+    "kv_cache_budget_bytes",
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
     "stream_interval", "random_seed", "max_request_body_bytes",
 }
-_FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min", "new_token_ratio_decay",
-                 "graceful_shutdown_timeout", "health_stall_timeout"}
+_FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
+                 "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout"}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 
 

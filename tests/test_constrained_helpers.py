@@ -113,7 +113,8 @@ REGEXES = [
 
 
 # --------------------------------------------------------------------------- schema instances
-_STRING_CHARS = st.characters(max_codepoint=0x3FFFF, exclude_categories=("Cc", "Cs"), exclude_characters="\"\\\x7f")  # the tokenizer has no byte 0xF1+
+# the tokenizer has no byte 0xF1+
+_STRING_CHARS = st.characters(max_codepoint=0x3FFFF, exclude_categories=("Cc", "Cs"), exclude_characters="\"\\\x7f")
 
 
 def instances(schema: dict[str, Any], root: dict[str, Any] | None = None) -> st.SearchStrategy:

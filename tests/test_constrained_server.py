@@ -67,7 +67,8 @@ def test_native_regex_and_schema(client):
     ({"regex": "(a"}, "invalid regex"),
     ({"regex": "a{1000}{1000}"}, "too large"),
     ({"json_schema": json.dumps({"type": "object", "patternProperties": {"a": {}}})}, "patternProperties"),
-    ({"json_schema": json.dumps({"$ref": "#/$defs/n", "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}})},
+    ({"json_schema": json.dumps({"$ref": "#/$defs/n",
+                                 "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}})},
      ""),
 ])
 def test_hostile_grammars_answer_400_and_the_server_keeps_serving(client, server, oai, sp, match):

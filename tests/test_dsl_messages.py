@@ -11,7 +11,8 @@ from radixlang_runtime import messages as m
 
 SAMPLES = {
     m.FrontendReq: dict(req_id="ab-1", method="generate", api_key="k",
-                        body={"text": ["x", "y"], "sampling_params": {"max_new_tokens": 0, "stop": ["\n"], "regex": None},
+                        body={"text": ["x", "y"],
+                              "sampling_params": {"max_new_tokens": 0, "stop": ["\n"], "regex": None},
                               "return_logprob": True, "logprob_start_len": 3}),
     m.FrontendOut: dict(req_id="ab-1", status=200, done=False,
                         body={"text": "é ✓", "output_ids": [1, 2], "meta_info": {

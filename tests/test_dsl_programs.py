@@ -90,8 +90,8 @@ def test_fork_commits_the_prompt_once(fake):
     assert len(prefills) == 1 and prefills[0]["text"].endswith("3. Plan.\n")
     i = texts.index(prefills[0]["text"])
     children = texts[i + 1: i + 4]
-    assert sorted(children) == sorted(prefills[0]["text"] + f"Now, I expand tip {k} into a detailed paragraph:\nTip {k}:"
-                                      for k in (1, 2, 3))
+    expand = "Now, I expand tip {k} into a detailed paragraph:\nTip {k}:"
+    assert sorted(children) == sorted(prefills[0]["text"] + expand.format(k=k) for k in (1, 2, 3))
 
 
 def test_concate_and_append_calls_the_route(fake):

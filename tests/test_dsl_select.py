@@ -44,8 +44,9 @@ def test_token_length_normalized_by_hand():
     assert st["pick"] == "z!" and st.text() == "Say zzz!"
     assert fake.requests == [
         {"text": "Say zz", "sampling_params": {"max_new_tokens": 0}},
-        {"text": ["Say zz", "Say zzz!", "Say zzy!", "Say zzq"], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-         "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": 4},
+        {"text": ["Say zz", "Say zzz!", "Say zzy!", "Say zzq"],
+         "sampling_params": {"max_new_tokens": 0, "temperature": 0}, "return_logprob": True,
+         "return_text_in_logprobs": True, "logprob_start_len": 4},
     ]
 
 
@@ -77,7 +78,8 @@ def test_unconditional_likelihood_normalized_by_hand():
     assert meta["normalized_unconditional_prompt_logprobs"] == pytest.approx(want)
     assert st["pick"] == "z!"
     assert fake.requests[2] == {"input_ids": [[ord("z"), ord("!")], [ord("y"), ord("!")]],
-                                "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0}
+                                "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                                "logprob_start_len": 0}
 
 
 def test_ties_pick_the_first_choice_and_short_prompts_work():

@@ -171,7 +171,8 @@ def test_unsatisfiable_regex_says_so_in_plain_words():
     from radixlang_runtime.constrained.spec import GrammarSpec
 
     v = vocab()
-    for regex, detail in [(r"ab\x{80000}", "some text it allows can only go on with the bytes .*xf2.*, which no token spells"),
+    for regex, detail in [(r"ab\x{80000}",
+                           "some text it allows can only go on with the bytes .*xf2.*, which no token spells"),
                           (r"a[^\s\S]", "part of it matches no character at all"),
                           (f"ab\\x{{{ord(v.sentinel):X}}}", f"U\\+{ord(v.sentinel):X} .* is a character no token")]:
         with pytest.raises(ValueError, match="cannot be matched by this model's tokens: " + detail) as e:
@@ -255,8 +256,8 @@ def test_stop_regex_bomb_completes_and_others_are_unaffected(client, alone):
 def test_grammar_bombs_fail_alone_within_the_compile_limit(client, alone):
     bombs = {
         "regex": {"text": "x", "sampling_params": {"max_new_tokens": 8, "regex": ".*a.{20}"}},  # 2^20 DFA states
-        "schema": {"text": "x", "sampling_params": {"max_new_tokens": 8,
-                                                      "json_schema": json.dumps({"type": "string", "maxLength": 100000})}},
+        "schema": {"text": "x", "sampling_params": {
+            "max_new_tokens": 8, "json_schema": json.dumps({"type": "string", "maxLength": 100000})}},
     }
     out = normal_meanwhile(client, bombs, alone)
     for key in bombs:

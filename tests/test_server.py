@@ -199,14 +199,16 @@ def test_server_still_answers_after_hostile_requests(client):
 
 def test_disconnect_mid_stream_frees_the_request(client):
     before = client.get("/metrics").text
-    with client.stream("POST", "/generate", json={"text": "Tell me a long story.", "stream": True,
-                                                  "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}) as r:
+    body = {"text": "Tell me a long story.", "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with client.stream("POST", "/generate", json=body) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 6:
                 break  # leaving the block closes the connection mid-stream
     assert_idle_and_whole(client, timeout=30)
     after = client.get("/metrics").text
-    assert _metric(after, "radixlang:num_aborted_requests_total") == _metric(before, "radixlang:num_aborted_requests_total") + 1
+    aborted = "radixlang:num_aborted_requests_total"
+    assert _metric(after, aborted) == _metric(before, aborted) + 1
 
 
 def _metric(text: str, name: str) -> float:
@@ -327,7 +329,8 @@ def test_openai_logprobs(oai):
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 4 and "".join(lp.tokens) == r.choices[0].text
     assert all(len(top) == 2 and max(top.values()) >= v - 1e-6 for top, v in zip(lp.top_logprobs, lp.token_logprobs))
-    e = oai.completions.create(model="default", prompt="Two plus two is", max_tokens=1, temperature=0, logprobs=0, echo=True)
+    e = oai.completions.create(model="default", prompt="Two plus two is", max_tokens=1, temperature=0, logprobs=0,
+                               echo=True)
     assert e.choices[0].logprobs.token_logprobs[0] is None and len(e.choices[0].logprobs.tokens) >= 5
     c = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
                                     temperature=0, logprobs=True, top_logprobs=3)

@@ -135,7 +135,8 @@ def server():
 
 def test_health_reports_a_stuck_scheduler_then_recovers(server):
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        health = lambda: c.get("/health")
+        def health():
+            return c.get("/health")
         assert health().status_code == 200
         # A normal request decoding for twice the stall timeout without a token message (not streamed):
         # the heartbeats keep /health 200 throughout. Then it is aborted.

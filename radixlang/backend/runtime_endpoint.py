@@ -71,7 +71,8 @@ def _flags(server_args: dict) -> list[str]:
 
 
 class Runtime:
-    def __init__(self, log_level: str = "error", launch_timeout: float = 600.0, chat_template_name: Optional[str] = None,
+    def __init__(self, log_level: str = "error", launch_timeout: float = 600.0,
+                 chat_template_name: Optional[str] = None,
                  **server_args: Any):
         host = server_args.pop("host", None) or "127.0.0.1"
         port = server_args.pop("port", None) or _free_port()
@@ -100,7 +101,8 @@ class Runtime:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}")
+                raise RuntimeError(f"the server exited with {self.proc.returncode} before it was ready:\n"
+                                   f"{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
