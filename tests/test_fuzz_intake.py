@@ -230,6 +230,8 @@ def test_server_info_redacts_the_api_key_on_both_links(client, server):
         with pytest.raises(BackendError, match="ignore_eos") as e:  # the ZeroMQ link parses through the same intake
             zmq._call({"text": "a", "sampling_params": {"max_new_tokens": 1, "ignore_eos": "no"}})
         assert e.value.status == 400
+        ok = zmq._call({"text": "a", "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}})
+        assert ok["meta_info"]["completion_tokens"] == 1
     finally:
         zmq.shutdown()
 
