@@ -19,11 +19,13 @@ from typing import Optional
 import httpx
 import psutil
 import pytest
+import zmq
 
 from radixlang_runtime.faults import ENV
+from radixlang_runtime.messages import FrontendOut, FrontendReq, decode, encode
 from radixlang_runtime.server.lifecycle import SHUTTING_DOWN, Lifecycle, RuntimeUnavailable, ShuttingDown
 from radixlang_runtime.server_args import ServerArgs
-from server_utils import ServerProcess
+from server_utils import ServerProcess, free_port
 from test_server_lifecycle import alive, wait_gone
 
 DRAIN_S = 20  # --graceful-shutdown-timeout of the shared server
@@ -114,6 +116,21 @@ def poll(fn, until, timeout: float, every: float = 0.1):
         time.sleep(every)
 
 
+def frontend_generate(address: str, body: dict) -> FrontendOut:
+    """One generate over the DSL's ZeroMQ link (a DEALER, as the DSL's ZmqBackend): its reply."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(encode(FrontendReq("late-1", "generate", body)))
+        assert sock.poll(10_000), "no reply from the frontend socket"
+        return decode(sock.recv())
+    finally:
+        sock.close()
+        ctx.term()
+
+
 def assert_refused_json(r: httpx.Response) -> None:
     assert r.status_code == 503 and r.headers["content-type"] == "application/json", (r.status_code, r.text)
     assert r.json()["error"]["message"] == SHUTTING_DOWN and r.json()["error"]["code"] == 503
@@ -124,11 +141,14 @@ def assert_refused_json(r: httpx.Response) -> None:
 def server():
     """Shared by the health test and then the SIGTERM test, which ends it (so it runs last)."""
     os.environ[ENV] = f"forward:stall-:stall={STALL_S}"
+    frontend_port = free_port()
     try:
         srv = ServerProcess("--max-total-tokens", "16384", "--graceful-shutdown-timeout", str(DRAIN_S),
-                            "--health-stall-timeout", str(STALL_TIMEOUT_S), new_session=True)
+                            "--health-stall-timeout", str(STALL_TIMEOUT_S), "--frontend-port", str(frontend_port),
+                            new_session=True)
     finally:
         del os.environ[ENV]
+    srv.frontend_address = f"tcp://127.0.0.1:{frontend_port}"  # the DSL's ZeroMQ link
     yield srv
     srv.stop()
 
@@ -202,7 +222,7 @@ def test_sigterm_to_the_group_drains_then_exits_0_with_no_child_left(server):
         os.killpg(server.proc.pid, signal.SIGTERM)
 
         # Draining: /health and every route that creates work answer 503 JSON (a stream too: no headers
-        # went out), while the requests in flight go on.
+        # went out), the ZeroMQ frontend's generate too, while the requests in flight go on.
         r = poll(lambda: c.get("/health"), lambda r: r.status_code == 503, timeout=5)
         assert r.json()["error"]["message"] == SHUTTING_DOWN
         assert_refused_json(c.post("/generate", json={"text": "late", "sampling_params": {"max_new_tokens": 2}}))
@@ -210,6 +230,8 @@ def test_sigterm_to_the_group_drains_then_exits_0_with_no_child_left(server):
         assert_refused_json(c.post("/v1/completions", json={"model": "default", "prompt": "late", "max_tokens": 2}))
         assert_refused_json(c.post("/v1/chat/completions", json={
             "model": "default", "messages": [{"role": "user", "content": "late"}], "stream": True}))
+        reply = frontend_generate(server.frontend_address, {"text": "late", "stream": True})
+        assert (reply.status, reply.body["error"]["message"], reply.done) == (503, SHUTTING_DOWN, True)
         assert time.monotonic() - t_sig < DRAIN_S  # all of that inside the drain
 
     assert server.proc.wait(DRAIN_S + 30) == 0, server.tail()

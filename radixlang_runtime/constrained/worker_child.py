@@ -96,8 +96,8 @@ def handle(msg: dict[str, Any], vocabs: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     import resource
 
-    from radixlang_runtime.constrained.framing import FrameReader, read_frame_blocking, write_frame
     from radixlang_runtime.child_process import bind_to_parent
+    from radixlang_runtime.constrained.framing import FrameReader, read_frame_blocking, write_frame
 
     if len(sys.argv) > 2:
         bind_to_parent(int(sys.argv[2]))

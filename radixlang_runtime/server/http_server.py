@@ -25,8 +25,8 @@ from radixlang_runtime.server.dashboard import add_dashboard_routes
 from radixlang_runtime.server.generate_api import generate_route, input_size
 from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, BodyTooLarge, ServerState,
                                                   error_response, final_result, parse_pin_body, read_json)
-from radixlang_runtime.server.openai_api import add_openai_routes
 from radixlang_runtime.server.lifecycle import ShuttingDown
+from radixlang_runtime.server.openai_api import add_openai_routes
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
