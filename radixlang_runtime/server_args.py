@@ -22,7 +22,7 @@ class ServerArgs:
     model_path: Optional[str] = None  # None: the embedded default (SmolLM2-135M-Instruct GGUF)
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bfloat16 on CPU)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: runner.resolve_dtype, bf16 only where fast)
     context_length: Optional[int] = None
     device: str = "auto"  # auto | cpu | cuda
     model_cache_dir: Optional[str] = None  # where GGUF conversions are cached
@@ -74,7 +74,7 @@ class ServerArgs:
     stream_interval: int = 1
     incremental_streaming_output: bool = False  # /generate streams text / output_ids as deltas
     random_seed: Optional[int] = None
-    debug_check_integrity: bool = False  # run allocator checks whenever the scheduler goes idle
+    debug_check_integrity: bool = False  # the allocator / cache / table checks after every step
 
     # --- kernels / constraints ---
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
