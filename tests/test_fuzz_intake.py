@@ -246,7 +246,11 @@ def test_an_unexpected_exception_answers_500_and_keeps_the_connection():
     from radixlang_runtime.server.http_server import ServerState, create_app
     from radixlang_runtime.server_args import ServerArgs
 
-    tm = types.SimpleNamespace(dead=None, metrics=None, limits=RuntimeLimits(64, 100, 64), tokenizer=None)
+    async def healthy():  # TokenizerManager.health: None = healthy
+        return None
+
+    tm = types.SimpleNamespace(dead=None, metrics=None, limits=RuntimeLimits(64, 100, 64), tokenizer=None,
+                               health=healthy)
     app = create_app(ServerState(ServerArgs(), tm, "/nowhere", "stub", {}))
 
     @app.get("/boom")

@@ -42,15 +42,16 @@ class Int8Linear(nn.Module):
         self.dtype = weight.dtype
         q, scale = quantize_int8(weight)
         self.register_buffer("scale", scale)  # [N] float32
-        # bf16 (C kernels, K % 32 == 0): Q only as gemv_q8.c's tiles (qweight None); else Q [N, K] int8
-        self.q8 = weight.dtype == torch.bfloat16 and self.in_features % 32 == 0 and cpu_kernels.load() is not None
-        self.tiles: torch.Tensor | None = cpu_kernels.int8_q8_tiles(q) if self.q8 else None
-        self.qweight: torch.Tensor | None = None if self.q8 else q
         self.bias = None if bias is None else bias.detach()
         self.dense: nn.Module | None = None  # batches above the kernel's M (see the module docstring)
         if packing_available(weight.device, weight.dtype):
             self.dense = PackedLinear((q.float() * scale[:, None]).to(weight.dtype), self.bias,
                                       tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
+        # bf16 (C kernels, K % 32 == 0): Q as gemv_q8.c's tiles; Q [N, K] int8 is kept only where a batch
+        # above the kernel's M has no packed copy to run on (no oneDNN bf16: AVX2 CPUs), for the per-call path
+        self.q8 = weight.dtype == torch.bfloat16 and self.in_features % 32 == 0 and cpu_kernels.load() is not None
+        self.tiles: torch.Tensor | None = cpu_kernels.int8_q8_tiles(q) if self.q8 else None
+        self.qweight: torch.Tensor | None = None if self.q8 and self.dense is not None else q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
