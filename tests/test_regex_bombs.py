@@ -234,7 +234,9 @@ def normal_meanwhile(client, bombs: dict[str, dict], alone, settle_s: float = 0.
     assert "normal" in out, "the normal request did not finish within 300 s"
     status, body, seconds = out["normal"]
     assert status == 200 and body["text"] == text_alone
-    assert seconds < seconds_alone * 3 + 5, (seconds, seconds_alone)  # the old stop_regex stalled it forever
+    # batched beside a bomb it decodes slower than alone; the old stop_regex stalled it forever (bound loose:
+    # a loaded 2-core machine must not trip it)
+    assert seconds < seconds_alone * 5 + 30, (seconds, seconds_alone)
     for t in threads:
         t.join(300)
     assert set(bombs) <= set(out), f"bombs still running: {set(bombs) - set(out)}"
