@@ -296,7 +296,10 @@ def test_a_failing_loop_is_restarted_and_one_that_stays_down_turns_health_503():
 
     fs = asyncio.run(main())
     assert address in fs.problem() and "send loop" in fs.problem()
-    state = ServerState(ServerArgs(), types.SimpleNamespace(dead=None, metrics=None), "/m", "m", {})
+    async def healthy():  # TokenizerManager.health: None = healthy (the frontend's verdict is added after it)
+        return None
+
+    state = ServerState(ServerArgs(), types.SimpleNamespace(dead=None, metrics=None, health=healthy), "/m", "m", {})
     client = TestClient(create_app(state))
     assert client.get("/health").status_code == 200
     state.frontend = fs
