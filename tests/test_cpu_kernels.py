@@ -241,19 +241,27 @@ def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     del v
 
 
+_ROPE_CONFIGS = {"default": {}, "yarn": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                           "original_max_position_embeddings": 1024}}}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("T,H,hkv,D", [(1, 9, 3, 64), (100, 9, 3, 64), (70, 4, 2, 32), (5, 8, 8, 128)])
-def test_rope_store_is_bit_identical_to_rotary_and_store(isa, dtype, T, H, hkv, D):
+@pytest.mark.parametrize("rope", ["default", "yarn"])
+def test_rope_store_is_bit_identical_to_rotary_and_store(isa, dtype, T, H, hkv, D, rope):
     """rope_store == Rotary.apply + KVPool.store, bit for bit (T >= 64 takes the threaded loop); qkv rows
-    with a stride wider than their heads (a padded buffer) and scattered slots."""
+    with a stride wider than their heads (a padded buffer) and scattered slots. yarn: tables scaled by
+    its attention factor (the kernel reads whatever tables Rotary built)."""
     from radixlang_runtime.mem.kv_pool import KVPool
     from radixlang_runtime.model.llama import Rotary
+    from radixlang_runtime.model.rope_spec import parse_rope
 
     g = torch.Generator().manual_seed(5)
     width = (H + 2 * hkv) * D
     buf = (torch.randn(T, width + 8, generator=g) * 4).to(dtype)
     qkv = buf[:, :width]
-    rot = Rotary(D, 10000.0, 4096, torch.device("cpu"), dtype)
+    spec = parse_rope({"rope_theta": 10000.0, "max_position_embeddings": 4096, **_ROPE_CONFIGS[rope]}, D)
+    rot = Rotary(spec, 4096, torch.device("cpu"), dtype)
     cos, sin = rot.cos_sin(torch.randint(0, 4096, (T,), generator=g))
     slots = torch.randperm(300, generator=g)[:T]
     pools = [KVPool(300, 1, hkv, D, dtype, torch.device("cpu"), 1, 8) for _ in range(2)]

@@ -1,4 +1,10 @@
-"""ModelConfig: the fields of a HF Llama-family config.json that the native model needs."""
+"""ModelConfig: the fields of a HF config.json that the native decoder needs, and the refusal of fields it
+does not honour.
+
+Which architectures exist and how each one's config.json is read is the registry's (model/models/); this
+file holds what every family shares. A field that changes the math and is not implemented is refused by
+name (ValueError) instead of being ignored: serving wrong text silently is worse than not serving.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+from radixlang_runtime.model.rope_spec import RopeSpec, parse_rope
 
 
 @dataclass(frozen=True)
@@ -21,7 +27,7 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
+    rope: RopeSpec
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # Qwen2: q/k/v projections carry a bias
@@ -29,41 +35,89 @@ class ModelConfig:
     bos_token_id: Optional[int]
     eos_token_ids: tuple[int, ...]
     torch_dtype: str  # the dtype the weights are stored in
+    sliding_window: Optional[int] = None  # some layers attend only this many positions back (None: none do)
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
+
+    def check_context_len(self, context_len: int) -> None:
+        """Sliding-window attention is not implemented: a window shorter than the served context would be
+        ignored, so it is refused; a window >= the context never masks anything and is accepted."""
+        if self.sliding_window is not None and self.sliding_window < context_len:
+            raise ValueError(
+                f"sliding_window {self.sliding_window} is shorter than the context length {context_len}: "
+                f"sliding-window attention is not implemented ({self.architecture}); serve with "
+                f"--context-length {self.sliding_window} or less")
 
     @staticmethod
     def from_dict(cfg: dict) -> "ModelConfig":
+        from radixlang_runtime.model.models import family_for  # the registry imports this module
+
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-        arch = archs[0]
-        if arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
-        rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {})
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) not in ("default", None):
-            raise ValueError(f"rope scaling {rope_scaling!r} is not supported yet")
-        theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-        heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            torch_dtype=str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))),
-        )
+        return family_for(archs[0]).parse(cfg)
 
     @staticmethod
     def from_dir(path: str) -> "ModelConfig":
         with open(os.path.join(path, "config.json")) as f:
             return ModelConfig.from_dict(json.load(f))
+
+
+def refuse_common(cfg: dict, arch: str) -> None:
+    """Fields that change the math of any family here and that no family implements."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act {act!r} is not supported ({arch}: the MLP is SiLU-gated)")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ValueError(f"{key} {cfg[key]!r} is not supported (attention / logit soft-capping)")
+    if cfg.get("quantization_config") is not None:
+        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
+        raise ValueError(f"quantization_config ({method}) is not supported: the checkpoint's weights must be "
+                         "float32 / bfloat16 / float16 (see --quantization for what runs quantized)")
+
+
+def layer_window(cfg: dict, arch: str, sliding_window: Optional[int], default_layer_types: list[str]) -> Optional[int]:
+    """The window that some layer applies, or None. layer_types from config.json when present, else the
+    family's default; only full_attention and sliding_attention are known."""
+    types = cfg.get("layer_types") or default_layer_types
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise ValueError(f"layer_types entry {unknown[0]!r} is not supported ({arch})")
+    if "sliding_attention" in types and sliding_window is not None:
+        return int(sliding_window)
+    return None
+
+
+def base_config(cfg: dict, arch: str, *, attention_bias: bool, qk_norm: bool,
+                sliding_window: Optional[int]) -> ModelConfig:
+    """The fields every family reads the same way; the family decides bias, qk norm and the window."""
+    refuse_common(cfg, arch)
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rope = parse_rope(cfg, head_dim)
+    if rope.partial:  # these families' transformers code rotates every lane of a head
+        raise ValueError(f"partial_rotary_factor (rotary_dim {rope.rotary_dim} < head_dim {head_dim}) is not "
+                         f"supported for {arch}")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope=rope,
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=attention_bias,
+        qk_norm=qk_norm,
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        torch_dtype=str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))),
+        sliding_window=sliding_window,
+    )

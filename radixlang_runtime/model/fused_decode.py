@@ -90,7 +90,8 @@ class FusedDecode:
     def build(model: nn.Module, dtype: torch.dtype) -> Optional["FusedDecode"]:
         """For a LlamaForCausalLM whose every layer can run decode_layer.c; else None."""
         lib = cpu_kernels.load()
-        if lib is None or dtype not in (torch.bfloat16, torch.float32) or model.reduce is not None:
+        if (lib is None or dtype not in (torch.bfloat16, torch.float32) or model.reduce is not None
+                or not model.rotary.full):  # decode_layer.c rotates whole heads
             return None
         weights = []
         any_m = True

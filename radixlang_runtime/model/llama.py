@@ -21,6 +21,7 @@ from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.parallel import Shard, make_shard
+from radixlang_runtime.model.rotary import Rotary
 from radixlang_runtime.model.weights import SafetensorsDir
 
 Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over the TP ranks
@@ -47,41 +48,6 @@ class RMSNorm(nn.Module):
             return cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps)
         residual.add_(x)
         return self.forward(residual)
-
-
-class Rotary:
-    """Neox-style RoPE (rotate_half). cos/sin are computed in float32 for every position (as HF
-    does) and kept in the model dtype, so a step only gathers its positions' rows.
-
-    A plain object, not a module: the model is built on the meta device and materialised with
-    `to_empty`, which must not wipe these tables.
-    """
-
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device, dtype: torch.dtype):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device=device), inv_freq)  # [P, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        self.cos = emb.cos().to(dtype)  # [P, D]
-        self.sin = emb.sin()[:, : head_dim // 2].to(dtype)  # [P, D/2]: both halves of sin are equal
-
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Once per step: positions [T] -> cos, sin [T, 1, D]."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    @staticmethod
-    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [T, heads, D] (q and k heads together) -> rotated x.
-
-        x * cos + rotate_half(x) * sin, written as one multiply and two half-width fused
-        multiply-adds (rotate_half(x) = cat(-x2, x1) is never materialised).
-        """
-        cos, sin = cos_sin  # [T, 1, D], [T, 1, D/2]
-        h = x.shape[-1] // 2
-        x1, x2 = x[..., :h], x[..., h:]
-        out = x * cos
-        out[..., :h].addcmul_(x2, sin, value=-1.0)
-        out[..., h:].addcmul_(x1, sin)
-        return out
 
 
 class Attention(nn.Module):
@@ -216,8 +182,8 @@ class LlamaForCausalLM(nn.Module):
     def enable_cpu_kernels(self) -> None:
         """CPU C kernels (bf16 / float32): fused add+RMSNorm, SiLU-and-mul, rope + K/V store (see cpu_kernels/)."""
         for m in self.modules():
-            if isinstance(m, (RMSNorm, MLP, Attention)):
-                m.use_cpu_kernel = True
+            if isinstance(m, (RMSNorm, MLP)) or (isinstance(m, Attention) and self.rotary.full):
+                m.use_cpu_kernel = True  # rope_store rotates whole heads: partial rotary stays on Rotary.apply
 
     def pack_for_cpu(self, tiles: bool = False) -> int:
         """Prepack every projection (and the output head, tied or not) for oneDNN, plus dense tiles for

@@ -24,7 +24,8 @@ from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.fused_decode import FusedDecode
-from radixlang_runtime.model.llama import LlamaForCausalLM, Rotary
+from radixlang_runtime.model.models import family_for
+from radixlang_runtime.model.rotary import Rotary
 from radixlang_runtime.model.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.sample_step import sample_step
 from radixlang_runtime.model.packed_linear import dense_tiles_available, packing_available
@@ -93,6 +94,7 @@ class ModelRunner:
             memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
         self.cfg = cfg = ModelConfig.from_dir(model_dir)
         self.context_len = args.context_length or cfg.max_position_embeddings
+        cfg.check_context_len(self.context_len)  # a sliding window shorter than the context is refused
         self.tp = tp
         self.shard = shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
                                         cfg.vocab_size, tp.size if tp else 1, tp.rank if tp else 0)
@@ -100,9 +102,9 @@ class ModelRunner:
         backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
                                            cfg.head_dim ** -0.5)
         self.backend = backend
-        rotary = Rotary(cfg.head_dim, cfg.rope_theta, self.context_len, self.device, self.dtype)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(cfg, backend, rotary, shard, tp.all_reduce if tp else None)
+        rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
+        with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
+            model = family_for(cfg.architecture).model_class(cfg, backend, rotary, shard, tp.all_reduce if tp else None)
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_hf_state_dict(SafetensorsDir(model_dir))
         packed = packing_available(self.device, self.dtype) and args.quantization is None
@@ -153,8 +155,8 @@ class ModelRunner:
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
-        logger.info("model %s: %s on %s, KV pool %d tokens, %d request rows",
-                    cfg.architecture, self.dtype, self.device, num_slots, table_rows)
+        logger.info("model %s: %s on %s, rope %s, KV pool %d tokens, %d request rows",
+                    cfg.architecture, self.dtype, self.device, cfg.rope.describe(), num_slots, table_rows)
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
         """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one

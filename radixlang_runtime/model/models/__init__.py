@@ -1,0 +1,37 @@
+"""The model registry: architecture name (config.json's `architectures[0]`) -> ModelFamily.
+
+Adding a family is one file in this package (its config parser and model class) plus one line in
+_FAMILIES. The runner builds whatever family_for returns; nothing else names an architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from radixlang_runtime.model.config import ModelConfig
+from radixlang_runtime.model.models import llama_family
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    architecture: str
+    parse: Callable[[dict], ModelConfig]  # config.json -> ModelConfig; ValueError names a field not honoured
+    model_class: type  # (cfg, backend, rotary, shard, reduce) -> nn.Module with load_hf_state_dict, forward
+
+
+_FAMILIES = (
+    ModelFamily("LlamaForCausalLM", llama_family.parse_llama, llama_family.LlamaForCausalLM),
+    ModelFamily("MistralForCausalLM", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
+    ModelFamily("Qwen2ForCausalLM", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
+    ModelFamily("Qwen3ForCausalLM", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
+)
+REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
+SUPPORTED_ARCHS = tuple(REGISTRY)
+
+
+def family_for(architecture: str) -> ModelFamily:
+    family = REGISTRY.get(architecture)
+    if family is None:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+    return family
