@@ -51,3 +51,66 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         resolve_model_dir(str(tmp_path / "nope.gguf"))
     with pytest.raises(FileNotFoundError, match="config.json"):
         resolve_model_dir(str(tmp_path))
+
+
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class _Tensor:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Reader:
+    """The parts of gguf.GGUFReader that gguf_to_hf_config reads."""
+
+    def __init__(self, fields: dict, tensors=("token_embd.weight",)):
+        base = {"general.architecture": "llama", "llama.attention.head_count": 4, "llama.embedding_length": 64,
+                "llama.vocab_size": 100, "llama.feed_forward_length": 128, "llama.block_count": 2,
+                "llama.context_length": 256}
+        self.fields = {k: _Field(v) for k, v in {**base, **fields}.items()}
+        self.tensors = [_Tensor(n) for n in tensors]
+
+
+@pytest.mark.parametrize("fields,want", [
+    ({}, None),
+    ({"llama.rope.scaling.type": "none"}, None),
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}, {"rope_type": "linear", "factor": 4.0}),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+      "llama.rope.scaling.original_context_length": 64, "llama.rope.scaling.finetuned": True},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+])
+def test_gguf_rope_scaling_is_carried_into_the_config(fields, want):
+    from radixlang_runtime.model.config import ModelConfig
+    from radixlang_runtime.model.gguf_convert import gguf_to_hf_config
+
+    cfg = gguf_to_hf_config(_Reader(fields))
+    assert cfg.get("rope_scaling") == want
+    assert ModelConfig.from_dict(cfg).rope.rope_type == (want or {}).get("rope_type", "default")
+
+
+@pytest.mark.parametrize("fields,tensors,needle", [
+    ({"llama.rope.scaling.type": "longrope"}, (), "rope.scaling.type 'longrope'"),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.attn_factor": 0.5}, (), "llama.rope.scaling.attn_factor"),
+    ({}, ("rope_freqs.weight",), "rope_freqs.weight"),
+])
+def test_gguf_rope_fields_without_a_mapping_are_refused(fields, tensors, needle):
+    from radixlang_runtime.model.gguf_convert import gguf_to_hf_config
+
+    with pytest.raises(ValueError, match=needle):
+        gguf_to_hf_config(_Reader(fields, ("token_embd.weight", *tensors)))
+
+
+def test_gguf_partial_rotary_is_refused_by_the_config():
+    from radixlang_runtime.model.config import ModelConfig
+    from radixlang_runtime.model.gguf_convert import gguf_to_hf_config
+
+    cfg = gguf_to_hf_config(_Reader({"llama.rope.dimension_count": 8}))  # head_dim 16
+    assert cfg["partial_rotary_factor"] == 0.5
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        ModelConfig.from_dict(cfg)

@@ -37,10 +37,6 @@ class ModelConfig:
     torch_dtype: str  # the dtype the weights are stored in
     sliding_window: Optional[int] = None  # some layers attend only this many positions back (None: none do)
 
-    @property
-    def rope_theta(self) -> float:
-        return self.rope.theta
-
     def check_context_len(self, context_len: int) -> None:
         """Sliding-window attention is not implemented: a window shorter than the served context would be
         ignored, so it is refused; a window >= the context never masks anything and is accepted."""

@@ -64,6 +64,37 @@ def _field(reader, key, default=None):
     return default if f is None else f.contents()
 
 
+_ROPE_SCALING_KEYS = ("type", "factor", "original_context_length", "finetuned")  # finetuned: informational
+
+
+def gguf_rope_fields(reader, arch: str, head_dim: int) -> dict:
+    """llama.cpp's rope keys -> config.json's rope fields (rope_scaling, partial_rotary_factor); what has no
+    mapping is refused by name (ModelConfig then refuses what the model does not honour)."""
+    a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError("GGUF tensor 'rope_freqs.weight' (per-dimension RoPE frequency factors, e.g. Llama 3.1's "
+                         "llama3 scaling) is not supported: serve the HF checkpoint, whose rope_scaling is read")
+    prefix = f"{arch}.rope.scaling."
+    extra = sorted(k for k in reader.fields if k.startswith(prefix) and k[len(prefix):] not in _ROPE_SCALING_KEYS)
+    if extra:
+        raise ValueError(f"GGUF key {extra[0]!r} is not supported")
+    out: dict = {}
+    dims = a("rope.dimension_count")
+    if dims is not None and int(dims) != head_dim:
+        out["partial_rotary_factor"] = int(dims) / head_dim
+    kind = a("rope.scaling.type", "none")
+    if kind == "none":
+        return out
+    if kind not in ("linear", "yarn"):
+        raise ValueError(f"GGUF {arch}.rope.scaling.type {kind!r} is not supported (supported: linear, yarn)")
+    scaling = {"rope_type": kind, "factor": float(a("rope.scaling.factor", 1.0))}
+    if kind == "yarn":
+        scaling["original_max_position_embeddings"] = int(a("rope.scaling.original_context_length",
+                                                             a("context_length", 4096)))
+    out["rope_scaling"] = scaling
+    return out
+
+
 def gguf_to_hf_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHS:
@@ -73,6 +104,7 @@ def gguf_to_hf_config(reader) -> dict:
     heads = int(a("attention.head_count"))
     hidden = int(a("embedding_length"))
     vocab = int(a("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", []))))
+    head_dim = int(a("attention.key_length", hidden // heads))
     return {
         "architectures": [_ARCHS[arch]],
         "model_type": arch,
@@ -82,7 +114,7 @@ def gguf_to_hf_config(reader) -> dict:
         "num_hidden_layers": int(a("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(a("attention.head_count_kv", heads)),
-        "head_dim": int(a("attention.key_length", hidden // heads)),
+        "head_dim": head_dim,
         "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(a("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(a("context_length", 4096)),
@@ -92,6 +124,7 @@ def gguf_to_hf_config(reader) -> dict:
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "hidden_act": "silu",
         "torch_dtype": "float32",
+        **gguf_rope_fields(reader, arch, head_dim),
     }
 
 
