@@ -14,21 +14,33 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
             initializer_range=0.3)  # large weights: positions move the logits a lot
 
-# name -> (transformers config class, its kwargs, Engine kwargs)
+# name -> (transformers config class, its kwargs, Engine kwargs, the rope_parameters of a contrast model: the
+# same weights with that RoPE must give other tokens, so the comparison can fail)
+PLAIN = {"rope_type": "default", "rope_theta": 10000.0}
+SHORT, LONG = [1.0 + 0.1 * i for i in range(8)], [2.0 + 0.5 * i for i in range(8)]
+PHI3_LONGROPE = {"max_position_embeddings": 128, "original_max_position_embeddings": 32, "num_attention_heads": 2,
+                 "num_key_value_heads": 1, "partial_rotary_factor": 0.5,
+                 "rope_scaling": {"type": "longrope", "short_factor": SHORT, "long_factor": LONG}}
 CASES = {
     "llama3": ("LlamaConfig", {"max_position_embeddings": 256, "rope_theta": 10000.0, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}}, {}),
+        "original_max_position_embeddings": 32}}, {}, PLAIN),
     "qwen2_yarn": ("Qwen2Config", {"max_position_embeddings": 256, "rope_theta": 10000.0, "rope_scaling": {
-        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}, {}),
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}, {}, PLAIN),
     "llama_linear": ("LlamaConfig", {"max_position_embeddings": 256, "rope_theta": 10000.0,
-                                     "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, {}),
+                                     "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, {}, PLAIN),
     # 20-token prompt inside the 32-position window, then decoding past it: the NTK base grows per position
     "llama_dynamic": ("LlamaConfig", {"max_position_embeddings": 32, "rope_theta": 10000.0,
                                       "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
-                      {"context_length": 128}),
+                      {"context_length": 128}, PLAIN),
     # sliding_window (4096) >= the context (256): a no-op, accepted
-    "mistral_long_window": ("MistralConfig", {"max_position_embeddings": 256, "sliding_window": 4096}, {}),
+    "mistral_long_window": ("MistralConfig", {"max_position_embeddings": 256, "sliding_window": 4096}, {}, None),
+    # partial rotary (16 of 32 lanes; the C rope kernels rotate whole heads: Rotary.apply runs) ...
+    "phi3_partial": ("Phi3Config", {"max_position_embeddings": 256, "num_attention_heads": 2,
+                                    "num_key_value_heads": 1, "partial_rotary_factor": 0.5}, {},
+                     {**PLAIN, "partial_rotary_factor": 1.0}),
+    # ... with longrope (short factors: Phi-3 is served inside its original window, see below)
+    "phi3_longrope": ("Phi3Config", PHI3_LONGROPE, {"context_length": 32}, {**PLAIN, "partial_rotary_factor": 0.5}),
 }
 
 
@@ -40,7 +52,7 @@ def _build(tmp_path, cls_name: str, kwargs: dict):
     from radixlang_runtime.model.resolve import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
-    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **TINY, **kwargs)
+    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**TINY, **kwargs})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     model.save_pretrained(tmp_path, safe_serialization=True)
@@ -57,32 +69,32 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def _without_scaling(model):
-    """The same weights with plain RoPE (to show the scaled model's tokens depend on the scaling)."""
+def _with_rope(model, rope_parameters: dict):
+    """The same weights under other RoPE parameters."""
     import copy
 
     import torch
     from transformers import AutoModelForCausalLM
 
     cfg = copy.deepcopy(model.config)
-    cfg.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_parameters["rope_theta"]}
-    plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    plain.load_state_dict(model.state_dict())
-    return plain
+    cfg.rope_parameters = dict(rope_parameters)
+    other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    other.load_state_dict(model.state_dict())
+    return other
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_greedy_matches_transformers(name, tmp_path):
     from radixlang_runtime import Engine
 
-    cls_name, kwargs, engine_kwargs = CASES[name]
+    cls_name, kwargs, engine_kwargs, contrast = CASES[name]
     model = _build(tmp_path, cls_name, kwargs)
-    want = [_hf_greedy(model, p, NEW) for p in PROMPTS]
-    if "rope_scaling" in kwargs:  # the scaling changes transformers' own tokens: the comparison can fail
-        plain = _without_scaling(model)
-        assert [_hf_greedy(plain, p, NEW) for p in PROMPTS] != want
+    new = min(NEW, engine_kwargs.get("context_length", 1024) - max(map(len, PROMPTS)))
+    want = [_hf_greedy(model, p, new) for p in PROMPTS]
+    if contrast is not None:  # the RoPE variant changes transformers' own tokens: the comparison can fail
+        assert [_hf_greedy(_with_rope(model, contrast), p, new) for p in PROMPTS] != want
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, **engine_kwargs) as eng:
-        sp = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+        sp = {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}
         outs = eng.generate(input_ids=PROMPTS, sampling_params=sp)
         again = eng.generate(input_ids=PROMPTS[0], sampling_params=sp)  # prefix-cache hit: same tokens
     assert [o["output_ids"] for o in outs] == want
@@ -96,6 +108,14 @@ def test_mistral_short_sliding_window_is_refused(tmp_path):
     _build(tmp_path, "MistralConfig", {"max_position_embeddings": 256, "sliding_window": 16})
     with pytest.raises(ValueError, match="sliding_window 16 is shorter than the context length 256"):
         Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)
+
+
+def test_phi3_longrope_past_its_original_window_is_refused(tmp_path):
+    from radixlang_runtime import Engine
+
+    _build(tmp_path, "Phi3Config", PHI3_LONGROPE)
+    with pytest.raises(ValueError, match="longrope on Phi3ForCausalLM .* original_max_position_embeddings 32"):
+        Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)  # context 128
 
 
 BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
@@ -137,3 +157,38 @@ def test_unhonoured_fields_are_refused_by_name(extra, needle):
 ])
 def test_no_op_fields_are_accepted(extra):
     ModelConfig.from_dict({**BASE, **extra}).check_context_len(256)
+
+
+def test_phi3_su_is_longrope_and_fused_rows_map_to_llama_names():
+    import torch
+
+    from radixlang_runtime.model.models.phi3 import FusedPhi3Tensors
+
+    half = 8  # head_dim 16 (64 / 4) -> rotary 16 -> 8 factors
+    cfg = ModelConfig.from_dict({**BASE, "architectures": ["Phi3ForCausalLM"], "num_key_value_heads": 2,
+                                 "rope_scaling": {"type": "su", "short_factor": [1.0] * half,
+                                                  "long_factor": [2.0] * half}})
+    assert cfg.rope.rope_type == "longrope" and cfg.rope.original_max_position_embeddings == 4096
+    cfg.check_context_len(4096)
+    with pytest.raises(ValueError, match="longrope on Phi3ForCausalLM"):
+        cfg.check_context_len(4097)
+
+    class Fake:  # SafetensorsDir.get over a dict
+        def __init__(self, d):
+            self.d = d
+
+        def get(self, name, rows=None, cols=None):
+            t = self.d[name]
+            t = t if rows is None else t[rows[0]:rows[1]]
+            return t if cols is None else t[:, cols[0]:cols[1]]
+
+    qkv = torch.arange((64 + 2 * 32) * 3).reshape(128, 3)  # q 4 x 16 rows, k and v 2 x 16 rows each
+    gate_up = torch.arange(2 * 128 * 3).reshape(256, 3)
+    view = FusedPhi3Tensors(Fake({"model.layers.1.self_attn.qkv_proj.weight": qkv,
+                                  "model.layers.1.mlp.gate_up_proj.weight": gate_up}), cfg)
+    a = "model.layers.1.self_attn."
+    assert torch.equal(view.get(a + "q_proj.weight"), qkv[:64])
+    assert torch.equal(view.get(a + "k_proj.weight", rows=(16, 32)), qkv[80:96])  # a TP rank's second KV head
+    assert torch.equal(view.get(a + "v_proj.weight"), qkv[96:])
+    assert torch.equal(view.get("model.layers.1.mlp.up_proj.weight", rows=(0, 64), cols=(1, 3)), gate_up[128:192, 1:])
+    assert torch.equal(view.get("model.layers.1.mlp.gate_proj.weight"), gate_up[:128])

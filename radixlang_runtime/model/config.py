@@ -36,6 +36,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str  # the dtype the weights are stored in
     sliding_window: Optional[int] = None  # some layers attend only this many positions back (None: none do)
+    max_context: Optional[int] = None  # the family's math is implemented only up to this context (None: any)
+    max_context_reason: str = ""  # why, named in the refusal
 
     def check_context_len(self, context_len: int) -> None:
         """Sliding-window attention is not implemented: a window shorter than the served context would be
@@ -45,6 +47,9 @@ class ModelConfig:
                 f"sliding_window {self.sliding_window} is shorter than the context length {context_len}: "
                 f"sliding-window attention is not implemented ({self.architecture}); serve with "
                 f"--context-length {self.sliding_window} or less")
+        if self.max_context is not None and self.max_context < context_len:
+            raise ValueError(f"{self.max_context_reason}: context length {context_len} is refused; serve with "
+                             f"--context-length {self.max_context} or less")
 
     @staticmethod
     def from_dict(cfg: dict) -> "ModelConfig":
@@ -86,13 +91,14 @@ def layer_window(cfg: dict, arch: str, sliding_window: Optional[int], default_la
 
 
 def base_config(cfg: dict, arch: str, *, attention_bias: bool, qk_norm: bool,
-                sliding_window: Optional[int]) -> ModelConfig:
-    """The fields every family reads the same way; the family decides bias, qk norm and the window."""
+                sliding_window: Optional[int], partial_rotary: bool = False) -> ModelConfig:
+    """The fields every family reads the same way; the family decides bias, qk norm, the window and whether
+    its transformers code honours partial_rotary_factor."""
     refuse_common(cfg, arch)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rope = parse_rope(cfg, head_dim)
-    if rope.partial:  # these families' transformers code rotates every lane of a head
+    if rope.partial and not partial_rotary:  # the family's transformers code rotates every lane of a head
         raise ValueError(f"partial_rotary_factor (rotary_dim {rope.rotary_dim} < head_dim {head_dim}) is not "
                          f"supported for {arch}")
     eos = cfg.get("eos_token_id")

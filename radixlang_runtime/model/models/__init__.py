@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.models import llama_family
+from radixlang_runtime.model.models import llama_family, phi3
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ _FAMILIES = (
     ModelFamily("MistralForCausalLM", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen2ForCausalLM", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen3ForCausalLM", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
+    ModelFamily("Phi3ForCausalLM", phi3.parse_phi3, phi3.Phi3ForCausalLM),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)
