@@ -122,6 +122,8 @@ class ZmqLink:
         zmq = self._zmq
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if self.address.startswith("tcp://["):  # an IPv6 host (discover.py brackets it)
+            dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(self.address)
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
