@@ -1,6 +1,7 @@
 """DSL programs through run_batch over three client paths against one server:
-  (a) zmq      the ZeroMQ frontend socket, traced prefix pre-filled once, batched threads
-  (b) http     the native HTTP API, same program and batching
+  (a) zmq      the default `RuntimeEndpoint(http URL)`: it finds the server's ZeroMQ link and runs over it;
+               traced prefix pre-filled once, batched threads
+  (b) http     `RuntimeEndpoint(http URL, link="http")`: the native HTTP API, same program and batching
   (c) naive    HTTP, one program (so one request) at a time, no prefix pre-caching
 Workloads: few-shot (8 shared examples, 64 questions) and a branching agent (select an action,
 fork two branches, gen in each). Reports programs/s, prefill tokens computed and the cache hit rate
@@ -94,7 +95,9 @@ def main() -> None:
                  for i in range(args.questions)]
     tasks = [{"task": f"organise event number {i} for the team"} for i in range(args.agents)]
     with sgl.Runtime(dtype=args.dtype, max_total_tokens=16384) as rt:
-        links = {"zmq": rt.endpoint, "http": sgl.RuntimeEndpoint(rt.url), "naive": sgl.RuntimeEndpoint(rt.url)}
+        links = {"zmq": sgl.RuntimeEndpoint(rt.url), "http": sgl.RuntimeEndpoint(rt.url, link="http"),
+                 "naive": sgl.RuntimeEndpoint(rt.url, link="http")}
+        assert links["zmq"].transport == "zmq", "the default RuntimeEndpoint did not find the ZeroMQ link"
         few_shot.run(backend=rt.endpoint, **questions[0]).sync()  # warm-up (first-call costs)
         modes = args.modes.split(",")
         for name, program, batch in (("few_shot", few_shot, questions), ("agent", agent, tasks)):

@@ -1,8 +1,8 @@
 """Shared by the examples: pick a backend from the command line.
 
     python examples/<name>.py                      # the embedded SmolLM2 in process (radixlang.Engine)
-    python examples/<name>.py --url tcp://host:p   # a server's ZeroMQ frontend socket (--frontend-port)
-    python examples/<name>.py --url http://host:p  # a server's native HTTP API
+    python examples/<name>.py --url http://host:p  # a server: over its ZeroMQ link (HTTP if it has none)
+    python examples/<name>.py --url tcp://host:p   # a server's ZeroMQ link, directly (/server_info's frontend_port)
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
@@ -36,7 +37,7 @@ class ServerArgs:
     log_requests: bool = False
     log_level: str = "info"
     chat_template: Optional[str] = None
-    frontend_port: Optional[int] = None  # the DSL's ZeroMQ link on tcp://host:frontend_port (None: off)
+    frontend_port: int = 0  # the DSL's ZeroMQ link on tcp://host:port: 0 a free port (default), N that one, -1 off
     dashboard_show_text: bool = False  # /dashboard labels radix nodes with their text (off: sizes only)
     # SIGTERM / SIGINT: seconds the requests in flight may run on while new ones get 503 (0: they fail at
     # once). SGLang's flag; 25 s leaves 5 s of Kubernetes' default 30 s grace for the errors and the stop.
@@ -137,6 +138,12 @@ class ServerArgs:
         need(self.mem_fraction_static is None or 0.0 < self.mem_fraction_static < 1.0,
              "mem_fraction_static must be in (0, 1)")
         need(self.stream_interval >= 1, "stream_interval must be >= 1")
+        need(isinstance(self.frontend_port, int) and -1 <= self.frontend_port <= 65535,
+             "frontend_port must be 0 (a free port), a port 1..65535, or -1 (no ZeroMQ link); "
+             f"got {self.frontend_port!r}")
+        need(self.chat_template is None or "{{" in self.chat_template or "{%" in self.chat_template
+             or os.path.isfile(self.chat_template),
+             f"chat_template must be a Jinja template or the path of a file holding one; got {self.chat_template!r}")
         need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
@@ -168,7 +175,7 @@ class ServerArgs:
                 parser.add_argument(flag, action="store_true", default=default)
                 continue
             kind = _CLI_TYPES.get(f.name, str)
-            parser.add_argument(flag, type=kind, default=default)
+            parser.add_argument(flag, type=kind, default=default, help=_CLI_HELP.get(f.name))
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
@@ -193,6 +200,13 @@ _INT_FIELDS = {
 }
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout"}
+_CLI_HELP = {
+    "frontend_port": "the DSL's ZeroMQ link, on --host (on by default): 0 = a free port (default), N = port N, "
+                     "-1 = no link. /server_info and /get_model_info report the port; RuntimeEndpoint(http URL) "
+                     "finds it there and runs programs over it (HTTP when there is none). --api-key holds on it.",
+    "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders "
+                     "with it and /get_model_info reports it (DSL programs render roles with it)",
+}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 
 

@@ -36,7 +36,7 @@ PROGRAM = textwrap.dedent("""
     import sys
     import radixlang as sgl
 
-    sgl.set_default_backend(sgl.RuntimeEndpoint(sys.argv[1]))
+    sgl.set_default_backend(sgl.RuntimeEndpoint(sys.argv[1], link=sys.argv[3]))
 
     @sgl.function
     def prog(s):
@@ -67,8 +67,8 @@ def test_a_program_that_raises_exits_by_itself(server, link, tmp_path):
     for i in range(RUNS_PER_LINK):
         mode = "stream" if i % 2 else "plain"
         try:
-            out = subprocess.run([sys.executable, str(script), url, mode], capture_output=True, text=True,
-                                 timeout=EXIT_BOUND_S, env=env)
+            out = subprocess.run([sys.executable, str(script), url, mode, "http" if link == "http" else "auto"],
+                                 capture_output=True, text=True, timeout=EXIT_BOUND_S, env=env)
         except subprocess.TimeoutExpired:
             pytest.fail(f"run {i} ({link}, {mode}) did not exit within {EXIT_BOUND_S} s")
         assert out.returncode == 1, out.stderr[-2000:]

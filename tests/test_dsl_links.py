@@ -1,9 +1,13 @@
 """The HTTP and ZeroMQ links against stub servers (no model): refusals, dropped connections and a
-server that goes silent all end the program state with an exception within seconds."""
+server that goes silent all end the program state with an exception within seconds. RuntimeEndpoint's
+choice of link (discover.py): an advertised link that refuses or never answers falls back to HTTP
+within its bound, saying so; the link is reached at the URL's host."""
 
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -149,3 +153,72 @@ def test_zmq_link_detects_a_silent_server_within_seconds():
 def test_zmq_link_nobody_listening_fails_the_constructor():
     with pytest.raises(BackendError, match="no radixlang server answers at tcp://127.0.0.1:9 "):
         ZmqBackend("tcp://127.0.0.1:9", dead_after=1.0)
+
+
+# ---------------------------------------------------------------------- RuntimeEndpoint's choice of link
+class AdvertisingHandler(Handler):
+    """Handler whose /get_model_info reports the ZeroMQ link's port the test sets in `port`."""
+
+    port = None
+
+    def do_GET(self):
+        self._json(200, {"model_path": "/models/SmolLM2-135M-Instruct", "frontend_port": type(self).port})
+
+
+@pytest.fixture
+def advertising_url():
+    handler = type("H", (AdvertisingHandler,), {})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", handler
+    srv.shutdown()
+
+
+def test_an_advertised_link_that_refuses_falls_back_to_http_saying_so(advertising_url, caplog):
+    url, handler = advertising_url
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        handler.port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="radixlang.backend"):
+        b = sgl.RuntimeEndpoint(url)
+    assert time.monotonic() - t0 < 3
+    assert isinstance(b, HttpBackend) and b.transport == "http"
+    assert f"programs go over HTTP: nothing accepts a connection at tcp://127.0.0.1:{handler.port}" in caplog.text
+    assert one_gen.run(prompt="x", backend=b)["a"] == " hi"
+    with pytest.raises(BackendError, match=f"link='zmq'.*tcp://127.0.0.1:{handler.port}"):
+        sgl.RuntimeEndpoint(url, link="zmq")
+
+
+def test_an_advertised_link_that_never_answers_falls_back_within_its_bound(advertising_url, caplog):
+    url, handler = advertising_url
+    with socket.socket() as s:  # accepts TCP, never speaks ZeroMQ (some other service on that port)
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        handler.port = s.getsockname()[1]
+        t0 = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="radixlang.backend"):
+            b = sgl.RuntimeEndpoint(url)
+        assert time.monotonic() - t0 < 10
+    assert b.transport == "http" and f"the ZeroMQ link at tcp://127.0.0.1:{handler.port} did not answer" in caplog.text
+
+
+def test_the_link_is_found_at_the_urls_host_and_http_is_kept_when_asked(advertising_url):
+    url, handler = advertising_url
+    address, stop = stub_router(silent_after=60.0)
+    try:
+        handler.port = int(address.rsplit(":", 1)[1])
+        b = sgl.RuntimeEndpoint(url.replace("127.0.0.1", "localhost"))
+        assert b.transport == "zmq" and b.base_url == f"tcp://localhost:{handler.port}" and b.http_url
+        b.shutdown()
+        assert sgl.RuntimeEndpoint(url, link="http").transport == "http"
+        assert sgl.RuntimeEndpoint(url + "/behind/a/proxy").transport == "http"  # a path: a proxy forwards HTTP only
+    finally:
+        stop.set()
+
+
+def test_the_link_argument_is_checked():
+    with pytest.raises(ValueError, match="link must be one of auto, zmq, http; got 'udp'"):
+        sgl.RuntimeEndpoint("http://127.0.0.1:9", link="udp")
+    with pytest.raises(ValueError, match="link='http' needs an http"):
+        sgl.RuntimeEndpoint("tcp://127.0.0.1:9", link="http")

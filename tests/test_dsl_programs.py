@@ -94,10 +94,11 @@ def test_fork_commits_the_prompt_once(fake):
     assert sorted(children) == sorted(prefills[0]["text"] + expand.format(k=k) for k in (1, 2, 3))
 
 
-def test_concate_and_append_calls_the_route(fake):
-    tp.test_parallel_encoding(check_answer=True)
-    calls = [b for m, b in fake.controls if m == "concate_and_append"]
-    assert len(calls) == 1 and len(calls[0]["src_rids"]) == 3 and isinstance(calls[0]["dst_rid"], str)
+def test_concate_and_append_joins_client_side_without_a_round_trip(fake):
+    ret = tp.test_parallel_encoding(check_answer=True)  # the forks' texts are in the parent, in order
+    assert [m for m, _ in fake.controls if m == "concate_and_append"] == []  # the server did nothing with it
+    last = fake.requests[-1]["text"]
+    assert ret.text().startswith(last) and "Statement 2: Oliver is the father of Carlos.\nNow, please" in last
 
 
 def test_dtype_becomes_a_regex_with_number_stops(fake):

@@ -1,5 +1,5 @@
-"""The DSL against a real server started by `sgl.Runtime(...)` (launch_server with --frontend-port and
---api-key), over both links: ZeroMQ (`Runtime.endpoint`) and HTTP (`RuntimeEndpoint(url)`).
+"""The DSL against a real server started by `sgl.Runtime(...)` (launch_server with --api-key; its ZeroMQ
+link on by default), over both links: ZeroMQ (`Runtime.endpoint`) and HTTP (`RuntimeEndpoint(url, link="http")`).
 The module ends by killing the scheduler mid-stream, then checks shutdown leaves no process behind."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def runtime():
 
 @pytest.fixture(scope="module")
 def links(runtime):
-    http = sgl.RuntimeEndpoint(runtime.url, api_key=KEY)
+    http = sgl.RuntimeEndpoint(runtime.url, api_key=KEY, link="http")  # "auto" would find the ZeroMQ link
+    assert runtime.endpoint.transport == "zmq" and http.transport == "http"
     return {"zmq": runtime, "http": http}
 
 

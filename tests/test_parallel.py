@@ -203,6 +203,29 @@ def _prompt_ids(prompts: list[str]) -> list[list[int]]:
     return [tok.encode(p, add_special_tokens=False) for p in prompts]
 
 
+def _dsl_runs_over_the_default_link(url: str, texts: list[str]) -> None:
+    """The DSL's default link with replicas behind it: one ZeroMQ frontend, the same router."""
+    import radixlang as sgl
+
+    @sgl.function
+    def answer(s, text):
+        s += text + sgl.gen("a", max_tokens=2, temperature=0)
+
+    def counts() -> tuple[int, int]:
+        info = httpx.get(url + "/server_info", timeout=30).json()
+        return info["frontend"]["requests_by_method"].get("generate", 0), sum(info["stats"]["router"]["routed"])
+
+    backend = sgl.RuntimeEndpoint(url)
+    try:
+        assert backend.transport == "zmq"
+        before = counts()
+        states = answer.run_batch([{"text": t} for t in texts], backend=backend)
+        assert [st.error() for st in states] == [None] * len(texts)
+        assert counts() == (before[0] + len(texts), before[1] + len(texts))
+    finally:
+        backend.shutdown()
+
+
 def test_server_dp2_tp2_cache_aware_router_then_a_dead_replica(hf_greedy):
     """Two replicas of two TP ranks each (single node): each few-shot prefix is prefilled on one
     replica only (the router follows the cache), outputs equal transformers', and a replica that dies
@@ -230,6 +253,7 @@ def test_server_dp2_tp2_cache_aware_router_then_a_dead_replica(hf_greedy):
         ids = _prompt_ids(PROMPTS[:4])
         for p, x, out in zip(PROMPTS, ids, _generate_ids(srv.url, ids)):
             assert out == hf_greedy(x, NEW), p
+        _dsl_runs_over_the_default_link(srv.url, texts[:2])
         pids = httpx.get(srv.url + "/server_info", timeout=30).json()["pids"]
         assert {"scheduler", "scheduler1", "tp0.1", "tp1.1"} <= set(pids)
         t, result = _stream_running(srv.url)

@@ -56,3 +56,25 @@ def test_the_api_key_is_redacted_wherever_args_are_shown():
     assert ServerArgs().to_public_dict()["api_key"] is None  # no key: nothing to hide, and its absence shows
     with pytest.raises(ValueError, match="max_request_body_bytes"):
         ServerArgs(max_request_body_bytes=10)
+
+
+def test_the_frontend_link_is_on_by_default_and_minus_one_turns_it_off(capsys):
+    assert ServerArgs().frontend_port == 0 and parse([]).frontend_port == 0  # 0: a free port, picked at start
+    assert parse(["--frontend-port", "-1"]).frontend_port == -1
+    assert parse(["--frontend-port", "30001"]).frontend_port == 30001
+    for bad in (-2, 65536, None, "30001"):
+        with pytest.raises(ValueError, match="frontend_port must be 0 .* or -1 \\(no ZeroMQ link\\)"):
+            ServerArgs(frontend_port=bad)
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    p.print_help()
+    assert "-1 = no link" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_chat_template_is_a_template_or_an_existing_file(tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages }}")
+    assert ServerArgs(chat_template=str(f)).chat_template == str(f)
+    assert ServerArgs(chat_template="{% for m in messages %}{{ m }}{% endfor %}").chat_template
+    with pytest.raises(ValueError, match="chat_template must be a Jinja template or the path of a file"):
+        ServerArgs(chat_template=str(tmp_path / "missing.jinja"))

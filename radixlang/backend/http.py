@@ -35,6 +35,8 @@ CONNECT_TIMEOUT_S = 10.0  # a TCP (+ TLS) connect; the kernel accepts for a live
 
 
 class HttpBackend(NativeBackend):
+    transport = "http"
+
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
                  chat_template_name: Optional[str] = None, timeout: Optional[float] = None):
         u = urllib.parse.urlsplit(base_url)

@@ -26,7 +26,10 @@ _BUILTIN_METHODS = (TokenLengthNormalized, GreedyTokenSelection, UnconditionalLi
 
 
 class NativeBackend(BaseBackend):
-    support_concate_and_append = True
+    # join(mode="concate_and_append") sends nothing: the texts are joined client-side and the radix cache
+    # shares the forks' KV by itself. radixlang's server answers the call with {} and does nothing; SGLang's
+    # server has no such route (and the forks' ids are not its request ids): the call was an empty round trip.
+    support_concate_and_append = False
 
     def __init__(self, chat_template_name: Optional[str] = None):
         super().__init__()

@@ -1,5 +1,6 @@
-"""`RuntimeEndpoint(url)` (HTTP or ZeroMQ by the URL's scheme) and `Runtime(**server_args)`, a server
-started as a child process and reached over its ZeroMQ frontend socket.
+"""`RuntimeEndpoint(url)` (an http(s) URL: the server's ZeroMQ link when it has one, see discover.py;
+tcp:// / ipc://: that link) and `Runtime(**server_args)`, a server started as a child process and
+reached over its ZeroMQ frontend socket (found through its HTTP URL).
 
 Runtime invariants: the child is `python -m radixlang_runtime.launch_server` in its own process,
 started with PR_SET_PDEATHSIG on Linux so it dies with this process even on SIGKILL (NOTE: the signal
@@ -28,20 +29,31 @@ from radixlang.backend.base import BaseBackend
 
 
 def RuntimeEndpoint(base_url: str, api_key: Optional[str] = None, verify: Any = None,
-                    chat_template_name: Optional[str] = None, timeout: Optional[float] = None) -> BaseBackend:
-    """http(s)://host:port → the native HTTP protocol; tcp://host:port (or ipc://) → the ZeroMQ link.
+                    chat_template_name: Optional[str] = None, timeout: Optional[float] = None,
+                    link: str = "auto") -> BaseBackend:
+    """http(s)://host:port → the server; tcp://host:port (or ipc://) → its ZeroMQ link directly.
+    For an http(s) URL, `link` picks the transport (discover.py): "auto" runs programs over the server's
+    ZeroMQ link when it reports one and answers, else over HTTP; "http" always HTTP (tests, benchmarks);
+    "zmq" the link or a BackendError naming why not. `backend.transport` says which was chosen.
     An http(s) URL with no server behind it raises UnreachableError (radixlang.errors) at once, naming it."""
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "tcp://", "ipc://")):
         raise ValueError(f"not a server URL: {base_url!r} (use http(s)://host:port, or tcp://host:port "
                          "/ ipc://path for the ZeroMQ link)")
+    from radixlang.backend.discover import LINKS, choose_link
+
+    if link not in LINKS:
+        raise ValueError(f"link must be one of {', '.join(LINKS)}; got {link!r}")
     if base_url.startswith(("tcp://", "ipc://")):
+        if link == "http":
+            raise ValueError(f"link='http' needs an http(s):// URL; got {base_url!r}")
         from radixlang.backend.zmq import ZmqBackend
 
         return ZmqBackend(base_url, api_key=api_key, chat_template_name=chat_template_name, timeout=timeout)
     from radixlang.backend.http import HttpBackend
 
-    return HttpBackend(base_url, api_key=api_key, verify=verify, chat_template_name=chat_template_name,
+    http = HttpBackend(base_url, api_key=api_key, verify=verify, chat_template_name=chat_template_name,
                        timeout=timeout)
+    return choose_link(http, link, chat_template_name, timeout)
 
 
 def _free_port() -> int:
@@ -76,14 +88,13 @@ class Runtime:
                  **server_args: Any):
         host = server_args.pop("host", None) or "127.0.0.1"
         port = server_args.pop("port", None) or _free_port()
-        fport = server_args.pop("frontend_port", None) or _free_port()
         self.api_key = server_args.get("api_key")
         self.url = f"http://{host}:{port}"
-        self.frontend_url = f"tcp://{host}:{fport}"
+        self.frontend_url: Optional[str] = None  # the ZeroMQ link's tcp:// address, once connected
         self.endpoint: Optional[BaseBackend] = None
         self.log = tempfile.NamedTemporaryFile("w+", prefix="radixlang-runtime-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "radixlang_runtime.launch_server", "--host", host, "--port", str(port),
-               "--frontend-port", str(fport), "--log-level", log_level, *_flags(server_args)]
+               "--log-level", log_level, *_flags(server_args)]  # frontend_port, if given, among them
         self.proc: Optional[subprocess.Popen] = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ),
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
@@ -91,8 +102,10 @@ class Runtime:
         atexit.register(self.shutdown)
         try:
             self._wait_ready(launch_timeout)
-            self.endpoint = RuntimeEndpoint(self.frontend_url, api_key=self.api_key,
-                                            chat_template_name=chat_template_name)
+            link = "http" if server_args.get("frontend_port") == -1 else "zmq"  # the link the server reports
+            self.endpoint = RuntimeEndpoint(self.url, api_key=self.api_key, chat_template_name=chat_template_name,
+                                            link=link)
+            self.frontend_url = self.endpoint.base_url if link == "zmq" else None
         except BaseException:
             self.shutdown()
             raise

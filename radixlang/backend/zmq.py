@@ -122,6 +122,8 @@ class ZmqLink:
         zmq = self._zmq
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if self.address.startswith("tcp://["):  # an IPv6 host (discover.py brackets it)
+            dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(self.address)
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
@@ -163,7 +165,8 @@ class ZmqLink:
             return BackendError(f"the server at {self.address} stopped answering "
                                 f"(nothing for {self.dead_after:.0f} s): connection lost", 503)
         return BackendError(f"no radixlang server answers at {self.address} (nothing within "
-                            f"{self.connect_timeout:.0f} s of connecting): is it running, with --frontend-port?", 503)
+                            f"{self.connect_timeout:.0f} s of connecting): is it running, and not with "
+                            "--frontend-port -1?", 503)
 
     def _deliver(self, data: bytes) -> bool:
         """Hand a reply to its waiter; False for anything that is not a FrontendOut (ignored)."""
@@ -194,6 +197,9 @@ def _check(out: Any, method: str) -> None:
 
 
 class ZmqBackend(NativeBackend):
+    transport = "zmq"
+    http_url: Optional[str] = None  # the http(s) URL this link was found through (discover.py), if any
+
     def __init__(self, address: str, api_key: Optional[str] = None, chat_template_name: Optional[str] = None,
                  timeout: Optional[float] = None, dead_after: float = 5.0, connect_timeout: float = CONNECT_TIMEOUT_S):
         self.base_url = address

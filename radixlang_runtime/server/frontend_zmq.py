@@ -61,6 +61,7 @@ OPEN_MSG_BYTES = 4096  # what a message without the key may weigh to be decoded 
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # a loop failing more often than this stays down
 DROP_LOG_EVERY_S = 5.0  # at most one log line per this many seconds about dropped messages
 _ROUTE_OF = {"model_info": "/get_model_info", "server_info": "/server_info", "flush_cache": "/flush_cache"}
+_METHODS = {"generate", "abort", "concate_and_append", "pin_prefix", "unpin_prefix", *_ROUTE_OF}
 
 
 class _Dropped(Exception):
@@ -72,9 +73,17 @@ class _Dropped(Exception):
         self.reason, self.answer_to, self.status = reason, answer_to, status
 
 
+def frontend_address(host: str, port: int) -> str:
+    """The link's bind address on the HTTP host: port 0 is a free one (ZeroMQ's wildcard `*`), an IPv6
+    host goes in brackets (FrontendServer then enables IPv6 on its socket)."""
+    where = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"tcp://{where}:{'*' if port == 0 else port}"
+
+
 class FrontendServer:
+    """address: where to bind (frontend_address); after __init__, `address` and `port` are what was bound."""
+
     def __init__(self, address: str, app: Any, tm: Any, api_key: Optional[str]):
-        self.address = address
         self.tm = tm
         self.api_key = api_key
         # what a message carrying the key ends with (None: no key, every sender is authorized)
@@ -84,7 +93,11 @@ class FrontendServer:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        if address.startswith("tcp://["):
+            self._sock.setsockopt(zmq.IPV6, 1)
         self._sock.bind(address)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)  # the port a `*` picked
+        self.port = int(self.address.rsplit(":", 1)[1]) if address.startswith("tcp://") else None
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._pins: dict[bytes, set[str]] = {}
@@ -96,6 +109,7 @@ class FrontendServer:
         self._problem: Optional[str] = None
         self._closing = False
         self._dropped: Counter[str] = Counter()
+        self._served: Counter[str] = Counter()  # authorized requests by method (pings not counted)
         self._drop_logged_at = -DROP_LOG_EVERY_S
 
     def start(self) -> None:
@@ -119,7 +133,8 @@ class FrontendServer:
         return self._problem
 
     def stats(self) -> dict[str, Any]:
-        return {"address": self.address, "dropped_messages": sum(self._dropped.values()),
+        return {"address": self.address, "port": self.port, "requests_by_method": dict(self._served),
+                "dropped_messages": sum(self._dropped.values()),
                 "dropped_by_reason": dict(self._dropped),
                 "loop_restarts": self._restart_count, "problem": self._problem}
 
@@ -259,6 +274,7 @@ class FrontendServer:
         if not authorized:
             self._reply(ident, req.req_id, 401, _err("invalid or missing API key"))
             return
+        self._served[req.method if req.method in _METHODS else "unknown"] += 1  # bounded: a key per method
         if req.method == "abort":  # body checked by _shape_problem
             task = self._tasks.get((ident, req.body["req_id"]))
             if task is not None:

@@ -45,6 +45,14 @@ class ServerState:
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
 
 
+def chat_template_text(value: Optional[str]) -> Optional[str]:
+    """--chat-template as Jinja text: the value itself when it is a template, else the file it names."""
+    if value is None or "{%" in value or "{{" in value:
+        return value
+    with open(value) as f:
+        return f.read()
+
+
 MAX_ERROR_CHARS = 2000
 
 

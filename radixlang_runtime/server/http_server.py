@@ -24,7 +24,8 @@ from radixlang_runtime.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.server.dashboard import add_dashboard_routes
 from radixlang_runtime.server.generate_api import generate_route, input_size
 from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, BodyTooLarge, ServerState,
-                                                  error_response, final_result, parse_pin_body, read_json)
+                                                  chat_template_text, error_response, final_result, parse_pin_body,
+                                                  read_json)
 from radixlang_runtime.server.lifecycle import ShuttingDown
 from radixlang_runtime.server.openai_api import add_openai_routes
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
@@ -87,11 +88,20 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
             return error_response(503, f"generation failed: {e}")
         return Response(status_code=200)
 
+    flag_template = chat_template_text(args.chat_template)  # --chat-template's text (read once), else None
+
+    def frontend_port() -> Optional[int]:
+        """The DSL's ZeroMQ link's port while it serves (RuntimeEndpoint(http URL) connects to it), else None."""
+        fe = state.frontend
+        return fe.port if fe is not None and fe.problem() is None else None
+
     def model_info():
         return {"model_path": args.model_path or state.model_dir, "served_model_name": state.served_model_name,
                 "tokenizer_path": args.tokenizer_path or state.model_dir, "is_generation": True,
                 "max_context_length": tm.limits.context_len,
-                "chat_template": getattr(tm.tokenizer, "chat_template", None)}  # the DSL renders roles with it
+                # --chat-template, else the model's own: the DSL renders roles with it
+                "chat_template": flag_template or getattr(tm.tokenizer, "chat_template", None),
+                "frontend_port": frontend_port()}
 
     app.get("/model_info")(model_info)
     app.get("/get_model_info")(model_info)
@@ -100,6 +110,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
         stats = await tm.get_stats()
         return {**args.to_public_dict(), **state.info, "version": __version__, "stats": stats,
                 "pids": {"server": os.getpid(), **state.child_pids},
+                "frontend_port": frontend_port(),  # the bound port (the flag's 0 picks one), None: no link
                 "frontend": state.frontend.stats() if state.frontend else None}
 
     app.get("/server_info")(server_info)
