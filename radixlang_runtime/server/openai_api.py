@@ -3,7 +3,7 @@
 Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
 text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Fields are strict (ROUTE_FIELDS): an unknown
-one answers 400 naming it, options the runtime cannot honour yet (logit_bias, best_of, suffix, tools,
+one answers 400 naming it, options the runtime cannot honour yet (best_of, suffix, tools,
 ...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
 and change nothing; a `model` other than the served name or "default" is 404 model_not_found. Parsing,
 the chat template and tokenizing run on an intake thread (TokenizerManager.run_intake).
@@ -35,16 +35,16 @@ from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerSt
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                "no_stop_trim", "regex", "json_schema")
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
-                    "min_tokens", "response_format", *_EXTENSIONS)
+                    "min_tokens", "response_format", "logit_bias", *_EXTENSIONS)
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
 # Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
 _OFF_VALUES: dict[str, tuple] = {
-    "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
+    "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
     "functions": ([],), "function_call": ("none", "auto"), "parallel_tool_calls": (True, False),
     "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", "logit_bias", *_SAMPLING_FIELDS, *_INFORMATIONAL}
+_COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL}
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
     "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs",
@@ -88,6 +88,7 @@ def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_
         "frequency_penalty": _opt(body, "frequency_penalty", 0.0),
         "stop": body.get("stop"),
         "sampling_seed": None if body.get("seed") is None else need_int(body["seed"], "seed"),
+        "logit_bias": body.get("logit_bias"),  # {"token id": bias}: SamplingParams checks it (param logit_bias)
     }
     for name in _EXTENSIONS:
         if body.get(name) is not None:
