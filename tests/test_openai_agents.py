@@ -4,6 +4,8 @@ tokens are compared with transformers on the same weights), the `openai` SDK and
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -98,3 +100,146 @@ def test_bad_logit_bias_is_a_400_naming_it(client, bias, needle):
         err = r.json()["error"]
         assert needle in err["message"], (route, err)
         assert err["param"].endswith("logit_bias"), (route, err)
+
+
+# ------------------------------------------------------------------------------------ tools
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in London?"}]
+# the embedded model's tool format (SmolLM2: a JSON list in <tool_call>), forced through the regex extension so
+# the 135M model writes a call; the parser still reads it from the text like any other output
+ONE_CALL = r'<tool_call>\[\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,10}"\}\}\n\]</tool_call>'
+TWO_CALLS = (r'<tool_call>\[\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,10}"\}\},\n'
+             r'\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,10}"\}\}\n\]</tool_call>')
+
+
+def reassemble(stream) -> tuple[str, list[dict], str]:
+    """An openai SDK chat stream -> (content, tool calls, finish_reason), checking the delta protocol:
+    a call's id / type / name come once, in its first delta; arguments only after it."""
+    content, calls, finish = "", {}, None
+    for ch in stream:
+        if not ch.choices:
+            continue
+        c = ch.choices[0]
+        content += c.delta.content or ""
+        for tc in c.delta.tool_calls or []:
+            if tc.id is not None:
+                assert tc.index not in calls and tc.type == "function" and tc.function.name
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""}
+            else:
+                assert tc.index in calls and tc.function.name is None
+                calls[tc.index]["arguments"] += tc.function.arguments
+        finish = c.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def as_dicts(tool_calls) -> list[dict]:
+    return [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments} for t in tool_calls or []]
+
+
+def rendered_ids(tok, messages, tools=None) -> list[int]:
+    from radixlang_runtime.server.chat_render import render_chat
+
+    return tok.encode(render_chat(tok, messages, None, tools)[0], add_special_tokens=False)
+
+
+def test_a_call_in_the_output_is_message_tool_calls(client, oai, engine_fp32):
+    from radixlang_runtime.tool_parsers import get_parser
+
+    req = dict(model="default", messages=ASK, tools=TOOLS, temperature=0, max_tokens=60, extra_body={"regex": ONE_CALL})
+    r = oai.chat.completions.create(**req)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    calls = as_dicts(choice.message.tool_calls)
+    assert len(calls) == 1 and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert set(json.loads(calls[0]["arguments"])) == {"city"}
+    # the same greedy request on the native route gives the raw text: the route's calls are its parse
+    ids = rendered_ids(engine_fp32.tokenizer, ASK, TOOLS)
+    assert r.usage.prompt_tokens == len(ids)
+    raw = client.post("/generate", json={"input_ids": ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 60, "regex": ONE_CALL}}).json()["text"]
+    want = get_parser("hermes").parse(raw, {"get_weather"})
+    assert [(c.name, c.arguments) for c in want.calls] == [(c["name"], c["arguments"]) for c in calls]
+    # streamed: the same call, name once, arguments in pieces that add up
+    content, streamed, finish = reassemble(oai.chat.completions.create(**req, stream=True))
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(c["name"], c["arguments"]) for c in calls]
+
+
+def test_parallel_tool_calls_false_keeps_the_first(oai):
+    req = dict(model="default", messages=ASK, tools=TOOLS, temperature=0, max_tokens=80,
+               extra_body={"regex": TWO_CALLS})
+    both = as_dicts(oai.chat.completions.create(**req).choices[0].message.tool_calls)
+    assert len(both) == 2
+    one = oai.chat.completions.create(**req, parallel_tool_calls=False)
+    assert one.choices[0].finish_reason == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in as_dicts(one.choices[0].message.tool_calls)] == \
+        [(both[0]["name"], both[0]["arguments"])]
+    _, streamed, finish = reassemble(oai.chat.completions.create(**req, parallel_tool_calls=False, stream=True))
+    assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in streamed] == \
+        [(both[0]["name"], both[0]["arguments"])]
+
+
+def test_plain_text_with_tools_streams_as_it_answers(oai):
+    """What the 135M model writes unforced: text. With tools on, the parser passes it through, and the
+    stream adds up to the non-streamed reply of the same greedy request."""
+    req = dict(model="default", messages=[{"role": "user", "content": "Tell me a joke."}], tools=TOOLS,
+               temperature=0, max_tokens=24)
+    r = oai.chat.completions.create(**req)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+    content, calls, finish = reassemble(oai.chat.completions.create(**req, stream=True))
+    assert (content, calls, finish) == (r.choices[0].message.content, [], r.choices[0].finish_reason)
+
+
+def test_a_tool_result_round_trip_renders_and_answers(oai, engine_fp32, hf_greedy):
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "London"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C, light rain"}]
+    tok = engine_fp32.tokenizer
+    ids = rendered_ids(tok, history, TOOLS)
+    prompt = tok.decode(ids)
+    assert '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "London"}}\n]</tool_call>' in prompt
+    assert "<tool_response>\n12 C, light rain\n</tool_response>" in prompt
+    r = oai.chat.completions.create(model="default", messages=history, tools=TOOLS, temperature=0, max_tokens=12,
+                                    extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == tok.decode(hf_greedy(ids, 12))
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
+
+
+def test_tool_choice_none_renders_no_tools(oai, engine_fp32):
+    plain = len(rendered_ids(engine_fp32.tokenizer, ASK))
+    r = oai.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=1)
+    assert r.usage.prompt_tokens == plain
+    r = oai.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=1)
+    assert r.usage.prompt_tokens == len(rendered_ids(engine_fp32.tokenizer, ASK, TOOLS)) > plain
+
+
+@pytest.mark.parametrize("extra,param,needle", [
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "1-64 letters"),
+    ({"tools": [{"type": "code_interpreter"}]}, "tools", "tools[0] must be"),
+    ({"tools": TOOLS * 2}, "tools", "unique"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "get_weather", "arguments": "{not json"}}]}]}, "messages[1].tool_calls[0].function.arguments", "JSON"),
+    ({"messages": ASK + [{"role": "tool", "content": "x"}]}, "messages[1].tool_call_id", "tool_call_id"),
+    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+])
+def test_bad_tool_requests_are_400s_naming_the_field(client, extra, param, needle):
+    r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 1, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and needle in err["message"], err
+
+
+def test_unknown_tool_call_parser_is_refused_by_name():
+    from radixlang_runtime.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="tool_call_parser 'nope'"):
+        ServerArgs(tool_call_parser="nope")
+    assert ServerArgs(tool_call_parser="qwen25").tool_call_parser == "qwen25"
