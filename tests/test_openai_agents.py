@@ -219,7 +219,51 @@ def test_tool_choice_none_renders_no_tools(oai, engine_fp32):
     assert r.usage.prompt_tokens == len(rendered_ids(engine_fp32.tokenizer, ASK, TOOLS)) > plain
 
 
+TWO_TOOLS = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 30}},
+                                       "required": ["tz"]}}}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_tool_choice_makes_the_model_call(client, oai, engine_fp32, choice):
+    """tool_choice required / named: the output is constrained to a call (the regex built from the
+    parameters schema), so the 135M model calls a tool; the reply is the parse of what it wrote."""
+    from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE
+    from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, set_parser
+
+    req = dict(model="default", messages=ASK, tools=TWO_TOOLS, tool_choice=choice, parallel_tool_calls=False,
+               temperature=0, max_tokens=80)
+    r = oai.chat.completions.create(**req)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    calls = as_dicts(r.choices[0].message.tool_calls)
+    assert len(calls) == 1
+    args = json.loads(calls[0]["arguments"])
+    if choice == "required":
+        assert calls[0]["name"] in ("get_weather", "get_time")
+    else:
+        assert calls[0]["name"] == "get_time" and set(args) == {"tz"} and isinstance(args["tz"], str)
+    # the raw greedy text under the same constraint, parsed here, is the reply
+    body = {"tools": TWO_TOOLS, "tool_choice": choice, "parallel_tool_calls": False}
+    plan = check_tools(body)
+    set_parser(plan, None, CHATML_TOOLS_TEMPLATE)
+    ids = rendered_ids(engine_fp32.tokenizer, ASK, TWO_TOOLS)
+    raw = client.post("/generate", json={"input_ids": ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 80, "regex": forced_call_regex(plan, True)}}).json()["text"]
+    assert [(c.name, c.arguments) for c in plan.parser.parse(raw).calls] == [(c["name"], c["arguments"]) for c in calls]
+    content, streamed, finish = reassemble(oai.chat.completions.create(**req, stream=True))
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(c["name"], c["arguments"]) for c in calls]
+
+
 @pytest.mark.parametrize("extra,param,needle", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not in tools"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot be combined"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}}}],
+      "tool_choice": "required"}, "tools", "anyOf is not supported with a forced tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "1-64 letters"),
     ({"tools": [{"type": "code_interpreter"}]}, "tools", "tools[0] must be"),

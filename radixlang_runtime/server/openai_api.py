@@ -29,10 +29,10 @@ from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, ne
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.results import LogprobRequest
-from radixlang_runtime.server.chat_render import render_chat
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, error_response, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response, text_delta)
-from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, set_parser
+from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                "no_stop_trim", "regex", "json_schema")
@@ -350,6 +350,11 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     sp = sampling_from_openai(body, None, max(room, 0))
     if plan.parser is not None and plan.parser.keeps_special_tokens and body.get("skip_special_tokens") is None:
         sp["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>)
+    if plan.forced is not None:  # tool_choice required / a named function: the output is a call
+        if sp.get("regex") is not None or sp.get("json_schema") is not None:
+            raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex or "
+                                            "json_schema")
+        sp["regex"] = forced_call_regex(plan, template == CHATML_TOOLS_TEMPLATE)
     choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid)
     return choices, want_lp, top, plan
 
