@@ -216,3 +216,65 @@ def test_registry_and_template_detection():
     assert detect_parser("[TOOL_CALLS]") == "mistral"
     assert detect_parser("<|im_start|>{{ m.content }}") is None
     assert detect_parser(None) is None
+
+
+# ------------------------------------------------------------------------------------ properties
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=4), inner, max_size=3), max_leaves=6)
+_calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
+                            st.dictionaries(st.from_regex(r"[a-z_]{1,6}", fullmatch=True), _values, max_size=3)),
+                  min_size=1, max_size=3)
+
+
+def _render(fmt: str, calls: list, style: int) -> str:
+    objs = [{"name": n, ("parameters" if fmt == "llama3" else "arguments"): a} for n, a in calls]
+
+    def dump(o: dict) -> str:
+        return json.dumps(o, ensure_ascii=bool(style % 2))
+
+    if fmt == "hermes":
+        if style % 3 == 0:  # SmolLM2's list form
+            return "<tool_call>[\n" + ",\n".join(map(dump, objs)) + "\n]</tool_call>"
+        return "\n".join(f"<tool_call>\n{dump(o)}\n</tool_call>" for o in objs)
+    if fmt == "llama3":
+        return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
+    if fmt == "mistral":
+        return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
+    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+
+
+@settings(max_examples=150, deadline=None)
+@given(fmt=st.sampled_from(sorted(set(PARSERS) - {"qwen25", "qwen"})), calls=_calls, style=st.integers(0, 5),
+       lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
+def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
+    if fmt in ("llama3", "pythonic"):
+        lead = ""  # these formats take calls only at the output's start
+    text = lead + _render(fmt, calls, style)
+    got = get_parser(fmt).parse(text)
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [(n, a) for n, a in calls]
+    assert got.content == lead.strip()
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=20)))
+    streamed = collect(stream(fmt, text, cuts))
+    assert streamed.content == got.content
+    assert [(c.name, c.arguments) for c in streamed.calls] == [(c.name, c.arguments) for c in got.calls]
+
+
+@settings(max_examples=200, deadline=None)
+@given(fmt=st.sampled_from(sorted(PARSERS)), data=st.data(),
+       pieces=st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "{", "}",
+                                        "[", "]", '"name"', ": ", '"f"', ", ", '"arguments"', "(", ")", "=", "a",
+                                        " ", "\n", "'", '"', ";", "x"]), max_size=30))
+def test_any_text_streams_without_error_and_keeps_what_it_does_not_call(fmt, pieces, data):
+    """Hostile fragments in any chunking: no exception; a stream with no call gives back the text whole."""
+    text = "".join(pieces)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=10))) if text else []
+    events = stream(fmt, text, cuts)
+    got = collect(events)
+    if not got.calls:
+        assert got.content == text
+    full = get_parser(fmt).parse(text)
+    if not full.calls:
+        assert full.content == text
