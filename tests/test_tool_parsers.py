@@ -11,7 +11,7 @@ import pytest
 
 from radixlang_runtime.tool_parsers import (PARSERS, CallArgs, CallStart, Text, collect, detect_parser, get_parser,
                                             openai_delta)
-from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, scan_json
+from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, JsonScanner, scan_json
 
 QWEN_PARALLEL = (
     "<tool_call>\n"
@@ -205,6 +205,21 @@ def test_json_scan_prefixes():
     assert {m.key: json.loads(text[m.start:m.end]) for m in scan.members} == value
     for bad in ('{"a": 1,}', '{"a" 1}', "[1 2]", '{"a": tru }', '{"a": 01}', '{"a": NaN}', "{a: 1}", r'{"a": "\x"}'):
         assert scan_json(bad).status == INVALID, bad
+
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"name": "x", "arguments": {"s": "a\\\"\u00e9 " * 5, "n": [-1.5e-3, 0, True, None], "o": {}}}),
+    json.dumps({"name": "x", "arguments": {"s": "\u00e9\n"}}, ensure_ascii=True) + " tail",
+    '{"a": [1, 2,, 3]}', '{"a": "\\uZZ"}',
+])
+def test_a_continued_scan_equals_a_fresh_one_at_every_prefix(text):
+    """JsonScanner (streaming) resumes inside strings and escapes: same answers as scanning from scratch."""
+    scanner = JsonScanner(0)
+    for k in range(1, len(text) + 1):
+        got, fresh = scanner.scan(text[:k]), scan_json(text[:k])
+        assert (got.status, got.start, got.end) == (fresh.status, fresh.start, fresh.end), text[:k]
+        assert [(m.key, m.start, m.end) for m in got.members] == [(m.key, m.start, m.end) for m in fresh.members]
 
 
 def test_registry_and_template_detection():

@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Collection, Optional, Union
+from typing import Any, Callable, ClassVar, Collection, Optional, Union
 
-from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, JsonScan, scan_json, skip_ws
+from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, JsonScan, JsonScanner, scan_json, \
+    skip_ws
 
 OPEN, DONE = "open", "done"  # GroupScan.status besides INVALID
 ARG_KEYS = ("arguments", "parameters")  # hermes / mistral write "arguments", Llama 3.1 "parameters"
@@ -104,6 +105,7 @@ class ToolParser:
         self._pending_ws = ""
         self._sent: list[list[str]] = []  # per call emitted: [id, arguments sent]
         self._group_base = 0  # index of the current group's first call
+        self._scanners: dict[int, Any] = {}  # values being read in _buf, by start (streaming stays linear)
 
     # ------------------------------------------------------------------ the interface
     def feed(self, delta: str) -> list[Event]:
@@ -149,6 +151,23 @@ class ToolParser:
         """text starts at a group's start; final: nothing will follow it."""
         raise NotImplementedError
 
+    def scan_at(self, text: str, i: int) -> JsonScan:
+        """scan_json(text, i), continued from the last call with the same start (text only grew since)."""
+        return self.scanner(i, JsonScanner).scan(text)
+
+    def scanner(self, i: int, kind: Callable[[int], Any]) -> Any:
+        """The scanner of the value starting at _buf[i] (made by kind(i) the first time)."""
+        found = self._scanners.get(i)
+        if found is None:
+            found = self._scanners[i] = kind(i)
+        return found
+
+    def _consume(self, k: int) -> None:
+        """Drop the first k characters of _buf (positions move: the scanners go)."""
+        if k:
+            self._buf = self._buf[k:]
+            self._scanners.clear()
+
     # ------------------------------------------------------------------ the machine
     def _advance(self, final: bool) -> list[Event]:
         events: list[Event] = []
@@ -158,22 +177,22 @@ class ToolParser:
                 if start < 0:
                     cut = len(self._buf) if final else hold
                     self._text(self._buf[:cut], events)
-                    self._buf = self._buf[cut:]
+                    self._consume(cut)
                     return events
                 self._text(self._buf[:start], events)
-                self._buf = self._buf[start:]
+                self._consume(start)
                 self._in_group, self._group_base = True, len(self._sent)
                 self._groups += 1
             scan = self.parse_group(self._buf, final)
             if scan.status == INVALID and len(self._sent) == self._group_base:
                 self._in_group = False  # not tool markup: its first character is text, look again after it
                 self._text(self._buf[:1], events)
-                self._buf = self._buf[1:]
+                self._consume(1)
                 continue
             self._emit_calls(scan.calls, events)
             if scan.status == OPEN:
                 return events
-            self._buf = self._buf[scan.end:]  # DONE, or broken after a commit (the broken part dropped)
+            self._consume(scan.end)  # DONE, or broken after a commit (the broken part dropped)
             self._in_group = False
         return events
 
@@ -220,7 +239,7 @@ def call_from_object(text: str, scan: JsonScan, final: bool,
     if final:
         return INVALID, None  # cut off
     ms = scan.members
-    if len(ms) < 2 or ms[0].key != "name" or ms[0].end is None or ms[1].key not in ARG_KEYS or ms[1].start >= len(text):
+    if len(ms) < 2 or ms[0].key != "name" or ms[0].end is None or ms[1].key not in ARG_KEYS or ms[1].start < 0:
         return PARTIAL, None
     name = json.loads(text[ms[0].start:ms[0].end])
     if not isinstance(name, str) or (names is not None and name not in names) or text[ms[1].start] != "{":
@@ -228,11 +247,11 @@ def call_from_object(text: str, scan: JsonScan, final: bool,
     return PARTIAL, CallScan(name, text[ms[1].start:ms[1].end or len(text)], False)
 
 
-def call_object_at(text: str, i: int, final: bool, names: Optional[set[str]],
-                   calls: list[CallScan]) -> tuple[str, int]:
+def call_object_at(text: str, i: int, final: bool, names: Optional[set[str]], calls: list[CallScan],
+                   scan_at: Callable[[str, int], JsonScan] = scan_json) -> tuple[str, int]:
     """One call object at text[i:] appended to calls once committed -> (COMPLETE, its end) or
-    (OPEN, len) or (INVALID, index)."""
-    scan = scan_json(text, i)
+    (OPEN, len) or (INVALID, index). scan_at: ToolParser.scan_at while streaming."""
+    scan = scan_at(text, i)
     if scan.start >= len(text):
         return (INVALID if final else OPEN), len(text)
     status, call = call_from_object(text, scan, final, names)
@@ -243,14 +262,14 @@ def call_object_at(text: str, i: int, final: bool, names: Optional[set[str]],
     return (COMPLETE, scan.end) if status == COMPLETE else (OPEN, len(text))
 
 
-def call_array_at(text: str, i: int, final: bool, names: Optional[set[str]],
-                  calls: list[CallScan]) -> tuple[str, int]:
+def call_array_at(text: str, i: int, final: bool, names: Optional[set[str]], calls: list[CallScan],
+                  scan_at: Callable[[str, int], JsonScan] = scan_json) -> tuple[str, int]:
     """A JSON array of call objects at text[i] == "[" -> (COMPLETE, one past "]") / (OPEN, len) / (INVALID, index)."""
     j = skip_ws(text, i + 1)
     if j < len(text) and text[j] == "]":
         return COMPLETE, j + 1
     while True:
-        status, end = call_object_at(text, j, final, names, calls)
+        status, end = call_object_at(text, j, final, names, calls, scan_at)
         if status != COMPLETE:
             return status, end
         k = skip_ws(text, end)

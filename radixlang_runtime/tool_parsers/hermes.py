@@ -22,7 +22,7 @@ class HermesParser(ToolParser):
         if i >= len(text):
             return GroupScan(calls, INVALID if final else OPEN, len(text))
         at = call_array_at if text[i] == "[" else call_object_at
-        status, end = at(text, i, final, self.tool_names, calls)
+        status, end = at(text, i, final, self.tool_names, calls, self.scan_at)
         if status == INVALID or status == OPEN:
             return GroupScan(calls, status, end)
         return closing(text, end, END, final, calls)

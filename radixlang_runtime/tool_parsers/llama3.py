@@ -37,7 +37,7 @@ class Llama3JsonParser(ToolParser):
         calls: list[CallScan] = []
         i = len(PYTHON_TAG) if text.startswith(PYTHON_TAG) else 0
         while True:
-            status, end = call_object_at(text, i, final, self.tool_names, calls)
+            status, end = call_object_at(text, i, final, self.tool_names, calls, self.scan_at)
             if status != COMPLETE:
                 return GroupScan(calls, status, end)
             k = skip_ws(text, end)

@@ -23,7 +23,7 @@ class MistralParser(ToolParser):
             return GroupScan(calls, INVALID if final else OPEN, len(text))
         if text[i] != "[":
             return GroupScan(calls, INVALID, i)
-        status, end = call_array_at(text, i, final, self.tool_names, calls)
+        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
         if status == INVALID or status == OPEN:
             return GroupScan(calls, status, end)
         return closing(text, end, "", final, calls)

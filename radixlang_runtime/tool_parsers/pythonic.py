@@ -21,30 +21,53 @@ _KEYWORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=")
 _OPEN, _CLOSE = "([{", ")]}"
 
 
-def _value_end(text: str, i: int) -> tuple[str, int]:
-    """A Python literal from text[i] to the first top-level `,` or `)` -> (COMPLETE, that index) /
-    (PARTIAL, len) / (INVALID, index of an unbalanced bracket)."""
-    depth, quote = [], ""
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in _OPEN:
-            depth.append(_CLOSE[_OPEN.index(c)])
-        elif c in _CLOSE:
-            if not depth:
-                return (COMPLETE, i) if c == ")" else (INVALID, i)
-            if depth.pop() != c:
-                return INVALID, i
-        elif c == "," and not depth:
-            return COMPLETE, i
-        i += 1
-    return PARTIAL, len(text)
+class _ValueScanner:
+    """A Python literal from text[pos] to the first top-level `,` or `)`, read as the text grows: scan(text)
+    -> (COMPLETE, that index) / (PARTIAL, len) / (INVALID, index of an unbalanced bracket); value() is
+    its literal_eval, computed once."""
+
+    def __init__(self, pos: int):
+        self.i, self.depth, self.quote = pos, [], ""
+        self.pos = pos
+        self.done: Optional[tuple[str, int]] = None
+        self._value: Optional[tuple[bool, Any]] = None
+
+    def scan(self, text: str) -> tuple[str, int]:
+        if self.done is not None:
+            return self.done
+        i, depth, quote = self.i, self.depth, self.quote
+        while i < len(text):
+            c = text[i]
+            if quote:
+                if c == "\\":
+                    if i + 1 >= len(text):
+                        break  # resume at the backslash
+                    i += 1
+                elif c == quote:
+                    quote = ""
+            elif c in "'\"":
+                quote = c
+            elif c in _OPEN:
+                depth.append(_CLOSE[_OPEN.index(c)])
+            elif c in _CLOSE:
+                if not depth:
+                    self.done = (COMPLETE, i) if c == ")" else (INVALID, i)
+                    return self.done
+                if depth.pop() != c:
+                    self.done = INVALID, i
+                    return self.done
+            elif c == "," and not depth:
+                self.done = COMPLETE, i
+                return self.done
+            i += 1
+        self.i, self.quote = i, quote
+        return PARTIAL, len(text)
+
+    def value(self, text: str) -> tuple[bool, Any]:
+        if self._value is None:
+            assert self.done is not None and self.done[0] == COMPLETE
+            self._value = _literal(text[self.pos:self.done[1]])
+        return self._value
 
 
 def _arguments(items: list[tuple[str, Any]], complete: bool) -> str:
@@ -120,10 +143,11 @@ class PythonicParser(ToolParser):
             if kw is None:
                 viable = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\s*", text[p:]) is not None
                 return undecided if viable or p >= len(text) else (INVALID, p)
-            status, end = _value_end(text, kw.end())
+            scanner = self.scanner(kw.end(), _ValueScanner)
+            status, end = scanner.scan(text)
             if status == PARTIAL:
                 return undecided
-            ok, value = _literal(text[kw.end():end]) if status == COMPLETE else (False, None)
+            ok, value = scanner.value(text) if status == COMPLETE else (False, None)
             if not ok or any(kw.group(1) == k2 for k2, _ in items):
                 return INVALID, kw.end()
             items.append((kw.group(1), value))
