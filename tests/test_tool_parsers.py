@@ -293,3 +293,50 @@ def test_any_text_streams_without_error_and_keeps_what_it_does_not_call(fmt, pie
     full = get_parser(fmt).parse(text)
     if not full.calls:
         assert full.content == text
+
+
+# ------------------------------------------------------------------------------------ forced calls
+WEATHER = {"type": "function", "function": {"name": "get-weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+NOARGS = {"type": "function", "function": {"name": "now"}}
+
+
+def _forced(choice, parallel=True, parser="hermes"):
+    from radixlang_runtime.server.openai_tools import check_tools, set_parser
+
+    plan = check_tools({"tools": [WEATHER, NOARGS], "tool_choice": choice, "parallel_tool_calls": parallel})
+    set_parser(plan, parser, None)
+    return plan
+
+
+@pytest.mark.parametrize("list_form", [True, False])
+def test_forced_call_regex_matches_exactly_what_the_parser_reads(list_form):
+    import re
+
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    one = '{"name": "get-weather", "arguments": {"city": "Paris", "days": 3}}'
+    two = '{"name": "now", "arguments": {}}'
+    if list_form:
+        texts = [f"<tool_call>[\n{one}\n]</tool_call>", f"<tool_call>[\n{one},\n{two}\n]</tool_call>"]
+    else:
+        block = "<tool_call>\n{}\n</tool_call>"
+        texts = [block.format(one), block.format(one) + "\n" + block.format(two)]
+    many = re.compile(forced_call_regex(_forced("required"), list_form))
+    single = re.compile(forced_call_regex(_forced("required", parallel=False), list_form))
+    named = re.compile(forced_call_regex(_forced({"type": "function", "function": {"name": "now"}}), list_form))
+    assert many.fullmatch(texts[0]) and many.fullmatch(texts[1])
+    assert single.fullmatch(texts[0]) and not single.fullmatch(texts[1])  # parallel_tool_calls false: one call
+    assert not named.fullmatch(texts[0])  # a named function: only that one
+    assert not many.fullmatch(texts[0].replace('"Paris"', "3"))  # the schema: city is a string
+    for t in texts:
+        assert [c.name for c in get_parser("hermes").parse(t).calls] == ["get-weather", "now"][:t.count('"name"')]
+
+
+def test_forced_calls_are_refused_where_not_implemented():
+    from radixlang_runtime.limits import FieldError
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    with pytest.raises(FieldError, match="implemented for the hermes tool-call format only; this server parses "
+                                         "pythonic"):
+        forced_call_regex(_forced("required", parser="pythonic"), True)
