@@ -351,6 +351,9 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     if plan.parser is not None and plan.parser.keeps_special_tokens and body.get("skip_special_tokens") is None:
         sp["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>)
     if plan.forced is not None:  # tool_choice required / a named function: the output is a call
+        if not tm.limits.grammar:
+            raise FieldError("tool_choice", f"tool_choice {plan.forced!r} constrains the output to a call: it needs a "
+                                            "grammar backend (the server runs with --grammar-backend none)")
         if sp.get("regex") is not None or sp.get("json_schema") is not None:
             raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex or "
                                             "json_schema")
