@@ -28,6 +28,7 @@ MAX_BATCH = 1024  # runtime requests one body fans out into (prompts x n)
 MAX_RID_LEN = 256  # characters of a request id
 MAX_STOP_STRINGS = 16  # entries of `stop` (their length and stop_regex's limits: stop_regex.py)
 MAX_STOP_TOKEN_IDS = 1024  # entries of `stop_token_ids`
+MAX_LOGIT_BIAS = 1024  # entries of `logit_bias` (OpenAI's chat API takes up to 300)
 
 
 class FieldError(ValueError):

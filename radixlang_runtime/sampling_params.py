@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from radixlang_runtime.limits import (MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError, need_bool, need_float,
-                                      need_int, need_int_list, need_str, show)
+from radixlang_runtime.limits import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError,
+                                      need_bool, need_float, need_int, need_int_list, need_str, show)
 from radixlang_runtime.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
@@ -35,6 +35,9 @@ class SamplingParams:
     regex: Optional[str] = None
     json_schema: Optional[str] = None
     sampling_seed: Optional[int] = None
+    # token id -> bias added to its logit before any sampling step (greedy too); JSON keys are decimal
+    # strings ("123"), normalized to ints; biases finite in [-100, 100] (OpenAI's range).
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
@@ -124,6 +127,7 @@ class SamplingParams:
         need(self.regex is None or self.json_schema is None, "at most one of regex / json_schema may be set")
         if self.sampling_seed is not None:
             need_int(self.sampling_seed, "sampling_seed")
+        self.logit_bias = normalize_logit_bias(self.logit_bias)
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")
         check_stops(self.stop_strs, self.stop_regex)  # limits, RE2 compile: ValueError naming them (HTTP 400)
@@ -136,6 +140,32 @@ class SamplingParams:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise FieldError("stop_token_ids", f"stop_token_ids must be in [0, {vocab_size}), got {show(bad)}")
+        bad = sorted(t for t in self.logit_bias if not 0 <= t < vocab_size)
+        if bad:
+            raise FieldError("logit_bias", f"logit_bias keys must be token ids in [0, {vocab_size}), got {show(bad)}")
+
+
+def normalize_logit_bias(value: Any) -> dict[int, float]:
+    """{token id (int, or its decimal string as JSON keys are): bias} -> {int: float}; FieldError naming
+    logit_bias on anything else (a non-object, a key that is not a token id, a bias outside [-100, 100],
+    more than MAX_LOGIT_BIAS entries). The vocabulary bound is check_vocab's (it needs the model)."""
+    if not isinstance(value, dict):
+        raise FieldError("logit_bias", f"logit_bias must be an object of token id -> bias, got {show(value)}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise FieldError("logit_bias", f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}")
+    out: dict[int, float] = {}
+    for k, b in value.items():
+        if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 19:
+            tid = int(k)
+        elif type(k) is int and k >= 0:
+            tid = k
+        else:
+            raise FieldError("logit_bias", f"logit_bias keys must be token ids (non-negative integers), got {show(k)}")
+        try:
+            out[tid] = need_float(b, f"logit_bias[{show(k, 20)}]", -100.0, 100.0)
+        except FieldError as e:  # param: the field itself (OpenAI names `logit_bias`, not one entry)
+            raise FieldError("logit_bias", str(e)) from None
+    return out
 
 
 def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,

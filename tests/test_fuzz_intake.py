@@ -126,7 +126,10 @@ REGRESSIONS = {
                             "stop_token_ids[0]"),
     "best_of_2": ("/v1/completions", j({**CMPL, "best_of": 2}), 400, "best_of"),
     "suffix": ("/v1/completions", j({**CMPL, "suffix": "!"}), 400, "suffix"),
-    "logit_bias": ("/v1/chat/completions", j({**CHAT, "logit_bias": {"42": 5}}), 400, "logit_bias"),
+    "logit_bias_101": ("/v1/chat/completions", j({**CHAT, "logit_bias": {"42": 101}}), 400, "logit_bias"),
+    "logit_bias_id": ("/v1/completions", j({**CMPL, "logit_bias": {"99999999": 1}}), 400, "logit_bias"),
+    "logit_bias_native": ("/generate", j({"text": "a", "sampling_params": {**SP, "logit_bias": {"x": 1}}}), 400,
+                          "logit_bias"),
     "unknown_openai_field": ("/v1/chat/completions", j({**CHAT, "frobnicate": 1}), 400, "frobnicate"),
     "native_n_1000": ("/generate", j({"text": "a", "sampling_params": {**SP, "n": 1000}}), 400, "n"),
     "openai_n_1000": ("/v1/completions", j({**CMPL, "n": 1000}), 400, "n"),
@@ -358,7 +361,9 @@ OPENAI_COMMON = {
         "include_usage": either(st.booleans())})),
     "temperature": either(st.floats(0, 2)), "top_p": either(st.floats(0.1, 1)), "seed": either(st.integers()),
     "stop": either(st.text(min_size=1, max_size=3)), "presence_penalty": either(st.floats(-2, 2)),
-    "frequency_penalty": either(st.floats(-2, 2)), "user": either(texts), "logit_bias": either(st.just({})),
+    "frequency_penalty": either(st.floats(-2, 2)), "user": either(texts),
+    "logit_bias": either(st.just({}) | st.dictionaries(st.sampled_from(["1", "42", "x", "-1", "99999999"]),
+                                                       st.floats(-150, 150), max_size=3) | hostile),
     "top_k": either(st.sampled_from([-1, 3])), "ignore_eos": either(st.booleans()),
     "stop_token_ids": either(st.lists(st.integers(0, 100), max_size=2)), "min_tokens": either(st.integers(0, 2)),
     "response_format": either(st.just({"type": "text"})),
@@ -368,14 +373,25 @@ completion_body = st.fixed_dictionaries(
     optional={**OPENAI_COMMON, "prompt": either(texts | st.lists(texts, min_size=1, max_size=2) | ids),
               "echo": either(st.booleans()), "logprobs": either(st.integers(0, 3)),
               "best_of": either(st.sampled_from([1, 2])), "suffix": either(st.just(""))})
-messages = st.lists(st.fixed_dictionaries({"role": either(st.sampled_from(["system", "user", "assistant"])),
-                                           "content": either(texts | st.lists(st.fixed_dictionaries(
-                                               {"type": st.just("text"), "text": texts}), max_size=2))}),
-                    min_size=1, max_size=3)
+FUZZ_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+_tool_call = st.fixed_dictionaries({"id": texts, "type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": texts, "arguments": st.sampled_from(['{"city": "Paris"}', "{}", "{bad", "[1]"]) | hostile})})
+messages = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": either(st.sampled_from(["system", "user", "assistant"])),
+                           "content": either(texts | st.lists(st.fixed_dictionaries(
+                               {"type": st.just("text"), "text": texts}), max_size=2))}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(),
+                           "tool_calls": st.lists(_tool_call, max_size=2) | hostile}),
+    st.fixed_dictionaries({"role": st.just("tool"), "content": texts}, optional={"tool_call_id": texts | hostile})),
+    min_size=1, max_size=3)
 chat_body = st.fixed_dictionaries(
     {"max_tokens": max_tokens, "messages": either(messages)},
     optional={**OPENAI_COMMON, "logprobs": either(st.booleans()), "top_logprobs": either(st.integers(0, 3)),
-              "tools": either(st.just([])), "tool_choice": either(st.sampled_from(["none", "auto", "required"])),
+              # a forced tool_choice (required / named) with tools compiles a grammar (seconds): left out
+              "tools": either(st.just([]) | st.just(FUZZ_TOOLS) | hostile),
+              "tool_choice": either(st.sampled_from(["none", "auto"]) | hostile),
+              "parallel_tool_calls": either(st.booleans() | hostile),
               "max_completion_tokens": max_tokens})
 
 

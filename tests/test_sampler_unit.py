@@ -132,3 +132,51 @@ def test_min_new_tokens_beyond_max_and_unknown_keys_are_rejected():
         SamplingParams.from_dict({"max_new_tokens": 4, "min_new_tokens": 5})
     with pytest.raises(ValueError, match="bogus"):
         SamplingParams.from_dict({"bogus": 1})
+
+
+def test_logit_bias_is_added_exactly_and_rides_the_wire():
+    r = mk(1, temperature=0.0, logit_bias={"3": 2.5, "5": -1.0})
+    assert r[0].sampling.logit_bias == {3: 2.5, 5: -1.0}  # JSON's string keys normalized to ids
+    again = SamplingParams.from_dict(r[0].sampling.to_wire())  # int keys (the scheduler's side) are taken too
+    assert again.logit_bias == {3: 2.5, 5: -1.0}
+    logits = LOGITS.clone().repeat(2, 1)
+    reqs = r + mk(1, temperature=0.0)
+    Sampler._apply_logit_bias(logits, reqs)
+    exp = LOGITS.clone()
+    exp[3] += 2.5
+    exp[5] -= 1.0
+    assert torch.equal(logits[0], exp)
+    assert torch.equal(logits[1], LOGITS)  # the row without a bias is untouched
+
+
+def test_logit_bias_steers_greedy_and_sampling_per_row():
+    # +100 forces token 6 (the least likely) under greedy and sampling; -100 bans the argmax (0)
+    forced = mk(1, temperature=0.0, logit_bias={"6": 100})
+    banned = mk(1, temperature=0.0, logit_bias={"0": -100})
+    hot = mk(1, temperature=1.5, logit_bias={"6": 100})
+    plain = mk(1, temperature=0.0)
+    assert draws(forced + banned + hot + plain) == [6, 7, 6, 0]  # 7: the second-largest logit
+    assert set(draws(mk(300, temperature=1.0, logit_bias={"0": -100, "7": -100}))) <= {1, 2, 3, 4, 5, 6}
+
+
+def test_logit_bias_cannot_lift_a_suppressed_token():
+    s = sampler()
+    logits = torch.full((1, V), -5.0)
+    reqs = mk(1, out=[1], temperature=0.0, min_new_tokens=3, logit_bias={str(EOS): 100})
+    assert s.sample(logits, reqs) != EOS  # min_new_tokens' -inf stays -inf
+
+
+@pytest.mark.parametrize("value", [
+    [1], {"x": 1.0}, {"-1": 1.0}, {"1.5": 1.0}, {"1": 101}, {"1": -100.5}, {"1": float("nan")}, {"1": "5"},
+    {"1": True}, {str(i): 1 for i in range(1025)},
+])
+def test_bad_logit_bias_names_the_field(value):
+    with pytest.raises(ValueError, match="logit_bias") as e:
+        SamplingParams.from_dict({"logit_bias": value})
+    assert e.value.param == "logit_bias"
+
+
+def test_logit_bias_ids_are_checked_against_the_vocabulary():
+    sp = SamplingParams.from_dict({"logit_bias": {"3": 1.0, str(V): 1.0}})
+    with pytest.raises(ValueError, match=r"logit_bias keys must be token ids in \[0, 8\)"):
+        sp.check_vocab(V)

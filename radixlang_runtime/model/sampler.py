@@ -2,10 +2,12 @@
 
 All vocabulary work is torch ops over [B, V]; Python loops only run over requests (building the
 per-row parameter tensors). Order, as in SGLang: suppress EOS/stop ids before min_new_tokens ->
-penalties -> greedy rows take argmax -> the rest: temperature, softmax, top-k / top-p / min-p on the
-sorted distribution, then an exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from
-p. A seeded request draws its noise from a generator keyed by (seed, step), so its tokens do not
-depend on what else is in the batch.
+penalties -> logit_bias (added to the penalized logits, so +100 / -100 force / ban a token whatever the
+penalties did; a token the grammar mask or min_new_tokens set to -inf stays -inf) -> greedy rows take
+argmax -> the rest: temperature, softmax, top-k / top-p / min-p on the sorted distribution, then an
+exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from p. A seeded
+request draws its noise from a generator keyed by (seed, step), so its tokens do not depend on what
+else is in the batch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Sampler:
         pen_rows = [i for i, r in enumerate(reqs) if r.sampling.has_penalties]
         if pen_rows:
             self._apply_penalties(logits, [reqs[i] for i in pen_rows], pen_rows)
+        self._apply_logit_bias(logits, reqs)
         greedy = [r.sampling.is_greedy for r in reqs]
         if all(greedy):
             return logits.argmax(dim=-1).tolist()
@@ -50,6 +53,24 @@ class Sampler:
                 cols.extend(ids)
         if rows:
             logits[rows, cols] = float("-inf")
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, reqs: list[Req]) -> None:
+        """logits[i, t] += reqs[i].sampling.logit_bias[t]: one scatter over the batch (ids checked against
+        the vocabulary on intake, SamplingParams.check_vocab)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        for i, r in enumerate(reqs):
+            bias = r.sampling.logit_bias
+            if bias:
+                rows.extend([i] * len(bias))
+                cols.extend(bias.keys())
+                vals.extend(bias.values())
+        if rows:
+            dev = logits.device
+            logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                              torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req], rows: list[int]) -> None:
         V, dev = self.vocab_size, logits.device

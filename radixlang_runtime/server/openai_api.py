@@ -3,13 +3,14 @@
 Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
 text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Fields are strict (ROUTE_FIELDS): an unknown
-one answers 400 naming it, options the runtime cannot honour yet (logit_bias, best_of, suffix, tools,
+one answers 400 naming it, options the runtime cannot honour yet (best_of, suffix, functions,
 ...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
 and change nothing; a `model` other than the served name or "default" is 404 model_not_found. Parsing,
 the chat template and tokenizing run on an intake thread (TokenizerManager.run_intake).
 response_format json_schema / json_object (and the regex / json_schema extensions) constrain the output
 through the grammar backend. Logprobs are the model's raw log_softmax (before temperature), in OpenAI's
-shapes for completions and chat.
+shapes for completions and chat. Chat `tools` / `tool_choice` / `parallel_tool_calls`: openai_tools.py;
+messages and the chat template: chat_render.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Optional
 
-import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -29,26 +29,27 @@ from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, ne
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.results import LogprobRequest
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, error_response, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response, text_delta)
+from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
                "no_stop_trim", "regex", "json_schema")
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
-                    "min_tokens", "response_format", *_EXTENSIONS)
+                    "min_tokens", "response_format", "logit_bias", *_EXTENSIONS)
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
 # Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
 _OFF_VALUES: dict[str, tuple] = {
-    "logit_bias": ({},), "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"),
-    "functions": ([],), "function_call": ("none", "auto"), "parallel_tool_calls": (True, False),
+    "best_of": (1,), "suffix": ("",), "functions": ([],), "function_call": ("none", "auto"),
     "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", "logit_bias", *_SAMPLING_FIELDS, *_INFORMATIONAL}
+_COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL}
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
-    "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                             *(set(_OFF_VALUES) - {"best_of", "suffix"})},
+    "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
+                             "tool_choice", "parallel_tool_calls", *(set(_OFF_VALUES) - {"best_of", "suffix"})},
 }
 MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
 MAX_LOGPROBS = 20  # OpenAI's cap of logprobs (completions) / top_logprobs (chat)
@@ -88,6 +89,7 @@ def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_
         "frequency_penalty": _opt(body, "frequency_penalty", 0.0),
         "stop": body.get("stop"),
         "sampling_seed": None if body.get("seed") is None else need_int(body["seed"], "seed"),
+        "logit_bias": body.get("logit_bias"),  # {"token id": bias}: SamplingParams checks it (param logit_bias)
     }
     for name in _EXTENSIONS:
         if body.get(name) is not None:
@@ -256,37 +258,48 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request):
         body = check_openai_body(state, await read_json(request), "/v1/chat/completions")
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
-        choices, want_lp, top = await tm.run_intake(_chat_intake, state, body, rid, size=len(await request.body()))
+        choices, want_lp, top, plan = await tm.run_intake(_chat_intake, state, body, rid,
+                                                          size=len(await request.body()))
         n = _opt(body, "n", 1)
         if body.get("stream"):
             include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
             return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
-                                                             want_lp, bool(top))))
+                                                             want_lp, bool(top), plan)))
         outs = await choices.finals()
+        replies = [plan.message(o["text"], _finish(o["meta_info"]["finish_reason"])) for o in outs]
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": o["text"]},
+            "choices": [{"index": i, "message": message,
                          "logprobs": chat_logprobs(o["meta_info"], bool(top)) if want_lp else None,
-                         "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
+                         "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
             "usage": _sum_usage(outs, n),
         })
 
     async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n: int,
-                           include_usage: bool, want_lp: bool, with_top: bool) -> AsyncIterator[bytes]:
+                           include_usage: bool, want_lp: bool, with_top: bool, plan: ToolPlan) -> AsyncIterator[bytes]:
         def chunk(i: int, delta: dict, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
 
         sent = [0] * len(choices.items)
         finals: list[Optional[dict]] = [None] * len(choices.items)
+        tools = [plan.stream() for _ in choices.items]  # None: plain text
         for i in range(len(choices.items)):
             yield chunk(i, {"role": "assistant", "content": ""}, None)
         async for i, out in merged(choices.streams()):
             delta, sent[i] = text_delta(out["text"], sent[i])
             lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
-            if delta or (lp and lp["content"]):
-                yield chunk(i, {"content": delta}, None, lp)
             fin = _finish(out["meta_info"]["finish_reason"])
+            ts = tools[i]
+            if ts is None:
+                deltas = [{"content": delta}] if delta else []
+            else:  # the markup held back until decided; the rest of it when the choice ends
+                deltas = ts.feed(delta) + (ts.finish() if fin is not None else [])
+                fin = ts.finish_reason(fin)
+            if lp and lp["content"] and not deltas:
+                deltas = [{"content": ""}]  # logprobs travel with a delta
+            for k, d in enumerate(deltas):
+                yield chunk(i, d, None, lp if k == 0 else None)
             if fin is not None:
                 finals[i] = out
                 yield chunk(i, {}, fin)
@@ -321,18 +334,32 @@ def _completion_intake(state: ServerState, body: dict,
     return choices, texts, top
 
 
-def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bool, Optional[int]]:
-    """A /v1/chat/completions body -> (its choices, logprobs, top_logprobs). On an intake thread."""
+def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bool, Optional[int], ToolPlan]:
+    """A /v1/chat/completions body -> (its choices, logprobs, top_logprobs, its tools plan). On an intake thread."""
     tm = state.tm
-    ids = tm.encode_text(render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template))
+    plan = check_tools(body)
+    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None)
+    set_parser(plan, state.args.tool_call_parser,
+               template if template is not None else getattr(tm.tokenizer, "chat_template", None))
+    ids = tm.encode_text(text)
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
     want_lp = need_bool(_opt(body, "logprobs", False), "logprobs")
     top = _int_option(body, "top_logprobs", MAX_LOGPROBS)
     if top and not want_lp:
         raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
-    choices = _Choices(state, [ids], sampling_from_openai(body, None, max(room, 0)), _opt(body, "n", 1),
-                       (top or 0) if want_lp else None, rid=rid)
-    return choices, want_lp, top
+    sp = sampling_from_openai(body, None, max(room, 0))
+    if plan.parser is not None and plan.parser.keeps_special_tokens and body.get("skip_special_tokens") is None:
+        sp["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>)
+    if plan.forced is not None:  # tool_choice required / a named function: the output is a call
+        if not tm.limits.grammar:
+            raise FieldError("tool_choice", f"tool_choice {plan.forced!r} constrains the output to a call: it needs a "
+                                            "grammar backend (the server runs with --grammar-backend none)")
+        if sp.get("regex") is not None or sp.get("json_schema") is not None:
+            raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex or "
+                                            "json_schema")
+        sp["regex"] = forced_call_regex(plan, template == CHATML_TOOLS_TEMPLATE)
+    choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid)
+    return choices, want_lp, top, plan
 
 
 def _sum_usage(outs: list[dict], n: int) -> dict:
@@ -341,30 +368,3 @@ def _sum_usage(outs: list[dict], n: int) -> dict:
     completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs[::n])
     return usage(prompt, completion, cached)
-
-
-def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str]) -> str:
-    """messages -> prompt text through the tokenizer's Jinja chat template (or --chat-template)."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list")
-    clean = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-            raise BadRequest("each message needs a role of system, user, assistant, tool or developer")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text is supported
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise BadRequest("only text content parts are supported")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise BadRequest("message content must be a string or a list of text parts")
-        clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-    template = chat_template
-    if template is not None and not ("{%" in template or "{{" in template):
-        with open(template) as f:  # a path to a Jinja file
-            template = f.read()
-    try:
-        return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template)
-    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
-        raise BadRequest(f"the chat template refused these messages: {e}") from None

@@ -1,0 +1,152 @@
+"""OpenAI chat messages -> prompt text through the model's Jinja chat template (no torch).
+
+Messages are checked once: roles system / developer (rendered as system) / user / assistant / tool;
+content a string or text parts (an assistant turn with tool_calls may have none); an assistant's
+`tool_calls` [{id, type: "function", function: {name, arguments: JSON text}}] reach the template with
+arguments as an object (what HF templates expect: `arguments | tojson`); a tool turn keeps its
+`tool_call_id` (and `name`). Tools (OpenAI's `tools` list) are passed as `tools=`.
+A template that cannot show tools or a tool history: a ChatML one (the embedded SmolLM2's GGUF template
+renders only role + content) is replaced, for that request, by CHATML_TOOLS_TEMPLATE; any other is a
+400 asking for --chat-template.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import jinja2
+
+from radixlang_runtime.limits import FieldError
+from radixlang_runtime.server.http_common import BadRequest
+
+# SmolLM2's tool format (HuggingFaceTB's SmolLM2-1.7B-Instruct model card, Ollama's smollm2 template; the
+# function-calling data is Argilla's Synth-APIGen): the tools as JSON inside <tools></tools> in the system
+# turn, calls as a JSON list in one <tool_call>[...]</tool_call>, results back as <tool_response> in a user
+# turn. The system wording here is ours. Parsed by tool_parsers/hermes.py (list form).
+CHATML_TOOLS_TEMPLATE = (  # newlines written as '\n' in expressions: HF renders with trim_blocks / lstrip_blocks
+    "{%- set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\\nYou can call functions. You are given a question and a list of functions; decide "
+    "which of them, if any, answer it, and call them with arguments taken from the question.\\n"
+    "The functions you can call:\\n<tools>' + (tools | tojson) + '</tools>\\n"
+    "To call functions, answer only with a JSON list of calls in this format and no other text:\\n"
+    "<tool_call>[\\n{\\\"name\\\": \\\"function_name\\\", \\\"arguments\\\": {\\\"argument_name\\\": "
+    "\\\"value\\\"}}\\n]</tool_call>\\nIf no function fits, answer normally.' }}"
+    "{%- if sys %}{{ '\\n\\n' + sys }}{% endif %}{{ '<|im_end|>\\n' }}"
+    "{%- elif sys is not none -%}{{ '<|im_start|>system\\n' + sys + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'user' -%}{{ '<|im_start|>user\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'system' and not loop.first -%}"
+    "{{ '<|im_start|>system\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'assistant' -%}{{ '<|im_start|>assistant\\n' + m['content'] }}"
+    "{%- if m['tool_calls'] %}{{ '<tool_call>[\\n' }}"
+    "{%- for c in m['tool_calls'] %}{{ '{\\\"name\\\": ' + (c['function']['name'] | tojson) + ', \\\"arguments\\\": ' "
+    "+ (c['function']['arguments'] | tojson) + '}' + ('' if loop.last else ',\\n') }}{% endfor %}"
+    "{{ '\\n]</tool_call>' }}{% endif %}{{ '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif -%}"
+)
+
+
+def _text(content: Any, where: str, optional: bool = False) -> Optional[str]:
+    if content is None and optional:
+        return None
+    if isinstance(content, list):  # content parts: only text is supported
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise FieldError(where, "only text content parts are supported")
+        return "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise FieldError(where, "message content must be a string or a list of text parts")
+    return content
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    if not isinstance(calls, list) or not calls:
+        raise FieldError(where, f"{where} must be a non-empty list")
+    out = []
+    for j, c in enumerate(calls):
+        at = f"{where}[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or c.get("type", "function") != "function" or not isinstance(fn.get("name"), str):
+            raise FieldError(at, f"{at} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                                 "\"arguments\"}}}")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                raise FieldError(f"{at}.function.arguments",
+                                 f"{at}.function.arguments must be JSON text of an object") from None
+        if not isinstance(args, dict):
+            raise FieldError(f"{at}.function.arguments", f"{at}.function.arguments must be a JSON object")
+        out.append({"id": str(c.get("id", "")), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def clean_messages(messages: Any) -> tuple[list[dict], bool]:
+    """-> (messages for the template, whether they hold tool calls or tool results)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    clean, tool_history = [], False
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+            raise BadRequest("each message needs a role of system, user, assistant, tool or developer")
+        role = "system" if m["role"] == "developer" else m["role"]
+        where = f"messages[{i}]"
+        calls = m.get("tool_calls") if role == "assistant" else None
+        msg: dict[str, Any] = {"role": role,
+                               "content": _text(m.get("content"), f"{where}.content", calls is not None) or ""}
+        if calls is not None:
+            msg["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
+            tool_history = True
+        if role == "tool":
+            tool_history = True
+            if not isinstance(m.get("tool_call_id"), str):
+                raise FieldError(f"{where}.tool_call_id", f"{where}.tool_call_id must be a string (the call's id)")
+            msg["tool_call_id"] = m["tool_call_id"]
+            if isinstance(m.get("name"), str):
+                msg["name"] = m["name"]
+        clean.append(msg)
+    return clean, tool_history
+
+
+def load_template(chat_template: Optional[str]) -> Optional[str]:
+    """--chat-template: Jinja text, or a path to a Jinja file."""
+    if chat_template is not None and not ("{%" in chat_template or "{{" in chat_template):
+        with open(chat_template) as f:
+            return f.read()
+    return chat_template
+
+
+def template_for(tokenizer: Any, chat_template: Optional[str], tools: bool, tool_history: bool) -> Optional[str]:
+    """The template one request renders with (None: the tokenizer's own)."""
+    template = load_template(chat_template)
+    active = template if template is not None else getattr(tokenizer, "chat_template", None) or ""
+    lacks = (tools and "tools" not in active) or (tool_history and "tool_call" not in active)
+    if not lacks:
+        return template
+    if "<|im_start|>" in active:
+        return CHATML_TOOLS_TEMPLATE
+    raise FieldError("tools", "this model's chat template does not render tools / tool calls; start the server "
+                              "with --chat-template naming one that does")
+
+
+def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
+                tools: Optional[list[dict]] = None) -> tuple[str, Optional[str]]:
+    """-> (prompt text, the template used: None when the tokenizer's own)."""
+    clean, tool_history = clean_messages(messages)
+    template = template_for(tokenizer, chat_template, bool(tools), tool_history)
+    extra = {"tools": tools} if tools else {}
+    try:
+        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template,
+                                             **extra)
+    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
+        raise BadRequest(f"the chat template refused these messages: {e}") from None
+    return text, template

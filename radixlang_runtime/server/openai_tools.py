@@ -1,0 +1,196 @@
+"""`tools`, `tool_choice`, `parallel_tool_calls` of /v1/chat/completions (no torch).
+
+check_tools validates the request's part once (400 naming the field); ToolPlan says how one request
+renders and parses: tool_choice "none" (or no tools) renders no tools and parses nothing; "auto"
+renders them and parses the output with the server's tool-call parser (--tool-call-parser, else the one
+the chat template's markup implies, tool_parsers.detect_parser). "required" and a named function
+(`{"type": "function", "function": {"name"}}`) constrain the output with a regex (forced_call_regex:
+the format's markup around `{"name": ..., "arguments": <the parameters schema as a regex>}`), so the reply
+is a valid call of those functions; implemented for the hermes format (the embedded model's list form
+and Qwen / Hermes' one-call-per-block form), and for parameter schemas without combinators / $ref
+(their regexes are built in this process: the keywords that can blow a regex up are refused by name).
+A reply with calls is
+`message.tool_calls` (content: the text outside the markup, or null) and finish_reason "tool_calls"
+(a reply cut by max_tokens keeps "length"); `parallel_tool_calls: false` keeps the first call only.
+Streams send the same through ToolStream: content deltas, then per call one delta with id, type and
+name, then its arguments in pieces (tool_parsers.base states when a stream and a whole parse agree).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixlang_runtime.limits import FieldError, need_bool, show
+from radixlang_runtime.tool_parsers import CallArgs, CallStart, Event, ToolParser, detect_parser, get_parser, \
+    openai_delta
+
+MAX_TOOLS = 128  # OpenAI's limit
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's function-name rule
+_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+
+
+@dataclass
+class ToolPlan:
+    tools: list[dict] = field(default_factory=list)  # rendered into the prompt (empty: none)
+    parser: Optional[type[ToolParser]] = None  # None: the output is plain text
+    names: set[str] = field(default_factory=set)
+    parallel: bool = True
+    forced: Optional[str] = None  # tool_choice "required" or the named function: the output must be a call
+
+    def message(self, text: str, finish: Optional[str]) -> tuple[dict, Optional[str]]:
+        """A finished choice's text -> (its `message`, its finish_reason)."""
+        if self.parser is None:
+            return {"role": "assistant", "content": text}, finish
+        result = self.parser.parse(text, self.names)
+        calls = result.calls if self.parallel else result.calls[:1]
+        if not calls:
+            return {"role": "assistant", "content": result.content}, finish
+        return ({"role": "assistant", "content": result.content or None,
+                 "tool_calls": [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                for c in calls]},
+                "tool_calls" if finish == "stop" else finish)
+
+    def stream(self) -> Optional["ToolStream"]:
+        return ToolStream(self.parser(self.names), self.parallel) if self.parser is not None else None
+
+
+class ToolStream:
+    """One streamed choice: text deltas in, OpenAI `delta` objects out."""
+
+    def __init__(self, parser: ToolParser, parallel: bool):
+        self.parser, self.parallel = parser, parallel
+        self.called = False
+
+    def feed(self, text: str) -> list[dict]:
+        return self._deltas(self.parser.feed(text)) if text else []
+
+    def finish(self) -> list[dict]:
+        return self._deltas(self.parser.finish())
+
+    def finish_reason(self, finish: Optional[str]) -> Optional[str]:
+        return "tool_calls" if self.called and finish == "stop" else finish
+
+    def _deltas(self, events: list[Event]) -> list[dict]:
+        out = []
+        for e in events:
+            if isinstance(e, (CallStart, CallArgs)):
+                if e.index > 0 and not self.parallel:
+                    continue
+                self.called = True
+            out.append(openai_delta(e))
+        return out
+
+
+def _check_tool(t: Any, i: int) -> dict:
+    where = f"tools[{i}]"
+    fn = t.get("function") if isinstance(t, dict) else None
+    if not isinstance(fn, dict) or t.get("type") != "function" or set(t) - {"type", "function"}:
+        raise FieldError("tools", f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                                  f"\"description\", \"parameters\"}}}}, got {show(t)}")
+    if unknown := sorted(set(fn) - _FUNCTION_KEYS):
+        raise FieldError("tools", f"{where}.function: unknown field(s) {', '.join(show(u, 40) for u in unknown)}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise FieldError("tools", f"{where}.function.name must be 1-64 letters, digits, _ or -, got {show(name)}")
+    if not isinstance(fn.get("description", ""), str):
+        raise FieldError("tools", f"{where}.function.description must be a string")
+    if not isinstance(fn.get("parameters", {}), dict):
+        raise FieldError("tools", f"{where}.function.parameters must be a JSON Schema object")
+    if fn.get("strict") is not None:
+        need_bool(fn["strict"], f"{where}.function.strict")
+    return {"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}}
+
+
+def check_tools(body: dict) -> ToolPlan:
+    """The request's tools part -> its ToolPlan, its parser still unset (set_parser, once the template
+    the request renders with is known)."""
+    tools = body.get("tools")
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list):
+        raise FieldError("tools", f"tools must be a list, got {show(tools)}")
+    if len(tools) > MAX_TOOLS:
+        raise FieldError("tools", f"tools may hold at most {MAX_TOOLS} functions, got {len(tools)}")
+    checked = [_check_tool(t, i) for i, t in enumerate(tools)]
+    names = [t["function"]["name"] for t in checked]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise FieldError("tools", f"tools: function names must be unique, {show(dup[0])} appears twice")
+    choice = body.get("tool_choice")
+    choice = ("auto" if checked else "none") if choice is None else choice
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else need_bool(parallel, "parallel_tool_calls")
+    forced = _forced_choice(choice, names)
+    if choice == "none" or not checked:
+        return ToolPlan(parallel=parallel)
+    return ToolPlan(checked, None, set(names), parallel, forced)
+
+
+def _forced_choice(choice: Any, names: list[str]) -> Optional[str]:
+    """tool_choice -> None (none / auto), "required", or the name of the function it names."""
+    if choice in ("none", "auto"):
+        return None
+    if choice == "required":
+        if not names:
+            raise FieldError("tool_choice", "tool_choice \"required\" needs tools")
+        return "required"
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(fn, dict) or choice.get("type") != "function" or not isinstance(fn.get("name"), str):
+        raise FieldError("tool_choice", f"tool_choice must be \"none\", \"auto\", \"required\" or "
+                                        f"{{\"type\": \"function\", \"function\": {{\"name\"}}}}, got {show(choice)}")
+    if fn["name"] not in names:
+        raise FieldError("tool_choice", f"tool_choice names {show(fn['name'])}, which is not in tools")
+    return fn["name"]
+
+
+def set_parser(plan: ToolPlan, parser_name: Optional[str], template: Optional[str]) -> None:
+    """plan.parser: --tool-call-parser, else what the template's markup implies (a plan with tools only)."""
+    if not plan.tools:
+        return
+    name = parser_name or detect_parser(template)
+    if name is None:
+        raise FieldError("tools", "tools need a tool-call parser: none could be told from the chat template; start the "
+                                  "server with --tool-call-parser (hermes, llama3, mistral, pythonic, qwen25)")
+    plan.parser = get_parser(name)
+
+
+MAX_FORCED_SCHEMA_CHARS = 8192  # a forced call's parameters schema (canonical JSON), per function
+_BLOWUP_KEYS = ("anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions")
+
+
+def _arguments_regex(fn: dict) -> str:
+    """A function's parameters schema -> the regex of its arguments object (fixed JSON separators)."""
+    from radixlang_runtime.constrained.schema import canonical_schema, check_schema, schema_to_regex
+
+    where = f"tools[{fn['name']}].function.parameters"
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    try:
+        canonical = canonical_schema(params)
+        if len(canonical) > MAX_FORCED_SCHEMA_CHARS:
+            raise ValueError(f"at most {MAX_FORCED_SCHEMA_CHARS} characters with a forced tool_choice")
+        if hits := sorted({k for k in _BLOWUP_KEYS if f'"{k}":' in canonical}):
+            raise ValueError(f"{hits[0]} is not supported with a forced tool_choice")
+        check_schema(json.loads(canonical))
+        if json.loads(canonical).get("type") != "object":
+            raise ValueError('must be {"type": "object", ...}')
+        return schema_to_regex(canonical)
+    except ValueError as e:
+        raise FieldError("tools", f"{where}: {e}") from None
+
+
+def forced_call_regex(plan: ToolPlan, list_form: bool) -> str:
+    """The regex a forced tool_choice constrains the output to: one call (a named function, or
+    parallel_tool_calls false) or one or more, in the hermes format's markup."""
+    if plan.parser is None or plan.parser.name != "hermes":
+        raise FieldError("tool_choice", f"tool_choice {plan.forced!r} is implemented for the hermes tool-call format "
+                                        f"only; this server parses {plan.parser.name if plan.parser else 'none'}")
+    fns = [t["function"] for t in plan.tools if plan.forced in ("required", t["function"]["name"])]
+    # names are [A-Za-z0-9_-]: literal in a regex outside a class
+    call = "(?:" + "|".join(rf'\{{"name": "{fn["name"]}", "arguments": {_arguments_regex(fn)}\}}' for fn in fns) + ")"
+    many = plan.parallel and plan.forced == "required"
+    if list_form:  # SmolLM2: <tool_call>[\n{...},\n{...}\n]</tool_call>
+        return r"<tool_call>\[\n" + call + (r"(?:,\n" + call + ")*" if many else "") + r"\n\]</tool_call>"
+    one = r"<tool_call>\n" + call + r"\n</tool_call>"
+    return one + (r"(?:\n" + one + ")*" if many else "")

@@ -1,0 +1,342 @@
+"""Tool-call parsers on outputs written the way each model family writes them (from the formats'
+documentation: Qwen2.5 / Hermes 2 Pro, SmolLM2's function-calling data, Llama 3.1 JSON, Mistral,
+Llama 3.2 / 4 pythonic). Streaming in any chunking must add up to the non-streaming parse."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from radixlang_runtime.tool_parsers import (PARSERS, CallArgs, CallStart, Text, collect, detect_parser, get_parser,
+                                            openai_delta)
+from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, JsonScanner, scan_json
+
+QWEN_PARALLEL = (
+    "<tool_call>\n"
+    '{"name": "get_current_temperature", "arguments": {"location": "San Francisco, CA, USA"}}\n'
+    "</tool_call>\n"
+    "<tool_call>\n"
+    '{"name": "get_temperature_date", "arguments": {"location": "San Francisco, CA, USA", "date": "2024-10-01"}}\n'
+    "</tool_call>"
+)
+# (format, output, expected content, expected [(name, arguments)])
+CASES = [
+    ("hermes", QWEN_PARALLEL, "", [("get_current_temperature", {"location": "San Francisco, CA, USA"}),
+                                   ("get_temperature_date", {"location": "San Francisco, CA, USA",
+                                                             "date": "2024-10-01"})]),
+    # Hermes 2 Pro writes "arguments" before "name"
+    ("hermes", 'I will look that up.\n<tool_call>\n{"arguments": {"symbol": "TSLA"}, "name": "get_stock_fundamentals"}'
+               "\n</tool_call>", "I will look that up.", [("get_stock_fundamentals", {"symbol": "TSLA"})]),
+    # SmolLM2: a JSON list in one block; an empty list is no call
+    ("hermes", '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Z\u00fcrich"}},\n'
+               '{"name": "get_time", "arguments": {"tz": "Europe/Zurich"}}\n]</tool_call>', "",
+     [("get_weather", {"city": "Z\u00fcrich"}), ("get_time", {"tz": "Europe/Zurich"})]),
+    ("hermes", "<tool_call>[]</tool_call>", "", []),
+    # ended by a stop at </tool_call> (the tag not in the text)
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": [1, {"b": null}], "s": "x\\"y"}}\n', "",
+     [("f", {"a": [1, {"b": None}], "s": 'x"y'})]),
+    ("hermes", "The answer is 4. A <tool> tag and <tool_call without its bracket stay text.",
+     "The answer is 4. A <tool> tag and <tool_call without its bracket stay text.", []),
+    ("llama3", '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", '
+               '"unit": "Fahrenheit"}}', "",
+     [("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"})]),
+    ("llama3", '<|python_tag|>{"name": "search", "parameters": {"query": "llama"}}; '
+               '{"name": "search", "parameters": {"query": "alpaca"}}<|eom_id|>', "",
+     [("search", {"query": "llama"}), ("search", {"query": "alpaca"})]),
+    ("llama3", 'Here is JSON: {"name": "f", "parameters": {}}', 'Here is JSON: {"name": "f", "parameters": {}}', []),
+    ("llama3", '{"answer": 42}', '{"answer": 42}', []),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", '
+                '"format": "celsius"}}]', "",
+     [("get_current_weather", {"location": "Paris, France", "format": "celsius"})]),
+    ("mistral", 'Checking both.[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
+     "Checking both.", [("a", {"x": 1}), ("b", {})]),
+    ("pythonic", "[get_user_info(user_id=7890, special='black')]", "",
+     [("get_user_info", {"user_id": 7890, "special": "black"})]),
+    ("pythonic", '[get_weather(city="San Francisco", metric=True, days=[1, 2], extra={"k": (1, 2)}), get_time()]', "",
+     [("get_weather", {"city": "San Francisco", "metric": True, "days": [1, 2], "extra": {"k": [1, 2]}}),
+      ("get_time", {})]),
+    ("pythonic", "<|python_start|>[lookup(q='a, b) c')]<|python_end|>", "", [("lookup", {"q": "a, b) c"})]),
+    ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
+]
+# tool markup that is broken: parse() leaves each whole as text. Early: the break shows before the call
+# commits (a stream agrees); late: after (a stream has sent the call: the documented limit).
+MALFORMED_EARLY = [
+    ("hermes", "<tool_call>\n{name: f}\n</tool_call>"),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": "not an object"}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"arguments": {"a": 1,}, "name": "f"}\n</tool_call>'),
+    ("mistral", '[TOOL_CALLS] {"name": "f", "arguments": {}}'),
+    ("pythonic", "[f(1)]"),
+    ("pythonic", "[f(a=open('x'))]"),
+]
+MALFORMED_LATE = [
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call_x>'),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}'),  # cut off (max_tokens)
+    ("llama3", '{"name": "f", "parameters": {"a": NaN}}'),
+    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {}} {"name": "g", "arguments": {}}]'),
+    ("pythonic", "[f(a=1, a=2)]"),
+]
+MALFORMED = MALFORMED_EARLY + MALFORMED_LATE
+
+
+def calls_of(result) -> list[tuple[str, dict]]:
+    return [(c.name, json.loads(c.arguments)) for c in result.calls]
+
+
+def stream(fmt: str, text: str, cuts: list[int], tool_names=None) -> list:
+    p = get_parser(fmt)(tool_names)
+    events, prev = [], 0
+    for c in [*cuts, len(text)]:
+        events += p.feed(text[prev:c])
+        prev = c
+    return events + p.finish()
+
+
+def chunkings(text: str, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = [list(range(1, len(text))), []]  # one character at a time; everything at once
+    for _ in range(6):
+        out.append(sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12)))))
+    return out
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_parse_recorded_outputs(case):
+    fmt, text, content, calls = CASES[case]
+    got = get_parser(fmt).parse(text)
+    assert got.content == content
+    assert calls_of(got) == calls
+    for c in got.calls:
+        assert c.arguments in text or fmt == "pythonic"  # the model's own JSON text, byte for byte
+        assert c.id.startswith("call_")
+    assert len({c.id for c in got.calls}) == len(got.calls)
+
+
+@pytest.mark.parametrize("case", range(len(CASES) + len(MALFORMED_EARLY)))
+def test_streamed_deltas_add_up_to_the_parse(case):
+    fmt, text = CASES[case][:2] if case < len(CASES) else MALFORMED_EARLY[case - len(CASES)]
+    full = get_parser(fmt).parse(text)
+    for cuts in chunkings(text, case):
+        events = stream(fmt, text, cuts)
+        got = collect(events)
+        assert got.content == full.content, cuts
+        assert [(c.name, c.arguments) for c in got.calls] == [(c.name, c.arguments) for c in full.calls], cuts
+        starts = [e for e in events if isinstance(e, CallStart)]
+        assert [e.index for e in starts] == list(range(len(full.calls)))  # each name exactly once, in order
+        for e in events:  # arguments only for a call already started
+            if isinstance(e, CallArgs):
+                assert e.index < len(starts) and e.text
+
+
+@pytest.mark.parametrize("case", range(len(MALFORMED)))
+def test_malformed_calls_stay_text(case):
+    fmt, text = MALFORMED[case]
+    got = get_parser(fmt).parse(text)
+    assert got.calls == [] and got.content == text.strip()
+
+
+def test_arguments_stream_in_pieces_and_the_name_once():
+    text = QWEN_PARALLEL
+    events = stream("hermes", text, list(range(1, len(text))))
+    first = [e for e in events if isinstance(e, CallArgs) and e.index == 0]
+    assert len(first) > 10  # character by character
+    assert "".join(e.text for e in first) == '{"location": "San Francisco, CA, USA"}'
+    deltas = [openai_delta(e) for e in events]
+    named = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" in d["tool_calls"][0]]
+    assert [(d["index"], d["type"], d["function"]["name"], d["function"]["arguments"]) for d in named] == [
+        (0, "function", "get_current_temperature", ""), (1, "function", "get_temperature_date", "")]
+    pieces = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" not in d["tool_calls"][0]]
+    assert all(set(p) == {"index", "function"} and set(p["function"]) == {"arguments"} for p in pieces)
+    assert not [d for d in deltas if "content" in d]  # the newlines between blocks are not content
+
+
+def test_a_partial_trigger_is_held_back_until_decided():
+    p = PARSERS["hermes"]()
+    assert p.feed("Hello <tool") == [Text("Hello")]  # " <tool" might start a call
+    assert p.feed("_ca") == []
+    assert p.feed("lx and more") == [Text(" <tool_calx and more")]
+    assert p.finish() == []
+    p = PARSERS["hermes"]()
+    assert p.feed("Sure. <tool_") == [Text("Sure.")]
+    out = p.feed('call>{"name": "f", "arguments": {"q": "a')
+    assert out[0] == CallStart(0, out[0].id, "f") and out[1:] == [CallArgs(0, '{"q": "a')]
+    assert p.feed('b"}}</tool_call>') == [CallArgs(0, 'b"}')]
+    assert p.finish() == []
+    p = PARSERS["llama3"]()
+    assert p.feed("  <|python") == [] and p.feed("_tag|>{") == []
+    assert p.feed('"name": "f", "parameters": {') == [CallStart(0, p._sent[0][0], "f"), CallArgs(0, "{")]
+
+
+def test_plain_text_is_untouched_whitespace_included():
+    text = "  Two lines,\n\nand trailing space \n"
+    for fmt in PARSERS:
+        assert get_parser(fmt).parse(text).content == text
+        assert collect(stream(fmt, text, list(range(1, len(text))))).content == text
+
+
+def test_unknown_function_names_stay_text():
+    text = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    assert get_parser("hermes").parse(text, tool_names={"get_weather"}).calls == []
+    assert collect(stream("hermes", text, list(range(1, len(text))), {"get_weather"})).calls == []
+    assert calls_of(get_parser("pythonic").parse("[get_weather(city='x')]", {"get_weather"})) == [
+        ("get_weather", {"city": "x"})]
+    assert get_parser("pythonic").parse("[rm_rf(path='/')]", {"get_weather"}).calls == []
+
+
+@pytest.mark.parametrize("case", range(len(MALFORMED_LATE)))
+def test_a_call_that_breaks_after_it_was_sent_stays_sent_in_a_stream(case):
+    """The documented limit: a stream cannot take back a call it sent; parse() sees the break first."""
+    fmt, text = MALFORMED_LATE[case]
+    assert get_parser(fmt).parse(text).calls == []
+    events = stream(fmt, text, list(range(1, len(text))))  # one character at a time (a delta holding the
+    starts = [e for e in events if isinstance(e, CallStart)]  # whole break would decide it before any send)
+    assert [e.index for e in starts] == list(range(len(starts))) and starts[0].name == "f"
+
+
+def test_json_scan_prefixes():
+    value = {"name": "x", "arguments": {"s": "a\\\"\u00e9\n", "n": [-1.5e-3, 0, True, None], "o": {}}}
+    text = json.dumps(value)
+    for k in range(len(text)):
+        assert scan_json(text[:k]).status == PARTIAL, text[:k]
+    scan = scan_json(text + " tail")
+    assert (scan.status, scan.end) == (COMPLETE, len(text))
+    assert {m.key: json.loads(text[m.start:m.end]) for m in scan.members} == value
+    for bad in ('{"a": 1,}', '{"a" 1}', "[1 2]", '{"a": tru }', '{"a": 01}', '{"a": NaN}', "{a: 1}", r'{"a": "\x"}'):
+        assert scan_json(bad).status == INVALID, bad
+
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"name": "x", "arguments": {"s": "a\\\"\u00e9 " * 5, "n": [-1.5e-3, 0, True, None], "o": {}}}),
+    json.dumps({"name": "x", "arguments": {"s": "\u00e9\n"}}, ensure_ascii=True) + " tail",
+    '{"a": [1, 2,, 3]}', '{"a": "\\uZZ"}',
+])
+def test_a_continued_scan_equals_a_fresh_one_at_every_prefix(text):
+    """JsonScanner (streaming) resumes inside strings and escapes: same answers as scanning from scratch."""
+    scanner = JsonScanner(0)
+    for k in range(1, len(text) + 1):
+        got, fresh = scanner.scan(text[:k]), scan_json(text[:k])
+        assert (got.status, got.start, got.end) == (fresh.status, fresh.start, fresh.end), text[:k]
+        assert [(m.key, m.start, m.end) for m in got.members] == [(m.key, m.start, m.end) for m in fresh.members]
+
+
+def test_registry_and_template_detection():
+    assert get_parser("qwen25") is get_parser("hermes")
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'"):
+        get_parser("nope")
+    assert detect_parser("{% if tools %}<tool_call>{{ t }}</tool_call>{% endif %}") == "hermes"
+    assert detect_parser("{{- '<|python_tag|>' }}") == "llama3"
+    assert detect_parser("[TOOL_CALLS]") == "mistral"
+    assert detect_parser("<|im_start|>{{ m.content }}") is None
+    assert detect_parser(None) is None
+
+
+# ------------------------------------------------------------------------------------ properties
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=4), inner, max_size=3), max_leaves=6)
+_calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
+                            st.dictionaries(st.from_regex(r"[a-z_]{1,6}", fullmatch=True), _values, max_size=3)),
+                  min_size=1, max_size=3)
+
+
+def _render(fmt: str, calls: list, style: int) -> str:
+    objs = [{"name": n, ("parameters" if fmt == "llama3" else "arguments"): a} for n, a in calls]
+
+    def dump(o: dict) -> str:
+        return json.dumps(o, ensure_ascii=bool(style % 2))
+
+    if fmt == "hermes":
+        if style % 3 == 0:  # SmolLM2's list form
+            return "<tool_call>[\n" + ",\n".join(map(dump, objs)) + "\n]</tool_call>"
+        return "\n".join(f"<tool_call>\n{dump(o)}\n</tool_call>" for o in objs)
+    if fmt == "llama3":
+        return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
+    if fmt == "mistral":
+        return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
+    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+
+
+@settings(max_examples=150, deadline=None)
+@given(fmt=st.sampled_from(sorted(set(PARSERS) - {"qwen25", "qwen"})), calls=_calls, style=st.integers(0, 5),
+       lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
+def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
+    if fmt in ("llama3", "pythonic"):
+        lead = ""  # these formats take calls only at the output's start
+    text = lead + _render(fmt, calls, style)
+    got = get_parser(fmt).parse(text)
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [(n, a) for n, a in calls]
+    assert got.content == lead.strip()
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=20)))
+    streamed = collect(stream(fmt, text, cuts))
+    assert streamed.content == got.content
+    assert [(c.name, c.arguments) for c in streamed.calls] == [(c.name, c.arguments) for c in got.calls]
+
+
+@settings(max_examples=200, deadline=None)
+@given(fmt=st.sampled_from(sorted(PARSERS)), data=st.data(),
+       pieces=st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "{", "}",
+                                        "[", "]", '"name"', ": ", '"f"', ", ", '"arguments"', "(", ")", "=", "a",
+                                        " ", "\n", "'", '"', ";", "x"]), max_size=30))
+def test_any_text_streams_without_error_and_keeps_what_it_does_not_call(fmt, pieces, data):
+    """Hostile fragments in any chunking: no exception; a stream with no call gives back the text whole."""
+    text = "".join(pieces)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=10))) if text else []
+    events = stream(fmt, text, cuts)
+    got = collect(events)
+    if not got.calls:
+        assert got.content == text
+    full = get_parser(fmt).parse(text)
+    if not full.calls:
+        assert full.content == text
+
+
+# ------------------------------------------------------------------------------------ forced calls
+WEATHER = {"type": "function", "function": {"name": "get-weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+NOARGS = {"type": "function", "function": {"name": "now"}}
+
+
+def _forced(choice, parallel=True, parser="hermes"):
+    from radixlang_runtime.server.openai_tools import check_tools, set_parser
+
+    plan = check_tools({"tools": [WEATHER, NOARGS], "tool_choice": choice, "parallel_tool_calls": parallel})
+    set_parser(plan, parser, None)
+    return plan
+
+
+@pytest.mark.parametrize("list_form", [True, False])
+def test_forced_call_regex_matches_exactly_what_the_parser_reads(list_form):
+    import re
+
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    one = '{"name": "get-weather", "arguments": {"city": "Paris", "days": 3}}'
+    two = '{"name": "now", "arguments": {}}'
+    if list_form:
+        texts = [f"<tool_call>[\n{one}\n]</tool_call>", f"<tool_call>[\n{one},\n{two}\n]</tool_call>"]
+    else:
+        block = "<tool_call>\n{}\n</tool_call>"
+        texts = [block.format(one), block.format(one) + "\n" + block.format(two)]
+    many = re.compile(forced_call_regex(_forced("required"), list_form))
+    single = re.compile(forced_call_regex(_forced("required", parallel=False), list_form))
+    named = re.compile(forced_call_regex(_forced({"type": "function", "function": {"name": "now"}}), list_form))
+    assert many.fullmatch(texts[0]) and many.fullmatch(texts[1])
+    assert single.fullmatch(texts[0]) and not single.fullmatch(texts[1])  # parallel_tool_calls false: one call
+    assert not named.fullmatch(texts[0])  # a named function: only that one
+    assert not many.fullmatch(texts[0].replace('"Paris"', "3"))  # the schema: city is a string
+    for t in texts:
+        assert [c.name for c in get_parser("hermes").parse(t).calls] == ["get-weather", "now"][:t.count('"name"')]
+
+
+def test_forced_calls_are_refused_where_not_implemented():
+    from radixlang_runtime.limits import FieldError
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    with pytest.raises(FieldError, match="implemented for the hermes tool-call format only; this server parses "
+                                         "pythonic"):
+        forced_call_regex(_forced("required", parser="pythonic"), True)
