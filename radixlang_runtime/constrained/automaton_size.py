@@ -306,22 +306,45 @@ class _Builder:
         return self.concat(frag, _Frag(first.first, last, True))
 
 
-def _size(items, memo: dict[int, int]) -> int:
-    """Positions the parsed regex expands to (counted repetitions multiplied out), before building any."""
+def _nullable(items) -> bool:
+    for op, av in items:
+        if op is sre_c.SUBPATTERN:
+            ok = _nullable(av[3])
+        elif op is sre_c.ATOMIC_GROUP:
+            ok = _nullable(av)
+        elif op is sre_c.BRANCH:
+            ok = any(_nullable(sub) for sub in av[1])
+        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, sre_c.POSSESSIVE_REPEAT):
+            ok = av[0] == 0 or _nullable(av[2])
+        else:
+            ok = op is sre_c.AT
+        if not ok:
+            return False
+    return True
+
+
+def _size(items, max_states: int) -> int:
+    """Positions the parsed regex expands to (counted repetitions multiplied out), before building any.
+    Raises TooLarge("automaton states") for a counted repetition x{n,m} (x{n,}) of a non-nullable x with
+    m (n) > max_states: after i = 0..m-1 shortest copies of x the candidates hold copy i+1's first positions
+    and no later copy's, so the subset construction has m distinct states (regex-automata's too: it
+    compiles one NFA copy per count; x matchable and the repetition reachable assumed)."""
     total = 0
     for op, av in items:
         if op in (sre_c.LITERAL, sre_c.NOT_LITERAL, sre_c.IN, sre_c.ANY):
             total += 1
         elif op is sre_c.SUBPATTERN:
-            total += _size(av[3], memo)
+            total += _size(av[3], max_states)
         elif op is sre_c.ATOMIC_GROUP:
-            total += _size(av, memo)
+            total += _size(av, max_states)
         elif op is sre_c.BRANCH:
-            total += sum(_size(sub, memo) for sub in av[1])
+            total += sum(_size(sub, max_states) for sub in av[1])
         elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, sre_c.POSSESSIVE_REPEAT):
             lo, hi, sub = av
             copies = lo + 1 if hi is sre_c.MAXREPEAT else max(hi, 1)
-            total += copies * _size(sub, memo)
+            if (lo if hi is sre_c.MAXREPEAT else hi) > max_states and not _nullable(sub):
+                raise TooLarge("automaton states", max_states)
+            total += copies * _size(sub, max_states)
     return total
 
 
@@ -421,7 +444,7 @@ def determinize(regex: str, max_states: int = MAX_STATES, max_positions: int = M
         raise Unanalysable(f"parse: {e}") from None
     b = _Builder(max_positions, max_work)
     try:
-        if _size(parsed, {}) > max_positions:
+        if _size(parsed, max_states) > max_positions:
             raise TooLarge("character positions after expanding repetitions", max_positions)
         root = b.seq(list(parsed), parsed.state.flags)
     except RecursionError:
@@ -486,7 +509,7 @@ def check_automaton_size(regex: str, what: str, max_states: int = MAX_STATES) ->
     try:
         return determinize(regex, max_states)
     except TooLarge as e:
-        raise ValueError(f"grammar too large: {what} needs {e} (limit {e.limit:,}); outlines-core would build "
-                         "every one of them before the compile limit could refuse it") from None
+        raise ValueError(f"grammar too large: {what} needs {e} (limit {e.limit:,}); refused before "
+                         "compiling: outlines-core builds the whole automaton before its limits can stop it") from None
     except Unanalysable:
         return None
