@@ -3,38 +3,50 @@
 outlines-core (0.2.14) compiles a regex by building its whole byte-level DFA (regex-automata: a
 Thompson NFA over bytes, then subset construction, not minimised), then walks every vocabulary token
 from every state. It cannot say "too large" before it has done all of that, so a regex bomb such as
-`.*a.{20}` (2^21 subset states) used to cost its request the whole compile limit. Here the same kind
-of subset construction runs in pure Python at the level of characters, with three bounds:
+`.*a.{20}` (2^21 subset states) used to cost its request the whole compile time limit. Here the same
+kind of subset construction runs in pure Python at the level of characters, with these bounds:
 
+- states: past max_states subset states the regex is refused ("needs more than N automaton states").
+  A counted repetition x{n,m} of a non-nullable x with m > max_states is refused from the parse alone
+  (it has m distinct subset states, see _size), without expanding it;
 - positions: counted repetitions are expanded (`x{2,4}` = `xx(x(x)?)?`, nested so that each state
-  stays small); past MAX_POSITIONS character positions the regex is refused;
-- states: past max_states subset states the regex is refused ("needs more than N automaton states");
+  stays small, as regex-automata compiles them); past MAX_POSITIONS character positions the regex is
+  refused (the guard regex_check.MAX_EXPANSION already applies to `regex`, now also on json_schema's);
 - work: every unit of work (a position looked at, a follow-set entry written) is counted; past
   MAX_WORK the regex is refused. The counter, not the clock, bounds it, so the verdict is
   deterministic; a wall-clock deadline (DEADLINE_S, only reached on a starved CPU) gives up
   *without* refusing: the compile and its own limits decide then.
 
-Why a refusal here is one outlines-core would have to pay for (invariants):
+Where it runs: compile_index.build_index, in the compile child (worker_child.py), for both kinds (a
+json_schema after its conversion to a regex), before outlines-core starts. So it never holds the
+server's GIL or the scheduler thread; its refusal reaches the request as any compile error does (the
+GrammarHandle's error, an HTTP 400, cached in the error LRU), and the worker's time limit still bounds it.
+
+Why a state-cap refusal is an automaton outlines-core would have to build (invariants):
 - The character automaton here is the Glushkov (position) automaton of the regex as Python's
   parser reads it, determinised with a state = (set of positions that may read the next character,
   accepting). regex-automata's determiniser keys its states the same way: by the set of
-  character(byte)-reading NFA states after the epsilon closure, plus match-ness.
+  character(byte)-reading NFA states after the epsilon closure, plus match-ness; `x+` / `x{n,}` use
+  one looping copy of x and `x{n,m}` nested optional copies, as its Thompson compiler does.
 - A byte-level DFA of the same regex has at least one state per distinct character-level state
   reachable at a character boundary: the bytes of a UTF-8 character lead from a character-boundary
   state to a character-boundary state, and two inputs whose character-level candidate sets differ
   have byte-level candidate sets that differ (each character position becomes a byte sequence
   automaton of its own). Mid-character states only add to the byte count.
+  tests/test_automaton_size.py checks count <= outlines-core's own index states on random regexes.
 - Where the translation loses precision it errs towards fewer states (fewer refusals): Unicode
   classes (`\\p{..}`, the non-ASCII part of `\\d` / `\\w` / `\\s`) become symbols of their own,
   disjoint from every other character, so they overlap nothing and add no nondeterminism; Python's
   parser factors common prefixes of alternatives and merges one-character alternatives into a class,
   as regex-syntax does. A construct Python cannot parse (Rust class set operations `&&` / `--` /
-  `~~`, nested classes, POSIX classes) skips the check: the compile's limits still bound it.
-- outlines-core then spends at least (byte DFA states) x (vocabulary size) token walks on the index.
-  So a regex over the state cap costs more than the compile limit allows (figures and the command
-  that measured them: docs/PERFORMANCE.md, "Grammar pre-check").
+  `~~`, nested classes) skips the check: the compile's limits still bound it.
+- outlines-core then walks every vocabulary token from every state of that automaton: its cost grows
+  at least with the state count, so MAX_STATES is set where the cheapest states measured (narrow
+  classes) already take longer than the compile limit, above every grammar the tests and benchmarks
+  use (docs/PERFORMANCE.md, "Grammar pre-check", with the command). Wide states (`.`, JSON strings)
+  cost far more each: a grammar under the cap can still meet the compile's time / memory limits.
 
-Torch- and numpy-free; the compile child runs it (compile_index.build_index), once per grammar.
+Torch- and numpy-free.
 """
 
 from __future__ import annotations
@@ -50,7 +62,7 @@ import re._parser as sre_parse
 
 MAX_STATES = 20_000  # char-level subset states (see the module docstring and docs/PERFORMANCE.md)
 MAX_POSITIONS = 100_000  # character positions after expanding counted repetitions
-MAX_WORK = 4_000_000  # positions visited + follow entries written (about 1-2 s of Python at worst)
+MAX_WORK = 4_000_000  # positions visited + follow entries written (legit grammars: a few % of it)
 DEADLINE_S = 5.0  # wall clock: give up (no verdict) past it; only a starved CPU gets there
 
 _MAXCHAR = 0x110000
