@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixlang_runtime.constrained.automaton_size import (MAX_POSITIONS, MAX_STATES, TooLarge, check_automaton_size,
-                                                          determinize, to_python_syntax)
+                                                          determinize)
+from radixlang_runtime.constrained.regex_dialect import Unanalysable, to_python_syntax
 from radixlang_runtime.constrained.compile_index import grammar_regex
 from radixlang_runtime.constrained.spec import DTYPE_REGEX, GrammarSpec
 
@@ -131,3 +132,8 @@ def test_rust_only_syntax_is_translated_or_left_to_the_compile():
     assert determinize(r"\p{L}+\d").num_states == 3  # \p{L} is one opaque symbol
     assert determinize("a{2}{3}").num_states == 7 and determinize("(?U)a+").num_states == 2
     assert check_automaton_size("[a-z&&[^x]]", "regex") is None  # class set operations: no verdict
+
+
+def test_the_deadline_gives_no_verdict_rather_than_a_refusal():
+    with pytest.raises(Unanalysable, match="deadline"):
+        determinize(".*a.{20}", deadline_s=0.0)

@@ -60,21 +60,21 @@ from typing import Optional
 import re._constants as sre_c
 import re._parser as sre_parse
 
+from radixlang_runtime.constrained.regex_dialect import OPAQUE_BASE, Unanalysable, to_python_syntax
+
 MAX_STATES = 20_000  # char-level subset states (see the module docstring and docs/PERFORMANCE.md)
 MAX_POSITIONS = 100_000  # character positions after expanding counted repetitions
 MAX_WORK = 4_000_000  # positions visited + follow entries written (legit grammars: a few % of it)
 DEADLINE_S = 5.0  # wall clock: give up (no verdict) past it; only a starved CPU gets there
 
 _MAXCHAR = 0x110000
-# opaque symbols for what is not spelled out here (private-use plane 16, last codepoints first)
-_OPAQUE_BASE = 0x10FF00
 _ASCII_DIGIT = [(0x30, 0x3A)]
 _ASCII_WORD = [(0x30, 0x3A), (0x41, 0x5B), (0x5F, 0x60), (0x61, 0x7B)]
 _ASCII_SPACE = [(0x09, 0x0E), (0x1C, 0x21)]
 _CATEGORY = {  # category -> (ASCII ranges, opaque symbol standing for its non-ASCII members)
-    sre_c.CATEGORY_DIGIT: (_ASCII_DIGIT, _OPAQUE_BASE + 1),
-    sre_c.CATEGORY_WORD: (_ASCII_WORD, _OPAQUE_BASE + 2),
-    sre_c.CATEGORY_SPACE: (_ASCII_SPACE, _OPAQUE_BASE + 3),
+    sre_c.CATEGORY_DIGIT: (_ASCII_DIGIT, OPAQUE_BASE + 1),
+    sre_c.CATEGORY_WORD: (_ASCII_WORD, OPAQUE_BASE + 2),
+    sre_c.CATEGORY_SPACE: (_ASCII_SPACE, OPAQUE_BASE + 3),
 }
 _NOT_CATEGORY = {sre_c.CATEGORY_NOT_DIGIT: sre_c.CATEGORY_DIGIT, sre_c.CATEGORY_NOT_WORD: sre_c.CATEGORY_WORD,
                  sre_c.CATEGORY_NOT_SPACE: sre_c.CATEGORY_SPACE}
@@ -88,10 +88,6 @@ class TooLarge(ValueError):
     def __init__(self, what: str, limit: int):
         super().__init__(f"more than {limit:,} {what}")
         self.what, self.limit = what, limit
-
-
-class Unanalysable(Exception):
-    """The check has no verdict (syntax it does not model, or the deadline): the compile decides."""
 
 
 @dataclass
@@ -121,97 +117,6 @@ class CharDFA:
             if s < 0:
                 return False
         return self.accepting[s]
-
-
-# ----------------------------------------------------------------------------------------- Rust -> Python
-_UNSUPPORTED_CLASS = re.compile(r"&&|--|~~")
-_FLAGS = re.compile(r"\(\?([a-zA-Z-]*)([:)])")
-_QUANT = re.compile(r"[*+?]|\{\d*(,\d*)?\}")
-
-
-def _escape(regex: str, i: int, opaque: dict[str, int]) -> tuple[str, int]:
-    """regex[i] == '\\': (its Python spelling, index past it)."""
-    e = regex[i + 1: i + 2]
-    if e in ("x", "u", "U") and regex.startswith("{", i + 2):
-        k = regex.find("}", i + 3)
-        if k < 0:
-            raise Unanalysable("unterminated escape")
-        return f"\\U{int(regex[i + 3:k], 16):08X}", k + 1
-    if e in ("p", "P"):
-        k = regex.find("}", i + 3) + 1 if regex.startswith("{", i + 2) else i + 3
-        if k <= 0:
-            raise Unanalysable("unterminated \\p{")
-        return f"\\U{opaque.setdefault(regex[i + 1:k], _OPAQUE_BASE + 16 + len(opaque)):08X}", k
-    return regex[i:i + 2], i + 2
-
-
-def to_python_syntax(regex: str) -> str:
-    """Rust regex syntax -> Python `re` syntax with the same character structure: `\\x{H}` / `\\u{H}` as
-    `\\UHHHHHHHH`, each `\\p{..}` / `\\P{..}` / `\\pX` as an opaque symbol of its own, `(?U)` dropped, a
-    quantifier on a quantified atom (`a{2}{3}`, which Python refuses) as `(?:a{2}){3}`.
-    Raises Unanalysable for Rust-only class syntax (nested classes, set operations)."""
-    out: list[str] = []
-    opaque: dict[str, int] = {}
-    groups: list[int] = []  # out index of each open group's '('
-    # out index where the last atom starts; 0: no quantifier on it yet, 1: one (a `?` now is lazy), 2: lazy too
-    atom, quantified = 0, 0
-    i, n, in_class = 0, len(regex), False
-    while i < n:
-        c = regex[i]
-        if c == "\\" and i + 1 < n:
-            text, i = _escape(regex, i, opaque)
-            if not in_class:
-                atom, quantified = len(out), 0
-            out.append(text)
-            continue
-        if in_class:
-            if c == "[" or _UNSUPPORTED_CLASS.match(regex, i):
-                raise Unanalysable("nested character class or class set operation")
-            in_class = c != "]"
-            out.append(c)
-            i += 1
-            continue
-        q = _QUANT.match(regex, i) if c in "*+?{" else None
-        if q:
-            if quantified == 1 and c == "?":  # a lazy marker (Rust has no possessive `+`)
-                out.append(c)
-                quantified = 2
-                i = q.end()
-                continue
-            else:
-                if quantified:
-                    out.insert(atom, "(?:")
-                    out.append(")")
-                out.append(q.group(0))
-            quantified = 1
-            i = q.end()
-            continue
-        m = _FLAGS.match(regex, i) if c == "(" else None
-        if m:
-            flags = m.group(1).replace("U", "")
-            if m.group(2) == ":":
-                groups.append(len(out))
-            out.append(f"(?{flags}{m.group(2)}" if flags.strip("-") else "(?:" if m.group(2) == ":" else "(?:)")
-            quantified = 0
-            i = m.end()
-            continue
-        if c == "(":
-            groups.append(len(out))
-        elif c == ")" and groups:
-            atom = groups.pop()
-        elif c == "[":
-            atom = len(out)
-            j = i + 1 + (regex.startswith("^", i + 1))
-            j += regex.startswith("]", j)  # a leading ']' is literal
-            out.append(regex[i:j])
-            i, in_class, quantified = j, True, 0
-            continue
-        elif c != "|":
-            atom = len(out)
-        quantified = 0
-        out.append(c)
-        i += 1
-    return "".join(out)
 
 
 # ----------------------------------------------------------------------------------------- positions
