@@ -428,5 +428,9 @@ def check_automaton_size(regex: str, what: str, max_states: int = MAX_STATES) ->
     except TooLarge as e:
         raise ValueError(f"grammar too large: {what} needs {e} (limit {e.limit:,}); refused before "
                          "compiling: outlines-core builds the whole automaton before its limits can stop it") from None
-    except Unanalysable:
+    except (Unanalysable, RecursionError):
+        return None
+    except MemoryError:
+        raise  # the compile child's memory cap: answered as "compile exceeded N GiB of memory"
+    except Exception:  # noqa: BLE001 - a construct this model gets wrong must not cost the grammar its compile
         return None
