@@ -36,8 +36,12 @@ def _regexes(max_leaves: int) -> st.SearchStrategy[str]:
     return st.recursive(st.tuples(_ATOM, _QUANT).map("".join), extend, max_leaves=max_leaves)
 
 
+_WIDE_ATOM = st.sampled_from([".", "[^a]", r"\d", r"\W", "(?i:a)", "(?s:.)", r"[\sb]", r"\x{41}"])
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(regex=_regexes(6), texts=st.lists(st.text("abc", max_size=7), min_size=1, max_size=20))
+@given(regex=st.one_of(_regexes(6), st.tuples(_regexes(3), _WIDE_ATOM, _QUANT, _regexes(3)).map("".join)),
+       texts=st.lists(st.text("abcA5 \n", max_size=7), min_size=1, max_size=20))
 def test_the_dfa_accepts_what_python_re_fullmatch_accepts(regex, texts):
     dfa = determinize(regex)
     python = re.compile(to_python_syntax(regex))
