@@ -5,8 +5,9 @@ refuses (backreferences, look-around) and the per-request limits answer ValueErr
 no fallback to Python's backtracking `re`; on ordinary patterns the stops are those of the Python `re`
 scan this replaced (a hypothesis test against it); an unsatisfiable `regex` says so in plain words.
 End to end (one real server): a stop_regex bomb completes normally, regex / json_schema bombs fail
-alone with a 400 within the compile limits, and a greedy request sent meanwhile gets the text it gets
-alone, in about the time it takes alone. The DSL passes stop_regex through to the runtime's checks.
+alone with a 400 from the grammar pre-check (constrained/automaton_size.py) in about a second, and a
+greedy request sent meanwhile gets the text it gets alone, in about the time it takes alone. The DSL passes
+stop_regex through to the runtime's checks.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from radixlang_runtime import stop_regex as stop_regex_mod
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.stop_check import STOP_REGEX_WINDOW, _newest_text, _stop_regex, check_finished
+from radixlang_runtime.constrained.automaton_size import MAX_STATES
 from radixlang_runtime.limits import MAX_STOP_STRINGS
 from radixlang_runtime.stop_regex import (MAX_STOP_CHARS, MAX_STOP_REGEX, STOP_REGEX_MAX_PROGRAM,
                                           compile_stop_regex)
@@ -185,6 +187,8 @@ def test_unsatisfiable_regex_says_so_in_plain_words():
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0, "max_new_tokens": 12}  # the normal request
 GRAMMAR_TIMEOUT_S = 20.0  # GrammarCacheConfig.timeout_s, the server's per-compile limit
+PRECHECK_S = 1.0  # automaton_size's refusal of a bomb (a few tenths of a second on an idle 2-core CPU)
+LOAD_SLACK_S = 9.0  # a loaded 2-core CI machine (4 test processes) and the HTTP round trip
 
 
 @pytest.fixture(scope="module")
@@ -255,17 +259,24 @@ def test_stop_regex_bomb_completes_and_others_are_unaffected(client, alone):
     assert body["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
 
 
-def test_grammar_bombs_fail_alone_within_the_compile_limit(client, alone):
+def test_grammar_bombs_fail_alone_by_the_pre_check(client, alone):
+    """automaton_size.py refuses both before outlines-core starts: a 400 naming the bound, in about a second
+    (the old answer came from the compile time limit, GRAMMAR_TIMEOUT_S, after the whole DFA was built)."""
     bombs = {
-        "regex": {"text": "x", "sampling_params": {"max_new_tokens": 8, "regex": ".*a.{20}"}},  # 2^20 DFA states
+        "regex": {"text": "x", "sampling_params": {"max_new_tokens": 8, "regex": ".*a.{20}"}},  # 2^21 DFA states
         "schema": {"text": "x", "sampling_params": {
             "max_new_tokens": 8, "json_schema": json.dumps({"type": "string", "maxLength": 100000})}},
     }
+    bounds = {"regex": f"grammar too large: regex '.*a.{{20}}' needs more than {MAX_STATES:,} automaton states "
+                       f"(limit {MAX_STATES:,})",
+              "schema": f"grammar too large: json_schema needs more than {MAX_STATES:,} automaton states "
+                        f"(limit {MAX_STATES:,})"}
     out = normal_meanwhile(client, bombs, alone)
     for key in bombs:
         status, body, seconds = out[key]
-        assert status == 400 and "grammar too large" in body["error"]["message"], (key, body)
-        assert seconds < GRAMMAR_TIMEOUT_S + 30, (key, seconds)
+        assert status == 400 and bounds[key] in body["error"]["message"], (key, body)
+        # ~1 s of pre-check plus a loaded machine's slack, still well inside the compile limit it replaces
+        assert seconds < PRECHECK_S + LOAD_SLACK_S < GRAMMAR_TIMEOUT_S, (key, seconds)
 
 
 def nested_arrays(depth: int) -> dict:

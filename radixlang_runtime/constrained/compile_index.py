@@ -5,8 +5,10 @@ Errors are ValueError with a message for the client: a schema outlines-core refu
 ..."), a regex it cannot build ("invalid regex: ..." with Python's position when it has one), a
 grammar no sequence of this vocabulary's tokens can spell ("... cannot be matched by this model's
 tokens: ...", outlines-core's "incompatible with the regex ... no transitions" translated here, the one
-place it surfaces). Resource limits (time, memory) are not enforced here: the caller runs this in a
-worker process.
+place it surfaces), a grammar whose automaton is over automaton_size's bounds ("grammar too large: ...
+needs more than N automaton states (limit N)", refused before outlines-core starts: what a regex bomb
+gets, in well under a second instead of the time limit). Resource limits (time, memory) are not
+enforced here: the caller runs this in a worker process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from radixlang_runtime.constrained.automaton_size import check_automaton_size
 from radixlang_runtime.constrained.regex_check import describe_compile_error
 from radixlang_runtime.constrained.schema import schema_to_regex
 
@@ -70,6 +73,7 @@ def build_index(kind: str, text: str, vocabulary: Any, sentinel: str) -> Any:
     if at is not None:  # S's lead byte is in no text token, so no token spells it; S would end R early
         raise ValueError(f"{_what(kind, text)} cannot be matched by this model's tokens: U+{ord(sentinel):X} "
                          f"(at position {at} of the regex) is a character no token spells")
+    check_automaton_size(regex, _what(kind, text))  # a regex bomb is refused here, not after the time limit
     try:
         return Index(f"(?:{regex})\\x{{{ord(sentinel):X}}}", vocabulary)
     except ValueError as e:
