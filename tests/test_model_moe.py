@@ -125,6 +125,16 @@ def test_olmoe_refuses_tensor_parallel_by_name():
         MoEForCausalLM(cfg, None, Rotary(cfg.rope, 256, torch.device("cpu"), torch.float32), shard, None)
 
 
+def test_deterministic_mode_is_refused_for_moe():
+    from types import SimpleNamespace
+
+    from radixlang_runtime.model import deterministic
+
+    cfg = ModelConfig.from_dict({**BASE, "architectures": ["Qwen3MoeForCausalLM"]})
+    with pytest.raises(ValueError, match="Qwen3MoeForCausalLM's expert GEMMs .* not batch-invariant"):
+        deterministic.enable(SimpleNamespace(cfg=cfg), None, None, torch.device("cpu"), torch.float32)
+
+
 # ---------------------------------------------------------------------------------------- the block
 def _naive(x, router, gate_up, down, top_k, renorm, weights_float32):
     """Per token: softmax over the router logits, its top-k experts, each expert's SwiGLU MLP."""
