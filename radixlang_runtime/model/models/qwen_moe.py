@@ -18,7 +18,7 @@ __all__ = ["MoEForCausalLM", "parse_qwen2_moe", "parse_qwen3_moe"]
 
 def parse_qwen2_moe(cfg: dict) -> ModelConfig:
     arch = "Qwen2MoeForCausalLM"
-    cfg = {"intermediate_size": 5632, **cfg}
+    cfg = {"intermediate_size": 5632, "max_position_embeddings": 32768, **cfg}  # Qwen2MoeConfig defaults
     # transformers' Qwen2MoeConfig: with use_sliding_window, the even layers below max_window_layers slide
     window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
     first = cfg.get("max_window_layers", 28)
@@ -37,7 +37,7 @@ def parse_qwen2_moe(cfg: dict) -> ModelConfig:
 
 def parse_qwen3_moe(cfg: dict) -> ModelConfig:
     arch = "Qwen3MoeForCausalLM"
-    cfg = {"intermediate_size": 6144, **cfg}
+    cfg = {"intermediate_size": 6144, "max_position_embeddings": 32768, **cfg}  # Qwen3MoeConfig defaults
     window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None  # every layer
     out = base_config(cfg, arch, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
                       sliding_window=None if window is None else int(window))
