@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from radixlang_runtime.model.moe_spec import MoESpec
 from radixlang_runtime.model.rope_spec import RopeSpec, parse_rope
 
 
@@ -38,6 +39,9 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # some layers attend only this many positions back (None: none do)
     max_context: Optional[int] = None  # the family's math is implemented only up to this context (None: any)
     max_context_reason: str = ""  # why, named in the refusal
+    qk_norm_whole: bool = False  # OLMoE: RMSNorm over the whole q and k projections ([H D], [Hkv D]) before RoPE
+    clip_qkv: Optional[float] = None  # OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv] after the norm
+    moe: Optional[MoESpec] = None  # mixture-of-experts feed-forward (model/moe.py); None: dense MLPs only
 
     def check_context_len(self, context_len: int) -> None:
         """Sliding-window attention is not implemented: a window shorter than the served context would be

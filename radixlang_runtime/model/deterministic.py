@@ -23,7 +23,8 @@ that depends on that row alone (and, for attention, on the K/V it reads), never 
 
 Refused (ValueError naming the reason) where this cannot hold: no C kernels (no compiler, or the
 `cc` mask word), linears oneDNN cannot prepack (bf16 on an AVX2-only CPU), quantized weights, tensor
-parallelism (server_args), CUDA / the Triton backend.
+parallelism (server_args), CUDA / the Triton backend, mixture-of-experts models (their expert GEMMs run
+on torch's F.linear with a row count that depends on the batch's routing).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ PROBE_BATCHES = ((2, 1), (3, 0), (17, 9), (80, 63))  # (M, position of the probe
 
 def enable(model: nn.Module, backend: object, paths: CpuPaths, device: torch.device, dtype: torch.dtype) -> None:
     """Switch `model` and its attention `backend` to batch-invariant numerics, or raise ValueError."""
+    cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "moe", None) is not None:
+        raise ValueError(f"--enable-deterministic-inference is refused: {cfg.architecture}'s expert GEMMs "
+                         "(model/moe.py) are not batch-invariant")
     why = None
     if device.type != "cpu":
         why = "it is implemented for the CPU kernels only"

@@ -6,9 +6,10 @@ layer's weights to decode_layer.c once (pointers into the modules' own tensors: 
 runs a step's layers as 30 calls.
 
 Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
-float32, one rank, no q/k norm, every linear a decode kernel (PackedLinear with dense tiles, GGUFLinear,
-Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M),
-and the attention backend's C decode (with or without cascade groups; not the deterministic row mode).
+float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every linear a decode kernel
+(PackedLinear with dense tiles, GGUFLinear, Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M
+where every linear's tiles take any M), and the attention backend's C decode (with or without cascade
+groups; not the deterministic row mode).
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
 False and the modules run.
 """
@@ -25,6 +26,7 @@ from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.torch_backend import CDecodeMeta
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.gguf_linear import GGUFLinear
+from radixlang_runtime.model.llama import MLP
 from radixlang_runtime.model.packed_linear import PackedLinear
 from radixlang_runtime.model.quant_linear import Int8Linear
 
@@ -97,8 +99,9 @@ class FusedDecode:
         any_m = True
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if attn.q_norm is not None or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel:
-                return None
+            if (attn.q_norm is not None or attn.clip_qkv is not None or not isinstance(mlp, MLP)
+                    or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel):
+                return None  # q/k norms, clip_qkv and MoE blocks (model/moe.py) run on the modules
             mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             lins = [describe_linear(m) for m in mods]
             if any(d is None for d in lins):

@@ -58,8 +58,16 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # qk norm per head (Qwen3: weights [D]) or over the whole q / k projection (OLMoE: [H D] and [Hkv D],
+        # statistics across heads, so one rank cannot hold a part of it)
+        self.norm_whole = cfg.qk_norm_whole
+        if self.norm_whole and shard.size > 1:
+            raise ValueError(f"tp_size {shard.size} is not supported for {cfg.architecture}: its q/k norm spans "
+                             "every head of the projection (not implemented across ranks)")
+        q_dim, k_dim = (self.q_size, self.kv_size) if self.norm_whole else (self.d, self.d)
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm or self.norm_whole else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm or self.norm_whole else None
+        self.clip_qkv = cfg.clip_qkv  # OLMoE: q, k, v clamped to [-clip, clip] after the norm (None: not)
         self.backend = backend
         self.reduce = reduce
         self.use_cpu_kernel = False  # CPU C kernels: rope + K/V store in one pass (cpu_kernels.rope_store)
@@ -67,17 +75,23 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        if self.norm_whole:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=1)
+            qkv = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous()), v], dim=1)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         qk = qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.d)  # q and k heads
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
         pool = fb.kv_pool
-        if self.use_cpu_kernel and self.q_norm is None and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
+        head_norm = self.q_norm is not None and not self.norm_whole
+        if self.use_cpu_kernel and not head_norm and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
             # Rotary.apply's rounding in place on qkv (qk is a view of it), then k, v into the pool
             cos, sin = fb.rope_cos_sin
             cpu_kernels.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
                                    pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id])
             o = self.backend.attend(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
         else:
-            if self.q_norm is not None:
+            if head_norm:
                 qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
             qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
             o = self.backend.forward(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
@@ -119,12 +133,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce,
+                 mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id, backend, shard, reduce)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, shard, reduce)
+        self.mlp = mlp  # x [T, hidden] -> [T, hidden], reduced over the ranks: MLP, or model/moe.SparseMoE
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """h: the previous block's output (None for the first layer); residual: the stream, updated
@@ -144,11 +159,17 @@ class LlamaForCausalLM(nn.Module):
         self.reduce = reduce
         self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce, self.make_mlp(cfg, i, shard, reduce))
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
         self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
         self.fused_decode = None  # model/fused_decode.FusedDecode, set by the runner where it applies
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
+        """Layer `layer_id`'s feed-forward block (a family with other blocks overrides this and load_mlp)."""
+        return MLP(cfg, shard, reduce)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for
@@ -250,7 +271,6 @@ class LlamaForCausalLM(nn.Module):
         cfg, sh, d = self.cfg, self.shard, self.cfg.head_dim
         q_rows = (sh.q_start * d, (sh.q_start + sh.q_count) * d)
         kv_rows = (sh.kv_start * d, (sh.kv_start + sh.kv_count) * d)
-        inter = (sh.inter_start, sh.inter_start + sh.inter_count)
         vocab = (sh.vocab_start, sh.vocab_start + sh.vocab_count)
         own = dict(self.named_parameters())
         done: set[str] = set()
@@ -280,15 +300,20 @@ class LlamaForCausalLM(nn.Module):
                     take(a + "q_proj.bias", rows=q_rows), take(a + "k_proj.bias", rows=kv_rows),
                     take(a + "v_proj.bias", rows=kv_rows)]))
             put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
-            if cfg.qk_norm:
+            if cfg.qk_norm or cfg.qk_norm_whole:  # whole: one rank only (Attention refuses tp_size > 1)
                 put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
                 put(dst + "self_attn.k_norm.weight", take(a + "k_norm.weight"))
-            m = src + "mlp."
-            put(dst + "mlp.gate_up_proj.weight",
-                torch.cat([take(m + "gate_proj.weight", rows=inter), take(m + "up_proj.weight", rows=inter)]))
-            put(dst + "mlp.down_proj.weight", take(m + "down_proj.weight", cols=inter))
+            self.load_mlp(i, tensors, put)
             put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
             put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
         missing = sorted(set(own) - done)
         if missing:
             raise ValueError(f"parameters not loaded: {missing[:5]}")
+
+    def load_mlp(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
+        """Layer i's dense MLP: gate and up fused, this rank's intermediate columns."""
+        sh, m = self.shard, f"model.layers.{i}.mlp."
+        inter = (sh.inter_start, sh.inter_start + sh.inter_count)
+        put(f"layers.{i}.mlp.gate_up_proj.weight", torch.cat([tensors.get(m + "gate_proj.weight", rows=inter),
+                                                               tensors.get(m + "up_proj.weight", rows=inter)]))
+        put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.models import llama_family, phi3
+from radixlang_runtime.model.models import llama_family, mixtral, olmoe, phi3, qwen_moe
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ _FAMILIES = (
     ModelFamily("Qwen2ForCausalLM", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen3ForCausalLM", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
     ModelFamily("Phi3ForCausalLM", phi3.parse_phi3, phi3.Phi3ForCausalLM),
+    ModelFamily("MixtralForCausalLM", mixtral.parse_mixtral, mixtral.MoEForCausalLM),
+    ModelFamily("Qwen2MoeForCausalLM", qwen_moe.parse_qwen2_moe, qwen_moe.MoEForCausalLM),
+    ModelFamily("Qwen3MoeForCausalLM", qwen_moe.parse_qwen3_moe, qwen_moe.MoEForCausalLM),
+    ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)
