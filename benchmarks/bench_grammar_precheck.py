@@ -3,7 +3,7 @@ on the embedded SmolLM2 vocabulary: each Index built in a forked process under t
 (2 GiB RLIMIT_AS) and a longer time limit, without the pre-check (so every row is outlines-core's own
 cost). The figures chose automaton_size.MAX_STATES (docs/PERFORMANCE.md, "Grammar pre-check").
 
-    python -m radixlang_runtime.constrained.automaton_size_bench [--timeout 60] [--only SUBSTRING]
+    python benchmarks/bench_grammar_precheck.py [--timeout 60] [--only SUBSTRING]
 """
 
 from __future__ import annotations
