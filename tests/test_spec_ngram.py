@@ -279,3 +279,27 @@ def test_engine_stop_strings_and_logprobs_identical(engine, spec_engine):
     for ra, rb in zip(ta_, tb_):
         assert [t for _, t, _ in rb] == [t for _, t, _ in ra]
     engine_whole(spec_engine)
+
+
+def test_server_flags_meta_info_and_metrics():
+    """The CLI flags through a real server: meta_info and /metrics carry the counters."""
+    import httpx
+
+    from server_utils import ServerProcess
+
+    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--enable-metrics",
+                        "--debug-check-integrity", "--speculative-algorithm", "NGRAM",
+                        "--speculative-num-draft-tokens", "6", "--speculative-ngram-max-match-window-size", "3")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            r = c.post("/generate", json={"text": COPY, "sampling_params": {"temperature": 0, "max_new_tokens": 24}})
+            assert r.status_code == 200, r.text
+            meta = r.json()["meta_info"]
+            assert meta["spec_accepted_tokens"] > 0 and meta["spec_draft_tokens"] >= meta["spec_accepted_tokens"]
+            metrics = c.get("/metrics").text
+            line = next(x for x in metrics.splitlines() if x.startswith("radixlang:spec_accepted_tokens "))
+            assert float(line.split()[1]) >= meta["spec_accepted_tokens"]
+            info = c.get("/server_info").json()
+            assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 6
+    finally:
+        assert srv.stop() in (0, 143), srv.tail()
