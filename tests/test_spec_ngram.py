@@ -303,3 +303,31 @@ def test_server_flags_meta_info_and_metrics():
             assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 6
     finally:
         assert srv.stop() in (0, 143), srv.tail()
+
+
+def test_point_mass_draft_keeps_the_sampling_distribution():
+    """sample_step on a point-mass draft d at temperature 1: the first emitted token is distributed as p0
+    (accepted d with P = p0(d), else a sample != d), and after an accepted d the next one as p1."""
+    import torch
+
+    from radixlang_runtime.model.sample_step import sample_step
+    from radixlang_runtime.model.sampler import Sampler
+    from radixlang_runtime.scheduler.batch import ScheduleBatch
+
+    n, V, d = 6000, 5, 2
+    p0 = torch.tensor([0.1, 0.2, 0.4, 0.2, 0.1])
+    p1 = torch.tensor([0.5, 0.1, 0.1, 0.2, 0.1])
+    reqs = []
+    for i in range(n):
+        r = Req(rid=str(i), input_ids=[0], sampling=SamplingParams.from_dict({"temperature": 1.0, "max_new_tokens": 8}))
+        r.draft = [d]
+        reqs.append(r)
+    batch = ScheduleBatch("mixed", reqs, [0] * n, [[0, d]] * n, [[0, 0]] * n, [True] * n, draft_lens=[1] * n)
+    logits = torch.stack([p0.log(), p1.log()] * n)  # [2n, V]: rows 0 and 1 of each request
+    sample_step(batch, list(range(n)), [2] * n, logits, Sampler(V, [], torch.device("cpu"), seed=7))
+    first = [d if batch.accepted.get(i, 0) else batch.next_token_ids[i] for i in range(n)]
+    after = [batch.next_token_ids[i] for i in range(n) if batch.accepted.get(i, 0)]
+    freq0 = torch.bincount(torch.tensor(first), minlength=V).float() / n
+    freq1 = torch.bincount(torch.tensor(after), minlength=V).float() / len(after)
+    assert torch.allclose(freq0, p0, atol=0.03), freq0  # ~5 standard deviations at n = 6000
+    assert torch.allclose(freq1, p1, atol=0.05), freq1  # ~2,400 accepted
