@@ -88,6 +88,12 @@ def test_draft_length_adapts():
     assert r.spec_k == 4 and (r.spec_draft_tokens, r.spec_accepted_tokens) == (8, 2)
     d.update(r, 4, 4)
     assert r.spec_k == 5 and len(d.draft(r)) == 5
+    d.update(r, 5, 0)  # nothing accepted: drafting pauses one step, then two after the next failure
+    assert r.spec_k == 2 and d.draft(r) == [] and len(d.draft(r)) == 2
+    d.update(r, 2, 0)
+    assert [d.draft(r) for _ in range(2)] == [[], []] and len(d.draft(r)) == 1
+    d.update(r, 1, 1)
+    assert r.spec_backoff == 0 and len(d.draft(r)) == 2
 
 
 def test_flags_refused_by_name():
@@ -101,7 +107,7 @@ def test_flags_refused_by_name():
     with pytest.raises(TypeError, match="speculative_eagle_topk"):
         from radixlang_runtime.server_args import server_args_from_kwargs
         server_args_from_kwargs(speculative_algorithm="NGRAM", speculative_eagle_topk=4)
-    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 4)
+    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 1)
 
 
 # ---------------------------------------------------------------------------------------------- scheduler

@@ -76,9 +76,15 @@ class NgramIndex:
         return []
 
 
+MAX_BACKOFF = 16  # most decode steps a request goes without drafts after its drafts kept failing
+
+
 class NgramDrafter:
     """Prompt-lookup drafts for unconstrained requests, with a per-request draft length that halves
-    after a rejection and grows by one after a fully accepted draft (req.spec_k)."""
+    after a rejection and grows by one after a fully accepted draft (req.spec_k). A draft of which
+    nothing was accepted also pauses drafting for req.spec_backoff steps (doubling while they keep
+    failing, up to MAX_BACKOFF; reset by any acceptance): a verification row costs compute, and on CPU
+    a step carrying any draft runs as an extend rather than the fused decode kernel."""
 
     def __init__(self, cfg: NgramConfig, eos_token_ids: tuple[int, ...], context_len: int):
         self.cfg = cfg
@@ -92,6 +98,9 @@ class NgramDrafter:
 
     def draft(self, req: Req) -> list[int]:
         if not self._draftable(req):
+            return []
+        if req.spec_skip > 0:
+            req.spec_skip -= 1
             return []
         if req.spec_index is None:
             req.spec_index = NgramIndex(self.cfg.min_match, self.cfg.max_match)
@@ -115,3 +124,8 @@ class NgramDrafter:
         req.spec_accepted_tokens += accepted
         k_max = self.cfg.num_draft_tokens
         req.spec_k = min(k_max, req.spec_k + 1) if accepted == drafted else max(1, req.spec_k // 2)
+        if accepted:
+            req.spec_backoff = 0
+        else:
+            req.spec_backoff = min(MAX_BACKOFF, 2 * req.spec_backoff or 1)
+            req.spec_skip = req.spec_backoff

@@ -49,6 +49,8 @@ class Req:
     # --- n-gram speculation (scheduler/drafter.py; req.draft holds its draft, draft_states stays empty) ---
     spec_index: Any = None  # NgramIndex, built at the first draft
     spec_k: int = 0  # this request's current draft length (shrinks after rejections)
+    spec_backoff: int = 0  # steps without drafts after the next fully rejected draft ends (doubles, <= 16)
+    spec_skip: int = 0  # steps left without drafts (backoff)
     spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
     spec_accepted_tokens: int = 0  # of which the model agreed with (meta_info.spec_accepted_tokens)
     # --- state ---
