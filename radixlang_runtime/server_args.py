@@ -170,6 +170,9 @@ class ServerArgs:
         if algo != "NGRAM":
             raise ValueError(f"speculative_algorithm {algo!r} is not implemented; NGRAM (prompt lookup, no draft "
                              "model) is")
+        if self.enable_deterministic_inference:
+            raise ValueError("speculative_algorithm with enable_deterministic_inference is not implemented (draft "
+                             "verification rows run in extend steps whose batch invariance is not tested)")
         k, lo, hi, cap = self.speculative_ngram_settings()
         if not 1 <= k <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64]; got {k}")

@@ -104,6 +104,8 @@ def test_flags_refused_by_name():
     with pytest.raises(ValueError, match="min_match_window_size"):
         ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,
                    speculative_ngram_max_match_window_size=3)
+    with pytest.raises(ValueError, match="enable_deterministic_inference"):
+        ServerArgs(speculative_algorithm="NGRAM", enable_deterministic_inference=True)
     with pytest.raises(TypeError, match="speculative_eagle_topk"):
         from radixlang_runtime.server_args import server_args_from_kwargs
         server_args_from_kwargs(speculative_algorithm="NGRAM", speculative_eagle_topk=4)
