@@ -63,6 +63,9 @@ class IncrementalDetokenizer:
             if msg.forced_tokens:
                 out.forced_tokens.append(msg.forced_tokens[i])
                 out.forward_passes.append(msg.forward_passes[i])
+            if msg.spec_draft_tokens:
+                out.spec_draft_tokens.append(msg.spec_draft_tokens[i])
+                out.spec_accepted_tokens.append(msg.spec_accepted_tokens[i])
             if msg.input_logprobs:
                 out.input_logprobs.append(msg.input_logprobs[i])
                 out.input_top_logprobs.append(msg.input_top_logprobs[i])

@@ -131,6 +131,8 @@ class BatchTokenIDOut:
     stop_from_end: list[int] = field(default_factory=list)  # Req.stop_from_end (0: no stop string)
     forced_tokens: list[int] = field(default_factory=list)  # jump-forward tokens so far (meta_info.forced_tokens)
     forward_passes: list[int] = field(default_factory=list)  # forward steps so far (meta_info.forward_passes)
+    spec_draft_tokens: list[int] = field(default_factory=list)  # n-gram draft tokens verified so far
+    spec_accepted_tokens: list[int] = field(default_factory=list)  # of which accepted (meta_info, same names)
 
 
 @dataclass
@@ -154,6 +156,8 @@ class BatchStrOut:
     output_top_logprobs: list[Optional[list]] = field(default_factory=list)
     forced_tokens: list[int] = field(default_factory=list)
     forward_passes: list[int] = field(default_factory=list)
+    spec_draft_tokens: list[int] = field(default_factory=list)
+    spec_accepted_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -61,6 +61,9 @@ class ResultBuilder:
         }
         if msg.forced_tokens:  # constrained decoding: tokens jump-forward appended, and forward passes
             meta["forced_tokens"], meta["forward_passes"] = msg.forced_tokens[i], msg.forward_passes[i]
+        if msg.spec_draft_tokens:  # n-gram speculation: draft tokens verified, and accepted
+            meta["spec_draft_tokens"] = msg.spec_draft_tokens[i]
+            meta["spec_accepted_tokens"] = msg.spec_accepted_tokens[i]
         if self.logprob is not None and msg.output_logprobs:
             self._logprob_meta(msg, i, new_ids, meta)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

@@ -87,6 +87,15 @@ class ServerArgs:
     quantization: Optional[str] = None  # int8 (model/quant_linear.py) | gguf: the .gguf's blocks (model/gguf_linear.py)
     enable_deterministic_inference: bool = False  # batch-invariant numerics (model/deterministic.py)
 
+    # --- speculative decoding (scheduler/drafter.py): SGLang's names; NGRAM (prompt lookup) only ---
+    speculative_algorithm: Optional[str] = None  # NGRAM | None (off)
+    speculative_num_draft_tokens: Optional[int] = None  # k: most draft tokens per step (NGRAM default 4)
+    speculative_ngram_min_match_window_size: Optional[int] = None  # shortest suffix looked up (default 2)
+    speculative_ngram_max_match_window_size: Optional[int] = None  # longest suffix looked up (default 4)
+    # no drafts while more requests decode (default 1: a lone request; bench_spec.py: a step carrying any draft
+    # leaves the fused decode kernel for the whole batch, and free generation at batch 4 ran at 0.62x); 0: no limit
+    speculative_disable_by_batch_size: Optional[int] = None
+
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -154,6 +163,38 @@ class ServerArgs:
         need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        """NGRAM only; its flags without it (or another algorithm's) are refused by name."""
+        algo = self.speculative_algorithm
+        if algo is None:
+            given = [n for n in _SPEC_NGRAM_FIELDS if getattr(self, n) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} set without speculative_algorithm NGRAM (the only one "
+                                 "implemented): refused, not ignored")
+            return
+        if algo != "NGRAM":
+            raise ValueError(f"speculative_algorithm {algo!r} is not implemented; NGRAM (prompt lookup, no draft "
+                             "model) is")
+        if self.enable_deterministic_inference:
+            raise ValueError("speculative_algorithm with enable_deterministic_inference is not implemented (draft "
+                             "verification rows run in extend steps whose batch invariance is not tested)")
+        k, lo, hi, cap = self.speculative_ngram_settings()
+        if not 1 <= k <= 64:
+            raise ValueError(f"speculative_num_draft_tokens must be in [1, 64]; got {k}")
+        if not 1 <= lo <= hi <= 32:
+            raise ValueError("need 1 <= speculative_ngram_min_match_window_size <= "
+                             f"speculative_ngram_max_match_window_size <= 32; got {lo}, {hi}")
+        if cap < 0:
+            raise ValueError(f"speculative_disable_by_batch_size must be >= 0 (0: no limit); got {cap}")
+
+    def speculative_ngram_settings(self) -> tuple[int, int, int, int]:
+        """(k, min match, max match, batch size limit) with the NGRAM defaults filled in."""
+        def pick(v: Optional[int], default: int) -> int:
+            return default if v is None else v
+        return (pick(self.speculative_num_draft_tokens, 4), pick(self.speculative_ngram_min_match_window_size, 2),
+                pick(self.speculative_ngram_max_match_window_size, 4), pick(self.speculative_disable_by_batch_size, 1))
 
     def resolve_for_device(self, device_type: str) -> "ServerArgs":
         """Fill the None ("auto") sizes. On CPU, prefill batches of ~4K tokens keep the activations
@@ -204,7 +245,11 @@ _INT_FIELDS = {
     "kv_cache_budget_bytes",
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
     "stream_interval", "random_seed", "max_request_body_bytes",
+    "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
+    "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size",
 }
+_SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
+                      "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout"}
 _CLI_HELP = {

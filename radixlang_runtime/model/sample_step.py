@@ -8,6 +8,9 @@ draft[j] is accepted while the token sampled at row j equals it; the first row w
 (or the last row) gives the request's next token. So a request emits exactly what token-by-token
 decoding would (greedy: the same tokens; sampling: the same distribution), and a draft the model
 agrees with costs one forward pass instead of len(draft) + 1.
+Output logprobs: the picked row's token, as for any sampled token; an n-gram draft (unconstrained request)
+also gets its accepted tokens' logprobs, each from its own row (StepLogprobs.draft_vals / draft_top: what
+decoding them one by one gives); jump-forward's accepted tokens keep null entries.
 Limits (stated, not hidden): penalties, min_new_tokens and a seeded request's noise see the output as
 it was before the step on every row of its draft.
 """
@@ -18,7 +21,7 @@ import torch
 
 from radixlang_runtime.model.logprobs import fill_output_logprobs
 from radixlang_runtime.model.sampler import Sampler
-from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.scheduler.batch import ScheduleBatch, StepLogprobs
 
 
 def sample_step(batch: ScheduleBatch, sample_idx: list[int], counts: list[int], logits: torch.Tensor,
@@ -37,7 +40,7 @@ def sample_step(batch: ScheduleBatch, sample_idx: list[int], counts: list[int], 
     want_rows = [r for r, req in enumerate(row_reqs) if req.return_logprob]
     lsm_rows = torch.log_softmax(logits[want_rows], dim=-1) if want_rows else None  # before the sampler edits
     tokens = sampler.sample(logits, row_reqs)
-    picks, next_ids, start = [], [], 0
+    picks, next_ids, starts, start = [], [], [], 0
     for i, n in zip(sample_idx, counts):
         a = 0
         draft = batch.reqs[i].draft
@@ -46,6 +49,7 @@ def sample_step(batch: ScheduleBatch, sample_idx: list[int], counts: list[int], 
         if n > 1:
             batch.accepted[i] = a
         picks.append(start + a)
+        starts.append(start)
         next_ids.append(tokens[start + a])
         start += n
     batch.next_token_ids = next_ids
@@ -54,3 +58,21 @@ def sample_step(batch: ScheduleBatch, sample_idx: list[int], counts: list[int], 
         where = {r: w for w, r in enumerate(want_rows)}
         lsm = lsm_rows[[where[picks[k]] for k in want]]
         fill_output_logprobs(batch, sample_idx, want, lsm, next_ids)
+        _draft_logprobs(batch, sample_idx, want, starts, lsm_rows, where)
+
+
+def _draft_logprobs(batch: ScheduleBatch, sample_idx: list[int], want: list[int], starts: list[int],
+                    lsm_rows: torch.Tensor, where: dict[int, int]) -> None:
+    """For each logprob request with accepted n-gram draft tokens: logprob (and top) of draft[j] at row j."""
+    for k in want:
+        i = sample_idx[k]
+        req, a = batch.reqs[i], batch.accepted.get(i, 0)
+        if not a or req.grammar is not None:
+            continue
+        rows = lsm_rows[[where[starts[k] + j] for j in range(a)]]  # [a, V]
+        ids = torch.tensor(req.draft[:a], dtype=torch.int64, device=rows.device)
+        out = batch.logprobs.setdefault(i, StepLogprobs())
+        out.draft_vals = rows.gather(1, ids[:, None]).squeeze(1).tolist()
+        if req.top_logprobs_num:
+            vals, top_ids = rows.topk(req.top_logprobs_num, dim=-1)
+            out.draft_top = [[[v, t] for v, t in zip(vr, ir)] for vr, ir in zip(vals.tolist(), top_ids.tolist())]

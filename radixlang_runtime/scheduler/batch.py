@@ -20,6 +20,9 @@ class StepLogprobs:
     input_top: list[list[list]] = field(default_factory=list)  # per position [[logprob, id], ...] (top_logprobs_num)
     output_val: Optional[float] = None  # logprob of the sampled token
     output_top: Optional[list[list]] = None
+    # An n-gram draft's accepted tokens (unconstrained requests): the logprob of draft[j] at its row j, in order
+    draft_vals: list[float] = field(default_factory=list)
+    draft_top: list[list[list]] = field(default_factory=list)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.runner import ModelRunner
+from radixlang_runtime.scheduler.drafter import NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -51,7 +52,15 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                   None if args.disable_radix_cache else RadixCache(args.page_size)),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,
+        drafter=make_drafter(args, eos, sizes.context_len),
     )
+
+
+def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Optional[NgramDrafter]:
+    if args.speculative_algorithm != "NGRAM":
+        return None
+    k, lo, hi, cap = args.speculative_ngram_settings()
+    return NgramDrafter(NgramConfig(k, lo, hi, cap), eos, context_len)
 
 
 def make_grammar_compiler(tokenizer: Any, logits_width: int) -> Any:
@@ -104,6 +113,7 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
+        "spec_draft_tokens": s.spec_draft_tokens, "spec_accepted_tokens": s.spec_accepted_tokens,
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)

@@ -203,6 +203,8 @@ def append_progress(out: BatchTokenIDOut, req: Req, sent_len: int) -> None:
     out.stop_from_end.append(req.stop_from_end)
     out.forced_tokens.append(req.forced_tokens)
     out.forward_passes.append(req.forward_passes)
+    out.spec_draft_tokens.append(req.spec_draft_tokens)
+    out.spec_accepted_tokens.append(req.spec_accepted_tokens)
     lp, first = req.return_logprob, sent_len == 0
     top = lp and req.top_logprobs_num > 0
     out.input_logprobs.append(req.input_logprobs if lp and first else None)

@@ -46,6 +46,13 @@ class Req:
     draft: list[int] = field(default_factory=list)  # jump-forward tokens to verify in the next step
     draft_states: list[Any] = field(default_factory=list)  # GrammarState before each draft token, then after all
     forward_passes: int = 0  # forward steps this request took part in
+    # --- n-gram speculation (scheduler/drafter.py; req.draft holds its draft, draft_states stays empty) ---
+    spec_index: Any = None  # NgramIndex, built at the first draft
+    spec_k: int = 0  # this request's current draft length (shrinks after rejections)
+    spec_backoff: int = 0  # steps without drafts after the next fully rejected draft ends (doubles, <= 16)
+    spec_skip: int = 0  # steps left without drafts (backoff)
+    spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
+    spec_accepted_tokens: int = 0  # of which the model agreed with (meta_info.spec_accepted_tokens)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
     error: Optional[str] = None  # set when a fault or a bad grammar ended the request (finished_reason: abort)

@@ -17,7 +17,8 @@ from typing import Callable, Optional, Protocol
 
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.mem.radix_cache import RadixCache
-from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.scheduler.batch import ScheduleBatch, StepLogprobs
+from radixlang_runtime.scheduler.drafter import NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
@@ -55,8 +56,11 @@ class SchedulerConfig:
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, runner: Runner, kv: KVManager, detokenize: Callable[[list[int]], str],
-                 grammar: Optional[GrammarQueue] = None):
+                 grammar: Optional[GrammarQueue] = None, drafter: Optional[NgramDrafter] = None):
         self.cfg = cfg
+        self.drafter = drafter  # None: no n-gram speculation (--speculative-algorithm unset)
+        self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
+        self.spec_accepted_tokens = 0  # of which accepted
         self.grammar = grammar  # None: constrained requests are refused before they get here
         self.runner = runner
         self.kv = kv
@@ -148,6 +152,7 @@ class Scheduler:
     def _mix_in_decode(self, batch: ScheduleBatch) -> None:
         """Append every running request's decode step to a prefill batch, when its slots are free now
         (otherwise they decode next step, where retract_decode can make room)."""
+        self._gate_ngram_drafts()
         need = sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
         if need > self.kv.available_size():
             return
@@ -257,6 +262,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
+        self._gate_ngram_drafts()
         self._ensure_decode_memory()
         reqs = list(self.running)
         prefix_lens = [r.kv_len for r in reqs]
@@ -289,11 +295,14 @@ class Scheduler:
             return sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
 
         retracted = False
+        if need() > self.kv.available_size():  # speculation never costs a retraction: drafts go first
+            self._drop_ngram_drafts(self.running)
         while self.running and need() > self.kv.available_size():
             if len(self.running) == 1:
                 raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
             victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
             self.running.remove(victim)
+            self._drop_ngram_drafts([victim])
             self._release(victim)
             victim.num_retractions += 1
             self.num_retracted_total += 1
@@ -318,7 +327,9 @@ class Scheduler:
                 continue
             if sampled:
                 token = next(tokens)
-                if req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
+                if req.draft and req.grammar is None:  # an n-gram draft: accepted tokens first
+                    self._accept_ngram_draft(req, batch.accepted.get(i, 0), lp)
+                elif req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
                     self._accept_draft(req, batch.accepted.get(i, 0), token)
                 if not req.finished:
                     if lp is not None and lp.output_val is not None:
@@ -348,6 +359,8 @@ class Scheduler:
         the next jump-forward draft (verified by the next forward pass, model/sample_step.py)."""
         if req.grammar is None:
             self._check_finished(req)
+            if self.drafter is not None and not req.finished and self._speculate(len(self.running)):
+                req.draft = self.drafter.draft(req)
             return
         if not self.grammar.advance(req, req.output_ids[-1]):  # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
@@ -375,6 +388,41 @@ class Scheduler:
                 return
         if req.grammar.must_finish:
             req.finish({"type": "stop", "matched": None})
+
+    def _accept_ngram_draft(self, req: Req, accepted: int, lp: Optional[StepLogprobs]) -> None:
+        """Append the first `accepted` n-gram draft tokens as output, each with its logprob from its own
+        verification row (what decoding it alone gives) and checked like a sampled token; a stop ends it
+        there (the rest of the draft, and the step's sampled token, are dropped)."""
+        draft, req.draft = req.draft, []
+        self.drafter.update(req, len(draft), accepted)
+        self.spec_draft_tokens += len(draft)
+        self.spec_accepted_tokens += accepted
+        for j, t in enumerate(draft[:accepted]):
+            if req.return_logprob:
+                req.output_logprobs.append(lp.draft_vals[j])
+                if req.top_logprobs_num > 0:
+                    req.output_top_logprobs.append(lp.draft_top[j])
+            req.output_ids.append(t)
+            self._check_finished(req)
+            if req.finished:
+                return
+
+    def _speculate(self, batch_size: int) -> bool:
+        """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):
+        larger batches are compute bound, where rejected draft rows cost real time."""
+        limit = self.drafter.cfg.disable_batch_size
+        return limit <= 0 or batch_size <= limit
+
+    def _gate_ngram_drafts(self) -> None:
+        if self.drafter is not None and not self._speculate(len(self.running)):
+            self._drop_ngram_drafts(self.running)
+
+    @staticmethod
+    def _drop_ngram_drafts(reqs: list[Req]) -> None:
+        """Unverified n-gram drafts are only proposals: dropping one changes nothing but speed."""
+        for r in reqs:
+            if r.grammar is None:
+                r.draft = []
 
     def _poll_grammars(self) -> list[Req]:
         """Requests whose grammar finished compiling join the queue (after its forced prefix); those

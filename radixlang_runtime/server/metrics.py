@@ -1,7 +1,8 @@
 """Prometheus metrics (`--enable-metrics`), names as in PROTOCOL.md, prefix `radixlang:`.
 
 Counters and histograms are fed by the TokenizerManager as results arrive; the gauges that describe
-the scheduler (running / queued requests, token usage, cache hit rate, retractions, new_token_ratio)
+the scheduler (running / queued requests, token usage, cache hit rate, retractions, new_token_ratio,
+n-gram speculation's draft / accepted token totals)
 are refreshed from the scheduler's stats when /metrics is scraped.
 """
 
@@ -30,6 +31,9 @@ class ServerMetrics:
                                     registry=r)
         self.num_retracted_reqs = Gauge(P + "num_retracted_reqs", "Retractions so far", registry=r)
         self.new_token_ratio = Gauge(P + "new_token_ratio", "Decode reservation ratio", registry=r)
+        self.spec_draft_tokens = Gauge(P + "spec_draft_tokens", "N-gram draft tokens verified so far", registry=r)
+        self.spec_accepted_tokens = Gauge(P + "spec_accepted_tokens", "N-gram draft tokens accepted so far",
+                                          registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", registry=r)
         self.cached_tokens = Counter(P + "cached_tokens", "Prompt tokens served from the cache", registry=r)
@@ -85,4 +89,6 @@ class ServerMetrics:
         self.cache_hit_rate.set(stats["prefill_tokens_cached"] / seen if seen else 0.0)
         self.num_retracted_reqs.set(stats["num_retractions"])
         self.new_token_ratio.set(stats["new_token_ratio"])
+        self.spec_draft_tokens.set(stats.get("spec_draft_tokens", 0))
+        self.spec_accepted_tokens.set(stats.get("spec_accepted_tokens", 0))
         return generate_latest(self.registry)

@@ -45,7 +45,8 @@ from radixlang_runtime.server.router import Router, RouterConfig
 # Stats counters that add up over replicas (the others are taken from replica 0).
 _SUMMED_STATS = ("total_slots", "free_slots", "cached_slots", "evictable_slots", "num_running_reqs",
                  "num_waiting_reqs", "prefill_tokens_computed", "prefill_tokens_cached", "num_retractions",
-                 "forward_steps", "pinned_slots", "num_pins", "num_grammar_waiting", "forced_tokens_total")
+                 "forward_steps", "pinned_slots", "num_pins", "num_grammar_waiting", "forced_tokens_total",
+                 "spec_draft_tokens", "spec_accepted_tokens")
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,0 +1,341 @@
+"""N-gram speculative decoding (scheduler/drafter.py): the drafter against a brute-force reference, the
+scheduler with a fake copying model (outputs identical to speculation off, KV whole, retraction), and the
+real embedded model through the Engine (greedy text, stop strings and logprobs identical with it on)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakes import FakeRunner, copy_token, expected_output
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.scheduler.drafter import NgramConfig, NgramDrafter, NgramIndex
+from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.server_args import ServerArgs
+
+EOS = 96
+
+
+# ---------------------------------------------------------------------------------------------- drafter
+def reference_lookup(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
+    """Rescan: the longest suffix (n from hi down to lo) with an earlier occurrence; the k tokens after
+    its latest one, in the sequence continued by the draft itself (a repeat goes on)."""
+    L = len(tokens)
+    for n in range(min(hi, L - 1), lo - 1, -1):
+        for e in range(L - 1, n - 1, -1):
+            if tokens[e - n:e] == tokens[L - n:]:
+                ext = list(tokens)
+                for i in range(k):
+                    ext.append(ext[e + i])
+                return ext[L:]
+    return []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=80), st.integers(1, 3), st.integers(0, 3),
+       st.integers(1, 6), st.lists(st.integers(1, 7), min_size=1, max_size=30))
+def test_index_matches_a_rescan_as_the_sequence_grows(seq, lo, extra, k, chunks):
+    """Grown in random chunks (incremental indexing), every lookup equals the rescan's proposal: the
+    tokens that followed the latest earlier occurrence of the longest matching suffix."""
+    hi = lo + extra
+    idx = NgramIndex(lo, hi)
+    L, c = 0, 0
+    while L < len(seq):
+        L = min(len(seq), L + chunks[c % len(chunks)])
+        c += 1
+        idx.tokens = seq[:L]
+        got = idx.lookup(k)
+        assert got == reference_lookup(seq[:L], lo, hi, k)
+        assert len(got) == k or got == []
+
+
+def sreq(prompt, out=(), **sp) -> Req:
+    params = SamplingParams.from_dict({"max_new_tokens": 32, "temperature": 0, **sp})
+    return Req(rid="x", input_ids=list(prompt), sampling=params, output_ids=list(out))
+
+
+def test_drafter_bounds_and_refusals():
+    d = NgramDrafter(NgramConfig(num_draft_tokens=6, min_match=1, max_match=3), (EOS,), context_len=64)
+    cyc = [1, 2, 3, 4, 5, 6, 7, 8] * 3
+    assert d.draft(sreq(cyc)) == [1, 2, 3, 4, 5, 6]  # k tokens after the latest earlier "6 7 8"
+    assert d.draft(sreq(cyc, max_new_tokens=4)) == [1, 2, 3]  # room for the model's own token
+    assert d.draft(sreq(cyc, max_new_tokens=1)) == []
+    assert d.draft(sreq([1, 2, EOS, 3] * 4 + [1, 2])) == []  # the finish id is never drafted
+    assert d.draft(sreq([1, 2, EOS, 3] * 4 + [1, 2], ignore_eos=True)) == [EOS, 3, 1, 2, EOS, 3]  # the repeat goes on
+    assert d.draft(sreq([1, 2, 9, 3] * 4 + [1, 2], stop_token_ids=[3])) == [9]
+    # positions stay inside the context (64): 61 tokens leave room for 64 - 61 - 1 = 2 draft tokens
+    assert d.draft(sreq(list(range(60)) + [0])) == [1, 2]
+    for sp in ({"frequency_penalty": 0.5}, {"sampling_seed": 3}, {"min_new_tokens": 4}):
+        assert d.draft(sreq(cyc, **sp)) == [], sp  # rows would see stale penalties / seeds / EOS masks
+    r = sreq(cyc)
+    r.grammar = object()  # constrained: the grammar's jump-forward is its only draft source
+    assert d.draft(r) == []
+
+
+def test_draft_length_adapts():
+    d = NgramDrafter(NgramConfig(8, 1, 2), (EOS,), 4096)
+    r = sreq([1, 2, 3] * 10)
+    assert len(d.draft(r)) == 8
+    d.update(r, 8, 2)
+    assert r.spec_k == 4 and (r.spec_draft_tokens, r.spec_accepted_tokens) == (8, 2)
+    d.update(r, 4, 4)
+    assert r.spec_k == 5 and len(d.draft(r)) == 5
+    d.update(r, 5, 0)  # nothing accepted: drafting pauses one step, then two after the next failure
+    assert r.spec_k == 2 and d.draft(r) == [] and len(d.draft(r)) == 2
+    d.update(r, 2, 0)
+    assert [d.draft(r) for _ in range(2)] == [[], []] and len(d.draft(r)) == 1
+    d.update(r, 1, 1)
+    assert r.spec_backoff == 0 and len(d.draft(r)) == 2
+
+
+def test_flags_refused_by_name():
+    with pytest.raises(ValueError, match="EAGLE"):
+        ServerArgs(speculative_algorithm="EAGLE")
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
+        ServerArgs(speculative_num_draft_tokens=4)  # without NGRAM it would be ignored
+    with pytest.raises(ValueError, match="min_match_window_size"):
+        ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,
+                   speculative_ngram_max_match_window_size=3)
+    with pytest.raises(ValueError, match="enable_deterministic_inference"):
+        ServerArgs(speculative_algorithm="NGRAM", enable_deterministic_inference=True)
+    with pytest.raises(TypeError, match="speculative_eagle_topk"):
+        from radixlang_runtime.server_args import server_args_from_kwargs
+        server_args_from_kwargs(speculative_algorithm="NGRAM", speculative_eagle_topk=4)
+    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 1)
+
+
+# ---------------------------------------------------------------------------------------------- scheduler
+def make(num_slots=4096, page_size=1, chunk=256, ratio=0.7, radix=True, spec=True, mixed=False, k=4):
+    cfg = SchedulerConfig(page_size=page_size, context_len=4096, max_running_requests=32, max_prefill_tokens=512,
+                          chunked_prefill_size=chunk, eos_token_ids=(EOS,), new_token_ratio_init=ratio,
+                          new_token_ratio_min=0.05, new_token_ratio_decay=0.01, enable_mixed_chunk=mixed,
+                          debug_check_integrity=True)
+    runner = FakeRunner(copy_token)
+    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(32), RadixCache(page_size) if radix else None)
+    drafter = NgramDrafter(NgramConfig(k, 1, 3), (EOS,), 4096) if spec else None
+    return Scheduler(cfg, runner, kv, detokenize=lambda ids: "", drafter=drafter), runner
+
+
+def req(rid, n_prompt, max_new, **sp) -> Req:
+    rng = random.Random(rid)
+    ids = [rng.randrange(0, 90) for _ in range(n_prompt)]
+    params = SamplingParams.from_dict({"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, **sp})
+    return Req(rid=rid, input_ids=ids, sampling=params)
+
+
+def drain(sched, limit=10_000):
+    for _ in range(limit):
+        if sched.is_idle:
+            return
+        sched.step()
+    raise AssertionError("scheduler did not drain")
+
+
+def assert_whole(sched):
+    sched.check_integrity()
+    assert sched.allocator.available_size() + sched.kv.cached_size() == sched.allocator.total_slots
+    assert sched.kv.evictable_size() == sched.kv.cached_size()
+    assert sched.table.available == sched.table.num_rows
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_outputs_identical_with_speculation(page_size, mixed):
+    sched, runner = make(page_size=page_size, chunk=32, mixed=mixed)
+    reqs = [req(f"r{i}", 5 + 9 * i, 30 + 3 * i) for i in range(6)]
+    for i, r in enumerate(reqs):
+        sched.add_request(r)
+        for _ in range(2):
+            sched.step()
+    drain(sched)
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
+        assert r.finished_reason == {"type": "length", "length": r.sampling.max_new_tokens}
+    assert 0 < sched.spec_accepted_tokens < sched.spec_draft_tokens  # accepted and rejected drafts both ran
+    assert sum(r.spec_accepted_tokens for r in reqs) == sched.spec_accepted_tokens
+    steps = sum(1 for p, _, _ in runner.batches if p != "extend")
+    assert steps < sum(r.sampling.max_new_tokens for r in reqs) / 2  # fewer decode passes than tokens
+    assert_whole(sched)
+
+
+def test_stop_id_inside_an_accepted_draft():
+    """A stop token id accepted mid-draft ends the request there, as token-by-token decoding does."""
+    free = make(spec=False)[0]
+    probe = req("p", 12, 60)
+    free.add_request(probe)
+    drain(free)
+    stop = probe.output_ids[40]  # a token the copying model produces late
+    sched, _ = make()
+    r = req("p", 12, 60, stop_token_ids=[stop])
+    sched.add_request(r)
+    drain(sched)
+    assert r.output_ids == expected_output(r.input_ids, 60, (stop,), next_fn=copy_token)
+    assert r.finished_reason == {"type": "stop", "matched": stop}
+    assert sched.spec_accepted_tokens > 0
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_retraction_under_a_tight_pool(page_size):
+    sched, _ = make(num_slots=320, page_size=page_size, ratio=0.05)
+    reqs = [req(f"r{i}", 20, 40) for i in range(8)]
+    for r in reqs:
+        sched.add_request(r)
+    drain(sched)
+    assert sched.num_retracted_total > 0 and sched.spec_accepted_tokens > 0
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, 40, next_fn=copy_token), r.rid
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_traffic_with_aborts(seed):
+    rng = random.Random(seed)
+    sched, _ = make(num_slots=rng.choice([384, 1024]), page_size=rng.choice([1, 16]), chunk=rng.choice([32, -1]),
+                    ratio=rng.choice([0.05, 0.7]), radix=seed % 2 == 0, mixed=seed % 3 == 0, k=rng.choice([2, 6]))
+    reqs, aborted = [], set()
+    for _ in range(300):
+        if len(reqs) < 25 and rng.random() < 0.3:
+            r = req(f"q{seed}.{len(reqs)}", rng.randrange(1, 60), rng.randrange(1, 50))
+            reqs.append(r)
+            sched.add_request(r)
+        if reqs and rng.random() < 0.03:
+            victim = rng.choice(reqs)
+            aborted.add(victim.rid)
+            sched.abort(victim.rid)
+        sched.step()
+    drain(sched)
+    for r in reqs:
+        if r.finished_reason["type"] == "abort":
+            assert r.rid in aborted
+            continue
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
+    assert_whole(sched)
+
+
+def test_large_batches_do_not_speculate():
+    sched, _ = make()
+    sched.drafter.cfg.disable_batch_size = 2
+    reqs = [req(f"b{i}", 10, 30) for i in range(4)]
+    for r in reqs:
+        sched.add_request(r)
+    drain(sched)
+    assert sched.spec_draft_tokens == 0
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, 30, next_fn=copy_token)
+    assert_whole(sched)
+
+
+# ---------------------------------------------------------------------------------------------- real model
+COPY = ("Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
+        "mango, nectarine.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
+        "mango, nectarine.\nList again:")
+PROMPTS = [COPY, "The capital of France is", "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+           "Write a short poem about the sea."]
+
+
+@pytest.fixture(scope="module")
+def spec_engine():
+    from radixlang_runtime import Engine
+
+    eng = Engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True, speculative_algorithm="NGRAM",
+                 speculative_disable_by_batch_size=0)
+    yield eng
+    eng.shutdown()
+
+
+def test_engine_greedy_identical_with_ngram(engine, spec_engine):
+    from conftest import assert_whole as engine_whole
+
+    sp = {"temperature": 0, "max_new_tokens": 40}
+    off = engine.generate(PROMPTS, sp)
+    on = spec_engine.generate(PROMPTS, sp)
+    for a, b in zip(off, on):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["text"] == a["text"]
+    assert on[0]["meta_info"]["spec_accepted_tokens"] > 0  # speculation ran and the model agreed
+    assert on[0]["meta_info"]["forward_passes"] < len(on[0]["output_ids"])
+    stats = spec_engine.get_stats()
+    assert stats["spec_accepted_tokens"] >= on[0]["meta_info"]["spec_accepted_tokens"]
+    assert stats["spec_draft_tokens"] >= stats["spec_accepted_tokens"]
+    engine_whole(spec_engine)
+
+
+def test_engine_stop_strings_and_logprobs_identical(engine, spec_engine):
+    from conftest import assert_whole as engine_whole
+
+    sp = {"temperature": 0, "max_new_tokens": 48, "stop": ["kiwi"]}
+    kw = {"return_logprob": True, "top_logprobs_num": 3}
+    a = engine.generate(COPY, sp, **kw)
+    b = spec_engine.generate(COPY, sp, **kw)
+    assert b["text"] == a["text"] and b["output_ids"] == a["output_ids"]
+    assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+    assert b["meta_info"]["spec_accepted_tokens"] > 0
+    la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+    assert len(la) == len(lb) == len(a["output_ids"])
+    for (va, ta, _), (vb, tb, _) in zip(la, lb):
+        assert tb == ta and vb is not None and vb == pytest.approx(va, abs=1e-3)
+    ta_, tb_ = a["meta_info"]["output_top_logprobs"], b["meta_info"]["output_top_logprobs"]
+    for ra, rb in zip(ta_, tb_):
+        assert [t for _, t, _ in rb] == [t for _, t, _ in ra]
+    engine_whole(spec_engine)
+
+
+def test_server_flags_meta_info_and_metrics():
+    """The CLI flags through a real server: meta_info and /metrics carry the counters."""
+    import httpx
+
+    from server_utils import ServerProcess
+
+    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--enable-metrics",
+                        "--debug-check-integrity", "--speculative-algorithm", "NGRAM",
+                        "--speculative-num-draft-tokens", "6", "--speculative-ngram-max-match-window-size", "3")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            r = c.post("/generate", json={"text": COPY, "sampling_params": {"temperature": 0, "max_new_tokens": 24}})
+            assert r.status_code == 200, r.text
+            meta = r.json()["meta_info"]
+            assert meta["spec_accepted_tokens"] > 0 and meta["spec_draft_tokens"] >= meta["spec_accepted_tokens"]
+            metrics = c.get("/metrics").text
+            line = next(x for x in metrics.splitlines() if x.startswith("radixlang:spec_accepted_tokens "))
+            assert float(line.split()[1]) >= meta["spec_accepted_tokens"]
+            info = c.get("/server_info").json()
+            assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 6
+    finally:
+        assert srv.stop() in (0, 143), srv.tail()
+
+
+def test_point_mass_draft_keeps_the_sampling_distribution():
+    """sample_step on a point-mass draft d at temperature 1: the first emitted token is distributed as p0
+    (accepted d with P = p0(d), else a sample != d), and after an accepted d the next one as p1."""
+    import torch
+
+    from radixlang_runtime.model.sample_step import sample_step
+    from radixlang_runtime.model.sampler import Sampler
+    from radixlang_runtime.scheduler.batch import ScheduleBatch
+
+    n, V, d = 6000, 5, 2
+    p0 = torch.tensor([0.1, 0.2, 0.4, 0.2, 0.1])
+    p1 = torch.tensor([0.5, 0.1, 0.1, 0.2, 0.1])
+    reqs = []
+    for i in range(n):
+        r = Req(rid=str(i), input_ids=[0], sampling=SamplingParams.from_dict({"temperature": 1.0, "max_new_tokens": 8}))
+        r.draft = [d]
+        reqs.append(r)
+    batch = ScheduleBatch("mixed", reqs, [0] * n, [[0, d]] * n, [[0, 0]] * n, [True] * n, draft_lens=[1] * n)
+    logits = torch.stack([p0.log(), p1.log()] * n)  # [2n, V]: rows 0 and 1 of each request
+    sample_step(batch, list(range(n)), [2] * n, logits, Sampler(V, [], torch.device("cpu"), seed=7))
+    first = [d if batch.accepted.get(i, 0) else batch.next_token_ids[i] for i in range(n)]
+    after = [batch.next_token_ids[i] for i in range(n) if batch.accepted.get(i, 0)]
+    freq0 = torch.bincount(torch.tensor(first), minlength=V).float() / n
+    freq1 = torch.bincount(torch.tensor(after), minlength=V).float() / len(after)
+    assert torch.allclose(freq0, p0, atol=0.03), freq0  # ~5 standard deviations at n = 6000
+    assert torch.allclose(freq1, p1, atol=0.05), freq1  # ~2,400 accepted
