@@ -81,6 +81,14 @@ def test_reasoning_is_split_from_the_answer(oai, raw):
     reasoning, content, calls, finish, use = streamed(oai, **req)
     assert (reasoning, content, calls, finish) == (want.reasoning, want.content, [], "stop")
     assert use.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
+    # logprobs: one entry per output token, also when the route reads the output as a stream
+    r = oai.chat.completions.create(**req, logprobs=True)
+    assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
+    # stream_reasoning false: the reasoning comes whole, in one delta
+    chunks = [ch.choices[0].delta for ch in oai.chat.completions.create(
+        **{**req, "extra_body": {"regex": ANSWER, "stream_reasoning": False}}, stream=True) if ch.choices]
+    assert [getattr(d, "reasoning_content", None) for d in chunks if getattr(d, "reasoning_content", None)] == \
+        [want.reasoning]
     # separate_reasoning false: the raw text is the content
     r = oai.chat.completions.create(**{**req, "extra_body": {"regex": ANSWER, "separate_reasoning": False}})
     assert r.choices[0].message.content == raw(ANSWER)
@@ -96,6 +104,15 @@ def test_stop_strings_apply_after_the_reasoning(oai, raw):
         (want.reasoning, want.content.split(" ")[0], "stop")
     reasoning, content, _, finish, _ = streamed(oai, **req)
     assert (reasoning, content, finish) == (want.reasoning, want.content.split(" ")[0], "stop")
+    # n = 2 streamed: each choice is cut (and its runtime request aborted) on its own
+    got = {}
+    for ch in oai.chat.completions.create(**req, n=2, stream=True):
+        for c in ch.choices:
+            g = got.setdefault(c.index, ["", "", None])
+            g[0] += getattr(c.delta, "reasoning_content", None) or ""
+            g[1] += c.delta.content or ""
+            g[2] = c.finish_reason or g[2]
+    assert got == {i: [want.reasoning, want.content.split(" ")[0], "stop"] for i in (0, 1)}
 
 
 def test_tool_calls_are_parsed_after_the_reasoning_only(oai, raw):
