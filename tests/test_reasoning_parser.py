@@ -110,3 +110,13 @@ def test_request_fields_and_unknown_names():
     with pytest.raises(ValueError, match="reasoning_parser 'nope'"):
         ServerArgs(reasoning_parser="nope")
     assert ServerArgs(reasoning_parser="deepseek-r1").reasoning_parser == "deepseek-r1"
+
+
+def test_the_regex_before_a_forced_call_allows_the_format_s_reasoning_block():
+    import re
+
+    r1 = re.compile(ReasoningPlan(get_reasoning_parser("deepseek-r1")).regex_prefix() + "CALL")
+    assert r1.fullmatch("I will call it.\n</think>\n\nCALL") and r1.fullmatch("<think>x</think>CALL")
+    assert not r1.fullmatch("CALL") and not r1.fullmatch("a <b> </think>CALL")  # r1 is inside: it must close
+    q3 = re.compile(ReasoningPlan(get_reasoning_parser("qwen3")).regex_prefix() + "CALL")
+    assert q3.fullmatch("CALL") and q3.fullmatch("<think>\nhm\n</think>\n\nCALL") and not q3.fullmatch("x</think>CALL")

@@ -306,8 +306,9 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             rs = thinks[i]
             if rs is not None:
                 split = rs.feed(delta, fin is not None)
-                if rs.stopped and fin is None:
-                    tm.abort(f"{choices.rid}-{i}")
+                if rs.stopped:  # the content reached a stop string (as the non-streamed reply: "stop")
+                    if fin is None:
+                        tm.abort(f"{choices.rid}-{i}")
                     fin = "stop"
                 held[i] += split.reasoning
                 if held[i] and (think.stream_reasoning or not rs.parser.in_reasoning or fin is not None):
