@@ -241,7 +241,7 @@ def launch_server(args: ServerArgs) -> int:
         _wait_ready(detok, r, "detokenizer")
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
-        metrics = ServerMetrics() if args.enable_metrics else None
+        metrics = ServerMetrics(args.served_model_name or served_name(args.model_path)) if args.enable_metrics else None
         tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
                               num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
                               health_stall_timeout=args.health_stall_timeout)

@@ -40,6 +40,9 @@ class ServerArgs:
     # /v1/chat/completions with tools: the output's tool-call format (SGLang's names: hermes, qwen25, llama3,
     # mistral, pythonic); None: told from the chat template's markup (tool_parsers.detect_parser)
     tool_call_parser: Optional[str] = None
+    # /v1/chat/completions: <think>...</think> -> message.reasoning_content (SGLang's names: deepseek-r1, qwen3);
+    # None: the output is all content
+    reasoning_parser: Optional[str] = None
     frontend_port: int = 0  # the DSL's ZeroMQ link on tcp://host:port: 0 a free port (default), N that one, -1 off
     dashboard_show_text: bool = False  # /dashboard labels radix nodes with their text (off: sizes only)
     # SIGTERM / SIGINT: seconds the requests in flight may run on while new ones get 503 (0: they fail at
@@ -117,6 +120,10 @@ class ServerArgs:
 
         need(self.tool_call_parser is None or self.tool_call_parser in PARSERS,
              f"tool_call_parser {self.tool_call_parser!r}: known are {', '.join(sorted(PARSERS))}")
+        from radixlang_runtime.reasoning_parser import REASONING_PARSERS  # no torch
+
+        need(self.reasoning_parser is None or self.reasoning_parser in REASONING_PARSERS,
+             f"reasoning_parser {self.reasoning_parser!r}: known are {', '.join(sorted(REASONING_PARSERS))}")
         need(self.quantization in (None, "int8", "gguf"),
              f"quantization {self.quantization!r}: implemented are int8 (weight-only, per channel) and gguf "
              "(the .gguf model's own Q4_1 / Q8_0 blocks)")

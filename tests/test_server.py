@@ -239,6 +239,9 @@ def test_64_concurrent_streams_complete_and_are_counted(client, server):
     for name in ("radixlang:time_to_first_token_seconds_count", "radixlang:generation_tokens_total",
                  "radixlang:token_usage", "radixlang:cache_hit_rate", "radixlang:num_queue_reqs"):
         _metric(metrics, name)
+    served = client.get("/v1/models").json()["data"][0]["id"]  # SGLang's spelling of the same counter
+    assert _metric(metrics, f'sglang:num_requests_total{{model_name="{served}"}}') == \
+        _metric(metrics, "radixlang:num_requests_total")
     assert_idle_and_whole(client)
 
 

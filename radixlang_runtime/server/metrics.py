@@ -1,4 +1,7 @@
-"""Prometheus metrics (`--enable-metrics`), names as in PROTOCOL.md, prefix `radixlang:`.
+"""Prometheus metrics (`--enable-metrics`), names as in PROTOCOL.md, prefix `radixlang:`; every one is
+also served as SGLang names it (`sglang:` prefix, label model_name = the served model name, the
+inter-token latency also as `sglang:time_per_output_token_seconds`), so SGLang's Grafana dashboards work
+unchanged: SGLangMirror renames the samples at each scrape (one set of instruments, two spellings).
 
 Counters and histograms are fed by the TokenizerManager as results arrive; the gauges that describe
 the scheduler (running / queued requests, token usage, cache hit rate, retractions, new_token_ratio,
@@ -12,6 +15,7 @@ import time
 from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import Metric
 
 disable_created_metrics()  # no *_created samples: they double the output and nobody graphs them
 
@@ -20,9 +24,35 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.
                     20.0, 60.0, 120.0)
 
 
+SGLANG = "sglang:"
+# radixlang names (without prefix) SGLang also serves under another name (older dashboards use these)
+SGLANG_ALIASES = {"inter_token_latency_seconds": "time_per_output_token_seconds"}
+
+
+class SGLangMirror:
+    """A collector that serves another registry's metrics under SGLang's names and model_name label."""
+
+    def __init__(self, source: CollectorRegistry, model_name: str):
+        self.source, self.model_name = source, model_name
+
+    def collect(self):
+        for fam in self.source.collect():
+            base = fam.name[len(P):]
+            for name in (base, SGLANG_ALIASES.get(base)):
+                if name is None:
+                    continue
+                out = Metric(SGLANG + name, fam.documentation, fam.type)
+                for s in fam.samples:
+                    out.add_sample(SGLANG + name + s.name[len(fam.name):], {**s.labels, "model_name": self.model_name},
+                                   s.value, s.timestamp, s.exemplar)
+                yield out
+
+
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "default") -> None:
         r = self.registry = CollectorRegistry()
+        self.sglang = CollectorRegistry()
+        self.sglang.register(SGLangMirror(r, model_name))
         self.num_running_reqs = Gauge(P + "num_running_reqs", "Requests decoding or prefilling", registry=r)
         self.num_queue_reqs = Gauge(P + "num_queue_reqs", "Requests waiting for admission", registry=r)
         self.token_usage = Gauge(P + "token_usage", "Share of KV slots held by requests", registry=r)
@@ -91,4 +121,4 @@ class ServerMetrics:
         self.new_token_ratio.set(stats["new_token_ratio"])
         self.spec_draft_tokens.set(stats.get("spec_draft_tokens", 0))
         self.spec_accepted_tokens.set(stats.get("spec_accepted_tokens", 0))
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(self.sglang)

@@ -16,10 +16,11 @@ messages and the chat template: chat_render.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -32,6 +33,7 @@ from radixlang_runtime.results import LogprobRequest
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, error_response, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response, text_delta)
+from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
@@ -49,7 +51,8 @@ _COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORM
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
     "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
-                             "tool_choice", "parallel_tool_calls", *(set(_OFF_VALUES) - {"best_of", "suffix"})},
+                             "tool_choice", "parallel_tool_calls", "separate_reasoning", "stream_reasoning",
+                             *(set(_OFF_VALUES) - {"best_of", "suffix"})},
 }
 MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
 MAX_LOGPROBS = 20  # OpenAI's cap of logprobs (completions) / top_logprobs (chat)
@@ -258,25 +261,30 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request):
         body = check_openai_body(state, await read_json(request), "/v1/chat/completions")
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
-        choices, want_lp, top, plan = await tm.run_intake(_chat_intake, state, body, rid,
-                                                          size=len(await request.body()))
+        choices, want_lp, top, plan, think = await tm.run_intake(_chat_intake, state, body, rid,
+                                                                 size=len(await request.body()))
         n = _opt(body, "n", 1)
         if body.get("stream"):
             include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
             return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
-                                                             want_lp, bool(top), plan)))
-        outs = await choices.finals()
-        replies = [plan.message(o["text"], _finish(o["meta_info"]["finish_reason"])) for o in outs]
+                                                             want_lp, bool(top), plan, think)))
+        if think is None:
+            outs = await choices.finals()
+            replies = [plan.message(o["text"], _finish(o["meta_info"]["finish_reason"])) for o in outs]
+        else:
+            outs = await asyncio.gather(*(_until_stop(g, think) for g in choices.streams()))
+            replies = [_think_message(plan, think, o) for o in outs]
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": i, "message": message,
                          "logprobs": chat_logprobs(o["meta_info"], bool(top)) if want_lp else None,
                          "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
-            "usage": _sum_usage(outs, n),
+            "usage": _sum_usage(outs, n, think, tm.tokenizer.decode),
         })
 
     async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n: int,
-                           include_usage: bool, want_lp: bool, with_top: bool, plan: ToolPlan) -> AsyncIterator[bytes]:
+                           include_usage: bool, want_lp: bool, with_top: bool, plan: ToolPlan,
+                           think: Optional[ReasoningPlan]) -> AsyncIterator[bytes]:
         def chunk(i: int, delta: dict, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
@@ -284,17 +292,34 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         sent = [0] * len(choices.items)
         finals: list[Optional[dict]] = [None] * len(choices.items)
         tools = [plan.stream() for _ in choices.items]  # None: plain text
+        thinks = [think.stream() if think else None for _ in choices.items]  # None: no reasoning split
+        held = [""] * len(choices.items)  # stream_reasoning false: the reasoning until it ends
         for i in range(len(choices.items)):
             yield chunk(i, {"role": "assistant", "content": ""}, None)
         async for i, out in merged(choices.streams()):
+            if finals[i] is not None:  # cut by a stop string (its abort's last snapshot)
+                continue
             delta, sent[i] = text_delta(out["text"], sent[i])
             lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
             fin = _finish(out["meta_info"]["finish_reason"])
+            deltas: list[dict] = []
+            rs = thinks[i]
+            if rs is not None:
+                split = rs.feed(delta, fin is not None)
+                if rs.stopped:  # the content reached a stop string (as the non-streamed reply: "stop")
+                    if fin is None:
+                        tm.abort(f"{choices.rid}-{i}")
+                    fin = "stop"
+                held[i] += split.reasoning
+                if held[i] and (think.stream_reasoning or not rs.parser.in_reasoning or fin is not None):
+                    deltas.append({"reasoning_content": held[i]})
+                    held[i] = ""
+                delta = split.content
             ts = tools[i]
             if ts is None:
-                deltas = [{"content": delta}] if delta else []
+                deltas += [{"content": delta}] if delta else []
             else:  # the markup held back until decided; the rest of it when the choice ends
-                deltas = ts.feed(delta) + (ts.finish() if fin is not None else [])
+                deltas += ts.feed(delta) + (ts.finish() if fin is not None else [])
                 fin = ts.finish_reason(fin)
             if lp and lp["content"] and not deltas:
                 deltas = [{"content": ""}]  # logprobs travel with a delta
@@ -305,8 +330,35 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 yield chunk(i, {}, fin)
         if include_usage:
             yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [], "usage": _sum_usage([f for f in finals if f], n)})
+                       "choices": [], "usage": _sum_usage([f for f in finals if f], n, think, tm.tokenizer.decode)})
         yield SSE_DONE
+
+
+async def _until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:
+    """One streamed choice read until it finishes or its content reaches a stop string (then aborted):
+    the last snapshot, its output logprob deltas joined, meta_info["cut"] set when a stop cut it."""
+    rs, sent, last, lps = think.stream(), 0, None, {"output_token_logprobs": [], "output_top_logprobs": []}
+    try:
+        async for out in gen:
+            delta, sent = text_delta(out["text"], sent)
+            for k, v in lps.items():
+                v += out["meta_info"].get(k) or []
+            last = out
+            rs.feed(delta, out["meta_info"]["finish_reason"] is not None)
+            if rs.stopped:
+                break
+    finally:
+        await gen.aclose()  # aborts the request when it has not finished
+    meta = {**last["meta_info"], **{k: v for k, v in lps.items() if k in last["meta_info"]}, "cut": rs.stopped}
+    return {**last, "meta_info": meta}
+
+
+def _think_message(plan: ToolPlan, think: ReasoningPlan, out: dict) -> tuple[dict, Optional[str]]:
+    """A finished choice with reasoning -> (its message with reasoning_content, its finish_reason)."""
+    split, cut = split_whole(think, out["text"])
+    finish = "stop" if cut else _finish(out["meta_info"]["finish_reason"])
+    message, finish = plan.message(split.content, finish)
+    return {**message, "reasoning_content": split.reasoning or None}, finish
 
 
 def _completion_intake(state: ServerState, body: dict,
@@ -334,10 +386,13 @@ def _completion_intake(state: ServerState, body: dict,
     return choices, texts, top
 
 
-def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bool, Optional[int], ToolPlan]:
-    """A /v1/chat/completions body -> (its choices, logprobs, top_logprobs, its tools plan). On an intake thread."""
+def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bool, Optional[int], ToolPlan,
+                                                                    Optional[ReasoningPlan]]:
+    """A /v1/chat/completions body -> (its choices, logprobs, top_logprobs, its tools plan, its reasoning
+    plan). On an intake thread."""
     tm = state.tm
     plan = check_tools(body)
+    think = reasoning_plan(state.args.reasoning_parser, body)
     text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None)
     set_parser(plan, state.args.tool_call_parser,
                template if template is not None else getattr(tm.tokenizer, "chat_template", None))
@@ -357,14 +412,24 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
         if sp.get("regex") is not None or sp.get("json_schema") is not None:
             raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex or "
                                             "json_schema")
-        sp["regex"] = forced_call_regex(plan, template == CHATML_TOOLS_TEMPLATE)
+        call = forced_call_regex(plan, template == CHATML_TOOLS_TEMPLATE)
+        sp["regex"] = (think.regex_prefix() if think else "") + call  # the call after the reasoning
     choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid)
-    return choices, want_lp, top, plan
+    if think is not None and sp.get("stop") is not None:  # checked by _Choices; applied to the content only
+        think.stops = choices.items[0][1].stop_strs
+        choices.items = [(i, dataclasses.replace(p, stop=None), lp) for i, p, lp in choices.items]
+    return choices, want_lp, top, plan, think
 
 
-def _sum_usage(outs: list[dict], n: int) -> dict:
-    """Prompt tokens count once per prompt (not per sample), as OpenAI reports them."""
+def _sum_usage(outs: list[dict], n: int, think: Optional[ReasoningPlan] = None,
+               decode: Optional[Callable[[list[int]], str]] = None) -> dict:
+    """Prompt tokens count once per prompt (not per sample), as OpenAI reports them; with reasoning,
+    completion_tokens_details.reasoning_tokens."""
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs[::n])
     completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs[::n])
-    return usage(prompt, completion, cached)
+    u = usage(prompt, completion, cached)
+    if think is not None and decode is not None:
+        thought = sum(reasoning_tokens(think, o["output_ids"], decode) for o in outs)
+        u["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return u
