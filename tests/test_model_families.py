@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from radixlang_runtime.model.config import ModelConfig
+from tiny_checkpoints import build_tiny, hf_greedy, with_config
 
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]  # token ids (the embedded tokenizer's vocab)
 NEW = 24
@@ -44,55 +45,16 @@ CASES = {
 }
 
 
-def _build(tmp_path, cls_name: str, kwargs: dict):
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from radixlang_runtime.model.resolve import resolve_model_dir
-
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
-    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**TINY, **kwargs})
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    tok.save_pretrained(tmp_path)
-    return model
-
-
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    import torch
-
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=2)
-    return out[0, len(ids):].tolist()
-
-
-def _with_rope(model, rope_parameters: dict):
-    """The same weights under other RoPE parameters."""
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    cfg = copy.deepcopy(model.config)
-    cfg.rope_parameters = dict(rope_parameters)
-    other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    other.load_state_dict(model.state_dict())
-    return other
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_greedy_matches_transformers(name, tmp_path):
     from radixlang_runtime import Engine
 
     cls_name, kwargs, engine_kwargs, contrast = CASES[name]
-    model = _build(tmp_path, cls_name, kwargs)
+    model = build_tiny(tmp_path, cls_name, TINY, kwargs)
     new = min(NEW, engine_kwargs.get("context_length", 1024) - max(map(len, PROMPTS)))
-    want = [_hf_greedy(model, p, new) for p in PROMPTS]
+    want = [hf_greedy(model, p, new) for p in PROMPTS]
     if contrast is not None:  # the RoPE variant changes transformers' own tokens: the comparison can fail
-        assert [_hf_greedy(_with_rope(model, contrast), p, new) for p in PROMPTS] != want
+        assert [hf_greedy(with_config(model, {"rope_parameters": dict(contrast)}), p, new) for p in PROMPTS] != want
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, **engine_kwargs) as eng:
         sp = {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}
         outs = eng.generate(input_ids=PROMPTS, sampling_params=sp)
@@ -105,7 +67,7 @@ def test_greedy_matches_transformers(name, tmp_path):
 def test_mistral_short_sliding_window_is_refused(tmp_path):
     from radixlang_runtime import Engine
 
-    _build(tmp_path, "MistralConfig", {"max_position_embeddings": 256, "sliding_window": 16})
+    build_tiny(tmp_path, "MistralConfig", TINY, {"max_position_embeddings": 256, "sliding_window": 16})
     with pytest.raises(ValueError, match="sliding_window 16 is shorter than the context length 256"):
         Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)
 
@@ -113,7 +75,7 @@ def test_mistral_short_sliding_window_is_refused(tmp_path):
 def test_phi3_longrope_past_its_original_window_is_refused(tmp_path):
     from radixlang_runtime import Engine
 
-    _build(tmp_path, "Phi3Config", PHI3_LONGROPE)
+    build_tiny(tmp_path, "Phi3Config", TINY, PHI3_LONGROPE)
     with pytest.raises(ValueError, match="longrope on Phi3ForCausalLM .* original_max_position_embeddings 32"):
         Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)  # context 128
 

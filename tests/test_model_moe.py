@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radixlang_runtime.model.config import ModelConfig
+from tiny_checkpoints import build_tiny, hf_greedy, with_config
 
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31], list(range(300, 312)) + [50, 51]]  # 3rd: shares 12
 NEW = 16
@@ -33,50 +34,15 @@ CASES = {
 }
 
 
-def _build(tmp_path, cls_name: str, kwargs: dict, save: dict):
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from radixlang_runtime.model.resolve import resolve_model_dir
-
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
-    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**TINY, **kwargs})
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.save_pretrained(tmp_path, safe_serialization=True, **save)
-    tok.save_pretrained(tmp_path)
-    return model
-
-
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=2)
-    return out[0, len(ids):].tolist()
-
-
-def _with_config(model, change: dict):
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    cfg = copy.deepcopy(model.config)
-    for k, v in change.items():
-        setattr(cfg, k, v)
-    other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    other.load_state_dict(model.state_dict())
-    return other
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_greedy_matches_transformers(name, tmp_path):
     from radixlang_runtime import Engine
 
     cls_name, kwargs, save, contrast = CASES[name]
-    model = _build(tmp_path, cls_name, kwargs, save)
-    want = [_hf_greedy(model, p, NEW) for p in PROMPTS]
+    model = build_tiny(tmp_path, cls_name, TINY, kwargs, save)
+    want = [hf_greedy(model, p, NEW) for p in PROMPTS]
     if contrast is not None:  # the routing detail changes transformers' own tokens: the comparison can fail
-        assert [_hf_greedy(_with_config(model, contrast), p, NEW) for p in PROMPTS] != want
+        assert [hf_greedy(with_config(model, contrast), p, NEW) for p in PROMPTS] != want
     sp = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
     # chunks of 8 tokens (pages of 4): the 20-token prompt prefills in three steps
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, page_size=4,
@@ -92,7 +58,7 @@ def test_bfloat16_runs(tmp_path):
     from radixlang_runtime import Engine
 
     cls_name, kwargs, save, _ = CASES["qwen2_moe"]
-    _build(tmp_path, cls_name, kwargs, save)
+    build_tiny(tmp_path, cls_name, TINY, kwargs, save)
     sp = {"max_new_tokens": 8, "min_new_tokens": 8, "temperature": 0}
     with Engine(str(tmp_path), dtype="bfloat16", max_total_tokens=1024, page_size=4,
                 chunked_prefill_size=8) as eng:
@@ -106,8 +72,8 @@ def test_tp2_splits_experts_and_matches_transformers(tmp_path):
     from radixlang_runtime import Engine
 
     cls_name, kwargs, save, _ = CASES["qwen2_moe"]
-    model = _build(tmp_path, cls_name, kwargs, save)
-    want = [_hf_greedy(model, p, 8) for p in PROMPTS[:2]]
+    model = build_tiny(tmp_path, cls_name, TINY, kwargs, save)
+    want = [hf_greedy(model, p, 8) for p in PROMPTS[:2]]
     sp = {"max_new_tokens": 8, "min_new_tokens": 8, "temperature": 0}
     with Engine(str(tmp_path), dtype="float32", tp_size=2, max_total_tokens=1024) as eng:
         outs = eng.generate(input_ids=PROMPTS[:2], sampling_params=sp)

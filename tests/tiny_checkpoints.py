@@ -1,0 +1,49 @@
+"""Tiny random checkpoints made by transformers inside a test (config -> random weights -> save_pretrained,
+the embedded tokenizer beside them) and transformers' own greedy output on them: the reference every model
+family's parity test compares against (float32)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+
+def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional[dict] = None):
+    """transformers' `cls_name` config (the embedded tokenizer's vocabulary, `tiny` overridden by `kwargs`)
+    with seeded random float32 weights, saved with the tokenizer to tmp_path; returns the eval-mode model."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from radixlang_runtime.model.resolve import resolve_model_dir
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
+    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**tiny, **kwargs})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.save_pretrained(tmp_path, safe_serialization=True, **(save or {}))
+    tok.save_pretrained(tmp_path)
+    return model
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """Exactly n greedy tokens after ids (EOS id 2 does not stop it)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=2)
+    return out[0, len(ids):].tolist()
+
+
+def with_config(model, change: dict):
+    """The same weights under a config with `change` applied (a contrast: the parity test can fail)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = copy.deepcopy(model.config)
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    other.load_state_dict(model.state_dict())
+    return other
