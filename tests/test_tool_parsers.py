@@ -109,9 +109,18 @@ def test_parse_recorded_outputs(case):
     assert got.content == content
     assert calls_of(got) == calls
     for c in got.calls:
-        assert c.arguments in text or fmt == "pythonic"  # the model's own JSON text, byte for byte
         assert c.id.startswith("call_")
     assert len({c.id for c in got.calls}) == len(got.calls)
+
+
+@pytest.mark.parametrize("case", [i for i, c in enumerate(CASES) if c[0] != "pythonic"])
+def test_json_formats_keep_the_models_argument_text(case):
+    """JSON formats pass the model's own arguments text on byte for byte (pythonic converts to JSON)."""
+    fmt, text, _, calls = CASES[case]
+    got = get_parser(fmt).parse(text)
+    assert len(got.calls) == len(calls)
+    for c in got.calls:
+        assert c.arguments in text
 
 
 @pytest.mark.parametrize("case", range(len(CASES) + len(MALFORMED_EARLY)))
