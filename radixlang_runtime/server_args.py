@@ -27,6 +27,9 @@ class ServerArgs:
     context_length: Optional[int] = None
     device: str = "auto"  # auto | cpu | cuda
     model_cache_dir: Optional[str] = None  # where GGUF conversions are cached
+    # native: model/models/ (refused when no file); transformers: transformers' modeling code with attention in the
+    # paged KV pool (models/transformers_fallback.py); auto: native where the registry has the family
+    model_impl: str = "auto"
 
     # --- http ---
     host: str = "127.0.0.1"
@@ -106,6 +109,8 @@ class ServerArgs:
 
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"),
              f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
+        need(self.model_impl in ("auto", "native", "transformers"),
+             f"model_impl must be auto, native or transformers; got {self.model_impl!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda; got {self.device!r}")
         need(self.page_size is None or self.page_size >= 1, f"page_size must be >= 1; got {self.page_size}")
         need(self.max_prefill_tokens is None or self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")

@@ -42,6 +42,7 @@ class ModelConfig:
     qk_norm_whole: bool = False  # OLMoE: RMSNorm over the whole q and k projections ([H D], [Hkv D]) before RoPE
     clip_qkv: Optional[float] = None  # OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv] after the norm
     moe: Optional[MoESpec] = None  # mixture-of-experts feed-forward (model/moe.py); None: dense MLPs only
+    model_impl: str = "native"  # "transformers": transformers' modeling code runs it (models/transformers_fallback.py)
 
     def check_context_len(self, context_len: int) -> None:
         """Sliding-window attention is not implemented: a window shorter than the served context would be
@@ -56,16 +57,17 @@ class ModelConfig:
                              f"--context-length {self.max_context} or less")
 
     @staticmethod
-    def from_dict(cfg: dict) -> "ModelConfig":
+    def from_dict(cfg: dict, model_impl: str = "native") -> "ModelConfig":
+        """model_impl (--model-impl): native | transformers | auto (native where the registry has the family)."""
         from radixlang_runtime.model.models import family_for  # the registry imports this module
 
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-        return family_for(archs[0]).parse(cfg)
+        return family_for(archs[0], model_impl).parse(cfg)
 
     @staticmethod
-    def from_dir(path: str) -> "ModelConfig":
+    def from_dir(path: str, model_impl: str = "native") -> "ModelConfig":
         with open(os.path.join(path, "config.json")) as f:
-            return ModelConfig.from_dict(json.load(f))
+            return ModelConfig.from_dict(json.load(f), model_impl)
 
 
 def refuse_common(cfg: dict, arch: str) -> None:

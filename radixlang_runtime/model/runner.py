@@ -92,7 +92,7 @@ class ModelRunner:
         self.model_dir = model_dir
         if self.device.type == "cpu":
             memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
-        self.cfg = cfg = ModelConfig.from_dir(model_dir)
+        self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a sliding window shorter than the context is refused
         self.tp = tp
@@ -104,10 +104,12 @@ class ModelRunner:
         self.backend = backend
         rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
         with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
-            model = family_for(cfg.architecture).model_class(cfg, backend, rotary, shard, tp.all_reduce if tp else None)
+            model = family_for(cfg.architecture, cfg.model_impl).model_class(cfg, backend, rotary, shard,
+                                                                             tp.all_reduce if tp else None)
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_hf_state_dict(SafetensorsDir(model_dir))
-        packed = packing_available(self.device, self.dtype) and args.quantization is None
+        native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
+        packed = packing_available(self.device, self.dtype) and args.quantization is None and native
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
@@ -129,13 +131,15 @@ class ModelRunner:
             above = "dense tiles" if cpu_kernels.dense_any_m(self.dtype, cpu_kernels.load()) else "oneDNN-prepacked"
             self.cpu_paths = dataclasses.replace(self.cpu_paths,
                                                  linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
+        if not native:
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, norm="transformers", activation="transformers")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
         if args.enable_deterministic_inference:
             deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
-        if self.device.type == "cpu" and self.cpu_paths.c_decode:
+        if self.device.type == "cpu" and self.cpu_paths.c_decode and native:
             model.fused_decode = FusedDecode.build(model, self.dtype)
             if model.fused_decode is not None:
                 self.cpu_paths = dataclasses.replace(
@@ -155,8 +159,9 @@ class ModelRunner:
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
-        logger.info("model %s: %s on %s, rope %s, KV pool %d tokens, %d request rows",
-                    cfg.architecture, self.dtype, self.device, cfg.rope.describe(), num_slots, table_rows)
+        logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
+                    cfg.architecture, cfg.model_impl, self.dtype, self.device,
+                    cfg.rope.describe() if native else "transformers'", num_slots, table_rows)
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
         """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one

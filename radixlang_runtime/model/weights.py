@@ -19,6 +19,7 @@ class SafetensorsDir:
     def __init__(self, path: str):
         from safetensors import safe_open
 
+        self.path = path  # the checkpoint directory
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in {path}")

@@ -1,7 +1,8 @@
 """The model registry: architecture name (config.json's `architectures[0]`) -> ModelFamily.
 
 Adding a family is one file in this package (its config parser and model class) plus one line in
-_FAMILIES. The runner builds whatever family_for returns; nothing else names an architecture.
+_FAMILIES. The runner builds whatever family_for returns; nothing else names an architecture. Architectures
+with no file here run through transformers' own modeling code (TRANSFORMERS, --model-impl auto | transformers).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.models import llama_family, mixtral, olmoe, phi3, qwen_moe
+from radixlang_runtime.model.models import llama_family, mixtral, olmoe, phi3, qwen_moe, transformers_fallback
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,20 @@ _FAMILIES = (
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)
+# any decoder transformers can load, on its modeling code with attention in the paged KV pool
+TRANSFORMERS = ModelFamily("transformers", transformers_fallback.parse_transformers,
+                           transformers_fallback.TransformersForCausalLM)
+MODEL_IMPLS = ("auto", "native", "transformers")
 
 
-def family_for(architecture: str) -> ModelFamily:
+def family_for(architecture: str, model_impl: str = "native") -> ModelFamily:
+    """native: the registry's file (or ValueError); transformers: TRANSFORMERS; auto: native where there is one."""
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl {model_impl!r}: choose one of {', '.join(MODEL_IMPLS)}")
     family = REGISTRY.get(architecture)
+    if model_impl == "transformers" or (family is None and model_impl == "auto"):
+        return TRANSFORMERS
     if family is None:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHS)} "
+                         "(others: --model-impl transformers)")
     return family
