@@ -14,6 +14,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py --runs 1 --quick
     python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
     python benchmarks/bench_offline.py --deterministic       # also --enable-deterministic-inference
+    python benchmarks/bench_offline.py --model-path DIR --fallback   # also --model-impl transformers (its cost)
     python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
 
 --peers runs ../shared/peers' scripts (vLLM-CPU; llama.cpp BF16 with flash attention for W1, BF16 /
@@ -117,6 +118,8 @@ def main() -> None:
     ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")
+    ap.add_argument("--fallback", action="store_true",
+                    help="also run radixlang with --model-impl transformers (the fallback's cost, same run)")
     ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp (see above)")
     ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
     ap.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -140,6 +143,9 @@ def main() -> None:
     if a.deterministic:
         results["radixlang-deterministic"] = in_child(run_radixlang, model_dir, wls, a.runs,
                                                       {"dtype": a.dtype, "enable_deterministic_inference": True})
+    if a.fallback:
+        results["radixlang-transformers-impl"] = in_child(run_radixlang, model_dir, wls, a.runs,
+                                                          {"dtype": a.dtype, "model_impl": "transformers"})
     for dt in [d for d in a.baseline_dtypes.split(",") if d]:  # "" runs no transformers baseline
         results[f"transformers-{dt}"] = in_child(run_transformers, model_dir, dt, wls, a.runs)
     if peers:

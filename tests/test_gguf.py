@@ -62,8 +62,9 @@ class _Field:
 
 
 class _Tensor:
-    def __init__(self, name):
+    def __init__(self, name, data=None):
         self.name = name
+        self.data = data
 
 
 class _Reader:
@@ -74,7 +75,7 @@ class _Reader:
                 "llama.vocab_size": 100, "llama.feed_forward_length": 128, "llama.block_count": 2,
                 "llama.context_length": 256}
         self.fields = {k: _Field(v) for k, v in {**base, **fields}.items()}
-        self.tensors = [_Tensor(n) for n in tensors]
+        self.tensors = [_Tensor(*n) if isinstance(n, tuple) else _Tensor(n) for n in tensors]
 
 
 @pytest.mark.parametrize("fields,want", [
@@ -97,7 +98,8 @@ def test_gguf_rope_scaling_is_carried_into_the_config(fields, want):
 @pytest.mark.parametrize("fields,tensors,needle", [
     ({"llama.rope.scaling.type": "longrope"}, (), "rope.scaling.type 'longrope'"),
     ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.attn_factor": 0.5}, (), "llama.rope.scaling.attn_factor"),
-    ({}, ("rope_freqs.weight",), "rope_freqs.weight"),
+    ({}, (("rope_freqs.weight", np.full(8, 3.0)),), "'rope_freqs.weight' matches no llama3 scaling"),
+    ({}, (("rope_factors_long.weight", np.ones(8)),), r"\['rope_factors_long.weight'\] .* not supported for llama"),
 ])
 def test_gguf_rope_fields_without_a_mapping_are_refused(fields, tensors, needle):
     from radixlang_runtime.model.gguf_convert import gguf_to_hf_config

@@ -1,6 +1,8 @@
 """GGUF -> HF directory (config.json + model.safetensors + tokenizer files).
 
-The `gguf` package reads and dequantizes the tensors (Q4_1, Q8_0, F16, ...) to float32. llama.cpp's
+The `gguf` package reads and dequantizes the tensors (BLOCK_TYPES: F32 / F16 / BF16, Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K; others refused by name) to float32. Architectures: gguf_families.ARCHS (what each adds
+to the llama mapping below is there). llama.cpp's
 converter permutes the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
 weights are the HF layout our model (and transformers) expects. The result is written atomically into
 a cache directory keyed by the GGUF file's identity, so the second start skips all of this.
@@ -16,6 +18,12 @@ import shutil
 import tempfile
 
 import numpy as np
+
+from radixlang_runtime.model.gguf_families import ARCHS, ROPE_TENSORS, family_config, join_experts, layer_names, \
+    tensor_rope
+
+# the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions)
+BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -38,16 +46,29 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}  # transformers' model_type where it differs
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if not m or m.group(2) not in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **layer_names(arch)}
+    if not m or m.group(2) not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
+
+
+def dequantize_tensor(t) -> np.ndarray:
+    """One GGUF tensor as float32 (numpy shape: ggml's dimensions reversed); a block type outside BLOCK_TYPES
+    is refused by name."""
+    from gguf.quants import dequantize
+
+    kind = t.tensor_type.name
+    if kind not in BLOCK_TYPES:
+        raise ValueError(f"GGUF tensor {t.name!r} is stored as {kind}: supported block types are "
+                         f"{', '.join(BLOCK_TYPES)}")
+    return np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
 
 
 def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -71,17 +92,21 @@ def gguf_rope_fields(reader, arch: str, head_dim: int) -> dict:
     """llama.cpp's rope keys -> config.json's rope fields (rope_scaling, partial_rotary_factor); what has no
     mapping is refused by name (ModelConfig then refuses what the model does not honour)."""
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise ValueError("GGUF tensor 'rope_freqs.weight' (per-dimension RoPE frequency factors, e.g. Llama 3.1's "
-                         "llama3 scaling) is not supported: serve the HF checkpoint, whose rope_scaling is read")
+    from_tensors = tensor_rope(reader, arch, a, head_dim)  # llama3 (rope_freqs) / longrope (rope_factors_*)
+    known = _ROPE_SCALING_KEYS + (("attn_factor",) if from_tensors else ())
     prefix = f"{arch}.rope.scaling."
-    extra = sorted(k for k in reader.fields if k.startswith(prefix) and k[len(prefix):] not in _ROPE_SCALING_KEYS)
+    extra = sorted(k for k in reader.fields if k.startswith(prefix) and k[len(prefix):] not in known)
     if extra:
         raise ValueError(f"GGUF key {extra[0]!r} is not supported")
     out: dict = {}
     dims = a("rope.dimension_count")
     if dims is not None and int(dims) != head_dim:
         out["partial_rotary_factor"] = int(dims) / head_dim
+    if from_tensors is not None:
+        if from_tensors["rope_type"] == "longrope":  # Phi3Config reads the top-level one (it wins)
+            out["original_max_position_embeddings"] = from_tensors["original_max_position_embeddings"]
+        out["rope_scaling"] = from_tensors
+        return out
     kind = a("rope.scaling.type", "none")
     if kind == "none":
         return out
@@ -97,21 +122,22 @@ def gguf_rope_fields(reader, arch: str, head_dim: int) -> dict:
 
 def gguf_to_hf_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
-    if arch not in _ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})")
+    if arch not in ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     names = {t.name for t in reader.tensors}
     heads = int(a("attention.head_count"))
     hidden = int(a("embedding_length"))
     vocab = int(a("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", []))))
     head_dim = int(a("attention.key_length", hidden // heads))
+    layers = int(a("block_count"))
     return {
-        "architectures": [_ARCHS[arch]],
-        "model_type": arch,
+        "architectures": [ARCHS[arch]],
+        "model_type": _HF_MODEL_TYPES.get(arch, arch),
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(a("feed_forward_length")),
-        "num_hidden_layers": int(a("block_count")),
+        "intermediate_size": int(a("feed_forward_length", a("expert_feed_forward_length"))),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": int(a("attention.head_count_kv", heads)),
         "head_dim": head_dim,
@@ -125,23 +151,26 @@ def gguf_to_hf_config(reader) -> dict:
         "hidden_act": "silu",
         "torch_dtype": "float32",
         **gguf_rope_fields(reader, arch, head_dim),
+        **family_config(arch, a, names, layers),
     }
 
 
 def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
     """Dequantized float32 tensors under HF names."""
-    from gguf.quants import dequantize
-
+    arch = _field(reader, "general.architecture")
     permute_qk = config["model_type"] == "llama"
     out = {}
     for t in reader.tensors:
-        w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name in ROPE_TENSORS:  # read into config.json's rope_scaling
+            continue
+        w = dequantize_tensor(t)
         name = t.name
         if permute_qk and name.endswith("attn_q.weight"):
             w = unpermute_rotary_rows(w, config["num_attention_heads"])
         elif permute_qk and name.endswith("attn_k.weight"):
             w = unpermute_rotary_rows(w, config["num_key_value_heads"])
-        out[hf_tensor_name(name)] = w
+        out[hf_tensor_name(name, arch)] = w
+    join_experts(out)
     return out
 
 
@@ -153,11 +182,12 @@ def gguf_blocks(gguf_path: str, config: dict,
     import gguf
 
     reader = gguf.GGUFReader(gguf_path)
+    arch = _field(reader, "general.architecture")
     permute_qk = config["model_type"] == "llama"
     out = {}
     for t in reader.tensors:
         fmt = t.tensor_type.name
-        if fmt not in formats:
+        if fmt not in formats or t.name in ROPE_TENSORS:
             continue
         rows = np.asarray(t.data)  # [rows, row bytes] uint8, a view of the mapped file
         name = t.name
@@ -165,7 +195,7 @@ def gguf_blocks(gguf_path: str, config: dict,
             rows = unpermute_rotary_rows(rows, config["num_attention_heads"])
         elif permute_qk and name.endswith("attn_k.weight"):
             rows = unpermute_rotary_rows(rows, config["num_key_value_heads"])
-        out[hf_tensor_name(name)] = (np.array(rows, copy=True, order="C"), fmt)  # writable, off the mapping
+        out[hf_tensor_name(name, arch)] = (np.array(rows, copy=True, order="C"), fmt)  # writable, off the mapping
     return out
 
 

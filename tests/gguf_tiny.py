@@ -1,0 +1,97 @@
+"""Tiny GGUF files for the converter's tests, written with gguf.GGUFWriter from a tiny transformers model the way
+llama.cpp's convert_hf_to_gguf.py lays them out: its tensor names, llama's q / k rows permuted, MoE experts
+stacked per layer ([E, I, hidden]), Phi-3's fused qkv / gate_up kept, and each weight in a chosen block type."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+_LAYER = {  # HF suffix -> GGUF suffix (the names llama.cpp writes)
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's permutation of Llama's q / k rows (interleaved rotary pairs)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tensors(state: dict, arch: str, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
+    """HF float32 tensors -> GGUF-named numpy arrays."""
+    out = {}
+    for name, t in state.items():
+        w = t.float().numpy()
+        if name in _GLOBAL:
+            out[_GLOBAL[name]] = w
+            continue
+        layer, rest = name.split(".", 3)[2], name.split(".", 3)[3]
+        if rest == "mlp.experts.gate_up_proj":  # [E, 2I, hidden]: gate rows first
+            inter = w.shape[1] // 2
+            out[f"blk.{layer}.ffn_gate_exps.weight"] = w[:, :inter]
+            out[f"blk.{layer}.ffn_up_exps.weight"] = w[:, inter:]
+            continue
+        if rest == "mlp.shared_expert_gate.weight":
+            w = w.reshape(-1)  # llama.cpp stores it as [hidden]
+        if arch == "llama" and rest == "self_attn.q_proj.weight":
+            w = permute(w, heads)
+        elif arch == "llama" and rest == "self_attn.k_proj.weight":
+            w = permute(w, kv_heads)
+        out[f"blk.{layer}.{_LAYER[rest]}"] = w
+    return out
+
+
+def write_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[dict] = None,
+               rope_tensors: Optional[dict] = None, extra: Optional[dict] = None) -> dict[str, np.ndarray]:
+    """Writes `state` (an HF state dict of float32 tensors) as a GGUF of `arch` with cfg's (a transformers
+    config's) hyperparameters; kinds: GGUF name -> (block type, its bytes [rows, row bytes] uint8 or None to
+    quantize with gguf.quants.quantize); every other tensor is F32. Returns the GGUF tensors written."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    tensors = gguf_tensors(state, arch, heads, kv)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for key, value in (extra or {}).items():
+        getattr(w, f"add_{key}")(value)
+    for name, arr in (rope_tensors or {}).items():
+        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
+    for name, arr in tensors.items():
+        kind, blocks = (kinds or {}).get(name, ("F32", None))
+        if kind == "F32":
+            w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+            continue
+        qtype = T[kind]
+        data = blocks if blocks is not None else gguf.quants.quantize(np.ascontiguousarray(arr, np.float32), qtype)
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
