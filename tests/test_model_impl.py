@@ -5,6 +5,8 @@ through either implementation; what the fallback cannot route is refused by name
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from radixlang_runtime.model.config import ModelConfig
@@ -18,6 +20,8 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def test_gpt_neox_falls_back_to_transformers(tmp_path, caplog):
+    import torch
+
     from radixlang_runtime import Engine
 
     # partial rotary (GPT-NeoX's rotary_pct), untied head: transformers' code does both
@@ -30,10 +34,19 @@ def test_gpt_neox_falls_back_to_transformers(tmp_path, caplog):
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, page_size=4, chunked_prefill_size=8) as eng:
         outs = eng.generate(input_ids=PROMPTS, sampling_params=SP)
         again = eng.generate(input_ids=PROMPTS[0], sampling_params=SP)  # prefix-cache hit: same tokens
+        scored = eng.generate(input_ids=PROMPTS[0], sampling_params=SP, return_logprob=True)
+        digits = eng.generate(input_ids=PROMPTS[1], sampling_params={**SP, "regex": "[0-9]{5}", "min_new_tokens": 0})
     assert "GPTNeoXForCausalLM (transformers implementation)" in caplog.text
     assert [o["output_ids"] for o in outs] == want
     assert again["output_ids"] == want[0]
     assert again["meta_info"]["cached_tokens"] > 0
+    with torch.no_grad():  # the logprobs are transformers' log-softmax at the same positions
+        ref = torch.log_softmax(model(torch.tensor([PROMPTS[0] + want[0]])).logits[0].float(), -1)
+    lps = scored["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lps] == want[0]
+    for j, (lp, tok, _) in enumerate(lps):
+        assert abs(lp - ref[len(PROMPTS[0]) - 1 + j, tok].item()) < 1e-3
+    assert re.fullmatch("[0-9]{5}", digits["text"])  # constrained decoding on the fallback's logits
 
 
 def test_llama_through_transformers_matches_native(tmp_path):

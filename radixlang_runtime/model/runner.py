@@ -137,6 +137,9 @@ class ModelRunner:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
+        if args.enable_deterministic_inference and not native:
+            raise ValueError("--enable-deterministic-inference is not supported with the transformers implementation "
+                             f"({cfg.architecture}: transformers' modules are not batch-invariant)")
         if args.enable_deterministic_inference:
             deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
         if self.device.type == "cpu" and self.cpu_paths.c_decode and native:
