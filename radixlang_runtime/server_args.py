@@ -270,6 +270,9 @@ _CLI_HELP = {
                      "finds it there and runs programs over it (HTTP when there is none). --api-key holds on it.",
     "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders "
                      "with it and /get_model_info reports it (DSL programs render roles with it)",
+    "model_impl": "auto (default): the native model file when radixlang has the architecture, else transformers' "
+                  "modeling code with attention in the paged KV pool; native: refuse architectures without a file; "
+                  "transformers: always the fallback",
 }
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 

@@ -29,6 +29,7 @@ def test_cli_uses_sglang_flag_names_and_dataclass_defaults():
 @pytest.mark.parametrize("field,value", [
     ("dtype", "int8"), ("page_size", 0), ("schedule_policy", "random"), ("attention_backend", "flash"),
     ("mem_fraction_static", 1.5), ("max_running_requests", 0), ("chunked_prefill_size", 0),
+    ("model_impl", "hf"),
 ])
 def test_invalid_values_are_rejected(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
