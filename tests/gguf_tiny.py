@@ -27,6 +27,20 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight"
            "lm_head.weight": "output.weight"}
 
 
+K_BLOCKS = {"Q4_K": (144, {0: 0.01, 2: 0.005}), "Q5_K": (176, {0: 0.01, 2: 0.005}),
+            "Q6_K": (210, {208: 0.001})}  # K-quants: block bytes, f16 scale fields (byte offset: value)
+
+
+def k_quant_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random blocks of `kind` ([rows, cols / 256 * block bytes] uint8) with finite f16 scales (gguf.quants
+    cannot quantize to K-quants)."""
+    size, fields = K_BLOCKS[kind]
+    b = np.random.default_rng(seed).integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    for off, v in fields.items():
+        b[:, :, off:off + 2] = np.frombuffer(np.float16(v).tobytes(), np.uint8)
+    return b.reshape(rows, -1)
+
+
 def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's permutation of Llama's q / k rows (interleaved rotary pairs)."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -13,8 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from gguf_tiny import write_gguf
-from test_gguf_quants import k_quant_blocks
+from gguf_tiny import k_quant_blocks, write_gguf
 from tiny_checkpoints import build_tiny, hf_greedy
 
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]

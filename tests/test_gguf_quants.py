@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gguf_tiny import K_BLOCKS, k_quant_blocks
 from radixlang_runtime.model.gguf_convert import BLOCK_TYPES, dequantize_tensor
 
 ROWS, COLS = 4, 512  # two 256-value super-blocks per row
@@ -49,10 +50,6 @@ def test_round_trip_within_the_types_step(kind, tmp_path):
     assert np.abs(got - x).max() <= ROUND_TRIP[kind] * np.abs(x).max()
     if kind != "F32":
         assert np.abs(got - x).max() > 0  # really quantized (the bound is the type's, not a no-op)
-
-
-def _f16(v: float) -> bytes:
-    return np.float16(v).tobytes()
 
 
 def _half(b: np.ndarray, offset: int) -> float:
@@ -101,22 +98,12 @@ def ref_q6_k(b: np.ndarray) -> list[float]:
     return y
 
 
-K_QUANTS = {"Q4_K": (144, ref_q4_k, {0: 0.01, 2: 0.005}), "Q5_K": (176, ref_q5_k, {0: 0.01, 2: 0.005}),
-            "Q6_K": (210, ref_q6_k, {208: 0.001})}  # block bytes, decoder, f16 scale fields (offset: value)
-
-
-def k_quant_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random blocks of `kind` ([rows, cols / 256 * block bytes] uint8) with finite f16 scales."""
-    size, _, fields = K_QUANTS[kind]
-    b = np.random.default_rng(seed).integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
-    for off, v in fields.items():
-        b[:, :, off:off + 2] = np.frombuffer(_f16(v), np.uint8)
-    return b.reshape(rows, -1)
+K_QUANTS = {"Q4_K": ref_q4_k, "Q5_K": ref_q5_k, "Q6_K": ref_q6_k}  # ggml's layouts, decoded here
 
 
 @pytest.mark.parametrize("kind", sorted(K_QUANTS))
 def test_k_quants_match_ggmls_layout(kind, tmp_path):
-    size, ref, _ = K_QUANTS[kind]
+    size, ref = K_BLOCKS[kind][0], K_QUANTS[kind]
     blocks = k_quant_blocks(kind, ROWS, COLS)
     got = _read_back(tmp_path, kind, blocks)
     assert got.shape == (ROWS, COLS)
