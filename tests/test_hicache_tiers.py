@@ -75,7 +75,12 @@ def test_disk_tier_lru_bound_faults_and_rescan(tmp_path):
     assert l2.get(keys[3]) is None and l2.faults == 2
     l2.check_integrity(deep=True)
 
+    other = DiskTier(str(tmp_path), 3 * size, 100)  # a second holder (a DP replica) gets a directory of its own
+    assert other.dir == str(tmp_path / "replica-1") and other.stats()["records"] == 0
+    other.close()
+    l2.close()
     again = DiskTier(str(tmp_path), 3 * size, 100)  # a restart finds what is left
+    assert again.dir == str(tmp_path)
     assert again.get(keys[0]) == bytes([0]) * 100 and again.used_bytes == size
     again.check_integrity()
     again.clear()

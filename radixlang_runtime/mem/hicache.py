@@ -187,6 +187,8 @@ class HiCache:
 
     def close(self) -> None:
         self.writer.close()
+        if self.l2 is not None:
+            self.l2.close()
 
     def stats(self) -> dict:
         return {

@@ -8,7 +8,9 @@ Faults are misses: a record that fails its checks (record.py), a file that vanis
 read, a full disk on write -> the call returns None / False, counts it, logs one line, and the bad
 file is removed. Invariant (check_integrity): the index holds exactly the record files on disk (this
 process's view), their sizes add up to `used_bytes` <= capacity_bytes.
-The directory belongs to one process (one replica): L3 (redis_tier.py) is the shared tier.
+The directory belongs to one process (one replica), held by an flock on `<dir>/.lock`: a second process
+given the same directory (another DP replica) takes `<dir>/replica-1` (then -2, ...), so replicas never
+evict each other's files and a restart finds its records again. L3 (redis_tier.py) is the shared tier.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ class DiskTier:
     def __init__(self, directory: str, capacity_bytes: int, record_bytes: Optional[int] = None):
         if capacity_bytes <= 0:
             raise ValueError(f"disk tier capacity must be > 0 bytes, got {capacity_bytes}")
-        self.dir = directory
         self.capacity_bytes = capacity_bytes
         self.record_bytes = record_bytes  # expected payload size (None: any)
         self._lock = threading.Lock()
@@ -40,7 +41,7 @@ class DiskTier:
         self.used_bytes = 0
         self.faults = 0  # corrupt / truncated / stale / unreadable records and failed writes
         self.evictions = 0
-        os.makedirs(directory, exist_ok=True)
+        self.dir, self._lock_file = _claim(directory)
         self._scan()
 
     def _path(self, key: bytes) -> str:
@@ -52,7 +53,7 @@ class DiskTier:
         found = []
         for sub in sorted(os.listdir(self.dir)):
             d = os.path.join(self.dir, sub)
-            if not os.path.isdir(d):
+            if not os.path.isdir(d) or sub.startswith("replica-"):
                 continue
             for name in os.listdir(d):
                 p = os.path.join(d, name)
@@ -151,6 +152,10 @@ class DiskTier:
         for key in keys:
             _unlink(self._path(key))
 
+    def close(self) -> None:
+        """Let another process (a restart) take this directory."""
+        self._lock_file.close()
+
     # ------------------------------------------------------------------ checks
     def stats(self) -> dict:
         with self._lock:
@@ -166,7 +171,7 @@ class DiskTier:
             on_disk = {}
             for sub in os.listdir(self.dir):
                 d = os.path.join(self.dir, sub)
-                if os.path.isdir(d):
+                if os.path.isdir(d) and not sub.startswith("replica-"):
                     for name in os.listdir(d):
                         if name.endswith(SUFFIX):
                             on_disk[bytes.fromhex(name[:-len(SUFFIX)])] = os.path.getsize(os.path.join(d, name))
@@ -179,6 +184,22 @@ class DiskTier:
             for key in index:
                 with open(self._path(key), "rb") as f:
                     record.decode(key, f.read(), self.record_bytes)
+
+
+def _claim(directory: str, tries: int = 64):
+    """(dir, open lock file): the first of directory, directory/replica-1, ... no other process holds."""
+    import fcntl
+
+    for i in range(tries):
+        d = directory if i == 0 else os.path.join(directory, f"replica-{i}")
+        os.makedirs(d, exist_ok=True)
+        f = open(os.path.join(d, ".lock"), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return d, f
+        except OSError:
+            f.close()
+    raise RuntimeError(f"hicache l2: {tries} processes already use {directory}")
 
 
 def _unlink(path: str) -> None:
