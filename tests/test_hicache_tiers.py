@@ -99,7 +99,8 @@ def tiny_tmpfs(tmp_path):
                       timeout=10).returncode:
         pytest.skip("cannot mount a tmpfs here")
     yield str(d)
-    subprocess.run(["umount", str(d)], capture_output=True, timeout=10)
+    if subprocess.run(["umount", str(d)], capture_output=True, timeout=10).returncode:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True, timeout=10)  # still busy: detach
 
 
 def test_full_disk_is_a_failed_write_not_an_error(tiny_tmpfs):
@@ -110,6 +111,7 @@ def test_full_disk_is_a_failed_write_not_an_error(tiny_tmpfs):
     assert [n for _, _, files in os.walk(tiny_tmpfs) for n in files if n.endswith(".tmp")] == []
     for i, ok in enumerate(stored):
         assert (l2.get(bytes([i]) * 16) is not None) == ok
+    l2.close()  # its lock file would keep the tmpfs busy
 
 
 def test_redis_tier_round_trip_fault_and_down(tmp_path):
@@ -218,3 +220,20 @@ def test_check_flush_tiers():
     for bad in (["l4"], [], "l1", [1]):
         with pytest.raises(ValueError, match="tier"):
             check_flush_tiers(bad)
+
+
+def test_a_recent_miss_is_not_asked_again_until_the_record_is_stored(tmp_path):
+    kv, port = _manager(tmp_path)
+    a = list(range(1000, 1040))
+    req = Req("w", a + [7], SamplingParams(max_new_tokens=1))
+    kv.match(req, len(a) + 2)  # nothing anywhere: one lookup
+    kv.unmatch(req)
+    kv.match(req, len(a) + 2)  # a waiting request tried again: no second lookup
+    kv.unmatch(req)
+    assert kv.hicache.lookups == 1
+    _run(kv, port, a, "a")
+    kv.ensure_free(kv.allocator.total_slots)  # backed up: the miss is forgotten
+    kv.match(req, len(a) + 2)
+    assert req.kv_len == 40 and kv.hicache.lookups == 2
+    kv.release(req)
+    kv.check_integrity([])

@@ -31,6 +31,7 @@ from radixlang_runtime.mem.tiers.writer import TierWriter
 logger = logging.getLogger(__name__)
 TIER_NAMES = ("l1", "l2", "l3")
 WRITE_POLICIES = ("write_back", "write_through")
+MISS_MEMO_S = 1.0
 
 
 def record_tokens_for(page_size: int, at_least: int = 32) -> int:
@@ -90,6 +91,10 @@ class HiCache:
         self.load_seconds = 0.0  # fetch + copy into the pool, all loads
         self.bytes_loaded = 0
         self.load_faults = 0
+        # key -> when a fetch last missed it: a request waiting for admission does not ask the tiers
+        # (a disk read, a Redis round trip) again at every step; forgotten after MISS_MEMO_S or when
+        # this process backs the key up (another replica's L3 write shows after at most MISS_MEMO_S)
+        self._recent_misses: OrderedDict[bytes, float] = OrderedDict()
 
     @property
     def write_through(self) -> bool:
@@ -110,8 +115,9 @@ class HiCache:
         if len(self._l3_known) > 1 << 16:
             self._l3_known.popitem(last=False)
 
-    def backup(self, ids: list[int], slots: list[int], new_from: int) -> int:
-        """Queue the whole records of ids[:len(slots)] that end past position new_from. Returns how many."""
+    def backup(self, ids: list[int], slots: list[int], new_from: int, deadline: Optional[float] = None) -> int:
+        """Queue the whole records of ids[:len(slots)] that end past position new_from. Returns how many.
+        deadline (time.monotonic()): wait for room in the queue until then (shutdown) instead of dropping."""
         t = self.cfg.record_tokens
         n = min(len(ids), len(slots)) // t
         first = new_from // t
@@ -123,7 +129,9 @@ class HiCache:
             return 0
         payloads = self.port.read_records([s for i, _ in todo for s in slots[i * t:(i + 1) * t]])
         for (i, tiers), payload in zip(todo, payloads):
-            if self.writer.submit(keys[i], payload, tiers) and self.l3 in tiers:
+            self._recent_misses.pop(keys[i], None)  # no longer a miss here
+            wait = 0.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if self.writer.submit(keys[i], payload, tiers, wait) and self.l3 in tiers:
                 self._know_l3(keys[i])
         return len(todo)
 
@@ -137,8 +145,11 @@ class HiCache:
             return p0, []
         began = time.monotonic()
         deadline = began + self.cfg.load_timeout_s
-        self.lookups += 1
         keys = chain_keys(self.root, ids[:end], t)[p0 // t:]
+        missed = self._recent_misses.get(keys[0])
+        if missed is not None and began - missed < MISS_MEMO_S:
+            return p0, []
+        self.lookups += 1
         out: list[bytes] = []
         sources: list[str] = []  # where each record of out came from
         for key in keys:
@@ -160,6 +171,11 @@ class HiCache:
                 self._know_l3(key)
                 if self.l2 is not None:  # promote: the next restart finds it on disk
                     self.writer.submit(key, payload, [self.l2])
+        if not out:
+            self._recent_misses[keys[0]] = time.monotonic()
+            self._recent_misses.move_to_end(keys[0])
+            if len(self._recent_misses) > 4096:
+                self._recent_misses.popitem(last=False)
         for j, where in enumerate(sources):  # the first record's tokens before `start` were in L1 already
             self.hit_tokens[where] += t - (start - p0 if j == 0 else 0)
         self.load_seconds += time.monotonic() - began

@@ -312,15 +312,13 @@ class KVManager:
         """Shutdown: write_back stores what only L1 holds (every leaf's path), the writer drains (bounded)."""
         if self.hicache is None:
             return
+        deadline = time.monotonic() + timeout_s
         if not self.hicache.write_through:
             for node in self.radix._leaves():
-                self._backup_evicted_path(node)
-        self.hicache.writer.drain(timeout_s)
+                ids, slots = self.radix.path_to(node)
+                self.hicache.backup(ids, slots, 0, deadline)
+        self.hicache.writer.drain(max(deadline - time.monotonic(), 0.0))
         self.hicache.close()
-
-    def _backup_evicted_path(self, node: TreeNode) -> None:
-        ids, slots = self.radix.path_to(node)
-        self.hicache.backup(ids, slots, 0)
 
     # ------------------------------------------------------------------ checks
     def check_integrity(self, live: Iterable[Req]) -> None:

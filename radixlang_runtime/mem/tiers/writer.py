@@ -35,16 +35,22 @@ class TierWriter:
         self._thread = threading.Thread(target=self._run, name="hicache-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, key: bytes, payload: bytes, tiers: list[Tier]) -> bool:
+    def submit(self, key: bytes, payload: bytes, tiers: list[Tier], wait_s: float = 0.0) -> bool:
+        """Queue a write; a full queue drops it (counted) at once, or after wait_s seconds (shutdown)."""
         with self._lock:
             if key in self._pending:
                 return True
-            try:
-                self._q.put_nowait((key, payload, tiers))
-            except queue.Full:
-                self.dropped += 1
-                return False
             self._pending[key] = payload
+        try:
+            if wait_s > 0:
+                self._q.put((key, payload, tiers), timeout=wait_s)
+            else:
+                self._q.put_nowait((key, payload, tiers))
+        except queue.Full:
+            with self._lock:
+                self._pending.pop(key, None)
+                self.dropped += 1
+            return False
         return True
 
     def pending(self, key: bytes) -> Optional[bytes]:
