@@ -139,8 +139,8 @@ class Engine:
         if self._loop.is_alive():  # the hierarchical cache keeps what only L1 held (bounded wait)
             try:
                 self._loop.call(lambda s: s.kv.close_tiers(), timeout=60.0)
-            except (RuntimeError, TimeoutError):
-                pass
+            except Exception:  # noqa: BLE001 - shutdown goes on; the tiers only lose what L1 held
+                logger.exception("hicache: storing the pool's pages at shutdown failed")
         self._loop.close()
         if self._tp_procs and self.runner.tp is not None and not self._loop.is_alive():
             self.runner.tp.close()  # STOP to the workers (the loop thread is done with the group)

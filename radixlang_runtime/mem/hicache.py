@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 TIER_NAMES = ("l1", "l2", "l3")
 WRITE_POLICIES = ("write_back", "write_through")
 MISS_MEMO_S = 1.0
+L3_BATCH = 16  # records per Redis MGET
 
 
 def record_tokens_for(page_size: int, at_least: int = 32) -> int:
@@ -162,8 +163,10 @@ class HiCache:
             sources.append(where)
             if time.monotonic() >= deadline:
                 break
-        if len(out) < len(keys) and self.l3 is not None and time.monotonic() < deadline:
-            for key, payload in zip(keys[len(out):], self.l3.get_many(keys[len(out):])):
+        while len(out) < len(keys) and self.l3 is not None and time.monotonic() < deadline:
+            ask = keys[len(out):len(out) + L3_BATCH]  # MGETs of a few records: stop soon after a miss
+            got = self.l3.get_many(ask)
+            for key, payload in zip(ask, got):
                 if payload is None:
                     break
                 out.append(payload)
@@ -171,6 +174,8 @@ class HiCache:
                 self._know_l3(key)
                 if self.l2 is not None:  # promote: the next restart finds it on disk
                     self.writer.submit(key, payload, [self.l2])
+            if None in got:
+                break
         if not out:
             self._recent_misses[keys[0]] = time.monotonic()
             self._recent_misses.move_to_end(keys[0])
