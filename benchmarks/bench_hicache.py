@@ -10,7 +10,7 @@ Restart: one long system prompt's TTFT (max_new_tokens 1) on a fresh Engine: col
 a restart with the prefix on L2, and from L3 (a redis-server this script starts; skipped without one).
 
     python benchmarks/bench_hicache.py            # 16 sessions x 6 turns, 2,000-token system prompt, 3 runs
-    python benchmarks/bench_hicache.py --quick    # 4 x 3, 512 tokens, 1 run (a smoke check, minutes on a CPU)
+    python benchmarks/bench_hicache.py --quick    # 4 x 2, 256 tokens, 1 run (a smoke check)
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--dtype", default="bfloat16")
     a = ap.parse_args()
-    work = dict(sessions=4, turns=3, system_len=512, user_len=32, new_tokens=8, restart_len=1024, runs=1) \
+    work = dict(sessions=4, turns=2, system_len=256, user_len=32, new_tokens=4, restart_len=512, runs=1) \
         if a.quick else dict(sessions=16, turns=6, system_len=2000, user_len=64, new_tokens=16, restart_len=4000,
                              runs=3)
     work["dtype"] = a.dtype
@@ -105,19 +105,21 @@ def main() -> None:
                             "hicache_storage_dir": os.path.join(tmp, "agent_l2")},
         "roomy pool": {"max_total_tokens": 4 * working_set // 16 * 16},
     }
-    res = {name: in_child(run_agent, s, work) for name, s in rows.items()}
-    base = res["small pool, no tiers"]["wall"]
-    print(f"{'setting':24} {'wall s':>8} {'x vs no tiers':>14} {'computed':>9} {'hit rate':>9}  tier hits")
-    for name, r in res.items():
+    print(f"{'setting':24} {'wall s':>8} {'x vs no tiers':>14} {'computed':>9} {'hit rate':>9}  tier hits", flush=True)
+    base = None
+    for name, settings in rows.items():
+        r = in_child(run_agent, settings, work)
+        base = base or r["wall"]
         print(f"{name:24} {r['wall']:8.2f} {base / r['wall']:14.2f} {r['computed']:9d} {r['hit_rate']:9.3f}  "
-              f"{r['tier_hits']}")
+              f"{r['tier_hits']}", flush=True)
 
     l2 = {"enable_hierarchical_cache": True, "hicache_size": 2.0, "hicache_storage_dir": os.path.join(tmp, "r_l2")}
     cold = in_child(run_ttft, {}, work)
     in_child(run_ttft, l2, work)  # computes the prefix; its shutdown stores it on L2
     warm_l2 = in_child(run_ttft, l2, work)
     print(f"restart TTFT, {work['restart_len']}-token prompt: cold {cold['ttft']:.3f} s; "
-          f"L2 {warm_l2['ttft']:.3f} s ({cold['ttft'] / warm_l2['ttft']:.1f}x, {warm_l2['cached']} cached)")
+          f"L2 {warm_l2['ttft']:.3f} s ({cold['ttft'] / warm_l2['ttft']:.1f}x, {warm_l2['cached']} cached)",
+          flush=True)
     srv, url = start_redis(tmp)
     if srv is not None:
         try:

@@ -127,6 +127,7 @@ def test_unsupported_hicache_settings_are_refused_by_name(tiny):
             Engine(model_dir, dtype="float32", **kw)
 
 
+@pytest.mark.slow  # two server starts
 def test_server_restart_finds_the_prefix_on_disk_and_shows_the_tiers(tiny, tmp_path):
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
