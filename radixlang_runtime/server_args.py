@@ -81,6 +81,7 @@ class ServerArgs:
     hicache_storage_backend: Optional[str] = None  # None / "file": L2 only | "redis": L2 + L3 at hicache_redis_url
     hicache_storage_dir: Optional[str] = None  # L2's directory (None: <cache root>/hicache/<model fingerprint>)
     hicache_redis_url: Optional[str] = None  # redis://host:port/db (needs hicache_storage_backend redis)
+    hicache_load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
     enable_mixed_chunk: bool = False  # decode steps share the forward pass of prefill chunks
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
@@ -184,7 +185,8 @@ class ServerArgs:
         """Refuse hicache settings the runtime would not honour, by name."""
         given = [n for n, default in (("hicache_size", 4.0), ("hicache_write_policy", "write_back"),
                                       ("hicache_storage_backend", None), ("hicache_storage_dir", None),
-                                      ("hicache_redis_url", None)) if getattr(self, n) != default]
+                                      ("hicache_redis_url", None), ("hicache_load_policy", "faster"))
+                 if getattr(self, n) != default]
         if not self.enable_hierarchical_cache:
             if given:
                 raise ValueError(f"{', '.join(given)} set without enable_hierarchical_cache")
@@ -196,6 +198,8 @@ class ServerArgs:
         if self.hicache_write_policy not in ("write_back", "write_through"):
             raise ValueError("hicache_write_policy must be write_back or write_through; "
                              f"got {self.hicache_write_policy!r}")
+        if self.hicache_load_policy not in ("faster", "always"):
+            raise ValueError(f"hicache_load_policy must be faster or always; got {self.hicache_load_policy!r}")
         backend = self.hicache_storage_backend
         if backend not in (None, "file", "redis"):
             raise ValueError(f"hicache_storage_backend {backend!r} is not implemented (file, redis)")

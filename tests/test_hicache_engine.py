@@ -43,7 +43,8 @@ def test_outputs_equal_transformers_with_tiers_and_a_small_pool(tiny, tmp_path):
     model_dir, model = tiny
     want = [hf_greedy(model, p, NEW) for p in SESSIONS]
     with Engine(model_dir, dtype="float32", max_total_tokens=256, enable_hierarchical_cache=True,
-                hicache_size=0.01, hicache_storage_dir=str(tmp_path / "l2"), debug_check_integrity=True) as eng:
+                hicache_size=0.01, hicache_storage_dir=str(tmp_path / "l2"), debug_check_integrity=True,
+                hicache_load_policy="always") as eng:
         for _ in range(2):  # the second round finds the sessions' own records evicted, in the tiers
             got = [eng.generate(input_ids=p, sampling_params=SP)["output_ids"] for p in SESSIONS]
             assert got == want
@@ -59,7 +60,7 @@ def test_restart_loads_the_prefix_from_disk_and_bad_records_are_misses(tiny, tmp
     model_dir, model = tiny
     want = hf_greedy(model, LONG, NEW)
     kw = dict(dtype="float32", max_total_tokens=1024, enable_hierarchical_cache=True, hicache_size=0.01,
-              hicache_storage_dir=str(tmp_path / "l2"))
+              hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always")  # not timing-dependent
     with Engine(model_dir, **kw) as first:  # write_back: shutdown stores what only L1 held
         assert first.generate(input_ids=LONG, sampling_params=SP)["output_ids"] == want
     with Engine(model_dir, **kw) as eng:
@@ -96,7 +97,7 @@ def test_redis_is_shared_by_two_engines_and_a_dead_redis_is_a_miss(tiny, tmp_pat
     want = hf_greedy(model, LONG, NEW)
     srv = RedisServer(str(tmp_path))
     kw = dict(dtype="float32", max_total_tokens=1024, enable_hierarchical_cache=True, hicache_size=0,
-              hicache_storage_backend="redis", hicache_redis_url=srv.url)
+              hicache_storage_backend="redis", hicache_redis_url=srv.url, hicache_load_policy="always")
     try:
         with Engine(model_dir, hicache_write_policy="write_through", **kw) as a, Engine(model_dir, **kw) as b:
             assert a.generate(input_ids=LONG, sampling_params=SP)["output_ids"] == want
@@ -136,7 +137,8 @@ def test_server_restart_finds_the_prefix_on_disk_and_shows_the_tiers(tiny, tmp_p
     model_dir, model = tiny
     want = hf_greedy(model, LONG, NEW)
     flags = ("--model-path", model_dir, "--dtype", "float32", "--max-total-tokens", "1024", "--enable-metrics",
-             "--enable-hierarchical-cache", "--hicache-size", "0.01", "--hicache-storage-dir", str(tmp_path / "l2"))
+             "--enable-hierarchical-cache", "--hicache-size", "0.01", "--hicache-storage-dir", str(tmp_path / "l2"),
+             "--hicache-load-policy", "always")
 
     def gen(srv) -> dict:
         r = httpx.post(srv.url + "/generate", json={"input_ids": LONG, "sampling_params": SP}, timeout=120)

@@ -237,3 +237,35 @@ def test_a_recent_miss_is_not_asked_again_until_the_record_is_stored(tmp_path):
     assert req.kv_len == 40 and kv.hicache.lookups == 2
     kv.release(req)
     kv.check_integrity([])
+
+
+def test_a_tier_slower_than_recomputing_is_skipped_but_probed():
+    from radixlang_runtime.mem.tier_costs import PROBE_EVERY, TierCosts
+
+    c = TierCosts()
+    assert c.worth("l2")  # nothing measured yet: try it
+    c.note_prefill(100, 0.1)  # 1 ms a token
+    c.note_load("l2", 32, 0.0032)  # 0.1 ms a token: worth it
+    c.note_load("l3", 32, 0.32)  # 10 ms a token: slower than recomputing
+    assert c.worth("l2")
+    asks = [c.worth("l3") for _ in range(2 * PROBE_EVERY)]
+    assert asks.count(True) == 2 and c.skipped["l3"] == 2 * PROBE_EVERY - 2  # only the probes load
+
+
+def test_load_policy_faster_skips_l2_when_recompute_is_cheaper(tmp_path):
+    kv, port = _manager(tmp_path)
+    a = list(range(1000, 1040))
+    _run(kv, port, a, "a")
+    kv.ensure_free(kv.allocator.total_slots)
+    assert kv.hicache.writer.drain(10)
+    kv.hicache.costs.note_prefill(1000, 1e-9)  # recomputing looks free
+    kv.hicache.costs.note_load("l2", 32, 1.0)
+    req = Req("b", a + [7], SamplingParams(max_new_tokens=1))
+    kv.match(req, len(a) + 2)
+    assert req.kv_len == 0 and kv.hicache.costs.skipped["l2"] == 1
+    kv.hicache.cfg.load_policy = "always"
+    kv.hicache._recent_misses.clear()
+    kv.match(req, len(a) + 2)
+    assert req.kv_len == 40
+    kv.release(req)
+    kv.check_integrity([])

@@ -6,9 +6,11 @@ scheduler/kv_manager.py calls it at three points:
   for each tier that lacks them. On eviction (write_back, the default) and, with write_through, on
   every insert into the tree.
 - `fetch(ids, start, limit)`: the records after an L1 match, walked along the key chain through the
-  writer's queue, then L2, then L3 (one MGET), stopping at the first miss or when `load_timeout_s`
-  has passed. Loads run synchronously inside admission (a request waits only for its own records,
-  with that bound); other requests wait for the step, not for a thread.
+  writer's queue, then L2, then L3 (MGETs of 16), stopping at the first miss or when `load_timeout_s`
+  has passed; with load_policy "faster" (the default) a tier whose measured load cost per token
+  exceeds the prefill's is skipped (tier_costs.py), "always" loads every hit. Loads run
+  synchronously inside admission (a request waits only for its own records, with that bound); other
+  requests wait for the step, not for a thread.
 - `load_into(slots, payloads)`: the fetched records into freshly allocated slots.
 A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
 would cost more than it saves); a prompt's tail shorter than a record is never stored.
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+from radixlang_runtime.mem.tier_costs import TierCosts
 from radixlang_runtime.mem.tiers.disk import DiskTier
 from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys
 from radixlang_runtime.mem.tiers.redis_tier import RedisTier
@@ -31,6 +34,7 @@ from radixlang_runtime.mem.tiers.writer import TierWriter
 logger = logging.getLogger(__name__)
 TIER_NAMES = ("l1", "l2", "l3")
 WRITE_POLICIES = ("write_back", "write_through")
+LOAD_POLICIES = ("faster", "always")
 MISS_MEMO_S = 1.0
 L3_BATCH = 16  # records per Redis MGET
 
@@ -66,8 +70,11 @@ class HiCacheConfig:
     write_policy: str = "write_back"
     max_queued: int = 256  # records waiting for the writer; more are dropped (counted)
     load_timeout_s: float = 2.0  # the most one request's fetch may take; the rest is a miss
+    load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
 
     def __post_init__(self) -> None:
+        if self.load_policy not in LOAD_POLICIES:
+            raise ValueError(f"hicache_load_policy must be one of {', '.join(LOAD_POLICIES)}; got {self.load_policy!r}")
         if self.write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}; "
                              f"got {self.write_policy!r}")
@@ -96,6 +103,7 @@ class HiCache:
         # (a disk read, a Redis round trip) again at every step; forgotten after MISS_MEMO_S or when
         # this process backs the key up (another replica's L3 write shows after at most MISS_MEMO_S)
         self._recent_misses: OrderedDict[bytes, float] = OrderedDict()
+        self.costs = TierCosts()  # a tier slower than recomputing is skipped (mem/tier_costs.py)
 
     @property
     def write_through(self) -> bool:
@@ -137,6 +145,9 @@ class HiCache:
         return len(todo)
 
     # ------------------------------------------------------------------ loads
+    def _worth(self, tier: str) -> bool:
+        return self.cfg.load_policy == "always" or self.costs.worth(tier)
+
     def fetch(self, ids: list[int], start: int, limit: int) -> tuple[int, list[bytes]]:
         """Records continuing a match of `start` tokens, up to position `limit`. Returns (p0, payloads):
         payloads[j] holds positions p0 + j*T .. p0 + (j+1)*T - 1 (p0 = start rounded down to a record)."""
@@ -153,19 +164,26 @@ class HiCache:
         self.lookups += 1
         out: list[bytes] = []
         sources: list[str] = []  # where each record of out came from
+        use_l2 = self.l2 is not None and self._worth("l2")
         for key in keys:
             payload, where = self.writer.pending(key), "queue"
-            if payload is None and self.l2 is not None:
+            if payload is None and use_l2:
+                t0 = time.monotonic()
                 payload, where = self.l2.get(key), "l2"
+                if payload is not None:
+                    self.costs.note_load("l2", t, time.monotonic() - t0)
             if payload is None:
                 break
             out.append(payload)
             sources.append(where)
             if time.monotonic() >= deadline:
                 break
-        while len(out) < len(keys) and self.l3 is not None and time.monotonic() < deadline:
+        use_l3 = self.l3 is not None and len(out) < len(keys) and self._worth("l3")
+        while use_l3 and len(out) < len(keys) and time.monotonic() < deadline:
             ask = keys[len(out):len(out) + L3_BATCH]  # MGETs of a few records: stop soon after a miss
+            t0 = time.monotonic()
             got = self.l3.get_many(ask)
+            self.costs.note_load("l3", t * max(sum(p is not None for p in got), 1), time.monotonic() - t0)
             for key, payload in zip(ask, got):
                 if payload is None:
                     break
@@ -216,7 +234,7 @@ class HiCache:
             "record_tokens": self.cfg.record_tokens, "write_policy": self.cfg.write_policy,
             "hit_tokens": dict(self.hit_tokens), "lookups": self.lookups, "loads": self.loads,
             "load_seconds": self.load_seconds, "bytes_loaded": self.bytes_loaded, "load_faults": self.load_faults,
-            "writer": self.writer.stats(),
+            "writer": self.writer.stats(), "costs": self.costs.stats(),
             "l2": self.l2.stats() if self.l2 is not None else None,
             "l3": self.l3.stats() if self.l3 is not None else None,
         }

@@ -127,6 +127,11 @@ class KVManager:
             self.radix.unlock(m.last_node)
         return m2
 
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A prefill step's cost: what a tier's load is weighed against (mem/tier_costs.py)."""
+        if self.hicache is not None:
+            self.hicache.costs.note_prefill(tokens, seconds)
+
     def _backup_evicted(self, node: TreeNode) -> None:
         """RadixCache.on_evict: the node's records go to the tiers (skipped where they are already)."""
         ids, slots = self.radix.path_to(node)

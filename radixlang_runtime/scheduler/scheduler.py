@@ -118,7 +118,10 @@ class Scheduler:
         if batch is None:
             return touched
         try:
+            began = time.perf_counter()
             self.runner.forward(batch)
+            if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
+                self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
             self.forward_steps += 1
             for r in batch.reqs:
                 r.forward_passes += 1
