@@ -21,6 +21,7 @@ from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
 from radixlang_runtime.generate_input import parse_generate_input
+from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.messages import AbortReq, TokenizedGenerateReq
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
@@ -108,9 +109,11 @@ class Engine:
         """Every KV page free, cached or held by a live request (run on the scheduler thread)."""
         self._loop.call(lambda s: s.check_integrity())
 
-    def flush_cache(self) -> bool:
-        """Empty the radix cache. False (nothing done) while requests are queued or running, or a prefix is pinned."""
-        return self._loop.call(lambda s: s.flush_cache())
+    def flush_cache(self, tiers: Optional[list[str]] = None) -> bool:
+        """Empty the radix cache and the hierarchical cache's tiers (tiers: which of "l1", "l2", "l3";
+        None: all). False (nothing done) while requests are queued or running, or a prefix is pinned."""
+        tiers = check_flush_tiers(tiers)
+        return self._loop.call(lambda s: s.flush_cache(tiers))
 
     def get_stats(self) -> dict[str, Any]:
         """KV and scheduler counters, read on the scheduler thread."""
@@ -133,6 +136,11 @@ class Engine:
         return self._loop.call(lambda s: s.kv.unpin(pin_id))
 
     def shutdown(self) -> None:
+        if self._loop.is_alive():  # the hierarchical cache keeps what only L1 held (bounded wait)
+            try:
+                self._loop.call(lambda s: s.kv.close_tiers(), timeout=60.0)
+            except Exception:  # noqa: BLE001 - shutdown goes on; the tiers only lose what L1 held
+                logger.exception("hicache: storing the pool's pages at shutdown failed")
         self._loop.close()
         if self._tp_procs and self.runner.tp is not None and not self._loop.is_alive():
             self.runner.tp.close()  # STOP to the workers (the loop thread is done with the group)

@@ -38,6 +38,7 @@ class AbortReq:
 @dataclass
 class FlushCacheReq:
     req_id: str
+    tiers: Optional[list[str]] = None  # hicache tiers to clear ("l1", "l2", "l3"); None: all
 
 
 @dataclass

@@ -77,6 +77,14 @@ class ServerArgs:
     chunked_prefill_size: Optional[int] = None  # -1 disables chunking; None: 8192 on GPU, 4096 on CPU
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    # --- hierarchical KV cache (mem/hicache.py): SGLang's names; L2 = a disk directory, L3 = Redis ---
+    enable_hierarchical_cache: bool = False
+    hicache_size: float = 4.0  # GB of the L2 disk tier (0: no L2; then L3 must be on)
+    hicache_write_policy: str = "write_back"  # write_back (on eviction) | write_through (on every insert too)
+    hicache_storage_backend: Optional[str] = None  # None / "file": L2 only | "redis": L2 + L3 at hicache_redis_url
+    hicache_storage_dir: Optional[str] = None  # L2's directory (None: <cache root>/hicache/<model fingerprint>)
+    hicache_redis_url: Optional[str] = None  # redis://host:port/db (needs hicache_storage_backend redis)
+    hicache_load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
     enable_mixed_chunk: bool = False  # decode steps share the forward pass of prefill chunks
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
@@ -176,6 +184,39 @@ class ServerArgs:
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
         self._check_speculative()
+        self._check_hicache()
+
+    def _check_hicache(self) -> None:
+        """Refuse hicache settings the runtime would not honour, by name."""
+        given = [n for n, default in (("hicache_size", 4.0), ("hicache_write_policy", "write_back"),
+                                      ("hicache_storage_backend", None), ("hicache_storage_dir", None),
+                                      ("hicache_redis_url", None), ("hicache_load_policy", "faster"))
+                 if getattr(self, n) != default]
+        if not self.enable_hierarchical_cache:
+            if given:
+                raise ValueError(f"{', '.join(given)} set without enable_hierarchical_cache")
+            return
+        if self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache (drop disable_radix_cache)")
+        if self.tp_size > 1:
+            raise ValueError("enable_hierarchical_cache with tp_size > 1 is not implemented")
+        if self.hicache_write_policy not in ("write_back", "write_through"):
+            raise ValueError("hicache_write_policy must be write_back or write_through; "
+                             f"got {self.hicache_write_policy!r}")
+        if self.hicache_load_policy not in ("faster", "always"):
+            raise ValueError(f"hicache_load_policy must be faster or always; got {self.hicache_load_policy!r}")
+        backend = self.hicache_storage_backend
+        if backend not in (None, "file", "redis"):
+            raise ValueError(f"hicache_storage_backend {backend!r} is not implemented (file, redis)")
+        if isinstance(self.hicache_size, bool) or not isinstance(self.hicache_size, (int, float)) \
+                or not 0 <= self.hicache_size < float("inf"):
+            raise ValueError(f"hicache_size must be a number of GB >= 0; got {self.hicache_size!r}")
+        if backend == "redis" and not self.hicache_redis_url:
+            raise ValueError("hicache_storage_backend redis needs hicache_redis_url")
+        if backend != "redis" and self.hicache_redis_url:
+            raise ValueError("hicache_redis_url set without hicache_storage_backend redis")
+        if backend != "redis" and self.hicache_size == 0:
+            raise ValueError("enable_hierarchical_cache with hicache_size 0 and no redis backend has no tier")
 
     def _check_speculative(self) -> None:
         """NGRAM only; its flags without it (or another algorithm's) are refused by name."""
@@ -263,7 +304,7 @@ _INT_FIELDS = {
 _SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
                       "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
-                 "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout"}
+                 "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size"}
 _CLI_HELP = {
     "frontend_port": "the DSL's ZeroMQ link, on --host (on by default): 0 = a free port (default), N = port N, "
                      "-1 = no link. /server_info and /get_model_info report the port; RuntimeEndpoint(http URL) "

@@ -20,6 +20,7 @@ class KVPool:
         # k_buffers[l] = block[0, l], v_buffers[l] = block[1, l]: [kv_heads, num_slots, head_dim], contiguous.
         block = kv_block((2, num_layers, kv_heads, num_slots, head_dim), dtype, device)
         self.nbytes = block.numel() * block.element_size()
+        self.block = block  # mem/kv_records.py copies whole records of slots in and out of it
         self.k_buffers = [block[0, i] for i in range(num_layers)]
         self.v_buffers = [block[1, i] for i in range(num_layers)]
         # req_to_token[row, pos] = slot of position pos of the request in that row. [table_rows, context_len] int64.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 
 @dataclass(eq=False)
@@ -45,6 +45,9 @@ class RadixCache:
         self.page_size = page_size
         self._tick = 0  # the access clock: +1 per match / insert
         self.evicted_tokens_total = 0  # tokens evicted by the LRU so far (not flushes)
+        # called with each node `evict` is about to drop (still in the tree: path_to works), e.g. to
+        # write its K/V to a lower tier (mem/hicache.py); flushes (`reset`) do not call it
+        self.on_evict: Optional[Callable[[TreeNode], None]] = None
         self.reset_tree()
 
     def _next_tick(self) -> int:
@@ -167,6 +170,8 @@ class RadixCache:
         out: list[int] = []
         while heap and len(out) < num_tokens:
             _, _, node = heapq.heappop(heap)
+            if self.on_evict is not None:
+                self.on_evict(node)
             out.extend(node.value)
             parent = node.parent
             del parent.children[self._child_key(node.key, 0)]
@@ -194,6 +199,19 @@ class RadixCache:
 
     def _leaves(self):
         return [n for n in self._nodes() if not n.children]
+
+    def path_to(self, node: TreeNode) -> tuple[list[int], list[int]]:
+        """Token ids and slots from the root down to node (inclusive)."""
+        parts = []
+        while node is not self.root:
+            parts.append(node)
+            node = node.parent
+        ids: list[int] = []
+        slots: list[int] = []
+        for n in reversed(parts):
+            ids.extend(n.key)
+            slots.extend(n.value)
+        return ids, slots
 
     def all_slots(self) -> list[int]:
         return [s for n in self._nodes() for s in n.value]

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.runner import ModelRunner
@@ -49,11 +50,39 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         ),
         runner,
         KVManager(PageAllocator(sizes.num_slots, args.page_size), TableManager(sizes.table_rows),
-                  None if args.disable_radix_cache else RadixCache(args.page_size)),
+                  None if args.disable_radix_cache else RadixCache(args.page_size),
+                  hicache=make_hicache(args, runner, model_dir)),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,
         drafter=make_drafter(args, eos, sizes.context_len),
     )
+
+
+def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optional[HiCache]:
+    """The tiers under the radix tree (--enable-hierarchical-cache): L2 disk, L3 Redis."""
+    if not args.enable_hierarchical_cache:
+        return None
+    import os
+
+    from radixlang_runtime.mem.kv_records import KVRecordPort
+    from radixlang_runtime.mem.tiers.disk import DiskTier
+    from radixlang_runtime.mem.tiers.keys import KVFingerprint, model_identity
+    from radixlang_runtime.mem.tiers.redis_tier import RedisTier
+    from radixlang_runtime.model.resolve import cache_root
+
+    cfg = HiCacheConfig(record_tokens_for(args.page_size), args.hicache_write_policy,
+                        load_policy=args.hicache_load_policy)
+    port = KVRecordPort(runner.kv_pool, cfg.record_tokens)
+    fp = KVFingerprint(model_identity(model_dir), str(runner.dtype).replace("torch.", ""), args.page_size,
+                       cfg.record_tokens, runner.cfg.num_hidden_layers, runner.shard.kv_count, runner.cfg.head_dim,
+                       0, args.tp_size, args.quantization or "")
+    l2 = l3 = None
+    if args.hicache_size > 0:
+        directory = args.hicache_storage_dir or os.path.join(cache_root(), "hicache", fp.digest().hex())
+        l2 = DiskTier(directory, int(args.hicache_size * 1e9), port.record_bytes)
+    if args.hicache_storage_backend == "redis":
+        l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), port.record_bytes)
+    return HiCache(cfg, fp, port, l2, l3)
 
 
 def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Optional[NgramDrafter]:
@@ -114,6 +143,7 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "spec_draft_tokens": s.spec_draft_tokens, "spec_accepted_tokens": s.spec_accepted_tokens,
+        "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)

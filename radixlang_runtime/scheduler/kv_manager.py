@@ -13,6 +13,9 @@ A pin only locks what is cached (the caller prefills first); the pins together l
 max_pinned_fraction of the pool (a longer prefix is pinned in part) so requests keep room. A pin
 with a ttl expires at the first `expire_pins` after it (the loop calls it every iteration). flush
 refuses while anything is locked, pins included (as SGLang: unpin first).
+With a HiCache (--enable-hierarchical-cache, mem/hicache.py) the tree has tiers under it: evicted
+nodes (and with write_through every insert) are backed up to L2 / L3, and `match` continues an L1
+match through the tiers, loading hits into fresh slots that join the tree before the lock is taken.
 Invariant (check_integrity): every page is exactly one of free / in the tree / owned by one live
 request (kv_indices[tree_len:]), and the tree's evictable + protected sizes add up to its size;
 every node's lock_ref counts exactly the live requests' and the pins' locks through it.
@@ -21,14 +24,18 @@ every node's lock_ref counts exactly the live requests' and the pins' locks thro
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from radixlang_runtime.mem.allocator import PageAllocator
-from radixlang_runtime.mem.radix_cache import RadixCache, TreeNode
+from radixlang_runtime.mem.hicache import HiCache
+from radixlang_runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,7 +47,7 @@ class Pin:
 
 class KVManager:
     def __init__(self, allocator: PageAllocator, table: TableManager, radix: Optional[RadixCache],
-                 max_pinned_fraction: float = 0.5):
+                 max_pinned_fraction: float = 0.5, hicache: Optional[HiCache] = None):
         if radix is not None and radix.page_size != allocator.page_size:
             raise ValueError("the radix cache and the allocator must use the same page size")
         if not 0.0 <= max_pinned_fraction <= 1.0:
@@ -52,6 +59,11 @@ class KVManager:
         self.pins: dict[str, Pin] = {}
         self.max_pinned_slots = int(allocator.total_slots * max_pinned_fraction)
         self._pin_seq = itertools.count(1)
+        self.hicache = hicache if radix is not None else None
+        if self.hicache is not None:
+            if self.hicache.cfg.record_tokens % self.page_size:
+                raise ValueError("hicache records must hold a whole number of pages")
+            radix.on_evict = self._backup_evicted
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self) -> int:
@@ -71,16 +83,59 @@ class KVManager:
         caller's KV budget shrinks by that much)."""
         if self.radix is None or req.kv_indices or target_len <= 1:
             return 0
-        before = self.radix.evictable_size()
+        before = self.available_size()
         limit = target_len - 1
         if req.wants_input_logprobs:  # positions >= logprob_start_len need their logits: compute them
             limit = min(limit, req.logprob_start_len)
         m = self.radix.match_prefix(req.fill_ids[:limit])
+        if m.length:
+            self.radix.lock(m.last_node)
+        if self.hicache is not None:
+            m = self._load_from_tiers(req.fill_ids, limit, m)
         if m.length == 0:
             return 0
-        self.radix.lock(m.last_node)
         req.kv_indices, req.tree_len, req.last_node, req.row_dirty = list(m.slots), m.length, m.last_node, True
-        return before - self.radix.evictable_size()
+        # the lock protected evictable slots; loaded records took free ones (and stay locked)
+        return before - self.available_size()
+
+    def _load_from_tiers(self, ids: list[int], limit: int, m: MatchResult) -> MatchResult:
+        """Continue the (locked) L1 match m through the tiers: load the records found into fresh slots,
+        insert them into the tree and move the lock to the longer match. A failed load is a miss."""
+        t = self.hicache.cfg.record_tokens
+        p0, payloads = self.hicache.fetch(ids, m.length, limit)
+        payloads = payloads[:(self.allocator.available_size() + self.radix.evictable_size()) // t]
+        if not payloads:
+            return m
+        n = len(payloads) * t
+        self.ensure_free(n)
+        slots = self.allocator.alloc_extend(-1, p0, n)  # p0 is page-aligned: whole fresh pages
+        try:
+            self.hicache.load_into(slots, payloads)
+        except Exception as e:  # noqa: BLE001 - a load that fails is a miss; the request recomputes
+            self.hicache.load_faults += 1
+            logger.warning("hicache: loading %d records failed (%s: %s): a miss", len(payloads), type(e).__name__, e)
+            self.allocator.free(slots)
+            return m
+        already = self.radix.insert(ids[:p0 + n], m.slots[:p0] + slots)
+        if already > p0:  # positions p0 .. already-1 were in L1 (the first record's overlap)
+            self.allocator.free(slots[:already - p0])
+        m2 = self.radix.match_prefix(ids[:p0 + n])
+        if m2.length != p0 + n:
+            raise AssertionError(f"radix: loaded {p0 + n} tokens but matched {m2.length}")
+        self.radix.lock(m2.last_node)
+        if m.length:
+            self.radix.unlock(m.last_node)
+        return m2
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A prefill step's cost: what a tier's load is weighed against (mem/tier_costs.py)."""
+        if self.hicache is not None:
+            self.hicache.costs.note_prefill(tokens, seconds)
+
+    def _backup_evicted(self, node: TreeNode) -> None:
+        """RadixCache.on_evict: the node's records go to the tiers (skipped where they are already)."""
+        ids, slots = self.radix.path_to(node)
+        self.hicache.backup(ids, slots, len(ids) - len(node.key))
 
     def unmatch(self, req: Req) -> None:
         """Undo `match` for a request that was not admitted after all."""
@@ -125,6 +180,8 @@ class KVManager:
         if aligned <= req.tree_len:
             return req.tree_len
         already = self.radix.insert(req.fill_ids[:aligned], req.kv_indices[:aligned])
+        if self.hicache is not None and self.hicache.write_through:  # before the duplicates are freed
+            self.hicache.backup(req.fill_ids[:aligned], req.kv_indices[:aligned], already)
         if already > req.tree_len:
             self.allocator.free(req.kv_indices[req.tree_len:already])
         return aligned
@@ -241,15 +298,32 @@ class KVManager:
     def pin_stats(self) -> dict[str, int]:
         return {"pinned_slots": self.pinned_slots(), "num_pins": len(self.pins)}
 
-    def flush(self) -> bool:
-        """Empty the tree. Only when nothing holds any of it: no request (the caller checks it is
-        idle) and no pin (a pinned prefix is locked: flush refuses until it is unpinned or expires)."""
+    def flush(self, tiers: Optional[Iterable[str]] = None) -> bool:
+        """Empty the tree (and the hicache tiers named; None: every tier). Only when nothing holds any of
+        it: no request (the caller checks it is idle) and no pin (a pinned prefix is locked: flush
+        refuses until it is unpinned or expires). False also when a tier could not be reached."""
+        tiers = ("l1", "l2", "l3") if tiers is None else tuple(tiers)
         if self.radix is None:
             return True
-        if self.radix.protected_size():
-            return False
-        self.allocator.free(self.radix.reset())
+        if "l1" in tiers:
+            if self.radix.protected_size():
+                return False
+            self.allocator.free(self.radix.reset())
+        if self.hicache is not None and ("l2" in tiers or "l3" in tiers):
+            return self.hicache.clear(tiers)
         return True
+
+    def close_tiers(self, timeout_s: float = 30.0) -> None:
+        """Shutdown: write_back stores what only L1 holds (every leaf's path), the writer drains (bounded)."""
+        if self.hicache is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        if not self.hicache.write_through:
+            for node in self.radix._leaves():
+                ids, slots = self.radix.path_to(node)
+                self.hicache.backup(ids, slots, 0, deadline)
+        self.hicache.writer.drain(max(deadline - time.monotonic(), 0.0))
+        self.hicache.close()
 
     # ------------------------------------------------------------------ checks
     def check_integrity(self, live: Iterable[Req]) -> None:
@@ -278,4 +352,6 @@ class KVManager:
         if len(owners) != self.allocator.num_pages:
             raise AssertionError(f"{self.allocator.num_pages - len(owners)} pages are neither free, cached nor held")
         self.allocator.check_integrity()
+        if self.hicache is not None:
+            self.hicache.check_integrity()
         self.table.check_integrity(rows_in_use=sum(1 for r in live if r.table_idx >= 0))

@@ -132,7 +132,7 @@ class RequestLoop:
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self.io.send_control(FlushCacheOut(msg.req_id, self.scheduler.flush_cache()))
+            self.io.send_control(FlushCacheOut(msg.req_id, self.scheduler.flush_cache(msg.tiers)))
         elif isinstance(msg, GetStatsReq):
             stats = self.stats(self.scheduler) if self.stats else {}
             if msg.detail == "dashboard":

@@ -118,7 +118,10 @@ class Scheduler:
         if batch is None:
             return touched
         try:
+            began = time.perf_counter()
             self.runner.forward(batch)
+            if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
+                self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
             self.forward_steps += 1
             for r in batch.reqs:
                 r.forward_passes += 1
@@ -441,9 +444,10 @@ class Scheduler:
     def _release(self, req: Req, cache: bool = True) -> None:
         self.kv.release(req, cache=cache)
 
-    def flush_cache(self) -> bool:
-        """Empty the radix cache; refused (False) while any request is queued or running."""
-        return self.is_idle and self.kv.flush()
+    def flush_cache(self, tiers: Optional[list[str]] = None) -> bool:
+        """Empty the radix cache (and the hicache tiers named, None: all); refused (False) while any
+        request is queued or running."""
+        return self.is_idle and self.kv.flush(tiers)
 
     def _process_aborts(self) -> list[Req]:
         if not self._to_abort:

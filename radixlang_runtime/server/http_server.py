@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixlang_runtime import __version__
 from radixlang_runtime.limits import MAX_RID_LEN, need_str
+from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.server.dashboard import add_dashboard_routes
 from radixlang_runtime.server.generate_api import generate_route, input_size
 from radixlang_runtime.server.http_common import (HTTP_PIN_TTL_S, OPEN_ROUTES, BadRequest, BodyTooLarge, ServerState,
@@ -117,8 +118,14 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     app.get("/get_server_info")(server_info)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache():
-        if await tm.flush_cache():
+    async def flush_cache(request: Request):
+        """?tiers=l1,l2,l3 (any of them; default all): the hierarchical cache's tiers to clear too."""
+        try:
+            raw = request.query_params.get("tiers")
+            tiers = check_flush_tiers(raw.split(",") if raw is not None else None)
+        except ValueError as e:
+            return error_response(400, str(e), param="tiers")
+        if await tm.flush_cache(tiers):
             return PlainTextResponse("Cache flushed.\n")
         return error_response(400, "Cache not flushed: requests are queued or running, or a prefix is pinned.")
 

@@ -17,6 +17,8 @@ from typing import Any, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from radixlang_runtime.server.hicache_metrics import HiCacheMetrics
+
 disable_created_metrics()  # no *_created samples: they double the output and nobody graphs them
 
 P = "radixlang:"
@@ -53,6 +55,7 @@ class ServerMetrics:
         r = self.registry = CollectorRegistry()
         self.sglang = CollectorRegistry()
         self.sglang.register(SGLangMirror(r, model_name))
+        self.hicache = HiCacheMetrics(r)  # the hierarchical cache's tiers (server/hicache_metrics.py)
         self.num_running_reqs = Gauge(P + "num_running_reqs", "Requests decoding or prefilling", registry=r)
         self.num_queue_reqs = Gauge(P + "num_queue_reqs", "Requests waiting for admission", registry=r)
         self.token_usage = Gauge(P + "token_usage", "Share of KV slots held by requests", registry=r)
@@ -121,4 +124,5 @@ class ServerMetrics:
         self.new_token_ratio.set(stats["new_token_ratio"])
         self.spec_draft_tokens.set(stats.get("spec_draft_tokens", 0))
         self.spec_accepted_tokens.set(stats.get("spec_accepted_tokens", 0))
+        self.hicache.render(stats)
         return generate_latest(self.registry) + generate_latest(self.sglang)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
+import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -102,8 +104,12 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
         logger.exception("scheduler failed to start")
         ready.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
         return
+    stop = threading.Event()
+    if args.enable_hierarchical_cache:  # SIGTERM ends the iteration, then the pool's pages go to the tiers
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        loop.run(lambda: False)  # until the server stops this process (or its death ends it)
+        loop.run(stop.is_set)  # until the server stops this process (or its death ends it)
+        scheduler.kv.close_tiers(timeout_s=8.0)  # within launch_server._stop's 10 s
     except FatalFault as e:  # the requests in flight got their errors; the server sees this exit
         logger.error("scheduler exits: %s", e)
         raise SystemExit(1)

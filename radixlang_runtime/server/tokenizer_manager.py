@@ -172,8 +172,8 @@ class TokenizerManager:
         for sock in targets:  # an rid the router does not know (finished, or never sent): every replica
             sock.send(encode(AbortReq(rid)))
 
-    async def flush_cache(self) -> bool:
-        ok = all(out.success for out in await self._control_all(FlushCacheReq))
+    async def flush_cache(self, tiers: Optional[list[str]] = None) -> bool:
+        ok = all(out.success for out in await self._control_all(FlushCacheReq, tiers))
         if ok and self.router:
             self.router.reset_trees()
         return ok

@@ -1,0 +1,248 @@
+"""HiCache: the KV tiers under the radix tree (torch-free): L1 (the pool) -> L2 (disk) -> L3 (Redis).
+
+scheduler/kv_manager.py calls it at three points:
+- `backup(ids, slots, new_from)`: the whole records of a path that end past new_from are copied out of
+  the pool (synchronously: their slots may be reused at once) and handed to the background writer
+  for each tier that lacks them. On eviction (write_back, the default) and, with write_through, on
+  every insert into the tree.
+- `fetch(ids, start, limit)`: the records after an L1 match, walked along the key chain through the
+  writer's queue, then L2, then L3 (MGETs of 16), stopping at the first miss or when `load_timeout_s`
+  has passed; with load_policy "faster" (the default) a tier whose measured load cost per token
+  exceeds the prefill's is skipped (tier_costs.py), "always" loads every hit. Loads run
+  synchronously inside admission (a request waits only for its own records, with that bound); other
+  requests wait for the step, not for a thread.
+- `load_into(slots, payloads)`: the fetched records into freshly allocated slots.
+A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
+would cost more than it saves); a prompt's tail shorter than a record is never stored.
+Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no request fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from radixlang_runtime.mem.tier_costs import TierCosts
+from radixlang_runtime.mem.tiers.disk import DiskTier
+from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys
+from radixlang_runtime.mem.tiers.redis_tier import RedisTier
+from radixlang_runtime.mem.tiers.writer import TierWriter
+
+logger = logging.getLogger(__name__)
+TIER_NAMES = ("l1", "l2", "l3")
+WRITE_POLICIES = ("write_back", "write_through")
+LOAD_POLICIES = ("faster", "always")
+MISS_MEMO_S = 1.0
+L3_BATCH = 16  # records per Redis MGET
+
+
+def record_tokens_for(page_size: int, at_least: int = 32) -> int:
+    """Tokens per record: the smallest multiple of page_size >= at_least."""
+    return -(-at_least // page_size) * page_size
+
+
+def check_flush_tiers(tiers: object) -> Optional[list[str]]:
+    """flush_cache's `tiers`: None (all) or a non-empty list of distinct names among TIER_NAMES."""
+    if tiers is None:
+        return None
+    if not isinstance(tiers, list) or not tiers or not all(isinstance(t, str) for t in tiers):
+        raise ValueError(f"tiers must be a non-empty list of tier names ({', '.join(TIER_NAMES)}); got {tiers!r}")
+    bad = [t for t in tiers if t not in TIER_NAMES]
+    if bad:
+        raise ValueError(f"unknown tier(s) {', '.join(map(repr, bad))}: tiers are {', '.join(TIER_NAMES)}")
+    return list(dict.fromkeys(tiers))
+
+
+class PagePort(Protocol):
+    """The pool side (mem/kv_records.py): records of record_tokens slots each, as payload bytes."""
+
+    def read_records(self, slots: list[int]) -> list[bytes]: ...
+
+    def write_records(self, slots: list[int], payloads: list[bytes]) -> None: ...
+
+
+@dataclass
+class HiCacheConfig:
+    record_tokens: int
+    write_policy: str = "write_back"
+    max_queued: int = 256  # records waiting for the writer; more are dropped (counted)
+    load_timeout_s: float = 2.0  # the most one request's fetch may take; the rest is a miss
+    load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
+
+    def __post_init__(self) -> None:
+        if self.load_policy not in LOAD_POLICIES:
+            raise ValueError(f"hicache_load_policy must be one of {', '.join(LOAD_POLICIES)}; got {self.load_policy!r}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}; "
+                             f"got {self.write_policy!r}")
+
+
+class HiCache:
+    def __init__(self, cfg: HiCacheConfig, fingerprint: KVFingerprint, port: PagePort,
+                 l2: Optional[DiskTier], l3: Optional[RedisTier]):
+        if l2 is None and l3 is None:
+            raise ValueError("hierarchical cache without a tier: need L2 (hicache_size > 0) or L3 (redis)")
+        if fingerprint.record_tokens != cfg.record_tokens:
+            raise ValueError("the fingerprint's record_tokens differs from the config's")
+        self.cfg = cfg
+        self.root = fingerprint.digest()
+        self.port = port
+        self.l2, self.l3 = l2, l3
+        self.writer = TierWriter(cfg.max_queued)
+        self._l3_known: OrderedDict[bytes, None] = OrderedDict()  # keys stored in (or read from) L3
+        self.hit_tokens = {"queue": 0, "l2": 0, "l3": 0}  # tokens past the L1 match served by each
+        self.lookups = 0
+        self.loads = 0
+        self.load_seconds = 0.0  # fetch + copy into the pool, all loads
+        self.bytes_loaded = 0
+        self.load_faults = 0
+        # key -> when a fetch last missed it: a request waiting for admission does not ask the tiers
+        # (a disk read, a Redis round trip) again at every step; forgotten after MISS_MEMO_S or when
+        # this process backs the key up (another replica's L3 write shows after at most MISS_MEMO_S)
+        self._recent_misses: OrderedDict[bytes, float] = OrderedDict()
+        self.costs = TierCosts()  # a tier slower than recomputing is skipped (mem/tier_costs.py)
+
+    @property
+    def write_through(self) -> bool:
+        return self.cfg.write_policy == "write_through"
+
+    # ------------------------------------------------------------------ writes
+    def _lacking(self, key: bytes) -> list:
+        tiers = []
+        if self.l2 is not None and not self.l2.contains(key):
+            tiers.append(self.l2)
+        if self.l3 is not None and key not in self._l3_known:
+            tiers.append(self.l3)
+        return tiers
+
+    def _know_l3(self, key: bytes) -> None:
+        self._l3_known[key] = None
+        self._l3_known.move_to_end(key)
+        if len(self._l3_known) > 1 << 16:
+            self._l3_known.popitem(last=False)
+
+    def backup(self, ids: list[int], slots: list[int], new_from: int, deadline: Optional[float] = None) -> int:
+        """Queue the whole records of ids[:len(slots)] that end past position new_from. Returns how many.
+        deadline (time.monotonic()): wait for room in the queue until then (shutdown) instead of dropping."""
+        t = self.cfg.record_tokens
+        n = min(len(ids), len(slots)) // t
+        first = new_from // t
+        if first >= n:
+            return 0
+        keys = chain_keys(self.root, ids[:n * t], t)
+        todo = [(i, tiers) for i in range(first, n) if (tiers := self._lacking(keys[i]))]
+        if not todo:
+            return 0
+        payloads = self.port.read_records([s for i, _ in todo for s in slots[i * t:(i + 1) * t]])
+        for (i, tiers), payload in zip(todo, payloads):
+            self._recent_misses.pop(keys[i], None)  # no longer a miss here
+            wait = 0.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if self.writer.submit(keys[i], payload, tiers, wait) and self.l3 in tiers:
+                self._know_l3(keys[i])
+        return len(todo)
+
+    # ------------------------------------------------------------------ loads
+    def _worth(self, tier: str) -> bool:
+        return self.cfg.load_policy == "always" or self.costs.worth(tier)
+
+    def fetch(self, ids: list[int], start: int, limit: int) -> tuple[int, list[bytes]]:
+        """Records continuing a match of `start` tokens, up to position `limit`. Returns (p0, payloads):
+        payloads[j] holds positions p0 + j*T .. p0 + (j+1)*T - 1 (p0 = start rounded down to a record)."""
+        t = self.cfg.record_tokens
+        p0, end = start // t * t, limit // t * t
+        if end - p0 < t or end <= start:
+            return p0, []
+        began = time.monotonic()
+        deadline = began + self.cfg.load_timeout_s
+        keys = chain_keys(self.root, ids[:end], t)[p0 // t:]
+        missed = self._recent_misses.get(keys[0])
+        if missed is not None and began - missed < MISS_MEMO_S:
+            return p0, []
+        self.lookups += 1
+        out: list[bytes] = []
+        sources: list[str] = []  # where each record of out came from
+        use_l2 = self.l2 is not None and self._worth("l2")
+        for key in keys:
+            payload, where = self.writer.pending(key), "queue"
+            if payload is None and use_l2:
+                t0 = time.monotonic()
+                payload, where = self.l2.get(key), "l2"
+                if payload is not None:
+                    self.costs.note_load("l2", t, time.monotonic() - t0)
+            if payload is None:
+                break
+            out.append(payload)
+            sources.append(where)
+            if time.monotonic() >= deadline:
+                break
+        use_l3 = self.l3 is not None and len(out) < len(keys) and self._worth("l3")
+        while use_l3 and len(out) < len(keys) and time.monotonic() < deadline:
+            ask = keys[len(out):len(out) + L3_BATCH]  # MGETs of a few records: stop soon after a miss
+            t0 = time.monotonic()
+            got = self.l3.get_many(ask)
+            self.costs.note_load("l3", t * max(sum(p is not None for p in got), 1), time.monotonic() - t0)
+            for key, payload in zip(ask, got):
+                if payload is None:
+                    break
+                out.append(payload)
+                sources.append("l3")
+                self._know_l3(key)
+                if self.l2 is not None:  # promote: the next restart finds it on disk
+                    self.writer.submit(key, payload, [self.l2])
+            if None in got:
+                break
+        if not out:
+            self._recent_misses[keys[0]] = time.monotonic()
+            self._recent_misses.move_to_end(keys[0])
+            if len(self._recent_misses) > 4096:
+                self._recent_misses.popitem(last=False)
+        for j, where in enumerate(sources):  # the first record's tokens before `start` were in L1 already
+            self.hit_tokens[where] += t - (start - p0 if j == 0 else 0)
+        self.load_seconds += time.monotonic() - began
+        return p0, out
+
+    def load_into(self, slots: list[int], payloads: list[bytes]) -> None:
+        began = time.monotonic()
+        self.port.write_records(slots, payloads)
+        self.loads += 1
+        self.bytes_loaded += sum(len(p) for p in payloads)
+        self.load_seconds += time.monotonic() - began
+
+    # ------------------------------------------------------------------ flush / stats / checks
+    def clear(self, tiers: tuple[str, ...] = ("l2", "l3")) -> bool:
+        """Empty the named tiers (writes still queued are dropped first). False if one could not be reached."""
+        self.writer.discard_queued()
+        self.writer.drain(timeout_s=10.0)
+        ok = True
+        if "l2" in tiers and self.l2 is not None:
+            self.l2.clear()
+        if "l3" in tiers and self.l3 is not None:
+            ok = self.l3.clear()
+            self._l3_known.clear()
+        return ok
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.l2 is not None:
+            self.l2.close()
+
+    def stats(self) -> dict:
+        return {
+            "record_tokens": self.cfg.record_tokens, "write_policy": self.cfg.write_policy,
+            "hit_tokens": dict(self.hit_tokens), "lookups": self.lookups, "loads": self.loads,
+            "load_seconds": self.load_seconds, "bytes_loaded": self.bytes_loaded, "load_faults": self.load_faults,
+            "writer": self.writer.stats(), "costs": self.costs.stats(),
+            "l2": self.l2.stats() if self.l2 is not None else None,
+            "l3": self.l3.stats() if self.l3 is not None else None,
+        }
+
+    def check_integrity(self, deep: bool = False, l3: bool = False) -> None:
+        """L2's invariants (deep: every record's checks too); l3=True: Redis answers (and deep: its records)."""
+        if self.l2 is not None:
+            self.l2.check_integrity(deep)
+        if l3 and self.l3 is not None:
+            self.l3.check_integrity(deep)
+

@@ -1,0 +1,70 @@
+"""Keys of KV page records (torch-free).
+
+A record holds the K/V of `record_tokens` consecutive tokens (all layers) at a record-aligned position
+of a token sequence. Its key is a hash chain: key(0) = the fingerprint's digest, key(i + 1) =
+H(key(i) || ids of record i). So a key names the record's tokens *and* everything before them (KV
+depends on the whole prefix), and the fingerprint (model weights, dtype, page and record sizes, KV
+shape, TP rank) keeps one model from ever reading another's KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from array import array
+from dataclasses import asdict, dataclass
+
+FORMAT_VERSION = 1  # of the record layout (record.py) and of this chain; part of every fingerprint
+KEY_BYTES = 16
+
+
+@dataclass(frozen=True)
+class KVFingerprint:
+    model: str  # model_identity(model_dir): config + weight files, not the path
+    dtype: str
+    page_size: int
+    record_tokens: int
+    num_layers: int
+    kv_heads: int  # of this TP rank
+    head_dim: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    quantization: str = ""
+
+    def digest(self) -> bytes:
+        text = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
+        return hashlib.blake2b(text.encode(), digest_size=KEY_BYTES).digest()
+
+    def record_bytes(self, itemsize: int) -> int:
+        """Payload bytes of one record: [2 (K, V), layers, kv_heads, record_tokens, head_dim]."""
+        return 2 * self.num_layers * self.kv_heads * self.record_tokens * self.head_dim * itemsize
+
+
+def chain_keys(root: bytes, ids: list[int], record_tokens: int) -> list[bytes]:
+    """Keys of the whole records of ids (len(ids) // record_tokens of them), record 0 first."""
+    keys, key = [], root
+    for start in range(0, len(ids) // record_tokens * record_tokens, record_tokens):
+        key = hashlib.blake2b(key + array("q", ids[start:start + record_tokens]).tobytes(),
+                              digest_size=KEY_BYTES).digest()
+        keys.append(key)
+    return keys
+
+
+def model_identity(model_dir: str) -> str:
+    """What the model's KV depends on, independent of where it is stored: config.json's bytes and the
+    names and sizes of its weight files (a replica on another node with the same files agrees)."""
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
+    cfg = os.path.join(model_dir, "config.json")
+    if os.path.isfile(cfg):
+        with open(cfg, "rb") as f:
+            h.update(f.read())
+    else:  # a single file (e.g. a .gguf): its name and size
+        h.update(os.path.basename(model_dir).encode())
+    if os.path.isdir(model_dir):
+        for name in sorted(os.listdir(model_dir)):
+            if name.endswith((".safetensors", ".gguf", ".bin")):
+                h.update(f"{name}:{os.path.getsize(os.path.join(model_dir, name))}".encode())
+    elif os.path.isfile(model_dir):
+        h.update(str(os.path.getsize(model_dir)).encode())
+    return h.hexdigest()

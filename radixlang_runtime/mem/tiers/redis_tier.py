@@ -1,0 +1,127 @@
+"""L3: KV page records in Redis, shared by every replica and node that reaches it (torch-free).
+
+Keys `radixlang:kv:<namespace>:<key hex>` (namespace: the fingerprint's digest, so `clear` drops only
+this model's records); values are whole records (record.py). Every call has a bound (socket timeouts
+of `timeout_s`). Faults are misses: Redis down, restarting or timing out, a corrupt or stale value ->
+None / False, a count and one log line; after a connection fault the tier is skipped for
+`retry_after_s` (requests do not each wait for the timeout), then tried again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from radixlang_runtime.mem.tiers import record
+from radixlang_runtime.mem.tiers.record import RecordError
+
+logger = logging.getLogger(__name__)
+
+
+class RedisTier:
+    name = "l3"
+
+    def __init__(self, url: str, namespace: str, record_bytes: Optional[int] = None, timeout_s: float = 1.0,
+                 retry_after_s: float = 1.0):
+        import redis  # the redis PyPI client; only needed when this tier is on
+
+        self._errors = (redis.RedisError, OSError)
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                           retry_on_timeout=False)
+        self.url = url
+        self.prefix = f"radixlang:kv:{namespace}:"
+        self.record_bytes = record_bytes
+        self.retry_after_s = retry_after_s
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+        self.faults = 0  # connection faults, timeouts, corrupt / stale values
+        self.bytes_stored = 0  # by this process
+
+    def _name(self, key: bytes) -> str:
+        return self.prefix + key.hex()
+
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _fault(self, what: str, e: BaseException, down: bool) -> None:
+        with self._lock:
+            self.faults += 1
+            if down:
+                self._down_until = time.monotonic() + self.retry_after_s
+        logger.warning("hicache l3 (%s): %s failed (%s: %s): a miss%s", self.url, what, type(e).__name__, e,
+                       f"; skipped for {self.retry_after_s:g} s" if down else "")
+
+    # ------------------------------------------------------------------ access
+    def get_many(self, keys: list[bytes]) -> list[Optional[bytes]]:
+        """Payloads of keys (None for a miss or a bad value: that value is deleted). All None while down."""
+        if not keys or not self.available():
+            return [None] * len(keys)
+        try:
+            blobs = self.client.mget([self._name(k) for k in keys])
+        except self._errors as e:
+            self._fault("read", e, down=True)
+            return [None] * len(keys)
+        out: list[Optional[bytes]] = []
+        for key, blob in zip(keys, blobs):
+            if blob is None:
+                out.append(None)
+                continue
+            try:
+                out.append(record.decode(key, blob, self.record_bytes))
+            except RecordError as e:
+                self._fault(f"record {key.hex()[:12]}", e, down=False)
+                self._delete(key)
+                out.append(None)
+        return out
+
+    def put(self, key: bytes, payload: bytes) -> bool:
+        if not self.available():
+            return False
+        try:
+            self.client.set(self._name(key), record.encode(key, payload))
+        except self._errors as e:
+            self._fault("write", e, down=True)
+            return False
+        with self._lock:
+            self.bytes_stored += record.HEADER.size + len(payload)
+        return True
+
+    def _delete(self, key: bytes) -> None:
+        try:
+            self.client.delete(self._name(key))
+        except self._errors:
+            pass
+
+    def _our_keys(self) -> list:
+        return list(self.client.scan_iter(match=self.prefix + "*", count=1000))
+
+    def clear(self) -> bool:
+        """Delete this model's records. False when Redis cannot be reached (counted)."""
+        try:
+            names = self._our_keys()
+            for i in range(0, len(names), 1000):
+                self.client.delete(*names[i:i + 1000])
+        except self._errors as e:
+            self._fault("clear", e, down=True)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ checks
+    def stats(self) -> dict:
+        with self._lock:
+            return {"faults": self.faults, "bytes_stored": self.bytes_stored, "available": self.available()}
+
+    def check_integrity(self, deep: bool = False) -> None:
+        """Redis answers; deep: every record of this model passes its checks. Raises AssertionError."""
+        try:
+            self.client.ping()
+            if deep:
+                for name in self._our_keys():
+                    key = bytes.fromhex(name.decode()[len(self.prefix):])
+                    record.decode(key, self.client.get(name), self.record_bytes)
+        except self._errors as e:
+            raise AssertionError(f"l3: Redis at {self.url} unreachable: {e}") from e
+        except RecordError as e:
+            raise AssertionError(f"l3: a bad record: {e}") from e

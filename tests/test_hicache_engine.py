@@ -1,0 +1,170 @@
+"""The hierarchical KV cache end to end on a tiny float32 checkpoint: greedy outputs equal transformers'
+with the tiers on and a pool too small for the working set; a restart finds the prefix on disk (L2); a
+second engine finds it in Redis (L3, as a DP replica would); corrupt / truncated records and a Redis
+killed mid-run are misses with the same outputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from redis_utils import RedisServer
+from tiny_checkpoints import build_tiny, hf_greedy
+
+from radixlang_runtime import Engine
+from radixlang_runtime.mem.tiers.keys import chain_keys
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+            initializer_range=0.3, max_position_embeddings=512)
+NEW = 6
+SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+SYSTEM = [(7 * i + 300) % 4000 + 10 for i in range(96)]  # 3 records of 32 tokens
+SESSIONS = [SYSTEM + [(13 * i + 97 * s) % 4000 + 10 for i in range(48)] for s in range(6)]  # 144 tokens each
+LONG = [(11 * i + 5) % 4000 + 10 for i in range(320)]  # 10 records
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_llama")
+    model = build_tiny(d, "LlamaConfig", TINY, {})
+    return str(d), model
+
+
+def _hicache(eng) -> dict:
+    return eng.get_stats()["hicache"]
+
+
+def _drain(eng) -> None:
+    assert eng._loop.call(lambda s: s.kv.hicache.writer.drain(30))
+
+
+def test_outputs_equal_transformers_with_tiers_and_a_small_pool(tiny, tmp_path):
+    model_dir, model = tiny
+    want = [hf_greedy(model, p, NEW) for p in SESSIONS]
+    with Engine(model_dir, dtype="float32", max_total_tokens=256, enable_hierarchical_cache=True,
+                hicache_size=0.01, hicache_storage_dir=str(tmp_path / "l2"), debug_check_integrity=True,
+                hicache_load_policy="always") as eng:
+        for _ in range(2):  # the second round finds the sessions' own records evicted, in the tiers
+            got = [eng.generate(input_ids=p, sampling_params=SP)["output_ids"] for p in SESSIONS]
+            assert got == want
+        stats = _hicache(eng)
+        assert stats["hit_tokens"]["l2"] + stats["hit_tokens"]["queue"] >= 32
+        assert stats["writer"]["written"]["l2"] >= 6 and stats["bytes_loaded"] > 0
+        eng.check_integrity()
+        _drain(eng)
+        eng._loop.call(lambda s: s.kv.hicache.check_integrity(deep=True))
+
+
+def test_restart_loads_the_prefix_from_disk_and_bad_records_are_misses(tiny, tmp_path):
+    model_dir, model = tiny
+    want = hf_greedy(model, LONG, NEW)
+    kw = dict(dtype="float32", max_total_tokens=1024, enable_hierarchical_cache=True, hicache_size=0.01,
+              hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always")  # not timing-dependent
+    with Engine(model_dir, **kw) as first:  # write_back: shutdown stores what only L1 held
+        assert first.generate(input_ids=LONG, sampling_params=SP)["output_ids"] == want
+    with Engine(model_dir, **kw) as eng:
+        before = eng.get_stats()["prefill_tokens_computed"]
+        out = eng.generate(input_ids=LONG, sampling_params=SP)
+        assert out["output_ids"] == want
+        assert out["meta_info"]["cached_tokens"] == 288  # 9 records of 32: the last token stays to compute
+        assert eng.get_stats()["prefill_tokens_computed"] - before == len(LONG) - 288
+        l2 = eng._loop.call(lambda s: s.kv.hicache.l2)
+        keys = chain_keys(eng._loop.call(lambda s: s.kv.hicache.root), LONG, 32)
+        for bad, cached in ((lambda p: os.truncate(p, os.path.getsize(p) - 100), 192),  # record 6 truncated
+                            (lambda p: _flip_last_byte(p), 96)):  # record 3 corrupt
+            assert eng.flush_cache(["l1"])
+            bad(l2._path(keys[cached // 32]))
+            out = eng.generate(input_ids=LONG, sampling_params=SP)
+            assert out["output_ids"] == want
+            assert out["meta_info"]["cached_tokens"] == cached
+        assert _hicache(eng)["l2"]["faults"] == 2
+        eng.check_integrity()
+        eng._loop.call(lambda s: s.kv.hicache.check_integrity(deep=True))
+        assert eng.flush_cache(["l2"]) and _hicache(eng)["l2"]["records"] == 0
+
+
+def _flip_last_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        b = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_redis_is_shared_by_two_engines_and_a_dead_redis_is_a_miss(tiny, tmp_path):
+    model_dir, model = tiny
+    want = hf_greedy(model, LONG, NEW)
+    srv = RedisServer(str(tmp_path))
+    kw = dict(dtype="float32", max_total_tokens=1024, enable_hierarchical_cache=True, hicache_size=0,
+              hicache_storage_backend="redis", hicache_redis_url=srv.url, hicache_load_policy="always")
+    try:
+        with Engine(model_dir, hicache_write_policy="write_through", **kw) as a, Engine(model_dir, **kw) as b:
+            assert a.generate(input_ids=LONG, sampling_params=SP)["output_ids"] == want
+            _drain(a)
+            out = b.generate(input_ids=LONG, sampling_params=SP)  # replica b: an L3 hit
+            assert out["output_ids"] == want and out["meta_info"]["cached_tokens"] == 288
+            assert _hicache(b)["hit_tokens"]["l3"] == 288
+            srv.stop()  # Redis dies mid-run
+            assert b.flush_cache(["l1"])
+            out = b.generate(input_ids=LONG, sampling_params=SP)
+            assert out["output_ids"] == want and out["meta_info"]["cached_tokens"] == 0
+            assert _hicache(b)["l3"]["faults"] >= 1
+            b.check_integrity()
+            assert not b.flush_cache(["l3"])  # Redis unreachable: said, not raised
+    finally:
+        srv.stop()
+
+
+def test_unsupported_hicache_settings_are_refused_by_name(tiny):
+    model_dir, _ = tiny
+    for kw, needle in (({"hicache_size": 1.0}, "without enable_hierarchical_cache"),
+                       ({"enable_hierarchical_cache": True, "hicache_storage_backend": "mooncake"}, "mooncake"),
+                       ({"enable_hierarchical_cache": True, "hicache_write_policy": "write_through_selective"},
+                        "hicache_write_policy"),
+                       ({"enable_hierarchical_cache": True, "hicache_storage_backend": "redis"}, "hicache_redis_url"),
+                       ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "disable_radix_cache")):
+        with pytest.raises(ValueError, match=needle):
+            Engine(model_dir, dtype="float32", **kw)
+
+
+@pytest.mark.slow  # two server starts
+def test_server_restart_finds_the_prefix_on_disk_and_shows_the_tiers(tiny, tmp_path):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    from server_utils import ServerProcess
+
+    model_dir, model = tiny
+    want = hf_greedy(model, LONG, NEW)
+    flags = ("--model-path", model_dir, "--dtype", "float32", "--max-total-tokens", "1024", "--enable-metrics",
+             "--enable-hierarchical-cache", "--hicache-size", "0.01", "--hicache-storage-dir", str(tmp_path / "l2"),
+             "--hicache-load-policy", "always")
+
+    def gen(srv) -> dict:
+        r = httpx.post(srv.url + "/generate", json={"input_ids": LONG, "sampling_params": SP}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = ServerProcess(*flags)
+    try:
+        assert gen(first)["output_ids"] == want
+    finally:
+        assert first.stop() == 0  # SIGTERM: write_back stores what only the pool held
+    srv = ServerProcess(*flags)
+    try:
+        out = gen(srv)  # a restarted server: the prefix comes from L2
+        assert out["output_ids"] == want and out["meta_info"]["cached_tokens"] == 288
+        metrics = {(s.name, tuple(s.labels.items())): s.value
+                   for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics", timeout=30).text)
+                   for s in fam.samples}
+        assert metrics[("radixlang:hicache_hit_tokens", (("tier", "l2"),))] == 288
+        assert metrics[("radixlang:hicache_bytes_loaded", ())] > 0
+        assert metrics[("radixlang:hicache_used_bytes", (("tier", "l2"),))] > 0
+        bad = httpx.post(srv.url + "/flush_cache?tiers=l9", timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tiers"
+        assert httpx.post(srv.url + "/flush_cache?tiers=l2", timeout=60).status_code == 200
+        info = httpx.get(srv.url + "/server_info", timeout=30).json()
+        assert info["stats"]["hicache"]["l2"]["records"] == 0 and info["stats"]["hicache"]["loads"] == 1
+        assert gen(srv)["meta_info"]["cached_tokens"] == 304  # L1 kept it (only L2 was flushed)
+    finally:
+        srv.stop()
