@@ -3,6 +3,9 @@
 1. Forced bytes come from the Index itself: at a non-final state, byte b is forced iff every allowed
    token starts with b; the next state is the one after the single-byte token for b. Repeat until no
    byte is forced, a final state, or MAX_FORCED_BYTES. No second automaton, no dialect mismatch.
+   A matcher backend (xgrammar, llguidance: matcher_grammar.py) names its forced string itself
+   (find_jump_forward_string / compute_ff_bytes); it is walked through the same states, and cut where
+   the mask disagrees, so the invariant below holds for every backend.
 2. Forced bytes -> tokens: tokenize the whole UTF-8 characters of the forced bytes F (n bytes, states
    s_0..s_n) with the tokenizer, then hold back the tail: h = the first position q < n where an
    allowed token at s_q starts with F[q:] and runs past n (after `{"name"` the model keeps `": `, so
@@ -28,7 +31,7 @@ bytes of those tokens are a prefix of the state's forced bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -52,11 +55,27 @@ class ForcedRun:
     held_back: int  # forced bytes left to the model (hold-back and partial UTF-8)
 
 
-def forced_bytes(g: CompiledGrammar, state: int) -> ForcedBytes:
+def _backend_forced_bytes(g: Any, state: int) -> tuple[bytearray, list[int]]:
+    """The matcher's own forced string (MatcherGrammar.forced_prefix), walked byte by byte through
+    next_state with the single-byte tokens: cut where the mask would stop or the output could end."""
     v = g.vocab
-    data = bytearray()
-    states = [state]
-    s = state
+    data, states, s = bytearray(), [state], state
+    for b in g.forced_prefix(state)[:MAX_FORCED_BYTES]:
+        tok = int(v.single_byte_ids[b])
+        nxt = g.next_state(s, tok) if tok >= 0 and not g.is_final(s) else None
+        if nxt is None:
+            break
+        data.append(b)
+        s = nxt
+        states.append(s)
+    return data, states
+
+
+def forced_bytes(g: CompiledGrammar, state: int) -> ForcedBytes:
+    """The backend's forced string when it names one, then byte by byte from the allowed sets."""
+    v = g.vocab
+    data, states = _backend_forced_bytes(g, state) if hasattr(g, "forced_prefix") else (bytearray(), [state])
+    s = states[-1]
     while len(data) < MAX_FORCED_BYTES and not g.is_final(s):
         ids = g.allowed(s).ids
         if len(ids) == 0:
@@ -110,6 +129,18 @@ def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
     if hit is not None:
         return hit
     run = ForcedRun((), state, 0)
+    backend_tokens = g.forced_token_ids(state) if hasattr(g, "forced_token_ids") else None
+    if backend_tokens is not None:  # the matcher's own split (llguidance): walked through the mask's states
+        out, s = [], state
+        for t in backend_tokens:
+            nxt = g.next_state(s, t) if not g.is_final(s) else None
+            if nxt is None:
+                break
+            out.append(t)
+            s = nxt
+        run = ForcedRun(tuple(out), s, 0)
+        g.forced_cache.put(state, run)
+        return run
     fb = forced_bytes(g, state)
     encode = g.vocab.encode
     if fb.data and encode is not None:

@@ -47,7 +47,8 @@ class GrammarQueue:
     def add(self, req: Req) -> None:
         from radixlang_runtime.constrained.spec import spec_from_sampling
 
-        spec = spec_from_sampling(req.sampling.regex, req.sampling.json_schema)  # validated on arrival
+        sp = req.sampling
+        spec = spec_from_sampling(sp.regex, sp.json_schema, sp.ebnf, sp.structural_tag)  # validated on arrival
         req.grammar_handle = self.compiler.submit(spec)
         self.pending.append(req)
 
