@@ -267,3 +267,18 @@ def test_structural_tag_through_the_engine(xg_engine):
     for part in out["text"].split("<function=get_weather>")[1:]:
         body = part.split("</function>")[0]
         jsonschema.validate(json.loads(body), TAG["structures"][0]["schema"])
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_guess_is_the_held_back_tail_split_by_the_tokenizer(backend):
+    from radixlang_runtime.constrained.jump_forward import forced_bytes, guess_tokens
+
+    g = grammar(GrammarSpec.from_json_schema(SCHEMAS["person"]), backend)
+    gs = GrammarState(g, [EOS])
+    forced = forced_tokens(gs)
+    held = forced_bytes(g, gs.state).data
+    guess = guess_tokens(gs)
+    assert held == b' "' and guess == encode(' "')  # before the name's text: forced bytes the model may merge
+    assert vocab().bytes_of(forced + guess) == b'{"name": "'
+    assert guess_tokens(gs) == []  # inside the string nothing is forced, so nothing is guessed
+    assert guess_tokens(GrammarState(g, [EOS]), max_tokens=0) == []
