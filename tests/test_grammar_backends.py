@@ -141,7 +141,7 @@ def test_outlines_refuses_ebnf_and_structural_tag_by_name():
 @pytest.mark.parametrize("bad,match", [
     ({"structures": [], "triggers": ["<f"]}, "structures"),
     ({"structures": [{"begin": "<g>", "schema": {}, "end": ""}], "triggers": ["<f"]}, "starts with no trigger"),
-    ({"structures": [{"begin": "<f>", "schema": {"type": "integer", "minimum": 1}, "end": ""}], "triggers": ["<f"]},
+    ({"structures": [{"begin": "<f>", "schema": {"type": "number", "minimum": 1}, "end": ""}], "triggers": ["<f"]},
      "minimum"),
     ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f"]}, "exactly begin, schema, end"),
 ])
