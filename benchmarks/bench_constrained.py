@@ -7,7 +7,13 @@
   validated with jsonschema), then the masking cost at batch 32: constrained (jump-forward off) vs
   unconstrained decoding of the same number of tokens.
 
-    python benchmarks/bench_constrained.py [--skip-json-object] [--e2e]
+- --backends outlines,xgrammar,llguidance: the same grammars side by side (--grammar-backend): compile
+  ms (warm worker process), mask us/token along a JSON output (cold: the first request through those
+  states; warm: the second), and with --e2e the JSON workload's tok/s and forced fraction per backend.
+- --quick: the small version for a loaded machine (no json_object / 10,000-value enum, 5 schemas x 2
+  prompts end to end).
+
+    python benchmarks/bench_constrained.py [--skip-json-object] [--e2e] [--backends B1,B2] [--quick]
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ OUTPUTS = [
     (TOOL, {"name": "get_weather", "arguments": {"location": "San Francisco, CA", "unit": "celsius"}}),
     (PERSON, {"name": "Ada Lovelace", "age": 36, "role": "admin", "tags": ["math", "engines"], "active": True}),
 ]
+
+
+QUICK_SKIP = {"json_object", "enum x 10,000"}
 
 
 def bench_compile(compiler: GrammarCompiler, skip: set[str]) -> dict[str, tuple[float, float]]:
@@ -171,34 +180,103 @@ E2E_TEXTS = [
 ]
 
 
-def bench_e2e() -> None:
+def e2e_requests(quick: bool) -> tuple[list[str], list[dict], list[dict]]:
+    # quick: the five schemas that compile in seconds (nested / items / array can pass the 20 s compile limit of
+    # an Engine on a loaded 2-core machine when all compile at once)
+    names = ["flat", "enum", "tool_call", "booleans", "numbers"] if quick else list(E2E_SCHEMAS)
+    texts = E2E_TEXTS[:2] if quick else E2E_TEXTS
+    reqs = [(f"<|im_start|>user\nExtract from: {t}\nReply with JSON ({name}).<|im_end|>\n<|im_start|>assistant\n",
+             E2E_SCHEMAS[name]) for name in names for t in texts]
+    sps = [{"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(s)} for _, s in reqs]
+    return [p for p, _ in reqs], sps, [s for _, s in reqs]
+
+
+def run_json_workload(eng, prompts: list[str], sps: list[dict], schemas: list[dict], jf: bool) -> tuple:
+    """-> (outputs, seconds, completion tokens, request forward passes, batch steps, forced tokens)."""
     import jsonschema
 
+    eng._loop.call(lambda s: setattr(s.grammar, "jump_forward", jf))
+    assert eng.flush_cache()
+    steps0 = eng.get_stats()["forward_steps"]
+    t = time.perf_counter()
+    outs = eng.generate(prompts, sps)
+    dt = time.perf_counter() - t
+    toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    passes = sum(o["meta_info"]["forward_passes"] for o in outs)
+    forced = sum(o["meta_info"]["forced_tokens"] for o in outs)
+    for o, schema in zip(outs, schemas):
+        if o["meta_info"]["finish_reason"]["type"] != "stop":
+            raise AssertionError(f"cut at max_new_tokens, not complete: {o['text']!r}")
+        jsonschema.validate(json.loads(o["text"]), schema)
+    return outs, dt, toks, passes, eng.get_stats()["forward_steps"] - steps0, forced
+
+
+def bench_e2e_backends(backends: list[str], quick: bool) -> None:
+    """The JSON workload per backend (jump-forward on): tok/s, forced fraction, text equal to outlines'."""
+    from radixlang_runtime import Engine
+
+    prompts, sps, schemas = e2e_requests(quick)
+    texts = {}
+    print(f"JSON extraction per backend, {len(prompts)} requests, fp32 greedy, jump-forward on, all valid:")
+    for backend in backends:
+        eng = Engine(dtype="float32", max_total_tokens=32768, grammar_backend=backend)
+        try:
+            eng.generate(prompts[:2], sps[:2])  # compile the grammars, warm up
+            eng.generate(prompts, sps)
+            outs, dt, toks, passes, steps, forced = run_json_workload(eng, prompts, sps, schemas, True)
+        finally:
+            eng.shutdown()
+        texts[backend] = [o["text"] for o in outs]
+        same = sum(a == b for a, b in zip(texts[backend], texts[backends[0]]))
+        print(f"  {backend:10s} {toks} tokens in {dt:.2f} s = {toks / dt:.1f} tok/s, forced {forced}/{toks} "
+              f"= {forced / toks:.1%}, request passes {passes}, batch steps {steps}, "
+              f"text equal to {backends[0]}'s: {same}/{len(prompts)}")
+
+
+def bench_mask_per_token(backends: list[str], vocab, encode) -> None:
+    """us per token along a JSON output at batch 1: advance + allowed set + mask row (cold: fresh grammar
+    object, every state new; warm: the same walk again, per-state caches hit). CPU time of this process
+    on one torch thread, so other processes' load does not count."""
+    from radixlang_runtime.constrained.grammar import compile_grammar
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _mask_per_token(backends, vocab, encode, compile_grammar)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _mask_per_token(backends: list[str], vocab, encode, compile_grammar) -> None:
+    for schema, value in OUTPUTS:
+        target = encode(json.dumps(value))
+        spec = GrammarSpec.from_json_schema(schema)
+        for backend in backends:
+            g = compile_grammar(spec, vocab, backend)
+            logits = torch.zeros(1, vocab.logits_width)
+            per = []
+            for _ in range(2):
+                gs = GrammarState(g, [2])
+                t0 = time.process_time()
+                for t in target:
+                    mask_logits(logits, [0], [gs])
+                    assert gs.advance(t)
+                per.append((time.process_time() - t0) / len(target))
+            print(f"  {backend:10s} {json.dumps(value)[:36]:36s} {len(target)} tokens: cold {per[0] * 1e6:7.1f} "
+                  f"us/token, warm {per[1] * 1e6:7.1f} us/token")
+
+
+def bench_e2e() -> None:
     from radixlang_runtime import Engine
 
     eng = Engine(dtype="float32", max_total_tokens=65536)
     try:
-        reqs = [(f"<|im_start|>user\nExtract from: {t}\nReply with JSON ({name}).<|im_end|>\n<|im_start|>assistant\n",
-                 schema) for name, schema in E2E_SCHEMAS.items() for t in E2E_TEXTS]
-        prompts = [p for p, _ in reqs]
-        sps = [{"temperature": 0, "max_new_tokens": 96, "json_schema": json.dumps(s)} for _, s in reqs]
+        prompts, sps, schemas = e2e_requests(False)
         eng.generate(prompts[:2], sps[:2])  # compile every grammar once (cached), warm up
         eng.generate(prompts, sps)
         results = {}
         for jf in (True, False):
-            eng._loop.call(lambda s: setattr(s.grammar, "jump_forward", jf))
-            assert eng.flush_cache()
-            steps0 = eng.get_stats()["forward_steps"]
-            t = time.perf_counter()
-            outs = eng.generate(prompts, sps)
-            dt = time.perf_counter() - t
-            toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
-            passes = sum(o["meta_info"]["forward_passes"] for o in outs)
-            results[jf] = (outs, dt, toks, passes, eng.get_stats()["forward_steps"] - steps0)
-            for o, (_, schema) in zip(outs, reqs):
-                if o["meta_info"]["finish_reason"]["type"] != "stop":
-                    raise AssertionError(f"cut at max_new_tokens, not complete: {o['text']!r}")
-                jsonschema.validate(json.loads(o["text"]), schema)
+            results[jf] = run_json_workload(eng, prompts, sps, schemas, jf)[:5]
         on, off = results[True], results[False]
         same = sum(a["text"] == b["text"] for a, b in zip(on[0], off[0]))
         print(f"JSON extraction, {len(prompts)} requests (8 schemas x 16 prompts), fp32 greedy, all valid:")
@@ -236,26 +314,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-json-object", action="store_true")
     ap.add_argument("--e2e", action="store_true", help="also run the real Engine on the JSON workload")
+    ap.add_argument("--backends", default="outlines", help="comma-separated: outlines,xgrammar,llguidance")
+    ap.add_argument("--quick", action="store_true", help="small grammars and workload (a loaded machine)")
     args = ap.parse_args()
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     tok = Tokenizer.from_file(os.path.join(resolve_model_dir(None), "tokenizer.json"))
+    encode = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     t0 = time.perf_counter()
     vocab = vocab_from_tokenizer(tok, 49152, eos_token_id=2)
+    vocab.encode = encode
     print(f"vocabulary: {time.perf_counter() - t0:.2f} s (once per tokenizer)")
-    compiler = GrammarCompiler(vocab, GrammarCacheConfig(num_workers=1, timeout_s=60))
-    compiler.start()
-    compiler.submit(GrammarSpec.from_regex("warm")).wait(60)  # the worker process is up
-    try:
-        print("compile (worker process, warm):")
-        bench_compile(compiler, {"json_object"} if args.skip_json_object else set())
-        print("mask per step:")
-        bench_mask(compiler, torch.device("cpu"))
-        if torch.cuda.is_available():
-            bench_mask(compiler, torch.device("cuda"))
-        print("jump-forward (model follows the tokenizer's tokens):")
-        bench_jump_forward(compiler, lambda s: tok.encode(s, add_special_tokens=False).ids)
-    finally:
-        compiler.close()
-    if args.e2e:
+    skip = (QUICK_SKIP if args.quick else set()) | ({"json_object"} if args.skip_json_object else set())
+    for backend in backends:
+        compiler = GrammarCompiler(vocab, GrammarCacheConfig(num_workers=1, timeout_s=60, backend=backend))
+        compiler.start()
+        compiler.submit(GrammarSpec.from_regex("warm")).wait(120)  # the worker process is up
+        try:
+            print(f"[{backend}] compile (worker process, warm):")
+            bench_compile(compiler, skip)
+            if args.quick:
+                continue
+            print(f"[{backend}] mask per step:")
+            bench_mask(compiler, torch.device("cpu"))
+            if torch.cuda.is_available():
+                bench_mask(compiler, torch.device("cuda"))
+            print(f"[{backend}] jump-forward (model follows the tokenizer's tokens):")
+            bench_jump_forward(compiler, encode)
+        finally:
+            compiler.close()
+    print("mask + advance per token, batch 1:")
+    bench_mask_per_token(backends, vocab, encode)
+    if args.e2e and (len(backends) > 1 or args.quick):
+        bench_e2e_backends(backends, args.quick)
+    elif args.e2e:
         bench_e2e()
 
 

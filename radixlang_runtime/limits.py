@@ -117,7 +117,8 @@ class RuntimeLimits:
     context_len: int
     vocab_size: int
     num_slots: int  # KV pool size in tokens
-    grammar: bool = True  # constrained decoding available (--grammar-backend outlines)
+    grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
+    grammar_backend: str = "outlines"  # constrained/backends.py: which grammar kinds are accepted
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids") -> None:
@@ -139,4 +140,9 @@ def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, i
         raise FieldError(ids_name, f"{ids_name} must be token ids: integers in [0, {limits.vocab_size})")
     sp.check_vocab(limits.vocab_size)
     if sp.constrained and not limits.grammar:
-        raise ValueError("regex / json_schema need a grammar backend: the server runs with --grammar-backend none")
+        raise ValueError("regex / json_schema / ebnf / structural_tag need a grammar backend: the server runs with "
+                         "--grammar-backend none")
+    if sp.constrained:
+        from radixlang_runtime.constrained.backends import refuse_unsupported
+
+        refuse_unsupported(limits.grammar_backend, sp.grammar_kind)  # ebnf on outlines: a 400 naming both

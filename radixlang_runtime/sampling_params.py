@@ -34,6 +34,8 @@ class SamplingParams:
     n: int = 1
     regex: Optional[str] = None
     json_schema: Optional[str] = None
+    ebnf: Optional[str] = None  # GBNF-style EBNF (SGLang's field): --grammar-backend xgrammar | llguidance
+    structural_tag: Optional[str] = None  # JSON {"structures", "triggers"} (response_format structural_tag)
     sampling_seed: Optional[int] = None
     # token id -> bias added to its logit before any sampling step (greedy too); JSON keys are decimal
     # strings ("123"), normalized to ints; biases finite in [-100, 100] (OpenAI's range).
@@ -80,7 +82,15 @@ class SamplingParams:
     @property
     def constrained(self) -> bool:
         """The output must match a grammar (regex / json_schema): the scheduler compiles and masks it."""
-        return self.regex is not None or self.json_schema is not None
+        return self.grammar_kind is not None
+
+    @property
+    def grammar_kind(self) -> Optional[str]:
+        """regex | json_schema | ebnf | structural_tag: the grammar field that is set (at most one), else None."""
+        for name in ("regex", "json_schema", "ebnf", "structural_tag"):
+            if getattr(self, name) is not None:
+                return name
+        return None
 
     @property
     def has_penalties(self) -> bool:
@@ -121,10 +131,11 @@ class SamplingParams:
             name = "stop" if isinstance(self.stop, str) else f"stop[{i}]"
             need(bool(need_str(s, name)), "stop strings must be non-empty")
         need_int_list(self.stop_token_ids, "stop_token_ids", max_len=MAX_STOP_TOKEN_IDS)
-        for name in ("regex", "json_schema"):
-            if getattr(self, name) is not None:
-                need_str(getattr(self, name), name)
-        need(self.regex is None or self.json_schema is None, "at most one of regex / json_schema may be set")
+        grammars = [n for n in ("regex", "json_schema", "ebnf", "structural_tag") if getattr(self, n) is not None]
+        for name in grammars:
+            need_str(getattr(self, name), name)
+        need(len(grammars) <= 1, f"at most one of regex / json_schema / ebnf / structural_tag may be set, got "
+                                 f"{', '.join(grammars)}")
         if self.sampling_seed is not None:
             need_int(self.sampling_seed, "sampling_seed")
         self.logit_bias = normalize_logit_bias(self.logit_bias)
@@ -134,7 +145,7 @@ class SamplingParams:
         if self.constrained:
             from radixlang_runtime.constrained.spec import spec_from_sampling
 
-            spec_from_sampling(self.regex, self.json_schema)  # ValueError naming what is wrong (HTTP 400)
+            spec_from_sampling(self.regex, self.json_schema, self.ebnf, self.structural_tag)  # ValueError (HTTP 400)
 
     def check_vocab(self, vocab_size: int) -> None:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]

@@ -102,7 +102,7 @@ def test_openai_agents_sdk_run(server):
     assert isinstance(result.final_output, str) and result.final_output
 
 
-class Weather(BaseModel):  # (integer minimum / maximum: the grammar backend refuses them, 400 naming them)
+class Weather(BaseModel):
     city: str = Field(max_length=20)
     celsius: int
 

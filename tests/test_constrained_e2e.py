@@ -97,7 +97,7 @@ def test_streaming_and_logprobs_see_verified_draft_tokens_as_output(engine):
 @pytest.mark.parametrize("constraint,match", [
     ({"regex": "(a"}, "invalid regex"),
     ({"regex": "a{1000}{1000}"}, "too large"),
-    ({"json_schema": json.dumps({"type": "integer", "minimum": 3})}, "minimum"),
+    ({"json_schema": json.dumps({"type": "number", "minimum": 3})}, "minimum"),
     ({"json_schema": "{not json"}, "json_schema"),
     ({"regex": "a", "json_schema": "{}"}, "at most one"),
 ])

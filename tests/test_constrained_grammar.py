@@ -76,7 +76,8 @@ def test_invalid_regex_from_the_compiler_names_the_problem():
 
 # --------------------------------------------------------------------------- schema checks
 @pytest.mark.parametrize("schema, words", [
-    ({"type": "integer", "minimum": 0}, "unsupported keyword 'minimum' at #"),
+    ({"type": "number", "minimum": 0}, "'minimum' is supported on {\"type\": \"integer\"} only at #"),
+    ({"type": "integer", "minimum": 5, "exclusiveMaximum": 5}, "the integer range is empty (lowest 5 > highest 4)"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
      "unsupported keyword 'uniqueItems' at /properties/a"),
     ({"type": "object", "patternProperties": {"^x": {"type": "string"}}}, "unsupported keyword 'patternProperties'"),

@@ -82,3 +82,14 @@ def test_hostile_grammars_answer_400_and_the_server_keeps_serving(client, server
               psutil.Process(server.proc.pid).children(recursive=True))
     assert rss < 8 << 30  # compiles run in rlimit'd children: no grammar can balloon the server
     assert_idle_and_whole(client)
+
+
+def test_context_free_grammars_on_outlines_answer_400_naming_the_backends(client, oai):
+    r = client.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4, "ebnf": 'root ::= "a"'}})
+    assert r.status_code == 400, r.text
+    assert "ebnf grammars need --grammar-backend xgrammar or llguidance" in r.json()["error"]["message"]
+    tag = {"type": "structural_tag", "triggers": ["<f"], "structures": [
+        {"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}]}
+    with pytest.raises(openai.BadRequestError, match="structural_tag grammars need --grammar-backend"):
+        oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                    response_format=tag)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from radixlang_runtime.constrained.backends import check_backend
 from radixlang_runtime.constrained.grammar import CompiledGrammar, grammar_from_pickle
 from radixlang_runtime.constrained.lru import LRU
 from radixlang_runtime.constrained.spec import GrammarSpec
@@ -42,8 +43,10 @@ class GrammarCacheConfig:
     cache_bytes: int = 2 << 30  # sum of pickled index sizes held
     error_entries: int = 1024
     disk_dir: Optional[str] = None  # pickled indexes on disk (None: memory only)
+    backend: str = "outlines"  # backends.py (--grammar-backend)
 
     def __post_init__(self) -> None:
+        check_backend(self.backend)
         assert self.num_workers >= 1 and self.max_queued >= 1 and self.cache_entries >= 1
 
 
@@ -92,7 +95,7 @@ class GrammarCompiler:
     def __init__(self, vocab: TokenVocab, config: GrammarCacheConfig = GrammarCacheConfig()):
         self.vocab = vocab
         self.config = config
-        self.limits = WorkerLimits(config.timeout_s, config.memory_bytes)
+        self.limits = WorkerLimits(config.timeout_s, config.memory_bytes, backend=config.backend)
         self._lock = threading.Lock()
         self._ready: LRU[tuple[str, str], CompiledGrammar] = LRU(config.cache_entries, config.cache_bytes)
         self._errors: LRU[tuple[str, str], str] = LRU(config.error_entries)
@@ -194,7 +197,7 @@ class GrammarCompiler:
             grammar, error = None, None
             if res.ok:
                 try:
-                    grammar = grammar_from_pickle(spec, res.index, self.vocab, res.seconds)
+                    grammar = grammar_from_pickle(spec, res.index, self.vocab, res.seconds, self.config.backend)
                 except Exception as e:  # noqa: BLE001 - reported to the request, not raised in a thread
                     error = f"grammar could not be loaded: {e}"
             else:

@@ -31,8 +31,9 @@ def grammar_regex(kind: str, text: str) -> str:
 
 
 def _what(kind: str, text: str) -> str:
+    """What an error message names: `regex '...'` or the kind (json_schema, ebnf, structural_tag)."""
     if kind != "regex":
-        return "json_schema"
+        return kind
     return f"regex {text!r}" if len(text) <= 80 else f"regex {text[:77]!r}..."
 
 
@@ -47,6 +48,8 @@ def _unmatchable(kind: str, text: str, outlines_message: str) -> ValueError:
         detail = f"some text it allows can only go on with the bytes {chars.group(1)}, which no token spells"
     return ValueError(f"{_what(kind, text)} cannot be matched by this model's tokens: {detail}")
 
+
+compile_error_subject = _what  # the name other backends' messages use
 
 # a character as the regex writes it: \x{H} / \u{H} / \U{H} / \UHHHHHHHH, another escape, or itself
 _CHAR = re.compile(r"\\(?:[xuU]\{([0-9A-Fa-f]{1,8})\}|U([0-9A-Fa-f]{8})|.)|(.)", re.S)

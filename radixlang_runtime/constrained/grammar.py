@@ -89,15 +89,31 @@ class CompiledGrammar:
         return f"CompiledGrammar({self.spec.describe()}, {self.index_nbytes} bytes)"
 
 
-def compile_grammar(spec: GrammarSpec, vocab: TokenVocab) -> CompiledGrammar:
+def compile_grammar(spec: GrammarSpec, vocab: TokenVocab, backend: str = "outlines") -> Any:
     """Compile in this process (tests, benchmarks, warm-up). The server uses GrammarCompiler (cache.py):
-    a hostile grammar must not be able to take the scheduler's memory or time."""
+    a hostile grammar must not be able to take the scheduler's memory or time. Other backends than
+    outlines answer a matcher_grammar.MatcherGrammar (the same interface)."""
+    if backend != "outlines":
+        from radixlang_runtime.constrained import backends
+
+        t0 = time.perf_counter()
+        vocab_obj = backends.vocab_object(backend, vocab.eos_token_id, vocab.sentinel, vocab.byte_map())
+        payload = backends.compile_payload(backend, spec.kind, spec.compile_text, vocab_obj)
+        return backends.load_grammar(backend, spec, payload, vocab, time.perf_counter() - t0)
+    from radixlang_runtime.constrained.backends import refuse_unsupported
+
+    refuse_unsupported(backend, spec.kind)
     t0 = time.perf_counter()
     index = build_index(spec.kind, spec.compile_text, vocab.outlines_vocabulary(), vocab.sentinel)
     elapsed = time.perf_counter() - t0
     return CompiledGrammar(spec, index, vocab, len(pickle.dumps(index)), elapsed)
 
 
-def grammar_from_pickle(spec: GrammarSpec, data: bytes, vocab: TokenVocab, compile_seconds: float) -> CompiledGrammar:
-    """A compile worker's answer (a pickled Index from our own child process) -> CompiledGrammar."""
+def grammar_from_pickle(spec: GrammarSpec, data: bytes, vocab: TokenVocab, compile_seconds: float,
+                        backend: str = "outlines") -> Any:
+    """A compile worker's answer (a pickled payload from our own child process) -> the grammar object."""
+    if backend != "outlines":
+        from radixlang_runtime.constrained.backends import load_grammar
+
+        return load_grammar(backend, spec, pickle.loads(data), vocab, compile_seconds)
     return CompiledGrammar(spec, pickle.loads(data), vocab, len(data), compile_seconds)

@@ -3,6 +3,9 @@
 1. Forced bytes come from the Index itself: at a non-final state, byte b is forced iff every allowed
    token starts with b; the next state is the one after the single-byte token for b. Repeat until no
    byte is forced, a final state, or MAX_FORCED_BYTES. No second automaton, no dialect mismatch.
+   A matcher backend (xgrammar, llguidance: matcher_grammar.py) names its forced string itself
+   (find_jump_forward_string / compute_ff_bytes); it is walked through the same states, and cut where
+   the mask disagrees, so the invariant below holds for every backend.
 2. Forced bytes -> tokens: tokenize the whole UTF-8 characters of the forced bytes F (n bytes, states
    s_0..s_n) with the tokenizer, then hold back the tail: h = the first position q < n where an
    allowed token at s_q starts with F[q:] and runs past n (after `{"name"` the model keeps `": `, so
@@ -16,7 +19,10 @@ tokenizer, then a dict lookup; docs/PERFORMANCE.md#grammar-and-jump-forward).
 Invariant: forced_tokens(state) advances the state over exactly the tokens it returns, and the
 bytes of those tokens are a prefix of the state's forced bytes.
 
-4. Drafts that follow the model (draft_tokens): the runtime verifies forced tokens as a draft, and a
+4. Guesses past the hold-back (guess_tokens): the held-back tail is not forced, but the tokenizer's split
+   of it is what a tokenizer-trained model usually writes (` "` before a string's text), so drafts append
+   it; the model verifies it like any draft token (greedy text unchanged; a wrong guess is one extra row).
+5. Drafts that follow the model (draft_tokens): the runtime verifies forced tokens as a draft, and a
    model often spells forced text with other tokens than the tokenizer's canonical split (SmolLM2
    writes `{` then `"` where the tokenizer has `{"`), so such drafts are rejected at that token. Each
    rejection teaches the grammar: at that state the model chose token x (`learn_rejection`); the next
@@ -28,7 +34,7 @@ bytes of those tokens are a prefix of the state's forced bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -50,13 +56,32 @@ class ForcedRun:
     token_ids: tuple[int, ...]  # forced tokens from the state
     end_state: int  # the state after them
     held_back: int  # forced bytes left to the model (hold-back and partial UTF-8)
+    # the tokenizer's split of the held-back bytes (whole characters), each allowed by the grammar: not
+    # forced (a longer token could start there), but a good guess for a draft the model verifies
+    guess: tuple[int, ...] = ()
+
+
+def _backend_forced_bytes(g: Any, state: int) -> tuple[bytearray, list[int]]:
+    """The matcher's own forced string (MatcherGrammar.forced_prefix), walked byte by byte through
+    next_state with the single-byte tokens: cut where the mask would stop or the output could end."""
+    v = g.vocab
+    data, states, s = bytearray(), [state], state
+    for b in g.forced_prefix(state)[:MAX_FORCED_BYTES]:
+        tok = int(v.single_byte_ids[b])
+        nxt = g.next_state(s, tok) if tok >= 0 and not g.is_final(s) else None
+        if nxt is None:
+            break
+        data.append(b)
+        s = nxt
+        states.append(s)
+    return data, states
 
 
 def forced_bytes(g: CompiledGrammar, state: int) -> ForcedBytes:
+    """The backend's forced string when it names one, then byte by byte from the allowed sets."""
     v = g.vocab
-    data = bytearray()
-    states = [state]
-    s = state
+    data, states = _backend_forced_bytes(g, state) if hasattr(g, "forced_prefix") else (bytearray(), [state])
+    s = states[-1]
     while len(data) < MAX_FORCED_BYTES and not g.is_final(s):
         ids = g.allowed(s).ids
         if len(ids) == 0:
@@ -110,6 +135,18 @@ def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
     if hit is not None:
         return hit
     run = ForcedRun((), state, 0)
+    backend_tokens = g.forced_token_ids(state) if hasattr(g, "forced_token_ids") else None
+    if backend_tokens is not None:  # the matcher's own split (llguidance): walked through the mask's states
+        out, s = [], state
+        for t in backend_tokens:
+            nxt = g.next_state(s, t) if not g.is_final(s) else None
+            if nxt is None:
+                break
+            out.append(t)
+            s = nxt
+        run = ForcedRun(tuple(out), s, 0)
+        g.forced_cache.put(state, run)
+        return run
     fb = forced_bytes(g, state)
     encode = g.vocab.encode
     if fb.data and encode is not None:
@@ -128,9 +165,43 @@ def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
                 out.append(t)
                 pos += len(tb)
                 s = nxt
-        run = ForcedRun(tuple(out), s, len(fb.data) - pos)
+        run = ForcedRun(tuple(out), s, len(fb.data) - pos, _guess(g, fb.data[pos:m], s))
     g.forced_cache.put(state, run)
     return run
+
+
+def _guess(g: CompiledGrammar, data: bytes, state: int) -> tuple[int, ...]:
+    """The tokenizer's tokens of `data` from `state`, while each spells the next bytes and is allowed."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # a token boundary inside a character: no guess
+        return ()
+    out: list[int] = []
+    pos, s = 0, state
+    for t in g.vocab.encode(text) if text else ():
+        tb = g.vocab.token_bytes[t] if 0 <= t < g.vocab.logits_width else None
+        nxt = g.next_state(s, t) if tb is not None and data[pos:pos + len(tb)] == tb else None
+        if nxt is None:
+            break
+        out.append(t)
+        pos += len(tb)
+        s = nxt
+    return tuple(out)
+
+
+def guess_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[int]:
+    """After forced_tokens / draft_tokens: the held-back bytes' tokens (ForcedRun.guess), advancing `gs` over
+    them. For drafts only: the model verifies each, so a wrong guess costs one extra row, never a token."""
+    if gs.terminated or (max_tokens is not None and max_tokens <= 0):
+        return []
+    take = list(forced_run(gs.grammar, gs.state).guess[:max_tokens])
+    stop = [k for k, t in enumerate(take) if t in gs.finish_ids]
+    if stop:
+        take = take[: stop[0]]
+    for t in take:
+        ok = gs.advance(t)
+        assert ok, "a guessed token was refused by the grammar"
+    return take
 
 
 def forced_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[int]:

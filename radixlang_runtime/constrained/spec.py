@@ -1,7 +1,11 @@
 """GrammarSpec: what a request constrains its output to. Torch-free, cheap, safe to run anywhere.
 
-Kinds: "regex" (Rust regex syntax, whole-output match) and "json_schema" (canonical compact JSON,
-key order kept). OpenAI's json_object is the schema {"type": "object"} (any JSON object); the DSL's
+Kinds: "regex" (Rust regex syntax, whole-output match), "json_schema" (canonical compact JSON,
+key order kept), "ebnf" (GBNF-style EBNF with a `root` rule, SGLang's `ebnf` field) and
+"structural_tag" (canonical JSON {"structures": [{"begin", "schema", "end"}], "triggers": [...]},
+the SGLang/vLLM response_format shape). ebnf and structural_tag need a context-free backend
+(--grammar-backend xgrammar | llguidance, backends.py); outlines refuses them by name.
+OpenAI's json_object is the schema {"type": "object"} (any JSON object); the DSL's
 `dtype=int|float|bool|str` are the regexes in DTYPE_REGEX (SGLang's).
 
 Invariant: constructing a GrammarSpec runs every Python-side check (regex_check / schema), so a spec
@@ -12,13 +16,17 @@ GrammarHandle. `key` identifies the grammar for caching (with the tokenizer id).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from radixlang_runtime.constrained.regex_check import check_regex
 from radixlang_runtime.constrained.schema import canonical_schema
 
-GrammarKind = Literal["regex", "json_schema"]
+GrammarKind = Literal["regex", "json_schema", "ebnf", "structural_tag"]
+GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")  # sampling_params fields, at most one set
+MAX_EBNF_CHARS = 1 << 18
+MAX_STRUCTURES = 64
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
 
@@ -45,8 +53,14 @@ class GrammarSpec:
             if canonical_schema(self.source) != self.source:
                 raise ValueError("a json_schema GrammarSpec must be built with GrammarSpec.from_json_schema")
             object.__setattr__(self, "compile_text", self.source)
+        elif self.kind == "ebnf":
+            object.__setattr__(self, "compile_text", check_ebnf(self.source))
+        elif self.kind == "structural_tag":
+            if canonical_structural_tag(self.source) != self.source:
+                raise ValueError("a structural_tag GrammarSpec must be built with GrammarSpec.from_structural_tag")
+            object.__setattr__(self, "compile_text", self.source)
         else:
-            raise ValueError(f"unknown grammar kind {self.kind!r} (regex | json_schema)")
+            raise ValueError(f"unknown grammar kind {self.kind!r} (regex | json_schema | ebnf | structural_tag)")
 
     @property
     def key(self) -> str:
@@ -60,6 +74,14 @@ class GrammarSpec:
     @classmethod
     def from_json_schema(cls, schema: Union[str, dict[str, Any]]) -> "GrammarSpec":
         return cls("json_schema", canonical_schema(schema))
+
+    @classmethod
+    def from_ebnf(cls, grammar: str) -> "GrammarSpec":
+        return cls("ebnf", grammar)
+
+    @classmethod
+    def from_structural_tag(cls, tag: Union[str, dict[str, Any]]) -> "GrammarSpec":
+        return cls("structural_tag", canonical_structural_tag(tag))
 
     @classmethod
     def json_object(cls) -> "GrammarSpec":
@@ -76,22 +98,76 @@ class GrammarSpec:
         return f"{self.kind} {s}"
 
 
-def spec_from_sampling(regex: Optional[str], json_schema: Optional[str]) -> Optional[GrammarSpec]:
-    """sampling_params' regex / json_schema -> a spec (None when unconstrained); ValueError when invalid."""
-    if regex is not None and json_schema is not None:
-        raise ValueError("at most one of regex / json_schema may be set")
+def check_ebnf(grammar: Any) -> str:
+    """Python-side checks of an EBNF grammar (its syntax is the backend's: errors name line and column)."""
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise ValueError("ebnf must be a non-empty string (GBNF-style EBNF with a `root` rule)")
+    if len(grammar) > MAX_EBNF_CHARS:
+        raise ValueError(f"ebnf too long: {len(grammar)} characters (limit {MAX_EBNF_CHARS})")
+    if "root" not in grammar:
+        raise ValueError("ebnf has no `root` rule (the rule the whole output must match)")
+    return grammar
+
+
+def canonical_structural_tag(tag: Union[str, dict[str, Any]]) -> str:
+    """{"structures": [{"begin": str, "schema": object, "end": str}, ...], "triggers": [str, ...]} (a JSON
+    string or a dict; a "type" key is dropped) -> compact JSON; each schema passes schema.py's checks."""
+    if isinstance(tag, str):
+        try:
+            tag = json.loads(tag)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"structural_tag is not valid JSON: {e}") from None
+    if not isinstance(tag, dict):
+        raise ValueError("structural_tag must be an object with 'structures' and 'triggers'")
+    extra = sorted(set(tag) - {"type", "structures", "triggers"})
+    if extra:
+        raise ValueError(f"structural_tag: unknown field(s) {', '.join(extra)} (structures | triggers)")
+    structures, triggers = tag.get("structures"), tag.get("triggers")
+    if not isinstance(structures, list) or not 1 <= len(structures) <= MAX_STRUCTURES:
+        raise ValueError(f"structural_tag.structures must be a list of 1 to {MAX_STRUCTURES} objects")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise ValueError("structural_tag.triggers must be a non-empty list of non-empty strings")
+    out = []
+    for i, st in enumerate(structures):
+        if not isinstance(st, dict) or set(st) != {"begin", "schema", "end"}:
+            raise ValueError(f"structural_tag.structures[{i}] must be an object with exactly begin, schema, end")
+        if not isinstance(st["begin"], str) or not isinstance(st["end"], str) or not st["begin"]:
+            raise ValueError(f"structural_tag.structures[{i}]: begin (non-empty) and end must be strings")
+        if not any(st["begin"].startswith(t) for t in triggers):
+            raise ValueError(f"structural_tag.structures[{i}].begin {st['begin']!r} starts with no trigger")
+        try:
+            schema = json.loads(canonical_schema(st["schema"]))
+        except ValueError as e:
+            raise ValueError(f"structural_tag.structures[{i}].schema: {e}") from None
+        out.append({"begin": st["begin"], "schema": schema, "end": st["end"]})
+    return json.dumps({"structures": out, "triggers": triggers}, separators=(",", ":"), ensure_ascii=False)
+
+
+def spec_from_sampling(regex: Optional[str], json_schema: Optional[str], ebnf: Optional[str] = None,
+                       structural_tag: Optional[str] = None) -> Optional[GrammarSpec]:
+    """sampling_params' regex / json_schema / ebnf / structural_tag -> a spec (None when unconstrained);
+    ValueError when invalid."""
+    given = [n for n, v in zip(GRAMMAR_FIELDS, (regex, json_schema, ebnf, structural_tag)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"at most one of {' / '.join(GRAMMAR_FIELDS)} may be set, got {', '.join(given)}")
     if regex is not None:
         return GrammarSpec.from_regex(regex)
     if json_schema is not None:
         if not isinstance(json_schema, str):
             raise ValueError("json_schema must be a JSON string")
         return GrammarSpec.from_json_schema(json_schema)
+    if ebnf is not None:
+        return GrammarSpec.from_ebnf(ebnf)
+    if structural_tag is not None:
+        if not isinstance(structural_tag, str):
+            raise ValueError("structural_tag must be a JSON string")
+        return GrammarSpec.from_structural_tag(structural_tag)
     return None
 
 
 def spec_from_response_format(response_format: Optional[dict[str, Any]]) -> Optional[GrammarSpec]:
     """OpenAI response_format -> a spec: {"type": "json_schema", "json_schema": {"name", "schema"}},
-    {"type": "json_object"}, {"type": "text"} (None)."""
+    {"type": "json_object"}, {"type": "structural_tag", "structures", "triggers"}, {"type": "text"} (None)."""
     if response_format is None:
         return None
     if not isinstance(response_format, dict):
@@ -101,6 +177,8 @@ def spec_from_response_format(response_format: Optional[dict[str, Any]]) -> Opti
         return None
     if kind == "json_object":
         return GrammarSpec.json_object()
+    if kind == "structural_tag":
+        return GrammarSpec.from_structural_tag(response_format)
     if kind == "json_schema":
         js = response_format.get("json_schema")
         if not isinstance(js, dict):
@@ -109,4 +187,4 @@ def spec_from_response_format(response_format: Optional[dict[str, Any]]) -> Opti
         if schema is None:
             return GrammarSpec.json_object()
         return GrammarSpec.from_json_schema(schema)
-    raise ValueError(f"unsupported response_format type {kind!r} (text | json_object | json_schema)")
+    raise ValueError(f"unsupported response_format type {kind!r} (text | json_object | json_schema | structural_tag)")

@@ -34,6 +34,7 @@ class WorkerLimits:
     timeout_s: float = 20.0  # per compile
     memory_bytes: int = 2 << 30  # RLIMIT_AS of the child; 0 = none
     start_timeout_s: float = 60.0  # spawn + vocabulary load
+    backend: str = "outlines"  # backends.py: the library the child compiles with
 
     def __post_init__(self) -> None:
         assert self.timeout_s > 0 and self.start_timeout_s > 0 and self.memory_bytes >= 0
@@ -81,7 +82,7 @@ class CompileWorker:
         env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "radixlang_runtime.constrained.worker_child", str(self.limits.memory_bytes),
-             str(os.getpid())],
+             str(os.getpid()), self.limits.backend],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self._reader, self._pending = FrameReader(), []
         try:

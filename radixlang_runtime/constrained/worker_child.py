@@ -1,9 +1,11 @@
-"""The compile process: `python -m radixlang_runtime.constrained.worker_child MEMORY_BYTES [PARENT_PID]`.
+"""The compile process: `python -m radixlang_runtime.constrained.worker_child MEMORY_BYTES [PARENT_PID [BACKEND]]`
+(backends.py names BACKEND; default outlines).
 
-Imports outlines-core, msgpack and the torch-free compile modules only. Runs under RLIMIT_AS =
-MEMORY_BYTES (0: no cap), so a hostile grammar ends this process (Rust aborts on a failed
-allocation), never the server. The parent kills it past the time limit; it dies with its parent
-PARENT_PID (child_process.py), even a SIGKILLed one.
+Imports the backend's library (outlines-core by default), msgpack and the torch-free compile modules
+only. Runs under RLIMIT_AS = MEMORY_BYTES (0: no cap) plus, for xgrammar (which loads torch) and
+llguidance, the address space in use once the library is imported, so a hostile grammar ends this
+process (Rust / C++ abort on a failed allocation), never the server. The parent kills it past the
+time limit; it dies with its parent PARENT_PID (child_process.py), even a SIGKILLed one.
 
 Protocol (framing.py frames; requests on stdin, replies on a private dup of stdout, whose fd 1 is
 pointed at stderr so stray prints cannot corrupt the channel):
@@ -27,10 +29,11 @@ from typing import Any, Optional
 DISK_MAX_BYTES = 256 << 20
 
 
-def disk_path(disk: Optional[str], tid: str, kind: str, text: str) -> Optional[str]:
+def disk_path(disk: Optional[str], tid: str, kind: str, text: str, backend: str = "outlines") -> Optional[str]:
     if not disk:
         return None
-    h = hashlib.sha256(f"{kind}\x00{text}".encode("utf-8")).hexdigest()
+    key = f"{kind}\x00{text}" if backend == "outlines" else f"{backend}\x00{kind}\x00{text}"
+    h = hashlib.sha256(key.encode("utf-8")).hexdigest()
     return os.path.join(disk, tid, h + ".idx")
 
 
@@ -63,18 +66,16 @@ def _to_disk(path: Optional[str], data: bytes) -> None:
         pass  # the disk cache is an optimisation
 
 
-def handle(msg: dict[str, Any], vocabs: dict[str, Any]) -> dict[str, Any]:
-    from outlines_core import Vocabulary
-
-    from radixlang_runtime.constrained.compile_index import build_index
+def handle(msg: dict[str, Any], vocabs: dict[str, Any], backend: str = "outlines") -> dict[str, Any]:
+    from radixlang_runtime.constrained.backends import compile_payload, vocab_object
 
     if msg["op"] == "vocab":
-        vocabs[msg["tid"]] = (Vocabulary(msg["eos"], {bytes(b): list(ids) for b, ids in msg["tokens"]}),
-                              msg["sentinel"])
+        byte_map = {bytes(b): list(ids) for b, ids in msg["tokens"]}
+        vocabs[msg["tid"]] = vocab_object(backend, msg["eos"], msg["sentinel"], byte_map)
         return {"op": "vocab", "ok": True}
     job = msg["job"]
     t0 = time.perf_counter()
-    path = disk_path(msg.get("disk"), msg["tid"], msg["kind"], msg["text"])
+    path = disk_path(msg.get("disk"), msg["tid"], msg["kind"], msg["text"], backend)
     data = _from_disk(path)
     if data is not None:
         return {"op": "compile", "job": job, "ok": True, "index": data,
@@ -83,7 +84,7 @@ def handle(msg: dict[str, Any], vocabs: dict[str, Any]) -> dict[str, Any]:
     if entry is None:
         return {"op": "compile", "job": job, "ok": False, "error": f"no vocabulary {msg['tid']} in the worker"}
     try:
-        index = build_index(msg["kind"], msg["text"], entry[0], entry[1])
+        index = compile_payload(backend, msg["kind"], msg["text"], entry)
     except ValueError as e:
         return {"op": "compile", "job": job, "ok": False, "error": str(e)}
     seconds = time.perf_counter() - t0
@@ -91,6 +92,15 @@ def handle(msg: dict[str, Any], vocabs: dict[str, Any]) -> dict[str, Any]:
     del index
     _to_disk(path, data)
     return {"op": "compile", "job": job, "ok": True, "index": data, "seconds": seconds, "from_disk": False}
+
+
+def _address_space() -> int:
+    """VmSize of this process in bytes (torch, loaded by xgrammar, maps several GiB it never touches)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def main() -> None:
@@ -102,13 +112,16 @@ def main() -> None:
     if len(sys.argv) > 2:
         bind_to_parent(int(sys.argv[2]))
     mem = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    backend = sys.argv[3] if len(sys.argv) > 3 else "outlines"
     out_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    import outlines_core  # noqa: F401 - loaded before the cap, so the cap measures the compile
+    from radixlang_runtime.constrained.backends import import_backend
 
+    import_backend(backend)  # loaded before the cap, so the cap measures the compile
     if mem > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        cap = mem if backend == "outlines" else mem + _address_space()
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     vocabs: dict[str, Any] = {}
     reader, pending = FrameReader(), []
     while True:
@@ -116,7 +129,7 @@ def main() -> None:
         if msg is None:
             return
         try:
-            reply = handle(msg, vocabs)
+            reply = handle(msg, vocabs, backend)
         except MemoryError:
             reply = {"op": msg.get("op"), "job": msg.get("job", -1), "ok": False, "error": "memory"}
         write_frame(out_fd, reply)

@@ -36,8 +36,9 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     eos = end_token_ids(model_dir, runner.cfg.eos_token_ids, tokenizer)
     runner.sampler.eos_token_ids = list(eos)  # the min_new_tokens mask and the finish check agree
     grammar = None
-    if args.grammar_backend == "outlines":
-        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size), eos,
+    if args.grammar_backend != "none":
+        backend = args.grammar_backend
+        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size, backend), eos,
                                jump_forward=not args.disable_jump_forward)
     return Scheduler(
         SchedulerConfig(
@@ -92,9 +93,9 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
     return NgramDrafter(NgramConfig(k, lo, hi, cap), eos, context_len)
 
 
-def make_grammar_compiler(tokenizer: Any, logits_width: int) -> Any:
-    """outlines-core vocabulary of this tokenizer (built once, ~0.5 s) + a compiler whose indexes are
-    also cached on disk under the cache root (a restart reloads them in milliseconds)."""
+def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
+    """The token vocabulary of this tokenizer (built once, ~0.5 s) + a compiler (--grammar-backend) whose
+    compiled grammars are also cached on disk under the cache root (a restart reloads them in milliseconds)."""
     import os
 
     from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompiler
@@ -102,7 +103,8 @@ def make_grammar_compiler(tokenizer: Any, logits_width: int) -> Any:
     from radixlang_runtime.model.resolve import cache_root
 
     vocab = vocab_from_tokenizer(tokenizer, logits_width=logits_width)
-    return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars")))
+    return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars"),
+                                                  backend=backend))
 
 
 def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:
@@ -125,7 +127,7 @@ def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -
 def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     runner = scheduler.runner
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
-                         grammar=scheduler.grammar is not None)
+                         grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend)
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:

@@ -47,7 +47,8 @@ class GrammarQueue:
     def add(self, req: Req) -> None:
         from radixlang_runtime.constrained.spec import spec_from_sampling
 
-        spec = spec_from_sampling(req.sampling.regex, req.sampling.json_schema)  # validated on arrival
+        sp = req.sampling
+        spec = spec_from_sampling(sp.regex, sp.json_schema, sp.ebnf, sp.structural_tag)  # validated on arrival
         req.grammar_handle = self.compiler.submit(spec)
         self.pending.append(req)
 
@@ -97,10 +98,12 @@ class GrammarQueue:
         state does not move: accepted tokens advance it when they are appended. ([], []) when off."""
         if not self.jump_forward or req.grammar is None or req.remaining_new_tokens <= 1:
             return [], []
-        from radixlang_runtime.constrained.jump_forward import draft_tokens
+        from radixlang_runtime.constrained.jump_forward import draft_tokens, guess_tokens
 
         probe = req.grammar.copy()
-        toks = draft_tokens(probe, max_tokens=req.remaining_new_tokens - 1)  # room for the model's own token
+        room = req.remaining_new_tokens - 1  # room for the model's own token
+        toks = draft_tokens(probe, max_tokens=room)
+        toks += guess_tokens(probe, max_tokens=room - len(toks))  # the held-back tail, for the model to verify
         if not toks:
             return [], []
         states, walk = [req.grammar.copy()], req.grammar.copy()

@@ -37,7 +37,7 @@ from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_p
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
 
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-               "no_stop_trim", "regex", "json_schema")
+               "no_stop_trim", "regex", "json_schema", "ebnf")
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
                     "min_tokens", "response_format", "logit_bias", *_EXTENSIONS)
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
@@ -98,8 +98,8 @@ def sampling_from_openai(body: dict, max_tokens_default: Optional[int], context_
         if body.get(name) is not None:
             sp[name] = body[name]
     if spec is not None:  # json_object / json_schema: the same grammar path as native json_schema
-        if sp.get("regex") is not None or sp.get("json_schema") is not None:
-            raise BadRequest("pass either response_format or regex / json_schema, not both")
+        if any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
+            raise BadRequest("pass either response_format or regex / json_schema / ebnf, not both")
         sp[spec.kind] = spec.source
     return sp
 
@@ -409,9 +409,9 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
         if not tm.limits.grammar:
             raise FieldError("tool_choice", f"tool_choice {plan.forced!r} constrains the output to a call: it needs a "
                                             "grammar backend (the server runs with --grammar-backend none)")
-        if sp.get("regex") is not None or sp.get("json_schema") is not None:
-            raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex or "
-                                            "json_schema")
+        if any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf", "structural_tag")):
+            raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex, "
+                                            "json_schema or ebnf")
         call = forced_call_regex(plan, template == CHATML_TOOLS_TEMPLATE)
         sp["regex"] = (think.regex_prefix() if think else "") + call  # the call after the reasoning
     choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid)

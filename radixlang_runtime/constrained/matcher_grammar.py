@@ -1,0 +1,167 @@
+"""MatcherGrammar: a stateful matcher (xgrammar, llguidance) behind CompiledGrammar's interface. Torch-free.
+
+The context-free backends keep their parse state inside one mutable matcher, while the runtime wants
+states it can copy and compare (GrammarState.copy, drafts, per-state caches). States here are nodes
+of a prefix trie: state 0 is the empty output, node (p, t) the output of p followed by token t; equal
+token paths share a node. One matcher per grammar is moved between nodes: rollback to the common
+ancestor, then accept the tokens down to the target (a request decoding one token at a time moves it
+by one token per step; a backend that cannot roll back replays from the start).
+
+Invariants (the same as grammar.py's, so mask.py, state.py and jump_forward.py need nothing else):
+- allowed(state).ids: the text tokens the matcher allows at the state (ascending, no EOS, < logits width);
+  is_final: the matcher allows EOS there (the output is complete).
+- next_state(state, t) is not None iff t is in allowed(state).ids.
+- forced_token_ids(state) (llguidance): its forced tokens, walked through next_state likewise.
+- forced_prefix(state): bytes the backend's matcher says every continuation starts with (xgrammar's
+  find_jump_forward_string, llguidance's compute_ff_bytes); jump_forward walks them through
+  next_state, so a string the mask would not allow is cut where the mask stops.
+- The trie keeps every node a request reached (ids must stay valid while a request holds them); the
+  per-state caches above it are bounded LRUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+import numpy as np
+
+from radixlang_runtime.constrained.grammar import ALLOWED_CACHE_BYTES, FORCED_CACHE_ENTRIES, AllowedSet
+from radixlang_runtime.constrained.lru import LRU
+from radixlang_runtime.constrained.spec import GrammarSpec
+from radixlang_runtime.constrained.vocab import TokenVocab
+
+
+class Matcher(Protocol):
+    """What a backend adapter provides (xgrammar_backend.XgrammarMatcher, llguidance_backend.LLMatcherAdapter)."""
+
+    def accept(self, token_id: int) -> bool: ...
+    def rollback(self, n: int) -> bool: ...  # False: not possible (the caller replays from the start)
+    def reset(self) -> None: ...
+    def allowed_bits(self) -> np.ndarray: ...  # bool [>= logits width]: tokens allowed now (EOS included)
+    def forced_prefix(self) -> bytes: ...
+
+
+@dataclass
+class _Node:
+    parent: int
+    token: int
+    depth: int
+
+
+class MatcherGrammar:
+    def __init__(self, spec: GrammarSpec, matcher: Matcher, vocab: TokenVocab, backend: str,
+                 index_nbytes: int = 0, compile_seconds: float = 0.0):
+        self.spec = spec
+        self.backend = backend
+        self.matcher = matcher
+        self.vocab = vocab
+        self.index_nbytes = index_nbytes
+        self.compile_seconds = compile_seconds
+        self.initial_state = 0
+        self._nodes: list[_Node] = [_Node(-1, -1, 0)]
+        self._children: dict[tuple[int, int], int] = {}
+        self._pos = 0  # the node the matcher stands at
+        self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
+        self._forced_prefix: LRU[int, bytes] = LRU(FORCED_CACHE_ENTRIES)
+        self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)
+        self.draft_prefs: LRU[int, int] = LRU(FORCED_CACHE_ENTRIES)
+
+    # ------------------------------------------------------------------ moving the matcher
+    def _path(self, node: int, stop: int) -> list[int]:
+        """Tokens from ancestor `stop` down to `node`."""
+        out = []
+        while node != stop:
+            n = self._nodes[node]
+            out.append(n.token)
+            node = n.parent
+        out.reverse()
+        return out
+
+    def _ancestor(self, a: int, b: int) -> int:
+        nodes = self._nodes
+        while nodes[a].depth > nodes[b].depth:
+            a = nodes[a].parent
+        while nodes[b].depth > nodes[a].depth:
+            b = nodes[b].parent
+        while a != b:
+            a, b = nodes[a].parent, nodes[b].parent
+        return a
+
+    def _goto(self, node: int) -> None:
+        if node == self._pos:
+            return
+        anc = self._ancestor(self._pos, node)
+        back = self._nodes[self._pos].depth - self._nodes[anc].depth
+        if back and not self.matcher.rollback(back):
+            self.matcher.reset()
+            anc = 0
+        self._pos = anc
+        for t in self._path(node, anc):
+            ok = self.matcher.accept(t)
+            assert ok, f"{self.backend} matcher refused token {t} on a path it allowed"
+        self._pos = node
+
+    # ------------------------------------------------------------------ per state
+    def allowed(self, state: int) -> AllowedSet:
+        a = self._allowed.get(state)
+        if a is None:
+            self._goto(state)
+            w = self.vocab.logits_width
+            bits = self.matcher.allowed_bits()[:w]
+            final = bool(bits[self.vocab.eos_token_id])
+            ids = np.flatnonzero(bits).astype(np.int64)
+            ids = ids[ids != self.vocab.eos_token_id]
+            a = AllowedSet(ids, final)
+            self._allowed.put(state, a, 2 * a.nbytes + 64)
+        return a
+
+    def next_state(self, state: int, token_id: int) -> Optional[int]:
+        if token_id == self.vocab.eos_token_id or not 0 <= token_id < self.vocab.logits_width:
+            return None
+        child = self._children.get((state, token_id))
+        if child is not None:
+            return child
+        ids = self.allowed(state).ids
+        pos = int(np.searchsorted(ids, token_id))
+        if pos >= len(ids) or int(ids[pos]) != token_id:
+            return None
+        child = len(self._nodes)
+        self._nodes.append(_Node(state, token_id, self._nodes[state].depth + 1))
+        self._children[(state, token_id)] = child
+        return child
+
+    def is_final(self, state: int) -> bool:
+        return self.allowed(state).is_final
+
+    def forced_prefix(self, state: int) -> bytes:
+        hit = self._forced_prefix.get(state)
+        if hit is None:
+            self._goto(state)
+            hit = self.matcher.forced_prefix()
+            self._forced_prefix.put(state, hit)
+        return hit
+
+    def forced_token_ids(self, state: int) -> Optional[list[int]]:
+        """The matcher's own forced tokens when it names them (llguidance), else None (jump_forward then
+        tokenizes the forced bytes itself)."""
+        if not hasattr(self.matcher, "forced_token_ids"):
+            return None
+        self._goto(state)
+        return self.matcher.forced_token_ids()
+
+    def accepts(self, token_ids: list[int], state: Optional[int] = None) -> Optional[int]:
+        s = self.initial_state if state is None else state
+        for t in token_ids:
+            nxt = self.next_state(s, t)
+            if nxt is None:
+                return None
+            s = nxt
+        return s
+
+    @property
+    def num_states(self) -> int:
+        return len(self._nodes)
+
+    def __repr__(self) -> str:
+        return f"MatcherGrammar({self.backend}, {self.spec.describe()}, {len(self._nodes)} states)"
