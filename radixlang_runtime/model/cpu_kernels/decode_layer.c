@@ -109,12 +109,12 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
             rc = (S->dpbf16 ? extend_causal_bf16 : extend_causal_portable_bf16)(
                 (const uint16_t *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts, S->groups, S->H,
                 S->Hkv, D, S->scale, (uint16_t *)S->prior_o, kp, vp, S->slots, S->req_to_token, S->ctx, S->group_rows,
-                S->group_lens, NULL, S->q_index, S->prior_lse, NULL, NULL);
+                S->group_lens, NULL, S->q_index, S->prior_lse, NULL, NULL, 0);
         else
             rc = extend_causal_f32((const float *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts,
                                    S->groups, S->H, S->Hkv, D, S->scale, (float *)S->prior_o, kp, vp, S->slots,
                                    S->req_to_token, S->ctx, S->group_rows, S->group_lens, NULL, S->q_index,
-                                   S->prior_lse, NULL, NULL);
+                                   S->prior_lse, NULL, NULL, 0);
         if (rc) goto done;
     }
     /* without groups k_begin / prior_o / prior_lse are NULL (FusedDecode.run leaves them unset) */
