@@ -26,7 +26,7 @@ from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.torch_backend import CDecodeMeta
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.gguf_linear import GGUFLinear
-from radixlang_runtime.model.llama import MLP
+from radixlang_runtime.model.llama import MLP, DecoderLayer
 from radixlang_runtime.model.packed_linear import PackedLinear
 from radixlang_runtime.model.quant_linear import Int8Linear
 
@@ -100,7 +100,8 @@ class FusedDecode:
         any_m = True
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if (attn.q_norm is not None or attn.clip_qkv is not None or not isinstance(mlp, MLP)
+            if (attn.q_norm is not None or attn.clip_qkv is not None or type(mlp) is not MLP
+                    or type(layer) is not DecoderLayer  # other layer shapes (Gemma's pre + post norms, GeGLU)
                     or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel):
                 return None  # q/k norms, clip_qkv and MoE blocks (model/moe.py) run on the modules
             mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
