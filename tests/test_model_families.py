@@ -127,23 +127,46 @@ def test_sliding_windows_per_layer(extra, windows):
 
 # Sliding windows served end to end: prompts longer than the window, chunked prefill (chunks of 16), a pool
 # so tight that decode retracts, then a radix-cache hit; every request token for token against transformers.
-# name -> (config class, kwargs, the contrast config change that must give other tokens)
+# name -> (config class, kwargs, the contrast config changes: each must give other tokens, so each feature counts)
+FULL = "full_attention"
+GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
 WINDOWED = {
-    "mistral_window": ("MistralConfig", {"sliding_window": 8}, {"sliding_window": None}),
+    "mistral_window": ("MistralConfig", {"sliding_window": 8}, [{"sliding_window": None}]),
     "qwen2_window": ("Qwen2Config", {"num_hidden_layers": 3, "num_key_value_heads": 1, "use_sliding_window": True,
-                                     "sliding_window": 12, "max_window_layers": 1},
-                     {"layer_types": ["full_attention"] * 3}),
+                                     "sliding_window": 12, "max_window_layers": 1}, [{"layer_types": [FULL] * 3}]),
+    # Gemma 2: even layers slide by default; soft-caps small enough to bend the scores and the logits
+    "gemma2_a": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+                                  "initializer_range": 0.05, "final_logit_softcapping": 3.0,
+                                  "attn_logit_softcapping": 0.5},
+                 [{"layer_types": [FULL] * 2}, {"attn_logit_softcapping": None}]),  # final cap: the logprob check
+    "gemma2_b": ("Gemma2Config", {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
+                                  "intermediate_size": 96, "query_pre_attn_scalar": 24, "sliding_window": 12,
+                                  "initializer_range": 0.05, "final_logit_softcapping": 5.0,
+                                  "attn_logit_softcapping": 3.0}, [{"layer_types": [FULL] * 3}]),
+    # Gemma 3 text: qk-norm, every 2nd (a) / explicit (b) global layer, local rope theta of its own
+    "gemma3_a": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+                                      "initializer_range": 0.1, "num_hidden_layers": 3, "sliding_window_pattern": 2},
+                 [{"layer_types": [FULL] * 3}]),
+    "gemma3_b": ("Gemma3TextConfig", {"num_hidden_layers": 4, "num_key_value_heads": 4, "head_dim": 32,
+                                      "query_pre_attn_scalar": 32, "sliding_window": 11, "initializer_range": 0.1,
+                                      "layer_types": ["sliding_attention", "sliding_attention", FULL,
+                                                      "sliding_attention"],
+                                      "rope_parameters": GEMMA3_ROPE, "final_logit_softcapping": 8.0},
+                 [{"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": GEMMA3_ROPE["full_attention"]}}]),
 }
 LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
 
 
-def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrast: dict, new: int = 16) -> None:
+def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrasts: list[dict], new: int = 16) -> None:
     from radixlang_runtime import Engine
 
     model = build_tiny(tmp_path, cls_name, TINY, {"max_position_embeddings": 256, **kwargs})
     want = [hf_greedy(model, p, new) for p in LONG_PROMPTS]
-    other = with_config(model, contrast)
-    assert [hf_greedy(other, p, new) for p in LONG_PROMPTS] != want  # the window / layer pattern matters
+    assert sum(len(set(w)) > 1 for w in want) >= 3  # not a degenerate model (one token repeated)
+    for contrast in contrasts:  # the window / layer pattern / cap / rope matters to transformers' own tokens
+        other = with_config(model, contrast)
+        assert [hf_greedy(other, p, new) for p in LONG_PROMPTS] != want, contrast
     sp = {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=160, chunked_prefill_size=16,
                 max_prefill_tokens=64, new_token_ratio_init=0.05, new_token_ratio_min=0.05,
@@ -151,8 +174,16 @@ def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrast: dict
         outs = eng.generate(input_ids=LONG_PROMPTS, sampling_params=sp)
         assert eng.get_stats()["num_retractions"] > 0, "the pool was meant to force retractions"
         again = eng.generate(input_ids=LONG_PROMPTS[3], sampling_params=sp)
+        first = eng.generate(input_ids=LONG_PROMPTS[3], sampling_params={**sp, "max_new_tokens": 1,
+                                                                         "min_new_tokens": 1}, return_logprob=True)
     assert [o["output_ids"] for o in outs] == want
     assert again["output_ids"] == want[3] and again["meta_info"]["cached_tokens"] > 0
+    # the first token's logprob: transformers' (final logit soft-cap included, which greedy ids cannot show)
+    import torch
+
+    with torch.no_grad():
+        ref = model(torch.tensor([LONG_PROMPTS[3]])).logits[0, -1].float().log_softmax(-1)[want[3][0]].item()
+    assert abs(first["meta_info"]["output_token_logprobs"][0][0] - ref) < 1e-4
 
 
 @pytest.mark.parametrize("name", sorted(WINDOWED))
