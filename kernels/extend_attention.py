@@ -11,7 +11,9 @@ Shapes and layout:
   req_to_token [rows, ctx] int64  slot of each position (one entry per position: any page size)
   req_rows, prefix_lens, extend_lens, extend_starts: [R] int64
   -> out       [T, H, D]          dtype of q
-New token i of request r sits at position prefix_lens[r] + i and sees positions 0 .. prefix_lens[r] + i.
+New token i of request r sits at position prefix_lens[r] + i and sees positions 0 .. prefix_lens[r] + i;
+with window w > 0 (sliding-window attention) only those > prefix_lens[r] + i - w: the key loops start at
+the block's first visible position and mask per row.
 dtypes float32 / bfloat16 / float16; float32 math. Query head h reads KV head h // (H / Hkv).
 
 Grid (R, H, cdiv(max extend_len, BLOCK_M)): a program owns BLOCK_M queries of one head. Stage 1 walks
@@ -33,10 +35,10 @@ from kernels.triton_common import INTERPRETED, attend_paged, dot_precision, scor
 def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_ptr, ext_ptr, start_ptr, o_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_bh, stride_bs, stride_rt, stride_ot, stride_oh,
-                   scale, soft_cap,
+                   scale, soft_cap, window,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
+                   UPCAST: tl.constexpr, WINDOW: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -59,13 +61,20 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # stage 1: the cached prefix, from the pool
+    # stage 1: the cached prefix, from the pool (with a window: from the block's first query's first key)
+    first = 0
+    if WINDOW:
+        first = tl.maximum(prefix + mb * BLOCK_M - window + 1, 0)
     m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, kb_ptr, vb_ptr, rt_ptr, row, stride_rt, kvh * stride_bh, stride_bs,
-                                 0, prefix, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST)
+                                 first, prefix, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST,
+                                 prefix + offs_m, window, WINDOW)
 
-    # stage 2: the new tokens, causal (key j visible to query i iff j <= i)
+    # stage 2: the new tokens, causal (key j visible to query i iff j <= i, and j > i - window)
     last = tl.minimum((mb + 1) * BLOCK_M, n_ext)
-    for n0 in range(0, last, BLOCK_N):
+    first_new = 0
+    if WINDOW:
+        first_new = tl.maximum(mb * BLOCK_M - window + 1, 0)
+    for n0 in range(first_new, last, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_ext
         kv_mask = mask_n[:, None] & mask_d[None, :]
@@ -74,6 +83,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
         v = tl.load(ve_ptr + (q_start + offs_n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
+        if WINDOW:
+            visible = visible & (offs_n[None, :] > offs_m[:, None] - window)
         qk = scores(q, k, visible, scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
@@ -85,7 +96,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
 def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                      req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
                      extend_lens: torch.Tensor, extend_starts: torch.Tensor, scale: float, soft_cap: float = 0.0,
-                     max_extend_len: int | None = None, block_m: int = 32, block_n: int = 32) -> torch.Tensor:
+                     max_extend_len: int | None = None, block_m: int = 32, block_n: int = 32,
+                     window: int = 0) -> torch.Tensor:
     """See the module docstring. max_extend_len (host int) sizes the grid; default: extend_lens.max()."""
     T, H, D = q.shape
     hkv = k.shape[1]
@@ -106,8 +118,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0), out.stride(0), out.stride(1),
-        scale, soft_cap,
+        scale, soft_cap, window,
         G=H // hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BLOCK_D, SOFT_CAP=soft_cap > 0,
-        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED, WINDOW=window > 0,
     )
     return out

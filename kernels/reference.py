@@ -3,7 +3,8 @@ float32. Slow and obvious on purpose: kernels and backends are checked against i
 
 Shapes: q [T, H, D] (new tokens of all requests, flattened); k_buffer/v_buffer [Hkv, num_slots, D];
 req_to_token [rows, context_len]; per request: row, prefix_len, extend_len. Returns [T, H, D] float32.
-soft_cap c > 0 applies c * tanh(scores / c) to the scaled scores before the mask.
+soft_cap c > 0 applies c * tanh(scores / c) to the scaled scores before the mask; window w > 0 (sliding-
+window attention, transformers' convention): the query at position p sees only positions (p - w, p].
 prefix_attention_ref: the shared part of cascade attention (kernels/prefix_attention.py).
 """
 
@@ -14,7 +15,7 @@ import torch
 
 def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                         req_to_token: torch.Tensor, rows: list[int], prefix_lens: list[int],
-                        extend_lens: list[int], scale: float, soft_cap: float = 0.0) -> torch.Tensor:
+                        extend_lens: list[int], scale: float, soft_cap: float = 0.0, window: int = 0) -> torch.Tensor:
     H, hkv = q.shape[1], k_buffer.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32)
     start = 0
@@ -27,6 +28,8 @@ def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
         if soft_cap > 0:
             scores = soft_cap * torch.tanh(scores / soft_cap)
         causal = torch.arange(p + n)[None, :] <= torch.arange(p, p + n)[:, None]  # [n, L]
+        if window > 0:
+            causal &= torch.arange(p + n)[None, :] > torch.arange(p, p + n)[:, None] - window
         scores = scores.masked_fill(~causal, float("-inf"))
         out[start : start + n] = (scores.softmax(-1) @ v).transpose(0, 1)
         start += n

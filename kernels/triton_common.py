@@ -57,10 +57,11 @@ def softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.const
 @triton.jit
 def attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off, stride_ks, start, end, offs_d,
                  mask_d, scale, soft_cap, BLOCK_N: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
+                 UPCAST: tl.constexpr, q_pos=None, window=0, WINDOW: tl.constexpr = False):
     """Fold positions start .. end - 1 of table row `row` (slots rt_ptr[row * stride_rt + pos]; K / V of
     one KV head at k_ptr / v_ptr + kv_off + slot * stride_ks + d) into the online softmax of q [M, D]:
-    blocks of BLOCK_N positions, every one visible to every row of q."""
+    blocks of BLOCK_N positions, every one visible to every row of q; with WINDOW, only the positions
+    > q_pos - window of each row (q_pos [M]: the rows' positions; sliding-window attention)."""
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
@@ -69,6 +70,9 @@ def attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off,
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_ptr + off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + off, mask=kv_mask, other=0.0)
-        qk = scores(q, k, mask_n[None, :], scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)  # [M, BLOCK_N]
+        visible = mask_n[None, :]
+        if WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        qk = scores(q, k, visible, scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)  # [M, BLOCK_N]
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
     return m_i, l_i, acc

@@ -15,7 +15,8 @@ from radixlang_runtime.model.attention.torch_backend import TorchAttentionBacken
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
 
-def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32, seed=0, kernels=False):
+def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32, seed=0, kernels=False, window=0,
+             soft_cap=0.0, rows_like_extend=False):
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     pool = KVPool(2048, 1, hkv, D, dtype, torch.device("cpu"), table_rows=8, context_len=512)
@@ -42,12 +43,14 @@ def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32
         prefix_lens_cpu=list(prefix_lens), extend_lens_cpu=list(extend_lens), kv_pool=pool,
     )
     backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
+    backend.set_layer_options((window,), soft_cap)
+    backend.rows_like_extend = rows_like_extend  # the deterministic mode's decode rows (C kernels only)
     if kernels:  # the C kernels where this CPU's plan chooses them (as the model runner configures it)
         backend.configure(cpu_kernels.plan(torch.device("cpu"), dtype, D, H, hkv, packed_linears=False))
     backend.init_forward_metadata(fb)
     got = backend.forward(q, k, v, 0, fb).view(T, H, D).float()
     ref = paged_attention_ref(q, pool.k_buffers[0], pool.v_buffers[0], pool.req_to_token, rows,
-                              list(prefix_lens), list(extend_lens), D ** -0.5)
+                              list(prefix_lens), list(extend_lens), D ** -0.5, soft_cap=soft_cap, window=window)
     return got, ref
 
 
@@ -74,3 +77,38 @@ def test_matches_reference(H, hkv, D, page_size, case, kernels):
 def test_bfloat16_close_to_reference(case, kernels):
     got, ref = run_case(9, 3, 64, 1, *case, dtype=torch.bfloat16, kernels=kernels)
     torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2)
+
+
+WINDOW_CASES = [
+    ([0, 0, 0], [21, 21, 21]),  # fresh prompts longer than the window, equal lengths
+    ([0, 3, 40, 2], [30, 6, 9, 1]),  # prefixes longer and shorter than the window, ragged
+    ([5, 40, 1, 17, 33], [1, 1, 1, 1, 1]),  # decode, ragged
+    ([40, 40], [1, 1]),  # decode, equal lengths
+]
+
+
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
+@pytest.mark.parametrize("case", WINDOW_CASES)
+@pytest.mark.parametrize("window", [1, 8, 16])
+@pytest.mark.parametrize("mode", ["torch", "kernels", "rows"])
+def test_sliding_window_matches_reference(H, hkv, D, case, window, mode):
+    """A query at position p sees keys (p - window, p]: the torch path, the C kernels (decode from k_begin,
+    extend masked in the kernel) and the deterministic mode's decode rows through the extend kernel."""
+    got, ref = run_case(H, hkv, D, 16, *case, kernels=mode != "torch", window=window,
+                        rows_like_extend=mode == "rows")
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES + WINDOW_CASES[1:2])
+@pytest.mark.parametrize("kernels", [False, True])  # a soft-cap keeps the C kernels off: configure says so
+def test_soft_cap_matches_reference(case, kernels):
+    got, ref = run_case(8, 2, 64, 1, *case, kernels=kernels, window=8 if case in WINDOW_CASES else 0, soft_cap=5.0)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    plain, _ = run_case(8, 2, 64, 1, *case)
+    assert not torch.allclose(got, plain, atol=1e-3)  # the cap changed the scores
+
+
+def test_bf16_sliding_window_kernels_close_to_reference():
+    for case in WINDOW_CASES:
+        got, ref = run_case(8, 2, 64, 16, *case, dtype=torch.bfloat16, kernels=True, window=8)
+        torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2)

@@ -108,3 +108,29 @@ def test_fused_decode_takes_cascade_groups_and_steps_aside_for_large_batches():
                                        [1] * n, [], list(range(n))))
         assert (3, True) in seen  # cascade groups: decode_layer.c runs the shared-prefix attention too
         assert (n, False) in seen  # above the decode kernels' batch size
+
+
+@pytest.mark.parametrize("shared", [0, 100], ids=["own", "cascade"])
+def test_fused_decode_sliding_window_layers_are_bit_identical(shared):
+    """Alternating windowed (16 positions) and full layers: decode_layer.c reads a windowed layer's last 16
+    positions (no cascade groups there), as the module path does; the full layers keep the groups."""
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.fused_decode import FusedDecode
+
+    with Engine(None, max_total_tokens=2048, dtype="float32") as eng:
+        runner = eng.runner
+        model = runner.model
+        n = len(model.layers)
+        runner.backend.set_layer_options(tuple(16 if i % 2 == 0 else 0 for i in range(n)))
+        fused = model.fused_decode = FusedDecode.build(model, torch.float32)
+        assert fused is not None and [w.window for w in fused.weights][:2] == [16, 0]
+        with torch.inference_mode():
+            got, got_kv = _scenario(runner, 0, 0, shared=shared)
+            model.fused_decode = None
+            want, want_kv = _scenario(runner, 3, 1000, shared=shared)
+            runner.backend.set_layer_options(())
+            full, _ = _scenario(runner, 6, 1500, shared=shared)
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
+        assert torch.equal(got_kv, want_kv)
+        assert not torch.equal(got[-1], full[-1])  # the window changed the output

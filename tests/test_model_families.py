@@ -64,14 +64,6 @@ def test_greedy_matches_transformers(name, tmp_path):
     assert again["meta_info"]["cached_tokens"] > 0
 
 
-def test_mistral_short_sliding_window_is_refused(tmp_path):
-    from radixlang_runtime import Engine
-
-    build_tiny(tmp_path, "MistralConfig", TINY, {"max_position_embeddings": 256, "sliding_window": 16})
-    with pytest.raises(ValueError, match="sliding_window 16 is shorter than the context length 256"):
-        Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)
-
-
 def test_phi3_longrope_past_its_original_window_is_refused(tmp_path):
     from radixlang_runtime import Engine
 
@@ -85,13 +77,11 @@ BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size":
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 64,
-      "max_window_layers": 1}, "sliding_window 64"),
-    ({"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "sliding_window": 128,
-      "max_window_layers": 0}, "sliding_window 128"),
-    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 64,
-      "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window 64"),
-    ({"architectures": ["MistralForCausalLM"]}, "sliding_window 4096 is shorter than the context length 8192"),
+    # OLMoE: transformers builds a plain causal mask yet passes the window to flash attention: ambiguous
+    ({"architectures": ["OlmoeForCausalLM"], "sliding_window": 64, "num_experts": 4, "num_experts_per_tok": 2},
+     "sliding_window 64 .*flash attention only"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 0}, "sliding_window 0 must be a positive"),
+    ({"architectures": ["Qwen2ForCausalLM"], "layer_types": ["full_attention"]}, "layer_types has 1 entries"),
     ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types entry 'chunked_attention'"),
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
@@ -104,9 +94,8 @@ BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size":
 ])
 def test_unhonoured_fields_are_refused_by_name(extra, needle):
     cfg = {**BASE, **extra}
-    context = 8192 if extra.get("architectures") == ["MistralForCausalLM"] else 256
     with pytest.raises(ValueError, match=needle):
-        ModelConfig.from_dict(cfg).check_context_len(context)
+        ModelConfig.from_dict(cfg).check_context_len(256)
 
 
 @pytest.mark.parametrize("extra", [
@@ -118,7 +107,88 @@ def test_unhonoured_fields_are_refused_by_name(extra, needle):
     {"layer_types": ["full_attention", "full_attention"], "attn_logit_softcapping": None},
 ])
 def test_no_op_fields_are_accepted(extra):
-    ModelConfig.from_dict({**BASE, **extra}).check_context_len(256)
+    cfg = ModelConfig.from_dict({**BASE, **extra})
+    cfg.check_context_len(256)
+    assert cfg.layer_windows in ((), (256, 256))  # a window >= the context masks nothing
+
+
+@pytest.mark.parametrize("extra,windows", [
+    ({"architectures": ["MistralForCausalLM"]}, (4096, 4096)),  # MistralConfig's default window, every layer
+    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 64,
+      "max_window_layers": 1}, (0, 64)),  # layers >= max_window_layers
+    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 64,
+      "layer_types": ["sliding_attention", "full_attention"]}, (64, 0)),  # layer_types win
+    ({"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "sliding_window": 128,
+      "max_window_layers": 0}, (128, 128)),
+])
+def test_sliding_windows_per_layer(extra, windows):
+    assert ModelConfig.from_dict({**BASE, **extra}).layer_windows == windows
+
+
+# Sliding windows served end to end: prompts longer than the window, chunked prefill (chunks of 16), a pool
+# so tight that decode retracts, then a radix-cache hit; every request token for token against transformers.
+# name -> (config class, kwargs, the contrast config changes: each must give other tokens, so each feature counts)
+FULL = "full_attention"
+GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+WINDOWED = {
+    "mistral_window": ("MistralConfig", {"sliding_window": 8}, [{"sliding_window": None}]),
+    "qwen2_window": ("Qwen2Config", {"num_hidden_layers": 3, "num_key_value_heads": 1, "use_sliding_window": True,
+                                     "sliding_window": 12, "max_window_layers": 1}, [{"layer_types": [FULL] * 3}]),
+    # Gemma 2: even layers slide by default; soft-caps small enough to bend the scores and the logits
+    "gemma2_a": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+                                  "initializer_range": 0.05, "final_logit_softcapping": 3.0,
+                                  "attn_logit_softcapping": 0.5},
+                 [{"layer_types": [FULL] * 2}, {"attn_logit_softcapping": None}]),  # final cap: the logprob check
+    "gemma2_b": ("Gemma2Config", {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
+                                  "intermediate_size": 96, "query_pre_attn_scalar": 24, "sliding_window": 12,
+                                  "initializer_range": 0.05, "final_logit_softcapping": 5.0,
+                                  "attn_logit_softcapping": 3.0}, [{"layer_types": [FULL] * 3}]),
+    # Gemma 3 text: qk-norm, every 2nd (a) / explicit (b) global layer, local rope theta of its own
+    "gemma3_a": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+                                      "initializer_range": 0.1, "num_hidden_layers": 3, "sliding_window_pattern": 2},
+                 [{"layer_types": [FULL] * 3}]),
+    "gemma3_b": ("Gemma3TextConfig", {"num_hidden_layers": 4, "num_key_value_heads": 4, "head_dim": 32,
+                                      "query_pre_attn_scalar": 32, "sliding_window": 11, "initializer_range": 0.1,
+                                      "layer_types": ["sliding_attention", "sliding_attention", FULL,
+                                                      "sliding_attention"],
+                                      "rope_parameters": GEMMA3_ROPE, "final_logit_softcapping": 8.0},
+                 [{"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": GEMMA3_ROPE["full_attention"]}}]),
+}
+LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
+
+
+def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrasts: list[dict], new: int = 16) -> None:
+    from radixlang_runtime import Engine
+
+    model = build_tiny(tmp_path, cls_name, TINY, {"max_position_embeddings": 256, **kwargs})
+    want = [hf_greedy(model, p, new) for p in LONG_PROMPTS]
+    assert sum(len(set(w)) > 1 for w in want) >= 3  # not a degenerate model (one token repeated)
+    for contrast in contrasts:  # the window / layer pattern / cap / rope matters to transformers' own tokens
+        other = with_config(model, contrast)
+        assert [hf_greedy(other, p, new) for p in LONG_PROMPTS] != want, contrast
+    sp = {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=160, chunked_prefill_size=16,
+                max_prefill_tokens=64, new_token_ratio_init=0.05, new_token_ratio_min=0.05,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS, sampling_params=sp)
+        assert eng.get_stats()["num_retractions"] > 0, "the pool was meant to force retractions"
+        again = eng.generate(input_ids=LONG_PROMPTS[3], sampling_params=sp)
+        first = eng.generate(input_ids=LONG_PROMPTS[3], sampling_params={**sp, "max_new_tokens": 1,
+                                                                         "min_new_tokens": 1}, return_logprob=True)
+    assert [o["output_ids"] for o in outs] == want
+    assert again["output_ids"] == want[3] and again["meta_info"]["cached_tokens"] > 0
+    # the first token's logprob: transformers' (final logit soft-cap included, which greedy ids cannot show)
+    import torch
+
+    with torch.no_grad():
+        ref = model(torch.tensor([LONG_PROMPTS[3]])).logits[0, -1].float().log_softmax(-1)[want[3][0]].item()
+    assert abs(first["meta_info"]["output_token_logprobs"][0][0] - ref) < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_sliding_window_families_match_transformers(name, tmp_path):
+    assert_windowed_parity(tmp_path, *WINDOWED[name])
 
 
 def test_phi3_su_is_longrope_and_fused_rows_map_to_llama_names():

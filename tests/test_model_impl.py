@@ -82,7 +82,8 @@ def test_what_the_fallback_cannot_route_is_refused():
         ModelConfig.from_dict(neo, "auto")
     mistral = {**MistralConfig(vocab_size=100, sliding_window=16, max_position_embeddings=256).to_dict(),
                "architectures": ["MistralForCausalLM"]}
-    with pytest.raises(ValueError, match="sliding_window 16 is shorter than the context length 256"):
+    with pytest.raises(ValueError, match=r"sliding_window 16 \(--model-impl transformers attends over the whole "
+                                         r"prefix\): context length 256 is refused"):
         ModelConfig.from_dict(mistral, "transformers").check_context_len(256)
     with pytest.raises(ValueError, match="model_impl 'hf': choose one of auto, native, transformers"):
         ModelConfig.from_dict(mistral, "hf")

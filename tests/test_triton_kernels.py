@@ -107,3 +107,34 @@ def test_soft_cap_in_both_kernels():
                            soft_cap=cap).cpu()
     want = paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5, soft_cap=cap)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("window", [1, 7, 40])
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 80)])
+def test_sliding_window_in_both_kernels(H, hkv, D, window):
+    """Sliding windows (the query at position p sees (p - window, p]): extend bounds its key loops by the
+    window (blocks of 16 queries, so a window cuts inside and across blocks); decode reads the last
+    `window` positions through k_begin, as the backend calls it."""
+    prefix, ext = [0, 37, 3, 70], [45, 20, 1, 9]
+    kb, vb, rt, rows = paged_setup(prefix, ext, hkv, D, torch.float32, 16, seed=window)
+    T = sum(ext)
+    qkv = torch.randn(T, H + 2 * hkv, D, generator=torch.Generator().manual_seed(5))
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for r, p, n in zip(rows, prefix, ext):
+        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
+    d = lambda *xs: [x.to(DEVICE) for x in xs]  # noqa: E731
+    starts = [sum(ext[:i]) for i in range(len(ext))]
+    got = extend_attention(*d(q, k, v, kb, vb, rt), t(rows), t(prefix), t(ext), t(starts), D ** -0.5,
+                           block_m=16, block_n=16, window=window).cpu()
+    want = paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5, window=window)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    seq = [p + n for p, n in zip(prefix, ext)]
+    qd = torch.randn(len(seq), H, D, generator=torch.Generator().manual_seed(6))
+    got = decode_attention(*d(qd, kb, vb, rt), t(rows), t(seq), D ** -0.5, split_len=16,
+                           k_begin=t([max(0, n - window) for n in seq])).cpu()
+    want = paged_attention_ref(qd, kb, vb, rt, rows, [n - 1 for n in seq], [1] * len(seq), D ** -0.5, window=window)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

@@ -9,7 +9,7 @@ Invariant: a step runs here only when the module path would run exactly the same
 float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every linear a decode kernel
 (PackedLinear with dense tiles, GGUFLinear, Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M
 where every linear's tiles take any M), and the attention backend's C decode (with or without cascade
-groups; not the deterministic row mode).
+groups; not the deterministic row mode; sliding windows as the backend applies them, one window value).
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
 False and the modules run.
 """
@@ -26,7 +26,7 @@ from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.attention.torch_backend import CDecodeMeta
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.gguf_linear import GGUFLinear
-from radixlang_runtime.model.llama import MLP
+from radixlang_runtime.model.llama import MLP, DecoderLayer
 from radixlang_runtime.model.packed_linear import PackedLinear
 from radixlang_runtime.model.quant_linear import Int8Linear
 
@@ -41,7 +41,8 @@ class DecodeLinear(ctypes.Structure):
 
 class DecodeLayerWeights(ctypes.Structure):
     _fields_ = [("qkv", DecodeLinear), ("o", DecodeLinear), ("gate_up", DecodeLinear), ("down", DecodeLinear),
-                ("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("layer", ctypes.c_int64)]
+                ("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("layer", ctypes.c_int64),
+                ("window", ctypes.c_int64)]
 
 
 class DecodeStep(ctypes.Structure):
@@ -51,7 +52,7 @@ class DecodeStep(ctypes.Structure):
         ("seq_lens", ctypes.c_void_p), ("k_pools", ctypes.POINTER(ctypes.c_void_p)),
         ("v_pools", ctypes.POINTER(ctypes.c_void_p)), ("groups", ctypes.c_int64), ("dpbf16", ctypes.c_int64)] + [
         (n, ctypes.c_void_p) for n in ("group_rows", "group_lens", "q_index", "group_starts", "group_counts", "k_begin",
-                                       "prior_o", "prior_lse")]
+                                       "prior_o", "prior_lse", "win_begin")]
 
 
 _ptr = cpu_kernels._ptr
@@ -99,7 +100,8 @@ class FusedDecode:
         any_m = True
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if (attn.q_norm is not None or attn.clip_qkv is not None or not isinstance(mlp, MLP)
+            if (attn.q_norm is not None or attn.clip_qkv is not None or type(mlp) is not MLP
+                    or type(layer) is not DecoderLayer  # other layer shapes (Gemma's pre + post norms, GeGLU)
                     or not mlp.use_cpu_kernel or not layer.input_layernorm.use_cpu_kernel):
                 return None  # q/k norms, clip_qkv and MoE blocks (model/moe.py) run on the modules
             mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -110,6 +112,10 @@ class FusedDecode:
             weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
                                               layer.post_attention_layernorm.weight.data_ptr(), i))
         a0 = model.layers[0].self_attn
+        if len(a0.backend.distinct_windows) > 1:  # the step carries one win_begin
+            return None
+        for w in weights:
+            w.window = a0.backend.window(w.layer)
         dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)
         max_batch = FusedDecode.MAX_ANY_M if any_m else cpu_kernels.DENSE_MAX_M
         return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale,
@@ -141,6 +147,8 @@ class FusedDecode:
                           cos.data_ptr(), sin.data_ptr(), fb.out_loc.data_ptr(), rt.data_ptr(), fb.req_rows.data_ptr(),
                           fb.seq_lens.data_ptr(), kp, vp)
         plan = fb.attn_meta.cascade
+        for b in fb.attn_meta.win_begin.values():  # windowed layers: TorchAttentionBackend.forward_decode's k_begin
+            step.win_begin = b.data_ptr()
         if plan is not None:  # the same calls as TorchAttentionBackend.forward_decode's
             po, pl = fb.attn_meta.prior
             step.groups, step.dpbf16 = plan.num_groups, int(self.layers[0].self_attn.backend.dpbf16)

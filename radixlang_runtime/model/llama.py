@@ -306,9 +306,13 @@ class LlamaForCausalLM(nn.Module):
             self.load_mlp(i, tensors, put)
             put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
             put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
+            self.load_layer_extras(i, tensors, put)
         missing = sorted(set(own) - done)
         if missing:
             raise ValueError(f"parameters not loaded: {missing[:5]}")
+
+    def load_layer_extras(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
+        """Layer i's parameters beyond Llama's (a family with more, e.g. Gemma's extra norms, overrides this)."""
 
     def load_mlp(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
         """Layer i's dense MLP: gate and up fused, this rank's intermediate columns."""

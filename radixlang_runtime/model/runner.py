@@ -94,13 +94,14 @@ class ModelRunner:
             memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
         self.context_len = args.context_length or cfg.max_position_embeddings
-        cfg.check_context_len(self.context_len)  # a sliding window shorter than the context is refused
+        cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.tp = tp
         self.shard = shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
                                         cfg.vocab_size, tp.size if tp else 1, tp.rank if tp else 0)
 
         backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
-                                           cfg.head_dim ** -0.5)
+                                           cfg.attn_scale or cfg.head_dim ** -0.5)
+        backend.set_layer_options(cfg.layer_windows, cfg.attn_logit_softcapping or 0.0)  # windows, soft-cap
         self.backend = backend
         rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
         with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
@@ -133,6 +134,10 @@ class ModelRunner:
                                                  linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if not native:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, norm="transformers", activation="transformers")
+        if cfg.attn_logit_softcapping and (self.cpu_paths.c_decode or self.cpu_paths.c_extend):
+            # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
+                                                 extend_attention="torch:soft-cap")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_kernels()
         if hasattr(backend, "configure"):

@@ -16,6 +16,23 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        # per layer: sliding window w > 0 (the query at position p sees keys at (p - w, p], transformers'
+        # sliding_window) or 0 (full causal); layers past the tuple's end are full. Set by set_layer_options.
+        self.windows: tuple[int, ...] = ()
+        self.soft_cap = 0.0  # c > 0: scores become c * tanh(scores / c) (Gemma 2), every layer
+
+    def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
+        """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
+        self.windows = tuple(int(w) for w in windows)
+        self.soft_cap = float(soft_cap or 0.0)
+
+    def window(self, layer: int) -> int:
+        return self.windows[layer] if layer < len(self.windows) else 0
+
+    @property
+    def distinct_windows(self) -> set[int]:
+        """The windows > 0 some layer applies (metadata is built once per step for each)."""
+        return {w for w in self.windows if w > 0}
 
     @abstractmethod
     def init_forward_metadata(self, fb: ForwardBatch) -> None:

@@ -4,6 +4,8 @@ The default on CUDA; on CPU it runs only under TRITON_INTERPRET=1 (tests). Metad
 handful of [B] int64 tensors; both kernels read K/V in place from the pool through req_to_token.
 Decode with cascade on (attention/cascade.py): requests that share a cached prefix read it once per
 group (kernels/prefix_attention.py), then each its own tail with that result as the prior.
+Sliding windows (self.windows): extend bounds its key loops by the window (kernels/extend_attention.py);
+decode reads each request's last w positions (k_begin = seq_len - w), without cascade on those layers.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class TritonMeta:
     # the grouped rows, the others stay zeros / -inf (weight 0 in the merge)
     prior_o: Optional[torch.Tensor] = None
     prior_lse: Optional[torch.Tensor] = None
+    win_begin: Optional[dict] = None  # decode: window w -> [B] int64 max(0, seq_len - w)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -47,6 +50,7 @@ class TritonAttentionBackend(AttentionBackend):
         dev = fb.input_ids.device
         if fb.is_decode:
             fb.attn_meta = TritonMeta(max(fb.seq_lens_cpu))
+            fb.attn_meta.win_begin = {w: (fb.seq_lens - w).clamp(min=0) for w in self.distinct_windows}
             shareable = [n - 1 for n in fb.seq_lens_cpu]  # all but the new token are in the pool
             if self.cascade and sum(n >= MIN_SHARED for n in shareable) >= 2:  # else no group: skip the sync
                 B = fb.batch_size
@@ -71,13 +75,19 @@ class TritonAttentionBackend(AttentionBackend):
         m: TritonMeta = fb.attn_meta
         pool = fb.kv_pool
         o = self._extend(q, k, v, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token, fb.req_rows,
-                         m.prefix_lens, m.extend_lens, m.extend_starts, self.scale, self.soft_cap, m.max_len)
+                         m.prefix_lens, m.extend_lens, m.extend_starts, self.scale, self.soft_cap, m.max_len,
+                         window=self.window(layer))
         return o.view(q.shape[0], -1)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         m: TritonMeta = fb.attn_meta
         pool = fb.kv_pool
         kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
+        w = self.window(layer)
+        if w:  # the last w positions, one pass (a shared prefix mostly lies outside the window)
+            o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
+                             min(m.max_len, w), k_begin=m.win_begin[w])
+            return o.view(q.shape[0], -1)
         p = m.cascade
         if p is not None:  # the shared prefixes once per group, into the prior each request's tail merges
             self._prefix(q, kb, vb, pool.req_to_token, p.group_rows, p.group_lens, p.q_index, p.group_starts,

@@ -99,7 +99,7 @@ def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
     decode_args = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
     extend_args = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
                    + [ctypes.c_float, ctypes.c_void_p] + [ctypes.c_void_p] * 2
-                   + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7)
+                   + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int64])
     for name, args in [("paged_decode_bf16", decode_args), ("paged_decode_f32", decode_args),
                        ("extend_causal_bf16", extend_args), ("extend_causal_portable_bf16", extend_args),
                        ("extend_causal_f32", extend_args)]:
@@ -413,8 +413,9 @@ def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:
 def _extend_call(q: torch.Tensor, kv: Optional[tuple], starts: torch.Tensor, lens: torch.Tensor, hkv: int,
                  scale: float, prefix: Optional["PagedPrefix"], dpbf16: bool, out: torch.Tensor,
                  q_index: Optional[torch.Tensor] = None, lse_out: Optional[torch.Tensor] = None,
-                 prior: Optional[Prior] = None) -> None:
-    """The one caller of the extend kernels' segment contract (extend_attention.c)."""
+                 prior: Optional[Prior] = None, window: int = 0) -> None:
+    """The one caller of the extend kernels' segment contract (extend_attention.c); window > 0: each row
+    sees the keys at positions (p - window, p] of its query's position p (common.h window_first_key)."""
     T, H, D = q.shape
     q = _heads_contiguous(q)
     k, v = (None, None) if kv is None else (_heads_contiguous(kv[0]), _heads_contiguous(kv[1]))
@@ -432,14 +433,15 @@ def _extend_call(q: torch.Tensor, kv: Optional[tuple], starts: torch.Tensor, len
     rc = getattr(_lib, name)(q.data_ptr(), q.stride(0), _ptr(k), 0 if k is None else k.stride(0), _ptr(v),
                              0 if v is None else v.stride(0), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
                              H, hkv, D, scale, out.data_ptr(), *pool_args, _ptr(q_index), _ptr(lse_out), _ptr(po),
-                             _ptr(pl))
+                             _ptr(pl), window)
     _check(rc, name)
 
 
 def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
                   scale: float, prefix: Optional["PagedPrefix"] = None, dpbf16: bool = False,
-                  prior: Optional[Prior] = None) -> torch.Tensor:
-    """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves.
+                  prior: Optional[Prior] = None, window: int = 0) -> torch.Tensor:
+    """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves
+    (window > 0: only to the keys at positions (p - window, p] of the query's position p).
 
     q [T, H, D], k / v [T, Hkv, D] (the new tokens; bf16 or float32), heads contiguous (row strides may
     differ; other layouts are copied); starts / lens [R] int64 -> out [T, H * D].
@@ -449,7 +451,7 @@ def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tor
     """
     T, H, D = q.shape
     out = torch.empty(T, H * D, dtype=q.dtype)
-    _extend_call(q, (k, v), starts, lens, k.shape[1], scale, prefix, dpbf16, out, prior=prior)
+    _extend_call(q, (k, v), starts, lens, k.shape[1], scale, prefix, dpbf16, out, prior=prior, window=window)
     return out
 
 
@@ -471,14 +473,15 @@ def shared_prefix(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, r
 
 def pool_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
                         req_rows: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor, ones: torch.Tensor,
-                        scale: float, dpbf16: bool = False) -> torch.Tensor:
+                        scale: float, dpbf16: bool = False, window: int = 0) -> torch.Tensor:
     """Decode through the extend kernel: row b of q [B, H, D] attends to positions 0 .. seq_lens[b] - 1
-    of table row req_rows[b], all in the pool (rows = arange(B), ones = [1] * B: one segment per row).
+    of table row req_rows[b], all in the pool (rows = arange(B), ones = [1] * B: one segment per row);
+    window > 0: only the last `window` of them, masked in place as a prefill masks them.
     Each row gets exactly the arithmetic an extend gives the same token (the deterministic mode: a
     token's output never depends on which kernel ran it)."""
     out = torch.empty_like(q)
     prefix = PagedPrefix(k_pool, v_pool, req_to_token, req_rows, seq_lens)
-    _extend_call(q, None, rows, ones, k_pool.shape[0], scale, prefix, dpbf16, out)
+    _extend_call(q, None, rows, ones, k_pool.shape[0], scale, prefix, dpbf16, out, window=window)
     return out
 
 

@@ -272,6 +272,30 @@ static inline int extend_plan_make(extend_plan *p, const int64_t *lens, int64_t 
     return p->pack_task && p->task_off ? 0 : -2;
 }
 
+/* Sliding-window attention (window > 0; 0: none): the first key index row j of segment r may see; the
+ * scores of keys before it are set to -inf (window_mask) and their numerators to 0 (window_zero). Keys
+ * are positions k_begin[r] + l (pool, then new); the row's query sits at position prefix_lens[r] + j
+ * with new keys (has_new), else at prefix_lens[r] - 1 (a decode row: its own key is the last pool key).
+ * A query at position p sees the keys at positions (p - window, p] (transformers' sliding_window).
+ * Masking in place keeps every score at its key's lane, whatever the window: the deterministic mode's
+ * decode rows and prefills then sum the same values in the same order. */
+static inline int64_t window_first_key(int64_t window, const int64_t *prefix_lens, const int64_t *k_begin,
+                                       int has_new, int64_t r, int64_t j) {
+    if (window <= 0) return 0;
+    const int64_t pre = prefix_lens ? prefix_lens[r] : 0, p = has_new ? pre + j : pre - 1;
+    const int64_t lo = p - window + 1 - (prefix_lens && k_begin ? k_begin[r] : 0);
+    return lo > 0 ? lo : 0;
+}
+
+static inline void window_mask(float *s, int64_t lo) {
+    for (int64_t l = 0; l < lo; l++) s[l] = -INFINITY;
+}
+
+/* after softmax_numerators: exp512 clamps at e^-87, so the masked numerators are zeroed explicitly */
+static inline void window_zero(float *s, int64_t lo) {
+    for (int64_t l = 0; l < lo; l++) s[l] = 0.f;
+}
+
 static inline int64_t extend_task_request(const int64_t *off, int64_t R, int64_t task) {
     int64_t r = 0, lo = 0, hi = R - 1;
     while (lo <= hi) {

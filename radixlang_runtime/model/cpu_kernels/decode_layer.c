@@ -7,7 +7,8 @@
  *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]  (rope_store.c)
  *   a  = paged_decode(q, pool, req_to_token, req_rows, seq_lens) @ Wo.T
  *        (with cascade groups: first the groups' shared parts by the extend kernel into the prior, then
- *        paged_decode over each request's own part from k_begin, merged with it: attention/cascade.py)
+ *        paged_decode over each request's own part from k_begin, merged with it: attention/cascade.py;
+ *        a layer with a sliding window: paged_decode from win_begin, no groups)
  *   x2 = rms_norm(residual += a) * post_norm
  *   out = silu_mul(x2 @ Wgate_up.T) @ Wdown.T
  *
@@ -38,6 +39,7 @@ typedef struct {
     decode_linear qkv, o, gate_up, down;
     const void *in_norm, *post_norm; /* [hidden] like x */
     int64_t layer;                   /* index into the step's pools */
+    int64_t window;                  /* sliding window > 0: attend from the step's win_begin, no groups */
 } decode_layer_weights;
 
 typedef struct {
@@ -52,6 +54,7 @@ typedef struct {
     const int64_t *group_rows, *group_lens, *q_index, *group_starts, *group_counts, *k_begin;
     void *prior_o;    /* [M, H, D] like x: each layer's shared parts (rows not in a group keep lse -inf) */
     float *prior_lse; /* [M, H] */
+    const int64_t *win_begin; /* [M] max(0, seq_len - window) for the windowed layers (NULL: none) */
 } decode_step;
 
 static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16) {
@@ -104,25 +107,29 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
                        S->v_pools[W->layer], S->slots);
     for (int64_t m = 0; m < M; m++) memcpy(q + m * S->H * D * el, qkv + m * qkv_n * el, S->H * D * el);
     const void *kp = S->k_pools[W->layer], *vp = S->v_pools[W->layer];
-    if (S->groups) { /* cpu_kernels.shared_prefix */
+    const int windowed = W->window > 0; /* TorchAttentionBackend: the last `window` positions, one pass */
+    if (S->groups && !windowed) { /* cpu_kernels.shared_prefix */
         if (bf16)
             rc = (S->dpbf16 ? extend_causal_bf16 : extend_causal_portable_bf16)(
                 (const uint16_t *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts, S->groups, S->H,
                 S->Hkv, D, S->scale, (uint16_t *)S->prior_o, kp, vp, S->slots, S->req_to_token, S->ctx, S->group_rows,
-                S->group_lens, NULL, S->q_index, S->prior_lse, NULL, NULL);
+                S->group_lens, NULL, S->q_index, S->prior_lse, NULL, NULL, 0);
         else
             rc = extend_causal_f32((const float *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts,
                                    S->groups, S->H, S->Hkv, D, S->scale, (float *)S->prior_o, kp, vp, S->slots,
                                    S->req_to_token, S->ctx, S->group_rows, S->group_lens, NULL, S->q_index,
-                                   S->prior_lse, NULL, NULL);
+                                   S->prior_lse, NULL, NULL, 0);
         if (rc) goto done;
     }
     /* without groups k_begin / prior_o / prior_lse are NULL (FusedDecode.run leaves them unset) */
-    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, S->k_begin,
-                                  S->prior_o, S->prior_lse, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
+    const int64_t *k_begin = windowed ? S->win_begin : S->k_begin;
+    const void *prior_o = windowed ? NULL : S->prior_o;
+    const float *prior_lse = windowed ? NULL : S->prior_lse;
+    rc = bf16 ? paged_decode_bf16((const uint16_t *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, k_begin,
+                                  prior_o, prior_lse, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
                                   (uint16_t *)attn)
-              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, S->k_begin,
-                                 S->prior_o, S->prior_lse, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
+              : paged_decode_f32((const float *)q, kp, vp, S->req_to_token, S->req_rows, S->seq_lens, k_begin,
+                                 prior_o, prior_lse, M, S->H, S->Hkv, D, S->slots, S->ctx, S->scale,
                                  (float *)attn);
     if (rc) goto done;
     if ((rc = run_linear(&W->o, attn, o, M, bf16))) goto done;

@@ -11,6 +11,7 @@
  *   row j sees new keys 0 .. j. With k == NULL a row sees only the pool keys (cascade's shared part).
  *   lse_out [T, H] float32 (NULL: not written): log-sum-exp of each row's scaled scores.
  *   prior_o [T, H, D] bf16 + prior_lse [T, H] (NULL: none): merged into each row (common.h merge_prior).
+ *   window > 0: sliding-window attention, each row sees only the keys common.h window_first_key allows.
  * Query head h uses KV head h / (H / Hkv).
  *
  * Two phases in one parallel region. Pack, tasks (segment, KV head, 256 keys): K into d-pair-major
@@ -167,7 +168,7 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
                        int64_t D, float scale, uint16_t *out, const uint16_t *k_pool, const uint16_t *v_pool, int64_t N,
                        const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows,
                        const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,
-                       const uint16_t *prior_o, const float *prior_lse) {
+                       const uint16_t *prior_o, const float *prior_lse, int64_t window) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (D % 32 != 0 || D > 256 || H % Hkv != 0) return -1;
     const int64_t G = H / Hkv, P = D / 2, J = D / 16;
@@ -219,13 +220,14 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
                 /* rows b0 .. b0 + nb - 1 (query j0 + row / G, head h * G + row % G), padded to whole
                  * sub-blocks of RB with repeats of the last row (computed, never stored) */
                 const int64_t nb = nrows - b0 < BM ? nrows - b0 : BM, nsub = (nb + RB - 1) / RB;
-                int64_t t[BM], hh[BM], L[BM], Lmax = 0;
+                int64_t t[BM], hh[BM], L[BM], F[BM], Lmax = 0;
                 const uint32_t *qp[BM], *pr[BM];
                 for (int64_t i = 0; i < nsub * RB; i++) {
                     const int64_t row = b0 + (i < nb ? i : nb - 1), j = j0 + row / G;
                     t[i] = q_index ? q_index[starts[r] + j] : starts[r] + j;
                     hh[i] = h * G + row % G;
                     L[i] = np + (k ? j + 1 : 0);
+                    F[i] = window_first_key(window, prefix_lens, k_begin, k != NULL, r, j);
                     Lmax = L[i] > Lmax ? L[i] : Lmax;
                     qp[i] = (const uint32_t *)(q + t[i] * q_stride + hh[i] * D);
                 }
@@ -239,7 +241,9 @@ int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, i
                 float lse[BM], inv[BM];
                 for (int64_t i = 0; i < nsub * RB; i++) {
                     float *sr = sc + i * max16, m;
+                    window_mask(sr, F[i]);
                     const float sum = softmax_numerators(sr, L[i], &m);
+                    window_zero(sr, F[i]);
                     inv[i] = 1.f / sum;
                     lse[i] = m + logf(sum);
                     uint16_t *p = pb + i * max16;
@@ -290,6 +294,7 @@ done:
     (void)q, (void)q_stride, (void)k, (void)k_stride, (void)v, (void)v_stride, (void)starts, (void)lens, (void)R, (void)H;
     (void)Hkv, (void)D, (void)scale, (void)out, (void)k_pool, (void)v_pool, (void)N, (void)req_to_token, (void)rt_stride;
     (void)req_rows, (void)prefix_lens, (void)k_begin, (void)q_index, (void)lse_out, (void)prior_o, (void)prior_lse;
+    (void)window;
     return -1;
 #endif
 }

@@ -4,7 +4,7 @@
  * vectorises for the target (AVX-512F, AVX2, NEON); exp through common.h's softmax_numerators.
  *
  * Same contract as extend_causal_bf16 (extend_attention.c: segments, pool keys from k_begin, new keys
- * causal, k == NULL for pool keys only, q_index, lse_out, prior merge). Any D <= 256 and
+ * causal, the sliding window, k == NULL for pool keys only, q_index, lse_out, prior merge). Any D <= 256 and
  * H % Hkv == 0 (else -1); -2 when memory runs out. Every row must see at least one key.
  *
  * Two phases like the bf16 kernel. Pack, tasks (segment, KV head, KC keys): keys converted once to
@@ -94,7 +94,8 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                                 int64_t Hkv, int64_t D, float scale, ELEM *out, const ELEM *k_pool,
                                 const ELEM *v_pool, int64_t N, const int64_t *req_to_token, int64_t rt_stride,
                                 const int64_t *req_rows, const int64_t *prefix_lens, const int64_t *k_begin,
-                                const int64_t *q_index, float *lse_out, const ELEM *prior_o, const float *prior_lse) {
+                                const int64_t *q_index, float *lse_out, const ELEM *prior_o, const float *prior_lse,
+                                int64_t window) {
     if (D > 256 || H % Hkv != 0) return -1;
     const int64_t G = H / Hkv, KC = 256;
     /* segments and tasks (common.h); per KV head a block of 2 D floats per key: K [D][n32], V [n32][D] */
@@ -142,12 +143,13 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                 /* rows b0 .. b0 + nb - 1, padded to whole sub-blocks of PRB with repeats of the last row
                  * (computed, never stored) */
                 const int64_t nb = nrows - b0 < BM ? nrows - b0 : BM, nsub = (nb + PRB - 1) / PRB;
-                int64_t t[BM], hh[BM], L[BM], Lmax = 0;
+                int64_t t[BM], hh[BM], L[BM], F[BM], Lmax = 0;
                 for (int64_t i = 0; i < nsub * PRB; i++) {
                     const int64_t row = b0 + (i < nb ? i : nb - 1), j = j0 + row / G;
                     t[i] = Q_TOKEN(r, j);
                     hh[i] = h * G + row % G;
                     L[i] = np + (k ? j + 1 : 0);
+                    F[i] = window_first_key(window, prefix_lens, k_begin, k != NULL, r, j);
                     Lmax = L[i] > Lmax ? L[i] : Lmax;
                     const ELEM *qr = q + t[i] * q_stride + hh[i] * D;
                     for (int64_t d = 0; d < D; d++) qf[i][d] = TO_F32(qr[d]) * scale;
@@ -179,7 +181,9 @@ int CAT(extend_causal_, SUFFIX)(const ELEM *q, int64_t q_stride, const ELEM *k, 
                 float lse[BM];
                 for (int64_t i = 0; i < nsub * PRB; i++) {
                     float m, *si = sc + i * max_n;
+                    window_mask(si, F[i]);
                     const float sum = softmax_numerators(si, L[i], &m);
+                    window_zero(si, F[i]);
                     lse[i] = m + logf(sum);
                     const float inv = 1.f / sum;
                     for (int64_t l = 0; l < L[i]; l++) si[l] *= inv;

@@ -37,7 +37,7 @@ int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, c
         const int64_t *lens, int64_t R, int64_t H, int64_t Hkv, int64_t D, float scale, T *out, const T *k_pool,    \
         const T *v_pool, int64_t N, const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows,        \
         const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,              \
-        const T *prior_o, const float *prior_lse
+        const T *prior_o, const float *prior_lse, int64_t window
 int extend_causal_bf16(EXTEND_ARGS(uint16_t));
 int extend_causal_portable_bf16(EXTEND_ARGS(uint16_t));
 int extend_causal_f32(EXTEND_ARGS(float));

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.models import llama_family, mixtral, olmoe, phi3, qwen_moe, transformers_fallback
+from radixlang_runtime.model.models import (gemma2, gemma3, llama_family, mixtral, olmoe, phi3, qwen_moe,
+                                          transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ _FAMILIES = (
     ModelFamily("Qwen2MoeForCausalLM", qwen_moe.parse_qwen2_moe, qwen_moe.MoEForCausalLM),
     ModelFamily("Qwen3MoeForCausalLM", qwen_moe.parse_qwen3_moe, qwen_moe.MoEForCausalLM),
     ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
+    ModelFamily("Gemma2ForCausalLM", gemma2.parse_gemma2, gemma2.Gemma2ForCausalLM),
+    ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)

@@ -2,12 +2,13 @@
 
 Each parser reads the fields transformers' implementation of that architecture reads, with its defaults,
 and refuses the ones that change the math and are not implemented here (config.refuse_common plus the
-family's own: Llama's mlp_bias, Mistral's and Qwen's sliding windows through ModelConfig.check_context_len).
+family's own: Llama's mlp_bias). Sliding windows (Mistral: every layer; Qwen2 / Qwen3: use_sliding_window,
+layers >= max_window_layers or layer_types) become ModelConfig.layer_windows, honoured by every attention path.
 """
 
 from __future__ import annotations
 
-from radixlang_runtime.model.config import ModelConfig, base_config, layer_window
+from radixlang_runtime.model.config import ModelConfig, base_config, layer_windows
 from radixlang_runtime.model.llama import LlamaForCausalLM
 
 __all__ = ["LlamaForCausalLM", "parse_llama", "parse_mistral", "parse_qwen2", "parse_qwen3"]
@@ -17,9 +18,9 @@ def parse_llama(cfg: dict) -> ModelConfig:
     arch = "LlamaForCausalLM"
     if cfg.get("mlp_bias"):
         raise ValueError(f"mlp_bias true is not supported ({arch}: MLP projections without bias)")
-    window = layer_window(cfg, arch, cfg.get("sliding_window"), [])
+    window = layer_windows(cfg, arch, cfg.get("sliding_window"), [])
     return base_config(cfg, arch, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=False,
-                       sliding_window=window)
+                       sliding_window=None, windows=window)
 
 
 def parse_mistral(cfg: dict) -> ModelConfig:
@@ -36,15 +37,16 @@ def _qwen_window(cfg: dict, arch: str):
     first = cfg.get("max_window_layers", 28)
     default = ["sliding_attention" if window is not None and i >= first else "full_attention"
                for i in range(cfg["num_hidden_layers"])]
-    return layer_window(cfg, arch, window, default)
+    return layer_windows(cfg, arch, window, default)
 
 
 def parse_qwen2(cfg: dict) -> ModelConfig:
     arch = "Qwen2ForCausalLM"  # q/k/v always carry a bias
-    return base_config(cfg, arch, attention_bias=True, qk_norm=False, sliding_window=_qwen_window(cfg, arch))
+    return base_config(cfg, arch, attention_bias=True, qk_norm=False, sliding_window=None,
+                       windows=_qwen_window(cfg, arch))
 
 
 def parse_qwen3(cfg: dict) -> ModelConfig:
     arch = "Qwen3ForCausalLM"
     return base_config(cfg, arch, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
-                       sliding_window=_qwen_window(cfg, arch))
+                       sliding_window=None, windows=_qwen_window(cfg, arch))

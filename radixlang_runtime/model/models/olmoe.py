@@ -22,9 +22,15 @@ def parse_olmoe(cfg: dict) -> ModelConfig:
     if cfg.get("head_dim") not in (None, cfg["hidden_size"] // cfg["num_attention_heads"]):
         # transformers sizes q_norm by hidden_size: the heads must tile it
         raise ValueError(f"head_dim {cfg['head_dim']} is not supported ({arch}: hidden_size / num_attention_heads)")
-    window = cfg.get("sliding_window")  # OlmoeAttention passes config.sliding_window when the config has one
+    # OlmoeAttention passes config.sliding_window to the attention function, but OlmoeModel builds a plain
+    # causal mask: the window would act under flash attention only. Which one a user means is unclear, so a
+    # window shorter than the context is refused by name (a longer one never masks anything).
+    window = cfg.get("sliding_window")
     out = base_config(cfg, arch, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=False,
-                      sliding_window=None if window is None else int(window))
+                      sliding_window=None)
+    if window is not None:
+        out = dataclasses.replace(out, max_context=int(window), max_context_reason=(
+            f"sliding_window {window} ({arch}: transformers applies it under flash attention only)"))
     clip = cfg.get("clip_qkv")
     key = "num_experts" if "num_experts" in cfg else "num_local_experts"
     moe = parse_moe(cfg, arch, experts_key=key, default_experts=64, default_top_k=8, inter_key="intermediate_size",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from radixlang_runtime.model.config import ModelConfig, base_config, layer_window
+from radixlang_runtime.model.config import ModelConfig, base_config, layer_windows
 from radixlang_runtime.model.moe import MoEForCausalLM
 from radixlang_runtime.model.moe_spec import parse_moe, qwen_sparse_layers
 
@@ -25,7 +25,7 @@ def parse_qwen2_moe(cfg: dict) -> ModelConfig:
     default = ["sliding_attention" if window is not None and i % 2 == 0 and i < first else "full_attention"
                for i in range(cfg["num_hidden_layers"])]
     out = base_config(cfg, arch, attention_bias=bool(cfg.get("qkv_bias", True)), qk_norm=False,
-                      sliding_window=layer_window(cfg, arch, window, default))
+                      sliding_window=None, windows=layer_windows(cfg, arch, window, default))
     experts = int(cfg.get("num_experts", 60))
     moe = parse_moe(cfg, arch, experts_key="num_experts", default_experts=60, default_top_k=4,
                     inter_key="moe_intermediate_size", default_inter=1408,

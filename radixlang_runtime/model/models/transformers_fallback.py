@@ -71,7 +71,10 @@ def parse_transformers(cfg: dict) -> ModelConfig:
         max_position_embeddings=mpe, tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
         attention_bias=False, qk_norm=False, bos_token_id=getattr(text, "bos_token_id", None), eos_token_ids=eos_ids,
         torch_dtype=str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))),
-        sliding_window=None if window is None else int(window), model_impl="transformers")
+        sliding_window=None if window is None else int(window), model_impl="transformers",
+        # the paged path runs every layer causal over the whole prefix: a declared window binds only up to itself
+        max_context=None if window is None else int(window),
+        max_context_reason=f"sliding_window {window} (--model-impl transformers attends over the whole prefix)")
 
 
 # ---------------------------------------------------------------- the step context (explicit, guarded)
