@@ -167,7 +167,7 @@ def _serve_http(args: ServerArgs, state: "ServerState", procs: list[mp.Process])
         if args.frontend_port != -1:  # the DSL's ZeroMQ link (on by default), same TokenizerManager as HTTP
             from radixlang_runtime.server.frontend_zmq import FrontendServer, frontend_address
 
-            frontend = FrontendServer(frontend_address(args.host, args.frontend_port), app, tm, args.api_key)
+            frontend = FrontendServer(frontend_address(args.host, args.frontend_port), state, tm, args.api_key)
             frontend.start()
             state.frontend = frontend  # /health and /server_info report it
         task = loop.create_task(watchdog())

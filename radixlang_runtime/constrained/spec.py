@@ -71,6 +71,18 @@ class GrammarSpec:
             raise ValueError(f"unknown dtype {dtype!r} (int | float | bool | str)")
         return cls("regex", DTYPE_REGEX[dtype])
 
+    def to_wire(self) -> list[str]:
+        """[kind, source, compile_text]: the checked spec as a message carries it (from_wire rebuilds it)."""
+        return [self.kind, self.source, self.compile_text]
+
+    @classmethod
+    def from_wire(cls, wire: list[str]) -> "GrammarSpec":
+        """Trusted: a spec to_wire wrote after the sender's checks; nothing is checked or converted again."""
+        spec = object.__new__(cls)
+        for name, value in zip(("kind", "source", "compile_text"), wire, strict=True):
+            object.__setattr__(spec, name, value)
+        return spec
+
     def describe(self) -> str:
         s = self.source if len(self.source) <= 60 else self.source[:57] + "..."
         return f"{self.kind} {s}"

@@ -47,7 +47,9 @@ class GrammarQueue:
     def add(self, req: Req) -> None:
         from radixlang_runtime.constrained.spec import spec_from_sampling
 
-        spec = spec_from_sampling(req.sampling.regex, req.sampling.json_schema)  # validated on arrival
+        # the spec the intake built (carried by the message); a SamplingParams made without from_dict
+        # (scheduler unit tests) has none yet
+        spec = req.sampling.grammar or spec_from_sampling(req.sampling.regex, req.sampling.json_schema)
         req.grammar_handle = self.compiler.submit(spec)
         self.pending.append(req)
 
