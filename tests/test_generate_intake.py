@@ -103,3 +103,25 @@ def test_the_scheduler_message_round_trips_trusted(sp, monkeypatch):
 def test_fan_out_assigns_from_a_base():
     reqs = fan_out([[1], [2]], [{}, {"n": 2}], [None, None], lambda i, ids: None, LIMITS, base_rid="b")
     assert [r.rid for r in reqs] == ["b-0", "b-1", "b-2"]
+
+
+def test_the_dsl_and_the_runtime_share_one_regex_dialect():
+    """gen(regex=) is checked by the runtime's validator: Rust syntax the server takes passes, what it
+    refuses is refused when written (before any request)."""
+    import radixlang as sgl
+    from radixlang.ir import REGEX_INT, SglSamplingParams
+    from radixlang_runtime.constrained.spec import DTYPE_REGEX, GrammarSpec
+
+    sgl.gen("a", regex=r"\p{L}+")  # Python's re refuses \p{L}; the runtime (and now the DSL) accept it
+    GrammarSpec.from_regex(r"\p{L}+")
+    for bad in (r"(?=x)a", r"\bword", "(a"):
+        with pytest.raises(ValueError, match="invalid regex"):
+            sgl.gen("a", regex=bad)
+        with pytest.raises(ValueError, match="invalid regex"):
+            GrammarSpec.from_regex(bad)
+    assert REGEX_INT == DTYPE_REGEX["int"]
+    unset = {f: None for f in SglSamplingParams.__dataclass_fields__}
+    out = SglSamplingParams().resolve(SglSamplingParams(**{**unset, "dtype": float}))
+    assert out.regex == GrammarSpec.from_dtype("float").source and " " in out.stop
+    with pytest.raises(ValueError, match="unknown dtype"):
+        SglSamplingParams().resolve(SglSamplingParams(**{**unset, "dtype": list}))

@@ -15,21 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-from radixlang_runtime.constrained.regex_check import check_regex
+from radixlang_runtime.constrained.regex_check import DTYPE_REGEX, check_regex, dtype_name
 from radixlang_runtime.constrained.schema import canonical_schema
 
 GrammarKind = Literal["regex", "json_schema"]
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
-
-# The DSL's dtype regexes (SGLang's sglang/lang/ir.py), matched against the whole generated text.
-DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]+[ \n]*",
-    "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
-    "bool": r"(True|False)",
-    "str": r"\"[\w\d\s]*\"",
-}
-
+__all__ = ["DTYPE_REGEX", "GrammarKind", "GrammarSpec", "JSON_OBJECT_SCHEMA", "spec_from_response_format",
+           "spec_from_sampling"]
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -67,9 +60,7 @@ class GrammarSpec:
 
     @classmethod
     def from_dtype(cls, dtype: str) -> "GrammarSpec":
-        if dtype not in DTYPE_REGEX:
-            raise ValueError(f"unknown dtype {dtype!r} (int | float | bool | str)")
-        return cls("regex", DTYPE_REGEX[dtype])
+        return cls("regex", DTYPE_REGEX[dtype_name(dtype)])
 
     def to_wire(self) -> list[str]:
         """[kind, source, compile_text]: the checked spec as a message carries it (from_wire rebuilds it)."""
