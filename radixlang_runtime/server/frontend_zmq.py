@@ -2,7 +2,7 @@
 event loop, feeding the same TokenizerManager (so both links share one request path).
 
 Messages are FrontendReq / FrontendOut (messages.py, msgpack). A `generate` body is the native
-/generate JSON body, parsed by generate_api.parse_generate; replies carry the same result dicts
+/generate JSON body, parsed by the one intake (services.intake_generate); replies carry the same result dicts
 (a stream: one FrontendOut per snapshot, cumulative text and delta logprobs, then done=True).
 Every method calls the service functions the HTTP handlers call (services.py: the same intake, the
 same model_info / server_info / flush_cache / pins), so both links answer alike. Invariants:

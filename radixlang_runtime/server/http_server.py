@@ -1,4 +1,5 @@
-"""The HTTP app: SGLang's native routes (PROTOCOL.md), the OpenAI routes (openai_api.py), /metrics.
+"""The HTTP app: routers per protocol, each a module of top-level handlers over services.py: native
+(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard.
 
 Bodies are parsed by hand, not by pydantic models, so that every malformed request gets the
 documented 400 `{"error": {"message": ...}}` naming the problem (FastAPI's default would be a 422
