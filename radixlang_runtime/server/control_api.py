@@ -57,12 +57,12 @@ async def flush_cache(request: Request) -> Response:
 @router.post("/pin_prefix")
 async def pin_prefix(request: Request):
     """{"text" | "input_ids", "ttl_s"?} -> {"pin_id", "pinned_len", "input_len"}: locks what is cached."""
-    return await services.pin_prefix(server_state(request), await read_json(request), HTTP_PIN_TTL_S)
+    return await services.pin_prefix(server_state(request).tm, await read_json(request), HTTP_PIN_TTL_S)
 
 
 @router.post("/unpin_prefix")
 async def unpin_prefix(request: Request):
-    return await services.unpin_prefix(server_state(request), services.pin_id_of(await read_json(request)))
+    return await services.unpin_prefix(server_state(request).tm, services.pin_id_of(await read_json(request)))
 
 
 @router.post("/abort_request")

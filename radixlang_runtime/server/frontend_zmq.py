@@ -328,13 +328,13 @@ class FrontendServer:
         pin has no ttl unless the body gives one: it ends with the client (_forget_client)."""
         body = req.body or {}
         if req.method == "pin_prefix":
-            out = await services.pin_prefix(self.state, body, None)
+            out = await services.pin_prefix(self.tm, body, None)
             self._pins.setdefault(ident, set()).add(out["pin_id"])
             self._reply(ident, req.req_id, 200, out)
         else:
             pin_id = services.pin_id_of(body)
             self._pins.get(ident, set()).discard(pin_id)
-            self._reply(ident, req.req_id, 200, await services.unpin_prefix(self.state, pin_id))
+            self._reply(ident, req.req_id, 200, await services.unpin_prefix(self.tm, pin_id))
 
     async def _unpin(self, pin_id: Any) -> None:
         try:

@@ -16,6 +16,7 @@ from radixlang_runtime import __version__
 from radixlang_runtime.generate_input import GenerateRequest, parse_generate_body
 from radixlang_runtime.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.server.http_common import BadRequest, ServerState, final_result, merged, parse_pin_body
+from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 
 
 def input_size(body: Any) -> int:
@@ -86,9 +87,8 @@ async def flush_cache(state: ServerState) -> bool:
     return await state.tm.flush_cache()
 
 
-async def pin_prefix(state: ServerState, body: Any, default_ttl_s: Optional[float]) -> dict[str, Any]:
+async def pin_prefix(tm: TokenizerManager, body: Any, default_ttl_s: Optional[float]) -> dict[str, Any]:
     """{"text" | "input_ids", "ttl_s"?} -> {"pin_id", "pinned_len", "input_len"}: locks what is cached."""
-    tm = state.tm
     ids, ttl_s = await tm.run_intake(parse_pin_body, tm, body, default_ttl_s, size=input_size(body))
     return await tm.pin_prefix(ids, ttl_s)
 
@@ -99,5 +99,5 @@ def pin_id_of(body: Any) -> str:
     return need_str(body["pin_id"], "pin_id", MAX_RID_LEN)
 
 
-async def unpin_prefix(state: ServerState, pin_id: str) -> dict[str, Any]:
-    return {"pin_id": pin_id, "success": await state.tm.unpin_prefix(pin_id)}
+async def unpin_prefix(tm: TokenizerManager, pin_id: str) -> dict[str, Any]:
+    return {"pin_id": pin_id, "success": await tm.unpin_prefix(pin_id)}
