@@ -316,7 +316,7 @@ class FrontendServer:
         """The /generate service (services.py), as the HTTP handler calls it."""
         reqs, as_list = await services.intake_generate(self.state, req.body)
         if reqs[0].stream:
-            async for out in services.generate_events(self.state, reqs, as_list):
+            async for out in services.generate_events(services.generate_streams(self.state, reqs), as_list):
                 self._reply(ident, req.req_id, 200, out, done=False)
             self._reply(ident, req.req_id, 200, None, done=True)
             return

@@ -27,7 +27,7 @@ async def generate(request: Request) -> Response:
     body = await read_json(request)
     reqs, as_list = await services.intake_generate(state, body)
     if reqs[0].stream:  # the requests are admitted (tm.generate) before the headers go out
-        events = services.generate_events(state, reqs, as_list)
+        events = services.generate_events(services.generate_streams(state, reqs), as_list)
         return stream_response(guard_stream(_sse_events(events, state.args.incremental_streaming_output)))
     results = await services.generate_finals(state, reqs)
     return JSONResponse(results if as_list else results[0])

@@ -46,10 +46,10 @@ async def generate_finals(state: ServerState, reqs: list[GenerateRequest]) -> li
     return list(await asyncio.gather(*(final_result(g) for g in generate_streams(state, reqs))))
 
 
-async def generate_events(state: ServerState, reqs: list[GenerateRequest],
-                          as_list: bool) -> AsyncIterator[dict]:
-    """A streamed generate: each request's snapshots as they come, with `index` when a list answers."""
-    async for i, out in merged(generate_streams(state, reqs)):
+async def generate_events(streams: list[AsyncIterator[dict]], as_list: bool) -> AsyncIterator[dict]:
+    """A streamed generate over generate_streams' iterators (made by the caller before any header goes out,
+    so a refused request is a plain 503): each request's snapshots as they come, `index` when a list answers."""
+    async for i, out in merged(streams):
         if as_list:
             out["index"] = i
         yield out
