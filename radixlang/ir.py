@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
-REGEX_INT = r"[-+]?[0-9]+[ \n]*"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
-REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"\"[\w\d\s]*\""
+# The one regex / dtype validator (torch-free: it imports only `re`), shared with the runtime, so the DSL
+# accepts exactly the runtime's regex dialect (Rust syntax: `\p{L}` yes, look-around no).
+from radixlang_runtime.constrained.regex_check import DTYPE_REGEX, NUMBER_DTYPES, dtype_name
+from radixlang_runtime.constrained.regex_check import check_regex as _check_runtime_regex
 
-_DTYPE_REGEX = {int: REGEX_INT, "int": REGEX_INT, float: REGEX_FLOAT, "float": REGEX_FLOAT,
-                bool: REGEX_BOOL, "bool": REGEX_BOOL, str: REGEX_STR, "str": REGEX_STR}
-_NUMBER_DTYPES = (int, "int", float, "float")
+REGEX_INT, REGEX_FLOAT, REGEX_BOOL, REGEX_STR = (DTYPE_REGEX[k] for k in ("int", "float", "bool", "str"))
 
 
 @dataclass
@@ -67,10 +64,9 @@ class SglSamplingParams:
         out.stop_token_ids = _as_list(out.stop_token_ids)
         out.stop_regex = _as_list(out.stop_regex)
         if out.dtype is not None:
-            if out.dtype not in _DTYPE_REGEX:
-                raise ValueError(f"dtype must be int, float, str or bool; got {out.dtype!r}")
-            out.regex = _DTYPE_REGEX[out.dtype]
-            if out.dtype in _NUMBER_DTYPES:
+            name = dtype_name(out.dtype)
+            out.regex = DTYPE_REGEX[name]
+            if name in NUMBER_DTYPES:
                 out.stop += [x for x in (" ", "\n") if x not in out.stop]
         out.stop += [x for x in template_stops if x not in out.stop]
         return out
@@ -100,11 +96,9 @@ def _as_list(v: Any) -> list:
 
 
 def check_regex(regex: Optional[str]) -> None:
+    """gen(regex=...) checked as the runtime checks it (regex_check: Rust syntax); ValueError naming the problem."""
     if regex is not None:
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"invalid regex {regex!r}: {e}") from None
+        _check_runtime_regex(regex)
 
 
 def schema_string(json_schema: Union[str, dict, None]) -> Optional[str]:

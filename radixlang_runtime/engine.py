@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
@@ -163,17 +162,11 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def _make_reqs(self, prompt: Prompt, sampling_params: SamplingArg, input_ids: InputIds, rid,
                    logprob: tuple[bool, Any, Any] = (False, None, 0)) -> tuple[list[TokenizedGenerateReq], bool]:
-        """Validate and tokenize (generate_input, the server's parser too): one message per sample."""
+        """The one intake (generate_input.py, the server's too): one message per sample."""
         return_logprob, start, top_num = logprob
-        items, is_list = parse_generate_input(prompt, input_ids, sampling_params, rid, return_logprob, start,
-                                              top_num, False, self._encode, self.limits)
-        reqs = []
-        for it in items:
-            lp = it.logprob or LogprobRequest()
-            params = it.sampling.to_wire()
-            reqs.append(TokenizedGenerateReq(it.rid or uuid.uuid4().hex, it.input_ids, params, False,
-                                             it.logprob is not None, lp.start, lp.top_num))
-        return reqs, is_list
+        reqs, is_list = parse_generate_input(prompt, input_ids, sampling_params, rid, return_logprob, start,
+                                             top_num, False, self._encode, self.limits)
+        return [r.to_message() for r in reqs], is_list
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

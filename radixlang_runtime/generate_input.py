@@ -1,30 +1,92 @@
-"""The one parser of generate inputs (torch-free): the Engine's `generate(...)` arguments and the
-native /generate body (server, DSL ZeroMQ frontend) both become a list of GenerateItem here.
+"""The one intake of generate requests (torch-free): every entrance turns its input into a list of
+GenerateRequest here, each one runtime request (one sample) parsed and validated once.
 
-Input: text (a string or a list) or input_ids (a list of ints or a list of such lists), exactly one;
-sampling_params, rid and logprob_start_len each one value or one per prompt. Every problem raises
-ValueError naming it (HTTP 400). n > 1 fans out into n items with rids rid-0 .. rid-(n-1) (a missing
-rid stays None: the receiver assigns one). `is_list`: the answer is a list (list input or n > 1).
-Field types are checked by limits.need_*; at most MAX_BATCH prompts and prompts x n <= MAX_BATCH
-requests, rids of at most MAX_RID_LEN characters.
+Entrances: the Engine's `generate(...)` arguments, the native /generate body (HTTP and the DSL's ZeroMQ
+frontend: parse_generate_body), and the OpenAI routes after rendering (openai_requests: prompts already
+tokenized, sampling fields already mapped to native names). All end in `fan_out`, the one place of:
+- n fan-out: a prompt with n > 1 becomes n requests (choice index = prompt * n + sample);
+- rid rules: a client rid names a prompt's one request (n == 1) or its samples rid-0 .. rid-(n-1);
+  a missing rid becomes f"{base_rid}-{index}" when the entrance names a base (OpenAI: cmpl-<hex>),
+  else a fresh uuid4 hex; duplicate rids within one call are refused (FieldError `rid`);
+- limits: at most MAX_BATCH prompts and prompts x n <= MAX_BATCH requests, rids of <= MAX_RID_LEN chars.
+`GenerateRequest.to_message` is the one assembly of the TokenizedGenerateReq the scheduler receives: the
+sampling parameters as validated (SamplingParams.to_wire) and the grammar spec built during validation, so
+the scheduler decodes them trusted (SamplingParams.from_wire) and never validates or compiles a spec again.
+Every problem raises ValueError naming it (HTTP 400).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from radixlang_runtime.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request, need_bool,
-                                      need_str)
+                                      need_str, show)
 from radixlang_runtime.logprob_format import normalize_logprob_args
+from radixlang_runtime.messages import TokenizedGenerateReq
 from radixlang_runtime.results import LogprobRequest
 from radixlang_runtime.sampling_params import SamplingParams
 
+Encode = Callable[[str], list[int]]
+# (prompt index, its token ids) -> the prompt's logprob request (None: no logprobs)
+LogprobOf = Callable[[int, list[int]], Optional[LogprobRequest]]
 
-class GenerateItem(NamedTuple):
-    input_ids: list[int]
-    sampling: SamplingParams
-    rid: Optional[str]
-    logprob: Optional[LogprobRequest]  # None: no logprobs asked
+
+@dataclass
+class GenerateRequest:
+    """One runtime request, validated: what a TokenizerManager / the Engine submit."""
+
+    rid: str  # always set (fan_out assigns missing ones)
+    input_ids: list[int]  # range-checked against the vocabulary (check_request)
+    sampling: SamplingParams  # normalized; sampling.grammar: the GrammarSpec when constrained
+    logprob: Optional[LogprobRequest] = None  # None: no logprobs asked
+    stream: bool = False
+    index: int = 0  # choice index within its call (prompt * n + sample)
+
+    def to_message(self) -> TokenizedGenerateReq:
+        """The scheduler's message (the one place it is assembled)."""
+        lp = self.logprob or LogprobRequest()
+        grammar = self.sampling.grammar.to_wire() if self.sampling.grammar is not None else None
+        return TokenizedGenerateReq(self.rid, list(self.input_ids), self.sampling.to_wire(), self.stream,
+                                    self.logprob is not None, lp.start, lp.top_num, grammar)
+
+
+def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
+            limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
+            base_rid: Optional[str] = None) -> list[GenerateRequest]:
+    """Per prompt: its sampling_params dict validated (SamplingParams.from_dict, check_request), then n
+    requests with the rid rule above. sampling / rids: one entry per prompt."""
+    out: list[GenerateRequest] = []
+    for i, (ids, sp_dict, rid) in enumerate(zip(prompts, sampling, rids)):
+        if rid is not None:
+            need_str(rid, "rid", MAX_RID_LEN)
+        if not isinstance(sp_dict, (dict, type(None))):
+            raise FieldError("sampling_params", "sampling_params must be an object")
+        sp = SamplingParams.from_dict(sp_dict)
+        if len(out) + sp.n > MAX_BATCH:
+            raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} requests per body, got "
+                                  f"{len(prompts)} prompts x n={sp.n}")
+        check_request(ids, sp, limits, ids_name)
+        lp = logprob_of(i, ids)
+        for j in range(sp.n):
+            k = len(out)
+            out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k))
+    check_unique_rids(out)
+    return out
+
+
+def _rid(rid: Optional[str], sample: int, n: int, base: Optional[str], index: int) -> str:
+    if rid is not None:
+        return rid if n == 1 else f"{rid}-{sample}"
+    return f"{base}-{index}" if base is not None else uuid.uuid4().hex
+
+
+def check_unique_rids(reqs: list[GenerateRequest]) -> None:
+    counts = Counter(r.rid for r in reqs)
+    if dupes := sorted(r for r, c in counts.items() if c > 1):
+        raise FieldError("rid", f"duplicate rid(s): {show(dupes)}")
 
 
 def _listify(value: Any, n: int, name: str) -> list:
@@ -35,7 +97,7 @@ def _listify(value: Any, n: int, name: str) -> list:
     return [value] * n
 
 
-def _prompts(text: Any, input_ids: Any, encode: Callable[[str], list[int]]) -> tuple[list[list[int]], bool]:
+def _prompts(text: Any, input_ids: Any, encode: Encode) -> tuple[list[list[int]], bool]:
     """text / input_ids -> (one id list per prompt, whether the input was a list). Ids are range-checked
     later (check_request, after the length check that bounds the work)."""
     if (text is None) == (input_ids is None):
@@ -61,25 +123,43 @@ def _prompts(text: Any, input_ids: Any, encode: Callable[[str], list[int]]) -> t
 
 def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: Any, return_logprob: Any,
                          logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: Any,
-                         encode: Callable[[str], list[int]], limits: RuntimeLimits) -> tuple[list[GenerateItem], bool]:
+                         encode: Encode, limits: RuntimeLimits,
+                         stream: bool = False) -> tuple[list[GenerateRequest], bool]:
+    """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
+    list input or n > 1)."""
     prompts, is_list = _prompts(text, input_ids, encode)
     sps = _listify(sampling_params, len(prompts), "sampling_params")
     rids = _listify(rid, len(prompts), "rid")
     starts = _listify(logprob_start_len, len(prompts), "logprob_start_len")
     need_bool(return_logprob, "return_logprob")
     with_text = return_text_in_logprobs is not None and need_bool(return_text_in_logprobs, "return_text_in_logprobs")
-    out = []
-    for p, sp_dict, r, start in zip(prompts, sps, rids, starts):
-        if r is not None:
-            need_str(r, "rid", MAX_RID_LEN)
-        if not isinstance(sp_dict, (dict, type(None))):
-            raise FieldError("sampling_params", "sampling_params must be an object")
-        sp = SamplingParams.from_dict(sp_dict)
-        if len(out) + sp.n > MAX_BATCH:
-            raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} requests per body")
-        check_request(p, sp, limits)
-        k, top = normalize_logprob_args(len(p), return_logprob, start, top_logprobs_num)  # types even when unused
-        lp = LogprobRequest(k, top, with_text) if return_logprob else None
-        for j in range(sp.n):
-            out.append(GenerateItem(list(p), sp, r if sp.n == 1 or r is None else f"{r}-{j}", lp))
+
+    def logprob_of(i: int, ids: list[int]) -> Optional[LogprobRequest]:
+        k, top = normalize_logprob_args(len(ids), return_logprob, starts[i], top_logprobs_num)  # types even unused
+        return LogprobRequest(k, top, with_text) if return_logprob else None
+
+    out = fan_out(prompts, sps, rids, logprob_of, limits, stream)
     return out, is_list or len(out) > 1
+
+
+def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tuple[list[GenerateRequest], bool]:
+    """A native /generate JSON body (HTTP, the DSL's ZeroMQ frontend) -> (requests, whether a list answers).
+    Tokenizes: servers run it on an intake thread."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    stream = need_bool(body.get("stream", False), "stream")
+    return parse_generate_input(body.get("text"), body.get("input_ids"), body.get("sampling_params"),
+                                body.get("rid"), body.get("return_logprob", False), body.get("logprob_start_len"),
+                                body.get("top_logprobs_num"), body.get("return_text_in_logprobs"), encode, limits,
+                                stream)
+
+
+def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,
+                    limits: RuntimeLimits, base_rid: str, stream: bool) -> list[GenerateRequest]:
+    """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
+    choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests."""
+    if len(prompts) * n > MAX_BATCH:
+        raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
+    sp = {**sampling, "n": n}
+    return fan_out(prompts, [sp] * len(prompts), [None] * len(prompts), logprob_of, limits, stream, "prompt",
+                   base_rid)

@@ -118,60 +118,162 @@ def _uvicorn_server(config: Any) -> Any:
     return _Server(config)
 
 
-def _serve_http(args: ServerArgs, state: "ServerState", procs: list[mp.Process]) -> int:
-    """Serve HTTP (and the ZeroMQ frontend) until a signal's drain ends or a child dies; the exit code."""
-    import uvicorn
+class Supervisor:
+    """Node 0's server: starts the children (per replica a scheduler + its TP ranks, then the
+    detokenizer), serves HTTP and the ZeroMQ frontend, watches every child, drains on a signal, and
+    stops the children on the way out. run() returns the process's exit code."""
 
-    from radixlang_runtime.server.http_server import create_app
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        self.procs: list[mp.Process] = []  # every child, watched by the watchdog
+        self.child_pids: dict[str, int] = {}
+        self.exit_code = 0
+        self.state: Optional["ServerState"] = None
+        self.server: Any = None  # the uvicorn server while it runs
+        self.drain_task: Optional[asyncio.Task] = None
+        self._ctx = mp.get_context("spawn")
 
-    tm, info = state.tm, state.info
-    server: Any = None
-    exit_code = 0
-    drain_task: Optional[asyncio.Task] = None
+    def run(self) -> int:
+        from radixlang_runtime.server.ipc import IpcPaths
 
-    async def watchdog() -> None:
-        nonlocal exit_code
+        # Until the server's lifespan installs the drain's handlers, SIGTERM must still run the cleanup below.
+        signal.signal(signal.SIGTERM, _raise_exit)
+        ipc = IpcPaths.create()
+        try:
+            info = self._start_replicas(ipc)
+            model_dir = info.pop("model_dir")
+            self._start_detokenizer(ipc, model_dir)
+            self.state = self._server_state(ipc, model_dir, info)
+            self.exit_code = self._serve_http()
+        except SystemExit as e:
+            self.exit_code = e.code if isinstance(e.code, int) else 1
+        except RuntimeError as e:
+            logger.error("%s", e)
+            self.exit_code = 1
+        finally:
+            _stop(self.procs)
+            ipc.cleanup()
+        return self.exit_code
+
+    # ------------------------------------------------------------------ children
+    def _start_replicas(self, ipc: Any) -> dict:
+        """Every replica loads at once; then each is waited for. Returns replica 0's ready message."""
+        from radixlang_runtime.model.tp_worker import local_ranks, spawn_tp_workers
+        from radixlang_runtime.server.scheduler_process import run_scheduler_process
+
+        starting = []
+        for i in range(self.args.dp_size):
+            rargs = _replica_args(self.args, i)
+            workers = spawn_tp_workers(rargs, [r for r in local_ranks(rargs) if r != 0])
+            self.procs += workers
+            self.child_pids.update({f"tp{i}.{r}": p.pid for r, p in zip(local_ranks(rargs)[1:], workers)})
+            r, w = self._ctx.Pipe(duplex=False)
+            name = "scheduler" if i == 0 else f"scheduler{i}"
+            sched = self._ctx.Process(target=run_scheduler_process, args=(rargs, ipc.for_replica(i), w, i),
+                                      name=f"radixlang-{name}", daemon=True)
+            sched.start()
+            self.procs.append(sched)
+            self.child_pids[name] = sched.pid
+            starting.append((sched, r, name, workers))
+        return [_wait_ready(sched, r, name, workers) for sched, r, name, workers in starting][0]
+
+    def _start_detokenizer(self, ipc: Any, model_dir: str) -> None:
+        from radixlang_runtime.server.detokenizer import run_detokenizer_process
+
+        r, w = self._ctx.Pipe(duplex=False)
+        detok = self._ctx.Process(target=run_detokenizer_process, args=(self.args, ipc, model_dir, w),
+                                  name="radixlang-detokenizer", daemon=True)
+        detok.start()
+        self.procs.append(detok)
+        _wait_ready(detok, r, "detokenizer")
+        self.child_pids["detokenizer"] = detok.pid
+
+    def _server_state(self, ipc: Any, model_dir: str, info: dict) -> "ServerState":
+        from transformers import AutoTokenizer
+
+        from radixlang_runtime.limits import RuntimeLimits
+        from radixlang_runtime.model.resolve import served_name
+        from radixlang_runtime.server.http_server import ServerState
+        from radixlang_runtime.server.metrics import ServerMetrics
+        from radixlang_runtime.server.tokenizer_manager import TokenizerManager
+
+        args = self.args
+        name = args.served_model_name or served_name(args.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
+        metrics = ServerMetrics(name) if args.enable_metrics else None
+        tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
+                              num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
+                              health_stall_timeout=args.health_stall_timeout)
+        resolved = ServerArgs(**info.pop("resolved_args"))
+        return ServerState(resolved, tm, model_dir, name, info, self.child_pids)
+
+    # ------------------------------------------------------------------ serving
+    def _serve_http(self) -> int:
+        """Serve HTTP (and the ZeroMQ frontend) until a signal's drain ends or a child dies; the exit code."""
+        import uvicorn
+
+        from radixlang_runtime.server.http_server import create_app
+
+        args = self.args
+        app = create_app(self.state, lifespan=self._lifespan)
+        config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", log_level=args.log_level,
+                                timeout_graceful_shutdown=WRITE_OUT_S, access_log=False)
+        self.server = _uvicorn_server(config)
+        self.server.run()
+        if self.server.started is False and self.exit_code == 0:
+            return 1  # e.g. the port was taken
+        return self.exit_code
+
+    async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            dead = [p for p in procs if not p.is_alive()]
+            dead = [p for p in self.procs if not p.is_alive()]
             if dead:
                 why = f"{dead[0].name} exited with code {dead[0].exitcode}"
                 logger.error("%s: shutting down", why)
-                tm.mark_dead(why)
-                exit_code = 1
+                self.state.tm.mark_dead(why)
+                self.exit_code = 1
                 await asyncio.sleep(0.5)  # let handlers answer 5xx before the server stops
-                server.should_exit = True
+                self.server.should_exit = True
                 return
 
-    async def drain() -> None:
-        cut = await tm.drain(args.graceful_shutdown_timeout)
-        logger.info("drained: %d request(s) cut at the %g s limit; stopping", cut, args.graceful_shutdown_timeout)
-        server.should_exit = True
+    async def _drain(self) -> None:
+        timeout = self.args.graceful_shutdown_timeout
+        cut = await self.state.tm.drain(timeout)
+        logger.info("drained: %d request(s) cut at the %g s limit; stopping", cut, timeout)
+        self.server.should_exit = True
 
-    def on_signal(signum: int) -> None:
-        nonlocal drain_task
-        if drain_task is None:
+    def _on_signal(self, signum: int) -> None:
+        tm = self.state.tm
+        if self.drain_task is None:
             logger.info("%s: draining (new requests get 503; up to %g s for the %d in flight)",
-                        signal.Signals(signum).name, args.graceful_shutdown_timeout, len(tm.states))
-            drain_task = asyncio.get_running_loop().create_task(drain())
+                        signal.Signals(signum).name, self.args.graceful_shutdown_timeout, len(tm.states))
+            self.drain_task = asyncio.get_running_loop().create_task(self._drain())
         else:  # a second signal: end the drain now
             tm.lifecycle.cut_now = True
 
+    def _start_frontend(self) -> Any:
+        """The DSL's ZeroMQ link (on by default; --frontend-port -1: off), same services as HTTP."""
+        args, state = self.args, self.state
+        if args.frontend_port == -1:
+            return None
+        from radixlang_runtime.server.frontend_zmq import FrontendServer, frontend_address
+
+        frontend = FrontendServer(frontend_address(args.host, args.frontend_port), state, state.tm, args.api_key)
+        frontend.start()
+        state.frontend = frontend  # /health and /server_info report it
+        return frontend
+
     @contextlib.asynccontextmanager
-    async def lifespan(app: Any):
+    async def _lifespan(self, app: Any):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
-        tm.start()
-        frontend = None
-        if args.frontend_port != -1:  # the DSL's ZeroMQ link (on by default), same TokenizerManager as HTTP
-            from radixlang_runtime.server.frontend_zmq import FrontendServer, frontend_address
-
-            frontend = FrontendServer(frontend_address(args.host, args.frontend_port), app, tm, args.api_key)
-            frontend.start()
-            state.frontend = frontend  # /health and /server_info report it
-        task = loop.create_task(watchdog())
-        logger.info("ready: http://%s:%d (model %s, %s on %s, loaded in %.1f s)", args.host, args.port,
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        state, info = self.state, self.state.info
+        state.tm.start()
+        frontend = self._start_frontend()
+        task = loop.create_task(self._watchdog())
+        logger.info("ready: http://%s:%d (model %s, %s on %s, loaded in %.1f s)", self.args.host, self.args.port,
                     state.served_model_name, info["dtype"], info["device"], info["load_seconds"])
         yield
         task.cancel()
@@ -182,83 +284,11 @@ def _serve_http(args: ServerArgs, state: "ServerState", procs: list[mp.Process])
             loop.remove_signal_handler(sig)
         signal.signal(signal.SIGTERM, _raise_exit)
 
-    app = create_app(state, lifespan=lifespan)
-    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", log_level=args.log_level,
-                            timeout_graceful_shutdown=WRITE_OUT_S, access_log=False)
-    server = _uvicorn_server(config)
-    server.run()
-    if server.started is False and exit_code == 0:
-        exit_code = 1  # e.g. the port was taken
-    return exit_code
-
 
 def launch_server(args: ServerArgs) -> int:
-    from transformers import AutoTokenizer
-
-    from radixlang_runtime.limits import RuntimeLimits
-    from radixlang_runtime.model.resolve import served_name
-    from radixlang_runtime.server.detokenizer import run_detokenizer_process
-    from radixlang_runtime.server.http_server import ServerState
-    from radixlang_runtime.server.ipc import IpcPaths
-    from radixlang_runtime.server.metrics import ServerMetrics
-    from radixlang_runtime.server.scheduler_process import run_scheduler_process
-    from radixlang_runtime.server.tokenizer_manager import TokenizerManager
-
-    from radixlang_runtime.model.tp_worker import local_ranks, spawn_tp_workers
-
     if args.node_rank > 0:
         return run_node(args)
-    # Until the server's lifespan installs the drain's handlers, SIGTERM must still run the cleanup below.
-    signal.signal(signal.SIGTERM, _raise_exit)
-    ipc = IpcPaths.create()
-    ctx = mp.get_context("spawn")
-    procs: list[mp.Process] = []
-    child_pids: dict[str, int] = {}
-    exit_code = 0
-    try:
-        starting = []
-        for i in range(args.dp_size):  # every replica loads at once; then each is waited for
-            rargs = _replica_args(args, i)
-            workers = spawn_tp_workers(rargs, [r for r in local_ranks(rargs) if r != 0])
-            procs += workers
-            child_pids.update({f"tp{i}.{r}": p.pid for r, p in zip(local_ranks(rargs)[1:], workers)})
-            r, w = ctx.Pipe(duplex=False)
-            name = "scheduler" if i == 0 else f"scheduler{i}"
-            sched = ctx.Process(target=run_scheduler_process, args=(rargs, ipc.for_replica(i), w, i),
-                                name=f"radixlang-{name}", daemon=True)
-            sched.start()
-            procs.append(sched)
-            child_pids[name] = sched.pid
-            starting.append((sched, r, name, workers))
-        infos = [_wait_ready(sched, r, name, workers) for sched, r, name, workers in starting]
-        info = infos[0]
-        model_dir = info.pop("model_dir")
-        r, w = ctx.Pipe(duplex=False)
-        detok = ctx.Process(target=run_detokenizer_process, args=(args, ipc, model_dir, w),
-                            name="radixlang-detokenizer", daemon=True)
-        detok.start()
-        procs.append(detok)
-        _wait_ready(detok, r, "detokenizer")
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
-        metrics = ServerMetrics(args.served_model_name or served_name(args.model_path)) if args.enable_metrics else None
-        tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
-                              num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
-                              health_stall_timeout=args.health_stall_timeout)
-        resolved = ServerArgs(**info.pop("resolved_args"))
-        child_pids["detokenizer"] = detok.pid
-        state = ServerState(resolved, tm, model_dir, args.served_model_name or served_name(args.model_path), info,
-                            child_pids)
-        exit_code = _serve_http(args, state, procs)
-    except SystemExit as e:
-        exit_code = e.code if isinstance(e.code, int) else 1
-    except RuntimeError as e:
-        logger.error("%s", e)
-        exit_code = 1
-    finally:
-        _stop(procs)
-        ipc.cleanup()
-    return exit_code
+    return Supervisor(args).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,11 +23,12 @@ import msgpack
 class TokenizedGenerateReq:
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # validated by the sender; SamplingParams.from_dict on arrival
+    sampling_params: dict[str, Any]  # SamplingParams.to_wire(), validated by the sender; from_wire on arrival
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = 0  # validated: < len(input_ids)
     top_logprobs_num: int = 0
+    grammar: Optional[list] = None  # GrammarSpec.to_wire() built at intake (None: unconstrained)
 
 
 @dataclass

@@ -11,6 +11,8 @@ from radixlang_runtime.limits import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRINGS, M
 from radixlang_runtime.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
+_NOT_REQUEST_FIELDS = frozenset({"grammar"})  # from_dict refuses them (built by normalize)
+_NOT_WIRE_FIELDS = frozenset({"n", "grammar"})
 
 
 @dataclass
@@ -40,11 +42,14 @@ class SamplingParams:
     # token id -> bias added to its logit before any sampling step (greedy too); JSON keys are decimal
     # strings ("123"), normalized to ints; biases finite in [-100, 100] (OpenAI's range).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # Not a request field: the GrammarSpec normalize() built from regex / json_schema (None: unconstrained).
+    # It travels with the request (GrammarSpec.to_wire) so no later stage builds it again.
+    grammar: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
         d = {k: v for k, v in (d or {}).items() if v is not None}  # null: the field's default
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - _NOT_REQUEST_FIELDS
         unknown = sorted(set(d) - known)
         if unknown:
             raise FieldError(unknown[0], f"unknown sampling parameter(s): {', '.join(unknown)}")
@@ -60,8 +65,19 @@ class SamplingParams:
 
     def to_wire(self) -> dict[str, Any]:
         """The fields the scheduler needs, as a plain dict for a TokenizedGenerateReq (n is expanded
-        into n requests by the sender)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "n"}
+        into n requests by the sender; the grammar travels as its own field)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_WIRE_FIELDS}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any], grammar: Optional[list] = None) -> "SamplingParams":
+        """Trusted decode on the scheduler's side of to_wire (+ GrammarSpec.to_wire): the sender validated
+        every field (from_dict), so nothing is checked or compiled again. An unknown field is a TypeError."""
+        sp = cls(**d)
+        if grammar is not None:
+            from radixlang_runtime.constrained.spec import GrammarSpec
+
+            sp.grammar = GrammarSpec.from_wire(grammar)
+        return sp
 
     # --- derived ---
     @property
@@ -142,10 +158,12 @@ class SamplingParams:
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")
         check_stops(self.stop_strs, self.stop_regex)  # limits, RE2 compile: ValueError naming them (HTTP 400)
+        self.grammar = None
         if self.constrained:
             from radixlang_runtime.constrained.spec import spec_from_sampling
 
-            spec_from_sampling(self.regex, self.json_schema, self.ebnf, self.structural_tag)  # ValueError (HTTP 400)
+            # ValueError naming what is wrong (HTTP 400); built here once, kept for the scheduler
+            self.grammar = spec_from_sampling(self.regex, self.json_schema, self.ebnf, self.structural_tag)
 
     def check_vocab(self, vocab_size: int) -> None:
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]

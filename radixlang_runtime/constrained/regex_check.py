@@ -9,11 +9,24 @@ rejects Rust-only syntax such as `\\p{L}` and accepts look-around that Rust refu
 Also estimated here: how far counted repetitions expand (`a{1000}{1000}` -> ~1,000,000 copies);
 past MAX_EXPANSION the grammar is refused before a worker spends its time and memory limits on it.
 Whatever slips through is still bounded by the compile worker's limits.
+
+This module is the one regex / dtype validator of the project: the runtime (GrammarSpec) and the DSL
+(`radixlang/ir.py`: gen(regex=...) and gen(dtype=...)) both use check_regex and DTYPE_REGEX, so the DSL
+accepts exactly the runtime's dialect (`\\p{L}` included). Torch-free: it imports only `re`.
 """
 
 from __future__ import annotations
 
 import re
+
+# The DSL's dtype regexes (SGLang's sglang/lang/ir.py), matched against the whole generated text.
+DTYPE_REGEX = {
+    "int": r"[-+]?[0-9]+[ \n]*",
+    "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
+    "bool": r"(True|False)",
+    "str": r"\"[\w\d\s]*\"",
+}
+NUMBER_DTYPES = ("int", "float")  # their text also ends at a space / newline (the DSL adds those stops)
 
 MAX_REGEX_CHARS = 128 * 1024
 MAX_EXPANSION = 100_000  # estimated atoms after expanding counted repetitions
@@ -149,6 +162,15 @@ def check_regex(pattern: str) -> str:
     if frames[0][0] > MAX_EXPANSION:
         raise _too_large(n)
     return p
+
+
+def dtype_name(dtype: object) -> str:
+    """A dtype as the DSL takes it (int, float, bool, str, or their names) -> its DTYPE_REGEX key;
+    ValueError naming the allowed ones."""
+    name = dtype.__name__ if dtype in (int, float, bool, str) else dtype
+    if not isinstance(name, str) or name not in DTYPE_REGEX:
+        raise ValueError(f"unknown dtype {dtype!r} (int | float | bool | str)")
+    return name
 
 
 def describe_compile_error(pattern: str, message: str) -> str:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-from radixlang_runtime.constrained.regex_check import check_regex
+from radixlang_runtime.constrained.regex_check import DTYPE_REGEX, check_regex, dtype_name
 from radixlang_runtime.constrained.schema import canonical_schema
 
 GrammarKind = Literal["regex", "json_schema", "ebnf", "structural_tag"]
@@ -29,15 +29,8 @@ MAX_EBNF_CHARS = 1 << 18
 MAX_STRUCTURES = 64
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
-
-# The DSL's dtype regexes (SGLang's sglang/lang/ir.py), matched against the whole generated text.
-DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]+[ \n]*",
-    "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
-    "bool": r"(True|False)",
-    "str": r"\"[\w\d\s]*\"",
-}
-
+__all__ = ["DTYPE_REGEX", "GrammarKind", "GrammarSpec", "JSON_OBJECT_SCHEMA", "spec_from_response_format",
+           "spec_from_sampling"]
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -89,9 +82,19 @@ class GrammarSpec:
 
     @classmethod
     def from_dtype(cls, dtype: str) -> "GrammarSpec":
-        if dtype not in DTYPE_REGEX:
-            raise ValueError(f"unknown dtype {dtype!r} (int | float | bool | str)")
-        return cls("regex", DTYPE_REGEX[dtype])
+        return cls("regex", DTYPE_REGEX[dtype_name(dtype)])
+
+    def to_wire(self) -> list[str]:
+        """[kind, source, compile_text]: the checked spec as a message carries it (from_wire rebuilds it)."""
+        return [self.kind, self.source, self.compile_text]
+
+    @classmethod
+    def from_wire(cls, wire: list[str]) -> "GrammarSpec":
+        """Trusted: a spec to_wire wrote after the sender's checks; nothing is checked or converted again."""
+        spec = object.__new__(cls)
+        for name, value in zip(("kind", "source", "compile_text"), wire, strict=True):
+            object.__setattr__(spec, name, value)
+        return spec
 
     def describe(self) -> str:
         s = self.source if len(self.source) <= 60 else self.source[:57] + "..."

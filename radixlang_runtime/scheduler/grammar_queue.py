@@ -47,8 +47,10 @@ class GrammarQueue:
     def add(self, req: Req) -> None:
         from radixlang_runtime.constrained.spec import spec_from_sampling
 
+        # the spec the intake built (carried by the message); a SamplingParams made without from_dict
+        # (scheduler unit tests) has none yet
         sp = req.sampling
-        spec = spec_from_sampling(sp.regex, sp.json_schema, sp.ebnf, sp.structural_tag)  # validated on arrival
+        spec = sp.grammar or spec_from_sampling(sp.regex, sp.json_schema, sp.ebnf, sp.structural_tag)
         req.grammar_handle = self.compiler.submit(spec)
         self.pending.append(req)
 

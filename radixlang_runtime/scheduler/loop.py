@@ -120,9 +120,9 @@ class RequestLoop:
     # ------------------------------------------------------------------ intake
     def handle(self, msg: Any) -> None:
         if isinstance(msg, TokenizedGenerateReq):
-            try:
-                sp = SamplingParams.from_dict(msg.sampling_params)  # validated by the sender
-            except ValueError as e:  # a sender that skipped validation: this request fails, never the loop
+            try:  # trusted decode: the intake (generate_input.py) validated it and built its grammar spec
+                sp = SamplingParams.from_wire(msg.sampling_params, msg.grammar)
+            except (TypeError, ValueError) as e:  # a malformed message: this request fails, never the loop
                 self.io.send_error([msg.rid], str(e), 400)
                 return
             self.sent[msg.rid] = _Sent(stream=msg.stream)

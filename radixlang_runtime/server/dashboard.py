@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Optional
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from radixlang_runtime.server.http_common import ServerState, error_response
@@ -75,16 +75,25 @@ class DashboardFeed:
                 "cpu": stats.get("cpu"), "replica": 0, "num_replicas": len(tm.to_replicas)}
 
 
-def add_dashboard_routes(app: FastAPI, state: ServerState) -> None:
-    feed = DashboardFeed(state)
-    key = state.args.api_key
+router = APIRouter()
 
-    @app.get("/dashboard")
-    async def dashboard(request: Request):
-        return HTMLResponse(_page("dashboard.html" if authorized(request, key) else "dashboard_login.html"))
 
-    @app.get("/dashboard/state")
-    async def dashboard_state(request: Request):
-        if not authorized(request, key):
-            return error_response(401, "invalid or missing API key (log in at /dashboard)")
-        return JSONResponse(await feed.get(), headers={"Cache-Control": "no-store"})
+def _feed(request: Request) -> DashboardFeed:
+    """The app's one feed (shared answers for every open page), made at its first use."""
+    feed = getattr(request.app.state, "dashboard_feed", None)
+    if feed is None:
+        feed = request.app.state.dashboard_feed = DashboardFeed(request.app.state.server)
+    return feed
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request) -> HTMLResponse:
+    key = request.app.state.server.args.api_key
+    return HTMLResponse(_page("dashboard.html" if authorized(request, key) else "dashboard_login.html"))
+
+
+@router.get("/dashboard/state")
+async def dashboard_state(request: Request) -> Any:
+    if not authorized(request, request.app.state.server.args.api_key):
+        return error_response(401, "invalid or missing API key (log in at /dashboard)")
+    return JSONResponse(await _feed(request).get(), headers={"Cache-Control": "no-store"})

@@ -2,10 +2,10 @@
 event loop, feeding the same TokenizerManager (so both links share one request path).
 
 Messages are FrontendReq / FrontendOut (messages.py, msgpack). A `generate` body is the native
-/generate JSON body, parsed by generate_api.parse_generate; replies carry the same result dicts
+/generate JSON body, parsed by the one intake (services.intake_generate); replies carry the same result dicts
 (a stream: one FrontendOut per snapshot, cumulative text and delta logprobs, then done=True).
-Control methods call the HTTP app's own route functions, so /get_model_info and /server_info answer
-the same on both links. Invariants:
+Every method calls the service functions the HTTP handlers call (services.py: the same intake, the
+same model_info / server_info / flush_cache / pins), so both links answer alike. Invariants:
 - the --api-key rule is HTTP's: every method but ping needs the key (401 otherwise);
 - a client that stops pinging for CLIENT_TIMEOUT_S loses its requests (aborted, KV freed) and pins;
 - one task owns the socket's sends (a queue), the receive loop never awaits a request.
@@ -41,8 +41,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import hmac
-import inspect
-import json
 import logging
 import time
 from collections import Counter
@@ -53,6 +51,8 @@ import zmq
 import zmq.asyncio
 
 from radixlang_runtime.messages import FrontendOut, FrontendReq, decode, encode
+from radixlang_runtime.server import services
+from radixlang_runtime.server.http_common import error_body
 
 logger = logging.getLogger(__name__)
 CLIENT_TIMEOUT_S = 10.0
@@ -60,8 +60,6 @@ MAX_FRAME_BYTES = 64 << 20  # zmq.MAXMSGSIZE: a larger frame disconnects its sen
 OPEN_MSG_BYTES = 4096  # what a message without the key may weigh to be decoded at all
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # a loop failing more often than this stays down
 DROP_LOG_EVERY_S = 5.0  # at most one log line per this many seconds about dropped messages
-_ROUTE_OF = {"model_info": "/get_model_info", "server_info": "/server_info", "flush_cache": "/flush_cache"}
-_METHODS = {"generate", "abort", "concate_and_append", "pin_prefix", "unpin_prefix", *_ROUTE_OF}
 
 
 class _Dropped(Exception):
@@ -83,12 +81,12 @@ def frontend_address(host: str, port: int) -> str:
 class FrontendServer:
     """address: where to bind (frontend_address); after __init__, `address` and `port` are what was bound."""
 
-    def __init__(self, address: str, app: Any, tm: Any, api_key: Optional[str]):
+    def __init__(self, address: str, state: Any, tm: Any, api_key: Optional[str]):
+        self.state = state  # the ServerState the HTTP handlers serve (services.py takes it)
         self.tm = tm
         self.api_key = api_key
         # what a message carrying the key ends with (None: no key, every sender is authorized)
         self._key_tail = msgpack.packb(api_key, use_bin_type=True) if api_key else None
-        self._endpoints = {getattr(r, "path", None): getattr(r, "endpoint", None) for r in app.routes}
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -293,8 +291,8 @@ class FrontendServer:
         try:
             if req.method == "generate":
                 await self._generate(ident, req)
-            elif req.method in _ROUTE_OF:
-                status, body = await self._route(_ROUTE_OF[req.method])
+            elif req.method in _CONTROL:
+                status, body = await _CONTROL[req.method](self.state)
                 self._reply(ident, req.req_id, status, body)
             elif req.method == "concate_and_append":
                 self._reply(ident, req.req_id, 200, {})  # texts are joined client-side; the radix cache shares KV
@@ -315,57 +313,28 @@ class FrontendServer:
             self._reply(ident, req.req_id, 500, _err(f"internal error: {e!r}"))
 
     async def _generate(self, ident: bytes, req: FrontendReq) -> None:
-        from radixlang_runtime.server.generate_api import intake_generate
-        from radixlang_runtime.server.http_common import final_result as _final, merged
-
-        body = req.body
-        items, as_list = await intake_generate(self.tm, body)
-        if body.get("stream"):
-            gens = [self.tm.generate(ids, sp, rid, stream=True, logprob=lp) for ids, sp, rid, lp in items]
-            async for i, out in merged(gens):
-                if as_list:
-                    out["index"] = i
+        """The /generate service (services.py), as the HTTP handler calls it."""
+        reqs, as_list = await services.intake_generate(self.state, req.body)
+        if reqs[0].stream:
+            async for out in services.generate_events(services.generate_streams(self.state, reqs), as_list):
                 self._reply(ident, req.req_id, 200, out, done=False)
             self._reply(ident, req.req_id, 200, None, done=True)
             return
-        results = await asyncio.gather(*(_final(self.tm.generate(ids, sp, rid, logprob=lp))
-                                         for ids, sp, rid, lp in items))
+        results = await services.generate_finals(self.state, reqs)
         self._reply(ident, req.req_id, 200, results if as_list else results[0])
-
-    async def _route(self, path: str) -> tuple[int, Any]:
-        """Call the HTTP app's own handler for `path` (no Request argument) and unwrap its answer."""
-        fn = self._endpoints.get(path)
-        if fn is None:
-            return 404, _err(f"{path} is not served")
-        out = fn()
-        if inspect.isawaitable(out):
-            out = await out
-        status = getattr(out, "status_code", None)
-        if status is None:
-            return 200, out
-        raw = bytes(getattr(out, "body", b""))
-        try:
-            return status, json.loads(raw) if raw else None
-        except ValueError:
-            return status, raw.decode(errors="replace")
 
     async def _pin(self, ident: bytes, req: FrontendReq) -> None:
         """/pin_prefix and /unpin_prefix's bodies and answers. The client is watched (heartbeat), so a
         pin has no ttl unless the body gives one: it ends with the client (_forget_client)."""
-        from radixlang_runtime.server.http_common import BadRequest, parse_pin_body
-
         body = req.body or {}
         if req.method == "pin_prefix":
-            ids, ttl_s = await self.tm.run_intake(parse_pin_body, self.tm, body, None)
-            out = await self.tm.pin_prefix(ids, ttl_s)
+            out = await services.pin_prefix(self.tm, body, None)
             self._pins.setdefault(ident, set()).add(out["pin_id"])
             self._reply(ident, req.req_id, 200, out)
         else:
-            pin_id = body.get("pin_id") if isinstance(body, dict) else None
-            if not isinstance(pin_id, str):
-                raise BadRequest("unpin_prefix needs {\"pin_id\": \"...\"}")
+            pin_id = services.pin_id_of(body)
             self._pins.get(ident, set()).discard(pin_id)
-            self._reply(ident, req.req_id, 200, {"pin_id": pin_id, "success": await self.tm.unpin_prefix(pin_id)})
+            self._reply(ident, req.req_id, 200, await services.unpin_prefix(self.tm, pin_id))
 
     async def _unpin(self, pin_id: Any) -> None:
         try:
@@ -389,3 +358,22 @@ def _shape_problem(req: FrontendReq) -> Optional[str]:
 
 def _err(message: str) -> dict:
     return {"error": {"message": message}}
+
+
+async def _model_info(state: Any) -> tuple[int, Any]:
+    return 200, services.model_info(state)
+
+
+async def _server_info(state: Any) -> tuple[int, Any]:
+    return 200, await services.server_info(state)
+
+
+async def _flush_cache(state: Any) -> tuple[int, Any]:
+    if await services.flush_cache(state):
+        return 200, services.FLUSHED
+    return 400, error_body(400, services.NOT_FLUSHED)
+
+
+# control methods -> their service, answered (status, body) as /get_model_info, /server_info, /flush_cache are
+_CONTROL = {"model_info": _model_info, "server_info": _server_info, "flush_cache": _flush_cache}
+_METHODS = {"generate", "abort", "concate_and_append", "pin_prefix", "unpin_prefix", *_CONTROL}

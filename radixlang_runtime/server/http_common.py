@@ -43,6 +43,7 @@ class ServerState:
     info: dict[str, Any]  # what the scheduler reported when it became ready
     child_pids: dict[str, int] = field(default_factory=dict)
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
+    flag_template: Optional[str] = None  # --chat-template's text (create_app reads it once), else None
 
 
 def chat_template_text(value: Optional[str]) -> Optional[str]:
@@ -60,13 +61,16 @@ def error_response(status: int, message: str, param: Optional[str] = None, code:
                    headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """The one error shape; `code` is the status unless given (OpenAI's "model_not_found"). The message
     is cut to MAX_ERROR_CHARS and made encodable (an echoed lone surrogate must not turn a 400 into a 500)."""
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def error_body(status: int, message: str, param: Optional[str] = None, code: Any = None) -> dict[str, Any]:
+    """error_response's body (the ZeroMQ frontend sends it as is)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if len(message) > MAX_ERROR_CHARS:
         message = message[:MAX_ERROR_CHARS] + "..."
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": status if code is None else code}},
-                        status_code=status, headers=headers)
+    return {"error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}}
 
 
 # Bodies above this many bytes are parsed on a worker thread (the event loop keeps serving meanwhile).

@@ -22,16 +22,16 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.constrained.spec import spec_from_response_format
+from radixlang_runtime.generate_input import GenerateRequest, openai_requests
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
-from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.results import LogprobRequest
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
-from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, error_response, final_result,
+from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response, text_delta)
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
@@ -138,30 +138,30 @@ def check_openai_body(state: ServerState, body: Any, route: str) -> dict:
 
 
 class _Choices:
-    """The runtime requests behind one OpenAI call: prompts x n, validated up front."""
+    """The runtime requests behind one OpenAI call: prompts x n choices (generate_input.openai_requests:
+    validated up front, rids f"{rid}-{index}", index = prompt * n + sample)."""
 
     def __init__(self, state: ServerState, prompts: list[list[int]], sp_dict: dict, n: int,
                  top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None):
         self.tm = state.tm
-        self.rid = rid or uuid.uuid4().hex  # runtime requests are rid-0, rid-1, ... (traceable, abortable)
-        self.items: list[tuple[list[int], SamplingParams, Optional[LogprobRequest]]] = []
-        if len(prompts) * n > MAX_BATCH:
-            raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
-        for ids in prompts:
-            sp = self.tm.prepare(ids, sp_dict, "prompt")
-            lp = None
-            if top_logprobs is not None:  # without echo only output logprobs: start at the last prompt position
-                start, top = normalize_logprob_args(len(ids), True, 0 if echo else len(ids) - 1, top_logprobs)
-                lp = LogprobRequest(start, top, with_text=True)
-            self.items += [(ids, sp, lp)] * n
+        self.rid = rid or uuid.uuid4().hex
+
+        def logprob_of(_i: int, ids: list[int]) -> Optional[LogprobRequest]:
+            if top_logprobs is None:
+                return None
+            # without echo only output logprobs: start at the last prompt position
+            start, top = normalize_logprob_args(len(ids), True, 0 if echo else len(ids) - 1, top_logprobs)
+            return LogprobRequest(start, top, with_text=True)
+
+        self.tm.lifecycle.admit()  # 503 before any work when no new work is admitted
+        self.reqs: list[GenerateRequest] = openai_requests(prompts, sp_dict, n, logprob_of, self.tm.limits,
+                                                           self.rid, stream=False)
 
     def streams(self) -> list[AsyncIterator[dict]]:
-        return [self.tm.generate(ids, sp, f"{self.rid}-{i}", stream=True, logprob=lp)
-                for i, (ids, sp, lp) in enumerate(self.items)]
+        return [self.tm.generate(dataclasses.replace(r, stream=True)) for r in self.reqs]
 
     async def finals(self) -> list[dict]:
-        return await asyncio.gather(*(final_result(self.tm.generate(ids, sp, f"{self.rid}-{i}", logprob=lp))
-                                      for i, (ids, sp, lp) in enumerate(self.items)))
+        return await asyncio.gather(*(final_result(self.tm.generate(r)) for r in self.reqs))
 
 
 def _int_option(body: dict, name: str, hi: int) -> Optional[int]:
@@ -197,141 +197,146 @@ def chat_logprobs(meta: dict, with_top: bool) -> dict:
                         for e, row in zip(entries, tops)]}
 
 
-def add_openai_routes(app: FastAPI, state: ServerState) -> None:
+router = APIRouter()  # top-level handlers; the ServerState is the app's (request.app.state.server)
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    state = request.app.state.server
+    return {"object": "list", "data": [{"id": state.served_model_name, "object": "model", "created": 0,
+                                        "owned_by": "radixlang", "max_model_len": state.tm.limits.context_len}]}
+
+
+# ------------------------------------------------------------------ completions
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
     tm = state.tm
+    body = check_openai_body(state, await read_json(request), "/v1/completions")
+    rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+    choices, texts, top = await tm.run_intake(_completion_intake, state, body, rid,
+                                              size=len(await request.body()))
+    n, echo = _opt(body, "n", 1), texts is not None
+    if body.get("stream"):
+        include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
+        return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
+                                                               include_usage, top is not None)))
+    outs = await choices.finals()
+    return JSONResponse({
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": i, "text": (texts[i // n] if echo else "") + o["text"],
+                     "logprobs": completion_logprobs(o["meta_info"], echo) if top is not None else None,
+                     "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
+        "usage": _sum_usage(outs, n),
+    })
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": state.served_model_name, "object": "model", "created": 0,
-                                            "owned_by": "radixlang", "max_model_len": tm.limits.context_len}]}
 
-    # ------------------------------------------------------------------ completions
-    @app.exception_handler(ModelNotFound)
-    async def model_not_found(request: Request, e: ModelNotFound):
-        return error_response(404, str(e), "model", "model_not_found")
+async def _stream_completion(choices: _Choices, rid: str, created: int, model: str,
+                             echo_texts: Optional[list[str]], n: int, include_usage: bool,
+                             logprobs: bool) -> AsyncIterator[bytes]:
+    sent = [0] * len(choices.reqs)
+    finals: list[Optional[dict]] = [None] * len(choices.reqs)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = check_openai_body(state, await read_json(request), "/v1/completions")
-        rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
-        choices, texts, top = await tm.run_intake(_completion_intake, state, body, rid,
-                                                  size=len(await request.body()))
-        n, echo = _opt(body, "n", 1), texts is not None
-        if body.get("stream"):
-            include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
-            return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
-                                                                   include_usage, top is not None)))
+    def chunk(i: int, text: str, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
+        return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
+
+    if echo_texts:
+        for i in range(len(choices.reqs)):
+            yield chunk(i, echo_texts[i // n], None)
+    async for i, out in merged(choices.streams()):
+        delta, sent[i] = text_delta(out["text"], sent[i])
+        fin = _finish(out["meta_info"]["finish_reason"])
+        if fin is not None:
+            finals[i] = out
+        lp = completion_logprobs(out["meta_info"], False) if logprobs else None
+        if delta or fin is not None or (lp and lp["tokens"]):
+            yield chunk(i, delta, fin, lp)
+    if include_usage:
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                   "usage": _sum_usage([f for f in finals if f], n)})
+    yield SSE_DONE
+
+
+# ------------------------------------------------------------------ chat
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    tm = state.tm
+    body = check_openai_body(state, await read_json(request), "/v1/chat/completions")
+    rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+    choices, want_lp, top, plan, think = await tm.run_intake(_chat_intake, state, body, rid,
+                                                             size=len(await request.body()))
+    n = _opt(body, "n", 1)
+    if body.get("stream"):
+        include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
+        return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
+                                                         want_lp, bool(top), plan, think)))
+    if think is None:
         outs = await choices.finals()
-        return JSONResponse({
-            "id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": (texts[i // n] if echo else "") + o["text"],
-                         "logprobs": completion_logprobs(o["meta_info"], echo) if top is not None else None,
-                         "finish_reason": _finish(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
-            "usage": _sum_usage(outs, n),
-        })
+        replies = [plan.message(o["text"], _finish(o["meta_info"]["finish_reason"])) for o in outs]
+    else:
+        outs = await asyncio.gather(*(_until_stop(g, think) for g in choices.streams()))
+        replies = [_think_message(plan, think, o) for o in outs]
+    return JSONResponse({
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": i, "message": message,
+                     "logprobs": chat_logprobs(o["meta_info"], bool(top)) if want_lp else None,
+                     "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
+        "usage": _sum_usage(outs, n, think, tm.tokenizer.decode),
+    })
 
-    async def _stream_completion(choices: _Choices, rid: str, created: int, model: str,
-                                 echo_texts: Optional[list[str]], n: int, include_usage: bool,
-                                 logprobs: bool) -> AsyncIterator[bytes]:
-        sent = [0] * len(choices.items)
-        finals: list[Optional[dict]] = [None] * len(choices.items)
 
-        def chunk(i: int, text: str, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
-            return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                        "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
+async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n: int,
+                       include_usage: bool, want_lp: bool, with_top: bool, plan: ToolPlan,
+                       think: Optional[ReasoningPlan]) -> AsyncIterator[bytes]:
+    def chunk(i: int, delta: dict, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
+        return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
 
-        if echo_texts:
-            for i in range(len(choices.items)):
-                yield chunk(i, echo_texts[i // n], None)
-        async for i, out in merged(choices.streams()):
-            delta, sent[i] = text_delta(out["text"], sent[i])
-            fin = _finish(out["meta_info"]["finish_reason"])
-            if fin is not None:
-                finals[i] = out
-            lp = completion_logprobs(out["meta_info"], False) if logprobs else None
-            if delta or fin is not None or (lp and lp["tokens"]):
-                yield chunk(i, delta, fin, lp)
-        if include_usage:
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                       "usage": _sum_usage([f for f in finals if f], n)})
-        yield SSE_DONE
-
-    # ------------------------------------------------------------------ chat
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = check_openai_body(state, await read_json(request), "/v1/chat/completions")
-        rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
-        choices, want_lp, top, plan, think = await tm.run_intake(_chat_intake, state, body, rid,
-                                                                 size=len(await request.body()))
-        n = _opt(body, "n", 1)
-        if body.get("stream"):
-            include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
-            return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
-                                                             want_lp, bool(top), plan, think)))
-        if think is None:
-            outs = await choices.finals()
-            replies = [plan.message(o["text"], _finish(o["meta_info"]["finish_reason"])) for o in outs]
-        else:
-            outs = await asyncio.gather(*(_until_stop(g, think) for g in choices.streams()))
-            replies = [_think_message(plan, think, o) for o in outs]
-        return JSONResponse({
-            "id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": i, "message": message,
-                         "logprobs": chat_logprobs(o["meta_info"], bool(top)) if want_lp else None,
-                         "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
-            "usage": _sum_usage(outs, n, think, tm.tokenizer.decode),
-        })
-
-    async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n: int,
-                           include_usage: bool, want_lp: bool, with_top: bool, plan: ToolPlan,
-                           think: Optional[ReasoningPlan]) -> AsyncIterator[bytes]:
-        def chunk(i: int, delta: dict, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
-            return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
-
-        sent = [0] * len(choices.items)
-        finals: list[Optional[dict]] = [None] * len(choices.items)
-        tools = [plan.stream() for _ in choices.items]  # None: plain text
-        thinks = [think.stream() if think else None for _ in choices.items]  # None: no reasoning split
-        held = [""] * len(choices.items)  # stream_reasoning false: the reasoning until it ends
-        for i in range(len(choices.items)):
-            yield chunk(i, {"role": "assistant", "content": ""}, None)
-        async for i, out in merged(choices.streams()):
-            if finals[i] is not None:  # cut by a stop string (its abort's last snapshot)
-                continue
-            delta, sent[i] = text_delta(out["text"], sent[i])
-            lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
-            fin = _finish(out["meta_info"]["finish_reason"])
-            deltas: list[dict] = []
-            rs = thinks[i]
-            if rs is not None:
-                split = rs.feed(delta, fin is not None)
-                if rs.stopped:  # the content reached a stop string (as the non-streamed reply: "stop")
-                    if fin is None:
-                        tm.abort(f"{choices.rid}-{i}")
-                    fin = "stop"
-                held[i] += split.reasoning
-                if held[i] and (think.stream_reasoning or not rs.parser.in_reasoning or fin is not None):
-                    deltas.append({"reasoning_content": held[i]})
-                    held[i] = ""
-                delta = split.content
-            ts = tools[i]
-            if ts is None:
-                deltas += [{"content": delta}] if delta else []
-            else:  # the markup held back until decided; the rest of it when the choice ends
-                deltas += ts.feed(delta) + (ts.finish() if fin is not None else [])
-                fin = ts.finish_reason(fin)
-            if lp and lp["content"] and not deltas:
-                deltas = [{"content": ""}]  # logprobs travel with a delta
-            for k, d in enumerate(deltas):
-                yield chunk(i, d, None, lp if k == 0 else None)
-            if fin is not None:
-                finals[i] = out
-                yield chunk(i, {}, fin)
-        if include_usage:
-            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [], "usage": _sum_usage([f for f in finals if f], n, think, tm.tokenizer.decode)})
-        yield SSE_DONE
+    sent = [0] * len(choices.reqs)
+    finals: list[Optional[dict]] = [None] * len(choices.reqs)
+    tools = [plan.stream() for _ in choices.reqs]  # None: plain text
+    thinks = [think.stream() if think else None for _ in choices.reqs]  # None: no reasoning split
+    held = [""] * len(choices.reqs)  # stream_reasoning false: the reasoning until it ends
+    for i in range(len(choices.reqs)):
+        yield chunk(i, {"role": "assistant", "content": ""}, None)
+    async for i, out in merged(choices.streams()):
+        if finals[i] is not None:  # cut by a stop string (its abort's last snapshot)
+            continue
+        delta, sent[i] = text_delta(out["text"], sent[i])
+        lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
+        fin = _finish(out["meta_info"]["finish_reason"])
+        deltas: list[dict] = []
+        rs = thinks[i]
+        if rs is not None:
+            split = rs.feed(delta, fin is not None)
+            if rs.stopped:  # the content reached a stop string (as the non-streamed reply: "stop")
+                if fin is None:
+                    choices.tm.abort(choices.reqs[i].rid)
+                fin = "stop"
+            held[i] += split.reasoning
+            if held[i] and (think.stream_reasoning or not rs.parser.in_reasoning or fin is not None):
+                deltas.append({"reasoning_content": held[i]})
+                held[i] = ""
+            delta = split.content
+        ts = tools[i]
+        if ts is None:
+            deltas += [{"content": delta}] if delta else []
+        else:  # the markup held back until decided; the rest of it when the choice ends
+            deltas += ts.feed(delta) + (ts.finish() if fin is not None else [])
+            fin = ts.finish_reason(fin)
+        if lp and lp["content"] and not deltas:
+            deltas = [{"content": ""}]  # logprobs travel with a delta
+        for k, d in enumerate(deltas):
+            yield chunk(i, d, None, lp if k == 0 else None)
+        if fin is not None:
+            finals[i] = out
+            yield chunk(i, {}, fin)
+    if include_usage:
+        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [], "usage": _sum_usage([f for f in finals if f], n, think, choices.tm.tokenizer.decode)})
+    yield SSE_DONE
 
 
 async def _until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:
@@ -416,8 +421,9 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
         sp["regex"] = (think.regex_prefix() if think else "") + call  # the call after the reasoning
     choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid)
     if think is not None and sp.get("stop") is not None:  # checked by _Choices; applied to the content only
-        think.stops = choices.items[0][1].stop_strs
-        choices.items = [(i, dataclasses.replace(p, stop=None), lp) for i, p, lp in choices.items]
+        think.stops = choices.reqs[0].sampling.stop_strs
+        choices.reqs = [dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, stop=None))
+                        for r in choices.reqs]
     return choices, want_lp, top, plan, think
 
 

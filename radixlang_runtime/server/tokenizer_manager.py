@@ -30,12 +30,12 @@ from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 import zmq
 import zmq.asyncio
 
-from radixlang_runtime.limits import RuntimeLimits, check_request
+from radixlang_runtime.generate_input import GenerateRequest
+from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, TokenizedGenerateReq,
-                                        UnpinPrefixOut, UnpinPrefixReq, decode, encode)
-from radixlang_runtime.results import LogprobRequest, ResultBuilder
-from radixlang_runtime.sampling_params import SamplingParams
+                                        PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, UnpinPrefixOut,
+                                        UnpinPrefixReq, decode, encode)
+from radixlang_runtime.results import ResultBuilder
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.lifecycle import SHUTTING_DOWN, Lifecycle, RuntimeUnavailable, ShuttingDown
 from radixlang_runtime.server.live_series import LiveSeries
@@ -108,42 +108,25 @@ class TokenizerManager:
     def dead(self) -> Optional[str]:
         return self.lifecycle.dead
 
-    def prepare(self, input_ids: list[int], sampling_params: Optional[dict],
-                ids_name: str = "input_ids") -> SamplingParams:
-        """Validate one prompt; raises ValueError naming the problem (ids_name: the field of the ids),
-        ShuttingDown / RuntimeUnavailable (503) when no new work is admitted (the OpenAI routes call this
-        before their headers go out)."""
-        self.lifecycle.admit()
-        if not isinstance(sampling_params, (dict, type(None))):
-            raise ValueError("sampling_params must be an object")
-        sp = SamplingParams.from_dict(sampling_params)
-        check_request(input_ids, sp, self.limits, ids_name)
-        return sp
-
-    def generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str] = None,
-                 stream: bool = False, logprob: Optional[LogprobRequest] = None) -> AsyncIterator[dict]:
+    def generate(self, req: GenerateRequest) -> AsyncIterator[dict]:
         """Yields progress snapshots ({"text", "output_ids", "meta_info"}); the last has a finish_reason.
-        Exactly one sample (callers fan out n > 1 with distinct rids). Text and output_ids are
-        cumulative; with logprobs, a streaming request's output logprob lists are the delta since the
-        previous snapshot (input ones come once, in the first), a non-streaming one gets them whole.
+        req: one sample, validated by the intake (generate_input.py: rid assigned, n fanned out). Text and
+        output_ids are cumulative; with logprobs, a streaming request's output logprob lists are the delta
+        since the previous snapshot (input ones come once, in the first), a non-streaming one gets them whole.
         Admission is decided here, when called, not at the first iteration: callers create the
         iterators before any response header goes out, so a refused request is a plain 503."""
         self.lifecycle.admit()
-        return self._generate(input_ids, sp, rid, stream, logprob)
+        return self._generate(req)
 
-    async def _generate(self, input_ids: list[int], sp: SamplingParams, rid: Optional[str], stream: bool,
-                        logprob: Optional[LogprobRequest]) -> AsyncIterator[dict]:
-        rid = rid or uuid.uuid4().hex
+    async def _generate(self, req: GenerateRequest) -> AsyncIterator[dict]:
+        rid, input_ids = req.rid, req.input_ids
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
-        state = ReqState(ResultBuilder(rid, input_ids, stream, logprob, self._token_text))
+        state = ReqState(ResultBuilder(rid, input_ids, req.stream, req.logprob, self._token_text))
         self.states[rid] = state
-        params = sp.to_wire()
-        lp = logprob or LogprobRequest()
         replica = self.router.route(rid, input_ids) if self.router else 0
         try:
-            await self.to_replicas[replica].send(encode(TokenizedGenerateReq(
-                rid, list(input_ids), params, stream, logprob is not None, lp.start, lp.top_num)))
+            await self.to_replicas[replica].send(encode(req.to_message()))
             while True:
                 out = await state.queue.get()
                 if "error" in out:
