@@ -3,7 +3,9 @@ event loop, feeding the same TokenizerManager (so both links share one request p
 
 Messages are FrontendReq / FrontendOut (messages.py, msgpack). A `generate` body is the native
 /generate JSON body, parsed by generate_api.parse_generate; replies carry the same result dicts
-(a stream: one FrontendOut per snapshot, cumulative text and delta logprobs, then done=True).
+(a stream: one FrontendOut per snapshot, text / output_ids / logprobs as deltas, "text_trim" in a final
+one whose stop string was cut, then done=True: bytes grow linearly with the tokens; a plain reply: the
+whole text).
 Control methods call the HTTP app's own route functions, so /get_model_info and /server_info answer
 the same on both links. Invariants:
 - the --api-key rule is HTTP's: every method but ping needs the key (401 otherwise);

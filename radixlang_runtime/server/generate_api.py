@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.generate_input import GenerateItem, parse_generate_input
 from radixlang_runtime.limits import FieldError, need_bool, show
+from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result, guard_stream,
-                                                  merged, read_json, sse, stream_response, text_delta)
+                                                  merged, read_json, sse, stream_response)
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 
 
@@ -66,15 +67,15 @@ async def generate_route(state: ServerState, request: Request) -> Response:
 async def _stream_generate(gens: list[AsyncIterator[dict]], as_list: bool,
                            incremental: bool = False) -> AsyncIterator[bytes]:
     """One SSE event per update of any of the requests (cumulative text / output_ids, or deltas with
-    --incremental-streaming-output); with several requests each event carries its `index`."""
-    sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
+    --incremental-streaming-output: tm.generate's own); with several requests each event carries its `index`."""
+    whole: dict[int, Cumulative] = {}  # index -> the text and ids so far (cumulative mode)
     async for i, out in merged(gens):
         if incremental:
-            t0, n0 = sent.get(i, (0, 0))
-            ids = out["output_ids"]
-            out["text"], t1 = text_delta(out["text"], t0)
-            out["output_ids"] = ids[n0:]
-            sent[i] = (t1, len(ids))
+            out.pop("text_trim", None)  # characters already sent stay sent
+        else:
+            acc = whole.setdefault(i, Cumulative())
+            acc.add(out)
+            out = acc.snapshot(out)
         if as_list:
             out["index"] = i
         yield sse(out)
