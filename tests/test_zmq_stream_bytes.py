@@ -1,6 +1,6 @@
 """The DSL's ZeroMQ link streams deltas: the bytes of a stream grow linearly with its tokens.
 
-One real server on a tiny random Llama checkpoint (fast enough for 3,000 decode steps on 2 cores). A raw
+One real server on a tiny random Llama checkpoint (a few thousand decode steps take seconds). A raw
 DEALER socket, the DSL client's own wire format (FrontendReq / FrontendOut), streams 1,000 and 2,000
 tokens (ignore_eos, greedy) and counts the bytes that arrive: twice the tokens must cost about twice the
 bytes (under 2.5x; the old scheme, the whole text so far in every event, costs about 4x). The deltas put
@@ -21,7 +21,7 @@ from radixlang_runtime import messages as m
 from server_utils import ServerProcess
 from tiny_checkpoints import build_tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # thousands of decode steps: slow on a loaded machine
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
             initializer_range=0.3, max_position_embeddings=4096)
@@ -44,11 +44,12 @@ def body(n: int, stream: bool) -> dict:
             "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0}}
 
 
-def exchange(address: str, req_id: str, req: dict, timeout_s: float = 300.0) -> tuple[int, list]:
+def exchange(address: str, req_id: str, req: dict, timeout_s: float = 900.0) -> tuple[int, list]:
     """Send one generate over a DEALER socket; (bytes received, the bodies of the replies) until done."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)  # as the DSL's link: a full pipe would make the server drop events
     try:
         sock.connect(address)
         sock.send(m.encode(m.FrontendReq(req_id, "generate", req)))
@@ -102,10 +103,12 @@ def test_stream_bytes_grow_linearly_and_the_deltas_make_the_reply(server):
         old[n] = cumulative_bytes(events)
         assert len(events) == n  # stream_interval 1: one event a token
         assert events[-1]["meta_info"]["completion_tokens"] == n
-        _, plain = exchange(server.frontend, f"p{n}", body(n, False))
         text, ids = joined(events)
-        assert ids == plain[0]["output_ids"] and len(ids) == n
-        assert text == plain[0]["text"]
+        assert len(ids) == n
+        if n == 1000:  # greedy: the plain reply is the same text (checked once: the decode steps are the cost)
+            _, plain = exchange(server.frontend, "plain", body(n, False))
+            assert ids == plain[0]["output_ids"] and text == plain[0]["text"]
+    print(f"ZeroMQ stream bytes: deltas {sizes}, the old scheme (whole text so far) {old}")
     assert sizes[2000] < 2.5 * sizes[1000], sizes
     assert old[2000] > 3 * old[1000], old  # the same check fails on the old scheme
     assert sizes[2000] / 2000 < 1000, sizes  # bytes per token: one delta and the meta_info, not the text so far
@@ -147,8 +150,8 @@ def stop_across_tokens(url: str) -> str:
 
 def test_a_stop_string_cut_after_streaming_reads_the_same_on_every_link(server):
     """The final record trims text already sent: the raw ZeroMQ stream says so (text_trim), the plain reply
-    and /generate's cumulative SSE end with the cut text, and a DSL program streaming over ZeroMQ sees the
-    chunks it sees over HTTP."""
+    and /generate's cumulative SSE end with the cut text, and a DSL program streaming over ZeroMQ is shown the
+    text it is shown over HTTP (the stop's first characters included: they went out before the match)."""
     stop = stop_across_tokens(server.url)
     sp = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0, "stop": [stop]}
     req = {"text": PROMPT, "sampling_params": sp}
@@ -175,4 +178,5 @@ def test_a_stop_string_cut_after_streaming_reads_the_same_on_every_link(server):
             chunks[link] = list(story.run(backend=backend, stream=True).text_iter("a"))
         finally:
             backend.shutdown()
-    assert chunks["zmq"] == chunks["http"] and "".join(chunks["zmq"]) == text
+    assert len(chunks["zmq"]) > 1  # how deltas group into chunks depends on timing; what they add up to does not
+    assert "".join(chunks["zmq"]) == "".join(chunks["http"]) == text

@@ -124,6 +124,9 @@ class ZmqLink:
         zmq = self._zmq
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        # no receive high-water mark: libzmq's I/O thread keeps taking a long stream's events off the wire
+        # while this thread is slow (the server's ROUTER drops, silently, what a full pipe cannot take)
+        dealer.setsockopt(zmq.RCVHWM, 0)
         if self.address.startswith("tcp://["):  # an IPv6 host (discover.py brackets it)
             dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(self.address)

@@ -289,6 +289,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                         "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
 
         finals: list[Optional[dict]] = [None] * len(choices.items)
+        ids: list[list[int]] = [[] for _ in choices.items]  # output ids so far (usage: the reasoning tokens)
         tools = [plan.stream() for _ in choices.items]  # None: plain text
         thinks = [think.stream() if think else None for _ in choices.items]  # None: no reasoning split
         held = [""] * len(choices.items)  # stream_reasoning false: the reasoning until it ends
@@ -298,6 +299,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             if finals[i] is not None:  # cut by a stop string (its abort's last snapshot)
                 continue
             delta = out["text"]  # a delta (a stop string cut after it streamed: what was sent stays)
+            ids[i] += out["output_ids"]
             lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
             fin = _finish(out["meta_info"]["finish_reason"])
             deltas: list[dict] = []
@@ -324,7 +326,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             for k, d in enumerate(deltas):
                 yield chunk(i, d, None, lp if k == 0 else None)
             if fin is not None:
-                finals[i] = out
+                finals[i] = {**out, "output_ids": ids[i]}
                 yield chunk(i, {}, fin)
         if include_usage:
             yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
