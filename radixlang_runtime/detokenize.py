@@ -6,6 +6,9 @@ Each update decodes ids[surr:read] (text already emitted) and ids[surr:] (with t
 difference is the new text. A result ending in U+FFFD is an incomplete UTF-8 character: it waits for
 the next token (offsets unchanged) unless the request finished. Cost per update is O(new tokens +
 a short context), not O(output length). A request's state is dropped at its finish (or `forget`).
+Its constants (skip_special_tokens, ...) arrive once, in its first record (ReqTokenOut.consts), and are kept
+in its state. Text goes out as deltas (ReqStrOut); a stop string cut at the finish is a `trim` of text
+already sent, never the whole text again.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlang_runtime import faults
-from radixlang_runtime.messages import BatchStrOut, BatchTokenIDOut
+from radixlang_runtime.messages import BatchStrOut, BatchTokenIDOut, ReqConsts, ReqStrOut, ReqTokenOut
 from radixlang_runtime.sampling_params import trim_at_stop
 
 logger = logging.getLogger(__name__)
@@ -24,6 +27,7 @@ CONTEXT_TOKENS = 5  # tokens of left context re-decoded with the new ones (word 
 
 @dataclass
 class DecodeState:
+    consts: ReqConsts
     ids: list[int] = field(default_factory=list)
     text: str = ""
     surr: int = 0  # ids[surr:read] is the context already emitted as text
@@ -39,48 +43,32 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
 
     def update(self, msg: BatchTokenIDOut) -> tuple[BatchStrOut, dict[str, str]]:
-        """Decode every entry of msg. Returns the progress of the entries that decoded and, for those
+        """Decode every record of msg. Returns the progress of the records that decoded and, for those
         that raised, {rid: error message}: a failing request never takes its neighbours down."""
-        out = BatchStrOut([], [], [], [], [], [], [], [], [], [])
+        out = BatchStrOut()
         failed: dict[str, str] = {}
-        for i, rid in enumerate(msg.rids):
+        for rec in msg.reqs:
             try:
-                new, is_full = self._text(msg, i)
+                text, trim = self._text(rec)
             except Exception as e:  # noqa: BLE001 - contained to this request
-                self.states.pop(rid, None)
-                failed[rid] = f"internal error in detokenization: {type(e).__name__}: {e}"
+                self.states.pop(rec.rid, None)
+                failed[rec.rid] = f"internal error in detokenization: {type(e).__name__}: {e}"
                 continue
-            out.rids.append(rid)
-            out.texts.append(new)
-            out.text_is_full.append(is_full)
-            out.new_ids.append(msg.new_ids[i])
-            out.finished_reasons.append(msg.finished_reasons[i])
-            out.prompt_tokens.append(msg.prompt_tokens[i])
-            out.completion_tokens.append(msg.completion_tokens[i])
-            out.cached_tokens.append(msg.cached_tokens[i])
-            out.num_retractions.append(msg.num_retractions[i])
-            out.queue_times.append(msg.queue_times[i])
-            if msg.forced_tokens:
-                out.forced_tokens.append(msg.forced_tokens[i])
-                out.forward_passes.append(msg.forward_passes[i])
-            if msg.spec_draft_tokens:
-                out.spec_draft_tokens.append(msg.spec_draft_tokens[i])
-                out.spec_accepted_tokens.append(msg.spec_accepted_tokens[i])
-            if msg.input_logprobs:
-                out.input_logprobs.append(msg.input_logprobs[i])
-                out.input_top_logprobs.append(msg.input_top_logprobs[i])
-                out.output_logprobs.append(msg.output_logprobs[i])
-                out.output_top_logprobs.append(msg.output_top_logprobs[i])
+            out.reqs.append(ReqStrOut(rid=rec.rid, text=text, progress=rec.progress, trim=trim))
         return out, failed
 
-    def _text(self, msg: BatchTokenIDOut, i: int) -> tuple[str, bool]:
-        """Entry i's new text (or, when is_full, its whole final text with the stop string trimmed)."""
-        rid = msg.rids[i]
+    def _text(self, rec: ReqTokenOut) -> tuple[str, int]:
+        """The record's new text and how many characters of the text already sent its finish cuts
+        (a stop string trimmed: ReqStrOut.trim)."""
+        rid, fin = rec.rid, rec.progress.finished_reason
         faults.maybe_raise("detokenize", [rid])
-        st = self.states.setdefault(rid, DecodeState())
-        st.ids.extend(msg.new_ids[i])
-        skip, spaces = msg.skip_special_tokens[i], msg.spaces_between_special_tokens[i]
-        fin = msg.finished_reasons[i]
+        st = self.states.get(rid)
+        if st is None:
+            if rec.consts is None:
+                raise ValueError(f"request {rid!r}: progress without its first record (no constants)")
+            st = self.states[rid] = DecodeState(rec.consts)
+        st.ids.extend(rec.progress.new_ids)
+        skip, spaces = st.consts.skip_special_tokens, st.consts.spaces_between_special_tokens
         emitted = self._decode(st.ids[st.surr : st.read], skip, spaces)
         full = self._decode(st.ids[st.surr :], skip, spaces)
         new = ""
@@ -91,11 +79,11 @@ class IncrementalDetokenizer:
         st.text += new
         if fin is not None:
             del self.states[rid]
-            from_end = msg.stop_from_end[i] if msg.stop_from_end else 0
-            trimmed = trim_at_stop(st.text, fin, msg.no_stop_trim[i], from_end)
-            if trimmed is not None:
-                return trimmed, True
-        return new, False
+            trimmed = trim_at_stop(st.text, fin, st.consts.no_stop_trim, rec.stop_from_end)
+            if trimmed is not None:  # a prefix of st.text
+                sent = len(st.text) - len(new)
+                return trimmed[sent:], max(0, sent - len(trimmed))
+        return new, 0
 
     def _resync(self, st: DecodeState, skip: bool, spaces: bool) -> str:
         """Decoding with the new tokens changed earlier text (rare, tokenizer clean-up rules): fall

@@ -24,7 +24,7 @@ from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.messages import AbortReq, TokenizedGenerateReq
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
-from radixlang_runtime.results import LogprobRequest, ResultBuilder
+from radixlang_runtime.results import Cumulative, LogprobRequest, ResultBuilder
 from radixlang_runtime.scheduler.factory import build_scheduler, runtime_limits, scheduler_stats
 from radixlang_runtime.scheduler.loop_thread import ThreadedLoop
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -181,7 +181,7 @@ class Engine:
         return self._loop.submit(msg), builder
 
     def _next(self, q, builder: ResultBuilder) -> dict:
-        """The request's next snapshot; raises RuntimeError when a fault ended it."""
+        """The request's next (delta) snapshot; raises RuntimeError when a fault ended it."""
         kind, payload = self._loop.get(q)
         if kind == "error":
             self._detok.forget(builder.rid)
@@ -195,20 +195,25 @@ class Engine:
             builder.finished = True
             self._loop.put(AbortReq(builder.rid))  # it may still be running (streaming)
             raise RuntimeError(f"request {builder.rid} failed: {failed[builder.rid]}")
-        return builder.apply(out, 0, time.perf_counter())
+        return builder.apply(out.reqs[0], time.perf_counter())
 
     def _final(self, q, builder: ResultBuilder) -> dict:
+        whole = Cumulative()
         while True:
             out = self._next(q, builder)
+            whole.add(out)
             if builder.finished:
-                return out
+                return whole.snapshot(out)
 
     def _stream(self, msg: TokenizedGenerateReq, lp_text: bool) -> Iterator[dict]:
         msg.stream = True
         q, builder = self._submit(msg, lp_text)
         try:
+            whole = Cumulative()  # SGLang's Engine streams the whole text so far
             while not builder.finished:
-                yield self._next(q, builder)
+                out = self._next(q, builder)
+                whole.add(out)
+                yield whole.snapshot(out)
         finally:
             if not builder.finished:  # the consumer stopped early: free the request's memory
                 builder.finished = True

@@ -6,8 +6,10 @@ Torch-free (the DSL's ZeroMQ backend imports it). Links:
   scheduler -> detokenizer:         BatchTokenIDOut
   detokenizer -> tokenizer manager: BatchStrOut
   scheduler -> tokenizer manager:   FlushCacheOut, StatsOut, ErrorOut, PinPrefixOut, UnpinPrefixOut
-`encode` writes [type name, field values in declaration order]; `decode` rebuilds the dataclass and
-rejects unknown types. Never pickle: a message is data, not code.
+`encode` writes [type name, field values in declaration order]; a field declared with `_record` holds a
+nested record (ReqTokenOut, ...) or a list of them, written as its own field values the same way; `decode`
+rebuilds the dataclasses from the declarations and rejects unknown types. Never pickle: a message is
+data, not code.
 """
 
 from __future__ import annotations
@@ -110,56 +112,79 @@ class SchedulerHeartbeat:
 
 
 @dataclass
-class BatchTokenIDOut:
-    """New output tokens of some requests after one scheduler step (one entry per request)."""
+class ReqConsts:
+    """What stays fixed for a request's whole life and the detokenizer needs: sent once, in its first
+    ReqTokenOut (prompt_tokens is not here: the tokenizer manager has the prompt)."""
 
-    rids: list[str]
-    new_ids: list[list[int]]  # tokens since the previous message for that request
-    finished_reasons: list[Optional[dict[str, Any]]]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    cached_tokens: list[int]
-    num_retractions: list[int]
-    queue_times: list[float]  # seconds from arrival at the scheduler to first admission (0 until admitted)
-    skip_special_tokens: list[bool]
-    spaces_between_special_tokens: list[bool]
-    no_stop_trim: list[bool]
-    # Logprobs (None for requests that did not ask): input ones whole, in the first message of a request;
-    # output ones as deltas aligned with new_ids. Values and [[logprob, id], ...] top rows.
-    input_logprobs: list[Optional[list[float]]] = field(default_factory=list)
-    input_top_logprobs: list[Optional[list]] = field(default_factory=list)
-    output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
-    output_top_logprobs: list[Optional[list]] = field(default_factory=list)
-    stop_from_end: list[int] = field(default_factory=list)  # Req.stop_from_end (0: no stop string)
-    forced_tokens: list[int] = field(default_factory=list)  # jump-forward tokens so far (meta_info.forced_tokens)
-    forward_passes: list[int] = field(default_factory=list)  # forward steps so far (meta_info.forward_passes)
-    spec_draft_tokens: list[int] = field(default_factory=list)  # n-gram draft tokens verified so far
-    spec_accepted_tokens: list[int] = field(default_factory=list)  # of which accepted (meta_info, same names)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+
+@dataclass
+class ReqProgress:
+    """One request's progress since its previous record; the counters are totals so far (small ints).
+    Logprobs (None for requests that did not ask): input ones whole, in the first record of a request;
+    output ones as deltas aligned with new_ids. Values and [[logprob, id], ...] top rows. The detokenizer
+    passes it on unchanged (scheduler -> detokenizer -> tokenizer manager)."""
+
+    new_ids: list[int]  # tokens since the previous record for that request
+    finished_reason: Optional[dict[str, Any]] = None
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    queue_time: float = 0.0  # seconds from arrival at the scheduler to first admission (0 until admitted)
+    forced_tokens: int = 0  # jump-forward tokens so far (meta_info.forced_tokens)
+    forward_passes: int = 0  # forward steps so far (meta_info.forward_passes)
+    spec_draft_tokens: int = 0  # n-gram draft tokens verified so far
+    spec_accepted_tokens: int = 0  # of which accepted (meta_info, same names)
+    input_logprobs: Optional[list[float]] = None
+    input_top_logprobs: Optional[list] = None
+    output_logprobs: Optional[list[float]] = None
+    output_top_logprobs: Optional[list] = None
+
+
+def _record(cls: type, many: bool = False, **kw: Any) -> Any:
+    """A field holding a nested record (or a list of them, many=True): encoded as its field values,
+    rebuilt as `cls` on decode (no type name travels: the field says what it holds)."""
+    return field(metadata={"record": cls, "many": many}, **kw)
+
+
+@dataclass
+class ReqTokenOut:
+    """Scheduler -> detokenizer: one request's new tokens after one scheduler step (built by keyword in
+    scheduler/loop.py). consts: in the request's first record only."""
+
+    rid: str
+    progress: ReqProgress = _record(ReqProgress)
+    stop_from_end: int = 0  # Req.stop_from_end (0: no stop string)
+    consts: Optional[ReqConsts] = _record(ReqConsts, default=None)
+
+
+@dataclass
+class ReqStrOut:
+    """Detokenizer -> tokenizer manager: one request's new text. The text so far becomes
+    text_so_far[: len - trim] + text; trim > 0 only in a final record whose stop string was cut from
+    text already sent (then text is ""); a stream that already showed those characters keeps them."""
+
+    rid: str
+    text: str
+    progress: ReqProgress = _record(ReqProgress)
+    trim: int = 0
+
+
+@dataclass
+class BatchTokenIDOut:
+    """New output tokens of some requests after one scheduler step (one record per request)."""
+
+    reqs: list[ReqTokenOut] = _record(ReqTokenOut, many=True, default_factory=list)
 
 
 @dataclass
 class BatchStrOut:
-    """Detokenized progress. text: the new text since the previous message, or, when text_is_full,
-    the whole text (sent once, at the finish, when a stop string was trimmed from it)."""
+    """Detokenized progress of some requests (one record per request, text as deltas)."""
 
-    rids: list[str]
-    texts: list[str]
-    text_is_full: list[bool]
-    new_ids: list[list[int]]
-    finished_reasons: list[Optional[dict[str, Any]]]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    cached_tokens: list[int]
-    num_retractions: list[int]
-    queue_times: list[float]
-    input_logprobs: list[Optional[list[float]]] = field(default_factory=list)
-    input_top_logprobs: list[Optional[list]] = field(default_factory=list)
-    output_logprobs: list[Optional[list[float]]] = field(default_factory=list)
-    output_top_logprobs: list[Optional[list]] = field(default_factory=list)
-    forced_tokens: list[int] = field(default_factory=list)
-    forward_passes: list[int] = field(default_factory=list)
-    spec_draft_tokens: list[int] = field(default_factory=list)
-    spec_accepted_tokens: list[int] = field(default_factory=list)
+    reqs: list[ReqStrOut] = _record(ReqStrOut, many=True, default_factory=list)
 
 
 @dataclass
@@ -192,14 +217,42 @@ MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetSta
             SchedulerHeartbeat)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
-_FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGES + FRONTEND_MESSAGES}
+RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut)  # nested inside messages, never sent alone
+# per class: (field name, record class or None, whether a list of them) in declaration order
+_SPECS: dict[type, list[tuple[str, Optional[type], bool]]] = {
+    cls: [(f.name, f.metadata.get("record"), f.metadata.get("many", False)) for f in dataclasses.fields(cls)]
+    for cls in MESSAGES + FRONTEND_MESSAGES + RECORDS}
+
+
+def _values(obj: Any) -> list:
+    out = []
+    for name, rec, many in _SPECS[type(obj)]:
+        v = getattr(obj, name)
+        if rec is not None and v is not None:
+            v = [_values(r) for r in v] if many else _values(v)
+        out.append(v)
+    return out
+
+
+def _build(cls: type, values: Any) -> Any:
+    spec = _SPECS[cls]
+    if not isinstance(values, list) or len(values) > len(spec):
+        raise ValueError(f"malformed {cls.__name__}")
+    args = []
+    for (_name, rec, many), v in zip(spec, values):
+        if rec is not None and v is not None:
+            if many and not isinstance(v, list):
+                raise ValueError(f"malformed {cls.__name__}")
+            v = [_build(rec, r) for r in v] if many else _build(rec, v)
+        args.append(v)
+    return cls(*args)
 
 
 def encode(msg: Any) -> bytes:
     cls = type(msg)
-    if cls not in _FIELDS:
+    if _BY_NAME.get(cls.__name__) is not cls:
         raise TypeError(f"not a message type: {cls.__name__}")
-    return msgpack.packb([cls.__name__, [getattr(msg, n) for n in _FIELDS[cls]]], use_bin_type=True)
+    return msgpack.packb([cls.__name__, _values(msg)], use_bin_type=True)
 
 
 def decode(data: bytes) -> Any:
@@ -207,7 +260,8 @@ def decode(data: bytes) -> Any:
     cls = _BY_NAME.get(name)
     if cls is None:
         raise ValueError(f"unknown message type {name!r}")
-    return cls(*values)
+    return _build(cls, values)
 
 
-__all__ = [c.__name__ for c in MESSAGES + FRONTEND_MESSAGES] + ["encode", "decode", "MESSAGES", "FRONTEND_MESSAGES"]
+__all__ = [c.__name__ for c in MESSAGES + FRONTEND_MESSAGES + RECORDS] + ["encode", "decode", "MESSAGES",
+                                                                        "FRONTEND_MESSAGES", "RECORDS"]

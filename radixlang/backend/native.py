@@ -30,6 +30,8 @@ class NativeBackend(BaseBackend):
     # shares the forks' KV by itself. radixlang's server answers the call with {} and does nothing; SGLang's
     # server has no such route (and the forks' ids are not its request ids): the call was an empty round trip.
     support_concate_and_append = False
+    # whether _call_stream's events carry text deltas (the ZeroMQ link) or the whole text so far (HTTP /generate)
+    stream_text_deltas = False
 
     def __init__(self, chat_template_name: Optional[str] = None):
         super().__init__()
@@ -46,7 +48,8 @@ class NativeBackend(BaseBackend):
 
     @abstractmethod
     def _call_stream(self, body: dict) -> Iterator[dict]:
-        """POST /generate with "stream": true: the events (cumulative text, delta logprobs)."""
+        """POST /generate with "stream": true: the events (cumulative text, or deltas when
+        stream_text_deltas; delta logprobs)."""
 
     @abstractmethod
     def _control(self, method: str, body: Optional[dict] = None) -> Any:
@@ -79,7 +82,9 @@ class NativeBackend(BaseBackend):
             if "error" in event:
                 err = event["error"]
                 raise BackendError(f"the stream failed: {err.get('message', err) if isinstance(err, dict) else err}")
-            delta = event["text"][pos:]
+            # a stop string cut at the end of text already yielded: the whole text is shorter (cumulative)
+            # or the delta is "" with "text_trim" (deltas); what was yielded stays, as over HTTP
+            delta = event["text"] if self.stream_text_deltas else event["text"][pos:]
             pos += len(delta)
             yield delta, event["meta_info"]
 

@@ -11,7 +11,9 @@ queue. Invariants:
 - before the first answer the bound is `connect_timeout` (3 s): an address where no server listens
   fails within it, "no radixlang server answers at <address>", not as a server that went away;
 - what arrives is decoded defensively: anything but a FrontendOut is ignored (and is no answer);
-- a stream the consumer leaves early sends an abort for its request.
+- a stream the consumer leaves early sends an abort for its request;
+- stream events carry text and output_ids as deltas (frontend_zmq.py); NativeBackend.generate_stream
+  passes them on as they come.
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ class ZmqLink:
         zmq = self._zmq
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        # no receive high-water mark: libzmq's I/O thread keeps taking a long stream's events off the wire
+        # while this thread is slow (the server's ROUTER drops, silently, what a full pipe cannot take)
+        dealer.setsockopt(zmq.RCVHWM, 0)
         if self.address.startswith("tcp://["):  # an IPv6 host (discover.py brackets it)
             dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(self.address)
@@ -198,6 +203,7 @@ def _check(out: Any, method: str) -> None:
 
 class ZmqBackend(NativeBackend):
     transport = "zmq"
+    stream_text_deltas = True  # the frontend streams text deltas: O(1) bytes a token, not the text so far
     http_url: Optional[str] = None  # the http(s) URL this link was found through (discover.py), if any
 
     def __init__(self, address: str, api_key: Optional[str] = None, chat_template_name: Optional[str] = None,

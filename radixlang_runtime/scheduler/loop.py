@@ -9,7 +9,8 @@ server's scheduler process (server/scheduler_process.py).
 
 Invariants:
 - a request's progress goes out at its finish and, when streaming, every stream_interval tokens
-  (`update_due`); output ids and output logprobs go out as deltas, input logprobs once, first.
+  (`update_due`) as one ReqTokenOut record in a BatchTokenIDOut; output ids and output logprobs go out
+  as deltas, the request's constants (ReqConsts) and input logprobs once, in its first record.
 - every request that entered the loop gets exactly one final message: a finish in a BatchTokenIDOut,
   or an error (`LoopIO.send_error`) when a fault ended it. A step fault ends only its batch's
   requests (Scheduler.step); a fault outside any batch ends every request in flight.
@@ -26,8 +27,8 @@ from typing import Any, Callable, Optional, Protocol
 
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        PinPrefixOut, PinPrefixReq, StatsOut, TokenizedGenerateReq, UnpinPrefixOut,
-                                        UnpinPrefixReq)
+                                        PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
+                                        TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq)
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -61,14 +62,11 @@ def update_due(req: Req, sent_len: int, stream: bool, stream_interval: int) -> b
     return req.finished or (stream and len(req.output_ids) - sent_len >= stream_interval)
 
 
-def empty_token_out() -> BatchTokenIDOut:
-    return BatchTokenIDOut([], [], [], [], [], [], [], [], [], [], [])
-
-
 @dataclass
 class _Sent:
     stream: bool
     sent_len: int = 0  # output tokens (and output logprobs) already sent
+    first: bool = True  # no record sent yet: the next one carries the request's constants
 
 
 class RequestLoop:
@@ -163,7 +161,7 @@ class RequestLoop:
 
     # ------------------------------------------------------------------ progress
     def emit(self, touched: list[Req]) -> None:
-        out = empty_token_out()
+        out = BatchTokenIDOut()
         errors: dict[tuple[str, int], list[str]] = {}
         for req in touched:
             st = self.sent.get(req.rid)
@@ -175,39 +173,33 @@ class RequestLoop:
                 continue
             if not update_due(req, st.sent_len, st.stream, self.stream_interval):
                 continue
-            append_progress(out, req, st.sent_len)
-            st.sent_len = len(req.output_ids)
+            out.reqs.append(token_record(req, st.sent_len, st.first))
+            st.sent_len, st.first = len(req.output_ids), False
             if req.finished:
                 del self.sent[req.rid]
         for (message, status), rids in errors.items():
             self.io.send_error(rids, message, status)
-        if out.rids:
+        if out.reqs:
             self.io.send_tokens(out)
 
 
-def append_progress(out: BatchTokenIDOut, req: Req, sent_len: int) -> None:
-    """Add req's progress since sent_len output tokens to `out`."""
+def token_record(req: Req, sent_len: int, first: bool) -> ReqTokenOut:
+    """req's progress since sent_len output tokens; first: also its constants (the first record sent)."""
     n = len(req.output_ids)
-    sp = req.sampling
-    out.rids.append(req.rid)
-    out.new_ids.append(req.output_ids[sent_len:n])
-    out.finished_reasons.append(req.finished_reason)
-    out.prompt_tokens.append(len(req.input_ids))
-    out.completion_tokens.append(n)
-    out.cached_tokens.append(req.cached_len)
-    out.num_retractions.append(req.num_retractions)
-    out.queue_times.append(req.admitted_at - req.created_at if req.admitted_at else 0.0)
-    out.skip_special_tokens.append(sp.skip_special_tokens)
-    out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
-    out.no_stop_trim.append(sp.no_stop_trim)
-    out.stop_from_end.append(req.stop_from_end)
-    out.forced_tokens.append(req.forced_tokens)
-    out.forward_passes.append(req.forward_passes)
-    out.spec_draft_tokens.append(req.spec_draft_tokens)
-    out.spec_accepted_tokens.append(req.spec_accepted_tokens)
-    lp, first = req.return_logprob, sent_len == 0
+    lp = req.return_logprob
     top = lp and req.top_logprobs_num > 0
-    out.input_logprobs.append(req.input_logprobs if lp and first else None)
-    out.input_top_logprobs.append(req.input_top_logprobs if top and first else None)
-    out.output_logprobs.append(req.output_logprobs[sent_len:n] if lp else None)
-    out.output_top_logprobs.append(req.output_top_logprobs[sent_len:n] if top else None)
+    progress = ReqProgress(
+        new_ids=req.output_ids[sent_len:n], finished_reason=req.finished_reason, completion_tokens=n,
+        cached_tokens=req.cached_len, num_retractions=req.num_retractions,
+        queue_time=req.admitted_at - req.created_at if req.admitted_at else 0.0,
+        forced_tokens=req.forced_tokens, forward_passes=req.forward_passes,
+        spec_draft_tokens=req.spec_draft_tokens, spec_accepted_tokens=req.spec_accepted_tokens,
+        input_logprobs=req.input_logprobs if lp and first else None,
+        input_top_logprobs=req.input_top_logprobs if top and first else None,
+        output_logprobs=req.output_logprobs[sent_len:n] if lp else None,
+        output_top_logprobs=req.output_top_logprobs[sent_len:n] if top else None)
+    sp = req.sampling
+    consts = ReqConsts(skip_special_tokens=sp.skip_special_tokens,
+                       spaces_between_special_tokens=sp.spaces_between_special_tokens,
+                       no_stop_trim=sp.no_stop_trim) if first else None
+    return ReqTokenOut(rid=req.rid, progress=progress, stop_from_end=req.stop_from_end, consts=consts)

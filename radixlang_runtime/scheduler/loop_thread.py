@@ -5,8 +5,8 @@ the process then happens on one thread: on CPU, OpenMP work issued from a second
 another thread used the pool runs much slower (docs/PERFORMANCE.md#threads).
 
 Invariants:
-- every submitted request's queue receives ("tokens", BatchTokenIDOut with its one entry) items and
-  ends with a finished entry or one ("error", message) item;
+- every submitted request's queue receives ("tokens", BatchTokenIDOut with its one record) items and
+  ends with a finished record or one ("error", message) item;
 - if the loop thread dies (a bug below RequestLoop's containment), every waiter gets an error item
   and every later call raises RuntimeError at once: `get` never waits on a dead loop.
 """
@@ -19,21 +19,12 @@ import threading
 from typing import Any, Callable, Optional
 
 from radixlang_runtime.messages import BatchTokenIDOut, TokenizedGenerateReq
-from radixlang_runtime.scheduler.loop import Call, RequestLoop, empty_token_out
+from radixlang_runtime.scheduler.loop import Call, RequestLoop
 from radixlang_runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 Item = tuple[str, Any]  # ("tokens", BatchTokenIDOut) | ("error", (status, message))
-
-
-def entry(out: BatchTokenIDOut, i: int) -> BatchTokenIDOut:
-    """Entry i of a progress message as a message of its own."""
-    one = empty_token_out()
-    for name, values in vars(out).items():
-        if values:
-            getattr(one, name).append(values[i])
-    return one
 
 
 class QueueIO:
@@ -54,13 +45,13 @@ class QueueIO:
             return msgs
 
     def send_tokens(self, out: BatchTokenIDOut) -> None:
-        for i, rid in enumerate(out.rids):
+        for rec in out.reqs:
             with self.lock:
-                q = self.waiters.get(rid)
-                if out.finished_reasons[i] is not None:
-                    self.waiters.pop(rid, None)
+                q = self.waiters.get(rec.rid)
+                if rec.progress.finished_reason is not None:
+                    self.waiters.pop(rec.rid, None)
             if q is not None:
-                q.put(("tokens", entry(out, i)))
+                q.put(("tokens", BatchTokenIDOut([rec])))
 
     def send_error(self, rids: list[str], message: str, status: int = 500) -> None:
         for rid in rids:

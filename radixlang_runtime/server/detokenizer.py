@@ -45,7 +45,7 @@ def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, model_dir: str, rea
             continue
         if isinstance(msg, BatchTokenIDOut):
             out, failed = detok.update(msg)
-            if out.rids:
+            if out.reqs:
                 send.send(encode(out))
             for rid, message in failed.items():
                 logger.error("detokenizer: request %s failed: %s", rid, message)

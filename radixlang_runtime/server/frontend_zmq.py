@@ -3,7 +3,9 @@ event loop, feeding the same TokenizerManager (so both links share one request p
 
 Messages are FrontendReq / FrontendOut (messages.py, msgpack). A `generate` body is the native
 /generate JSON body, parsed by the one intake (services.intake_generate); replies carry the same result dicts
-(a stream: one FrontendOut per snapshot, cumulative text and delta logprobs, then done=True).
+(a stream: one FrontendOut per snapshot, text / output_ids / logprobs as deltas, "text_trim" in a final
+one whose stop string was cut, then done=True: bytes grow linearly with the tokens; a plain reply: the
+whole text).
 Every method calls the service functions the HTTP handlers call (services.py: the same intake, the
 same model_info / server_info / flush_cache / pins), so both links answer alike. Invariants:
 - the --api-key rule is HTTP's: every method but ping needs the key (401 otherwise);

@@ -10,9 +10,10 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server import services
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, guard_stream, read_json, sse,
-                                                  stream_response, text_delta)
+                                                  stream_response)
 
 router = APIRouter()
 
@@ -35,16 +36,15 @@ async def generate(request: Request) -> Response:
 
 async def _sse_events(events: AsyncIterator[dict], incremental: bool = False) -> AsyncIterator[bytes]:
     """One SSE event per update of any of the requests (cumulative text / output_ids, or deltas with
-    --incremental-streaming-output); with several requests each event carries its `index`."""
-    sent: dict[int, tuple[int, int]] = {}  # index -> (text chars, output ids) already sent (incremental mode)
+    --incremental-streaming-output: tm.generate's own); with several requests each event carries its `index`."""
+    whole: dict[int, Cumulative] = {}  # index -> the text and ids so far (cumulative mode)
     async for out in events:
         if incremental:
-            i = out.get("index", 0)
-            t0, n0 = sent.get(i, (0, 0))
-            ids = out["output_ids"]
-            out["text"], t1 = text_delta(out["text"], t0)
-            out["output_ids"] = ids[n0:]
-            sent[i] = (t1, len(ids))
+            out.pop("text_trim", None)  # characters already sent stay sent
+        else:
+            acc = whole.setdefault(out.get("index", 0), Cumulative())
+            acc.add(out)
+            out = acc.snapshot(out)
         yield sse(out)
     yield SSE_DONE
 

@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixlang_runtime.limits import MAX_JSON_DEPTH, FieldError, need_float, need_int_list, need_str, show
+from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 from radixlang_runtime.server_args import ServerArgs
 
@@ -190,12 +191,6 @@ def sse(obj: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def text_delta(text: str, sent: int) -> tuple[str, int]:
-    """The part of a cumulative text not sent yet, and the new sent length. A final text may be shorter
-    (a stop string trimmed after it streamed): nothing more is sent then."""
-    return text[sent:], max(sent, len(text))
-
-
 def stream_response(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -214,11 +209,13 @@ async def guard_stream(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield SSE_DONE
 
 
-async def final_result(gen: AsyncIterator[dict]) -> dict:
-    last = None
+async def final_result(gen: AsyncIterator[dict]) -> Optional[dict]:
+    """A request's (delta) snapshots folded into its result: the whole text and output ids, the last meta_info."""
+    whole, last = Cumulative(), None
     async for out in gen:
+        whole.add(out)
         last = out
-    return last
+    return whole.snapshot(last) if last is not None else None
 
 
 async def merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
@@ -248,5 +245,6 @@ async def merged(gens: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, di
     finally:
         for t in tasks:
             t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # stopped: a generator still running cannot aclose
         for g in gens:
             await g.aclose()

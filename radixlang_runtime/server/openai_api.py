@@ -1,7 +1,7 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
 
 Each choice is one runtime request (prompts x n of them, index = prompt * n + sample). Streams send
-text deltas (the runtime's cumulative text minus what was sent), then an optional usage chunk
+text deltas (the tokenizer manager's own), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Fields are strict (ROUTE_FIELDS): an unknown
 one answers 400 naming it, options the runtime cannot honour yet (best_of, suffix, functions,
 ...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
@@ -29,10 +29,10 @@ from radixlang_runtime.constrained.spec import spec_from_response_format
 from radixlang_runtime.generate_input import GenerateRequest, openai_requests
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
-from radixlang_runtime.results import LogprobRequest
+from radixlang_runtime.results import Cumulative, LogprobRequest
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result,
-                                                  guard_stream, merged, read_json, sse, stream_response, text_delta)
+                                                  guard_stream, merged, read_json, sse, stream_response)
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
 
@@ -234,7 +234,6 @@ async def completions(request: Request) -> Response:
 async def _stream_completion(choices: _Choices, rid: str, created: int, model: str,
                              echo_texts: Optional[list[str]], n: int, include_usage: bool,
                              logprobs: bool) -> AsyncIterator[bytes]:
-    sent = [0] * len(choices.reqs)
     finals: list[Optional[dict]] = [None] * len(choices.reqs)
 
     def chunk(i: int, text: str, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
@@ -245,7 +244,7 @@ async def _stream_completion(choices: _Choices, rid: str, created: int, model: s
         for i in range(len(choices.reqs)):
             yield chunk(i, echo_texts[i // n], None)
     async for i, out in merged(choices.streams()):
-        delta, sent[i] = text_delta(out["text"], sent[i])
+        delta = out["text"]  # a delta (a stop string cut after it streamed: what was sent stays)
         fin = _finish(out["meta_info"]["finish_reason"])
         if fin is not None:
             finals[i] = out
@@ -294,8 +293,8 @@ async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n:
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
 
-    sent = [0] * len(choices.reqs)
     finals: list[Optional[dict]] = [None] * len(choices.reqs)
+    ids: list[list[int]] = [[] for _ in choices.reqs]  # output ids so far (usage: the reasoning tokens)
     tools = [plan.stream() for _ in choices.reqs]  # None: plain text
     thinks = [think.stream() if think else None for _ in choices.reqs]  # None: no reasoning split
     held = [""] * len(choices.reqs)  # stream_reasoning false: the reasoning until it ends
@@ -304,7 +303,8 @@ async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n:
     async for i, out in merged(choices.streams()):
         if finals[i] is not None:  # cut by a stop string (its abort's last snapshot)
             continue
-        delta, sent[i] = text_delta(out["text"], sent[i])
+        delta = out["text"]  # a delta (a stop string cut after it streamed: what was sent stays)
+        ids[i] += out["output_ids"]
         lp = chat_logprobs(out["meta_info"], with_top) if want_lp else None
         fin = _finish(out["meta_info"]["finish_reason"])
         deltas: list[dict] = []
@@ -331,7 +331,7 @@ async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n:
         for k, d in enumerate(deltas):
             yield chunk(i, d, None, lp if k == 0 else None)
         if fin is not None:
-            finals[i] = out
+            finals[i] = {**out, "output_ids": ids[i]}
             yield chunk(i, {}, fin)
     if include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -342,20 +342,21 @@ async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n:
 async def _until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:
     """One streamed choice read until it finishes or its content reaches a stop string (then aborted):
     the last snapshot, its output logprob deltas joined, meta_info["cut"] set when a stop cut it."""
-    rs, sent, last, lps = think.stream(), 0, None, {"output_token_logprobs": [], "output_top_logprobs": []}
+    rs, last, lps = think.stream(), None, {"output_token_logprobs": [], "output_top_logprobs": []}
+    whole = Cumulative()
     try:
         async for out in gen:
-            delta, sent = text_delta(out["text"], sent)
+            whole.add(out)
             for k, v in lps.items():
                 v += out["meta_info"].get(k) or []
             last = out
-            rs.feed(delta, out["meta_info"]["finish_reason"] is not None)
+            rs.feed(out["text"], out["meta_info"]["finish_reason"] is not None)
             if rs.stopped:
                 break
     finally:
         await gen.aclose()  # aborts the request when it has not finished
     meta = {**last["meta_info"], **{k: v for k, v in lps.items() if k in last["meta_info"]}, "cut": rs.stopped}
-    return {**last, "meta_info": meta}
+    return {**whole.snapshot(last), "meta_info": meta}
 
 
 def _think_message(plan: ToolPlan, think: ReasoningPlan, out: dict) -> tuple[dict, Optional[str]]:

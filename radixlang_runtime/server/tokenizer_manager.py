@@ -111,8 +111,10 @@ class TokenizerManager:
     def generate(self, req: GenerateRequest) -> AsyncIterator[dict]:
         """Yields progress snapshots ({"text", "output_ids", "meta_info"}); the last has a finish_reason.
         req: one sample, validated by the intake (generate_input.py: rid assigned, n fanned out). Text and
-        output_ids are cumulative; with logprobs, a streaming request's output logprob lists are the delta
-        since the previous snapshot (input ones come once, in the first), a non-streaming one gets them whole.
+        output_ids are deltas (results.py: "text_trim" in a final one whose stop string was cut;
+        results.Cumulative folds them where a protocol wants the whole text, http_common.final_result for
+        the final result); with logprobs, a streaming request's output logprob lists are the delta since the
+        previous snapshot (input ones come once, in the first), a non-streaming one gets them whole.
         Admission is decided here, when called, not at the first iteration: callers create the
         iterators before any response header goes out, so a refused request is a plain 503."""
         self.lifecycle.admit()
@@ -244,15 +246,15 @@ class TokenizerManager:
 
     def _on_batch(self, msg: BatchStrOut) -> None:
         now = time.perf_counter()
-        for i, rid in enumerate(msg.rids):
-            st = self.states.get(rid)
+        for rec in msg.reqs:
+            st = self.states.get(rec.rid)
             if st is None:  # aborted by its handler meanwhile
                 continue
             res = st.result
             last = res.last_token_at
-            snapshot = res.apply(msg, i, now)
-            new_ids = msg.new_ids[i]
-            fin = msg.finished_reasons[i]
+            snapshot = res.apply(rec, now)
+            p = rec.progress
+            new_ids, fin = p.new_ids, p.finished_reason
             if new_ids:
                 self.live.on_tokens(res.created, last, now, len(new_ids))
             if fin is not None:
@@ -260,8 +262,8 @@ class TokenizerManager:
             if self.metrics and new_ids:
                 self.metrics.on_tokens(res.created, last, now, len(new_ids))
             if fin is not None and self.metrics:
-                self.metrics.on_finish(now - res.created, msg.queue_times[i], len(res.input_ids),
-                                       msg.cached_tokens[i], fin.get("type") == "abort")
+                self.metrics.on_finish(now - res.created, p.queue_time, len(res.input_ids),
+                                       p.cached_tokens, fin.get("type") == "abort")
             st.queue.put_nowait(snapshot)
 
     def _token_text(self, token_id: int) -> str:
