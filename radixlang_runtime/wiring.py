@@ -1,4 +1,5 @@
-"""Build the scheduler with its model runner, allocator, table and radix cache from ServerArgs.
+"""The wiring above model/ and scheduler/: builds the model runner, then the scheduler (allocator, table, radix
+cache, grammar queue, drafter) that drives it, from ServerArgs; stats that read both.
 
 Shared by the in-process Engine (on its scheduler thread) and the server's scheduler process.
 """

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from radixlang_runtime import faults
+from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.model import cpu_kernels, deterministic, memory
 from radixlang_runtime.model.attention import create_attention_backend
@@ -147,7 +148,7 @@ class ModelRunner:
         self.available_after_warmup: Optional[int] = None
         if self._sizes_pool_from_memory():
             self._warm_up()
-            self.available_after_warmup = memory.mem_available()
+            self.available_after_warmup = kv_memory.mem_available()
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
         self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
@@ -187,7 +188,8 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
         else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
-            budget = a.kv_cache_budget_bytes or memory.cpu_kv_budget(a.mem_fraction_static, self.available_after_warmup)
+            budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
+                                                                         self.available_after_warmup)
         return max(ps, budget // per_token // ps * ps)
 
     def _sizes_pool_from_memory(self) -> bool:
