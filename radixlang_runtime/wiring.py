@@ -114,7 +114,7 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
-        "spec_draft_tokens": s.spec_draft_tokens, "spec_accepted_tokens": s.spec_accepted_tokens,
+        "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)

@@ -263,8 +263,7 @@ def test_cache_aware_policies_put_cached_prefixes_first(policy):
         sched.add_request(r)
     batch = sched.get_next_batch_to_run()
     assert [r.rid for r in batch.reqs][:2] == ["h0", "h1"]  # 16 + 16 new tokens fit before any 40-token cold one
-    sched.runner.forward(batch)
-    sched._process_batch_result(batch)
+    sched._process_batch_result(batch, sched.runner.forward(batch.model_batch()))
     drain(sched)
     assert_whole(sched)
 

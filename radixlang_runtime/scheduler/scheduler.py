@@ -1,10 +1,11 @@
 """The scheduler core (torch-free): continuous batching, prefill first, over a shared prefix cache.
 
 Each `step()`: drop aborted requests -> form a batch (a prefill batch if one can be admitted,
-otherwise one decode step over every running request) -> `runner.forward(batch)` -> append sampled
-tokens, finish requests, hand their KV to the radix cache. The runner is anything with
-`forward(ScheduleBatch)` that fills `batch.next_token_ids` (one per request whose `sample` flag is
-set), so tests drive this class with a fake runner and no torch. Slot ownership lives in KVManager.
+otherwise one decode step over every running request) -> `runner.forward(batch.model_batch())` -> apply
+its StepResult: append sampled (and accepted draft) tokens, finish requests, hand their KV to the radix
+cache. The runner is anything with `forward(ModelBatch) -> StepResult` (model/step_io.py: one token per
+request with a SampleSpec), so tests drive this class with a fake runner and no torch. Slot ownership
+lives in KVManager, drafts (n-gram, jump-forward) in Drafts.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Callable, Optional, Protocol
 
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.mem.radix_cache import RadixCache
-from radixlang_runtime.scheduler.batch import ScheduleBatch, StepLogprobs
+from radixlang_runtime.model.step_io import ModelBatch, StepResult
+from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.drafter import NgramDrafter
+from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
@@ -35,7 +38,7 @@ IN_BATCH_SHARE_THRESHOLD = 32
 
 
 class Runner(Protocol):
-    def forward(self, batch: ScheduleBatch) -> None: ...
+    def forward(self, batch: ModelBatch) -> StepResult: ...
 
 
 @dataclass
@@ -58,9 +61,7 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, runner: Runner, kv: KVManager, detokenize: Callable[[list[int]], str],
                  grammar: Optional[GrammarQueue] = None, drafter: Optional[NgramDrafter] = None):
         self.cfg = cfg
-        self.drafter = drafter  # None: no n-gram speculation (--speculative-algorithm unset)
-        self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
-        self.spec_accepted_tokens = 0  # of which accepted
+        self.drafts = Drafts(drafter, grammar, self._check_finished)
         self.grammar = grammar  # None: constrained requests are refused before they get here
         self.runner = runner
         self.kv = kv
@@ -118,12 +119,12 @@ class Scheduler:
         if batch is None:
             return touched
         try:
-            self.runner.forward(batch)
+            result = self.runner.forward(batch.model_batch())
             self.forward_steps += 1
             for r in batch.reqs:
                 r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
-            touched += self._process_batch_result(batch)
+            touched += self._process_batch_result(batch, result)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
             logger.exception("step failed (%s batch of %d): failing its requests", batch.phase, batch.batch_size)
             failed = touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")
@@ -152,7 +153,7 @@ class Scheduler:
     def _mix_in_decode(self, batch: ScheduleBatch) -> None:
         """Append every running request's decode step to a prefill batch, when its slots are free now
         (otherwise they decode next step, where retract_decode can make room)."""
-        self._gate_ngram_drafts()
+        self.drafts.gate(self.running)
         need = sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
         if need > self.kv.available_size():
             return
@@ -262,7 +263,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
-        self._gate_ngram_drafts()
+        self.drafts.gate(self.running)
         self._ensure_decode_memory()
         reqs = list(self.running)
         prefix_lens = [r.kv_len for r in reqs]
@@ -296,13 +297,13 @@ class Scheduler:
 
         retracted = False
         if need() > self.kv.available_size():  # speculation never costs a retraction: drafts go first
-            self._drop_ngram_drafts(self.running)
+            self.drafts.drop_ngram(self.running)
         while self.running and need() > self.kv.available_size():
             if len(self.running) == 1:
                 raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
             victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
             self.running.remove(victim)
-            self._drop_ngram_drafts([victim])
+            self.drafts.drop_ngram([victim])
             self._release(victim)
             victim.num_retractions += 1
             self.num_retracted_total += 1
@@ -312,13 +313,13 @@ class Scheduler:
             self.new_token_ratio = self.cfg.new_token_ratio_init
 
     # ------------------------------------------------------------------ results
-    def _process_batch_result(self, batch: ScheduleBatch) -> list[Req]:
+    def _process_batch_result(self, batch: ScheduleBatch, result: StepResult) -> list[Req]:
         touched: list[Req] = []
-        tokens = iter(batch.next_token_ids)
+        tokens = iter(result.next_token_ids)
         now = time.perf_counter()
         for i, (req, sampled) in enumerate(zip(batch.reqs, batch.sample)):
             decoding = i >= batch.decode_from
-            lp = batch.logprobs.get(i)
+            lp = result.logprobs.get(i)
             if lp is not None:
                 req.input_logprobs += lp.input_vals
                 req.input_top_logprobs += lp.input_top
@@ -327,10 +328,8 @@ class Scheduler:
                 continue
             if sampled:
                 token = next(tokens)
-                if req.draft and req.grammar is None:  # an n-gram draft: accepted tokens first
-                    self._accept_ngram_draft(req, batch.accepted.get(i, 0), lp)
-                elif req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
-                    self._accept_draft(req, batch.accepted.get(i, 0), token)
+                if req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
+                    self.drafts.accept(req, result.accepted.get(i, 0), token, lp)
                 if not req.finished:
                     if lp is not None and lp.output_val is not None:
                         req.output_logprobs.append(lp.output_val)
@@ -355,74 +354,15 @@ class Scheduler:
         return touched
 
     def _after_sample(self, req: Req) -> None:
-        """Finish checks for the sampled token; for a constrained request also its grammar step and
-        the next jump-forward draft (verified by the next forward pass, model/sample_step.py)."""
-        if req.grammar is None:
-            self._check_finished(req)
-            if self.drafter is not None and not req.finished and self._speculate(len(self.running)):
-                req.draft = self.drafter.draft(req)
-            return
-        if not self.grammar.advance(req, req.output_ids[-1]):  # the mask makes this a bug, not bad input
+        """Finish checks for the sampled token (for a constrained request also its grammar step), then the
+        draft it carries into its next step (verified by that forward pass, model/sample_step.py)."""
+        if req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
+            # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
         self._check_finished(req)
-        if not req.finished and req.grammar.must_finish:  # complete, nothing may follow: no more passes
-            req.finish({"type": "stop", "matched": None})
-        req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
-
-    def _accept_draft(self, req: Req, accepted: int, sampled: int) -> None:
-        """Append the first `accepted` draft tokens as output, each checked like a sampled token.
-        A rejected draft token teaches the grammar the model's own choice there (`sampled`)."""
-        draft, states, req.draft, req.draft_states = req.draft, req.draft_states, [], []
-        if accepted < len(draft):
-            self.grammar.learn(states[accepted], sampled)
-        for t in draft[:accepted]:
-            req.output_ids.append(t)
-            req.forced_tokens += 1
-            self.grammar.advance(req, t)
-            if req.return_logprob:  # verified, not sampled: a null logprob entry keeps the lists aligned
-                req.output_logprobs.append(None)
-                if req.top_logprobs_num > 0:
-                    req.output_top_logprobs.append(None)
-            self._check_finished(req)
-            if req.finished:
-                return
-        if req.grammar.must_finish:
-            req.finish({"type": "stop", "matched": None})
-
-    def _accept_ngram_draft(self, req: Req, accepted: int, lp: Optional[StepLogprobs]) -> None:
-        """Append the first `accepted` n-gram draft tokens as output, each with its logprob from its own
-        verification row (what decoding it alone gives) and checked like a sampled token; a stop ends it
-        there (the rest of the draft, and the step's sampled token, are dropped)."""
-        draft, req.draft = req.draft, []
-        self.drafter.update(req, len(draft), accepted)
-        self.spec_draft_tokens += len(draft)
-        self.spec_accepted_tokens += accepted
-        for j, t in enumerate(draft[:accepted]):
-            if req.return_logprob:
-                req.output_logprobs.append(lp.draft_vals[j])
-                if req.top_logprobs_num > 0:
-                    req.output_top_logprobs.append(lp.draft_top[j])
-            req.output_ids.append(t)
-            self._check_finished(req)
-            if req.finished:
-                return
-
-    def _speculate(self, batch_size: int) -> bool:
-        """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):
-        larger batches are compute bound, where rejected draft rows cost real time."""
-        limit = self.drafter.cfg.disable_batch_size
-        return limit <= 0 or batch_size <= limit
-
-    def _gate_ngram_drafts(self) -> None:
-        if self.drafter is not None and not self._speculate(len(self.running)):
-            self._drop_ngram_drafts(self.running)
-
-    @staticmethod
-    def _drop_ngram_drafts(reqs: list[Req]) -> None:
-        """Unverified n-gram drafts are only proposals: dropping one changes nothing but speed."""
-        for r in reqs:
-            if r.grammar is None:
-                r.draft = []
+        if req.grammar is not None and not req.finished and req.grammar.must_finish:
+            req.finish({"type": "stop", "matched": None})  # complete, nothing may follow: no more passes
+        self.drafts.propose(req, len(self.running))
 
     def _poll_grammars(self) -> list[Req]:
         """Requests whose grammar finished compiling join the queue (after its forced prefix); those
