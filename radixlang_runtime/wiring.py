@@ -107,8 +107,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "total_slots": kv.allocator.total_slots, "free_slots": kv.allocator.available_size(),
         "cached_slots": kv.cached_size(), "evictable_slots": kv.evictable_size(),
         "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting) + (1 if s.chunked_req else 0),
-        "prefill_tokens_computed": s.prefill_tokens_computed,
-        "prefill_tokens_cached": s.prefill_tokens_cached,
+        "prefill_tokens_computed": s.admission.prefill_tokens_computed,
+        "prefill_tokens_cached": s.admission.prefill_tokens_cached,
         "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
         "new_token_ratio": s.new_token_ratio,
         **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins

@@ -17,25 +17,17 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.model.step_io import ModelBatch, StepResult
+from radixlang_runtime.scheduler.admission import PrefillAdmission, take_dirty_rows
 from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.drafter import NgramDrafter
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
-from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
-                                                prefill_target_len)
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.stop_check import check_finished
 
 logger = logging.getLogger(__name__)
-
-# A waiting request that shares at least this many uncached tokens with one admitted in the same
-# round waits a round: the other computes them once and this one then hits the cache (SGLang's
-# in-batch prefix caching check).
-IN_BATCH_SHARE_THRESHOLD = 32
-
 
 class Runner(Protocol):
     def forward(self, batch: ModelBatch) -> StepResult: ...
@@ -75,9 +67,7 @@ class Scheduler:
         self.new_token_ratio = cfg.new_token_ratio_init
         self.num_retracted_total = 0
         self.forward_steps = 0
-        self.prefill_tokens_computed = 0  # extend tokens run through the model
-        self.prefill_tokens_cached = 0  # prompt tokens served by the radix cache instead
-        self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
+        self.admission = PrefillAdmission(cfg, kv)  # prefill batches; prefill_tokens_computed / _cached counts
         self._decode_owed = False  # a chunk just ran while requests were decoding: decode next
         # (phase, batch size, tokens) of recent steps, for debugging and tests of step order.
         self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
@@ -169,97 +159,13 @@ class Scheduler:
             batch.extend_ids.append(ids)
             batch.out_locs.append(self.kv.alloc(r, len(ids)))
             batch.sample.append(True)
-        batch.rewrite_rows += [first + i for i in self._take_dirty_rows(self.running)]
+        batch.rewrite_rows += [first + i for i in take_dirty_rows(self.running)]
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
-        cfg, kv = self.cfg, self.kv
-        adder = PrefillAdder(
-            page_size=cfg.page_size,
-            rem_total_tokens=kv.available_size()
-            - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
-            rem_input_tokens=cfg.max_prefill_tokens,
-            rem_chunk_tokens=cfg.chunked_prefill_size,
-            rem_rows=self.table.available,
-            rem_running=cfg.max_running_requests - len(self.running) - (1 if self.chunked_req else 0),
-            new_token_ratio=self.new_token_ratio,
-            running_empty=not self.running,
-        )
-        if cfg.enable_mixed_chunk:
-            adder.rem_input_tokens -= len(self.running)  # their decode tokens share the forward pass
-        if self.waiting:  # once per attempt: cache-aware policies re-match every waiting request
-            self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
-        proceed = True
-        if self.chunked_req is not None:
-            if self.waiting and cfg.chunked_prefill_size > 0:
-                # Arrivals that fit whole in half a chunk go first, so a long prompt's chunks do not hold
-                # back short requests; the chunk shrinks by what they take (the step stays one chunk).
-                budget, adder.whole_only = adder.rem_input_tokens, True
-                adder.rem_input_tokens = min(budget, cfg.chunked_prefill_size // 2)
-                self._admit_waiting(adder)
-                used = sum(a.extend_len for a in adder.admitted)
-                adder.rem_input_tokens, adder.whole_only = budget - used, False
-                adder.rem_chunk_tokens = cfg.chunked_prefill_size - used
-            # then the chunked request; others may follow its last chunk
-            proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
-        if proceed and self.waiting:
-            self._admit_waiting(adder)
-        self.last_stop_reason = adder.stop_reason
-        if not adder.admitted:
-            return None
-        admitted_ids = {id(a.req) for a in adder.admitted}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
-
-        reqs, prefix_lens, extend_ids, out_locs, sample = [], [], [], [], []
-        for a in adder.admitted:
-            req = a.req
-            kv.assign_row(req)
-            start = req.kv_len
-            slots = kv.alloc(req, a.extend_len)
-            reqs.append(req)
-            prefix_lens.append(start)
-            extend_ids.append(req.fill_ids[start:start + a.extend_len])
-            out_locs.append(slots)
-            # A retracted request (it has outputs) resumes decoding without drawing a token here.
-            sample.append(a.is_last_chunk and not req.output_ids and req.sampling.max_new_tokens > 0)
-            if not a.is_last_chunk:
-                self.chunked_req = req
-            elif req is self.chunked_req:  # its last chunk (it may also sit out a step: then it stays)
-                self.chunked_req = None
-            self.prefill_tokens_computed += a.extend_len
-        return ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample,
-                             rewrite_rows=self._take_dirty_rows(reqs))
-
-    def _admit_waiting(self, adder: PrefillAdder) -> None:
-        """Offer waiting requests to the adder in order: each first gets its cached prefix (locked);
-        one that is refused gives it back. Admission stops at the first request a budget refuses."""
-        kv = self.kv
-        batch_tree = RadixCache(1) if kv.radix is not None else None  # prompts admitted this round
-        already = {id(a.req) for a in adder.admitted}
-        for req in self.waiting:
-            if id(req) in already:
-                continue
-            target = prefill_target_len(req)
-            adder.rem_total_tokens -= (locked := kv.match(req, target))
-            if batch_tree is not None:
-                ids = req.fill_ids[:target]
-                if batch_tree.match_prefix(ids).length - req.kv_len >= IN_BATCH_SHARE_THRESHOLD:
-                    kv.unmatch(req)
-                    adder.rem_total_tokens += locked
-                    continue
-            res = adder.add_one(req, holds_row=False)
-            if adder.admitted and adder.admitted[-1].req is req:
-                if not req.output_ids:  # first admission (a retracted request keeps its first figures)
-                    req.cached_len = req.kv_len
-                    req.admitted_at = req.admitted_at or time.perf_counter()
-                self.prefill_tokens_cached += req.kv_len
-                if batch_tree is not None:
-                    batch_tree.insert(ids, [0] * len(ids))
-            else:
-                kv.unmatch(req)
-                adder.rem_total_tokens += locked
-            if res != AddResult.CONTINUE:
-                break
+        plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
+        self.waiting, self.chunked_req = plan.waiting, plan.chunked_req
+        return plan.batch
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
@@ -275,15 +181,8 @@ class Scheduler:
         # prefixes ("mixed" with every request decoding), still one forward pass.
         phase = "decode" if all(len(x) == 1 for x in extend_ids) else "mixed"
         return ScheduleBatch(phase, reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs),
-                             rewrite_rows=self._take_dirty_rows(reqs), decode_from=0,
+                             rewrite_rows=take_dirty_rows(reqs), decode_from=0,
                              draft_lens=[len(r.draft) for r in reqs] if phase == "mixed" else [])
-
-    @staticmethod
-    def _take_dirty_rows(reqs: list[Req]) -> list[int]:
-        dirty = [i for i, r in enumerate(reqs) if r.row_dirty]
-        for i in dirty:
-            reqs[i].row_dirty = False
-        return dirty
 
     def _ensure_decode_memory(self) -> None:
         """retract_decode: while the next step's slots don't fit, send requests back to waiting.
