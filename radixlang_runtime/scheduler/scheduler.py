@@ -29,6 +29,7 @@ from radixlang_runtime.scheduler.stop_check import check_finished
 
 logger = logging.getLogger(__name__)
 
+
 class Runner(Protocol):
     def forward(self, batch: ModelBatch) -> StepResult: ...
 
