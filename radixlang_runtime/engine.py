@@ -25,7 +25,7 @@ from radixlang_runtime.messages import AbortReq, TokenizedGenerateReq
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
 from radixlang_runtime.results import Cumulative, LogprobRequest, ResultBuilder
-from radixlang_runtime.scheduler.factory import build_scheduler, runtime_limits, scheduler_stats
+from radixlang_runtime.wiring import build_scheduler, runtime_limits, scheduler_stats
 from radixlang_runtime.scheduler.loop_thread import ThreadedLoop
 from radixlang_runtime.scheduler.scheduler import Scheduler
 from radixlang_runtime.server_args import ServerArgs, server_args_from_kwargs

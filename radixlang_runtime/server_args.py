@@ -66,7 +66,7 @@ class ServerArgs:
 
     # --- memory ---
     mem_fraction_static: Optional[float] = None  # GPU: share of device memory for weights + KV; CPU: share of
-    # the memory available after load + warm-up for the KV pool (default 0.4, then capped at 4 GiB: model/memory.py)
+    # the memory available after load + warm-up for the KV pool (default 0.4, then capped at 4 GiB: mem/kv_memory.py)
     max_total_tokens: Optional[int] = None  # KV pool size in tokens (overrides the memory budget)
     kv_cache_budget_bytes: Optional[int] = None  # CPU: bytes for the KV pool (default: from free memory, see above)
     page_size: Optional[int] = None  # None: 16 on CPU, 1 on GPU (see resolve_for_device)

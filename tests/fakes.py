@@ -1,13 +1,14 @@
-"""A fake model runner for torch-free scheduler tests.
+"""A fake model runner for torch-free scheduler tests (the runner's contract: model/step_io.py).
 
-It keeps a dict slot -> (position, hash of the tokens 0..position) of everything the scheduler told
+It keeps a dict slot -> (position, token, hash of the tokens 0..position) of everything the scheduler told
 it to store, and its own copy of the request table, updated the way the real runner updates
-req_to_token (rewrite_rows, then the new positions). On every step it checks that each request's
-row points at slots holding exactly its token history at positions 0 .. kv_len - 1: slots shared
-through the prefix cache pass (same tokens, same positions), foreign or stale ones fail. Its next
-token depends only on the request's token history, so a request must get the same output whatever
-else is batched with it, however often it was retracted or served from the cache.
-A draft riding in a step (batch.draft_lens) is verified as the real runner does (model/sample_step.py):
+req_to_token (the batch's rewrites, then the new positions). On every step it checks that each request's
+row points at slots holding one consistent token history at positions 0 .. prefix - 1, and for a request
+that draws a token that this history is exactly its prompt + output (+ draft): slots shared through the
+prefix cache pass (same tokens, same positions), foreign or stale ones fail. Its next token depends only
+on the request's token history, so a request must get the same output whatever else is batched with it,
+however often it was retracted or served from the cache.
+A draft riding in a step (SampleSpec.draft) is verified as the real runner does (model/sample_step.py):
 draft[j] accepted while next_fn of the history up to it equals it.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.model.step_io import ModelBatch, StepResult
 
 VOCAB = 97
 
@@ -40,38 +41,40 @@ class FakeRunner:
         self.batches: list[tuple[str, int, int]] = []  # (phase, batch size, tokens)
         self.cached_prefix_tokens = 0  # prefix positions extend steps read instead of computing
 
-    def forward(self, batch: ScheduleBatch) -> None:
+    def forward(self, batch: ModelBatch) -> StepResult:
         self.batches.append((batch.phase, batch.batch_size, batch.num_tokens))
-        for i in batch.rewrite_rows:
-            req, p = batch.reqs[i], batch.prefix_lens[i]
-            self.rows.setdefault(req.table_idx, [])[:p] = req.kv_indices[:p]
-        drafts = [r.draft if batch.draft_lens and batch.draft_lens[i] else [] for i, r in enumerate(batch.reqs)]
-        assert all(len(d) == (batch.draft_lens[i] if batch.draft_lens else 0) for i, d in enumerate(drafts))
-        for req, prefix, ids, locs, draft in zip(batch.reqs, batch.prefix_lens, batch.extend_ids, batch.out_locs,
-                                                 drafts):
+        for row, slots in batch.rewrites:
+            self.rows.setdefault(row, [])[: len(slots)] = slots
+        result = StepResult()
+        for i, (table_row, prefix, ids, locs, spec) in enumerate(zip(batch.table_rows, batch.prefix_lens,
+                                                                   batch.extend_ids, batch.out_locs, batch.samples)):
             assert len(ids) == len(locs) > 0
-            fill = req.fill_ids + draft
-            assert ids == fill[prefix : prefix + len(ids)], "step runs the wrong tokens"
             if batch.phase == "extend":
                 self.cached_prefix_tokens += prefix
-            row = self.rows.setdefault(req.table_idx, [])
+            row = self.rows.setdefault(table_row, [])
+            assert len(row) >= prefix, "the table row is shorter than the request's prefix"
             del row[prefix:]
+            history = [self.slots.get(s, (None, None))[1] for s in row] + list(ids)
+            if spec is not None:
+                fill = spec.input_ids + spec.output_ids + spec.draft
+                assert history == fill[: prefix + len(ids)], "step runs the wrong tokens"
+                assert len(history) == len(fill), "a sampled request runs up to its last token"
             row.extend(locs)
             for j, s in enumerate(locs):
-                self.slots[s] = (prefix + j, hash(tuple(fill[: prefix + j + 1])))
-            assert row == req.kv_indices, "the runner's table row differs from the request's slots"
+                pos = prefix + j
+                self.slots[s] = (pos, history[pos], hash(tuple(history[: pos + 1])))
             for pos in range(prefix + len(ids)):
-                assert self.slots[row[pos]] == (pos, hash(tuple(fill[: pos + 1]))), "KV slot holds foreign data"
-        batch.next_token_ids = []
-        for i, (r, s) in enumerate(zip(batch.reqs, batch.sample)):
-            if not s:
+                assert self.slots[row[pos]] == (pos, history[pos], hash(tuple(history[: pos + 1]))), \
+                    "KV slot holds foreign data"
+            if spec is None:
                 continue
-            fill, draft, a = r.fill_ids, drafts[i], 0
+            fill, draft, a = spec.input_ids + spec.output_ids, spec.draft, 0
             while a < len(draft) and self.next_fn(fill + draft[:a]) == draft[a]:
                 a += 1
             if draft:
-                batch.accepted[i] = a
-            batch.next_token_ids.append(self.next_fn(fill + draft[:a]))
+                result.accepted[i] = a
+            result.next_token_ids.append(self.next_fn(fill + draft[:a]))
+        return result
 
 
 def expected_output(prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from kernels.reference import paged_attention_ref
+from radixlang_runtime.kernels.reference import paged_attention_ref
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.model import cpu_kernels

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.reference import paged_attention_ref
+from radixlang_runtime.kernels.reference import paged_attention_ref
 from radixlang_runtime.model import cpu_kernels
 from radixlang_runtime.model.cpu_caps import detect
 
@@ -212,7 +212,7 @@ def test_cascade_extend_matches_reference(isa, dtype, page_size, H, hkv, D):
 def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     """The shared part's log-sum-exp is the scores' (checked against torch), and merging two halves of
     a sequence with the reference merge_states gives attention over the whole."""
-    from kernels.reference import merge_states
+    from radixlang_runtime.kernels.reference import merge_states
     from radixlang_runtime.model.attention.cascade import CascadePlan
 
     g = torch.Generator().manual_seed(6)

@@ -8,16 +8,15 @@ import pytest
 import torch
 
 from radixlang_runtime.model.sampler import Sampler
+from radixlang_runtime.model.step_io import SampleSpec
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.request import Req
 
 V = 8
 EOS = 7
 
 
-def mk(n=1, prompt=(1, 2), out=(), **sp) -> list[Req]:
-    return [Req(rid=str(i), input_ids=list(prompt), sampling=SamplingParams.from_dict(sp), output_ids=list(out))
-            for i in range(n)]
+def mk(n=1, prompt=(1, 2), out=(), **sp) -> list[SampleSpec]:
+    return [SampleSpec(SamplingParams.from_dict(sp), input_ids=list(prompt), output_ids=list(out)) for i in range(n)]
 
 
 def sampler(seed=0) -> Sampler:

@@ -186,7 +186,7 @@ def test_shared_prefix_is_computed_once(page_size):
     aligned = 100 // page_size * page_size
     assert reqs[0].cached_len == 0
     assert all(r.cached_len >= aligned for r in reqs[1:])  # (random unique parts may share a token more)
-    assert sched.prefill_tokens_computed == sum(110 - r.cached_len for r in reqs) <= 110 + 7 * (110 - aligned)
+    assert sched.admission.prefill_tokens_computed == sum(110 - r.cached_len for r in reqs) <= 110 + 7 * (110 - aligned)
     for r in reqs:
         assert r.output_ids == expected_output(r.input_ids, 8), r.rid
     assert_whole(sched)
@@ -208,7 +208,7 @@ def test_without_radix_cache_nothing_is_shared():
         sched.add_request(r)
     drain(sched)
     assert all(r.cached_len == 0 for r in reqs) and runner.cached_prefix_tokens == 0
-    assert sched.prefill_tokens_computed == 4 * 110
+    assert sched.admission.prefill_tokens_computed == 4 * 110
     assert sched.allocator.available_size() == sched.allocator.total_slots
     assert_whole(sched)
 
@@ -263,8 +263,7 @@ def test_cache_aware_policies_put_cached_prefixes_first(policy):
         sched.add_request(r)
     batch = sched.get_next_batch_to_run()
     assert [r.rid for r in batch.reqs][:2] == ["h0", "h1"]  # 16 + 16 new tokens fit before any 40-token cold one
-    sched.runner.forward(batch)
-    sched._process_batch_result(batch)
+    sched._process_batch_result(batch, sched.runner.forward(batch.model_batch()))
     drain(sched)
     assert_whole(sched)
 

@@ -159,8 +159,8 @@ def test_outputs_identical_with_speculation(page_size, mixed):
     for r in reqs:
         assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
         assert r.finished_reason == {"type": "length", "length": r.sampling.max_new_tokens}
-    assert 0 < sched.spec_accepted_tokens < sched.spec_draft_tokens  # accepted and rejected drafts both ran
-    assert sum(r.spec_accepted_tokens for r in reqs) == sched.spec_accepted_tokens
+    assert 0 < sched.drafts.spec_accepted_tokens < sched.drafts.spec_draft_tokens  # accepted and rejected both ran
+    assert sum(r.spec_accepted_tokens for r in reqs) == sched.drafts.spec_accepted_tokens
     steps = sum(1 for p, _, _ in runner.batches if p != "extend")
     assert steps < sum(r.sampling.max_new_tokens for r in reqs) / 2  # fewer decode passes than tokens
     assert_whole(sched)
@@ -179,7 +179,7 @@ def test_stop_id_inside_an_accepted_draft():
     drain(sched)
     assert r.output_ids == expected_output(r.input_ids, 60, (stop,), next_fn=copy_token)
     assert r.finished_reason == {"type": "stop", "matched": stop}
-    assert sched.spec_accepted_tokens > 0
+    assert sched.drafts.spec_accepted_tokens > 0
     assert_whole(sched)
 
 
@@ -190,7 +190,7 @@ def test_retraction_under_a_tight_pool(page_size):
     for r in reqs:
         sched.add_request(r)
     drain(sched)
-    assert sched.num_retracted_total > 0 and sched.spec_accepted_tokens > 0
+    assert sched.num_retracted_total > 0 and sched.drafts.spec_accepted_tokens > 0
     for r in reqs:
         assert r.output_ids == expected_output(r.input_ids, 40, next_fn=copy_token), r.rid
     assert_whole(sched)
@@ -223,12 +223,12 @@ def test_random_traffic_with_aborts(seed):
 
 def test_large_batches_do_not_speculate():
     sched, _ = make()
-    sched.drafter.cfg.disable_batch_size = 2
+    sched.drafts.drafter.cfg.disable_batch_size = 2
     reqs = [req(f"b{i}", 10, 30) for i in range(4)]
     for r in reqs:
         sched.add_request(r)
     drain(sched)
-    assert sched.spec_draft_tokens == 0
+    assert sched.drafts.spec_draft_tokens == 0
     for r in reqs:
         assert r.output_ids == expected_output(r.input_ids, 30, next_fn=copy_token)
     assert_whole(sched)
@@ -320,21 +320,20 @@ def test_point_mass_draft_keeps_the_sampling_distribution():
 
     from radixlang_runtime.model.sample_step import sample_step
     from radixlang_runtime.model.sampler import Sampler
-    from radixlang_runtime.scheduler.batch import ScheduleBatch
+    from radixlang_runtime.model.step_io import ModelBatch, SampleSpec, StepResult
 
     n, V, d = 6000, 5, 2
     p0 = torch.tensor([0.1, 0.2, 0.4, 0.2, 0.1])
     p1 = torch.tensor([0.5, 0.1, 0.1, 0.2, 0.1])
-    reqs = []
-    for i in range(n):
-        r = Req(rid=str(i), input_ids=[0], sampling=SamplingParams.from_dict({"temperature": 1.0, "max_new_tokens": 8}))
-        r.draft = [d]
-        reqs.append(r)
-    batch = ScheduleBatch("mixed", reqs, [0] * n, [[0, d]] * n, [[0, 0]] * n, [True] * n, draft_lens=[1] * n)
+    sp = SamplingParams.from_dict({"temperature": 1.0, "max_new_tokens": 8})
+    specs = [SampleSpec(sp, [0], [], draft=[d]) for _ in range(n)]
+    batch = ModelBatch("mixed", [str(i) for i in range(n)], list(range(n)), [0] * n, [[0, d]] * n, [[0, 0]] * n,
+                       [], specs, [None] * n)
     logits = torch.stack([p0.log(), p1.log()] * n)  # [2n, V]: rows 0 and 1 of each request
-    sample_step(batch, list(range(n)), [2] * n, logits, Sampler(V, [], torch.device("cpu"), seed=7))
-    first = [d if batch.accepted.get(i, 0) else batch.next_token_ids[i] for i in range(n)]
-    after = [batch.next_token_ids[i] for i in range(n) if batch.accepted.get(i, 0)]
+    result = StepResult()
+    sample_step(batch, list(range(n)), [2] * n, logits, Sampler(V, [], torch.device("cpu"), seed=7), result)
+    first = [d if result.accepted.get(i, 0) else result.next_token_ids[i] for i in range(n)]
+    after = [result.next_token_ids[i] for i in range(n) if result.accepted.get(i, 0)]
     freq0 = torch.bincount(torch.tensor(first), minlength=V).float() / n
     freq1 = torch.bincount(torch.tensor(after), minlength=V).float() / len(after)
     assert torch.allclose(freq0, p0, atol=0.03), freq0  # ~5 standard deviations at n = 6000

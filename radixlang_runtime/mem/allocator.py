@@ -37,7 +37,7 @@ class PageAllocator:
         self._allocated_pages = 0
         # Freed pages rejoin the front and are handed out first; pages never used wait behind them in
         # id order. So the pool's touched part stays as small as the peak in use + cached (its pages
-        # are resident memory: model/memory.py), and the pages ever handed out are exactly
+        # are resident memory: mem/kv_memory.py), and the pages ever handed out are exactly
         # 0 .. touched_pages - 1.
         self.touched_pages = 0
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from radixlang_runtime.mem.kv_memory import kv_block
+
 
 class KVPool:
     def __init__(self, num_slots: int, num_layers: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, table_rows: int, context_len: int):
-        from radixlang_runtime.model.memory import kv_block
-
         self.num_slots = num_slots
-        # One block [2, layers, kv_heads, num_slots, head_dim], lazily zero when large (model/memory.py);
+        # One block [2, layers, kv_heads, num_slots, head_dim], lazily zero when large (mem/kv_memory.py);
         # k_buffers[l] = block[0, l], v_buffers[l] = block[1, l]: [kv_heads, num_slots, head_dim], contiguous.
         block = kv_block((2, num_layers, kv_heads, num_slots, head_dim), dtype, device)
         self.nbytes = block.numel() * block.element_size()

@@ -1,4 +1,4 @@
-"""ForwardBatch: the tensors of one step, built by the runner from a ScheduleBatch."""
+"""ForwardBatch: the tensors of one step, built by the runner from its StepInputs (model/runner.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlang_runtime.scheduler.batch import ScheduleBatch, StepLogprobs
+from radixlang_runtime.model.step_io import ModelBatch, StepLogprobs, StepResult
 
 ROWS_PER_CHUNK = 256  # log_softmax over [rows, vocab] in pieces: 256 x 49152 float32 = 48 MiB
 
@@ -26,17 +26,17 @@ class InputLogprobPlan:
     targets: list[int]  # the token each row predicts
 
 
-def plan_input_logprobs(batch: ScheduleBatch) -> list[InputLogprobPlan]:
+def plan_input_logprobs(batch: ModelBatch) -> list[InputLogprobPlan]:
     plans = []
     start = 0
-    for i, (req, p, ids) in enumerate(zip(batch.reqs, batch.prefix_lens, batch.extend_ids)):
+    for i, (spec, p, ids) in enumerate(zip(batch.input_logprobs, batch.prefix_lens, batch.extend_ids)):
         n = len(ids)
-        if i < batch.decode_from and req.wants_input_logprobs:
-            L = len(req.input_ids)
-            lo, hi = max(p, req.logprob_start_len), min(p + n - 1, L - 2)
+        if spec is not None:
+            L = len(spec.prompt_ids)
+            lo, hi = max(p, spec.start), min(p + n - 1, L - 2)
             if lo <= hi:
                 plans.append(InputLogprobPlan(i, list(range(start + lo - p, start + hi - p + 1)),
-                                              req.input_ids[lo + 1 : hi + 2]))
+                                              spec.prompt_ids[lo + 1 : hi + 2]))
         start += n
     return plans
 
@@ -46,42 +46,34 @@ def _top(lsm: torch.Tensor, k: int) -> list[list[list]]:
     return [[[v, t] for v, t in zip(vr, ir)] for vr, ir in zip(vals.tolist(), ids.tolist())]
 
 
-def fill_input_logprobs(batch: ScheduleBatch, plans: list[InputLogprobPlan], logits: torch.Tensor) -> None:
+def fill_input_logprobs(result: StepResult, batch: ModelBatch, plans: list[InputLogprobPlan],
+                        logits: torch.Tensor) -> None:
     """logits [sum of plan rows, V], in plan order."""
     off = 0
     for plan in plans:
-        req = batch.reqs[plan.req_index]
-        out = batch.logprobs.setdefault(plan.req_index, StepLogprobs())
+        k = batch.input_logprobs[plan.req_index].top_logprobs_num
+        out = result.logprobs.setdefault(plan.req_index, StepLogprobs())
         targets = torch.tensor(plan.targets, dtype=torch.int64, device=logits.device)
         for a in range(0, len(plan.rows), ROWS_PER_CHUNK):
             b = min(a + ROWS_PER_CHUNK, len(plan.rows))
             lsm = torch.log_softmax(logits[off + a : off + b], dim=-1)  # [r, V]
             out.input_vals += lsm.gather(1, targets[a:b, None]).squeeze(1).tolist()
-            if req.top_logprobs_num:
-                out.input_top += _top(lsm, req.top_logprobs_num)
+            if k:
+                out.input_top += _top(lsm, k)
         off += len(plan.rows)
 
 
-def output_logprob_rows(batch: ScheduleBatch, sample_idx: list[int],
-                        logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """Before sampling (which edits logits in place): log_softmax of the rows whose requests want
-    logprobs. Returns (positions in sample_idx, [r, V])."""
-    want = [j for j, i in enumerate(sample_idx) if batch.reqs[i].return_logprob]
-    if not want:
-        return [], logits[:0]
-    return want, torch.log_softmax(logits[want], dim=-1)
-
-
-def fill_output_logprobs(batch: ScheduleBatch, sample_idx: list[int], want: list[int], lsm: torch.Tensor,
-                         next_ids: list[int]) -> None:
+def fill_output_logprobs(result: StepResult, batch: ModelBatch, sample_idx: list[int], want: list[int],
+                         lsm: torch.Tensor, next_ids: list[int]) -> None:
+    """lsm [len(want), V]: the picked row of each sampled request sample_idx[j], j in want."""
     if not want:
         return
     chosen = torch.tensor([next_ids[j] for j in want], dtype=torch.int64, device=lsm.device)
     vals = lsm.gather(1, chosen[:, None]).squeeze(1).tolist()
     for row, (j, v) in enumerate(zip(want, vals)):
         i = sample_idx[j]
-        out = batch.logprobs.setdefault(i, StepLogprobs())
+        out = result.logprobs.setdefault(i, StepLogprobs())
         out.output_val = v
-        k = batch.reqs[i].top_logprobs_num
+        k = batch.samples[i].top_logprobs_num
         if k:
             out.output_top = _top(lsm[row : row + 1], k)[0]

@@ -1,15 +1,4 @@
-"""Where the runner's memory goes, and how big the CPU KV pool is.
-
-Sizing (CPU, no --max-total-tokens / --kv-cache-budget-bytes): after the weights are loaded and one
-warm-up prefill has run (its activations, oneDNN's primitives and scratch are then part of the
-process), the pool gets `mem_fraction_static` (default 0.4) of the memory the OS reports available
-(MemAvailable), capped at DEFAULT_CPU_KV_CAP when the fraction is not given, at least MIN_CPU_KV.
-
-Lazy pages: the pool is one allocation; above LAZY_BYTES it is its own anonymous mmap (not malloc's:
-a large torch.empty may be served from freed heap memory with old contents, seen in a long test run),
-whose fresh pages read as zero and cost resident memory only once written. The pool used to be
-zero-filled at start: the whole (then fixed, 1 GiB) pool resident before the first request, several
-times the embedded model's weights (docs/PERFORMANCE.md#memory). Below LAZY_BYTES torch.zeros runs.
+"""Where the runner's memory goes (the KV pool's own sizing and lazy block: mem/kv_memory.py).
 
 `breakdown` is what /server_info and Engine.get_stats() report under "memory".
 
@@ -30,8 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
-import mmap
 import os
 import platform
 import resource
@@ -41,10 +28,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-DEFAULT_CPU_KV_FRACTION = 0.4
-DEFAULT_CPU_KV_CAP = 4 << 30  # bytes: the pool a default start may take (vLLM-CPU's default KV space is 4 GB)
-MIN_CPU_KV = 64 << 20
-LAZY_BYTES = 64 << 20
 MALLOC_MMAP_THRESHOLD = 64 << 20  # bytes: allocations below it come from the heap (see tune_malloc)
 MALLOC_TRIM_THRESHOLD = 256 << 20  # bytes of freed heap kept before glibc gives memory back
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
@@ -71,18 +54,6 @@ def tune_malloc() -> bool:
     return ok
 
 
-def mem_available() -> Optional[int]:
-    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def rss_bytes() -> int:
     """Resident set size now (statm), or the peak where statm is missing."""
     try:
@@ -94,24 +65,6 @@ def rss_bytes() -> int:
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
-
-
-def cpu_kv_budget(fraction: Optional[float], available: Optional[int]) -> int:
-    """Bytes for the CPU KV pool from the memory available after warm-up (see the module docstring)."""
-    if available is None:
-        return 1 << 30  # no /proc: the old fixed default
-    budget = int(available * (fraction or DEFAULT_CPU_KV_FRACTION))
-    if fraction is None:
-        budget = min(budget, DEFAULT_CPU_KV_CAP)
-    return max(budget, MIN_CPU_KV)
-
-
-def kv_block(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """One tensor for every layer's K and V: zero-filled when small, lazily zero (OS pages) when large."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if device.type == "cpu" and nbytes >= LAZY_BYTES:  # zero pages until written; the tensor keeps the map
-        return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
-    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""ModelRunner: owns the model, the KV pool and the sampler; runs one ScheduleBatch per call.
+"""ModelRunner: owns the model, the KV pool and the sampler; runs one ModelBatch per call, returns its StepResult
+(model/step_io.py: the whole contract with the scheduler, which model/ never imports).
 
 A step is planned on the scheduler's rank into StepInputs (plain lists: the ids, positions' slots,
 table rewrites and logit rows), which is all any rank needs to run the model: with tensor
@@ -17,6 +18,7 @@ from typing import Optional
 import torch
 
 from radixlang_runtime import faults
+from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.model import cpu_kernels, deterministic, memory
 from radixlang_runtime.model.attention import create_attention_backend
@@ -32,7 +34,7 @@ from radixlang_runtime.model.packed_linear import dense_tiles_available, packing
 from radixlang_runtime.model.parallel import TPGroup, make_shard
 from radixlang_runtime.model.weights import SafetensorsDir
 from radixlang_runtime.model.sampler import Sampler
-from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.model.step_io import ModelBatch, StepResult
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -159,7 +161,7 @@ class ModelRunner:
         self.available_after_warmup: Optional[int] = None
         if self._sizes_pool_from_memory():
             self._warm_up()
-            self.available_after_warmup = memory.mem_available()
+            self.available_after_warmup = kv_memory.mem_available()
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
         self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
@@ -200,7 +202,8 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
         else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
-            budget = a.kv_cache_budget_bytes or memory.cpu_kv_budget(a.mem_fraction_static, self.available_after_warmup)
+            budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
+                                                                         self.available_after_warmup)
         return max(ps, budget // per_token // ps * ps)
 
     def _sizes_pool_from_memory(self) -> bool:
@@ -232,14 +235,17 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def forward(self, batch: ScheduleBatch) -> None:
-        faults.maybe_raise("forward", (r.rid for r in batch.reqs))
-        sample_idx = [i for i, s in enumerate(batch.sample) if s]
+    def forward(self, batch: ModelBatch) -> StepResult:
+        """One step: the model on the batch's tokens, then sampling (grammar masks, draft verification) and
+        logprobs. Only the scheduler's rank calls it (tensor parallel: it broadcasts the StepInputs)."""
+        faults.maybe_raise("forward", batch.rids)
+        result = StepResult()
+        sample_idx = [i for i, s in enumerate(batch.samples) if s is not None]
         plans = plan_input_logprobs(batch) if batch.phase != "decode" else []
         ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
         # The head runs only on the rows that need logits: sampled positions (a request verifying a
-        # jump-forward draft: its last draft_len + 1 positions), then logprob positions.
-        counts = [1 + (batch.draft_lens[i] if batch.draft_lens else 0) for i in sample_idx]
+        # draft: its last len(draft) + 1 positions), then logprob positions.
+        counts = [1 + len(batch.samples[i].draft) for i in sample_idx]
         rows = [r for i, n in zip(sample_idx, counts) for r in range(ends[i] - n, ends[i])]
         S = len(rows)
         rows += [r for p in plans for r in p.rows]
@@ -248,25 +254,19 @@ class ModelRunner:
             self.tp.broadcast_obj(step)
         logits = self.run_step(step)  # [R, V] fp32
         if plans:
-            fill_input_logprobs(batch, plans, logits[S:])
-        if not S:  # non-final chunks and prefill-only requests
-            batch.next_token_ids = []
-            return
-        sample_step(batch, sample_idx, counts, logits[:S], self.sampler)
+            fill_input_logprobs(result, batch, plans, logits[S:])
+        if S:  # none: non-final chunks and prefill-only requests
+            sample_step(batch, sample_idx, counts, logits[:S], self.sampler, result)
+        return result
 
     @staticmethod
-    def _step_inputs(batch: ScheduleBatch, logit_rows: list[int]) -> StepInputs:
-        rewrites = []
-        for i in batch.rewrite_rows:
-            req, p = batch.reqs[i], batch.prefix_lens[i]
-            if p:
-                rewrites.append((req.table_idx, req.kv_indices[:p]))  # a slice: already a copy
+    def _step_inputs(batch: ModelBatch, logit_rows: list[int]) -> StepInputs:
         return StepInputs(
             phase="decode" if batch.phase == "decode" else "extend",
             input_ids=list(itertools.chain.from_iterable(batch.extend_ids)),
             out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
-            req_rows=[r.table_idx for r in batch.reqs], prefix_lens=list(batch.prefix_lens),
-            extend_lens=[len(x) for x in batch.extend_ids], rewrites=rewrites, logit_rows=logit_rows)
+            req_rows=list(batch.table_rows), prefix_lens=list(batch.prefix_lens),
+            extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows)
 
     @torch.inference_mode()
     def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:

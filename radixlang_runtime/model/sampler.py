@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.model.step_io import SampleSpec
 
 
 class Sampler:
@@ -26,7 +26,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+    def sample(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> list[int]:
         """logits [B, V] float32 (modified in place) -> one token id per request."""
         self._suppress_stop_tokens(logits, reqs)
         pen_rows = [i for i, r in enumerate(reqs) if r.sampling.has_penalties]
@@ -42,7 +42,7 @@ class Sampler:
         return out.tolist()
 
     # ------------------------------------------------------------------ logits processing
-    def _suppress_stop_tokens(self, logits: torch.Tensor, reqs: list[Req]) -> None:
+    def _suppress_stop_tokens(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
         rows, cols = [], []
         for i, r in enumerate(reqs):
             sp = r.sampling
@@ -55,7 +55,7 @@ class Sampler:
             logits[rows, cols] = float("-inf")
 
     @staticmethod
-    def _apply_logit_bias(logits: torch.Tensor, reqs: list[Req]) -> None:
+    def _apply_logit_bias(logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
         """logits[i, t] += reqs[i].sampling.logit_bias[t]: one scatter over the batch (ids checked against
         the vocabulary on intake, SamplingParams.check_vocab)."""
         rows: list[int] = []
@@ -72,7 +72,7 @@ class Sampler:
             logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
                               torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
 
-    def _apply_penalties(self, logits: torch.Tensor, reqs: list[Req], rows: list[int]) -> None:
+    def _apply_penalties(self, logits: torch.Tensor, reqs: list[SampleSpec], rows: list[int]) -> None:
         V, dev = self.vocab_size, logits.device
         b = len(reqs)
 
@@ -101,7 +101,7 @@ class Sampler:
         logits[rows] = sub
 
     # ------------------------------------------------------------------ drawing
-    def _sample_rows(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+    def _sample_rows(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> torch.Tensor:
         """logits [b, V] of non-greedy rows -> token ids [b]."""
         dev = logits.device
         temp = torch.tensor([r.sampling.temperature for r in reqs], device=dev)[:, None]
@@ -127,7 +127,7 @@ class Sampler:
             choice = order.gather(1, choice[:, None]).squeeze(1)
         return choice
 
-    def _exponential_noise(self, reqs: list[Req], V: int, dev: torch.device) -> torch.Tensor:
+    def _exponential_noise(self, reqs: list[SampleSpec], V: int, dev: torch.device) -> torch.Tensor:
         noise = torch.empty(len(reqs), V, device=dev).exponential_(generator=self.generator)
         for j, r in enumerate(reqs):
             seed = r.sampling.sampling_seed

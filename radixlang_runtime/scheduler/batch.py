@@ -1,28 +1,17 @@
-"""What one forward step runs (torch-free): the runner turns it into tensors."""
+"""What one forward step runs (torch-free), in the scheduler's terms; `model_batch()` is the runner's view of it
+(model/step_io.ModelBatch: plain data, no Req objects), the runner's StepResult comes back to the scheduler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
+from radixlang_runtime.model.step_io import InputLogprobSpec, ModelBatch, SampleSpec
 from radixlang_runtime.scheduler.request import Req
 
 # "mixed" (--enable-mixed-chunk): a prefill batch whose tail, reqs[decode_from:], are running requests
 # taking their next decode step inside the same forward pass (each an extend of one token).
 Phase = Literal["extend", "decode", "mixed"]
-
-
-@dataclass
-class StepLogprobs:
-    """Logprobs one step produced for one request (filled by the runner)."""
-
-    input_vals: list[float] = field(default_factory=list)  # next-token logprobs of this step's prompt positions
-    input_top: list[list[list]] = field(default_factory=list)  # per position [[logprob, id], ...] (top_logprobs_num)
-    output_val: Optional[float] = None  # logprob of the sampled token
-    output_top: Optional[list[list]] = None
-    # An n-gram draft's accepted tokens (unconstrained requests): the logprob of draft[j] at its row j, in order
-    draft_vals: list[float] = field(default_factory=list)
-    draft_top: list[list[list]] = field(default_factory=list)
 
 
 @dataclass
@@ -41,10 +30,6 @@ class ScheduleBatch:
     # Jump-forward drafts riding in this step (aligned with reqs; empty: none): reqs[i].draft's length,
     # the last draft_lens[i] tokens of extend_ids[i]. The runner verifies them (model/sample_step.py).
     draft_lens: list[int] = field(default_factory=list)
-    # Filled by the runner:
-    next_token_ids: list[int] = field(default_factory=list)
-    logprobs: dict[int, StepLogprobs] = field(default_factory=dict)  # request index -> its logprobs this step
-    accepted: dict[int, int] = field(default_factory=dict)  # request index -> draft tokens the model agreed with
 
     def __post_init__(self) -> None:
         if self.decode_from < 0:
@@ -57,3 +42,25 @@ class ScheduleBatch:
     @property
     def num_tokens(self) -> int:
         return sum(len(x) for x in self.extend_ids)
+
+    def model_batch(self) -> ModelBatch:
+        """The runner's input: tokens, slots, table rewrites, and per request what sampling and logprobs need."""
+        rewrites = []
+        for i in self.rewrite_rows:
+            req, p = self.reqs[i], self.prefix_lens[i]
+            if p:
+                rewrites.append((req.table_idx, req.kv_indices[:p]))  # a slice: already a copy
+        return ModelBatch(
+            phase=self.phase, rids=[r.rid for r in self.reqs], table_rows=[r.table_idx for r in self.reqs],
+            prefix_lens=self.prefix_lens, extend_ids=self.extend_ids, out_locs=self.out_locs, rewrites=rewrites,
+            samples=[self._sample_spec(i) if s else None for i, s in enumerate(self.sample)],
+            input_logprobs=[InputLogprobSpec(r.input_ids, r.logprob_start_len, r.top_logprobs_num)
+                            if i < self.decode_from and r.wants_input_logprobs else None
+                            for i, r in enumerate(self.reqs)])
+
+    def _sample_spec(self, i: int) -> SampleSpec:
+        req = self.reqs[i]
+        draft = req.draft if self.draft_lens and self.draft_lens[i] else []
+        states = [] if req.grammar is None else list(req.draft_states) if req.draft_states else [req.grammar]
+        return SampleSpec(req.sampling, req.input_ids, req.output_ids, draft, states, req.return_logprob,
+                          req.top_logprobs_num)

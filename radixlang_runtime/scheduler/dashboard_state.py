@@ -37,14 +37,15 @@ class DashboardState:
         queues = {
             "waiting": len(s.waiting), "running": len(s.running), "chunked": 1 if s.chunked_req else 0,
             "grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
-            "retracted_total": s.num_retracted_total, "last_stop_reason": s.last_stop_reason,
+            "retracted_total": s.num_retracted_total, "last_stop_reason": s.admission.last_stop_reason,
             "forward_steps": s.forward_steps,
         }
         pool = {"total": total, "free": free, "evictable": evictable, "locked": cached - evictable,
                 "private": total - free - cached, **kv.pin_stats(),
                 "evicted_tokens_total": kv.radix.evicted_tokens_total if kv.radix is not None else 0}
         return {"queues": queues, "kv": pool, "tree": self._tree_summary(s, with_ids),
-                "prefill_tokens_computed": s.prefill_tokens_computed, "prefill_tokens_cached": s.prefill_tokens_cached}
+                "prefill_tokens_computed": s.admission.prefill_tokens_computed,
+                "prefill_tokens_cached": s.admission.prefill_tokens_cached}
 
     def _tree_summary(self, s: Scheduler, with_ids: bool) -> dict[str, Any] | None:
         radix = s.kv.radix

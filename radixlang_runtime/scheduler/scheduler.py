@@ -1,10 +1,11 @@
 """The scheduler core (torch-free): continuous batching, prefill first, over a shared prefix cache.
 
 Each `step()`: drop aborted requests -> form a batch (a prefill batch if one can be admitted,
-otherwise one decode step over every running request) -> `runner.forward(batch)` -> append sampled
-tokens, finish requests, hand their KV to the radix cache. The runner is anything with
-`forward(ScheduleBatch)` that fills `batch.next_token_ids` (one per request whose `sample` flag is
-set), so tests drive this class with a fake runner and no torch. Slot ownership lives in KVManager.
+otherwise one decode step over every running request) -> `runner.forward(batch.model_batch())` -> apply
+its StepResult: append sampled (and accepted draft) tokens, finish requests, hand their KV to the radix
+cache. The runner is anything with `forward(ModelBatch) -> StepResult` (model/step_io.py: one token per
+request with a SampleSpec), so tests drive this class with a fake runner and no torch. Slot ownership
+lives in KVManager, drafts (n-gram, jump-forward) in Drafts.
 """
 
 from __future__ import annotations
@@ -16,26 +17,21 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.mem.radix_cache import RadixCache
-from radixlang_runtime.scheduler.batch import ScheduleBatch, StepLogprobs
+from radixlang_runtime.model.step_io import ModelBatch, StepResult
+from radixlang_runtime.scheduler.admission import PrefillAdmission, take_dirty_rows
+from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.drafter import NgramDrafter
+from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
-from radixlang_runtime.scheduler.policy import (AddResult, PrefillAdder, decode_reservation, order_waiting,
-                                                prefill_target_len)
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.stop_check import check_finished
 
 logger = logging.getLogger(__name__)
 
-# A waiting request that shares at least this many uncached tokens with one admitted in the same
-# round waits a round: the other computes them once and this one then hits the cache (SGLang's
-# in-batch prefix caching check).
-IN_BATCH_SHARE_THRESHOLD = 32
-
 
 class Runner(Protocol):
-    def forward(self, batch: ScheduleBatch) -> None: ...
+    def forward(self, batch: ModelBatch) -> StepResult: ...
 
 
 @dataclass
@@ -58,9 +54,7 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, runner: Runner, kv: KVManager, detokenize: Callable[[list[int]], str],
                  grammar: Optional[GrammarQueue] = None, drafter: Optional[NgramDrafter] = None):
         self.cfg = cfg
-        self.drafter = drafter  # None: no n-gram speculation (--speculative-algorithm unset)
-        self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
-        self.spec_accepted_tokens = 0  # of which accepted
+        self.drafts = Drafts(drafter, grammar, self._check_finished)
         self.grammar = grammar  # None: constrained requests are refused before they get here
         self.runner = runner
         self.kv = kv
@@ -74,9 +68,7 @@ class Scheduler:
         self.new_token_ratio = cfg.new_token_ratio_init
         self.num_retracted_total = 0
         self.forward_steps = 0
-        self.prefill_tokens_computed = 0  # extend tokens run through the model
-        self.prefill_tokens_cached = 0  # prompt tokens served by the radix cache instead
-        self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
+        self.admission = PrefillAdmission(cfg, kv)  # prefill batches; prefill_tokens_computed / _cached counts
         self._decode_owed = False  # a chunk just ran while requests were decoding: decode next
         # (phase, batch size, tokens) of recent steps, for debugging and tests of step order.
         self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
@@ -119,14 +111,14 @@ class Scheduler:
             return touched
         try:
             began = time.perf_counter()
-            self.runner.forward(batch)
+            result = self.runner.forward(batch.model_batch())
             if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
                 self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
             self.forward_steps += 1
             for r in batch.reqs:
                 r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
-            touched += self._process_batch_result(batch)
+            touched += self._process_batch_result(batch, result)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
             logger.exception("step failed (%s batch of %d): failing its requests", batch.phase, batch.batch_size)
             failed = touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")
@@ -155,7 +147,7 @@ class Scheduler:
     def _mix_in_decode(self, batch: ScheduleBatch) -> None:
         """Append every running request's decode step to a prefill batch, when its slots are free now
         (otherwise they decode next step, where retract_decode can make room)."""
-        self._gate_ngram_drafts()
+        self.drafts.gate(self.running)
         need = sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
         if need > self.kv.available_size():
             return
@@ -171,101 +163,17 @@ class Scheduler:
             batch.extend_ids.append(ids)
             batch.out_locs.append(self.kv.alloc(r, len(ids)))
             batch.sample.append(True)
-        batch.rewrite_rows += [first + i for i in self._take_dirty_rows(self.running)]
+        batch.rewrite_rows += [first + i for i in take_dirty_rows(self.running)]
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
-        cfg, kv = self.cfg, self.kv
-        adder = PrefillAdder(
-            page_size=cfg.page_size,
-            rem_total_tokens=kv.available_size()
-            - sum(decode_reservation(r, self.new_token_ratio) for r in self.running),
-            rem_input_tokens=cfg.max_prefill_tokens,
-            rem_chunk_tokens=cfg.chunked_prefill_size,
-            rem_rows=self.table.available,
-            rem_running=cfg.max_running_requests - len(self.running) - (1 if self.chunked_req else 0),
-            new_token_ratio=self.new_token_ratio,
-            running_empty=not self.running,
-        )
-        if cfg.enable_mixed_chunk:
-            adder.rem_input_tokens -= len(self.running)  # their decode tokens share the forward pass
-        if self.waiting:  # once per attempt: cache-aware policies re-match every waiting request
-            self.waiting = order_waiting(self.waiting, cfg.schedule_policy, kv.radix)
-        proceed = True
-        if self.chunked_req is not None:
-            if self.waiting and cfg.chunked_prefill_size > 0:
-                # Arrivals that fit whole in half a chunk go first, so a long prompt's chunks do not hold
-                # back short requests; the chunk shrinks by what they take (the step stays one chunk).
-                budget, adder.whole_only = adder.rem_input_tokens, True
-                adder.rem_input_tokens = min(budget, cfg.chunked_prefill_size // 2)
-                self._admit_waiting(adder)
-                used = sum(a.extend_len for a in adder.admitted)
-                adder.rem_input_tokens, adder.whole_only = budget - used, False
-                adder.rem_chunk_tokens = cfg.chunked_prefill_size - used
-            # then the chunked request; others may follow its last chunk
-            proceed = adder.add_one(self.chunked_req, holds_row=True) == AddResult.CONTINUE
-        if proceed and self.waiting:
-            self._admit_waiting(adder)
-        self.last_stop_reason = adder.stop_reason
-        if not adder.admitted:
-            return None
-        admitted_ids = {id(a.req) for a in adder.admitted}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
-
-        reqs, prefix_lens, extend_ids, out_locs, sample = [], [], [], [], []
-        for a in adder.admitted:
-            req = a.req
-            kv.assign_row(req)
-            start = req.kv_len
-            slots = kv.alloc(req, a.extend_len)
-            reqs.append(req)
-            prefix_lens.append(start)
-            extend_ids.append(req.fill_ids[start:start + a.extend_len])
-            out_locs.append(slots)
-            # A retracted request (it has outputs) resumes decoding without drawing a token here.
-            sample.append(a.is_last_chunk and not req.output_ids and req.sampling.max_new_tokens > 0)
-            if not a.is_last_chunk:
-                self.chunked_req = req
-            elif req is self.chunked_req:  # its last chunk (it may also sit out a step: then it stays)
-                self.chunked_req = None
-            self.prefill_tokens_computed += a.extend_len
-        return ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample,
-                             rewrite_rows=self._take_dirty_rows(reqs))
-
-    def _admit_waiting(self, adder: PrefillAdder) -> None:
-        """Offer waiting requests to the adder in order: each first gets its cached prefix (locked);
-        one that is refused gives it back. Admission stops at the first request a budget refuses."""
-        kv = self.kv
-        batch_tree = RadixCache(1) if kv.radix is not None else None  # prompts admitted this round
-        already = {id(a.req) for a in adder.admitted}
-        for req in self.waiting:
-            if id(req) in already:
-                continue
-            target = prefill_target_len(req)
-            adder.rem_total_tokens -= (locked := kv.match(req, target))
-            if batch_tree is not None:
-                ids = req.fill_ids[:target]
-                if batch_tree.match_prefix(ids).length - req.kv_len >= IN_BATCH_SHARE_THRESHOLD:
-                    kv.unmatch(req)
-                    adder.rem_total_tokens += locked
-                    continue
-            res = adder.add_one(req, holds_row=False)
-            if adder.admitted and adder.admitted[-1].req is req:
-                if not req.output_ids:  # first admission (a retracted request keeps its first figures)
-                    req.cached_len = req.kv_len
-                    req.admitted_at = req.admitted_at or time.perf_counter()
-                self.prefill_tokens_cached += req.kv_len
-                if batch_tree is not None:
-                    batch_tree.insert(ids, [0] * len(ids))
-            else:
-                kv.unmatch(req)
-                adder.rem_total_tokens += locked
-            if res != AddResult.CONTINUE:
-                break
+        plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
+        self.waiting, self.chunked_req = plan.waiting, plan.chunked_req
+        return plan.batch
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
-        self._gate_ngram_drafts()
+        self.drafts.gate(self.running)
         self._ensure_decode_memory()
         reqs = list(self.running)
         prefix_lens = [r.kv_len for r in reqs]
@@ -277,15 +185,8 @@ class Scheduler:
         # prefixes ("mixed" with every request decoding), still one forward pass.
         phase = "decode" if all(len(x) == 1 for x in extend_ids) else "mixed"
         return ScheduleBatch(phase, reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs),
-                             rewrite_rows=self._take_dirty_rows(reqs), decode_from=0,
+                             rewrite_rows=take_dirty_rows(reqs), decode_from=0,
                              draft_lens=[len(r.draft) for r in reqs] if phase == "mixed" else [])
-
-    @staticmethod
-    def _take_dirty_rows(reqs: list[Req]) -> list[int]:
-        dirty = [i for i, r in enumerate(reqs) if r.row_dirty]
-        for i in dirty:
-            reqs[i].row_dirty = False
-        return dirty
 
     def _ensure_decode_memory(self) -> None:
         """retract_decode: while the next step's slots don't fit, send requests back to waiting.
@@ -299,13 +200,13 @@ class Scheduler:
 
         retracted = False
         if need() > self.kv.available_size():  # speculation never costs a retraction: drafts go first
-            self._drop_ngram_drafts(self.running)
+            self.drafts.drop_ngram(self.running)
         while self.running and need() > self.kv.available_size():
             if len(self.running) == 1:
                 raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
             victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
             self.running.remove(victim)
-            self._drop_ngram_drafts([victim])
+            self.drafts.drop_ngram([victim])
             self._release(victim)
             victim.num_retractions += 1
             self.num_retracted_total += 1
@@ -315,13 +216,13 @@ class Scheduler:
             self.new_token_ratio = self.cfg.new_token_ratio_init
 
     # ------------------------------------------------------------------ results
-    def _process_batch_result(self, batch: ScheduleBatch) -> list[Req]:
+    def _process_batch_result(self, batch: ScheduleBatch, result: StepResult) -> list[Req]:
         touched: list[Req] = []
-        tokens = iter(batch.next_token_ids)
+        tokens = iter(result.next_token_ids)
         now = time.perf_counter()
         for i, (req, sampled) in enumerate(zip(batch.reqs, batch.sample)):
             decoding = i >= batch.decode_from
-            lp = batch.logprobs.get(i)
+            lp = result.logprobs.get(i)
             if lp is not None:
                 req.input_logprobs += lp.input_vals
                 req.input_top_logprobs += lp.input_top
@@ -330,10 +231,8 @@ class Scheduler:
                 continue
             if sampled:
                 token = next(tokens)
-                if req.draft and req.grammar is None:  # an n-gram draft: accepted tokens first
-                    self._accept_ngram_draft(req, batch.accepted.get(i, 0), lp)
-                elif req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
-                    self._accept_draft(req, batch.accepted.get(i, 0), token)
+                if req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
+                    self.drafts.accept(req, result.accepted.get(i, 0), token, lp)
                 if not req.finished:
                     if lp is not None and lp.output_val is not None:
                         req.output_logprobs.append(lp.output_val)
@@ -358,74 +257,15 @@ class Scheduler:
         return touched
 
     def _after_sample(self, req: Req) -> None:
-        """Finish checks for the sampled token; for a constrained request also its grammar step and
-        the next jump-forward draft (verified by the next forward pass, model/sample_step.py)."""
-        if req.grammar is None:
-            self._check_finished(req)
-            if self.drafter is not None and not req.finished and self._speculate(len(self.running)):
-                req.draft = self.drafter.draft(req)
-            return
-        if not self.grammar.advance(req, req.output_ids[-1]):  # the mask makes this a bug, not bad input
+        """Finish checks for the sampled token (for a constrained request also its grammar step), then the
+        draft it carries into its next step (verified by that forward pass, model/sample_step.py)."""
+        if req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
+            # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
         self._check_finished(req)
-        if not req.finished and req.grammar.must_finish:  # complete, nothing may follow: no more passes
-            req.finish({"type": "stop", "matched": None})
-        req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
-
-    def _accept_draft(self, req: Req, accepted: int, sampled: int) -> None:
-        """Append the first `accepted` draft tokens as output, each checked like a sampled token.
-        A rejected draft token teaches the grammar the model's own choice there (`sampled`)."""
-        draft, states, req.draft, req.draft_states = req.draft, req.draft_states, [], []
-        if accepted < len(draft):
-            self.grammar.learn(states[accepted], sampled)
-        for t in draft[:accepted]:
-            req.output_ids.append(t)
-            req.forced_tokens += 1
-            self.grammar.advance(req, t)
-            if req.return_logprob:  # verified, not sampled: a null logprob entry keeps the lists aligned
-                req.output_logprobs.append(None)
-                if req.top_logprobs_num > 0:
-                    req.output_top_logprobs.append(None)
-            self._check_finished(req)
-            if req.finished:
-                return
-        if req.grammar.must_finish:
-            req.finish({"type": "stop", "matched": None})
-
-    def _accept_ngram_draft(self, req: Req, accepted: int, lp: Optional[StepLogprobs]) -> None:
-        """Append the first `accepted` n-gram draft tokens as output, each with its logprob from its own
-        verification row (what decoding it alone gives) and checked like a sampled token; a stop ends it
-        there (the rest of the draft, and the step's sampled token, are dropped)."""
-        draft, req.draft = req.draft, []
-        self.drafter.update(req, len(draft), accepted)
-        self.spec_draft_tokens += len(draft)
-        self.spec_accepted_tokens += accepted
-        for j, t in enumerate(draft[:accepted]):
-            if req.return_logprob:
-                req.output_logprobs.append(lp.draft_vals[j])
-                if req.top_logprobs_num > 0:
-                    req.output_top_logprobs.append(lp.draft_top[j])
-            req.output_ids.append(t)
-            self._check_finished(req)
-            if req.finished:
-                return
-
-    def _speculate(self, batch_size: int) -> bool:
-        """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):
-        larger batches are compute bound, where rejected draft rows cost real time."""
-        limit = self.drafter.cfg.disable_batch_size
-        return limit <= 0 or batch_size <= limit
-
-    def _gate_ngram_drafts(self) -> None:
-        if self.drafter is not None and not self._speculate(len(self.running)):
-            self._drop_ngram_drafts(self.running)
-
-    @staticmethod
-    def _drop_ngram_drafts(reqs: list[Req]) -> None:
-        """Unverified n-gram drafts are only proposals: dropping one changes nothing but speed."""
-        for r in reqs:
-            if r.grammar is None:
-                r.draft = []
+        if req.grammar is not None and not req.finished and req.grammar.must_finish:
+            req.finish({"type": "stop", "matched": None})  # complete, nothing may follow: no more passes
+        self.drafts.propose(req, len(self.running))
 
     def _poll_grammars(self) -> list[Req]:
         """Requests whose grammar finished compiling join the queue (after its forced prefix); those

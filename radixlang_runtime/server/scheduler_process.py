@@ -84,7 +84,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
         from transformers import AutoTokenizer
 
         from radixlang_runtime.model.resolve import resolve_model_dir
-        from radixlang_runtime.scheduler.factory import build_scheduler, runtime_limits, scheduler_stats
+        from radixlang_runtime.wiring import build_scheduler, runtime_limits, scheduler_stats
 
         from radixlang_runtime.model.tp_worker import set_cpu_threads
 

@@ -1,4 +1,5 @@
-"""Build the scheduler with its model runner, allocator, table and radix cache from ServerArgs.
+"""The wiring above model/ and scheduler/: builds the model runner, then the scheduler (allocator, table, radix
+cache, grammar queue, drafter) that drives it, from ServerArgs; stats that read both.
 
 Shared by the in-process Engine (on its scheduler thread) and the server's scheduler process.
 """
@@ -137,14 +138,14 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "total_slots": kv.allocator.total_slots, "free_slots": kv.allocator.available_size(),
         "cached_slots": kv.cached_size(), "evictable_slots": kv.evictable_size(),
         "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting) + (1 if s.chunked_req else 0),
-        "prefill_tokens_computed": s.prefill_tokens_computed,
-        "prefill_tokens_cached": s.prefill_tokens_cached,
+        "prefill_tokens_computed": s.admission.prefill_tokens_computed,
+        "prefill_tokens_cached": s.admission.prefill_tokens_cached,
         "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
         "new_token_ratio": s.new_token_ratio,
         **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
-        "spec_draft_tokens": s.spec_draft_tokens, "spec_accepted_tokens": s.spec_accepted_tokens,
+        "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),

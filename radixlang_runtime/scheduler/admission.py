@@ -1,0 +1,144 @@
+"""Prefill admission (torch-free): which waiting requests (and which chunk of a long prompt) the next prefill
+batch runs. Owned by the Scheduler (self.admission); the queues stay the Scheduler's, each call gets them and
+returns what changed (PrefillPlan).
+
+Order: waiting requests are sorted by the policy (policy.order_waiting), each first gets its cached prefix
+(locked); PrefillAdder's budgets (KV, input tokens, chunk, rows, running requests) decide; a refused
+request gives its prefix back, and admission stops at the first request a budget refuses. A prompt
+mid-way through chunked prefill continues first, after arrivals that fit whole in half a chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.policy import AddResult, PrefillAdder, decode_reservation, order_waiting, \
+    prefill_target_len
+from radixlang_runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixlang_runtime.scheduler.scheduler import SchedulerConfig
+
+# A waiting request that shares at least this many uncached tokens with one admitted in the same
+# round waits a round: the other computes them once and this one then hits the cache (SGLang's
+# in-batch prefix caching check).
+IN_BATCH_SHARE_THRESHOLD = 32
+
+
+@dataclass
+class PrefillPlan:
+    batch: Optional[ScheduleBatch]  # None: nothing admitted
+    waiting: list[Req]  # the waiting queue after this round (reordered by the policy, admitted ones removed)
+    chunked_req: Optional[Req]  # the prompt mid-way through chunked prefill after this batch
+
+
+class PrefillAdmission:
+    def __init__(self, cfg: "SchedulerConfig", kv: KVManager):
+        self.cfg = cfg
+        self.kv = kv
+        self.prefill_tokens_computed = 0  # extend tokens run through the model
+        self.prefill_tokens_cached = 0  # prompt tokens served by the radix cache instead
+        self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
+
+    def plan(self, waiting: list[Req], running: list[Req], chunked_req: Optional[Req],
+             new_token_ratio: float) -> PrefillPlan:
+        cfg, kv = self.cfg, self.kv
+        adder = PrefillAdder(
+            page_size=cfg.page_size,
+            rem_total_tokens=kv.available_size() - sum(decode_reservation(r, new_token_ratio) for r in running),
+            rem_input_tokens=cfg.max_prefill_tokens,
+            rem_chunk_tokens=cfg.chunked_prefill_size,
+            rem_rows=kv.table.available,
+            rem_running=cfg.max_running_requests - len(running) - (1 if chunked_req else 0),
+            new_token_ratio=new_token_ratio,
+            running_empty=not running,
+        )
+        if cfg.enable_mixed_chunk:
+            adder.rem_input_tokens -= len(running)  # their decode tokens share the forward pass
+        if waiting:  # once per attempt: cache-aware policies re-match every waiting request
+            waiting = order_waiting(waiting, cfg.schedule_policy, kv.radix)
+        proceed = True
+        if chunked_req is not None:
+            if waiting and cfg.chunked_prefill_size > 0:
+                # Arrivals that fit whole in half a chunk go first, so a long prompt's chunks do not hold
+                # back short requests; the chunk shrinks by what they take (the step stays one chunk).
+                budget, adder.whole_only = adder.rem_input_tokens, True
+                adder.rem_input_tokens = min(budget, cfg.chunked_prefill_size // 2)
+                self._admit_waiting(adder, waiting)
+                used = sum(a.extend_len for a in adder.admitted)
+                adder.rem_input_tokens, adder.whole_only = budget - used, False
+                adder.rem_chunk_tokens = cfg.chunked_prefill_size - used
+            # then the chunked request; others may follow its last chunk
+            proceed = adder.add_one(chunked_req, holds_row=True) == AddResult.CONTINUE
+        if proceed and waiting:
+            self._admit_waiting(adder, waiting)
+        self.last_stop_reason = adder.stop_reason
+        if not adder.admitted:
+            return PrefillPlan(None, waiting, chunked_req)
+        admitted_ids = {id(a.req) for a in adder.admitted}
+        waiting = [r for r in waiting if id(r) not in admitted_ids]
+
+        reqs, prefix_lens, extend_ids, out_locs, sample = [], [], [], [], []
+        for a in adder.admitted:
+            req = a.req
+            kv.assign_row(req)
+            start = req.kv_len
+            slots = kv.alloc(req, a.extend_len)
+            reqs.append(req)
+            prefix_lens.append(start)
+            extend_ids.append(req.fill_ids[start:start + a.extend_len])
+            out_locs.append(slots)
+            # A retracted request (it has outputs) resumes decoding without drawing a token here.
+            sample.append(a.is_last_chunk and not req.output_ids and req.sampling.max_new_tokens > 0)
+            if not a.is_last_chunk:
+                chunked_req = req
+            elif req is chunked_req:  # its last chunk (it may also sit out a step: then it stays)
+                chunked_req = None
+            self.prefill_tokens_computed += a.extend_len
+        batch = ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample,
+                              rewrite_rows=take_dirty_rows(reqs))
+        return PrefillPlan(batch, waiting, chunked_req)
+
+    def _admit_waiting(self, adder: PrefillAdder, waiting: list[Req]) -> None:
+        """Offer waiting requests to the adder in order: each first gets its cached prefix (locked);
+        one that is refused gives it back. Admission stops at the first request a budget refuses."""
+        kv = self.kv
+        batch_tree = RadixCache(1) if kv.radix is not None else None  # prompts admitted this round
+        already = {id(a.req) for a in adder.admitted}
+        for req in waiting:
+            if id(req) in already:
+                continue
+            target = prefill_target_len(req)
+            adder.rem_total_tokens -= (locked := kv.match(req, target))
+            if batch_tree is not None:
+                ids = req.fill_ids[:target]
+                if batch_tree.match_prefix(ids).length - req.kv_len >= IN_BATCH_SHARE_THRESHOLD:
+                    kv.unmatch(req)
+                    adder.rem_total_tokens += locked
+                    continue
+            res = adder.add_one(req, holds_row=False)
+            if adder.admitted and adder.admitted[-1].req is req:
+                if not req.output_ids:  # first admission (a retracted request keeps its first figures)
+                    req.cached_len = req.kv_len
+                    req.admitted_at = req.admitted_at or time.perf_counter()
+                self.prefill_tokens_cached += req.kv_len
+                if batch_tree is not None:
+                    batch_tree.insert(ids, [0] * len(ids))
+            else:
+                kv.unmatch(req)
+                adder.rem_total_tokens += locked
+            if res != AddResult.CONTINUE:
+                break
+
+
+def take_dirty_rows(reqs: list[Req]) -> list[int]:
+    """Indices of the requests whose table row must be rewritten before the step (row_dirty cleared)."""
+    dirty = [i for i, r in enumerate(reqs) if r.row_dirty]
+    for i in dirty:
+        reqs[i].row_dirty = False
+    return dirty

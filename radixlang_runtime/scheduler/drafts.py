@@ -1,0 +1,106 @@
+"""Drafts, the scheduler's side (torch-free): which requests carry a draft into the next step, and what a
+verified one adds to their output. Owned by the Scheduler (self.drafts).
+
+Two sources, one slot (req.draft): n-gram speculation for unconstrained requests (--speculative-algorithm
+NGRAM, scheduler/drafter.py) and jump-forward for constrained ones (the tokens their grammar forces,
+scheduler/grammar_queue.py; req.draft_states holds the grammar state at each draft position). The runner
+verifies a draft in the next forward pass (model/sample_step.py) and reports how many of its tokens the
+model agreed with (StepResult.accepted); those tokens then join the output here, each checked like a
+sampled token, before the step's sampled token.
+Invariants: an n-gram draft is only a proposal (dropping one changes nothing but speed, so memory
+pressure and large batches drop them); a jump-forward draft is never dropped that way (its grammar
+states must stay aligned with it), and never contains a finish id.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from radixlang_runtime.model.step_io import StepLogprobs
+from radixlang_runtime.scheduler.drafter import NgramDrafter
+from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
+from radixlang_runtime.scheduler.request import Req
+
+
+class Drafts:
+    def __init__(self, drafter: Optional[NgramDrafter], grammar: Optional[GrammarQueue],
+                 check_finished: Callable[[Req], None]):
+        self.drafter = drafter  # None: no n-gram speculation (--speculative-algorithm unset)
+        self.grammar = grammar  # None: no constrained requests, so no jump-forward drafts
+        self._check_finished = check_finished
+        self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
+        self.spec_accepted_tokens = 0  # of which accepted
+
+    # ------------------------------------------------------------------ proposing
+    def propose(self, req: Req, batch_size: int) -> None:
+        """After a sampled token was appended and checked: the draft the request carries into its next step
+        (n-gram while the decode batch of `batch_size` is small enough; jump-forward's forced tokens)."""
+        if req.grammar is None:
+            if self.drafter is not None and not req.finished and self.speculate(batch_size):
+                req.draft = self.drafter.draft(req)
+            return
+        req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
+
+    def speculate(self, batch_size: int) -> bool:
+        """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):
+        larger batches are compute bound, where rejected draft rows cost real time."""
+        limit = self.drafter.cfg.disable_batch_size
+        return limit <= 0 or batch_size <= limit
+
+    def gate(self, running: list[Req]) -> None:
+        """Before a step over `running`: drop n-gram drafts when the batch is too large to speculate."""
+        if self.drafter is not None and not self.speculate(len(running)):
+            self.drop_ngram(running)
+
+    @staticmethod
+    def drop_ngram(reqs: list[Req]) -> None:
+        """Unverified n-gram drafts are only proposals: dropping one changes nothing but speed."""
+        for r in reqs:
+            if r.grammar is None:
+                r.draft = []
+
+    # ------------------------------------------------------------------ accepting
+    def accept(self, req: Req, accepted: int, sampled: int, lp: Optional[StepLogprobs]) -> None:
+        """req verified its draft this step: its first `accepted` tokens join the output (the draft is cleared)."""
+        if req.grammar is None:
+            self._accept_ngram(req, accepted, lp)
+        else:
+            self._accept_jump_forward(req, accepted, sampled)
+
+    def _accept_jump_forward(self, req: Req, accepted: int, sampled: int) -> None:
+        """Append the first `accepted` draft tokens as output, each checked like a sampled token.
+        A rejected draft token teaches the grammar the model's own choice there (`sampled`)."""
+        draft, states, req.draft, req.draft_states = req.draft, req.draft_states, [], []
+        if accepted < len(draft):
+            self.grammar.learn(states[accepted], sampled)
+        for t in draft[:accepted]:
+            req.output_ids.append(t)
+            req.forced_tokens += 1
+            self.grammar.advance(req, t)
+            if req.return_logprob:  # verified, not sampled: a null logprob entry keeps the lists aligned
+                req.output_logprobs.append(None)
+                if req.top_logprobs_num > 0:
+                    req.output_top_logprobs.append(None)
+            self._check_finished(req)
+            if req.finished:
+                return
+        if req.grammar.must_finish:
+            req.finish({"type": "stop", "matched": None})
+
+    def _accept_ngram(self, req: Req, accepted: int, lp: Optional[StepLogprobs]) -> None:
+        """Append the first `accepted` n-gram draft tokens as output, each with its logprob from its own
+        verification row (what decoding it alone gives) and checked like a sampled token; a stop ends it
+        there (the rest of the draft, and the step's sampled token, are dropped)."""
+        draft, req.draft = req.draft, []
+        self.drafter.update(req, len(draft), accepted)
+        self.spec_draft_tokens += len(draft)
+        self.spec_accepted_tokens += accepted
+        for j, t in enumerate(draft[:accepted]):
+            if req.return_logprob:
+                req.output_logprobs.append(lp.draft_vals[j])
+                if req.top_logprobs_num > 0:
+                    req.output_top_logprobs.append(lp.draft_top[j])
+            req.output_ids.append(t)
+            self._check_finished(req)
+            if req.finished:
+                return
