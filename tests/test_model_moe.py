@@ -190,8 +190,11 @@ def test_qwen_sparse_layers_and_refusals():
     assert ModelConfig.from_dict({**qwen2, "num_experts": 0}).moe.sparse_layers == (False,) * 4
     with pytest.raises(ValueError, match="num_experts_per_tok 9"):
         ModelConfig.from_dict({**qwen2, "num_experts_per_tok": 9})
-    with pytest.raises(ValueError, match="sliding_window 64 is shorter"):  # layer 0 slides (even, < 28)
-        ModelConfig.from_dict({**qwen2, "use_sliding_window": True, "sliding_window": 64}).check_context_len(256)
+    # windows are served now (every attention path honours them): transformers' layer_types for this config
+    # (Qwen2MoeConfig: even layers slide) give the per-layer windows, and a longer context is accepted
+    windowed = ModelConfig.from_dict({**qwen2, "use_sliding_window": True, "sliding_window": 64})
+    assert windowed.layer_windows == (64, 0, 64, 0)
+    windowed.check_context_len(256)
     mixtral = ModelConfig.from_dict({**BASE, "architectures": ["MixtralForCausalLM"], "num_local_experts": 4})
     assert mixtral.moe.num_experts == 4 and mixtral.moe.norm_topk_prob and mixtral.moe.weights_float32
     assert mixtral.rope.theta == 1e6  # MixtralConfig's default
