@@ -31,6 +31,18 @@ ALLOWED_CACHE_BYTES = 64 << 20  # per grammar: allowed-id arrays (+ the mask's t
 FORCED_CACHE_ENTRIES = 4096  # per grammar: jump-forward results
 
 
+def walk(grammar: Any, token_ids: list[int], state: Optional[int] = None) -> Optional[int]:
+    """Walk token_ids from `state` (default: the grammar's initial state) by its next_state; the end state, or
+    None at an illegal token. Every grammar kind's `accepts` (CompiledGrammar, MatcherGrammar)."""
+    s = grammar.initial_state if state is None else state
+    for t in token_ids:
+        nxt = grammar.next_state(s, t)
+        if nxt is None:
+            return None
+        s = nxt
+    return s
+
+
 @dataclass
 class AllowedSet:
     ids: np.ndarray  # int64 [n], ascending: text tokens allowed at the state (no EOS)
@@ -76,14 +88,7 @@ class CompiledGrammar:
         return self.allowed(state).is_final
 
     def accepts(self, token_ids: list[int], state: Optional[int] = None) -> Optional[int]:
-        """Walk token_ids from `state` (default: initial); the end state, or None at an illegal token."""
-        s = self.initial_state if state is None else state
-        for t in token_ids:
-            nxt = self.next_state(s, t)
-            if nxt is None:
-                return None
-            s = nxt
-        return s
+        return walk(self, token_ids, state)
 
     def __repr__(self) -> str:
         return f"CompiledGrammar({self.spec.describe()}, {self.index_nbytes} bytes)"

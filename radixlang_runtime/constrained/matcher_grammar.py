@@ -26,7 +26,7 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
-from radixlang_runtime.constrained.grammar import ALLOWED_CACHE_BYTES, FORCED_CACHE_ENTRIES, AllowedSet
+from radixlang_runtime.constrained.grammar import ALLOWED_CACHE_BYTES, FORCED_CACHE_ENTRIES, AllowedSet, walk
 from radixlang_runtime.constrained.lru import LRU
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
@@ -151,13 +151,7 @@ class MatcherGrammar:
         return self.matcher.forced_token_ids()
 
     def accepts(self, token_ids: list[int], state: Optional[int] = None) -> Optional[int]:
-        s = self.initial_state if state is None else state
-        for t in token_ids:
-            nxt = self.next_state(s, t)
-            if nxt is None:
-                return None
-            s = nxt
-        return s
+        return walk(self, token_ids, state)
 
     @property
     def num_states(self) -> int:
