@@ -207,13 +207,19 @@ async def models(request: Request):
                                         "owned_by": "radixlang", "max_model_len": state.tm.limits.context_len}]}
 
 
+async def _accept(request: Request, route: str, rid_prefix: str) -> tuple[ServerState, dict, str, int, str]:
+    """What both OpenAI generate routes start with: the checked body, the response id (`{rid_prefix}-hex`, the
+    base of the choices' rids), the creation time and the served model name."""
+    state: ServerState = request.app.state.server
+    body = check_openai_body(state, await read_json(request), route)
+    return state, body, f"{rid_prefix}-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
+
+
 # ------------------------------------------------------------------ completions
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    state: ServerState = request.app.state.server
+    state, body, rid, created, model = await _accept(request, "/v1/completions", "cmpl")
     tm = state.tm
-    body = check_openai_body(state, await read_json(request), "/v1/completions")
-    rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
     choices, texts, top = await tm.run_intake(_completion_intake, state, body, rid,
                                               size=len(await request.body()))
     n, echo = _opt(body, "n", 1), texts is not None
@@ -260,10 +266,8 @@ async def _stream_completion(choices: _Choices, rid: str, created: int, model: s
 # ------------------------------------------------------------------ chat
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    state: ServerState = request.app.state.server
+    state, body, rid, created, model = await _accept(request, "/v1/chat/completions", "chatcmpl")
     tm = state.tm
-    body = check_openai_body(state, await read_json(request), "/v1/chat/completions")
-    rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_model_name
     choices, want_lp, top, plan, think = await tm.run_intake(_chat_intake, state, body, rid,
                                                              size=len(await request.body()))
     n = _opt(body, "n", 1)
