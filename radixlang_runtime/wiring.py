@@ -141,6 +141,7 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "prefill_tokens_computed": s.admission.prefill_tokens_computed,
         "prefill_tokens_cached": s.admission.prefill_tokens_cached,
         "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
+        "readmit_tokens": dict(s.admission.readmit_tokens),  # retracted requests: kept / swapped / recomputed
         "new_token_ratio": s.new_token_ratio,
         **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,

@@ -168,3 +168,24 @@ def test_server_restart_finds_the_prefix_on_disk_and_shows_the_tiers(tiny, tmp_p
         assert gen(srv)["meta_info"]["cached_tokens"] == 304  # L1 kept it (only L2 was flushed)
     finally:
         srv.stop()
+
+
+def test_retraction_swaps_to_l2_with_outputs_equal_transformers(tiny, tmp_path):
+    """A pool too small for the decodes: retract_decode swaps victims' records out to L2, readmission loads
+    the ones eviction took; greedy outputs equal transformers' token for token."""
+    model_dir, model = tiny
+    prompts = [[(29 * i + 53 * r) % 4000 + 10 for i in range(40)] for r in range(8)]
+    sp = {"max_new_tokens": 40, "min_new_tokens": 40, "temperature": 0}
+    want = [hf_greedy(model, p, 40) for p in prompts]
+    with Engine(model_dir, dtype="float32", max_total_tokens=256, new_token_ratio_init=0.05,
+                new_token_ratio_min=0.05, enable_hierarchical_cache=True, hicache_size=0.01,
+                hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always",
+                debug_check_integrity=True) as eng:
+        got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=[sp] * len(prompts))]
+        assert got == want
+        stats = eng.get_stats()
+        assert stats["num_retractions"] > 0
+        assert stats["readmit_tokens"]["swapped"] > 0 and stats["hicache"]["swap_out_tokens"]["out"] > 0
+        eng.check_integrity()
+        _drain(eng)
+        eng._loop.call(lambda s: s.kv.hicache.check_integrity(deep=True))

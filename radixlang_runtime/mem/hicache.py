@@ -12,6 +12,11 @@ scheduler/kv_manager.py calls it at three points:
   synchronously inside admission (a request waits only for its own records, with that bound); other
   requests wait for the step, not for a thread.
 - `load_into(slots, payloads)`: the fetched records into freshly allocated slots.
+- `swap_out(ids, slots)`: retract_decode's swap (vLLM's swap preemption): the retracted request's whole
+  records are queued for the tiers at once, waiting up to `swap_wait_s` for room in the writer's queue
+  (eviction's own backup drops when it is full), unless the measured costs say a load from the tiers
+  is slower than recomputing (load_policy "faster"). Its readmission's `fetch` then swaps them back in;
+  a record the tiers lost ends the load there and the rest is recomputed.
 A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
 would cost more than it saves); a prompt's tail shorter than a record is never stored.
 Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no request fails.
@@ -71,6 +76,7 @@ class HiCacheConfig:
     max_queued: int = 256  # records waiting for the writer; more are dropped (counted)
     load_timeout_s: float = 2.0  # the most one request's fetch may take; the rest is a miss
     load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
+    swap_wait_s: float = 0.5  # the most one retraction's swap-out waits for room in the writer's queue
 
     def __post_init__(self) -> None:
         if self.load_policy not in LOAD_POLICIES:
@@ -104,6 +110,9 @@ class HiCache:
         # this process backs the key up (another replica's L3 write shows after at most MISS_MEMO_S)
         self._recent_misses: OrderedDict[bytes, float] = OrderedDict()
         self.costs = TierCosts()  # a tier slower than recomputing is skipped (mem/tier_costs.py)
+        # retract_decode's swap-out: tokens of whole records queued or already stored (out), tokens not
+        # swapped because recomputing was measured cheaper (skipped) or the queue stayed full (dropped)
+        self.swap_out_tokens = {"out": 0, "skipped": 0, "dropped": 0}
 
     @property
     def write_through(self) -> bool:
@@ -143,6 +152,24 @@ class HiCache:
             if self.writer.submit(keys[i], payload, tiers, wait) and self.l3 in tiers:
                 self._know_l3(keys[i])
         return len(todo)
+
+    def swap_out(self, ids: list[int], slots: list[int]) -> int:
+        """A retracted request's K/V (positions 0 .. len(slots) - 1 of ids) to the tiers; its whole records
+        only (the tail is recomputed). Returns the tokens now stored or queued."""
+        t = self.cfg.record_tokens
+        n = min(len(ids), len(slots)) // t * t
+        if n == 0:
+            return 0
+        tiers = [name for name, tier in (("l2", self.l2), ("l3", self.l3)) if tier is not None]
+        if self.cfg.load_policy == "faster" and not any(self.costs.cheaper(name) for name in tiers):
+            self.swap_out_tokens["skipped"] += n
+            return 0
+        dropped_before = self.writer.dropped
+        self.backup(ids[:n], slots[:n], 0, deadline=time.monotonic() + self.cfg.swap_wait_s)
+        dropped = (self.writer.dropped - dropped_before) * t
+        self.swap_out_tokens["out"] += n - dropped
+        self.swap_out_tokens["dropped"] += dropped
+        return n - dropped
 
     # ------------------------------------------------------------------ loads
     def _worth(self, tier: str) -> bool:
@@ -234,7 +261,7 @@ class HiCache:
             "record_tokens": self.cfg.record_tokens, "write_policy": self.cfg.write_policy,
             "hit_tokens": dict(self.hit_tokens), "lookups": self.lookups, "loads": self.loads,
             "load_seconds": self.load_seconds, "bytes_loaded": self.bytes_loaded, "load_faults": self.load_faults,
-            "writer": self.writer.stats(), "costs": self.costs.stats(),
+            "writer": self.writer.stats(), "costs": self.costs.stats(), "swap_out_tokens": dict(self.swap_out_tokens),
             "l2": self.l2.stats() if self.l2 is not None else None,
             "l3": self.l3.stats() if self.l3 is not None else None,
         }

@@ -42,6 +42,12 @@ class TierCosts:
         self.skipped[tier] += 1
         return False
 
+    def cheaper(self, tier: str) -> bool:
+        """Whether loading from this tier is measured no slower than recomputing (or not yet measured);
+        unlike `worth`, no ask is counted and no probe is due (retraction's swap-out decision)."""
+        p, cost = self.prefill_s_per_token, self.load_s_per_token[tier]
+        return p is None or cost is None or cost <= p
+
     def stats(self) -> dict:
         return {"prefill_s_per_token": self.prefill_s_per_token, "load_s_per_token": dict(self.load_s_per_token),
                 "skipped": dict(self.skipped)}

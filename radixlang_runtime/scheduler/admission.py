@@ -43,6 +43,9 @@ class PrefillAdmission:
         self.kv = kv
         self.prefill_tokens_computed = 0  # extend tokens run through the model
         self.prefill_tokens_cached = 0  # prompt tokens served by the radix cache instead
+        # a retracted request's readmission: of the K/V it had (all but its last token), tokens still in
+        # L1 (kept), loaded from the hicache tiers (swapped: retract_decode swapped them out) or recomputed
+        self.readmit_tokens = {"kept": 0, "swapped": 0, "recomputed": 0}
         self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
 
     def plan(self, waiting: list[Req], running: list[Req], chunked_req: Optional[Req],
@@ -126,6 +129,8 @@ class PrefillAdmission:
                 if not req.output_ids:  # first admission (a retracted request keeps its first figures)
                     req.cached_len = req.kv_len
                     req.admitted_at = req.admitted_at or time.perf_counter()
+                else:
+                    self._note_readmission(req, target)
                 self.prefill_tokens_cached += req.kv_len
                 if batch_tree is not None:
                     batch_tree.insert(ids, [0] * len(ids))
@@ -134,6 +139,13 @@ class PrefillAdmission:
                 adder.rem_total_tokens += locked
             if res != AddResult.CONTINUE:
                 break
+
+
+    def _note_readmission(self, req: Req, target: int) -> None:
+        """A retracted request had K/V for target (= seq_len - 1) positions; kv_len of them it has now."""
+        self.readmit_tokens["kept"] += req.kv_len - req.tier_len
+        self.readmit_tokens["swapped"] += req.tier_len
+        self.readmit_tokens["recomputed"] += target - req.kv_len
 
 
 def take_dirty_rows(reqs: list[Req]) -> list[int]:

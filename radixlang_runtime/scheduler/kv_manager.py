@@ -6,7 +6,8 @@ RadixCache, and moves slots between them at each point of a request's life:
 - growth: `alloc` new slots, evicting least-recently-used unlocked cache entries when short;
 - after each prefill step: `cache_unfinished` inserts what the request has computed so that others
   can share it, and swaps the request's duplicate slots for the tree's;
-- finish, abort, retract: `release` inserts the request's tokens (cache=True) and unlocks.
+- finish, abort, retract: `release` inserts the request's tokens (cache=True) and unlocks; a retraction
+  first `swap_out`s the request's whole records to the hicache tiers (when there are tiers).
 Prefix pins (the DSL's run_batch keeps its shared prefix for the batch): `pin` locks the longest
 cached page-aligned prefix of some token ids so that `evict` cannot take it, `unpin` releases it.
 A pin only locks what is cached (the caller prefills first); the pins together lock at most
@@ -81,6 +82,7 @@ class KVManager:
         """Give a request that holds nothing the cached prefix of fill_ids[:target_len - 1] (at least one
         token stays to compute) and lock it. Returns how many evictable slots the lock protected (the
         caller's KV budget shrinks by that much)."""
+        req.tier_len = 0
         if self.radix is None or req.kv_indices or target_len <= 1:
             return 0
         before = self.available_size()
@@ -91,7 +93,9 @@ class KVManager:
         if m.length:
             self.radix.lock(m.last_node)
         if self.hicache is not None:
+            l1_len = m.length
             m = self._load_from_tiers(req.fill_ids, limit, m)
+            req.tier_len = m.length - l1_len
         if m.length == 0:
             return 0
         req.kv_indices, req.tree_len, req.last_node, req.row_dirty = list(m.slots), m.length, m.last_node, True
@@ -136,6 +140,13 @@ class KVManager:
         """RadixCache.on_evict: the node's records go to the tiers (skipped where they are already)."""
         ids, slots = self.radix.path_to(node)
         self.hicache.backup(ids, slots, len(ids) - len(node.key))
+
+    def swap_out(self, req: Req) -> int:
+        """retract_decode, before `release`: the request's whole records to the tiers (mem/hicache.swap_out),
+        so that readmission loads them if eviction takes them from L1. Returns the tokens swapped out."""
+        if self.hicache is None:
+            return 0
+        return self.hicache.swap_out(req.fill_ids[:req.kv_len], req.kv_indices)
 
     def unmatch(self, req: Req) -> None:
         """Undo `match` for a request that was not admitted after all."""

@@ -31,6 +31,7 @@ class Req:
     tree_len: int = 0  # leading kv_indices owned by the radix cache
     last_node: Any = None  # the radix node locked for kv_indices[:tree_len] (None: nothing locked)
     row_dirty: bool = False  # kv_indices[:kv_len] changed in place: the runner rewrites the table row
+    tier_len: int = 0  # of the prefix the last `match` gave, tokens the hicache tiers loaded (the rest: L1)
     # --- logprobs (return_logprob): raw log_softmax of the model's logits, before any sampling transform ---
     return_logprob: bool = False
     logprob_start_len: int = 0  # first logit position whose next-token logprob is returned (< len(input_ids))

@@ -191,9 +191,11 @@ class Scheduler:
     def _ensure_decode_memory(self) -> None:
         """retract_decode: while the next step's slots don't fit, send requests back to waiting.
 
-        The retracted request keeps its output ids; its KV is freed and recomputed on readmission,
-        so its greedy output is unchanged. The victim is the one with the most tokens still to decode
-        (ties: the newest), as in SGLang.
+        The retracted request keeps its output ids; its KV goes into the radix cache (and, with the
+        hierarchical cache, its whole records are swapped out to the tiers); on readmission what L1
+        still holds is reused, what the tiers hold is loaded, the rest recomputed (admission counts
+        each: readmit_tokens), so its greedy output is unchanged. The victim is the one with the most
+        tokens still to decode (ties: the newest), as in SGLang.
         """
         def need() -> int:
             return sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
@@ -207,6 +209,7 @@ class Scheduler:
             victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
             self.running.remove(victim)
             self.drafts.drop_ngram([victim])
+            self.kv.swap_out(victim)
             self._release(victim)
             victim.num_retractions += 1
             self.num_retracted_total += 1

@@ -2,8 +2,9 @@
 
 Per tier (label tier: queue = the writer's queue, l2 = disk, l3 = Redis): tokens served past the L1
 match, bytes written, faults (bad records, failed writes, Redis unreachable), occupancy; overall: bytes
-loaded into the pool, loads and their total seconds, writes dropped by a full queue. Data parallel:
-summed over the replicas. Absent (no samples) without --enable-hierarchical-cache.
+loaded into the pool, loads and their total seconds, writes dropped by a full queue; retracted requests'
+tokens swapped out at retraction and, at readmission, kept in L1 / swapped back in / recomputed. Data
+parallel: summed over the replicas. Absent (no samples) without --enable-hierarchical-cache.
 """
 
 from __future__ import annotations
@@ -30,12 +31,21 @@ class HiCacheMetrics:
         self.load_seconds = Gauge(P + "load_seconds", "Seconds spent fetching and loading records, all loads",
                                   registry=r)
         self.writes_dropped = Gauge(P + "writes_dropped", "Record writes dropped by a full writer queue", registry=r)
+        self.swap_out_tokens = Gauge(P + "swap_out_tokens", "Retracted requests' tokens swapped out to the tiers "
+                                     "(out), not swapped as recomputing is cheaper (skipped), or dropped", ["kind"],
+                                     registry=r)
+        self.readmit_tokens = Gauge(P + "readmit_tokens", "Retracted requests' K/V at readmission: still in L1 "
+                                    "(kept), loaded from the tiers (swapped) or recomputed", ["source"], registry=r)
 
     def render(self, stats: dict[str, Any]) -> None:
-        per = [s.get("hicache") for s in stats.get("replicas", [stats])]
-        per = [h for h in per if h]
+        replicas = [s for s in stats.get("replicas", [stats]) if s.get("hicache")]
+        per = [s["hicache"] for s in replicas]
         if not per:
             return
+        for kind in ("out", "skipped", "dropped"):
+            self.swap_out_tokens.labels(kind).set(sum(h.get("swap_out_tokens", {}).get(kind, 0) for h in per))
+        for source in ("kept", "swapped", "recomputed"):
+            self.readmit_tokens.labels(source).set(sum(s.get("readmit_tokens", {}).get(source, 0) for s in replicas))
         for tier in ("queue", "l2", "l3"):
             self.hit_tokens.labels(tier).set(sum(h["hit_tokens"][tier] for h in per))
         for tier in ("l2", "l3"):
