@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -85,6 +86,9 @@ class ServerArgs:
     hicache_storage_dir: Optional[str] = None  # L2's directory (None: <cache root>/hicache/<model fingerprint>)
     hicache_redis_url: Optional[str] = None  # redis://host:port/db (needs hicache_storage_backend redis)
     hicache_load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
+    # SGLang's JSON object of backend settings; here {"ttl_s": seconds}: an L3 record expires ttl_s after its
+    # last write or read (Redis EX); needs hicache_storage_backend redis (other keys refused by name)
+    hicache_storage_backend_extra_config: Optional[str] = None
     enable_mixed_chunk: bool = False  # decode steps share the forward pass of prefill chunks
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
@@ -191,7 +195,8 @@ class ServerArgs:
         """Refuse hicache settings the runtime would not honour, by name."""
         given = [n for n, default in (("hicache_size", 4.0), ("hicache_write_policy", "write_back"),
                                       ("hicache_storage_backend", None), ("hicache_storage_dir", None),
-                                      ("hicache_redis_url", None), ("hicache_load_policy", "faster"))
+                                      ("hicache_redis_url", None), ("hicache_load_policy", "faster"),
+                                      ("hicache_storage_backend_extra_config", None))
                  if getattr(self, n) != default]
         if not self.enable_hierarchical_cache:
             if given:
@@ -218,6 +223,32 @@ class ServerArgs:
             raise ValueError("hicache_redis_url set without hicache_storage_backend redis")
         if backend != "redis" and self.hicache_size == 0:
             raise ValueError("enable_hierarchical_cache with hicache_size 0 and no redis backend has no tier")
+        self.hicache_extra_config()
+
+    def hicache_extra_config(self) -> dict:
+        """hicache_storage_backend_extra_config parsed: {} or {"ttl_s": float > 0} (redis only). ValueError
+        names what is wrong."""
+        raw = self.hicache_storage_backend_extra_config
+        if raw is None:
+            return {}
+        name = "hicache_storage_backend_extra_config"
+        try:
+            cfg = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError as e:
+            raise ValueError(f"{name} must be a JSON object: {e}") from e
+        if not isinstance(cfg, dict):
+            raise ValueError(f'{name} must be a JSON object such as {{"ttl_s": 3600}}; got {raw!r}')
+        unknown = sorted(set(cfg) - {"ttl_s"})
+        if unknown:
+            raise ValueError(f"{name}: unknown key(s) {', '.join(map(repr, unknown))} (known: 'ttl_s')")
+        ttl = cfg.get("ttl_s")
+        if ttl is not None:
+            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
+                raise ValueError(f"{name} ttl_s must be a positive, finite number of seconds; got {ttl!r}")
+            if self.hicache_storage_backend != "redis":
+                raise ValueError(f"{name} ttl_s needs hicache_storage_backend redis (an L3 expiry); the file "
+                                 "backend's L2 is bounded by hicache_size instead")
+        return cfg
 
     def _check_speculative(self) -> None:
         """NGRAM only; its flags without it (or another algorithm's) are refused by name."""

@@ -83,7 +83,8 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
         directory = args.hicache_storage_dir or os.path.join(cache_root(), "hicache", fp.digest().hex())
         l2 = DiskTier(directory, int(args.hicache_size * 1e9), port.record_bytes)
     if args.hicache_storage_backend == "redis":
-        l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), port.record_bytes)
+        l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), port.record_bytes,
+                       ttl_s=args.hicache_extra_config().get("ttl_s"))
     return HiCache(cfg, fp, port, l2, l3)
 
 

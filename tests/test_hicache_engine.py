@@ -123,7 +123,14 @@ def test_unsupported_hicache_settings_are_refused_by_name(tiny):
                        ({"enable_hierarchical_cache": True, "hicache_write_policy": "write_through_selective"},
                         "hicache_write_policy"),
                        ({"enable_hierarchical_cache": True, "hicache_storage_backend": "redis"}, "hicache_redis_url"),
-                       ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "disable_radix_cache")):
+                       ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "disable_radix_cache"),
+                       ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
+                         "hicache_storage_backend_extra_config": '{"ttl_s": 60}'}, "ttl_s needs hicache_storage_"),
+                       ({"enable_hierarchical_cache": True, "hicache_storage_backend_extra_config": '{"ttl": 60}'},
+                        "unknown key.*'ttl'"),
+                       ({"enable_hierarchical_cache": True, "hicache_storage_backend_extra_config": "[1]"},
+                        "hicache_storage_backend_extra_config must be a JSON object"),
+                       ({"hicache_storage_backend_extra_config": '{"ttl_s": 60}'}, "without enable_hierarchical")):
         with pytest.raises(ValueError, match=needle):
             Engine(model_dir, dtype="float32", **kw)
 
@@ -189,3 +196,69 @@ def test_retraction_swaps_to_l2_with_outputs_equal_transformers(tiny, tmp_path):
         eng.check_integrity()
         _drain(eng)
         eng._loop.call(lambda s: s.kv.hicache.check_integrity(deep=True))
+
+
+@pytest.mark.slow  # one DP=2 server
+def test_dp2_l3_hit_on_the_other_replica_with_ttl_and_stats_over_both(tiny, tmp_path):
+    """--dp-size 2 (round robin) over one Redis with a ttl: a prefix computed on replica 0 is an L3 hit on
+    replica 1; stats.hicache and /metrics sum both replicas (each one's own stays under replicas)."""
+    import httpx
+    import redis
+    from prometheus_client.parser import text_string_to_metric_families
+    from server_utils import ServerProcess
+
+    model_dir, model = tiny
+    want = hf_greedy(model, LONG, NEW)
+    rs = RedisServer(str(tmp_path))
+    srv = None
+    try:
+        srv = ServerProcess("--model-path", model_dir, "--dtype", "float32", "--max-total-tokens", "1024",
+                            "--dp-size", "2", "--load-balance-method", "round_robin", "--enable-metrics",
+                            "--enable-hierarchical-cache", "--hicache-size", "0", "--hicache-storage-backend", "redis",
+                            "--hicache-redis-url", rs.url, "--hicache-write-policy", "write_through",
+                            "--hicache-load-policy", "always", "--hicache-storage-backend-extra-config",
+                            '{"ttl_s": 600}')
+        outs = []
+        for _ in range(2):  # replica 0 computes and writes through; replica 1 finds it in L3
+            r = httpx.post(srv.url + "/generate", json={"input_ids": LONG, "sampling_params": SP}, timeout=120)
+            assert r.status_code == 200, r.text
+            outs.append(r.json())
+            if len(outs) == 1:  # the writer thread stores in the background: wait (bounded) for its 10 records
+                _wait_for(lambda: len(_l3_names(rs)) >= 10)
+        assert [o["output_ids"] for o in outs] == [want, want]
+        assert outs[1]["meta_info"]["cached_tokens"] == 288
+        stats = httpx.get(srv.url + "/server_info", timeout=30).json()["stats"]
+        per = [rep["hicache"] for rep in stats["replicas"]]
+        assert [h["hit_tokens"]["l3"] for h in per] == [0, 288]
+        h = stats["hicache"]
+        assert h["replicas"] == 2 and h["hit_tokens"]["l3"] == 288 and h["lookups"] == sum(p["lookups"] for p in per)
+        assert h["l3"]["bytes_stored"] == sum(p["l3"]["bytes_stored"] for p in per) > 0
+        assert h["l3"]["ttl_s"] == 600
+        client = redis.Redis.from_url(rs.url)
+        ttls = [client.pttl(n) for n in _l3_names(rs)]
+        assert ttls and all(0 < t <= 600_000 for t in ttls)  # every record expires
+        metrics = {(s.name, tuple(s.labels.items())): s.value
+                   for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics", timeout=30).text)
+                   for s in fam.samples}
+        assert metrics[("radixlang:hicache_hit_tokens", (("tier", "l3"),))] == 288
+        assert metrics[("radixlang:hicache_replica_hit_tokens", (("replica", "1"), ("tier", "l3")))] == 288
+        assert metrics[("radixlang:hicache_replica_hit_tokens", (("replica", "0"), ("tier", "l3")))] == 0
+    finally:
+        if srv is not None:
+            srv.stop()
+        rs.stop()
+
+
+def _l3_names(rs) -> list:
+    import redis
+
+    return list(redis.Redis.from_url(rs.url).scan_iter(match="radixlang:kv:*"))
+
+
+def _wait_for(cond, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)

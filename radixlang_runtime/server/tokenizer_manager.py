@@ -38,6 +38,7 @@ from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCa
 from radixlang_runtime.results import ResultBuilder
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.lifecycle import SHUTTING_DOWN, Lifecycle, RuntimeUnavailable, ShuttingDown
+from radixlang_runtime.server.hicache_metrics import merge_counters, merge_hicache_stats
 from radixlang_runtime.server.live_series import LiveSeries
 from radixlang_runtime.server.metrics import ServerMetrics
 from radixlang_runtime.server.router import Router, RouterConfig
@@ -178,6 +179,8 @@ class TokenizerManager:
         for key in _SUMMED_STATS:
             if key in merged:
                 merged[key] = sum(s.get(key, 0) for s in per_replica)
+        merged["hicache"] = merge_hicache_stats([s.get("hicache") for s in per_replica])
+        merged["readmit_tokens"] = merge_counters([s.get("readmit_tokens") for s in per_replica])
         merged["replicas"] = per_replica
         merged["router"] = self.router.stats()  # several replicas: there is a router
         return merged

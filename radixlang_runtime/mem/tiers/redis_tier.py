@@ -5,6 +5,9 @@ this model's records); values are whole records (record.py). Every call has a bo
 of `timeout_s`). Faults are misses: Redis down, restarting or timing out, a corrupt or stale value ->
 None / False, a count and one log line; after a connection fault the tier is skipped for
 `retry_after_s` (requests do not each wait for the timeout), then tried again.
+Expiry (`ttl_s`, --hicache-storage-backend-extra-config '{"ttl_s": N}'): a record expires N seconds after
+its last write or read (SET EX; a hit's key gets EXPIRE again in one pipeline after the MGET), so a
+shared store does not keep what no replica uses; None: records stay until evicted by Redis or flushed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class RedisTier:
     name = "l3"
 
     def __init__(self, url: str, namespace: str, record_bytes: Optional[int] = None, timeout_s: float = 1.0,
-                 retry_after_s: float = 1.0):
+                 retry_after_s: float = 1.0, ttl_s: Optional[float] = None):
         import redis  # the redis PyPI client; only needed when this tier is on
 
         self._errors = (redis.RedisError, OSError)
@@ -34,6 +37,9 @@ class RedisTier:
         self.prefix = f"radixlang:kv:{namespace}:"
         self.record_bytes = record_bytes
         self.retry_after_s = retry_after_s
+        if ttl_s is not None and not 0 < ttl_s < float("inf"):
+            raise ValueError(f"l3 ttl_s must be a positive number of seconds; got {ttl_s!r}")
+        self.ttl_ms = None if ttl_s is None else max(int(ttl_s * 1000), 1)  # Redis PX
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.faults = 0  # connection faults, timeouts, corrupt / stale values
@@ -63,6 +69,8 @@ class RedisTier:
         except self._errors as e:
             self._fault("read", e, down=True)
             return [None] * len(keys)
+        if self.ttl_ms is not None and any(b is not None for b in blobs):
+            self._refresh([k for k, b in zip(keys, blobs) if b is not None])
         out: list[Optional[bytes]] = []
         for key, blob in zip(keys, blobs):
             if blob is None:
@@ -80,13 +88,23 @@ class RedisTier:
         if not self.available():
             return False
         try:
-            self.client.set(self._name(key), record.encode(key, payload))
+            self.client.set(self._name(key), record.encode(key, payload), px=self.ttl_ms)
         except self._errors as e:
             self._fault("write", e, down=True)
             return False
         with self._lock:
             self.bytes_stored += record.HEADER.size + len(payload)
         return True
+
+    def _refresh(self, keys: list[bytes]) -> None:
+        """Read hits live ttl_s longer (one pipeline); a failure is counted, the hits stay hits."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.pexpire(self._name(key), self.ttl_ms)
+            pipe.execute()
+        except self._errors as e:
+            self._fault("expire", e, down=True)
 
     def _delete(self, key: bytes) -> None:
         try:
@@ -111,7 +129,8 @@ class RedisTier:
     # ------------------------------------------------------------------ checks
     def stats(self) -> dict:
         with self._lock:
-            return {"faults": self.faults, "bytes_stored": self.bytes_stored, "available": self.available()}
+            return {"faults": self.faults, "bytes_stored": self.bytes_stored, "available": self.available(),
+                    "ttl_s": None if self.ttl_ms is None else self.ttl_ms / 1000}
 
     def check_integrity(self, deep: bool = False) -> None:
         """Redis answers; deep: every record of this model passes its checks. Raises AssertionError."""
