@@ -68,8 +68,11 @@ def test_empty_tree():
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "8192")
+def server(tmp_path_factory):
+    # with the cache tiers (write_through: every insert also goes to L2) for the tier rows
+    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "8192", "--enable-hierarchical-cache",
+                        "--hicache-size", "0.05", "--hicache-storage-dir", str(tmp_path_factory.mktemp("l2")),
+                        "--hicache-write-policy", "write_through", "--hicache-load-policy", "always")
     yield srv
     assert srv.stop() in (0, 143), srv.tail()
 
@@ -135,11 +138,37 @@ def test_page_renders_in_headless_chromium(server):
     assert f'data-tokens="{node["tokens"]}"' in dom and 'data-shared="1"' in dom
     assert 'id="q-running">0<' in dom and 'id="q-waiting">0<' in dom
     assert 'id="kv-free"' in dom and "data-slots=" in dom
+    assert 'id="tier-l1"' in dom and 'id="tier-l2"' in dom and "data-capacity=" in dom
     assert SECRET not in dom
     os.makedirs(ARTIFACTS, exist_ok=True)
     shot = os.path.join(ARTIFACTS, "dashboard.png")
     _browser(f"--screenshot={shot}", "--window-size=1300,900", server.url + "/dashboard")
     assert os.path.getsize(shot) > 10_000
+
+
+@pytest.mark.slow
+def test_state_shows_the_cache_tiers(server):
+    """Prefixes written through to L2, the pool flushed, the same prompts again: the L2 row shows the hits
+    /server_info reports, its bytes against its capacity, the records written and the loads."""
+    import time
+
+    def state() -> dict:
+        time.sleep(0.3)  # past the shared answer's 250 ms
+        return httpx.get(server.url + "/dashboard/state", timeout=60).json()["tiers"]
+
+    _shared_prefix_requests(server.url)
+    deadline = time.monotonic() + 60
+    while (t := state())["queue"]["queued"] or not t["l2"]["written"]:  # the writer thread stores them
+        assert time.monotonic() < deadline, t
+    assert httpx.post(server.url + "/flush_cache?tiers=l1", timeout=60).status_code == 200
+    _shared_prefix_requests(server.url)
+    t = state()
+    hc = httpx.get(server.url + "/server_info", timeout=30).json()["stats"]["hicache"]
+    assert t["enabled"] and t["l2"]["hit_tokens"] == hc["hit_tokens"]["l2"] > 0
+    assert t["l2"]["capacity"] == 50_000_000 and 0 < t["l2"]["used"] == hc["l2"]["used_bytes"]
+    assert t["l2"]["written"] == hc["writer"]["written"]["l2"] > 0 and t["loads"] == hc["loads"] >= 1
+    assert t["l3"] is None and t["l1"]["capacity"] == 8192 and t["l1"]["hit_tokens"] > 0
+    assert set(t["readmit_tokens"]) == {"kept", "swapped", "recomputed"}
 
 
 @pytest.mark.slow

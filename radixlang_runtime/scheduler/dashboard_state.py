@@ -1,7 +1,8 @@
 """What the live view (/dashboard) shows of the scheduler: queues, the KV pool split, the radix tree
-summary. Called on the scheduler's thread between steps (through a GetStatsReq with
-detail="dashboard"), so it never races a step; it never blocks one either (it runs in the loop's
-intake, like every stats request).
+summary, the cache tiers (L1 = the pool's radix cache, then with --enable-hierarchical-cache the writer's
+queue, L2 disk, L3 Redis: hit tokens, occupancy, writes, loads, faults). Called on the scheduler's
+thread between steps (through a GetStatsReq with detail="dashboard"), so it never races a step; it never
+blocks one either (it runs in the loop's intake, like every stats request).
 
 Cost bound: the tree summary walks the whole tree, in CPython too slow to redo on every poll of a large
 tree (docs/PERFORMANCE.md#dashboard), so it is recomputed at most every TREE_REFRESH_S; queue and pool
@@ -45,7 +46,7 @@ class DashboardState:
                 "evicted_tokens_total": kv.radix.evicted_tokens_total if kv.radix is not None else 0}
         return {"queues": queues, "kv": pool, "tree": self._tree_summary(s, with_ids),
                 "prefill_tokens_computed": s.admission.prefill_tokens_computed,
-                "prefill_tokens_cached": s.admission.prefill_tokens_cached}
+                "prefill_tokens_cached": s.admission.prefill_tokens_cached, "tiers": tier_view(s)}
 
     def _tree_summary(self, s: Scheduler, with_ids: bool) -> dict[str, Any] | None:
         radix = s.kv.radix
@@ -58,3 +59,33 @@ class DashboardState:
             self._tree = summarize_tree(radix, MAX_TREE_NODES, with_ids, pinned)
             self._tree_key, self._tree_at = key, now
         return self._tree
+
+
+def tier_view(s: Scheduler) -> dict[str, Any]:
+    """One row per cache tier: hit tokens (L1: prompt tokens the radix cache served, tiers included once
+    loaded; below: tokens each tier loaded past the L1 match), used / capacity (L1 in slots, L2 / L3 in
+    bytes; L3's capacity is Redis's own), records written to it, loads into the pool, faults. Plus
+    retracted requests' tokens at readmission (kept / swapped / recomputed)."""
+    kv = s.kv
+    l1 = {"hit_tokens": s.admission.prefill_tokens_cached, "used": kv.cached_size(),
+          "capacity": kv.allocator.total_slots, "unit": "slots"}
+    out: dict[str, Any] = {"enabled": kv.hicache is not None, "l1": l1,
+                           "readmit_tokens": dict(s.admission.readmit_tokens)}
+    hc = kv.hicache
+    if hc is None:
+        return out
+    st = hc.stats()
+    w = st["writer"]
+    out["queue"] = {"hit_tokens": st["hit_tokens"]["queue"], "queued": w["queued"], "dropped": w["dropped"]}
+    for name in ("l2", "l3"):
+        tier = st[name]
+        if tier is None:
+            out[name] = None
+            continue
+        out[name] = {"hit_tokens": st["hit_tokens"][name], "written": w["written"].get(name, 0),
+                     "bytes_written": w["bytes_written"].get(name, 0), "faults": tier["faults"], "unit": "bytes",
+                     "used": tier.get("used_bytes", tier.get("bytes_stored", 0)),
+                     "capacity": tier.get("capacity_bytes"), "skipped": st["costs"]["skipped"][name]}
+    out.update(loads=st["loads"], bytes_loaded=st["bytes_loaded"], load_seconds=st["load_seconds"],
+               swap_out_tokens=st["swap_out_tokens"])
+    return out
