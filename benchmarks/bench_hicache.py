@@ -6,11 +6,16 @@ user message; each turn round submits every session's next turn together. Settin
 child process: the pool sized to a quarter of the working set without tiers, the same pool with L2
 (a temp disk directory), and a roomy pool. Reported: wall time (median of --runs), prompt tokens
 computed, hit rate (prompt tokens not computed / all).
+Swap (retract_decode): R requests decoding together in a pool too small for their outputs (an optimistic
+decode reservation admits them all), so decode retracts; without tiers a readmission recomputes what L1
+lost, with L2 the retracted request's records were swapped out and come back. Reported: wall time, tokens
+recomputed / swapped in / kept at readmission, retractions.
 Restart: one long system prompt's TTFT (max_new_tokens 1) on a fresh Engine: cold (empty tiers), after
 a restart with the prefix on L2, and from L3 (a redis-server this script starts; skipped without one).
 
     python benchmarks/bench_hicache.py            # 16 sessions x 6 turns, 2,000-token system prompt, 3 runs
     python benchmarks/bench_hicache.py --quick    # 4 x 2, 256 tokens, 1 run (a smoke check)
+    python benchmarks/bench_hicache.py --part swap [--quick]
 """
 
 from __future__ import annotations
@@ -77,6 +82,38 @@ def run_ttft(settings: dict, work: dict, q) -> None:
                "load_s": hc["load_seconds"] if hc else 0.0})
 
 
+def run_swap(settings: dict, work: dict, q) -> None:
+    from radixlang_runtime import Engine
+
+    rng = random.Random(2)
+    prompts = [[rng.randrange(100, 40000) for _ in range(work["swap_prompt"])] for _ in range(work["swap_reqs"])]
+    sp = {"max_new_tokens": work["swap_new"], "min_new_tokens": work["swap_new"], "temperature": 0,
+          "ignore_eos": True}
+    with Engine(dtype=work["dtype"], new_token_ratio_init=0.05, new_token_ratio_min=0.05, **settings) as eng:
+        t0 = time.perf_counter()
+        outs = eng.generate(input_ids=prompts, sampling_params=[sp] * len(prompts))
+        wall = time.perf_counter() - t0
+        st = eng.get_stats()
+    q.put({"wall": wall, "retractions": st["num_retractions"], "readmit": st["readmit_tokens"],
+           "outputs": [o["output_ids"] for o in outs]})
+
+
+def swap(tmp: str, work: dict) -> None:
+    pool = work["swap_reqs"] * (work["swap_prompt"] + work["swap_new"]) // 3 // 16 * 16  # a third of what decode needs
+    rows = {"no tiers": {"max_total_tokens": pool},
+            "L2 (swap)": {"max_total_tokens": pool, "enable_hierarchical_cache": True, "hicache_size": 2.0,
+                          "hicache_storage_dir": os.path.join(tmp, "swap_l2")}}
+    print(f"swap: {work['swap_reqs']} requests x ({work['swap_prompt']} + {work['swap_new']}) tokens, pool {pool}",
+          flush=True)
+    base = None
+    for name, settings in rows.items():
+        r = in_child(run_swap, settings, work)
+        same = "" if base is None else f", outputs {'identical' if r['outputs'] == base['outputs'] else 'DIFFER'}"
+        base = base or r
+        print(f"  {name:10} wall {r['wall']:7.2f} s ({base['wall'] / r['wall']:.2f}x), {r['retractions']} retractions, "
+              f"readmission tokens {r['readmit']}{same}", flush=True)
+
+
 def start_redis(directory: str):
     exe = shutil.which("redis-server")
     if exe is None:
@@ -92,11 +129,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--part", choices=("all", "agent", "restart"), default="all")
+    ap.add_argument("--part", choices=("all", "agent", "restart", "swap"), default="all")
     a = ap.parse_args()
-    work = dict(sessions=4, turns=2, system_len=256, user_len=32, new_tokens=4, restart_len=512, runs=1) \
+    work = dict(sessions=4, turns=2, system_len=256, user_len=32, new_tokens=4, restart_len=512, runs=1,
+                swap_reqs=8, swap_prompt=64, swap_new=128) \
         if a.quick else dict(sessions=16, turns=6, system_len=2000, user_len=64, new_tokens=16, restart_len=4000,
-                             runs=3)
+                             runs=3, swap_reqs=16, swap_prompt=512, swap_new=256)
     work["dtype"] = a.dtype
     if a.runs:
         work["runs"] = a.runs
@@ -104,7 +142,7 @@ def main() -> None:
     working_set = work["system_len"] + work["sessions"] * per_session
     small = max(working_set // 4, work["system_len"] + 2 * per_session + 64) // 16 * 16
     tmp = tempfile.mkdtemp(prefix="bench_hicache_")
-    print(f"workload: {work}; working set ~{working_set} tokens, small pool {small}")
+    print(f"workload: {work}; working set ~{working_set} tokens, small pool {small}", flush=True)
     rows = {
         "small pool, no tiers": {"max_total_tokens": small},
         "small pool + L2": {"max_total_tokens": small, "enable_hierarchical_cache": True, "hicache_size": 2.0,
@@ -115,6 +153,8 @@ def main() -> None:
         agent(rows, work)
     if a.part in ("all", "restart"):
         restart(tmp, work)
+    if a.part in ("all", "swap"):
+        swap(tmp, work)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
