@@ -6,7 +6,8 @@ test process). Each records the bodies it got and answers per `mode`:
 - "die": a generate request waits `die_after` s, then the stub drops the connection without an answer
   and stops listening (a killed process: later connections are refused); restart() brings it back;
 - "hang": generate and /health block until `release` (bounded: 60 s), like a stopped process;
-- "fail": generate answers 500.
+- "die_mid_stream": a stream sends its first event, then the stub drops the connection and stops listening;
+- "fail": generate answers 500; "reject": generate answers 400 (the server found the request bad).
 """
 
 from __future__ import annotations
@@ -79,22 +80,36 @@ class Stub:
                     return
                 if mode in ("hold", "hang"):
                     stub.release.wait(30 if mode == "hold" else 60)
+                if mode == "reject":
+                    self._json(400, {"error": {"message": "stub refuses max_new_tokens", "param": "max_new_tokens",
+                                               "type": "invalid_request_error", "code": 400}})
+                    return
                 if mode == "fail":
                     self._json(500, {"error": {"message": "stub failure", "type": "server_error", "param": None,
                                                "code": 500}})
                     return
                 answer = stub.answer(body)
-                if body.get("stream"):
+                if body.get("stream"):  # chunked, as uvicorn sends it: a cut stream is visible as one
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.send_header("Connection", "close")
                     self.end_headers()
                     for event in answer:
-                        self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                        self.wfile.flush()
+                        self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                        if mode == "die_mid_stream":  # one event out, then the process is gone
+                            stub.kill()
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
                         time.sleep(0.02)
-                    self.wfile.write(b"data: [DONE]\n\n")
+                    self._chunk(b"data: [DONE]\n\n")
+                    self._chunk(b"")
                 else:
                     self._json(200, answer[-1])
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
 
             def _json(self, status: int, obj: Any) -> None:
                 raw = json.dumps(obj).encode()

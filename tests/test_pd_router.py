@@ -284,7 +284,11 @@ def test_prefill_killed_mid_transfer(fresh):
         d.release.set()
     r = gen(router.url, "survivors")  # the other prefill serves
     assert r.status_code == 200
-    assert [i for i, s in enumerate(prefills) for b in s.generate_bodies() if b["text"] == "survivors"] == [1]
+
+    def survivors() -> list[int]:  # a stub decode may answer before the stub prefill logged the body
+        return [i for i, s in enumerate(prefills) for b in s.generate_bodies() if b["text"] == "survivors"]
+    wait_for(lambda: survivors(), 10, "no prefill got the request")
+    assert survivors() == [1]
     prefills[0].restart()
     wait_for(lambda: router.instance("prefill", prefills[0].url)["eligible"], 10, "restarted prefill not back")
 
@@ -301,6 +305,27 @@ def test_decode_killed_mid_stream(fresh):
     m = httpx.get(router.url + "/metrics", timeout=5).text
     assert f'radixlang_router_instance_errors_total{{role="decode",instance="{decodes[0].url}"}} 1' in m
     assert f'radixlang_router_instance_healthy{{role="decode",instance="{decodes[0].url}"}} 0' in m
+
+
+def test_decode_killed_after_the_first_event(fresh):
+    router, prefills, decodes = fresh
+    decodes[0].mode = "die_mid_stream"
+    with httpx.stream("POST", router.url + "/generate", json={"text": "x", "stream": True}, timeout=BOUND) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and json.loads(events[0])["text"] == "A"
+    err = json.loads(events[1])["error"]  # the stream ends well-formed: an error event naming it, then [DONE]
+    assert decodes[0].url in err["message"] and err["code"] == 502 and events[2:] == ["[DONE]"]
+    wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 10, "dead decode still eligible")
+
+
+def test_upstream_4xx_passes_through(fresh):
+    router, prefills, decodes = fresh
+    prefills[0].mode = "reject"
+    for d in decodes:
+        d.mode = "hold"
+    r = gen(router.url, "x")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_new_tokens"
+    assert all(i["eligible"] for i in router.info()["groups"]["prefill"]["instances"])
 
 
 def test_hung_prefill_fails_by_health_check_and_recovers(fresh):

@@ -170,6 +170,8 @@ class Dispatcher:
             d_body = p_body = {**body, **extra}
         legs = Legs()
         p_task = legs.start(p_inst, post_whole(self.client, p_inst, path, p_body, self.args)) if p_inst else None
+        if p_task is not None:  # the prefill's load is its prefills in progress: it ends with the prefill's answer
+            p_task.add_done_callback(lambda _: self.prefill.finish(rid))
         merge = path == "/generate" and body.get("return_logprob") is True and p_task is not None
         if body.get("stream") is True:
             return await self._stream(rid, chosen, legs, d_inst, path, d_body, p_task if merge else None)
@@ -200,9 +202,10 @@ class Dispatcher:
 
     async def _relay(self, rid: str, chosen: list[Group], legs: Legs, d_inst: Instance, resp: httpx.Response,
                      merge_from: Optional[asyncio.Task]) -> AsyncIterator[bytes]:
-        chunks, buf = resp.aiter_raw(), b""
+        chunks, buf, tail = resp.aiter_raw(), b"", b""
         try:
             while (chunk := await legs.until(next_chunk(chunks, d_inst, self.args))) is not None:
+                tail = (tail + chunk)[-len(SSE_DONE):]
                 if merge_from is None:
                     yield chunk
                     continue
@@ -212,6 +215,8 @@ class Dispatcher:
                     yield await self._merged_event(event, legs, merge_from) + b"\n\n"
             if buf:
                 yield buf
+            if tail != SSE_DONE:  # a stream cut short (an upstream speaking HTTP/1.0 just closes)
+                raise UpstreamError(d_inst, "ended its stream without data: [DONE]")
         except UpstreamError as e:
             self._count(e)
             yield sse(error_body(e.status, str(e)))
