@@ -19,11 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from server_utils import free_port
 
 
 class Stub:
@@ -33,7 +29,7 @@ class Stub:
         if mode_in_info == "same":
             mode_in_info = None if role == "worker" else role
         self.mode_in_info = mode_in_info
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.mode = "ok"
         self.die_after = 0.3

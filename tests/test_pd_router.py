@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 
 import httpx
 import pytest
@@ -19,62 +15,8 @@ import pytest
 from radixlang_runtime.router.config import RouterArgs, parse_args
 from radixlang_runtime.router.pd_proxy import check_pd_body, merge_input_logprobs, routing_key
 from radixlang_runtime.server.http_common import BadRequest
-from tests.pd_stubs import Stub, _free_port
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEALTH_FLAGS = ["--health-check-interval-secs", "0.2", "--health-check-timeout-secs", "1",
-                "--health-failure-threshold", "2", "--request-timeout-secs", "30"]
-BOUND = 15.0  # the client's timeout: a routed request that hangs fails the test
-
-
-class RouterProcess:
-    def __init__(self, *flags: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "radixlang_runtime.launch_router", "--port",
-                                      str(self.port), *flags], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        wait_for(lambda: self.ready(), 60, lambda: f"router not ready:\n{self.tail()}")
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"router exited {self.proc.returncode}:\n{self.tail()}")
-        try:
-            return httpx.get(self.url + "/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def info(self) -> dict:
-        return httpx.get(self.url + "/server_info", timeout=5).json()
-
-    def instance(self, role: str, url: str) -> dict:
-        return next(i for i in self.info()["groups"][role]["instances"] if i["url"] == url)
-
-    def tail(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()[-4000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-
-def wait_for(cond, timeout: float, what) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(what() if callable(what) else what)
-
+from pd_stubs import Stub
+from router_utils import BOUND, HEALTH_FLAGS, RouterProcess, wait_for
 
 @pytest.fixture(scope="module")
 def pd():
