@@ -7,6 +7,7 @@ what PD does not take; both allocators are whole after every request."""
 
 from __future__ import annotations
 
+import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,21 +19,26 @@ from test_server import assert_idle_and_whole
 
 COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--debug-check-integrity",
           "--chunked-prefill-size", "64", "--frontend-port", "-1")
+# The issue's acceptance run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs fewer to stay lean on 2 cores.
+PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "24"))
 WORDS = ["river", "castle", "engine", "garden", "planet", "violin", "harbor", "forest"]
 
 
 @pytest.fixture(scope="module")
 def servers():
     boot = free_port()
-    started = []
+    flags = [("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot)),
+             ("--disaggregation-mode", "decode"), ()]
+    with ThreadPoolExecutor(3) as ex:  # started side by side
+        futures = [ex.submit(ServerProcess, *COMMON, *f) for f in flags]
+    started = [f.result() for f in futures if f.exception() is None]
     try:
-        for flags in (("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot)),
-                      ("--disaggregation-mode", "decode"), ()):
-            started.append(ServerProcess(*COMMON, *flags))
+        if len(started) < 3:
+            raise next(f.exception() for f in futures if f.exception() is not None)
         yield {"prefill": started[0], "decode": started[1], "colo": started[2], "boot": boot}
     finally:
         for s in started:
-            s.stop()
+            assert s.stop() in (0, 143), s.tail()
 
 
 def pd_post(servers, path: str, body: dict) -> tuple[httpx.Response, httpx.Response]:
@@ -46,9 +52,9 @@ def pd_post(servers, path: str, body: dict) -> tuple[httpx.Response, httpx.Respo
 
 
 def bodies() -> list[dict]:
-    """64 native bodies: plain greedy, logprobs (input + output, top-k), stop strings, regex and JSON schema."""
+    """PARITY_N native bodies: plain greedy, logprobs (input + output, top-k), stop strings, regex and JSON schema."""
     out = []
-    for i in range(64):
+    for i in range(PARITY_N):
         w = WORDS[i % len(WORDS)]
         sp = {"temperature": 0, "max_new_tokens": 6 + i % 5}
         body = {"text": f"Story {i}: the {w} near the old {WORDS[(i * 3) % len(WORDS)]} was", "sampling_params": sp}

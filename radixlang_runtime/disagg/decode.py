@@ -102,6 +102,8 @@ class DecodeRole:
         """Aborts: the requests named leave the queue or their transfer (slots freed, the prefill told)."""
         rids = set(rids)
         out = [r for r, _ in self.queue if r.rid in rids]
+        for r in out:  # never registered: the prefill is told directly
+            self.link.send(tuple(r.bootstrap[:2]), PDCancel(r.bootstrap[2], "aborted on the decode server"))
         self.queue = deque((r, t) for r, t in self.queue if r.rid not in rids)
         for room, inc in list(self.incoming.items()):
             if inc.req.rid in rids:
@@ -138,6 +140,7 @@ class DecodeRole:
                 req.finish({"type": "abort", "message": why})
                 req.error, req.error_status = why, 503
                 self.transfers_failed += 1
+                self.link.send(tuple(req.bootstrap[:2]), PDCancel(req.bootstrap[2], why))  # the prefill stops too
                 ended.append(req)
             else:
                 keep.append((req, at))
