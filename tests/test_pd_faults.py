@@ -21,8 +21,12 @@ from radixlang_runtime.faults import ENV
 from server_utils import ServerProcess, free_port
 from test_server import assert_idle_and_whole
 
+# Three servers start side by side in the module's fixture: on a loaded 2-core machine that alone can take minutes.
+pytestmark = pytest.mark.timeout(1800)
+START_S = 900.0
+
 COMMON = ("--dtype", "float32", "--max-total-tokens", "4096", "--debug-check-integrity", "--frontend-port", "-1",
-          "--disaggregation-transfer-timeout", "600")
+          "--disaggregation-transfer-timeout", "600", "--disaggregation-heartbeat-timeout", "3")
 BODY = {"text": "The lighthouse keeper walked up the stairs and", "sampling_params": {"temperature": 0,
                                                                                        "max_new_tokens": 4}}
 
@@ -32,7 +36,7 @@ def start_prefill(boot: int, stall: bool) -> ServerProcess:
         os.environ[ENV] = "forward:slow:stall=8"
     try:
         return ServerProcess(*COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
-                             new_session=True)
+                             new_session=True, timeout=START_S)
     finally:
         os.environ.pop(ENV, None)
 
@@ -42,8 +46,8 @@ def cluster():
     boot = free_port()
     with ThreadPoolExecutor(3) as ex:
         futures = [ex.submit(start_prefill, boot, True)] + \
-                  [ex.submit(ServerProcess, *COMMON, "--disaggregation-mode", "decode", new_session=True)
-                   for _ in range(2)]
+                  [ex.submit(ServerProcess, *COMMON, "--disaggregation-mode", "decode", new_session=True,
+                             timeout=START_S) for _ in range(2)]
     up = [f.result() for f in futures if f.exception() is None]
     c = {"boot": boot, "servers": up}
     try:
