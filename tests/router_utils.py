@@ -12,9 +12,9 @@ import httpx
 from server_utils import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEALTH_FLAGS = ["--health-check-interval-secs", "0.2", "--health-check-timeout-secs", "1",
+HEALTH_FLAGS = ["--health-check-interval-secs", "0.2", "--health-check-timeout-secs", "2",
                 "--health-failure-threshold", "2", "--request-timeout-secs", "30"]
-BOUND = 15.0  # the client's timeout: a routed request that hangs fails the test
+BOUND = 30.0  # the client's timeout: a routed request that hangs fails the test
 
 
 class RouterProcess:
@@ -25,7 +25,7 @@ class RouterProcess:
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen([sys.executable, "-m", "radixlang_runtime.launch_router", "--port",
                                       str(self.port), *flags], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        wait_for(lambda: self.ready(), 60, lambda: f"router not ready:\n{self.tail()}")
+        wait_for(lambda: self.ready(), 120, lambda: f"router not ready:\n{self.tail()}")
 
     def ready(self) -> bool:
         if self.proc.poll() is not None:

@@ -1,6 +1,6 @@
 """The router process (launch_router) against stub prefill / decode / worker servers (tests/pd_stubs.py):
 the bootstrap fields, the same room to both sides, prefill by cache, decode by load, SSE relay, the
-logprob merge, refusals, and faults (a stub that dies or hangs -> an error naming it, not a hang;
+refusals, and faults (a stub that dies or hangs -> an error naming it, not a hang;
 health marks it down; it comes back). The router runs as a real subprocess; stubs are in-process."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from radixlang_runtime.router.config import RouterArgs, parse_args
-from radixlang_runtime.router.pd_proxy import check_pd_body, merge_input_logprobs, routing_key
+from radixlang_runtime.limits import FieldError
+from radixlang_runtime.router.pd_proxy import check_pd_body, routing_key
 from radixlang_runtime.server.http_common import BadRequest
 from pd_stubs import Stub
 from router_utils import BOUND, HEALTH_FLAGS, RouterProcess, wait_for
@@ -66,17 +67,20 @@ def the_one(stubs: list[Stub]) -> tuple[int, dict]:
 
 # ---------------------------------------------------------------------------- unit: intake, key, merge
 @pytest.mark.parametrize("path,body,name", [
-    ("/generate", {"text": ["a", "b"]}, "text"),
+    ("/generate", {"text": ["a"]}, "text"),
     ("/generate", {"input_ids": [[1, 2], [3]]}, "input_ids"),
     ("/generate", {"text": "a", "sampling_params": {"n": 2}}, "sampling_params.n"),
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
-    ("/v1/completions", {"prompt": "a", "n": 3}, "n = 3"),
-    ("/v1/chat/completions", {"messages": [], "n": 2}, "n = 2"),
+    ("/v1/completions", {"prompt": "a", "n": 3}, "n"),
+    ("/v1/chat/completions", {"messages": [], "n": 2}, "n"),
     ("/generate", {"text": "a", "bootstrap_room": 5}, "bootstrap_room"),
 ])
 def test_pd_body_refusals_name_the_field(path, body, name):
-    with pytest.raises(BadRequest, match=name):
+    with pytest.raises(FieldError, match=name) as e:
         check_pd_body(path, body)
+    assert e.value.param == name
+    with pytest.raises(BadRequest, match="JSON object"):
+        check_pd_body(path, [body])
 
 
 def test_pd_body_accepts_single_prompts():
@@ -93,13 +97,6 @@ def test_routing_key_is_the_prompt_bytes_or_ids():
     b = routing_key("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"},
                                                           {"role": "assistant", "content": "y"}]})
     assert b[:len(a) - 1] == a[:-1]  # shared leading turns share the key's prefix (up to the closing bracket)
-
-
-def test_merge_keeps_the_decodes_own_logprobs():
-    pre = {"meta_info": {"input_token_logprobs": [[None, 1, None]], "input_top_logprobs": [None]}}
-    assert merge_input_logprobs({"meta_info": {"input_token_logprobs": None}}, pre)["meta_info"] == pre["meta_info"]
-    own = {"meta_info": {"input_token_logprobs": [[None, 9, None]]}}
-    assert merge_input_logprobs(own, pre)["meta_info"]["input_token_logprobs"] == [[None, 9, None]]
 
 
 def test_args_refuse_what_they_cannot_honour():
@@ -169,20 +166,16 @@ def test_decode_by_load(fresh):
     second.join(BOUND)
 
 
-def test_sse_relay_and_logprob_merge(fresh):
+def test_sse_relay_is_the_decodes_stream(fresh):
     router, prefills, decodes = fresh
     body = {"text": "stream me", "stream": True, "return_logprob": True, "sampling_params": {"max_new_tokens": 3}}
     with httpx.stream("POST", router.url + "/generate", json=body, timeout=BOUND) as r:
-        assert r.status_code == 200
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    objs = [json.loads(e) for e in events[:-1]]
-    assert [o["text"] for o in objs] == ["A", "AA", "AAA"]
-    pre = prefills[0].answer({})[0]["meta_info"]["input_token_logprobs"]
-    assert all(o["meta_info"]["input_token_logprobs"] == pre for o in objs)
-    r = gen(router.url, "plain", return_logprob=True)
-    assert r.json()["meta_info"]["input_token_logprobs"] == pre
-    assert gen(router.url, "no logprobs").json()["meta_info"]["input_token_logprobs"] is None
+    room = the_one(decodes)[1]["bootstrap_room"]
+    # as the decode sent them (the decode carries input logprobs itself: nothing is merged in)
+    assert [json.loads(e) for e in events[:-1]] == decodes[0].answer({"bootstrap_room": room})
 
 
 def test_openai_routes_relay_the_decode(fresh):

@@ -20,7 +20,7 @@ from radixlang_runtime.router.health import HealthMonitor
 from radixlang_runtime.router.instances import Group
 from radixlang_runtime.router.pd_proxy import Dispatcher
 from radixlang_runtime.router.upstream import timeouts
-from radixlang_runtime.server.http_common import BadRequest, error_response, read_json
+from radixlang_runtime.server.http_common import error_response, read_json
 
 logger = logging.getLogger(__name__)
 GENERATE_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -62,9 +62,9 @@ def create_app(args: RouterArgs) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan)
 
-    @app.exception_handler(BadRequest)
-    async def _bad_request(request: Request, e: BadRequest) -> Response:
-        return error_response(400, str(e))
+    @app.exception_handler(ValueError)
+    async def _bad_request(request: Request, e: ValueError) -> Response:  # BadRequest, FieldError (with param)
+        return error_response(400, str(e), getattr(e, "param", None))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> Response:

@@ -3,9 +3,9 @@ the answer (the decode's, or the worker's without --pd-disaggregation).
 
 PD (SGLang's contract): the same body goes to one prefill and one decode instance at once, plus
 bootstrap_host (the prefill's host), bootstrap_port (its bootstrap port) and bootstrap_room (a random
-int in [0, 2**63), the same for both). The prefill answers with the first token only; the client gets
-the decode's answer (streams: the decode's SSE relayed). With return_logprob on /generate, input
-logprobs the decode's meta_info lacks are taken from the prefill's answer.
+int in [0, 2**63), the same for both). The prefill answers with the first token only, after the decode
+acknowledged the KV; the client gets the decode's answer as it is (streams: the decode's SSE relayed): the
+decode carries the input logprobs itself (docs/DISAGGREGATION.md), so nothing is merged.
 
 Failures: a leg that fails (refused, connection lost, timeout, 5xx), or an instance the request still
 waits on going down (health check), answers the request at once: 502 / 503 / 504 JSON naming the
@@ -29,38 +29,39 @@ from radixlang_runtime.router.config import RouterArgs
 from radixlang_runtime.router.health import HealthMonitor
 from radixlang_runtime.router.instances import Group, Instance, NoInstance, Ticket, UpstreamError
 from radixlang_runtime.router.upstream import next_chunk, open_stream, post_whole
+from radixlang_runtime.limits import FieldError
 from radixlang_runtime.server.http_common import SSE_DONE, BadRequest, error_body, error_response, sse, stream_response
 
 logger = logging.getLogger(__name__)
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
-INPUT_LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
 
 
 def check_pd_body(path: str, body: Any) -> None:
-    """What v1 of the PD router refuses (BadRequest naming the field): batch input, n > 1, and the
-    bootstrap fields, which only the router sets."""
+    """What v1 of the PD router refuses (FieldError naming the field, HTTP 400 with it as `param`): batch
+    input, n > 1, and the bootstrap fields, which only the router sets."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     for name in BOOTSTRAP_FIELDS:
         if name in body:
-            raise BadRequest(f"{name} is set by the router; leave it out of the request")
+            raise FieldError(name, f"{name} is set by the router; leave it out of the request")
     batch = "batch input (a list of prompts) is not supported with --pd-disaggregation; send one request per prompt"
     if path == "/generate":
         ids = body.get("input_ids")
         if isinstance(body.get("text"), list) or (isinstance(ids, list) and ids and isinstance(ids[0], list)):
-            raise BadRequest(f"{'text' if 'text' in body else 'input_ids'}: {batch}")
+            name = "text" if "text" in body else "input_ids"
+            raise FieldError(name, f"{name}: {batch}")
         sp = body.get("sampling_params")
         if isinstance(sp, list):
-            raise BadRequest(f"sampling_params: {batch}")
+            raise FieldError("sampling_params", f"sampling_params: {batch}")
         n = sp.get("n") if isinstance(sp, dict) else None
         where = "sampling_params.n"
     else:
         prompt = body.get("prompt")
         if path == "/v1/completions" and isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            raise BadRequest(f"prompt: {batch}")
+            raise FieldError("prompt", f"prompt: {batch}")
         n, where = body.get("n"), "n"
     if isinstance(n, int) and not isinstance(n, bool) and n > 1:
-        raise BadRequest(f"{where} = {n}: n > 1 is not supported with --pd-disaggregation; send n requests")
+        raise FieldError(where, f"{where} = {n}: n > 1 is not supported with --pd-disaggregation; send n requests")
 
 
 def routing_key(path: str, body: dict) -> list[int]:
@@ -77,16 +78,6 @@ def routing_key(path: str, body: dict) -> list[int]:
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return prompt
     return []
-
-
-def merge_input_logprobs(answer: dict, prefill: dict) -> dict:
-    """The prefill's input logprobs where the decode's meta_info has none (in place; returns answer)."""
-    dm, pm = answer.get("meta_info"), prefill.get("meta_info")
-    if isinstance(dm, dict) and isinstance(pm, dict):
-        for key in INPUT_LOGPROB_KEYS:
-            if not dm.get(key) and pm.get(key):
-                dm[key] = pm[key]
-    return answer
 
 
 class Legs:
@@ -172,23 +163,19 @@ class Dispatcher:
         p_task = legs.start(p_inst, post_whole(self.client, p_inst, path, p_body, self.args)) if p_inst else None
         if p_task is not None:  # the prefill's load is its prefills in progress: it ends with the prefill's answer
             p_task.add_done_callback(lambda _: self.prefill.finish(rid))
-        merge = path == "/generate" and body.get("return_logprob") is True and p_task is not None
         if body.get("stream") is True:
-            return await self._stream(rid, chosen, legs, d_inst, path, d_body, p_task if merge else None)
+            return await self._stream(rid, chosen, legs, d_inst, path, d_body)
         try:
             d_task = legs.start(d_inst, post_whole(self.client, d_inst, path, d_body, self.args))
-            answer = await legs.until(d_task)
-            if merge:
-                merge_input_logprobs(answer, await legs.until(p_task))
-            return JSONResponse(answer)
+            return JSONResponse(await legs.until(d_task))
         except UpstreamError as e:
             return self._failed(e)
         finally:
             legs.close()
             self._finish(rid, chosen)
 
-    async def _stream(self, rid: str, chosen: list[Group], legs: Legs, d_inst: Instance, path: str, body: dict,
-                      merge_from: Optional[asyncio.Task]) -> Response:
+    async def _stream(self, rid: str, chosen: list[Group], legs: Legs, d_inst: Instance, path: str,
+                      body: dict) -> Response:
         try:
             resp = await legs.until(legs.start(d_inst, open_stream(self.client, d_inst, path, body, self.args),
                                                release=False))
@@ -198,23 +185,16 @@ class Dispatcher:
             if isinstance(e, UpstreamError):
                 return self._failed(e)
             raise
-        return stream_response(self._relay(rid, chosen, legs, d_inst, resp, merge_from))
+        return stream_response(self._relay(rid, chosen, legs, d_inst, resp))
 
-    async def _relay(self, rid: str, chosen: list[Group], legs: Legs, d_inst: Instance, resp: httpx.Response,
-                     merge_from: Optional[asyncio.Task]) -> AsyncIterator[bytes]:
-        chunks, buf, tail = resp.aiter_raw(), b"", b""
+    async def _relay(self, rid: str, chosen: list[Group], legs: Legs, d_inst: Instance,
+                     resp: httpx.Response) -> AsyncIterator[bytes]:
+        """The decode's bytes as they come; a failure of either side ends the stream with an error event."""
+        chunks, tail = resp.aiter_raw(), b""
         try:
             while (chunk := await legs.until(next_chunk(chunks, d_inst, self.args))) is not None:
                 tail = (tail + chunk)[-len(SSE_DONE):]
-                if merge_from is None:
-                    yield chunk
-                    continue
-                buf += chunk
-                *events, buf = buf.split(b"\n\n")
-                for event in events:
-                    yield await self._merged_event(event, legs, merge_from) + b"\n\n"
-            if buf:
-                yield buf
+                yield chunk
             if tail != SSE_DONE:  # a stream cut short (an upstream speaking HTTP/1.0 just closes)
                 raise UpstreamError(d_inst, "ended its stream without data: [DONE]")
         except UpstreamError as e:
@@ -225,17 +205,6 @@ class Dispatcher:
             legs.close()
             self._finish(rid, chosen)
             await resp.aclose()
-
-    async def _merged_event(self, event: bytes, legs: Legs, merge_from: asyncio.Task) -> bytes:
-        if not event.startswith(b"data:") or event.strip() == SSE_DONE.strip():
-            return event
-        try:
-            obj = json.loads(event[5:])
-        except ValueError:
-            return event
-        if not isinstance(obj, dict) or "meta_info" not in obj:
-            return event
-        return sse(merge_input_logprobs(obj, await legs.until(merge_from))).rstrip(b"\n")
 
     def _count(self, e: UpstreamError) -> None:
         if e.status >= 500:
