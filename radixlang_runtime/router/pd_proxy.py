@@ -180,6 +180,9 @@ class Dispatcher:
             resp = await legs.until(legs.start(d_inst, open_stream(self.client, d_inst, path, body, self.args),
                                                release=False))
         except BaseException as e:
+            opened = legs.tasks[d_inst]
+            if opened.done() and not opened.cancelled() and opened.exception() is None:
+                await opened.result().aclose()  # the decode's headers came just as the prefill failed
             legs.close()
             self._finish(rid, chosen)
             if isinstance(e, UpstreamError):
