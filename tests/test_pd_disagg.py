@@ -23,7 +23,7 @@ START_S = 900.0
 
 COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--debug-check-integrity",
           "--chunked-prefill-size", "64", "--frontend-port", "-1")
-PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5")  # generous: a loaded test machine must not fail transfers
+PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5", "--disaggregation-transfer-timeout", "300")  # generous: load
 # The acceptance run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs fewer to stay lean on 2 cores.
 PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "16"))
 T = 600  # client bound per request (a loaded machine; grammars compile on first use)
