@@ -23,9 +23,10 @@ START_S = 900.0
 
 COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--debug-check-integrity",
           "--chunked-prefill-size", "64", "--frontend-port", "-1")
-PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5")  # generous: a loaded test machine must not fail transfers
+PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5", "--disaggregation-transfer-timeout", "300")  # generous: load
 # The acceptance run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs fewer to stay lean on 2 cores.
-PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "24"))
+PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "16"))
+T = 600  # client bound per request (a loaded machine; grammars compile on first use)
 WORDS = ["river", "castle", "engine", "garden", "planet", "violin", "harbor", "forest"]
 
 
@@ -51,8 +52,8 @@ def pd_post(servers, path: str, body: dict) -> tuple[httpx.Response, httpx.Respo
     b = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": servers["boot"],
          "bootstrap_room": random.getrandbits(63)}
     with ThreadPoolExecutor(2) as ex:
-        fp = ex.submit(httpx.post, servers["prefill"].url + path, json=b, timeout=120)
-        fd = ex.submit(httpx.post, servers["decode"].url + path, json=b, timeout=120)
+        fp = ex.submit(httpx.post, servers["prefill"].url + path, json=b, timeout=T)
+        fd = ex.submit(httpx.post, servers["decode"].url + path, json=b, timeout=T)
         return fp.result(), fd.result()
 
 
@@ -99,10 +100,10 @@ def test_greedy_parity_with_colocated(servers):
 
     def one(body):
         p, d = pd_post(servers, "/generate", body)
-        c = httpx.post(colo + "/generate", json=body, timeout=120)
+        c = httpx.post(colo + "/generate", json=body, timeout=T)
         return body, p, d, c
 
-    with ThreadPoolExecutor(4) as ex:
+    with ThreadPoolExecutor(2) as ex:
         results = list(ex.map(one, bodies()))
     for body, p, d, c in results:
         assert c.status_code == 200, c.text
@@ -122,14 +123,14 @@ def test_streaming_and_openai(servers):
             "stream": True, "bootstrap_host": "127.0.0.1", "bootstrap_port": servers["boot"],
             "bootstrap_room": random.getrandbits(63)}
     with ThreadPoolExecutor(1) as ex:
-        fp = ex.submit(httpx.post, servers["prefill"].url + "/generate", json=body, timeout=120)
-        with httpx.stream("POST", servers["decode"].url + "/generate", json=body, timeout=120) as r:
+        fp = ex.submit(httpx.post, servers["prefill"].url + "/generate", json=body, timeout=T)
+        with httpx.stream("POST", servers["decode"].url + "/generate", json=body, timeout=T) as r:
             lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
         assert fp.result().status_code == 200
     assert lines[-1] == "data: [DONE]"
     colo = httpx.post(servers["colo"].url + "/generate", json={**body, "stream": False,
                                                                  "bootstrap_host": None, "bootstrap_port": None,
-                                                                 "bootstrap_room": None}, timeout=120).json()
+                                                                 "bootstrap_room": None}, timeout=T).json()
     import json
 
     assert json.loads(lines[-2][6:])["text"] == colo["text"]
@@ -138,7 +139,7 @@ def test_streaming_and_openai(servers):
     comp = {"model": "default", "prompt": "1, 2, 3, 4,", "max_tokens": 8, "temperature": 0}
     for path, b in (("/v1/chat/completions", chat), ("/v1/completions", comp)):
         p, d = pd_post(servers, path, b)
-        c = httpx.post(servers["colo"].url + path, json=b, timeout=120)
+        c = httpx.post(servers["colo"].url + path, json=b, timeout=T)
         assert p.status_code == d.status_code == c.status_code == 200, (p.text, d.text)
         dc, cc = d.json()["choices"][0], c.json()["choices"][0]
         assert dc.get("text", dc.get("message")) == cc.get("text", cc.get("message"))

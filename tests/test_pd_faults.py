@@ -64,8 +64,8 @@ def post_pair(c: dict, prefill: ServerProcess, decode: ServerProcess, rid: str) 
     body = {**BODY, "rid": rid, "bootstrap_host": "127.0.0.1", "bootstrap_port": c["boot"],
             "bootstrap_room": random.getrandbits(63)}
     ex = ThreadPoolExecutor(2)
-    fp = ex.submit(httpx.post, prefill.url + "/generate", json=body, timeout=60)
-    fd = ex.submit(httpx.post, decode.url + "/generate", json=body, timeout=60)
+    fp = ex.submit(httpx.post, prefill.url + "/generate", json=body, timeout=300)
+    fd = ex.submit(httpx.post, decode.url + "/generate", json=body, timeout=300)
     ex.shutdown(wait=False)
     return fp, fd
 
@@ -78,9 +78,13 @@ def wait_receiving(srv: ServerProcess) -> None:
         time.sleep(0.1)
 
 
-def kill(srv: ServerProcess) -> None:
+def pids_of(srv: ServerProcess) -> list[int]:
+    """Every process of the server (ask before stalling it: /server_info waits for its scheduler)."""
+    return list(httpx.get(srv.url + "/server_info", timeout=60).json()["pids"].values())
+
+
+def kill(srv: ServerProcess, pids: list[int]) -> None:
     """SIGKILL the server's process group; every process of it must be gone (no orphans)."""
-    pids = list(httpx.get(srv.url + "/server_info", timeout=10).json()["pids"].values())
     os.killpg(srv.proc.pid, signal.SIGKILL)
     srv.proc.wait(30)
     deadline = time.time() + 30
@@ -99,9 +103,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_killed_decode_fails_the_prefill_request(cluster):
+    pids = pids_of(cluster["decode"])
     fp, fd = post_pair(cluster, cluster["prefill"], cluster["decode"], "slow-a")
     wait_receiving(cluster["decode"])
-    kill(cluster["decode"])
+    kill(cluster["decode"], pids)
     r = fp.result()
     assert r.status_code == 503, r.text
     assert "decode server of room" in r.json()["error"]["message"] and "unreachable" in r.json()["error"]["message"]
@@ -116,9 +121,10 @@ def test_killed_decode_fails_the_prefill_request(cluster):
 
 
 def test_killed_prefill_fails_the_decode_request_and_a_restart_serves(cluster):
+    pids = pids_of(cluster["prefill"])
     fp, fd = post_pair(cluster, cluster["prefill"], cluster["decode2"], "slow-b")
     wait_receiving(cluster["decode2"])
-    kill(cluster["prefill"])
+    kill(cluster["prefill"], pids)
     r = fd.result()
     assert r.status_code == 503, r.text
     assert "prefill server 127.0.0.1:" in r.json()["error"]["message"]

@@ -152,7 +152,7 @@ def test_chunks_stream_before_the_first_token():
 
 
 def test_silent_prefill_fails_decode_request_and_frees_its_slots():
-    pre, dec, _ = pair()
+    pre, dec, clock = pair()
     r = pd_req("x", 40, 4, room=9)
     pre.add_request(r)
     dec.add_request(twin(r))
@@ -161,6 +161,8 @@ def test_silent_prefill_fails_decode_request_and_frees_its_slots():
     dec.step()
     assert dec.pd.transferred_tokens == 16
     dec.pd.link.silent[HOST] = 1.5
+    assert not [q for q in dec.step() if q.finished]  # registered just now: silence counts from then
+    clock.t = 1.5
     ended = [q for q in dec.step() if q.finished]
     assert ended[0].error.startswith("the prefill server 127.0.0.1:8998 is unreachable")
     assert ended[0].error_status == 503

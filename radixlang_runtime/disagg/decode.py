@@ -90,7 +90,8 @@ class DecodeRole:
                 ended.append(self._fail(msg.room, why))
         now = self.clock()
         for room, inc in list(self.incoming.items()):
-            if self.link.silent_for(inc.peer) > self.heartbeat_timeout:
+            # silence counts from the registration at the earliest (a restarted prefill was silent before it)
+            if min(self.link.silent_for(inc.peer), now - inc.since) > self.heartbeat_timeout:
                 ended.append(self._fail(room, f"the prefill server {inc.peer[0]}:{inc.peer[1]} is unreachable "
                                               f"(no heartbeat for {self.heartbeat_timeout:g} s)"))
             elif now - inc.since > self.transfer_timeout:
