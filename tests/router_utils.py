@@ -25,7 +25,11 @@ class RouterProcess:
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen([sys.executable, "-m", "radixlang_runtime.launch_router", "--port",
                                       str(self.port), *flags], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        wait_for(lambda: self.ready(), 120, lambda: f"router not ready:\n{self.tail()}")
+        try:
+            wait_for(lambda: self.ready(), 120, lambda: f"router not ready:\n{self.tail()}")
+        except BaseException:
+            self.stop()  # never left running behind a failed start
+            raise
 
     def ready(self) -> bool:
         if self.proc.poll() is not None:

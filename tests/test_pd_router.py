@@ -26,14 +26,17 @@ def pd():
     # the first prefill's bootstrap port comes from the command line, the second's from its /server_info
     router = RouterProcess("--pd-disaggregation", "--prefill", prefills[0].url, "9101", "--prefill", prefills[1].url,
                            "--decode", decodes[0].url, "--decode", decodes[1].url, *HEALTH_FLAGS)
-    wait_for(lambda: all(i["eligible"] for g in router.info()["groups"].values() for i in g["instances"]), 30,
-             lambda: router.info())
-    yield router, prefills, decodes
-    for s in prefills + decodes:
-        s.release.set()
-    assert router.stop() == 0, router.tail()
-    for s in prefills + decodes:
-        s.kill()
+    try:
+        wait_for(lambda: all(i["eligible"] for g in router.info()["groups"].values() for i in g["instances"]), 30,
+                 lambda: router.info())
+        yield router, prefills, decodes
+    finally:
+        for s in prefills + decodes:
+            s.release.set()
+        code = router.stop()
+        for s in prefills + decodes:
+            s.kill()
+    assert code == 0, router.tail()
 
 
 @pytest.fixture()
@@ -288,6 +291,7 @@ def test_upstream_500_is_a_502_naming_it(fresh):
 def test_workers_mode_misconfigured_instance_and_clean_exit():
     good, wrong = Stub("worker"), Stub("worker", mode_in_info="prefill")
     router = RouterProcess("--worker-urls", good.url, wrong.url, "--policy", "round_robin", *HEALTH_FLAGS)
+    pid = router.proc.pid
     try:
         assert "misconfigured" in router.instance("worker", wrong.url)["reason"]
         for i in range(3):
@@ -300,7 +304,6 @@ def test_workers_mode_misconfigured_instance_and_clean_exit():
         wait_for(lambda: httpx.get(router.url + "/health", timeout=5).status_code == 503, 10, "router still healthy")
         r = gen(router.url, "nobody")
         assert r.status_code == 503 and "no healthy worker" in r.json()["error"]["message"]
-        pid = router.proc.pid
     finally:
         code = router.stop()
         good.kill()
