@@ -46,6 +46,9 @@ class Engine:
         if args.dp_size > 1 or args.nnodes > 1:
             raise ValueError("the in-process Engine runs one replica on this machine: dp_size and nnodes must be 1 "
                              "(launch_server serves data parallelism and multi-node groups)")
+        if args.disaggregation_mode != "null":
+            raise ValueError(f"disaggregation_mode {args.disaggregation_mode} is served by launch_server only "
+                             "(the in-process Engine runs co-located)")
         self._tp_procs: list = []
         if args.tp_size > 1:  # rank 0 is the scheduler thread; ranks 1.. are worker processes
             from radixlang_runtime.model.tp_worker import free_local_addr, spawn_tp_workers

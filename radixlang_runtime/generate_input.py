@@ -8,7 +8,9 @@ tokenized, sampling fields already mapped to native names). All end in `fan_out`
 - rid rules: a client rid names a prompt's one request (n == 1) or its samples rid-0 .. rid-(n-1);
   a missing rid becomes f"{base_rid}-{index}" when the entrance names a base (OpenAI: cmpl-<hex>),
   else a fresh uuid4 hex; duplicate rids within one call are refused (FieldError `rid`);
-- limits: at most MAX_BATCH prompts and prompts x n <= MAX_BATCH requests, rids of <= MAX_RID_LEN chars.
+- limits: at most MAX_BATCH prompts and prompts x n <= MAX_BATCH requests, rids of <= MAX_RID_LEN chars;
+- PD bootstrap fields (parse_bootstrap: bootstrap_host / _port / _room, added by the PD router): required on
+  a prefill or decode server, refused on a co-located one; with them one prompt and n == 1 only.
 `GenerateRequest.to_message` is the one assembly of the TokenizedGenerateReq the scheduler receives: the
 sampling parameters as validated (SamplingParams.to_wire) and the grammar spec built during validation, so
 the scheduler decodes them trusted (SamplingParams.from_wire) and never validates or compiles a spec again.
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from radixlang_runtime.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request, need_bool,
-                                      need_str, show)
+                                      need_int, need_str, show)
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.messages import TokenizedGenerateReq
 from radixlang_runtime.results import LogprobRequest
@@ -32,6 +34,35 @@ from radixlang_runtime.sampling_params import SamplingParams
 Encode = Callable[[str], list[int]]
 # (prompt index, its token ids) -> the prompt's logprob request (None: no logprobs)
 LogprobOf = Callable[[int, list[int]], Optional[LogprobRequest]]
+
+
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Where a PD request's K/V comes from (decode) or goes to (prefill): the prefill's bootstrap socket and
+    the room the router drew for this request (both servers get the same one)."""
+
+    host: str
+    port: int
+    room: int  # in [0, 2**63)
+
+
+def parse_bootstrap(body: dict, mode: str) -> Optional[Bootstrap]:
+    """The router's three fields of a body, checked against the server's disaggregation_mode."""
+    given = [f for f in BOOTSTRAP_FIELDS if body.get(f) is not None]
+    if mode == "null":
+        if given:
+            raise FieldError(given[0], f"{given[0]} is for prefill-decode disaggregation; this server runs "
+                                       "co-located (disaggregation_mode null)")
+        return None
+    if missing := [f for f in BOOTSTRAP_FIELDS if body.get(f) is None]:
+        raise FieldError(missing[0], f"this server runs disaggregation_mode {mode}: a request needs "
+                                     f"{', '.join(missing)} (added by the PD router)")
+    return Bootstrap(need_str(body["bootstrap_host"], "bootstrap_host", 255),
+                     need_int(body["bootstrap_port"], "bootstrap_port", 1, 65535),
+                     need_int(body["bootstrap_room"], "bootstrap_room", 0, 2**63 - 1))
 
 
 @dataclass
@@ -44,20 +75,28 @@ class GenerateRequest:
     logprob: Optional[LogprobRequest] = None  # None: no logprobs asked
     stream: bool = False
     index: int = 0  # choice index within its call (prompt * n + sample)
+    bootstrap: Optional[Bootstrap] = None  # PD only
 
     def to_message(self) -> TokenizedGenerateReq:
         """The scheduler's message (the one place it is assembled)."""
         lp = self.logprob or LogprobRequest()
         grammar = self.sampling.grammar.to_wire() if self.sampling.grammar is not None else None
+        pd = self.bootstrap
         return TokenizedGenerateReq(self.rid, list(self.input_ids), self.sampling.to_wire(), self.stream,
-                                    self.logprob is not None, lp.start, lp.top_num, grammar)
+                                    self.logprob is not None, lp.start, lp.top_num, grammar,
+                                    None if pd is None else [pd.host, pd.port, pd.room])
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
             limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
-            base_rid: Optional[str] = None) -> list[GenerateRequest]:
+            base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
+            is_list: bool = False) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict, check_request), then n
-    requests with the rid rule above. sampling / rids: one entry per prompt."""
+    requests with the rid rule above. sampling / rids: one entry per prompt. bootstrap (PD): one prompt given
+    as one (is_list False), n == 1."""
+    if bootstrap is not None and (is_list or len(prompts) != 1):
+        raise FieldError(ids_name, f"batch input (a list of prompts) is not supported with prefill-decode "
+                                   f"disaggregation (disaggregation_mode {limits.disaggregation_mode})")
     out: list[GenerateRequest] = []
     for i, (ids, sp_dict, rid) in enumerate(zip(prompts, sampling, rids)):
         if rid is not None:
@@ -69,10 +108,12 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
             raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} requests per body, got "
                                   f"{len(prompts)} prompts x n={sp.n}")
         check_request(ids, sp, limits, ids_name)
+        if bootstrap is not None and sp.n != 1:
+            raise FieldError("n", f"n > 1 is not supported with prefill-decode disaggregation (got n={sp.n})")
         lp = logprob_of(i, ids)
         for j in range(sp.n):
             k = len(out)
-            out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k))
+            out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap))
     check_unique_rids(out)
     return out
 
@@ -123,8 +164,8 @@ def _prompts(text: Any, input_ids: Any, encode: Encode) -> tuple[list[list[int]]
 
 def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: Any, return_logprob: Any,
                          logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: Any,
-                         encode: Encode, limits: RuntimeLimits,
-                         stream: bool = False) -> tuple[list[GenerateRequest], bool]:
+                         encode: Encode, limits: RuntimeLimits, stream: bool = False,
+                         bootstrap: Optional[Bootstrap] = None) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
     list input or n > 1)."""
     prompts, is_list = _prompts(text, input_ids, encode)
@@ -138,7 +179,7 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         k, top = normalize_logprob_args(len(ids), return_logprob, starts[i], top_logprobs_num)  # types even unused
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
-    out = fan_out(prompts, sps, rids, logprob_of, limits, stream)
+    out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list)
     return out, is_list or len(out) > 1
 
 
@@ -148,18 +189,20 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tup
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     stream = need_bool(body.get("stream", False), "stream")
+    bootstrap = parse_bootstrap(body, limits.disaggregation_mode)
     return parse_generate_input(body.get("text"), body.get("input_ids"), body.get("sampling_params"),
                                 body.get("rid"), body.get("return_logprob", False), body.get("logprob_start_len"),
                                 body.get("top_logprobs_num"), body.get("return_text_in_logprobs"), encode, limits,
-                                stream)
+                                stream, bootstrap)
 
 
 def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,
-                    limits: RuntimeLimits, base_rid: str, stream: bool) -> list[GenerateRequest]:
+                    limits: RuntimeLimits, base_rid: str, stream: bool,
+                    bootstrap: Optional[Bootstrap] = None) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests."""
     if len(prompts) * n > MAX_BATCH:
         raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
     sp = {**sampling, "n": n}
     return fan_out(prompts, [sp] * len(prompts), [None] * len(prompts), logprob_of, limits, stream, "prompt",
-                   base_rid)
+                   base_rid, bootstrap, is_list=len(prompts) > 1)

@@ -119,6 +119,7 @@ class RuntimeLimits:
     num_slots: int  # KV pool size in tokens
     grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
     grammar_backend: str = "outlines"  # constrained/backends.py: which grammar kinds are accepted
+    disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids") -> None:

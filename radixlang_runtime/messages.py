@@ -6,6 +6,8 @@ Torch-free (the DSL's ZeroMQ backend imports it). Links:
   scheduler -> detokenizer:         BatchTokenIDOut
   detokenizer -> tokenizer manager: BatchStrOut
   scheduler -> tokenizer manager:   FlushCacheOut, StatsOut, ErrorOut, PinPrefixOut, UnpinPrefixOut
+  decode scheduler -> prefill bootstrap (PD, disagg/): PDRegister, PDAck, PDCancel, PDPing
+  prefill bootstrap -> decode scheduler (PD, disagg/):  PDKVChunk, PDDone, PDFail, PDPong
 `encode` writes [type name, field values in declaration order]; a field declared with `_record` holds a
 nested record (ReqTokenOut, ...) or a list of them, written as its own field values the same way; `decode`
 rebuilds the dataclasses from the declarations and rejects unknown types. Never pickle: a message is
@@ -31,6 +33,7 @@ class TokenizedGenerateReq:
     logprob_start_len: int = 0  # validated: < len(input_ids)
     top_logprobs_num: int = 0
     grammar: Optional[list] = None  # GrammarSpec.to_wire() built at intake (None: unconstrained)
+    bootstrap: Optional[list] = None  # PD (disaggregation_mode prefill / decode): [host, port, room]
 
 
 @dataclass
@@ -212,9 +215,80 @@ class FrontendOut:
     done: bool = True
 
 
+# ------------------------------------------------------------------ prefill-decode transfer (disagg/)
+@dataclass
+class PDRegister:
+    """Decode -> prefill: room's slots are allocated; send K/V of positions prefix_len .. total_len - 1.
+    token_bytes: one token's K/V for all layers in the decode's pool (the layouts must agree)."""
+
+    room: int
+    prefix_len: int
+    total_len: int
+    token_bytes: int
+
+
+@dataclass
+class PDKVChunk:
+    """Prefill -> decode: K/V of positions start .. start + len(payload) // token_bytes - 1, token after token,
+    each [2, layers, kv_heads, 1, head_dim] (mem/kv_records.py with one-token records)."""
+
+    room: int
+    start: int
+    payload: bytes
+
+
+@dataclass
+class PDDone:
+    """Prefill -> decode: every chunk of room is sent; the first token (None: max_new_tokens 0) and its logprobs."""
+
+    room: int
+    first_token: Optional[int]
+    cached_len: int  # the prefill's cache hit (meta_info.cached_tokens)
+    output_logprob: Optional[float] = None
+    output_top: Optional[list] = None
+    input_logprobs: Optional[list[float]] = None
+    input_top: Optional[list] = None
+
+
+@dataclass
+class PDAck:
+    """Decode -> prefill: room's K/V and first token arrived whole (the prefill's request ends now)."""
+
+    room: int
+
+
+@dataclass
+class PDCancel:
+    """Decode -> prefill: room failed or was aborted on the decode side."""
+
+    room: int
+    message: str = ""
+
+
+@dataclass
+class PDFail:
+    """Prefill -> decode: room failed on the prefill side (message names the cause)."""
+
+    room: int
+    message: str
+
+
+@dataclass
+class PDPing:
+    """Decode -> prefill heartbeat (answered by the bootstrap thread, never by the scheduler loop)."""
+
+    seq: int = 0
+
+
+@dataclass
+class PDPong:
+    seq: int = 0
+
+
+PD_MESSAGES = (PDRegister, PDKVChunk, PDDone, PDAck, PDCancel, PDFail, PDPing, PDPong)
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
             BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
-            SchedulerHeartbeat)
+            SchedulerHeartbeat, *PD_MESSAGES)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut)  # nested inside messages, never sent alone

@@ -114,6 +114,13 @@ class ServerArgs:
     # leaves the fused decode kernel for the whole batch, and free generation at batch 4 ran at 0.62x); 0: no limit
     speculative_disable_by_batch_size: Optional[int] = None
 
+    # --- prefill-decode disaggregation (radixlang_runtime/disagg/, docs/DISAGGREGATION.md): SGLang's names ---
+    disaggregation_mode: str = "null"  # null (co-located) | prefill | decode
+    disaggregation_bootstrap_port: Optional[int] = None  # prefill only: the bootstrap socket (None: 8998)
+    disaggregation_transfer_backend: str = "zmq"  # zmq only (mooncake / nixl refused by name)
+    disaggregation_transfer_timeout: float = 30.0  # s: bound on a request's registration / pool wait / transfer
+    disaggregation_heartbeat_timeout: float = 1.0  # s of peer silence after which its transfers fail
+
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -190,6 +197,34 @@ class ServerArgs:
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
         self._check_speculative()
         self._check_hicache()
+        self._check_disaggregation()
+
+    def _check_disaggregation(self) -> None:
+        """Refuse PD settings the runtime would not honour, by name (docs/DISAGGREGATION.md)."""
+        mode = self.disaggregation_mode
+        if mode not in ("null", "prefill", "decode"):
+            raise ValueError(f"disaggregation_mode must be null, prefill or decode; got {mode!r}")
+        if self.disaggregation_transfer_backend != "zmq":
+            raise ValueError(f"disaggregation_transfer_backend {self.disaggregation_transfer_backend!r} is not "
+                             "implemented (zmq only: mooncake and nixl are not available here)")
+        for name in ("disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 3600:
+                raise ValueError(f"{name} must be a number of seconds in (0, 3600]; got {v!r}")
+        port = self.disaggregation_bootstrap_port
+        if port is not None and mode != "prefill":
+            raise ValueError("disaggregation_bootstrap_port applies to disaggregation_mode prefill only")
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"disaggregation_bootstrap_port must be a port 1..65535; got {port}")
+        if mode == "prefill" and port is None:
+            self.disaggregation_bootstrap_port = 8998  # SGLang's default; /server_info reports the port in use
+        if mode == "null":
+            return
+        for name, on in (("tp_size > 1", self.tp_size > 1), ("dp_size > 1", self.dp_size > 1),
+                         ("nnodes > 1", self.nnodes > 1), ("speculative_algorithm", bool(self.speculative_algorithm)),
+                         ("enable_hierarchical_cache", self.enable_hierarchical_cache)):
+            if on:
+                raise ValueError(f"{name} with disaggregation_mode {mode} is not implemented")
 
     def _check_hicache(self) -> None:
         """Refuse hicache settings the runtime would not honour, by name."""
@@ -332,11 +367,13 @@ _INT_FIELDS = {
     "stream_interval", "random_seed", "max_request_body_bytes",
     "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
     "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size",
+    "disaggregation_bootstrap_port",
 }
 _SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
                       "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
-                 "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size"}
+                 "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
+                 "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"}
 _CLI_HELP = {
     "frontend_port": "the DSL's ZeroMQ link, on --host (on by default): 0 = a free port (default), N = port N, "
                      "-1 = no link. /server_info and /get_model_info report the port; RuntimeEndpoint(http URL) "

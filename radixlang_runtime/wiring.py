@@ -60,6 +60,29 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     )
 
 
+def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
+    """--disaggregation-mode prefill | decode: the role (disagg/) set on the scheduler, its link thread started
+    (the prefill's bootstrap socket bound on --host:--disaggregation-bootstrap-port: a taken port fails the start).
+    Returns the link (close it at exit); None in mode null."""
+    if args.disaggregation_mode == "null":
+        return None
+    from radixlang_runtime.disagg.decode import DecodeRole
+    from radixlang_runtime.disagg.link import BootstrapClient, BootstrapServer
+    from radixlang_runtime.disagg.prefill import PrefillRole
+    from radixlang_runtime.mem.kv_records import KVRecordPort
+
+    port = KVRecordPort(scheduler.runner.kv_pool, 1)  # one-token records: any positions, any page size
+    timeouts = (args.disaggregation_transfer_timeout, args.disaggregation_heartbeat_timeout)
+    if args.disaggregation_mode == "prefill":
+        link = BootstrapServer(args.host, args.disaggregation_bootstrap_port, timeouts[1])
+        scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts)
+    else:
+        link = BootstrapClient(timeouts[1])
+        scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests)
+    link.start()
+    return link
+
+
 def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optional[HiCache]:
     """The tiers under the radix tree (--enable-hierarchical-cache): L2 disk, L3 Redis."""
     if not args.enable_hierarchical_cache:
@@ -129,7 +152,8 @@ def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -
 def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     runner = scheduler.runner
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
-                         grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend)
+                         grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
+                         disaggregation_mode=runner.args.disaggregation_mode)
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:
@@ -149,6 +173,7 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
+        "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from radixlang_runtime import messages as m
-from radixlang_runtime.generate_input import (GenerateRequest, fan_out, openai_requests, parse_generate_body,
-                                              parse_generate_input)
+from radixlang_runtime.generate_input import (GenerateRequest, fan_out, openai_requests, parse_bootstrap,
+                                              parse_generate_body, parse_generate_input)
 from radixlang_runtime.limits import MAX_BATCH, RuntimeLimits
 from radixlang_runtime.results import LogprobRequest
 from radixlang_runtime.sampling_params import SamplingParams
@@ -125,3 +125,32 @@ def test_the_dsl_and_the_runtime_share_one_regex_dialect():
     assert out.regex == GrammarSpec.from_dtype("float").source and " " in out.stop
     with pytest.raises(ValueError, match="unknown dtype"):
         SglSamplingParams().resolve(SglSamplingParams(**{**unset, "dtype": list}))
+
+
+PD = {"bootstrap_host": "10.0.0.2", "bootstrap_port": 8998, "bootstrap_room": 2**63 - 1}
+
+
+def test_pd_bootstrap_fields_ride_on_the_message():
+    lim = RuntimeLimits(context_len=256, vocab_size=100, num_slots=4096, disaggregation_mode="decode")
+    reqs, _ = parse_generate_body({"input_ids": [1, 2], **PD}, encode, lim)
+    msg = m.decode(m.encode(reqs[0].to_message()))
+    assert msg.bootstrap == ["10.0.0.2", 8998, 2**63 - 1]
+    oai = openai_requests([[1, 2]], {"max_new_tokens": 2}, 1, lambda i, ids: None, lim, "cmpl-x", False,
+                          parse_bootstrap(PD, "decode"))
+    assert oai[0].to_message().bootstrap == ["10.0.0.2", 8998, 2**63 - 1]
+
+
+@pytest.mark.parametrize("mode,body,field,needle", [
+    ("null", {"input_ids": [1], "bootstrap_room": 3}, "bootstrap_room", "runs co-located"),
+    ("prefill", {"input_ids": [1]}, "bootstrap_host", "needs bootstrap_host, bootstrap_port, bootstrap_room"),
+    ("decode", {"input_ids": [1], **PD, "bootstrap_room": -1}, "bootstrap_room", "bootstrap_room"),
+    ("decode", {"input_ids": [1], **PD, "bootstrap_port": "x"}, "bootstrap_port", "integer"),
+    ("decode", {"input_ids": [[1], [2]], **PD}, "input_ids", "batch input"),
+    ("decode", {"input_ids": [[1]], **PD}, "input_ids", "batch input"),
+    ("prefill", {"input_ids": [1], "sampling_params": {"n": 2, "temperature": 1}, **PD}, "n", "n > 1"),
+])
+def test_pd_fields_refused_by_name(mode, body, field, needle):
+    lim = RuntimeLimits(context_len=256, vocab_size=100, num_slots=4096, disaggregation_mode=mode)
+    with pytest.raises(ValueError, match=needle) as e:
+        parse_generate_body(body, encode, lim)
+    assert e.value.param == field

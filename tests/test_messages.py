@@ -11,7 +11,8 @@ from radixlang_runtime import messages as m
 
 SAMPLES = {
     m.TokenizedGenerateReq: dict(rid="r1", input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "stop": ["\n"],
-                                                                                 "temperature": 0.5}, stream=True),
+                                                                                 "temperature": 0.5}, stream=True,
+                                    bootstrap=["127.0.0.1", 8998, 12345]),
     m.AbortReq: dict(rid="r1"),
     m.FlushCacheReq: dict(req_id="f"),
     m.FlushCacheOut: dict(req_id="f", success=False),
@@ -36,6 +37,15 @@ SAMPLES = {
     m.UnpinPrefixReq: dict(req_id="u", pin_id="pin-1"),
     m.UnpinPrefixOut: dict(req_id="u", success=True),
     m.SchedulerHeartbeat: dict(replica=1),
+    m.PDRegister: dict(room=2**63 - 1, prefix_len=16, total_len=40, token_bytes=512),
+    m.PDKVChunk: dict(room=7, start=16, payload=bytes(range(256)) * 2),
+    m.PDDone: dict(room=7, first_token=42, cached_len=8, output_logprob=-0.25, output_top=[[-0.25, 42]],
+                   input_logprobs=[-1.5], input_top=[[[-1.5, 3]]]),
+    m.PDAck: dict(room=7),
+    m.PDCancel: dict(room=7, message="aborted"),
+    m.PDFail: dict(room=7, message="prefill failed"),
+    m.PDPing: dict(seq=3),
+    m.PDPong: dict(seq=3),
 }
 
 

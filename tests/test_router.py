@@ -343,3 +343,27 @@ class RouterMachine(RuleBasedStateMachine):
 
 RouterMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_router_machine = RouterMachine.TestCase
+
+
+# ---------------------------------------------------------------------------- eligible replicas
+@pytest.mark.parametrize("policy", POLICIES)
+def test_eligible_limits_every_policy(policy):
+    r = Router(3, RouterConfig(policy))
+    for i in range(4):  # the shared prefix lands on one replica
+        r.route(f"w{i}", prompt(1, i), eligible=[0, 1, 2])
+    home = r.replica_of("w0")
+    others = [i for i in range(3) if i != home]
+    picks = {r.route(f"e{i}", prompt(1, 100 + i), eligible=others) for i in range(6)}
+    assert picks <= set(others)
+    assert r.route("only", prompt(1, 999), eligible=[home]) == home
+    r.check_integrity()
+    with pytest.raises(ValueError, match="eligible"):
+        r.route("none", prompt(1, 5), eligible=[])
+    with pytest.raises(ValueError, match="eligible"):
+        r.route("bad", prompt(1, 5), eligible=[3])
+
+
+def test_round_robin_skips_ineligible_in_turn():
+    r = Router(3, RouterConfig("round_robin"))
+    assert [r.route(f"a{i}", [i], eligible=[0, 2]) for i in range(4)] == [0, 2, 0, 2]
+    assert [r.route(f"b{i}", [i]) for i in range(3)] == [0, 1, 2]

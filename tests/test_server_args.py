@@ -79,3 +79,28 @@ def test_the_chat_template_is_a_template_or_an_existing_file(tmp_path):
     assert ServerArgs(chat_template="{% for m in messages %}{{ m }}{% endfor %}").chat_template
     with pytest.raises(ValueError, match="chat_template must be a Jinja template or the path of a file"):
         ServerArgs(chat_template=str(tmp_path / "missing.jinja"))
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"disaggregation_mode": "both"}, "disaggregation_mode must be null, prefill or decode"),
+    ({"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "mooncake"}, "'mooncake' is not impl"),
+    ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "nixl"}, "'nixl' is not implemented"),
+    ({"disaggregation_mode": "decode", "disaggregation_bootstrap_port": 9000}, "applies to disaggregation_mode pre"),
+    ({"disaggregation_bootstrap_port": 9000}, "applies to disaggregation_mode prefill"),
+    ({"disaggregation_mode": "prefill", "disaggregation_transfer_timeout": 0}, "disaggregation_transfer_timeout"),
+    ({"disaggregation_mode": "decode", "disaggregation_heartbeat_timeout": -1}, "disaggregation_heartbeat_timeout"),
+    ({"disaggregation_mode": "decode", "speculative_algorithm": "NGRAM"}, "speculative_algorithm with disagg"),
+    ({"disaggregation_mode": "prefill", "enable_hierarchical_cache": True}, "enable_hierarchical_cache with disagg"),
+    ({"disaggregation_mode": "prefill", "tp_size": 2}, "tp_size > 1 with disaggregation_mode prefill"),
+])
+def test_disaggregation_flags_refused_by_name(kwargs, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        ServerArgs(**kwargs)
+
+
+def test_disaggregation_flags_parse_and_default_the_bootstrap_port():
+    a = parse(["--disaggregation-mode", "prefill", "--disaggregation-transfer-timeout", "5"])
+    assert (a.disaggregation_mode, a.disaggregation_bootstrap_port, a.disaggregation_transfer_timeout) == \
+        ("prefill", 8998, 5.0)
+    assert parse(["--disaggregation-mode", "decode"]).disaggregation_bootstrap_port is None
+    assert parse([]).disaggregation_mode == "null"

@@ -103,7 +103,7 @@ class RequestLoop:
             self._keepalive()
         if self.scheduler.is_idle:
             return
-        if self.scheduler.only_grammar_pending:  # compiles run in worker processes: don't spin
+        if self.scheduler.only_background_pending:  # compiles / PD transfers run elsewhere: don't spin
             for msg in self.io.receive(0.005):
                 self.handle(msg)
         try:
@@ -126,7 +126,8 @@ class RequestLoop:
             self.sent[msg.rid] = _Sent(stream=msg.stream)
             self.scheduler.add_request(Req(
                 rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
-                logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num))
+                logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
+                bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):

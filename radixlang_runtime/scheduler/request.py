@@ -60,6 +60,7 @@ class Req:
     error_status: int = 500  # 400: the request's own fault (its grammar), 500: internal
     stop_from_end: int = 0  # a stop string ended it: where that occurrence starts, in chars from the text's end
     num_retractions: int = 0
+    bootstrap: Optional[tuple] = None  # PD: (prefill host, bootstrap port, room) from the router's fields
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: Optional[float] = None  # first admission to a prefill batch

@@ -5,7 +5,9 @@ otherwise one decode step over every running request) -> `runner.forward(batch.m
 its StepResult: append sampled (and accepted draft) tokens, finish requests, hand their KV to the radix
 cache. The runner is anything with `forward(ModelBatch) -> StepResult` (model/step_io.py: one token per
 request with a SampleSpec), so tests drive this class with a fake runner and no torch. Slot ownership
-lives in KVManager, drafts (n-gram, jump-forward) in Drafts.
+lives in KVManager, drafts (n-gram, jump-forward) in Drafts. With prefill-decode disaggregation a
+DisaggRole (disagg/prefill.py or disagg/decode.py, set as `self.pd` by the wiring) holds the requests
+between the two servers: the hooks below hand them over and take them back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.model.step_io import ModelBatch, StepResult
 from radixlang_runtime.scheduler.admission import PrefillAdmission, take_dirty_rows
 from radixlang_runtime.scheduler.batch import ScheduleBatch
+from radixlang_runtime.scheduler.disagg_role import DisaggRole
 from radixlang_runtime.scheduler.drafter import NgramDrafter
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
@@ -72,20 +75,30 @@ class Scheduler:
         self._decode_owed = False  # a chunk just ran while requests were decoding: decode next
         # (phase, batch size, tokens) of recent steps, for debugging and tests of step order.
         self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
+        self.pd: Optional[DisaggRole] = None  # prefill-decode disaggregation (wiring.make_disagg_role)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
         if req.sampling.constrained and self.grammar is not None:
             self.grammar.add(req)  # joins `waiting` once its grammar compiled (step polls)
         else:
-            self.waiting.append(req)
+            self._enqueue([req])
+
+    def _enqueue(self, reqs: list[Req]) -> None:
+        """New requests (grammar ready) queue for prefill; on a decode server they wait for their K/V instead."""
+        if self.pd is not None and self.pd.kind == "decode":
+            for req in reqs:
+                self.pd.add(req)
+        else:
+            self.waiting += reqs
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req or self.grammar_pending)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_pending
+                    or (self.pd is not None and self.pd.pending))
 
     @property
     def grammar_pending(self) -> bool:
@@ -95,6 +108,12 @@ class Scheduler:
     def only_grammar_pending(self) -> bool:
         """Nothing to run but requests whose grammar compiles: the loop may wait a little."""
         return self.grammar_pending and not (self.waiting or self.running or self.chunked_req)
+
+    @property
+    def only_background_pending(self) -> bool:
+        """Nothing to run but grammar compiles or PD transfers: the loop may wait a little."""
+        pd = self.pd is not None and self.pd.pending
+        return (self.grammar_pending or pd) and not (self.waiting or self.running or self.chunked_req)
 
     # ------------------------------------------------------------------ the loop body
     def step(self) -> list[Req]:
@@ -106,6 +125,8 @@ class Scheduler:
         touched = self._process_aborts()
         if self.grammar_pending:
             touched += self._poll_grammars()
+        if self.pd is not None:
+            touched += self._poll_disagg()
         batch = self.get_next_batch_to_run()
         if batch is None:
             return touched
@@ -231,6 +252,8 @@ class Scheduler:
                 req.input_top_logprobs += lp.input_top
             if not decoding and req is self.chunked_req:
                 self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
+                if self.pd is not None:
+                    self.pd.on_chunk(req)  # PD prefill: this chunk's K/V streams to the decode now
                 continue
             if sampled:
                 token = next(tokens)
@@ -249,6 +272,9 @@ class Scheduler:
                     self.kv.truncate(req, req.seq_len - 1)
             elif req.sampling.max_new_tokens == 0:
                 req.finish({"type": "length", "length": 0})
+            if self.pd is not None and self.pd.kind == "prefill" and not decoding:
+                self.pd.hold(req)  # answered once its K/V reached the decode (PrefillRole.poll)
+                continue
             touched.append(req)
             if req.finished:
                 if decoding:
@@ -270,11 +296,25 @@ class Scheduler:
             req.finish({"type": "stop", "matched": None})  # complete, nothing may follow: no more passes
         self.drafts.propose(req, len(self.running))
 
+    def _poll_disagg(self) -> list[Req]:
+        """PD: requests the role ended (released already), and on a decode server those whose K/V and first
+        token arrived: the first token's checks as after a sample, then they decode with the others."""
+        ended, ready = self.pd.poll(len(self.running))
+        for req in ready:
+            if not req.finished:
+                self._after_sample(req)
+            if req.finished:
+                self._release(req)
+            else:
+                self.kv.cache_unfinished(req)
+                self.running.append(req)
+        return ended + ready
+
     def _poll_grammars(self) -> list[Req]:
         """Requests whose grammar finished compiling join the queue (after its forced prefix); those
         whose grammar failed end with a 400-class error."""
         ready, failed = self.grammar.poll()
-        self.waiting += ready  # its first token is sampled by the prefill; drafts start after it
+        self._enqueue(ready)  # its first token is sampled by the prefill; drafts start after it
         for req in failed:
             if not req.finished:
                 req.finish({"type": "abort", "message": req.error})
@@ -303,6 +343,8 @@ class Scheduler:
         for req in list(self.waiting) + list(self.running) + ([self.chunked_req] if self.chunked_req else []):
             if req.rid in self._to_abort:
                 aborted.append(req)
+        if self.pd is not None:
+            aborted += self.pd.take(self._to_abort)  # released by the role (a half-received K/V is not cached)
         for req in aborted:
             if req in self.waiting:
                 self.waiting.remove(req)
@@ -327,6 +369,8 @@ class Scheduler:
                 self.waiting.remove(req)
             if req is self.chunked_req:
                 self.chunked_req = None
+            if self.pd is not None:
+                self.pd.take({req.rid}, failed=True)
             if not req.finished:  # a request that finished before the fault was released already
                 self._release(req, cache=False)
                 req.finish({"type": "abort", "message": message})
@@ -339,6 +383,12 @@ class Scheduler:
         """Release every request (used when a step fails); returns them, finished with `abort`."""
         reqs = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
         self.waiting, self.running, self.chunked_req = [], [], None
+        if self.pd is not None:
+            for req in self.pd.take_all():  # released by the role
+                if not req.finished:
+                    req.finish({"type": "abort", "message": message})
+                req.error = message
+                reqs.append(req)
         if self.grammar is not None:
             for req in self.grammar.take_all():  # nothing held yet: just end them
                 req.finish({"type": "abort", "message": message})
@@ -354,7 +404,8 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Every page free, cached or held by exactly one live request; table rows likewise."""
-        self.kv.check_integrity(self.running + self.waiting + ([self.chunked_req] if self.chunked_req else []))
+        held = self.pd.held_reqs() if self.pd is not None else []
+        self.kv.check_integrity(self.running + self.waiting + ([self.chunked_req] if self.chunked_req else []) + held)
 
 
 def pending_len(req: Req) -> int:

@@ -25,7 +25,7 @@ from radixlang_runtime.server.dashboard import router as dashboard_router
 from radixlang_runtime.server.generate_api import router as native_router
 from radixlang_runtime.server.http_common import (OPEN_ROUTES, BodyTooLarge, ServerState, chat_template_text,
                                                   error_response)
-from radixlang_runtime.server.lifecycle import ShuttingDown
+from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
@@ -70,6 +70,10 @@ async def _shutting_down(request: Request, e: ShuttingDown) -> Response:  # drai
     return error_response(503, str(e))
 
 
+async def _request_unavailable(request: Request, e: RequestUnavailable) -> Response:  # a PD transfer failed
+    return error_response(503, str(e))
+
+
 async def _unavailable(request: Request, e: RuntimeUnavailable) -> Response:
     return error_response(503, f"the runtime is unavailable: {e}")
 
@@ -86,7 +90,8 @@ async def _model_not_found(request: Request, e: ModelNotFound) -> Response:
     return error_response(404, str(e), "model", "model_not_found")
 
 
-_ERROR_HANDLERS = ((ValueError, _bad_request), (ShuttingDown, _shutting_down), (RuntimeUnavailable, _unavailable),
+_ERROR_HANDLERS = ((ValueError, _bad_request), (ShuttingDown, _shutting_down),
+                   (RequestUnavailable, _request_unavailable), (RuntimeUnavailable, _unavailable),
                    (RuntimeError, _request_failed), (StarletteHTTPException, _http_error),
                    (ModelNotFound, _model_not_found))
 

@@ -27,6 +27,11 @@ class RuntimeUnavailable(RuntimeError):
     """The scheduler or detokenizer process is gone: HTTP 503."""
 
 
+class RequestUnavailable(RuntimeUnavailable):
+    """One request could not be served (a PD transfer failed: its peer died, a timeout, the decode pool full);
+    the server serves on. HTTP 503 with the scheduler's message."""
+
+
 class ShuttingDown(RuntimeUnavailable):
     """The server drains: new work is refused, or a request ran past the drain time. HTTP 503; its
     message starts with SHUTTING_DOWN."""

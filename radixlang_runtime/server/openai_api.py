@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.constrained.spec import spec_from_response_format
-from radixlang_runtime.generate_input import GenerateRequest, openai_requests
+from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, openai_requests, parse_bootstrap
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.results import Cumulative, LogprobRequest
@@ -47,7 +47,8 @@ _OFF_VALUES: dict[str, tuple] = {
     "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL}
+_COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL,
+           *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
     "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
@@ -142,7 +143,8 @@ class _Choices:
     validated up front, rids f"{rid}-{index}", index = prompt * n + sample)."""
 
     def __init__(self, state: ServerState, prompts: list[list[int]], sp_dict: dict, n: int,
-                 top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None):
+                 top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None,
+                 body: Optional[dict] = None):
         self.tm = state.tm
         self.rid = rid or uuid.uuid4().hex
 
@@ -154,8 +156,9 @@ class _Choices:
             return LogprobRequest(start, top, with_text=True)
 
         self.tm.lifecycle.admit()  # 503 before any work when no new work is admitted
+        pd = parse_bootstrap(body or {}, self.tm.limits.disaggregation_mode)
         self.reqs: list[GenerateRequest] = openai_requests(prompts, sp_dict, n, logprob_of, self.tm.limits,
-                                                           self.rid, stream=False)
+                                                           self.rid, stream=False, bootstrap=pd)
 
     def streams(self) -> list[AsyncIterator[dict]]:
         return [self.tm.generate(dataclasses.replace(r, stream=True)) for r in self.reqs]
@@ -391,7 +394,7 @@ def _completion_intake(state: ServerState, body: dict,
                                    "such lists")
     echo = need_bool(_opt(body, "echo", False), "echo")
     top = _int_option(body, "logprobs", MAX_LOGPROBS)
-    choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), _opt(body, "n", 1), top, echo, rid)
+    choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), _opt(body, "n", 1), top, echo, rid, body)
     texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None  # after _Choices checked the ids
     return choices, texts, top
 
@@ -424,7 +427,7 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
                                             "json_schema or ebnf")
         call = forced_call_regex(plan, template == CHATML_TOOLS_TEMPLATE)
         sp["regex"] = (think.regex_prefix() if think else "") + call  # the call after the reasoning
-    choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid)
+    choices = _Choices(state, [ids], sp, _opt(body, "n", 1), (top or 0) if want_lp else None, rid=rid, body=body)
     if think is not None and sp.get("stop") is not None:  # checked by _Choices; applied to the content only
         think.stops = choices.reqs[0].sampling.stop_strs
         choices.reqs = [dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, stop=None))

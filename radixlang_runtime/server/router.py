@@ -8,6 +8,8 @@ process with its own radix KV cache. Policies, as SGLang's router:
   cache_threshold of the prompt; else the replica whose tree holds the fewest tokens, so new
   prefixes spread over the replicas. Ties: lower load, then lowest index.
 - round_robin: replicas in turn. shortest_queue: the least loaded (ties: lowest index).
+route(..., eligible=[...]) limits every policy to those replicas (the PD router's healthy instances);
+loads and trees of the others still count nowhere in the choice.
 
 Invariants:
 - loads[i] == number of in-flight rids routed to replica i (route adds, finish removes, at most
@@ -71,45 +73,50 @@ class Router:
         self._smallest_tree_routed = 0
 
     # ------------------------------------------------------------------ routing
-    def route(self, rid: str, input_ids: Sequence[int]) -> int:
+    def route(self, rid: str, input_ids: Sequence[int], eligible: Optional[Sequence[int]] = None) -> int:
         """Pick a replica for a new request, record it as in flight there (load += 1), and (all
         policies) insert input_ids into that replica's approximate tree. A rid already in flight ->
-        ValueError."""
+        ValueError. eligible: the replicas it may go to (default all; ascending, non-empty)."""
         if rid in self._in_flight:
             raise ValueError(f"request {rid!r} is already in flight on replica {self._in_flight[rid]}")
+        cands = range(self.num_replicas) if eligible is None else sorted(set(eligible))
+        if not cands or cands[0] < 0 or cands[-1] >= self.num_replicas:
+            raise ValueError(f"eligible replicas must be a non-empty subset of 0..{self.num_replicas - 1}, "
+                             f"got {eligible!r}")
         ids = input_ids if type(input_ids) is list else list(input_ids)  # tree keys must be lists
         policy = self.config.policy
         if policy == "round_robin":
-            choice = self._rr_next
+            # the first eligible replica at or after the turn's position
+            choice = min(cands, key=lambda i: ((i - self._rr_next) % self.num_replicas, i))
             self._rr_next = (choice + 1) % self.num_replicas
         elif policy == "shortest_queue":
-            choice = self._least_loaded()
+            choice = self._least_loaded(cands)
         else:
-            choice = self._cache_aware(ids)
+            choice = self._cache_aware(ids, cands)
         self._in_flight[rid] = choice
         self._loads[choice] += 1
         self._routed[choice] += 1
         self._insert(choice, ids)
         return choice
 
-    def _least_loaded(self) -> int:
-        return min(range(self.num_replicas), key=lambda i: (self._loads[i], i))
+    def _least_loaded(self, cands: Sequence[int]) -> int:
+        return min(cands, key=lambda i: (self._loads[i], i))
 
-    def _cache_aware(self, ids: list[int]) -> int:
+    def _cache_aware(self, ids: list[int], cands: Sequence[int]) -> int:
         cfg, loads = self.config, self._loads
-        hi, lo = max(loads), min(loads)
+        hi, lo = max(loads[i] for i in cands), min(loads[i] for i in cands)
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             self._balance_routed += 1
-            return self._least_loaded()
+            return self._least_loaded(cands)
         # match_prefix also refreshes LRU times on the trees that lose: a prefix any replica holds is
         # still in demand, as SGLang's shared tree treats it.
-        matches = [t.match_prefix(ids).length for t in self._trees]
-        best = min(range(self.num_replicas), key=lambda i: (-matches[i], loads[i], i))
+        matches = {i: self._trees[i].match_prefix(ids).length for i in cands}
+        best = min(cands, key=lambda i: (-matches[i], loads[i], i))
         if ids and matches[best] / len(ids) > cfg.cache_threshold:
             self._cache_routed += 1
             return best
         self._smallest_tree_routed += 1
-        return min(range(self.num_replicas), key=lambda i: (self._trees[i].total_size(), loads[i], i))
+        return min(cands, key=lambda i: (self._trees[i].total_size(), loads[i], i))
 
     def _insert(self, replica: int, ids: list[int]) -> None:
         cap = self.config.tree_capacity_tokens

@@ -84,7 +84,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
         from transformers import AutoTokenizer
 
         from radixlang_runtime.model.resolve import resolve_model_dir
-        from radixlang_runtime.wiring import build_scheduler, runtime_limits, scheduler_stats
+        from radixlang_runtime.wiring import build_scheduler, make_disagg_role, runtime_limits, scheduler_stats
 
         from radixlang_runtime.model.tp_worker import set_cpu_threads
 
@@ -93,6 +93,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
         model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
         scheduler = build_scheduler(args, model_dir, tokenizer)
+        pd_link = make_disagg_role(args, scheduler)  # PD: the bootstrap socket / the prefills' links
         loop = RequestLoop(scheduler, ZmqIO(ipc, replica), args.stream_interval, stats=scheduler_stats)
         runner = scheduler.runner
         ready.send({
@@ -110,6 +111,8 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
     try:
         loop.run(stop.is_set)  # until the server stops this process (or its death ends it)
         scheduler.kv.close_tiers(timeout_s=8.0)  # within launch_server._stop's 10 s
+        if pd_link is not None:
+            pd_link.close()
     except FatalFault as e:  # the requests in flight got their errors; the server sees this exit
         logger.error("scheduler exits: %s", e)
         raise SystemExit(1)

@@ -37,8 +37,9 @@ from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCa
                                         UnpinPrefixReq, decode, encode)
 from radixlang_runtime.results import ResultBuilder
 from radixlang_runtime.server.ipc import IpcPaths
-from radixlang_runtime.server.lifecycle import SHUTTING_DOWN, Lifecycle, RuntimeUnavailable, ShuttingDown
 from radixlang_runtime.server.hicache_metrics import merge_counters, merge_hicache_stats
+from radixlang_runtime.server.lifecycle import (SHUTTING_DOWN, Lifecycle, RequestUnavailable, RuntimeUnavailable,
+                                                ShuttingDown)
 from radixlang_runtime.server.live_series import LiveSeries
 from radixlang_runtime.server.metrics import ServerMetrics
 from radixlang_runtime.server.router import Router, RouterConfig
@@ -137,7 +138,9 @@ class TokenizerManager:
                         raise out["raise"](out["error"])
                     if self.dead:
                         raise RuntimeUnavailable(out["error"])
-                    raise (ValueError if out.get("status") == 400 else RuntimeError)(out["error"])
+                    status = out.get("status")
+                    raise (ValueError if status == 400 else RequestUnavailable if status == 503
+                           else RuntimeError)(out["error"])
                 yield out
                 if out["meta_info"]["finish_reason"] is not None:
                     return

@@ -1,0 +1,201 @@
+"""PrefillRole (torch-free): the prefill server's side of a PD transfer, hooked into the Scheduler.
+
+A request (its `bootstrap` = (host, port, room)) is prefilled as usual. Decode servers register rooms on
+the bootstrap socket (PDRegister: the decode's cached prefix length, the prompt length); a registration may
+come before or after its request. While chunked prefill runs, each finished chunk's K/V past the decode's
+prefix goes out at once (`on_chunk`); when the first token is sampled the Scheduler hands the request over
+(`hold`, its KV still held), the rest of its K/V goes out, then PDDone (first token + logprobs). The decode's
+PDAck ends the request: it finishes ("length" after its first token, or what its stop check said), its KV
+goes into the radix cache, and its answer (that one token) leaves through the loop as usual.
+
+Faults, each bounded: no registration within transfer_timeout, the registered decode silent for longer than
+heartbeat_timeout, no ack within transfer_timeout, a PDCancel: the request ends with a 503 error naming
+the cause (and the decode gets PDFail). The K/V is read through `port.read_records` (mem/kv_records.py with
+one-token records), so positions need not be page-aligned and the two servers' page sizes may differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from radixlang_runtime.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
+from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
+CHUNK_BYTES = 1 << 20  # K/V bytes per PDKVChunk message (at least one token)
+
+
+@dataclass
+class _Registration:
+    peer: Any  # the decode's routing id on the bootstrap socket
+    prefix_len: int  # positions the decode has already (its radix cache): never sent
+    total_len: int  # the prompt length the decode expects
+    token_bytes: int
+    at: float
+
+
+@dataclass
+class _Held:
+    req: Req
+    since: float  # when the first token was sampled (the bound on waiting for a registration / the ack)
+    sent_done: bool = False  # every chunk and PDDone are queued
+    acked: bool = False  # the decode's PDAck came
+
+
+class PrefillRole:
+    kind = "prefill"
+
+    def __init__(self, link: Any, port: Any, kv: KVManager, transfer_timeout: float, heartbeat_timeout: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.link, self.port, self.kv = link, port, kv
+        self.transfer_timeout, self.heartbeat_timeout, self.clock = transfer_timeout, heartbeat_timeout, clock
+        self.regs: dict[int, _Registration] = {}  # room -> registration
+        self.sent: dict[int, int] = {}  # room -> positions sent so far (from the decode's prefix on)
+        self.cancelled: dict[int, tuple[str, float]] = {}  # room -> (why, when), for requests not held yet
+        self.held: dict[int, _Held] = {}  # room -> a request past its first token
+        self.transferred_tokens = 0
+        self.transfers_done = 0
+        self.transfers_failed = 0
+
+    # ------------------------------------------------------------------ scheduler hooks
+    @property
+    def pending(self) -> bool:
+        return bool(self.held)
+
+    def held_reqs(self) -> list[Req]:
+        return [h.req for h in self.held.values()]
+
+    def add(self, req: Req) -> None:  # never called: prefill requests queue as usual
+        raise AssertionError("PrefillRole.add")
+
+    def on_chunk(self, req: Req) -> None:
+        """A non-final chunk ran: send the K/V computed so far when the decode has registered."""
+        room = req.bootstrap[2]
+        reg = self.regs.get(room)
+        if reg is not None and self._check_reg(req, reg) is None:
+            self._send_kv(req, room, reg, req.kv_len)
+
+    def hold(self, req: Req) -> None:
+        """The first token is sampled (or max_new_tokens is 0): finish the transfer, then the request."""
+        self.held[req.bootstrap[2]] = _Held(req, self.clock())
+
+    def poll(self, n_running: int = 0) -> tuple[list[Req], list[Req]]:
+        """Messages from decodes, then each held request's next move. Returns (ended requests, [])."""
+        for peer, msg in self.link.receive():
+            if isinstance(msg, PDRegister):
+                self.regs[msg.room] = _Registration(peer, msg.prefix_len, msg.total_len, msg.token_bytes, self.clock())
+            elif isinstance(msg, PDAck):
+                h = self.held.get(msg.room)
+                if h is not None and h.sent_done:
+                    h.acked = True
+            elif isinstance(msg, PDCancel):
+                self.regs.pop(msg.room, None)
+                self.cancelled[msg.room] = (msg.message or "cancelled by the decode server", self.clock())
+        ended = [req for room, h in list(self.held.items()) if (req := self._advance(room, h)) is not None]
+        self._expire()
+        return ended, []
+
+    def take(self, rids: Iterable[str], failed: bool = False) -> list[Req]:
+        """Aborts / failed batches: the held requests named leave (released; the decode gets PDFail)."""
+        rids = set(rids)
+        out = []
+        for room, h in list(self.held.items()):
+            if h.req.rid in rids:
+                self._drop(room, "aborted on the prefill server", cache=not failed)
+                out.append(h.req)
+        return out
+
+    def take_all(self) -> list[Req]:
+        return self.take([h.req.rid for h in self.held.values()], failed=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {"mode": "prefill", "transferred_tokens": self.transferred_tokens, "transfers_done": self.transfers_done,
+                "transfers_failed": self.transfers_failed, "held": len(self.held), "registrations": len(self.regs)}
+
+    # ------------------------------------------------------------------ internals
+    def _advance(self, room: int, h: _Held) -> Optional[Req]:
+        req, now = h.req, self.clock()
+        if h.acked:
+            return self._finish(room, h)
+        reg = self.regs.get(room)
+        why = None
+        if room in self.cancelled:
+            why = self.cancelled.pop(room)[0]
+        elif reg is None:
+            if now - h.since > self.transfer_timeout:
+                why = f"no decode server registered room {room} within {self.transfer_timeout:g} s"
+        elif self.link.silent_for(reg.peer) > self.heartbeat_timeout:
+            why = f"the decode server of room {room} is unreachable (no heartbeat for {self.heartbeat_timeout:g} s)"
+        elif h.sent_done and now - h.since > self.transfer_timeout:
+            why = f"the decode server did not acknowledge room {room} within {self.transfer_timeout:g} s"
+        elif not h.sent_done:
+            why = self._check_reg(req, reg)
+            if why is None:
+                self._send_kv(req, room, reg, len(req.input_ids))
+                lp = req.return_logprob
+                self.link.send(reg.peer, PDDone(
+                    room, req.output_ids[0] if req.output_ids else None, req.cached_len,
+                    req.output_logprobs[0] if lp and req.output_logprobs else None,
+                    req.output_top_logprobs[0] if lp and req.output_top_logprobs else None,
+                    req.input_logprobs if lp else None, req.input_top_logprobs if lp else None))
+                h.sent_done, h.since = True, now  # the ack's bound starts now
+        if why is None:
+            return None
+        logger.warning("PD room %d (request %s) failed: %s", room, req.rid, why)
+        self._drop(room, why, cache=True)
+        req.finish({"type": "abort", "message": why})
+        req.error, req.error_status = why, 503
+        return req
+
+    def _check_reg(self, req: Req, reg: _Registration) -> Optional[str]:
+        if reg.total_len != len(req.input_ids) or not 0 <= reg.prefix_len <= reg.total_len:
+            return (f"the decode server registered room {req.bootstrap[2]} for {reg.total_len} prompt tokens "
+                    f"(prefix {reg.prefix_len}); this prompt has {len(req.input_ids)}: different bodies?")
+        if reg.token_bytes != self.port.record_bytes:
+            return (f"KV layouts differ: the decode stores {reg.token_bytes} bytes a token, this prefill "
+                    f"{self.port.record_bytes} (same model, dtype and tensor parallelism on both)")
+        return None
+
+    def _send_kv(self, req: Req, room: int, reg: _Registration, upto: int) -> None:
+        """K/V of positions [max(sent, decode prefix), upto) to the decode, in CHUNK_BYTES messages."""
+        start = max(self.sent.get(room, 0), reg.prefix_len)
+        per = max(1, CHUNK_BYTES // self.port.record_bytes)
+        for p in range(start, upto, per):
+            q = min(p + per, upto)
+            payload = b"".join(self.port.read_records(req.kv_indices[p:q]))
+            self.link.send(reg.peer, PDKVChunk(room, p, payload))
+            self.transferred_tokens += q - p
+        self.sent[room] = max(start, upto)
+
+    def _finish(self, room: int, h: _Held) -> Req:
+        req = h.req
+        if not req.finished:
+            req.finish({"type": "length", "length": len(req.output_ids)})
+        self.held.pop(room)
+        self.regs.pop(room, None)
+        self.sent.pop(room, None)
+        self.kv.release(req, cache=True)
+        self.transfers_done += 1
+        return req
+
+    def _drop(self, room: int, why: str, cache: bool) -> None:
+        h = self.held.pop(room)
+        reg = self.regs.pop(room, None)
+        self.sent.pop(room, None)
+        if reg is not None:
+            self.link.send(reg.peer, PDFail(room, why))
+        self.kv.release(h.req, cache=cache)
+        self.transfers_failed += 1
+
+    def _expire(self) -> None:
+        """Registrations and cancellations whose request never came are forgotten after transfer_timeout."""
+        now = self.clock()
+        for room in [r for r, g in self.regs.items() if r not in self.held and now - g.at > self.transfer_timeout]:
+            del self.regs[room]
+            self.sent.pop(room, None)
+        for room in [r for r, (_, at) in self.cancelled.items() if now - at > self.transfer_timeout]:
+            del self.cancelled[room]
