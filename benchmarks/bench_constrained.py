@@ -316,8 +316,12 @@ def main() -> None:
     ap.add_argument("--e2e", action="store_true", help="also run the real Engine on the JSON workload")
     ap.add_argument("--backends", default="outlines", help="comma-separated: outlines,xgrammar,llguidance")
     ap.add_argument("--quick", action="store_true", help="small grammars and workload (a loaded machine)")
+    ap.add_argument("--e2e-only", action="store_true", help="only the Engine's JSON workload per backend")
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if args.e2e_only:
+        bench_e2e_backends(backends, args.quick)
+        return
     tok = Tokenizer.from_file(os.path.join(resolve_model_dir(None), "tokenizer.json"))
     encode = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     t0 = time.perf_counter()
