@@ -211,8 +211,9 @@ def run_json_workload(eng, prompts: list[str], sps: list[dict], schemas: list[di
     return outs, dt, toks, passes, eng.get_stats()["forward_steps"] - steps0, forced
 
 
-def bench_e2e_backends(backends: list[str], quick: bool) -> None:
-    """The JSON workload per backend (jump-forward on): tok/s, forced fraction, text equal to outlines'."""
+def bench_e2e_backends(backends: list[str], quick: bool, warm: bool = True) -> None:
+    """The JSON workload per backend (jump-forward on): tok/s, forced fraction, text equal to outlines'.
+    warm False: no warm-up passes (tok/s then includes compiles; the forced fraction does not change)."""
     from radixlang_runtime import Engine
 
     prompts, sps, schemas = e2e_requests(quick)
@@ -221,8 +222,9 @@ def bench_e2e_backends(backends: list[str], quick: bool) -> None:
     for backend in backends:
         eng = Engine(dtype="float32", max_total_tokens=32768, grammar_backend=backend)
         try:
-            eng.generate(prompts[:2], sps[:2])  # compile the grammars, warm up
-            eng.generate(prompts, sps)
+            if warm:
+                eng.generate(prompts[:2], sps[:2])  # compile the grammars, warm up
+                eng.generate(prompts, sps)
             outs, dt, toks, passes, steps, forced = run_json_workload(eng, prompts, sps, schemas, True)
         finally:
             eng.shutdown()
@@ -316,8 +318,13 @@ def main() -> None:
     ap.add_argument("--e2e", action="store_true", help="also run the real Engine on the JSON workload")
     ap.add_argument("--backends", default="outlines", help="comma-separated: outlines,xgrammar,llguidance")
     ap.add_argument("--quick", action="store_true", help="small grammars and workload (a loaded machine)")
+    ap.add_argument("--e2e-only", action="store_true", help="only the Engine's JSON workload per backend")
+    ap.add_argument("--no-warm", action="store_true", help="--e2e-only without warm-up passes (forced fraction)")
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if args.e2e_only:
+        bench_e2e_backends(backends, args.quick, warm=not args.no_warm)
+        return
     tok = Tokenizer.from_file(os.path.join(resolve_model_dir(None), "tokenizer.json"))
     encode = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     t0 = time.perf_counter()

@@ -155,6 +155,19 @@ WINDOWED = {
                                       "rope_parameters": GEMMA3_ROPE, "final_logit_softcapping": 8.0},
                  [{"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": GEMMA3_ROPE["full_attention"]}}]),
 }
+# windows in the MoE and Phi-3 families (the same decoder's window, their own blocks around it)
+WINDOWED.update({
+    "mixtral_window": ("MixtralConfig", {"sliding_window": 8, "intermediate_size": 32, "num_local_experts": 4,
+                                         "num_experts_per_tok": 2}, [{"sliding_window": None}]),
+    "phi3_window": ("Phi3Config", {"sliding_window": 10, "partial_rotary_factor": 0.5},
+                    [{"sliding_window": None}]),
+    # Qwen2-MoE: layers below max_window_layers slide (layer_types), layer 0 dense, layer 1 sparse + shared expert
+    "qwen2_moe_window": ("Qwen2MoeConfig", {"num_hidden_layers": 3, "intermediate_size": 96,
+                                            "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                                            "shared_expert_intermediate_size": 48, "mlp_only_layers": [0],
+                                            "use_sliding_window": True, "sliding_window": 12,
+                                            "max_window_layers": 2}, [{"layer_types": [FULL] * 3}]),
+})
 LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
 
 

@@ -340,12 +340,3 @@ def test_forced_call_regex_matches_exactly_what_the_parser_reads(list_form):
     assert not many.fullmatch(texts[0].replace('"Paris"', "3"))  # the schema: city is a string
     for t in texts:
         assert [c.name for c in get_parser("hermes").parse(t).calls] == ["get-weather", "now"][:t.count('"name"')]
-
-
-def test_forced_calls_are_refused_where_not_implemented():
-    from radixlang_runtime.limits import FieldError
-    from radixlang_runtime.server.openai_tools import forced_call_regex
-
-    with pytest.raises(FieldError, match="implemented for the hermes tool-call format only; this server parses "
-                                         "pythonic"):
-        forced_call_regex(_forced("required", parser="pythonic"), True)

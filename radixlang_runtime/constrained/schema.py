@@ -302,18 +302,48 @@ def check_schema(root: dict[str, Any]) -> None:
     _Walk(root).walk(root, "", 0)
 
 
-def _bounded_integers(node: Any, marks: dict[str, str]) -> Any:
-    """A copy of the schema with every bounded integer replaced by {"const": MARK} (MARK a unique
-    integer; marks: str(MARK) -> the range regex), for build_regex_from_schema, which ignores bounds."""
+def _mark(marks: dict[str, str], regex: str) -> int:
+    """A unique integer (its digits become `regex` after outlines-core built the schema's regex)."""
+    mark = int("8" + "".join(secrets.choice("0123456789") for _ in range(17)))  # within i64: kept exact
+    marks[str(mark)] = regex
+    return mark
+
+
+_PY_LITERALS = ((True, "True"), (False, "False"), (None, "None"))
+
+
+def _py(v: Any, marks: dict[str, str]) -> Any:
+    """An enum / const value in Python literal syntax: true / false / null become marks of True / False / None."""
+    for lit, text in _PY_LITERALS:
+        if v is lit:
+            return _mark(marks, text)
+    return v
+
+
+def _marked(node: Any, marks: dict[str, str], python: bool) -> Any:
+    """A copy of the schema for build_regex_from_schema, which ignores integer bounds and writes JSON
+    literals: every bounded integer becomes {"const": MARK} (MARK -> its range regex); python: booleans
+    and null become marks of True / False / None (Python literal syntax, the pythonic tool-call format)."""
     if isinstance(node, list):
-        return [_bounded_integers(v, marks) for v in node]
+        return [_marked(v, marks, python) for v in node]
     if not isinstance(node, dict):
         return node
     if node.get("type") == "integer" and any(isinstance(node.get(k), (int, float)) for k in BOUNDS):
-        mark = int("8" + "".join(secrets.choice("0123456789") for _ in range(17)))  # within i64: kept exact
-        marks[str(mark)] = int_range_regex(*integer_bounds(node))
-        return {"const": mark}
-    return {k: _bounded_integers(v, marks) for k, v in node.items()}
+        return {"const": _mark(marks, int_range_regex(*integer_bounds(node)))}
+    if python and "enum" not in node and "const" not in node:
+        types = _types(node)
+        if len(types) > 1 and types & {"boolean", "null"}:
+            raise ValueError("json_schema: a 'type' list with boolean or null is not supported in Python literals")
+        if types == {"boolean"}:
+            return {"enum": [_mark(marks, "True"), _mark(marks, "False")]}
+        if types == {"null"}:
+            return {"const": _mark(marks, "None")}
+    out = {k: _marked(v, marks, python) for k, v in node.items()}
+    if python and isinstance(node.get("enum"), list):
+        out["enum"] = [_py(v, marks) for v in node["enum"]]
+    if python and "const" in node:
+        out["const"] = _py(node["const"], marks)
+    return out
 
 
 def fixed_separators(regex: str, mark: str) -> str:
@@ -330,13 +360,17 @@ def fixed_separators(regex: str, mark: str) -> str:
     return out
 
 
-def schema_to_regex(canonical: str) -> str:
+_JSON_ESCAPES, _PY_ESCAPES = r'\\["\\/bfnrt]', r'\\["\\bfnrt]'  # outlines-core's string escapes; `\/` is JSON only
+
+
+def schema_to_regex(canonical: str, python: bool = False) -> str:
     """Canonical schema JSON -> regex with fixed separators (outlines-core; run it in the compile worker:
-    a hostile schema can make this large)."""
+    a hostile schema can make this large). python: values in Python literal syntax (True / False / None,
+    no backslash-slash escape), JSON's everywhere else."""
     from outlines_core.json_schema import build_regex_from_schema
 
     marks: dict[str, str] = {}
-    schema = _bounded_integers(json.loads(canonical), marks)
+    schema = _marked(json.loads(canonical), marks, python)
     if marks:
         canonical = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     mark = f"\x00WS{secrets.token_hex(8)}\x00"
@@ -346,4 +380,6 @@ def schema_to_regex(canonical: str) -> str:
         raise ValueError(f"json_schema: {e}") from None
     for digits, bound in marks.items():
         regex = regex.replace(digits, bound)
+    if python:
+        regex = regex.replace(_JSON_ESCAPES, _PY_ESCAPES)
     return fixed_separators(regex, mark)

@@ -59,6 +59,43 @@ def _structural_tag(compiler: Any, text: str) -> Any:
         return compiler.compile_structural_tag(items, tag["triggers"])
 
 
+_SURROGATES = "\\uD800-\\uDFFF"
+
+
+def no_surrogates(regex: str) -> str:
+    """xgrammar's regex converter lets `.` and negated classes match UTF-16 surrogates (U+D800-DFFF) as
+    3-byte sequences, which are not UTF-8: a byte-level vocabulary could then write bytes no decoder reads
+    (tests/test_random_schemas.py found it). Rewritten: every negated class excludes them, `.` becomes
+    [^\\n + them] (Rust's `.`: any character but newline). Escapes and `.` inside classes are kept."""
+    out, i, depth = [], 0, 0  # depth: inside a character class (nested classes count)
+    negated: list[bool] = []
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            out.append(regex[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            neg = regex.startswith("[^", i)
+            negated.append(neg)
+            depth += 1
+            out.append("[^" if neg else "[")
+            i += 2 if neg else 1
+            if i < len(regex) and regex[i] == "]":  # a leading "]" is a literal
+                out.append("\\]")
+                i += 1
+            continue
+        if c == "]" and depth:
+            depth -= 1
+            out.append((_SURROGATES if negated.pop() else "") + "]")
+        elif c == "." and not depth:
+            out.append("[^\\n" + _SURROGATES + "]")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def compile_xgrammar(kind: str, text: str, info: Any) -> str:
     """-> the compiled grammar's serialize_json() text. ValueError naming the problem."""
     import xgrammar as xgr
@@ -69,7 +106,7 @@ def compile_xgrammar(kind: str, text: str, info: Any) -> str:
         if kind in ("regex", "json_schema"):
             regex = text if kind == "regex" else schema_to_regex(text)
             check_automaton_size(regex, what)  # a regex bomb is refused before the compile starts
-            cg = compiler.compile_regex(regex)
+            cg = compiler.compile_regex(no_surrogates(regex))
         elif kind == "ebnf":
             cg = compiler.compile_grammar(text)
         elif kind == "structural_tag":

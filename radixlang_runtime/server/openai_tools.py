@@ -5,10 +5,11 @@ renders and parses: tool_choice "none" (or no tools) renders no tools and parses
 renders them and parses the output with the server's tool-call parser (--tool-call-parser, else the one
 the chat template's markup implies, tool_parsers.detect_parser). "required" and a named function
 (`{"type": "function", "function": {"name"}}`) constrain the output with a regex (forced_call_regex:
-the format's markup around `{"name": ..., "arguments": <the parameters schema as a regex>}`), so the reply
-is a valid call of those functions; implemented for the hermes format (the embedded model's list form
-and Qwen / Hermes' one-call-per-block form), and for parameter schemas without combinators / $ref
-(their regexes are built in this process: the keywords that can blow a regex up are refused by name).
+the layout the parser states once, ToolParser.call_syntax, around the parameters schema as a regex: JSON
+arguments, or Python keyword arguments for pythonic), so the reply is a valid call of those functions in
+every format (hermes' one-call-per-block and the embedded model's list form, llama3, mistral, pythonic),
+for parameter schemas without combinators / $ref (their regexes are built in this process: the keywords
+that can blow a regex up are refused by name).
 A reply with calls is
 `message.tool_calls` (content: the text outside the markup, or null) and finish_reason "tool_calls"
 (a reply cut by max_tokens keeps "length"); `parallel_tool_calls: false` keeps the first call only.
@@ -160,37 +161,82 @@ MAX_FORCED_SCHEMA_CHARS = 8192  # a forced call's parameters schema (canonical J
 _BLOWUP_KEYS = ("anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions")
 
 
-def _arguments_regex(fn: dict) -> str:
-    """A function's parameters schema -> the regex of its arguments object (fixed JSON separators)."""
-    from radixlang_runtime.constrained.schema import canonical_schema, check_schema, schema_to_regex
+_PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a Python identifier: pythonic calls' names and keywords
+
+
+def _literal(text: str) -> str:
+    """Text as a regex matching exactly it (the escapes both Rust's and Python's regex read)."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text)
+
+
+def _parameters(fn: dict) -> dict:
+    """A function's parameters schema, checked for a forced call (ValueError naming what is refused)."""
+    from radixlang_runtime.constrained.schema import canonical_schema, check_schema
+
+    canonical = canonical_schema(fn.get("parameters") or {"type": "object", "properties": {}})
+    if len(canonical) > MAX_FORCED_SCHEMA_CHARS:
+        raise ValueError(f"at most {MAX_FORCED_SCHEMA_CHARS} characters with a forced tool_choice")
+    if hits := sorted({k for k in _BLOWUP_KEYS if f'"{k}":' in canonical}):
+        raise ValueError(f"{hits[0]} is not supported with a forced tool_choice")
+    params = json.loads(canonical)
+    check_schema(params)
+    if params.get("type") != "object":
+        raise ValueError('must be {"type": "object", ...}')
+    return params
+
+
+def _keywords_regex(params: dict) -> str:
+    """An object schema -> the regex of its keyword arguments `k=v, ...` (Python literals), in the schema's
+    property order, each optional property present or not."""
+    from radixlang_runtime.constrained.schema import schema_to_regex
+
+    if params.get("additionalProperties") not in (None, False):
+        raise ValueError("additionalProperties is not supported with pythonic forced calls (keywords are named)")
+    props, required = params.get("properties") or {}, set(params.get("required") or ())
+    items = []
+    for key, sub in props.items():
+        if not _PY_NAME.fullmatch(key):
+            raise ValueError(f"property {key!r} is not a Python identifier (pythonic calls pass keywords)")
+        items.append((key in required, key + "=" + schema_to_regex(json.dumps(sub), python=True)))
+    alts = []  # by the first keyword present: it, then each later one (required: always, optional: maybe)
+    for k, (req, item) in enumerate(items):
+        alts.append(item + "".join(f", {it}" if r else f"(?:, {it})?" for r, it in items[k + 1:]))
+        if req:
+            break
+    if all(not r for r, _ in items):
+        alts.append("")
+    return "(?:" + "|".join(f"(?:{a})" for a in alts) + ")"
+
+
+def _arguments_regex(fn: dict, args: str) -> str:
+    """A function's parameters schema -> the regex of its arguments (args: CallSyntax.args) with fixed
+    separators; FieldError naming the function and what is refused."""
+    from radixlang_runtime.constrained.schema import schema_to_regex
 
     where = f"tools[{fn['name']}].function.parameters"
-    params = fn.get("parameters") or {"type": "object", "properties": {}}
     try:
-        canonical = canonical_schema(params)
-        if len(canonical) > MAX_FORCED_SCHEMA_CHARS:
-            raise ValueError(f"at most {MAX_FORCED_SCHEMA_CHARS} characters with a forced tool_choice")
-        if hits := sorted({k for k in _BLOWUP_KEYS if f'"{k}":' in canonical}):
-            raise ValueError(f"{hits[0]} is not supported with a forced tool_choice")
-        check_schema(json.loads(canonical))
-        if json.loads(canonical).get("type") != "object":
-            raise ValueError('must be {"type": "object", ...}')
-        return schema_to_regex(canonical)
+        params = _parameters(fn)
+        if args == "python":
+            return _keywords_regex(params)
+        return schema_to_regex(json.dumps(params, ensure_ascii=False))
     except ValueError as e:
         raise FieldError("tools", f"{where}: {e}") from None
 
 
 def forced_call_regex(plan: ToolPlan, list_form: bool) -> str:
     """The regex a forced tool_choice constrains the output to: one call (a named function, or
-    parallel_tool_calls false) or one or more, in the hermes format's markup."""
-    if plan.parser is None or plan.parser.name != "hermes":
-        raise FieldError("tool_choice", f"tool_choice {plan.forced!r} is implemented for the hermes tool-call format "
-                                        f"only; this server parses {plan.parser.name if plan.parser else 'none'}")
+    parallel_tool_calls false) or one or more, in the layout the server's parser states
+    (ToolParser.call_syntax; list_form: the template writes hermes calls as one list)."""
+    if plan.parser is None:
+        raise FieldError("tool_choice", f"tool_choice {plan.forced!r} needs a tool-call parser")
+    syn = plan.parser.call_syntax(list_form)
     fns = [t["function"] for t in plan.tools if plan.forced in ("required", t["function"]["name"])]
-    # names are [A-Za-z0-9_-]: literal in a regex outside a class
-    call = "(?:" + "|".join(rf'\{{"name": "{fn["name"]}", "arguments": {_arguments_regex(fn)}\}}' for fn in fns) + ")"
+    for fn in fns:
+        if syn.args == "python" and not _PY_NAME.fullmatch(fn["name"]):
+            raise FieldError("tools", f"tools[{fn['name']}].function.name is not a Python identifier: the "
+                                      f"{plan.parser.name} format cannot call it")
+    call = "(?:" + "|".join(_literal(syn.call_open + fn["name"] + syn.name_close) + _arguments_regex(fn, syn.args)
+                            + _literal(syn.call_close) for fn in fns) + ")"
     many = plan.parallel and plan.forced == "required"
-    if list_form:  # SmolLM2: <tool_call>[\n{...},\n{...}\n]</tool_call>
-        return r"<tool_call>\[\n" + call + (r"(?:,\n" + call + ")*" if many else "") + r"\n\]</tool_call>"
-    one = r"<tool_call>\n" + call + r"\n</tool_call>"
-    return one + (r"(?:\n" + one + ")*" if many else "")
+    more = "(?:" + _literal(syn.sep) + call + ")*" if many else ""
+    return _literal(syn.open) + call + more + _literal(syn.close)

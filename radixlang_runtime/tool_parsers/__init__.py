@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, Event, ParseResult, Text, ToolCall, ToolParser,
-                                                 collect, openai_delta)
+from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax, Event, ParseResult, Text, ToolCall,
+                                                 ToolParser, collect, openai_delta)
 from radixlang_runtime.tool_parsers.hermes import HermesParser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
@@ -38,4 +38,4 @@ def detect_parser(chat_template: Optional[str]) -> Optional[str]:
 
 
 __all__ = ["PARSERS", "get_parser", "detect_parser", "ToolParser", "ToolCall", "ParseResult", "Event", "Text",
-           "CallStart", "CallArgs", "collect", "openai_delta"]
+           "CallStart", "CallArgs", "CallSyntax", "collect", "openai_delta"]

@@ -84,6 +84,22 @@ class GroupScan:
     end: int  # DONE: one past the group; INVALID: the offending index; OPEN: len(text)
 
 
+@dataclass(frozen=True)
+class CallSyntax:
+    """How a format writes calls, stated once per parser (forced tool_choice derives its constraint from it,
+    server/openai_tools.forced_call_regex): the output is
+        open + call + (sep + call)* + close,   a call = call_open + NAME + name_close + ARGS + call_close,
+    ARGS: "json" (a JSON object) or "python" (keyword arguments `k=v, ...`, Python literals). Every layout
+    written this way is one the format's parse_group reads (tests/test_forced_calls.py)."""
+    open: str
+    sep: str
+    close: str
+    call_open: str
+    name_close: str
+    call_close: str
+    args: str = "json"
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -94,6 +110,13 @@ class ToolParser:
     name: ClassVar[str] = ""
     markers: ClassVar[tuple[str, ...]] = ()  # group start markers found anywhere in the text
     keeps_special_tokens: ClassVar[bool] = False  # the markup is special tokens the detokenizer must keep
+    syntax: ClassVar[CallSyntax]  # the layout forced calls are written in
+
+    @classmethod
+    def call_syntax(cls, list_form: bool = False) -> CallSyntax:
+        """The layout a forced call is written in (list_form: the chat template writes a call list in one
+        group, SmolLM2's <tool_call>[...]; formats with one layout ignore it)."""
+        return cls.syntax
 
     def __init__(self, tool_names: Optional[Collection[str]] = None, new_id: Callable[[], str] = new_call_id):
         self.tool_names = set(tool_names) if tool_names is not None else None  # None: any name

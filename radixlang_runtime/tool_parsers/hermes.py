@@ -5,16 +5,24 @@ function-calling data, Argilla's Synth-APIGen) puts a JSON list in one block:
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, GroupScan, ToolParser, call_array_at, \
-    call_object_at, closing
+from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
+    call_array_at, call_object_at, closing
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
+_CALL = ('{"name": "', '", "arguments": ', "}")
+BLOCKS = CallSyntax(START + "\n", "\n" + END + "\n" + START + "\n", "\n" + END, *_CALL)  # one block a call
+LIST = CallSyntax(START + "[\n", ",\n", "\n]" + END, *_CALL)  # SmolLM2: the calls as a list in one block
 
 
 class HermesParser(ToolParser):
     name = "hermes"
     markers = (START,)
+    syntax = BLOCKS
+
+    @classmethod
+    def call_syntax(cls, list_form: bool = False) -> CallSyntax:
+        return LIST if list_form else BLOCKS
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
         calls: list[CallScan] = []

@@ -4,8 +4,8 @@ after `<|python_tag|>` (a special token the detokenizer must keep); several call
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import COMPLETE, DONE, INVALID, OPEN, CallScan, GroupScan, ToolParser, \
-    call_object_at
+from radixlang_runtime.tool_parsers.base import COMPLETE, DONE, INVALID, OPEN, CallScan, CallSyntax, GroupScan, \
+    ToolParser, call_object_at
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
@@ -29,6 +29,7 @@ def start_only_group(parser: ToolParser, text: str, openers: tuple[str, ...]) ->
 class Llama3JsonParser(ToolParser):
     name = "llama3"
     keeps_special_tokens = True
+    syntax = CallSyntax("", "; ", "", '{"name": "', '", "parameters": ', "}")  # no <|python_tag|>: custom tools
 
     def find_group(self, text: str) -> tuple[int, int]:
         return start_only_group(self, text, (PYTHON_TAG, "{"))

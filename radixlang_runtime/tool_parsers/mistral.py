@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, GroupScan, ToolParser, call_array_at, \
-    closing
+from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
+    call_array_at, closing
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 
 START = "[TOOL_CALLS]"
@@ -15,6 +15,7 @@ class MistralParser(ToolParser):
     name = "mistral"
     markers = (START,)
     keeps_special_tokens = True
+    syntax = CallSyntax(START + "[", ", ", "]", '{"name": "', '", "arguments": ', "}")
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
         calls: list[CallScan] = []

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Optional
 
-from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, GroupScan, ToolParser
+from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, PARTIAL, skip_ws
 from radixlang_runtime.tool_parsers.llama3 import start_only_group
 
@@ -86,6 +86,7 @@ def _literal(src: str) -> tuple[bool, Any]:
 
 class PythonicParser(ToolParser):
     name = "pythonic"
+    syntax = CallSyntax("[", ", ", "]", "", "(", ")", args="python")
 
     def find_group(self, text: str) -> tuple[int, int]:
         return start_only_group(self, text, (PY_START, "["))
