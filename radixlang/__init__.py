@@ -9,7 +9,8 @@ api.py (public functions), backend/ (base, native protocol, http, zmq, engine, f
 
 from radixlang.api import (Engine, Runtime, RuntimeEndpoint, SglFunction, assistant, assistant_begin, assistant_end,
                            flush_cache, function, gen, gen_int, gen_string, get_server_info, image, select,
-                           set_default_backend, system, system_begin, system_end, user, user_begin, user_end, video)
+                           separate_reasoning, set_default_backend, system, system_begin, system_end, user, user_begin,
+                           user_end, video)
 from radixlang.backend.base import BaseBackend
 from radixlang.choices import (greedy_token_selection, token_length_normalized,
                                unconditional_likelihood_normalized)
@@ -22,7 +23,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine", "Runtime", "RuntimeEndpoint", "SglFunction", "assistant", "assistant_begin", "assistant_end",
     "flush_cache", "function", "gen", "gen_int", "gen_string", "get_server_info", "image", "select",
-    "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video",
+    "separate_reasoning", "set_default_backend", "system", "system_begin", "system_end", "user", "user_begin",
+    "user_end", "video",
     "BaseBackend", "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
     "BackendError", "ProgramError", "global_config", "ProgramState", "ProgramStateGroup",
 ]

@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Union
 from radixlang.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlang.global_config import global_config
 from radixlang.ir import (SglExpr, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams,
-                          SglSelect, SglVideo, check_regex, schema_string)
+                          SglSelect, SglSeparateReasoning, SglVideo, check_regex, schema_string)
 
 _RUN_DEFAULTS = dict(max_new_tokens=128, n=1, stop=None, stop_token_ids=None, stop_regex=None, temperature=1.0,
                      top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, ignore_eos=False,
@@ -126,10 +126,14 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         logprob_start_len: Optional[int] = None,
         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None, dtype: Any = None,
         choices: Optional[List[str]] = None, choices_method: Optional[ChoicesSamplingMethod] = None,
-        regex: Optional[str] = None, json_schema: Any = None) -> SglExpr:
+        regex: Optional[str] = None, json_schema: Any = None, ebnf: Optional[str] = None) -> SglExpr:
+    """SGLang's gen; `ebnf` (after SGLang's parameters) constrains the output to a GBNF-style EBNF grammar
+    (root rule `root`), compiled by the server's --grammar-backend xgrammar / llguidance."""
     if choices:
         return SglSelect(name, choices, 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
+    if ebnf is not None and not isinstance(ebnf, str):
+        raise TypeError(f"ebnf must be a grammar string; got {type(ebnf).__name__}")
     check_regex(regex)  # stop_regex is checked by the runtime (RE2 syntax, limits), which answers 400
     return SglGen(name, SglSamplingParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
@@ -137,7 +141,7 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, json_schema=schema_string(json_schema), dtype=dtype,
-        regex=regex))
+        regex=regex, ebnf=ebnf))
 
 
 def gen_int(name: Optional[str] = None, **kwargs: Any) -> SglExpr:
@@ -202,3 +206,12 @@ def assistant_begin() -> SglExpr:
 
 def assistant_end() -> SglExpr:
     return SglRoleEnd("assistant")
+
+
+def separate_reasoning(expr: Optional[SglExpr] = None, model_type: Optional[str] = None) -> SglExpr:
+    """SGLang's sgl.separate_reasoning: runs `expr`, then splits each named gen / select in it into the answer
+    (its variable, and the program's text) and `{name}_reasoning_content` (the `<think>` part), with the
+    runtime's reasoning parser `model_type` (deepseek-r1, qwen3)."""
+    if expr is None:
+        raise ValueError("separate_reasoning needs an expression, e.g. sgl.gen(\"answer\")")
+    return SglExprList([expr, SglSeparateReasoning(model_type, expr)])

@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator, Optional
 from radixlang.errors import ProgramError
 from radixlang.global_config import global_config
 from radixlang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
-                          SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglVarScopeBegin,
-                          SglVarScopeEnd, SglVideo, produced_names)
+                          SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
+                          SglVarScopeBegin, SglVarScopeEnd, SglVideo, produced_names)
 
 _IDLE_POLL_S = 0.5  # the idle worker re-checks `_ended` this often (end(wait=False) may not notify)
 
@@ -266,6 +266,8 @@ class StreamExecutor:
                 self.backend.cache_prefix(self.text_)
         elif isinstance(x, SglConcateAndAppend):
             self._concate_and_append(x.states)
+        elif isinstance(x, SglSeparateReasoning):
+            self._separate_reasoning(x)
         elif isinstance(x, (SglImage, SglVideo)):
             raise ValueError(f"{self.backend.get_model_name()} is a text-only model: sgl.image / sgl.video "
                              "inputs are not supported")
@@ -303,6 +305,28 @@ class StreamExecutor:
             self._update(d.decision, {expr.name: d.decision})
         else:
             self._update(d.decision)
+
+    def _separate_reasoning(self, x: SglSeparateReasoning) -> None:
+        """Split each named output of x.expr (just run) with the runtime's torch-free reasoning parser: the
+        variable and its text in the program keep the answer, `{name}_reasoning_content` the reasoning."""
+        from radixlang_runtime.reasoning_parser import get_reasoning_parser
+
+        if x.model_type is None:
+            raise ValueError("separate_reasoning needs model_type= (a --reasoning-parser name: deepseek-r1, qwen3)")
+        parser = get_reasoning_parser(x.model_type)
+        for name in x.names:
+            value = self.variables.get(name)
+            splits = [parser.parse(v) for v in value] if isinstance(value, list) else [parser.parse(value or "")]
+            content = [sp.content for sp in splits] if isinstance(value, list) else splits[0].content
+            reasoning = [sp.reasoning for sp in splits] if isinstance(value, list) else splits[0].reasoning
+            shown, kept = (value[0], content[0]) if isinstance(value, list) else (value or "", content)
+            with self.cond:
+                at = self.text_.rfind(shown) if shown else -1
+                if at >= 0:  # the output as the program's text shows it (the first of n)
+                    self.text_ = self.text_[:at] + kept + self.text_[at + len(shown):]
+                self.variables[name] = content
+                self.variables[x.process_name_for_reasoning(name)] = reasoning
+                self._bump()
 
     def _role_begin(self, role: str) -> None:
         if self.cur_role is not None:

@@ -7,7 +7,8 @@ Invariants:
 - `a + b` of expressions (or of a str and an expression) is a flat `SglExprList`;
 - `SglSamplingParams` fields default to None in `gen` (program-level defaults of `run()` apply);
   `resolve()` merges them onto the defaults and `to_runtime_kwargs()` gives the native
-  `sampling_params` dict (PROTOCOL.md), so every backend sends the same request shape.
+  `sampling_params` dict (PROTOCOL.md), so every backend sends the same request shape: exactly the
+  fields the server's one intake parses (radixlang_runtime/sampling_fields.py), the set ones only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from typing import Any, List, Optional, Union
 # accepts exactly the runtime's regex dialect (Rust syntax: `\p{L}` yes, look-around no).
 from radixlang_runtime.constrained.regex_check import DTYPE_REGEX, NUMBER_DTYPES, dtype_name
 from radixlang_runtime.constrained.regex_check import check_regex as _check_runtime_regex
+from radixlang_runtime.sampling_fields import REQUEST_FIELDS
+
+# SglSamplingParams fields that are not sampling_params: top-level /generate fields (logprob_kwargs) and dtype
+# (resolve() turns it into a regex)
+_NOT_SAMPLING = frozenset({"return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+                           "dtype"})
 
 REGEX_INT, REGEX_FLOAT, REGEX_BOOL, REGEX_STR = (DTYPE_REGEX[k] for k in ("int", "float", "bool", "str"))
 
@@ -47,6 +54,7 @@ class SglSamplingParams:
     json_schema: Optional[str] = None
     dtype: Any = None
     regex: Optional[str] = None
+    ebnf: Optional[str] = None  # a GBNF-style EBNF grammar (the server's `ebnf`; xgrammar / llguidance backends)
 
     def clone(self) -> "SglSamplingParams":
         return dataclasses.replace(self, stop=_as_list(self.stop), stop_token_ids=_as_list(self.stop_token_ids),
@@ -71,15 +79,16 @@ class SglSamplingParams:
         out.stop += [x for x in template_stops if x not in out.stop]
         return out
 
-    def to_runtime_kwargs(self) -> dict[str, Any]:
-        """The native `sampling_params` (SGLang's to_srt_kwargs shape)."""
-        return {
-            "max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens, "n": self.n,
-            "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids), "stop_regex": list(self.stop_regex),
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-            "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
-            "ignore_eos": self.ignore_eos, "regex": self.regex, "json_schema": self.json_schema,
-        }
+    def to_runtime_kwargs(self, **request_wide: Any) -> dict[str, Any]:
+        """The native `sampling_params` (SGLang's to_srt_kwargs shape): every set field the server's intake
+        parses (REQUEST_FIELDS; None: the server's default), lists as lists; `request_wide` adds fields that
+        are not per-gen (skip_special_tokens, ...). The server validates; the DSL only names errors early."""
+        out = dict(request_wide)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in REQUEST_FIELDS and v is not None:
+                out[f.name] = list(v) if isinstance(v, (list, tuple)) else v
+        return out
 
     def logprob_kwargs(self) -> dict[str, Any]:
         """The top-level logprob fields of a /generate body that were set."""
@@ -212,6 +221,26 @@ class SglConcateAndAppend(SglExpr):
         self.states = states
 
 
+class SglSeparateReasoning(SglExpr):
+    """After `expr` ran: each gen / select in it is split by the reasoning parser `model_type` (SGLang's
+    --reasoning-parser names): its variable (and the program's text) keeps the answer, and
+    `{name}_reasoning_content` gets the reasoning (SGLang's sgl.separate_reasoning)."""
+
+    def __init__(self, model_type: Optional[str], expr: Any):
+        self.model_type = model_type
+        self.expr = expr
+        self.names = [n for n in produced_names(expr) if n is not None]
+        if not self.names:
+            raise ValueError("separate_reasoning needs a named gen or select (sgl.gen(\"name\", ...))")
+
+    @staticmethod
+    def process_name_for_reasoning(name: str) -> str:
+        return f"{name}_reasoning_content"
+
+    def __repr__(self) -> str:
+        return f"SeparateReasoning({self.model_type!r}, {self.names!r})"
+
+
 class SglImage(SglExpr):
     def __init__(self, path: Any):
         self.path = path
@@ -248,6 +277,8 @@ def produced_names(expr: Any) -> list[str]:
         return [expr.name]
     if isinstance(expr, SglVarScopeEnd):
         return [expr.name]
+    if isinstance(expr, SglSeparateReasoning):
+        return [expr.process_name_for_reasoning(n) for n in expr.names]
     if isinstance(expr, SglExprList):
         return [n for e in expr.expr_list for n in produced_names(e)]
     return []

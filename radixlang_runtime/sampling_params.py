@@ -8,6 +8,7 @@ from typing import Any, Optional, Union
 
 from radixlang_runtime.limits import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError,
                                       need_bool, need_float, need_int, need_int_list, need_str, show)
+from radixlang_runtime.sampling_fields import REQUEST_FIELDS
 from radixlang_runtime.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
@@ -49,8 +50,7 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
         d = {k: v for k, v in (d or {}).items() if v is not None}  # null: the field's default
-        known = {f.name for f in dataclasses.fields(cls)} - _NOT_REQUEST_FIELDS
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - REQUEST_FIELDS)  # REQUEST_FIELDS: the fields but _NOT_REQUEST_FIELDS
         if unknown:
             raise FieldError(unknown[0], f"unknown sampling parameter(s): {', '.join(unknown)}")
         if d.get("stop_token_ids") is None:

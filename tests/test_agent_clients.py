@@ -102,6 +102,22 @@ def test_openai_agents_sdk_run(server):
     assert isinstance(result.final_output, str) and result.final_output
 
 
+def test_the_agents_sdk_example_calls_the_tool_for_the_asked_city(server):
+    """examples/agents_sdk_weather.py against this module's server: the enum-typed tool argument makes the
+    forced call name the question's city (the example's own check), and the answer is text."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                        "agents_sdk_weather.py")
+    spec = importlib.util.spec_from_file_location("agents_sdk_weather", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for city in ("Paris", "Tokyo"):
+        out = example.run(server.url, f"What is the weather in {city}?")
+        example.check(out, city)  # SystemExit naming what went wrong otherwise
+
+
 class Weather(BaseModel):
     city: str = Field(max_length=20)
     celsius: int

@@ -2,7 +2,9 @@
 --frontend-port) reports its link in /server_info and /get_model_info; `RuntimeEndpoint("http://...")`
 finds it and runs programs over it (the frontend's request counters show it), with the greedy text of
 HTTP and of transformers; `--frontend-port -1` turns it off and the same call runs over HTTP with the
-same text; --api-key holds on the link; --chat-template reaches /get_model_info and the DSL's roles."""
+same text; --api-key holds on the link; --chat-template reaches /get_model_info and the DSL's roles.
+gen(ebnf=) on a server with --grammar-backend xgrammar (refused by name on outlines); separate_reasoning
+on the embedded model's greedy output."""
 
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server_without_link():
-    srv = ServerProcess(*FLAGS, "--frontend-port", "-1")
+def server_without_link():  # also the xgrammar one (gen(ebnf=))
+    srv = ServerProcess(*FLAGS, "--frontend-port", "-1", "--grammar-backend", "xgrammar")
     yield srv
     srv.stop()
 
@@ -135,3 +137,57 @@ def test_without_the_link_the_same_call_runs_over_http(server_without_link, link
     assert plain.run(backend=backend)["a"] == plain.run(backend=links["zmq"])["a"]
     with pytest.raises(BackendError, match="link='zmq'.*no ZeroMQ link"):
         sgl.RuntimeEndpoint(server_without_link.url, link="zmq")
+
+
+ARITH_EBNF = r'''root ::= expr
+expr ::= term | term op term | term op term op term
+term ::= num | "(" num op num ")"
+op ::= " + " | " - " | " * "
+num ::= [1-9] | [1-9] [0-9]
+'''
+ARITH_LARK = r'''start: expr
+expr: term | term OP term | term OP term OP term
+term: NUM | "(" NUM OP NUM ")"
+OP: " + " | " - " | " * "
+NUM: /[1-9][0-9]?/
+'''
+
+
+@sgl.function
+def arithmetic(s):
+    s += sgl.user("Write an arithmetic expression that equals 12.")
+    s += sgl.assistant(sgl.gen("expr", max_tokens=24, temperature=0, ebnf=ARITH_EBNF))
+
+
+def test_gen_ebnf_output_parses_and_outlines_refuses_it_by_name(server_without_link, links):
+    from lark import Lark
+
+    st = arithmetic.run(backend=sgl.RuntimeEndpoint(server_without_link.url))
+    Lark(ARITH_LARK, parser="earley").parse(st["expr"])  # raises on text outside the grammar
+    assert st.get_meta_info("expr")["finish_reason"]["type"] == "stop"
+    st = arithmetic.run(backend=links["zmq"])  # the default server: --grammar-backend outlines
+    with pytest.raises(Exception, match="ebnf grammars need --grammar-backend xgrammar or llguidance"):
+        st.sync()
+        st["expr"]
+
+
+THOUGHT = r"[A-Z][a-z]+( [a-z]+){1,5}\.\n</think>\n\n[A-Z][a-z]+( [a-z]+){0,3}\."
+
+
+@sgl.function
+def think(s, separate: bool):
+    s += "Question: name a fruit. Think first, then answer.\nThinking:"
+    gen = sgl.gen("answer", max_tokens=40, temperature=0, regex=THOUGHT)
+    s += sgl.separate_reasoning(gen, model_type="deepseek-r1") if separate else gen
+    s += "\nEnd."
+
+
+def test_separate_reasoning_splits_the_models_own_output(links):
+    from radixlang_runtime.reasoning_parser import get_reasoning_parser
+
+    raw = think.run(separate=False, backend=links["zmq"])["answer"]
+    split = get_reasoning_parser("deepseek-r1").parse(raw)
+    assert "</think>" in raw and split.reasoning and split.content  # the regex made the model write both parts
+    st = think.run(separate=True, backend=links["zmq"])
+    assert (st["answer"], st["answer_reasoning_content"]) == (split.content, split.reasoning)
+    assert st.text().endswith(split.content + "\nEnd.") and "</think>" not in st.text()

@@ -33,7 +33,7 @@ def test_every_gen_parameter_reaches_the_request(fake):
         "skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": 7, "min_new_tokens": 2,
         "n": 1, "stop": ["!", "<|im_end|>"], "stop_token_ids": [5], "stop_regex": [r"\d+"], "temperature": 0.5,
         "top_p": 0.9, "top_k": 40, "min_p": 0.05, "frequency_penalty": 0.1, "presence_penalty": 0.2,
-        "ignore_eos": True, "regex": None, "json_schema": json.dumps({"type": "object"})}
+        "ignore_eos": True, "json_schema": json.dumps({"type": "object"})}  # unset fields (regex): not sent
     assert (body["return_logprob"], body["logprob_start_len"], body["top_logprobs_num"],
             body["return_text_in_logprobs"]) == (True, 0, 3, True)
 

@@ -96,6 +96,27 @@ def test_run_batch_prefix_is_cached_once(links, link, monkeypatch):
     assert sgl.get_server_info(links[link])["stats"]["num_pins"] == 0
 
 
+def _batch_prefill(link, batch: list, num_threads: int) -> int:
+    """Prefill tokens the server computed for one run_batch of few_shot_qa over `link` (cache flushed first)."""
+    assert link.flush_cache() is True
+    before = sgl.get_server_info(link)["stats"]["prefill_tokens_computed"]
+    states = tp.few_shot_qa.run_batch(batch, backend=link, temperature=0, num_threads=num_threads)
+    assert all(st.error() is None for st in states)
+    return sgl.get_server_info(link)["stats"]["prefill_tokens_computed"] - before
+
+
+def test_a_batch_computes_no_more_prefill_than_one_program_at_a_time(links):
+    """Questions that share more than a KV page past the traced prefix: the programs that arrive together
+    (ZeroMQ sends them in one burst) compute the shared pages once, as programs run one at a time do, and
+    HTTP computes the same (issue 28: the burst used to compute every shared page once per program)."""
+    long_qs = ["Which river flows through the capital city of France, and what is the river called there?",
+               "Which mountain range lies along the northern border of India, and what is its highest peak?"]
+    batch = [{"question": q + " " * k} for k in range(3) for q in long_qs]
+    one_at_a_time = _batch_prefill(links["zmq"], batch, 1)
+    assert _batch_prefill(links["zmq"], batch, len(batch)) == one_at_a_time
+    assert _batch_prefill(links["http"], batch, len(batch)) == one_at_a_time
+
+
 def test_a_killed_scheduler_ends_streaming_states_within_seconds(links):
     @sgl.function
     def long(s):

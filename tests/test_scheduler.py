@@ -200,6 +200,20 @@ def test_shared_prefix_is_computed_once(page_size):
     assert_whole(sched)
 
 
+def test_one_shared_page_is_worth_a_round():
+    """A burst sharing one 16-token page (fewer than IN_BATCH_SHARE_THRESHOLD tokens): the page is computed
+    once, as when the requests come one at a time (a few-shot prompt's tail + a question's start)."""
+    sched, _ = make(page_size=16, max_prefill=4096)
+    prefix = req("p", 20, 0).input_ids
+    reqs = [shared(f"s{i}", prefix, 10, 2, seed=i + 1) for i in range(4)]
+    for r in reqs:
+        sched.add_request(r)
+    drain(sched)
+    assert [r.cached_len for r in reqs] == [0, 16, 16, 16]
+    assert sched.admission.prefill_tokens_computed == 30 + 3 * 14
+    assert_whole(sched)
+
+
 def test_without_radix_cache_nothing_is_shared():
     sched, runner = make(radix=False)
     prefix = req("p", 100, 0).input_ids

@@ -61,10 +61,9 @@ class NativeBackend(BaseBackend):
         return str(self.model_info.get("model_path") or self.model_info.get("served_model_name") or "the model")
 
     def generate_body(self, text: str, params: SglSamplingParams, stream: bool = False) -> dict:
-        body: dict = {"text": text, "sampling_params": {
-            "skip_special_tokens": global_config.skip_special_tokens_in_output,
-            "spaces_between_special_tokens": global_config.spaces_between_special_tokens_in_out,
-            **params.to_runtime_kwargs()}}
+        body: dict = {"text": text, "sampling_params": params.to_runtime_kwargs(
+            skip_special_tokens=global_config.skip_special_tokens_in_output,
+            spaces_between_special_tokens=global_config.spaces_between_special_tokens_in_out)}
         body.update(params.logprob_kwargs())
         if stream:
             body["stream"] = True

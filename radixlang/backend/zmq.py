@@ -7,7 +7,8 @@ encoded requests to it through an inproc PUSH socket guarded by a lock, and wait
 queue. Invariants:
 - every wait is bounded: a reply within `timeout`, and a heartbeat — the I/O thread pings at once,
   then every second and, when nothing at all arrived for `dead_after` seconds while requests wait,
-  fails them all with BackendError (server killed, network gone) instead of waiting;
+  fails them all with BackendError (server killed, network gone) instead of waiting; those seconds are
+  the I/O thread's awake time (liveness.SilenceClock), so a client starved of CPU does not blame the server;
 - before the first answer the bound is `connect_timeout` (3 s): an address where no server listens
   fails within it, "no radixlang server answers at <address>", not as a server that went away;
 - what arrives is decoded defensively: anything but a FrontendOut is ignored (and is no answer);
@@ -28,8 +29,11 @@ from typing import Any, Iterator, Optional
 from radixlang.backend.native import NativeBackend
 from radixlang.errors import BackendError
 from radixlang.global_config import global_config
+from radixlang_runtime.liveness import SilenceClock
 
 PING_EVERY_S = 1.0
+POLL_S = 0.2  # the I/O thread's poll: it pings, forwards and checks the server's silence this often
+_SERVER = "server"  # the one peer of the SilenceClock
 CONNECT_TIMEOUT_S = 3.0  # the first ping's bound (a server answers pings from its event loop, at once)
 
 
@@ -133,20 +137,24 @@ class ZmqLink:
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
-        last_heard = time.monotonic()
-        last_ping = last_heard - PING_EVERY_S  # the first ping goes out at once
+        # the server's silence over this thread's awake time: a client starved of CPU does not blame the server
+        silence = SilenceClock(max_step=4 * POLL_S)
+        silence.heard(_SERVER)
+        last_ping = time.monotonic() - PING_EVERY_S  # the first ping goes out at once
         heard = False  # anything from the server yet (before that, the bound is connect_timeout)
         try:
             while not self._closed.is_set():
-                events = dict(poller.poll(200))
+                events = dict(poller.poll(int(POLL_S * 1000)))
                 now = time.monotonic()
+                silence.tick(now)
                 if self._pull in events:
                     while self._pull.poll(0):
                         dealer.send(self._pull.recv())
                 if dealer in events:
                     while dealer.poll(0):
                         if self._deliver(dealer.recv()):
-                            last_heard, heard = now, True
+                            silence.heard(_SERVER)
+                            heard = True
                 if now - last_ping >= PING_EVERY_S:
                     dealer.send(self._msgs.encode(self._msgs.FrontendReq("ping", "ping", None, self.api_key)))
                     last_ping = now
@@ -154,10 +162,10 @@ class ZmqLink:
                     waiting = bool(self._waiters)
                 bound = self.dead_after if heard else self.connect_timeout
                 if not waiting:
-                    last_heard = max(last_heard, now - bound / 2)
-                elif now - last_heard > bound:
+                    silence.cap(_SERVER, bound / 2)
+                elif silence.silence(_SERVER) > bound:
                     self._fail_all(self._silence(heard))
-                    last_heard = now
+                    silence.heard(_SERVER)
         finally:
             self._fail_all(BackendError(f"the ZeroMQ link to {self.address} was closed"))
             dealer.close(0)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 # A waiting request that shares at least this many uncached tokens with one admitted in the same
 # round waits a round: the other computes them once and this one then hits the cache (SGLang's
-# in-batch prefix caching check).
+# in-batch prefix caching check). With pages (CPU: 16 tokens) the gain is whole pages, and one page is enough
+# (_worth_waiting): a burst of few-shot programs shares the prompt's partial last page + the question's start.
 IN_BATCH_SHARE_THRESHOLD = 32
 
 
@@ -107,6 +108,15 @@ class PrefillAdmission:
                               rewrite_rows=take_dirty_rows(reqs))
         return PrefillPlan(batch, waiting, chunked_req)
 
+    def _worth_waiting(self, shared: int, cached: int) -> bool:
+        """Whether a request that shares `shared` prompt tokens with one admitted this round (it has `cached`
+        of them from the cache) should wait a round: the cache then gives it the shared part in whole pages,
+        so the gain is page-aligned; one page of gain is enough when a page is IN_BATCH_SHARE_THRESHOLD
+        tokens or fewer (a page of 16 shared tokens, e.g. a few-shot prompt's tail, is then worth a round)."""
+        page = self.cfg.page_size
+        gain = shared // page * page - cached
+        return gain >= min(IN_BATCH_SHARE_THRESHOLD, page) if page > 1 else gain >= IN_BATCH_SHARE_THRESHOLD
+
     def _admit_waiting(self, adder: PrefillAdder, waiting: list[Req]) -> None:
         """Offer waiting requests to the adder in order: each first gets its cached prefix (locked);
         one that is refused gives it back. Admission stops at the first request a budget refuses."""
@@ -120,7 +130,7 @@ class PrefillAdmission:
             adder.rem_total_tokens -= (locked := kv.match(req, target))
             if batch_tree is not None:
                 ids = req.fill_ids[:target]
-                if batch_tree.match_prefix(ids).length - req.kv_len >= IN_BATCH_SHARE_THRESHOLD:
+                if self._worth_waiting(batch_tree.match_prefix(ids).length, req.kv_len):
                     kv.unmatch(req)
                     adder.rem_total_tokens += locked
                     continue

@@ -9,7 +9,9 @@ whole text).
 Every method calls the service functions the HTTP handlers call (services.py: the same intake, the
 same model_info / server_info / flush_cache / pins), so both links answer alike. Invariants:
 - the --api-key rule is HTTP's: every method but ping needs the key (401 otherwise);
-- a client that stops pinging for CLIENT_TIMEOUT_S loses its requests (aborted, KV freed) and pins;
+- a client that stops pinging for CLIENT_TIMEOUT_S loses its requests (aborted, KV freed) and pins; the
+  silence is counted over this server's awake time (liveness.SilenceClock): a stalled event loop does not
+  drop the clients whose pings wait in the socket;
 - one task owns the socket's sends (a queue), the receive loop never awaits a request.
 
 Anyone who reaches the port can send anything; nothing they send stops the link:
@@ -52,12 +54,14 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from radixlang_runtime.liveness import SilenceClock
 from radixlang_runtime.messages import FrontendOut, FrontendReq, decode, encode
 from radixlang_runtime.server import services
 from radixlang_runtime.server.http_common import error_body
 
 logger = logging.getLogger(__name__)
-CLIENT_TIMEOUT_S = 10.0
+CLIENT_TIMEOUT_S = 10.0  # of this server's awake time without a message from the client (it pings every 1 s)
+JANITOR_EVERY_S = 1.0
 MAX_FRAME_BYTES = 64 << 20  # zmq.MAXMSGSIZE: a larger frame disconnects its sender
 OPEN_MSG_BYTES = 4096  # what a message without the key may weigh to be decoded at all
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # a loop failing more often than this stays down
@@ -102,7 +106,7 @@ class FrontendServer:
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._pins: dict[bytes, set[str]] = {}
         self._unpinning: set[asyncio.Task] = set()
-        self._last_seen: dict[bytes, float] = {}
+        self._silence = SilenceClock(max_step=2 * JANITOR_EVERY_S)  # clients' silence, this loop's awake time
         self._loops: dict[str, asyncio.Task] = {}
         self._restarts: dict[str, list[float]] = {}  # loop name -> its restarts' times (this window)
         self._restart_count = 0
@@ -181,7 +185,7 @@ class FrontendServer:
 
     def _take(self, frames: list) -> None:
         ident, req, authorized = self._parse(frames)
-        self._last_seen[ident] = time.monotonic()
+        self._silence.heard(ident)
         try:
             self._dispatch(ident, req, authorized)
         except _Dropped:
@@ -208,14 +212,13 @@ class FrontendServer:
 
     async def _janitor(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            for ident, seen in list(self._last_seen.items()):
-                if now - seen > CLIENT_TIMEOUT_S:
-                    self._forget_client(ident)
+            await asyncio.sleep(JANITOR_EVERY_S)
+            self._silence.tick()
+            for ident in self._silence.silent_peers(CLIENT_TIMEOUT_S):
+                self._forget_client(ident)
 
     def _forget_client(self, ident: bytes) -> None:
-        self._last_seen.pop(ident, None)
+        self._silence.forget(ident)
         for key, task in list(self._tasks.items()):
             if key[0] == ident:
                 task.cancel()  # tm.generate's finally aborts the request
