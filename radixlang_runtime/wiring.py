@@ -56,7 +56,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                   hicache=make_hicache(args, runner, model_dir)),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,
-        drafter=make_drafter(args, eos, sizes.context_len),
+        drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm != "STANDALONE"
+        else make_model_drafter(args, runner, tokenizer, eos),
     )
 
 
@@ -92,6 +93,26 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
         return None
     k, lo, hi, cap = args.speculative_ngram_settings()
     return NgramDrafter(NgramConfig(k, lo, hi, cap), eos, context_len)
+
+
+def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:
+    """STANDALONE: the draft model beside the target (its pool mirrors the target's; model/draft_model.py),
+    mirrored on every target step, and the scheduler's ModelDrafter proposing through it."""
+    from radixlang_runtime.model.draft_model import DraftModel
+    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.scheduler.model_drafter import ModelDraftConfig, ModelDrafter
+
+    draft_dir = resolve_model_dir(args.speculative_draft_model_path)
+    target_vocab = draft_vocab = None
+    if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+        from transformers import AutoTokenizer
+
+        target_vocab, draft_vocab = tokenizer.get_vocab(), AutoTokenizer.from_pretrained(draft_dir).get_vocab()
+    draft = DraftModel.build(args, runner, draft_dir, target_vocab, draft_vocab)
+    runner.draft_mirror = draft.mirror
+    runner.draft_model = draft
+    steps, _, cap = args.speculative_standalone_settings()
+    return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len)
 
 
 def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
@@ -146,6 +167,9 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
+        # STANDALONE: accepted draft tokens per verification (scheduler/model_drafter.AcceptStats); None otherwise
+        "spec_accept_length": (s.drafts.drafter.accept_stats.to_dict()
+                               if hasattr(s.drafts.drafter, "accept_stats") else None),
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),

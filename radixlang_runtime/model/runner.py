@@ -169,6 +169,7 @@ class ModelRunner:
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
+        self.draft_mirror = None  # STANDALONE: DraftModel.mirror, run on every step (model/draft_model.py)
         logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
                     cfg.architecture, cfg.model_impl, self.dtype, self.device,
                     cfg.rope.describe() if native else "transformers'", num_slots, table_rows)
@@ -253,6 +254,8 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.broadcast_obj(step)
         logits = self.run_step(step)  # [R, V] fp32
+        if self.draft_mirror is not None:
+            self.draft_mirror(step)
         if plans:
             fill_input_logprobs(result, batch, plans, logits[S:])
         if S:  # none: non-final chunks and prefill-only requests
