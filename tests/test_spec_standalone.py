@@ -163,3 +163,97 @@ def test_random_traffic_with_aborts_and_skipped_requests(seed):
         if r.sampling.has_penalties:
             assert r.spec_draft_tokens == 0
     assert_whole(sched)
+
+
+# ---------------------------------------------------------------------------------------------- tiny checkpoints
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+            initializer_range=0.3)
+PROMPTS = [[(7 * i + 300 + 11 * s) % 4000 + 10 for i in range(20 + 9 * s)] for s in range(5)]
+NEW = 24
+DRAFT_SCALE = 0.5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 2-layer target and a draft of it whose last MLP is scaled by DRAFT_SCALE (close, not equal: it proposes
+    the target's token often, not always), one vocabulary."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tiny_checkpoints import build_tiny, with_config
+
+    target, small = tmp_path_factory.mktemp("tiny_target"), tmp_path_factory.mktemp("tiny_draft")
+    model = build_tiny(target, "LlamaConfig", TINY, {})
+    draft = with_config(model, {})
+    with torch.no_grad():
+        draft.model.layers[-1].mlp.down_proj.weight.mul_(DRAFT_SCALE)
+    draft.save_pretrained(small, safe_serialization=True)
+    AutoTokenizer.from_pretrained(target).save_pretrained(small)
+    return str(target), str(small), model
+
+
+def _spec_engine(target: str, draft: str, **kw):
+    from radixlang_runtime import Engine
+
+    return Engine(target, dtype="float32", debug_check_integrity=True, speculative_algorithm="STANDALONE",
+                  speculative_draft_model_path=draft, **kw)
+
+
+def test_tiny_draft_equal_to_target_accepts_everything(tiny):
+    """draft = target weights: every drafted token is accepted; the text is transformers' greedy one."""
+    from conftest import assert_whole as engine_whole
+    from tiny_checkpoints import hf_greedy
+
+    target, _, model = tiny
+    sp = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    with _spec_engine(target, target, max_total_tokens=2048, speculative_num_steps=4) as eng:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=sp)
+        for p, o in zip(PROMPTS, outs):
+            assert o["output_ids"] == hf_greedy(model, p, NEW)
+            assert o["meta_info"]["spec_draft_tokens"] > 0
+            assert o["meta_info"]["spec_accepted_tokens"] == o["meta_info"]["spec_draft_tokens"]
+        stats = eng.get_stats()
+        assert stats["spec_accept_length"]["mean_accept_length"] > 3.0
+        engine_whole(eng)
+
+
+def test_tiny_small_draft_identical_with_stop_logprobs_and_a_tight_pool(tiny):
+    """A perturbed draft (partly rejected): greedy ids, stop strings and logprobs as without speculation;
+    a pool too small for the batch retracts, drafts dropped first; the KV whole after."""
+    from conftest import assert_whole as engine_whole
+    from radixlang_runtime import Engine
+
+    target, small, _ = tiny
+    sp = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    kw = {"return_logprob": True, "top_logprobs_num": 2}
+    with Engine(target, dtype="float32", max_total_tokens=2048) as off:
+        want = off.generate(input_ids=PROMPTS, sampling_params=sp, **kw)
+        stop = off.tokenizer.decode(want[1]["output_ids"][10:12])  # text the output reaches late
+        want_stop = off.generate(input_ids=PROMPTS[1], sampling_params={**sp, "stop": [stop]})
+    assert want_stop["meta_info"]["finish_reason"]["type"] == "stop"
+    with _spec_engine(target, small, max_total_tokens=2048) as eng:
+        got = eng.generate(input_ids=PROMPTS, sampling_params=sp, **kw)
+        for a, b in zip(want, got):
+            assert b["output_ids"] == a["output_ids"]
+            la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+            assert [t for _, t, _ in lb] == [t for _, t, _ in la]
+            for (va, _, _), (vb, _, _) in zip(la, lb):
+                assert vb is not None and vb == pytest.approx(va, abs=1e-4)
+        assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
+        assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) < sum(
+            o["meta_info"]["spec_draft_tokens"] for o in got)  # the small draft is sometimes wrong
+        b = eng.generate(input_ids=PROMPTS[1], sampling_params={**sp, "stop": [stop]})
+        assert b["text"] == want_stop["text"] and b["output_ids"] == want_stop["output_ids"]
+        assert b["meta_info"]["finish_reason"] == want_stop["meta_info"]["finish_reason"]
+        engine_whole(eng)
+    many = [p + [11 * j % 4000 + 10] for j in range(3) for p in PROMPTS]
+    sp = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    with Engine(target, dtype="float32", max_total_tokens=2048) as off:
+        want = off.generate(input_ids=many, sampling_params=sp)
+    with _spec_engine(target, small, max_total_tokens=640, page_size=16) as eng:
+        got = eng.generate(input_ids=many, sampling_params=sp)
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        stats = eng.get_stats()
+        assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0
+        engine_whole(eng)
