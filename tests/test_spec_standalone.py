@@ -257,3 +257,63 @@ def test_tiny_small_draft_identical_with_stop_logprobs_and_a_tight_pool(tiny):
         stats = eng.get_stats()
         assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0
         engine_whole(eng)
+
+
+def test_server_flags_counters_and_metrics(tiny):
+    """The CLI flags through a real server (tiny target, draft = target): meta_info, /metrics (also under
+    SGLang's name), /server_info."""
+    import httpx
+
+    from server_utils import ServerProcess
+
+    target, _, _ = tiny
+    srv = ServerProcess("--model-path", target, "--dtype", "float32", "--max-total-tokens", "2048",
+                        "--enable-metrics", "--debug-check-integrity", "--speculative-algorithm", "STANDALONE",
+                        "--speculative-draft-model-path", target, "--speculative-num-steps", "2")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            r = c.post("/generate", json={"input_ids": PROMPTS[0],
+                                          "sampling_params": {"temperature": 0, "max_new_tokens": 12,
+                                                              "ignore_eos": True}})
+            assert r.status_code == 200, r.text
+            meta = r.json()["meta_info"]
+            assert meta["spec_accepted_tokens"] == meta["spec_draft_tokens"] > 0
+            lines = c.get("/metrics").text.splitlines()
+            value = float(next(x for x in lines if x.startswith("radixlang:spec_accept_length ")).split()[1])
+            assert value == pytest.approx(3.0, abs=0.5)  # 2 steps, all accepted: ~3 tokens a step (tail shorter)
+            assert any(x.startswith("sglang:spec_accept_length{") for x in lines)
+            info = c.get("/server_info").json()
+            assert info["speculative_algorithm"] == "STANDALONE" and info["speculative_num_steps"] == 2
+    finally:
+        assert srv.stop() in (0, 143), srv.tail()
+
+
+@pytest.mark.slow
+def test_q4_1_self_draft_on_the_embedded_model(engine):
+    """The embedded model in float32, drafted by its own .gguf's Q4_1 blocks: greedy ids, stop strings and
+    logprobs as without speculation; nearly every draft token accepted (the same weights, quantized)."""
+    from conftest import assert_whole as engine_whole
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.resolve import embedded_gguf_path
+    from test_spec_ngram import COPY, PROMPTS as TEXTS
+
+    sp = {"temperature": 0, "max_new_tokens": 32}
+    kw = {"return_logprob": True, "top_logprobs_num": 2}
+    stop = {**sp, "max_new_tokens": 48, "stop": ["kiwi"]}
+    want, want_stop = engine.generate(TEXTS, sp, **kw), engine.generate(COPY, stop)
+    with Engine(dtype="float32", max_total_tokens=4096, debug_check_integrity=True,
+                speculative_algorithm="STANDALONE", speculative_draft_model_path=embedded_gguf_path(),
+                speculative_draft_model_quantization="gguf") as eng:
+        got = eng.generate(TEXTS, sp, **kw)
+        for a, b in zip(want, got):
+            assert b["output_ids"] == a["output_ids"] and b["text"] == a["text"]
+            la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+            for (va, ta, _), (vb, tb, _) in zip(la, lb):
+                assert tb == ta and vb == pytest.approx(va, abs=1e-3)
+        b = eng.generate(COPY, stop)
+        assert b["text"] == want_stop["text"] and b["meta_info"]["finish_reason"] == want_stop["meta_info"][
+            "finish_reason"]
+        stats = eng.get_stats()
+        assert stats["spec_accepted_tokens"] > 0.8 * stats["spec_draft_tokens"]
+        assert stats["spec_accept_length"]["mean_accept_length"] > 2.5
+        engine_whole(eng)
