@@ -29,7 +29,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     from radixlang_runtime.model.tp_worker import make_group
 
     tp = make_group(args, 0) if args.tp_size > 1 else None
-    runner = ModelRunner(args, model_dir, tp)
+    runner = ModelRunner(args, model_dir, tp, extra_kv=draft_kv_shape(args))
     if tp is not None:
         tp.wait_all_loaded(peers_alive)
     args = runner.args  # "auto" sizes resolved for the device
@@ -93,6 +93,18 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
         return None
     k, lo, hi, cap = args.speculative_ngram_settings()
     return NgramDrafter(NgramConfig(k, lo, hi, cap), eos, context_len)
+
+
+def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
+    """STANDALONE: the draft's (layers, kv_heads, head_dim), so the target's pool sized from memory leaves the
+    draft's pool (as many slots) its share."""
+    if args.speculative_algorithm != "STANDALONE":
+        return None
+    from radixlang_runtime.model.config import ModelConfig
+    from radixlang_runtime.model.resolve import resolve_model_dir
+
+    cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl)
+    return cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
 
 
 def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:
