@@ -247,11 +247,11 @@ def test_tiny_small_draft_identical_with_stop_logprobs_and_a_tight_pool(tiny):
         assert b["text"] == want_stop["text"] and b["output_ids"] == want_stop["output_ids"]
         assert b["meta_info"]["finish_reason"] == want_stop["meta_info"]["finish_reason"]
         engine_whole(eng)
-    many = [p + [11 * j % 4000 + 10] for j in range(3) for p in PROMPTS]
+    many = [p + [11 * j % 4000 + 10] for j in range(13) for p in PROMPTS][:64]  # 64 prompts
     sp = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
-    with Engine(target, dtype="float32", max_total_tokens=2048) as off:
+    with Engine(target, dtype="float32", max_total_tokens=8192) as off:
         want = off.generate(input_ids=many, sampling_params=sp)
-    with _spec_engine(target, small, max_total_tokens=640, page_size=16) as eng:
+    with _spec_engine(target, small, max_total_tokens=1280, page_size=16) as eng:
         got = eng.generate(input_ids=many, sampling_params=sp)
         assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
         stats = eng.get_stats()
@@ -310,6 +310,8 @@ def test_q4_1_self_draft_on_the_embedded_model(engine):
             la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
             for (va, ta, _), (vb, tb, _) in zip(la, lb):
                 assert tb == ta and vb == pytest.approx(va, abs=1e-3)
+        regex = {**sp, "regex": "(apple|banana|cherry), (kiwi|lemon)[.]"}  # jump-forward stays theirs
+        assert eng.generate(COPY, regex)["text"] == engine.generate(COPY, regex)["text"]
         b = eng.generate(COPY, stop)
         assert b["text"] == want_stop["text"] and b["meta_info"]["finish_reason"] == want_stop["meta_info"][
             "finish_reason"]
