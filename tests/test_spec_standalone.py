@@ -215,6 +215,7 @@ def test_tiny_draft_equal_to_target_accepts_everything(tiny):
             assert o["meta_info"]["spec_accepted_tokens"] == o["meta_info"]["spec_draft_tokens"]
         stats = eng.get_stats()
         assert stats["spec_accept_length"]["mean_accept_length"] > 3.0
+        assert eng._loop.call(lambda s: s.runner.draft_model.copied) > 0  # verify steps reused the proposal's K/V
         engine_whole(eng)
 
 

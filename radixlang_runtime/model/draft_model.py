@@ -12,7 +12,8 @@ slot ids the target's allocator hands out. Two operations:
   plus the rewrites of rows whose slots changed in place since the last step), k greedy draft tokens after
   last_tokens[b]: k batched decode steps. Their K/V goes to scratch slots past the mirrored ones
   (target_slots + row * max_steps + j, one scratch run per table row); the step that verifies the draft is
-  mirrored like any other, so the real slots get the draft's K/V of the tokens that step runs.
+  mirrored too: the K/V the proposal computed for the tokens it runs (t0 .. d(k-1)) is copied from scratch
+  to its slots, and the draft model runs only on the rest (dk: one token a request, a decode step).
 
 Invariant: draft K/V at slot s (< target_slots) is valid wherever target K/V at s is (both written by the
 same StepInputs), so the draft's positions 0 .. prefix_len - 1 of a request read what its target read.
@@ -37,6 +38,10 @@ class DraftModel:
         self.target_slots = target_slots
         self.max_steps = max_steps
         self.steps = 0  # mirrored steps (stats)
+        self.copied = 0  # mirrored positions whose K/V came from the proposal's scratch instead of a forward
+        # the last propose(): table row -> (prefix_len, the tokens whose K/V it left in the row's scratch run,
+        # scratch j holding position prefix_len + j); consumed by the next mirror
+        self._proposed: dict[int, tuple[int, list[int]]] = {}
 
     @classmethod
     def build(cls, args: ServerArgs, target, draft_dir: str, target_vocab: Optional[dict] = None,
@@ -75,7 +80,43 @@ class DraftModel:
         """Run the draft over the target's step (same ids, slots, rows, rewrites): its K/V at the same slots.
         The head runs on one row only (no logits are needed)."""
         self.steps += 1
+        proposed, self._proposed = self._proposed, {}
+        if proposed:
+            step = self._skip_proposed(step, proposed)
         self.runner.run_step(dataclasses.replace(step, logit_rows=[len(step.input_ids) - 1]))
+
+    def _skip_proposed(self, step, proposed: dict[int, tuple[int, list[int]]]):
+        """The step verifying a draft runs [t0, d1 .. dk] at prefix p: the proposal already computed the draft's
+        K/V of its inputs t0 .. d(k-1) at positions p .. into scratch. Those are copied to the step's slots
+        (and the table), and the step runs on what is left (at least each request's last token)."""
+        pool = self.runner.kv_pool
+        ids, locs, prefix, lens, src, dst = [], [], [], [], [], []
+        off = 0
+        for row, p, n in zip(step.req_rows, step.prefix_lens, step.extend_lens):
+            x, slots = step.input_ids[off:off + n], step.out_loc[off:off + n]
+            off += n
+            c = 0
+            if row in proposed and proposed[row][0] == p:
+                covered = proposed[row][1]
+                while c < min(len(covered), n - 1) and x[c] == covered[c]:
+                    c += 1
+            if c:
+                src += [self.target_slots + row * self.max_steps + j for j in range(c)]
+                dst += slots[:c]
+                pool.req_to_token[row, p:p + c] = torch.tensor(slots[:c], dtype=torch.int64)
+            ids += x[c:]
+            locs += slots[c:]
+            prefix.append(p + c)
+            lens.append(n - c)
+        if not src:
+            return step
+        self.copied += len(src)
+        s, d = (torch.tensor(v, dtype=torch.int64, device=pool.k_buffers[0].device) for v in (src, dst))
+        for buf in pool.k_buffers + pool.v_buffers:
+            buf.index_copy_(1, d, buf.index_select(1, s))
+        phase = "decode" if all(n == 1 for n in lens) else step.phase
+        return dataclasses.replace(step, phase=phase, input_ids=ids, out_loc=locs, prefix_lens=prefix,
+                                   extend_lens=lens)
 
     @torch.inference_mode()
     def propose(self, rows: list[int], prefix_lens: list[int], last_tokens: list[int], k: int,
@@ -97,4 +138,5 @@ class DraftModel:
             toks = logits.argmax(dim=-1).tolist()
             for b, t in enumerate(toks):
                 out[b].append(t)
+        self._proposed = {r: (p, [t] + o[:k - 1]) for r, p, t, o in zip(rows, prefix_lens, last_tokens, out)}
         return out
