@@ -113,6 +113,12 @@ class ServerArgs:
     # no drafts while more requests decode (default 1: a lone request; bench_spec.py: a step carrying any draft
     # leaves the fused decode kernel for the whole batch, and free generation at batch 4 ran at 0.62x); 0: no limit
     speculative_disable_by_batch_size: Optional[int] = None
+    # STANDALONE (model/draft_model.py, scheduler/model_drafter.py; docs/SPECULATIVE.md): a draft model of the same
+    # tokenizer (a HF directory or a .gguf) proposes speculative_num_steps tokens greedily per step; the target
+    # verifies speculative_num_draft_tokens = num_steps + 1 rows (SGLang's relation at topk 1)
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None  # draft tokens proposed per step (STANDALONE default 3)
+    speculative_draft_model_quantization: Optional[str] = None  # the draft's --quantization (gguf: its Q4_1 blocks)
 
     # --- prefill-decode disaggregation (radixlang_runtime/disagg/, docs/DISAGGREGATION.md): SGLang's names ---
     disaggregation_mode: str = "null"  # null (co-located) | prefill | decode
@@ -286,20 +292,26 @@ class ServerArgs:
         return cfg
 
     def _check_speculative(self) -> None:
-        """NGRAM only; its flags without it (or another algorithm's) are refused by name."""
+        """NGRAM or STANDALONE; flags without an algorithm (or of the other one) are refused by name."""
         algo = self.speculative_algorithm
         if algo is None:
-            given = [n for n in _SPEC_NGRAM_FIELDS if getattr(self, n) is not None]
+            given = [n for n in _SPEC_NGRAM_FIELDS + _SPEC_STANDALONE_FIELDS if getattr(self, n) is not None]
             if given:
-                raise ValueError(f"{', '.join(given)} set without speculative_algorithm NGRAM (the only one "
-                                 "implemented): refused, not ignored")
+                raise ValueError(f"{', '.join(given)} set without speculative_algorithm (NGRAM or STANDALONE): "
+                                 "refused, not ignored")
             return
-        if algo != "NGRAM":
+        if algo not in ("NGRAM", "STANDALONE"):
             raise ValueError(f"speculative_algorithm {algo!r} is not implemented; NGRAM (prompt lookup, no draft "
-                             "model) is")
+                             "model) and STANDALONE (a draft model) are")
         if self.enable_deterministic_inference:
             raise ValueError("speculative_algorithm with enable_deterministic_inference is not implemented (draft "
                              "verification rows run in extend steps whose batch invariance is not tested)")
+        if algo == "STANDALONE":
+            self._check_standalone()
+            return
+        given = [n for n in _SPEC_STANDALONE_FIELDS if getattr(self, n) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set with speculative_algorithm NGRAM (STANDALONE's flags): refused")
         k, lo, hi, cap = self.speculative_ngram_settings()
         if not 1 <= k <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64]; got {k}")
@@ -308,6 +320,39 @@ class ServerArgs:
                              f"speculative_ngram_max_match_window_size <= 32; got {lo}, {hi}")
         if cap < 0:
             raise ValueError(f"speculative_disable_by_batch_size must be >= 0 (0: no limit); got {cap}")
+
+    def _check_standalone(self) -> None:
+        if not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+        ngram = [n for n in _SPEC_NGRAM_FIELDS[1:3] if getattr(self, n) is not None]
+        if ngram:
+            raise ValueError(f"{', '.join(ngram)} set with speculative_algorithm STANDALONE (NGRAM's flags): refused")
+        if self.tp_size > 1:
+            raise ValueError("speculative_algorithm STANDALONE with tp_size > 1 is not implemented")
+        if self.enable_hierarchical_cache:
+            raise ValueError("speculative_algorithm STANDALONE with enable_hierarchical_cache is not implemented "
+                             "(K/V loaded from a tier has no draft-model K/V)")
+        if self.speculative_draft_model_quantization not in (None, "int8", "gguf"):
+            raise ValueError("speculative_draft_model_quantization must be int8 or gguf; got "
+                             f"{self.speculative_draft_model_quantization!r}")
+        steps, _, cap = self.speculative_standalone_settings()
+        if not 1 <= steps <= 16:
+            raise ValueError(f"speculative_num_steps must be in [1, 16]; got {steps}")
+        n = self.speculative_num_draft_tokens
+        if n is not None and n != steps + 1:
+            raise ValueError(f"speculative_num_draft_tokens must be speculative_num_steps + 1 = {steps + 1} with "
+                             f"STANDALONE (one draft chain: the verified token + num_steps drafts); got {n}")
+        if cap < 0:
+            raise ValueError(f"speculative_disable_by_batch_size must be >= 0 (0: no limit); got {cap}")
+
+    def speculative_standalone_settings(self) -> tuple[int, int, int]:
+        """(num_steps, num_draft_tokens, batch size limit) with the STANDALONE defaults filled in: num_steps from
+        itself, else num_draft_tokens - 1, else 3; no batch size limit unless given."""
+        steps = self.speculative_num_steps
+        if steps is None:
+            steps = self.speculative_num_draft_tokens - 1 if self.speculative_num_draft_tokens is not None else 3
+        cap = self.speculative_disable_by_batch_size
+        return steps, steps + 1, 0 if cap is None else cap
 
     def speculative_ngram_settings(self) -> tuple[int, int, int, int]:
         """(k, min match, max match, batch size limit) with the NGRAM defaults filled in."""
@@ -366,11 +411,13 @@ _INT_FIELDS = {
     "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
     "stream_interval", "random_seed", "max_request_body_bytes",
     "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
-    "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size",
+    "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size", "speculative_num_steps",
     "disaggregation_bootstrap_port",
 }
 _SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
                       "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
+_SPEC_STANDALONE_FIELDS = ("speculative_draft_model_path", "speculative_num_steps",
+                           "speculative_draft_model_quantization")
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
                  "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"}

@@ -29,7 +29,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     from radixlang_runtime.model.tp_worker import make_group
 
     tp = make_group(args, 0) if args.tp_size > 1 else None
-    runner = ModelRunner(args, model_dir, tp)
+    runner = ModelRunner(args, model_dir, tp, extra_kv=draft_kv_shape(args))
     if tp is not None:
         tp.wait_all_loaded(peers_alive)
     args = runner.args  # "auto" sizes resolved for the device
@@ -56,7 +56,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                   hicache=make_hicache(args, runner, model_dir)),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,
-        drafter=make_drafter(args, eos, sizes.context_len),
+        drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm != "STANDALONE"
+        else make_model_drafter(args, runner, tokenizer, eos),
     )
 
 
@@ -118,6 +119,38 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
     return NgramDrafter(NgramConfig(k, lo, hi, cap), eos, context_len)
 
 
+def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
+    """STANDALONE: the draft's (layers, kv_heads, head_dim), so the target's pool sized from memory leaves the
+    draft's pool (as many slots) its share."""
+    if args.speculative_algorithm != "STANDALONE":
+        return None
+    from radixlang_runtime.model.config import ModelConfig
+    from radixlang_runtime.model.resolve import resolve_model_dir
+
+    cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl)
+    return cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+
+
+def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:
+    """STANDALONE: the draft model beside the target (its pool mirrors the target's; model/draft_model.py),
+    mirrored on every target step, and the scheduler's ModelDrafter proposing through it."""
+    from radixlang_runtime.model.draft_model import DraftModel
+    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.scheduler.model_drafter import ModelDraftConfig, ModelDrafter
+
+    draft_dir = resolve_model_dir(args.speculative_draft_model_path)
+    target_vocab = draft_vocab = None
+    if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+        from transformers import AutoTokenizer
+
+        target_vocab, draft_vocab = tokenizer.get_vocab(), AutoTokenizer.from_pretrained(draft_dir).get_vocab()
+    draft = DraftModel.build(args, runner, draft_dir, target_vocab, draft_vocab)
+    runner.draft_mirror = draft.mirror
+    runner.draft_model = draft
+    steps, _, cap = args.speculative_standalone_settings()
+    return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len)
+
+
 def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
     """The token vocabulary of this tokenizer (built once, ~0.5 s) + a compiler (--grammar-backend) whose
     compiled grammars are also cached on disk under the cache root (a restart reloads them in milliseconds)."""
@@ -172,6 +205,9 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
+        # STANDALONE: accepted draft tokens per verification (scheduler/model_drafter.AcceptStats); None otherwise
+        "spec_accept_length": (s.drafts.drafter.accept_stats.to_dict()
+                               if hasattr(s.drafts.drafter, "accept_stats") else None),
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,

@@ -87,7 +87,11 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None):
+    def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None,
+                 extra_kv: Optional[tuple[int, int, int]] = None):
+        """extra_kv: (layers, kv_heads, head_dim) of a second pool with this one's slots (STANDALONE's draft,
+        model/draft_model.py): a pool sized from memory then leaves it its share of the budget."""
+        self.extra_kv = extra_kv
         self.device = tp.device if tp is not None else resolve_device(args.device)
         self.args = args = args.resolve_for_device(self.device.type)
         self.dtype = resolve_dtype(args.dtype, self.device)
@@ -169,6 +173,7 @@ class ModelRunner:
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
+        self.draft_mirror = None  # STANDALONE: DraftModel.mirror, run on every step (model/draft_model.py)
         logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
                     cfg.architecture, cfg.model_impl, self.dtype, self.device,
                     cfg.rope.describe() if native else "transformers'", num_slots, table_rows)
@@ -198,6 +203,8 @@ class ModelRunner:
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
         per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, self.shard.kv_count_max, cfg.head_dim, self.dtype)
+        if self.extra_kv is not None:
+            per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
@@ -253,6 +260,8 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.broadcast_obj(step)
         logits = self.run_step(step)  # [R, V] fp32
+        if self.draft_mirror is not None:
+            self.draft_mirror(step)
         if plans:
             fill_input_logprobs(result, batch, plans, logits[S:])
         if S:  # none: non-final chunks and prefill-only requests

@@ -48,9 +48,12 @@ class Drafts:
         return limit <= 0 or batch_size <= limit
 
     def gate(self, running: list[Req]) -> None:
-        """Before a step over `running`: drop n-gram drafts when the batch is too large to speculate."""
+        """Before a step over `running`: drop n-gram drafts when the batch is too large to speculate; a draft
+        model (STANDALONE, scheduler/model_drafter.py) drafts here, batched, for the requests it marked."""
         if self.drafter is not None and not self.speculate(len(running)):
             self.drop_ngram(running)
+        elif hasattr(self.drafter, "fill"):
+            self.drafter.fill(running)
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:

@@ -1,0 +1,108 @@
+"""ModelDrafter: --speculative-algorithm STANDALONE, the scheduler's side (torch-free; docs/SPECULATIVE.md).
+
+A draft model (model/draft_model.py, reached only through the `propose` callable wiring.py hands in) proposes
+num_steps greedy tokens per request; the next forward pass verifies them like an n-gram draft (point-mass
+acceptance, model/sample_step.py), so the emitted tokens are exactly the target's (greedy: the same ids).
+
+Two phases, because the draft model runs batched: `draft(req)` (Drafts.propose, after a request's sampled
+token) only marks the request; `fill(running)` (Drafts.gate, right before the next decode / mixed step is
+planned) runs the draft model once for every marked request still running and sets req.draft. A draft is a
+proposal like an n-gram one: memory pressure, retraction and large batches drop it (Drafts.drop_ngram).
+
+Same refusals as NGRAM (`_draftable`): constrained requests (jump-forward is their draft), penalties, seeds,
+min_new_tokens not reached; a draft never runs past max_new_tokens (room for the model's own token) or the
+context, and is cut before its first finish id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from radixlang_runtime.scheduler.request import Req
+
+# propose(rows, prefix_lens, last_tokens, k, rewrites) -> [B][k] draft tokens (model/draft_model.DraftModel.propose)
+ProposeFn = Callable[[list[int], list[int], list[int], int, list[tuple[int, list[int]]]], list[list[int]]]
+
+
+@dataclass
+class ModelDraftConfig:
+    num_steps: int  # draft tokens per step (--speculative-num-steps)
+    disable_batch_size: int = 0  # no drafts while the decode batch has more requests (0: no limit)
+
+
+@dataclass
+class AcceptStats:
+    """Verified drafts: accepted tokens per verification, as a histogram (SGLang's spec_accept_length is
+    accepted + 1: the verified step's own token counts)."""
+
+    verifications: int = 0
+    histogram: dict[int, int] = field(default_factory=dict)  # accepted draft tokens -> verifications
+
+    def add(self, accepted: int) -> None:
+        self.verifications += 1
+        self.histogram[accepted] = self.histogram.get(accepted, 0) + 1
+
+    def mean_accept_length(self) -> float:
+        """Tokens per verification step (accepted + the step's own), 0.0 before any."""
+        if not self.verifications:
+            return 0.0
+        return 1.0 + sum(a * n for a, n in self.histogram.items()) / self.verifications
+
+    def to_dict(self) -> dict:
+        return {"verifications": self.verifications, "mean_accept_length": self.mean_accept_length(),
+                "histogram": {str(a): n for a, n in sorted(self.histogram.items())}}
+
+
+class ModelDrafter:
+    def __init__(self, cfg: ModelDraftConfig, propose: ProposeFn, eos_token_ids: tuple[int, ...], context_len: int):
+        self.cfg = cfg
+        self._propose = propose
+        self.eos_token_ids = eos_token_ids
+        self.context_len = context_len
+        self._marked: dict[int, Req] = {}  # id(req) -> req: wants a draft before its next step
+        self.accept_stats = AcceptStats()
+        self.draft_calls = 0  # batched draft-model runs (stats)
+
+    def _draftable(self, req: Req) -> bool:
+        sp = req.sampling
+        return (req.grammar is None and not sp.has_penalties and sp.sampling_seed is None
+                and len(req.output_ids) >= sp.min_new_tokens)
+
+    def _room(self, req: Req) -> int:
+        """Most draft tokens for req now: room for the model's own token, every position inside the context."""
+        return min(self.cfg.num_steps, req.remaining_new_tokens - 1, self.context_len - req.seq_len - 1)
+
+    def draft(self, req: Req) -> list[int]:
+        """Mark req for the next batched fill; the draft itself comes from fill()."""
+        if self._draftable(req) and self._room(req) > 0:
+            self._marked[id(req)] = req
+        return []
+
+    def fill(self, running: list[Req]) -> None:
+        """One batched draft-model run for the marked requests of `running` that carry no draft yet."""
+        reqs = [r for r in running if self._marked.pop(id(r), None) is not None and not r.finished and not r.draft
+                and r.kv_len == r.seq_len - 1]
+        self._marked.clear()  # marks of requests not running now (retracted, finished): their next sample re-marks
+        if not reqs:
+            return
+        ks = [self._room(r) for r in reqs]
+        rewrites = [(r.table_idx, list(r.kv_indices)) for r in reqs if r.row_dirty and r.kv_len]
+        self.draft_calls += 1
+        props = self._propose([r.table_idx for r in reqs], [r.kv_len for r in reqs], [r.output_ids[-1] for r in reqs],
+                              max(ks), rewrites)
+        for r, k, toks in zip(reqs, ks, props):
+            sp = r.sampling
+            finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
+            toks = toks[:k]
+            for j, t in enumerate(toks):
+                if t in finish:
+                    toks = toks[:j]
+                    break
+            r.draft = toks
+
+    def update(self, req: Req, drafted: int, accepted: int) -> None:
+        """After a verification (Drafts._accept_ngram): the request's counters and the accept histogram."""
+        req.spec_draft_tokens += drafted
+        req.spec_accepted_tokens += accepted
+        self.accept_stats.add(accepted)

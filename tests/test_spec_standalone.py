@@ -1,0 +1,322 @@
+"""STANDALONE speculative decoding (a draft model; docs/SPECULATIVE.md): flags refused by name; the scheduler
+with a fake draft model reading the fake runner's table (the draft's view of the K/V it mirrors: whole and
+the request's own tokens at every fill; outputs identical, KV whole, retraction, aborts); tiny random
+checkpoints through the Engine (draft = target: everything accepted; a 1-layer draft: identical greedy
+text with stop strings, logprobs, a tight pool); the embedded model with its own Q4_1 blocks as the draft."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fakes import FakeRunner, copy_token, expected_output
+from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.model_drafter import ModelDraftConfig, ModelDrafter
+from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.server_args import ServerArgs
+from test_spec_ngram import EOS, assert_whole, drain, req
+
+GGUF = "/nonexistent/draft.gguf"  # ServerArgs checks no paths
+
+
+# ---------------------------------------------------------------------------------------------- flags
+def test_flags_refused_by_name():
+    with pytest.raises(ValueError, match="speculative_draft_model_path"):
+        ServerArgs(speculative_algorithm="STANDALONE")
+    with pytest.raises(ValueError, match="speculative_num_steps \\+ 1 = 4"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
+                   speculative_num_steps=3, speculative_num_draft_tokens=6)
+    with pytest.raises(ValueError, match="speculative_ngram_max_match_window_size"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
+                   speculative_ngram_max_match_window_size=3)
+    with pytest.raises(ValueError, match="speculative_draft_model_path set with speculative_algorithm NGRAM"):
+        ServerArgs(speculative_algorithm="NGRAM", speculative_draft_model_path=GGUF)
+    with pytest.raises(ValueError, match="speculative_num_steps set without speculative_algorithm"):
+        ServerArgs(speculative_num_steps=2)
+    with pytest.raises(ValueError, match="tp_size"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF, tp_size=2)
+    with pytest.raises(ValueError, match="enable_hierarchical_cache"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
+                   enable_hierarchical_cache=True)
+    with pytest.raises(ValueError, match="speculative_draft_model_quantization"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
+                   speculative_draft_model_quantization="awq")
+    with pytest.raises(ValueError, match="enable_deterministic_inference"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
+                   enable_deterministic_inference=True)
+    with pytest.raises(ValueError, match="speculative_num_steps must be in"):
+        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF, speculative_num_steps=0)
+    base = ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF)
+    assert base.speculative_standalone_settings() == (3, 4, 0)
+    assert base.replace(speculative_num_draft_tokens=6).speculative_standalone_settings() == (5, 6, 0)
+
+
+# ---------------------------------------------------------------------------------------------- scheduler
+class FakeDraft:
+    """propose() over FakeRunner's table (what the mirrored draft pool holds): the row, after the rewrites,
+    must hold one consistent history at positions < prefix, which with the last token must be a running
+    request's prompt + output. Its proposals follow copy_token, with every `wrong`-th token off by one."""
+
+    def __init__(self, runner: FakeRunner, sched_ref: list, wrong: int = 4):
+        self.runner, self.sched_ref, self.wrong, self.calls = runner, sched_ref, wrong, 0
+
+    def __call__(self, rows, prefix_lens, last_tokens, k, rewrites):
+        self.calls += 1
+        fixed = dict(rewrites)
+        out = []
+        fills = {tuple(r.input_ids + r.output_ids) for r in self.sched_ref[0].running}
+        for row, p, last in zip(rows, prefix_lens, last_tokens):
+            slots = (fixed.get(row) or self.runner.rows[row])[:p]
+            hist = [self.runner.slots[s][1] for s in slots]
+            for pos, s in enumerate(slots):
+                assert self.runner.slots[s] == (pos, hist[pos], hash(tuple(hist[:pos + 1]))), "draft K/V not whole"
+            fill = hist + [last]
+            assert tuple(fill) in fills, "the draft's table row is not a running request's tokens"
+            toks = []
+            for j in range(k):
+                t = copy_token(fill)
+                if (len(fill) + j) % self.wrong == 0:
+                    t = (t + 1) % 90
+                toks.append(t)
+                fill = fill + [t]
+            out.append(toks)
+        return out
+
+
+def make(num_slots=4096, page_size=1, chunk=256, ratio=0.7, radix=True, mixed=False, steps=4):
+    cfg = SchedulerConfig(page_size=page_size, context_len=4096, max_running_requests=32, max_prefill_tokens=512,
+                          chunked_prefill_size=chunk, eos_token_ids=(EOS,), new_token_ratio_init=ratio,
+                          new_token_ratio_min=0.05, new_token_ratio_decay=0.01, enable_mixed_chunk=mixed,
+                          debug_check_integrity=True)
+    runner = FakeRunner(copy_token)
+    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(32), RadixCache(page_size) if radix else None)
+    ref: list = []
+    draft = FakeDraft(runner, ref)
+    sched = Scheduler(cfg, runner, kv, detokenize=lambda ids: "",
+                      drafter=ModelDrafter(ModelDraftConfig(steps), draft, (EOS,), 4096))
+    ref.append(sched)
+    return sched, draft
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_outputs_identical_and_drafts_batched(page_size, mixed):
+    sched, draft = make(page_size=page_size, chunk=32, mixed=mixed)
+    reqs = [req(f"r{i}", 5 + 9 * i, 30 + 3 * i) for i in range(6)]
+    for r in reqs:
+        sched.add_request(r)
+        sched.step()
+    drain(sched)
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
+    assert 0 < sched.drafts.spec_accepted_tokens < sched.drafts.spec_draft_tokens
+    stats = sched.drafts.drafter.accept_stats
+    assert sum(a * n for a, n in stats.histogram.items()) == sched.drafts.spec_accepted_tokens
+    assert draft.calls < stats.verifications  # one draft-model run serves several requests
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_retraction_under_a_tight_pool(page_size):
+    sched, _ = make(num_slots=320, page_size=page_size, ratio=0.05)
+    reqs = [req(f"r{i}", 20, 40) for i in range(8)]
+    for r in reqs:
+        sched.add_request(r)
+    drain(sched)
+    assert sched.num_retracted_total > 0 and sched.drafts.spec_accepted_tokens > 0
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, 40, next_fn=copy_token), r.rid
+    assert_whole(sched)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_traffic_with_aborts_and_skipped_requests(seed):
+    """Penalised / seeded / min_new_tokens requests are never drafted for; everything stays whole."""
+    rng = random.Random(seed)
+    sched, _ = make(num_slots=rng.choice([384, 1024]), page_size=rng.choice([1, 16]), chunk=rng.choice([32, -1]),
+                    ratio=rng.choice([0.05, 0.7]), radix=seed % 2 == 0, mixed=seed % 3 == 0, steps=rng.choice([2, 5]))
+    reqs, aborted, skipped = [], set(), []
+    for _ in range(300):
+        if len(reqs) + len(skipped) < 25 and rng.random() < 0.3:
+            extra = rng.choice([{}, {}, {"min_new_tokens": 1}, {"frequency_penalty": 0.5}])
+            r = req(f"q{seed}.{len(reqs) + len(skipped)}", rng.randrange(1, 60), rng.randrange(1, 50), **extra)
+            (skipped if extra else reqs).append(r)
+            sched.add_request(r)
+        if reqs and rng.random() < 0.03:
+            victim = rng.choice(reqs)
+            aborted.add(victim.rid)
+            sched.abort(victim.rid)
+        sched.step()
+    drain(sched)
+    for r in reqs:
+        if r.finished_reason["type"] == "abort":
+            assert r.rid in aborted
+            continue
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
+    for r in skipped:  # never aborted (victims come from reqs); FakeRunner ignores penalties
+        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), \
+            (r.rid, r.finished_reason, r.sampling)
+        if r.sampling.has_penalties:
+            assert r.spec_draft_tokens == 0
+    assert_whole(sched)
+
+
+# ---------------------------------------------------------------------------------------------- tiny checkpoints
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+            initializer_range=0.3)
+PROMPTS = [[(7 * i + 300 + 11 * s) % 4000 + 10 for i in range(20 + 9 * s)] for s in range(5)]
+NEW = 24
+DRAFT_SCALE = 0.5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 2-layer target and a draft of it whose last MLP is scaled by DRAFT_SCALE (close, not equal: it proposes
+    the target's token often, not always), one vocabulary."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tiny_checkpoints import build_tiny, with_config
+
+    target, small = tmp_path_factory.mktemp("tiny_target"), tmp_path_factory.mktemp("tiny_draft")
+    model = build_tiny(target, "LlamaConfig", TINY, {})
+    draft = with_config(model, {})
+    with torch.no_grad():
+        draft.model.layers[-1].mlp.down_proj.weight.mul_(DRAFT_SCALE)
+    draft.save_pretrained(small, safe_serialization=True)
+    AutoTokenizer.from_pretrained(target).save_pretrained(small)
+    return str(target), str(small), model
+
+
+def _spec_engine(target: str, draft: str, **kw):
+    from radixlang_runtime import Engine
+
+    return Engine(target, dtype="float32", debug_check_integrity=True, speculative_algorithm="STANDALONE",
+                  speculative_draft_model_path=draft, **kw)
+
+
+def test_tiny_draft_equal_to_target_accepts_everything(tiny):
+    """draft = target weights: every drafted token is accepted; the text is transformers' greedy one."""
+    from conftest import assert_whole as engine_whole
+    from tiny_checkpoints import hf_greedy
+
+    target, _, model = tiny
+    sp = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    with _spec_engine(target, target, max_total_tokens=2048, speculative_num_steps=4) as eng:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=sp)
+        for p, o in zip(PROMPTS, outs):
+            assert o["output_ids"] == hf_greedy(model, p, NEW)
+            assert o["meta_info"]["spec_draft_tokens"] > 0
+            assert o["meta_info"]["spec_accepted_tokens"] == o["meta_info"]["spec_draft_tokens"]
+        stats = eng.get_stats()
+        assert stats["spec_accept_length"]["mean_accept_length"] > 3.0
+        assert eng._loop.call(lambda s: s.runner.draft_model.copied) > 0  # verify steps reused the proposal's K/V
+        engine_whole(eng)
+
+
+def test_tiny_small_draft_identical_with_stop_logprobs_and_a_tight_pool(tiny):
+    """A perturbed draft (partly rejected): greedy ids, stop strings and logprobs as without speculation;
+    a pool too small for the batch retracts, drafts dropped first; the KV whole after."""
+    from conftest import assert_whole as engine_whole
+    from radixlang_runtime import Engine
+
+    target, small, _ = tiny
+    sp = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    kw = {"return_logprob": True, "top_logprobs_num": 2}
+    with Engine(target, dtype="float32", max_total_tokens=2048) as off:
+        want = off.generate(input_ids=PROMPTS, sampling_params=sp, **kw)
+        stop = off.tokenizer.decode(want[1]["output_ids"][10:12])  # text the output reaches late
+        want_stop = off.generate(input_ids=PROMPTS[1], sampling_params={**sp, "stop": [stop]})
+    assert want_stop["meta_info"]["finish_reason"]["type"] == "stop"
+    with _spec_engine(target, small, max_total_tokens=2048) as eng:
+        got = eng.generate(input_ids=PROMPTS, sampling_params=sp, **kw)
+        for a, b in zip(want, got):
+            assert b["output_ids"] == a["output_ids"]
+            la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+            assert [t for _, t, _ in lb] == [t for _, t, _ in la]
+            for (va, _, _), (vb, _, _) in zip(la, lb):
+                assert vb is not None and vb == pytest.approx(va, abs=1e-4)
+        assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) > 0
+        assert sum(o["meta_info"]["spec_accepted_tokens"] for o in got) < sum(
+            o["meta_info"]["spec_draft_tokens"] for o in got)  # the small draft is sometimes wrong
+        b = eng.generate(input_ids=PROMPTS[1], sampling_params={**sp, "stop": [stop]})
+        assert b["text"] == want_stop["text"] and b["output_ids"] == want_stop["output_ids"]
+        assert b["meta_info"]["finish_reason"] == want_stop["meta_info"]["finish_reason"]
+        engine_whole(eng)
+    many = [p + [11 * j % 4000 + 10] for j in range(13) for p in PROMPTS][:64]  # 64 prompts
+    sp = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    with Engine(target, dtype="float32", max_total_tokens=8192) as off:
+        want = off.generate(input_ids=many, sampling_params=sp)
+    with _spec_engine(target, small, max_total_tokens=1280, page_size=16) as eng:
+        got = eng.generate(input_ids=many, sampling_params=sp)
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        stats = eng.get_stats()
+        assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0
+        engine_whole(eng)
+
+
+def test_server_flags_counters_and_metrics(tiny):
+    """The CLI flags through a real server (tiny target, draft = target): meta_info, /metrics (also under
+    SGLang's name), /server_info."""
+    import httpx
+
+    from server_utils import ServerProcess
+
+    target, _, _ = tiny
+    srv = ServerProcess("--model-path", target, "--dtype", "float32", "--max-total-tokens", "2048",
+                        "--enable-metrics", "--debug-check-integrity", "--speculative-algorithm", "STANDALONE",
+                        "--speculative-draft-model-path", target, "--speculative-num-steps", "2")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            r = c.post("/generate", json={"input_ids": PROMPTS[0],
+                                          "sampling_params": {"temperature": 0, "max_new_tokens": 12,
+                                                              "ignore_eos": True}})
+            assert r.status_code == 200, r.text
+            meta = r.json()["meta_info"]
+            assert meta["spec_accepted_tokens"] == meta["spec_draft_tokens"] > 0
+            lines = c.get("/metrics").text.splitlines()
+            value = float(next(x for x in lines if x.startswith("radixlang:spec_accept_length ")).split()[1])
+            assert value == pytest.approx(3.0, abs=0.5)  # 2 steps, all accepted: ~3 tokens a step (tail shorter)
+            assert any(x.startswith("sglang:spec_accept_length{") for x in lines)
+            info = c.get("/server_info").json()
+            assert info["speculative_algorithm"] == "STANDALONE" and info["speculative_num_steps"] == 2
+    finally:
+        assert srv.stop() in (0, 143), srv.tail()
+
+
+@pytest.mark.slow
+def test_q4_1_self_draft_on_the_embedded_model(engine):
+    """The embedded model in float32, drafted by its own .gguf's Q4_1 blocks: greedy ids, stop strings and
+    logprobs as without speculation; nearly every draft token accepted (the same weights, quantized)."""
+    from conftest import assert_whole as engine_whole
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.resolve import embedded_gguf_path
+    from test_spec_ngram import COPY, PROMPTS as TEXTS
+
+    sp = {"temperature": 0, "max_new_tokens": 32}
+    kw = {"return_logprob": True, "top_logprobs_num": 2}
+    stop = {**sp, "max_new_tokens": 48, "stop": ["kiwi"]}
+    want, want_stop = engine.generate(TEXTS, sp, **kw), engine.generate(COPY, stop)
+    with Engine(dtype="float32", max_total_tokens=4096, debug_check_integrity=True,
+                speculative_algorithm="STANDALONE", speculative_draft_model_path=embedded_gguf_path(),
+                speculative_draft_model_quantization="gguf") as eng:
+        got = eng.generate(TEXTS, sp, **kw)
+        for a, b in zip(want, got):
+            assert b["output_ids"] == a["output_ids"] and b["text"] == a["text"]
+            la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+            for (va, ta, _), (vb, tb, _) in zip(la, lb):
+                assert tb == ta and vb == pytest.approx(va, abs=1e-3)
+        regex = {**sp, "regex": "(apple|banana|cherry), (kiwi|lemon)[.]"}  # jump-forward stays theirs
+        assert eng.generate(COPY, regex)["text"] == engine.generate(COPY, regex)["text"]
+        b = eng.generate(COPY, stop)
+        assert b["text"] == want_stop["text"] and b["meta_info"]["finish_reason"] == want_stop["meta_info"][
+            "finish_reason"]
+        stats = eng.get_stats()
+        assert stats["spec_accepted_tokens"] > 0.8 * stats["spec_draft_tokens"]
+        assert stats["spec_accept_length"]["mean_accept_length"] > 2.5
+        engine_whole(eng)
