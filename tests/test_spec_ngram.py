@@ -15,7 +15,8 @@ from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.drafter import NgramConfig, NgramDrafter, NgramIndex
+from radixlang_runtime.scheduler.drafter import (ROW_COST, NgramConfig, NgramDrafter, NgramIndex, acceptance,
+                                                 trim_to_cost)
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -96,6 +97,57 @@ def test_draft_length_adapts():
     assert r.spec_backoff == 0 and len(d.draft(r)) == 2
 
 
+def _rate(reqs, c):
+    """Expected tokens per unit of step cost under trim_to_cost's model (1 + c * rows)."""
+    tokens = len(reqs) + sum(acceptance(r) ** (j + 1) for r in reqs for j in range(len(r.draft)))
+    return tokens / (1 + c * (len(reqs) + sum(len(r.draft) for r in reqs)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=70),
+       st.sampled_from([0.05, ROW_COST, 0.5]))
+def test_trim_to_cost_never_lowers_the_expected_rate(spec, c):
+    """Each request keeps a prefix of its draft; the kept rows' expected rate is >= no drafts at all, and no
+    single further row (the next one of any request) would raise it."""
+    reqs = []
+    for k, hits, misses in spec:
+        r = sreq([1, 2, 3])
+        r.draft, r.spec_hits, r.spec_trials = list(range(k)), float(hits), float(hits + misses)
+        reqs.append(r)
+    full = [list(r.draft) for r in reqs]
+    trim_to_cost(reqs, c)
+    for r, f in zip(reqs, full):
+        assert r.draft == f[:len(r.draft)]
+    bare = [sreq([1, 2, 3]) for _ in reqs]
+    assert _rate(reqs, c) >= _rate(bare, c) - 1e-12
+    for r, f in zip(reqs, full):
+        if len(r.draft) < len(f):
+            kept = r.draft
+            r.draft = f[:len(kept) + 1]
+            grown = _rate(reqs, c)
+            r.draft = kept
+            assert grown <= _rate(reqs, c) + 1e-12
+
+
+def test_trim_to_cost_steps_aside_at_large_batches():
+    """A coin-flip draft (acceptance 0.5) is worth rows for a lone request, not in a batch of 64; a draft
+    the model always takes keeps its first row even there."""
+    def batch(n, hits, misses):
+        reqs = [sreq([1, 2, 3]) for _ in range(n)]
+        for r in reqs:
+            r.draft, r.spec_hits, r.spec_trials = [5, 6, 7, 8], float(hits), float(hits + misses)
+        return reqs
+    one = batch(1, 0, 0)
+    trim_to_cost(one, ROW_COST)
+    assert len(one[0].draft) >= 2
+    many = batch(64, 0, 0)
+    trim_to_cost(many, ROW_COST)
+    assert all(r.draft == [] for r in many)
+    sure = batch(64, 40, 0)
+    trim_to_cost(sure, ROW_COST)
+    assert all(len(r.draft) >= 1 for r in sure)
+
+
 def test_flags_refused_by_name():
     with pytest.raises(ValueError, match="EAGLE"):
         ServerArgs(speculative_algorithm="EAGLE")
@@ -109,7 +161,7 @@ def test_flags_refused_by_name():
     with pytest.raises(TypeError, match="speculative_eagle_topk"):
         from radixlang_runtime.server_args import server_args_from_kwargs
         server_args_from_kwargs(speculative_algorithm="NGRAM", speculative_eagle_topk=4)
-    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 1)
+    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 0)
 
 
 # ---------------------------------------------------------------------------------------------- scheduler

@@ -29,6 +29,53 @@ class NgramConfig:
     min_match: int  # shortest suffix looked up (n from max_match down to min_match)
     max_match: int
     disable_batch_size: int = 0  # no n-gram drafts while the decode batch has more requests (0: no limit)
+    row_cost: float = 0.0  # b / a of a step's cost a + b * rows (ROW_COST); 0: rows are free, drafts never trimmed
+
+
+# A decode step of M rows (requests + draft rows, one C call per layer) costs about a + b * M: on this project's
+# CPU (SmolLM2-135M bf16, one thread, context 256) a = 13 ms, b = 1.75 ms, so b / a = 0.13; the ratio is
+# roughly a machine constant (both terms scale with the weights: streaming them vs multiplying by them).
+# Measured by `benchmarks/bench_spec.py --step-cost` (docs/PERFORMANCE.md#ngram-speculation).
+ROW_COST = 0.13
+DECAY = 0.8  # weight of the past in a request's acceptance estimate (spec_hits / spec_trials)
+
+
+def acceptance(req: Req) -> float:
+    """P(the model agrees with the request's next draft token), from its recent verifications (a Beta(1, 1)
+    prior: 0.5 before any). Draft position j (1-based) is then accepted with probability acceptance ** j."""
+    return (req.spec_hits + 1.0) / (req.spec_trials + 2.0)
+
+
+def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
+    """Before a step over `reqs`: cut each n-gram draft to the rows that pay for themselves. A step of M rows
+    costs 1 + row_cost * M (units of the fixed part) and yields T expected tokens (one per request, plus
+    the expected accepted draft tokens); a draft row of value v (its acceptance probability) is kept when
+    (T + v) / (1 + c (M + 1)) > T / (1 + c M), i.e. v (1 + c M) > c T. Rows are taken best first, so each
+    request keeps a prefix of its draft (values fall along it). Small batches keep most rows (a row is
+    nearly free while the weights' streaming dominates), large ones only drafts the model nearly always
+    takes: throughput never drops by the model's estimate. Jump-forward drafts (constrained) count as
+    rows worth one token each and are never cut."""
+    if row_cost <= 0:
+        return
+    tokens = rows = float(len(reqs))
+    cands = []
+    for i, r in enumerate(reqs):
+        if r.grammar is not None:
+            tokens += len(r.draft)
+            rows += len(r.draft)
+        elif r.draft:
+            a = acceptance(r)
+            cands += [(a ** (j + 1), i) for j in range(len(r.draft))]
+    keep = [0] * len(reqs)
+    for v, i in sorted(cands, reverse=True):
+        if v * (1.0 + row_cost * rows) <= row_cost * tokens:
+            break
+        keep[i] += 1
+        tokens += v
+        rows += 1
+    for i, r in enumerate(reqs):
+        if r.grammar is None and r.draft:
+            r.draft = r.draft[:keep[i]]
 
 
 @dataclass
@@ -122,6 +169,8 @@ class NgramDrafter:
         """After a verification: count it and adapt the request's draft length."""
         req.spec_draft_tokens += drafted
         req.spec_accepted_tokens += accepted
+        req.spec_hits = DECAY * req.spec_hits + accepted
+        req.spec_trials = DECAY * req.spec_trials + accepted + (accepted < drafted)  # up to the first rejection
         k_max = self.cfg.num_draft_tokens
         req.spec_k = min(k_max, req.spec_k + 1) if accepted == drafted else max(1, req.spec_k // 2)
         if accepted:
