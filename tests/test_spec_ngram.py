@@ -390,3 +390,30 @@ def test_point_mass_draft_keeps_the_sampling_distribution():
     freq1 = torch.bincount(torch.tensor(after), minlength=V).float() / len(after)
     assert torch.allclose(freq0, p0, atol=0.03), freq0  # ~5 standard deviations at n = 6000
     assert torch.allclose(freq1, p1, atol=0.05), freq1  # ~2,400 accepted
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_radix_continuation(page_size):
+    """RadixCache.continuation: what the tree holds after a path (whole or inside an edge, partial pages too),
+    the most recently used branch first; [] off the tree."""
+    tree = RadixCache(page_size)
+    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], list(range(8)))
+    tree.insert([1, 2, 3, 4, 9, 9, 9, 9], list(range(8, 16)))  # newer: its branch wins after [1, 2, 3, 4]
+    assert tree.continuation([1, 2, 3], 3) == [4, 9, 9]
+    assert tree.continuation([1, 2, 3, 4, 5], 2) == [6, 7]
+    assert tree.continuation([1, 2, 3, 4, 5, 6, 7, 8], 2) == []  # nothing cached after it
+    assert tree.continuation([1, 2, 7], 2) == [] and tree.continuation([5], 2) == []
+    assert tree.continuation([], 2) == [1, 2]
+
+
+def test_engine_drafts_from_the_radix_corpus(engine, spec_engine):
+    """A request that repeats what a cached one said gets drafts from the radix tree (its own text has few
+    n-gram matches), the model accepts them, and the greedy output is the one without speculation."""
+    prompt = "Describe a quiet morning in a small mountain village, with its bakery and church bells."
+    sp = {"temperature": 0, "max_new_tokens": 24}
+    first = spec_engine.generate(prompt, sp)
+    drafter = spec_engine.scheduler.drafts.drafter
+    before = drafter.corpus_accepted
+    again = spec_engine.generate(prompt, sp)
+    assert drafter.corpus_accepted > before
+    assert again["output_ids"] == first["output_ids"] == engine.generate(prompt, sp)["output_ids"]

@@ -6,6 +6,8 @@ Two sources, one interface (`draft(req) -> list[int]`, at most k tokens):
   states of the verification rows' masks (unchanged; it owns req.draft_states);
 - NgramDrafter (--speculative-algorithm NGRAM): prompt lookup for unconstrained requests. In this first
   version constrained requests never get an n-gram draft (their grammar's forced tokens are the draft).
+  Where the request's own text has no match, the radix tree is the corpus: the tokens a cached request
+  said after the same text (RadixCache.continuation, a read-only walk; nothing held between steps).
 
 Exactness: a deterministic draft is a point mass; accepting draft[j] iff the token sampled at row j equals
 it keeps every token's distribution (greedy: the same tokens). The rows see the output as it was before
@@ -19,7 +21,9 @@ context; never a finish id (EOS unless ignore_eos, stop_token_ids).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
+from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.scheduler.request import Req
 
 
@@ -133,10 +137,16 @@ class NgramDrafter:
     failing, up to MAX_BACKOFF; reset by any acceptance): a verification row costs compute, and on CPU
     a step carrying any draft runs as an extend rather than the fused decode kernel."""
 
-    def __init__(self, cfg: NgramConfig, eos_token_ids: tuple[int, ...], context_len: int):
+    def __init__(self, cfg: NgramConfig, eos_token_ids: tuple[int, ...], context_len: int,
+                 corpus: Optional[RadixCache] = None):
         self.cfg = cfg
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
+        # the radix tree as a second source: where the request's own text has no match, what a cached request
+        # with the same text so far went on to say (RadixCache.continuation); None: the own text only
+        self.corpus = corpus
+        self.corpus_drafted = 0  # draft tokens proposed from the corpus, all requests (stats)
+        self.corpus_accepted = 0  # of which accepted
 
     def _draftable(self, req: Req) -> bool:
         sp = req.sampling
@@ -158,17 +168,25 @@ class NgramDrafter:
             return []
         req.spec_index.sync(req)
         toks = req.spec_index.lookup(k)
+        req.spec_from_corpus = not toks and self.corpus is not None
+        if req.spec_from_corpus:
+            toks = self.corpus.continuation(req.spec_index.tokens, k)
         sp = req.sampling
         finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
         for j, t in enumerate(toks):
             if t in finish:
-                return toks[:j]
+                toks = toks[:j]
+                break
+        if req.spec_from_corpus:
+            self.corpus_drafted += len(toks)
         return toks
 
     def update(self, req: Req, drafted: int, accepted: int) -> None:
         """After a verification: count it and adapt the request's draft length."""
         req.spec_draft_tokens += drafted
         req.spec_accepted_tokens += accepted
+        if req.spec_from_corpus:
+            self.corpus_accepted += accepted
         req.spec_hits = DECAY * req.spec_hits + accepted
         req.spec_trials = DECAY * req.spec_trials + accepted + (accepted < drafted)  # up to the first rejection
         k_max = self.cfg.num_draft_tokens
