@@ -97,9 +97,9 @@ def test_draft_length_adapts():
     assert r.spec_backoff == 0 and len(d.draft(r)) == 2
 
 
-def _rate(reqs, c):
-    """Expected tokens per unit of step cost under trim_to_cost's model (1 + c * rows)."""
-    tokens = len(reqs) + sum(acceptance(r) ** (j + 1) for r in reqs for j in range(len(r.draft)))
+def _rate(reqs, c, alphas):
+    """Expected tokens per unit of step cost under trim_to_cost's model (1 + c * rows), acceptance alphas."""
+    tokens = len(reqs) + sum(a ** (j + 1) for r, a in zip(reqs, alphas) for j in range(len(r.draft)))
     return tokens / (1 + c * (len(reqs) + sum(len(r.draft) for r in reqs)))
 
 
@@ -115,18 +115,19 @@ def test_trim_to_cost_never_lowers_the_expected_rate(spec, c):
         r.draft, r.spec_hits, r.spec_trials = list(range(k)), float(hits), float(hits + misses)
         reqs.append(r)
     full = [list(r.draft) for r in reqs]
+    alphas = [acceptance(r) for r in reqs]  # as trim_to_cost saw them (it decays those it cuts to nothing)
     trim_to_cost(reqs, c)
     for r, f in zip(reqs, full):
         assert r.draft == f[:len(r.draft)]
     bare = [sreq([1, 2, 3]) for _ in reqs]
-    assert _rate(reqs, c) >= _rate(bare, c) - 1e-12
+    assert _rate(reqs, c, alphas) >= _rate(bare, c, alphas) - 1e-12
     for r, f in zip(reqs, full):
         if len(r.draft) < len(f):
             kept = r.draft
             r.draft = f[:len(kept) + 1]
-            grown = _rate(reqs, c)
+            grown = _rate(reqs, c, alphas)
             r.draft = kept
-            assert grown <= _rate(reqs, c) + 1e-12
+            assert grown <= _rate(reqs, c, alphas) + 1e-12
 
 
 def test_trim_to_cost_steps_aside_at_large_batches():
@@ -146,6 +147,13 @@ def test_trim_to_cost_steps_aside_at_large_batches():
     sure = batch(64, 40, 0)
     trim_to_cost(sure, ROW_COST)
     assert all(len(r.draft) >= 1 for r in sure)
+    mid = batch(4, 0, 1)  # one rejection: acceptance 1/3, just under batch 4's break-even (0.342)
+    trim_to_cost(mid, ROW_COST)
+    assert all(r.draft == [] for r in mid)
+    for r in mid:  # cut, so its estimate drifted toward the prior: the next step tries one row again
+        r.draft = [5, 6, 7, 8]
+    trim_to_cost(mid, ROW_COST)
+    assert all(len(r.draft) == 1 for r in mid)
 
 
 def test_flags_refused_by_name():

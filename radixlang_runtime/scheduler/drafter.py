@@ -58,7 +58,8 @@ def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
     request keeps a prefix of its draft (values fall along it). Small batches keep most rows (a row is
     nearly free while the weights' streaming dominates), large ones only drafts the model nearly always
     takes: throughput never drops by the model's estimate. Jump-forward drafts (constrained) count as
-    rows worth one token each and are never cut."""
+    rows worth one token each and are never cut. A request whose whole draft is cut has its estimate decayed
+    toward the prior (0.5), so one bad draft does not stop it drafting for good at a mid-size batch."""
     if row_cost <= 0:
         return
     tokens = rows = float(len(reqs))
@@ -80,6 +81,9 @@ def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
     for i, r in enumerate(reqs):
         if r.grammar is None and r.draft:
             r.draft = r.draft[:keep[i]]
+            if not r.draft:  # not verified, so never re-estimated: the estimate drifts back to the prior instead
+                r.spec_hits *= DECAY
+                r.spec_trials *= DECAY
 
 
 @dataclass
