@@ -1,16 +1,23 @@
 """N-gram speculative decoding (--speculative-algorithm NGRAM) against plain decoding, same invocation.
 
-Workloads (greedy, EOS ignored, prompts pre-filled once so the timed runs are decode-dominated):
-  copy   a list the prompt asks the model to repeat (drafts mostly accepted)
-  free   open-ended prompts (few n-gram matches: the cost of drafting when it rarely helps)
-at batch sizes 1 and 4 (all requests submitted together). Each setting runs in its own child process
-(embedded SmolLM2-135M, the CPU default dtype); reported: median decode tok/s over --runs, the ratio
-NGRAM / off, and NGRAM's accepted / drafted tokens. --cpu-time: one torch thread, and tokens per CPU second
-of the process instead of per wall second (a figure that other load on the machine barely moves).
+Workloads (greedy, EOS ignored; before each timed run the radix cache is flushed and the prompts pre-filled
+with one token, so the timed runs are decode-dominated and no run drafts from a previous run's output):
+  code_edit     rewrite an 803-token Python file with functions renamed (benchmarks/data/spec_prompts.json)
+  quotes        answer questions with exact quotes from a passage
+  json_extract  a JSON list of the people in a document
+  free          W2's ids (bench_offline.py: 32 random ids; batch > 1 adds more random prompts): free
+                generation, where drafts rarely match (the cost of drafting when it does not help)
+  W1            (--w1) bench_offline's W1 at batch 64 (64 x 256 random ids -> --new-tokens)
+at batch sizes 1 and 4 (all requests submitted together; batch b of a copy workload: b variants of its
+prompt). Each setting runs in its own child process (embedded SmolLM2-135M, the CPU default dtype) with
+--threads torch threads (default 1: a shared machine's load then moves CPU time little); reported: medians
+over --runs of decode tok/s (wall clock) and tok per CPU second of the process, the NGRAM / off ratios of
+both, and NGRAM's accepted / drafted tokens.
 
-    python benchmarks/bench_spec.py              # 3 runs each
-    python benchmarks/bench_spec.py --runs 1 --new-tokens 32
-    python benchmarks/bench_spec.py --cpu-time   # on a shared machine
+    python benchmarks/bench_spec.py                      # 3 runs each, batch 1 and 4
+    python benchmarks/bench_spec.py --runs 1 --new-tokens 32 --workloads code_edit,free
+    python benchmarks/bench_spec.py --w1 --batch-sizes 64 --workloads W1
+    python benchmarks/bench_spec.py --step-cost          # decode step time vs rows (drafter.ROW_COST's basis)
 
 --standalone: STANDALONE instead (docs/SPECULATIVE.md): the target (the embedded model, --dtype: the CPU
 default or float32) drafted by its own .gguf's Q4_1 blocks (--quantization gguf as the draft) on W2 (the 32
@@ -23,42 +30,84 @@ tok/s off and on, the ratio and the accept length (tokens per verification step)
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import statistics
 import time
 
 from bench_common import in_child
 
-ITEMS = ("apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine, orange, "
-         "papaya, quince, raspberry, strawberry, tangerine")
-COPY = [f"Repeat this list exactly{'!' * i}: {ITEMS}.\nList: {ITEMS}.\nList again:" for i in range(4)]
-FREE = ["Write a short story about a lighthouse keeper.", "Explain how a refrigerator works.",
-        "Describe your ideal weekend in detail.", "What are the main causes of the French Revolution?"]
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "spec_prompts.json")
+COPY = ("code_edit", "quotes", "json_extract")
 
 
-def measure(spec: bool, prompts: list[str], new_tokens: int, runs: int, cpu_time: bool, q) -> None:
+def prompts_for(name: str, b: int, new_tokens: int) -> dict:
+    """{"prompt": [...]} or {"input_ids": [...]}: the b prompts of workload `name` at batch size b."""
+    if name in COPY:
+        with open(DATA) as f:
+            base = json.load(f)[name]
+        return {"prompt": [base if i == 0 else f"Task {i}.\n{base}" for i in range(b)]}
+    from bench_offline import workloads
+
+    wl = workloads(quick=False)
+    if name == "W1":
+        return {"input_ids": wl["W1"]["ids"][:b]}
+    rng = random.Random(1)
+    extra = [[rng.randrange(100, 49000) for _ in range(32)] for _ in range(b - 1)]
+    return {"input_ids": (wl["W2"]["ids"] + extra)[:b]}
+
+
+def measure(spec: bool, prompts: dict, new_tokens: int, runs: int, threads: int, q) -> None:
     import torch
 
     from radixlang_runtime import Engine
 
-    if cpu_time:
-        torch.set_num_threads(1)
-    clock = time.process_time if cpu_time else time.perf_counter
-
-    kw = {"speculative_algorithm": "NGRAM", "speculative_disable_by_batch_size": 0} if spec else {}
-    eng = Engine(max_total_tokens=16384, **kw)
+    torch.set_num_threads(threads)
+    kw = {"speculative_algorithm": "NGRAM"} if spec else {}
+    eng = Engine(max_total_tokens=65536, **kw)
     sp = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    eng.generate(prompts, {**sp, "max_new_tokens": 1})  # prompts into the radix cache; warm-up
-    rates, drafted, accepted = [], 0, 0
-    for _ in range(runs):
-        t0 = clock()
-        outs = eng.generate(prompts, sp)
-        dt = clock() - t0
-        rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs) / dt)
-        drafted += sum(o["meta_info"]["spec_draft_tokens"] for o in outs)
-        accepted += sum(o["meta_info"]["spec_accepted_tokens"] for o in outs)
+    walls, cpus, drafted, accepted = [], [], 0, 0
+    for _ in range(runs + 1):  # the first run warms up
+        assert eng.flush_cache(), "flush_cache refused"
+        eng.generate(**prompts, sampling_params={**sp, "max_new_tokens": 1})  # prompts pre-filled, untimed
+        w0, c0 = time.perf_counter(), time.process_time()
+        outs = eng.generate(**prompts, sampling_params=sp)
+        w, c = time.perf_counter() - w0, time.process_time() - c0
+        n = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        walls.append(n / w)
+        cpus.append(n / c)
+        drafted += sum(o["meta_info"].get("spec_draft_tokens", 0) for o in outs)
+        accepted += sum(o["meta_info"].get("spec_accepted_tokens", 0) for o in outs)
     eng.shutdown()
-    q.put({"tok_s": statistics.median(rates), "drafted": drafted, "accepted": accepted})
+    q.put({"wall": statistics.median(walls[1:]), "cpu": statistics.median(cpus[1:]), "drafted": drafted,
+           "accepted": accepted})
+
+
+def step_cost(threads: int, q) -> None:
+    """CPU time of one decode step of M rows (each a request at context 256), M = 1 .. 64."""
+    import torch
+
+    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.runner import ModelRunner, StepInputs
+    from radixlang_runtime.server_args import ServerArgs
+
+    torch.set_num_threads(threads)
+    r = ModelRunner(ServerArgs(max_total_tokens=20000, max_running_requests=128), resolve_model_dir(None, None))
+    ctx, V, stride, out = 256, r.cfg.vocab_size, 264, {}
+    for i in range(64):
+        ids = [(j * 7919 + i) % V for j in range(ctx)]
+        r.run_step(StepInputs("extend", ids, list(range(i * stride, i * stride + ctx)), [i], [0], [ctx], [], [ctx - 1]))
+    for M in (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+        step = StepInputs("decode", [5] * M, [i * stride + ctx for i in range(M)], list(range(M)), [ctx] * M,
+                          [1] * M, [], list(range(M)))
+        for _ in range(2):
+            r.run_step(step)
+        c0 = time.process_time()
+        for _ in range(8):
+            r.run_step(step)
+        out[M] = (time.process_time() - c0) / 8
+    q.put(out)
 
 
 def w2_ids() -> list[int]:
@@ -112,26 +161,39 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--batch-sizes", default="1,4")
-    ap.add_argument("--cpu-time", action="store_true", help="one torch thread; tokens per CPU second")
+    ap.add_argument("--workloads", default="code_edit,quotes,json_extract,free")
+    ap.add_argument("--w1", action="store_true", help="allow the W1 workload (64 prompts; use --batch-sizes 64)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--step-cost", action="store_true", help="only the decode step's cost vs rows")
     ap.add_argument("--standalone", action="store_true", help="STANDALONE with the Q4_1 self-draft on W2")
     ap.add_argument("--num-steps", default="2,4", help="--standalone: draft steps to measure")
     ap.add_argument("--dtype", default="auto", help="--standalone: the target's dtype")
+    ap.add_argument("--cpu-time", action="store_true", help="--standalone: one torch thread; tokens per CPU second")
     a = ap.parse_args()
-    if a.cpu_time:
-        os.environ["OMP_NUM_THREADS"] = "1"  # the children's OpenMP pool (spawned processes inherit it)
     if a.standalone:
+        if a.cpu_time:
+            os.environ["OMP_NUM_THREADS"] = "1"  # the children's OpenMP pool (spawned processes inherit it)
         if a.new_tokens == 96:
             a.new_tokens = 256  # W2's length
         main_standalone(a)
         return
-    unit = "tok/cpu-s" if a.cpu_time else "tok/s"
-    print(f"{'workload':<8} {'batch':>5} {'off ' + unit:>13} {'NGRAM ' + unit:>15} {'ratio':>6} "
-          f"{'accepted/drafted':>17}")
-    for name, prompts in (("copy", COPY), ("free", FREE)):
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)  # the children's OpenMP pool (spawned processes inherit it)
+    if a.step_cost:
+        cost = in_child(step_cost, a.threads)
+        for M, t in cost.items():
+            print(f"rows {M:3d}: {t * 1e3:7.2f} ms  ({t * 1e3 / M:5.2f} ms a row)")
+        return
+    print(f"{'workload':<13} {'batch':>5} {'off tok/s':>10} {'NGRAM tok/s':>12} {'ratio':>6} {'off tok/cpu-s':>14} "
+          f"{'NGRAM tok/cpu-s':>16} {'ratio':>6} {'accepted/drafted':>17}")
+    for name in a.workloads.split(","):
+        if name == "W1" and not a.w1:
+            raise SystemExit("W1 needs --w1 (64 prompts: minutes per setting)")
         for b in (int(x) for x in a.batch_sizes.split(",")):
-            off = in_child(measure, False, prompts[:b], a.new_tokens, a.runs, a.cpu_time)
-            on = in_child(measure, True, prompts[:b], a.new_tokens, a.runs, a.cpu_time)
-            print(f"{name:<8} {b:>5} {off['tok_s']:>13.1f} {on['tok_s']:>15.1f} {on['tok_s'] / off['tok_s']:>6.2f} "
+            prompts = prompts_for(name, b, a.new_tokens)
+            off = in_child(measure, False, prompts, a.new_tokens, a.runs, a.threads)
+            on = in_child(measure, True, prompts, a.new_tokens, a.runs, a.threads)
+            print(f"{name:<13} {b:>5} {off['wall']:>10.1f} {on['wall']:>12.1f} {on['wall'] / off['wall']:>6.2f} "
+                  f"{off['cpu']:>14.1f} {on['cpu']:>16.1f} {on['cpu'] / off['cpu']:>6.2f} "
                   f"{on['accepted']:>8}/{on['drafted']:<8}", flush=True)
 
 

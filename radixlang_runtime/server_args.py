@@ -110,8 +110,8 @@ class ServerArgs:
     speculative_num_draft_tokens: Optional[int] = None  # k: most draft tokens per step (NGRAM default 4)
     speculative_ngram_min_match_window_size: Optional[int] = None  # shortest suffix looked up (default 2)
     speculative_ngram_max_match_window_size: Optional[int] = None  # longest suffix looked up (default 4)
-    # no drafts while more requests decode (default 1: a lone request; bench_spec.py: a step carrying any draft
-    # leaves the fused decode kernel for the whole batch, and free generation at batch 4 ran at 0.62x); 0: no limit
+    # no drafts while more requests decode (default 0: no limit; the per-step cost rule, drafter.trim_to_cost,
+    # keeps only draft rows whose expected accepted tokens pay for them at the batch's size)
     speculative_disable_by_batch_size: Optional[int] = None
     # STANDALONE (model/draft_model.py, scheduler/model_drafter.py; docs/SPECULATIVE.md): a draft model of the same
     # tokenizer (a HF directory or a .gguf) proposes speculative_num_steps tokens greedily per step; the target
@@ -359,7 +359,7 @@ class ServerArgs:
         def pick(v: Optional[int], default: int) -> int:
             return default if v is None else v
         return (pick(self.speculative_num_draft_tokens, 4), pick(self.speculative_ngram_min_match_window_size, 2),
-                pick(self.speculative_ngram_max_match_window_size, 4), pick(self.speculative_disable_by_batch_size, 1))
+                pick(self.speculative_ngram_max_match_window_size, 4), pick(self.speculative_disable_by_batch_size, 0))
 
     def resolve_for_device(self, device_type: str) -> "ServerArgs":
         """Fill the None ("auto") sizes. On CPU, prefill batches of ~4K tokens keep the activations

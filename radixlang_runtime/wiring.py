@@ -14,7 +14,7 @@ from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.runner import ModelRunner
-from radixlang_runtime.scheduler.drafter import NgramConfig, NgramDrafter
+from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -116,7 +116,7 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
     if args.speculative_algorithm != "NGRAM":
         return None
     k, lo, hi, cap = args.speculative_ngram_settings()
-    return NgramDrafter(NgramConfig(k, lo, hi, cap), eos, context_len)
+    return NgramDrafter(NgramConfig(k, lo, hi, cap, ROW_COST), eos, context_len)
 
 
 def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:

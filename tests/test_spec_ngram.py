@@ -15,7 +15,8 @@ from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.drafter import NgramConfig, NgramDrafter, NgramIndex
+from radixlang_runtime.scheduler.drafter import (ROW_COST, NgramConfig, NgramDrafter, NgramIndex, acceptance,
+                                                 trim_to_cost)
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -96,6 +97,65 @@ def test_draft_length_adapts():
     assert r.spec_backoff == 0 and len(d.draft(r)) == 2
 
 
+def _rate(reqs, c, alphas):
+    """Expected tokens per unit of step cost under trim_to_cost's model (1 + c * rows), acceptance alphas."""
+    tokens = len(reqs) + sum(a ** (j + 1) for r, a in zip(reqs, alphas) for j in range(len(r.draft)))
+    return tokens / (1 + c * (len(reqs) + sum(len(r.draft) for r in reqs)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=70),
+       st.sampled_from([0.05, ROW_COST, 0.5]))
+def test_trim_to_cost_never_lowers_the_expected_rate(spec, c):
+    """Each request keeps a prefix of its draft; the kept rows' expected rate is >= no drafts at all, and no
+    single further row (the next one of any request) would raise it."""
+    reqs = []
+    for k, hits, misses in spec:
+        r = sreq([1, 2, 3])
+        r.draft, r.spec_hits, r.spec_trials = list(range(k)), float(hits), float(hits + misses)
+        reqs.append(r)
+    full = [list(r.draft) for r in reqs]
+    alphas = [acceptance(r) for r in reqs]  # as trim_to_cost saw them (it decays those it cuts to nothing)
+    trim_to_cost(reqs, c)
+    for r, f in zip(reqs, full):
+        assert r.draft == f[:len(r.draft)]
+    bare = [sreq([1, 2, 3]) for _ in reqs]
+    assert _rate(reqs, c, alphas) >= _rate(bare, c, alphas) - 1e-12
+    for r, f in zip(reqs, full):
+        if len(r.draft) < len(f):
+            kept = r.draft
+            r.draft = f[:len(kept) + 1]
+            grown = _rate(reqs, c, alphas)
+            r.draft = kept
+            assert grown <= _rate(reqs, c, alphas) + 1e-12
+
+
+def test_trim_to_cost_steps_aside_at_large_batches():
+    """A coin-flip draft (acceptance 0.5) is worth rows for a lone request, not in a batch of 64; a draft
+    the model always takes keeps its first row even there."""
+    def batch(n, hits, misses):
+        reqs = [sreq([1, 2, 3]) for _ in range(n)]
+        for r in reqs:
+            r.draft, r.spec_hits, r.spec_trials = [5, 6, 7, 8], float(hits), float(hits + misses)
+        return reqs
+    one = batch(1, 0, 0)
+    trim_to_cost(one, ROW_COST)
+    assert len(one[0].draft) >= 2
+    many = batch(64, 0, 0)
+    trim_to_cost(many, ROW_COST)
+    assert all(r.draft == [] for r in many)
+    sure = batch(64, 40, 0)
+    trim_to_cost(sure, ROW_COST)
+    assert all(len(r.draft) >= 1 for r in sure)
+    mid = batch(4, 0, 1)  # one rejection: acceptance 1/3, just under batch 4's break-even (0.342)
+    trim_to_cost(mid, ROW_COST)
+    assert all(r.draft == [] for r in mid)
+    for r in mid:  # cut, so its estimate drifted toward the prior: the next step tries one row again
+        r.draft = [5, 6, 7, 8]
+    trim_to_cost(mid, ROW_COST)
+    assert all(len(r.draft) == 1 for r in mid)
+
+
 def test_flags_refused_by_name():
     with pytest.raises(ValueError, match="EAGLE"):
         ServerArgs(speculative_algorithm="EAGLE")
@@ -109,7 +169,7 @@ def test_flags_refused_by_name():
     with pytest.raises(TypeError, match="speculative_eagle_topk"):
         from radixlang_runtime.server_args import server_args_from_kwargs
         server_args_from_kwargs(speculative_algorithm="NGRAM", speculative_eagle_topk=4)
-    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 1)
+    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 0)
 
 
 # ---------------------------------------------------------------------------------------------- scheduler
@@ -338,3 +398,30 @@ def test_point_mass_draft_keeps_the_sampling_distribution():
     freq1 = torch.bincount(torch.tensor(after), minlength=V).float() / len(after)
     assert torch.allclose(freq0, p0, atol=0.03), freq0  # ~5 standard deviations at n = 6000
     assert torch.allclose(freq1, p1, atol=0.05), freq1  # ~2,400 accepted
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_radix_continuation(page_size):
+    """RadixCache.continuation: what the tree holds after a path (whole or inside an edge, partial pages too),
+    the most recently used branch first; [] off the tree."""
+    tree = RadixCache(page_size)
+    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], list(range(8)))
+    tree.insert([1, 2, 3, 4, 9, 9, 9, 9], list(range(8, 16)))  # newer: its branch wins after [1, 2, 3, 4]
+    assert tree.continuation([1, 2, 3], 3) == [4, 9, 9]
+    assert tree.continuation([1, 2, 3, 4, 5], 2) == [6, 7]
+    assert tree.continuation([1, 2, 3, 4, 5, 6, 7, 8], 2) == []  # nothing cached after it
+    assert tree.continuation([1, 2, 7], 2) == [] and tree.continuation([5], 2) == []
+    assert tree.continuation([], 2) == [1, 2]
+
+
+def test_engine_drafts_from_the_radix_corpus(engine, spec_engine):
+    """A request that repeats what a cached one said gets drafts from the radix tree (its own text has few
+    n-gram matches), the model accepts them, and the greedy output is the one without speculation."""
+    prompt = "Describe a quiet morning in a small mountain village, with its bakery and church bells."
+    sp = {"temperature": 0, "max_new_tokens": 24}
+    first = spec_engine.generate(prompt, sp)
+    drafter = spec_engine.scheduler.drafts.drafter
+    before = drafter.corpus_accepted
+    again = spec_engine.generate(prompt, sp)
+    assert drafter.corpus_accepted > before
+    assert again["output_ids"] == first["output_ids"] == engine.generate(prompt, sp)["output_ids"]

@@ -108,6 +108,31 @@ class RadixCache:
             node, pos = child, pos + n
         return MatchResult(pos, slots, node)
 
+    def continuation(self, ids: list[int], k: int) -> list[int]:
+        """Read-only (no locks, no access times touched): when the tree holds `ids` as a path from the root
+        (whole or ending inside an edge), the first k tokens cached after it, following the most recently
+        used child at each branch; [] when it does not or nothing follows. Work: one walk of len(ids)
+        (slice compares) + k tokens; nothing is kept between calls, so eviction and splits never leave a
+        stale reference behind. The n-gram drafter's corpus (scheduler/drafter.py)."""
+        node, pos, L, off = self.root, 0, len(ids), 0
+        while pos < L:
+            rest = L - pos
+            if rest >= self.page_size:
+                child = node.children.get(self._child_key(ids, pos))
+            else:  # a partial page: the children's keys are whole pages
+                child = next((c for c in node.children.values() if c.key[:rest] == ids[pos:]), None)
+            if child is None:
+                return []
+            n = min(len(child.key), rest)
+            if child.key[:n] != ids[pos:pos + n]:
+                return []
+            node, pos, off = child, pos + n, n
+        out = node.key[off:off + k] if node is not self.root else []
+        while len(out) < k and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access)
+            out += node.key[:k - len(out)]
+        return out
+
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """child (key k) -> new (k[:at]) -> child (k[at:]); returns new."""
         parent = child.parent

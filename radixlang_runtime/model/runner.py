@@ -86,6 +86,23 @@ class StepInputs:
     logit_rows: list[int]  # [R] flattened token rows the head runs on
 
 
+def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
+    """A step whose every request runs exactly its last token + its draft (n-gram or jump-forward
+    verification, nothing to prefill, no input logprobs) as a decode step of T = sum(counts) rows: row j
+    of request i is the decode of position prefix_i + j over the same table row. Each layer stores every
+    row's K/V before any row attends (decode_layer.c, the backends' store-then-attend), so row j sees the
+    draft tokens before it exactly as an extend's causal mask would, and the step runs the fused decode
+    kernel (one C call per layer) instead of an extend: verifying k tokens costs about one decode step
+    of k + 1 rows. The token order, slots and logit rows are unchanged (sample_step reads the same rows).
+    Returns `step` itself when some request does more than that (a prefill, a chunk)."""
+    if any(s is None for s in batch.samples) or counts != step.extend_lens:
+        return step
+    req_rows = [r for r, n in zip(step.req_rows, counts) for _ in range(n)]
+    prefix_lens = [p + j for p, n in zip(step.prefix_lens, counts) for j in range(n)]
+    return dataclasses.replace(step, phase="decode", req_rows=req_rows, prefix_lens=prefix_lens,
+                               extend_lens=[1] * len(req_rows))
+
+
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None,
                  extra_kv: Optional[tuple[int, int, int]] = None):
@@ -256,12 +273,14 @@ class ModelRunner:
         rows = [r for i, n in zip(sample_idx, counts) for r in range(ends[i] - n, ends[i])]
         S = len(rows)
         rows += [r for p in plans for r in p.rows]
-        step = self._step_inputs(batch, rows)
+        step = mirrored = self._step_inputs(batch, rows)
+        if not plans and batch.phase != "decode":
+            step = verify_as_decode(step, batch, counts)
         if self.tp is not None:
             self.tp.broadcast_obj(step)
         logits = self.run_step(step)  # [R, V] fp32
-        if self.draft_mirror is not None:
-            self.draft_mirror(step)
+        if self.draft_mirror is not None:  # the extend form: the draft reuses its proposal's K/V by position
+            self.draft_mirror(mirrored)
         if plans:
             fill_input_logprobs(result, batch, plans, logits[S:])
         if S:  # none: non-final chunks and prefill-only requests

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from radixlang_runtime.model.step_io import StepLogprobs
-from radixlang_runtime.scheduler.drafter import NgramDrafter
+from radixlang_runtime.scheduler.drafter import NgramDrafter, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
 
@@ -48,12 +48,17 @@ class Drafts:
         return limit <= 0 or batch_size <= limit
 
     def gate(self, running: list[Req]) -> None:
-        """Before a step over `running`: drop n-gram drafts when the batch is too large to speculate; a draft
-        model (STANDALONE, scheduler/model_drafter.py) drafts here, batched, for the requests it marked."""
-        if self.drafter is not None and not self.speculate(len(running)):
+        """Before a step over `running`: drop drafts when the batch is too large to speculate; else a draft model
+        (STANDALONE, scheduler/model_drafter.py) drafts here, batched, for the requests it marked, and n-gram
+        drafts are cut to the rows whose expected accepted tokens pay for their cost (drafter.trim_to_cost)."""
+        if self.drafter is None:
+            return
+        if not self.speculate(len(running)):
             self.drop_ngram(running)
         elif hasattr(self.drafter, "fill"):
             self.drafter.fill(running)
+        else:
+            trim_to_cost(running, self.drafter.cfg.row_cost)
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:

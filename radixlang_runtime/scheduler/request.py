@@ -54,6 +54,9 @@ class Req:
     spec_skip: int = 0  # steps left without drafts (backoff)
     spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
     spec_accepted_tokens: int = 0  # of which the model agreed with (meta_info.spec_accepted_tokens)
+    spec_hits: float = 0.0  # recent accepted draft tokens (decayed sums: drafter.acceptance)
+    spec_trials: float = 0.0  # recent draft positions verified up to the first rejection
+    spec_from_corpus: bool = False  # the current n-gram draft came from the radix tree (drafter.corpus)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
     error: Optional[str] = None  # set when a fault or a bad grammar ended the request (finished_reason: abort)
