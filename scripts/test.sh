@@ -8,6 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q tests "$@"
+.venv/bin/python -m pytest -q --durations=25 tests "$@"
 RADIXLANG_CPU_MASK=avx2,cc exec .venv/bin/python -m pytest -q "$@" \
     tests/test_model_parity.py tests/test_radix_e2e.py tests/test_faults_engine.py tests/test_engine.py

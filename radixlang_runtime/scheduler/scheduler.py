@@ -58,8 +58,8 @@ class Scheduler:
                  grammar: Optional[GrammarQueue] = None, drafter: Optional[NgramDrafter] = None):
         self.cfg = cfg
         self.drafts = Drafts(drafter, grammar, self._check_finished)
-        if drafter is not None and drafter.corpus is None:
-            drafter.corpus = kv.radix  # cached text as a draft corpus (None with --disable-radix-cache)
+        if isinstance(drafter, NgramDrafter) and drafter.corpus is None:
+            drafter.corpus = kv.radix  # NGRAM: cached text as a draft corpus (None with --disable-radix-cache)
         self.grammar = grammar  # None: constrained requests are refused before they get here
         self.runner = runner
         self.kv = kv
