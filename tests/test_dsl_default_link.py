@@ -13,6 +13,7 @@ import pytest
 
 import radixlang as sgl
 from radixlang.errors import BackendError
+from grammars import ARITH_EBNF, ARITH_LARK
 from server_utils import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -139,18 +140,6 @@ def test_without_the_link_the_same_call_runs_over_http(server_without_link, link
         sgl.RuntimeEndpoint(server_without_link.url, link="zmq")
 
 
-ARITH_EBNF = r'''root ::= expr
-expr ::= term | term op term | term op term op term
-term ::= num | "(" num op num ")"
-op ::= " + " | " - " | " * "
-num ::= [1-9] | [1-9] [0-9]
-'''
-ARITH_LARK = r'''start: expr
-expr: term | term OP term | term OP term OP term
-term: NUM | "(" NUM OP NUM ")"
-OP: " + " | " - " | " * "
-NUM: /[1-9][0-9]?/
-'''
 
 
 @sgl.function

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lark import Lark
+from grammars import ARITH_EBNF, ARITH_LARK
 from test_constrained_helpers import EOS, SCHEMAS, dump, encode, instances, vocab
 
 from radixlang_runtime.constrained.grammar import compile_grammar
@@ -22,19 +23,6 @@ from radixlang_runtime.constrained.state import GrammarState
 BACKENDS = ("outlines", "xgrammar", "llguidance")
 CF_BACKENDS = ("xgrammar", "llguidance")
 
-# Arithmetic over small numbers, bounded depth and length (a greedy run must finish).
-ARITH_EBNF = r'''root ::= expr
-expr ::= term | term op term | term op term op term
-term ::= num | "(" num op num ")"
-op ::= " + " | " - " | " * "
-num ::= [1-9] | [1-9] [0-9]
-'''
-ARITH_LARK = r'''start: expr
-expr: term | term OP term | term OP term OP term
-term: NUM | "(" NUM OP NUM ")"
-OP: " + " | " - " | " * "
-NUM: /[1-9][0-9]?/
-'''
 SQL_EBNF = r'''root ::= "SELECT " cols " FROM " table where ";"
 cols ::= "*" | col | col ", " col
 col ::= "id" | "name" | "age" | "total"
