@@ -178,5 +178,5 @@ def test_a_stop_string_cut_after_streaming_reads_the_same_on_every_link(server):
             chunks[link] = list(story.run(backend=backend, stream=True).text_iter("a"))
         finally:
             backend.shutdown()
-    assert len(chunks["zmq"]) > 1  # how deltas group into chunks depends on timing; what they add up to does not
+    # how deltas group into chunks depends on timing (a loaded machine may deliver one); what they add up to does not
     assert "".join(chunks["zmq"]) == "".join(chunks["http"]) == text
