@@ -226,8 +226,8 @@ class ServerArgs:
             self.disaggregation_bootstrap_port = 8998  # SGLang's default; /server_info reports the port in use
         if mode == "null":
             return
-        for name, on in (("tp_size > 1", self.tp_size > 1), ("dp_size > 1", self.dp_size > 1),
-                         ("nnodes > 1", self.nnodes > 1), ("speculative_algorithm", bool(self.speculative_algorithm)),
+        # tp_size > 1 and nnodes > 1 work (rank 0 moves every rank's K/V heads: model/tp_kv.py)
+        for name, on in (("dp_size > 1", self.dp_size > 1), ("speculative_algorithm", bool(self.speculative_algorithm)),
                          ("enable_hierarchical_cache", self.enable_hierarchical_cache)):
             if on:
                 raise ValueError(f"{name} with disaggregation_mode {mode} is not implemented")

@@ -72,7 +72,12 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     from radixlang_runtime.disagg.prefill import PrefillRole
     from radixlang_runtime.mem.kv_records import KVRecordPort
 
-    port = KVRecordPort(scheduler.runner.kv_pool, 1)  # one-token records: any positions, any page size
+    from radixlang_runtime.model.tp_kv import TPRecordPort
+
+    runner = scheduler.runner
+    # one-token records: any positions, any page size; under TP rank 0 moves every rank's heads (model/tp_kv.py),
+    # so the records are the same bytes at any tp_size and a prefill and a decode may differ in it
+    port = KVRecordPort(runner.kv_pool, 1) if runner.tp is None else TPRecordPort(runner, 1)
     timeouts = (args.disaggregation_transfer_timeout, args.disaggregation_heartbeat_timeout)
     if args.disaggregation_mode == "prefill":
         link = BootstrapServer(args.host, args.disaggregation_bootstrap_port, timeouts[1])

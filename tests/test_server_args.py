@@ -91,11 +91,17 @@ def test_the_chat_template_is_a_template_or_an_existing_file(tmp_path):
     ({"disaggregation_mode": "decode", "disaggregation_heartbeat_timeout": -1}, "disaggregation_heartbeat_timeout"),
     ({"disaggregation_mode": "decode", "speculative_algorithm": "NGRAM"}, "speculative_algorithm with disagg"),
     ({"disaggregation_mode": "prefill", "enable_hierarchical_cache": True}, "enable_hierarchical_cache with disagg"),
-    ({"disaggregation_mode": "prefill", "tp_size": 2}, "tp_size > 1 with disaggregation_mode prefill"),
+    ({"disaggregation_mode": "prefill", "dp_size": 2}, "dp_size > 1 with disaggregation_mode prefill"),
 ])
 def test_disaggregation_flags_refused_by_name(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
         ServerArgs(**kwargs)
+
+
+def test_disaggregation_takes_tensor_parallelism_over_nodes():
+    a = ServerArgs(disaggregation_mode="prefill", tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:5000")
+    assert (a.tp_size, a.nnodes, a.disaggregation_bootstrap_port) == (2, 2, 8998)
+    assert ServerArgs(disaggregation_mode="decode", tp_size=2).tp_size == 2
 
 
 def test_disaggregation_flags_parse_and_default_the_bootstrap_port():

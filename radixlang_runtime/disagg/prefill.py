@@ -157,7 +157,7 @@ class PrefillRole:
                     f"(prefix {reg.prefix_len}); this prompt has {len(req.input_ids)}: different bodies?")
         if reg.token_bytes != self.port.record_bytes:
             return (f"KV layouts differ: the decode stores {reg.token_bytes} bytes a token, this prefill "
-                    f"{self.port.record_bytes} (same model, dtype and tensor parallelism on both)")
+                    f"{self.port.record_bytes} (the same model and dtype are needed on both; tp sizes may differ)")
         return None
 
     def _send_kv(self, req: Req, room: int, reg: _Registration, upto: int) -> None:

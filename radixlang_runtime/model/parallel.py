@@ -184,6 +184,18 @@ class TPGroup:
             return None
         return torch.cat(outs[0], dim=1)[:, :vocab_size]
 
+    def gather_cpu(self, local: torch.Tensor) -> Optional[list[torch.Tensor]]:
+        """local: a CPU tensor of the same shape and dtype on every rank -> every rank's, in rank order, on
+        rank 0 (None elsewhere). Over the CPU group (gloo) on any device."""
+        import torch.distributed as dist
+
+        local = local.contiguous()
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        outs = [[torch.empty_like(local) for _ in range(self.size)]] if self.rank == 0 else []
+        self._wait(self.cpu_pg.gather(outs, [local], opts), "gather")
+        return outs[0] if self.rank == 0 else None
+
     def broadcast_obj(self, obj: Any) -> None:
         """Rank 0: send obj (pickled) to every rank."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)

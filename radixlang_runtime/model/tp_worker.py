@@ -6,6 +6,7 @@ Engine's loop thread); every other rank runs `run_tp_worker`.
 
 Invariants:
 - a worker runs exactly the StepInputs rank 0 broadcasts, in order; None is a keepalive, STOP ends it;
+  KVRead / KVWrite (PD's K/V transfers, tp_kv.py) come between steps, in the same order;
 - a worker whose group fails (rank 0 gone, a peer gone, a timeout) exits with status 1 within the
   group's timeout, never lingers: a dead scheduler leaves no orphan ranks;
 - a worker dies with the process that spawned it, even a SIGKILLed one (child_process.py).
@@ -76,6 +77,7 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
     from radixlang_runtime.model.parallel import STOP, ParallelFault
     from radixlang_runtime.model.resolve import resolve_model_dir
     from radixlang_runtime.model.runner import ModelRunner
+    from radixlang_runtime.model.tp_kv import KVRead, KVWrite, serve
 
     try:
         set_cpu_threads(args)
@@ -99,7 +101,10 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
             if msg == STOP:
                 logger.info("tp rank %d: stop", rank)
                 return
-            runner.run_step(msg)
+            if isinstance(msg, (KVRead, KVWrite)):  # PD: rank 0 reads / writes K/V of every rank (tp_kv.py)
+                serve(runner, msg)
+            else:
+                runner.run_step(msg)
         except ParallelFault as e:
             logger.error("%s: exiting", e)
             sys.exit(1)
