@@ -71,7 +71,6 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     from radixlang_runtime.disagg.link import BootstrapClient, BootstrapServer
     from radixlang_runtime.disagg.prefill import PrefillRole
     from radixlang_runtime.mem.kv_records import KVRecordPort
-
     from radixlang_runtime.model.tp_kv import TPRecordPort
 
     runner = scheduler.runner
