@@ -54,7 +54,7 @@ def fresh(pd):
         s.mode, s.release = "ok", threading.Event()
     wait_for(lambda: all(i["eligible"] and i["in_flight"] == 0 for g in router.info()["groups"].values()
                          for i in g["instances"]), 30, lambda: router.info())
-    assert httpx.post(router.url + "/flush_cache", timeout=10).status_code == 200
+    assert httpx.post(router.url + "/flush_cache", timeout=BOUND).status_code == 200
     for s in prefills + decodes:
         with s.lock:
             s.bodies.clear()
@@ -289,7 +289,7 @@ def test_decode_killed_mid_stream(fresh):
     assert r.status_code == 502 and decodes[0].url in json.loads(body)["error"]["message"]
     wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 30, "dead decode still eligible")
     assert gen(router.url, "again").status_code == 200 and len(decodes[1].generate_bodies()) == 1
-    m = httpx.get(router.url + "/metrics", timeout=5).text
+    m = httpx.get(router.url + "/metrics", timeout=BOUND).text
     assert f'radixlang_router_instance_errors_total{{role="decode",instance="{decodes[0].url}"}} 1' in m
     assert f'radixlang_router_instance_healthy{{role="decode",instance="{decodes[0].url}"}} 0' in m
 
@@ -371,7 +371,8 @@ def test_workers_mode_misconfigured_instance_and_clean_exit():
         # batch input passes through to co-located servers
         assert httpx.post(router.url + "/generate", json={"text": ["a", "b"]}, timeout=BOUND).status_code == 200
         good.kill()
-        wait_for(lambda: httpx.get(router.url + "/health", timeout=5).status_code == 503, 30, "router still healthy")
+        wait_for(lambda: httpx.get(router.url + "/health", timeout=BOUND).status_code == 503, 30,
+                 "router still healthy")
         r = gen(router.url, "nobody")
         assert r.status_code == 503 and "no healthy worker" in r.json()["error"]["message"]
     finally:
