@@ -40,7 +40,7 @@ class RouterProcess:
             return False
 
     def info(self) -> dict:
-        return httpx.get(self.url + "/server_info", timeout=5).json()
+        return httpx.get(self.url + "/server_info", timeout=BOUND).json()  # a loaded machine: seconds
 
     def instance(self, role: str, url: str) -> dict:
         return next(i for i in self.info()["groups"][role]["instances"] if i["url"] == url)

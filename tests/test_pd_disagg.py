@@ -1,12 +1,14 @@
 """Prefill-decode disaggregation through real servers: one prefill + one decode server (each its own
 launch_server with its processes), every body posted to both with the router's bootstrap fields (the
-router itself is h2's launch_router; a two-post helper stands in for it here), compared with a co-located
+router itself is launch_router; a two-post helper stands in for it here), compared with a co-located
 server on the same weights in float32: greedy output identical (text, ids, finish reason, logprobs),
 constrained and OpenAI requests included; the decode's radix cache saves transfers; the intake refuses
-what PD does not take; both allocators are whole after every request."""
+what PD does not take; both allocators are whole after every request. The servers are pd_servers.py's
+shared set (a tiny float32 checkpoint), also used by test_pd_e2e and test_pd_faults."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -14,37 +16,33 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from server_utils import ServerProcess, free_port
+import pd_servers
 from test_server import assert_idle_and_whole
 
-# Three servers start side by side in the module's fixture: on a loaded 2-core machine that alone can take minutes.
+# The shared servers start in the first PD file's fixture: on a loaded 2-core machine that alone can take minutes.
 pytestmark = pytest.mark.timeout(1800)
-START_S = 900.0
 
-COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--debug-check-integrity",
-          "--chunked-prefill-size", "64", "--frontend-port", "-1")
-PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5", "--disaggregation-transfer-timeout", "300")  # generous: load
-# The issue's acceptance run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs fewer to stay lean on 2 cores.
-PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "16"))
+# The issue's acceptance run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs 8 (each kind of body once).
+PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "8"))
 T = 600  # client bound per request (a loaded machine; grammars compile on first use)
+IDLE_S = 120  # bound on a server going idle after its requests answered (a loaded machine)
 WORDS = ["river", "castle", "engine", "garden", "planet", "violin", "harbor", "forest"]
 
 
 @pytest.fixture(scope="module")
-def servers():
-    boot = free_port()
-    flags = [("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot), *PD_FLAGS),
-             ("--disaggregation-mode", "decode", *PD_FLAGS), ()]
-    with ThreadPoolExecutor(3) as ex:  # started side by side
-        futures = [ex.submit(ServerProcess, *COMMON, *f, timeout=START_S) for f in flags]
-    started = [f.result() for f in futures if f.exception() is None]
-    try:
-        if len(started) < 3:
-            raise next(f.exception() for f in futures if f.exception() is not None)
-        yield {"prefill": started[0], "decode": started[1], "colo": started[2], "boot": boot}
-    finally:
-        for s in started:
-            assert s.stop() in (0, 143), s.tail()
+def pd_cluster(request, tmp_path_factory):
+    yield from pd_servers.shared(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def servers(pd_cluster):
+    return {"prefill": pd_cluster.prefill, "decode": pd_cluster.decodes[0], "colo": pd_cluster.colo,
+            "boot": pd_cluster.boot}
+
+
+def assert_whole(url: str) -> None:
+    with httpx.Client(base_url=url, timeout=T) as cl:
+        assert_idle_and_whole(cl, timeout=IDLE_S)
 
 
 def pd_post(servers, path: str, body: dict) -> tuple[httpx.Response, httpx.Response]:
@@ -114,8 +112,7 @@ def test_greedy_parity_with_colocated(servers):
         assert pj["meta_info"]["completion_tokens"] == 1
         assert c.json()["text"].startswith(pj["text"])
     for s in ("prefill", "decode"):
-        with httpx.Client(base_url=servers[s].url) as cl:
-            assert_idle_and_whole(cl)
+        assert_whole(servers[s].url)
 
 
 def test_streaming_and_openai(servers):
@@ -131,8 +128,6 @@ def test_streaming_and_openai(servers):
     colo = httpx.post(servers["colo"].url + "/generate", json={**body, "stream": False,
                                                                  "bootstrap_host": None, "bootstrap_port": None,
                                                                  "bootstrap_room": None}, timeout=T).json()
-    import json
-
     assert json.loads(lines[-2][6:])["text"] == colo["text"]
     chat = {"model": "default", "messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 8,
             "temperature": 0, "logprobs": True, "top_logprobs": 2}
@@ -149,11 +144,15 @@ def test_streaming_and_openai(servers):
 
 
 def _pd_stats(url: str) -> dict:
-    return httpx.get(url + "/server_info", timeout=30).json()["stats"]["disaggregation"]
+    return httpx.get(url + "/server_info", timeout=T).json()["stats"]["disaggregation"]
 
 
 def test_decode_radix_hit_sends_fewer_tokens(servers):
     prefix = "An entirely new shared introduction about lighthouses and sailors. " * 4
+    # the set is shared (other files' requests are cached there): start from an empty decode cache
+    assert_whole(servers["decode"].url)
+    r = httpx.post(servers["decode"].url + "/flush_cache", timeout=T)
+    assert r.status_code == 200, r.text
     sent, prompt_tokens = [], []
     for tail in ("First question: who", "Second question: why"):
         before = _pd_stats(servers["decode"].url)["transferred_tokens"]
@@ -168,19 +167,19 @@ def test_decode_radix_hit_sends_fewer_tokens(servers):
 
 def test_intake_refusals(servers):
     plain = {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}
-    r = httpx.post(servers["decode"].url + "/generate", json=plain, timeout=30)
+    r = httpx.post(servers["decode"].url + "/generate", json=plain, timeout=T)
     assert r.status_code == 400 and "bootstrap_host" in r.json()["error"]["message"]
-    r = httpx.post(servers["colo"].url + "/generate", json={**plain, "bootstrap_room": 5}, timeout=30)
+    r = httpx.post(servers["colo"].url + "/generate", json={**plain, "bootstrap_room": 5}, timeout=T)
     assert r.status_code == 400 and "bootstrap_room" in r.json()["error"]["message"]
     pd = {"bootstrap_host": "127.0.0.1", "bootstrap_port": servers["boot"], "bootstrap_room": 1}
-    r = httpx.post(servers["decode"].url + "/generate", json={**plain, **pd, "text": ["a", "b"]}, timeout=30)
+    r = httpx.post(servers["decode"].url + "/generate", json={**plain, **pd, "text": ["a", "b"]}, timeout=T)
     assert r.status_code == 400 and "batch input" in r.json()["error"]["message"]
     r = httpx.post(servers["prefill"].url + "/generate",
-                   json={**plain, **pd, "sampling_params": {"n": 2, "temperature": 1}}, timeout=30)
+                   json={**plain, **pd, "sampling_params": {"n": 2, "temperature": 1}}, timeout=T)
     assert r.status_code == 400 and "n > 1" in r.json()["error"]["message"]
     r = httpx.post(servers["colo"].url + "/v1/completions",
-                   json={"model": "default", "prompt": "x", "max_tokens": 2, **pd}, timeout=30)
+                   json={"model": "default", "prompt": "x", "max_tokens": 2, **pd}, timeout=T)
     assert r.status_code == 400 and "bootstrap_host" in r.json()["error"]["message"]
-    info = httpx.get(servers["prefill"].url + "/server_info", timeout=30).json()
+    info = httpx.get(servers["prefill"].url + "/server_info", timeout=T).json()
     assert info["disaggregation_mode"] == "prefill" and info["disaggregation_bootstrap_port"] == servers["boot"]
-    assert httpx.get(servers["decode"].url + "/server_info", timeout=30).json()["disaggregation_mode"] == "decode"
+    assert httpx.get(servers["decode"].url + "/server_info", timeout=T).json()["disaggregation_mode"] == "decode"

@@ -1,139 +1,101 @@
-"""PD faults through real servers: a decode server killed while its prefill computes (the prefill's request
-answers 503 naming the unreachable decode, the prefill serves on with another decode), a prefill killed while
-its decode waits for the K/V (the decode's request answers 503 within the heartbeat bound, its allocator is
-whole, a restarted prefill on the same bootstrap port serves the next request). Every killed server's
-processes are gone afterwards. The prefill stalls its forward pass for requests "slow-*" (RADIXLANG_FAULT_INJECT)
-so that the kill lands mid-transfer; the decode's transfer timeout is far above the client's, so an answer
-proves the heartbeat detected the dead peer."""
+"""PD faults through real servers (pd_servers.py's shared set): a decode server killed while its prefill
+computes (the prefill's request answers 503 naming the unreachable decode, the prefill serves on with another
+decode), a prefill killed while its decode waits for the K/V (the decode's request answers 503 within the
+heartbeat bound, its allocator is whole, a restarted prefill on the same bootstrap port serves the next
+request). Every killed server's processes are gone afterwards; only what a test kills is started again. The
+servers stall the forward pass of requests "slow-*" (RADIXLANG_FAULT_INJECT, pd_servers.STALL_S) so that the
+kill lands mid-transfer; the transfer timeout is far above the client's, so an answer proves the heartbeat
+detected the dead peer."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from radixlang_runtime.faults import ENV
-from server_utils import ServerProcess, free_port
+import pd_servers
+from pd_servers import ServerProcess, kill, pids_of
 from test_server import assert_idle_and_whole
 
-# Three servers start side by side in the module's fixture: on a loaded 2-core machine that alone can take minutes.
+# The shared servers may start in this file's fixture: on a loaded 2-core machine that alone can take minutes.
 pytestmark = pytest.mark.timeout(1800)
-START_S = 900.0
-
-COMMON = ("--dtype", "float32", "--max-total-tokens", "4096", "--debug-check-integrity", "--frontend-port", "-1",
-          "--disaggregation-transfer-timeout", "600", "--disaggregation-heartbeat-timeout", "3")
-BODY = {"text": "The lighthouse keeper walked up the stairs and", "sampling_params": {"temperature": 0,
-                                                                                       "max_new_tokens": 4}}
-
-
-def start_prefill(boot: int, stall: bool) -> ServerProcess:
-    if stall:
-        os.environ[ENV] = "forward:slow:stall=8"
-    try:
-        return ServerProcess(*COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
-                             new_session=True, timeout=START_S)
-    finally:
-        os.environ.pop(ENV, None)
+T = 300  # the client's bound: far below the servers' transfer timeout (600 s), far above a heartbeat (5 s)
+BODY = {"text": "The lighthouse keeper walked up the stairs and", "sampling_params": {
+    "temperature": 0, "max_new_tokens": 4, "min_new_tokens": 4}}  # exactly 4 (EOS may come early on the tiny model)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    boot = free_port()
-    with ThreadPoolExecutor(3) as ex:
-        futures = [ex.submit(start_prefill, boot, True)] + \
-                  [ex.submit(ServerProcess, *COMMON, "--disaggregation-mode", "decode", new_session=True,
-                             timeout=START_S) for _ in range(2)]
-    up = [f.result() for f in futures if f.exception() is None]
-    c = {"boot": boot, "servers": up}
-    try:
-        if len(up) < 3:
-            raise next(f.exception() for f in futures if f.exception() is not None)
-        c.update(prefill=up[0], decode=up[1], decode2=up[2])
-        yield c
-    finally:
-        for s in c["servers"]:
-            s.stop()
+def pd_cluster(request, tmp_path_factory):
+    yield from pd_servers.shared(request, tmp_path_factory)
 
 
-def post_pair(c: dict, prefill: ServerProcess, decode: ServerProcess, rid: str) -> tuple:
-    body = {**BODY, "rid": rid, "bootstrap_host": "127.0.0.1", "bootstrap_port": c["boot"],
+def post_pair(c: pd_servers.Cluster, prefill: ServerProcess, decode: ServerProcess, rid: str) -> tuple[Future, Future]:
+    body = {**BODY, "rid": rid, "bootstrap_host": "127.0.0.1", "bootstrap_port": c.boot,
             "bootstrap_room": random.getrandbits(63)}
     ex = ThreadPoolExecutor(2)
-    fp = ex.submit(httpx.post, prefill.url + "/generate", json=body, timeout=300)
-    fd = ex.submit(httpx.post, decode.url + "/generate", json=body, timeout=300)
+    fp = ex.submit(httpx.post, prefill.url + "/generate", json=body, timeout=T)
+    fd = ex.submit(httpx.post, decode.url + "/generate", json=body, timeout=T)
     ex.shutdown(wait=False)
     return fp, fd
 
 
-def wait_receiving(srv: ServerProcess) -> None:
+def wait_receiving(srv: ServerProcess, bound: float = 120.0) -> None:
     """Until the decode has registered a room with the prefill (bounded)."""
-    deadline = time.time() + 30
-    while httpx.get(srv.url + "/server_info", timeout=10).json()["stats"]["disaggregation"]["receiving"] < 1:
+    deadline = time.time() + bound
+    while httpx.get(srv.url + "/server_info", timeout=T).json()["stats"]["disaggregation"]["receiving"] < 1:
         assert time.time() < deadline, "the decode never registered"
         time.sleep(0.1)
 
 
-def pids_of(srv: ServerProcess) -> list[int]:
-    """Every process of the server (ask before stalling it: /server_info waits for its scheduler)."""
-    return list(httpx.get(srv.url + "/server_info", timeout=60).json()["pids"].values())
+def assert_whole(srv: ServerProcess) -> None:
+    with httpx.Client(base_url=srv.url, timeout=T) as cl:
+        assert_idle_and_whole(cl, timeout=120)
 
 
-def kill(srv: ServerProcess, pids: list[int]) -> None:
-    """SIGKILL the server's process group; every process of it must be gone (no orphans)."""
-    os.killpg(srv.proc.pid, signal.SIGKILL)
-    srv.proc.wait(30)
-    deadline = time.time() + 30
-    for pid in pids:
-        while _alive(pid):
-            assert time.time() < deadline, f"process {pid} of the killed server is still running"
-            time.sleep(0.1)
+def failed_transfers(srv: ServerProcess) -> int:
+    return httpx.get(srv.url + "/server_info", timeout=T).json()["stats"]["disaggregation"]["transfers_failed"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def test_killed_decode_fails_the_prefill_request(cluster):
-    pids = pids_of(cluster["decode"])
-    fp, fd = post_pair(cluster, cluster["prefill"], cluster["decode"], "slow-a")
-    wait_receiving(cluster["decode"])
-    kill(cluster["decode"], pids)
+def test_killed_decode_fails_the_prefill_request(pd_cluster):
+    cluster = pd_cluster
+    cluster.ensure()  # two decodes (the other test leaves one; it restarts the prefill it kills)
+    victim, other = cluster.live_decodes()
+    pids = pids_of(victim)
+    fp, fd = post_pair(cluster, cluster.prefill, victim, "slow-a")
+    wait_receiving(victim)
+    kill(victim, pids)
     r = fp.result()
     assert r.status_code == 503, r.text
     assert "decode server of room" in r.json()["error"]["message"] and "unreachable" in r.json()["error"]["message"]
     with pytest.raises(httpx.HTTPError):
         fd.result()
     # the prefill serves on with the other decode
-    fp, fd = post_pair(cluster, cluster["prefill"], cluster["decode2"], "ok-a")
+    fp, fd = post_pair(cluster, cluster.prefill, other, "ok-a")
     assert fp.result().status_code == 200 and fd.result().status_code == 200, fd.result().text
     assert fd.result().json()["meta_info"]["completion_tokens"] == 4
-    with httpx.Client(base_url=cluster["prefill"].url) as cl:
-        assert_idle_and_whole(cl)
+    assert_whole(cluster.prefill)
 
 
-def test_killed_prefill_fails_the_decode_request_and_a_restart_serves(cluster):
-    pids = pids_of(cluster["prefill"])
-    fp, fd = post_pair(cluster, cluster["prefill"], cluster["decode2"], "slow-b")
-    wait_receiving(cluster["decode2"])
-    kill(cluster["prefill"], pids)
+def test_killed_prefill_fails_the_decode_request_and_a_restart_serves(pd_cluster):
+    cluster = pd_cluster
+    decode = cluster.live_decodes()[0]
+    failed_before = failed_transfers(decode)
+    pids = pids_of(cluster.prefill)
+    fp, fd = post_pair(cluster, cluster.prefill, decode, "slow-b")
+    wait_receiving(decode)
+    kill(cluster.prefill, pids)
     r = fd.result()
     assert r.status_code == 503, r.text
     assert "prefill server 127.0.0.1:" in r.json()["error"]["message"]
     assert "unreachable" in r.json()["error"]["message"]
-    with httpx.Client(base_url=cluster["decode2"].url) as cl:
-        assert_idle_and_whole(cl)  # the half-received request's slots are free
-        assert cl.get("/server_info").json()["stats"]["disaggregation"]["transfers_failed"] >= 1
-    restarted = start_prefill(cluster["boot"], False)
-    cluster["servers"].append(restarted)
-    fp, fd = post_pair(cluster, restarted, cluster["decode2"], "ok-b")
+    assert_whole(decode)  # the half-received request's slots are free
+    assert failed_transfers(decode) == failed_before + 1
+    with pytest.raises(httpx.HTTPError):
+        fp.result()
+    restarted = cluster.restart_prefill()  # the same bootstrap port; only the killed server starts again
+    fp, fd = post_pair(cluster, restarted, decode, "ok-b")
     assert fp.result().status_code == 200 and fd.result().status_code == 200, fd.result().text
     assert fd.result().json()["meta_info"]["completion_tokens"] == 4

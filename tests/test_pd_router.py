@@ -5,8 +5,11 @@ health marks it down; it comes back). The router runs as a real subprocess; stub
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import socket
 import threading
 
 import httpx
@@ -14,8 +17,9 @@ import pytest
 
 from radixlang_runtime.router.config import RouterArgs, parse_args
 from radixlang_runtime.limits import FieldError
-from radixlang_runtime.router.pd_proxy import check_pd_body, routing_key
+from radixlang_runtime.router.pd_proxy import RelayResponse, check_pd_body, routing_key
 from radixlang_runtime.server.http_common import BadRequest
+from starlette.requests import ClientDisconnect
 from pd_stubs import Stub
 from router_utils import BOUND, HEALTH_FLAGS, RouterProcess, wait_for
 
@@ -50,7 +54,7 @@ def fresh(pd):
         s.mode, s.release = "ok", threading.Event()
     wait_for(lambda: all(i["eligible"] and i["in_flight"] == 0 for g in router.info()["groups"].values()
                          for i in g["instances"]), 30, lambda: router.info())
-    assert httpx.post(router.url + "/flush_cache", timeout=10).status_code == 200
+    assert httpx.post(router.url + "/flush_cache", timeout=BOUND).status_code == 200
     for s in prefills + decodes:
         with s.lock:
             s.bodies.clear()
@@ -157,10 +161,10 @@ def test_decode_by_load(fresh):
         d.mode = "hold"
     first = threading.Thread(target=gen, args=(router.url, "one"))
     first.start()
-    wait_for(lambda: sum(len(d.generate_bodies()) for d in decodes) == 1, 10, "first request not at a decode")
+    wait_for(lambda: sum(len(d.generate_bodies()) for d in decodes) == 1, 30, "first request not at a decode")
     second = threading.Thread(target=gen, args=(router.url, "one"))  # same prompt: only the load decides
     second.start()
-    wait_for(lambda: sum(len(d.generate_bodies()) for d in decodes) == 2, 10, "second request not at a decode")
+    wait_for(lambda: sum(len(d.generate_bodies()) for d in decodes) == 2, 30, "second request not at a decode")
     assert [len(d.generate_bodies()) for d in decodes] == [1, 1]
     assert [i["in_flight"] for i in router.info()["groups"]["decode"]["instances"]] == [1, 1]
     for d in decodes:
@@ -205,6 +209,51 @@ def test_batch_and_n_refused_by_name(fresh):
     assert not any(s.generate_bodies() for s in prefills + decodes)
 
 
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+def test_relay_response_ends_on_every_path(spec):
+    """The relayed stream's `end` (the load release) runs whether the body ran, was cut, or never started
+    (the client gone before the first chunk: ASGI 2.4 servers raise OSError at the first send, 2.3 ones
+    report the disconnect at once)."""
+    ran: list[str] = []
+
+    async def events():
+        try:
+            ran.append("started")
+            yield b"data: 1\n\n"
+            yield b"data: [DONE]\n\n"
+        finally:
+            ran.append("relay closed")
+
+    async def end() -> None:
+        ran.append("end")
+
+    async def gone_receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def refusing_send(message: dict) -> None:
+        raise OSError("client gone")
+
+    async def ok_receive() -> dict:
+        await asyncio.sleep(3600)  # the client stays
+        return {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def ok_send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"spec_version": spec}}
+    send = refusing_send if spec == "2.4" else ok_send
+    with pytest.raises(ClientDisconnect) if spec == "2.4" else contextlib.nullcontext():
+        asyncio.run(RelayResponse(events(), end)(scope, gone_receive, send))
+    assert "end" in ran, ran
+    assert ("started" in ran) == ("relay closed" in ran), ran  # a relay that started was closed too
+    ran.clear()
+    asyncio.run(RelayResponse(events(), end)(scope, ok_receive, ok_send))
+    assert ran[0] == "started" and "relay closed" in ran and "end" in ran, ran
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
 # ---------------------------------------------------------------------------- faults
 def test_prefill_killed_mid_transfer(fresh):
     router, prefills, decodes = fresh
@@ -215,7 +264,7 @@ def test_prefill_killed_mid_transfer(fresh):
     assert r.status_code in (502, 503), r.text
     msg = r.json()["error"]["message"]
     assert prefills[0].url in msg and "prefill" in msg
-    wait_for(lambda: not router.instance("prefill", prefills[0].url)["eligible"], 10, "dead prefill still eligible")
+    wait_for(lambda: not router.instance("prefill", prefills[0].url)["eligible"], 30, "dead prefill still eligible")
     assert [i["in_flight"] for i in router.info()["groups"]["decode"]["instances"]] == [0, 0]
     for d in decodes:
         d.mode = "ok"
@@ -225,10 +274,10 @@ def test_prefill_killed_mid_transfer(fresh):
 
     def survivors() -> list[int]:  # a stub decode may answer before the stub prefill logged the body
         return [i for i, s in enumerate(prefills) for b in s.generate_bodies() if b["text"] == "survivors"]
-    wait_for(lambda: survivors(), 10, "no prefill got the request")
+    wait_for(lambda: survivors(), 30, "no prefill got the request")
     assert survivors() == [1]
     prefills[0].restart()
-    wait_for(lambda: router.instance("prefill", prefills[0].url)["eligible"], 10, "restarted prefill not back")
+    wait_for(lambda: router.instance("prefill", prefills[0].url)["eligible"], 30, "restarted prefill not back")
 
 
 def test_decode_killed_mid_stream(fresh):
@@ -238,9 +287,9 @@ def test_decode_killed_mid_stream(fresh):
         body = r.read().decode()
     # the decode died before its headers: a JSON error naming it
     assert r.status_code == 502 and decodes[0].url in json.loads(body)["error"]["message"]
-    wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 10, "dead decode still eligible")
+    wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 30, "dead decode still eligible")
     assert gen(router.url, "again").status_code == 200 and len(decodes[1].generate_bodies()) == 1
-    m = httpx.get(router.url + "/metrics", timeout=5).text
+    m = httpx.get(router.url + "/metrics", timeout=BOUND).text
     assert f'radixlang_router_instance_errors_total{{role="decode",instance="{decodes[0].url}"}} 1' in m
     assert f'radixlang_router_instance_healthy{{role="decode",instance="{decodes[0].url}"}} 0' in m
 
@@ -253,7 +302,27 @@ def test_decode_killed_after_the_first_event(fresh):
     assert r.status_code == 200 and json.loads(events[0])["text"] == "A"
     err = json.loads(events[1])["error"]  # the stream ends well-formed: an error event naming it, then [DONE]
     assert decodes[0].url in err["message"] and err["code"] == 502 and events[2:] == ["[DONE]"]
-    wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 10, "dead decode still eligible")
+    wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 30, "dead decode still eligible")
+
+
+def test_client_gone_before_the_first_chunk_releases_the_load(fresh):
+    """A client that leaves while the router waits for the decode's stream headers: once the decode answers,
+    nothing is relayed, and the decode's and the prefill's load counts go back to 0 (issue 33)."""
+    router, prefills, decodes = fresh
+    for d in decodes:
+        d.mode = "hold"  # no headers until released
+    raw = json.dumps({"text": "leaving early", "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", router.port), timeout=BOUND) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+        wait_for(lambda: sum(len(d.generate_bodies()) for d in decodes) == 1, 30, "the request never reached a decode")
+        loads = [i["in_flight"] for i in router.info()["groups"]["decode"]["instances"]]
+        assert sorted(loads) == [0, 1], loads
+    for d in decodes:  # the client is gone: now the decode's stream starts
+        d.release.set()
+    wait_for(lambda: all(i["in_flight"] == 0 for g in router.info()["groups"].values() for i in g["instances"]), 30,
+             lambda: f"load left on an instance: {router.info()}")
+    assert gen(router.url, "after").status_code == 200  # and the router serves on
 
 
 def test_upstream_4xx_passes_through(fresh):
@@ -277,7 +346,7 @@ def test_hung_prefill_fails_by_health_check_and_recovers(fresh):
     prefills[0].mode = "ok"
     for s in prefills + decodes:
         s.release.set()
-    wait_for(lambda: router.instance("prefill", prefills[0].url)["eligible"], 10, "recovered prefill not back")
+    wait_for(lambda: router.instance("prefill", prefills[0].url)["eligible"], 30, "recovered prefill not back")
 
 
 def test_upstream_500_is_a_502_naming_it(fresh):
@@ -293,7 +362,8 @@ def test_workers_mode_misconfigured_instance_and_clean_exit():
     router = RouterProcess("--worker-urls", good.url, wrong.url, "--policy", "round_robin", *HEALTH_FLAGS)
     pid = router.proc.pid
     try:
-        assert "misconfigured" in router.instance("worker", wrong.url)["reason"]
+        wait_for(lambda: "misconfigured" in (router.instance("worker", wrong.url)["reason"] or ""), 30,
+                 lambda: router.info())
         for i in range(3):
             assert gen(router.url, f"w{i}").status_code == 200
         assert len(good.generate_bodies()) == 3 and not wrong.generate_bodies()
@@ -301,7 +371,8 @@ def test_workers_mode_misconfigured_instance_and_clean_exit():
         # batch input passes through to co-located servers
         assert httpx.post(router.url + "/generate", json={"text": ["a", "b"]}, timeout=BOUND).status_code == 200
         good.kill()
-        wait_for(lambda: httpx.get(router.url + "/health", timeout=5).status_code == 503, 10, "router still healthy")
+        wait_for(lambda: httpx.get(router.url + "/health", timeout=BOUND).status_code == 503, 30,
+                 "router still healthy")
         r = gen(router.url, "nobody")
         assert r.status_code == 503 and "no healthy worker" in r.json()["error"]["message"]
     finally:

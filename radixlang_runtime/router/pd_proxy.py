@@ -20,17 +20,17 @@ import json
 import logging
 import random
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Optional
 
 import httpx
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang_runtime.router.config import RouterArgs
 from radixlang_runtime.router.health import HealthMonitor
 from radixlang_runtime.router.instances import Group, Instance, NoInstance, Ticket, UpstreamError
 from radixlang_runtime.router.upstream import next_chunk, open_stream, post_whole
 from radixlang_runtime.limits import FieldError
-from radixlang_runtime.server.http_common import SSE_DONE, BadRequest, error_body, error_response, sse, stream_response
+from radixlang_runtime.server.http_common import SSE_DONE, BadRequest, error_body, error_response, sse
 
 logger = logging.getLogger(__name__)
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
@@ -126,6 +126,26 @@ class Legs:
                 task.exception()  # retrieved: no "never retrieved" warning
 
 
+class RelayResponse(StreamingResponse):
+    """The relayed SSE stream (stream_response's headers) whose `end` (release the instances' load, close
+    the legs and the upstream stream) runs however the response ends: done, failed, cancelled, or the
+    client gone before the first chunk, when the server may never start the body (a generator that never
+    started never runs its finally) or leave it suspended at a yield until the garbage collector finds it."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], end: Callable[[], Awaitable[None]]):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.end = end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]  # a started relay runs its finally
+            finally:
+                await self.end()
+
+
 class Dispatcher:
     """Routes each request: `prefill` is None without --pd-disaggregation (then `answer` is the workers)."""
 
@@ -188,10 +208,15 @@ class Dispatcher:
             if isinstance(e, UpstreamError):
                 return self._failed(e)
             raise
-        return stream_response(self._relay(rid, chosen, legs, d_inst, resp))
 
-    async def _relay(self, rid: str, chosen: list[Group], legs: Legs, d_inst: Instance,
-                     resp: httpx.Response) -> AsyncIterator[bytes]:
+        async def end() -> None:  # idempotent: the relay's finally and the response's both call it
+            legs.close()
+            self._finish(rid, chosen)
+            await resp.aclose()
+        return RelayResponse(self._relay(legs, d_inst, resp, end), end)
+
+    async def _relay(self, legs: Legs, d_inst: Instance, resp: httpx.Response,
+                     end: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
         """The decode's bytes as they come; a failure of either side ends the stream with an error event."""
         chunks, tail = resp.aiter_raw(), b""
         try:
@@ -205,9 +230,7 @@ class Dispatcher:
             yield sse(error_body(e.status, str(e)))
             yield SSE_DONE
         finally:
-            legs.close()
-            self._finish(rid, chosen)
-            await resp.aclose()
+            await end()
 
     def _count(self, e: UpstreamError) -> None:
         if e.status >= 500:
