@@ -20,6 +20,7 @@ from radixlang_runtime.model.step_io import StepLogprobs
 from radixlang_runtime.scheduler.drafter import NgramDrafter, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.spec_cost import StepCost
 
 
 class Drafts:
@@ -30,6 +31,10 @@ class Drafts:
         self._check_finished = check_finished
         self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
         self.spec_accepted_tokens = 0  # of which accepted
+        # NGRAM with the cost rule (cfg.row_cost > 0): this machine's decode step cost a + b * rows, measured
+        # online from the steps themselves (scheduler/spec_cost.py), seeded with cfg.row_cost; None: no rule
+        row_cost = getattr(getattr(drafter, "cfg", None), "row_cost", 0.0)
+        self.cost = StepCost(row_cost) if row_cost > 0 else None
 
     # ------------------------------------------------------------------ proposing
     def propose(self, req: Req, batch_size: int) -> None:
@@ -50,15 +55,22 @@ class Drafts:
     def gate(self, running: list[Req]) -> None:
         """Before a step over `running`: drop drafts when the batch is too large to speculate; else a draft model
         (STANDALONE, scheduler/model_drafter.py) drafts here, batched, for the requests it marked, and n-gram
-        drafts are cut to the rows whose expected accepted tokens pay for their cost (drafter.trim_to_cost)."""
+        drafts are cut to the rows whose expected accepted tokens pay for their cost (drafter.trim_to_cost, with
+        this machine's measured cost ratio for a batch of this size: spec_cost.StepCost)."""
         if self.drafter is None:
             return
         if not self.speculate(len(running)):
             self.drop_ngram(running)
         elif hasattr(self.drafter, "fill"):
             self.drafter.fill(running)
-        else:
-            trim_to_cost(running, self.drafter.cfg.row_cost)
+        elif self.cost is not None:
+            trim_to_cost(running, self.cost.ratio(len(running)))
+
+    def note_step(self, requests: int, rows: int, all_decode: bool, seconds: float) -> None:
+        """After a step (Scheduler.step: the forward pass and applying its result, wall time): a step where every
+        request decoded (its token + any draft, verified as decode rows) is a sample of the step cost model."""
+        if self.cost is not None and all_decode:
+            self.cost.record(requests, rows, seconds)
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:

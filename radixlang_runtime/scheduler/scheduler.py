@@ -142,6 +142,8 @@ class Scheduler:
                 r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
             touched += self._process_batch_result(batch, result)
+            self.drafts.note_step(batch.batch_size, batch.num_tokens, batch.decode_from == 0,
+                                  time.perf_counter() - began)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
             logger.exception("step failed (%s batch of %d): failing its requests", batch.phase, batch.batch_size)
             failed = touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")

@@ -1,0 +1,124 @@
+"""The step cost model of speculation's keep-or-drop rule (scheduler/spec_cost.StepCost, Drafts.gate): synthetic
+step timings in, the fitted cost and the rows trim_to_cost keeps out. Deterministic: no clock is read."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
+from radixlang_runtime.scheduler.drafts import Drafts
+from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.spec_cost import StepCost
+
+
+def feed(cost: StepCost, requests: int, a: float, b: float, rows: list[int], n: int = 200, seed: int = 0):
+    """n steps over `requests` requests, rows drawn from `rows`, each taking exactly a + b * rows seconds."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        m = rng.choice(rows)
+        cost.record(requests, m, a + b * m)
+
+
+def test_the_prior_until_samples_show_a_slope():
+    cost = StepCost(ROW_COST)
+    assert cost.ratio(1) == cost.ratio(64) == ROW_COST and cost.fit(4) == (0.0, 0.0)
+    feed(cost, 4, 0.010, 0.002, [4])  # every step at M = 4: only the level is known, the slope stays the prior's
+    a, b = cost.fit(4)
+    assert b / a == pytest.approx(ROW_COST) and a + 4 * b == pytest.approx(0.018)
+    assert cost.ratio(64) == ROW_COST  # another regime: no samples
+
+
+@pytest.mark.parametrize("a,b,rows", [(0.008, 0.002, [4, 8, 12, 16, 20]), (0.013, 0.0002, [1, 2, 3, 4, 5]),
+                                      (0.002, 0.0019, list(range(64, 128, 8)))])
+def test_recovers_the_line_from_spread_samples(a, b, rows):
+    cost = StepCost(ROW_COST)
+    feed(cost, rows[0], a, b, rows)
+    fa, fb = cost.fit(rows[0])
+    assert fa == pytest.approx(a, rel=0.02)
+    # the slope: the data's, pulled a little toward the prior's (PRIOR_WEIGHT samples one row off the mean)
+    assert abs(cost.ratio(rows[0]) - b / a) < 0.1 * abs(ROW_COST - b / a)
+
+
+def test_regimes_are_separate_and_follow_drift():
+    cost = StepCost(ROW_COST)
+    feed(cost, 1, 0.013, 0.0002, [1, 2, 3, 4, 5])
+    feed(cost, 5, 0.008, 0.002, [4, 8, 12, 16])  # batch 4-7: its own regime
+    assert abs(cost.ratio(1) - 0.0002 / 0.013) < 0.1 * (ROW_COST - 0.0002 / 0.013)
+    assert cost.ratio(7) == pytest.approx(0.25, rel=0.05) and cost.ratio(8) == ROW_COST
+    feed(cost, 4, 0.008, 0.008, [4, 8, 12, 16], n=150, seed=1)  # rows got 4x dearer: the decayed fit follows
+    assert cost.ratio(4) == pytest.approx(1.0, rel=0.1)
+    assert set(cost.to_dict()) == {"1", "4"} and cost.to_dict()["4"]["ratio"] == pytest.approx(1.0, rel=0.1)
+
+
+def test_outliers_are_clipped_and_bad_samples_ignored():
+    cost = StepCost(ROW_COST)
+    feed(cost, 4, 0.008, 0.002, [4, 8, 12, 16, 20])
+    before = cost.fit(4)
+    cost.record(4, 4, 5.0)  # a descheduled thread: counts as at most 4x the prediction
+    a, b = cost.fit(4)
+    assert a + 4 * b < 1.5 * (before[0] + 4 * before[1])
+    n = cost.samples
+    for args in ((0, 4, 0.01), (4, 0, 0.01), (4, 4, 0.0), (4, 4, -1.0), (4, 4, float("nan"))):
+        cost.record(*args)
+    assert cost.samples == n
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def batch(n: int, hits: float, misses: float) -> list[Req]:
+    reqs = []
+    for i in range(n):
+        r = Req(rid=f"r{i}", input_ids=[1, 2, 3],
+                sampling=SamplingParams.from_dict({"max_new_tokens": 32, "temperature": 0}))
+        r.draft, r.spec_hits, r.spec_trials = [5, 6, 7, 8], hits, hits + misses
+        reqs.append(r)
+    return reqs
+
+
+def drafts_with(cost_fn) -> Drafts:
+    d = Drafts(NgramDrafter(NgramConfig(4, 2, 4, 0, ROW_COST), (96,), 4096), None, lambda r: None)
+    cost_fn(d)
+    return d
+
+
+def test_gate_uses_the_measured_ratio():
+    """Batch 4 drafts with acceptance 0.6: kept under the prior (break-even ~0.34), cut when this machine's steps
+    show rows cost 0.5 of the fixed part (break-even ~0.67); a lone request keeps every row when rows are ~free."""
+    prior = drafts_with(lambda d: None)
+    reqs = batch(4, 2.0, 1.0)  # acceptance (2 + 1) / (3 + 2) = 0.6
+    prior.gate(reqs)
+    assert all(len(r.draft) >= 1 for r in reqs)
+    dear = drafts_with(lambda d: [d.note_step(4, m, True, 0.004 + 0.002 * m) for m in (4, 8, 12, 16, 20) * 20])
+    reqs = batch(4, 2.0, 1.0)
+    dear.gate(reqs)
+    assert all(r.draft == [] for r in reqs)
+    cheap = drafts_with(lambda d: [d.note_step(1, m, True, 0.013 + 0.0001 * m) for m in (1, 2, 3, 4, 5) * 20])
+    reqs = batch(1, 0.0, 0.0)  # acceptance 0.5: the 4th row is worth 0.06 tokens, nearly free rows still pay
+    cheap.gate(reqs)
+    assert len(reqs[0].draft) == 4
+
+
+def test_large_batches_step_aside_when_rows_are_not_free():
+    """Compute-bound batch 64 (a step costs ~ its rows): even 90%-sure drafts are dropped; steps that mix in a
+    prefill are not samples."""
+    def compute_bound(d):
+        for m in (64, 80, 96, 112, 128) * 20:
+            d.note_step(64, m, True, 0.001 + 0.0019 * m)
+        d.note_step(64, 64, False, 100.0)  # a mixed prefill + decode step: ignored
+    d = drafts_with(compute_bound)
+    assert d.cost.samples == 100 and d.cost.ratio(64) > 1.0
+    reqs = batch(64, 17.0, 1.0)  # acceptance 0.9
+    d.gate(reqs)
+    assert all(r.draft == [] for r in reqs)
+
+
+def test_no_cost_model_without_the_rule():
+    """row_cost 0 (the fakes' default, STANDALONE): no rule, nothing recorded."""
+    d = Drafts(NgramDrafter(NgramConfig(4, 2, 4), (96,), 4096), None, lambda r: None)
+    assert d.cost is None
+    d.note_step(4, 8, True, 0.01)
+    reqs = batch(64, 0.0, 5.0)
+    d.gate(reqs)
+    assert all(len(r.draft) == 4 for r in reqs)
