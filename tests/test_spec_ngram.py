@@ -197,6 +197,7 @@ def test_engine_greedy_identical_with_ngram(engine, spec_engine):
     stats = spec_engine.get_stats()
     assert stats["spec_accepted_tokens"] >= on[0]["meta_info"]["spec_accepted_tokens"]
     assert stats["spec_draft_tokens"] >= stats["spec_accepted_tokens"]
+    assert sum(v["weight"] for v in stats["spec_step_cost"].values()) > 0  # the cost rule measured its steps
     engine_whole(spec_engine)
 
 
