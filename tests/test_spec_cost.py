@@ -61,7 +61,7 @@ def test_outliers_are_clipped_and_bad_samples_ignored():
     a, b = cost.fit(4)
     assert a + 4 * b < 1.5 * (before[0] + 4 * before[1])
     n = cost.samples
-    for args in ((0, 4, 0.01), (4, 0, 0.01), (4, 4, 0.0), (4, 4, -1.0), (4, 4, float("nan"))):
+    for args in ((0, 4, 0.01), (4, 0, 0.01), (4, 4, -1.0), (4, 4, float("nan"))):
         cost.record(*args)
     assert cost.samples == n
 
@@ -85,16 +85,17 @@ def drafts_with(cost_fn) -> Drafts:
 
 def test_gate_uses_the_measured_ratio():
     """Batch 4 drafts with acceptance 0.6: kept under the prior (break-even ~0.34), cut when this machine's steps
-    show rows cost 0.5 of the fixed part (break-even ~0.67); a lone request keeps every row when rows are ~free."""
+    show rows cost 0.5 of the fixed part (break-even ~0.67); a lone request keeps every row when rows are ~free.
+    A step's cost is the smaller of its wall and CPU times (the first fit from wall times, the second from CPU)."""
     prior = drafts_with(lambda d: None)
     reqs = batch(4, 2.0, 1.0)  # acceptance (2 + 1) / (3 + 2) = 0.6
     prior.gate(reqs)
     assert all(len(r.draft) >= 1 for r in reqs)
-    dear = drafts_with(lambda d: [d.note_step(4, m, True, 0.004 + 0.002 * m) for m in (4, 8, 12, 16, 20) * 20])
+    dear = drafts_with(lambda d: [d.note_step(4, m, True, 0.004 + 0.002 * m, 1.0) for m in (4, 8, 12, 16, 20) * 20])
     reqs = batch(4, 2.0, 1.0)
     dear.gate(reqs)
     assert all(r.draft == [] for r in reqs)
-    cheap = drafts_with(lambda d: [d.note_step(1, m, True, 0.013 + 0.0001 * m) for m in (1, 2, 3, 4, 5) * 20])
+    cheap = drafts_with(lambda d: [d.note_step(1, m, True, 9.0, 0.013 + 0.0001 * m) for m in (1, 2, 3, 4, 5) * 20])
     reqs = batch(1, 0.0, 0.0)  # acceptance 0.5: the 4th row is worth 0.06 tokens, nearly free rows still pay
     cheap.gate(reqs)
     assert len(reqs[0].draft) == 4
@@ -105,8 +106,8 @@ def test_large_batches_step_aside_when_rows_are_not_free():
     prefill are not samples."""
     def compute_bound(d):
         for m in (64, 80, 96, 112, 128) * 20:
-            d.note_step(64, m, True, 0.001 + 0.0019 * m)
-        d.note_step(64, 64, False, 100.0)  # a mixed prefill + decode step: ignored
+            d.note_step(64, m, True, 0.001 + 0.0019 * m, 0.001 + 0.0019 * m)
+        d.note_step(64, 64, False, 100.0, 100.0)  # a mixed prefill + decode step: ignored
     d = drafts_with(compute_bound)
     assert d.cost.samples == 100 and d.cost.ratio(64) > 1.0
     reqs = batch(64, 17.0, 1.0)  # acceptance 0.9
@@ -118,7 +119,7 @@ def test_no_cost_model_without_the_rule():
     """row_cost 0 (the fakes' default, STANDALONE): no rule, nothing recorded."""
     d = Drafts(NgramDrafter(NgramConfig(4, 2, 4), (96,), 4096), None, lambda r: None)
     assert d.cost is None
-    d.note_step(4, 8, True, 0.01)
+    d.note_step(4, 8, True, 0.01, 0.01)
     reqs = batch(64, 0.0, 5.0)
     d.gate(reqs)
     assert all(len(r.draft) == 4 for r in reqs)

@@ -66,11 +66,14 @@ class Drafts:
         elif self.cost is not None:
             trim_to_cost(running, self.cost.ratio(len(running)))
 
-    def note_step(self, requests: int, rows: int, all_decode: bool, seconds: float) -> None:
-        """After a step (Scheduler.step: the forward pass and applying its result, wall time): a step where every
-        request decoded (its token + any draft, verified as decode rows) is a sample of the step cost model."""
+    def note_step(self, requests: int, rows: int, all_decode: bool, wall: float, cpu: float) -> None:
+        """After a step (Scheduler.step: the forward pass and applying its result): a step where every request
+        decoded (its token + any draft, verified as decode rows) is a sample of the step cost model. Its cost is
+        the smaller of its wall time and the process's CPU time over it: on an idle machine with one thread they
+        agree; other processes' load inflates only the wall time (preemption), several torch threads only the
+        CPU time, so the smaller is the one closer to what the step itself costs."""
         if self.cost is not None and all_decode:
-            self.cost.record(requests, rows, seconds)
+            self.cost.record(requests, rows, min(wall, cpu))
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:

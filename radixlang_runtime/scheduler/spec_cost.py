@@ -5,15 +5,16 @@ Speculation's keep-or-drop rule (drafter.trim_to_cost) needs c = b / a of a deco
 The ratio is not a machine constant: the step's cost is not linear over 1..64 rows (weights streamed once at
 small M, per-row compute at large M), so the slope that matters is the local one around the batch at hand,
 and it differs between CPUs, dtypes and thread counts. So the scheduler reports every all-decode step
-(Drafts.note_step: its request count, its rows, its wall time) and this fits t = a + b * M per batch size
-regime (requests 1, 2-3, 4-7, 8-15, ...: the steps one regime sees span M = B .. B + its draft rows, and
-batch sizes drifting as requests finish), by exponentially decayed least squares (DECAY per sample: the
-machine's load and the context length drift) whose slope is pulled toward the prior's (b = prior * a) by
+(Drafts.note_step: its request count, its rows, its cost: the smaller of its wall and process CPU times, as
+wall time swells with other processes' load and CPU time with torch threads) and this fits t = a + b * M per
+batch size regime (requests 1, 2-3, 4-7, 8-15, ...: the steps one regime sees span M = B .. B + its draft
+rows, and batch sizes drifting as requests finish), by exponentially decayed least squares (DECAY per sample:
+the machine's load and the context length drift) whose slope is pulled toward the prior's (b = prior * a) by
 PRIOR_WEIGHT samples of one row's spread: with no samples, or samples all at one M (no slope to see), the
 ratio is the prior (drafter.ROW_COST); with samples spread over M the measured slope wins.
 
-Invariants: ratio() is in [0, MAX_RATIO] and equals the prior for a regime with no samples; record() is
-O(1) and never raises on odd input (a non-positive time or row count is ignored); nothing reads a clock here.
+Invariants: ratio() is in [0, MAX_RATIO] and equals the prior for a regime with no samples; record() is O(1)
+and never raises on odd input (a negative or NaN time, a non-positive row count: ignored); no clock read here.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class StepCost:
         return max(1, requests).bit_length()
 
     def record(self, requests: int, rows: int, seconds: float) -> None:
-        """One all-decode step over `requests` requests and `rows` rows (>= requests) took `seconds`."""
-        if requests <= 0 or rows <= 0 or not seconds > 0:
+        """One all-decode step over `requests` requests and `rows` rows (>= requests) cost `seconds`."""
+        if requests <= 0 or rows <= 0 or not seconds >= 0:  # NaN too
             return
         s = self.regimes.setdefault(self.regime(requests), _Sums())
         if s.w >= self.prior_weight:
