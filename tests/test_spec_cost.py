@@ -123,3 +123,14 @@ def test_no_cost_model_without_the_rule():
     reqs = batch(64, 0.0, 5.0)
     d.gate(reqs)
     assert all(len(r.draft) == 4 for r in reqs)
+
+
+def test_no_lookup_where_no_row_could_pay():
+    """Prior ratio at batch 64: a first row needs acceptance > 0.89, so a fresh request (0.5) is not even looked
+    up (its n-gram index is never built); alone, the same request drafts."""
+    d = drafts_with(lambda d: None)
+    r = Req(rid="x", input_ids=[1, 2, 3] * 10, sampling=SamplingParams.from_dict({"max_new_tokens": 32}))
+    d.propose(r, 64)
+    assert r.draft == [] and r.spec_index is None
+    d.propose(r, 1)
+    assert r.draft == [1, 2, 3, 1]

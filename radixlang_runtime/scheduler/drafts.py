@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from radixlang_runtime.model.step_io import StepLogprobs
-from radixlang_runtime.scheduler.drafter import NgramDrafter, trim_to_cost
+from radixlang_runtime.scheduler.drafter import DECAY, NgramDrafter, acceptance, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.spec_cost import StepCost
@@ -42,9 +42,23 @@ class Drafts:
         (n-gram while the decode batch of `batch_size` is small enough; jump-forward's forced tokens)."""
         if req.grammar is None:
             if self.drafter is not None and not req.finished and self.speculate(batch_size):
-                req.draft = self.drafter.draft(req)
+                req.draft = self.drafter.draft(req) if self._may_pay(req, batch_size) else []
             return
         req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
+
+    def _may_pay(self, req: Req, batch_size: int) -> bool:
+        """With the cost rule: whether the request's first draft row could pay at this batch size (trim_to_cost's
+        test for a lone row, v (1 + c B) > c B, v its acceptance estimate). If not, the lookup is skipped (at a
+        large batch it costs ~2% of a step for rows that would be cut anyway) and the estimate drifts toward the
+        prior as a cut draft's does, so a mid-size batch tries again."""
+        if self.cost is None:
+            return True
+        c = self.cost.ratio(batch_size) * batch_size
+        if acceptance(req) * (1.0 + c) > c:
+            return True
+        req.spec_hits *= DECAY
+        req.spec_trials *= DECAY
+        return False
 
     def speculate(self, batch_size: int) -> bool:
         """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):
