@@ -197,7 +197,8 @@ def main() -> None:
                   f"{off['cpu']:>14.1f} {on['cpu']:>16.1f} {on['cpu'] / off['cpu']:>6.2f} "
                   f"{on['accepted']:>8}/{on['drafted']:<8}", flush=True)
             if on.get("step_cost"):  # NGRAM's measured step cost: per regime a, b (ms) and the ratio b / a used
-                fits = [f"batch {k}+: {v['a_ms']:.1f} + {v['b_ms']:.2f} M ms (ratio {v['ratio']:.3f})"
+                fits = [f"batch {k}+: {v['a_ms']:.1f} + {v['b_ms']:.2f} M ms (ratio {v['ratio']:.3f}; tok/s plain "
+                        f"{v['tok_s']['plain']} drafted {v['tok_s']['drafted']}{'' if v['drafts_pay'] else ': VETO'})"
                         for k, v in on["step_cost"].items()]
                 print(f"{'':<13} step cost: " + ", ".join(fits), flush=True)
 

@@ -11,7 +11,7 @@ from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.spec_cost import StepCost
+from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost
 
 
 def feed(cost: StepCost, requests: int, a: float, b: float, rows: list[int], n: int = 200, seed: int = 0):
@@ -77,6 +77,12 @@ def batch(n: int, hits: float, misses: float) -> list[Req]:
     return reqs
 
 
+def step(d: Drafts, requests: int, rows: int, wall: float, cpu: float) -> None:
+    """A step as the scheduler reports it, every draft row accepted."""
+    d._step_accepted = rows - requests
+    d.note_step(requests, rows, True, wall, cpu)
+
+
 def drafts_with(cost_fn) -> Drafts:
     d = Drafts(NgramDrafter(NgramConfig(4, 2, 4, 0, ROW_COST), (96,), 4096), None, lambda r: None)
     cost_fn(d)
@@ -91,11 +97,11 @@ def test_gate_uses_the_measured_ratio():
     reqs = batch(4, 2.0, 1.0)  # acceptance (2 + 1) / (3 + 2) = 0.6
     prior.gate(reqs)
     assert all(len(r.draft) >= 1 for r in reqs)
-    dear = drafts_with(lambda d: [d.note_step(4, m, True, 0.004 + 0.002 * m, 1.0) for m in (4, 8, 12, 16, 20) * 20])
+    dear = drafts_with(lambda d: [step(d, 4, m, 0.004 + 0.002 * m, 1.0) for m in (4, 8, 12, 16, 20) * 20])
     reqs = batch(4, 2.0, 1.0)
     dear.gate(reqs)
     assert all(r.draft == [] for r in reqs)
-    cheap = drafts_with(lambda d: [d.note_step(1, m, True, 9.0, 0.013 + 0.0001 * m) for m in (1, 2, 3, 4, 5) * 20])
+    cheap = drafts_with(lambda d: [step(d, 1, m, 9.0, 0.013 + 0.0001 * m) for m in (1, 2, 3, 4, 5) * 20])
     reqs = batch(1, 0.0, 0.0)  # acceptance 0.5: the 4th row is worth 0.06 tokens, nearly free rows still pay
     cheap.gate(reqs)
     assert len(reqs[0].draft) == 4
@@ -106,7 +112,7 @@ def test_large_batches_step_aside_when_rows_are_not_free():
     prefill are not samples."""
     def compute_bound(d):
         for m in (64, 80, 96, 112, 128) * 20:
-            d.note_step(64, m, True, 0.001 + 0.0019 * m, 0.001 + 0.0019 * m)
+            step(d, 64, m, 0.001 + 0.0019 * m, 0.001 + 0.0019 * m)
         d.note_step(64, 64, False, 100.0, 100.0)  # a mixed prefill + decode step: ignored
     d = drafts_with(compute_bound)
     assert d.cost.samples == 100 and d.cost.ratio(64) > 1.0
@@ -134,3 +140,39 @@ def test_no_lookup_where_no_row_could_pay():
     assert r.draft == [] and r.spec_index is None
     d.propose(r, 1)
     assert r.draft == [1, 2, 3, 1]
+
+
+def test_realized_rates_veto_drafts_that_do_not_pay():
+    """Whatever the line says, a batch size whose drafted steps produced fewer tokens per second than its plain
+    ones drafts only one gated step in EXPLORE; when drafted steps are faster, drafts stay."""
+    slow = StepCost(ROW_COST)
+    for _ in range(10):
+        slow.record(4, 4, 0.016, tokens=4)  # 250 tok/s
+        slow.record(4, 12, 0.040, tokens=6)  # 150 tok/s: the rows cost more than the tokens they bring
+    assert slow.drafts_pay(4) is False and slow.drafts_pay(1) is True  # batch 1 has no samples
+    assert slow.to_dict()["4"]["tok_s"] == {"plain": 250.0, "drafted": 150.0}
+    d = drafts_with(lambda d: None)
+    d.cost = slow
+    kept = []
+    for _ in range(2 * EXPLORE):
+        reqs = batch(4, 20.0, 0.0)  # sure drafts: the line alone would keep them
+        d.gate(reqs)
+        kept.append(sum(len(r.draft) for r in reqs))
+    assert sum(1 for k in kept if k) == 2 and all(k == 0 for k in kept[:EXPLORE - 1])
+    fast = StepCost(ROW_COST)
+    for _ in range(10):
+        fast.record(4, 4, 0.016, tokens=4)
+        fast.record(4, 12, 0.030, tokens=9)  # 300 tok/s
+    assert fast.drafts_pay(4) is True
+
+
+def test_note_step_counts_the_tokens_a_step_produced():
+    """note_step's token count: requests + n-gram tokens accepted in that step; a step with an accepted jump-forward
+    draft is no realized-rate sample (its forced tokens are not counted here)."""
+    d = drafts_with(lambda d: None)
+    d._step_accepted = 3
+    d.note_step(4, 12, True, 0.03, 0.03)
+    assert d.cost.regimes[3].rates[True][1] == 7.0 and d._step_accepted == 0
+    d._step_forced = True
+    d.note_step(4, 4, True, 0.02, 0.02)
+    assert d.cost.regimes[3].rates[False][0] == 0.0 and d.cost.samples == 2

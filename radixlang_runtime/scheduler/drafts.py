@@ -20,7 +20,7 @@ from radixlang_runtime.model.step_io import StepLogprobs
 from radixlang_runtime.scheduler.drafter import DECAY, NgramDrafter, acceptance, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.spec_cost import StepCost
+from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost
 
 
 class Drafts:
@@ -35,6 +35,9 @@ class Drafts:
         # online from the steps themselves (scheduler/spec_cost.py), seeded with cfg.row_cost; None: no rule
         row_cost = getattr(getattr(drafter, "cfg", None), "row_cost", 0.0)
         self.cost = StepCost(row_cost) if row_cost > 0 else None
+        self._vetoes = 0  # gated steps whose drafts the realized check (StepCost.drafts_pay) dropped
+        self._step_accepted = 0  # n-gram draft tokens accepted in the step being applied (note_step resets)
+        self._step_forced = False  # a jump-forward draft was accepted in it: its tokens are not counted here
 
     # ------------------------------------------------------------------ proposing
     def propose(self, req: Req, batch_size: int) -> None:
@@ -70,7 +73,8 @@ class Drafts:
         """Before a step over `running`: drop drafts when the batch is too large to speculate; else a draft model
         (STANDALONE, scheduler/model_drafter.py) drafts here, batched, for the requests it marked, and n-gram
         drafts are cut to the rows whose expected accepted tokens pay for their cost (drafter.trim_to_cost, with
-        this machine's measured cost ratio for a batch of this size: spec_cost.StepCost)."""
+        this machine's measured cost ratio for a batch of this size: spec_cost.StepCost), or all dropped while
+        this batch size's drafted steps were measured slower than its plain ones (but one step in EXPLORE)."""
         if self.drafter is None:
             return
         if not self.speculate(len(running)):
@@ -78,6 +82,11 @@ class Drafts:
         elif hasattr(self.drafter, "fill"):
             self.drafter.fill(running)
         elif self.cost is not None:
+            if not self.cost.drafts_pay(len(running)):  # drafted steps were slower than plain ones, measured
+                self._vetoes += 1
+                if self._vetoes % EXPLORE:
+                    self.drop_ngram(running)
+                    return
             trim_to_cost(running, self.cost.ratio(len(running)))
 
     def note_step(self, requests: int, rows: int, all_decode: bool, wall: float, cpu: float) -> None:
@@ -86,8 +95,10 @@ class Drafts:
         the smaller of its wall time and the process's CPU time over it: on an idle machine with one thread they
         agree; other processes' load inflates only the wall time (preemption), several torch threads only the
         CPU time, so the smaller is the one closer to what the step itself costs."""
+        tokens = 0 if self._step_forced else requests + self._step_accepted  # produced (0: unknown)
+        self._step_accepted, self._step_forced = 0, False
         if self.cost is not None and all_decode:
-            self.cost.record(requests, rows, min(wall, cpu))
+            self.cost.record(requests, rows, min(wall, cpu), tokens)
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:
@@ -108,6 +119,7 @@ class Drafts:
         """Append the first `accepted` draft tokens as output, each checked like a sampled token.
         A rejected draft token teaches the grammar the model's own choice there (`sampled`)."""
         draft, states, req.draft, req.draft_states = req.draft, req.draft_states, [], []
+        self._step_forced = True
         if accepted < len(draft):
             self.grammar.learn(states[accepted], sampled)
         for t in draft[:accepted]:
@@ -132,6 +144,7 @@ class Drafts:
         self.drafter.update(req, len(draft), accepted)
         self.spec_draft_tokens += len(draft)
         self.spec_accepted_tokens += accepted
+        self._step_accepted += accepted
         for j, t in enumerate(draft[:accepted]):
             if req.return_logprob:
                 req.output_logprobs.append(lp.draft_vals[j])
