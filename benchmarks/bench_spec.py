@@ -79,9 +79,10 @@ def measure(spec: bool, prompts: dict, new_tokens: int, runs: int, threads: int,
         cpus.append(n / c)
         drafted += sum(o["meta_info"].get("spec_draft_tokens", 0) for o in outs)
         accepted += sum(o["meta_info"].get("spec_accepted_tokens", 0) for o in outs)
+    step_cost = eng.get_stats().get("spec_step_cost")  # the cost rule's fit per batch size regime (spec_cost.py)
     eng.shutdown()
     q.put({"wall": statistics.median(walls[1:]), "cpu": statistics.median(cpus[1:]), "drafted": drafted,
-           "accepted": accepted})
+           "accepted": accepted, "step_cost": step_cost})
 
 
 def step_cost(threads: int, q) -> None:
@@ -195,6 +196,11 @@ def main() -> None:
             print(f"{name:<13} {b:>5} {off['wall']:>10.1f} {on['wall']:>12.1f} {on['wall'] / off['wall']:>6.2f} "
                   f"{off['cpu']:>14.1f} {on['cpu']:>16.1f} {on['cpu'] / off['cpu']:>6.2f} "
                   f"{on['accepted']:>8}/{on['drafted']:<8}", flush=True)
+            if on.get("step_cost"):  # NGRAM's measured step cost: per regime a, b (ms) and the ratio b / a used
+                fits = [f"batch {k}+: {v['a_ms']:.1f} + {v['b_ms']:.2f} M ms (ratio {v['ratio']:.3f}; tok/s plain "
+                        f"{v['tok_s']['plain']} drafted {v['tok_s']['drafted']}{'' if v['drafts_pay'] else ': VETO'})"
+                        for k, v in on["step_cost"].items()]
+                print(f"{'':<13} step cost: " + ", ".join(fits), flush=True)
 
 
 if __name__ == "__main__":

@@ -212,6 +212,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         # STANDALONE: accepted draft tokens per verification (scheduler/model_drafter.AcceptStats); None otherwise
         "spec_accept_length": (s.drafts.drafter.accept_stats.to_dict()
                                if hasattr(s.drafts.drafter, "accept_stats") else None),
+        # NGRAM's measured decode step cost per batch size regime (scheduler/spec_cost.py); None without the rule
+        "spec_step_cost": s.drafts.cost.to_dict() if s.drafts.cost is not None else None,
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,

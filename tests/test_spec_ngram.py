@@ -1,25 +1,18 @@
-"""N-gram speculative decoding (scheduler/drafter.py): the drafter against a brute-force reference, the
-scheduler with a fake copying model (outputs identical to speculation off, KV whole, retraction), and the
-real embedded model through the Engine (greedy text, stop strings and logprobs identical with it on)."""
+"""N-gram speculative decoding (scheduler/drafter.py): the drafter against a brute-force reference, the cost
+rule, and the real embedded model through the Engine (greedy text, stop strings and logprobs identical with
+it on). The scheduler with a fake copying model: tests/test_spec_scheduler.py, shared with STANDALONE."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import FakeRunner, copy_token, expected_output
-from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.radix_cache import RadixCache
-from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.drafter import (ROW_COST, NgramConfig, NgramDrafter, NgramIndex, acceptance,
                                                  trim_to_cost)
-from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixlang_runtime.server_args import ServerArgs
 
 EOS = 96
@@ -172,128 +165,6 @@ def test_flags_refused_by_name():
     assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 0)
 
 
-# ---------------------------------------------------------------------------------------------- scheduler
-def make(num_slots=4096, page_size=1, chunk=256, ratio=0.7, radix=True, spec=True, mixed=False, k=4):
-    cfg = SchedulerConfig(page_size=page_size, context_len=4096, max_running_requests=32, max_prefill_tokens=512,
-                          chunked_prefill_size=chunk, eos_token_ids=(EOS,), new_token_ratio_init=ratio,
-                          new_token_ratio_min=0.05, new_token_ratio_decay=0.01, enable_mixed_chunk=mixed,
-                          debug_check_integrity=True)
-    runner = FakeRunner(copy_token)
-    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(32), RadixCache(page_size) if radix else None)
-    drafter = NgramDrafter(NgramConfig(k, 1, 3), (EOS,), 4096) if spec else None
-    return Scheduler(cfg, runner, kv, detokenize=lambda ids: "", drafter=drafter), runner
-
-
-def req(rid, n_prompt, max_new, **sp) -> Req:
-    rng = random.Random(rid)
-    ids = [rng.randrange(0, 90) for _ in range(n_prompt)]
-    params = SamplingParams.from_dict({"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, **sp})
-    return Req(rid=rid, input_ids=ids, sampling=params)
-
-
-def drain(sched, limit=10_000):
-    for _ in range(limit):
-        if sched.is_idle:
-            return
-        sched.step()
-    raise AssertionError("scheduler did not drain")
-
-
-def assert_whole(sched):
-    sched.check_integrity()
-    assert sched.allocator.available_size() + sched.kv.cached_size() == sched.allocator.total_slots
-    assert sched.kv.evictable_size() == sched.kv.cached_size()
-    assert sched.table.available == sched.table.num_rows
-
-
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("mixed", [False, True])
-def test_outputs_identical_with_speculation(page_size, mixed):
-    sched, runner = make(page_size=page_size, chunk=32, mixed=mixed)
-    reqs = [req(f"r{i}", 5 + 9 * i, 30 + 3 * i) for i in range(6)]
-    for i, r in enumerate(reqs):
-        sched.add_request(r)
-        for _ in range(2):
-            sched.step()
-    drain(sched)
-    for r in reqs:
-        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
-        assert r.finished_reason == {"type": "length", "length": r.sampling.max_new_tokens}
-    assert 0 < sched.drafts.spec_accepted_tokens < sched.drafts.spec_draft_tokens  # accepted and rejected both ran
-    assert sum(r.spec_accepted_tokens for r in reqs) == sched.drafts.spec_accepted_tokens
-    steps = sum(1 for p, _, _ in runner.batches if p != "extend")
-    assert steps < sum(r.sampling.max_new_tokens for r in reqs) / 2  # fewer decode passes than tokens
-    assert_whole(sched)
-
-
-def test_stop_id_inside_an_accepted_draft():
-    """A stop token id accepted mid-draft ends the request there, as token-by-token decoding does."""
-    free = make(spec=False)[0]
-    probe = req("p", 12, 60)
-    free.add_request(probe)
-    drain(free)
-    stop = probe.output_ids[40]  # a token the copying model produces late
-    sched, _ = make()
-    r = req("p", 12, 60, stop_token_ids=[stop])
-    sched.add_request(r)
-    drain(sched)
-    assert r.output_ids == expected_output(r.input_ids, 60, (stop,), next_fn=copy_token)
-    assert r.finished_reason == {"type": "stop", "matched": stop}
-    assert sched.drafts.spec_accepted_tokens > 0
-    assert_whole(sched)
-
-
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_retraction_under_a_tight_pool(page_size):
-    sched, _ = make(num_slots=320, page_size=page_size, ratio=0.05)
-    reqs = [req(f"r{i}", 20, 40) for i in range(8)]
-    for r in reqs:
-        sched.add_request(r)
-    drain(sched)
-    assert sched.num_retracted_total > 0 and sched.drafts.spec_accepted_tokens > 0
-    for r in reqs:
-        assert r.output_ids == expected_output(r.input_ids, 40, next_fn=copy_token), r.rid
-    assert_whole(sched)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_random_traffic_with_aborts(seed):
-    rng = random.Random(seed)
-    sched, _ = make(num_slots=rng.choice([384, 1024]), page_size=rng.choice([1, 16]), chunk=rng.choice([32, -1]),
-                    ratio=rng.choice([0.05, 0.7]), radix=seed % 2 == 0, mixed=seed % 3 == 0, k=rng.choice([2, 6]))
-    reqs, aborted = [], set()
-    for _ in range(300):
-        if len(reqs) < 25 and rng.random() < 0.3:
-            r = req(f"q{seed}.{len(reqs)}", rng.randrange(1, 60), rng.randrange(1, 50))
-            reqs.append(r)
-            sched.add_request(r)
-        if reqs and rng.random() < 0.03:
-            victim = rng.choice(reqs)
-            aborted.add(victim.rid)
-            sched.abort(victim.rid)
-        sched.step()
-    drain(sched)
-    for r in reqs:
-        if r.finished_reason["type"] == "abort":
-            assert r.rid in aborted
-            continue
-        assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens, next_fn=copy_token), r.rid
-    assert_whole(sched)
-
-
-def test_large_batches_do_not_speculate():
-    sched, _ = make()
-    sched.drafts.drafter.cfg.disable_batch_size = 2
-    reqs = [req(f"b{i}", 10, 30) for i in range(4)]
-    for r in reqs:
-        sched.add_request(r)
-    drain(sched)
-    assert sched.drafts.spec_draft_tokens == 0
-    for r in reqs:
-        assert r.output_ids == expected_output(r.input_ids, 30, next_fn=copy_token)
-    assert_whole(sched)
-
-
 # ---------------------------------------------------------------------------------------------- real model
 COPY = ("Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
         "mango, nectarine.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
@@ -326,6 +197,7 @@ def test_engine_greedy_identical_with_ngram(engine, spec_engine):
     stats = spec_engine.get_stats()
     assert stats["spec_accepted_tokens"] >= on[0]["meta_info"]["spec_accepted_tokens"]
     assert stats["spec_draft_tokens"] >= stats["spec_accepted_tokens"]
+    assert sum(v["weight"] for v in stats["spec_step_cost"].values()) > 0  # the cost rule measured its steps
     engine_whole(spec_engine)
 
 

@@ -33,13 +33,15 @@ class NgramConfig:
     min_match: int  # shortest suffix looked up (n from max_match down to min_match)
     max_match: int
     disable_batch_size: int = 0  # no n-gram drafts while the decode batch has more requests (0: no limit)
-    row_cost: float = 0.0  # b / a of a step's cost a + b * rows (ROW_COST); 0: rows are free, drafts never trimmed
+    row_cost: float = 0.0  # prior b / a of a step's cost a + b * rows (ROW_COST); 0: rows free, never trimmed
 
 
 # A decode step of M rows (requests + draft rows, one C call per layer) costs about a + b * M: on this project's
 # CPU (SmolLM2-135M bf16, one thread, context 256) a = 13 ms, b = 1.75 ms, so b / a = 0.13; the ratio is
 # roughly a machine constant (both terms scale with the weights: streaming them vs multiplying by them).
-# Measured by `benchmarks/bench_spec.py --step-cost` (docs/PERFORMANCE.md#ngram-speculation).
+# Measured by `benchmarks/bench_spec.py --step-cost` (docs/PERFORMANCE.md#ngram-speculation). Only the prior:
+# the slope around a given batch size differs (~0.25 around batch 4 on the same CPU), so the rule uses the ratio
+# measured online per batch size regime (scheduler/spec_cost.StepCost, Drafts.gate), seeded with this.
 ROW_COST = 0.13
 DECAY = 0.8  # weight of the past in a request's acceptance estimate (spec_hits / spec_trials)
 
@@ -138,8 +140,8 @@ class NgramDrafter:
     """Prompt-lookup drafts for unconstrained requests, with a per-request draft length that halves
     after a rejection and grows by one after a fully accepted draft (req.spec_k). A draft of which
     nothing was accepted also pauses drafting for req.spec_backoff steps (doubling while they keep
-    failing, up to MAX_BACKOFF; reset by any acceptance): a verification row costs compute, and on CPU
-    a step carrying any draft runs as an extend rather than the fused decode kernel."""
+    failing, up to MAX_BACKOFF; reset by any acceptance): a verification row costs compute (a decode row,
+    model/runner.verify_as_decode)."""
 
     def __init__(self, cfg: NgramConfig, eos_token_ids: tuple[int, ...], context_len: int,
                  corpus: Optional[RadixCache] = None):

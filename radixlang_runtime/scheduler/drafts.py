@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from radixlang_runtime.model.step_io import StepLogprobs
-from radixlang_runtime.scheduler.drafter import NgramDrafter, trim_to_cost
+from radixlang_runtime.scheduler.drafter import DECAY, NgramDrafter, acceptance, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost
 
 
 class Drafts:
@@ -30,6 +31,13 @@ class Drafts:
         self._check_finished = check_finished
         self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
         self.spec_accepted_tokens = 0  # of which accepted
+        # NGRAM with the cost rule (cfg.row_cost > 0): this machine's decode step cost a + b * rows, measured
+        # online from the steps themselves (scheduler/spec_cost.py), seeded with cfg.row_cost; None: no rule
+        row_cost = getattr(getattr(drafter, "cfg", None), "row_cost", 0.0)
+        self.cost = StepCost(row_cost) if row_cost > 0 else None
+        self._vetoes = 0  # gated steps whose drafts the realized check (StepCost.drafts_pay) dropped
+        self._step_accepted = 0  # n-gram draft tokens accepted in the step being applied (note_step resets)
+        self._step_forced = False  # a jump-forward draft was accepted in it: its tokens are not counted here
 
     # ------------------------------------------------------------------ proposing
     def propose(self, req: Req, batch_size: int) -> None:
@@ -37,9 +45,23 @@ class Drafts:
         (n-gram while the decode batch of `batch_size` is small enough; jump-forward's forced tokens)."""
         if req.grammar is None:
             if self.drafter is not None and not req.finished and self.speculate(batch_size):
-                req.draft = self.drafter.draft(req)
+                req.draft = self.drafter.draft(req) if self._may_pay(req, batch_size) else []
             return
         req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
+
+    def _may_pay(self, req: Req, batch_size: int) -> bool:
+        """With the cost rule: whether the request's first draft row could pay at this batch size (trim_to_cost's
+        test for a lone row, v (1 + c B) > c B, v its acceptance estimate). If not, the lookup is skipped (at a
+        large batch it costs ~2% of a step for rows that would be cut anyway) and the estimate drifts toward the
+        prior as a cut draft's does, so a mid-size batch tries again."""
+        if self.cost is None:
+            return True
+        c = self.cost.ratio(batch_size) * batch_size
+        if acceptance(req) * (1.0 + c) > c:
+            return True
+        req.spec_hits *= DECAY
+        req.spec_trials *= DECAY
+        return False
 
     def speculate(self, batch_size: int) -> bool:
         """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):
@@ -50,15 +72,33 @@ class Drafts:
     def gate(self, running: list[Req]) -> None:
         """Before a step over `running`: drop drafts when the batch is too large to speculate; else a draft model
         (STANDALONE, scheduler/model_drafter.py) drafts here, batched, for the requests it marked, and n-gram
-        drafts are cut to the rows whose expected accepted tokens pay for their cost (drafter.trim_to_cost)."""
+        drafts are cut to the rows whose expected accepted tokens pay for their cost (drafter.trim_to_cost, with
+        this machine's measured cost ratio for a batch of this size: spec_cost.StepCost), or all dropped while
+        this batch size's drafted steps were measured slower than its plain ones (but one step in EXPLORE)."""
         if self.drafter is None:
             return
         if not self.speculate(len(running)):
             self.drop_ngram(running)
         elif hasattr(self.drafter, "fill"):
             self.drafter.fill(running)
-        else:
-            trim_to_cost(running, self.drafter.cfg.row_cost)
+        elif self.cost is not None:
+            if not self.cost.drafts_pay(len(running)):  # drafted steps were slower than plain ones, measured
+                self._vetoes += 1
+                if self._vetoes % EXPLORE:
+                    self.drop_ngram(running)
+                    return
+            trim_to_cost(running, self.cost.ratio(len(running)))
+
+    def note_step(self, requests: int, rows: int, all_decode: bool, wall: float, cpu: float) -> None:
+        """After a step (Scheduler.step: the forward pass and applying its result): a step where every request
+        decoded (its token + any draft, verified as decode rows) is a sample of the step cost model. Its cost is
+        the smaller of its wall time and the process's CPU time over it: on an idle machine with one thread they
+        agree; other processes' load inflates only the wall time (preemption), several torch threads only the
+        CPU time, so the smaller is the one closer to what the step itself costs."""
+        tokens = 0 if self._step_forced else requests + self._step_accepted  # produced (0: unknown)
+        self._step_accepted, self._step_forced = 0, False
+        if self.cost is not None and all_decode:
+            self.cost.record(requests, rows, min(wall, cpu), tokens)
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:
@@ -79,6 +119,7 @@ class Drafts:
         """Append the first `accepted` draft tokens as output, each checked like a sampled token.
         A rejected draft token teaches the grammar the model's own choice there (`sampled`)."""
         draft, states, req.draft, req.draft_states = req.draft, req.draft_states, [], []
+        self._step_forced = True
         if accepted < len(draft):
             self.grammar.learn(states[accepted], sampled)
         for t in draft[:accepted]:
@@ -103,6 +144,7 @@ class Drafts:
         self.drafter.update(req, len(draft), accepted)
         self.spec_draft_tokens += len(draft)
         self.spec_accepted_tokens += accepted
+        self._step_accepted += accepted
         for j, t in enumerate(draft[:accepted]):
             if req.return_logprob:
                 req.output_logprobs.append(lp.draft_vals[j])

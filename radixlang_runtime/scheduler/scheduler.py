@@ -133,7 +133,7 @@ class Scheduler:
         if batch is None:
             return touched
         try:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             result = self.runner.forward(batch.model_batch())
             if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
                 self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
@@ -142,6 +142,8 @@ class Scheduler:
                 r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
             touched += self._process_batch_result(batch, result)
+            self.drafts.note_step(batch.batch_size, batch.num_tokens, batch.decode_from == 0,
+                                  time.perf_counter() - began, time.process_time() - began_cpu)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
             logger.exception("step failed (%s batch of %d): failing its requests", batch.phase, batch.batch_size)
             failed = touched + self._fail_batch(batch, f"internal error: {type(e).__name__}: {e}")
