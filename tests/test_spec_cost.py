@@ -11,7 +11,13 @@ from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost
+from radixlang_runtime.scheduler.spec_cost import EXPLORE, STEP_COST_ENV, StepCost
+
+
+@pytest.fixture(autouse=True)
+def measured_mode(monkeypatch):
+    """The suite pins the rule to its prior (conftest); these tests check the measured mode it pins."""
+    monkeypatch.setenv(STEP_COST_ENV, "measured")
 
 
 def feed(cost: StepCost, requests: int, a: float, b: float, rows: list[int], n: int = 200, seed: int = 0):
@@ -119,6 +125,20 @@ def test_large_batches_step_aside_when_rows_are_not_free():
     reqs = batch(64, 17.0, 1.0)  # acceptance 0.9
     d.gate(reqs)
     assert all(r.draft == [] for r in reqs)
+
+
+def test_fixed_mode_records_but_decides_by_the_prior(monkeypatch):
+    """RADIXLANG_SPEC_STEP_COST=fixed: the same dear steps as above are recorded, yet the prior keeps the drafts
+    and the realized check never vetoes; an unknown value is refused by name."""
+    monkeypatch.setenv(STEP_COST_ENV, "fixed")
+    d = drafts_with(lambda d: [step(d, 4, m, 0.004 + 0.002 * m, 1.0) for m in (4, 8, 12, 16, 20) * 20])
+    assert d.cost.samples == 100 and d.cost.ratio(4) == ROW_COST and d.cost.drafts_pay(4)
+    reqs = batch(4, 2.0, 1.0)
+    d.gate(reqs)
+    assert all(len(r.draft) >= 1 for r in reqs)
+    monkeypatch.setenv(STEP_COST_ENV, "sometimes")
+    with pytest.raises(ValueError, match=STEP_COST_ENV):
+        drafts_with(lambda d: None)
 
 
 def test_no_cost_model_without_the_rule():

@@ -20,7 +20,7 @@ from radixlang_runtime.model.step_io import StepLogprobs
 from radixlang_runtime.scheduler.drafter import DECAY, NgramDrafter, acceptance, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost
+from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost, adaptive_from_env
 
 
 class Drafts:
@@ -34,7 +34,7 @@ class Drafts:
         # NGRAM with the cost rule (cfg.row_cost > 0): this machine's decode step cost a + b * rows, measured
         # online from the steps themselves (scheduler/spec_cost.py), seeded with cfg.row_cost; None: no rule
         row_cost = getattr(getattr(drafter, "cfg", None), "row_cost", 0.0)
-        self.cost = StepCost(row_cost) if row_cost > 0 else None
+        self.cost = StepCost(row_cost, adaptive=adaptive_from_env()) if row_cost > 0 else None
         self._vetoes = 0  # gated steps whose drafts the realized check (StepCost.drafts_pay) dropped
         self._step_accepted = 0  # n-gram draft tokens accepted in the step being applied (note_step resets)
         self._step_forced = False  # a jump-forward draft was accepted in it: its tokens are not counted here

@@ -14,12 +14,17 @@ PRIOR_WEIGHT samples of one row's spread: with no samples, or samples all at one
 ratio is the prior (drafter.ROW_COST); with samples spread over M the measured slope wins. Behind the line, a
 realized check (drafts_pay): the regime's tokens per second in steps with draft rows against steps without.
 
+Pinned mode (adaptive=False; RADIXLANG_SPEC_STEP_COST=fixed, which the test suite sets so that which drafts a
+loaded CI machine keeps never depends on its timing): samples are still recorded and shown, but ratio() is the
+prior and drafts_pay() is True.
+
 Invariants: ratio() is in [0, MAX_RATIO] and equals the prior for a regime with no samples; record() is O(1)
 and never raises on odd input (a negative or NaN time, a non-positive row count: ignored); no clock read here.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 DECAY = 0.97  # weight of the past per sample in a regime (~33 samples' memory)
@@ -51,6 +56,16 @@ class _Sums:
         r[0], r[1], r[2] = decay * r[0] + 1.0, decay * r[1] + tokens, decay * r[2] + seconds
 
 
+STEP_COST_ENV = "RADIXLANG_SPEC_STEP_COST"  # "measured" (default) or "fixed" (the prior only)
+
+
+def adaptive_from_env() -> bool:
+    mode = os.environ.get(STEP_COST_ENV, "measured")
+    if mode not in ("measured", "fixed"):
+        raise ValueError(f"{STEP_COST_ENV}={mode!r}: expected 'measured' or 'fixed'")
+    return mode == "measured"
+
+
 @dataclass
 class StepCost:
     prior: float  # b / a before any sample (drafter.ROW_COST)
@@ -58,6 +73,7 @@ class StepCost:
     prior_weight: float = PRIOR_WEIGHT
     regimes: dict[int, _Sums] = field(default_factory=dict)  # requests.bit_length() -> sums
     samples: int = 0  # recorded, all regimes (stats)
+    adaptive: bool = True  # False: decisions use the prior only (samples still recorded)
 
     @staticmethod
     def regime(requests: int) -> int:
@@ -83,7 +99,7 @@ class StepCost:
         produced fewer tokens per second than its plain ones (as many): whatever the line missed (a verifying
         step's fixed extra cost, a wrong acceptance estimate), drafting then costs throughput."""
         s = self.regimes.get(self.regime(requests))
-        if s is None:
+        if s is None or not self.adaptive:
             return True
         (pw, ptok, pt), (dw, dtok, dt) = s.rates[False], s.rates[True]
         if pw < GUARD_MIN or dw < GUARD_MIN or pt <= 0 or dt <= 0:
@@ -98,7 +114,7 @@ class StepCost:
     def ratio(self, requests: int) -> float:
         """b / a for a step over `requests` requests: the prior until the regime's samples show a slope."""
         s = self.regimes.get(self.regime(requests))
-        if s is None or s.w <= 0:
+        if s is None or s.w <= 0 or not self.adaptive:
             return self.prior
         a, b = self._fit(s)
         if b <= 0:
