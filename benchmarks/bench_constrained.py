@@ -10,10 +10,13 @@
 - --backends outlines,xgrammar,llguidance: the same grammars side by side (--grammar-backend): compile
   ms (warm worker process), mask us/token along a JSON output (cold: the first request through those
   states; warm: the second), and with --e2e the JSON workload's tok/s and forced fraction per backend.
+- --replay: the JSON workload's greedy outputs (outlines' Engine) replayed through each backend's jump-forward,
+  one request after another: a forced fraction per backend on the same tokens that does not depend on the
+  order concurrent requests learned in (--e2e's fraction moves from run to run with it).
 - --quick: the small version for a loaded machine (no json_object / 10,000-value enum, 5 schemas x 2
   prompts end to end).
 
-    python benchmarks/bench_constrained.py [--skip-json-object] [--e2e] [--backends B1,B2] [--quick]
+    python benchmarks/bench_constrained.py [--skip-json-object] [--e2e] [--backends B1,B2] [--quick] [--replay]
 """
 
 from __future__ import annotations
@@ -235,6 +238,56 @@ def bench_e2e_backends(backends: list[str], quick: bool, warm: bool = True) -> N
               f"text equal to {backends[0]}'s: {same}/{len(prompts)}")
 
 
+def replay_forced(runs: list[tuple[dict, list[int]]], backends: list[str], vocab) -> None:
+    """Jump-forward's forced fraction on fixed outputs, one request after another, as the scheduler drafts:
+    draft_tokens + guess_tokens from the state, the prefix the output agrees with is accepted (forced), a
+    disagreement teaches the grammar the output's token there (learn_rejection), the output's next token is
+    the model's own. Deterministic (the Engine's concurrent requests learn from each other in a run-dependent
+    order), and the same tokens for every backend that allows them."""
+    from radixlang_runtime.constrained.grammar import compile_grammar
+    from radixlang_runtime.constrained.jump_forward import draft_tokens, guess_tokens, learn_rejection
+
+    for backend in backends:
+        grammars: dict[str, object] = {}
+        forced = total = 0
+        for schema, ids in runs:
+            key = json.dumps(schema, sort_keys=True)
+            if key not in grammars:
+                grammars[key] = compile_grammar(GrammarSpec.from_json_schema(schema), vocab, backend)
+            gs, pos = GrammarState(grammars[key], {vocab.eos_token_id}), 0
+            while pos < len(ids):
+                probe = gs.copy()
+                draft = draft_tokens(probe)
+                draft += guess_tokens(probe)
+                n = 0
+                while n < len(draft) and pos + n < len(ids) and draft[n] == ids[pos + n]:
+                    assert gs.advance(draft[n])
+                    n += 1
+                if n < len(draft) and pos + n < len(ids):
+                    learn_rejection(gs, ids[pos + n])
+                forced, pos = forced + n, pos + n
+                if pos < len(ids) and ids[pos] != vocab.eos_token_id:
+                    if not gs.advance(ids[pos]):
+                        raise AssertionError(f"{backend} refuses the output's token at {pos} (a narrower mask)")
+                pos += 1
+            total += len(ids)
+        print(f"  {backend:10s} forced {forced}/{total} = {forced / total:.1%}")
+
+
+def bench_replay(backends: list[str], quick: bool, vocab) -> None:
+    """The JSON workload's greedy outputs (outlines' Engine, fp32) replayed through each backend's jump-forward."""
+    from radixlang_runtime import Engine
+
+    prompts, sps, schemas = e2e_requests(quick)
+    eng = Engine(dtype="float32", max_total_tokens=32768)
+    try:
+        outs = eng.generate(prompts, sps)
+    finally:
+        eng.shutdown()
+    print(f"forced fraction replayed on the same {len(outs)} outputs, one request after another:")
+    replay_forced([(s, o["output_ids"]) for s, o in zip(schemas, outs)], backends, vocab)
+
+
 def bench_mask_per_token(backends: list[str], vocab, encode) -> None:
     """us per token along a JSON output at batch 1: advance + allowed set + mask row (cold: fresh grammar
     object, every state new; warm: the same walk again, per-state caches hit). CPU time of this process
@@ -320,6 +373,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small grammars and workload (a loaded machine)")
     ap.add_argument("--e2e-only", action="store_true", help="only the Engine's JSON workload per backend")
     ap.add_argument("--no-warm", action="store_true", help="--e2e-only without warm-up passes (forced fraction)")
+    ap.add_argument("--replay", action="store_true", help="only the forced fraction replayed on fixed outputs")
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.e2e_only:
@@ -331,6 +385,9 @@ def main() -> None:
     vocab = vocab_from_tokenizer(tok, 49152, eos_token_id=2)
     vocab.encode = encode
     print(f"vocabulary: {time.perf_counter() - t0:.2f} s (once per tokenizer)")
+    if args.replay:
+        bench_replay(backends, args.quick, vocab)
+        return
     skip = (QUICK_SKIP if args.quick else set()) | ({"json_object"} if args.skip_json_object else set())
     for backend in backends:
         compiler = GrammarCompiler(vocab, GrammarCacheConfig(num_workers=1, timeout_s=60, backend=backend))

@@ -270,3 +270,27 @@ def test_guess_is_the_held_back_tail_split_by_the_tokenizer(backend):
     assert vocab().bytes_of(forced + guess) == b'{"name": "'
     assert guess_tokens(gs) == []  # inside the string nothing is forced, so nothing is guessed
     assert guess_tokens(GrammarState(g, [EOS]), max_tokens=0) == []
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_a_learned_draft_reaches_other_outputs_before_the_same_forced_text(backend):
+    """The model spelled ` "age"` as ` ` + `"` after one name: a draft after another name follows it too.
+    outlines: both outputs stand in one automaton state; xgrammar's states are token paths, so what it learns
+    is keyed by the forced text there (jump_forward.pref_key), else no other output would ever use it."""
+    from radixlang_runtime.constrained.jump_forward import draft_tokens, learn_rejection
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    g = compile_grammar(GrammarSpec.from_json_schema(schema), vocab(), backend)  # fresh: nothing learned yet
+
+    def after(name: str) -> GrammarState:
+        gs = GrammarState(g, [EOS])
+        assert gs.advance_all(encode(json.dumps({"name": name})[:-1] + ","))
+        return gs
+
+    canonical = forced_tokens(after("Ann"))
+    assert vocab().bytes_of(canonical) == b' "age":' and canonical[0] == encode(' "')[0]
+    assert draft_tokens(after("Bob")) == canonical  # nothing learned: the tokenizer's split
+    learn_rejection(after("Ann"), encode(" ")[0])
+    spelled = draft_tokens(after("Bob"))
+    assert spelled[0] == encode(" ")[0] and vocab().bytes_of(spelled) == vocab().bytes_of(canonical)

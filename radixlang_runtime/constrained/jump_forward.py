@@ -29,6 +29,8 @@ bytes of those tokens are a prefix of the state's forced bytes.
    draft through that state drafts x instead and re-derives the forced tokens after it. A learned token
    is allowed by the grammar at that state but may run past the forced bytes: draft_tokens' output is
    a guess for the model to verify, never appended unverified. Greedy outputs are unchanged either way.
+   "That state" is pref_key's: the automaton state (outlines), or the forced bytes there for a matcher
+   backend, whose states are token paths that other outputs never revisit.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class ForcedRun:
     # the tokenizer's split of the held-back bytes (whole characters), each allowed by the grammar: not
     # forced (a longer token could start there), but a good guess for a draft the model verifies
     guess: tuple[int, ...] = ()
+    forced: bytes = b""  # the forced bytes at the state (the tokens' bytes where the backend names tokens)
 
 
 def _backend_forced_bytes(g: Any, state: int) -> tuple[bytearray, list[int]]:
@@ -144,7 +147,7 @@ def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
                 break
             out.append(t)
             s = nxt
-        run = ForcedRun(tuple(out), s, 0)
+        run = ForcedRun(tuple(out), s, 0, forced=b"".join(g.vocab.token_bytes[t] or b"" for t in out))
         g.forced_cache.put(state, run)
         return run
     fb = forced_bytes(g, state)
@@ -165,7 +168,7 @@ def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
                 out.append(t)
                 pos += len(tb)
                 s = nxt
-        run = ForcedRun(tuple(out), s, len(fb.data) - pos, _guess(g, fb.data[pos:m], s))
+        run = ForcedRun(tuple(out), s, len(fb.data) - pos, _guess(g, fb.data[pos:m], s), fb.data)
     g.forced_cache.put(state, run)
     return run
 
@@ -231,6 +234,17 @@ def forced_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[in
     return out
 
 
+def pref_key(g: Any, state: int) -> Any:
+    """draft_prefs' key for a state. A CompiledGrammar's states are its automaton's, so paths that reach one
+    grammar state share its key. A matcher grammar's states are token paths (matcher_grammar.py): keyed by
+    the path, what one output taught (after `"age": 34`) would never reach another output (after `"age": 7`),
+    though both stand before the same forced text; its key is the state's forced bytes instead (a learned
+    token is still only drafted where the grammar allows it, and the model verifies it)."""
+    if not hasattr(g, "forced_prefix"):
+        return state
+    return forced_run(g, state).forced
+
+
 def draft_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[int]:
     """forced_tokens, with the tokens the model chose at rejected drafts (learn_rejection) put in
     place of the canonical ones; advances `gs` over exactly the tokens it returns."""
@@ -243,7 +257,7 @@ def draft_tokens(gs: GrammarState, max_tokens: Optional[int] = None) -> list[int
         toks = forced_tokens(gs.copy(), left)
         swapped = False
         for t in toks:
-            x = g.draft_prefs.get(gs.state) if len(g.draft_prefs) else None
+            x = g.draft_prefs.get(pref_key(g, gs.state)) if len(g.draft_prefs) else None
             if x is not None and x != t and x not in gs.finish_ids and gs.advance(x):
                 out.append(x)
                 swapped = True  # the forced tokens after x differ: derive them again
@@ -261,4 +275,7 @@ def learn_rejection(gs_before: GrammarState, chosen: int) -> None:
     """The model rejected a draft token at the state `gs_before` and chose `chosen` (a sampled token,
     allowed there by the mask): draft_tokens drafts it at that state from now on."""
     if chosen not in gs_before.finish_ids and gs_before.grammar.next_state(gs_before.state, chosen) is not None:
-        gs_before.grammar.draft_prefs.put(gs_before.state, chosen)
+        g = gs_before.grammar
+        key = pref_key(g, gs_before.state)
+        if key != b"":  # a matcher state with nothing forced: draft_tokens never asks there
+            g.draft_prefs.put(key, chosen)

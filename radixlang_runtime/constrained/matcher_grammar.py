@@ -65,7 +65,7 @@ class MatcherGrammar:
         self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
         self._forced_prefix: LRU[int, bytes] = LRU(FORCED_CACHE_ENTRIES)
         self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)
-        self.draft_prefs: LRU[int, int] = LRU(FORCED_CACHE_ENTRIES)
+        self.draft_prefs: LRU[bytes, int] = LRU(FORCED_CACHE_ENTRIES)  # keyed by forced bytes (jump_forward.pref_key)
 
     # ------------------------------------------------------------------ moving the matcher
     def _path(self, node: int, stop: int) -> list[int]:
