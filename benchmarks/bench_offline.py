@@ -15,6 +15,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
     python benchmarks/bench_offline.py --deterministic       # also --enable-deterministic-inference
     python benchmarks/bench_offline.py --model-path DIR --fallback   # also --model-impl transformers (its cost)
+    python benchmarks/bench_offline.py --random-model moe --quick    # a random checkpoint (random_checkpoint.py)
     python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
 
 --peers runs ../shared/peers' scripts (vLLM-CPU; llama.cpp BF16 with flash attention for W1, BF16 /
@@ -36,6 +37,8 @@ import time
 
 from bench_common import in_child
 from bench_peers import PEER_RUNS, default_peers_dir, peer_workloads, physical_ceilings, run_peers
+from random_checkpoint import SHAPES
+from random_checkpoint import build as build_random
 
 VOCAB_LO, VOCAB_HI = 100, 49000
 
@@ -112,6 +115,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
     ap.add_argument("--baseline-dtypes", default="float32,bfloat16", help="transformers' dtypes ('' for none)")
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap.add_argument("--random-model", default=None, choices=sorted(SHAPES),
+                    help="a random checkpoint of that shape (random_checkpoint.py), built once under --random-dir")
+    ap.add_argument("--random-dir", default="/tmp/radixlang-random-models")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--dtype", default="auto",
                     help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
@@ -129,6 +135,10 @@ def main() -> None:
 
     from radixlang_runtime.model.resolve import resolve_model_dir
 
+    if a.random_model and a.model_path:
+        ap.error("--random-model and --model-path name two models: give one")
+    if a.random_model:
+        a.model_path = build_random(a.random_model, f"{a.random_dir}/{a.random_model}")
     model_dir = resolve_model_dir(a.model_path)
     peers = [p for p in a.peers.split(",") if p]
     unknown = sorted(set(peers) - set(PEER_RUNS))

@@ -1,6 +1,7 @@
 """Tiny GGUF files for the converter's tests, written with gguf.GGUFWriter from a tiny transformers model the way
 llama.cpp's convert_hf_to_gguf.py lays them out: its tensor names, llama's q / k rows permuted, MoE experts
-stacked per layer ([E, I, hidden]), Phi-3's fused qkv / gate_up kept, and each weight in a chosen block type."""
+stacked per layer ([E, I, hidden]), Phi-3's fused qkv / gate_up kept, Gemma's norms stored as 1 + w under its
+pre / post norm names, and each weight in a chosen block type."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ _LAYER = {  # HF suffix -> GGUF suffix (the names llama.cpp writes)
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
+_GEMMA_LAYER = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+GEMMA = ("gemma2", "gemma3")
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
 
@@ -49,8 +54,11 @@ def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
 def gguf_tensors(state: dict, arch: str, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
     """HF float32 tensors -> GGUF-named numpy arrays."""
     out = {}
+    names = {**_LAYER, **(_GEMMA_LAYER if arch in GEMMA else {})}
     for name, t in state.items():
         w = t.float().numpy()
+        if arch in GEMMA and name.endswith("norm.weight"):
+            w = w + np.float32(1.0)  # llama.cpp's Gemma converters store the norm's 1 + w
         if name in _GLOBAL:
             out[_GLOBAL[name]] = w
             continue
@@ -66,7 +74,7 @@ def gguf_tensors(state: dict, arch: str, heads: int, kv_heads: int) -> dict[str,
             w = permute(w, heads)
         elif arch == "llama" and rest == "self_attn.k_proj.weight":
             w = permute(w, kv_heads)
-        out[f"blk.{layer}.{_LAYER[rest]}"] = w
+        out[f"blk.{layer}.{names[rest]}"] = w
     return out
 
 
@@ -88,7 +96,8 @@ def write_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[dict] = N
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)  # Gemma 3: per layer type
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

@@ -19,8 +19,8 @@ import tempfile
 
 import numpy as np
 
-from radixlang_runtime.model.gguf_families import ARCHS, ROPE_TENSORS, family_config, join_experts, layer_names, \
-    tensor_rope
+from radixlang_runtime.model.gguf_families import ARCHS, HF_MODEL_TYPES, NORM_PLUS_ONE, ROPE_TENSORS, family_config, \
+    join_experts, layer_names, refuse_unknown_keys, tensor_rope
 
 # the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions)
 BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -46,7 +46,6 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}  # transformers' model_type where it differs
 
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
@@ -124,6 +123,7 @@ def gguf_to_hf_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
     if arch not in ARCHS:
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+    refuse_unknown_keys(reader.fields, arch)
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     names = {t.name for t in reader.tensors}
     heads = int(a("attention.head_count"))
@@ -131,9 +131,9 @@ def gguf_to_hf_config(reader) -> dict:
     vocab = int(a("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", []))))
     head_dim = int(a("attention.key_length", hidden // heads))
     layers = int(a("block_count"))
-    return {
+    return family_config(arch, a, names, {
         "architectures": [ARCHS[arch]],
-        "model_type": _HF_MODEL_TYPES.get(arch, arch),
+        "model_type": HF_MODEL_TYPES.get(arch, arch),
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(a("feed_forward_length", a("expert_feed_forward_length"))),
@@ -151,8 +151,7 @@ def gguf_to_hf_config(reader) -> dict:
         "hidden_act": "silu",
         "torch_dtype": "float32",
         **gguf_rope_fields(reader, arch, head_dim),
-        **family_config(arch, a, names, layers),
-    }
+    })
 
 
 def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
@@ -169,6 +168,8 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
             w = unpermute_rotary_rows(w, config["num_attention_heads"])
         elif permute_qk and name.endswith("attn_k.weight"):
             w = unpermute_rotary_rows(w, config["num_key_value_heads"])
+        elif arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+            w = w - np.float32(1.0)  # llama.cpp stored 1 + w (Gemma's norm multiplies by 1 + w)
         out[hf_tensor_name(name, arch)] = w
     join_experts(out)
     return out

@@ -9,6 +9,15 @@ config.json fields, its tensor names, and RoPE scaling stored as tensors. No tor
   longrope from rope_factors_{short,long}.
 - llama: rope_freqs (llama.cpp's per-dimension divisors of Llama 3.x's llama3 scaling) -> rope_type llama3,
   the parameters found by reproducing the tensor (any parameters that reproduce it give the same RoPE).
+- gemma2 / gemma3: llama.cpp stores every RMSNorm weight as 1 + w (NORM_PLUS_ONE: we subtract 1, and the Gemma
+  model adds it back: the file's 1 + w again, exactly in float32 wherever 1 + w >= 0.5); pre + post
+  norms (post_attention_norm, ffn_norm = pre-feed-forward, post_ffw_norm); the layer pattern from
+  attention.sliding_window_pattern (a period or a per-layer list) else llama.cpp's (gemma2: 2, gemma3: 6);
+  query_pre_attn_scalar as llama.cpp derives it (hidden / heads for the 27B layer counts, else head_dim: the
+  file has no key for it); gemma3's local layers rotate with rope.freq_base_swa (default 10,000), unscaled.
+
+Every `{arch}.` metadata key is read or refused by name (KEYS, family_keys): a key we do not honour would
+change the model's math without us knowing.
 """
 
 from __future__ import annotations
@@ -19,7 +28,22 @@ from typing import Callable, Optional
 import numpy as np
 
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-         "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM"}
+         "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
+         "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}  # where they differ
+NORM_PLUS_ONE = ("gemma2", "gemma3")  # llama.cpp wrote 1 + w for every *norm.weight
+# the `{arch}.` keys every architecture reads (gguf_convert.gguf_to_hf_config; rope.scaling.*: gguf_rope_fields)
+KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
+        "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+        "attention.key_length", "attention.value_length", "rope.freq_base", "rope.dimension_count")
+_MOE_KEYS = ("expert_count", "expert_used_count", "expert_feed_forward_length", "expert_weights_norm",
+             "expert_gating_func")
+_GEMMA_KEYS = ("attention.sliding_window", "attention.sliding_window_pattern", "attn_logit_softcapping",
+               "final_logit_softcapping")
+_FAMILY_KEYS = {"qwen2moe": _MOE_KEYS + ("expert_shared_feed_forward_length",), "qwen3moe": _MOE_KEYS,
+                "phi3": ("attention.sliding_window",), "gemma2": _GEMMA_KEYS,
+                "gemma3": _GEMMA_KEYS + ("rope.freq_base_swa",)}
+_GATING_SOFTMAX = 1  # gguf.ExpertGatingFuncType.SOFTMAX: the only router these MoE families have
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")  # config, not weights
 
 _MOE_LAYER_NAMES = {
@@ -33,17 +57,46 @@ _MOE_LAYER_NAMES = {
     "ffn_down_exps.weight": "mlp.experts.down_proj",
 }
 _PHI3_LAYER_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+_GEMMA_LAYER_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                      "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                      "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 
 
 def layer_names(arch: str) -> dict[str, str]:
     """The arch's block tensor names beyond the llama ones (GGUF suffix -> HF suffix; they win)."""
     if arch in ("qwen2moe", "qwen3moe"):
         return _MOE_LAYER_NAMES
+    if arch in NORM_PLUS_ONE:
+        return _GEMMA_LAYER_NAMES
     return _PHI3_LAYER_NAMES if arch == "phi3" else {}
 
 
-def family_config(arch: str, a: Callable, names: set[str], layers: int) -> dict:
-    """config.json fields of the arch beyond the shared ones; `a(key, default)` reads `{arch}.{key}`."""
+def refuse_unknown_keys(fields, arch: str) -> None:
+    """Every `{arch}.` key must be one this converter reads (rope.scaling.*: gguf_rope_fields checks those);
+    keys read only to check a value are checked here. ValueError names the first other one."""
+    known = set(KEYS) | set(_FAMILY_KEYS.get(arch, ()))
+    prefix = f"{arch}."
+    extra = sorted(k for k in fields if k.startswith(prefix) and not k.startswith(prefix + "rope.scaling.")
+                   and k[len(prefix):] not in known)
+    if extra:
+        raise ValueError(f"GGUF key {extra[0]!r} is not supported (architecture {arch})")
+    get = lambda k: fields[prefix + k].contents() if prefix + k in fields else None  # noqa: E731
+    key_len, value_len = get("attention.key_length"), get("attention.value_length")
+    if value_len is not None and key_len is not None and int(value_len) != int(key_len):
+        raise ValueError(f"GGUF {prefix}attention.value_length {value_len} != key_length {key_len} is not supported")
+    gating = get("expert_gating_func")
+    if gating is not None and int(gating) != _GATING_SOFTMAX:
+        raise ValueError(f"GGUF {prefix}expert_gating_func {gating} is not supported (softmax routing only)")
+
+
+def family_config(arch: str, a: Callable, names: set[str], base: dict) -> dict:
+    """The whole config.json: the shared fields (`base`) with the arch's own; `a(key, default)` reads
+    `{arch}.{key}`."""
+    return {**base, **_family_fields(arch, a, names, base)} if arch not in NORM_PLUS_ONE else _gemma(arch, a, base)
+
+
+def _family_fields(arch: str, a: Callable, names: set[str], base: dict) -> dict:
+    layers = base["num_hidden_layers"]
     if arch in ("qwen2moe", "qwen3moe"):
         out = {"num_experts": int(a("expert_count")), "num_experts_per_tok": int(a("expert_used_count")),
                "moe_intermediate_size": int(a("expert_feed_forward_length")),
@@ -58,6 +111,43 @@ def family_config(arch: str, a: Callable, names: set[str], layers: int) -> dict:
         window = a("attention.sliding_window")
         return {"sliding_window": None if window is None else int(window)}
     return {}
+
+
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's 27B: scores scaled by (hidden / heads) ** -0.5
+
+
+def _gemma(arch: str, a: Callable, base: dict) -> dict:
+    """Gemma 2 / 3 config.json from the shared fields: GeGLU, soft-caps, windows per layer, the query scale;
+    gemma3: rope_parameters per layer type (scaling on the global layers only, as llama.cpp applies it)."""
+    out = dict(base)
+    layers, hidden, heads = out["num_hidden_layers"], out["hidden_size"], out["num_attention_heads"]
+    pattern = a("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list):  # per layer: True slides
+        if len(pattern) != layers:
+            raise ValueError(f"GGUF {arch}.attention.sliding_window_pattern has {len(pattern)} entries for "
+                             f"{layers} layers")
+        slides = [bool(p) for p in pattern]
+    else:  # llama.cpp's set_swa_pattern(n): every n-th layer is global (0: none, 1: all)
+        n = int(pattern)
+        slides = [n == 0 or i % n < n - 1 for i in range(layers)]
+    window = a("attention.sliding_window", 4096 if arch == "gemma2" else None)
+    if window is None and any(slides):
+        raise ValueError(f"GGUF {arch}: sliding layers but no {arch}.attention.sliding_window")
+    scalar = hidden // heads if layers == _GEMMA_27B_LAYERS[arch] else out["head_dim"]
+    out.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+               query_pre_attn_scalar=scalar, sliding_window=None if window is None else int(window),
+               layer_types=["sliding_attention" if s else "full_attention" for s in slides],
+               attn_logit_softcapping=_float_or_none(a("attn_logit_softcapping")),
+               final_logit_softcapping=_float_or_none(a("final_logit_softcapping")))
+    if arch == "gemma3":
+        full = {"rope_type": "default", "rope_theta": out.pop("rope_theta"), **(out.pop("rope_scaling", None) or {})}
+        local = {"rope_type": "default", "rope_theta": float(a("rope.freq_base_swa", 10000.0))}
+        out["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
+    return out
+
+
+def _float_or_none(v) -> Optional[float]:
+    return None if v is None else float(v)
 
 
 def join_experts(out: dict[str, np.ndarray]) -> None:

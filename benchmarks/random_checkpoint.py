@@ -1,0 +1,64 @@
+"""Random checkpoints of realistic shape for the benchmarks: transformers builds the model from a config (seeded
+random weights), saves it with the embedded tokenizer beside it. The figures measure the families' code paths,
+not a trained model's outputs (greedy on random weights; EOS ignored by the workloads).
+
+    python benchmarks/random_checkpoint.py moe /tmp/rand-moe        # then bench_offline.py --model-path /tmp/rand-moe
+    python benchmarks/bench_offline.py --random-model gemma2 ...     # built (once) under --random-dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# name -> (transformers config class, its fields); vocabulary: the embedded tokenizer's (49,152)
+SHAPES = {
+    # Mixtral-style sparse MoE: 8 experts, top-2, hidden 1024, 8 layers, GQA 16 / 4 heads
+    "moe": ("MixtralConfig", dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
+                                  num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+                                  num_experts_per_tok=2, max_position_embeddings=4096, sliding_window=None,
+                                  tie_word_embeddings=False)),
+    # Gemma 2's layout (head_dim 256, pre + post norms, GeGLU, soft-caps, alternating 4,096-token windows)
+    # at 1024 hidden, 8 layers
+    "gemma2": ("Gemma2Config", dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
+                                    num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                    query_pre_attn_scalar=256, sliding_window=4096, max_position_embeddings=8192,
+                                    tie_word_embeddings=True)),
+}
+
+
+def build(name: str, out_dir: str) -> str:
+    """Write the `name` checkpoint (bfloat16 safetensors + tokenizer) to out_dir unless it is there; returns it."""
+    if os.path.isfile(os.path.join(out_dir, "config.json")):
+        return out_dir
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from radixlang_runtime.model.resolve import resolve_model_dir
+
+    if name not in SHAPES:
+        raise ValueError(f"random model {name!r}: choose one of {', '.join(SHAPES)}")
+    cls_name, fields = SHAPES[name]
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
+    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                                          **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    tmp = out_dir.rstrip("/") + ".tmp"
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    os.rename(tmp, out_dir)
+    return out_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", choices=sorted(SHAPES))
+    ap.add_argument("out_dir")
+    a = ap.parse_args()
+    print(build(a.name, a.out_dir))
+
+
+if __name__ == "__main__":
+    main()
