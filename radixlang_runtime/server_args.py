@@ -89,6 +89,10 @@ class ServerArgs:
     # SGLang's JSON object of backend settings; here {"ttl_s": seconds}: an L3 record expires ttl_s after its
     # last write or read (Redis EX); needs hicache_storage_backend redis (other keys refused by name)
     hicache_storage_backend_extra_config: Optional[str] = None
+    # vLLM's name: what retract_decode does with a retracted request's K/V. swap: its whole records go to the
+    # hicache tiers, readmission loads them (needs enable_hierarchical_cache) | recompute: readmission recomputes
+    # what L1 lost. None: swap with enable_hierarchical_cache, recompute without
+    preemption_mode: Optional[str] = None
     enable_mixed_chunk: bool = False  # decode steps share the forward pass of prefill chunks
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
@@ -234,6 +238,11 @@ class ServerArgs:
 
     def _check_hicache(self) -> None:
         """Refuse hicache settings the runtime would not honour, by name."""
+        if self.preemption_mode not in (None, "swap", "recompute"):
+            raise ValueError(f"preemption_mode must be swap or recompute; got {self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and not self.enable_hierarchical_cache:
+            raise ValueError("preemption_mode swap needs enable_hierarchical_cache (a retracted request's K/V is "
+                             "swapped out to its tiers); without it retraction recomputes")
         given = [n for n, default in (("hicache_size", 4.0), ("hicache_write_policy", "write_back"),
                                       ("hicache_storage_backend", None), ("hicache_storage_dir", None),
                                       ("hicache_redis_url", None), ("hicache_load_policy", "faster"),

@@ -101,7 +101,7 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     from radixlang_runtime.model.resolve import cache_root
 
     cfg = HiCacheConfig(record_tokens_for(args.page_size), args.hicache_write_policy,
-                        load_policy=args.hicache_load_policy)
+                        load_policy=args.hicache_load_policy, preemption_mode=args.preemption_mode or "swap")
     port = KVRecordPort(runner.kv_pool, cfg.record_tokens)
     fp = KVFingerprint(model_identity(model_dir), str(runner.dtype).replace("torch.", ""), args.page_size,
                        cfg.record_tokens, runner.cfg.num_hidden_layers, runner.shard.kv_count, runner.cfg.head_dim,

@@ -193,6 +193,7 @@ def test_retraction_swaps_to_l2_with_outputs_equal_transformers(tiny, tmp_path):
         stats = eng.get_stats()
         assert stats["num_retractions"] > 0
         assert stats["readmit_tokens"]["swapped"] > 0 and stats["hicache"]["swap_out_tokens"]["out"] > 0
+        assert stats["hicache"]["preemption_mode"] == "swap"  # --preemption-mode's default with the tiers
         eng.check_integrity()
         _drain(eng)
         eng._loop.call(lambda s: s.kv.hicache.check_integrity(deep=True))

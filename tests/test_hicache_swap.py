@@ -5,8 +5,10 @@ swapped-in record with foreign or stale K/V fails its checks. Then once on the r
 
 from __future__ import annotations
 
+import argparse
 import pickle
 
+import pytest
 from fakes import FakeRunner, expected_output
 from test_scheduler import assert_whole, drain, req
 
@@ -18,6 +20,7 @@ from radixlang_runtime.mem.tiers.disk import DiskTier
 from radixlang_runtime.mem.tiers.keys import KVFingerprint
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.server_args import ServerArgs
 
 T = 8  # record tokens
 PAGE = 4
@@ -39,14 +42,15 @@ class RunnerPort:
             self.runner.slots[s] = e
 
 
-def make(tmp_path, l2_bytes=1 << 24, load_policy="always", hicache=True):
+def make(tmp_path, l2_bytes=1 << 24, load_policy="always", hicache=True, preemption_mode="swap"):
     cfg = SchedulerConfig(page_size=PAGE, context_len=4096, max_running_requests=32, max_prefill_tokens=512,
                           chunked_prefill_size=256, eos_token_ids=(96,), new_token_ratio_init=0.05,
                           new_token_ratio_min=0.05, new_token_ratio_decay=0.01, debug_check_integrity=True)
     runner = FakeRunner()
     hc = None
     if hicache:
-        hc = HiCache(HiCacheConfig(T, load_policy=load_policy), KVFingerprint("fake", "f", PAGE, T, 1, 1, 1),
+        hc = HiCache(HiCacheConfig(T, load_policy=load_policy, preemption_mode=preemption_mode),
+                     KVFingerprint("fake", "f", PAGE, T, 1, 1, 1),
                      RunnerPort(runner), DiskTier(str(tmp_path / "l2"), l2_bytes), None)
     kv = KVManager(PageAllocator(256, PAGE), TableManager(32), RadixCache(PAGE), hicache=hc)
     return Scheduler(cfg, runner, kv, detokenize=lambda ids: ""), hc
@@ -121,3 +125,34 @@ def test_without_tiers_readmission_recomputes_what_l1_lost(tmp_path):
     tokens = sched.admission.readmit_tokens
     assert tokens["swapped"] == 0 and tokens["recomputed"] > 0
     assert_whole(sched)
+
+
+def test_preemption_mode_recompute_swaps_nothing_out(tmp_path):
+    sched, hc = make(tmp_path, preemption_mode="recompute")
+    reqs = run(sched, hc)
+    for r in reqs:
+        assert r.output_ids == expected_output(r.input_ids, 48), r.rid
+    assert sched.num_retracted_total > 0
+    assert hc.swap_out_tokens == {"out": 0, "skipped": 0, "dropped": 0}  # retraction never called the tiers
+    assert hc.stats()["preemption_mode"] == "recompute"
+    # (a readmission may still load what eviction's own write_back backup stored: not asserted either way)
+    assert_whole(sched)
+    assert hc.writer.drain(10)
+    hc.check_integrity(deep=True)
+    hc.close()
+
+
+def test_preemption_mode_flag_parses_and_is_refused_where_it_cannot_apply():
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    assert ServerArgs.from_cli_args(p.parse_args([])).preemption_mode is None  # swap with tiers, else recompute
+    a = ServerArgs.from_cli_args(p.parse_args(["--enable-hierarchical-cache", "--preemption-mode", "recompute"]))
+    assert a.preemption_mode == "recompute"
+    assert ServerArgs(preemption_mode="recompute").preemption_mode == "recompute"  # what no tiers does anyway
+    assert ServerArgs(enable_hierarchical_cache=True, preemption_mode="swap").preemption_mode == "swap"
+    with pytest.raises(ValueError, match="preemption_mode swap needs enable_hierarchical_cache"):
+        ServerArgs(preemption_mode="swap")
+    with pytest.raises(ValueError, match="preemption_mode must be swap or recompute; got 'offload'"):
+        ServerArgs(enable_hierarchical_cache=True, preemption_mode="offload")
+    with pytest.raises(ValueError, match="preemption_mode must be one of swap, recompute"):
+        HiCacheConfig(T, preemption_mode="never")

@@ -156,6 +156,34 @@ def test_redis_tier_ttl_expires_records_and_reads_refresh_it(tmp_path):
         srv.stop()
 
 
+def test_redis_tier_bytes_stored_counts_each_live_record_once(tmp_path):
+    """bytes_stored follows this process's own clock (a fake one here: no sleeping, no Redis expiry needed)."""
+    now = [0.0]
+    size = record.HEADER.size + 4
+    a, b = b"a" * 16, b"b" * 16
+    srv = RedisServer(str(tmp_path))
+    try:
+        l3 = RedisTier(srv.url, "ns", 4, ttl_s=60, clock=lambda: now[0])
+        assert l3.put(a, b"abcd") and l3.put(a, b"abcd") and l3.put(b, b"efgh")
+        assert l3.stats()["bytes_stored"] == 2 * size  # a rewrite counts once
+        now[0] = 50.0
+        assert l3.get_many([a]) == [b"abcd"]  # a read hit: a lives until 110, b still until 60
+        now[0] = 61.0
+        assert l3.stats()["bytes_stored"] == size  # b expired
+        now[0] = 111.0
+        assert l3.bytes_stored == 0
+        assert l3.put(a, b"abcd") and l3.bytes_stored == size
+        assert l3.clear() and l3.bytes_stored == 0
+        untimed = RedisTier(srv.url, "forever", 4, clock=lambda: now[0])
+        assert untimed.put(a, b"abcd")
+        now[0] = 1e9
+        assert untimed.bytes_stored == size  # no ttl: live until flushed, found bad, or evicted by Redis
+        untimed.client.set(untimed._name(a), b"not a record")
+        assert untimed.get_many([a]) == [None] and untimed.bytes_stored == 0  # found bad: deleted, not counted
+    finally:
+        srv.stop()
+
+
 class FakePort:
     """Slots hold bytes; a record's payload = its slots' bytes joined (record_bytes = T * 2)."""
 

@@ -16,7 +16,9 @@ scheduler/kv_manager.py calls it at three points:
   records are queued for the tiers at once, waiting up to `swap_wait_s` for room in the writer's queue
   (eviction's own backup drops when it is full), unless the measured costs say a load from the tiers
   is slower than recomputing (load_policy "faster"). Its readmission's `fetch` then swaps them back in;
-  a record the tiers lost ends the load there and the rest is recomputed.
+  a record the tiers lost ends the load there and the rest is recomputed. With preemption_mode "recompute"
+  (--preemption-mode recompute) nothing is swapped out at retraction: the readmission recomputes what L1
+  lost, except what eviction's own backup happened to store.
 A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
 would cost more than it saves); a prompt's tail shorter than a record is never stored.
 Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no request fails.
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 TIER_NAMES = ("l1", "l2", "l3")
 WRITE_POLICIES = ("write_back", "write_through")
 LOAD_POLICIES = ("faster", "always")
+PREEMPTION_MODES = ("swap", "recompute")  # vLLM's --preemption-mode values
 MISS_MEMO_S = 1.0
 L3_BATCH = 16  # records per Redis MGET
 
@@ -77,8 +80,12 @@ class HiCacheConfig:
     load_timeout_s: float = 2.0  # the most one request's fetch may take; the rest is a miss
     load_policy: str = "faster"  # faster: skip a tier measured slower than recomputing | always
     swap_wait_s: float = 0.5  # the most one retraction's swap-out waits for room in the writer's queue
+    preemption_mode: str = "swap"  # swap: a retracted request's whole records go to the tiers | recompute: none
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
+                             f"got {self.preemption_mode!r}")
         if self.load_policy not in LOAD_POLICIES:
             raise ValueError(f"hicache_load_policy must be one of {', '.join(LOAD_POLICIES)}; got {self.load_policy!r}")
         if self.write_policy not in WRITE_POLICIES:
@@ -155,10 +162,10 @@ class HiCache:
 
     def swap_out(self, ids: list[int], slots: list[int]) -> int:
         """A retracted request's K/V (positions 0 .. len(slots) - 1 of ids) to the tiers; its whole records
-        only (the tail is recomputed). Returns the tokens now stored or queued."""
+        only (the tail is recomputed). Returns the tokens now stored or queued (0 with preemption_mode recompute)."""
         t = self.cfg.record_tokens
         n = min(len(ids), len(slots)) // t * t
-        if n == 0:
+        if n == 0 or self.cfg.preemption_mode == "recompute":
             return 0
         tiers = [name for name, tier in (("l2", self.l2), ("l3", self.l3)) if tier is not None]
         if self.cfg.load_policy == "faster" and not any(self.costs.cheaper(name) for name in tiers):
@@ -259,6 +266,7 @@ class HiCache:
     def stats(self) -> dict:
         return {
             "record_tokens": self.cfg.record_tokens, "write_policy": self.cfg.write_policy,
+            "preemption_mode": self.cfg.preemption_mode,
             "hit_tokens": dict(self.hit_tokens), "lookups": self.lookups, "loads": self.loads,
             "load_seconds": self.load_seconds, "bytes_loaded": self.bytes_loaded, "load_faults": self.load_faults,
             "writer": self.writer.stats(), "costs": self.costs.stats(), "swap_out_tokens": dict(self.swap_out_tokens),

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from prometheus_client import CollectorRegistry, Gauge
 
 P = "radixlang:hicache_"
-_SAME = {"record_tokens", "write_policy", "ttl_s"}  # settings: equal on every replica, taken once
+_SAME = {"record_tokens", "write_policy", "ttl_s", "preemption_mode"}  # settings: equal on every replica, taken once
 
 
 def merge_counters(values: list[Any], key: str = "", mean: bool = False) -> Any:

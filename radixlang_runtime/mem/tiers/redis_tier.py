@@ -8,6 +8,9 @@ None / False, a count and one log line; after a connection fault the tier is ski
 Expiry (`ttl_s`, --hicache-storage-backend-extra-config '{"ttl_s": N}'): a record expires N seconds after
 its last write or read (SET EX; a hit's key gets EXPIRE again in one pipeline after the MGET), so a
 shared store does not keep what no replica uses; None: records stay until evicted by Redis or flushed.
+`bytes_stored` (stats, /metrics' hicache_used_bytes{tier="l3"}): the records this process wrote that are
+still live by its own clock (each counted once however often rewritten; gone once expired by ttl_s from its
+last write or read here, found bad, or flushed); another replica's reads keeping one alive are not seen.
 """
 
 from __future__ import annotations
@@ -15,19 +18,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
+from collections import OrderedDict
+from typing import Callable, Optional
 
 from radixlang_runtime.mem.tiers import record
 from radixlang_runtime.mem.tiers.record import RecordError
 
 logger = logging.getLogger(__name__)
+MAX_TRACKED = 1 << 20  # records bytes_stored follows (the oldest written / read are forgotten past it)
 
 
 class RedisTier:
     name = "l3"
 
     def __init__(self, url: str, namespace: str, record_bytes: Optional[int] = None, timeout_s: float = 1.0,
-                 retry_after_s: float = 1.0, ttl_s: Optional[float] = None):
+                 retry_after_s: float = 1.0, ttl_s: Optional[float] = None,
+                 clock: Callable[[], float] = time.monotonic):
         import redis  # the redis PyPI client; only needed when this tier is on
 
         self._errors = (redis.RedisError, OSError)
@@ -43,7 +49,11 @@ class RedisTier:
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.faults = 0  # connection faults, timeouts, corrupt / stale values
-        self.bytes_stored = 0  # by this process
+        self._clock = clock
+        # records this process wrote: key -> (bytes, expiry on clock; inf without ttl), in expiry order (one
+        # ttl for all, so the order of the last write / read); bytes_stored = their sum
+        self._stored: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        self._stored_bytes = 0
 
     def _name(self, key: bytes) -> str:
         return self.prefix + key.hex()
@@ -70,7 +80,9 @@ class RedisTier:
             self._fault("read", e, down=True)
             return [None] * len(keys)
         if self.ttl_ms is not None and any(b is not None for b in blobs):
-            self._refresh([k for k, b in zip(keys, blobs) if b is not None])
+            hits = [k for k, b in zip(keys, blobs) if b is not None]
+            if self._refresh(hits):
+                self._track(hits)
         out: list[Optional[bytes]] = []
         for key, blob in zip(keys, blobs):
             if blob is None:
@@ -92,12 +104,45 @@ class RedisTier:
         except self._errors as e:
             self._fault("write", e, down=True)
             return False
-        with self._lock:
-            self.bytes_stored += record.HEADER.size + len(payload)
+        self._track([key], record.HEADER.size + len(payload))
         return True
 
-    def _refresh(self, keys: list[bytes]) -> None:
-        """Read hits live ttl_s longer (one pipeline); a failure is counted, the hits stay hits."""
+    def _expiry(self) -> float:
+        return float("inf") if self.ttl_ms is None else self._clock() + self.ttl_ms / 1000
+
+    def _track(self, keys: list[bytes], size: Optional[int] = None) -> None:
+        """size: keys were written (size bytes each); None: read hits that got ttl_s again (ours only)."""
+        with self._lock:
+            expiry = self._expiry()
+            for key in keys:
+                old = self._stored.pop(key, None)
+                if old is None and size is None:
+                    continue
+                self._stored_bytes += (old[0] if size is None else size) - (0 if old is None else old[0])
+                self._stored[key] = (old[0] if size is None else size, expiry)
+            while len(self._stored) > MAX_TRACKED:
+                self._stored_bytes -= self._stored.popitem(last=False)[1][0]
+
+    def _untrack(self, key: Optional[bytes] = None) -> None:
+        """Forget key (None: every record)."""
+        with self._lock:
+            if key is None:
+                self._stored.clear()
+                self._stored_bytes = 0
+            elif (old := self._stored.pop(key, None)) is not None:
+                self._stored_bytes -= old[0]
+
+    @property
+    def bytes_stored(self) -> int:
+        """Bytes of this process's records not yet expired by its clock (the expired are forgotten here)."""
+        with self._lock:
+            now = self._clock()
+            while self._stored and next(iter(self._stored.values()))[1] <= now:
+                self._stored_bytes -= self._stored.popitem(last=False)[1][0]
+            return self._stored_bytes
+
+    def _refresh(self, keys: list[bytes]) -> bool:
+        """Read hits live ttl_s longer (one pipeline); a failure is counted (False), the hits stay hits."""
         try:
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
@@ -105,8 +150,11 @@ class RedisTier:
             pipe.execute()
         except self._errors as e:
             self._fault("expire", e, down=True)
+            return False
+        return True
 
     def _delete(self, key: bytes) -> None:
+        self._untrack(key)
         try:
             self.client.delete(self._name(key))
         except self._errors:
@@ -124,12 +172,14 @@ class RedisTier:
         except self._errors as e:
             self._fault("clear", e, down=True)
             return False
+        self._untrack()
         return True
 
     # ------------------------------------------------------------------ checks
     def stats(self) -> dict:
+        stored = self.bytes_stored
         with self._lock:
-            return {"faults": self.faults, "bytes_stored": self.bytes_stored, "available": self.available(),
+            return {"faults": self.faults, "bytes_stored": stored, "available": self.available(),
                     "ttl_s": None if self.ttl_ms is None else self.ttl_ms / 1000}
 
     def check_integrity(self, deep: bool = False) -> None:
