@@ -41,6 +41,16 @@ def assert_whole(engine) -> None:
     assert engine.scheduler.table.available == engine.scheduler.table.num_rows, "table rows leaked"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_servers():
+    """Stops server_utils.shared_server's servers when the session ends (none started: nothing to do)."""
+    yield
+    from server_utils import stop_shared_servers
+
+    bad = stop_shared_servers()
+    assert not bad, "\n".join(bad)
+
+
 @pytest.fixture(scope="session")
 def engine_fp32():
     from radixlang_runtime import Engine

@@ -1,4 +1,8 @@
-"""Start a real `launch_server` process for tests and wait until it answers /health."""
+"""Start a real `launch_server` process for tests and wait until it answers /health.
+
+`shared_server(*flags)`: one server per distinct flag list for the whole pytest session, for modules whose
+tests only send requests (no kill, no signal, no flush, no fault injection, no absolute counters): a start
+costs ~20 s of a 2-core CI machine. conftest.py stops them when the session ends."""
 
 from __future__ import annotations
 
@@ -20,20 +24,33 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, *flags: str, timeout: float = 300.0, new_session: bool = False):
-        """new_session: the server leads its own session and process group (os.killpg reaches it, not pytest)."""
+        """new_session: the server leads its own session and process group (os.killpg reaches it, not pytest).
+        The port comes from free_port(): another process may take it before the server binds it (a shared
+        machine), so a start that fails with "address already in use" is retried on a new port, twice."""
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        for attempt in range(3):
+            if self._start(flags, timeout, new_session):
+                return
+            if attempt < 2 and "address already in use" in self.tail().lower():
+                self.log.truncate(0)
+                self.log.seek(0)
+                continue
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+
+    def _start(self, flags: tuple, timeout: float, new_session: bool) -> bool:
+        """True once /health answers 200; False if the process exited first."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "radixlang_runtime.launch_server", "--port", str(self.port), *flags]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ),
                                      start_new_session=new_session)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+                return False
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
@@ -54,3 +71,40 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+# The keyed server (float32, an API key, /metrics, the ZeroMQ link) that test_fuzz_intake and test_zmq_hostile
+# share: shared_server(*KEYED_FLAGS, frontend=True).
+KEYED_KEY = "keyed-test-key"
+KEYED_FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--api-key", KEYED_KEY, "--enable-metrics")
+
+_SHARED: dict[tuple, ServerProcess] = {}
+
+
+def shared_server(*flags: str, frontend: bool = False) -> ServerProcess:
+    """The session's server for exactly these flags (started on first use). frontend=True adds a
+    --frontend-port of its own (the DSL's ZeroMQ link): srv.frontend_port, srv.frontend ("tcp://...").
+    A shared server that has exited is an error (a module broke the contract above), not restarted."""
+    key = (flags, frontend)
+    srv = _SHARED.get(key)
+    if srv is not None:
+        assert srv.proc.poll() is None, f"the shared server {flags} exited ({srv.proc.returncode}):\n{srv.tail()}"
+        return srv
+    port = free_port() if frontend else None
+    srv = ServerProcess(*flags, *(("--frontend-port", str(port)) if frontend else ()))
+    if frontend:
+        srv.frontend_port, srv.frontend = port, f"tcp://127.0.0.1:{port}"
+    _SHARED[key] = srv
+    return srv
+
+
+def stop_shared_servers() -> list[str]:
+    """Stops every shared server; returns a line for each that did not exit cleanly (0, or 143: uvicorn
+    re-raises SIGTERM after its graceful shutdown)."""
+    bad = []
+    while _SHARED:
+        flags, srv = _SHARED.popitem()
+        code = srv.stop()
+        if code not in (0, 143):
+            bad.append(f"shared server {flags} exited with {code}:\n{srv.tail()}")
+    return bad

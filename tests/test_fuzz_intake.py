@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_utils import ServerProcess, free_port
+from server_utils import KEYED_FLAGS, KEYED_KEY, free_port, shared_server
 
-KEY = "fuzz-intake-key"
+KEY = KEYED_KEY
 AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
 LIMIT = 32 << 20  # the default --max-request-body-bytes
 CASE_BOUND_S = 30.0  # generous (a loaded 2-core CI box); the bugs were hangs and 18 s stalls
@@ -37,11 +37,9 @@ FUZZ = settings(deadline=None, derandomize=True, database=None,
 
 @pytest.fixture(scope="module")
 def server():
-    frontend_port = free_port()
-    srv = ServerProcess("--max-total-tokens", "4096", "--api-key", KEY, "--frontend-port", str(frontend_port))
-    srv.frontend_port = frontend_port
+    """The session's keyed server (test_zmq_hostile's too; its clean exit is checked when the session ends)."""
+    srv = shared_server(*KEYED_FLAGS, frontend=True)
     yield srv
-    assert srv.stop() in (0, 143), srv.tail()
     assert KEY not in srv.tail(10**7), "the API key was logged"
 
 

@@ -87,6 +87,7 @@ def test_engine_tp2_matches_transformers_then_a_dead_rank_fails_requests(hf_gree
         assert eng.get_stats()["cpu"]["paths"] is not None
         # Rank 1 dies while a request decodes: the request fails with an error, nothing hangs.
         errors: list[BaseException] = []
+        steps0 = eng._loop.call(lambda s: s.forward_steps)
 
         def long_request() -> None:
             try:
@@ -96,7 +97,10 @@ def test_engine_tp2_matches_transformers_then_a_dead_rank_fails_requests(hf_gree
 
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while eng._loop.call(lambda s: s.forward_steps) - steps0 < 2:  # it is decoding: past its prefill
+            assert time.monotonic() < deadline and t.is_alive(), errors
+            time.sleep(0.01)
         eng._tp_procs[0].kill()
         t.join(30)
         assert not t.is_alive() and errors and isinstance(errors[0], RuntimeError)

@@ -16,9 +16,9 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 def pressure_workload() -> tuple[list[list[int]], list[dict]]:
     rng = random.Random(7)
     ids, sps = [], []
-    for _ in range(48):
-        ids.append([rng.randrange(100, 49000) for _ in range(rng.randrange(20, 161))])
-        sps.append({**GREEDY, "max_new_tokens": rng.randrange(16, 97)})
+    for _ in range(24):  # ~2,100 tokens of demand on a 512-token pool
+        ids.append([rng.randrange(100, 49000) for _ in range(rng.randrange(20, 101))])
+        sps.append({**GREEDY, "max_new_tokens": rng.randrange(8, 49)})
     return ids, sps
 
 
@@ -34,7 +34,7 @@ def test_memory_pressure_retracts_and_loses_nothing(page_size, roomy_outputs):
 
     ids, sps = pressure_workload()
     # An optimistic decode reservation (new_token_ratio 0.05) admits more than fits: decode must retract.
-    with Engine(dtype="float32", max_total_tokens=1024, page_size=page_size, new_token_ratio_init=0.05,
+    with Engine(dtype="float32", max_total_tokens=512, page_size=page_size, new_token_ratio_init=0.05,
                 new_token_ratio_min=0.05, debug_check_integrity=True) as eng:
         outs = eng.generate(input_ids=ids, sampling_params=sps)
         stats = eng.get_stats()
@@ -67,24 +67,32 @@ def test_chunked_prefill_matches_unchunked_and_decode_keeps_going(engine_chunked
     ref_steps = engine_fp32._loop.call(lambda s: list(s.recent_batches))
     assert ("extend", 1, 3000) in ref_steps[-8:]  # the reference prefilled in one pass
 
+    # The streamer decodes until it is aborted, not for a fixed count: how far it got before the long
+    # prompt arrived depends on thread scheduling, so a fixed length could end it before the chunks.
     streamer_tokens: list[int] = []
+    streamer_meta: dict = {}
     started = threading.Event()
 
     def stream() -> None:
-        for chunk in eng.generate(input_ids=[100, 200, 300, 400], sampling_params={**GREEDY, "max_new_tokens": 60},
-                                  stream=True):
+        for chunk in eng.generate(input_ids=[100, 200, 300, 400], rid="streamer", stream=True,
+                                  sampling_params={**GREEDY, "max_new_tokens": 4000}):
             streamer_tokens[:] = chunk["output_ids"]
+            streamer_meta.update(chunk["meta_info"])
             started.set()
 
     th = threading.Thread(target=stream)
     th.start()
     assert started.wait(30)
     got = eng.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 8})
-    th.join()
-    assert got["output_ids"] == want["output_ids"]
-    assert len(streamer_tokens) == 60
-
+    assert th.is_alive() and streamer_meta["finish_reason"] is None  # still decoding after the prompt's 8 tokens
     phases = eng._loop.call(lambda s: [(p, t) for p, _, t in s.recent_batches])
+    eng.abort("streamer")
+    th.join(30)
+    assert not th.is_alive()
+    assert got["output_ids"] == want["output_ids"]
+    assert streamer_meta["finish_reason"]["type"] == "abort"
+    assert len(streamer_tokens) == streamer_meta["completion_tokens"] >= 8
+
     chunks = [i for i, (p, t) in enumerate(phases) if p == "extend" and t == 256]
     assert len(chunks) >= 11  # 3000 tokens / 256 (the last chunk is shorter)
     interleaved = sum("decode" in [p for p, _ in phases[a + 1 : b]] for a, b in zip(chunks, chunks[1:]))

@@ -75,7 +75,10 @@ def test_dead_scheduler_fails_requests_and_stops_the_server():
 
             th = threading.Thread(target=long_request)
             th.start()
-            time.sleep(1.0)
+            deadline = time.time() + 60  # the request is in the scheduler (not a sleep: a loaded machine)
+            while c.get("/server_info").json()["stats"]["num_running_reqs"] != 1:
+                assert time.time() < deadline and th.is_alive(), result
+                time.sleep(0.05)
             os.kill(pids["scheduler"], signal.SIGKILL)
             th.join(30)
             r = result["r"]

@@ -4,8 +4,9 @@
 (PR_SET_PDEATHSIG), and /health reports a scheduler stuck in a step (RADIXLANG_FAULT_INJECT stall),
 then recovers. Plus the flags' validation and the Lifecycle verdicts as units.
 
-Time bounds are generous for a loaded 2-core machine: a legitimate step of the embedded model takes
-well under a second there, the stall timeout is 8 s, the drain 20 s."""
+No assertion on elapsed time: each check waits, with a generous bound, for the condition itself. A
+legitimate step of the embedded model takes well under a second on a loaded 2-core machine, the stall
+timeout is 5 s (heartbeats come every 0.5 s), an injected stall lasts 15 s, the drain 12 s."""
 
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ from radixlang_runtime.server_args import ServerArgs
 from server_utils import ServerProcess, free_port
 from test_server_lifecycle import alive, wait_gone
 
-DRAIN_S = 20  # --graceful-shutdown-timeout of the shared server
-STALL_TIMEOUT_S = 8  # --health-stall-timeout of the shared server
-STALL_S = 25  # an injected step of a "stall-" request sleeps this long, once
+DRAIN_S = 12  # --graceful-shutdown-timeout of the shared server
+STALL_TIMEOUT_S = 5  # --health-stall-timeout of the shared server
+STALL_S = 15  # an injected step of a "stall-" request sleeps this long, once
 # New tokens: the signal comes when every short stream is at most 4 tokens from its end (arrivals may
 # spread over a few steps), so the short requests finish inside the drain even on a loaded machine (a
-# few steps of 20 requests); a long one cannot (10 requests decoding 1,500 tokens each in 20 s is 750
+# few steps of 20 requests); a long one cannot (10 requests decoding 1,500 tokens each in 12 s is 1,250
 # tok/s of the 135M model, several times what 2 CPU cores do).
 SHORT, LONG = 24, 1500
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -174,12 +175,12 @@ def test_health_reports_a_stuck_scheduler_then_recovers(server):
         t.join(60)
         assert out["busy"].status_code == 200 and out["busy"].json()["meta_info"]["finish_reason"]["type"] == "abort"
 
-        # A step that hangs (STALL_S seconds): 503 naming the stall, long before the step returns.
-        t0 = time.monotonic()
+        # A step that hangs (STALL_S seconds): 503 naming the stall while the step has not returned (the
+        # request is still waiting on it; once it returns, /health is 200 again and the poll fails).
         t = record(out, "stuck", lambda: post(server.url, "/generate", {
             "text": "Hello", "rid": "stall-1", "sampling_params": {**GREEDY, "max_new_tokens": 4}}))
-        r = poll(health, lambda r: r.status_code == 503, timeout=STALL_S - 2)
-        assert time.monotonic() - t0 < STALL_S and t.is_alive()
+        r = poll(health, lambda r: r.status_code == 503, timeout=STALL_S + 30)
+        assert t.is_alive()
         assert "made no progress" in r.json()["error"]["message"], r.text
         t.join(STALL_S + 60)
         assert out["stuck"].status_code == 200 and out["stuck"].json()["meta_info"]["completion_tokens"] == 4
@@ -216,7 +217,6 @@ def test_sigterm_to_the_group_drains_then_exits_0_with_no_child_left(server):
         assert len(children) >= 3  # scheduler, detokenizer, multiprocessing's resource tracker
         poll(lambda: min(len(e) for e in live.values()), lambda n: n >= SHORT - 4, timeout=120, every=0.02)
         assert all("[DONE]" not in e for e in live.values())  # still decoding: the drain has to finish them
-        t_sig = time.monotonic()
         # To the server's whole process group, as `timeout` or a terminal's Ctrl+C (SIGINT) sends it: the
         # children left that group (child_process.py), so only the server gets it, and drains.
         os.killpg(server.proc.pid, signal.SIGTERM)
@@ -232,10 +232,9 @@ def test_sigterm_to_the_group_drains_then_exits_0_with_no_child_left(server):
             "model": "default", "messages": [{"role": "user", "content": "late"}], "stream": True}))
         reply = frontend_generate(server.frontend_address, {"text": "late", "stream": True})
         assert (reply.status, reply.body["error"]["message"], reply.done) == (503, SHUTTING_DOWN, True)
-        assert time.monotonic() - t_sig < DRAIN_S  # all of that inside the drain
+        # (all of that inside the drain: a server that had exited would have refused the connections)
 
-    assert server.proc.wait(DRAIN_S + 30) == 0, server.tail()
-    assert time.monotonic() - t_sig < DRAIN_S + 15, "the server did not exit by itself after the drain"
+    assert server.proc.wait(DRAIN_S + 60) == 0, server.tail()  # exits by itself after the drain
     wait_gone(children, timeout=5)
     with pytest.raises(httpx.ConnectError):  # after the drain the listener is closed
         httpx.get(url + "/health", timeout=5)
@@ -271,7 +270,8 @@ def _assert_outcomes(out: dict) -> None:
 def test_sigkill_of_the_server_leaves_no_child():
     """--tp-size 2 (a TP rank process), a grammar request (compile children of the scheduler), a long
     request decoding (a busy scheduler): after SIGKILL of the server process, every descendant is gone
-    within 2 s (PR_SET_PDEATHSIG fires at once; the bound allows for a loaded machine's scheduling)."""
+    (PR_SET_PDEATHSIG fires at once; without it they would live on: the bound only allows for a loaded
+    machine's scheduling)."""
     srv = ServerProcess("--tp-size", "2", "--max-total-tokens", "4096", "--graceful-shutdown-timeout", "0")
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as c:
@@ -288,9 +288,7 @@ def test_sigkill_of_the_server_leaves_no_child():
         assert "worker_child" in cmdlines and "resource_tracker" in cmdlines, cmdlines
         srv.proc.kill()
         srv.proc.wait(10)
-        t_kill = time.monotonic()
-        wait_gone(children, timeout=2.0)
-        assert time.monotonic() - t_kill <= 2.0
+        wait_gone(children, timeout=15)
         t.join(30)
         assert isinstance(out["long"], httpx.HTTPError)  # the server is gone: its connection closed
         assert not any(alive(p) for p in children)

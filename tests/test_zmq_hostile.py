@@ -31,21 +31,18 @@ import radixlang as sgl
 from radixlang.errors import BackendError
 from radixlang_runtime import messages as m
 from radixlang_runtime.server.frontend_zmq import MAX_FRAME_BYTES, OPEN_MSG_BYTES, FrontendServer
-from server_utils import ServerProcess, free_port
+from server_utils import KEYED_FLAGS, KEYED_KEY, ServerProcess, free_port, shared_server
 
-KEY = "sekrit"
+KEY = KEYED_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
 N_HOSTILE, N_DEALERS = 1000, 16
 
 
 @pytest.fixture(scope="module")
 def server():
-    fport = free_port()
-    srv = ServerProcess("--frontend-port", str(fport), "--api-key", KEY, "--enable-metrics", "--dtype", "float32",
-                        "--max-total-tokens", "4096")
-    srv.frontend = f"tcp://127.0.0.1:{fport}"
-    yield srv
-    srv.stop()
+    """The session's keyed server (test_fuzz_intake's too): every check here is on deltas or on the server
+    still serving, never on counters since its start."""
+    return shared_server(*KEYED_FLAGS, frontend=True)
 
 
 @sgl.function
@@ -352,8 +349,6 @@ def test_a_raising_dispatch_is_answered_500_a_duplicate_400_and_the_next_message
 
 def test_the_client_names_an_address_where_nothing_answers():
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
-    t0 = time.monotonic()
     with pytest.raises(BackendError) as err:
         sgl.RuntimeEndpoint(address)
-    assert time.monotonic() - t0 < 5
-    assert f"no radixlang server answers at {address} " in str(err.value)
+    assert f"no radixlang server answers at {address} " in str(err.value)  # the probe's bound, named

@@ -123,8 +123,7 @@ def test_a_dsl_stream_over_the_link_yields_the_plain_text(server):
     try:
         assert backend.transport == "zmq"
         state = story.run(backend=backend, stream=True)
-        chunks = list(state.text_iter("a"))
-        assert len(chunks) > 1
+        chunks = list(state.text_iter("a"))  # how many: timing (a loaded machine may deliver one); the text: not
         plain = story.run(backend=backend)["a"]
         assert "".join(chunks) == state["a"] == plain
     finally:
