@@ -54,7 +54,7 @@ class Drafts:
         test for a lone row, v (1 + c B) > c B, v its acceptance estimate). If not, the lookup is skipped (at a
         large batch it costs ~2% of a step for rows that would be cut anyway) and the estimate drifts toward the
         prior as a cut draft's does, so a mid-size batch tries again."""
-        if self.cost is None:
+        if not self._cost_rule():
             return True
         c = self.cost.ratio(batch_size) * batch_size
         if acceptance(req) * (1.0 + c) > c:
@@ -81,13 +81,18 @@ class Drafts:
             self.drop_ngram(running)
         elif hasattr(self.drafter, "fill"):
             self.drafter.fill(running)
-        elif self.cost is not None:
+        elif self._cost_rule():
             if not self.cost.drafts_pay(len(running)):  # drafted steps were slower than plain ones, measured
                 self._vetoes += 1
                 if self._vetoes % EXPLORE:
                     self.drop_ngram(running)
                     return
             trim_to_cost(running, self.cost.ratio(len(running)))
+
+    def _cost_rule(self) -> bool:
+        """The cost rule applies while the drafter's row_cost is > 0 (read live: setting it to 0 on a running
+        scheduler turns the rule off, every draft then verified at any batch size)."""
+        return self.cost is not None and getattr(self.drafter.cfg, "row_cost", 0.0) > 0
 
     def note_step(self, requests: int, rows: int, all_decode: bool, wall: float, cpu: float) -> None:
         """After a step (Scheduler.step: the forward pass and applying its result): a step where every request
