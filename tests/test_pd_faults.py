@@ -50,6 +50,20 @@ def wait_receiving(srv: ServerProcess, bound: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+def wait_registered(prefill: ServerProcess, before: int, bound: float = 120.0) -> None:
+    """Until the prefill holds more decode registrations than `before` (bounded). The decode counts a room as
+    receiving when it queues the registration; killing it before the registration reached the prefill would
+    leave the prefill waiting for one (the transfer timeout's bound, not the heartbeat's)."""
+    deadline = time.time() + bound
+    while _pd_stat(prefill, "registrations") <= before:
+        assert time.time() < deadline, "the prefill never received the decode's registration"
+        time.sleep(0.1)
+
+
+def _pd_stat(srv: ServerProcess, key: str) -> int:
+    return httpx.get(srv.url + "/server_info", timeout=T).json()["stats"]["disaggregation"][key]
+
+
 def assert_whole(srv: ServerProcess) -> None:
     with httpx.Client(base_url=srv.url, timeout=T) as cl:
         assert_idle_and_whole(cl, timeout=120)
@@ -64,8 +78,10 @@ def test_killed_decode_fails_the_prefill_request(pd_cluster):
     cluster.ensure()  # two decodes (the other test leaves one; it restarts the prefill it kills)
     victim, other = cluster.live_decodes()
     pids = pids_of(victim)
+    regs = _pd_stat(cluster.prefill, "registrations")
     fp, fd = post_pair(cluster, cluster.prefill, victim, "slow-a")
     wait_receiving(victim)
+    wait_registered(cluster.prefill, regs)  # the prefill knows its decode: the kill is then caught by heartbeat
     kill(victim, pids)
     r = fp.result()
     assert r.status_code == 503, r.text
