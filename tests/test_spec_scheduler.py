@@ -12,6 +12,7 @@ import random
 import pytest
 
 from fakes import FakeRunner, copy_token, expected_output
+from test_scheduler import assert_whole, drain
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
@@ -81,21 +82,6 @@ def req(rid, n_prompt, max_new, **sp) -> Req:
     ids = [rng.randrange(0, 90) for _ in range(n_prompt)]
     params = SamplingParams.from_dict({"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, **sp})
     return Req(rid=rid, input_ids=ids, sampling=params)
-
-
-def drain(sched, limit=10_000):
-    for _ in range(limit):
-        if sched.is_idle:
-            return
-        sched.step()
-    raise AssertionError("scheduler did not drain")
-
-
-def assert_whole(sched):
-    sched.check_integrity()
-    assert sched.allocator.available_size() + sched.kv.cached_size() == sched.allocator.total_slots
-    assert sched.kv.evictable_size() == sched.kv.cached_size()
-    assert sched.table.available == sched.table.num_rows
 
 
 def _no_more(sched, draft) -> None:
