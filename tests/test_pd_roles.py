@@ -56,6 +56,13 @@ class FakePort:
         for s, p in zip(slots, payloads):
             self.runner.slots[s] = struct.unpack("<qqq", p)
 
+    def read_joined(self, slots):
+        return b"".join(self.read_records(slots))
+
+    def write_joined(self, slots, data):
+        assert len(data) == len(slots) * self.record_bytes
+        self.write_records(slots, [data[i * 24:(i + 1) * 24] for i in range(len(slots))])
+
 
 class Clock:
     def __init__(self):

@@ -137,6 +137,12 @@ def test_tp_record_port_moves_every_ranks_heads_in_model_order(heads, kv_heads):
         assert torch.equal(got, exp), sh.rank
     with pytest.raises(ValueError, match="payloads of"):
         port.write_records(slots[:1], [payloads[0][:-4]])  # refused on rank 0, before anything is broadcast
+    port.write_joined(slots[2:4], b"".join(payloads[0:2]))  # PD's joined form: the same records, every rank
+    want[2:4] = payloads[0:2]
+    assert port.read_joined(slots) == b"".join(want)
+    with pytest.raises(ValueError, match="write_joined"):
+        port.write_joined(slots[:2], payloads[0] + payloads[1][:-4])  # not whole records: refused on rank 0
+    assert port.read_records(slots) == want  # the refused writes changed nothing on any rank
     runners[0].tp.broadcast_obj(STOP)
     worker.join(30)
     assert not worker.is_alive()

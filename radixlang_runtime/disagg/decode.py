@@ -3,7 +3,7 @@
 A request (its `bootstrap` = (host, port, room)) never prefills here. It waits in the pre-allocation queue
 (FIFO) until the pool can hold its prompt: then it takes its cached prefix from this server's radix cache
 (locked; those positions are never sent), gets slots for the rest, and registers (PDRegister) with the
-prefill's bootstrap socket. PDKVChunk messages are written into its slots (`port.write_records`); PDDone
+prefill's bootstrap socket. PDKVChunk messages are written into its slots (`port.write_joined`); PDDone
 brings the first token (+ logprobs): the request is acked (PDAck) and handed to the Scheduler as "ready"
 (kv_len == prompt length, one output token: it decodes from the next step like any running request).
 
@@ -177,7 +177,7 @@ class DecodeRole:
             return (f"malformed KV chunk for room {msg.room}: {len(msg.payload)} bytes at position {msg.start} "
                     f"(expected position {inc.received}, {t} bytes a token)")
         slots = inc.req.kv_indices[msg.start:msg.start + count]
-        self.port.write_records(slots, [msg.payload[i * t:(i + 1) * t] for i in range(count)])
+        self.port.write_joined(slots, msg.payload)
         inc.received += count
         self.transferred_tokens += count
         return None

@@ -10,7 +10,7 @@ goes into the radix cache, and its answer (that one token) leaves through the lo
 
 Faults, each bounded: no registration within transfer_timeout, the registered decode silent for longer than
 heartbeat_timeout, no ack within transfer_timeout, a PDCancel: the request ends with a 503 error naming
-the cause (and the decode gets PDFail). The K/V is read through `port.read_records` (mem/kv_records.py with
+the cause (and the decode gets PDFail). The K/V is read through `port.read_joined` (mem/kv_records.py with
 one-token records), so positions need not be page-aligned and the two servers' page sizes may differ.
 """
 
@@ -166,7 +166,7 @@ class PrefillRole:
         per = max(1, CHUNK_BYTES // self.port.record_bytes)
         for p in range(start, upto, per):
             q = min(p + per, upto)
-            payload = b"".join(self.port.read_records(req.kv_indices[p:q]))
+            payload = self.port.read_joined(req.kv_indices[p:q])
             self.link.send(reg.peer, PDKVChunk(room, p, payload))
             self.transferred_tokens += q - p
         self.sent[room] = max(start, upto)

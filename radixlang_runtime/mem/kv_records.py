@@ -3,32 +3,68 @@
 A record's payload is its K and V for all layers, [2, layers, kv_heads, record_tokens, head_dim] in
 the pool's dtype, contiguous, as raw bytes (the pool is [2, layers, kv_heads, num_slots, head_dim]:
 one index_select over the slot dimension reads a batch of records, one index_copy_ writes them).
-pack_records / unpack_records are that layout, the one serializer: model/tp_kv.py builds the same records
+n records joined are the n payloads one after the other: the tiers store records one by one
+(read_records / write_records), PD moves a chunk of records as one message (read_joined /
+write_joined: no per-record split or join, the bytes are copied once each way).
+pack_* / unpack_records are that layout, the one serializer: model/tp_kv.py builds the same records
 from the K/V heads of every tensor-parallel rank.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
 from radixlang_runtime.mem.kv_pool import KVPool
 
 
-def pack_records(kv: torch.Tensor, t: int) -> list[bytes]:
-    """kv [2, layers, heads, n * t, head_dim] (any device) -> n payloads of t tokens each."""
+def _record_rows(kv: torch.Tensor, t: int) -> torch.Tensor:
+    """kv [2, layers, heads, n * t, head_dim] (any device) -> [n, record_bytes] uint8 on the CPU, contiguous."""
     two, layers, heads, nt, dim = kv.shape
     n = nt // t
     kv = kv.reshape(two, layers, heads, n, t, dim).permute(3, 0, 1, 2, 4, 5).contiguous().cpu()
-    raw = kv.view(n, -1).view(torch.uint8)  # [n, record_bytes]
-    return [bytes(raw[i].numpy()) for i in range(n)]
+    return kv.view(n, -1).view(torch.uint8)
+
+
+def pack_records(kv: torch.Tensor, t: int) -> list[bytes]:
+    """kv [2, layers, heads, n * t, head_dim] -> n payloads of t tokens each."""
+    raw = _record_rows(kv, t)
+    return [bytes(raw[i].numpy()) for i in range(raw.shape[0])]
+
+
+def pack_joined(kv: torch.Tensor, t: int) -> bytes:
+    """kv [2, layers, heads, n * t, head_dim] -> the n payloads joined (== b"".join(pack_records(kv, t)))."""
+    return _record_rows(kv, t).numpy().tobytes()
 
 
 def unpack_records(data: bytes, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """n payloads joined (data), each of `shape` [2, layers, heads, t, head_dim] -> [2, layers, heads, n * t,
-    head_dim] on the CPU."""
+    head_dim] on the CPU. Read-only: for n == 1 the result views `data` itself (no copy), so callers only
+    read it (index_copy_ from it, slice it, move it)."""
     two, layers, heads, t, dim = shape
-    kv = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).view(n, two, layers, heads, t, dim)
+    with warnings.catch_warnings():  # torch warns that bytes are not writable: nothing writes this view
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(data, dtype=torch.uint8)
+    kv = flat.view(dtype).view(n, two, layers, heads, t, dim)
     return kv.permute(1, 2, 3, 0, 4, 5).reshape(two, layers, heads, n * t, dim)
+
+
+def check_records(slots: list[int], payloads: list[bytes], t: int, record_bytes: int) -> None:
+    """write_records' precondition: n payloads of record_bytes each for n * t slots (else ValueError)."""
+    n = len(payloads)
+    if len(slots) != n * t or any(len(p) != record_bytes for p in payloads):
+        raise ValueError(f"write_records: {len(slots)} slots for {n} records of {t} tokens, "
+                         f"payloads of {record_bytes} bytes each")
+
+
+def check_joined(slots: list[int], data: bytes, t: int, record_bytes: int) -> int:
+    """write_joined's precondition: data is n whole records for n * t slots (else ValueError) -> n."""
+    n, rest = divmod(len(data), record_bytes)
+    if rest or len(slots) != n * t:
+        raise ValueError(f"write_joined: {len(slots)} slots and {len(data)} bytes; records are {t} tokens of "
+                         f"{record_bytes} bytes")
+    return n
 
 
 class KVRecordPort:
@@ -39,16 +75,25 @@ class KVRecordPort:
         self.shape = (two, layers, heads, record_tokens, dim)  # one record
         self.record_bytes = two * layers * heads * record_tokens * dim * pool.block.element_size()
 
+    def _select(self, slots: list[int]) -> torch.Tensor:
+        idx = torch.tensor(slots, dtype=torch.int64, device=self.pool.block.device)
+        return self.pool.block.index_select(3, idx)  # [2, L, H, n*T, D]
+
     def read_records(self, slots: list[int]) -> list[bytes]:
         """slots: n * record_tokens slots, record after record -> n payloads."""
-        idx = torch.tensor(slots, dtype=torch.int64, device=self.pool.block.device)
-        return pack_records(self.pool.block.index_select(3, idx), self.t)  # [2, L, H, n*T, D]
+        return pack_records(self._select(slots), self.t)
+
+    def read_joined(self, slots: list[int]) -> bytes:
+        """The same n payloads, joined."""
+        return pack_joined(self._select(slots), self.t)
 
     def write_records(self, slots: list[int], payloads: list[bytes]) -> None:
-        n = len(payloads)
-        if len(slots) != n * self.t or any(len(p) != self.record_bytes for p in payloads):
-            raise ValueError(f"write_records: {len(slots)} slots for {n} records of {self.t} tokens, "
-                             f"payloads of {self.record_bytes} bytes each")
+        check_records(slots, payloads, self.t, self.record_bytes)
+        self.write_joined(slots, b"".join(payloads))
+
+    def write_joined(self, slots: list[int], data: bytes) -> None:
+        """slots: n * record_tokens slots <- data, n payloads joined (a refused call leaves the pool as it was)."""
+        n = check_joined(slots, data, self.t, self.record_bytes)
         block = self.pool.block
-        kv = unpack_records(b"".join(payloads), n, self.shape, block.dtype).to(block.device)
+        kv = unpack_records(data, n, self.shape, block.dtype).to(block.device)
         block.index_copy_(3, torch.tensor(slots, dtype=torch.int64, device=block.device), kv)

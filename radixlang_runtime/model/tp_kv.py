@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from radixlang_runtime.mem.kv_records import pack_records, unpack_records
+from radixlang_runtime.mem.kv_records import check_joined, check_records, pack_joined, pack_records, unpack_records
 from radixlang_runtime.model.parallel import head_split
 
 
@@ -74,7 +74,7 @@ def serve(runner: Any, op: Any) -> None:
 
 
 class TPRecordPort:
-    """KVRecordPort's interface (record_bytes, read_records, write_records) on rank 0 of a TP group."""
+    """KVRecordPort's interface (record_bytes, read_/write_records, read_/write_joined) on rank 0 of a TP group."""
 
     def __init__(self, runner: Any, record_tokens: int):
         self.runner, self.t, self.tp = runner, record_tokens, runner.tp
@@ -87,24 +87,32 @@ class TPRecordPort:
         self.heads = [head_split(cfg.num_attention_heads, cfg.num_key_value_heads, self.tp.size, r)[2:]
                       for r in range(self.tp.size)]
 
-    @torch.inference_mode()
-    def read_records(self, slots: list[int]) -> list[bytes]:
-        """slots: n * record_tokens slots -> n payloads of every rank's heads."""
-        slots = list(slots)
+    def _gather(self, slots: list[int]) -> torch.Tensor:
+        """Every rank's heads of `slots` -> [2, layers, num_kv_heads, len(slots), head_dim] on the CPU."""
         self.tp.broadcast_obj(KVRead(slots))
         parts = self.tp.gather_cpu(_local_heads(self.runner, slots))
         two, layers, heads, _, dim = self.shape
         full = torch.empty(two, layers, heads, len(slots), dim, dtype=self.dtype)
         for (start, count), part in zip(self.heads, parts):
             full[:, :, start:start + count] = part.view(self.dtype)[:, :, :count]
-        return pack_records(full, self.t)
+        return full
 
     @torch.inference_mode()
+    def read_records(self, slots: list[int]) -> list[bytes]:
+        """slots: n * record_tokens slots -> n payloads of every rank's heads."""
+        return pack_records(self._gather(list(slots)), self.t)
+
+    @torch.inference_mode()
+    def read_joined(self, slots: list[int]) -> bytes:
+        return pack_joined(self._gather(list(slots)), self.t)
+
     def write_records(self, slots: list[int], payloads: list[bytes]) -> None:
-        n = len(payloads)
-        if len(slots) != n * self.t or any(len(p) != self.record_bytes for p in payloads):
-            raise ValueError(f"write_records: {len(slots)} slots for {n} records of {self.t} tokens, "
-                             f"payloads of {self.record_bytes} bytes each")
-        op = KVWrite(list(slots), b"".join(payloads), n)
+        check_records(slots, payloads, self.t, self.record_bytes)
+        self.write_joined(slots, b"".join(payloads))
+
+    @torch.inference_mode()
+    def write_joined(self, slots: list[int], data: bytes) -> None:
+        """Refused on rank 0 (ValueError) before anything is broadcast when data is not whole records."""
+        op = KVWrite(list(slots), data, check_joined(slots, data, self.t, self.record_bytes))
         self.tp.broadcast_obj(op)
         _write_local(self.runner, op, self.shape)
