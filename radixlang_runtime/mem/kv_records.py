@@ -38,15 +38,20 @@ def pack_joined(kv: torch.Tensor, t: int) -> bytes:
     return _record_rows(kv, t).numpy().tobytes()
 
 
-def unpack_records(data: bytes, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """n payloads joined (data), each of `shape` [2, layers, heads, t, head_dim] -> [2, layers, heads, n * t,
-    head_dim] on the CPU. Read-only: for n == 1 the result views `data` itself (no copy), so callers only
-    read it (index_copy_ from it, slice it, move it)."""
-    two, layers, heads, t, dim = shape
+def record_views(data: bytes, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """n payloads joined (data), each of `shape` [2, layers, heads, t, head_dim] -> [n, *shape], a read-only view
+    of data itself (no copy): callers only read it (copy from it, slice it, move it)."""
     with warnings.catch_warnings():  # torch warns that bytes are not writable: nothing writes this view
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(data, dtype=torch.uint8)
-    kv = flat.view(dtype).view(n, two, layers, heads, t, dim)
+    return flat.view(dtype).view(n, *shape)
+
+
+def unpack_records(data: bytes, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """n payloads joined (data), each of `shape` [2, layers, heads, t, head_dim] -> [2, layers, heads, n * t,
+    head_dim] on the CPU (a copy, except for n == 1: then a read-only view of data, as record_views)."""
+    two, layers, heads, t, dim = shape
+    kv = record_views(data, n, shape, dtype)
     return kv.permute(1, 2, 3, 0, 4, 5).reshape(two, layers, heads, n * t, dim)
 
 
@@ -89,11 +94,26 @@ class KVRecordPort:
 
     def write_records(self, slots: list[int], payloads: list[bytes]) -> None:
         check_records(slots, payloads, self.t, self.record_bytes)
-        self.write_joined(slots, b"".join(payloads))
+        if self.t == 1:
+            self.write_joined(slots, b"".join(payloads))
+            return
+        self._copy_in(slots, [record_views(p, 1, self.shape, self.pool.block.dtype)[0] for p in payloads])
 
     def write_joined(self, slots: list[int], data: bytes) -> None:
         """slots: n * record_tokens slots <- data, n payloads joined (a refused call leaves the pool as it was)."""
         n = check_joined(slots, data, self.t, self.record_bytes)
         block = self.pool.block
-        kv = unpack_records(data, n, self.shape, block.dtype).to(block.device)
-        block.index_copy_(3, torch.tensor(slots, dtype=torch.int64, device=block.device), kv)
+        if self.t == 1:  # PD's one-token records: one transposing copy, one index_copy_ (n small calls cost 2x)
+            kv = unpack_records(data, n, self.shape, block.dtype).to(block.device)
+            block.index_copy_(3, torch.tensor(slots, dtype=torch.int64, device=block.device), kv)
+            return
+        self._copy_in(slots, list(record_views(data, n, self.shape, block.dtype)))
+
+    def _copy_in(self, slots: list[int], records: list[torch.Tensor]) -> None:
+        """records[i] [2, layers, heads, t, head_dim] -> slots[i * t:(i + 1) * t]: straight from the payload
+        bytes into the pool, one index_copy_ per record (a transposing copy of all records first costs ~7x for
+        32-token records: docs/PERFORMANCE.md)."""
+        block, t = self.pool.block, self.t
+        idx = torch.tensor(slots, dtype=torch.int64, device=block.device)
+        for i, kv in enumerate(records):
+            block.index_copy_(3, idx[i * t:(i + 1) * t], kv.to(block.device))
