@@ -9,9 +9,13 @@ greedy, EOS ignored): their inter-token latencies (ITL) are measured once with n
 once while --long-tokens-token prompts (random ids, no cache hits) arrive every --arrival-interval s
 (--long-max-tokens output tokens each) for as long as the streams run, --max-arrivals at most (a server that
 prefills first would otherwise starve the streams for good once arrivals outpace its prefill).
-Reported, medians of --runs runs: ITL p50 / p99 of the streams (no arrivals, arrivals), the p99 ratio
-arrivals / no arrivals (issue 33: under PD it stays within 1.5x), TTFT p50 / p99 of the long prompts, output
-tokens/s and long prompts/s of the arrivals phase. The embedded model (SmolLM2-135M) unless --model-path.
+Reported, medians of --runs runs: ITL p50 / p99 / max of the streams (no arrivals, arrivals), the p99 ratio
+arrivals / no arrivals (issue 33: under PD it stays within 1.5x), how many long prompts got their first token
+while the streams ran (overlap: the events the streams could see; p99 sees a stall only when stalled ITLs are
+>= 1% of the samples, max sees any), TTFT p50 / p99 of the long prompts, output tokens/s and long prompts/s of
+the arrivals phase. Defaults: 4 streams of 1,024 tokens (~20 s), 2,000-token prompts every 2 s, 8 at most:
+long enough that a one-core prefill server finishes several prompts while the streams decode.
+The embedded model (SmolLM2-135M) unless --model-path.
 
     .venv/bin/python benchmarks/bench_pd.py                     # colo and pd, 3 runs
     .venv/bin/python benchmarks/bench_pd.py --quick             # a smoke run: small sizes, 1 run
@@ -139,9 +143,11 @@ async def phase(url: str, args: argparse.Namespace, arrivals: bool, seed: int) -
         streams = [asyncio.create_task(one_request(client, "native", "", rand_ids(rng, args.stream_prompt_tokens),
                                                    args.stream_tokens)) for _ in range(args.streams)]
         longs: list[asyncio.Task] = []
+        sent: list[float] = []  # when each long prompt was sent, seconds after t0
         if arrivals:
             await asyncio.sleep(args.arrival_interval / 2)
             while not all(s.done() for s in streams) and len(longs) < args.max_arrivals:
+                sent.append(time.perf_counter() - t0)
                 longs.append(asyncio.create_task(one_request(client, "native", "", rand_ids(rng, args.long_tokens),
                                                              args.long_max_tokens)))
                 await asyncio.wait(streams, timeout=args.arrival_interval)
@@ -153,8 +159,13 @@ async def phase(url: str, args: argparse.Namespace, arrivals: bool, seed: int) -
         raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0]}")
     itl = [x for r in s_res for x in r.itl]
     ttft = [r.ttft for r in l_res]
+    streams_end = max(r.e2e for r in s_res)  # the streams all start at t0
+    # long prompts whose prefill (and, under PD, KV transfer) finished while the streams were decoding: the
+    # events the streams' ITL can see (ITL p99 only sees them when they are >= 1% of the ITL samples)
+    overlap = sum(at + r.ttft < streams_end for at, r in zip(sent, l_res))
     out_tokens = sum(r.output_tokens for r in s_res + l_res)
     return {"itl_p50_ms": percentile(itl, 0.5) * 1e3, "itl_p99_ms": percentile(itl, 0.99) * 1e3,
+            "itl_max_ms": max(itl) * 1e3, "overlap": overlap,
             "long_ttft_p50_ms": percentile(ttft, 0.5) * 1e3, "long_ttft_p99_ms": percentile(ttft, 0.99) * 1e3,
             "long_prompts": len(l_res), "out_tok_per_s": out_tokens / wall, "long_per_s": len(l_res) / wall,
             "wall_s": wall}
@@ -172,7 +183,8 @@ def bench_system(name: str, args: argparse.Namespace) -> dict:
             runs.append({"quiet": quiet, "busy": busy, "ratio_p99": ratio})
             print(f"  {name} run {i}: ITL p99 {quiet['itl_p99_ms']:.1f} -> {busy['itl_p99_ms']:.1f} ms "
                   f"(x{runs[-1]['ratio_p99']:.2f}), long TTFT p50 {busy['long_ttft_p50_ms']:.0f} ms "
-                  f"({busy['long_prompts']} long prompts)", flush=True)
+                  f"({busy['long_prompts']} long prompts, {busy['overlap']} done while the streams ran; "
+                  f"ITL max {quiet['itl_max_ms']:.0f} -> {busy['itl_max_ms']:.0f} ms)", flush=True)
     finally:
         for p in reversed(procs):
             p.stop()
@@ -195,10 +207,10 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--stream-prompt-tokens", type=int, default=32)
-    p.add_argument("--stream-tokens", type=int, default=256)
+    p.add_argument("--stream-tokens", type=int, default=1024)
     p.add_argument("--long-tokens", type=int, default=2000)
     p.add_argument("--long-max-tokens", type=int, default=4)
-    p.add_argument("--arrival-interval", type=float, default=3.0, help="seconds between long prompts")
+    p.add_argument("--arrival-interval", type=float, default=2.0, help="seconds between long prompts")
     p.add_argument("--max-arrivals", type=int, default=8, help="long prompts per run at most (a bounded queue)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--model-path", default=None, help="default: the embedded model")
@@ -206,12 +218,12 @@ def main() -> None:
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 2 streams of 48 tokens, at most 3 prompts of 512 tokens, 1 run")
+                   help="a smoke run: 2 streams of 96 tokens, at most 3 prompts of 512 tokens every 0.5 s, 1 run")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if args.quick:
-        args.runs, args.streams, args.stream_tokens, args.long_tokens = 1, 2, 48, 512
-        args.arrival_interval, args.max_arrivals = 2.0, 3
+        args.runs, args.streams, args.stream_tokens, args.long_tokens = 1, 2, 96, 512
+        args.arrival_interval, args.max_arrivals = 0.5, 3
     systems = [s for s in args.systems.split(",") if s]
     bad = [s for s in systems if s not in ("colo", "pd")]
     if bad:
@@ -220,12 +232,14 @@ def main() -> None:
     for name in systems:
         print(f"{name}: starting", flush=True)
         rows.append(bench_system(name, args))
-    print(f"\n{'system':6} {'ITL p50':>8} {'ITL p99':>8} | {'ITL p50':>8} {'ITL p99':>8} {'p99 x':>6} | "
-          f"{'TTFT p50':>9} {'TTFT p99':>9} {'tok/s':>7} {'long/s':>7}")
-    print(f"{'':6} {'no arrivals (ms)':>17} | {'long prompts arriving (ms)':>24} {'':>6} | {'long prompts (ms)':>19}")
+    print(f"\n{'system':6} {'ITL p50':>8} {'ITL p99':>8} {'ITL max':>8} | {'ITL p50':>8} {'ITL p99':>8} "
+          f"{'ITL max':>8} {'p99 x':>6} {'overlap':>7} | {'TTFT p50':>9} {'TTFT p99':>9} {'tok/s':>7} {'long/s':>7}")
+    print(f"{'':6} {'no arrivals (ms)':>26} | {'long prompts arriving (ms)':>33} {'':>14} | {'long prompts (ms)':>19}")
     for r in rows:
-        print(f"{r['system']:6} {r['quiet_itl_p50_ms']:8.1f} {r['quiet_itl_p99_ms']:8.1f} | "
-              f"{r['busy_itl_p50_ms']:8.1f} {r['busy_itl_p99_ms']:8.1f} {r['ratio_p99']:6.2f} | "
+        print(f"{r['system']:6} {r['quiet_itl_p50_ms']:8.1f} {r['quiet_itl_p99_ms']:8.1f} "
+              f"{r['quiet_itl_max_ms']:8.0f} | "
+              f"{r['busy_itl_p50_ms']:8.1f} {r['busy_itl_p99_ms']:8.1f} {r['busy_itl_max_ms']:8.0f} "
+              f"{r['ratio_p99']:6.2f} {r['busy_overlap']:7.0f} | "
               f"{r['busy_long_ttft_p50_ms']:9.0f} {r['busy_long_ttft_p99_ms']:9.0f} "
               f"{r['busy_out_tok_per_s']:7.1f} {r['busy_long_per_s']:7.2f}")
     if args.json:
