@@ -11,9 +11,9 @@ import struct
 import pytest
 
 from fakes import expected_output
-from radixlang_runtime.disagg.decode import DecodeRole, coalesce
+from radixlang_runtime.disagg.decode import DecodeRole
 from radixlang_runtime.disagg.prefill import PrefillRole
-from radixlang_runtime.messages import PDDone, PDKVChunk, decode, encode
+from radixlang_runtime.messages import PDKVChunk, decode, encode
 from test_scheduler import assert_whole, make, req
 
 HOST = ("127.0.0.1", 8998)
@@ -248,17 +248,3 @@ def test_abort_on_decode_mid_transfer():
     done = run(pre, dec)
     assert done[("p", "ab")].error is not None
     assert_whole(pre)
-
-
-def test_coalesce_joins_contiguous_chunks_of_one_room_only():
-    b = 3  # bytes a token
-    msgs = [("p", PDKVChunk(1, 0, b"aaabbb")), ("p", PDKVChunk(1, 2, b"ccc")),  # positions 0-1, 2: one run
-            ("p", PDKVChunk(2, 0, b"xxx")),  # another room: a new run
-            ("p", PDKVChunk(1, 3, b"ddd")),  # room 1 again after room 2: not joined across it
-            ("p", PDKVChunk(1, 5, b"fff")),  # a gap (position 4 missing): not joined
-            ("p", PDDone(1, 6, 7)), ("p", PDKVChunk(1, 6, b"gg")),  # after a PDDone; a malformed payload
-            ("p", PDKVChunk(1, 6, b"hhh"))]  # after a malformed chunk: not joined to it
-    got = [(m.room, m.start, m.payload) if isinstance(m, PDKVChunk) else type(m).__name__ for _, m in coalesce(msgs, b)]
-    assert got == [(1, 0, b"aaabbbccc"), (2, 0, b"xxx"), (1, 3, b"ddd"), (1, 5, b"fff"), "PDDone", (1, 6, b"gg"),
-                   (1, 6, b"hhh")]
-    assert coalesce([], b) == []

@@ -28,26 +28,6 @@ from radixlang_runtime.scheduler.request import Req
 logger = logging.getLogger(__name__)
 
 
-def coalesce(msgs: list[tuple[Any, Any]], token_bytes: int) -> list[tuple[Any, Any]]:
-    """Runs of PDKVChunk for one room, each starting where the one before ended, joined into one chunk (order
-    kept; any other message, or a chunk that does not continue the run, starts anew). One pool write a run
-    instead of one a chunk: on a one-core decode server every torch op of a write hands the GIL to the link's
-    I/O thread, and each hand-back can wait out the interpreter's switch interval."""
-    out: list[tuple[Any, Any]] = []
-    runs: list[Optional[list[bytes]]] = []  # per entry of out: a chunk run's payloads; None for other messages
-    for peer, msg in msgs:
-        run = runs[-1] if runs else None
-        if isinstance(msg, PDKVChunk) and run is not None:
-            head, ended = out[-1][1], sum(map(len, run))
-            if head.room == msg.room and ended % token_bytes == 0 and head.start + ended // token_bytes == msg.start:
-                run.append(msg.payload)
-                continue
-        out.append((peer, msg))
-        runs.append([msg.payload] if isinstance(msg, PDKVChunk) else None)
-    return [(peer, PDKVChunk(m.room, m.start, b"".join(run))) if run is not None and len(run) > 1 else (peer, m)
-            for (peer, m), run in zip(out, runs)]
-
-
 @dataclass
 class _Incoming:
     req: Req
@@ -93,7 +73,7 @@ class DecodeRole:
         """Chunks and finals from prefills, liveness and timeouts, then pre-allocation. Returns (ended, ready)."""
         ended: list[Req] = []
         ready: list[Req] = []
-        for _peer, msg in coalesce(self.link.receive(), self.port.record_bytes):
+        for _peer, msg in self.link.receive():
             inc = self.incoming.get(getattr(msg, "room", None))
             if inc is None:  # stale: a room that failed or was aborted
                 continue

@@ -103,9 +103,9 @@ class KVRecordPort:
         """slots: n * record_tokens slots <- data, n payloads joined (a refused call leaves the pool as it was)."""
         n = check_joined(slots, data, self.t, self.record_bytes)
         block = self.pool.block
-        if self.t == 1:  # PD's one-token records: one index_copy_ from a strided view of the bytes, no temporary
-            kv = record_views(data, n, self.shape, block.dtype)[:, :, :, :, 0].permute(1, 2, 3, 0, 4)
-            block.index_copy_(3, torch.tensor(slots, dtype=torch.int64, device=block.device), kv.to(block.device))
+        if self.t == 1:  # PD's one-token records: one transposing copy, one index_copy_ (n small calls cost 2x)
+            kv = unpack_records(data, n, self.shape, block.dtype).to(block.device)
+            block.index_copy_(3, torch.tensor(slots, dtype=torch.int64, device=block.device), kv)
             return
         self._copy_in(slots, list(record_views(data, n, self.shape, block.dtype)))
 
