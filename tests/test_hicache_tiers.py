@@ -234,6 +234,28 @@ def test_evicted_records_come_back_from_l2_with_their_kv(tmp_path):
     kv.check_integrity([])
 
 
+def test_only_the_records_the_pool_can_take_are_fetched(tmp_path):
+    kv, port = _manager(tmp_path)
+    a = list(range(1000, 1040))  # 5 records
+    _run(kv, port, a, "a")
+    kv.ensure_free(kv.allocator.total_slots)
+    assert kv.hicache.writer.drain(10)
+    holder = Req("h", list(range(5000, 5048)), SamplingParams(max_new_tokens=1))  # holds 48 of the 64 slots
+    kv.assign_row(holder)
+    kv.alloc(holder, 48)
+    assert kv.allocator.available_size() + kv.radix.evictable_size() == 2 * T
+    req = Req("b", a + [7], SamplingParams(max_new_tokens=1))
+    kv.match(req, len(a) + 2)
+    assert req.kv_len == 2 * T  # room for two records: the first two, read and nothing more
+    assert [port.data[s] for s in req.kv_indices] == [i.to_bytes(2, "little") for i in a[:2 * T]]
+    assert kv.hicache.hit_tokens["l2"] + kv.hicache.hit_tokens["queue"] == 2 * T
+    assert kv.hicache.bytes_loaded == 2 * 2 * T
+    kv.check_integrity([req, holder])
+    kv.release(req)
+    kv.release(holder)
+    kv.check_integrity([])
+
+
 def test_a_corrupt_record_ends_the_load_there(tmp_path):
     kv, port = _manager(tmp_path)
     a = list(range(1000, 1040))

@@ -106,8 +106,9 @@ class KVManager:
         """Continue the (locked) L1 match m through the tiers: load the records found into fresh slots,
         insert them into the tree and move the lock to the longer match. A failed load is a miss."""
         t = self.hicache.cfg.record_tokens
-        p0, payloads = self.hicache.fetch(ids, m.length, limit)
-        payloads = payloads[:(self.allocator.available_size() + self.radix.evictable_size()) // t]
+        room = (self.allocator.available_size() + self.radix.evictable_size()) // t * t  # tokens placeable
+        # fetch only what the pool can take (records fetched and dropped would be read and checked for nothing)
+        p0, payloads = self.hicache.fetch(ids, m.length, min(limit, m.length // t * t + room))
         if not payloads:
             return m
         n = len(payloads) * t
