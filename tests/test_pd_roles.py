@@ -42,26 +42,20 @@ class FakeLink:
 
 
 class FakePort:
-    """KVRecordPort over a FakeRunner's slot records: 24 bytes a token."""
+    """KVRecordPort's joined interface (what PD calls) over a FakeRunner's slot records: 24 bytes a token."""
 
     record_bytes = 24
 
     def __init__(self, runner):
         self.runner = runner
 
-    def read_records(self, slots):
-        return [struct.pack("<qqq", *self.runner.slots[s]) for s in slots]
-
-    def write_records(self, slots, payloads):
-        for s, p in zip(slots, payloads):
-            self.runner.slots[s] = struct.unpack("<qqq", p)
-
     def read_joined(self, slots):
-        return b"".join(self.read_records(slots))
+        return b"".join(struct.pack("<qqq", *self.runner.slots[s]) for s in slots)
 
     def write_joined(self, slots, data):
         assert len(data) == len(slots) * self.record_bytes
-        self.write_records(slots, [data[i * 24:(i + 1) * 24] for i in range(len(slots))])
+        for s, rec in zip(slots, struct.iter_unpack("<qqq", data)):
+            self.runner.slots[s] = rec
 
 
 class Clock:
