@@ -109,6 +109,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--kernels", default="decode,extend", help="comma list of decode, extend")
     args = ap.parse_args()
     try:
         import torch
@@ -121,13 +122,16 @@ def main() -> int:
     sys.path.insert(0, ".")
     print(f"device: {torch.cuda.get_device_name()}  "
           f"(HBM {hbm_bandwidth(torch.cuda.get_device_name()) or 'unknown'} B/s)")
-    dec = bench_decode(args.quick)
+    kernels = set(args.kernels.split(","))
+    if not kernels <= {"decode", "extend"}:
+        ap.error(f"--kernels: unknown {sorted(kernels - {'decode', 'extend'})}; choose from decode, extend")
+    dec = bench_decode(args.quick) if "decode" in kernels else []
     print(f"{'decode':8} {'batch':>5} {'ctx':>6} {'ms':>8} {'GB/s':>8} {'HBM%':>6} {'SDPA ms':>8} {'max diff':>9}")
     for r in dec:
         share = f"{100 * r['hbm_share']:5.1f}%" if r["hbm_share"] else "   n/a"
         print(f"{'':8} {r['batch']:>5} {r['context']:>6} {r['ms']:8.3f} {r['GB/s']:8.0f} {share:>6} "
               f"{r['sdpa_ms']:8.3f} {r['max_diff']:9.2e}")
-    ext = bench_extend(args.quick)
+    ext = bench_extend(args.quick) if "extend" in kernels else []
     print(f"{'extend':8} {'prompt':>6} {'prefix':>6} {'ms':>8} {'TFLOP/s':>8} {'SDPA ms':>8} {'SDPA TF/s':>9} "
           f"{'max diff':>9}")
     for r in ext:

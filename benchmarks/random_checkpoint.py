@@ -35,12 +35,12 @@ def build(name: str, out_dir: str) -> str:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
 
     if name not in SHAPES:
         raise ValueError(f"random model {name!r}: choose one of {', '.join(SHAPES)}")
     cls_name, fields = SHAPES[name]
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), bos_token_id=1, eos_token_id=2, pad_token_id=2,
                                           **fields)
     torch.manual_seed(0)

@@ -13,10 +13,10 @@ def tiny_model_dir(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,

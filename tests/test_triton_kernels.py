@@ -138,3 +138,31 @@ def test_sliding_window_in_both_kernels(H, hkv, D, window):
                            k_begin=t([max(0, n - window) for n in seq])).cpu()
     want = paged_attention_ref(qd, kb, vb, rt, rows, [n - 1 for n in seq], [1] * len(seq), D ** -0.5, window=window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a 17 GB pool: GPU only (gpu_check.sh)")
+def test_kernels_address_a_pool_past_2_31_elements():
+    """KV head 7 of an [8, 2^22 + 64, 128] bfloat16 pool starts past element 2^31 (7 x (2^22 + 64) x 128): the
+    head offset is int64 (an int32 product faulted with an illegal address on an H200, bench_kernels' 256 x 16k)."""
+    H, hkv, D, dtype, ctx = 16, 8, 128, torch.bfloat16, 64
+    N = 2 ** 22 + 64
+    kb = torch.zeros(hkv, N, D, dtype=dtype, device="cuda")
+    vb = torch.zeros_like(kb)
+    slots = torch.arange(N - ctx, N, device="cuda")  # the pool's last slots
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kb[:, slots] = torch.randn(hkv, ctx, D, generator=g, device="cuda").to(dtype)
+    vb[:, slots] = torch.randn(hkv, ctx, D, generator=g, device="cuda").to(dtype)
+    rt = slots[None].clone()
+    q = torch.randn(1, H, D, generator=g, device="cuda").to(dtype)
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device="cuda")  # noqa: E731
+    got = decode_attention(q, kb, vb, rt, t([0]), t([ctx]), D ** -0.5)
+    # the reference on the 64 slots alone (a pool of their own)
+    small_k, small_v, small_rt = kb[:, slots].cpu(), vb[:, slots].cpu(), torch.arange(ctx)[None]
+    want = paged_attention_ref(q.cpu(), small_k, small_v, small_rt, [0], [ctx - 1], [1], D ** -0.5)
+    torch.testing.assert_close(got.float().cpu(), want, atol=TOL[dtype], rtol=TOL[dtype])
+    qe = torch.randn(8, H, D, generator=g, device="cuda").to(dtype)  # extend: 8 new tokens over a 56-slot prefix
+    got = extend_attention(qe, kb[:, slots[56:]].transpose(0, 1).contiguous(),
+                           vb[:, slots[56:]].transpose(0, 1).contiguous(), kb, vb, rt, t([0]), t([56]), t([8]),
+                           t([0]), D ** -0.5)
+    want = paged_attention_ref(qe.cpu(), small_k, small_v, small_rt, [0], [56], [8], D ** -0.5)
+    torch.testing.assert_close(got.float().cpu(), want, atol=TOL[dtype], rtol=TOL[dtype])

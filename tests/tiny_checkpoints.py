@@ -7,6 +7,10 @@ from __future__ import annotations
 import copy
 from typing import Optional
 
+# transformers' eager attention is the reference: its SDPA path drops Gemma 2's attention logit soft-cap in some
+# versions (5.17: greedy ids unchanged with the cap removed; the logprobs 2.3e-4 off ours), eager honours it in all
+REFERENCE_ATTENTION = "eager"
+
 
 def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional[dict] = None):
     """transformers' `cls_name` config (the embedded tokenizer's vocabulary, `tiny` overridden by `kwargs`)
@@ -15,12 +19,12 @@ def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**tiny, **kwargs})
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION).eval()
     model.save_pretrained(tmp_path, safe_serialization=True, **(save or {}))
     tok.save_pretrained(tmp_path)
     return model
@@ -44,6 +48,6 @@ def with_config(model, change: dict):
     cfg = copy.deepcopy(model.config)
     for k, v in change.items():
         setattr(cfg, k, v)
-    other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION).eval()
     other.load_state_dict(model.state_dict())
     return other

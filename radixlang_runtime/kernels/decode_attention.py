@@ -61,7 +61,8 @@ def _decode_stage1(q_ptr, k_ptr, v_ptr, rt_ptr, rows_ptr, lens_ptr, begin_ptr, m
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, g * stride_kh, stride_ks,
+    kv_off = g.to(tl.int64) * stride_kh  # int64: past 2^31 in a large pool (attend_paged)
+    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off, stride_ks,
                                  start, end, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST)
 
     has_keys = end > start

@@ -65,7 +65,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
     first = 0
     if WINDOW:
         first = tl.maximum(prefix + mb * BLOCK_M - window + 1, 0)
-    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, kb_ptr, vb_ptr, rt_ptr, row, stride_rt, kvh * stride_bh, stride_bs,
+    kv_off = kvh.to(tl.int64) * stride_bh  # int64: past 2^31 in a large pool (attend_paged)
+    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, kb_ptr, vb_ptr, rt_ptr, row, stride_rt, kv_off, stride_bs,
                                  first, prefix, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST,
                                  prefix + offs_m, window, WINDOW)
 

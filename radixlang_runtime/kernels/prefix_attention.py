@@ -67,7 +67,8 @@ def _prefix_kernel(q_ptr, k_ptr, v_ptr, rt_ptr, grows_ptr, glens_ptr, qidx_ptr, 
     m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
-    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, g * stride_kh, stride_ks,
+    kv_off = g.to(tl.int64) * stride_kh  # int64: past 2^31 in a large pool (attend_paged)
+    m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off, stride_ks,
                                  0, prefix, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

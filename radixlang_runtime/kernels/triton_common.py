@@ -59,7 +59,9 @@ def attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off,
                  mask_d, scale, soft_cap, BLOCK_N: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr, q_pos=None, window=0, WINDOW: tl.constexpr = False):
     """Fold positions start .. end - 1 of table row `row` (slots rt_ptr[row * stride_rt + pos]; K / V of
-    one KV head at k_ptr / v_ptr + kv_off + slot * stride_ks + d) into the online softmax of q [M, D]:
+    one KV head at k_ptr / v_ptr + kv_off + slot * stride_ks + d) into the online softmax of q [M, D]
+    (kv_off int64: head * stride passes 2^31 once a layer's pool holds 2^31 elements, e.g. 8 KV heads x
+    2M slots x 128 lanes):
     blocks of BLOCK_N positions, every one visible to every row of q; with WINDOW, only the positions
     > q_pos - window of each row (q_pos [M]: the rows' positions; sliding-window attention)."""
     for n0 in range(start, end, BLOCK_N):

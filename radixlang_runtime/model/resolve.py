@@ -62,6 +62,18 @@ def resolve_model_dir(model_path: Optional[str], cache_dir: Optional[str] = None
     return out
 
 
+def embedded_tokenizer_dir() -> str:
+    """The tokenizer tiny random checkpoints borrow: $RADIXLANG_TOKENIZER_DIR when set (a machine without the
+    embedded model carries just its tokenizer files there: benchmarks/gpu_check.sh on the GPU image), else the
+    embedded model's directory."""
+    override = os.environ.get("RADIXLANG_TOKENIZER_DIR")
+    if override:
+        if not os.path.isfile(os.path.join(override, "tokenizer.json")):
+            raise FileNotFoundError(f"RADIXLANG_TOKENIZER_DIR={override!r} holds no tokenizer.json")
+        return override
+    return resolve_model_dir(None)
+
+
 def served_name(model_path: Optional[str]) -> str:
     if model_path is None:
         return DEFAULT_MODEL_NAME
