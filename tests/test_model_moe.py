@@ -165,6 +165,42 @@ def test_sparse_block_matches_transformers_qwen2_moe_block():
         torch.testing.assert_close(block(x[0]), hf(x)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tiles", [False, True])
+def test_packed_experts_match_the_stacked_weights(dtype, tiles):
+    """pack_experts (what pack_for_cpu / quantize_int8 do to a SparseMoE block): each expert's projections become
+    the model's packed linears, the stacked parameters are dropped, the block's output is unchanged."""
+    from radixlang_runtime.model.moe import SparseMoE
+    from radixlang_runtime.model.packed_linear import (PackedLinear, dense_tiles_available, pack_linears,
+                                                       packing_available)
+    from radixlang_runtime.model.parallel import make_shard
+
+    if not packing_available(torch.device("cpu"), dtype):
+        pytest.skip(f"oneDNN has no {dtype} path on this CPU")
+    if tiles and not dense_tiles_available(torch.device("cpu"), dtype):
+        pytest.skip("no CPU C kernels here")
+    cfg = ModelConfig.from_dict({**BASE, "hidden_size": 64, "architectures": ["Qwen2MoeForCausalLM"],
+                                 "shared_expert_intermediate_size": 48})
+    torch.manual_seed(2)
+    block = SparseMoE(cfg, make_shard(4, 4, 128, 100), None)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    block = block.to(dtype)
+    x = torch.randn(9, 64).to(dtype)
+    with torch.no_grad():
+        want = [block(x[:n]) for n in (1, 2, 9)]  # decode-sized batches and a prefill-sized one
+        E = cfg.moe.num_experts
+        # as in the model: the block is a child of what pack_for_cpu packs; every expert's two projections and
+        # the shared expert's two
+        assert pack_linears(torch.nn.ModuleList([block]), tiles) == 2 * E + 2
+        assert block.gate_up is None and block.down is None and "gate_up" not in dict(block.named_parameters())
+        assert all(isinstance(m, PackedLinear) for pair in block.expert_linears for m in pair)
+        got = [block(x[:n]) for n in (1, 2, 9)]
+    tol = 2e-5 if dtype == torch.float32 else 2e-2  # float32: oneDNN orders the sums differently from MKL
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
 # ---------------------------------------------------------------------------------------- config.json
 BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "max_position_embeddings": 256, "num_experts": 8, "num_experts_per_tok": 2,

@@ -16,7 +16,7 @@ sum of the ranks' partial outputs is the whole output).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,27 +39,35 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalise: bool) 
     return weights, experts
 
 
-def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor,
-                    down: torch.Tensor, weights_float32: bool) -> torch.Tensor:
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: Optional[torch.Tensor],
+                    down: Optional[torch.Tensor], weights_float32: bool,
+                    linears: Optional[Sequence[Sequence[nn.Module]]] = None) -> torch.Tensor:
     """sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = experts[t, j], for every token t.
 
     x [T, hidden]; weights [T, k] float32; experts [T, k]; gate_up [E, 2I, hidden] (gate rows, then up rows);
-    down [E, hidden, I]. weights_float32: scale in float32 then round (Mixtral), else round the weights to
-    x's dtype first. Returns [T, hidden] in x's dtype."""
+    down [E, hidden, I]; or, instead of those two, linears[e] = (gate_up_e, down_e) modules computing the same
+    products (SparseMoE.pack_experts: prepacked / tiled / int8). weights_float32: scale in float32 then round
+    (Mixtral), else round the weights to x's dtype first. Returns [T, hidden] in x's dtype."""
     T, k = experts.shape
-    inter = down.shape[2]
+    num_experts = len(linears) if linears is not None else gate_up.shape[0]
     flat = experts.reshape(-1)  # [T k]: assignment a = t k + j
     order = torch.argsort(flat, stable=True)  # assignments grouped by expert, token order within each
     token = order // k  # [T k]: the token row of each sorted assignment
-    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()  # the one host sync of the block
+    counts = torch.bincount(flat, minlength=num_experts).tolist()  # the one host sync of the block
     rows = x[token]  # [T k, hidden]
     out = torch.empty_like(rows)
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        gu = F.linear(rows[start:start + n], gate_up[e])  # [n, 2I]
-        out[start:start + n] = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down[e])  # [n, hidden]
+        if linears is None:
+            gu = F.linear(rows[start:start + n], gate_up[e])  # [n, 2I]
+            inter = gu.shape[1] // 2
+            out[start:start + n] = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down[e])  # [n, hidden]
+        else:
+            gu = linears[e][0](rows[start:start + n])
+            inter = gu.shape[1] // 2
+            out[start:start + n] = linears[e][1](F.silu(gu[:, :inter]) * gu[:, inter:])
         start += n
     w = weights.reshape(-1)[order].unsqueeze(1)  # [T k, 1]
     scaled = (out.float() * w).to(x.dtype) if weights_float32 else out * w.to(x.dtype)
@@ -89,10 +97,24 @@ class SparseMoE(nn.Module):
             self.shared = MLP(cfg, dataclasses.replace(shard, inter_start=s0, inter_count=sn), None)
             self.shared_gate = nn.Parameter(torch.empty(1, h))  # sigmoid(x . g) scales the shared expert
         self.reduce = reduce
+        # pack_experts: (gate_up_e, down_e) linears in place of the stacked parameters (then None)
+        self.expert_linears: Optional[nn.ModuleList] = None
+
+    def pack_experts(self, make: Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]) -> int:
+        """Each expert's gate_up [2I, hidden] and down [hidden, I] become make(weight, None): the same module the
+        model's other projections become (oneDNN-prepacked with decode tiles, or int8). Unpacked, a bf16 expert
+        reorders its weight for oneDNN on every call. The stacked parameters are dropped. Returns how many."""
+        E = self.gate_up.shape[0]
+        self.expert_linears = nn.ModuleList(nn.ModuleList([make(self.gate_up[e], None), make(self.down[e], None)])
+                                            for e in range(E))
+        self.gate_up = None  # a registered parameter set to None: gone from the module and its state
+        self.down = None
+        return 2 * E
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = route(x, self.router, self.spec.top_k, self.spec.norm_topk_prob)
-        out = grouped_experts(x, weights, experts, self.gate_up, self.down, self.spec.weights_float32)
+        out = grouped_experts(x, weights, experts, self.gate_up, self.down, self.spec.weights_float32,
+                              self.expert_linears)
         if self.shared is not None:
             out = out + torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
         return out if self.reduce is None else self.reduce(out)

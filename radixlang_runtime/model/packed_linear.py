@@ -83,14 +83,17 @@ class PackedLinear(nn.Module):
 
 
 def replace_linears(module: nn.Module, make: Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]) -> int:
-    """Replace every nn.Linear under `module` by make(weight, bias); returns how many."""
+    """Replace every nn.Linear under `module` by make(weight, bias), and a mixture-of-experts block's stacked
+    expert weights by one make(weight, None) per expert projection (its `pack_experts`); returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             setattr(module, name, make(child.weight, child.bias))
             count += 1
-        else:
-            count += replace_linears(child, make)
+            continue
+        if hasattr(child, "pack_experts"):  # model/moe.SparseMoE (the router stays exact: not a linear)
+            count += child.pack_experts(make)
+        count += replace_linears(child, make)
     return count
 
 
