@@ -51,3 +51,26 @@ def test_refused_writes_leave_the_pool_whole():
     with pytest.raises(ValueError, match="payloads of"):
         port.write_records([10, 11, 12, 13], [recs[0], recs[1][:-1]])
     assert torch.equal(p.block, before)
+
+
+def test_slot_runs():
+    from radixlang_runtime.mem.kv_records import slot_runs
+
+    assert slot_runs([]) == []
+    assert slot_runs([4, 5, 6, 9, 3, 4, 0]) == [(0, 4, 3), (3, 9, 1), (4, 3, 2), (6, 0, 1)]
+
+
+@pytest.mark.parametrize("layout", ["pages", "scattered"])
+def test_one_token_writes_by_runs_and_by_index_copy(layout):
+    """PD's one-token records: slots in page runs take the per-run copy, scattered ones index_copy_; both put
+    each record's K/V at its slot."""
+    src = pool()
+    slots = list(range(16))
+    joined = KVRecordPort(src, 1).read_joined(slots)
+    dst = [30, 31, 32, 33, 34, 35, 36, 37, 8, 9, 10, 11, 12, 13, 14, 15] if layout == "pages" else \
+        [30, 2, 17, 5, 44, 21, 8, 39, 12, 26, 0, 47, 33, 19, 6, 41]
+    p = pool()
+    want = p.block.clone()
+    want[:, :, :, dst] = src.block[:, :, :, slots]
+    KVRecordPort(p, 1).write_joined(dst, joined)
+    assert torch.equal(p.block, want)
