@@ -16,6 +16,7 @@ sum of the ranks' partial outputs is the whole output).
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -61,13 +62,12 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
         if n == 0:
             continue
         if linears is None:
-            gu = F.linear(rows[start:start + n], gate_up[e])  # [n, 2I]
-            inter = gu.shape[1] // 2
-            out[start:start + n] = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down[e])  # [n, hidden]
+            gu_proj, down_proj = partial(F.linear, weight=gate_up[e]), partial(F.linear, weight=down[e])
         else:
-            gu = linears[e][0](rows[start:start + n])
-            inter = gu.shape[1] // 2
-            out[start:start + n] = linears[e][1](F.silu(gu[:, :inter]) * gu[:, inter:])
+            gu_proj, down_proj = linears[e]
+        gu = gu_proj(rows[start:start + n])  # [n, 2I]
+        inter = gu.shape[1] // 2
+        out[start:start + n] = down_proj(F.silu(gu[:, :inter]) * gu[:, inter:])  # [n, hidden]
         start += n
     w = weights.reshape(-1)[order].unsqueeze(1)  # [T k, 1]
     scaled = (out.float() * w).to(x.dtype) if weights_float32 else out * w.to(x.dtype)
