@@ -12,8 +12,8 @@ this script runs 12 sessions x 8 turns (64-token user messages, 16-token replies
 many sessions, so that the no-tiers setting (which recomputes every history every turn) fits the time. The
 pool is a quarter of the working set or, when that is larger, the system prompt plus one whole session (+64):
 here 2,704 tokens, 0.28 of 9,680. --sessions / --turns change the workload (the time grows with sessions x
-turns^2 without tiers); `--part agent --sessions 64` is the issue's workload itself (907 s idle, 2.22x: the
-quarter pool batches ~13 sessions' decode there, while at 12 sessions it decodes one or two at a time).
+turns^2 without tiers); `--part agent --sessions 64` is the issue's workload itself (figures and timing:
+docs/PERFORMANCE.md; the quarter pool batches ~13 sessions' decode there, at 12 sessions one or two).
 Restart (criterion: a 4,000-token system prompt's TTFT after a restart >= 10x faster than cold, from L2 and from
 L3 each): TTFT (max_new_tokens 1, after a 16-token warm-up) of a fresh Engine without tiers (cold, the prompt
 flushed between repetitions), then a fresh Engine per repetition finding the prompt on L2 only, and on L3 only

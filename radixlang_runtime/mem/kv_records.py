@@ -120,8 +120,8 @@ class KVRecordPort:
             kv = unpack_records(data, n, self.shape, block.dtype)
             runs = slot_runs(slots)
             if block.device.type == "cpu" and len(runs) * 4 <= n:
-                # a strided copy per run of consecutive slots (a page or more): 2.5x faster than index_copy_,
-                # which moves element by element (docs/PERFORMANCE.md, PD write path)
+                # a strided copy per run of consecutive slots (a page or more): faster than index_copy_,
+                # which moves element by element (docs/PERFORMANCE.md, PD's one-token writes)
                 for i, s, r in runs:
                     block[:, :, :, s:s + r].copy_(kv[:, :, :, i:i + r])
                 return
