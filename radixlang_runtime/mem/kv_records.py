@@ -118,8 +118,8 @@ class KVRecordPort:
         block = self.pool.block
         if self.t == 1:  # PD's one-token records: [2, L, H, n, D], a view of data
             kv = unpack_records(data, n, self.shape, block.dtype)
-            runs = slot_runs(slots)
-            if block.device.type == "cpu" and len(runs) * 4 <= n:
+            runs = slot_runs(slots) if block.device.type == "cpu" else []  # a device pool: index_copy_ only
+            if runs and len(runs) * 4 <= n:
                 # a strided copy per run of consecutive slots (a page or more): faster than index_copy_,
                 # which moves element by element (docs/PERFORMANCE.md, PD's one-token writes)
                 for i, s, r in runs:
