@@ -230,7 +230,8 @@ class PDRegister:
 @dataclass
 class PDKVChunk:
     """Prefill -> decode: K/V of positions start .. start + len(payload) // token_bytes - 1, token after token,
-    each [2, layers, kv_heads, 1, head_dim] (mem/kv_records.py with one-token records)."""
+    each [2, layers, kv_heads, 1, head_dim] (mem/kv_records.py with one-token records). The PD link sends the
+    payload as a frame of its own; received, it is a memoryview of that frame (disagg/link.py)."""
 
     room: int
     start: int

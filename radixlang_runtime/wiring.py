@@ -12,6 +12,7 @@ from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
 from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.mem.kv_prefault import KVPrefaulter
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.runner import ModelRunner
 from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
@@ -41,6 +42,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         backend = args.grammar_backend
         grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size, backend), eos,
                                jump_forward=not args.disable_jump_forward)
+    allocator = PageAllocator(sizes.num_slots, args.page_size)
+    start_kv_prefault(runner.kv_pool, allocator)
     return Scheduler(
         SchedulerConfig(
             page_size=args.page_size, context_len=sizes.context_len,
@@ -51,7 +54,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
             enable_mixed_chunk=args.enable_mixed_chunk, debug_check_integrity=args.debug_check_integrity,
         ),
         runner,
-        KVManager(PageAllocator(sizes.num_slots, args.page_size), TableManager(sizes.table_rows),
+        KVManager(allocator, TableManager(sizes.table_rows),
                   None if args.disable_radix_cache else RadixCache(args.page_size),
                   hicache=make_hicache(args, runner, model_dir)),
         detokenize=lambda ids: tokenizer.decode(ids),
@@ -61,13 +64,21 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     )
 
 
+def start_kv_prefault(pool: Any, allocator: PageAllocator) -> None:
+    """A lazily mapped CPU pool gets its fresh pages faulted in ahead of the allocator's frontier, off the
+    scheduler's thread (mem/kv_prefault.py); the thread ends with the pool. Under TP only rank 0's pool."""
+    if getattr(pool, "lazy", False):
+        pool.prefaulter = KVPrefaulter.for_pool(pool.block, lambda: allocator.touched_pages * allocator.page_size)
+        pool.prefaulter.start()
+
+
 def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     """--disaggregation-mode prefill | decode: the role (disagg/) set on the scheduler, its link thread started
     (the prefill's bootstrap socket bound on --host:--disaggregation-bootstrap-port: a taken port fails the start).
     Returns the link (close it at exit); None in mode null."""
     if args.disaggregation_mode == "null":
         return None
-    from radixlang_runtime.disagg.decode import DecodeRole
+    from radixlang_runtime.disagg.decode import STEP_BYTES, DecodeRole
     from radixlang_runtime.disagg.link import BootstrapClient, BootstrapServer
     from radixlang_runtime.disagg.prefill import PrefillRole
     from radixlang_runtime.mem.kv_records import KVRecordPort
@@ -83,7 +94,10 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
         scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts)
     else:
         link = BootstrapClient(timeouts[1])
-        scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests)
+        # a CPU pool's writes share the decode's cores: a step budget per transfer; a device pool's do not
+        step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
+        scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
+                                  step_bytes=step_bytes)
     link.start()
     return link
 

@@ -33,8 +33,15 @@ class FakeLink:
         if not self.cut:
             self.other.inbox.append((self.me, decode(encode(msg))))
 
-    def receive(self) -> list:
-        out, self.inbox = self.inbox, []
+    def receive(self, max_bytes=None) -> list:
+        """As the real link: with max_bytes, chunks up to that many payload bytes (at least one message)."""
+        n, taken = 0, 0
+        for _, m in self.inbox:
+            size = len(m.payload) if isinstance(m, PDKVChunk) else 0
+            if n and max_bytes is not None and taken + size > max_bytes:
+                break
+            n, taken = n + 1, taken + size
+        out, self.inbox = self.inbox[:n], self.inbox[n:]
         return out
 
     def silent_for(self, peer) -> float:
@@ -66,14 +73,14 @@ class Clock:
         return self.t
 
 
-def pair(decode_slots=4096, page_size=4, chunk=16, timeout=30.0):
+def pair(decode_slots=4096, page_size=4, chunk=16, timeout=30.0, step_bytes=None):
     clock = Clock()
     pre, pre_runner = make(page_size=page_size, chunk=chunk)
     dec, dec_runner = make(num_slots=decode_slots, page_size=page_size, chunk=chunk)
     a, b = FakeLink(HOST), FakeLink("decode-1")  # each named as the other side sees it
     a.other, b.other = b, a
     pre.pd = PrefillRole(a, FakePort(pre_runner), pre.kv, timeout, 1.0, clock)
-    dec.pd = DecodeRole(b, FakePort(dec_runner), dec.kv, timeout, 1.0, 8, clock)
+    dec.pd = DecodeRole(b, FakePort(dec_runner), dec.kv, timeout, 1.0, 8, clock, step_bytes=step_bytes)
     return pre, dec, clock
 
 
@@ -137,8 +144,8 @@ def test_chunks_stream_before_the_first_token():
     chunks = []
     orig = dec.pd.link.receive
 
-    def spy():
-        got = orig()
+    def spy(max_bytes=None):
+        got = orig(max_bytes)
         chunks.extend(m for _, m in got if isinstance(m, PDKVChunk))
         return got
 
@@ -242,3 +249,60 @@ def test_abort_on_decode_mid_transfer():
     done = run(pre, dec)
     assert done[("p", "ab")].error is not None
     assert_whole(pre)
+
+
+def test_step_budget_per_active_transfer_on_a_cpu_pool_only():
+    from radixlang_runtime.disagg.decode import IDLE_BUFFERED, STEP_BYTES, _Incoming
+
+    class Link:
+        max_buffered = 0
+
+    role = DecodeRole(Link(), None, None, 30.0, 1.0, 8)
+    assert role._budget(n_running=0) is None and role.link.max_buffered == IDLE_BUFFERED  # nothing decodes
+    role.incoming = {1: _Incoming(None, ("h", 1), prefix_len=16, since=0.0, received=16)}  # registered, no chunk yet
+    assert role._budget(n_running=3) == STEP_BYTES and role.link.max_buffered == 2 * STEP_BYTES
+    role.incoming[1].received = 60
+    role.incoming[2] = _Incoming(None, ("h", 2), prefix_len=0, since=0.0, received=5)
+    assert role._budget(n_running=3) == 2 * STEP_BYTES  # two transfers under way: a budget each
+    assert role.link.max_buffered == 4 * STEP_BYTES
+    device = DecodeRole(Link(), None, None, 30.0, 1.0, 8, step_bytes=None)  # a device pool: never throttled
+    device.incoming = dict(role.incoming)
+    assert device._budget(n_running=3) is None and device.link.max_buffered == IDLE_BUFFERED
+
+
+def test_a_transfer_is_written_over_several_steps_while_others_decode():
+    pre, dec, _ = pair(chunk=16, step_bytes=24)  # one token's record a step: one message a step
+    first = pd_req("first", 8, 40, room=1)
+    pre.add_request(first)
+    dec.add_request(twin(first))
+    for _ in range(50):  # until the first request decodes on the decode server
+        pre.step()
+        dec.step()
+        if dec.running:
+            break
+    assert dec.running
+    long = pd_req("long", 64, 2, room=2)
+    pre.add_request(long)
+    dec.add_request(twin(long))
+    per_step = []
+    orig = dec.pd.link.receive
+
+    def spy(max_bytes=None):
+        got = orig(max_bytes)
+        per_step.append([m.start for _, m in got if isinstance(m, PDKVChunk)])
+        return got
+
+    dec.pd.link.receive = spy
+    dec.step()  # registers "long" (and decodes "first")
+    for _ in range(8):  # the prefill computes all of "long" and queues every chunk before the decode looks again
+        pre.step()
+    assert sum(isinstance(m, PDKVChunk) for _, m in dec.pd.link.inbox) >= 3
+    done = run(pre, dec)
+    chunky = [starts for starts in per_step if starts]
+    # the queued chunks are taken one a step while "first" decodes, never all at once
+    assert len(chunky) >= 3 and all(len(starts) == 1 for starts in chunky)
+    assert [s for starts in chunky for s in starts] == sorted(s for starts in chunky for s in starts)
+    assert done[("d", "long")].output_ids == expected_output(long.input_ids, 2)
+    assert done[("d", "first")].output_ids == expected_output(first.input_ids, 40)
+    assert_whole(pre)
+    assert_whole(dec)

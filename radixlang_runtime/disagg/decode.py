@@ -6,6 +6,11 @@ A request (its `bootstrap` = (host, port, room)) never prefills here. It waits i
 prefill's bootstrap socket. PDKVChunk messages are written into its slots (`port.write_joined`); PDDone
 brings the first token (+ logprobs): the request is acked (PDAck) and handed to the Scheduler as "ready"
 (kv_len == prompt length, one output token: it decodes from the next step like any running request).
+On a CPU pool, while requests decode, a step takes at most step_bytes (STEP_BYTES) of K/V per active
+transfer (a room that has received a chunk) from the link, whose flow control then slows the sender: a
+2,000-token transfer costs the running streams a little on each of ~46 steps instead of one long stall
+(docs/DISAGGREGATION.md); transfers from several prefills at once get a budget each, so the decode's
+intake grows with them. With nothing running, or step_bytes None (a device pool), it takes all that came.
 
 Faults, each bounded: a request that waited transfer_timeout for pool room ("decode KV pool full"), a prefill
 silent for heartbeat_timeout, no PDDone within transfer_timeout, PDFail from the prefill: the request ends
@@ -26,6 +31,8 @@ from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
+STEP_BYTES = 1 << 20  # CPU pool: K/V bytes written per step per active transfer while requests decode
+IDLE_BUFFERED = 64 << 20  # K/V bytes the link reads ahead when a step may write all of it
 
 
 @dataclass
@@ -41,10 +48,12 @@ class DecodeRole:
     kind = "decode"
 
     def __init__(self, link: Any, port: Any, kv: KVManager, transfer_timeout: float, heartbeat_timeout: float,
-                 max_running: int, clock: Callable[[], float] = time.monotonic):
+                 max_running: int, clock: Callable[[], float] = time.monotonic,
+                 step_bytes: Optional[int] = STEP_BYTES):
         self.link, self.port, self.kv = link, port, kv
         self.transfer_timeout, self.heartbeat_timeout, self.clock = transfer_timeout, heartbeat_timeout, clock
         self.max_running = max_running
+        self.step_bytes = step_bytes
         self.queue: deque[tuple[Req, float]] = deque()  # waiting for pool room: (request, arrival)
         self.incoming: dict[int, _Incoming] = {}  # room -> registered request
         self.transferred_tokens = 0  # K/V positions received
@@ -73,7 +82,7 @@ class DecodeRole:
         """Chunks and finals from prefills, liveness and timeouts, then pre-allocation. Returns (ended, ready)."""
         ended: list[Req] = []
         ready: list[Req] = []
-        for _peer, msg in self.link.receive():
+        for _peer, msg in self.link.receive(self._budget(n_running)):
             inc = self.incoming.get(getattr(msg, "room", None))
             if inc is None:  # stale: a room that failed or was aborted
                 continue
@@ -122,6 +131,16 @@ class DecodeRole:
                 "receiving": len(self.incoming)}
 
     # ------------------------------------------------------------------ internals
+    def _budget(self, n_running: int) -> Optional[int]:
+        """K/V bytes this step may write (None: all); the link buffers twice that ahead of the scheduler."""
+        budget = None
+        if n_running and self.step_bytes is not None:
+            active = sum(inc.received > inc.prefix_len for inc in self.incoming.values())
+            budget = self.step_bytes * max(1, active)
+        if hasattr(self.link, "max_buffered"):
+            self.link.max_buffered = IDLE_BUFFERED if budget is None else 2 * budget
+        return budget
+
     def _preallocate(self, n_running: int) -> list[Req]:
         """FIFO: the head gets its slots when the pool (minus a page per running request) holds its prompt;
         requests that waited transfer_timeout fail."""

@@ -50,9 +50,14 @@ def cpu_kv_budget(fraction: Optional[float], available: Optional[int]) -> int:
     return max(budget, MIN_CPU_KV)
 
 
+def lazy_pages(nbytes: int, device: torch.device) -> bool:
+    """Whether kv_block maps a block of nbytes on device lazily (its pages resident only once written)."""
+    return device.type == "cpu" and nbytes >= LAZY_BYTES
+
+
 def kv_block(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One tensor for every layer's K and V: zero-filled when small, lazily zero (OS pages) when large."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if device.type == "cpu" and nbytes >= LAZY_BYTES:  # zero pages until written; the tensor keeps the map
+    if lazy_pages(nbytes, device):  # zero pages until written; the tensor keeps the map
         return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
     return torch.zeros(shape, dtype=dtype, device=device)

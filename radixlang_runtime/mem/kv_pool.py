@@ -7,9 +7,12 @@ on CPU that halves decode attention time against the token-major [num_slots, kv_
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from radixlang_runtime.mem.kv_memory import kv_block
+from radixlang_runtime.mem.kv_memory import kv_block, lazy_pages
+from radixlang_runtime.mem.kv_prefault import KVPrefaulter
 
 
 class KVPool:
@@ -21,6 +24,8 @@ class KVPool:
         block = kv_block((2, num_layers, kv_heads, num_slots, head_dim), dtype, device)
         self.nbytes = block.numel() * block.element_size()
         self.block = block  # mem/kv_records.py copies whole records of slots in and out of it
+        self.lazy = lazy_pages(self.nbytes, device)  # pages resident once written: a prefaulter may run ahead
+        self.prefaulter: Optional[KVPrefaulter] = None  # set by whoever knows the allocator (wiring.py)
         self.k_buffers = [block[0, i] for i in range(num_layers)]
         self.v_buffers = [block[1, i] for i in range(num_layers)]
         # req_to_token[row, pos] = slot of position pos of the request in that row. [table_rows, context_len] int64.

@@ -113,6 +113,7 @@ class TPRecordPort:
     @torch.inference_mode()
     def write_joined(self, slots: list[int], data: bytes) -> None:
         """Refused on rank 0 (ValueError) before anything is broadcast when data is not whole records."""
+        data = bytes(data)  # a received chunk's memoryview (disagg/link.py) is not picklable for the broadcast
         op = KVWrite(list(slots), data, check_joined(slots, data, self.t, self.record_bytes))
         self.tp.broadcast_obj(op)
         _write_local(self.runner, op, self.shape)
