@@ -18,6 +18,10 @@ SHAPES = {
                                   num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
                                   num_experts_per_tok=2, max_position_embeddings=4096, sliding_window=None,
                                   tie_word_embeddings=False)),
+    # a small Llama (the transformers fallback's cost against native: docs/PERFORMANCE.md)
+    "llama": ("LlamaConfig", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
+                                  tie_word_embeddings=False)),
     # Gemma 2's layout (head_dim 256, pre + post norms, GeGLU, soft-caps, alternating 4,096-token windows)
     # at 1024 hidden, 8 layers
     "gemma2": ("Gemma2Config", dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,

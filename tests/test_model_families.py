@@ -171,10 +171,11 @@ WINDOWED.update({
 LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
 
 
-def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrasts: list[dict], new: int = 16) -> None:
+def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrasts: list[dict], new: int = 16,
+                           tiny: dict = TINY) -> None:
     from radixlang_runtime import Engine
 
-    model = build_tiny(tmp_path, cls_name, TINY, {"max_position_embeddings": 256, **kwargs})
+    model = build_tiny(tmp_path, cls_name, tiny, {"max_position_embeddings": 256, **kwargs})
     want = [hf_greedy(model, p, new) for p in LONG_PROMPTS]
     assert sum(len(set(w)) > 1 for w in want) >= 3  # not a degenerate model (one token repeated)
     for contrast in contrasts:  # the window / layer pattern / cap / rope matters to transformers' own tokens
