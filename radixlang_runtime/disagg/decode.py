@@ -8,7 +8,7 @@ brings the first token (+ logprobs): the request is acked (PDAck) and handed to 
 (kv_len == prompt length, one output token: it decodes from the next step like any running request).
 On a CPU pool, while requests decode, a step takes at most step_bytes (STEP_BYTES) of K/V per active
 transfer (a room that has received a chunk) from the link, whose flow control then slows the sender: a
-2,000-token transfer costs the running streams a little on each of ~46 steps instead of one long stall
+long prompt's transfer costs the running streams a little on each of many steps instead of one long stall
 (docs/DISAGGREGATION.md); transfers from several prefills at once get a budget each, so the decode's
 intake grows with them. With nothing running, or step_bytes None (a device pool), it takes all that came.
 

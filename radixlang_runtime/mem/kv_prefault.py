@@ -3,7 +3,7 @@
 The large CPU pool is an anonymous mmap whose pages cost resident memory only once written
 (mem/kv_memory.py). The first write to each 4 KiB page is a page fault, paid by whoever writes: a
 prefill storing K/V, or a PD decode server writing a received transfer into fresh slots between two
-decode steps (docs/PERFORMANCE.md, "PD: first-touch page faults"). Fresh slots come in order: the
+decode steps (docs/PERFORMANCE.md, "PD: a transfer spread over the decode's steps"). Fresh slots come in order: the
 allocator reuses freed pages first and takes new ones in ascending page order, so the slots ever handed
 out are [0, frontier) with `frontier = allocator.touched_pages * page_size`.
 
@@ -37,7 +37,7 @@ import torch
 logger = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
 AHEAD_BYTES = 128 << 20  # pool bytes kept resident past the allocator's frontier
-CALL_BYTES = 256 << 10  # bytes of one plane populated per madvise call (~0.1-1 ms of page faults)
+CALL_BYTES = 256 << 10  # bytes of one plane populated per madvise call (a short burst of page faults)
 PACE_S = 0.004  # pause after each call: the faults' cost lands on the core's other threads in small slices
 POLL_S = 0.02  # how often an idle thread reads the frontier
 
