@@ -3,9 +3,9 @@
 The large CPU pool is an anonymous mmap whose pages cost resident memory only once written
 (mem/kv_memory.py). The first write to each 4 KiB page is a page fault, paid by whoever writes: a
 prefill storing K/V, or a PD decode server writing a received transfer into fresh slots between two
-decode steps (docs/PERFORMANCE.md, "PD: a transfer spread over the decode's steps"). Fresh slots come in order: the
-allocator reuses freed pages first and takes new ones in ascending page order, so the slots ever handed
-out are [0, frontier) with `frontier = allocator.touched_pages * page_size`.
+decode steps (docs/PERFORMANCE.md, "PD: a transfer spread over the decode's steps"). Fresh slots come
+in order: the allocator reuses freed pages first and takes new ones in ascending page order, so the
+slots ever handed out are [0, frontier) with `frontier = allocator.touched_pages * page_size`.
 
 KVPrefaulter keeps the pool's pages for slots [0, min(num_slots, frontier + ahead)) resident, by
 madvise(MADV_POPULATE_WRITE) over each (K/V, layer, head) plane's byte range of those slots: the pages
@@ -13,9 +13,10 @@ are faulted in writable, their contents unchanged (a page already present, writt
 moment ago, is left as it is: the thread never writes the pool). Resident memory therefore stays what is
 used plus `ahead` slots' worth.
 
-The thread runs at the lowest CPU priority (nice 19), one piece at a time, and holds the pool only weakly
-between pieces: it ends when the pool is gone, when close() is called, or when the kernel refuses the
-advice (Linux < 5.14, other systems: the pool then faults lazily as before, nothing else changes).
+The thread runs at the lowest CPU priority (nice 19), one madvise call at a time (one plane's slots of
+the current window, PACE_S apart), and holds the pool only weakly between calls: it ends when the pool
+is gone, when close() is called, or when the kernel refuses the advice (Linux < 5.14, other systems:
+the pool then faults lazily as before, nothing else changes).
 Every wait is bounded (POLL_S; close joins for <= 2 s).
 
 Block layout: [2, layers, kv_heads, num_slots, head_dim], contiguous (mem/kv_pool.py).
