@@ -144,6 +144,8 @@ class Engine:
             except Exception:  # noqa: BLE001 - shutdown goes on; the tiers only lose what L1 held
                 logger.exception("hicache: storing the pool's pages at shutdown failed")
         self._loop.close()
+        if self.runner.kv_pool.prefaulter is not None:  # its thread would otherwise last until the pool is freed
+            self.runner.kv_pool.prefaulter.close()
         if self._tp_procs and self.runner.tp is not None and not self._loop.is_alive():
             self.runner.tp.close()  # STOP to the workers (the loop thread is done with the group)
         self._stop_tp_workers()
