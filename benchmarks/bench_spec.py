@@ -19,6 +19,13 @@ both, and NGRAM's accepted / drafted tokens.
     python benchmarks/bench_spec.py --w1 --batch-sizes 64 --workloads W1
     python benchmarks/bench_spec.py --step-cost          # decode step time vs rows (drafter.ROW_COST's basis)
 
+--llamacpp: after the table, llama.cpp's prompt lookup (llama-cpp-python's LlamaPromptLookupDecoding, its
+defaults; benchmarks/peer_llamacpp_lookup.py in the peers' venv from ../shared/peers/build_llamacpp.sh, the
+BF16 GGUF from its make_gguf.py: the same weights) on the copy workloads at batch 1, on the same token ids, the
+same thread count and number of new tokens; reported beside NGRAM's tok/s of the table, with the ratio.
+
+    python benchmarks/bench_spec.py --batch-sizes 1 --workloads code_edit,quotes,json_extract --llamacpp
+
 --standalone: STANDALONE instead (docs/SPECULATIVE.md): the target (the embedded model, --dtype: the CPU
 default or float32) drafted by its own .gguf's Q4_1 blocks (--quantization gguf as the draft) on W2 (the 32
 ids of ../shared/peers/workloads.py, seed 3, 256 new tokens), per --num-steps; reported: median decode
@@ -34,6 +41,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import tempfile
 import time
 
 from bench_common import in_child
@@ -170,6 +179,9 @@ def main() -> None:
     ap.add_argument("--num-steps", default="2,4", help="--standalone: draft steps to measure")
     ap.add_argument("--dtype", default="auto", help="--standalone: the target's dtype")
     ap.add_argument("--cpu-time", action="store_true", help="--standalone: one torch thread; tokens per CPU second")
+    ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp's prompt lookup on the copy workloads, b 1")
+    ap.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR", "/tmp/peers"),
+                    help="--llamacpp: where build_llamacpp.sh put venv-llamacpp and gguf/")
     a = ap.parse_args()
     if a.standalone:
         if a.cpu_time:
@@ -186,6 +198,7 @@ def main() -> None:
         return
     print(f"{'workload':<13} {'batch':>5} {'off tok/s':>10} {'NGRAM tok/s':>12} {'ratio':>6} {'off tok/cpu-s':>14} "
           f"{'NGRAM tok/cpu-s':>16} {'ratio':>6} {'accepted/drafted':>17}")
+    ngram_b1: dict[str, float] = {}  # copy workload -> NGRAM tok/s at batch 1 (for --llamacpp)
     for name in a.workloads.split(","):
         if name == "W1" and not a.w1:
             raise SystemExit("W1 needs --w1 (64 prompts: minutes per setting)")
@@ -196,11 +209,46 @@ def main() -> None:
             print(f"{name:<13} {b:>5} {off['wall']:>10.1f} {on['wall']:>12.1f} {on['wall'] / off['wall']:>6.2f} "
                   f"{off['cpu']:>14.1f} {on['cpu']:>16.1f} {on['cpu'] / off['cpu']:>6.2f} "
                   f"{on['accepted']:>8}/{on['drafted']:<8}", flush=True)
+            if b == 1 and name in COPY:
+                ngram_b1[name] = on["wall"]
             if on.get("step_cost"):  # NGRAM's measured step cost: per regime a, b (ms) and the ratio b / a used
                 fits = [f"batch {k}+: {v['a_ms']:.1f} + {v['b_ms']:.2f} M ms (ratio {v['ratio']:.3f}; tok/s plain "
                         f"{v['tok_s']['plain']} drafted {v['tok_s']['drafted']}{'' if v['drafts_pay'] else ': VETO'})"
                         for k, v in on["step_cost"].items()]
                 print(f"{'':<13} step cost: " + ", ".join(fits), flush=True)
+    if a.llamacpp:
+        compare_llamacpp(a, ngram_b1)
+
+
+def compare_llamacpp(a, ngram_b1: dict[str, float]) -> None:
+    """llama.cpp's prompt lookup on the same ids (the embedded tokenizer, as Engine.generate encodes a prompt)."""
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
+
+    if not ngram_b1:
+        raise SystemExit("--llamacpp compares the copy workloads at batch 1: include them and batch size 1")
+    py = os.path.join(a.peers_dir, "venv-llamacpp", "bin", "python")
+    gguf = os.path.join(a.peers_dir, "gguf", "SmolLM2-135M-Instruct.BF16.gguf")
+    for path in (py, gguf):
+        if not os.path.exists(path):
+            raise SystemExit(f"--llamacpp: {path} is missing (../shared/peers/build_llamacpp.sh, then make_gguf.py)")
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    ids = {name: tok.encode(prompts_for(name, 1, a.new_tokens)["prompt"][0], add_special_tokens=False)
+           for name in ngram_b1}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"workloads": ids, "new_tokens": a.new_tokens}, f)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_llamacpp_lookup.py")
+    out = subprocess.run([py, script, "--gguf", gguf, "--ids", f.name, "--runs", str(a.runs), "--threads",
+                          str(a.threads)], capture_output=True, text=True, timeout=3600, check=True)
+    os.unlink(f.name)
+    peer = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\nllama.cpp (BF16 GGUF, {a.threads} thread(s), LlamaPromptLookupDecoding defaults), batch 1, decode tok/s")
+    print(f"{'workload':<13} {'llama.cpp':>10} {'+lookup':>8} {'same ids':>9} {'ours NGRAM':>11} {'ours / lookup':>14}")
+    for name, tps in ngram_b1.items():
+        p = peer[name]
+        print(f"{name:<13} {p['off']:>10.1f} {p['lookup']:>8.1f} {str(p['same_ids']):>9} {tps:>11.1f} "
+              f"{tps / p['lookup']:>14.2f}", flush=True)
 
 
 if __name__ == "__main__":

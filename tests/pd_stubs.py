@@ -7,6 +7,7 @@ test process). Each records the bodies it got and answers per `mode`:
   and stops listening (a killed process: later connections are refused); restart() brings it back;
 - "hang": generate and /health block until `release` (bounded: 60 s), like a stopped process;
 - "die_mid_stream": a stream sends its first event, then the stub drops the connection and stops listening;
+- "die_mid_event": as die_mid_stream, after the first event and half of the second;
 - "fail": generate answers 500; "reject": generate answers 400 (the server found the request bad).
 """
 
@@ -91,8 +92,14 @@ class Stub:
                     self.send_header("Transfer-Encoding", "chunked")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    for event in answer:
-                        self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    for i, event in enumerate(answer):
+                        data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                        if mode == "die_mid_event" and i == 1:  # killed while writing an event
+                            self._chunk(data[:len(data) // 2])
+                            stub.kill()
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
+                        self._chunk(data)
                         if mode == "die_mid_stream":  # one event out, then the process is gone
                             stub.kill()
                             self.connection.shutdown(socket.SHUT_RDWR)

@@ -305,6 +305,17 @@ def test_decode_killed_after_the_first_event(fresh):
     wait_for(lambda: not router.instance("decode", decodes[0].url)["eligible"], 30, "dead decode still eligible")
 
 
+def test_decode_killed_inside_an_event_relays_whole_events_only(fresh):
+    """The half-written event of a killed decode is not relayed: the error event stays a line of its own."""
+    router, prefills, decodes = fresh
+    decodes[0].mode = decodes[1].mode = "die_mid_event"
+    with httpx.stream("POST", router.url + "/generate", json={"text": "x", "stream": True}, timeout=BOUND) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and json.loads(events[0])["text"] == "A"
+    err = json.loads(events[1])["error"]
+    assert err["code"] == 502 and events[2:] == ["[DONE]"], events
+
+
 def test_client_gone_before_the_first_chunk_releases_the_load(fresh):
     """A client that leaves while the router waits for the decode's stream headers: once the decode answers,
     nothing is relayed, and the decode's and the prefill's load counts go back to 0 (issue 33)."""

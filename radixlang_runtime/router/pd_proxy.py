@@ -217,13 +217,19 @@ class Dispatcher:
 
     async def _relay(self, legs: Legs, d_inst: Instance, resp: httpx.Response,
                      end: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
-        """The decode's bytes as they come; a failure of either side ends the stream with an error event."""
-        chunks, tail = resp.aiter_raw(), b""
+        """The decode's events as they come, whole (each ends with a blank line, as the servers write them: an
+        upstream killed inside an event leaves no half event before the error); a failure of either side ends
+        the stream with an error event."""
+        chunks, tail, pending = resp.aiter_raw(), b"", b""
         try:
             while (chunk := await legs.until(next_chunk(chunks, d_inst, self.args))) is not None:
-                tail = (tail + chunk)[-len(SSE_DONE):]
-                yield chunk
-            if tail != SSE_DONE:  # a stream cut short (an upstream speaking HTTP/1.0 just closes)
+                pending += chunk
+                cut = pending.rfind(b"\n\n") + 2
+                if cut >= 2:
+                    whole, pending = pending[:cut], pending[cut:]
+                    tail = (tail + whole)[-len(SSE_DONE):]
+                    yield whole
+            if pending or tail != SSE_DONE:  # a stream cut short (an upstream speaking HTTP/1.0 just closes)
                 raise UpstreamError(d_inst, "ended its stream without data: [DONE]")
         except UpstreamError as e:
             self._count(e)
