@@ -47,8 +47,10 @@ def main() -> None:
     result: dict = {}
     for mode in ("off", "lookup"):
         draft = LlamaPromptLookupDecoding() if mode == "lookup" else None  # its defaults: what a user gets
+        # logits_all with a draft: Llama sizes its score buffer from this argument (n_batch rows without it) while
+        # a draft model makes it store every row, which fails on a prompt longer than n_batch (0.3.36)
         llm = Llama(model_path=a.gguf, n_ctx=4096, n_batch=512, n_threads=a.threads, n_threads_batch=a.threads,
-                    draft_model=draft, verbose=False)
+                    draft_model=draft, logits_all=draft is not None, verbose=False)
         for name, ids in spec["workloads"].items():
             one_run(llm, ids, 8)  # warm-up
             runs = [one_run(llm, ids, n) for _ in range(a.runs)]

@@ -111,9 +111,9 @@ class ServerArgs:
 
     # --- speculative decoding (scheduler/drafter.py): SGLang's names; NGRAM (prompt lookup) only ---
     speculative_algorithm: Optional[str] = None  # NGRAM | None (off)
-    speculative_num_draft_tokens: Optional[int] = None  # k: most draft tokens per step (NGRAM default 4)
-    speculative_ngram_min_match_window_size: Optional[int] = None  # shortest suffix looked up (default 2)
-    speculative_ngram_max_match_window_size: Optional[int] = None  # longest suffix looked up (default 4)
+    speculative_num_draft_tokens: Optional[int] = None  # k: most draft tokens per step (NGRAM default 16)
+    speculative_ngram_min_match_window_size: Optional[int] = None  # shortest suffix looked up (default 1)
+    speculative_ngram_max_match_window_size: Optional[int] = None  # longest suffix looked up (default 6)
     # no drafts while more requests decode (default 0: no limit; the per-step cost rule, drafter.trim_to_cost,
     # keeps only draft rows whose expected accepted tokens pay for them at the batch's size)
     speculative_disable_by_batch_size: Optional[int] = None
@@ -367,8 +367,8 @@ class ServerArgs:
         """(k, min match, max match, batch size limit) with the NGRAM defaults filled in."""
         def pick(v: Optional[int], default: int) -> int:
             return default if v is None else v
-        return (pick(self.speculative_num_draft_tokens, 4), pick(self.speculative_ngram_min_match_window_size, 2),
-                pick(self.speculative_ngram_max_match_window_size, 4), pick(self.speculative_disable_by_batch_size, 0))
+        return (pick(self.speculative_num_draft_tokens, 16), pick(self.speculative_ngram_min_match_window_size, 1),
+                pick(self.speculative_ngram_max_match_window_size, 6), pick(self.speculative_disable_by_batch_size, 0))
 
     def resolve_for_device(self, device_type: str) -> "ServerArgs":
         """Fill the None ("auto") sizes. On CPU, prefill batches of ~4K tokens keep the activations

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
+from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter, acceptance
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.spec_cost import EXPLORE, STEP_COST_ENV, StepCost
@@ -79,6 +79,8 @@ def batch(n: int, hits: float, misses: float) -> list[Req]:
         r = Req(rid=f"r{i}", input_ids=[1, 2, 3],
                 sampling=SamplingParams.from_dict({"max_new_tokens": 32, "temperature": 0}))
         r.draft, r.spec_hits, r.spec_trials = [5, 6, 7, 8], hits, hits + misses
+        a = acceptance(r)
+        r.spec_values = [a ** (j + 1) for j in range(4)]  # as if every row were taken with the request's estimate
         reqs.append(r)
     return reqs
 

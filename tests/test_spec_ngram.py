@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.drafter import (ROW_COST, NgramConfig, NgramDrafter, NgramIndex, acceptance,
-                                                 trim_to_cost)
+from radixlang_runtime.scheduler.drafter import (MATCH_CAP, ROW_COST, MatchAgreement, NgramConfig, NgramDrafter,
+                                                 NgramIndex, acceptance, trim_to_cost)
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.server_args import ServerArgs
 
@@ -19,9 +19,10 @@ EOS = 96
 
 
 # ---------------------------------------------------------------------------------------------- drafter
-def reference_lookup(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
+def reference_lookup(tokens: list[int], lo: int, hi: int, k: int) -> tuple[list[int], int]:
     """Rescan: the longest suffix (n from hi down to lo) with an earlier occurrence; the k tokens after
-    its latest one, in the sequence continued by the draft itself (a repeat goes on)."""
+    its latest one, in the sequence continued by the draft itself (a repeat goes on), and how many tokens
+    before that occurrence equal those before the end (at most MATCH_CAP)."""
     L = len(tokens)
     for n in range(min(hi, L - 1), lo - 1, -1):
         for e in range(L - 1, n - 1, -1):
@@ -29,8 +30,9 @@ def reference_lookup(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
                 ext = list(tokens)
                 for i in range(k):
                     ext.append(ext[e + i])
-                return ext[L:]
-    return []
+                m = max(j for j in range(min(e, MATCH_CAP) + 1) if tokens[e - j:e] == tokens[L - j:])
+                return ext[L:], m
+    return [], 0
 
 
 @settings(max_examples=200, deadline=None)
@@ -46,9 +48,9 @@ def test_index_matches_a_rescan_as_the_sequence_grows(seq, lo, extra, k, chunks)
         L = min(len(seq), L + chunks[c % len(chunks)])
         c += 1
         idx.tokens = seq[:L]
-        got = idx.lookup(k)
-        assert got == reference_lookup(seq[:L], lo, hi, k)
-        assert len(got) in (0, k)  # a proposal is whole (k tokens, continued periodically) or none
+        got, m = idx.lookup(k)
+        assert (got, m) == reference_lookup(seq[:L], lo, hi, k)
+        assert len(got) == (k if m else 0)  # a proposal is whole (k tokens, continued periodically) or none
 
 
 def sreq(prompt, out=(), **sp) -> Req:
@@ -65,8 +67,8 @@ def test_drafter_bounds_and_refusals():
     assert d.draft(sreq([1, 2, EOS, 3] * 4 + [1, 2])) == []  # the finish id is never drafted
     assert d.draft(sreq([1, 2, EOS, 3] * 4 + [1, 2], ignore_eos=True)) == [EOS, 3, 1, 2, EOS, 3]  # the repeat goes on
     assert d.draft(sreq([1, 2, 9, 3] * 4 + [1, 2], stop_token_ids=[3])) == [9]
-    # positions stay inside the context (64): 61 tokens leave room for 64 - 61 - 1 = 2 draft tokens
-    assert d.draft(sreq(list(range(60)) + [0])) == [1, 2]
+    # positions stay inside the context (64): 62 tokens leave room for 64 - 62 - 1 = 1 draft token
+    assert d.draft(sreq(list(range(60)) + [0, 1])) == [2]
     for sp in ({"frequency_penalty": 0.5}, {"sampling_seed": 3}, {"min_new_tokens": 4}):
         assert d.draft(sreq(cyc, **sp)) == [], sp  # rows would see stale penalties / seeds / EOS masks
     r = sreq(cyc)
@@ -74,20 +76,44 @@ def test_drafter_bounds_and_refusals():
     assert d.draft(r) == []
 
 
-def test_draft_length_adapts():
+def test_draft_length_follows_the_match():
+    """At most PER_MATCH tokens per matched token (the match measured past the window), up to k; the values
+    handed to trim_to_cost are the agreement model's, and verifications teach it."""
     d = NgramDrafter(NgramConfig(8, 1, 2), (EOS,), 4096)
+    r = sreq([7, 1, 2, 3, 4, 5, 6, 9, 1])  # "1" matched over one token: two tokens proposed
+    assert d.draft(r) == [2, 3] and r.spec_match == 1
+    r = sreq([7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3])  # "1 2 3" matched over three (window 2): six tokens
+    assert d.draft(r) == [4, 5, 6, 9, 1, 2] and r.spec_match == 3
     r = sreq([1, 2, 3] * 10)
-    assert len(d.draft(r)) == 8
-    d.update(r, 8, 2)
-    assert r.spec_k == 4 and (r.spec_draft_tokens, r.spec_accepted_tokens) == (8, 2)
-    d.update(r, 4, 4)
-    assert r.spec_k == 5 and len(d.draft(r)) == 5
-    d.update(r, 5, 0)  # nothing accepted: drafting pauses one step, then two after the next failure
-    assert r.spec_k == 2 and d.draft(r) == [] and len(d.draft(r)) == 2
-    d.update(r, 2, 0)
-    assert [d.draft(r) for _ in range(2)] == [[], []] and len(d.draft(r)) == 1
-    d.update(r, 1, 1)
-    assert r.spec_backoff == 0 and len(d.draft(r)) == 2
+    assert len(d.draft(r)) == 8 and r.spec_match == 27  # long match: k
+    assert r.spec_values == d.agree.values(27, 8)
+    assert all(a >= b for a, b in zip(r.spec_values, r.spec_values[1:]))
+    before = d.agree.p(27)
+    d.update(r, 8, 2)  # rows 0, 1 taken (matches 27, 28), row 2 refused (29): bucket [24, 32) learns 2 of 3
+    assert (r.spec_draft_tokens, r.spec_accepted_tokens) == (8, 2)
+    assert d.agree.p(27) < before and d.agree.p(5) == d.agree.values(5, 1)[0]
+
+
+def test_match_agreement_prior_and_learning():
+    """Before any verification: the rule of succession, (m + 1) / (m + 2); taken rows raise their bucket, a
+    refused row lowers it, rows after the refusal are not evidence; old evidence decays."""
+    a = MatchAgreement()
+    assert [round(a.p(m), 6) for m in (1, 2, 7)] == [round(2 / 3, 6), 0.75, round(8 / 9, 6)]
+    assert a.values(1, 3) == pytest.approx([2 / 3, 2 / 3 * 3 / 4, 2 / 3 * 3 / 4 * 4 / 5])
+    a.observe(1, drafted=4, accepted=0)  # row 0 (match 1) refused; rows 1-3 unseen
+    assert a.p(1) < 2 / 3 and a.p(2) == 0.75 and a.p(3) == pytest.approx(0.8)
+    for _ in range(200):
+        a.observe(2, drafted=1, accepted=1)
+    assert a.p(2) > 0.97
+    for _ in range(400):
+        a.observe(2, drafted=1, accepted=0)
+    assert a.p(2) < 0.03  # the first 200 decayed away
+
+
+def with_values(r: Req, a: float) -> Req:
+    """r's draft rows valued as if each were taken with probability a (trim_to_cost reads r.spec_values)."""
+    r.spec_values = [a ** (j + 1) for j in range(len(r.draft))]
+    return r
 
 
 def _rate(reqs, c, alphas):
@@ -105,10 +131,10 @@ def test_trim_to_cost_never_lowers_the_expected_rate(spec, c):
     reqs = []
     for k, hits, misses in spec:
         r = sreq([1, 2, 3])
-        r.draft, r.spec_hits, r.spec_trials = list(range(k)), float(hits), float(hits + misses)
-        reqs.append(r)
+        r.draft = list(range(k))
+        reqs.append(with_values(r, (hits + 1) / (hits + misses + 2)))
     full = [list(r.draft) for r in reqs]
-    alphas = [acceptance(r) for r in reqs]  # as trim_to_cost saw them (it decays those it cuts to nothing)
+    alphas = [r.spec_values[0] if r.spec_values else 0.0 for r in reqs]
     trim_to_cost(reqs, c)
     for r, f in zip(reqs, full):
         assert r.draft == f[:len(r.draft)]
@@ -130,6 +156,7 @@ def test_trim_to_cost_steps_aside_at_large_batches():
         reqs = [sreq([1, 2, 3]) for _ in range(n)]
         for r in reqs:
             r.draft, r.spec_hits, r.spec_trials = [5, 6, 7, 8], float(hits), float(hits + misses)
+            with_values(r, acceptance(r))
         return reqs
     one = batch(1, 0, 0)
     trim_to_cost(one, ROW_COST)
@@ -145,6 +172,7 @@ def test_trim_to_cost_steps_aside_at_large_batches():
     assert all(r.draft == [] for r in mid)
     for r in mid:  # cut, so its estimate drifted toward the prior: the next step tries one row again
         r.draft = [5, 6, 7, 8]
+        with_values(r, acceptance(r))
     trim_to_cost(mid, ROW_COST)
     assert all(len(r.draft) == 1 for r in mid)
 
@@ -162,7 +190,7 @@ def test_flags_refused_by_name():
     with pytest.raises(TypeError, match="speculative_eagle_topk"):
         from radixlang_runtime.server_args import server_args_from_kwargs
         server_args_from_kwargs(speculative_algorithm="NGRAM", speculative_eagle_topk=4)
-    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (4, 2, 4, 0)
+    assert ServerArgs(speculative_algorithm="NGRAM").speculative_ngram_settings() == (16, 1, 6, 0)
 
 
 # ---------------------------------------------------------------------------------------------- real model

@@ -20,6 +20,7 @@ context; never a finish id (EOS unless ignore_eos, stop_token_ids).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -43,25 +44,66 @@ class NgramConfig:
 # the slope around a given batch size differs (~0.25 around batch 4 on the same CPU), so the rule uses the ratio
 # measured online per batch size regime (scheduler/spec_cost.StepCost, Drafts.gate), seeded with this.
 ROW_COST = 0.13
+PER_MATCH = 2  # a draft is at most this many tokens per token its source matched (NgramDrafter.draft)
+MATCH_CAP = 64  # longest match NgramIndex.lookup measures
+# MatchAgreement's buckets of match length: bucket b holds [MATCH_BOUNDS[b], MATCH_BOUNDS[b + 1])
+MATCH_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+PRIOR_WEIGHT = 2.0  # MatchAgreement's prior, in observations
+AGREE_DECAY = 0.98  # weight of the past in a bucket's counts, per observation in it
 DECAY = 0.8  # weight of the past in a request's acceptance estimate (spec_hits / spec_trials)
 
 
 def acceptance(req: Req) -> float:
     """P(the model agrees with the request's next draft token), from its recent verifications (a Beta(1, 1)
-    prior: 0.5 before any). Draft position j (1-based) is then accepted with probability acceptance ** j."""
+    prior: 0.5 before any): Drafts._may_pay's test of whether looking a draft up could pay at all."""
     return (req.spec_hits + 1.0) / (req.spec_trials + 2.0)
+
+
+@dataclass
+class MatchAgreement:
+    """P(the model takes a draft token | the draft's source matched the text before it over m tokens), per
+    bucket of m (MATCH_BOUNDS), from verifications: decayed counts over a prior of PRIOR_WEIGHT observations at
+    the rule of succession's (m + 1) / (m + 2) (a source that matched m tokens in a row matches the next too).
+    One per drafter, taught by every request's drafts: how far a source matched says more about its next token
+    than which request drafted it (a copying request's long matches and a free one's short matches land in
+    different buckets). Along an accepted draft the match grows: row j of a draft whose source matched m tokens is
+    taken, if every row before it was, with probability p(m + j)."""
+
+    hits: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BOUNDS))
+    trials: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BOUNDS))
+
+    def p(self, m: int) -> float:
+        b = bisect.bisect_right(MATCH_BOUNDS, m) - 1
+        return (self.hits[b] + PRIOR_WEIGHT * (m + 1) / (m + 2)) / (self.trials[b] + PRIOR_WEIGHT)
+
+    def values(self, m: int, n: int) -> list[float]:
+        """[n]: P(rows 0..j of a draft from a source matching m tokens are all taken), nonincreasing in j."""
+        out, v = [], 1.0
+        for j in range(n):
+            v *= self.p(m + j)
+            out.append(v)
+        return out
+
+    def observe(self, m: int, drafted: int, accepted: int) -> None:
+        """A verified draft: rows 0..accepted-1 taken, row `accepted` (if drafted) refused, the rest unseen."""
+        for j in range(min(drafted, accepted + 1)):
+            b = bisect.bisect_right(MATCH_BOUNDS, m + j) - 1
+            self.hits[b] = AGREE_DECAY * self.hits[b] + (j < accepted)
+            self.trials[b] = AGREE_DECAY * self.trials[b] + 1.0
 
 
 def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
     """Before a step over `reqs`: cut each n-gram draft to the rows that pay for themselves. A step of M rows
     costs 1 + row_cost * M (units of the fixed part) and yields T expected tokens (one per request, plus
-    the expected accepted draft tokens); a draft row of value v (its acceptance probability) is kept when
+    the expected accepted draft tokens); a draft row of value v (req.spec_values[j]: P(rows 0..j are all
+    taken), MatchAgreement.values) is kept when
     (T + v) / (1 + c (M + 1)) > T / (1 + c M), i.e. v (1 + c M) > c T. Rows are taken best first, so each
     request keeps a prefix of its draft (values fall along it). Small batches keep most rows (a row is
     nearly free while the weights' streaming dominates), large ones only drafts the model nearly always
     takes: throughput never drops by the model's estimate. Jump-forward drafts (constrained) count as
-    rows worth one token each and are never cut. A request whose whole draft is cut has its estimate decayed
-    toward the prior (0.5), so one bad draft does not stop it drafting for good at a mid-size batch."""
+    rows worth one token each and are never cut. A request whose whole draft is cut has its estimate (acceptance,
+    which decides whether it looks drafts up at all) decayed toward the prior (0.5), so one bad draft does not
+    stop it drafting for good at a mid-size batch."""
     if row_cost <= 0:
         return
     tokens = rows = float(len(reqs))
@@ -71,8 +113,7 @@ def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
             tokens += len(r.draft)
             rows += len(r.draft)
         elif r.draft:
-            a = acceptance(r)
-            cands += [(a ** (j + 1), i) for j in range(len(r.draft))]
+            cands += [(r.spec_values[j], i) for j in range(len(r.draft))]
     keep = [0] * len(reqs)
     for v, i in sorted(cands, reverse=True):
         if v * (1.0 + row_cost * rows) <= row_cost * tokens:
@@ -115,33 +156,35 @@ class NgramIndex:
                 self.latest[tuple(tokens[e - n:e])] = e
         self.indexed_upto = max(self.indexed_upto, upto)
 
-    def lookup(self, k: int) -> list[int]:
-        """The k tokens that followed the latest earlier occurrence (ending at e) of the longest suffix of
-        `tokens` (n from max_match down to min_match) that occurred before; [] when none did. Where fewer
-        than k follow it (e > L - k: a repeat of period L - e), the repeat continues: draft[i] is
-        (tokens + draft)[e + i], what follows the occurrence if the sequence keeps matching it."""
+    def lookup(self, k: int) -> tuple[list[int], int]:
+        """(draft, m): the k tokens that followed the latest earlier occurrence (ending at e) of the longest
+        suffix of `tokens` (n from max_match down to min_match) that occurred before, and m, how far that
+        occurrence matches the suffix (n, extended back past max_match up to MATCH_CAP tokens); ([], 0) when
+        none did. Where fewer than k follow it (e > L - k: a repeat of period L - e), the repeat continues:
+        draft[i] is (tokens + draft)[e + i], what follows the occurrence if the sequence keeps matching it."""
         tokens = self.tokens
         L = len(tokens)
         self.extend_to(L)  # ends < L: the suffix itself (end L) is not an earlier occurrence
         for n in range(min(self.max_match, L - 1), self.min_match - 1, -1):
             e = self.latest.get(tuple(tokens[L - n:]))
             if e is not None:
+                m = n
+                while m < MATCH_CAP and m < e and tokens[e - m - 1] == tokens[L - m - 1]:
+                    m += 1
                 out = tokens[e:e + k]
                 while len(out) < k:
                     out.append(out[len(out) - (L - e)])
-                return out
-        return []
-
-
-MAX_BACKOFF = 16  # most decode steps a request goes without drafts after its drafts kept failing
+                return out, m
+        return [], 0
 
 
 class NgramDrafter:
-    """Prompt-lookup drafts for unconstrained requests, with a per-request draft length that halves
-    after a rejection and grows by one after a fully accepted draft (req.spec_k). A draft of which
-    nothing was accepted also pauses drafting for req.spec_backoff steps (doubling while they keep
-    failing, up to MAX_BACKOFF; reset by any acceptance): a verification row costs compute (a decode row,
-    model/runner.verify_as_decode)."""
+    """Prompt-lookup drafts for unconstrained requests. A draft's length follows how far its source matched:
+    at most PER_MATCH tokens per matched token (a one-token match proposes 2 tokens, a 6-token one 12), up to
+    num_draft_tokens; each of its rows carries P(it and the rows before it are taken) from MatchAgreement
+    (req.spec_values), which trim_to_cost weighs against a row's cost at the step's batch size. So a request's
+    drafts are long while it copies (its matches grow along the copy) and short or cut where it writes
+    something new, step by step, without a per-request state machine to lag behind a switch between the two."""
 
     def __init__(self, cfg: NgramConfig, eos_token_ids: tuple[int, ...], context_len: int,
                  corpus: Optional[RadixCache] = None):
@@ -153,6 +196,7 @@ class NgramDrafter:
         self.corpus = corpus
         self.corpus_drafted = 0  # draft tokens proposed from the corpus, all requests (stats)
         self.corpus_accepted = 0  # of which accepted
+        self.agree = MatchAgreement()  # P(a draft token is taken | its source's match length), all requests
 
     def _draftable(self, req: Req) -> bool:
         sp = req.sampling
@@ -162,21 +206,19 @@ class NgramDrafter:
     def draft(self, req: Req) -> list[int]:
         if not self._draftable(req):
             return []
-        if req.spec_skip > 0:
-            req.spec_skip -= 1
-            return []
         if req.spec_index is None:
             req.spec_index = NgramIndex(self.cfg.min_match, self.cfg.max_match)
-            req.spec_k = self.cfg.num_draft_tokens
         # room for the model's own token, and every draft position inside the context
-        k = min(req.spec_k, req.remaining_new_tokens - 1, self.context_len - req.seq_len - 1)
+        k = min(self.cfg.num_draft_tokens, req.remaining_new_tokens - 1, self.context_len - req.seq_len - 1)
         if k <= 0:
             return []
         req.spec_index.sync(req)
-        toks = req.spec_index.lookup(k)
+        toks, req.spec_match = req.spec_index.lookup(k)
+        toks = toks[:PER_MATCH * req.spec_match]
         req.spec_from_corpus = not toks and self.corpus is not None
         if req.spec_from_corpus:
             toks = self.corpus.continuation(req.spec_index.tokens, k)
+            req.spec_match = MATCH_CAP  # a cached request said them after the whole text so far
         sp = req.sampling
         finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
         for j, t in enumerate(toks):
@@ -185,20 +227,15 @@ class NgramDrafter:
                 break
         if req.spec_from_corpus:
             self.corpus_drafted += len(toks)
+        req.spec_values = self.agree.values(req.spec_match, len(toks))
         return toks
 
     def update(self, req: Req, drafted: int, accepted: int) -> None:
-        """After a verification: count it and adapt the request's draft length."""
+        """After a verification: count it, and teach the agreement model and the request's estimate."""
         req.spec_draft_tokens += drafted
         req.spec_accepted_tokens += accepted
         if req.spec_from_corpus:
             self.corpus_accepted += accepted
         req.spec_hits = DECAY * req.spec_hits + accepted
         req.spec_trials = DECAY * req.spec_trials + accepted + (accepted < drafted)  # up to the first rejection
-        k_max = self.cfg.num_draft_tokens
-        req.spec_k = min(k_max, req.spec_k + 1) if accepted == drafted else max(1, req.spec_k // 2)
-        if accepted:
-            req.spec_backoff = 0
-        else:
-            req.spec_backoff = min(MAX_BACKOFF, 2 * req.spec_backoff or 1)
-            req.spec_skip = req.spec_backoff
+        self.agree.observe(req.spec_match, drafted, accepted)

@@ -49,13 +49,12 @@ class Req:
     forward_passes: int = 0  # forward steps this request took part in
     # --- n-gram speculation (scheduler/drafter.py; req.draft holds its draft, draft_states stays empty) ---
     spec_index: Any = None  # NgramIndex, built at the first draft
-    spec_k: int = 0  # this request's current draft length (shrinks after rejections)
-    spec_backoff: int = 0  # steps without drafts after the next fully rejected draft ends (doubles, <= 16)
-    spec_skip: int = 0  # steps left without drafts (backoff)
     spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
     spec_accepted_tokens: int = 0  # of which the model agreed with (meta_info.spec_accepted_tokens)
     spec_hits: float = 0.0  # recent accepted draft tokens (decayed sums: drafter.acceptance)
     spec_trials: float = 0.0  # recent draft positions verified up to the first rejection
+    spec_match: int = 0  # how many tokens the current n-gram draft's source matched (drafter.MatchAgreement)
+    spec_values: list[float] = field(default_factory=list)  # P(draft[:j + 1] all taken), for drafter.trim_to_cost
     spec_from_corpus: bool = False  # the current n-gram draft came from the radix tree (drafter.corpus)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
