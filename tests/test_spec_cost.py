@@ -8,7 +8,7 @@ import random
 import pytest
 
 from radixlang_runtime.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter, acceptance
+from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.spec_cost import EXPLORE, STEP_COST_ENV, StepCost
@@ -78,9 +78,9 @@ def batch(n: int, hits: float, misses: float) -> list[Req]:
     for i in range(n):
         r = Req(rid=f"r{i}", input_ids=[1, 2, 3],
                 sampling=SamplingParams.from_dict({"max_new_tokens": 32, "temperature": 0}))
-        r.draft, r.spec_hits, r.spec_trials = [5, 6, 7, 8], hits, hits + misses
-        a = acceptance(r)
-        r.spec_values = [a ** (j + 1) for j in range(4)]  # as if every row were taken with the request's estimate
+        r.draft = [5, 6, 7, 8]
+        a = (hits + 1) / (hits + misses + 2)  # each row taken with probability a (Beta(1, 1) over the counts)
+        r.spec_values = [a ** (j + 1) for j in range(4)]
         reqs.append(r)
     return reqs
 
@@ -154,14 +154,26 @@ def test_no_cost_model_without_the_rule():
 
 
 def test_no_lookup_where_no_row_could_pay():
-    """Prior ratio at batch 64: a first row needs acceptance > 0.89, so a fresh request (0.5) is not even looked
-    up (its n-gram index is never built); alone, the same request drafts."""
+    """Prior ratio at batch 64: a first row needs P(taken) > 0.89. A request is looked up once; after a two-token
+    match (P 3/4) it is not looked up again at batch 64 but one step in EXPLORE, while alone it drafts every step;
+    a long match (P > 0.89) keeps it looked up at batch 64."""
     d = drafts_with(lambda d: None)
-    r = Req(rid="x", input_ids=[1, 2, 3] * 10, sampling=SamplingParams.from_dict({"max_new_tokens": 32}))
+    r = Req(rid="x", input_ids=[7, 1, 2, 3, 4, 5, 6, 8, 1, 2],
+            sampling=SamplingParams.from_dict({"max_new_tokens": 32}))
     d.propose(r, 64)
-    assert r.draft == [] and r.spec_index is None
+    assert r.spec_index is not None and r.spec_match == 2 and r.draft == [3, 4, 5, 6]
+    looked = []
+    for _ in range(EXPLORE):
+        d.propose(r, 64)
+        looked.append(r.draft != [])
+    assert looked == [False] * (EXPLORE - 1) + [True]
     d.propose(r, 1)
-    assert r.draft == [1, 2, 3, 1]
+    assert r.draft == [3, 4, 5, 6]
+    long = Req(rid="y", input_ids=[1, 2, 3] * 10, sampling=SamplingParams.from_dict({"max_new_tokens": 32}))
+    d.propose(long, 64)
+    for _ in range(3):
+        d.propose(long, 64)
+        assert len(long.draft) == 4 and long.spec_match == 27
 
 
 def test_realized_rates_veto_drafts_that_do_not_pay():

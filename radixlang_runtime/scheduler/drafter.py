@@ -50,13 +50,6 @@ MATCH_CAP = 64  # longest match NgramIndex.lookup measures
 MATCH_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 PRIOR_WEIGHT = 2.0  # MatchAgreement's prior, in observations
 AGREE_DECAY = 0.98  # weight of the past in a bucket's counts, per observation in it
-DECAY = 0.8  # weight of the past in a request's acceptance estimate (spec_hits / spec_trials)
-
-
-def acceptance(req: Req) -> float:
-    """P(the model agrees with the request's next draft token), from its recent verifications (a Beta(1, 1)
-    prior: 0.5 before any): Drafts._may_pay's test of whether looking a draft up could pay at all."""
-    return (req.spec_hits + 1.0) / (req.spec_trials + 2.0)
 
 
 @dataclass
@@ -101,9 +94,7 @@ def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
     request keeps a prefix of its draft (values fall along it). Small batches keep most rows (a row is
     nearly free while the weights' streaming dominates), large ones only drafts the model nearly always
     takes: throughput never drops by the model's estimate. Jump-forward drafts (constrained) count as
-    rows worth one token each and are never cut. A request whose whole draft is cut has its estimate (acceptance,
-    which decides whether it looks drafts up at all) decayed toward the prior (0.5), so one bad draft does not
-    stop it drafting for good at a mid-size batch."""
+    rows worth one token each and are never cut."""
     if row_cost <= 0:
         return
     tokens = rows = float(len(reqs))
@@ -124,9 +115,6 @@ def trim_to_cost(reqs: list[Req], row_cost: float) -> None:
     for i, r in enumerate(reqs):
         if r.grammar is None and r.draft:
             r.draft = r.draft[:keep[i]]
-            if not r.draft:  # not verified, so never re-estimated: the estimate drifts back to the prior instead
-                r.spec_hits *= DECAY
-                r.spec_trials *= DECAY
 
 
 @dataclass
@@ -231,11 +219,9 @@ class NgramDrafter:
         return toks
 
     def update(self, req: Req, drafted: int, accepted: int) -> None:
-        """After a verification: count it, and teach the agreement model and the request's estimate."""
+        """After a verification: count it, and teach the agreement model."""
         req.spec_draft_tokens += drafted
         req.spec_accepted_tokens += accepted
         if req.spec_from_corpus:
             self.corpus_accepted += accepted
-        req.spec_hits = DECAY * req.spec_hits + accepted
-        req.spec_trials = DECAY * req.spec_trials + accepted + (accepted < drafted)  # up to the first rejection
         self.agree.observe(req.spec_match, drafted, accepted)

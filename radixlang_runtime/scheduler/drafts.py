@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from radixlang_runtime.model.step_io import StepLogprobs
-from radixlang_runtime.scheduler.drafter import DECAY, NgramDrafter, acceptance, trim_to_cost
+from radixlang_runtime.scheduler.drafter import NgramDrafter, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost, adaptive_from_env
@@ -50,18 +50,18 @@ class Drafts:
         req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
 
     def _may_pay(self, req: Req, batch_size: int) -> bool:
-        """With the cost rule: whether the request's first draft row could pay at this batch size (trim_to_cost's
-        test for a lone row, v (1 + c B) > c B, v its acceptance estimate). If not, the lookup is skipped (at a
-        large batch it costs ~2% of a step for rows that would be cut anyway) and the estimate drifts toward the
-        prior as a cut draft's does, so a mid-size batch tries again."""
-        if not self._cost_rule():
+        """With the cost rule: whether a lookup could give a first row that pays at this batch size (trim_to_cost's
+        test for a lone row, v (1 + c B) > c B), v judged from the request's last match: agree.p of its length (a
+        copy goes on: its match grows while it lasts). A request never looked up is; one whose last match could not
+        pay is looked up again one step in EXPLORE (its text may have turned to copying). The lookup skipped costs
+        ~2% of a batch-64 step, for rows the rule would cut anyway."""
+        if not self._cost_rule() or req.spec_index is None:
             return True
         c = self.cost.ratio(batch_size) * batch_size
-        if acceptance(req) * (1.0 + c) > c:
+        if self.drafter.agree.p(max(1, req.spec_match)) * (1.0 + c) > c:
             return True
-        req.spec_hits *= DECAY
-        req.spec_trials *= DECAY
-        return False
+        req.spec_idle += 1
+        return req.spec_idle % EXPLORE == 0
 
     def speculate(self, batch_size: int) -> bool:
         """N-gram drafts only while the decode batch is at most --speculative-disable-by-batch-size (0: always):

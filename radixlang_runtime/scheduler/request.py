@@ -51,8 +51,7 @@ class Req:
     spec_index: Any = None  # NgramIndex, built at the first draft
     spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
     spec_accepted_tokens: int = 0  # of which the model agreed with (meta_info.spec_accepted_tokens)
-    spec_hits: float = 0.0  # recent accepted draft tokens (decayed sums: drafter.acceptance)
-    spec_trials: float = 0.0  # recent draft positions verified up to the first rejection
+    spec_idle: int = 0  # steps Drafts._may_pay skipped the lookup (its last match could not pay)
     spec_match: int = 0  # how many tokens the current n-gram draft's source matched (drafter.MatchAgreement)
     spec_values: list[float] = field(default_factory=list)  # P(draft[:j + 1] all taken), for drafter.trim_to_cost
     spec_from_corpus: bool = False  # the current n-gram draft came from the radix tree (drafter.corpus)
