@@ -66,6 +66,7 @@ class MatchAgreement:
     trials: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BOUNDS))
 
     def p(self, m: int) -> float:
+        """m >= 1 (a draft's source matched at least its window's shortest n-gram)."""
         b = bisect.bisect_right(MATCH_BOUNDS, m) - 1
         return (self.hits[b] + PRIOR_WEIGHT * (m + 1) / (m + 2)) / (self.trials[b] + PRIOR_WEIGHT)
 
