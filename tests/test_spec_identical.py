@@ -88,7 +88,12 @@ def test_deterministic_mode_identical_with_ngram_on_a_tight_pool():
 
     reqs = requests()
     det = dict(dtype="float32", enable_deterministic_inference=True, debug_check_integrity=True)
-    eng = Engine(max_total_tokens=8192, **det)
+    try:
+        eng = Engine(max_total_tokens=8192, **det)
+    except ValueError as e:  # a CPU whose float32 linears move with the batch (model/deterministic.py's probe)
+        if "is refused" in str(e):
+            pytest.skip(f"the deterministic mode is refused on this CPU: {e}")
+        raise
     try:
         want = run(eng, reqs)
         assert_whole(eng)

@@ -50,7 +50,7 @@ def test_index_matches_a_rescan_as_the_sequence_grows(seq, lo, extra, k, chunks)
         idx.tokens = seq[:L]
         got, m = idx.lookup(k)
         assert (got, m) == reference_lookup(seq[:L], lo, hi, k)
-        assert len(got) == (k if m else 0)  # a proposal is whole (k tokens, continued periodically) or none
+        assert len(got) == (k if m else 0)  # whole (k tokens, continued periodically), empty without a match
 
 
 def sreq(prompt, out=(), **sp) -> Req:
