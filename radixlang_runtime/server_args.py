@@ -313,10 +313,6 @@ class ServerArgs:
             raise ValueError(f"speculative_algorithm {algo!r} is not implemented; NGRAM (prompt lookup, no draft "
                              "model) and STANDALONE (a draft model) are")
         if algo == "STANDALONE":
-            if self.enable_deterministic_inference:  # NGRAM's verification rows are rows like any (deterministic.py)
-                raise ValueError("speculative_algorithm STANDALONE with enable_deterministic_inference is not "
-                                 "implemented (the draft model's own runner is not switched to batch-invariant "
-                                 "numerics, and the pair is untested)")
             self._check_standalone()
             return
         given = [n for n in _SPEC_STANDALONE_FIELDS if getattr(self, n) is not None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.server_args import ServerArgs
 
 GGUF = "/nonexistent/draft.gguf"  # ServerArgs checks no paths
@@ -34,9 +35,9 @@ def test_flags_refused_by_name():
     with pytest.raises(ValueError, match="speculative_draft_model_quantization"):
         ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
                    speculative_draft_model_quantization="awq")
-    with pytest.raises(ValueError, match="enable_deterministic_inference"):
-        ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
-                   enable_deterministic_inference=True)
+    det = ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF,
+                     speculative_draft_model_quantization="gguf", enable_deterministic_inference=True)
+    assert det.enable_deterministic_inference  # the draft runs without the mode (model/draft_model.py)
     with pytest.raises(ValueError, match="speculative_num_steps must be in"):
         ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF, speculative_num_steps=0)
     base = ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF)
@@ -137,6 +138,33 @@ def test_tiny_small_draft_identical_with_stop_logprobs_and_a_tight_pool(tiny):
         stats = eng.get_stats()
         assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0
         engine_whole(eng)
+
+
+@pytest.mark.skipif(detect().compiler is None, reason="the deterministic mode needs the C kernels")
+def test_tiny_small_draft_identical_in_the_deterministic_mode_on_a_tight_pool(tiny):
+    """--enable-deterministic-inference (float32) on the target, the perturbed draft without it: 64 greedy requests
+    on a pool that retracts give exactly the tokens of the same mode without speculation."""
+    from conftest import assert_whole as engine_whole
+    from radixlang_runtime import Engine
+
+    target, small, _ = tiny
+    many = [p + [13 * j % 4000 + 10] for j in range(13) for p in PROMPTS][:64]
+    sp = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    try:
+        off = Engine(target, dtype="float32", max_total_tokens=8192, enable_deterministic_inference=True)
+    except ValueError as e:  # a CPU whose float32 linears move with the batch (model/deterministic.py's probe)
+        if "is refused" in str(e):
+            pytest.skip(f"the deterministic mode is refused on this CPU: {e}")
+        raise
+    with off:
+        want = off.generate(input_ids=many, sampling_params=sp)
+    with _spec_engine(target, small, max_total_tokens=1280, page_size=16, enable_deterministic_inference=True) as eng:
+        assert not eng._loop.call(lambda s: s.runner.draft_model.runner.args.enable_deterministic_inference)
+        got = eng.generate(input_ids=many, sampling_params=sp)
+        stats = eng.get_stats()
+        assert stats["num_retractions"] > 0 and stats["spec_accepted_tokens"] > 0
+        engine_whole(eng)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
 
 
 def test_server_flags_counters_and_metrics(tiny):

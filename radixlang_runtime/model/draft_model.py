@@ -60,7 +60,10 @@ class DraftModel:
             max_running_requests=sizes.table_rows, context_length=sizes.context_len, dtype=str(target.dtype)[6:],
             speculative_algorithm=None, speculative_num_draft_tokens=None, speculative_num_steps=None,
             speculative_draft_model_path=None, speculative_draft_model_quantization=None,
-            speculative_disable_by_batch_size=None)
+            speculative_disable_by_batch_size=None,
+            # the target's deterministic mode holds whatever the draft proposes (its rows verify any draft alike),
+            # so the draft keeps its own fast paths (and a quantized draft, which the mode would refuse)
+            enable_deterministic_inference=False)
         runner = ModelRunner(dargs, draft_dir)
         if runner.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"speculative_draft_model_path {args.speculative_draft_model_path!r}: vocab size "
