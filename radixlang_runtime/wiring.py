@@ -223,9 +223,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
-        # STANDALONE: accepted draft tokens per verification (scheduler/model_drafter.AcceptStats); None otherwise
-        "spec_accept_length": (s.drafts.drafter.accept_stats.to_dict()
-                               if hasattr(s.drafts.drafter, "accept_stats") else None),
+        # NGRAM / STANDALONE: accepted draft tokens per verification (scheduler/accept_stats.py); None without
+        "spec_accept_length": s.drafts.drafter.accept_stats.to_dict() if s.drafts.drafter is not None else None,
         # NGRAM's measured decode step cost per batch size regime (scheduler/spec_cost.py); None without the rule
         "spec_step_cost": s.drafts.cost.to_dict() if s.drafts.cost is not None else None,
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes

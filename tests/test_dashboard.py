@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import subprocess
 
 import httpx
 import pytest
 
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.radix_summary import summarize_tree
+from browser_utils import browser, chromium
 from server_utils import ServerProcess
 
 ARTIFACTS = os.path.join(os.path.dirname(__file__), "artifacts")
@@ -116,24 +115,12 @@ def test_state_shows_the_shared_prefix_without_text(server):
         assert "http://" not in offline and "https://" not in offline and "<link" not in offline
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _browser(*args: str) -> str:
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--no-first-run", "--disable-extensions", "--virtual-time-budget=4000", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(_chromium() is None, reason="no Chromium installed (apt install chromium)")
+@pytest.mark.skipif(chromium() is None, reason="no Chromium installed (apt install chromium)")
 def test_page_renders_in_headless_chromium(server):
     _shared_prefix_requests(server.url)
     node = _shared_node(httpx.get(server.url + "/dashboard/state", timeout=60).json())
-    dom = _browser("--dump-dom", server.url + "/dashboard")
+    dom = browser("--dump-dom", server.url + "/dashboard")
     assert 'data-loaded="1"' in dom, dom[-3000:]
     assert f'data-tokens="{node["tokens"]}"' in dom and 'data-shared="1"' in dom
     assert 'id="q-running">0<' in dom and 'id="q-waiting">0<' in dom
@@ -142,7 +129,7 @@ def test_page_renders_in_headless_chromium(server):
     assert SECRET not in dom
     os.makedirs(ARTIFACTS, exist_ok=True)
     shot = os.path.join(ARTIFACTS, "dashboard.png")
-    _browser(f"--screenshot={shot}", "--window-size=1300,900", server.url + "/dashboard")
+    browser(f"--screenshot={shot}", "--window-size=1300,900", server.url + "/dashboard")
     assert os.path.getsize(shot) > 10_000
 
 

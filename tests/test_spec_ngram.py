@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from browser_utils import browser, chromium
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.drafter import (MATCH_CAP, ROW_COST, MatchAgreement, NgramConfig, NgramDrafter,
@@ -248,28 +249,59 @@ def test_engine_stop_strings_and_logprobs_identical(engine, spec_engine):
     engine_whole(spec_engine)
 
 
-def test_server_flags_meta_info_and_metrics():
-    """The CLI flags through a real server: meta_info and /metrics carry the counters."""
-    import httpx
-
+@pytest.fixture(scope="module")
+def ngram_server():
     from server_utils import ServerProcess
 
     srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--enable-metrics",
                         "--debug-check-integrity", "--speculative-algorithm", "NGRAM",
                         "--speculative-num-draft-tokens", "6", "--speculative-ngram-max-match-window-size", "3")
-    try:
-        with httpx.Client(base_url=srv.url, timeout=120) as c:
-            r = c.post("/generate", json={"text": COPY, "sampling_params": {"temperature": 0, "max_new_tokens": 24}})
-            assert r.status_code == 200, r.text
-            meta = r.json()["meta_info"]
-            assert meta["spec_accepted_tokens"] > 0 and meta["spec_draft_tokens"] >= meta["spec_accepted_tokens"]
-            metrics = c.get("/metrics").text
-            line = next(x for x in metrics.splitlines() if x.startswith("radixlang:spec_accepted_tokens "))
-            assert float(line.split()[1]) >= meta["spec_accepted_tokens"]
-            info = c.get("/server_info").json()
-            assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 6
-    finally:
-        assert srv.stop() in (0, 143), srv.tail()
+    yield srv
+    assert srv.stop() in (0, 143), srv.tail()
+
+
+def test_server_flags_meta_info_metrics_and_the_live_view(ngram_server):
+    """The CLI flags through a real server: meta_info, /metrics (the counters and the accept-length histogram)
+    and the live view's state carry the same verifications."""
+    import httpx
+
+    with httpx.Client(base_url=ngram_server.url, timeout=120) as c:
+        r = c.post("/generate", json={"text": COPY, "sampling_params": {"temperature": 0, "max_new_tokens": 24}})
+        assert r.status_code == 200, r.text
+        meta = r.json()["meta_info"]
+        assert meta["spec_accepted_tokens"] > 0 and meta["spec_draft_tokens"] >= meta["spec_accepted_tokens"]
+        lines = c.get("/metrics").text.splitlines()
+        line = next(x for x in lines if x.startswith("radixlang:spec_accepted_tokens "))
+        assert float(line.split()[1]) >= meta["spec_accepted_tokens"]
+        hist = {x.split('"')[1]: float(x.split()[1]) for x in lines if x.startswith("radixlang:spec_verifications{")}
+        info = c.get("/server_info").json()
+        assert info["speculative_algorithm"] == "NGRAM" and info["speculative_num_draft_tokens"] == 6
+        spec = c.get("/dashboard/state").json()["spec"]
+    assert spec["algorithm"] == "NGRAM" and spec["accepted_tokens"] == meta["spec_accepted_tokens"]
+    al = spec["accept_length"]
+    assert sum(int(k) * n for k, n in al["histogram"].items()) == spec["accepted_tokens"]  # one entry a verification
+    assert hist == {k: float(n) for k, n in al["histogram"].items()} and al["verifications"] == sum(hist.values())
+    assert al["mean_accept_length"] == pytest.approx(1 + spec["accepted_tokens"] / al["verifications"])
+
+
+@pytest.mark.skipif(chromium() is None, reason="no Chromium installed (apt install chromium)")
+def test_live_view_draws_the_accept_length_histogram(ngram_server):
+    import time
+
+    import httpx
+
+    from radixlang_runtime.server.dashboard import STATE_TTL_S
+
+    r = httpx.post(ngram_server.url + "/generate", timeout=120,
+                   json={"text": COPY, "sampling_params": {"temperature": 0, "max_new_tokens": 24}})
+    assert r.status_code == 200, r.text
+    time.sleep(2 * STATE_TTL_S)  # past the state answer an earlier poll left shared
+    spec = httpx.get(ngram_server.url + "/dashboard/state", timeout=60).json()["spec"]
+    dom = browser("--dump-dom", ngram_server.url + "/dashboard")
+    assert 'data-loaded="1"' in dom, dom[-3000:]
+    assert f'id="spec-accepted">{spec["accepted_tokens"]}<' in dom and "(NGRAM)" in dom
+    for k, n in spec["accept_length"]["histogram"].items():
+        assert f'data-accepted="{k}" data-count="{n}"' in dom
 
 
 def test_point_mass_draft_keeps_the_sampling_distribution():

@@ -1,6 +1,7 @@
 """What the live view (/dashboard) shows of the scheduler: queues, the KV pool split, the radix tree
 summary, the cache tiers (L1 = the pool's radix cache, then with --enable-hierarchical-cache the writer's
-queue, L2 disk, L3 Redis: hit tokens, occupancy, writes, loads, faults). Called on the scheduler's
+queue, L2 disk, L3 Redis: hit tokens, occupancy, writes, loads, faults), speculation (drafted / accepted
+tokens, the accept-length histogram). Called on the scheduler's
 thread between steps (through a GetStatsReq with detail="dashboard"), so it never races a step; it never
 blocks one either (it runs in the loop's intake, like every stats request).
 
@@ -46,7 +47,8 @@ class DashboardState:
                 "evicted_tokens_total": kv.radix.evicted_tokens_total if kv.radix is not None else 0}
         return {"queues": queues, "kv": pool, "tree": self._tree_summary(s, with_ids),
                 "prefill_tokens_computed": s.admission.prefill_tokens_computed,
-                "prefill_tokens_cached": s.admission.prefill_tokens_cached, "tiers": tier_view(s)}
+                "prefill_tokens_cached": s.admission.prefill_tokens_cached, "tiers": tier_view(s),
+                "spec": spec_view(s)}
 
     def _tree_summary(self, s: Scheduler, with_ids: bool) -> dict[str, Any] | None:
         radix = s.kv.radix
@@ -59,6 +61,16 @@ class DashboardState:
             self._tree = summarize_tree(radix, MAX_TREE_NODES, with_ids, pinned)
             self._tree_key, self._tree_at = key, now
         return self._tree
+
+
+def spec_view(s: Scheduler) -> dict[str, Any]:
+    """Speculation: the drafter (NGRAM / STANDALONE; None without), its draft / accepted token totals and the
+    accept-length histogram; jump-forward's forced tokens (constrained requests) beside them."""
+    d = s.drafts.drafter
+    return {"algorithm": d.name if d is not None else None,
+            "draft_tokens": s.drafts.spec_draft_tokens, "accepted_tokens": s.drafts.spec_accepted_tokens,
+            "accept_length": d.accept_stats.to_dict() if d is not None else None,
+            "forced_tokens": s.grammar.forced_tokens_total if s.grammar is not None else 0}
 
 
 def tier_view(s: Scheduler) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from radixlang_runtime.mem.radix_cache import RadixCache
+from radixlang_runtime.scheduler.accept_stats import AcceptStats
 from radixlang_runtime.scheduler.request import Req
 
 
@@ -175,6 +176,8 @@ class NgramDrafter:
     drafts are long while it copies (its matches grow along the copy) and short or cut where it writes
     something new, step by step, without a per-request state machine to lag behind a switch between the two."""
 
+    name = "NGRAM"  # --speculative-algorithm
+
     def __init__(self, cfg: NgramConfig, eos_token_ids: tuple[int, ...], context_len: int,
                  corpus: Optional[RadixCache] = None):
         self.cfg = cfg
@@ -186,6 +189,7 @@ class NgramDrafter:
         self.corpus_drafted = 0  # draft tokens proposed from the corpus, all requests (stats)
         self.corpus_accepted = 0  # of which accepted
         self.agree = MatchAgreement()  # P(a draft token is taken | its source's match length), all requests
+        self.accept_stats = AcceptStats()  # accepted tokens per verification (stats, /metrics, the live view)
 
     def _draftable(self, req: Req) -> bool:
         sp = req.sampling
@@ -226,3 +230,4 @@ class NgramDrafter:
         if req.spec_from_corpus:
             self.corpus_accepted += accepted
         self.agree.observe(req.spec_match, drafted, accepted)
+        self.accept_stats.add(accepted)

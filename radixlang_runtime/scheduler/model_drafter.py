@@ -16,9 +16,10 @@ context, and is cut before its first finish id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
+from radixlang_runtime.scheduler.accept_stats import AcceptStats
 from radixlang_runtime.scheduler.request import Req
 
 # propose(rows, prefix_lens, last_tokens, k, rewrites) -> [B][k] draft tokens (model/draft_model.DraftModel.propose)
@@ -31,30 +32,9 @@ class ModelDraftConfig:
     disable_batch_size: int = 0  # no drafts while the decode batch has more requests (0: no limit)
 
 
-@dataclass
-class AcceptStats:
-    """Verified drafts: accepted tokens per verification, as a histogram (SGLang's spec_accept_length is
-    accepted + 1: the verified step's own token counts)."""
-
-    verifications: int = 0
-    histogram: dict[int, int] = field(default_factory=dict)  # accepted draft tokens -> verifications
-
-    def add(self, accepted: int) -> None:
-        self.verifications += 1
-        self.histogram[accepted] = self.histogram.get(accepted, 0) + 1
-
-    def mean_accept_length(self) -> float:
-        """Tokens per verification step (accepted + the step's own), 0.0 before any."""
-        if not self.verifications:
-            return 0.0
-        return 1.0 + sum(a * n for a, n in self.histogram.items()) / self.verifications
-
-    def to_dict(self) -> dict:
-        return {"verifications": self.verifications, "mean_accept_length": self.mean_accept_length(),
-                "histogram": {str(a): n for a, n in sorted(self.histogram.items())}}
-
-
 class ModelDrafter:
+    name = "STANDALONE"  # --speculative-algorithm
+
     def __init__(self, cfg: ModelDraftConfig, propose: ProposeFn, eos_token_ids: tuple[int, ...], context_len: int):
         self.cfg = cfg
         self._propose = propose

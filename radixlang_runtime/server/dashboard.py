@@ -71,6 +71,7 @@ class DashboardFeed:
         hits, computed = dash["prefill_tokens_cached"], dash["prefill_tokens_computed"]
         return {"model": self.state.served_model_name, "show_text": args.dashboard_show_text,
                 "queues": dash["queues"], "kv": dash["kv"], "tree": tree, "tiers": dash.get("tiers"),
+                "spec": dash.get("spec"),
                 "cache_hit_rate": hits / max(1, hits + computed), "series": tm.live.snapshot(),
                 "cpu": stats.get("cpu"), "replica": 0, "num_replicas": len(tm.to_replicas)}
 

@@ -67,8 +67,10 @@ class ServerMetrics:
         self.spec_draft_tokens = Gauge(P + "spec_draft_tokens", "N-gram draft tokens verified so far", registry=r)
         self.spec_accepted_tokens = Gauge(P + "spec_accepted_tokens", "N-gram draft tokens accepted so far",
                                           registry=r)
-        self.spec_accept_length = Gauge(P + "spec_accept_length", "STANDALONE: tokens per verification step "
-                                        "(accepted draft tokens + 1), mean so far", registry=r)
+        self.spec_accept_length = Gauge(P + "spec_accept_length", "Tokens per verification step (accepted draft "
+                                        "tokens + 1), mean so far (NGRAM, STANDALONE)", registry=r)
+        self.spec_verifications = Gauge(P + "spec_verifications", "Verified drafts so far by how many of their tokens "
+                                        "were accepted (the accept-length histogram)", ["accepted"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", registry=r)
         self.cached_tokens = Counter(P + "cached_tokens", "Prompt tokens served from the cache", registry=r)
@@ -126,6 +128,9 @@ class ServerMetrics:
         self.new_token_ratio.set(stats["new_token_ratio"])
         self.spec_draft_tokens.set(stats.get("spec_draft_tokens", 0))
         self.spec_accepted_tokens.set(stats.get("spec_accepted_tokens", 0))
-        self.spec_accept_length.set((stats.get("spec_accept_length") or {}).get("mean_accept_length", 0.0))
+        accept = stats.get("spec_accept_length") or {}
+        self.spec_accept_length.set(accept.get("mean_accept_length", 0.0))
+        for accepted, n in accept.get("histogram", {}).items():
+            self.spec_verifications.labels(accepted=accepted).set(n)
         self.hicache.render(stats)
         return generate_latest(self.registry) + generate_latest(self.sglang)
