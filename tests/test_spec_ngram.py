@@ -95,6 +95,20 @@ def test_draft_length_follows_the_match():
     assert d.agree.p(27) < before and d.agree.p(5) == d.agree.values(5, 1)[0]
 
 
+def test_accept_stats_merge_over_replicas():
+    """Data parallel: the replicas' histograms summed, the mean recomputed; replicas without a drafter skipped."""
+    from radixlang_runtime.scheduler.accept_stats import AcceptStats, merge_accept_stats
+
+    a, b = AcceptStats(), AcceptStats()
+    for x in (0, 2, 2):
+        a.add(x)
+    for x in (2, 5):
+        b.add(x)
+    got = merge_accept_stats([a.to_dict(), None, b.to_dict()])
+    assert got == {"verifications": 5, "mean_accept_length": 1 + 11 / 5, "histogram": {"0": 1, "2": 3, "5": 1}}
+    assert merge_accept_stats([None, None]) is None
+
+
 def test_match_agreement_prior_and_learning():
     """Before any verification: the rule of succession, (m + 1) / (m + 2); taken rows raise their bucket, a
     refused row lowers it, rows after the refusal are not evidence; old evidence decays."""

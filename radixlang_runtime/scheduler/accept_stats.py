@@ -4,6 +4,7 @@ accepted draft tokens per verification, shown in get_stats()["spec_accept_length
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass
@@ -27,3 +28,20 @@ class AcceptStats:
     def to_dict(self) -> dict:
         return {"verifications": self.verifications, "mean_accept_length": self.mean_accept_length(),
                 "histogram": {str(a): n for a, n in sorted(self.histogram.items())}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AcceptStats":
+        return cls(d["verifications"], {int(a): n for a, n in d["histogram"].items()})
+
+
+def merge_accept_stats(per_replica: list[Optional[dict]]) -> Optional[dict]:
+    """Data parallel: the replicas' to_dict() outputs as one (histograms summed; None where none drafts)."""
+    parts = [AcceptStats.from_dict(d) for d in per_replica if d is not None]
+    if not parts:
+        return None
+    out = AcceptStats()
+    for p in parts:
+        out.verifications += p.verifications
+        for a, n in p.histogram.items():
+            out.histogram[a] = out.histogram.get(a, 0) + n
+    return out.to_dict()

@@ -36,6 +36,7 @@ from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCa
                                         PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, UnpinPrefixOut,
                                         UnpinPrefixReq, decode, encode)
 from radixlang_runtime.results import ResultBuilder
+from radixlang_runtime.scheduler.accept_stats import merge_accept_stats
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.hicache_metrics import merge_counters, merge_hicache_stats
 from radixlang_runtime.server.lifecycle import (SHUTTING_DOWN, Lifecycle, RequestUnavailable, RuntimeUnavailable,
@@ -184,6 +185,7 @@ class TokenizerManager:
                 merged[key] = sum(s.get(key, 0) for s in per_replica)
         merged["hicache"] = merge_hicache_stats([s.get("hicache") for s in per_replica])
         merged["readmit_tokens"] = merge_counters([s.get("readmit_tokens") for s in per_replica])
+        merged["spec_accept_length"] = merge_accept_stats([s.get("spec_accept_length") for s in per_replica])
         merged["replicas"] = per_replica
         merged["router"] = self.router.stats()  # several replicas: there is a router
         return merged
