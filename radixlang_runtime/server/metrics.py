@@ -64,8 +64,8 @@ class ServerMetrics:
                                     registry=r)
         self.num_retracted_reqs = Gauge(P + "num_retracted_reqs", "Retractions so far", registry=r)
         self.new_token_ratio = Gauge(P + "new_token_ratio", "Decode reservation ratio", registry=r)
-        self.spec_draft_tokens = Gauge(P + "spec_draft_tokens", "N-gram draft tokens verified so far", registry=r)
-        self.spec_accepted_tokens = Gauge(P + "spec_accepted_tokens", "N-gram draft tokens accepted so far",
+        self.spec_draft_tokens = Gauge(P + "spec_draft_tokens", "Draft tokens verified so far", registry=r)
+        self.spec_accepted_tokens = Gauge(P + "spec_accepted_tokens", "Draft tokens accepted so far",
                                           registry=r)
         self.spec_accept_length = Gauge(P + "spec_accept_length", "Tokens per verification step (accepted draft "
                                         "tokens + 1), mean so far (NGRAM, STANDALONE)", registry=r)
