@@ -32,6 +32,7 @@ ids of ../shared/peers/workloads.py, seed 3, 256 new tokens), per --num-steps; r
 tok/s off and on, the ratio and the accept length (tokens per verification step).
 
     python benchmarks/bench_spec.py --standalone --cpu-time --num-steps 2,4
+    python benchmarks/bench_spec.py --standalone --num-steps 3 --standalone-batch 32 --new-tokens 64
 """
 
 from __future__ import annotations
@@ -127,8 +128,9 @@ def w2_ids() -> list[int]:
     return [int(x) for x in np.random.default_rng(3).integers(100, 49000, size=32)]
 
 
-def measure_standalone(steps: int, dtype: str, new_tokens: int, runs: int, cpu_time: bool, q) -> None:
-    """steps 0: no speculation; else STANDALONE with the Q4_1 self-draft and `steps` draft tokens a step."""
+def measure_standalone(steps: int, dtype: str, new_tokens: int, runs: int, cpu_time: bool, batch: int, q) -> None:
+    """steps 0: no speculation; else STANDALONE with the Q4_1 self-draft and `steps` draft tokens a step. batch > 1:
+    W2 and batch - 1 prompts of 32 random ids (seed 7), submitted together."""
     import torch
 
     from radixlang_runtime import Engine
@@ -139,16 +141,19 @@ def measure_standalone(steps: int, dtype: str, new_tokens: int, runs: int, cpu_t
     clock = time.process_time if cpu_time else time.perf_counter
     kw = {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": embedded_gguf_path(),
           "speculative_draft_model_quantization": "gguf", "speculative_num_steps": steps} if steps else {}
-    eng = Engine(max_total_tokens=4096, dtype=dtype, **kw)
-    ids = w2_ids()
+    eng = Engine(max_total_tokens=max(4096, batch * (64 + new_tokens) * 2), dtype=dtype, **kw)
+    rng = random.Random(7)
+    ids = w2_ids() if batch == 1 else [w2_ids()] + [[rng.randrange(100, 49000) for _ in range(32)]
+                                                    for _ in range(batch - 1)]
     sp = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
     eng.generate(input_ids=ids, sampling_params={**sp, "max_new_tokens": 1})  # prompt cached; warm-up
     rates, outs = [], None
     for _ in range(runs):
         t0 = clock()
         out = eng.generate(input_ids=ids, sampling_params=sp)
-        rates.append(out["meta_info"]["completion_tokens"] / (clock() - t0))
-        outs = out["output_ids"]
+        outs_b = out if batch > 1 else [out]
+        rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs_b) / (clock() - t0))
+        outs = [o["output_ids"] for o in outs_b]
     stats = eng.get_stats()
     eng.shutdown()
     q.put({"tok_s": statistics.median(rates), "ids": outs, "dtype": stats["cpu"]["dtype"],
@@ -157,11 +162,13 @@ def measure_standalone(steps: int, dtype: str, new_tokens: int, runs: int, cpu_t
 
 def main_standalone(a) -> None:
     unit = "tok/cpu-s" if a.cpu_time else "tok/s"
-    off = in_child(measure_standalone, 0, a.dtype, a.new_tokens, a.runs, a.cpu_time)
-    print(f"W2, target {off['dtype']}, draft: the same .gguf's Q4_1 blocks; off: {off['tok_s']:.1f} {unit}")
+    b = a.standalone_batch
+    off = in_child(measure_standalone, 0, a.dtype, a.new_tokens, a.runs, a.cpu_time, b)
+    what = "W2" if b == 1 else f"W2 + {b - 1} random prompts (batch {b})"
+    print(f"{what}, target {off['dtype']}, draft: the same .gguf's Q4_1 blocks; off: {off['tok_s']:.1f} {unit}")
     print(f"{'steps':>5} {'STANDALONE ' + unit:>20} {'ratio':>6} {'accept length':>14} {'same ids':>9}")
     for steps in (int(x) for x in a.num_steps.split(",")):
-        on = in_child(measure_standalone, steps, a.dtype, a.new_tokens, a.runs, a.cpu_time)
+        on = in_child(measure_standalone, steps, a.dtype, a.new_tokens, a.runs, a.cpu_time, b)
         print(f"{steps:>5} {on['tok_s']:>20.1f} {on['tok_s'] / off['tok_s']:>6.2f} {on['accept']:>14.2f} "
               f"{str(on['ids'] == off['ids']):>9}", flush=True)
 
@@ -173,6 +180,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,4")
     ap.add_argument("--workloads", default="code_edit,quotes,json_extract,free")
     ap.add_argument("--w1", action="store_true", help="allow the W1 workload (64 prompts; use --batch-sizes 64)")
+    ap.add_argument("--standalone-batch", type=int, default=1,
+                    help="--standalone: requests submitted together (W2 + random 32-id prompts)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--step-cost", action="store_true", help="only the decode step's cost vs rows")
     ap.add_argument("--standalone", action="store_true", help="STANDALONE with the Q4_1 self-draft on W2")

@@ -151,7 +151,7 @@ def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
 
 def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:
     """STANDALONE: the draft model beside the target (its pool mirrors the target's; model/draft_model.py),
-    mirrored on every target step, and the scheduler's ModelDrafter proposing through it."""
+    mirrored on the target's steps while drafting is on, and the scheduler's ModelDrafter proposing through it."""
     from radixlang_runtime.model.draft_model import DraftModel
     from radixlang_runtime.model.resolve import resolve_model_dir
     from radixlang_runtime.scheduler.model_drafter import ModelDraftConfig, ModelDrafter
@@ -166,7 +166,7 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eo
     runner.draft_mirror = draft.mirror
     runner.draft_model = draft
     steps, _, cap = args.speculative_standalone_settings()
-    return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len)
+    return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len, draft.set_active)
 
 
 def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
@@ -225,8 +225,10 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
         # NGRAM / STANDALONE: accepted draft tokens per verification (scheduler/accept_stats.py); None without
         "spec_accept_length": s.drafts.drafter.accept_stats.to_dict() if s.drafts.drafter is not None else None,
-        # NGRAM's measured decode step cost per batch size regime (scheduler/spec_cost.py); None without the rule
+        # the measured decode step cost per batch size regime (scheduler/spec_cost.py); None without the rule
         "spec_step_cost": s.drafts.cost.to_dict() if s.drafts.cost is not None else None,
+        # STANDALONE: the draft model's mirrored / skipped (stepped aside) steps, positions caught up, proposals
+        "spec_draft_model": draft_model_stats(s),
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
@@ -235,6 +237,15 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "memory": (s.runner.memory_breakdown(kv.allocator.touched_pages * kv.allocator.page_size)
                    if hasattr(s.runner, "memory_breakdown") else None),
     }
+
+
+def draft_model_stats(s: Scheduler) -> Optional[dict[str, int]]:
+    """STANDALONE's draft model counters (model/draft_model.py); None without a draft model."""
+    draft = getattr(s.runner, "draft_model", None)
+    if draft is None:
+        return None
+    return {"mirrored_steps": draft.steps, "skipped_steps": draft.skipped, "caught_up_tokens": draft.caught_up,
+            "copied_tokens": draft.copied, "proposals": getattr(s.drafts.drafter, "draft_calls", 0)}
 
 
 def runner_paths(runner: Any) -> dict[str, Any]:

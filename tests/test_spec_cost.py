@@ -3,6 +3,7 @@ step timings in, the fitted cost and the rows trim_to_cost keeps out. Determinis
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -11,7 +12,7 @@ from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.drafts import Drafts
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.scheduler.spec_cost import EXPLORE, STEP_COST_ENV, StepCost
+from radixlang_runtime.scheduler.spec_cost import DECAY, EXPLORE, GUARD_MIN, STEP_COST_ENV, StepCost
 
 
 @pytest.fixture(autouse=True)
@@ -210,3 +211,64 @@ def test_note_step_counts_the_tokens_a_step_produced():
     d._step_forced = True
     d.note_step(4, 4, True, 0.02, 0.02)
     assert d.cost.regimes[3].rates[False][0] == 0.0 and d.cost.samples == 2
+
+
+def test_a_draft_model_samples_plain_steps_then_steps_aside_for_good_at_a_large_batch():
+    """A draft model drafts on every step it may, so its first steps in a regime alternate drafted and plain
+    (wants_plain) until each kind has GUARD_MIN samples; its drafted rate includes the proposal's seconds
+    (`extra`, not in the cost line). Vetoed at a large batch it steps aside on every gated step (pause: no
+    proposal, no mirror) - no exploration, which would first catch up every step it skipped for every request;
+    at a small batch it explores, backing off (the EXPLORE-th, 2 EXPLORE-th, ... vetoed step)."""
+
+    class FakeModelDrafter:  # the ModelDrafter surface Drafts.gate uses
+        cfg = type("Cfg", (), {"row_cost": ROW_COST, "disable_batch_size": 0})()
+
+        def __init__(self):
+            self.fills = self.pauses = 0
+
+        def fill(self, running):
+            self.fills += 1
+            return 0.0
+
+        def pause(self):
+            self.pauses += 1
+
+    d = Drafts(FakeModelDrafter(), None, lambda r: None)
+    d.cost = StepCost(ROW_COST)
+    kinds = []
+    n = 1 + int(math.log(1 - GUARD_MIN * (1 - DECAY)) / math.log(DECAY))  # samples of a kind to reach GUARD_MIN
+    for _ in range(2 * n + 8):  # batch 32: drafted steps 0.2 s + 0.2 s proposing, plain ones 0.05 s
+        fills = d.drafter.fills
+        d.gate(batch(32, 0.0, 0.0))
+        drafted = d.drafter.fills > fills
+        kinds.append(drafted)
+        if drafted:
+            d.cost.record(32, 128, 0.2, tokens=120, extra=0.2)
+        else:
+            d.cost.record(32, 32, 0.05, tokens=32)
+    assert kinds[:2 * n] == [True, False] * n  # a new regime: drafted first, then alternating
+    assert not any(kinds[2 * n:])  # 300 tok/s drafted against 640 plain: stepped aside, not explored
+    assert d.cost.to_dict()["32"]["tok_s"] == {"plain": 640.0, "drafted": 300.0}  # extra seconds in the rate...
+    a, b = d.cost.fit(32)
+    assert a + b * 128 == pytest.approx(0.2, rel=0.05)  # ...not in the line
+    d.cost = StepCost(ROW_COST)  # batch 2, vetoed: explored, backing off (catching up is small there)
+    for _ in range(n):
+        d.cost.record(2, 8, 0.05, tokens=3)
+        d.cost.record(2, 2, 0.01, tokens=2)
+    assert not d.cost.wants_plain(2) and d.cost.drafts_pay(2) is False
+    d.drafter.fills = d.drafter.pauses = 0
+    explored = []
+    for i in range(8 * EXPLORE):
+        fills = d.drafter.fills
+        d.gate(batch(2, 0.0, 0.0))
+        if d.drafter.fills > fills:
+            explored.append(i + 1)
+    assert explored == [EXPLORE, 2 * EXPLORE, 4 * EXPLORE, 8 * EXPLORE]  # exploring fades (backs off)
+    fast = StepCost(ROW_COST)  # batch 1 where drafts pay: drafted on every step once sampled
+    for _ in range(n):
+        fast.record(1, 5, 0.016, tokens=4, extra=0.008)  # ~167 tok/s against 100
+        fast.record(1, 1, 0.010, tokens=1)
+    d.cost, d.drafter.fills = fast, 0
+    for _ in range(EXPLORE):
+        d.gate(batch(1, 0.0, 0.0))
+    assert d.drafter.fills == EXPLORE

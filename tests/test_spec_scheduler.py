@@ -35,14 +35,16 @@ class FakeDraft:
     def __init__(self, runner: FakeRunner, sched_ref: list, wrong: int = 4):
         self.runner, self.sched_ref, self.wrong, self.calls = runner, sched_ref, wrong, 0
 
-    def __call__(self, rows, prefix_lens, last_tokens, k, rewrites):
+    def __call__(self, rows, prefix_lens, last_tokens, k, rewrites, kv_slots, history):
         self.calls += 1
         fixed = dict(rewrites)
         out = []
         fills = {tuple(r.input_ids + r.output_ids) for r in self.sched_ref[0].running}
-        for row, p, last in zip(rows, prefix_lens, last_tokens):
+        for b, (row, p, last) in enumerate(zip(rows, prefix_lens, last_tokens)):
             slots = (fixed.get(row) or self.runner.rows[row])[:p]
+            assert list(kv_slots[b][:p]) == list(slots), "kv_slots are not the request's slots"
             hist = [self.runner.slots[s][1] for s in slots]
+            assert list(history(b)[:p]) == hist and history(b)[p] == last, "history is not the request's tokens"
             for pos, s in enumerate(slots):
                 assert self.runner.slots[s] == (pos, hist[pos], hash(tuple(hist[:pos + 1]))), "draft K/V not whole"
             fill = hist + [last]
@@ -55,7 +57,7 @@ class FakeDraft:
                 toks.append(t)
                 fill = fill + [t]
             out.append(toks)
-        return out
+        return out, 0.0
 
 
 def make(drafter="ngram", num_slots=4096, page_size=1, chunk=256, ratio=0.7, radix=True, mixed=False, k=4,

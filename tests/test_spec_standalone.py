@@ -99,6 +99,32 @@ def test_tiny_draft_equal_to_target_accepts_everything(tiny):
         engine_whole(eng)
 
 
+def test_tiny_draft_steps_aside_then_catches_up(tiny):
+    """While the batch is above --speculative-disable-by-batch-size the draft neither proposes nor mirrors (its
+    slots are marked invalid); when the batch shrinks to the one long request, the draft first catches up the
+    K/V it skipped (one extend) and its proposals (draft = target) are then all accepted: the caught-up K/V is
+    the target's history. The text is transformers' greedy one; the KV whole after."""
+    from conftest import assert_whole as engine_whole
+    from tiny_checkpoints import hf_greedy
+
+    target, _, model = tiny
+    lens = [6, 6, 8, 10, 40]  # the last request decodes alone for its last 30 tokens
+    with _spec_engine(target, target, max_total_tokens=2048, speculative_num_steps=3,
+                      speculative_disable_by_batch_size=1) as eng:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=[
+            {"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in lens])
+        for p, n, o in zip(PROMPTS, lens, outs):
+            assert o["output_ids"] == hf_greedy(model, p, n)
+        long = outs[-1]["meta_info"]
+        assert long["spec_draft_tokens"] >= 15  # drafted once alone (3 tokens a step over its last 30)
+        assert long["spec_accepted_tokens"] == long["spec_draft_tokens"]
+        assert sum(o["meta_info"]["spec_draft_tokens"] for o in outs[:-1]) == 0  # never alone: never drafted
+        draft = eng.get_stats()["spec_draft_model"]
+        assert draft["skipped_steps"] >= 5 and draft["caught_up_tokens"] >= 5  # batch > 1: not mirrored; then caught up
+        assert draft["mirrored_steps"] > 0 and draft["proposals"] >= 5
+        engine_whole(eng)
+
+
 def test_tiny_small_draft_identical_with_stop_logprobs_and_a_tight_pool(tiny):
     """A perturbed draft (partly rejected): greedy ids, stop strings and logprobs as without speculation;
     a pool too small for the batch retracts, drafts dropped first; the KV whole after."""

@@ -2,28 +2,34 @@
 
 A second ModelRunner (its own weights, e.g. the same .gguf's Q4_1 blocks, and its own KV pool) whose pool
 mirrors the target's: the same table rows, the same context, and slots 0 .. target_slots - 1 indexed by the
-slot ids the target's allocator hands out. Two operations:
+slot ids the target's allocator hands out. Three operations:
 
-- mirror(step): the draft model runs every StepInputs the target runs (ModelRunner.forward calls it), so
-  every slot holding target K/V also holds the draft's K/V of the same token at the same position. The
-  target's radix cache then covers the draft too (a cached prefix's slots hold both), freeing a slot frees
-  both, and no second allocator or tree exists.
-- propose(...): for B requests whose K/V is valid up to prefix_lens[b] (their table rows as the target's,
-  plus the rewrites of rows whose slots changed in place since the last step), k greedy draft tokens after
-  last_tokens[b]: k batched decode steps. Their K/V goes to scratch slots past the mirrored ones
-  (target_slots + row * max_steps + j, one scratch run per table row); the step that verifies the draft is
-  mirrored too: the K/V the proposal computed for the tokens it runs (t0 .. d(k-1)) is copied from scratch
-  to its slots, and the draft model runs only on the rest (dk: one token a request, a decode step).
+- mirror(step): while drafting is on (set_active(True), the scheduler's choice before each step), the draft
+  model runs the target's StepInputs (ModelRunner.forward calls it) for every request whose draft history is
+  whole, so those slots hold the draft's K/V of the same token at the same position. The target's radix cache
+  then covers the draft too (a cached prefix's slots hold both), freeing a slot frees both, and no second
+  allocator or tree exists. While drafting is off (a batch where drafts do not pay) nothing runs: the step's
+  slots are only marked invalid, so stepping aside costs the draft nothing.
+- propose(...): for B requests, k greedy draft tokens after last_tokens[b]: k batched decode steps. A request
+  whose draft history has a gap (steps it was not mirrored in, or a cached prefix computed while drafting was
+  off) is first caught up: one batched extend of the draft over its positions from the first invalid one.
+  The proposal's K/V goes to scratch slots past the mirrored ones (target_slots + row * max_steps + j, one
+  scratch run per table row); the step that verifies the draft is mirrored too: the K/V the proposal computed
+  for the tokens it runs (t0 .. d(k-1)) is copied from scratch to its slots, and the draft model runs only on
+  the rest (dk: one token a request, a decode step).
 
-Invariant: draft K/V at slot s (< target_slots) is valid wherever target K/V at s is (both written by the
-same StepInputs), so the draft's positions 0 .. prefix_len - 1 of a request read what its target read.
+Invariants: valid[s] (s < target_slots) is True only where the draft's K/V at slot s was computed over a whole
+history, i.e. is what mirroring every step would have left there; row_len[row] positions of a table row
+(the draft's req_to_token) point at such slots. The target's output never depends on either: a draft is only
+verified, so a stale draft K/V could cost acceptance, never correctness.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 import torch
 
@@ -42,6 +48,11 @@ class DraftModel:
         # the last propose(): table row -> (prefix_len, the tokens whose K/V it left in the row's scratch run,
         # scratch j holding position prefix_len + j); consumed by the next mirror
         self._proposed: dict[int, tuple[int, list[int]]] = {}
+        self.active = True  # mirror the next steps (set_active: the scheduler drafts, or steps aside)
+        self.valid = torch.zeros(target_slots, dtype=torch.bool)  # slot s holds whole-history draft K/V
+        self.row_len = [0] * runner.sizes.table_rows  # leading positions of a table row with valid draft K/V
+        self.skipped = 0  # target steps not mirrored (drafting off) (stats)
+        self.caught_up = 0  # positions the draft recomputed before a proposal (stats)
 
     @classmethod
     def build(cls, args: ServerArgs, target, draft_dir: str, target_vocab: Optional[dict] = None,
@@ -78,15 +89,51 @@ class DraftModel:
                     runner.dtype, dargs.quantization, steps, runner.sizes.num_slots, scratch)
         return cls(runner, sizes.num_slots, steps)
 
+    def set_active(self, on: bool) -> None:
+        """Whether the next target steps are mirrored (the scheduler: drafting on / stepped aside)."""
+        self.active = on
+
+    def _first_invalid(self, slots: list[int]) -> int:
+        """How many leading slots of `slots` hold valid draft K/V."""
+        if not slots:
+            return 0
+        bad = torch.nonzero(~self.valid[torch.tensor(slots, dtype=torch.int64)])
+        return int(bad[0, 0]) if bad.numel() else len(slots)
+
     @torch.inference_mode()
     def mirror(self, step) -> None:
-        """Run the draft over the target's step (same ids, slots, rows, rewrites): its K/V at the same slots.
-        The head runs on one row only (no logits are needed)."""
-        self.steps += 1
+        """Run the draft over the target's step (same ids, slots, rows, rewrites) for the requests whose draft
+        history is whole: its K/V at the same slots. The rest (all of them while drafting is off) are only
+        marked: their slots invalid, their rows cut back to the step's prefix. The head runs on one row only."""
         proposed, self._proposed = self._proposed, {}
+        for row, slots in step.rewrites:
+            self.row_len[row] = self._first_invalid(slots)
+        keep, off, ids, locs, rows, prefix, lens = [], 0, [], [], [], [], []
+        for row, p, n in zip(step.req_rows, step.prefix_lens, step.extend_lens):
+            x, slots = step.input_ids[off:off + n], step.out_loc[off:off + n]
+            off += n
+            if self.active and (p == 0 or self.row_len[row] >= p):
+                keep.append(row)
+                ids += x
+                locs += slots
+                rows.append(row)
+                prefix.append(p)
+                lens.append(n)
+                self.row_len[row] = p + n
+            else:
+                self.valid[torch.tensor(slots, dtype=torch.int64)] = False
+                self.row_len[row] = min(self.row_len[row], p)
+        if not rows:
+            self.skipped += 1
+            return
+        self.steps += 1
+        kept = set(keep)
+        sub = dataclasses.replace(step, input_ids=ids, out_loc=locs, req_rows=rows, prefix_lens=prefix,
+                                  extend_lens=lens, rewrites=[rw for rw in step.rewrites if rw[0] in kept])
         if proposed:
-            step = self._skip_proposed(step, proposed)
-        self.runner.run_step(dataclasses.replace(step, logit_rows=[len(step.input_ids) - 1]))
+            sub = self._skip_proposed(sub, proposed)
+        self.runner.run_step(dataclasses.replace(sub, logit_rows=[len(sub.input_ids) - 1]))
+        self.valid[torch.tensor(locs, dtype=torch.int64)] = True
 
     def _skip_proposed(self, step, proposed: dict[int, tuple[int, list[int]]]):
         """The step verifying a draft runs [t0, d1 .. dk] at prefix p: the proposal already computed the draft's
@@ -123,14 +170,23 @@ class DraftModel:
 
     @torch.inference_mode()
     def propose(self, rows: list[int], prefix_lens: list[int], last_tokens: list[int], k: int,
-                rewrites: list[tuple[int, list[int]]]) -> list[list[int]]:
-        """[B] rows of req_to_token, K/V valid for positions < prefix_lens[b], the token at position
-        prefix_lens[b]; k <= max_steps greedy draft tokens each ([B][k])."""
+                rewrites: list[tuple[int, list[int]]], kv_slots: list[list[int]],
+                history: Callable[[int], list[int]]) -> tuple[list[list[int]], float]:
+        """[B] rows of req_to_token whose target K/V covers positions < prefix_lens[b] at kv_slots[b], the token
+        at position prefix_lens[b]; history(b): request b's tokens (at least its first prefix_lens[b]). Requests
+        with a gap in their draft K/V are caught up first. Returns k <= max_steps greedy draft tokens each
+        ([B][k]) and the seconds the catching up took (the mirror's deferred work, not the proposal's)."""
         from radixlang_runtime.model.runner import StepInputs
 
         B = len(rows)
         if k > self.max_steps:
             raise ValueError(f"propose: k {k} > max_steps {self.max_steps}")
+        for row, slots in rewrites:
+            self.row_len[row] = self._first_invalid(slots)
+        began = time.perf_counter()
+        self._catch_up([b for b in range(B) if self.row_len[rows[b]] < prefix_lens[b]], rows, prefix_lens,
+                       kv_slots, history)
+        caught = time.perf_counter() - began
         out: list[list[int]] = [[] for _ in range(B)]
         toks = list(last_tokens)
         for j in range(k):
@@ -142,4 +198,31 @@ class DraftModel:
             for b, t in enumerate(toks):
                 out[b].append(t)
         self._proposed = {r: (p, [t] + o[:k - 1]) for r, p, t, o in zip(rows, prefix_lens, last_tokens, out)}
-        return out
+        return out, caught
+
+    def _catch_up(self, need: list[int], rows: list[int], prefix_lens: list[int], kv_slots: list[list[int]],
+                  history: Callable[[int], list[int]]) -> None:
+        """One batched extend of the draft over each listed request's positions from its first invalid one
+        (p0 = the row's valid length, never past a slot marked invalid) to prefix_lens[b]: afterwards its row
+        and slots are whole again."""
+        from radixlang_runtime.model.runner import StepInputs
+
+        ids, locs, crow, cpre, clen, rw = [], [], [], [], [], []
+        for b in need:
+            row, p = rows[b], prefix_lens[b]
+            slots = kv_slots[b][:p]
+            p0 = min(self.row_len[row], self._first_invalid(slots))
+            ids += history(b)[p0:p]
+            locs += slots[p0:]
+            crow.append(row)
+            cpre.append(p0)
+            clen.append(p - p0)
+            if p0:
+                rw.append((row, slots[:p0]))
+        if not need:
+            return
+        self.runner.run_step(StepInputs("extend", ids, locs, crow, cpre, clen, rw, [len(ids) - 1]))
+        self.valid[torch.tensor(locs, dtype=torch.int64)] = True
+        for b in need:
+            self.row_len[rows[b]] = prefix_lens[b]
+        self.caught_up += len(ids)

@@ -14,6 +14,7 @@ states must stay aligned with it), and never contains a finish id.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional
 
 from radixlang_runtime.model.step_io import StepLogprobs
@@ -21,6 +22,9 @@ from radixlang_runtime.scheduler.drafter import NgramDrafter, trim_to_cost
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.spec_cost import EXPLORE, StepCost, adaptive_from_env
+
+
+MODEL_EXPLORE_BATCH = 4  # a vetoed draft model explores only at batches up to this (catching up <= 4 x EXPLORE)
 
 
 class Drafts:
@@ -36,8 +40,10 @@ class Drafts:
         row_cost = getattr(getattr(drafter, "cfg", None), "row_cost", 0.0)
         self.cost = StepCost(row_cost, adaptive=adaptive_from_env()) if row_cost > 0 else None
         self._vetoes = 0  # gated steps whose drafts the realized check (StepCost.drafts_pay) dropped
+        self._model_vetoes: dict[int, int] = {}  # a draft model's vetoed steps per batch size regime
         self._step_accepted = 0  # n-gram draft tokens accepted in the step being applied (note_step resets)
         self._step_forced = False  # a jump-forward draft was accepted in it: its tokens are not counted here
+        self._draft_seconds = 0.0  # the draft model's time for the coming step's drafts (note_step resets)
 
     # ------------------------------------------------------------------ proposing
     def propose(self, req: Req, batch_size: int) -> None:
@@ -77,17 +83,42 @@ class Drafts:
         this batch size's drafted steps were measured slower than its plain ones (but one step in EXPLORE)."""
         if self.drafter is None:
             return
+        model = hasattr(self.drafter, "fill")  # a draft model (STANDALONE): it drafts on every step it may
         if not self.speculate(len(running)):
-            self.drop_ngram(running)
-        elif hasattr(self.drafter, "fill"):
-            self.drafter.fill(running)
+            self._step_aside(running)
+            return
+        if model and self._cost_rule() and self.cost.wants_plain(len(running)):
+            self._step_aside(running)  # a plain sample for the comparison below (a draft model drafts every step)
+            return
+        if self._cost_rule() and not self.cost.drafts_pay(len(running)):
+            # drafted steps were slower than plain ones, measured: drafts are still tried one step in EXPLORE
+            # (the drafted rate stays measured, a veto lifts when drafts pay again); a draft model's explored
+            # step costs several plain ones (its proposal, and first catching up every request's skipped steps),
+            # so it explores only up to MODEL_EXPLORE_BATCH requests, at the regime's EXPLORE-th, 2 EXPLORE-th,
+            # 4 EXPLORE-th ... vetoed step (the cost of exploring fades; a veto lifts later the longer it held)
+            self._vetoes += 1
+            if model:
+                n = self._model_vetoes[self.cost.regime(len(running))] = (
+                    self._model_vetoes.get(self.cost.regime(len(running)), 0) + 1)
+                explore = len(running) <= MODEL_EXPLORE_BATCH and n >= EXPLORE and n & (n - 1) == 0
+            else:
+                explore = self._vetoes % EXPLORE == 0
+            if not explore:
+                self._step_aside(running)
+                return
+        if model:  # its proposal's time counts against the drafted step's rate (note_step); not its catching up
+            # (the mirror's deferred work, once per request per gap, not a property of drafting at this batch size)
+            began, began_cpu = time.perf_counter(), time.process_time()
+            caught = self.drafter.fill(running)
+            self._draft_seconds += max(0.0, min(time.perf_counter() - began, time.process_time() - began_cpu) - caught)
         elif self._cost_rule():
-            if not self.cost.drafts_pay(len(running)):  # drafted steps were slower than plain ones, measured
-                self._vetoes += 1
-                if self._vetoes % EXPLORE:
-                    self.drop_ngram(running)
-                    return
             trim_to_cost(running, self.cost.ratio(len(running)))
+
+    def _step_aside(self, running: list[Req]) -> None:
+        """No drafts for the coming step: n-gram ones dropped; a draft model neither proposes nor mirrors it."""
+        self.drop_ngram(running)
+        if hasattr(self.drafter, "pause"):
+            self.drafter.pause()
 
     def _cost_rule(self) -> bool:
         """The cost rule applies while the drafter's row_cost is > 0 (read live: setting it to 0 on a running
@@ -101,9 +132,9 @@ class Drafts:
         agree; other processes' load inflates only the wall time (preemption), several torch threads only the
         CPU time, so the smaller is the one closer to what the step itself costs."""
         tokens = 0 if self._step_forced else requests + self._step_accepted  # produced (0: unknown)
-        self._step_accepted, self._step_forced = 0, False
+        extra, self._step_accepted, self._step_forced, self._draft_seconds = self._draft_seconds, 0, False, 0.0
         if self.cost is not None and all_decode:
-            self.cost.record(requests, rows, min(wall, cpu), tokens)
+            self.cost.record(requests, rows, min(wall, cpu), tokens, extra)
 
     @staticmethod
     def drop_ngram(reqs: list[Req]) -> None:

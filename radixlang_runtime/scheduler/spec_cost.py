@@ -79,10 +79,11 @@ class StepCost:
     def regime(requests: int) -> int:
         return max(1, requests).bit_length()
 
-    def record(self, requests: int, rows: int, seconds: float, tokens: int = 0) -> None:
+    def record(self, requests: int, rows: int, seconds: float, tokens: int = 0, extra: float = 0.0) -> None:
         """One all-decode step over `requests` requests and `rows` rows (>= requests) cost `seconds` and produced
-        `tokens` (requests + accepted draft tokens; 0: not known, no realized-rate sample)."""
-        if requests <= 0 or rows <= 0 or not seconds >= 0:  # NaN too
+        `tokens` (requests + accepted draft tokens; 0: not known, no realized-rate sample). `extra`: seconds spent
+        outside the step for its drafts (a draft model's proposal): in the realized rate, not in the line."""
+        if requests <= 0 or rows <= 0 or not seconds >= 0 or not extra >= 0:  # NaN too
             return
         s = self.regimes.setdefault(self.regime(requests), _Sums())
         if s.w >= self.prior_weight:
@@ -91,7 +92,7 @@ class StepCost:
             seconds = min(seconds, CLIP * (pred if pred > 0 else s.t / s.w))
         s.add(float(rows), seconds, self.decay)
         if tokens > 0:
-            s.add_rate(rows > requests, float(tokens), seconds, self.decay)
+            s.add_rate(rows > requests, float(tokens), seconds + extra, self.decay)
         self.samples += 1
 
     def drafts_pay(self, requests: int) -> bool:
@@ -105,6 +106,16 @@ class StepCost:
         if pw < GUARD_MIN or dw < GUARD_MIN or pt <= 0 or dt <= 0:
             return True
         return dtok / dt >= ptok / pt
+
+    def wants_plain(self, requests: int) -> bool:
+        """For a drafter that drafts on every step it may (a draft model), which therefore sees no plain step by
+        itself: True while this regime has fewer than GUARD_MIN plain samples and more drafted ones,
+        so the first steps of a regime alternate drafted and plain until drafts_pay can compare them."""
+        s = self.regimes.get(self.regime(requests))
+        if s is None or not self.adaptive:
+            return False
+        pw, dw = s.rates[False][0], s.rates[True][0]
+        return pw < GUARD_MIN and dw > pw
 
     def fit(self, requests: int) -> tuple[float, float]:
         """(a, b) in seconds for the regime of `requests`; (0, 0) before its first sample."""

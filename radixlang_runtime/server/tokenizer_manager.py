@@ -186,6 +186,7 @@ class TokenizerManager:
         merged["hicache"] = merge_hicache_stats([s.get("hicache") for s in per_replica])
         merged["readmit_tokens"] = merge_counters([s.get("readmit_tokens") for s in per_replica])
         merged["spec_accept_length"] = merge_accept_stats([s.get("spec_accept_length") for s in per_replica])
+        merged["spec_draft_model"] = merge_counters([s.get("spec_draft_model") for s in per_replica])
         merged["replicas"] = per_replica
         merged["router"] = self.router.stats()  # several replicas: there is a router
         return merged
