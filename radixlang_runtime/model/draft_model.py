@@ -27,6 +27,7 @@ verified, so a stale draft K/V could cost acceptance, never correctness.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from typing import Callable, Optional
@@ -100,40 +101,51 @@ class DraftModel:
         bad = torch.nonzero(~self.valid[torch.tensor(slots, dtype=torch.int64)])
         return int(bad[0, 0]) if bad.numel() else len(slots)
 
+    def _mark(self, slots: list[int], valid: bool) -> None:
+        if slots:
+            self.valid[torch.tensor(slots, dtype=torch.int64)] = valid
+
+    def _note_rewrites(self, rewrites: list[tuple[int, list[int]]]) -> None:
+        """A rewritten table row is valid as far as its new slots are."""
+        for row, slots in rewrites:
+            self.row_len[row] = self._first_invalid(slots)
+
     @torch.inference_mode()
     def mirror(self, step) -> None:
         """Run the draft over the target's step (same ids, slots, rows, rewrites) for the requests whose draft
         history is whole: its K/V at the same slots. The rest (all of them while drafting is off) are only
         marked: their slots invalid, their rows cut back to the step's prefix. The head runs on one row only."""
         proposed, self._proposed = self._proposed, {}
-        for row, slots in step.rewrites:
-            self.row_len[row] = self._first_invalid(slots)
-        keep, off, ids, locs, rows, prefix, lens = [], 0, [], [], [], [], []
-        for row, p, n in zip(step.req_rows, step.prefix_lens, step.extend_lens):
-            x, slots = step.input_ids[off:off + n], step.out_loc[off:off + n]
-            off += n
+        self._note_rewrites(step.rewrites)
+        ends = list(itertools.accumulate(step.extend_lens))
+        kept, dropped = [], []  # request indices
+        for i, (row, p, n) in enumerate(zip(step.req_rows, step.prefix_lens, step.extend_lens)):
             if self.active and (p == 0 or self.row_len[row] >= p):
-                keep.append(row)
-                ids += x
-                locs += slots
-                rows.append(row)
-                prefix.append(p)
-                lens.append(n)
+                kept.append(i)
                 self.row_len[row] = p + n
             else:
-                self.valid[torch.tensor(slots, dtype=torch.int64)] = False
+                dropped.append(i)
                 self.row_len[row] = min(self.row_len[row], p)
-        if not rows:
+        self._mark([s for i in dropped for s in step.out_loc[ends[i] - step.extend_lens[i]:ends[i]]], False)
+        if not kept:
             self.skipped += 1
             return
         self.steps += 1
-        kept = set(keep)
-        sub = dataclasses.replace(step, input_ids=ids, out_loc=locs, req_rows=rows, prefix_lens=prefix,
-                                  extend_lens=lens, rewrites=[rw for rw in step.rewrites if rw[0] in kept])
+        sub = step
+        if dropped:  # the kept requests' part of the step
+            spans = [(ends[i] - step.extend_lens[i], ends[i]) for i in kept]
+            rows = {step.req_rows[i] for i in kept}
+            sub = dataclasses.replace(
+                step, input_ids=[t for a, b in spans for t in step.input_ids[a:b]],
+                out_loc=[s for a, b in spans for s in step.out_loc[a:b]],
+                req_rows=[step.req_rows[i] for i in kept], prefix_lens=[step.prefix_lens[i] for i in kept],
+                extend_lens=[step.extend_lens[i] for i in kept],
+                rewrites=[rw for rw in step.rewrites if rw[0] in rows])
+        locs = sub.out_loc
         if proposed:
             sub = self._skip_proposed(sub, proposed)
         self.runner.run_step(dataclasses.replace(sub, logit_rows=[len(sub.input_ids) - 1]))
-        self.valid[torch.tensor(locs, dtype=torch.int64)] = True
+        self._mark(locs, True)
 
     def _skip_proposed(self, step, proposed: dict[int, tuple[int, list[int]]]):
         """The step verifying a draft runs [t0, d1 .. dk] at prefix p: the proposal already computed the draft's
@@ -181,8 +193,7 @@ class DraftModel:
         B = len(rows)
         if k > self.max_steps:
             raise ValueError(f"propose: k {k} > max_steps {self.max_steps}")
-        for row, slots in rewrites:
-            self.row_len[row] = self._first_invalid(slots)
+        self._note_rewrites(rewrites)
         began = time.perf_counter()
         self._catch_up([b for b in range(B) if self.row_len[rows[b]] < prefix_lens[b]], rows, prefix_lens,
                        kv_slots, history)
@@ -222,7 +233,7 @@ class DraftModel:
         if not need:
             return
         self.runner.run_step(StepInputs("extend", ids, locs, crow, cpre, clen, rw, [len(ids) - 1]))
-        self.valid[torch.tensor(locs, dtype=torch.int64)] = True
+        self._mark(locs, True)
         for b in need:
             self.row_len[rows[b]] = prefix_lens[b]
         self.caught_up += len(ids)

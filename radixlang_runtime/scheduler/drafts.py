@@ -98,8 +98,8 @@ class Drafts:
             # 4 EXPLORE-th ... vetoed step (the cost of exploring fades; a veto lifts later the longer it held)
             self._vetoes += 1
             if model:
-                n = self._model_vetoes[self.cost.regime(len(running))] = (
-                    self._model_vetoes.get(self.cost.regime(len(running)), 0) + 1)
+                regime = self.cost.regime(len(running))
+                n = self._model_vetoes[regime] = self._model_vetoes.get(regime, 0) + 1
                 explore = len(running) <= MODEL_EXPLORE_BATCH and n >= EXPLORE and n & (n - 1) == 0
             else:
                 explore = self._vetoes % EXPLORE == 0
