@@ -20,7 +20,6 @@ watchdog watches. With --nnodes N, node 0 runs this; nodes 1..N-1 run the same c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -31,6 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from radixlang_runtime.server_args import ServerArgs
+from radixlang_runtime.server_cli import parse_server_args
 
 if TYPE_CHECKING:
     from radixlang_runtime.server.http_common import ServerState
@@ -147,6 +147,9 @@ class Supervisor:
             self.exit_code = self._serve_http()
         except SystemExit as e:
             self.exit_code = e.code if isinstance(e.code, int) else 1
+        except KeyboardInterrupt:  # Ctrl+C before the drain's handlers are in place (the model still loading)
+            logger.info("interrupted while starting: stopping")
+            self.exit_code = 130
         except RuntimeError as e:
             logger.error("%s", e)
             self.exit_code = 1
@@ -239,15 +242,17 @@ class Supervisor:
 
     async def _drain(self) -> None:
         timeout = self.args.graceful_shutdown_timeout
-        cut = await self.state.tm.drain(timeout)
-        logger.info("drained: %d request(s) cut at the %g s limit; stopping", cut, timeout)
+        started, cut = await self.state.tm.drain(timeout)
+        why = "a second signal ended the drain" if self.state.tm.lifecycle.cut_now else f"the {timeout:g} s limit"
+        logger.info("drained: %d of %d request(s) in flight finished, %d cut (%s); stopping",
+                    started - cut, started, cut, why)
         self.server.should_exit = True
 
     def _on_signal(self, signum: int) -> None:
         tm = self.state.tm
         if self.drain_task is None:
             logger.info("%s: draining (new requests get 503; up to %g s for the %d in flight)",
-                        signal.Signals(signum).name, self.args.graceful_shutdown_timeout, len(tm.states))
+                        signal.Signals(signum).name, self.args.graceful_shutdown_timeout, tm.in_flight())
             self.drain_task = asyncio.get_running_loop().create_task(self._drain())
         else:  # a second signal: end the drain now
             tm.lifecycle.cut_now = True
@@ -292,12 +297,12 @@ def launch_server(args: ServerArgs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixlang_runtime.launch_server",
-                                     description="Serve a model over HTTP (SGLang-native and OpenAI-compatible).")
-    ServerArgs.add_cli_args(parser)
-    args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    args = parse_server_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s server %(levelname)s %(message)s")
-    return launch_server(args)
+    try:
+        return launch_server(args)
+    except KeyboardInterrupt:  # between the flags and the supervisor
+        return 130
 
 
 if __name__ == "__main__":

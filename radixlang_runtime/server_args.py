@@ -6,7 +6,6 @@ which knows the device and the model; the dataclass itself only validates what i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -383,23 +382,6 @@ class ServerArgs:
                                else self.attention_backend),
         )
 
-    # --- CLI ---
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """One flag per field, `--kebab-case`, defaults read from the dataclass."""
-        for f in fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default if f.default is not dataclasses.MISSING else None
-            if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", default=default)
-                continue
-            kind = _CLI_TYPES.get(f.name, str)
-            parser.add_argument(flag, type=kind, default=default, help=_CLI_HELP.get(f.name))
-
-    @classmethod
-    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
-        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
-
     def replace(self, **changes) -> "ServerArgs":
         return dataclasses.replace(self, **changes)
 
@@ -427,17 +409,12 @@ _SPEC_STANDALONE_FIELDS = ("speculative_draft_model_path", "speculative_num_step
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
                  "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"}
-_CLI_HELP = {
-    "frontend_port": "the DSL's ZeroMQ link, on --host (on by default): 0 = a free port (default), N = port N, "
-                     "-1 = no link. /server_info and /get_model_info report the port; RuntimeEndpoint(http URL) "
-                     "finds it there and runs programs over it (HTTP when there is none). --api-key holds on it.",
-    "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders "
-                     "with it and /get_model_info reports it (DSL programs render roles with it)",
-    "model_impl": "auto (default): the native model file when radixlang has the architecture, else transformers' "
-                  "modeling code with attention in the paged KV pool; native: refuse architectures without a file; "
-                  "transformers: always the fallback",
-}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
+
+
+def cli_type(name: str) -> type:
+    """The type a field's command-line value is parsed as (server_cli.py builds the flags)."""
+    return _CLI_TYPES.get(name, str)
 
 
 def server_args_from_kwargs(model_path: Optional[str] = None, **kwargs) -> ServerArgs:

@@ -5,7 +5,6 @@ swapped-in record with foreign or stale K/V fails its checks. Then once on the r
 
 from __future__ import annotations
 
-import argparse
 import pickle
 
 import pytest
@@ -143,10 +142,10 @@ def test_preemption_mode_recompute_swaps_nothing_out(tmp_path):
 
 
 def test_preemption_mode_flag_parses_and_is_refused_where_it_cannot_apply():
-    p = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(p)
-    assert ServerArgs.from_cli_args(p.parse_args([])).preemption_mode is None  # swap with tiers, else recompute
-    a = ServerArgs.from_cli_args(p.parse_args(["--enable-hierarchical-cache", "--preemption-mode", "recompute"]))
+    from radixlang_runtime.server_cli import parse_server_args
+
+    assert parse_server_args([]).preemption_mode is None  # swap with tiers, else recompute
+    a = parse_server_args(["--enable-hierarchical-cache", "--preemption-mode", "recompute"])
     assert a.preemption_mode == "recompute"
     assert ServerArgs(preemption_mode="recompute").preemption_mode == "recompute"  # what no tiers does anyway
     assert ServerArgs(enable_hierarchical_cache=True, preemption_mode="swap").preemption_mode == "swap"

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from radixlang_runtime.server_args import ServerArgs, server_args_from_kwargs
+from radixlang_runtime.server_cli import build_parser, parse_server_args
 
 
 def parse(argv):
-    p = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(p)
-    return ServerArgs.from_cli_args(p.parse_args(argv))
+    return parse_server_args(argv)
 
 
 def test_cli_uses_sglang_flag_names_and_dataclass_defaults():
@@ -66,9 +63,7 @@ def test_the_frontend_link_is_on_by_default_and_minus_one_turns_it_off(capsys):
     for bad in (-2, 65536, None, "30001"):
         with pytest.raises(ValueError, match="frontend_port must be 0 .* or -1 \\(no ZeroMQ link\\)"):
             ServerArgs(frontend_port=bad)
-    p = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(p)
-    p.print_help()
+    build_parser().print_help()
     assert "-1 = no link" in " ".join(capsys.readouterr().out.split())
 
 

@@ -300,13 +300,19 @@ class TokenizerManager:
                 self.abort(rid)
         return len(ended)
 
-    async def drain(self, timeout_s: float) -> int:
+    def in_flight(self) -> int:
+        """Requests (choices) not finished yet."""
+        return sum(1 for st in self.states.values() if not st.finished)
+
+    async def drain(self, timeout_s: float) -> tuple[int, int]:
         """SIGTERM / SIGINT: refuse new work from now on, let the requests in flight finish for up to
         timeout_s seconds (less if lifecycle.cut_now is set: a second signal), then fail the rest with
-        ShuttingDown and wait (bounded) until their handlers have let go. Returns how many were cut."""
+        ShuttingDown and wait (bounded) until their handlers have let go. Returns (in flight at the start,
+        cut at the end)."""
         self.lifecycle.draining = True
+        started = self.in_flight()
         deadline = time.monotonic() + timeout_s
-        while self.states and time.monotonic() < deadline and not self.lifecycle.cut_now:
+        while self.in_flight() and time.monotonic() < deadline and not self.lifecycle.cut_now:
             await asyncio.sleep(0.05)
         why = ("a second signal ended the drain" if self.lifecycle.cut_now else
                f"the request did not finish within the {timeout_s:g} s drain (--graceful-shutdown-timeout)")
@@ -314,7 +320,7 @@ class TokenizerManager:
         deadline = time.monotonic() + 5.0  # handlers pop their state as they unwind (each one event-loop turn)
         while self.states and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return cut
+        return started, cut
 
     async def health(self) -> Optional[str]:
         """Why /health answers 503 (dead, draining, a scheduler stuck with work waiting), or None."""

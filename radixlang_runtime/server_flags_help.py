@@ -1,0 +1,163 @@
+"""The words of launch_server's --help: one help line per ServerArgs field, the choices of the fields that take
+a fixed set, and the flags of SGLang / vLLM that radixlang does not implement with what to use instead.
+tests/test_server_cli.py checks that every field has a line. No torch."""
+
+from __future__ import annotations
+
+HELP: dict[str, str] = {
+    # model
+    "model_path": "a Hugging Face directory (config.json + safetensors + tokenizer) or a .gguf file; "
+                  "default: the embedded SmolLM2-135M-Instruct",
+    "tokenizer_path": "the tokenizer's directory when it is not beside the weights",
+    "served_model_name": "the model name /v1/models and the responses report (default: from the path)",
+    "dtype": "weights' and activations' dtype; auto: bf16 where the CPU has bf16 dot products or on CUDA, "
+             "float32 elsewhere",
+    "context_length": "the longest prompt + output (default: the model's)",
+    "device": "where the model runs; auto: CUDA when present",
+    "model_cache_dir": "where .gguf conversions are cached (default: ~/.cache/radixlang, or RADIXLANG_CACHE_DIR)",
+    "model_impl": "auto: the native model file when radixlang has the architecture, else transformers' modeling "
+                  "code with attention in the paged KV pool; native: refuse architectures without a file; "
+                  "transformers: always the fallback",
+    # http
+    "host": "the address HTTP and the DSL's link listen on",
+    "port": "the HTTP port",
+    "api_key": "require 'Authorization: Bearer KEY' on every route but /health (never logged or served)",
+    "max_request_body_bytes": "larger request bodies answer 413",
+    "enable_metrics": "serve Prometheus metrics at /metrics (radixlang: and SGLang's sglang: names)",
+    "log_requests": "log every request's id, lengths and latency",
+    "log_level": "the log level",
+    "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders with "
+                     "it and /get_model_info reports it (DSL programs render roles with it)",
+    "tool_call_parser": "the tool-call format of the output (SGLang's names); default: told from the chat "
+                        "template's markup",
+    "reasoning_parser": "split <think>...</think> into reasoning_content (SGLang's names); default: all content",
+    "frontend_port": "the DSL's ZeroMQ link, on --host: 0 = a free port, N = port N, -1 = no link. "
+                     "/get_model_info reports the port; RuntimeEndpoint(http URL) finds it there",
+    "dashboard_show_text": "label the live view's radix nodes with their text (off: sizes only)",
+    "graceful_shutdown_timeout": "seconds the requests in flight may run on after SIGTERM / SIGINT while new ones "
+                                 "get 503 (0: fail them at once)",
+    "health_stall_timeout": "/health answers 503 when a scheduler with requests in flight sends no heartbeat "
+                            "for this many seconds",
+    # parallelism
+    "tp_size": "tensor-parallel ranks (gloo on CPU, NCCL on CUDA)",
+    "dp_size": "data-parallel replicas (each a TP group) behind one tokenizer manager",
+    "nnodes": "nodes the TP ranks span",
+    "node_rank": "this node (nodes > 0 run their ranks only; node 0 serves HTTP)",
+    "dist_init_addr": "host:port of rank 0's rendezvous (default: a free local port)",
+    "dist_timeout": "seconds a collective may wait before the group counts as failed",
+    "load_balance_method": "how --dp-size replicas share requests",
+    # memory
+    "mem_fraction_static": "GPU: share of device memory for weights + KV; CPU: share of the memory available "
+                           "after load for the KV pool (default 0.4, at most 4 GiB)",
+    "max_total_tokens": "the KV pool's size in tokens (overrides the memory budget)",
+    "kv_cache_budget_bytes": "CPU: bytes for the KV pool (default: from free memory)",
+    "page_size": "tokens per KV page (default: 16 on CPU, 1 on GPU)",
+    "max_running_requests": "most requests decoding at once (default: from the pool)",
+    # scheduling
+    "max_prefill_tokens": "most prompt tokens in one prefill batch (default: 4096 on CPU, 16384 on GPU)",
+    "chunked_prefill_size": "longest prefill chunk of one request, -1: no chunking (default: 4096 on CPU, "
+                            "8192 on GPU)",
+    "schedule_policy": "waiting-queue order: lpm = longest cached prefix first",
+    "disable_radix_cache": "no prefix sharing (every prompt computed whole)",
+    "enable_hierarchical_cache": "disk (L2) and Redis (L3) tiers under the radix tree",
+    "hicache_size": "GB of the L2 disk tier (0: no L2; then L3 must be on)",
+    "hicache_write_policy": "write_back: pages go to the tiers when evicted; write_through: when cached too",
+    "hicache_storage_backend": "file: L2 only; redis: L2 + L3 at --hicache-redis-url",
+    "hicache_storage_dir": "L2's directory (default: <cache root>/hicache/<model fingerprint>)",
+    "hicache_redis_url": "redis://host:port/db of the L3 tier",
+    "hicache_load_policy": "faster: skip a tier measured slower than recomputing; always: load every hit",
+    "hicache_storage_backend_extra_config": "a JSON object of backend settings; here {\"ttl_s\": seconds} for L3",
+    "preemption_mode": "what retraction does with a request's K/V: swap it to the tiers or recompute it "
+                       "(default: swap with the tiers, recompute without)",
+    "enable_mixed_chunk": "decode steps share the forward pass of prefill chunks",
+    "new_token_ratio_init": "the share of max_new_tokens reserved for running requests at first",
+    "new_token_ratio_min": "the reserved share's floor",
+    "new_token_ratio_decay": "how fast the reserved share decays after a retraction",
+    "stream_interval": "tokens between streamed events",
+    "incremental_streaming_output": "/generate streams text and output_ids as deltas",
+    "random_seed": "the sampler's seed",
+    "debug_check_integrity": "check the allocator, cache and table after every step (slow)",
+    # kernels / constraints
+    "attention_backend": "auto: triton on CUDA, torch (C kernels) elsewhere",
+    "grammar_backend": "the engine of constrained decoding (none: constrained requests answer 400)",
+    "disable_jump_forward": "sample every token of a constrained request (same text, more passes)",
+    "quantization": "int8: weight-only per-channel int8; gguf: run a .gguf's own blocks",
+    "enable_deterministic_inference": "batch-invariant numerics: greedy output independent of batching",
+    # speculative decoding
+    "speculative_algorithm": "NGRAM: prompt lookup; STANDALONE: a draft model",
+    "speculative_num_draft_tokens": "most draft tokens verified per step (NGRAM default 16)",
+    "speculative_ngram_min_match_window_size": "shortest suffix looked up (default 1)",
+    "speculative_ngram_max_match_window_size": "longest suffix looked up (default 6)",
+    "speculative_disable_by_batch_size": "no drafts while more requests decode (default 0: no limit; the cost "
+                                         "rule steps aside by itself)",
+    "speculative_draft_model_path": "STANDALONE: the draft model (same tokenizer; a HF directory or a .gguf)",
+    "speculative_num_steps": "STANDALONE: draft tokens proposed per step (default 3)",
+    "speculative_draft_model_quantization": "STANDALONE: the draft's quantization (gguf: its own blocks)",
+    # disaggregation
+    "disaggregation_mode": "null: co-located; prefill or decode: one side of a disaggregated pair",
+    "disaggregation_bootstrap_port": "prefill: the bootstrap socket's port (default 8998)",
+    "disaggregation_transfer_backend": "how K/V travels between the pair",
+    "disaggregation_transfer_timeout": "seconds a request's registration, pool wait and transfer may take",
+    "disaggregation_heartbeat_timeout": "seconds of peer silence after which its transfers fail",
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "device": ("auto", "cpu", "cuda"),
+    "model_impl": ("auto", "native", "transformers"),
+    "log_level": ("debug", "info", "warning", "error"),
+    "tool_call_parser": ("hermes", "qwen25", "llama3", "mistral", "pythonic"),
+    "reasoning_parser": ("deepseek-r1", "qwen3"),
+    "load_balance_method": ("cache_aware", "round_robin", "shortest_queue"),
+    "schedule_policy": ("lpm", "fcfs", "dfs-weight"),
+    "hicache_write_policy": ("write_back", "write_through"),
+    "hicache_storage_backend": ("file", "redis"),
+    "hicache_load_policy": ("faster", "always"),
+    "preemption_mode": ("swap", "recompute"),
+    "attention_backend": ("auto", "torch", "triton"),
+    "grammar_backend": ("outlines", "xgrammar", "llguidance", "none"),
+    "quantization": ("int8", "gguf"),
+    "speculative_algorithm": ("NGRAM", "STANDALONE"),
+    "speculative_draft_model_quantization": ("gguf",),
+    "disaggregation_mode": ("null", "prefill", "decode"),
+    "disaggregation_transfer_backend": ("zmq",),
+}
+
+# Flags of SGLang's or vLLM's launchers that radixlang does not take, and what to do instead.
+FOREIGN_FLAGS: dict[str, str] = {
+    "--model": "use --model-path (vLLM's positional model / --model)",
+    "--tensor-parallel-size": "use --tp-size (vLLM's name)",
+    "--pipeline-parallel-size": "pipeline parallelism is not implemented; use --tp-size",
+    "--pp-size": "pipeline parallelism is not implemented; use --tp-size",
+    "--data-parallel-size": "use --dp-size (vLLM's name)",
+    "--max-model-len": "use --context-length (vLLM's name)",
+    "--gpu-memory-utilization": "use --mem-fraction-static (vLLM's name)",
+    "--max-num-seqs": "use --max-running-requests (vLLM's name)",
+    "--max-num-batched-tokens": "use --max-prefill-tokens (vLLM's name)",
+    "--block-size": "use --page-size (vLLM's name)",
+    "--enable-prefix-caching": "prefix caching is always on (--disable-radix-cache turns it off)",
+    "--no-enable-prefix-caching": "use --disable-radix-cache",
+    "--enable-chunked-prefill": "chunked prefill is always on (--chunked-prefill-size -1 turns it off)",
+    "--seed": "use --random-seed",
+    "--trust-remote-code": "a checkpoint's own modeling code is not loaded; architectures transformers ships run "
+                           "through --model-impl transformers",
+    "--revision": "models are read from a local path; check out the revision into a directory",
+    "--download-dir": "models are read from a local path (--model-path DIR)",
+    "--load-format": "weights load from safetensors or GGUF by their file type",
+    "--kv-cache-dtype": "the KV cache takes the model's dtype (--dtype)",
+    "--enable-lora": "LoRA adapters are not implemented yet; merge the adapter into the weights",
+    "--lora-paths": "LoRA adapters are not implemented yet; merge the adapter into the weights",
+    "--lora-modules": "LoRA adapters are not implemented yet; merge the adapter into the weights",
+    "--disable-cuda-graph": "CUDA graphs are not implemented: decode runs eagerly (nothing to disable)",
+    "--cuda-graph-max-bs": "CUDA graphs are not implemented: decode runs eagerly",
+    "--enforce-eager": "decode always runs eagerly (no CUDA graphs)",
+    "--enable-torch-compile": "torch.compile is not used; the CPU path runs C kernels",
+    "--disable-overlap-schedule": "the scheduler does not overlap steps (nothing to disable)",
+    "--is-embedding": "embedding models are not served yet",
+    "--skip-tokenizer-init": "the server always tokenizes; send input_ids to skip it per request",
+    "--tokenizer-mode": "the model's fast tokenizer is always used",
+    "--chunked-prefill": "use --chunked-prefill-size N",
+    "--uvicorn-log-level": "use --log-level",
+    "--disable-log-requests": "request logs are off by default (--log-requests turns them on)",
+    "--enable-auto-tool-choice": "tool_choice auto works on every server; --tool-call-parser picks the format",
+}
