@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional
 
 # The one regex / dtype validator (torch-free: it imports only `re`), shared with the runtime, so the DSL
 # accepts exactly the runtime's regex dialect (Rust syntax: `\p{L}` yes, look-around no).
@@ -110,16 +110,19 @@ def check_regex(regex: Optional[str]) -> None:
         _check_runtime_regex(regex)
 
 
-def schema_string(json_schema: Union[str, dict, None]) -> Optional[str]:
-    """json_schema travels as a JSON string (PROTOCOL.md); a dict is dumped, a string must parse."""
+def schema_string(json_schema: Any) -> Optional[str]:
+    """json_schema travels as a JSON string (PROTOCOL.md): a dict is dumped, a string must parse, a pydantic
+    model class gives its model_json_schema() (as SGLang's frontend takes it; pydantic is not imported here)."""
     if json_schema is None:
         return None
+    if isinstance(json_schema, type) and callable(getattr(json_schema, "model_json_schema", None)):
+        json_schema = json_schema.model_json_schema()
     if isinstance(json_schema, dict):
         return json.dumps(json_schema)
     try:
         json.loads(json_schema)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"json_schema must be a JSON string or a dict: {e}") from None
+        raise ValueError(f"json_schema must be a JSON string, a dict or a pydantic model class: {e}") from None
     return json_schema
 
 

@@ -122,3 +122,24 @@ def test_gen_stop_regex_on_the_runtime(backend):
     st = count.run()
     assert st["rest"] == free[: first.start()]
     assert st.get_meta_info("rest")["finish_reason"]["matched"] == first.group(0)
+
+
+def test_gen_takes_a_pydantic_model_as_its_schema(backend):
+    """SGLang's frontend takes `json_schema=` a pydantic model class; the output validates against it."""
+    from typing import Literal
+
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=24)
+        country: Literal["France", "Germany", "Spain"]
+        is_capital: bool
+
+    @sgl.function
+    def extract(s):
+        s += sgl.user("Describe Paris as JSON: its name, its country, whether it is the capital.")
+        s += sgl.assistant(sgl.gen("city", max_tokens=48, temperature=0, json_schema=City))
+
+    state = extract.run(backend=backend)
+    city = City.model_validate_json(state["city"])
+    assert city.name
