@@ -15,20 +15,23 @@ def tips(s, topic):
         s += f"Give {N} short tips for {topic}, one per line."
     with s.assistant():
         for i in range(1, N + 1):
-            s += f"{i}." + sgl.gen(f"tip_{i}", stop="\n", max_tokens=10) + "\n"
+            s += f"{i}." + sgl.gen(f"tip_{i}", stop="\n", max_tokens=12) + "\n"
     forks = s.fork(N)
     for i, f in enumerate(forks, start=1):
-        f += sgl.user(f"Explain tip {i} in one sentence.")
-        f += sgl.assistant(sgl.gen("detail", max_tokens=16))
+        f += sgl.user(f"Why does this tip help? Answer in one sentence: {s[f'tip_{i}'].strip()}")
+        f += sgl.assistant("It helps because" + sgl.gen("detail", max_tokens=24, stop=["\n", "."]) + ".")
     forks.join()
 
 
 def main(backend):
     st = tips.run(topic="staying focused", backend=backend, temperature=0)
-    details = st["detail"]
-    assert isinstance(details, list) and len(details) == N and all(isinstance(d, str) for d in details)
-    for i, d in enumerate(details, start=1):
-        print(f"{i}.{st[f'tip_{i}']}\n   {d.strip()}")
+    details = [d.strip() for d in st["detail"]]
+    tip_texts = [st[f"tip_{i}"].strip() for i in range(1, N + 1)]
+    for i, (tip, d) in enumerate(zip(tip_texts, details), start=1):
+        print(f"{i}. {tip}\n   It helps because {d}.")
+    assert len(details) == N and all(details), details
+    assert len(set(details)) == N, "each fork explains its own tip"
+    assert not any(d.lstrip().startswith(("1.", "2.", "3.")) for d in details), "an explanation, not the list again"
     return st
 
 
