@@ -16,7 +16,7 @@ from radixlang_runtime.limits import FieldError, show
 
 HINT_VALUES: dict[str, tuple[str, ...]] = {
     "verbosity": ("low", "medium", "high"),
-    "reasoning_effort": ("none", "minimal", "low", "medium", "high", "xhigh"),
+    "reasoning_effort": ("none", "minimal", "low", "medium", "high", "xhigh", "max"),
     "prompt_cache_retention": ("in_memory", "24h"),
 }
 

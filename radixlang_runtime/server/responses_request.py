@@ -128,16 +128,18 @@ def _list(v: Any, name: str) -> list:
 
 
 def _check_reasoning(r: Any) -> None:
-    """reasoning.effort: a documented no-op (openai_hints); a summary is refused (none is made here)."""
+    """reasoning.effort: a documented no-op (openai_hints); context: earlier turns' reasoning is never rendered
+    (current_turn); a summary or another mode is refused (none is made here)."""
     if r is None:
         return
-    if not isinstance(r, dict) or set(r) - {"effort", "summary", "generate_summary"}:
-        raise FieldError("reasoning", f"reasoning takes effort (and summary: null), got {show(r)}")
+    if not isinstance(r, dict) or set(r) - {"effort", "summary", "generate_summary", "context", "mode"}:
+        raise FieldError("reasoning", f"reasoning takes effort, context and mode (summary: null), got {show(r)}")
     check_hint("reasoning_effort", r.get("effort"), "reasoning.effort")
-    for k in ("summary", "generate_summary"):
-        if r.get(k) is not None:
-            raise FieldError(f"reasoning.{k}", f"reasoning.{k} is not supported (no reasoning summary is made), "
-                                               f"got {show(r[k])}")
+    for k, off in (("summary", ()), ("generate_summary", ()), ("context", ("auto", "current_turn")),
+                   ("mode", ("standard",))):
+        if r.get(k) is not None and r[k] not in off:
+            allowed = f" (only {' or '.join(off)})" if off else ""
+            raise FieldError(f"reasoning.{k}", f"reasoning.{k} is not supported{allowed}, got {show(r[k])}")
 
 
 def _metadata(m: Any) -> Optional[dict]:
