@@ -41,8 +41,8 @@ def client(server):
 
 def test_plain_create_matches_chat_completions(oai):
     r = oai.responses.create(model="default", instructions="Be brief.", input="What is the capital of France?",
-                             max_output_tokens=24, temperature=0, metadata={"run": "a"})
-    chat = oai.chat.completions.create(model="default", max_tokens=24, temperature=0, messages=[
+                             max_output_tokens=12, temperature=0, metadata={"run": "a"})
+    chat = oai.chat.completions.create(model="default", max_tokens=12, temperature=0, messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}])
     assert r.id.startswith("resp_") and r.object == "response" and r.metadata == {"run": "a"}
     assert [o.type for o in r.output] == ["message"]
@@ -61,7 +61,7 @@ def test_forced_function_call_then_its_output_by_previous_response_id(oai, choic
     assert len(calls) >= 1 and all(c.name == "get_weather" for c in calls)
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
     assert calls[0].call_id and calls[0].id.startswith("fc_") and r.status == "completed"
-    follow = oai.responses.create(model="default", previous_response_id=r.id, tools=TOOLS, max_output_tokens=30,
+    follow = oai.responses.create(model="default", previous_response_id=r.id, tools=TOOLS, max_output_tokens=8,
                                   temperature=0, input=[{"type": "function_call_output", "call_id": c.call_id,
                                                          "output": "17 C and sunny"} for c in calls])
     assert follow.previous_response_id == r.id and follow.output_text
@@ -70,7 +70,7 @@ def test_forced_function_call_then_its_output_by_previous_response_id(oai, choic
 
 
 def test_text_format_json_schema_and_json_object(oai):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                "city": {"type": "string", "enum": ["London", "Paris"]}},
               "required": ["name", "city"], "additionalProperties": False}
     r = oai.responses.create(model="default", input="Make up a person.", max_output_tokens=60, temperature=0,
@@ -78,13 +78,13 @@ def test_text_format_json_schema_and_json_object(oai):
                                               "strict": True}})
     jsonschema.validate(json.loads(r.output_text), schema)
     assert r.text.format.type == "json_schema"
-    r = oai.responses.create(model="default", input="Describe a cat as JSON.", max_output_tokens=40, temperature=0,
+    r = oai.responses.create(model="default", input="Describe a cat as JSON.", max_output_tokens=12, temperature=0,
                              text={"format": {"type": "json_object"}})
     assert r.output_text.lstrip().startswith("{")
 
 
 def test_stream_events_reassemble_to_the_final_response(oai):
-    kwargs = dict(model="default", input="Name three colors.", max_output_tokens=40, temperature=0)
+    kwargs = dict(model="default", input="Name three colors.", max_output_tokens=16, temperature=0)
     whole = oai.responses.create(**kwargs)
     with oai.responses.stream(**kwargs) as stream:
         events = list(stream)
@@ -120,7 +120,7 @@ def test_a_ten_turn_chain_reads_its_history_from_the_cache(oai):
     prev, prev_input = None, 0
     for turn in range(10):
         r = oai.responses.create(model="default", instructions="Be brief.", previous_response_id=prev,
-                                 input=f"Tell me fact number {turn + 1} about cats.", max_output_tokens=12,
+                                 input=f"Tell me fact number {turn + 1} about cats.", max_output_tokens=4,
                                  temperature=0)
         cached = r.usage.input_tokens_details.cached_tokens
         assert r.usage.input_tokens > prev_input

@@ -5,7 +5,8 @@ text deltas (the tokenizer manager's own), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Fields are strict (ROUTE_FIELDS): an unknown
 one answers 400 naming it, options the runtime cannot honour yet (best_of, suffix, functions,
 ...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
-and change nothing; a `model` other than the served name or "default" is 404 model_not_found. Parsing,
+and change nothing, as do the hints the SDKs send by default (verbosity, reasoning_effort: openai_hints.py);
+a `model` other than the served name or "default" is 404 model_not_found. Parsing,
 the chat template and tokenizing run on an intake thread (TokenizerManager.run_intake).
 response_format json_schema / json_object (and the regex / json_schema extensions) constrain the output
 through the grammar backend. Logprobs are the model's raw log_softmax (before temperature), in OpenAI's
