@@ -11,6 +11,8 @@ import httpx2
 import jsonschema
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from server_utils import ServerProcess
 
@@ -218,3 +220,43 @@ def test_agents_sdk_written_the_default_way(server):
     assert sent[0]["reasoning"]["effort"] == settings.reasoning.effort
     outputs = [i for i in sent[1]["input"] if i.get("type") == "function_call_output"]
     assert [o["output"] for o in outputs] == [f"17 C and sunny in {calls[0]}"]
+
+
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                 st.text(max_size=6), st.lists(st.integers(-3, 3), max_size=2),
+                 st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+_PART = st.one_of(_ANY, st.fixed_dictionaries({
+    "type": st.sampled_from(["input_text", "output_text", "input_image", "x"]),
+    "text": st.one_of(st.text(max_size=6), _ANY)}))
+_ITEM = st.one_of(_ANY, st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "item_reference"])},
+    optional={"role": st.sampled_from(["user", "assistant", "system", "developer", "tool", "x"]),
+              "content": st.one_of(st.text(max_size=6), st.lists(_PART, max_size=2), _ANY),
+              "call_id": st.one_of(st.just("c1"), _ANY), "name": st.one_of(st.just("get_weather"), _ANY),
+              "arguments": st.one_of(st.just("{\"city\": \"Paris\"}"), st.just("{"), _ANY),
+              "output": st.one_of(st.text(max_size=6), _ANY)}))
+_BODY = st.fixed_dictionaries(
+    {"input": st.one_of(st.text(max_size=8), st.lists(_ITEM, max_size=3), _ANY), "max_output_tokens": st.just(1)},
+    optional={"tools": st.one_of(st.just(TOOLS), _ANY, st.lists(st.dictionaries(
+                  st.sampled_from(["type", "name", "parameters"]), _ANY, max_size=3), max_size=1)),
+              "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required"]),
+                                       st.just({"type": "function", "name": "get_weather"}), _ANY),
+              "text": st.one_of(st.just({"format": {"type": "json_object"}}), st.dictionaries(
+                  st.sampled_from(["format", "verbosity"]), _ANY, max_size=2), _ANY),
+              "reasoning": st.one_of(st.just({"effort": "low"}), st.dictionaries(
+                  st.sampled_from(["effort", "summary", "context"]), _ANY, max_size=2), _ANY),
+              "temperature": _ANY, "top_p": _ANY, "metadata": _ANY, "store": _ANY, "include": _ANY,
+              "previous_response_id": _ANY, "instructions": _ANY, "parallel_tool_calls": _ANY, "user": _ANY})
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(body=_BODY)
+def test_fuzzed_bodies_never_reach_a_500(client, body):
+    resp = client.post("/v1/responses", json=body)
+    assert resp.status_code in (200, 400, 404), resp.text
+    if resp.status_code != 200:
+        err = resp.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["message"]
+    else:
+        assert resp.json()["object"] == "response"
