@@ -85,23 +85,41 @@ def test_text_format_json_schema_and_json_object(oai):
     assert r.output_text.lstrip().startswith("{")
 
 
+COLOR = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}},
+         "required": ["color"], "additionalProperties": False}
+
+
+def _stream_kinds(events: list, deltas: int) -> list[str]:
+    return ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+            *["response.output_text.delta"] * deltas, "response.output_text.done", "response.content_part.done",
+            "response.output_item.done"]
+
+
 def test_stream_events_reassemble_to_the_final_response(oai):
-    kwargs = dict(model="default", input="Name three colors.", max_output_tokens=16, temperature=0)
+    """A schema-bound reply ends before max_output_tokens (the grammar closes it): response.completed."""
+    kwargs = dict(model="default", input="Pick a color.", max_output_tokens=40, temperature=0,
+                  text={"format": {"type": "json_schema", "name": "color", "schema": COLOR}})
     whole = oai.responses.create(**kwargs)
     with oai.responses.stream(**kwargs) as stream:
         events = list(stream)
-        final = stream.get_final_response() if whole.status == "completed" else None
+        final = stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    kinds = [e.type for e in events]
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[4:4 + len(deltas)] == ["response.output_text.delta"] * len(deltas) and len(deltas) > 1
-    assert kinds[4 + len(deltas):] == ["response.output_text.done", "response.content_part.done",
-                                       "response.output_item.done", f"response.{whole.status}"]
+    assert [e.type for e in events] == _stream_kinds(events, len(deltas)) + ["response.completed"]
+    assert len(deltas) > 1 and "".join(deltas) == whole.output_text == final.output_text
+    jsonschema.validate(json.loads(final.output_text), COLOR)
+    assert final.status == whole.status == "completed" and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_stream_cut_by_max_output_tokens_ends_as_the_create_does(oai):
+    kwargs = dict(model="default", input="Name three colors.", max_output_tokens=3, temperature=0)
+    whole = oai.responses.create(**kwargs)
+    with oai.responses.stream(**kwargs) as stream:
+        events = list(stream)
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert [e.type for e in events] == _stream_kinds(events, len(deltas)) + [f"response.{whole.status}"]
     assert "".join(deltas) == whole.output_text == events[-1].response.output_text
-    if whole.status == "completed":
-        assert final.output_text == whole.output_text and final.usage.output_tokens == whole.usage.output_tokens
+    assert events[-1].response.incomplete_details == whole.incomplete_details
 
 
 def test_stream_a_forced_call(oai):
@@ -119,16 +137,16 @@ def test_stream_a_forced_call(oai):
 
 
 def test_a_ten_turn_chain_reads_its_history_from_the_cache(oai):
-    prev, prev_input = None, 0
+    prev, usages = None, []
     for turn in range(10):
         r = oai.responses.create(model="default", instructions="Be brief.", previous_response_id=prev,
                                  input=f"Tell me fact number {turn + 1} about cats.", max_output_tokens=4,
                                  temperature=0)
-        cached = r.usage.input_tokens_details.cached_tokens
-        assert r.usage.input_tokens > prev_input
-        if turn:  # every earlier turn's prompt, up to the last partial page
-            assert prev_input - PAGE <= cached <= r.usage.input_tokens, (turn, cached, prev_input)
-        prev, prev_input = r.id, r.usage.input_tokens
+        prev = r.id
+        usages.append((r.usage.input_tokens, r.usage.input_tokens_details.cached_tokens))
+    for (prev_input, _), (input_len, cached) in zip(usages, usages[1:]):
+        # every earlier turn's prompt is cached, up to the last partial page
+        assert input_len > prev_input and prev_input - PAGE <= cached <= input_len, usages
 
 
 def test_retrieve_delete_and_store_false(oai, client):
@@ -167,20 +185,21 @@ def test_the_fields_the_sdks_send_by_default_are_taken(oai):
     ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, 400, "tool_choice"),
     ({"input": "x", "tools": TOOLS, "tool_choice": "sometimes"}, 400, "tool_choice"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "nope"}}}}, 400, None),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "nope"}}}}, 400,
+     "nope"),
     ({"input": "x", "model": "gpt-unknown"}, 404, "model"),
     ({"input": "x", "previous_response_id": "resp_missing"}, 404, "previous_response_id"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "not json"}]}, 400, None),
-    ({"input": "x", "temperature": -1}, 400, None),
-    ([1, 2], 400, None),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "not json"}]}, 400,
+     "input[0].arguments"),
+    ({"input": "x", "temperature": -1}, 400, "temperature"),
+    ([1, 2], 400, "JSON object"),
 ])
 def test_bad_input_answers_4xx_in_openai_shape(client, body, status, param):
+    """`param` is the field the error names: in `param`, or in the message where the grammar backend names it."""
     resp = client.post("/v1/responses", json=body)
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]
-    assert err["type"] == "invalid_request_error" and err["message"]
-    if param is not None:
-        assert err["param"] == param
+    assert err["type"] == "invalid_request_error" and param in (err["param"] or "") + " " + err["message"], err
     assert client.get("/v1/responses/resp_missing").status_code == 404
 
 

@@ -242,6 +242,12 @@ def _call(item: dict, where: str) -> dict:
     name = need_str(item.get("name"), f"{where}.name")
     call_id = need_str(item.get("call_id"), f"{where}.call_id")
     args = need_str(item.get("arguments", "{}"), f"{where}.arguments")
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise FieldError(f"{where}.arguments", f"{where}.arguments must be JSON text of an object, got {show(args)}")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
