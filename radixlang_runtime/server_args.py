@@ -46,6 +46,10 @@ class ServerArgs:
     # /v1/chat/completions: <think>...</think> -> message.reasoning_content (SGLang's names: deepseek-r1, qwen3);
     # None: the output is all content
     reasoning_parser: Optional[str] = None
+    # /v1/responses: the responses kept for previous_response_id and GET / DELETE (server/responses_store.py)
+    responses_store_max_entries: int = 4096
+    responses_store_max_bytes: int = 256 << 20
+    responses_store_ttl: float = 3600.0  # seconds a stored response is kept
     frontend_port: int = 0  # the DSL's ZeroMQ link on tcp://host:port: 0 a free port (default), N that one, -1 off
     dashboard_show_text: bool = False  # /dashboard labels radix nodes with their text (off: sizes only)
     # SIGTERM / SIGINT: seconds the requests in flight may run on while new ones get 503 (0: they fail at
@@ -202,6 +206,9 @@ class ServerArgs:
              or os.path.isfile(self.chat_template),
              f"chat_template must be a Jinja template or the path of a file holding one; got {self.chat_template!r}")
         need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
+        need(self.responses_store_max_entries >= 0 and self.responses_store_max_bytes >= 0
+             and self.responses_store_ttl > 0, "responses_store_max_entries / _max_bytes must be >= 0 "
+             "(0: nothing is stored), responses_store_ttl > 0")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
         self._check_speculative()
@@ -400,7 +407,7 @@ _INT_FIELDS = {
     "stream_interval", "random_seed", "max_request_body_bytes",
     "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
     "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size", "speculative_num_steps",
-    "disaggregation_bootstrap_port",
+    "disaggregation_bootstrap_port", "responses_store_max_entries", "responses_store_max_bytes",
 }
 _SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
                       "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
@@ -408,7 +415,7 @@ _SPEC_STANDALONE_FIELDS = ("speculative_draft_model_path", "speculative_num_step
                            "speculative_draft_model_quantization")
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
-                 "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"}
+                 "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout", "responses_store_ttl"}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 
 

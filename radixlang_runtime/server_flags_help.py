@@ -36,6 +36,9 @@ HELP: dict[str, str] = {
     "dashboard_show_text": "label the live view's radix nodes with their text (off: sizes only)",
     "graceful_shutdown_timeout": "seconds the requests in flight may run on after SIGTERM / SIGINT while new ones "
                                  "get 503 (0: fail them at once)",
+    "responses_store_max_entries": "/v1/responses kept for previous_response_id and GET / DELETE (0: none)",
+    "responses_store_max_bytes": "bytes of stored /v1/responses (oldest evicted first)",
+    "responses_store_ttl": "seconds a stored /v1/responses response is kept",
     "health_stall_timeout": "/health answers 503 when a scheduler with requests in flight sends no heartbeat "
                             "for this many seconds",
     # parallelism

@@ -28,6 +28,7 @@ from radixlang_runtime.server.http_common import (OPEN_ROUTES, BodyTooLarge, Ser
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
+from radixlang_runtime.server.responses_api import router as responses_router
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     app.middleware("http")(auth_and_log)
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (native_router, control_router, openai_router, dashboard_router):
+    for router in (native_router, control_router, openai_router, responses_router, dashboard_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)

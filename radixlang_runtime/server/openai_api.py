@@ -5,7 +5,8 @@ text deltas (the tokenizer manager's own), then an optional usage chunk
 (`stream_options.include_usage`), then `data: [DONE]`. Fields are strict (ROUTE_FIELDS): an unknown
 one answers 400 naming it, options the runtime cannot honour yet (best_of, suffix, functions,
 ...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
-and change nothing; a `model` other than the served name or "default" is 404 model_not_found. Parsing,
+and change nothing, as do the hints the SDKs send by default (verbosity, reasoning_effort: openai_hints.py);
+a `model` other than the served name or "default" is 404 model_not_found. Parsing,
 the chat template and tokenizing run on an intake thread (TokenizerManager.run_intake).
 response_format json_schema / json_object (and the regex / json_schema extensions) constrain the output
 through the grammar backend. Logprobs are the model's raw log_softmax (before temperature), in OpenAI's
@@ -33,6 +34,7 @@ from radixlang_runtime.results import Cumulative, LogprobRequest
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response)
+from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools, forced_call_regex, set_parser
 
@@ -44,7 +46,7 @@ _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cach
 # Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
 _OFF_VALUES: dict[str, tuple] = {
     "best_of": (1,), "suffix": ("",), "functions": ([],), "function_call": ("none", "auto"),
-    "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
+    "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
 _COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL,
@@ -53,7 +55,7 @@ ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
     "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                              "tool_choice", "parallel_tool_calls", "separate_reasoning", "stream_reasoning",
-                             *(set(_OFF_VALUES) - {"best_of", "suffix"})},
+                             *HINT_VALUES, *(set(_OFF_VALUES) - {"best_of", "suffix"})},
 }
 MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
 MAX_LOGPROBS = 20  # OpenAI's cap of logprobs (completions) / top_logprobs (chat)
@@ -122,6 +124,7 @@ def check_openai_body(state: ServerState, body: Any, route: str) -> dict:
         if v is not None and not any(type(v) is type(o) and v == o for o in off):
             allowed = f" (only {' or '.join(json.dumps(o) for o in off)})" if off else ""
             raise FieldError(name, f"{name} is not supported{allowed}, got {show(v)}")
+    check_hints(body)  # verbosity, reasoning_effort, prompt_cache_retention: documented no-ops (openai_hints.py)
     model = body.get("model")
     if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES):
         raise ModelNotFound(f"The model {show(model)} does not exist: this server serves "

@@ -1,0 +1,267 @@
+"""A /v1/responses body, checked once, as the /v1/chat/completions body it runs as (no torch).
+
+ResponsesRequest holds what the route needs: the chat body (messages, tools in chat's shape, tool_choice,
+response_format, max_completion_tokens, temperature, top_p, parallel_tool_calls), the input items as chat
+messages (kept for a `previous_response_id` chain), and the fields the response object echoes. So the
+chat path's mechanisms run unchanged: chat_render (the template), openai_tools (tool_choice by grammar,
+the tool-call parser), openai_reasoning, sampling_from_openai.
+Each field is honoured, a documented no-op (openai_hints.py, RESPONSES_FIELDS' comments) or refused by
+name (400 naming it) unless null / at the value that leaves it off (_OFF_VALUES).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixlang_runtime.limits import FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.server.http_common import BadRequest
+from radixlang_runtime.server.openai_hints import check_hint
+
+MAX_METADATA_KEYS = 16  # OpenAI's limits on `metadata`
+MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
+MAX_RESPONSE_ID = 128
+# Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
+_OFF_VALUES: dict[str, tuple] = {
+    "background": (False,), "truncation": ("disabled",), "include": ([],), "conversation": (), "prompt": (),
+    "max_tool_calls": (), "top_logprobs": (0,), "context_management": (), "prompt_cache_options": (),
+    "moderation": (), "service_tier": ("auto", "default"),
+}
+_HONOURED = ("model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "temperature",
+             "top_p", "parallel_tool_calls", "previous_response_id", "store", "stream", "stream_options", "reasoning")
+_INFORMATIONAL = ("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention")
+RESPONSES_FIELDS = {*_HONOURED, *_INFORMATIONAL, *_OFF_VALUES}
+_TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
+_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")  # content parts read as text
+_ROLES = ("user", "assistant", "system", "developer")
+
+
+@dataclass
+class ResponsesRequest:
+    chat_body: dict  # the /v1/chat/completions body it runs as (messages set by the route: with_history)
+    messages: list[dict]  # `input` as chat messages (the chain's next turn)
+    instructions: Optional[str]
+    previous_response_id: Optional[str]
+    store: bool
+    stream: bool
+    echo: dict = field(default_factory=dict)  # the fields the response object repeats
+
+    def with_history(self, history: list[dict]) -> dict:
+        """The chat body over [instructions] + the chain so far + this input (the chain first: its rendered
+        text is a prefix of this one's, so the radix cache holds it)."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        return {**self.chat_body, "messages": system + history + self.messages}
+
+
+def _check_off(body: dict) -> None:
+    for name, off in _OFF_VALUES.items():
+        v = body.get(name)
+        if v is not None and not any(type(v) is type(o) and v == o for o in off):
+            allowed = f" (only {' or '.join(json.dumps(o) for o in off)})" if off else ""
+            raise FieldError(name, f"{name} is not supported by /v1/responses here{allowed}, got {show(v)}")
+
+
+def parse_responses_body(body: Any) -> ResponsesRequest:
+    """Raises FieldError / BadRequest (400) naming the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if unknown := sorted(set(body) - RESPONSES_FIELDS):
+        raise FieldError(unknown[0], f"unknown field(s) for /v1/responses: {', '.join(show(u, 40) for u in unknown)}")
+    _check_off(body)
+    if body.get("input") is None:
+        raise FieldError("input", "input is required: a string or a list of input items")
+    instructions = body.get("instructions")
+    if instructions is not None:
+        need_str(instructions, "instructions")
+    prev = body.get("previous_response_id")
+    if prev is not None:
+        need_str(prev, "previous_response_id", MAX_RESPONSE_ID)
+    store = need_bool(_opt(body, "store", True), "store")
+    stream = need_bool(_opt(body, "stream", False), "stream")
+    so = _opt(body, "stream_options", {})
+    if not isinstance(so, dict) or set(so) - {"include_obfuscation"}:
+        raise FieldError("stream_options", f"stream_options takes only include_obfuscation, got {show(so)}")
+    if so.get("include_obfuscation") is not None:  # a side-channel padding field: none is sent, the text is the same
+        need_bool(so["include_obfuscation"], "stream_options.include_obfuscation")
+    _check_reasoning(body.get("reasoning"))
+    check_hint("prompt_cache_retention", body.get("prompt_cache_retention"))
+    for name in ("user", "safety_identifier", "prompt_cache_key"):
+        if body.get(name) is not None:
+            need_str(body[name], name)
+    metadata = _metadata(body.get("metadata"))
+    tools = [_tool(t, i) for i, t in enumerate(_list(body.get("tools"), "tools"))]
+    chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls")
+                            if body.get(k) is not None}
+    if tools:
+        chat["tools"] = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if body.get("max_output_tokens") is not None:
+        chat["max_completion_tokens"] = need_int(body["max_output_tokens"], "max_output_tokens", 1)
+    text = _text_config(body.get("text"))
+    if text.get("format") is not None:
+        chat["response_format"] = _response_format(text["format"])
+    echo = {"instructions": instructions, "metadata": metadata, "user": body.get("user"), "store": store,
+            "tools": tools, "tool_choice": body.get("tool_choice") or "auto",
+            "text": {"format": text.get("format") or {"type": "text"}, "verbosity": text.get("verbosity")},
+            "temperature": _opt(body, "temperature", 1.0), "top_p": _opt(body, "top_p", 1.0),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "parallel_tool_calls": _opt(body, "parallel_tool_calls", True), "previous_response_id": prev,
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+            "truncation": "disabled", "background": False, "service_tier": "default",
+            "prompt_cache_key": body.get("prompt_cache_key"), "safety_identifier": body.get("safety_identifier")}
+    return ResponsesRequest(chat, input_messages(body["input"]), instructions, prev, store, stream, echo)
+
+
+def _opt(body: dict, name: str, default: Any) -> Any:
+    v = body.get(name)
+    return default if v is None else v
+
+
+def _list(v: Any, name: str) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise FieldError(name, f"{name} must be a list, got {show(v)}")
+    return v
+
+
+def _check_reasoning(r: Any) -> None:
+    """reasoning.effort: a documented no-op (openai_hints); context: earlier turns' reasoning is never rendered
+    (current_turn); a summary or another mode is refused (none is made here)."""
+    if r is None:
+        return
+    if not isinstance(r, dict) or set(r) - {"effort", "summary", "generate_summary", "context", "mode"}:
+        raise FieldError("reasoning", f"reasoning takes effort, context and mode (summary: null), got {show(r)}")
+    check_hint("reasoning_effort", r.get("effort"), "reasoning.effort")
+    for k, off in (("summary", ()), ("generate_summary", ()), ("context", ("auto", "current_turn")),
+                   ("mode", ("standard",))):
+        if r.get(k) is not None and r[k] not in off:
+            allowed = f" (only {' or '.join(off)})" if off else ""
+            raise FieldError(f"reasoning.{k}", f"reasoning.{k} is not supported{allowed}, got {show(r[k])}")
+
+
+def _metadata(m: Any) -> Optional[dict]:
+    if m is None:
+        return None
+    if not isinstance(m, dict) or len(m) > MAX_METADATA_KEYS:
+        raise FieldError("metadata", f"metadata must be an object of at most {MAX_METADATA_KEYS} keys")
+    for k, v in m.items():
+        if len(k) > MAX_METADATA_KEY or not isinstance(v, str) or len(v) > MAX_METADATA_VALUE:
+            raise FieldError("metadata", f"metadata: keys of at most {MAX_METADATA_KEY} characters, string values of "
+                                         f"at most {MAX_METADATA_VALUE}; {show(k)} is not")
+    return m
+
+
+def _tool(t: Any, i: int) -> dict:
+    """Responses' flat function tool; other tool types (web_search, file_search, mcp, ...) are refused."""
+    where = f"tools[{i}]"
+    if not isinstance(t, dict):
+        raise FieldError("tools", f"{where} must be an object, got {show(t)}")
+    if t.get("type") != "function":
+        raise FieldError("tools", f"{where}: tool type {show(t.get('type'))} is not supported (only \"function\")")
+    if unknown := sorted(set(t) - _TOOL_KEYS):
+        raise FieldError("tools", f"{where}: unknown field(s) {', '.join(show(u, 40) for u in unknown)} (a function "
+                                  "tool is {\"type\": \"function\", \"name\", \"description\", \"parameters\", "
+                                  "\"strict\"})")
+    return {k: v for k, v in t.items() if v is not None}
+
+
+def _tool_choice(c: Any) -> Any:
+    """Responses' tool_choice -> chat's (checked against the tools there: openai_tools.check_tools)."""
+    if c in ("none", "auto", "required"):
+        return c
+    if isinstance(c, dict) and c.get("type") == "function" and set(c) <= {"type", "name"} \
+            and isinstance(c.get("name"), str):
+        return {"type": "function", "function": {"name": c["name"]}}
+    raise FieldError("tool_choice", f"tool_choice must be \"none\", \"auto\", \"required\" or "
+                                    f"{{\"type\": \"function\", \"name\"}}, got {show(c)}")
+
+
+def _text_config(t: Any) -> dict:
+    if t is None:
+        return {}
+    if not isinstance(t, dict) or set(t) - {"format", "verbosity"}:
+        raise FieldError("text", f"text takes format and verbosity, got {show(t)}")
+    check_hint("verbosity", t.get("verbosity"), "text.verbosity")
+    return t
+
+
+def _response_format(f: Any) -> dict:
+    """text.format -> chat's response_format (its grammar: constrained/spec.spec_from_response_format)."""
+    kind = f.get("type") if isinstance(f, dict) else None
+    if kind in ("text", "json_object") and set(f) == {"type"}:
+        return {"type": kind}
+    if kind == "json_schema" and isinstance(f.get("schema"), dict) \
+            and set(f) <= {"type", "name", "schema", "description", "strict"}:
+        return {"type": "json_schema", "json_schema": {"name": f.get("name"), "schema": f["schema"]}}
+    raise FieldError("text.format", "text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                    f"{{\"type\": \"json_schema\", \"name\", \"schema\"}}, got {show(f)}")
+
+
+def input_messages(items: Any) -> list[dict]:
+    """`input` (a string or items) -> chat messages: messages by role, function_call items joined onto the
+    assistant turn before them, function_call_output as `tool` messages; reasoning items are dropped (chat
+    templates leave earlier reasoning out)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise FieldError("input", "input must be a string or a non-empty list of input items")
+    out: list[dict] = []
+    names: dict[str, str] = {}  # call_id -> function name
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise FieldError(where, f"{where} must be an object, got {show(item)}")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            if item.get("role") not in _ROLES:
+                raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}")
+            out.append({"role": item["role"], "content": _content(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = _call(item, where)
+            names[call["id"]] = call["function"]["name"]
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id = need_str(item.get("call_id"), f"{where}.call_id")
+            msg = {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), f"{where}.output")}
+            if call_id in names:
+                msg["name"] = names[call_id]
+            out.append(msg)
+        elif kind != "reasoning":
+            raise FieldError(where, f"{where}: input item type {show(kind)} is not supported (message, function_call, "
+                                    "function_call_output, reasoning)")
+    return out
+
+
+def _call(item: dict, where: str) -> dict:
+    name = need_str(item.get("name"), f"{where}.name")
+    call_id = need_str(item.get("call_id"), f"{where}.call_id")
+    args = need_str(item.get("arguments", "{}"), f"{where}.arguments")
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise FieldError(f"{where}.arguments", f"{where}.arguments must be JSON text of an object, got {show(args)}")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise FieldError(where, f"{where} must be a string or a list of text parts")
+    texts = []
+    for j, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        key = "refusal" if kind == "refusal" else "text"
+        if kind not in _TEXT_PARTS or not isinstance(p.get(key), str):
+            raise FieldError(f"{where}[{j}]", f"{where}[{j}]: content part type {show(kind)} is not supported (only "
+                                              "input_text / output_text with a string `text`)")
+        texts.append(p[key])
+    return "".join(texts)
