@@ -22,15 +22,14 @@ import uuid
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.limits import FieldError
 from radixlang_runtime.server.anthropic_errors import anthropic_error
 from radixlang_runtime.server.anthropic_records import MessagesRequest, parse_messages_request
 from radixlang_runtime.server.chat_render import render_chat, template_kwargs
-from radixlang_runtime.server.http_common import ServerState, read_json
-from radixlang_runtime.server.openai_api import (MODEL_ALIASES, ModelNotFound, _chat_intake, _Choices, _finish,
-                                                 _until_stop)
+from radixlang_runtime.server.http_common import ServerState, read_json, stream_response
+from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound, _chat_intake, _finish, _until_stop
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, split_whole
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
 
@@ -55,9 +54,8 @@ async def messages(request: Request) -> Response:
                                                            size=len(await request.body()))
     if req.stream:
         gen = choices.streams()[0]  # admitted now: a refused request is a plain 503, before any header
-        return StreamingResponse(_guarded(_events(gen, choices, mid, state.served_model_name, plan, think,
-                                                  req.stop_sequences)),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        events = message_events(gen, mid, state.served_model_name, plan, think, req.stop_sequences)
+        return stream_response(_guarded(events))
     if think is None:
         out = (await choices.finals())[0]
         reasoning, content, cut = "", out["text"], False
@@ -165,8 +163,9 @@ class _Blocks:
         return out
 
 
-async def _events(gen: AsyncIterator[dict], choices: _Choices, mid: str, model: str, plan: ToolPlan,
-                  think: Optional[ReasoningPlan], stops: list[str]) -> AsyncIterator[bytes]:
+async def message_events(gen: AsyncIterator[dict], mid: str, model: str, plan: ToolPlan,
+                         think: Optional[ReasoningPlan], stops: list[str]) -> AsyncIterator[bytes]:
+    """One request's snapshots (text deltas) -> the message's events, in Anthropic's order."""
     blocks, tools = _Blocks(), plan.stream()
     rs = think.stream() if think is not None else None
     last, text, content, cut, finish = None, "", "", False, None

@@ -1,5 +1,6 @@
 """The HTTP app: routers per protocol, each a module of top-level handlers over services.py: native
-(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard.
+(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard,
+Anthropic (anthropic_api.py: its error shape by anthropic_errors.py), /tokenize + /detokenize (tokenize_api.py).
 
 Bodies are parsed by hand, not by pydantic models, so that every malformed request gets the
 documented 400 `{"error": {"message": ...}}` naming the problem (FastAPI's default would be a 422
