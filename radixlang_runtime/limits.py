@@ -118,7 +118,7 @@ class RuntimeLimits:
     vocab_size: int
     num_slots: int  # KV pool size in tokens
     grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
-    grammar_backend: str = "outlines"  # constrained/backends.py: which grammar kinds are accepted
+    grammar_backend: str = "auto"  # constrained/backends.py: which grammar kinds are accepted (auto: all)
     disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
 
 

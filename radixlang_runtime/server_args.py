@@ -107,7 +107,9 @@ class ServerArgs:
 
     # --- kernels / constraints ---
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
-    grammar_backend: str = "outlines"  # outlines | xgrammar | llguidance | none (constrained requests answer 400)
+    # auto (the grammar's kind picks: constrained/backends.AUTO_PICK) | outlines | xgrammar | llguidance (pinned) |
+    # none (constrained requests answer 400)
+    grammar_backend: str = "auto"
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
     quantization: Optional[str] = None  # int8 (model/quant_linear.py) | gguf: the .gguf's blocks (model/gguf_linear.py)
     enable_deterministic_inference: bool = False  # batch-invariant numerics (model/deterministic.py)
@@ -152,8 +154,8 @@ class ServerArgs:
              f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
-        need(self.grammar_backend in ("outlines", "xgrammar", "llguidance", "none"),
-             f"grammar_backend must be outlines, xgrammar, llguidance or none; got {self.grammar_backend!r}")
+        need(self.grammar_backend in ("auto", "outlines", "xgrammar", "llguidance", "none"),
+             f"grammar_backend must be auto, outlines, xgrammar, llguidance or none; got {self.grammar_backend!r}")
         from radixlang_runtime.tool_parsers import PARSERS  # no torch
 
         need(self.tool_call_parser is None or self.tool_call_parser in PARSERS,

@@ -82,7 +82,8 @@ HELP: dict[str, str] = {
     "debug_check_integrity": "check the allocator, cache and table after every step (slow)",
     # kernels / constraints
     "attention_backend": "auto: triton on CUDA, torch (C kernels) elsewhere",
-    "grammar_backend": "the engine of constrained decoding (none: constrained requests answer 400)",
+    "grammar_backend": "the engine of constrained decoding; auto: outlines for regex / JSON schema, xgrammar for EBNF "
+                       "and structural tags (none: constrained requests answer 400)",
     "disable_jump_forward": "sample every token of a constrained request (same text, more passes)",
     "quantization": "int8: weight-only per-channel int8; gguf: run a .gguf's own blocks",
     "enable_deterministic_inference": "batch-invariant numerics: greedy output independent of batching",
@@ -118,7 +119,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "hicache_load_policy": ("faster", "always"),
     "preemption_mode": ("swap", "recompute"),
     "attention_backend": ("auto", "torch", "triton"),
-    "grammar_backend": ("outlines", "xgrammar", "llguidance", "none"),
+    "grammar_backend": ("auto", "outlines", "xgrammar", "llguidance", "none"),
     "quantization": ("int8", "gguf"),
     "speculative_algorithm": ("NGRAM", "STANDALONE"),
     "speculative_draft_model_quantization": ("gguf",),

@@ -170,8 +170,9 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eo
 
 
 def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
-    """The token vocabulary of this tokenizer (built once, ~0.5 s) + a compiler (--grammar-backend) whose
-    compiled grammars are also cached on disk under the cache root (a restart reloads them in milliseconds)."""
+    """The token vocabulary of this tokenizer (built once, ~0.5 s) + a compiler (--grammar-backend; auto: one per
+    backend, picked by each grammar's kind) whose compiled grammars are also cached on disk under the cache root
+    (a restart reloads them in milliseconds)."""
     import os
 
     from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompiler
@@ -179,8 +180,16 @@ def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "out
     from radixlang_runtime.model.resolve import cache_root
 
     vocab = vocab_from_tokenizer(tokenizer, logits_width=logits_width)
-    return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars"),
-                                                  backend=backend))
+
+    def make(name: str) -> GrammarCompiler:
+        return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars"),
+                                                      backend=name))
+
+    if backend == "auto":  # the grammar's kind picks (constrained/auto_compiler.py)
+        from radixlang_runtime.constrained.auto_compiler import KindRoutedCompiler
+
+        return KindRoutedCompiler(make)
+    return make(backend)
 
 
 def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 finds it and runs programs over it (the frontend's request counters show it), with the greedy text of
 HTTP and of transformers; `--frontend-port -1` turns it off and the same call runs over HTTP with the
 same text; --api-key holds on the link; --chat-template reaches /get_model_info and the DSL's roles.
-gen(ebnf=) on a server with --grammar-backend xgrammar (refused by name on outlines); separate_reasoning
+gen(ebnf=) on a server with --grammar-backend xgrammar (refused by name where outlines is pinned); separate_reasoning
 on the embedded model's greedy output."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096")
 def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("tmpl") / "chat.jinja"
     path.write_text(TEMPLATE)
-    srv = ServerProcess(*FLAGS, "--api-key", KEY, "--chat-template", str(path))
+    srv = ServerProcess(*FLAGS, "--api-key", KEY, "--chat-template", str(path), "--grammar-backend", "outlines")
     yield srv
     srv.stop()
 
@@ -154,7 +154,7 @@ def test_gen_ebnf_output_parses_and_outlines_refuses_it_by_name(server_without_l
     st = arithmetic.run(backend=sgl.RuntimeEndpoint(server_without_link.url))
     Lark(ARITH_LARK, parser="earley").parse(st["expr"])  # raises on text outside the grammar
     assert st.get_meta_info("expr")["finish_reason"]["type"] == "stop"
-    st = arithmetic.run(backend=links["zmq"])  # the default server: --grammar-backend outlines
+    st = arithmetic.run(backend=links["zmq"])  # --grammar-backend outlines, pinned
     with pytest.raises(Exception, match="ebnf grammars need --grammar-backend xgrammar or llguidance"):
         st.sync()
         st["expr"]

@@ -168,6 +168,35 @@ def test_check_request_refuses_ebnf_on_outlines_by_name():
         SamplingParams.from_dict({"ebnf": ARITH_EBNF, "regex": "a"})
 
 
+def test_auto_backend_routes_each_kind_to_a_backend_that_compiles_it():
+    """--grammar-backend auto (the default): check_request takes every kind; the KindRoutedCompiler sends regex /
+    json_schema to outlines and ebnf / structural_tag to xgrammar, starting a backend's compiler on first use."""
+    from radixlang_runtime.constrained.auto_compiler import KindRoutedCompiler
+    from radixlang_runtime.constrained.backends import backend_for
+    from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompiler
+    from radixlang_runtime.limits import RuntimeLimits, check_request
+    from radixlang_runtime.sampling_params import SamplingParams
+    from radixlang_runtime.server_args import ServerArgs
+
+    assert ServerArgs().grammar_backend == "auto"
+    check_request([1, 2], SamplingParams.from_dict({"ebnf": ARITH_EBNF, "max_new_tokens": 4}),
+                  RuntimeLimits(2048, 49152, 8192, grammar_backend="auto"))
+    assert [backend_for("auto", k) for k in ("regex", "json_schema", "ebnf", "structural_tag")] == \
+        ["outlines", "outlines", "xgrammar", "xgrammar"]
+    assert backend_for("llguidance", "regex") == "llguidance"  # a pin is kept
+    routed = KindRoutedCompiler(lambda b: GrammarCompiler(vocab(), GrammarCacheConfig(num_workers=1, backend=b)))
+    try:
+        routed.start()
+        assert list(routed.compilers) == ["outlines"]
+        handles = [routed.submit(GrammarSpec.from_regex("[0-9]+")), routed.submit(GrammarSpec.from_ebnf(ARITH_EBNF))]
+        assert [h.wait(60) for h in handles] == ["ready", "ready"], [h.error for h in handles]
+        assert sorted(routed.compilers) == ["outlines", "xgrammar"]
+        assert routed.stats["compiled"] + routed.stats["from_disk"] == 2 and routed.num_pending == 0
+        assert routed.get(GrammarSpec.from_ebnf(ARITH_EBNF)) is handles[1].grammar
+    finally:
+        routed.close()
+
+
 # ---------------------------------------------------------------- the real model (xgrammar backend)
 def chat(q: str) -> str:
     return f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"

@@ -9,7 +9,9 @@ the parent loads it into a grammar object with one interface (CompiledGrammar's:
 allowed(state), next_state, is_final, accepts, forced_cache, draft_prefs), so masks (mask.py),
 GrammarState and jump-forward are the same code for all. json_schema compiles the same regex in
 every backend (schema.py: the keyword checks and the fixed separators hold whatever the backend).
-A kind the selected backend cannot compile is refused by name (refuse_unsupported, an HTTP 400).
+The default, `auto`, pins none: each grammar's kind picks a backend that compiles it (AUTO_PICK:
+outlines for regex / json_schema, xgrammar for ebnf / structural_tag; auto_compiler.KindRoutedCompiler).
+A kind a pinned backend cannot compile is refused by name (refuse_unsupported, an HTTP 400).
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from __future__ import annotations
 from typing import Any
 
 BACKENDS = ("outlines", "xgrammar", "llguidance")
+AUTO = "auto"  # --grammar-backend's default: the kind picks (AUTO_PICK)
 KINDS: dict[str, frozenset[str]] = {
     "outlines": frozenset({"regex", "json_schema"}),
     "xgrammar": frozenset({"regex", "json_schema", "ebnf", "structural_tag"}),
     "llguidance": frozenset({"regex", "json_schema", "ebnf", "structural_tag"}),
 }
+AUTO_PICK = {"regex": "outlines", "json_schema": "outlines", "ebnf": "xgrammar", "structural_tag": "xgrammar"}
+
+
+def backend_for(configured: str, kind: str) -> str:
+    """The backend that compiles a grammar of `kind` on a server run with --grammar-backend `configured`."""
+    return AUTO_PICK[kind] if configured == AUTO else configured
 
 
 def check_backend(name: str) -> str:
@@ -31,8 +40,8 @@ def check_backend(name: str) -> str:
 
 
 def refuse_unsupported(backend: str, kind: str) -> None:
-    """ValueError naming the kind and the backends that can do it, when `backend` cannot."""
-    if kind not in KINDS[check_backend(backend)]:
+    """ValueError naming the kind and the backends that can do it, when `backend` cannot (auto: every kind)."""
+    if backend != AUTO and kind not in KINDS[check_backend(backend)]:
         able = [b for b in BACKENDS if kind in KINDS[b]]
         raise ValueError(f"{kind} grammars need --grammar-backend {' or '.join(able)} (this server runs {backend})")
 

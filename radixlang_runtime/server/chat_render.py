@@ -4,7 +4,9 @@ Messages are checked once: roles system / developer (rendered as system) / user 
 content a string or text parts (an assistant turn with tool_calls may have none); an assistant's
 `tool_calls` [{id, type: "function", function: {name, arguments: JSON text}}] reach the template with
 arguments as an object (what HF templates expect: `arguments | tojson`); a tool turn keeps its
-`tool_call_id` (and `name`). Tools (OpenAI's `tools` list) are passed as `tools=`.
+`tool_call_id` (and `name`). Tools (OpenAI's `tools` list) are passed as `tools=`; the request's
+`chat_template_kwargs` (vLLM / SGLang: e.g. Qwen3's {"enable_thinking": false}) and `reasoning_effort` (as a
+variable of that name) become template variables (template_kwargs).
 A template that cannot show tools or a tool history: a ChatML one (the embedded SmolLM2's GGUF template
 renders only role + content) is replaced, for that request, by CHATML_TOOLS_TEMPLATE; any other is a
 400 asking for --chat-template.
@@ -17,7 +19,7 @@ from typing import Any, Optional
 
 import jinja2
 
-from radixlang_runtime.limits import FieldError
+from radixlang_runtime.limits import FieldError, show
 from radixlang_runtime.server.http_common import BadRequest
 
 # SmolLM2's tool format (HuggingFaceTB's SmolLM2-1.7B-Instruct model card, Ollama's smollm2 template; the
@@ -138,12 +140,38 @@ def template_for(tokenizer: Any, chat_template: Optional[str], tools: bool, tool
                               "with --chat-template naming one that does")
 
 
+# apply_chat_template's own parameters and the variables it sets: not a chat_template_kwargs key
+_RESERVED_KWARGS = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # OpenAI's and Anthropic's
+
+
+def template_kwargs(body: dict) -> dict[str, Any]:
+    """A request's `chat_template_kwargs` (an object of template variables) and `reasoning_effort` (one of
+    REASONING_EFFORTS, the variable `reasoning_effort`) -> the extra variables of its chat template."""
+    kwargs = body.get("chat_template_kwargs")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, dict):
+        raise FieldError("chat_template_kwargs", "chat_template_kwargs must be an object of template variables")
+    if hits := sorted(set(kwargs) & set(_RESERVED_KWARGS)):
+        raise FieldError("chat_template_kwargs", f"chat_template_kwargs may not set {hits[0]!r} (the request sets it)")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise FieldError("reasoning_effort", f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                                                 f"got {show(effort)}")
+        kwargs = {"reasoning_effort": effort, **kwargs}
+    return dict(kwargs)
+
+
 def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
-                tools: Optional[list[dict]] = None) -> tuple[str, Optional[str]]:
-    """-> (prompt text, the template used: None when the tokenizer's own)."""
+                tools: Optional[list[dict]] = None,
+                variables: Optional[dict[str, Any]] = None) -> tuple[str, Optional[str]]:
+    """-> (prompt text, the template used: None when the tokenizer's own). variables: template_kwargs'."""
     clean, tool_history = clean_messages(messages)
     template = template_for(tokenizer, chat_template, bool(tools), tool_history)
-    extra = {"tools": tools} if tools else {}
+    extra = {**(variables or {}), **({"tools": tools} if tools else {})}
     try:
         text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template,
                                              **extra)

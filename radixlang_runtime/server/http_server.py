@@ -1,5 +1,6 @@
 """The HTTP app: routers per protocol, each a module of top-level handlers over services.py: native
-(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard.
+(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard,
+Anthropic (anthropic_api.py: its error shape by anthropic_errors.py), /tokenize + /detokenize (tokenize_api.py).
 
 Bodies are parsed by hand, not by pydantic models, so that every malformed request gets the
 documented 400 `{"error": {"message": ...}}` naming the problem (FastAPI's default would be a 422
@@ -19,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixlang_runtime import __version__
+from radixlang_runtime.server.anthropic_api import router as anthropic_router
+from radixlang_runtime.server.anthropic_errors import AnthropicErrorShape, x_api_key_ok
 from radixlang_runtime.server.control_api import metrics_router
 from radixlang_runtime.server.control_api import router as control_router
 from radixlang_runtime.server.dashboard import router as dashboard_router
@@ -29,6 +32,7 @@ from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
 from radixlang_runtime.server.responses_api import router as responses_router
+from radixlang_runtime.server.tokenize_api import router as tokenize_router
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
@@ -44,18 +48,21 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     app.middleware("http")(auth_and_log)
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (native_router, control_router, openai_router, responses_router, dashboard_router):
+    for router in (native_router, control_router, openai_router, responses_router, dashboard_router, anthropic_router,
+                   tokenize_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)
-    app.add_middleware(IntakeGuard, max_body_bytes=state.args.max_request_body_bytes)  # added last: outermost
+    app.add_middleware(IntakeGuard, max_body_bytes=state.args.max_request_body_bytes)
+    app.add_middleware(AnthropicErrorShape)  # added last: outermost (its paths' errors in Anthropic's shape)
     return app
 
 
 async def auth_and_log(request: Request, call_next: Callable) -> Response:
     args = request.app.state.server.args
     if args.api_key and not request.url.path.startswith(OPEN_ROUTES):
-        if request.headers.get("authorization") != f"Bearer {args.api_key}":
+        if request.headers.get("authorization") != f"Bearer {args.api_key}" and \
+                not x_api_key_ok(request.url.path, request.headers, args.api_key):
             return error_response(401, "invalid or missing API key (Authorization: Bearer ...)")
     response = await call_next(request)
     if args.log_requests:

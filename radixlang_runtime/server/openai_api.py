@@ -31,7 +31,7 @@ from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, 
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.results import Cumulative, LogprobRequest
-from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat, template_kwargs
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response)
 from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
@@ -55,6 +55,7 @@ ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
     "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                              "tool_choice", "parallel_tool_calls", "separate_reasoning", "stream_reasoning",
+                             "chat_template_kwargs", "reasoning_effort",  # chat_render.template_kwargs
                              *HINT_VALUES, *(set(_OFF_VALUES) - {"best_of", "suffix"})},
 }
 MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
@@ -409,7 +410,8 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     tm = state.tm
     plan = check_tools(body)
     think = reasoning_plan(state.args.reasoning_parser, body)
-    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None)
+    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None,
+                                 template_kwargs(body))
     set_parser(plan, state.args.tool_call_parser,
                template if template is not None else getattr(tm.tokenizer, "chat_template", None))
     ids = tm.encode_text(text)
