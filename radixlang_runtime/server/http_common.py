@@ -13,7 +13,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -45,6 +45,12 @@ class ServerState:
     child_pids: dict[str, int] = field(default_factory=dict)
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
     flag_template: Optional[str] = None  # --chat-template's text (create_app reads it once), else None
+
+
+def client_gone_counter(state: ServerState) -> Callable[[], None]:
+    """What client_watch.unless_client_gone calls when a client leaves: /metrics' num_client_disconnects."""
+    metrics = state.tm.metrics
+    return metrics.on_client_disconnect if metrics is not None else (lambda: None)
 
 
 def chat_template_text(value: Optional[str]) -> Optional[str]:

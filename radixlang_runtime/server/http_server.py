@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixlang_runtime import __version__
+from radixlang_runtime.server.client_watch import ClientGone
 from radixlang_runtime.server.control_api import metrics_router
 from radixlang_runtime.server.control_api import router as control_router
 from radixlang_runtime.server.dashboard import router as dashboard_router
@@ -86,6 +87,10 @@ async def _http_error(request: Request, e: StarletteHTTPException) -> Response: 
     return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
 
 
+async def _client_gone(request: Request, e: ClientGone) -> Response:  # nobody reads it: nginx's 499
+    return error_response(499, str(e))
+
+
 async def _model_not_found(request: Request, e: ModelNotFound) -> Response:
     return error_response(404, str(e), "model", "model_not_found")
 
@@ -93,7 +98,7 @@ async def _model_not_found(request: Request, e: ModelNotFound) -> Response:
 _ERROR_HANDLERS = ((ValueError, _bad_request), (ShuttingDown, _shutting_down),
                    (RequestUnavailable, _request_unavailable), (RuntimeUnavailable, _unavailable),
                    (RuntimeError, _request_failed), (StarletteHTTPException, _http_error),
-                   (ModelNotFound, _model_not_found))
+                   (ModelNotFound, _model_not_found), (ClientGone, _client_gone))
 
 
 class IntakeGuard:
