@@ -38,6 +38,9 @@ class ServerArgs:
     api_key: Optional[str] = field(default=None, repr=False)  # never printed or served: to_public_dict
     max_request_body_bytes: int = 32 << 20  # larger bodies answer 413 (checked while the body is read)
     enable_metrics: bool = False
+    # /metrics without the API key (a Prometheus scraper on a private network); by default --api-key guards it
+    # as every route but /health*. Neither SGLang nor vLLM has the switch (vLLM leaves /metrics open)
+    metrics_no_auth: bool = False
     log_requests: bool = False
     log_level: str = "info"
     chat_template: Optional[str] = None
@@ -207,6 +210,8 @@ class ServerArgs:
              or os.path.isfile(self.chat_template),
              f"chat_template must be a Jinja template or the path of a file holding one; got {self.chat_template!r}")
         need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
+        need(not self.metrics_no_auth or (self.enable_metrics and self.api_key),
+             "metrics_no_auth needs enable_metrics and api_key (without a key /metrics is open anyway)")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
         self._check_speculative()

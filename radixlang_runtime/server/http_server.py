@@ -9,6 +9,7 @@ then `data: [DONE]\\n\\n`.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Callable, Optional
 
@@ -24,8 +25,8 @@ from radixlang_runtime.server.control_api import metrics_router
 from radixlang_runtime.server.control_api import router as control_router
 from radixlang_runtime.server.dashboard import router as dashboard_router
 from radixlang_runtime.server.generate_api import router as native_router
-from radixlang_runtime.server.http_common import (OPEN_ROUTES, BodyTooLarge, ServerState, chat_template_text,
-                                                  error_response)
+from radixlang_runtime.server.http_common import (METRICS_ROUTE, OPEN_ROUTES, BodyTooLarge, ServerState,
+                                                  chat_template_text, error_response)
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
@@ -54,8 +55,11 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
 async def auth_and_log(request: Request, call_next: Callable) -> Response:
     args = request.app.state.server.args
-    if args.api_key and not request.url.path.startswith(OPEN_ROUTES):
-        if request.headers.get("authorization") != f"Bearer {args.api_key}":
+    path = request.url.path
+    open_route = path.startswith(OPEN_ROUTES) or (args.metrics_no_auth and path == METRICS_ROUTE)
+    if args.api_key and not open_route:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {args.api_key}".encode()):
             return error_response(401, "invalid or missing API key (Authorization: Bearer ...)")
     response = await call_next(request)
     if args.log_requests:
