@@ -2,7 +2,7 @@
 
 KV depends on every weight, so the hierarchical cache's fingerprint (keys.py) names the weights by their
 bytes, not by file names and sizes: a fine-tune or an in-place update of the same shapes is another model.
-`file_digest(path)` hashes a file once (blake2b, 1 MiB reads) and keeps the digest in a sidecar,
+`file_digest(path)` hashes a file once (SHA-256, 1 MiB reads) and keeps the digest in a sidecar,
 `<file>.rldigest` beside it, or under `fallback_dir` when that directory is not writable. A sidecar is
 trusted only while the file's (size, mtime_ns, ctime_ns, inode) are the ones it names: any write to the file,
 or a `touch` that restores the mtime, changes the ctime and the file is hashed again.
@@ -19,7 +19,7 @@ from typing import Optional
 logger = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 SIDECAR = ".rldigest"
-ALGO = "blake2b-256"
+ALGO = "sha256"
 CHUNK = 1 << 20
 
 
@@ -48,7 +48,7 @@ def _read_sidecar(sidecar: str, stamp: list[int]) -> Optional[str]:
 
 
 def hash_file(path: str) -> str:
-    h = hashlib.blake2b(digest_size=32)
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
