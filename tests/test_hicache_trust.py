@@ -227,3 +227,20 @@ def test_symlinks_and_fifos_in_l2_are_refused_and_nothing_outside_is_touched(tmp
     assert sorted(os.listdir(out)) == sorted(names + ["stolen.kv"])
     assert all((out / n).read_bytes() == b"keep me" for n in names)
     assert os.path.islink(d / "ab") and os.path.islink(d / "cd")
+
+
+def test_secret_flags_are_read_checked_and_never_served(tmp_path):
+    from radixlang_runtime.server_args import REDACTED, ServerArgs
+
+    f = tmp_path / "secret"
+    f.write_bytes(b"0123456789abcdef-from-a-file\n")
+    args = ServerArgs(enable_hierarchical_cache=True, hicache_secret_file=str(f))
+    assert args.hicache_mac_secret() == b"0123456789abcdef-from-a-file"  # the trailing newline dropped
+    args = ServerArgs(enable_hierarchical_cache=True, hicache_secret=SECRET)
+    assert args.to_public_dict()["hicache_secret"] == REDACTED and SECRET not in repr(args)
+    for kw, needle in (({"hicache_secret": SECRET, "hicache_secret_file": str(f)}, "not both"),
+                       ({"hicache_secret_file": str(tmp_path / "missing")}, "cannot be read"),
+                       ({"hicache_storage_backend": "redis", "hicache_redis_url": "redis://127.0.0.1:1/0",
+                         "hicache_secret": "x" * 15}, "at least 16 bytes")):
+        with pytest.raises(ValueError, match=needle):
+            ServerArgs(enable_hierarchical_cache=True, **kw)
