@@ -1,6 +1,7 @@
 """A non-streaming request ends with its client (server/client_watch.py): on each generate route (native
 /generate, /v1/completions, /v1/chat/completions; directly and through the router) a client that closes its
-socket mid-decode gets its request aborted, counted in /metrics, the pool whole after. Real server, the
+socket mid-decode gets its request aborted, counted in /metrics, the pool whole after. (Without the watch the
+request decodes on for minutes: the bound fails.) Real server, the
 embedded model, a raw socket (the client really goes away)."""
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ BODIES = {
     "/v1/chat/completions": {"model": "default", "messages": [{"role": "user", "content": "Count slowly."}],
                              "max_tokens": LONG, "ignore_eos": True},
 }
-ABORT_BOUND_S = 2.0  # the disconnect to the request gone from the scheduler (a poll of 0.25 s + one step)
+# the disconnect to the request gone from the scheduler: at once plus one step (figures: docs/SERVER_SECURITY.md);
+# the bound is generous (a loaded CI machine) and still far below the minutes the 4,000 tokens would decode
+ABORT_BOUND_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,7 @@ def test_through_the_router_the_upstream_leg_is_cancelled(server):
     try:
         gone = _metric(server, "radixlang:num_client_disconnects_total")
         took = _send_and_leave(router.url, "/v1/completions", server)
-        assert took < ABORT_BOUND_S + 1.0, f"aborted {took:.2f} s after the disconnect"  # two hops of polling
+        assert took < ABORT_BOUND_S, f"aborted {took:.2f} s after the disconnect"
         text = httpx.get(router.url + "/metrics", timeout=30).text
         assert "radixlang_router_client_disconnects_total 1" in text.splitlines()
         assert _metric(server, "radixlang:num_client_disconnects_total") == gone + 1  # the server saw it too
