@@ -220,7 +220,9 @@ def ttft_children(settings: dict, work: dict) -> dict:
 
 def restart(tmp: str, work: dict) -> list[str]:
     n = work["restart_len"]
-    l2 = {"enable_hierarchical_cache": True, "hicache_size": 2.0, "hicache_storage_dir": os.path.join(tmp, "r_l2")}
+    secret = "bench-hicache deployment secret"  # L3 needs one, and L2 then reads what the L2 + L3 run sealed with it
+    l2 = {"enable_hierarchical_cache": True, "hicache_size": 2.0, "hicache_storage_dir": os.path.join(tmp, "r_l2"),
+          "hicache_secret": secret}
     c = in_child(run_ttft, {}, work, work["runs"])
     cold = statistics.median(c["ttft"])
     print(f"\nrestart TTFT, {n}-token prompt (medians of {work['runs']}):\n  cold {cold:.3f} s "
@@ -228,8 +230,9 @@ def restart(tmp: str, work: dict) -> list[str]:
     srv, url = start_redis(tmp)
     try:
         l3 = {"enable_hierarchical_cache": True, "hicache_size": 0, "hicache_storage_backend": "redis",
-              "hicache_redis_url": url}
-        both = dict(l2, hicache_storage_backend="redis", hicache_redis_url=url) if srv is not None else l2
+              "hicache_redis_url": url, "hicache_secret": secret}
+        both = dict(l2, hicache_storage_backend="redis", hicache_redis_url=url, hicache_secret=secret) \
+            if srv is not None else l2
         in_child(run_ttft, both, work, 1)  # computes the prompt; its shutdown stores it on L2 (and L3)
         out = []
         for name, settings in (("L2", l2), ("L3", l3)):

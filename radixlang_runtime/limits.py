@@ -26,6 +26,7 @@ MAX_JSON_DEPTH = 64  # nesting of arrays / objects in a JSON body
 MAX_N = 64  # samples per prompt (native sampling_params.n, OpenAI n)
 MAX_BATCH = 1024  # runtime requests one body fans out into (prompts x n)
 MAX_RID_LEN = 256  # characters of a request id
+MAX_PIN_TTL_S = 86400.0  # a prefix pin's longest ttl_s (a day): a pin cannot block /flush_cache for ever
 MAX_STOP_STRINGS = 16  # entries of `stop` (their length and stop_regex's limits: stop_regex.py)
 MAX_STOP_TOKEN_IDS = 1024  # entries of `stop_token_ids`
 MAX_LOGIT_BIAS = 1024  # entries of `logit_bias` (OpenAI's chat API takes up to 300)

@@ -74,6 +74,7 @@ class PinPrefixReq:
     req_id: str
     input_ids: list[int]
     ttl_s: Optional[float] = None
+    owner: str = ""  # who may unpin it (services.pin_owner; "": anyone)
 
 
 @dataclass
@@ -88,12 +89,13 @@ class PinPrefixOut:
 class UnpinPrefixReq:
     req_id: str
     pin_id: str
+    owner: str = ""  # must be the pin's owner
 
 
 @dataclass
 class UnpinPrefixOut:
     req_id: str
-    success: bool  # False: no such pin (unknown, already unpinned or expired)
+    success: bool  # False: no such pin of this owner (unknown, already unpinned, expired, another owner's)
 
 
 @dataclass

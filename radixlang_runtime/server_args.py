@@ -37,6 +37,9 @@ class ServerArgs:
     api_key: Optional[str] = field(default=None, repr=False)  # never printed or served: to_public_dict
     max_request_body_bytes: int = 32 << 20  # larger bodies answer 413 (checked while the body is read)
     enable_metrics: bool = False
+    # /metrics without the API key (a Prometheus scraper on a private network); by default --api-key guards it
+    # as every route but /health*. Neither SGLang nor vLLM has the switch (vLLM leaves /metrics open)
+    metrics_no_auth: bool = False
     log_requests: bool = False
     log_level: str = "info"
     chat_template: Optional[str] = None
@@ -92,6 +95,10 @@ class ServerArgs:
     # SGLang's JSON object of backend settings; here {"ttl_s": seconds}: an L3 record expires ttl_s after its
     # last write or read (Redis EX); needs hicache_storage_backend redis (other keys refused by name)
     hicache_storage_backend_extra_config: Optional[str] = None
+    # the deployment secret that keys the records' MAC (mem/tiers/secret.py, docs/HICACHE.md): required with
+    # hicache_storage_backend redis; without one L2 uses a random key of its own directory. Never printed or served
+    hicache_secret: Optional[str] = field(default=None, repr=False)
+    hicache_secret_file: Optional[str] = None  # a file holding the secret (its bytes, a trailing newline dropped)
     # vLLM's name: what retract_decode does with a retracted request's K/V. swap: its whole records go to the
     # hicache tiers, readmission loads them (needs enable_hierarchical_cache) | recompute: readmission recomputes
     # what L1 lost. None: swap with enable_hierarchical_cache, recompute without
@@ -211,6 +218,8 @@ class ServerArgs:
         need(self.responses_store_max_entries >= 0 and self.responses_store_max_bytes >= 0
              and self.responses_store_ttl > 0, "responses_store_max_entries / _max_bytes must be >= 0 "
              "(0: nothing is stored), responses_store_ttl > 0")
+        need(not self.metrics_no_auth or (self.enable_metrics and self.api_key),
+             "metrics_no_auth needs enable_metrics and api_key (without a key /metrics is open anyway)")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
         self._check_speculative()
@@ -254,7 +263,8 @@ class ServerArgs:
         given = [n for n, default in (("hicache_size", 4.0), ("hicache_write_policy", "write_back"),
                                       ("hicache_storage_backend", None), ("hicache_storage_dir", None),
                                       ("hicache_redis_url", None), ("hicache_load_policy", "faster"),
-                                      ("hicache_storage_backend_extra_config", None))
+                                      ("hicache_storage_backend_extra_config", None),
+                                      ("hicache_secret", None), ("hicache_secret_file", None))
                  if getattr(self, n) != default]
         if not self.enable_hierarchical_cache:
             if given:
@@ -282,6 +292,29 @@ class ServerArgs:
         if backend != "redis" and self.hicache_size == 0:
             raise ValueError("enable_hierarchical_cache with hicache_size 0 and no redis backend has no tier")
         self.hicache_extra_config()
+        if self.hicache_mac_secret() is None and backend == "redis":
+            raise ValueError("hicache_storage_backend redis needs hicache_secret or hicache_secret_file: the shared "
+                             "tier is the one others can write, its records are sealed by a MAC under that secret")
+
+    def hicache_mac_secret(self) -> Optional[bytes]:
+        """The records' deployment secret (hicache_secret, or hicache_secret_file's bytes without a trailing
+        newline), None when neither is given. ValueError names what is wrong."""
+        if self.hicache_secret is not None and self.hicache_secret_file is not None:
+            raise ValueError("give hicache_secret or hicache_secret_file, not both")
+        if self.hicache_secret_file is not None:
+            try:
+                with open(self.hicache_secret_file, "rb") as f:
+                    secret = f.read(1 << 16).rstrip(b"\r\n")
+            except OSError as e:
+                raise ValueError(f"hicache_secret_file {self.hicache_secret_file!r} cannot be read: {e}") from e
+            name = "hicache_secret_file"
+        elif self.hicache_secret is not None:
+            secret, name = self.hicache_secret.encode(), "hicache_secret"
+        else:
+            return None
+        if len(secret) < 16:
+            raise ValueError(f"{name}: the secret must have at least 16 bytes; got {len(secret)}")
+        return secret
 
     def hicache_extra_config(self) -> dict:
         """hicache_storage_backend_extra_config parsed: {} or {"ttl_s": float > 0} (redis only). ValueError
@@ -400,7 +433,8 @@ class ServerArgs:
 
     def to_public_dict(self) -> dict:
         """What may be served (/server_info) or logged: the API key shows as "<redacted>" when set."""
-        return {**self.to_dict(), "api_key": REDACTED if self.api_key else None}
+        return {**self.to_dict(), "api_key": REDACTED if self.api_key else None,
+                "hicache_secret": REDACTED if self.hicache_secret else None}
 
 _INT_FIELDS = {
     "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens",

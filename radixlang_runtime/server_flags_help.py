@@ -24,6 +24,7 @@ HELP: dict[str, str] = {
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health (never logged or served)",
     "max_request_body_bytes": "larger request bodies answer 413",
     "enable_metrics": "serve Prometheus metrics at /metrics (radixlang: and SGLang's sglang: names)",
+    "metrics_no_auth": "serve /metrics without the API key (for scrapers on a private network)",
     "log_requests": "log every request's id, lengths and latency",
     "log_level": "the log level",
     "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders with "
@@ -68,6 +69,8 @@ HELP: dict[str, str] = {
     "hicache_storage_backend": "file: L2 only; redis: L2 + L3 at --hicache-redis-url",
     "hicache_storage_dir": "L2's directory (default: <cache root>/hicache/<model fingerprint>)",
     "hicache_redis_url": "redis://host:port/db of the L3 tier",
+    "hicache_secret": "the deployment secret that authenticates the tiers' records (HMAC); needed with redis",
+    "hicache_secret_file": "a file holding that secret",
     "hicache_load_policy": "faster: skip a tier measured slower than recomputing; always: load every hit",
     "hicache_storage_backend_extra_config": "a JSON object of backend settings; here {\"ttl_s\": seconds} for L3",
     "preemption_mode": "what retraction does with a request's K/V: swap it to the tiers or recompute it "
@@ -116,6 +119,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule_policy": ("lpm", "fcfs", "dfs-weight"),
     "hicache_write_policy": ("write_back", "write_through"),
     "hicache_storage_backend": ("file", "redis"),
+    "hicache_secret": "the deployment secret that authenticates the tiers' records (HMAC); needed with redis",
+    "hicache_secret_file": "a file holding that secret",
     "hicache_load_policy": ("faster", "always"),
     "preemption_mode": ("swap", "recompute"),
     "attention_backend": ("auto", "torch", "triton"),

@@ -112,21 +112,25 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     from radixlang_runtime.mem.tiers.disk import DiskTier
     from radixlang_runtime.mem.tiers.keys import KVFingerprint, model_identity
     from radixlang_runtime.mem.tiers.redis_tier import RedisTier
+    from radixlang_runtime.mem.tiers.secret import mac_key_from_secret
     from radixlang_runtime.model.resolve import cache_root
 
     cfg = HiCacheConfig(record_tokens_for(args.page_size), args.hicache_write_policy,
                         load_policy=args.hicache_load_policy, preemption_mode=args.preemption_mode or "swap")
     port = KVRecordPort(runner.kv_pool, cfg.record_tokens)
-    fp = KVFingerprint(model_identity(model_dir), str(runner.dtype).replace("torch.", ""), args.page_size,
+    secret = args.hicache_mac_secret()
+    mac_key = mac_key_from_secret(secret) if secret is not None else None  # None: L2's own directory key
+    identity = model_identity(model_dir, os.path.join(cache_root(), "hicache"))  # the weights' content hash
+    fp = KVFingerprint(identity, str(runner.dtype).replace("torch.", ""), args.page_size,
                        cfg.record_tokens, runner.cfg.num_hidden_layers, runner.shard.kv_count, runner.cfg.head_dim,
                        0, args.tp_size, args.quantization or "")
     l2 = l3 = None
     if args.hicache_size > 0:
         directory = args.hicache_storage_dir or os.path.join(cache_root(), "hicache", fp.digest().hex())
-        l2 = DiskTier(directory, int(args.hicache_size * 1e9), port.record_bytes)
+        l2 = DiskTier(directory, int(args.hicache_size * 1e9), port.record_bytes, mac_key)
     if args.hicache_storage_backend == "redis":
         l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), port.record_bytes,
-                       ttl_s=args.hicache_extra_config().get("ttl_s"))
+                       ttl_s=args.hicache_extra_config().get("ttl_s"), mac_key=mac_key)
     return HiCache(cfg, fp, port, l2, l3)
 
 

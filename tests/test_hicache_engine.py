@@ -97,7 +97,8 @@ def test_redis_is_shared_by_two_engines_and_a_dead_redis_is_a_miss(tiny, tmp_pat
     want = hf_greedy(model, LONG, NEW)
     srv = RedisServer(str(tmp_path))
     kw = dict(dtype="float32", max_total_tokens=1024, enable_hierarchical_cache=True, hicache_size=0,
-              hicache_storage_backend="redis", hicache_redis_url=srv.url, hicache_load_policy="always")
+              hicache_storage_backend="redis", hicache_redis_url=srv.url, hicache_load_policy="always",
+              hicache_secret="a deployment secret of the test")
     try:
         with Engine(model_dir, hicache_write_policy="write_through", **kw) as a, Engine(model_dir, **kw) as b:
             assert a.generate(input_ids=LONG, sampling_params=SP)["output_ids"] == want
@@ -123,6 +124,10 @@ def test_unsupported_hicache_settings_are_refused_by_name(tiny):
                        ({"enable_hierarchical_cache": True, "hicache_write_policy": "write_through_selective"},
                         "hicache_write_policy"),
                        ({"enable_hierarchical_cache": True, "hicache_storage_backend": "redis"}, "hicache_redis_url"),
+                       ({"enable_hierarchical_cache": True, "hicache_storage_backend": "redis",
+                         "hicache_redis_url": "redis://127.0.0.1:1/0"}, "needs hicache_secret or hicache_secret_file"),
+                       ({"enable_hierarchical_cache": True, "hicache_secret": "short"}, "at least 16 bytes"),
+                       ({"hicache_secret": "a deployment secret of the test"}, "without enable_hierarchical_cache"),
                        ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "disable_radix_cache"),
                        ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
                          "hicache_storage_backend_extra_config": '{"ttl_s": 60}'}, "ttl_s needs hicache_storage_"),
@@ -218,7 +223,7 @@ def test_dp2_l3_hit_on_the_other_replica_with_ttl_and_stats_over_both(tiny, tmp_
                             "--enable-hierarchical-cache", "--hicache-size", "0", "--hicache-storage-backend", "redis",
                             "--hicache-redis-url", rs.url, "--hicache-write-policy", "write_through",
                             "--hicache-load-policy", "always", "--hicache-storage-backend-extra-config",
-                            '{"ttl_s": 600}')
+                            '{"ttl_s": 600}', "--hicache-secret", "a deployment secret of the test")
         outs = []
         for _ in range(2):  # replica 0 computes and writes through; replica 1 finds it in L3
             r = httpx.post(srv.url + "/generate", json={"input_ids": LONG, "sampling_params": SP}, timeout=120)

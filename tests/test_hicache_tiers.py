@@ -15,13 +15,15 @@ from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.mem.tiers import record
 from radixlang_runtime.mem.tiers.disk import DiskTier
 from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys
-from radixlang_runtime.mem.tiers.record import RecordError
+from radixlang_runtime.mem.tiers.record import RecordAuthError, RecordCodec, RecordError
 from radixlang_runtime.mem.tiers.redis_tier import RedisTier
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.sampling_params import SamplingParams
 
 T = 8  # record tokens in these tests
+KEY = b"\x11" * 32  # a MAC key (secret.mac_key_from_secret's size)
+CODEC = RecordCodec(KEY)
 FP = KVFingerprint("m", "float32", 4, T, 2, 1, 4)
 
 
@@ -40,16 +42,20 @@ def test_keys_chain_the_prefix_and_the_fingerprint():
 
 def test_record_round_trip_and_each_fault():
     key, other = b"k" * 16, b"o" * 16
-    blob = record.encode(key, b"payload!")
-    assert record.decode(key, blob, 8) == b"payload!"
+    blob = CODEC.encode(key, b"payload!")
+    assert CODEC.decode(key, blob, 8) == b"payload!"
     bad = [blob[:10], blob[:-1], blob[:-1] + bytes([blob[-1] ^ 1]), b"XXXX" + blob[4:]]
     for b in bad:
         with pytest.raises(RecordError):
-            record.decode(key, b)
+            CODEC.decode(key, b)
+    with pytest.raises(RecordAuthError):  # a flipped payload byte: the MAC is the check
+        CODEC.decode(key, blob[:-1] + bytes([blob[-1] ^ 1]))
+    with pytest.raises(RecordAuthError):  # the same record under another key: refused
+        RecordCodec(b"\x22" * 32).decode(key, blob)
     with pytest.raises(RecordError, match="stale"):
-        record.decode(other, blob)
+        CODEC.decode(other, blob)
     with pytest.raises(RecordError, match="hold 9"):
-        record.decode(key, blob, 9)
+        CODEC.decode(key, blob, 9)
 
 
 def test_disk_tier_lru_bound_faults_and_rescan(tmp_path):
@@ -117,12 +123,12 @@ def test_full_disk_is_a_failed_write_not_an_error(tiny_tmpfs):
 def test_redis_tier_round_trip_fault_and_down(tmp_path):
     srv = RedisServer(str(tmp_path))
     try:
-        l3 = RedisTier(srv.url, "ns", 4, timeout_s=0.5, retry_after_s=0.2)
+        l3 = RedisTier(srv.url, "ns", 4, timeout_s=0.5, retry_after_s=0.2, mac_key=KEY)
         assert l3.put(b"a" * 16, b"abcd") and l3.put(b"b" * 16, b"efgh")
         assert l3.get_many([b"a" * 16, b"c" * 16, b"b" * 16]) == [b"abcd", None, b"efgh"]
         l3.client.set(l3._name(b"b" * 16), b"garbage")  # a corrupt value: a miss, deleted
         assert l3.get_many([b"b" * 16]) == [None] and l3.client.get(l3._name(b"b" * 16)) is None
-        other = RedisTier(srv.url, "other", 4)
+        other = RedisTier(srv.url, "other", 4, mac_key=KEY)
         assert other.put(b"z" * 16, b"zzzz")
         l3.check_integrity(deep=True)
         assert l3.clear()
@@ -141,15 +147,15 @@ def test_redis_tier_ttl_expires_records_and_reads_refresh_it(tmp_path):
 
     srv = RedisServer(str(tmp_path))
     try:
-        l3 = RedisTier(srv.url, "ns", 4, ttl_s=60)
+        l3 = RedisTier(srv.url, "ns", 4, ttl_s=60, mac_key=KEY)
         assert l3.put(b"a" * 16, b"abcd") and 0 < l3.client.pttl(l3._name(b"a" * 16)) <= 60_000
         l3.client.pexpire(l3._name(b"a" * 16), 5)  # about to expire: a read hit gives it ttl_s again
         assert l3.get_many([b"a" * 16]) == [b"abcd"] and l3.client.pttl(l3._name(b"a" * 16)) > 1000
-        short = RedisTier(srv.url, "short", 4, ttl_s=0.05)
+        short = RedisTier(srv.url, "short", 4, ttl_s=0.05, mac_key=KEY)
         assert short.put(b"b" * 16, b"efgh")
         time.sleep(0.3)  # (Redis drops an expired key on access: not a timing assertion)
         assert short.get_many([b"b" * 16]) == [None] and short.faults == 0  # expired: a plain miss
-        untimed = RedisTier(srv.url, "forever", 4)
+        untimed = RedisTier(srv.url, "forever", 4, mac_key=KEY)
         assert untimed.put(b"c" * 16, b"ijkl") and untimed.client.pttl(untimed._name(b"c" * 16)) == -1
         assert l3.stats()["ttl_s"] == 60 and untimed.stats()["ttl_s"] is None
     finally:
@@ -163,7 +169,7 @@ def test_redis_tier_bytes_stored_counts_each_live_record_once(tmp_path):
     a, b = b"a" * 16, b"b" * 16
     srv = RedisServer(str(tmp_path))
     try:
-        l3 = RedisTier(srv.url, "ns", 4, ttl_s=60, clock=lambda: now[0])
+        l3 = RedisTier(srv.url, "ns", 4, ttl_s=60, clock=lambda: now[0], mac_key=KEY)
         assert l3.put(a, b"abcd") and l3.put(a, b"abcd") and l3.put(b, b"efgh")
         assert l3.stats()["bytes_stored"] == 2 * size  # a rewrite counts once
         now[0] = 50.0
@@ -174,7 +180,7 @@ def test_redis_tier_bytes_stored_counts_each_live_record_once(tmp_path):
         assert l3.bytes_stored == 0
         assert l3.put(a, b"abcd") and l3.bytes_stored == size
         assert l3.clear() and l3.bytes_stored == 0
-        untimed = RedisTier(srv.url, "forever", 4, clock=lambda: now[0])
+        untimed = RedisTier(srv.url, "forever", 4, clock=lambda: now[0], mac_key=KEY)
         assert untimed.put(a, b"abcd")
         now[0] = 1e9
         assert untimed.bytes_stored == size  # no ttl: live until flushed, found bad, or evicted by Redis

@@ -114,9 +114,28 @@ def test_expired_pins_are_dropped():
     assert kv.expire_pins(now=105.0) == [pid] and list(kv.pins) == [keep]
     sched.check_integrity()
     kv.unpin(keep)
-    for bad in (0, -1, float("inf"), "5"):
+    for bad in (0, -1, float("inf"), "5", 1e300, 86400.5):
         with pytest.raises(ValueError, match="ttl_s"):
             kv.pin(prefix, ttl_s=bad)
+    day, _ = kv.pin(prefix, ttl_s=86400)  # the bound itself is allowed
+    kv.unpin(day)
+    assert_whole(sched)
+
+
+def test_pin_ids_are_unguessable_and_only_their_owner_unpins():
+    sched, _ = make(num_slots=256)
+    kv = sched.kv
+    prefix = ids("p", 30)
+    run(sched, with_prompt("a", prefix, 1))
+    mine, _ = kv.pin(prefix, owner="alice")
+    other, _ = kv.pin(prefix, owner="alice")
+    assert mine != other and len(mine) == len("pin-") + 32 and int(mine[4:], 16) >= 0  # 128 random bits
+    assert kv.unpin(mine) is False and kv.unpin(mine, "mallory") is False  # not theirs: as if unknown
+    assert mine in kv.pins
+    assert kv.unpin(mine, "alice") is True and kv.unpin(mine, "alice") is False
+    assert kv.unpin("pin-1", "alice") is False
+    kv.unpin(other, "alice")
+    sched.check_integrity()
     assert_whole(sched)
 
 
@@ -193,12 +212,12 @@ def test_the_zmq_frontend_unpins_a_vanished_clients_pins():
         async def run_intake(self, fn, *args, size=0):
             return fn(*args)
 
-        async def pin_prefix(self, input_ids, ttl_s=None):
+        async def pin_prefix(self, input_ids, ttl_s=None, owner=""):
             pid = f"pin-{len(self.pinned) + 1}"
             self.pinned.add(pid)
             return {"pin_id": pid, "pinned_len": len(input_ids), "input_len": len(input_ids)}
 
-        async def unpin_prefix(self, pin_id):
+        async def unpin_prefix(self, pin_id, owner=""):
             had = pin_id in self.pinned
             self.pinned.discard(pin_id)
             return had
@@ -267,6 +286,8 @@ def test_server_pin_routes_under_a_tight_pool():
             for bad in ({}, {"text": "a", "input_ids": [1]}, {"input_ids": "x"}, {"text": "a", "ttl_s": 0}):
                 r = c.post("/pin_prefix", json=bad)
                 assert r.status_code == 400 and r.json()["error"]["message"], (bad, r.text)
+            r = c.post("/pin_prefix", json={"text": "a", "ttl_s": 1e300})  # a pin for ever: refused by name
+            assert r.status_code == 400 and r.json()["error"]["param"] == "ttl_s", r.text
             prefix, prompts, flood = batch_prompts()
             greedy = {"max_new_tokens": 8, "temperature": 0}
             assert c.post("/generate", json={"input_ids": prefix, "sampling_params": {"max_new_tokens": 0}}).is_success
@@ -280,7 +301,8 @@ def test_server_pin_routes_under_a_tight_pool():
             assert c.post("/flush_cache").status_code == 400
             assert c.post("/unpin_prefix", json={"pin_id": pin["pin_id"]}).json() == {"pin_id": pin["pin_id"],
                                                                                       "success": True}
-            assert c.post("/unpin_prefix", json={"pin_id": pin["pin_id"]}).json()["success"] is False
+            gone = c.post("/unpin_prefix", json={"pin_id": pin["pin_id"]})
+            assert gone.status_code == 404 and gone.json()["error"]["param"] == "pin_id", gone.text
             assert c.post("/flush_cache").status_code == 200
             stats = c.get("/server_info").json()["stats"]
             assert stats["num_pins"] == 0 and stats["free_slots"] == stats["total_slots"], stats

@@ -39,8 +39,9 @@ def test_api_key_then_sigterm_stops_every_process():
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             assert c.post("/generate", json={"text": "hi"}).status_code == 401
             assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
-            assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+            assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 401
             auth = {"Authorization": "Bearer sekret"}
+            assert c.get("/metrics", headers=auth).status_code == 200  # behind the key (no --metrics-no-auth)
             out = c.post("/generate", headers=auth, json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
             assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
             body = {"text": "Once upon", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}

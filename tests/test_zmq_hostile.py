@@ -168,7 +168,7 @@ def frontend_info(srv: ServerProcess) -> dict:
 
 
 def dropped_metric(srv: ServerProcess) -> float:
-    text = httpx.get(srv.url + "/metrics", timeout=30).text
+    text = httpx.get(srv.url + "/metrics", headers=AUTH, timeout=30).text
     lines = [ln for ln in text.splitlines() if ln.startswith("radixlang:frontend_dropped_messages_total ")]
     assert len(lines) == 1, "radixlang:frontend_dropped_messages_total not in /metrics"
     return float(lines[0].split()[1])

@@ -1,7 +1,8 @@
 """The router's HTTP app: the routed generate routes (/generate, /v1/completions, /v1/chat/completions),
 /v1/models (from an eligible decode / worker), /flush_cache (every instance, and the approximate trees),
 /health (200 while each role has an eligible instance), /server_info (instances, health, loads) and
-/metrics (Prometheus text: requests routed and errors per instance, health, in-flight)."""
+/metrics (Prometheus text: requests routed and errors per instance, health, in-flight, clients that left
+before a whole answer: their upstream call is cancelled, server/client_watch.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from radixlang_runtime.router.health import HealthMonitor
 from radixlang_runtime.router.instances import Group
 from radixlang_runtime.router.pd_proxy import Dispatcher
 from radixlang_runtime.router.upstream import timeouts
+from radixlang_runtime.server.client_watch import ClientGone, unless_client_gone
 from radixlang_runtime.server.http_common import error_response, read_json
 
 logger = logging.getLogger(__name__)
@@ -70,9 +72,17 @@ def create_app(args: RouterArgs) -> FastAPI:
     async def _http_error(request: Request, e: StarletteHTTPException) -> Response:
         return error_response(e.status_code, str(e.detail))
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, e: ClientGone) -> Response:  # nobody reads it: nginx's 499
+        return error_response(499, str(e))
+
     def routed(path: str) -> None:
         async def handler(request: Request) -> Response:
-            return await request.app.state.router.dispatcher.handle(path, await read_json(request))
+            # a client that disconnects before a whole answer cancels the upstream leg (its connection closes:
+            # the server behind it aborts the request); a relayed stream ends with its client by itself
+            dispatcher = request.app.state.router.dispatcher
+            return await unless_client_gone(request, dispatcher.handle(path, await read_json(request)),
+                                            dispatcher.on_client_gone)
         app.add_api_route(path, handler, methods=["POST"])
 
     for path in GENERATE_ROUTES:
@@ -133,7 +143,9 @@ def prometheus_text(state: RouterState) -> str:
     lines = ["# TYPE radixlang_router_requests_total counter",
              f"radixlang_router_requests_total {state.dispatcher.requests}",
              "# TYPE radixlang_router_errors_total counter",
-             f"radixlang_router_errors_total {state.dispatcher.errors}"]
+             f"radixlang_router_errors_total {state.dispatcher.errors}",
+             "# TYPE radixlang_router_client_disconnects_total counter",
+             f"radixlang_router_client_disconnects_total {state.dispatcher.client_disconnects}"]
     series = {"routed": ("counter", "radixlang_router_instance_requests_total"),
               "errors": ("counter", "radixlang_router_instance_errors_total"),
               "in_flight": ("gauge", "radixlang_router_instance_in_flight"),

@@ -155,6 +155,10 @@ class Dispatcher:
         self.prefill, self.answer = prefill, answer
         self.requests = 0
         self.errors = 0  # requests answered with a 5xx (upstream failure or no instance)
+        self.client_disconnects = 0  # non-streaming requests whose client left first (upstream legs cancelled)
+
+    def on_client_gone(self) -> None:
+        self.client_disconnects += 1
 
     async def handle(self, path: str, body: Any) -> Response:
         if self.prefill is not None:

@@ -24,12 +24,14 @@ every node's lock_ref counts exactly the live requests' and the pins' locks thro
 
 from __future__ import annotations
 
-import itertools
+import hmac
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from radixlang_runtime.limits import MAX_PIN_TTL_S
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache
 from radixlang_runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
@@ -44,6 +46,7 @@ class Pin:
     node: Optional[TreeNode]  # locked once for this pin (None: nothing was cached, nothing locked)
     length: int  # pinned tokens, page-aligned: the path root .. node
     expires_at: Optional[float]  # time.monotonic() deadline; None: until unpin
+    owner: str = ""  # who may unpin it (services.pin_owner: the creator's API key's digest; "": anyone)
 
 
 class KVManager:
@@ -59,7 +62,6 @@ class KVManager:
         self.page_size = allocator.page_size
         self.pins: dict[str, Pin] = {}
         self.max_pinned_slots = int(allocator.total_slots * max_pinned_fraction)
-        self._pin_seq = itertools.count(1)
         self.hicache = hicache if radix is not None else None
         if self.hicache is not None:
             if self.hicache.cfg.record_tokens % self.page_size:
@@ -236,13 +238,14 @@ class KVManager:
 
     # ------------------------------------------------------------------ prefix pins
     def pin(self, token_ids: list[int], ttl_s: Optional[float] = None,
-            now: Optional[float] = None) -> tuple[str, int]:
+            now: Optional[float] = None, owner: str = "") -> tuple[str, int]:
         """Lock the longest cached page-aligned prefix of token_ids until `unpin` (or ttl_s seconds).
         Returns (pin_id, pinned_len); pinned_len is 0 when nothing is cached (the pin still exists)
-        and shorter than the cached prefix when the pins' cap (max_pinned_slots) is reached."""
+        and shorter than the cached prefix when the pins' cap (max_pinned_slots) is reached. The id is
+        unguessable (128 random bits); only `owner` may unpin it."""
         if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
-                                  or not 0 < ttl_s < float("inf")):
-            raise ValueError(f"ttl_s must be a positive, finite number of seconds, got {ttl_s!r}")
+                                  or not 0 < ttl_s <= MAX_PIN_TTL_S):
+            raise ValueError(f"ttl_s must be a positive number of seconds up to {MAX_PIN_TTL_S:g}, got {ttl_s!r}")
         node, length = None, 0
         if self.radix is not None:
             m = self.radix.match_prefix(token_ids)
@@ -252,9 +255,9 @@ class KVManager:
             if m.length:
                 node, length = m.last_node, m.length
                 self.radix.lock(node)
-        pin_id = f"pin-{next(self._pin_seq)}"
+        pin_id = f"pin-{secrets.token_hex(16)}"
         expires = None if ttl_s is None else (time.monotonic() if now is None else now) + ttl_s
-        self.pins[pin_id] = Pin(node, length, expires)
+        self.pins[pin_id] = Pin(node, length, expires, owner)
         return pin_id, length
 
     def _capped_pin_len(self, last: TreeNode) -> int:
@@ -284,11 +287,13 @@ class KVManager:
                 node = node.parent
         return out
 
-    def unpin(self, pin_id: str) -> bool:
-        """Release a pin; False when there is no such pin (unknown, already unpinned or expired)."""
-        p = self.pins.pop(pin_id, None)
-        if p is None:
+    def unpin(self, pin_id: str, owner: str = "") -> bool:
+        """Release a pin; False when there is no such pin of owner's (unknown, already unpinned, expired, or
+        another owner's: told apart from unknown to nobody)."""
+        p = self.pins.get(pin_id)
+        if p is None or not hmac.compare_digest(p.owner, owner):
             return False
+        del self.pins[pin_id]
         if p.node is not None:
             self.radix.unlock(p.node)
         return True

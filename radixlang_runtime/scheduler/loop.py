@@ -143,13 +143,13 @@ class RequestLoop:
             self.io.send_control(StatsOut(msg.req_id, stats))
         elif isinstance(msg, PinPrefixReq):
             try:
-                pin_id, pinned_len = self.scheduler.kv.pin(msg.input_ids, msg.ttl_s)
+                pin_id, pinned_len = self.scheduler.kv.pin(msg.input_ids, msg.ttl_s, owner=msg.owner)
             except ValueError as e:  # validated by the sender; a bad one is answered, never fatal
                 self.io.send_control(PinPrefixOut(msg.req_id, None, 0, str(e)))
             else:
                 self.io.send_control(PinPrefixOut(msg.req_id, pin_id, pinned_len))
         elif isinstance(msg, UnpinPrefixReq):
-            self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id)))
+            self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id, msg.owner)))
         elif isinstance(msg, Call):
             try:
                 value = msg.fn(self.scheduler)

@@ -10,6 +10,8 @@ The key: with --api-key these routes take `x-api-key: KEY` (Anthropic's header) 
 
 from __future__ import annotations
 
+import hmac
+
 import json
 from typing import Any, Optional
 
@@ -27,7 +29,8 @@ def anthropic_route(path: str) -> bool:
 
 def x_api_key_ok(path: str, headers: Any, api_key: str) -> bool:
     """The Messages routes take Anthropic's `x-api-key` header."""
-    return anthropic_route(path) and headers.get("x-api-key") == api_key
+    given = headers.get("x-api-key")
+    return anthropic_route(path) and given is not None and hmac.compare_digest(given.encode(), api_key.encode())
 
 
 def anthropic_error(status: int, message: str) -> dict[str, Any]:

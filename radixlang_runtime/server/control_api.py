@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from radixlang_runtime.generate_input import fan_out
 from radixlang_runtime.limits import MAX_RID_LEN, need_str
@@ -61,15 +61,29 @@ async def flush_cache(request: Request) -> Response:
     return error_response(400, services.NOT_FLUSHED)
 
 
+def _pin_owner(request: Request) -> str:
+    """The caller's API key (checked by the auth middleware) as a pin owner; "" when the server has none."""
+    if not server_state(request).args.api_key:
+        return ""
+    return services.pin_owner(request.headers.get("authorization", "").removeprefix("Bearer "))
+
+
 @router.post("/pin_prefix")
 async def pin_prefix(request: Request):
     """{"text" | "input_ids", "ttl_s"?} -> {"pin_id", "pinned_len", "input_len"}: locks what is cached."""
-    return await services.pin_prefix(server_state(request).tm, await read_json(request), HTTP_PIN_TTL_S)
+    return await services.pin_prefix(server_state(request).tm, await read_json(request), HTTP_PIN_TTL_S,
+                                     _pin_owner(request))
 
 
 @router.post("/unpin_prefix")
-async def unpin_prefix(request: Request):
-    return await services.unpin_prefix(server_state(request).tm, services.pin_id_of(await read_json(request)))
+async def unpin_prefix(request: Request) -> Response:
+    """{"pin_id"} -> {"pin_id", "success": true}; 404 when there is no such pin of this caller's key."""
+    pin_id = services.pin_id_of(await read_json(request))
+    out = await services.unpin_prefix(server_state(request).tm, pin_id, _pin_owner(request))
+    if not out["success"]:
+        return error_response(404, f"no pin {pin_id!r} (unknown, unpinned, expired, or made with another key)",
+                              "pin_id")
+    return JSONResponse(out)
 
 
 @router.post("/abort_request")

@@ -333,17 +333,18 @@ class FrontendServer:
         pin has no ttl unless the body gives one: it ends with the client (_forget_client)."""
         body = req.body or {}
         if req.method == "pin_prefix":
-            out = await services.pin_prefix(self.tm, body, None)
+            out = await services.pin_prefix(self.tm, body, None, services.pin_owner(self.api_key))
             self._pins.setdefault(ident, set()).add(out["pin_id"])
             self._reply(ident, req.req_id, 200, out)
         else:
             pin_id = services.pin_id_of(body)
             self._pins.get(ident, set()).discard(pin_id)
-            self._reply(ident, req.req_id, 200, await services.unpin_prefix(self.tm, pin_id))
+            self._reply(ident, req.req_id, 200, await services.unpin_prefix(self.tm, pin_id,
+                                                                            services.pin_owner(self.api_key)))
 
     async def _unpin(self, pin_id: Any) -> None:
         try:
-            await self.tm.unpin_prefix(pin_id)
+            await self.tm.unpin_prefix(pin_id, services.pin_owner(self.api_key))
         except Exception as e:
             logger.warning("unpin %s failed: %s", pin_id, e)
 

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server import services
-from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, guard_stream, read_json, sse,
-                                                  stream_response)
+from radixlang_runtime.server.client_watch import unless_client_gone
+from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, client_gone_counter, guard_stream,
+                                                  read_json, sse, stream_response)
 
 router = APIRouter()
 
@@ -30,7 +31,7 @@ async def generate(request: Request) -> Response:
     if reqs[0].stream:  # the requests are admitted (tm.generate) before the headers go out
         events = services.generate_events(services.generate_streams(state, reqs), as_list)
         return stream_response(guard_stream(_sse_events(events, state.args.incremental_streaming_output)))
-    results = await services.generate_finals(state, reqs)
+    results = await unless_client_gone(request, services.generate_finals(state, reqs), client_gone_counter(state))
     return JSONResponse(results if as_list else results[0])
 
 

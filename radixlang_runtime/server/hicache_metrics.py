@@ -1,7 +1,8 @@
 """The hierarchical KV cache's gauges for /metrics (mem/hicache.py stats; refreshed at each scrape).
 
 Per tier (label tier: queue = the writer's queue, l2 = disk, l3 = Redis): tokens served past the L1
-match, bytes written, faults (bad records, failed writes, Redis unreachable), occupancy; overall: bytes
+match, bytes written, faults (bad records, failed writes, Redis unreachable) and of them the records refused
+for a bad MAC (auth_faults), occupancy; overall: bytes
 loaded into the pool, loads and their total seconds, writes dropped by a full queue; retracted requests'
 tokens swapped out at retraction and, at readmission, kept in L1 / swapped back in / recomputed. Data
 parallel: `merge_hicache_stats` folds the replicas' stats (the TokenizerManager's merged stats["hicache"]),
@@ -54,6 +55,8 @@ class HiCacheMetrics:
         self.bytes_written = Gauge(P + "bytes_written", "Record payload bytes written to a tier", ["tier"], registry=r)
         self.faults = Gauge(P + "faults", "Bad records, failed writes and unreachable-store errors (misses)",
                             ["tier"], registry=r)
+        self.auth_faults = Gauge(P + "auth_faults", "Records refused for a bad MAC (forged, or another key's; "
+                                 "also in faults)", ["tier"], registry=r)
         self.used_bytes = Gauge(P + "used_bytes", "Bytes a tier holds (l2: on disk; l3: stored by this server)",
                                 ["tier"], registry=r)
         self.bytes_loaded = Gauge(P + "bytes_loaded", "Record bytes loaded into the KV pool", registry=r)
@@ -79,6 +82,7 @@ class HiCacheMetrics:
         for tier in ("l2", "l3"):
             self.bytes_written.labels(tier).set(h["writer"]["bytes_written"].get(tier, 0))
             self.faults.labels(tier).set((h[tier] or {}).get("faults", 0))
+            self.auth_faults.labels(tier).set((h[tier] or {}).get("auth_faults", 0))
         self.used_bytes.labels("l2").set((h["l2"] or {}).get("used_bytes", 0))
         self.used_bytes.labels("l3").set((h["l3"] or {}).get("bytes_stored", 0))
         self.bytes_loaded.set(h["bytes_loaded"])

@@ -13,18 +13,20 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from radixlang_runtime.limits import MAX_JSON_DEPTH, FieldError, need_float, need_int_list, need_str, show
+from radixlang_runtime.limits import (MAX_JSON_DEPTH, MAX_PIN_TTL_S, FieldError, need_float, need_int_list, need_str,
+                                      show)
 from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-OPEN_ROUTES = ("/health", "/health_generate", "/metrics", "/dashboard")  # no key here (/dashboard checks its own)
+OPEN_ROUTES = ("/health", "/health_generate", "/dashboard")  # no key here (/dashboard checks its own)
+METRICS_ROUTE = "/metrics"  # behind the key too, unless --metrics-no-auth (scrapers on a private network)
 
 
 class BadRequest(ValueError):
@@ -45,6 +47,12 @@ class ServerState:
     child_pids: dict[str, int] = field(default_factory=dict)
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
     flag_template: Optional[str] = None  # --chat-template's text (create_app reads it once), else None
+
+
+def client_gone_counter(state: ServerState) -> Callable[[], None]:
+    """What client_watch.unless_client_gone calls when a client leaves: /metrics' num_client_disconnects."""
+    metrics = state.tm.metrics
+    return metrics.on_client_disconnect if metrics is not None else (lambda: None)
 
 
 def chat_template_text(value: Optional[str]) -> Optional[str]:
@@ -167,7 +175,8 @@ HTTP_PIN_TTL_S = 600.0  # an HTTP client is not watched: its pin expires after t
 
 def parse_pin_body(tm: TokenizerManager, body: Any,
                    default_ttl_s: Optional[float]) -> tuple[list[int], Optional[float]]:
-    """A /pin_prefix body: {"text": str} or {"input_ids": [int, ...]}, optional "ttl_s" (seconds > 0).
+    """A /pin_prefix body: {"text": str} or {"input_ids": [int, ...]}, optional "ttl_s" (seconds in
+    (0, MAX_PIN_TTL_S]).
     Returns (input_ids, ttl_s); raises BadRequest naming the field. Tokenizes: run it off the event
     loop (tm.run_intake)."""
     if not isinstance(body, dict) or ("text" in body) == ("input_ids" in body):
@@ -179,8 +188,9 @@ def parse_pin_body(tm: TokenizerManager, body: Any,
     ttl = body.get("ttl_s", default_ttl_s)
     if ttl is not None:
         ttl = need_float(ttl, "ttl_s")
-        if ttl <= 0:
-            raise FieldError("ttl_s", f"ttl_s must be a positive, finite number of seconds, got {ttl!r}")
+        if not 0 < ttl <= MAX_PIN_TTL_S:
+            raise FieldError("ttl_s", f"ttl_s must be a positive number of seconds up to {MAX_PIN_TTL_S:g} "
+                             f"(a day), got {ttl!r}")
     return ids, ttl
 
 

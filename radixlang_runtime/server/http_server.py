@@ -10,6 +10,7 @@ then `data: [DONE]\\n\\n`.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Callable, Optional
 
@@ -22,12 +23,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixlang_runtime import __version__
 from radixlang_runtime.server.anthropic_api import router as anthropic_router
 from radixlang_runtime.server.anthropic_errors import AnthropicErrorShape, x_api_key_ok
+from radixlang_runtime.server.client_watch import ClientGone
 from radixlang_runtime.server.control_api import metrics_router
 from radixlang_runtime.server.control_api import router as control_router
 from radixlang_runtime.server.dashboard import router as dashboard_router
 from radixlang_runtime.server.generate_api import router as native_router
-from radixlang_runtime.server.http_common import (OPEN_ROUTES, BodyTooLarge, ServerState, chat_template_text,
-                                                  error_response)
+from radixlang_runtime.server.http_common import (METRICS_ROUTE, OPEN_ROUTES, BodyTooLarge, ServerState,
+                                                  chat_template_text, error_response)
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
@@ -60,9 +62,12 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
 
 async def auth_and_log(request: Request, call_next: Callable) -> Response:
     args = request.app.state.server.args
-    if args.api_key and not request.url.path.startswith(OPEN_ROUTES):
-        if request.headers.get("authorization") != f"Bearer {args.api_key}" and \
-                not x_api_key_ok(request.url.path, request.headers, args.api_key):
+    path = request.url.path
+    open_route = path.startswith(OPEN_ROUTES) or (args.metrics_no_auth and path == METRICS_ROUTE)
+    if args.api_key and not open_route:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {args.api_key}".encode()) and \
+                not x_api_key_ok(path, request.headers, args.api_key):
             return error_response(401, "invalid or missing API key (Authorization: Bearer ...)")
     response = await call_next(request)
     if args.log_requests:
@@ -94,6 +99,10 @@ async def _http_error(request: Request, e: StarletteHTTPException) -> Response: 
     return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
 
 
+async def _client_gone(request: Request, e: ClientGone) -> Response:  # nobody reads it: nginx's 499
+    return error_response(499, str(e))
+
+
 async def _model_not_found(request: Request, e: ModelNotFound) -> Response:
     return error_response(404, str(e), "model", "model_not_found")
 
@@ -101,7 +110,7 @@ async def _model_not_found(request: Request, e: ModelNotFound) -> Response:
 _ERROR_HANDLERS = ((ValueError, _bad_request), (ShuttingDown, _shutting_down),
                    (RequestUnavailable, _request_unavailable), (RuntimeUnavailable, _unavailable),
                    (RuntimeError, _request_failed), (StarletteHTTPException, _http_error),
-                   (ModelNotFound, _model_not_found))
+                   (ModelNotFound, _model_not_found), (ClientGone, _client_gone))
 
 
 class IntakeGuard:

@@ -76,6 +76,8 @@ class ServerMetrics:
         self.cached_tokens = Counter(P + "cached_tokens", "Prompt tokens served from the cache", registry=r)
         self.num_requests = Counter(P + "num_requests", "Finished requests", registry=r)
         self.num_aborted_requests = Counter(P + "num_aborted_requests", "Aborted requests", registry=r)
+        self.num_client_disconnects = Counter(P + "num_client_disconnects", "Non-streaming requests aborted as "
+                                              "their client disconnected before the answer", registry=r)
         self.frontend_dropped_messages = Counter(P + "frontend_dropped_messages",
                                                  "Messages the ZeroMQ frontend dropped (malformed, or large "
                                                  "without the key)", registry=r)
@@ -113,6 +115,10 @@ class ServerMetrics:
         """The client left before the end: the request was aborted."""
         self.num_requests.inc()
         self.num_aborted_requests.inc()
+
+    def on_client_disconnect(self) -> None:
+        """A non-streaming request's client left (server/client_watch.py); its abort counts in on_abandoned."""
+        self.num_client_disconnects.inc()
 
     def render(self, stats: dict[str, Any]) -> bytes:
         now = time.perf_counter()

@@ -32,7 +32,8 @@ from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, ne
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.results import Cumulative, LogprobRequest
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat, template_kwargs
-from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result,
+from radixlang_runtime.server.client_watch import unless_client_gone
+from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, client_gone_counter, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response)
 from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
@@ -234,7 +235,7 @@ async def completions(request: Request) -> Response:
         include_usage = bool(_opt(body, "stream_options", {}).get("include_usage"))
         return stream_response(guard_stream(_stream_completion(choices, rid, created, model, texts, n,
                                                                include_usage, top is not None)))
-    outs = await choices.finals()
+    outs = await unless_client_gone(request, choices.finals(), client_gone_counter(state))
     return JSONResponse({
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": i, "text": (texts[i // n] if echo else "") + o["text"],
@@ -283,10 +284,10 @@ async def chat_completions(request: Request) -> Response:
         return stream_response(guard_stream(_stream_chat(choices, rid, created, model, n, include_usage,
                                                          want_lp, bool(top), plan, think)))
     if think is None:
-        outs = await choices.finals()
+        outs = await unless_client_gone(request, choices.finals(), client_gone_counter(state))
         replies = [plan.message(o["text"], _finish(o["meta_info"]["finish_reason"])) for o in outs]
     else:
-        outs = await asyncio.gather(*(_until_stop(g, think) for g in choices.streams()))
+        outs = await unless_client_gone(request, _until_stops(choices, think), client_gone_counter(state))
         replies = [_think_message(plan, think, o) for o in outs]
     return JSONResponse({
         "id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -348,6 +349,10 @@ async def _stream_chat(choices: _Choices, rid: str, created: int, model: str, n:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                    "choices": [], "usage": _sum_usage([f for f in finals if f], n, think, choices.tm.tokenizer.decode)})
     yield SSE_DONE
+
+
+async def _until_stops(choices: _Choices, think: ReasoningPlan) -> list[dict]:
+    return list(await asyncio.gather(*(_until_stop(g, think) for g in choices.streams())))
 
 
 async def _until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:

@@ -9,6 +9,7 @@ GenerateRequest lists, snapshot iterators); no FastAPI object enters or leaves. 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from typing import Any, AsyncIterator, Optional
 
@@ -88,10 +89,19 @@ async def flush_cache(state: ServerState, tiers: Optional[list[str]] = None) -> 
     return await state.tm.flush_cache(tiers)
 
 
-async def pin_prefix(tm: TokenizerManager, body: Any, default_ttl_s: Optional[float]) -> dict[str, Any]:
+def pin_owner(api_key: Optional[str]) -> str:
+    """Who owns a pin made with this API key (a digest: the key itself is never stored); "" without a key
+    (then a pin's unguessable id is all that guards it)."""
+    if not api_key:
+        return ""
+    return hashlib.blake2b(api_key.encode(), digest_size=16, person=b"radixlang-pin").hexdigest()
+
+
+async def pin_prefix(tm: TokenizerManager, body: Any, default_ttl_s: Optional[float],
+                     owner: str = "") -> dict[str, Any]:
     """{"text" | "input_ids", "ttl_s"?} -> {"pin_id", "pinned_len", "input_len"}: locks what is cached."""
     ids, ttl_s = await tm.run_intake(parse_pin_body, tm, body, default_ttl_s, size=input_size(body))
-    return await tm.pin_prefix(ids, ttl_s)
+    return await tm.pin_prefix(ids, ttl_s, owner)
 
 
 def pin_id_of(body: Any) -> str:
@@ -100,5 +110,5 @@ def pin_id_of(body: Any) -> str:
     return need_str(body["pin_id"], "pin_id", MAX_RID_LEN)
 
 
-async def unpin_prefix(tm: TokenizerManager, pin_id: str) -> dict[str, Any]:
-    return {"pin_id": pin_id, "success": await tm.unpin_prefix(pin_id)}
+async def unpin_prefix(tm: TokenizerManager, pin_id: str, owner: str = "") -> dict[str, Any]:
+    return {"pin_id": pin_id, "success": await tm.unpin_prefix(pin_id, owner)}

@@ -191,11 +191,11 @@ class TokenizerManager:
         merged["router"] = self.router.stats()  # several replicas: there is a router
         return merged
 
-    async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None) -> dict[str, Any]:
+    async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None, owner: str = "") -> dict[str, Any]:
         """Lock the cached part of input_ids in the radix cache (KVManager.pin: only what is cached;
         prefill it first). Returns {"pin_id", "pinned_len", "input_len"}; a bad ttl_s is a ValueError.
         Data parallel: pinned on every replica (wherever it is cached); the id lists the replicas' pins."""
-        outs = await self._control_all(PinPrefixReq, list(input_ids), ttl_s)
+        outs = await self._control_all(PinPrefixReq, list(input_ids), ttl_s, owner)
         if len(outs) == 1:
             out = outs[0]
             if out.pin_id is None:
@@ -206,14 +206,15 @@ class TokenizerManager:
         pin_id = "dp:" + ",".join(o.pin_id or "-" for o in outs)
         return {"pin_id": pin_id, "pinned_len": max(o.pinned_len for o in outs), "input_len": len(input_ids)}
 
-    async def unpin_prefix(self, pin_id: str) -> bool:
-        """Release a pin; False when there is none by that id (unknown, unpinned or expired)."""
+    async def unpin_prefix(self, pin_id: str, owner: str = "") -> bool:
+        """Release a pin; False when there is none by that id of owner's (unknown, unpinned, expired, or
+        another owner's)."""
         if not pin_id.startswith("dp:") or len(self.to_replicas) == 1:
-            return (await self._control_call(UnpinPrefixReq, pin_id)).success
+            return (await self._control_call(UnpinPrefixReq, pin_id, owner)).success
         ids = pin_id[3:].split(",")
         if len(ids) != len(self.to_replicas):
             return False
-        outs = await asyncio.gather(*(self._control_call(UnpinPrefixReq, p, replica=i)
+        outs = await asyncio.gather(*(self._control_call(UnpinPrefixReq, p, owner, replica=i)
                                       for i, p in enumerate(ids) if p != "-"))
         return bool(outs) and all(o.success for o in outs)
 

@@ -4,7 +4,8 @@ A record holds the K/V of `record_tokens` consecutive tokens (all layers) at a r
 of a token sequence. Its key is a hash chain: key(0) = the fingerprint's digest, key(i + 1) =
 H(key(i) || ids of record i). So a key names the record's tokens *and* everything before them (KV
 depends on the whole prefix), and the fingerprint (model weights, dtype, page and record sizes, KV
-shape, TP rank) keeps one model from ever reading another's KV.
+shape, TP rank, adapter) keeps one model from ever reading another's KV. The model part is a content hash of
+the weight files (weights_digest.py) with config.json's bytes: equal names and sizes are not enough.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import json
 import os
 from array import array
 from dataclasses import asdict, dataclass
+from typing import Optional
 
-FORMAT_VERSION = 1  # of the record layout (record.py) and of this chain; part of every fingerprint
+from radixlang_runtime.mem.tiers.weights_digest import weights_digest
+
+FORMAT_VERSION = 2  # of the record layout (record.py) and of this chain; part of every fingerprint
 KEY_BYTES = 16
 
 
 @dataclass(frozen=True)
 class KVFingerprint:
-    model: str  # model_identity(model_dir): config + weight files, not the path
+    model: str  # model_identity(model_dir): config + the weights' content hash, not the path
     dtype: str
     page_size: int
     record_tokens: int
@@ -31,6 +35,7 @@ class KVFingerprint:
     tp_rank: int = 0
     tp_size: int = 1
     quantization: str = ""
+    adapter: str = ""  # a LoRA adapter's identity (its content hash) when one is applied to the K/V
 
     def digest(self) -> bytes:
         text = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
@@ -51,20 +56,14 @@ def chain_keys(root: bytes, ids: list[int], record_tokens: int) -> list[bytes]:
     return keys
 
 
-def model_identity(model_dir: str) -> str:
+def model_identity(model_dir: str, digest_dir: Optional[str] = None) -> str:
     """What the model's KV depends on, independent of where it is stored: config.json's bytes and the
-    names and sizes of its weight files (a replica on another node with the same files agrees)."""
+    weight files' content hash (weights_digest.py; digest_dir: where sidecars go when model_dir is not
+    writable). A replica on another node with the same files agrees."""
     h = hashlib.blake2b(digest_size=KEY_BYTES)
     cfg = os.path.join(model_dir, "config.json")
     if os.path.isfile(cfg):
         with open(cfg, "rb") as f:
             h.update(f.read())
-    else:  # a single file (e.g. a .gguf): its name and size
-        h.update(os.path.basename(model_dir).encode())
-    if os.path.isdir(model_dir):
-        for name in sorted(os.listdir(model_dir)):
-            if name.endswith((".safetensors", ".gguf", ".bin")):
-                h.update(f"{name}:{os.path.getsize(os.path.join(model_dir, name))}".encode())
-    elif os.path.isfile(model_dir):
-        h.update(str(os.path.getsize(model_dir)).encode())
+    h.update(b"\0weights:" + weights_digest(model_dir, digest_dir).encode())
     return h.hexdigest()

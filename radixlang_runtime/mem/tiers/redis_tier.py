@@ -1,8 +1,11 @@
 """L3: KV page records in Redis, shared by every replica and node that reaches it (torch-free).
 
 Keys `radixlang:kv:<namespace>:<key hex>` (namespace: the fingerprint's digest, so `clear` drops only
-this model's records); values are whole records (record.py). Every call has a bound (socket timeouts
-of `timeout_s`). Faults are misses: Redis down, restarting or timing out, a corrupt or stale value ->
+this model's records); values are whole records (record.py) sealed by a MAC under the deployment secret's
+key (secret.py: the shared tier is the one strangers can write, so it has no key of its own: a secret is
+required, --hicache-secret / --hicache-secret-file); a value with a bad MAC is a miss, deleted, and
+counted in faults and auth_faults. Every call has a bound (socket timeouts of `timeout_s`).
+Faults are misses: Redis down, restarting or timing out, a corrupt or stale value ->
 None / False, a count and one log line; after a connection fault the tier is skipped for
 `retry_after_s` (requests do not each wait for the timeout), then tried again.
 Expiry (`ttl_s`, --hicache-storage-backend-extra-config '{"ttl_s": N}'): a record expires N seconds after
@@ -21,8 +24,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Optional
 
-from radixlang_runtime.mem.tiers import record
-from radixlang_runtime.mem.tiers.record import RecordError
+from radixlang_runtime.mem.tiers.record import HEADER, RecordAuthError, RecordCodec, RecordError
 
 logger = logging.getLogger(__name__)
 MAX_TRACKED = 1 << 20  # records bytes_stored follows (the oldest written / read are forgotten past it)
@@ -33,7 +35,7 @@ class RedisTier:
 
     def __init__(self, url: str, namespace: str, record_bytes: Optional[int] = None, timeout_s: float = 1.0,
                  retry_after_s: float = 1.0, ttl_s: Optional[float] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, *, mac_key: bytes):
         import redis  # the redis PyPI client; only needed when this tier is on
 
         self._errors = (redis.RedisError, OSError)
@@ -42,13 +44,15 @@ class RedisTier:
         self.url = url
         self.prefix = f"radixlang:kv:{namespace}:"
         self.record_bytes = record_bytes
+        self.codec = RecordCodec(mac_key)
         self.retry_after_s = retry_after_s
         if ttl_s is not None and not 0 < ttl_s < float("inf"):
             raise ValueError(f"l3 ttl_s must be a positive number of seconds; got {ttl_s!r}")
         self.ttl_ms = None if ttl_s is None else max(int(ttl_s * 1000), 1)  # Redis PX
         self._down_until = 0.0
         self._lock = threading.Lock()
-        self.faults = 0  # connection faults, timeouts, corrupt / stale values
+        self.faults = 0  # connection faults, timeouts, corrupt / stale / forged values
+        self.auth_faults = 0  # of which: a bad MAC
         self._clock = clock
         # records this process wrote: key -> (bytes, expiry on clock; inf without ttl), in expiry order (one
         # ttl for all, so the order of the last write / read); bytes_stored = their sum
@@ -89,8 +93,11 @@ class RedisTier:
                 out.append(None)
                 continue
             try:
-                out.append(record.decode(key, blob, self.record_bytes))
+                out.append(self.codec.decode(key, blob, self.record_bytes))
             except RecordError as e:
+                if isinstance(e, RecordAuthError):
+                    with self._lock:
+                        self.auth_faults += 1
                 self._fault(f"record {key.hex()[:12]}", e, down=False)
                 self._delete(key)
                 out.append(None)
@@ -100,11 +107,11 @@ class RedisTier:
         if not self.available():
             return False
         try:
-            self.client.set(self._name(key), record.encode(key, payload), px=self.ttl_ms)
+            self.client.set(self._name(key), self.codec.encode(key, payload), px=self.ttl_ms)
         except self._errors as e:
             self._fault("write", e, down=True)
             return False
-        self._track([key], record.HEADER.size + len(payload))
+        self._track([key], HEADER.size + len(payload))
         return True
 
     def _expiry(self) -> float:
@@ -179,7 +186,8 @@ class RedisTier:
     def stats(self) -> dict:
         stored = self.bytes_stored
         with self._lock:
-            return {"faults": self.faults, "bytes_stored": stored, "available": self.available(),
+            return {"faults": self.faults, "auth_faults": self.auth_faults, "bytes_stored": stored,
+                    "available": self.available(),
                     "ttl_s": None if self.ttl_ms is None else self.ttl_ms / 1000}
 
     def check_integrity(self, deep: bool = False) -> None:
@@ -189,7 +197,7 @@ class RedisTier:
             if deep:
                 for name in self._our_keys():
                     key = bytes.fromhex(name.decode()[len(self.prefix):])
-                    record.decode(key, self.client.get(name), self.record_bytes)
+                    self.codec.decode(key, self.client.get(name), self.record_bytes)
         except self._errors as e:
             raise AssertionError(f"l3: Redis at {self.url} unreachable: {e}") from e
         except RecordError as e:
