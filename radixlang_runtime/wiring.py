@@ -40,7 +40,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     grammar = None
     if args.grammar_backend != "none":
         backend = args.grammar_backend
-        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size, backend), eos,
+        budget = (args.grammar_step_timeout, args.grammar_request_timeout)
+        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size, backend, budget), eos,
                                jump_forward=not args.disable_jump_forward)
     allocator = PageAllocator(sizes.num_slots, args.page_size)
     start_kv_prefault(runner.kv_pool, allocator)
@@ -169,7 +170,8 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eo
     return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len, draft.set_active)
 
 
-def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
+def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines",
+                          budget: tuple[float, float] = (1.0, 30.0)) -> Any:
     """The token vocabulary of this tokenizer (built once, ~0.5 s) + a compiler (--grammar-backend) whose
     compiled grammars are also cached on disk under the cache root (a restart reloads them in milliseconds)."""
     import os
@@ -180,7 +182,8 @@ def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "out
 
     vocab = vocab_from_tokenizer(tokenizer, logits_width=logits_width)
     return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars"),
-                                                  backend=backend))
+                                                  backend=backend, step_timeout_s=budget[0],
+                                                  request_timeout_s=budget[1]))
 
 
 def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:
