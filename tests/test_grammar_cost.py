@@ -73,8 +73,16 @@ def test_unreadable_text_is_left_to_the_backend():
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
-def test_backend_compile_refuses_before_the_library(backend):
+@pytest.mark.parametrize("text", [AMBIGUOUS, LONG_LITERAL], ids=["ambiguous", "long_literal"])
+def test_backend_compile_refuses_before_the_library(backend, text):
     from radixlang_runtime.constrained.backends import compile_payload
 
     with pytest.raises(ValueError, match="grammar too expensive"):
-        compile_payload(backend, "ebnf", AMBIGUOUS, None)  # no vocabulary needed: refused first
+        compile_payload(backend, "ebnf", text, None)  # no vocabulary needed: refused first
+
+
+def test_regex_refused_on_xgrammar_only():
+    from radixlang_runtime.constrained.backends import compile_payload
+
+    with pytest.raises(ValueError, match="grammar too expensive: regex"):
+        compile_payload("xgrammar", "regex", NESTED_STARS, None)
