@@ -13,10 +13,12 @@
 - --replay: the JSON workload's greedy outputs (outlines' Engine) replayed through each backend's jump-forward,
   one request after another: a forced fraction per backend on the same tokens that does not depend on the
   order concurrent requests learned in (--e2e's fraction moves from run to run with it).
+- --guard-overhead: the step guard's cost per decode step (batch 1 and 16; grammar calls inline vs on its thread).
 - --quick: the small version for a loaded machine (no json_object / 10,000-value enum, 5 schemas x 2
   prompts end to end).
 
     python benchmarks/bench_constrained.py [--skip-json-object] [--e2e] [--backends B1,B2] [--quick] [--replay]
+                                           [--guard-overhead]
 """
 
 from __future__ import annotations
@@ -321,6 +323,42 @@ def _mask_per_token(backends: list[str], vocab, encode, compile_grammar) -> None
                   f"us/token, warm {per[1] * 1e6:7.1f} us/token")
 
 
+def bench_guard_overhead(backends: list[str], vocab, encode) -> None:
+    """Wall us per step along a JSON output at batch 1 and 16, cold (fresh grammar objects: every state new, as
+    while decoding): grammar calls inline vs on the step guard's thread (constrained/step_guard.py). Medians
+    over the steps of one walk per mode; the modes alternate (inline first, then guarded, then inline)."""
+    from radixlang_runtime.constrained.grammar import compile_grammar
+    from radixlang_runtime.constrained.step_guard import StepGuard
+
+    schema, value = OUTPUTS[0]
+    target = encode(json.dumps(value))
+    spec = GrammarSpec.from_json_schema(schema)
+    torch.set_num_threads(1)  # the mask on one thread: other processes' load moves it less
+    for backend in backends:
+        for batch in (1, 16):
+            res: dict[str, list[float]] = {"inline": [], "guarded": []}
+            for mode in ("inline", "guarded", "inline", "guarded"):
+                guard = StepGuard() if mode == "guarded" else None
+                states = []
+                for _ in range(batch):
+                    g = compile_grammar(spec, vocab, backend)
+                    g.guard = guard
+                    states.append(GrammarState(g, [2], budget=guard.new_budget() if guard else None))
+                logits = torch.zeros(batch, vocab.logits_width)
+                for t in target:
+                    t0 = time.perf_counter()
+                    mask_logits(logits, list(range(batch)), states)
+                    for gs in states:
+                        assert gs.advance(t)
+                        gs.allowed()  # the scheduler's must_finish check after a token
+                    res[mode].append(time.perf_counter() - t0)
+                if guard is not None:
+                    guard.close()
+            a, b = statistics.median(res["inline"]), statistics.median(res["guarded"])
+            print(f"  {backend:10s} batch {batch:2d}, {len(target)} steps x 2: inline {a * 1e6:8.1f} us/step, "
+                  f"guarded {b * 1e6:8.1f} us/step ({(b - a) * 1e6:+.1f} us)")
+
+
 def bench_e2e() -> None:
     from radixlang_runtime import Engine
 
@@ -374,6 +412,8 @@ def main() -> None:
     ap.add_argument("--e2e-only", action="store_true", help="only the Engine's JSON workload per backend")
     ap.add_argument("--no-warm", action="store_true", help="--e2e-only without warm-up passes (forced fraction)")
     ap.add_argument("--replay", action="store_true", help="only the forced fraction replayed on fixed outputs")
+    ap.add_argument("--guard-overhead", action="store_true",
+                    help="only the step guard's cost per step (batch 1 and 16, grammar calls inline vs guarded)")
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.e2e_only:
@@ -387,6 +427,10 @@ def main() -> None:
     print(f"vocabulary: {time.perf_counter() - t0:.2f} s (once per tokenizer)")
     if args.replay:
         bench_replay(backends, args.quick, vocab)
+        return
+    if args.guard_overhead:
+        print("step guard: wall time per step, cold states:")
+        bench_guard_overhead(backends, vocab, encode)
         return
     skip = (QUICK_SKIP if args.quick else set()) | ({"json_object"} if args.skip_json_object else set())
     for backend in backends:

@@ -118,6 +118,8 @@ class ServerArgs:
     # none (constrained requests answer 400)
     grammar_backend: str = "auto"
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
+    grammar_step_timeout: float = 1.0  # s: one grammar call (mask, matcher move) past it ends its request
+    grammar_request_timeout: float = 30.0  # s: one request's grammar calls in all (docs/CONSTRAINED_LIMITS.md)
     quantization: Optional[str] = None  # int8 (model/quant_linear.py) | gguf: the .gguf's blocks (model/gguf_linear.py)
     enable_deterministic_inference: bool = False  # batch-invariant numerics (model/deterministic.py)
 
@@ -163,6 +165,9 @@ class ServerArgs:
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("auto", "outlines", "xgrammar", "llguidance", "none"),
              f"grammar_backend must be auto, outlines, xgrammar, llguidance or none; got {self.grammar_backend!r}")
+        need(self.grammar_step_timeout > 0, f"grammar_step_timeout must be > 0; got {self.grammar_step_timeout}")
+        need(self.grammar_request_timeout > 0,
+             f"grammar_request_timeout must be > 0; got {self.grammar_request_timeout}")
         from radixlang_runtime.tool_parsers import PARSERS  # no torch
 
         need(self.tool_call_parser is None or self.tool_call_parser in PARSERS,
@@ -451,7 +456,8 @@ _SPEC_STANDALONE_FIELDS = ("speculative_draft_model_path", "speculative_num_step
                            "speculative_draft_model_quantization")
 _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
-                 "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout", "responses_store_ttl"}
+                 "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout", "responses_store_ttl",
+                 "grammar_step_timeout", "grammar_request_timeout"}
 _CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
 
 

@@ -87,6 +87,9 @@ HELP: dict[str, str] = {
     "attention_backend": "auto: triton on CUDA, torch (C kernels) elsewhere",
     "grammar_backend": "the engine of constrained decoding; auto: outlines for regex / JSON schema, xgrammar for EBNF "
                        "and structural tags (none: constrained requests answer 400)",
+    "grammar_step_timeout": "seconds one grammar call (a mask, a forced string) may take; past it the request "
+                            "ends alone",
+    "grammar_request_timeout": "seconds of grammar work one request may spend in all",
     "disable_jump_forward": "sample every token of a constrained request (same text, more passes)",
     "quantization": "int8: weight-only per-channel int8; gguf: run a .gguf's own blocks",
     "enable_deterministic_inference": "batch-invariant numerics: greedy output independent of batching",

@@ -40,7 +40,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     grammar = None
     if args.grammar_backend != "none":
         backend = args.grammar_backend
-        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size, backend), eos,
+        budget = (args.grammar_step_timeout, args.grammar_request_timeout)
+        grammar = GrammarQueue(lambda: make_grammar_compiler(tokenizer, runner.cfg.vocab_size, backend, budget), eos,
                                jump_forward=not args.disable_jump_forward)
     allocator = PageAllocator(sizes.num_slots, args.page_size)
     start_kv_prefault(runner.kv_pool, allocator)
@@ -173,10 +174,11 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eo
     return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len, draft.set_active)
 
 
-def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines") -> Any:
+def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "outlines",
+                          budget: tuple[float, float] = (1.0, 30.0)) -> Any:
     """The token vocabulary of this tokenizer (built once, ~0.5 s) + a compiler (--grammar-backend; auto: one per
     backend, picked by each grammar's kind) whose compiled grammars are also cached on disk under the cache root
-    (a restart reloads them in milliseconds)."""
+    (a restart reloads them in milliseconds); budget: the grammar calls' step and request time limits."""
     import os
 
     from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompiler
@@ -187,7 +189,8 @@ def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "out
 
     def make(name: str) -> GrammarCompiler:
         return GrammarCompiler(vocab, GrammarCacheConfig(disk_dir=os.path.join(cache_root(), "grammars"),
-                                                      backend=name))
+                                                      backend=name, step_timeout_s=budget[0],
+                                                      request_timeout_s=budget[1]))
 
     if backend == "auto":  # the grammar's kind picks (constrained/auto_compiler.py)
         from radixlang_runtime.constrained.auto_compiler import KindRoutedCompiler

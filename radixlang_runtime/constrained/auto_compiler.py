@@ -3,7 +3,8 @@
 One GrammarCompiler (cache.py) per backend, each built on the first grammar its kind sends it
 (backends.AUTO_PICK: regex / json_schema -> outlines, ebnf / structural_tag -> xgrammar), so a server
 that never sees an EBNF grammar never starts xgrammar's compile processes. It answers what the
-scheduler's GrammarQueue uses of a GrammarCompiler: start, submit, get, clear, close, num_pending, stats
+scheduler's GrammarQueue uses of a GrammarCompiler: start, submit, get, clear, close, guard, cached_bytes,
+num_pending, stats
 (summed over the backends).
 """
 
@@ -52,6 +53,14 @@ class KindRoutedCompiler:
     def close(self, timeout: float = 10.0) -> None:
         for c in list(self.compilers.values()):
             c.close(timeout)
+
+    @property
+    def guard(self):
+        """The step guard whose limits every backend's compiler shares (a request's budget comes from it)."""
+        return self.compiler_for("regex").guard
+
+    def cached_bytes(self) -> int:
+        return sum(c.cached_bytes() for c in list(self.compilers.values()))
 
     @property
     def num_pending(self) -> int:

@@ -7,8 +7,12 @@ queue while pending, admits it when ready (handle.grammar), and finishes it with
 
 - Compiles run in `num_workers` CompileWorker processes (worker.py): time limit + memory cap each,
   so at most num_workers compiles run at once; the rest wait in a FIFO of at most max_queued jobs.
-- Cache: an LRU of CompiledGrammar keyed by (spec.key, tokenizer id), bounded by entries and by the
-  pickled index sizes; errors are cached too (a hostile grammar costs its time limit once).
+- Cache: an LRU of grammars keyed by (spec.key, tokenizer id), bounded by entries and by bytes: each
+  grammar weighs its `nbytes` (payload, the backend's own structures, its allowed-set cache), reweighed
+  at every submit since the allowed sets grow as requests decode; errors are cached too (a hostile
+  grammar costs its time limit once). clear() (/flush_cache) drops both and trims the heap.
+- Grammar calls during decoding run under `guard` (step_guard.StepGuard: per call and per request
+  deadlines); a grammar abandoned mid-call leaves the cache and its error is cached.
   Optional disk cache of pickled indexes (disk_dir, per tokenizer id), read and written by the child.
 - Several submits of one grammar while it compiles share one handle (one compile).
 Invariants: a key is in at most one of {ready LRU, error LRU, in flight}; every wait is bounded;
@@ -27,8 +31,10 @@ from radixlang_runtime.constrained.backends import check_backend
 from radixlang_runtime.constrained.grammar import CompiledGrammar, grammar_from_pickle
 from radixlang_runtime.constrained.lru import LRU
 from radixlang_runtime.constrained.spec import GrammarSpec
+from radixlang_runtime.constrained.step_guard import StepGuard, StepLimits
 from radixlang_runtime.constrained.vocab import TokenVocab
 from radixlang_runtime.constrained.worker import CompileWorker, WorkerLimits, vocab_message
+from radixlang_runtime.release_memory import release_memory
 
 Status = Literal["pending", "ready", "error"]
 
@@ -40,14 +46,20 @@ class GrammarCacheConfig:
     memory_bytes: int = 2 << 30  # per compile process (RLIMIT_AS)
     max_queued: int = 1024  # compiles waiting for a worker
     cache_entries: int = 256
-    cache_bytes: int = 2 << 30  # sum of pickled index sizes held
+    cache_bytes: int = 1 << 30  # sum of the grammars' bytes held (grammar.nbytes: payload, backend, allowed sets)
     error_entries: int = 1024
     disk_dir: Optional[str] = None  # pickled indexes on disk (None: memory only)
     backend: str = "outlines"  # backends.py (--grammar-backend)
+    step_timeout_s: float = 1.0  # one grammar call on the scheduler's behalf (--grammar-step-timeout)
+    request_timeout_s: float = 30.0  # one request's grammar calls in all (--grammar-request-timeout)
 
     def __post_init__(self) -> None:
         check_backend(self.backend)
         assert self.num_workers >= 1 and self.max_queued >= 1 and self.cache_entries >= 1
+
+
+def _weight(grammar: CompiledGrammar) -> float:
+    return max(grammar.nbytes, 1)
 
 
 class GrammarHandle:
@@ -97,6 +109,7 @@ class GrammarCompiler:
         self.config = config
         self.limits = WorkerLimits(config.timeout_s, config.memory_bytes, backend=config.backend)
         self._lock = threading.Lock()
+        self.guard = StepGuard(StepLimits(config.step_timeout_s, config.request_timeout_s), self._forget)
         self._ready: LRU[tuple[str, str], CompiledGrammar] = LRU(config.cache_entries, config.cache_bytes)
         self._errors: LRU[tuple[str, str], str] = LRU(config.error_entries)
         self._inflight: dict[tuple[str, str], GrammarHandle] = {}
@@ -122,6 +135,7 @@ class GrammarCompiler:
 
     def close(self, timeout: float = 10.0) -> None:
         self._closed = True
+        self.guard.close()
         for _ in self._threads:
             self._queue.put(None)
         for w in self.workers:
@@ -136,16 +150,33 @@ class GrammarCompiler:
             h._resolve(None, "grammar compiler closed")
 
     def clear(self) -> None:
-        """Drop cached grammars and errors (flush_cache). Compiles in flight finish normally."""
+        """Drop cached grammars and errors (flush_cache), and hand their memory back to the OS (requests
+        still running keep theirs until they end). Compiles in flight finish normally."""
         with self._lock:
             self._ready.clear()
             self._errors.clear()
+        release_memory()
+
+    def _forget(self, grammar: CompiledGrammar, error: str) -> None:
+        """StepGuard: `grammar` was abandoned mid-call. Later requests for it get `error` (a 400) at once."""
+        key = (grammar.spec.key, self.vocab.tokenizer_id)
+        with self._lock:
+            if self._ready.get(key) is grammar:
+                self._ready.remove(key)
+            self._errors.put(key, f"{error} on an earlier request with this grammar")
+
+    @property
+    def cached_bytes(self) -> int:
+        with self._lock:
+            self._ready.reweigh(_weight)
+            return int(self._ready.total)
 
     # ------------------------------------------------------------------ requests
     def submit(self, spec: GrammarSpec) -> GrammarHandle:
         key = (spec.key, self.vocab.tokenizer_id)
         h = GrammarHandle(spec)
         with self._lock:
+            self._ready.reweigh(_weight)  # allowed-set caches grew while requests decoded
             g = self._ready.get(key)
             if g is not None:
                 self.stats["hits"] += 1
@@ -205,7 +236,8 @@ class GrammarCompiler:
             with self._lock:
                 self._inflight.pop(job.key, None)
                 if grammar is not None:
-                    self._ready.put(job.key, grammar, max(grammar.index_nbytes, 1))
+                    grammar.guard = self.guard
+                    self._ready.put(job.key, grammar, _weight(grammar))
                     self.stats["compiled" if not res.from_disk else "from_disk"] += 1
                     self.stats["compile_s"] += res.seconds
                 elif not self._closed:

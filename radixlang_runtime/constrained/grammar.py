@@ -27,7 +27,7 @@ from radixlang_runtime.constrained.lru import LRU
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
 
-ALLOWED_CACHE_BYTES = 64 << 20  # per grammar: allowed-id arrays (+ the mask's tensors of them)
+ALLOWED_CACHE_BYTES = 16 << 20  # per grammar: allowed-id arrays (+ the mask's tensors); counted in the cache's bytes
 FORCED_CACHE_ENTRIES = 4096  # per grammar: jump-forward results
 
 
@@ -54,6 +54,12 @@ class AllowedSet:
         return int(self.ids.nbytes)
 
 
+def allowed_weight(a: AllowedSet) -> int:
+    """Bytes an allowed set holds once the mask built its tensor: the ids + the device copy (ids, or a bool
+    row of the logits width for a dense state) + the record."""
+    return 2 * a.nbytes + 200
+
+
 class CompiledGrammar:
     def __init__(self, spec: GrammarSpec, index: Any, vocab: TokenVocab, index_nbytes: int = 0,
                  compile_seconds: float = 0.0):
@@ -62,6 +68,8 @@ class CompiledGrammar:
         self.vocab = vocab
         self.index_nbytes = index_nbytes  # pickled size: the cache's weight for this grammar
         self.compile_seconds = compile_seconds
+        self.guard: Any = None  # step_guard.StepGuard: uncached lookups run under its deadline (None: inline)
+        self.broken: Optional[str] = None  # set when a lookup was abandoned (never, for an outlines index)
         self.initial_state: int = index.get_initial_state()
         self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
         self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)  # jump_forward.py's per-state results
@@ -69,15 +77,24 @@ class CompiledGrammar:
         self.draft_prefs: LRU[int, int] = LRU(FORCED_CACHE_ENTRIES)
 
     # ------------------------------------------------------------------ per state
+    def _compute_allowed(self, state: int) -> AllowedSet:
+        ids = np.array(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
+        ids = np.sort(ids[(ids != self.vocab.eos_token_id) & (ids < self.vocab.logits_width)])
+        end = self.index.get_next_state(state, self.vocab.sentinel_id)
+        return AllowedSet(ids, end is not None and bool(self.index.is_final_state(end)))
+
     def allowed(self, state: int) -> AllowedSet:
         a = self._allowed.get(state)
         if a is None:
-            ids = np.array(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
-            ids = np.sort(ids[(ids != self.vocab.eos_token_id) & (ids < self.vocab.logits_width)])
-            end = self.index.get_next_state(state, self.vocab.sentinel_id)
-            a = AllowedSet(ids, end is not None and bool(self.index.is_final_state(end)))
-            self._allowed.put(state, a, 2 * a.nbytes + 64)  # room for the mask's device copy
+            fn = self._compute_allowed
+            a = fn(state) if self.guard is None else self.guard.run(self, fn, state)
+            self._allowed.put(state, a, allowed_weight(a))
         return a
+
+    @property
+    def nbytes(self) -> int:
+        """What this grammar holds: the index (pickled size) + the allowed-set cache (the grammar cache's weight)."""
+        return 2 * self.index_nbytes + int(self._allowed.total)
 
     def next_state(self, state: int, token_id: int) -> Optional[int]:
         if token_id == self.vocab.eos_token_id or not 0 <= token_id < self.vocab.logits_width:

@@ -45,6 +45,7 @@ from radixlang_runtime.constrained.state import GrammarState
 
 MAX_FORCED_BYTES = 1024  # per run; a longer forced stretch continues in the next run
 MAX_RUNS = 64  # runs per forced_tokens call (each run is cached, this only bounds the loop)
+MAX_RUN_TOKENS = 64  # a matcher's own forced tokens walked per run (each walked token costs a mask)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def forced_run(g: CompiledGrammar, state: int) -> ForcedRun:
     backend_tokens = g.forced_token_ids(state) if hasattr(g, "forced_token_ids") else None
     if backend_tokens is not None:  # the matcher's own split (llguidance): walked through the mask's states
         out, s = [], state
-        for t in backend_tokens:
+        for t in backend_tokens[:MAX_RUN_TOKENS]:
             nxt = g.next_state(s, t) if not g.is_final(s) else None
             if nxt is None:
                 break

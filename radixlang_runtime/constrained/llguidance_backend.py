@@ -17,10 +17,12 @@ import numpy as np
 
 from radixlang_runtime.constrained.automaton_size import check_automaton_size
 from radixlang_runtime.constrained.compile_index import compile_error_subject
+from radixlang_runtime.constrained.grammar_cost import check_ebnf_cost, check_regex_cost
 from radixlang_runtime.constrained.schema import schema_to_regex
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
 
+LL_BYTES_PER_CHAR = 64  # a matcher's tables per grammar-text character (RSS delta at load, a rough bound)
 _TOKENIZERS: dict[str, Any] = {}  # tokenizer_id -> LLTokenizer (the scheduler process's)
 
 
@@ -75,8 +77,10 @@ def grammar_text(kind: str, text: str) -> str:
     if kind in ("regex", "json_schema"):
         regex = text if kind == "regex" else schema_to_regex(text)
         check_automaton_size(regex, compile_error_subject(kind, text))  # a regex bomb: refused before compiling
+        check_regex_cost(regex, compile_error_subject(kind, text), nested=False)
         return _convert(kind, text, lambda: llguidance.grammar_from("regex", regex))
     if kind == "ebnf":
+        check_ebnf_cost(text, compile_error_subject(kind, text))
         return _convert(kind, text, lambda: llguidance.grammar_from("gbnf", text))
     if kind == "structural_tag":
         return _convert(kind, text, lambda: llguidance.grammar_from("lark", _structural_tag(text)))
@@ -141,4 +145,6 @@ def load_llguidance(spec: GrammarSpec, payload: str, vocab: TokenVocab, seconds:
     from radixlang_runtime.constrained.matcher_grammar import MatcherGrammar
 
     matcher = LLMatcherAdapter(tokenizer_for(vocab), payload, vocab.logits_width)
-    return MatcherGrammar(spec, matcher, vocab, "llguidance", len(payload), seconds)
+    # llguidance names no size: its lexer and parser tables, estimated from the grammar text
+    return MatcherGrammar(spec, matcher, vocab, "llguidance", len(payload), seconds,
+                          native_nbytes=LL_BYTES_PER_CHAR * len(payload))

@@ -8,7 +8,7 @@ Not thread-safe: callers that share one hold their own lock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Generic, Hashable, Optional, TypeVar
+from typing import Callable, Generic, Hashable, Optional, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -38,6 +38,31 @@ class LRU(Generic[K, V]):
         while len(self._d) > 1 and (len(self._d) > self.max_entries or self.total > self.max_size):
             _, (_, s) = self._d.popitem(last=False)
             self.total -= s
+
+    def reweigh(self, size_of: Callable[[V], float]) -> list[V]:
+        """Entries whose size changed since put() (a grammar's caches grow): sizes recomputed with size_of,
+        then the least recently used evicted while over the bounds. Returns the evicted values."""
+        self.total = 0.0
+        for key, (value, _) in list(self._d.items()):
+            size = size_of(value)
+            self._d[key] = (value, size)
+            self.total += size
+        evicted = []
+        while len(self._d) > 1 and self.total > self.max_size:
+            _, (v, s) = self._d.popitem(last=False)
+            self.total -= s
+            evicted.append(v)
+        return evicted
+
+    def remove(self, key: K) -> Optional[V]:
+        item = self._d.pop(key, None)
+        if item is None:
+            return None
+        self.total -= item[1]
+        return item[0]
+
+    def values(self) -> list[V]:
+        return [v for v, _ in self._d.values()]
 
     def __contains__(self, key: K) -> bool:
         return key in self._d

@@ -12,19 +12,23 @@ Finish ids (EOS + the request's stop ids) are written last: True in final states
 apply_mask(logits, rows, mask): logits [B, W] float, rows = the constrained rows' positions in the
 batch (len B_c); disallowed entries become -inf in place. Unconstrained rows are untouched.
 A row that would allow nothing (must_finish with no finish ids; the scheduler finishes those before
-sampling) allows the grammar's EOS instead, so softmax never sees an all -inf row.
+sampling) allows the grammar's EOS instead, so softmax never sees an all -inf row; so does a row whose
+grammar call went past its budget (step_guard.py): the scheduler then ends that request alone.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from radixlang_runtime.constrained.grammar import AllowedSet
 from radixlang_runtime.constrained.state import GrammarState
+from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded
 
 DENSE_FRACTION = 16  # a state allowing more than W / DENSE_FRACTION ids caches a bool row instead
+_EOS_ONLY = AllowedSet(np.zeros(0, dtype=np.int64), True)  # a row whose grammar is past its budget
 
 
 def _device_key(device: torch.device) -> str:
@@ -59,7 +63,10 @@ def build_mask(states: Sequence[GrammarState], width: int, device: torch.device)
     fin_cols: list[int] = []
     fin_vals: list[bool] = []
     for i, st in enumerate(states):
-        a = st.allowed()
+        try:
+            a = st.allowed()
+        except GrammarBudgetExceeded:  # the scheduler ends the request after this step (its next call raises too)
+            a = _EOS_ONLY
         is_dense, t = _state_tensor(a, width, device)
         if is_dense:
             dense_rows.append(i)
@@ -69,7 +76,7 @@ def build_mask(states: Sequence[GrammarState], width: int, device: torch.device)
             sparse.append(t)
         final = a.is_final and not st.terminated
         finish = st.finish_ids
-        if final and not finish and len(a.ids) == 0:
+        if a is _EOS_ONLY or (final and not finish and len(a.ids) == 0):
             finish = (st.grammar.vocab.eos_token_id,)
         for tok in finish:
             fin_rows.append(i)

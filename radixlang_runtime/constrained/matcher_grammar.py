@@ -26,7 +26,8 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
-from radixlang_runtime.constrained.grammar import ALLOWED_CACHE_BYTES, FORCED_CACHE_ENTRIES, AllowedSet, walk
+from radixlang_runtime.constrained.grammar import (ALLOWED_CACHE_BYTES, FORCED_CACHE_ENTRIES, AllowedSet,
+                                                   allowed_weight, walk)
 from radixlang_runtime.constrained.lru import LRU
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
@@ -42,6 +43,9 @@ class Matcher(Protocol):
     def forced_prefix(self) -> bytes: ...
 
 
+NODE_BYTES = 160  # one trie node (_Node + its dict entry), counted in nbytes
+
+
 @dataclass
 class _Node:
     parent: int
@@ -51,13 +55,16 @@ class _Node:
 
 class MatcherGrammar:
     def __init__(self, spec: GrammarSpec, matcher: Matcher, vocab: TokenVocab, backend: str,
-                 index_nbytes: int = 0, compile_seconds: float = 0.0):
+                 index_nbytes: int = 0, compile_seconds: float = 0.0, native_nbytes: int = 0):
         self.spec = spec
         self.backend = backend
         self.matcher = matcher
         self.vocab = vocab
         self.index_nbytes = index_nbytes
+        self.native_nbytes = native_nbytes  # the backend's own structures (estimated at load)
         self.compile_seconds = compile_seconds
+        self.guard: Any = None  # step_guard.StepGuard: native calls run under its deadline (None: inline)
+        self.broken: Optional[str] = None  # set when a call was abandoned: the matcher is never used again
         self.initial_state = 0
         self._nodes: list[_Node] = [_Node(-1, -1, 0)]
         self._children: dict[tuple[int, int], int] = {}
@@ -103,18 +110,36 @@ class MatcherGrammar:
         self._pos = node
 
     # ------------------------------------------------------------------ per state
+    def _guarded(self, fn: Any, *args: Any) -> Any:
+        """A native call: on the step guard's thread with its deadline (step_guard.py) when one is set."""
+        if self.guard is None:
+            if self.broken:
+                from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded
+
+                raise GrammarBudgetExceeded(self.broken)
+            return fn(*args)
+        return self.guard.run(self, fn, *args)
+
+    def _compute_allowed(self, state: int) -> AllowedSet:
+        self._goto(state)
+        w = self.vocab.logits_width
+        bits = self.matcher.allowed_bits()[:w]
+        final = bool(bits[self.vocab.eos_token_id])
+        ids = np.flatnonzero(bits).astype(np.int64)
+        ids = ids[ids != self.vocab.eos_token_id]
+        return AllowedSet(ids, final)
+
     def allowed(self, state: int) -> AllowedSet:
         a = self._allowed.get(state)
         if a is None:
-            self._goto(state)
-            w = self.vocab.logits_width
-            bits = self.matcher.allowed_bits()[:w]
-            final = bool(bits[self.vocab.eos_token_id])
-            ids = np.flatnonzero(bits).astype(np.int64)
-            ids = ids[ids != self.vocab.eos_token_id]
-            a = AllowedSet(ids, final)
-            self._allowed.put(state, a, 2 * a.nbytes + 64)
+            a = self._guarded(self._compute_allowed, state)
+            self._allowed.put(state, a, allowed_weight(a))
         return a
+
+    @property
+    def nbytes(self) -> int:
+        """What this grammar holds: its payload, the trie, and the allowed-set cache (the grammar cache's weight)."""
+        return self.index_nbytes + self.native_nbytes + NODE_BYTES * len(self._nodes) + int(self._allowed.total)
 
     def next_state(self, state: int, token_id: int) -> Optional[int]:
         if token_id == self.vocab.eos_token_id or not 0 <= token_id < self.vocab.logits_width:
@@ -134,21 +159,27 @@ class MatcherGrammar:
     def is_final(self, state: int) -> bool:
         return self.allowed(state).is_final
 
+    def _compute_forced_prefix(self, state: int) -> bytes:
+        self._goto(state)
+        return self.matcher.forced_prefix()
+
     def forced_prefix(self, state: int) -> bytes:
         hit = self._forced_prefix.get(state)
         if hit is None:
-            self._goto(state)
-            hit = self.matcher.forced_prefix()
+            hit = self._guarded(self._compute_forced_prefix, state)
             self._forced_prefix.put(state, hit)
         return hit
+
+    def _compute_forced_tokens(self, state: int) -> list[int]:
+        self._goto(state)
+        return self.matcher.forced_token_ids()
 
     def forced_token_ids(self, state: int) -> Optional[list[int]]:
         """The matcher's own forced tokens when it names them (llguidance), else None (jump_forward then
         tokenizes the forced bytes itself)."""
         if not hasattr(self.matcher, "forced_token_ids"):
             return None
-        self._goto(state)
-        return self.matcher.forced_token_ids()
+        return self._guarded(self._compute_forced_tokens, state)
 
     def accepts(self, token_ids: list[int], state: Optional[int] = None) -> Optional[int]:
         return walk(self, token_ids, state)

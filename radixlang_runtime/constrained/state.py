@@ -12,20 +12,25 @@ Invariants:
 - `state` is always a live Index state: it has allowed text tokens, or is final, or both.
 - A finish id is accepted only in a final state; after it the state is terminated and accepts nothing.
 - Retraction keeps output ids, so it keeps the state too (no rollback needed).
+- Every grammar call is charged to `budget` (step_guard.charge); a call past the request's limits raises
+  step_guard.GrammarBudgetExceeded, which ends this request only (the scheduler catches it).
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 from radixlang_runtime.constrained.grammar import AllowedSet, CompiledGrammar
+from radixlang_runtime.constrained.step_guard import GrammarBudget, GrammarBudgetExceeded, charge
 
 
 class GrammarState:
-    __slots__ = ("grammar", "state", "finish_ids", "terminated", "num_forced")
+    __slots__ = ("grammar", "state", "finish_ids", "terminated", "num_forced", "budget")
 
-    def __init__(self, grammar: CompiledGrammar, finish_ids: Iterable[int] = (), state: int | None = None):
+    def __init__(self, grammar: CompiledGrammar, finish_ids: Iterable[int] = (), state: int | None = None,
+                 budget: Optional[GrammarBudget] = None):
         self.grammar = grammar
+        self.budget = budget  # the request's grammar time (step_guard.py), shared by copies; None: unbounded
         self.state: int = grammar.initial_state if state is None else state
         w = grammar.vocab.logits_width
         self.finish_ids: tuple[int, ...] = tuple(sorted({t for t in finish_ids if 0 <= t < w}))
@@ -33,7 +38,15 @@ class GrammarState:
         self.num_forced = 0  # tokens appended by jump-forward (meta_info.forced_tokens)
 
     # ------------------------------------------------------------------ queries
+    def _charge(self) -> None:
+        """The grammar calls that follow are this request's; a spent budget raises (not even a cached mask)."""
+        b = self.budget
+        if b is not None and b.error:
+            raise GrammarBudgetExceeded(b.error)
+        charge(b)
+
     def allowed(self) -> AllowedSet:
+        self._charge()
         return self.grammar.allowed(self.state)
 
     @property
@@ -53,6 +66,7 @@ class GrammarState:
     def is_allowed(self, token_id: int) -> bool:
         if self.terminated:
             return False
+        self._charge()
         if token_id in self.finish_ids:
             return self.is_final
         return self.grammar.next_state(self.state, token_id) is not None
@@ -62,6 +76,7 @@ class GrammarState:
         """Move over one token. False (state unchanged) when the grammar does not allow it here."""
         if self.terminated:
             return False
+        self._charge()
         if token_id in self.finish_ids:
             if not self.is_final:
                 return False
@@ -79,7 +94,7 @@ class GrammarState:
 
     def copy(self) -> "GrammarState":
         """An independent state at the same position (n > 1 samples, forks)."""
-        c = GrammarState(self.grammar, (), self.state)
+        c = GrammarState(self.grammar, (), self.state, self.budget)
         c.finish_ids = self.finish_ids
         c.terminated = self.terminated
         c.num_forced = self.num_forced

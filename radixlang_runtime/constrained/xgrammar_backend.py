@@ -20,6 +20,7 @@ import numpy as np
 
 from radixlang_runtime.constrained.automaton_size import check_automaton_size
 from radixlang_runtime.constrained.compile_index import compile_error_subject
+from radixlang_runtime.constrained.grammar_cost import check_ebnf_cost, check_regex_cost
 from radixlang_runtime.constrained.schema import schema_to_regex
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
@@ -100,12 +101,17 @@ def compile_xgrammar(kind: str, text: str, info: Any) -> str:
     """-> the compiled grammar's serialize_json() text. ValueError naming the problem."""
     import xgrammar as xgr
 
-    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     what = compile_error_subject(kind, text)
+    regex = ""
+    if kind in ("regex", "json_schema"):
+        regex = text if kind == "regex" else schema_to_regex(text)
+        check_automaton_size(regex, what)  # a regex bomb is refused before the compile starts
+        check_regex_cost(regex, what, nested=True)  # so is what the matcher finds expensive per token
+    elif kind == "ebnf":
+        check_ebnf_cost(text, what)
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     try:
         if kind in ("regex", "json_schema"):
-            regex = text if kind == "regex" else schema_to_regex(text)
-            check_automaton_size(regex, what)  # a regex bomb is refused before the compile starts
             cg = compiler.compile_regex(no_surrogates(regex))
         elif kind == "ebnf":
             cg = compiler.compile_grammar(text)
@@ -159,4 +165,4 @@ def load_xgrammar(spec: GrammarSpec, payload: str, vocab: TokenVocab, seconds: f
 
     compiled = xgr.CompiledGrammar.deserialize_json(payload, info_for(vocab))
     return MatcherGrammar(spec, XgrammarMatcher(compiled, vocab.logits_width), vocab, "xgrammar",
-                          len(payload), seconds)
+                          len(payload), seconds, native_nbytes=int(compiled.memory_size_bytes))

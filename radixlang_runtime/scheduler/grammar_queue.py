@@ -12,7 +12,10 @@ verified there (model/sample_step.py): each is kept only if the model, sampling 
 picks it, so the output is what token-by-token decoding gives. Invariants:
 - a GrammarState's position always equals the request's output_ids (retraction keeps both);
 - finish ids (EOS unless ignore_eos, plus stop_token_ids) are accepted only in final states;
-- a draft never includes a finish id and never rewrites a sampled token.
+- a draft never includes a finish id and never rewrites a sampled token;
+- every grammar call is charged to the request's GrammarBudget (constrained/step_guard.py): one past the
+  step or request limit raises GrammarBudgetExceeded, and the scheduler ends that request alone (an
+  abort naming the limit; at admission a 400 like a compile error).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from radixlang_runtime.scheduler.request import Req
 logger = logging.getLogger(__name__)
 
 GRAMMAR_ERROR_STATUS = 400  # a grammar that cannot be compiled is the request's fault
+# Most forced tokens drafted per step: a grammar forcing a long literal is walked one window a step, so
+# one step's grammar work stays bounded (the verified output is the same for any window).
+JUMP_FORWARD_WINDOW = 64
 
 
 class GrammarQueue:
@@ -58,6 +64,7 @@ class GrammarQueue:
         """(requests whose grammar is ready: GrammarState attached; requests whose grammar failed: error
         set). Never blocks."""
         from radixlang_runtime.constrained.state import GrammarState
+        from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded
 
         ready, failed, still = [], [], []
         for req in self.pending:
@@ -70,7 +77,13 @@ class GrammarQueue:
             if status == "ready":
                 sp = req.sampling
                 finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.end_ids))
-                req.grammar = GrammarState(h.grammar, finish)
+                req.grammar = GrammarState(h.grammar, finish, budget=self.compiler.guard.new_budget())
+                try:
+                    req.grammar.allowed()  # the first mask, under the step budget (not inside the forward pass)
+                except GrammarBudgetExceeded as e:
+                    req.error, req.error_status = f"grammar error: {e}", GRAMMAR_ERROR_STATUS
+                    failed.append(req)
+                    continue
                 ready.append(req)
             else:
                 req.error, req.error_status = f"grammar error: {h.error}", GRAMMAR_ERROR_STATUS
@@ -101,9 +114,11 @@ class GrammarQueue:
         if not self.jump_forward or req.grammar is None or req.remaining_new_tokens <= 1:
             return [], []
         from radixlang_runtime.constrained.jump_forward import draft_tokens, guess_tokens
+        from radixlang_runtime.constrained.step_guard import charge
 
+        charge(req.grammar.budget)  # forced strings are this request's grammar work
         probe = req.grammar.copy()
-        room = req.remaining_new_tokens - 1  # room for the model's own token
+        room = min(req.remaining_new_tokens - 1, JUMP_FORWARD_WINDOW)  # room for the model's own token
         toks = draft_tokens(probe, max_tokens=room)
         toks += guess_tokens(probe, max_tokens=room - len(toks))  # the held-back tail, for the model to verify
         if not toks:
@@ -121,6 +136,11 @@ class GrammarQueue:
         from radixlang_runtime.constrained.jump_forward import learn_rejection
 
         learn_rejection(state_before, sampled)
+
+    def clear_cache(self) -> None:
+        """/flush_cache: drop the compiled grammars (those of running requests live until they end)."""
+        if self._compiler is not None:
+            self._compiler.clear()
 
     def close(self) -> None:
         if self._compiler is not None:

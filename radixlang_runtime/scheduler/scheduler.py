@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
+from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.model.step_io import ModelBatch, StepResult
 from radixlang_runtime.scheduler.admission import PrefillAdmission, take_dirty_rows
@@ -262,7 +263,10 @@ class Scheduler:
             if sampled:
                 token = next(tokens)
                 if req.draft:  # the draft tokens the model agreed with come first (verified, not sampled)
-                    self.drafts.accept(req, result.accepted.get(i, 0), token, lp)
+                    try:
+                        self.drafts.accept(req, result.accepted.get(i, 0), token, lp)
+                    except GrammarBudgetExceeded as e:
+                        req.finish({"type": "abort", "message": str(e)})
                 if not req.finished:
                     if lp is not None and lp.output_val is not None:
                         req.output_logprobs.append(lp.output_val)
@@ -291,7 +295,16 @@ class Scheduler:
 
     def _after_sample(self, req: Req) -> None:
         """Finish checks for the sampled token (for a constrained request also its grammar step), then the
-        draft it carries into its next step (verified by that forward pass, model/sample_step.py)."""
+        draft it carries into its next step (verified by that forward pass, model/sample_step.py). A grammar
+        past its budget (constrained/step_guard.py) ends this request alone, with the limit named."""
+        try:
+            self._after_sample_checked(req)
+        except GrammarBudgetExceeded as e:
+            req.draft, req.draft_states = [], []
+            if not req.finished:
+                req.finish({"type": "abort", "message": str(e)})
+
+    def _after_sample_checked(self, req: Req) -> None:
         if req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
             # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
@@ -334,7 +347,11 @@ class Scheduler:
     def flush_cache(self, tiers: Optional[list[str]] = None) -> bool:
         """Empty the radix cache (and the hicache tiers named, None: all); refused (False) while any
         request is queued or running."""
-        return self.is_idle and self.kv.flush(tiers)
+        if not (self.is_idle and self.kv.flush(tiers)):
+            return False
+        if self.grammar is not None:
+            self.grammar.clear_cache()
+        return True
 
     def _process_aborts(self) -> list[Req]:
         if not self._to_abort:
