@@ -1,8 +1,10 @@
 """200 random JSON schemas (a seeded generator over the keywords constrained/schema.py supports: every type,
 enum, const, required / optional properties, arrays with minItems / maxItems, integer bounds, string
-patterns and lengths, nesting depth <= 3), each compiled by every grammar backend and sampled by a random
+patterns and lengths, string formats, nesting depth <= 3; property names with quotes, backslashes, control
+characters, regex metacharacters and non-ASCII), each compiled by every grammar backend and sampled by a random
 "model" (seeded random choices among the tokens the mask allows, EOS as soon as the output may end): every
-output must validate with jsonschema. Some schemas carry a keyword we do not support: the refusal is the
+output must parse with json.loads and validate with jsonschema (formats checked too).
+Some schemas carry a keyword we do not support: the refusal is the
 ValueError the server answers as a 400, and it names that keyword, in every backend (it comes before any
 backend compiles).
 
@@ -21,12 +23,19 @@ import pytest
 from radixlang_runtime.constrained.grammar import compile_grammar
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.state import GrammarState
+from radixlang_runtime.constrained.string_formats import STRING_FORMATS
 from radixlang_runtime.constrained.vocab import TokenVocab
 
 BACKENDS = ("outlines", "xgrammar", "llguidance")
 N_SCHEMAS = 200
-MAX_STEPS = 400
+MAX_STEPS = 2000
 MULTI = [b'{"', b'": ', b'", "', b'"}', b", ", b"true", b"false", b"null", b"[]", b"{}", b"ab", b"12"]
+# property names a JSON writer must escape (quote, backslash, control characters), regex metacharacters,
+# non-ASCII, and plain ones
+NAMES = ["a", "name", "n_2", "x y", 'a"b', "back\\slash", "new\nline", "tab\tbed", "\x01ctl\x1f", '"', "\\",
+         'q"\\"', "a.b(c)[d]|e*", "é中文", "emoji\U0001F600", "\u2028sep", "{}", "$ref"]
+FORMATS = sorted(STRING_FORMATS)
+FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 PATTERNS = ["[a-z]{1,4}", "[0-9]{3}-[0-9]{2}", "(ab|cd)+x?", "[A-Z][a-z]{0,3}", "id_[0-9]+"]
 # keyword -> a schema carrying it that schema.py refuses (the refusal must name it)
 UNSUPPORTED = {"uniqueItems": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
@@ -50,8 +59,10 @@ class SchemaGen:
 
     def leaf(self) -> dict:
         r = self.r
-        kind = r.choice(["string", "string_pattern", "integer", "integer_bounds", "number", "boolean", "null",
-                         "enum", "const"])
+        kind = r.choice(["string", "string_pattern", "string_format", "integer", "integer_bounds", "number",
+                         "boolean", "null", "enum", "const"])
+        if kind == "string_format":
+            return {"type": "string", "format": r.choice(FORMATS)}
         if kind == "string":
             lo = r.randint(0, 3)
             return {"type": "string", "minLength": lo, "maxLength": lo + r.randint(0, 6)}
@@ -81,7 +92,7 @@ class SchemaGen:
         return {"type": "array", "items": self.node(depth + 1), "minItems": lo, "maxItems": lo + self.r.randint(0, 3)}
 
     def obj(self, depth: int) -> dict:
-        names = self.r.sample(["a", "b", "name", "n_2", "x y", "val", "k"], self.r.randint(1, 4))
+        names = self.r.sample(NAMES, self.r.randint(1, 4))
         props = {n: self.node(depth + 1) for n in names}
         node = {"type": "object", "properties": props, "required": [n for n in names if self.r.random() < 0.6]}
         if self.r.random() < 0.5:
@@ -129,7 +140,7 @@ def test_random_schemas_validate_in_every_backend():
             g = compile_grammar(spec, vocab, backend)
             text = sample(g, vocab, rng).decode("utf-8")
             try:
-                jsonschema.validate(json.loads(text), schema)
+                jsonschema.validate(json.loads(text), schema, format_checker=FORMAT_CHECKER)
             except (ValueError, jsonschema.ValidationError) as e:
                 raise AssertionError(f"schema {i} ({backend}): {json.dumps(schema)}\noutput {text!r}\n{e}") from None
             checked += 1
