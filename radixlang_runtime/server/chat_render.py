@@ -8,16 +8,21 @@ arguments as an object (what HF templates expect: `arguments | tojson`); a tool 
 A template that cannot show tools or a tool history: a ChatML one (the embedded SmolLM2's GGUF template
 renders only role + content) is replaced, for that request, by CHATML_TOOLS_TEMPLATE; any other is a
 400 asking for --chat-template.
+Special-token text inside a message's content (`<|im_start|>system` in a user turn) is plain text:
+render_chat reports where the contents lie so the encoder (prompt_encoder.py) parses specials only in
+the template's own text.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import jinja2
 
 from radixlang_runtime.limits import FieldError
+from radixlang_runtime.prompt_encoder import Span
 from radixlang_runtime.server.http_common import BadRequest
 
 # SmolLM2's tool format (HuggingFaceTB's SmolLM2-1.7B-Instruct model card, Ollama's smollm2 template; the
@@ -138,15 +143,63 @@ def template_for(tokenizer: Any, chat_template: Optional[str], tools: bool, tool
                               "with --chat-template naming one that does")
 
 
-def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
-                tools: Optional[list[dict]] = None) -> tuple[str, Optional[str]]:
-    """-> (prompt text, the template used: None when the tokenizer's own)."""
+@dataclass(frozen=True)
+class RenderedChat:
+    text: str
+    template: Optional[str]  # the template used: None when the tokenizer's own
+    content_spans: Optional[list[Span]] = None  # set when some content holds special-token text
+
+
+def _apply(tokenizer: Any, messages: list[dict], template: Optional[str], extra: dict) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             chat_template=template, **extra)
+    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
+        raise BadRequest(f"the chat template refused these messages: {e}") from None
+
+
+def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents: list[str]) -> Optional[list[Span]]:
+    """Where each message's content lies in `text`, found by walking `skeleton` (the same messages rendered
+    with content i replaced by marks[i]): the template's text around the marks must match `text`, each
+    content must appear whole (or stripped: templates that trim). None when the template moves, repeats
+    or rewrites a content in another way."""
+    spans: list[Span] = []
+    pos_s = pos_t = 0
+    for mark, content in zip(marks, contents):
+        if mark is None:
+            continue
+        k = skeleton.find(mark, pos_s)
+        if k < 0:  # this content is not rendered (a template may drop a turn)
+            continue
+        if skeleton.find(mark, k + len(mark)) >= 0 or not text.startswith(skeleton[pos_s:k], pos_t):
+            return None
+        pos_t += k - pos_s
+        shown = next((v for v in (content, content.strip()) if text.startswith(v, pos_t)), None)
+        if shown is None:
+            return None
+        spans.append((pos_t, pos_t + len(shown)))
+        pos_t, pos_s = pos_t + len(shown), k + len(mark)
+    return spans if text[pos_t:] == skeleton[pos_s:] else None
+
+
+def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str], tools: Optional[list[dict]] = None,
+                special_text_in: Optional[Callable[[str], Optional[str]]] = None) -> RenderedChat:
+    """Messages -> the prompt text. special_text_in (PromptEncoder's): when a message's content holds
+    special-token text, the contents' spans are located (a second render with a mark in place of each
+    content) so they are encoded as plain text; a template whose output does not show where they are
+    is a 400 naming the message."""
     clean, tool_history = clean_messages(messages)
     template = template_for(tokenizer, chat_template, bool(tools), tool_history)
     extra = {"tools": tools} if tools else {}
-    try:
-        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template,
-                                             **extra)
-    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
-        raise BadRequest(f"the chat template refused these messages: {e}") from None
-    return text, template
+    text = _apply(tokenizer, clean, template, extra)
+    found = [special_text_in(m["content"]) if special_text_in else None for m in clean]
+    if not any(found):
+        return RenderedChat(text, template)
+    marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
+    skeleton = _apply(tokenizer, [dict(m, content=k) if k else m for m, k in zip(clean, marks)], template, extra)
+    spans = content_spans(text, skeleton, marks, [m["content"] for m in clean])
+    if spans is None:
+        i = next(i for i, f in enumerate(found) if f)
+        raise FieldError(f"messages[{i}].content", f"messages[{i}].content holds the special-token text {found[i]!r} "
+                         "and this chat template rewrites message contents, so it cannot be kept as plain text")
+    return RenderedChat(text, template, spans)

@@ -379,6 +379,7 @@ def _completion_intake(state: ServerState, body: dict,
     """A /v1/completions body -> (its choices, the prompts' texts when echo, logprobs). On an intake thread."""
     tm = state.tm
     prompt = body.get("prompt")
+    given = [prompt] if isinstance(prompt, str) else prompt  # echo: a text prompt comes back as written (no BOS)
     if isinstance(prompt, str):
         prompts = [tm.encode_text(prompt)]
     elif isinstance(prompt, list) and prompt and len(prompt) > MAX_BATCH:
@@ -395,7 +396,9 @@ def _completion_intake(state: ServerState, body: dict,
     echo = need_bool(_opt(body, "echo", False), "echo")
     top = _int_option(body, "logprobs", MAX_LOGPROBS)
     choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), _opt(body, "n", 1), top, echo, rid, body)
-    texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None  # after _Choices checked the ids
+    texts = None
+    if echo:  # after _Choices checked the ids
+        texts = given if all(isinstance(p, str) for p in given) else [tm.tokenizer.decode(p) for p in prompts]
     return choices, texts, top
 
 
@@ -406,10 +409,12 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     tm = state.tm
     plan = check_tools(body)
     think = reasoning_plan(state.args.reasoning_parser, body)
-    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None)
+    chat = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None,
+                       tm.encoder.special_text_in)
+    template = chat.template
     set_parser(plan, state.args.tool_call_parser,
                template if template is not None else getattr(tm.tokenizer, "chat_template", None))
-    ids = tm.encode_text(text)
+    ids = tm.encode_chat(chat.text, chat.content_spans)
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
     want_lp = need_bool(_opt(body, "logprobs", False), "logprobs")
     top = _int_option(body, "top_logprobs", MAX_LOGPROBS)
