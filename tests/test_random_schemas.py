@@ -36,6 +36,8 @@ NAMES = ["a", "name", "n_2", "x y", 'a"b', "back\\slash", "new\nline", "tab\tbed
          'q"\\"', "a.b(c)[d]|e*", "é中文", "emoji\U0001F600", "\u2028sep", "{}", "$ref"]
 FORMATS = sorted(STRING_FORMATS)
 FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
+BOUNDED_KINDS = ["string", "string_pattern", "string_format", "integer_bounds", "boolean", "null", "enum", "const"]
+BOUNDED_FORMATS = ["date", "date-time", "time", "uuid", "ipv4", "ipv6"]
 PATTERNS = ["[a-z]{1,4}", "[0-9]{3}-[0-9]{2}", "(ab|cd)+x?", "[A-Z][a-z]{0,3}", "id_[0-9]+"]
 # keyword -> a schema carrying it that schema.py refuses (the refusal must name it)
 UNSUPPORTED = {"uniqueItems": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
@@ -54,26 +56,31 @@ def small_vocab() -> TokenVocab:
 class SchemaGen:
     """Seeded random schemas over the supported keywords; depth <= 3 (the root is depth 1)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, bounded: bool = False):
+        """bounded: every output has a bounded length (a model that never ends a string or a number cannot
+        run past max_new_tokens): bounded leaves only, depth <= 2, at most 3 items an array."""
         self.r = random.Random(seed)
+        self.bounded = bounded
+        self.max_depth, self.max_items = (2, 3) if bounded else (3, 5)
 
     def leaf(self) -> dict:
         r = self.r
-        kind = r.choice(["string", "string_pattern", "string_format", "integer", "integer_bounds", "number",
+        kind = r.choice(BOUNDED_KINDS if self.bounded else
+                        ["string", "string_pattern", "string_format", "integer", "integer_bounds", "number",
                          "boolean", "null", "enum", "const"])
         if kind == "string_format":
-            return {"type": "string", "format": r.choice(FORMATS)}
+            return {"type": "string", "format": r.choice(BOUNDED_FORMATS if self.bounded else FORMATS)}
         if kind == "string":
             lo = r.randint(0, 3)
             return {"type": "string", "minLength": lo, "maxLength": lo + r.randint(0, 6)}
         if kind == "string_pattern":
-            return {"type": "string", "pattern": r.choice(PATTERNS)}
+            return {"type": "string", "pattern": r.choice(PATTERNS[:2] if self.bounded else PATTERNS)}
         if kind == "integer_bounds":
             lo = r.randint(-50, 50)
             lo_key, hi_key = r.choice([("minimum", "maximum"), ("exclusiveMinimum", "exclusiveMaximum"),
                                        ("minimum", "exclusiveMaximum")])
             node = {"type": "integer", lo_key: lo, hi_key: lo + r.randint(2, 500)}
-            if r.random() < 0.3:
+            if r.random() < 0.3 and not self.bounded:
                 node.pop(r.choice([lo_key, hi_key]))
             return node
         if kind == "enum":
@@ -83,13 +90,14 @@ class SchemaGen:
         return {"type": kind}
 
     def node(self, depth: int) -> dict:
-        if depth >= 3 or self.r.random() < 0.45:
+        if depth >= self.max_depth or self.r.random() < 0.45:
             return self.leaf()
         return self.array(depth) if self.r.random() < 0.4 else self.obj(depth)
 
     def array(self, depth: int) -> dict:
         lo = self.r.randint(0, 2)
-        return {"type": "array", "items": self.node(depth + 1), "minItems": lo, "maxItems": lo + self.r.randint(0, 3)}
+        hi = min(lo + self.r.randint(0, 3), self.max_items)
+        return {"type": "array", "items": self.node(depth + 1), "minItems": min(lo, hi), "maxItems": hi}
 
     def obj(self, depth: int) -> dict:
         names = self.r.sample(NAMES, self.r.randint(1, 4))
