@@ -24,8 +24,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "required": ["city", "unit"]}}}
 NOW = {"type": "function", "function": {"name": "now"}}
 HOSTILE = {"type": "function", "function": {"name": "odd", "parameters": {  # names a JSON writer must escape
-    "type": "object", "properties": {'a"b': {"type": "integer"}, "back\\slash": {"type": "boolean"},
-                                     "new\nline\t": {"enum": ["x", "y"]},
+    "type": "object", "properties": {'a"b': {"type": "integer", "minimum": 0, "maximum": 99},
+                                     "back\\slash": {"type": "boolean"}, "new\nline\t": {"enum": ["x", "y"]},
                                      "\x01é": {"type": "string", "format": "date"}},
     "required": ['a"b', "new\nline\t"]}}}
 SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "now": {"type": "object", "properties": {}},
@@ -89,7 +89,7 @@ def test_a_forced_call_with_hostile_parameter_names_is_a_valid_call(fmt):
     from radixlang_runtime.server.openai_tools import forced_call_regex
 
     regex = forced_call_regex(_plan(fmt, {"type": "function", "function": {"name": "odd"}}, tools=[HOSTILE]), False)
-    args = {'a"b': 1, "back\\slash": True, "new\nline\t": "x", "\x01é": "2024-02-29"}
+    args = {'a"b': 7, "back\\slash": True, "new\nline\t": "x", "\x01é": "2024-02-29"}
     assert re.fullmatch(regex, ONE_CALL[fmt].replace('"get_weather"', '"odd"').replace(
         '{"city": "Oslo", "days": 2, "unit": "c"}', json.dumps(args, ensure_ascii=False)))
     vocab, rng = small_vocab(), np.random.default_rng(5)
