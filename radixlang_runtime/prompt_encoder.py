@@ -23,22 +23,25 @@ from typing import Any, Optional, Sequence
 Span = tuple[int, int]  # [start, end) character offsets of one message's content in the rendered text
 
 
-def _added_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """(prefix, suffix): the ids the tokenizer adds around a text by default (its BOS / EOS)."""
+def _added_ids(tokenizer: Any) -> Optional[tuple[list[int], list[int]]]:
+    """(prefix, suffix): the ids the tokenizer adds around a text by default (its BOS / EOS); None when
+    they cannot be told apart from the text's own ids (raw text then goes to tokenizer.encode as is)."""
     plain = tokenizer.encode("a", add_special_tokens=False)
     full = tokenizer.encode("a")
     for i in range(len(full) - len(plain) + 1):
         if full[i:i + len(plain)] == plain:
             return full[:i], full[i + len(plain):]
-    raise ValueError(f"the tokenizer's added special tokens could not be found: {full} around {plain}")
+    return None
 
 
 class PromptEncoder:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self.prefix_ids, self.suffix_ids = _added_ids(tokenizer)
-        specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special and t.content},
-                          key=len, reverse=True)
+        added = _added_ids(tokenizer)
+        self._whole = added is None
+        self.prefix_ids, self.suffix_ids = added or ([], [])
+        decoder = getattr(tokenizer, "added_tokens_decoder", {})
+        specials = sorted({t.content for t in decoder.values() if t.special and t.content}, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     def special_text_in(self, text: str) -> Optional[str]:
@@ -48,6 +51,8 @@ class PromptEncoder:
 
     def encode(self, text: str) -> list[int]:
         """Raw text -> ids with the tokenizer's default special tokens (no second BOS)."""
+        if self._whole:
+            return self.tokenizer.encode(text)
         return self._with_prefix(self._plain(text)) + self.suffix_ids
 
     def encode_chat(self, text: str, content_spans: Optional[Sequence[Span]] = None) -> list[int]:
