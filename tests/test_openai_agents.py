@@ -141,7 +141,7 @@ def as_dicts(tool_calls) -> list[dict]:
 def rendered_ids(tok, messages, tools=None) -> list[int]:
     from radixlang_runtime.server.chat_render import render_chat
 
-    return tok.encode(render_chat(tok, messages, None, tools).text, add_special_tokens=False)
+    return tok.encode(render_chat(tok, messages, None, tools)[0], add_special_tokens=False)
 
 
 def test_a_call_in_the_output_is_message_tool_calls(client, oai, engine_fp32):

@@ -44,7 +44,7 @@ def raw(server):
     from radixlang_runtime.server.chat_render import render_chat
 
     def run(regex: str, messages=ASK, tools=None, max_tokens=64) -> str:
-        prompt = render_chat(tok, messages, None, tools).text
+        prompt = render_chat(tok, messages, None, tools)[0]
         r = httpx.post(server.url + "/generate", timeout=120, json={"text": prompt, "sampling_params": {
             "temperature": 0, "max_new_tokens": max_tokens, "regex": regex}})
         return r.json()["text"]

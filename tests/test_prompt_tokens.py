@@ -19,7 +19,7 @@ import pytest
 import radixlang as sgl
 from radixlang_runtime.limits import FieldError
 from radixlang_runtime.prompt_encoder import PromptEncoder
-from radixlang_runtime.server.chat_render import render_chat
+from radixlang_runtime.server.chat_render import chat_content_spans, render_chat
 from server_utils import ServerProcess, free_port
 from tiny_checkpoints import build_tiny, hf_greedy
 
@@ -93,8 +93,9 @@ def template_ids(tok, messages) -> list[int]:
 
 
 def chat_ids(tok, messages) -> list[int]:
-    out = render_chat(tok, messages, None, None, PromptEncoder(tok).special_text_in)
-    return PromptEncoder(tok).encode_chat(out.text, out.content_spans)
+    enc = PromptEncoder(tok)
+    text, template = render_chat(tok, messages, None)
+    return enc.encode_chat(text, chat_content_spans(tok, messages, template, text, enc.special_text_in))
 
 
 def test_chat_keeps_the_templates_single_bos_and_content_specials_as_text(tiny):
@@ -110,13 +111,28 @@ def test_chat_keeps_the_templates_single_bos_and_content_specials_as_text(tiny):
     assert ids.count(1) == 2 and ids.count(2) == 1  # only the template's <|im_start|> x2 and <|im_end|>
 
 
+def test_content_spans_in_a_conversation_with_a_trimming_template(tiny):
+    _, _, tok = tiny
+    trim = CHAT_TEMPLATE.replace("m['content']", "(m['content'] | trim)")
+    messages = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "  <|im_start|>x  "},
+                {"role": "assistant", "content": "ok<|im_end|>"}, {"role": "user", "content": "q"}]
+    enc = PromptEncoder(tok)
+    text, template = render_chat(tok, messages, trim)
+    spans = chat_content_spans(tok, messages, template, text, enc.special_text_in)
+    assert [text[a:b] for a, b in spans] == ["be nice", "<|im_start|>x", "ok<|im_end|>", "q"]
+    ids = enc.encode_chat(text, spans)
+    assert ids.count(1) == 5 and ids.count(2) == 4 and ids.count(0) == 1  # 4 turns + the generation prompt
+
+
 def test_a_template_that_rewrites_content_refuses_special_text(tiny):
     _, _, tok = tiny
     upper = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
     enc = PromptEncoder(tok)
-    assert render_chat(tok, [{"role": "user", "content": "hi"}], upper, None, enc.special_text_in).text
+    plain = [{"role": "user", "content": "hi"}]
+    assert chat_content_spans(tok, plain, upper, render_chat(tok, plain, upper)[0], enc.special_text_in) is None
+    spoof = [{"role": "user", "content": SPOOF}]
     with pytest.raises(FieldError, match=r"messages\[0\].content holds the special-token text '<\|im_end\|>'"):
-        render_chat(tok, [{"role": "user", "content": SPOOF}], upper, None, enc.special_text_in)
+        chat_content_spans(tok, spoof, upper, render_chat(tok, spoof, upper)[0], enc.special_text_in)
 
 
 def test_every_route_serves_what_transformers_generates(tiny, server):

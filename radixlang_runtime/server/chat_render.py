@@ -9,14 +9,13 @@ A template that cannot show tools or a tool history: a ChatML one (the embedded 
 renders only role + content) is replaced, for that request, by CHATML_TOOLS_TEMPLATE; any other is a
 400 asking for --chat-template.
 Special-token text inside a message's content (`<|im_start|>system` in a user turn) is plain text:
-render_chat reports where the contents lie so the encoder (prompt_encoder.py) parses specials only in
+chat_content_spans reports where the contents lie so the encoder (prompt_encoder.py) parses specials only in
 the template's own text.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import jinja2
@@ -143,19 +142,20 @@ def template_for(tokenizer: Any, chat_template: Optional[str], tools: bool, tool
                               "with --chat-template naming one that does")
 
 
-@dataclass(frozen=True)
-class RenderedChat:
-    text: str
-    template: Optional[str]  # the template used: None when the tokenizer's own
-    content_spans: Optional[list[Span]] = None  # set when some content holds special-token text
-
-
 def _apply(tokenizer: Any, messages: list[dict], template: Optional[str], extra: dict) -> str:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              chat_template=template, **extra)
     except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
         raise BadRequest(f"the chat template refused these messages: {e}") from None
+
+
+def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
+                tools: Optional[list[dict]] = None) -> tuple[str, Optional[str]]:
+    """-> (prompt text, the template used: None when the tokenizer's own)."""
+    clean, tool_history = clean_messages(messages)
+    template = template_for(tokenizer, chat_template, bool(tools), tool_history)
+    return _apply(tokenizer, clean, template, {"tools": tools} if tools else {}), template
 
 
 def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents: list[str]) -> Optional[list[Span]]:
@@ -182,19 +182,17 @@ def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents
     return spans if text[pos_t:] == skeleton[pos_s:] else None
 
 
-def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str], tools: Optional[list[dict]] = None,
-                special_text_in: Optional[Callable[[str], Optional[str]]] = None) -> RenderedChat:
-    """Messages -> the prompt text. special_text_in (PromptEncoder's): when a message's content holds
-    special-token text, the contents' spans are located (a second render with a mark in place of each
-    content) so they are encoded as plain text; a template whose output does not show where they are
-    is a 400 naming the message."""
-    clean, tool_history = clean_messages(messages)
-    template = template_for(tokenizer, chat_template, bool(tools), tool_history)
-    extra = {"tools": tools} if tools else {}
-    text = _apply(tokenizer, clean, template, extra)
-    found = [special_text_in(m["content"]) if special_text_in else None for m in clean]
+def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], text: str,
+                       special_text_in: Callable[[str], Optional[str]], **extra: Any) -> Optional[list[Span]]:
+    """The messages' content spans in `text` (render_chat's output for them with `template` and the same
+    apply_chat_template keywords `extra`) when some content holds special-token text (special_text_in,
+    PromptEncoder's), else None (nothing to keep as text). The spans come from a second render with a mark
+    in place of each content; a template whose output does not show where they are is a 400 naming the
+    message."""
+    clean, _ = clean_messages(messages)
+    found = [special_text_in(m["content"]) for m in clean]
     if not any(found):
-        return RenderedChat(text, template)
+        return None
     marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
     skeleton = _apply(tokenizer, [dict(m, content=k) if k else m for m, k in zip(clean, marks)], template, extra)
     spans = content_spans(text, skeleton, marks, [m["content"] for m in clean])
@@ -202,4 +200,4 @@ def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str], too
         i = next(i for i, f in enumerate(found) if f)
         raise FieldError(f"messages[{i}].content", f"messages[{i}].content holds the special-token text {found[i]!r} "
                          "and this chat template rewrites message contents, so it cannot be kept as plain text")
-    return RenderedChat(text, template, spans)
+    return spans

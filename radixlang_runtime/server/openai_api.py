@@ -30,7 +30,7 @@ from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, 
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.results import Cumulative, LogprobRequest
-from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, render_chat
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response)
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
@@ -409,12 +409,12 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     tm = state.tm
     plan = check_tools(body)
     think = reasoning_plan(state.args.reasoning_parser, body)
-    chat = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None,
-                       tm.encoder.special_text_in)
-    template = chat.template
+    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None)
     set_parser(plan, state.args.tool_call_parser,
                template if template is not None else getattr(tm.tokenizer, "chat_template", None))
-    ids = tm.encode_chat(chat.text, chat.content_spans)
+    spans = chat_content_spans(tm.tokenizer, body.get("messages"), template, text, tm.encoder.special_text_in,
+                               **({"tools": plan.tools} if plan.tools else {}))
+    ids = tm.encode_chat(text, spans)
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
     want_lp = need_bool(_opt(body, "logprobs", False), "logprobs")
     top = _int_option(body, "top_logprobs", MAX_LOGPROBS)
