@@ -24,6 +24,7 @@ from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.messages import AbortReq, TokenizedGenerateReq
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
 from radixlang_runtime.model.runner import ModelRunner
+from radixlang_runtime.prompt_encoder import PromptEncoder
 from radixlang_runtime.results import Cumulative, LogprobRequest, ResultBuilder
 from radixlang_runtime.wiring import build_scheduler, runtime_limits, scheduler_stats
 from radixlang_runtime.scheduler.loop_thread import ThreadedLoop
@@ -58,6 +59,7 @@ class Engine:
         self.model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         self.served_model_name = args.served_model_name or served_name(args.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_dir)
+        self._encoder = PromptEncoder(self.tokenizer)
         self._detok = IncrementalDetokenizer(self.tokenizer)
         try:
             self._loop = ThreadedLoop(lambda: self._build_scheduler(args), args.stream_interval, scheduler_stats)
@@ -174,7 +176,7 @@ class Engine:
         return [r.to_message() for r in reqs], is_list
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self._encoder.encode(text)
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

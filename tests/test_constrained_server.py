@@ -53,6 +53,28 @@ def test_openai_response_format_json_schema_and_json_object(oai):
     jsonschema.validate(json.loads(c.choices[0].text), PERSON)
 
 
+HOSTILE = {"type": "object", "properties": {'a"b': {"type": "integer", "minimum": 0, "maximum": 999},
+                                            "c\\d\n\t": {"type": "string", "format": "date"}},
+           "required": ['a"b', "c\\d\n\t"], "additionalProperties": False}
+
+
+def test_property_names_to_escape_and_formats_give_json(oai, client):
+    """Names with a quote, a backslash, newline and tab, and a date: the output is JSON of the schema."""
+    msgs = [{"role": "user", "content": "Give a count and a date as JSON."}]
+    r = oai.chat.completions.create(model="default", messages=msgs, max_tokens=64, temperature=0,
+                                    response_format={"type": "json_schema", "json_schema": {
+                                        "name": "odd", "schema": HOSTILE, "strict": True}})
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    jsonschema.validate(json.loads(r.choices[0].message.content), HOSTILE, format_checker=jsonschema.FormatChecker())
+    g = client.post("/generate", json={"text": "JSON:", "sampling_params": {
+        "max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(HOSTILE)}}).json()
+    assert g["meta_info"]["finish_reason"]["type"] == "stop", g
+    jsonschema.validate(json.loads(g["text"]), HOSTILE, format_checker=jsonschema.FormatChecker())
+    bad = client.post("/generate", json={"text": "JSON:", "sampling_params": {
+        "max_new_tokens": 8, "json_schema": json.dumps({"type": "string", "format": "hostname"})}})
+    assert bad.status_code == 400 and "string format 'hostname' is not supported" in bad.text
+
+
 def test_native_regex_and_schema(client):
     r = client.post("/generate", json={"text": "The year:", "sampling_params": {
         "max_new_tokens": 8, "temperature": 0, "regex": "(19|20)[0-9]{2}"}}).json()

@@ -23,7 +23,13 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
                                      "metric": {"type": "boolean"}, "unit": {"enum": ["c", "f", None]}},
     "required": ["city", "unit"]}}}
 NOW = {"type": "function", "function": {"name": "now"}}
-SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "now": {"type": "object", "properties": {}}}
+HOSTILE = {"type": "function", "function": {"name": "odd", "parameters": {  # names a JSON writer must escape
+    "type": "object", "properties": {'a"b': {"type": "integer", "minimum": 0, "maximum": 99},
+                                     "back\\slash": {"type": "boolean"}, "new\nline\t": {"enum": ["x", "y"]},
+                                     "\x01é": {"type": "string", "format": "date"}},
+    "required": ['a"b', "new\nline\t"]}}}
+SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "now": {"type": "object", "properties": {}},
+           "odd": HOSTILE["function"]["parameters"]}
 
 # what each format's model writes for [get_weather(city="Paris", unit=None, metric=True), now()]
 TWO_CALLS = {
@@ -71,6 +77,32 @@ def test_forced_regex_allows_what_the_parser_reads(fmt):
     assert [c.name for c in get_parser(fmt).parse(one).calls] == ["get_weather"]
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+def test_a_forced_call_with_hostile_parameter_names_is_a_valid_call(fmt):
+    """Property names with quotes, backslashes and control characters: the forced grammar (every backend)
+    writes JSON the parser reads as a call whose arguments validate."""
+    import numpy as np
+    from test_random_schemas import BACKENDS, sample, small_vocab
+
+    from radixlang_runtime.constrained.grammar import compile_grammar
+    from radixlang_runtime.constrained.spec import GrammarSpec
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    regex = forced_call_regex(_plan(fmt, {"type": "function", "function": {"name": "odd"}}, tools=[HOSTILE]), False)
+    args = {'a"b': 7, "back\\slash": True, "new\nline\t": "x", "\x01é": "2024-02-29"}
+    assert re.fullmatch(regex, ONE_CALL[fmt].replace('"get_weather"', '"odd"').replace(
+        '{"city": "Oslo", "days": 2, "unit": "c"}', json.dumps(args, ensure_ascii=False)))
+    vocab, rng = small_vocab(), np.random.default_rng(5)
+    for backend in BACKENDS:
+        g = compile_grammar(GrammarSpec.from_regex(regex), vocab, backend)
+        for _ in range(5):
+            text = sample(g, vocab, rng).decode("utf-8")
+            calls = get_parser(fmt).parse(text).calls
+            assert [c.name for c in calls] == ["odd"], (backend, text)
+            jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["odd"],
+                                format_checker=jsonschema.FormatChecker())
+
+
 def test_pythonic_refuses_what_it_cannot_write():
     from radixlang_runtime.limits import FieldError
     from radixlang_runtime.server.openai_tools import forced_call_regex
@@ -108,11 +140,16 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.mark.slow  # a server per format (each start ~100 s on a loaded 2-core machine)
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}},
+                                    {"type": "function", "function": {"name": "odd"}}])
 def test_a_forced_call_in_every_format_validates(server, choice):
     """A random model under the constraint: whatever it writes is a call the parser reads, of an allowed
     function, with arguments valid against that function's schema; streamed deltas give the same calls."""
-    body = {"model": "default", "messages": ASK, "tools": [WEATHER, NOW], "tool_choice": choice,
+    odd = choice != "required" and choice["function"]["name"] == "odd"
+    if odd and server.fmt == "pythonic":
+        pytest.skip("pythonic calls pass keywords: such names are refused (test_pythonic_refuses_what_it_cannot_write)")
+    body = {"model": "default", "messages": ASK, "tools": [WEATHER, NOW, HOSTILE] if odd else [WEATHER, NOW],
+            "tool_choice": choice,
             "parallel_tool_calls": False, "temperature": 0, "max_tokens": 200}
     with httpx.Client(base_url=server.url, timeout=120) as c:
         r = c.post("/v1/chat/completions", json=body)
@@ -123,8 +160,9 @@ def test_a_forced_call_in_every_format_validates(server, choice):
         assert len(calls) == 1, (server.fmt, choice0)
         for call in calls:
             name = call["function"]["name"]
-            assert name in (("get_weather", "now") if choice == "required" else ("get_weather",))
-            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
+            assert name in (("get_weather", "now") if choice == "required" else (choice["function"]["name"],))
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name],
+                                format_checker=jsonschema.FormatChecker())
         streamed: dict[int, list[str]] = {}
         with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
             for line in s.iter_lines():

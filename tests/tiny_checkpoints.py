@@ -51,3 +51,36 @@ def with_config(model, change: dict):
     other = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION).eval()
     other.load_state_dict(model.state_dict())
     return other
+
+
+def byte_tokenizer(path):
+    """A byte-level tokenizer of 259 ids saved to path: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 (EOS),
+    then one token per byte (GPT-2's byte <-> unicode table, no merges). Grammar compiles over it are
+    cheap, and every output a grammar allows is some token sequence."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {s: i for i, s in enumerate(specials)} | {c: i + len(specials) for i, c in enumerate(alphabet)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=specials[0], eos_token=specials[2],
+                                  additional_special_tokens=specials[1:2])
+    tok.save_pretrained(path)
+    return tok
+
+
+def build_tiny_bytes(path, tiny: dict):
+    """A tiny random Llama over byte_tokenizer's 259 ids, saved with it to path; returns the model."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    tok = byte_tokenizer(path)
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), **tiny)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model

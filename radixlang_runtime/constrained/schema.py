@@ -10,6 +10,10 @@ Integer bounds (minimum / maximum / exclusiveMinimum / exclusiveMaximum on {"typ
 pydantic's ge / le / gt / lt produce) are supported: schema_to_regex puts a digit-range regex
 (int_range.py) where the integer goes; bounds elsewhere (numbers, enums) are refused by name.
 
+String formats (string_formats.py) and property names: outlines-core's format regexes and its property
+names (regex-escaped, never JSON-escaped) can write invalid JSON; _marked swaps both for safe forms
+before outlines-core sees the schema, so every backend compiles JSON-valid regexes (CONSTRAINED.md).
+
 Whitespace: every separator slot gets exactly the layout models emit, `{"k": v, "k2": [a, b]}`:
 nothing after `{` / `[` or before `}` / `]` / `,` / `:`, one space after `,` and `:` (Python's
 json.dumps default layout). With fixed separators jump-forward can force them (CONSTRAINED.md).
@@ -25,6 +29,7 @@ import secrets
 from typing import Any, Callable, Optional, Union
 
 from radixlang_runtime.constrained.int_range import int_range_regex
+from radixlang_runtime.constrained.string_formats import STRING_FORMATS, format_string_regex
 
 MAX_SCHEMA_CHARS = 1 << 20
 MAX_SCHEMA_DEPTH = 32  # nested schema objects (properties / items / combinators), $ref not followed
@@ -40,7 +45,6 @@ BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")  # integ
 MAX_BOUND = 10**18
 COUNTS = ("minProperties", "maxProperties", "minItems", "maxItems", "minLength", "maxLength")
 TYPES = {"string", "number", "integer", "boolean", "null", "array", "object"}
-STRING_FORMATS = {"date-time", "date", "time", "uuid", "uri", "email"}
 _DISPATCH = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref")
 
 
@@ -252,6 +256,8 @@ def _check_format(w: _Walk, node: dict, path: str, depth: int) -> None:
         for key in ("minLength", "maxLength"):
             if key in node:
                 raise _err(f"'format' together with '{key}' is not supported", path)
+        if len(tl) > 1:
+            raise _err("'format' with a 'type' list is not supported (use anyOf)", path)
 
 
 def integer_bounds(node: dict, path: str = "") -> tuple[Optional[int], Optional[int]]:
@@ -330,6 +336,8 @@ def _marked(node: Any, marks: dict[str, str], python: bool) -> Any:
         return node
     if node.get("type") == "integer" and any(isinstance(node.get(k), (int, float)) for k in BOUNDS):
         return {"const": _mark(marks, int_range_regex(*integer_bounds(node)))}
+    if _types(node) <= {"string"} and node.get("format") in STRING_FORMATS and not ("enum" in node or "const" in node):
+        return {"const": _mark(marks, format_string_regex(node["format"]))}
     if python and "enum" not in node and "const" not in node:
         types = _types(node)
         if len(types) > 1 and types & {"boolean", "null"}:
@@ -339,11 +347,23 @@ def _marked(node: Any, marks: dict[str, str], python: bool) -> Any:
         if types == {"null"}:
             return {"const": _mark(marks, "None")}
     out = {k: _marked(v, marks, python) for k, v in node.items()}
+    if isinstance(node.get("properties"), dict):  # outlines-core writes names unescaped (see schema_to_regex)
+        out["properties"] = {_escaped_name(k): v for k, v in out["properties"].items()}
+        if isinstance(node.get("required"), list):
+            out["required"] = [_escaped_name(k) if isinstance(k, str) else k for k in node["required"]]
     if python and isinstance(node.get("enum"), list):
         out["enum"] = [_py(v, marks) for v in node["enum"]]
     if python and "const" in node:
         out["const"] = _py(node["const"], marks)
     return out
+
+
+def _escaped_name(name: str) -> str:
+    """A property name as the characters between its JSON quotes (`a"b` -> `a\\"b`, a newline -> `\\n`).
+    outlines-core regex-escapes a name but does not JSON-escape it, so the name it is given is the escaped
+    text: the regex then matches the name's JSON spelling (json.dumps's: \\uXXXX for other control
+    characters, non-ASCII kept). Distinct names stay distinct (JSON escaping is one-to-one)."""
+    return json.dumps(name, ensure_ascii=False)[1:-1]
 
 
 def fixed_separators(regex: str, mark: str) -> str:
@@ -370,9 +390,7 @@ def schema_to_regex(canonical: str, python: bool = False) -> str:
     from outlines_core.json_schema import build_regex_from_schema
 
     marks: dict[str, str] = {}
-    schema = _marked(json.loads(canonical), marks, python)
-    if marks:
-        canonical = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    canonical = json.dumps(_marked(json.loads(canonical), marks, python), separators=(",", ":"), ensure_ascii=False)
     mark = f"\x00WS{secrets.token_hex(8)}\x00"
     try:
         regex = build_regex_from_schema(canonical, mark)

@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse, Response
 from radixlang_runtime.limits import FieldError
 from radixlang_runtime.server.anthropic_errors import anthropic_error
 from radixlang_runtime.server.anthropic_records import MessagesRequest, parse_messages_request
-from radixlang_runtime.server.chat_render import render_chat, template_kwargs
 from radixlang_runtime.server.http_common import ServerState, read_json, stream_response
-from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound, _chat_intake, _finish, _until_stop
+from radixlang_runtime.server.openai_api import (MODEL_ALIASES, ModelNotFound, _chat_intake, _finish, _until_stop,
+                                                chat_prompt_ids)
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, split_whole
 from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
 
@@ -87,10 +87,8 @@ async def count_tokens(request: Request) -> Response:
 def _count(state: ServerState, req: MessagesRequest) -> int:
     """The prompt /v1/messages renders for this request, in tokens (on an intake thread)."""
     body = req.chat_body()
-    plan = check_tools(body)
-    text, _ = render_chat(state.tm.tokenizer, body["messages"], state.args.chat_template, plan.tools or None,
-                          template_kwargs(body))
-    return len(state.tm.encode_text(text))
+    ids, _ = chat_prompt_ids(state, body, check_tools(body))
+    return len(ids)
 
 
 def _usage(meta: dict, output_tokens: Optional[int] = None) -> dict[str, int]:

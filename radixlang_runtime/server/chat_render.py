@@ -10,16 +10,20 @@ variable of that name) become template variables (template_kwargs).
 A template that cannot show tools or a tool history: a ChatML one (the embedded SmolLM2's GGUF template
 renders only role + content) is replaced, for that request, by CHATML_TOOLS_TEMPLATE; any other is a
 400 asking for --chat-template.
+Special-token text inside a message's content (`<|im_start|>system` in a user turn) is plain text:
+chat_content_spans reports where the contents lie so the encoder (prompt_encoder.py) parses specials only in
+the template's own text.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jinja2
 
 from radixlang_runtime.limits import FieldError, show
+from radixlang_runtime.prompt_encoder import Span
 from radixlang_runtime.server.http_common import BadRequest
 
 # SmolLM2's tool format (HuggingFaceTB's SmolLM2-1.7B-Instruct model card, Ollama's smollm2 template; the
@@ -165,6 +169,14 @@ def template_kwargs(body: dict) -> dict[str, Any]:
     return dict(kwargs)
 
 
+def _apply(tokenizer: Any, messages: list[dict], template: Optional[str], extra: dict) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             chat_template=template, **extra)
+    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
+        raise BadRequest(f"the chat template refused these messages: {e}") from None
+
+
 def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
                 tools: Optional[list[dict]] = None,
                 variables: Optional[dict[str, Any]] = None) -> tuple[str, Optional[str]]:
@@ -172,9 +184,49 @@ def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
     clean, tool_history = clean_messages(messages)
     template = template_for(tokenizer, chat_template, bool(tools), tool_history)
     extra = {**(variables or {}), **({"tools": tools} if tools else {})}
-    try:
-        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, chat_template=template,
-                                             **extra)
-    except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
-        raise BadRequest(f"the chat template refused these messages: {e}") from None
-    return text, template
+    return _apply(tokenizer, clean, template, extra), template
+
+
+def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents: list[str]) -> Optional[list[Span]]:
+    """Where each message's content lies in `text`, found by walking `skeleton` (the same messages rendered
+    with content i replaced by marks[i]): the template's text around the marks must match `text`, each
+    content must appear whole (or stripped: templates that trim). None when the template moves, repeats
+    or rewrites a content in another way."""
+    spans: list[Span] = []
+    pos_s = pos_t = 0
+    for mark, content in zip(marks, contents):
+        if mark is None:
+            continue
+        k = skeleton.find(mark, pos_s)
+        if k < 0:  # this content is not rendered (a template may drop a turn)
+            continue
+        if skeleton.find(mark, k + len(mark)) >= 0 or not text.startswith(skeleton[pos_s:k], pos_t):
+            return None
+        pos_t += k - pos_s
+        shown = next((v for v in (content, content.strip()) if text.startswith(v, pos_t)), None)
+        if shown is None:
+            return None
+        spans.append((pos_t, pos_t + len(shown)))
+        pos_t, pos_s = pos_t + len(shown), k + len(mark)
+    return spans if text[pos_t:] == skeleton[pos_s:] else None
+
+
+def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], text: str,
+                       special_text_in: Callable[[str], Optional[str]], **extra: Any) -> Optional[list[Span]]:
+    """The messages' content spans in `text` (render_chat's output for them with `template` and the same
+    apply_chat_template keywords `extra`) when some content holds special-token text (special_text_in,
+    PromptEncoder's), else None (nothing to keep as text). The spans come from a second render with a mark
+    in place of each content; a template whose output does not show where they are is a 400 naming the
+    message."""
+    clean, _ = clean_messages(messages)
+    found = [special_text_in(m["content"]) for m in clean]
+    if not any(found):
+        return None
+    marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
+    skeleton = _apply(tokenizer, [dict(m, content=k) if k else m for m, k in zip(clean, marks)], template, extra)
+    spans = content_spans(text, skeleton, marks, [m["content"] for m in clean])
+    if spans is None:
+        i = next(i for i, f in enumerate(found) if f)
+        raise FieldError(f"messages[{i}].content", f"messages[{i}].content holds the special-token text {found[i]!r} "
+                         "and this chat template rewrites message contents, so it cannot be kept as plain text")
+    return spans

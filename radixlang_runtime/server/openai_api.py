@@ -31,7 +31,7 @@ from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, 
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.results import Cumulative, LogprobRequest
-from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, render_chat, template_kwargs
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, render_chat, template_kwargs
 from radixlang_runtime.server.client_watch import unless_client_gone
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, client_gone_counter, final_result,
                                                   guard_stream, merged, read_json, sse, stream_response)
@@ -388,6 +388,7 @@ def _completion_intake(state: ServerState, body: dict,
     """A /v1/completions body -> (its choices, the prompts' texts when echo, logprobs). On an intake thread."""
     tm = state.tm
     prompt = body.get("prompt")
+    given = [prompt] if isinstance(prompt, str) else prompt  # echo: a text prompt comes back as written (no BOS)
     if isinstance(prompt, str):
         prompts = [tm.encode_text(prompt)]
     elif isinstance(prompt, list) and prompt and len(prompt) > MAX_BATCH:
@@ -404,8 +405,22 @@ def _completion_intake(state: ServerState, body: dict,
     echo = need_bool(_opt(body, "echo", False), "echo")
     top = _int_option(body, "logprobs", MAX_LOGPROBS)
     choices = _Choices(state, prompts, sampling_from_openai(body, 16, 0), _opt(body, "n", 1), top, echo, rid, body)
-    texts = [tm.tokenizer.decode(p) for p in prompts] if echo else None  # after _Choices checked the ids
+    texts = None
+    if echo:  # after _Choices checked the ids
+        texts = given if all(isinstance(p, str) for p in given) else [tm.tokenizer.decode(p) for p in prompts]
     return choices, texts, top
+
+
+def chat_prompt_ids(state: ServerState, body: dict, plan: ToolPlan) -> tuple[list[int], Optional[str]]:
+    """A chat body's messages rendered with its template variables and tools, then tokenized as the template
+    wants (content's special-token text kept as text) -> (prompt ids, the template used). On an intake thread."""
+    tm = state.tm
+    variables = template_kwargs(body)
+    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None,
+                                 variables)
+    spans = chat_content_spans(tm.tokenizer, body.get("messages"), template, text, tm.encoder.special_text_in,
+                               **variables, **({"tools": plan.tools} if plan.tools else {}))
+    return tm.encode_chat(text, spans), template
 
 
 def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bool, Optional[int], ToolPlan,
@@ -415,11 +430,9 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     tm = state.tm
     plan = check_tools(body)
     think = reasoning_plan(state.args.reasoning_parser, body)
-    text, template = render_chat(tm.tokenizer, body.get("messages"), state.args.chat_template, plan.tools or None,
-                                 template_kwargs(body))
+    ids, template = chat_prompt_ids(state, body, plan)
     set_parser(plan, state.args.tool_call_parser,
                template if template is not None else getattr(tm.tokenizer, "chat_template", None))
-    ids = tm.encode_text(text)
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
     want_lp = need_bool(_opt(body, "logprobs", False), "logprobs")
     top = _int_option(body, "top_logprobs", MAX_LOGPROBS)

@@ -32,6 +32,7 @@ import zmq.asyncio
 
 from radixlang_runtime.generate_input import GenerateRequest
 from radixlang_runtime.limits import RuntimeLimits
+from radixlang_runtime.prompt_encoder import PromptEncoder, Span
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, UnpinPrefixOut,
                                         UnpinPrefixReq, decode, encode)
@@ -71,6 +72,7 @@ class TokenizerManager:
     def __init__(self, ipc: IpcPaths, tokenizer: Any, limits: RuntimeLimits, metrics: Optional[ServerMetrics],
                  num_replicas: int = 1, load_balance_method: str = "cache_aware", health_stall_timeout: float = 30.0):
         self.tokenizer = tokenizer
+        self.encoder = PromptEncoder(tokenizer)
         self.limits = limits
         self.metrics = metrics
         self.live = LiveSeries()  # the dashboard's recent history (always on: a few deque appends)
@@ -96,8 +98,13 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ requests
     def encode_text(self, text: str) -> list[int]:
-        """Tokenize (blocking: call it inside run_intake, never on the event loop)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Tokenize raw text (prompt_encoder.py: the tokenizer's BOS where it adds one; blocking: call it
+        inside run_intake, never on the event loop)."""
+        return self.encoder.encode(text)
+
+    def encode_chat(self, text: str, content_spans: Optional[list[Span]]) -> list[int]:
+        """Tokenize a rendered chat prompt (content spans: special-token text there stays text)."""
+        return self.encoder.encode_chat(text, content_spans)
 
     async def run_intake(self, fn: Callable[..., T], *args: Any, size: int = 0) -> T:
         """fn(*args) on an intake thread: parsing, chat templates, tokenizing and validating a request
