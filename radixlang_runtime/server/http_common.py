@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from radixlang_runtime.limits import MAX_JSON_DEPTH, FieldError, need_float, need_int_list, need_str, show
 from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
+from radixlang_runtime.pooling import PoolingConfig
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class ServerState:
     child_pids: dict[str, int] = field(default_factory=dict)
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
     flag_template: Optional[str] = None  # --chat-template's text (create_app reads it once), else None
+    pooling: Optional[PoolingConfig] = None  # --is-embedding: the model's pooling (pooling.py), else None
 
 
 def chat_template_text(value: Optional[str]) -> Optional[str]:

@@ -1,5 +1,6 @@
 """The HTTP app: routers per protocol, each a module of top-level handlers over services.py: native
-(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard.
+(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), pooling
+(pooling_api.py: embeddings, /encode, rerank, score), dashboard.
 
 Bodies are parsed by hand, not by pydantic models, so that every malformed request gets the
 documented 400 `{"error": {"message": ...}}` naming the problem (FastAPI's default would be a 422
@@ -28,6 +29,7 @@ from radixlang_runtime.server.http_common import (OPEN_ROUTES, BodyTooLarge, Ser
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
+from radixlang_runtime.server.pooling_api import router as pooling_router
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     app.middleware("http")(auth_and_log)
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (native_router, control_router, openai_router, dashboard_router):
+    for router in (native_router, control_router, openai_router, pooling_router, dashboard_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)
