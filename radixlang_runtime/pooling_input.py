@@ -87,6 +87,8 @@ def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limi
     for i, p in enumerate(prompts):
         where = f"{name}[{i}]" if len(prompts) > 1 else name
         if isinstance(p, str):
+            if not p:  # OpenAI refuses an empty string too (a template would otherwise embed its own tokens)
+                raise FieldError(where, f"{where} is an empty string")
             ids = encode(need_str(p, where))
         elif isinstance(p, list):
             ids = p
