@@ -18,6 +18,7 @@ import json
 import os
 import struct
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -54,36 +55,56 @@ def _cos(a, b) -> float:
                                                  torch.as_tensor(b).to(torch.float64), dim=0).item()
 
 
-@pytest.fixture(scope="module")
-def last_model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("emb_last")
+def _build_last(root):
     build_tiny(root / "base", "LlamaConfig", {**TINY, "tie_word_embeddings": True}, {})
     st = _sentence_transformer(str(root / "base"), str(root / "st"), "lasttoken", chat_template=True)
-    server = ServerProcess("--model-path", str(root / "st"), "--is-embedding", *FLAGS)
-    yield st, server
-    server.stop()
+    return st, ("--model-path", str(root / "st"), "--is-embedding", *FLAGS)
 
 
-@pytest.fixture(scope="module")
-def mean_model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("emb_mean")
+def _build_mean(root):
     build_tiny(root / "base", "Qwen3Config", TINY, {})  # untied: the saved Qwen3Model has no lm_head
     st = _sentence_transformer(str(root / "base"), str(root / "st"), "mean", chat_template=False)
     cfg_path = root / "st" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg_path.write_text(json.dumps({**cfg, "is_matryoshka": True}))
-    server = ServerProcess("--model-path", str(root / "st"), "--is-embedding", "--chunked-prefill-size", "32", *FLAGS)
-    yield st, server
-    server.stop()
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "is_matryoshka": True}))
+    return st, ("--model-path", str(root / "st"), "--is-embedding", "--chunked-prefill-size", "32", *FLAGS)
+
+
+def _build_reranker(root):
+    model = build_tiny(root, "Qwen3Config", {**TINY, "tie_word_embeddings": True}, {})
+    return (model, str(root)), ("--model-path", str(root), *FLAGS)
 
 
 @pytest.fixture(scope="module")
-def reranker(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reranker")
-    model = build_tiny(root, "Qwen3Config", {**TINY, "tie_word_embeddings": True}, {})
-    server = ServerProcess("--model-path", str(root), *FLAGS)
-    yield model, str(root), server
-    server.stop()
+def servers(tmp_path_factory):
+    """The three servers, started at once (a start is mostly one process's own work)."""
+    built = {name: fn(tmp_path_factory.mktemp(name)) for name, fn in
+             (("last", _build_last), ("mean", _build_mean), ("reranker", _build_reranker))}
+    with ThreadPoolExecutor(3) as pool:
+        futures = {name: pool.submit(ServerProcess, *flags) for name, (_, flags) in built.items()}
+    procs = {name: f.result() for name, f in futures.items() if f.exception() is None}
+    if len(procs) < len(futures):  # a failed start still stops the others
+        for p in procs.values():
+            p.stop()
+        raise next(f.exception() for f in futures.values() if f.exception() is not None)
+    yield {name: (built[name][0], procs[name]) for name in built}
+    for p in procs.values():
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def last_model(servers):
+    return servers["last"]
+
+
+@pytest.fixture(scope="module")
+def mean_model(servers):
+    return servers["mean"]
+
+
+@pytest.fixture(scope="module")
+def reranker(servers):
+    (model, model_dir), server = servers["reranker"]
+    return model, model_dir, server
 
 
 def _sdk(server) -> openai.OpenAI:
