@@ -82,6 +82,9 @@ def prompts_of(value: Any, name: str) -> list[Prompt]:
 def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, base_rid: str,
                      name: str, max_len: Optional[int] = None) -> list[GenerateRequest]:
     """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`."""
+    if limits.disaggregation_mode != "null":
+        raise ValueError(f"{name}: pooling requests are not implemented with prefill-decode disaggregation "
+                         f"(disaggregation_mode {limits.disaggregation_mode})")
     sp = SamplingParams.from_dict({"max_new_tokens": 0})
     out = []
     for i, p in enumerate(prompts):
@@ -116,10 +119,6 @@ def _embed_encoder(cfg: PoolingConfig, encode: Encode) -> Encode:
     return (lambda t: encode(cfg.default_prompt + t)) if cfg.default_prompt else encode
 
 
-def _max_len(cfg: PoolingConfig) -> Optional[int]:
-    return cfg.max_seq_length
-
-
 def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
                           base_rid: str) -> EmbeddingCall:
     """/v1/embeddings (OpenAI): input, encoding_format float | base64, dimensions (Matryoshka models only)."""
@@ -140,7 +139,7 @@ def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], encode: Encod
         need_str(body["user"], "user")
     prompts = prompts_of(body["input"], "input")
     reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, "input",
-                            _max_len(cfg))
+                            cfg.max_seq_length)
     return EmbeddingCall(reqs, fmt, dims)
 
 
@@ -163,7 +162,7 @@ def parse_encode_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, l
     rid = body.get("rid")
     base = need_str(rid, "rid", 200) if rid is not None else base_rid
     reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base, name,
-                            _max_len(cfg))
+                            cfg.max_seq_length)
     return EmbeddingCall(reqs, as_list=as_list)
 
 
@@ -188,7 +187,7 @@ def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
         reqs = pooling_requests(texts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, name,
-                                _max_len(cfg))
+                                cfg.max_seq_length)
         return PairCall(reqs, [(q, len(queries) + d) for q, d in pairs], docs, by_reranker=False)
     if reranker is None:
         raise ValueError("this server has no reranker: a generation model needs --classifier-from-token tokens "
