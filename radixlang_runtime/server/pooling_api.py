@@ -96,13 +96,19 @@ async def embeddings(request: Request) -> JSONResponse:
     call = await tm.run_intake(parse_embeddings_body, body, state.pooling, _encode_with_specials(state), tm.limits,
                                f"embd-{uuid.uuid4().hex}", size=len(await request.body()))
     outs = await _run(state, call.reqs)
+    data = await tm.run_intake(_embedding_data, outs, state.pooling.normalize, call.dimensions,
+                               call.encoding_format, size=sum(len(o.get("embedding") or ()) for o in outs))
+    return JSONResponse({"object": "list", "data": data, "model": state.served_model_name, "usage": _usage(outs)})
+
+
+def _embedding_data(outs: list[dict], normalize: bool, dimensions: Optional[int], fmt: str) -> list[dict]:
+    """OpenAI's data entries (on an intake thread: a batch of large vectors is real work)."""
     data = []
     for i, out in enumerate(outs):
-        vec = finish_embedding(_vector(out), state.pooling.normalize, call.dimensions)
-        emb: Any = vec if call.encoding_format == "float" else \
-            base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode("ascii")
+        vec = finish_embedding(_vector(out), normalize, dimensions)
+        emb: Any = vec if fmt == "float" else base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode("ascii")
         data.append({"object": "embedding", "index": i, "embedding": emb})
-    return JSONResponse({"object": "list", "data": data, "model": state.served_model_name, "usage": _usage(outs)})
+    return data
 
 
 @router.post("/encode")
