@@ -199,6 +199,7 @@ def test_sdk_error_and_generation_refused(last_model):
     r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 400 and "--is-embedding" in r.json()["error"]["message"]
     assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is False
+    assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200  # a pooling request there
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 

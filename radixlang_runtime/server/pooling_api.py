@@ -136,14 +136,18 @@ def _plain_encoder(state: ServerState):
     return state.tm.encode_text  # a rendered reranker prompt is the whole text: no special tokens added
 
 
+def _pair_intake(parse: Any, state: ServerState, body: Any, base_rid: str) -> Any:
+    """rerank / score bodies on an intake thread (the reranker's tokens are looked up there too)."""
+    reranker = _reranker(state) if state.pooling is None else None
+    return parse(body, state.pooling, reranker, _encode_with_specials(state), _plain_encoder(state), state.tm.limits,
+                 base_rid)
+
+
 @router.post("/v1/rerank")
 async def rerank(request: Request) -> JSONResponse:
     state, body = await _body(request)
-    tm = state.tm
-    reranker = _reranker(state) if state.pooling is None else None
-    call, top_n, with_docs = await tm.run_intake(
-        parse_rerank_body, body, state.pooling, reranker, _encode_with_specials(state), _plain_encoder(state),
-        tm.limits, f"rerank-{uuid.uuid4().hex}", size=len(await request.body()))
+    call, top_n, with_docs = await state.tm.run_intake(_pair_intake, parse_rerank_body, state, body,
+                                                       f"rerank-{uuid.uuid4().hex}", size=len(await request.body()))
     scores, outs = await _scores(state, call)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
     results = [{"index": i, "relevance_score": scores[i],
@@ -155,11 +159,8 @@ async def rerank(request: Request) -> JSONResponse:
 @router.post("/v1/score")
 async def score(request: Request) -> JSONResponse:
     state, body = await _body(request)
-    tm = state.tm
-    reranker = _reranker(state) if state.pooling is None else None
-    call = await tm.run_intake(parse_score_body, body, state.pooling, reranker, _encode_with_specials(state),
-                               _plain_encoder(state), tm.limits, f"score-{uuid.uuid4().hex}",
-                               size=len(await request.body()))
+    call = await state.tm.run_intake(_pair_intake, parse_score_body, state, body, f"score-{uuid.uuid4().hex}",
+                                     size=len(await request.body()))
     scores, outs = await _scores(state, call)
     return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                          "model": state.served_model_name, "usage": _usage(outs),
