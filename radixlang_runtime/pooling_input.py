@@ -114,6 +114,18 @@ def _embed_spec(cfg: Optional[PoolingConfig], route: str) -> PoolingConfig:
     return cfg
 
 
+def embedding_encoder(tokenizer: Any, cfg: Optional[PoolingConfig]) -> Encode:
+    """Texts tokenized as sentence-transformers does: with the model's special tokens, or (its message modality)
+    rendered as one user message through the chat template. Blocking: call it on an intake thread."""
+    if cfg is not None and cfg.chat_template:
+        def render(text: str) -> list[int]:
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=False)
+            return tokenizer(chat, add_special_tokens=False)["input_ids"]
+        return render
+    return lambda text: tokenizer(text)["input_ids"]
+
+
 def _embed_encoder(cfg: PoolingConfig, encode: Encode) -> Encode:
     """Texts as sentence-transformers encodes them: its default prompt first."""
     return (lambda t: encode(cfg.default_prompt + t)) if cfg.default_prompt else encode

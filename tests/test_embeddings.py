@@ -42,8 +42,8 @@ def _sentence_transformer(base: str, out: str, mode: str, chat_template: bool):
     if not chat_template:  # sentence-transformers >= 6 renders text through a tokenizer's chat template
         os.remove(os.path.join(base, "chat_template.jinja"))
     t = models.Transformer(base)
-    st = SentenceTransformer(modules=[t, models.Pooling(t.get_word_embedding_dimension(), pooling_mode=mode),
-                                      models.Normalize()], device="cpu")
+    dim = getattr(t, "get_embedding_dimension", None) or t.get_word_embedding_dimension  # renamed in 6
+    st = SentenceTransformer(modules=[t, models.Pooling(dim(), pooling_mode=mode), models.Normalize()], device="cpu")
     st.save(out)
     return st
 
@@ -51,7 +51,7 @@ def _sentence_transformer(base: str, out: str, mode: str, chat_template: bool):
 def _cos(a, b) -> float:
     import torch
 
-    return torch.nn.functional.cosine_similarity(torch.tensor(a, dtype=torch.float64),
+    return torch.nn.functional.cosine_similarity(torch.as_tensor(a, dtype=torch.float64),
                                                  torch.as_tensor(b).to(torch.float64), dim=0).item()
 
 
@@ -86,7 +86,7 @@ def servers(tmp_path_factory):
         for p in procs.values():
             p.stop()
         raise next(f.exception() for f in futures.values() if f.exception() is not None)
-    yield {name: (built[name][0], procs[name]) for name in built}
+    yield {**{name: (built[name][0], procs[name]) for name in built}, "last_dir": built["last"][1][1]}
     for p in procs.values():
         p.stop()
 
@@ -201,6 +201,22 @@ def test_sdk_error_and_generation_refused(last_model):
     assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is False
     assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200  # a pooling request there
     assert_idle_and_whole(httpx.Client(base_url=server.url))
+
+
+def test_engine_encode_in_process(servers):
+    from radixlang_runtime.engine import Engine
+
+    st, _ = servers["last"]
+    ref = st.encode(TEXTS[:2], convert_to_tensor=True)
+    with Engine(model_path=servers["last_dir"], is_embedding=True, dtype="float32", max_total_tokens=1024,
+                debug_check_integrity=True) as eng:
+        many = eng.encode(TEXTS[:2])
+        assert [_cos(m["embedding"], r) >= 0.9999 for m, r in zip(many, ref)] == [True, True]
+        one = eng.encode(input_ids=st.tokenize([TEXTS[0]])["input_ids"][0].tolist())
+        assert _cos(one["embedding"], ref[0]) >= 0.9999 and one["meta_info"]["prompt_tokens"] > 0
+        with pytest.raises(ValueError, match="--is-embedding"):
+            eng.generate("hi", {"max_new_tokens": 2})
+        eng.check_integrity()
 
 
 # ------------------------------------------------------------------ mean pooling over chunks, Matryoshka

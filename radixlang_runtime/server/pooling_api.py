@@ -24,8 +24,9 @@ from fastapi.responses import JSONResponse
 
 from radixlang_runtime.limits import need_str, show
 from radixlang_runtime.pooling import finish_embedding, softmax_last
-from radixlang_runtime.pooling_input import (QWEN3_RERANK_TEMPLATE, PairCall, Reranker, parse_embeddings_body,
-                                             parse_encode_body, parse_rerank_body, parse_score_body)
+from radixlang_runtime.pooling_input import (QWEN3_RERANK_TEMPLATE, PairCall, Reranker, embedding_encoder,
+                                             parse_embeddings_body, parse_encode_body, parse_rerank_body,
+                                             parse_score_body)
 from radixlang_runtime.server.http_common import ServerState, final_result, read_json
 from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound
 
@@ -40,16 +41,7 @@ def _check_model(state: ServerState, body: Any) -> None:
 
 
 def _encode_with_specials(state: ServerState):
-    """Texts tokenized as sentence-transformers does: with the model's special tokens, or (its message modality)
-    rendered as one user message through the chat template."""
-    tok = state.tm.tokenizer
-    if state.pooling is not None and state.pooling.chat_template:
-        def render(text: str) -> list[int]:
-            chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=False)
-            return tok(chat, add_special_tokens=False)["input_ids"]
-        return render
-    return lambda text: tok(text)["input_ids"]
+    return embedding_encoder(state.tm.tokenizer, state.pooling)
 
 
 def _reranker(state: ServerState) -> Optional[Reranker]:
