@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
@@ -94,14 +95,31 @@ class Engine:
             if is_batch or len(reqs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
             return self._stream(reqs[0], lp_text)
-        pending = [self._submit(msg, lp_text) for msg in reqs]
+        results = self._finals([self._submit(msg, lp_text) for msg in reqs])
+        return results if is_batch or len(results) > 1 else results[0]
+
+    def encode(self, prompt: Prompt = None, input_ids: InputIds = None, rid: Optional[str] = None) -> Any:
+        """SGLang's Engine.encode on a pooling model (is_embedding=True): {"embedding", "meta_info"} per prompt (a
+        list for list input), as the server's /encode answers (docs/EMBEDDINGS.md)."""
+        from radixlang_runtime.pooling import finish_embedding
+        from radixlang_runtime.pooling_input import embedding_encoder, parse_encode_body
+
+        cfg = self.runner.pooling
+        body = {k: v for k, v in (("text", prompt), ("input_ids", input_ids), ("rid", rid)) if v is not None}
+        call = parse_encode_body(body, cfg, embedding_encoder(self.tokenizer, cfg), self.limits, uuid.uuid4().hex)
+        outs = self._finals([self._submit(r.to_message(), False) for r in call.reqs])
+        items = [{"embedding": finish_embedding(o["embedding"], cfg.normalize), "meta_info": o["meta_info"]}
+                 for o in outs]
+        return items if call.as_list else items[0]
+
+    def _finals(self, pending: list) -> list[dict]:
+        """Each submitted request's result, in order; a failure ends the call and frees what the others hold."""
         try:
-            results = [self._final(q, builder) for q, builder in pending]
+            return [self._final(q, builder) for q, builder in pending]
         finally:
-            for _, builder in pending:  # a failure ends the call: free what the others still hold
+            for _, builder in pending:
                 if not builder.finished:
                     self._loop.put(AbortReq(builder.rid))
-        return results if is_batch or len(results) > 1 else results[0]
 
     def abort_request(self, rid: str) -> None:
         """End request rid wherever it is (queued, prefilling, decoding): finish_reason {"type": "abort"}."""

@@ -28,6 +28,7 @@ from radixlang_runtime.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, Runtim
                                       need_int, need_str, show)
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.messages import TokenizedGenerateReq
+from radixlang_runtime.pooling import PoolSpec
 from radixlang_runtime.results import LogprobRequest
 from radixlang_runtime.sampling_params import SamplingParams
 
@@ -76,6 +77,7 @@ class GenerateRequest:
     stream: bool = False
     index: int = 0  # choice index within its call (prompt * n + sample)
     bootstrap: Optional[Bootstrap] = None  # PD only
+    pooling: Optional[PoolSpec] = None  # a pooling request (pooling_input.py): max_new_tokens 0, a vector back
 
     def to_message(self) -> TokenizedGenerateReq:
         """The scheduler's message (the one place it is assembled)."""
@@ -84,7 +86,8 @@ class GenerateRequest:
         pd = self.bootstrap
         return TokenizedGenerateReq(self.rid, list(self.input_ids), self.sampling.to_wire(), self.stream,
                                     self.logprob is not None, lp.start, lp.top_num, grammar,
-                                    None if pd is None else [pd.host, pd.port, pd.room])
+                                    None if pd is None else [pd.host, pd.port, pd.room],
+                                    None if self.pooling is None else self.pooling.to_wire())
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,

@@ -196,6 +196,7 @@ class Supervisor:
 
         from radixlang_runtime.limits import RuntimeLimits
         from radixlang_runtime.model.resolve import served_name
+        from radixlang_runtime.pooling import PoolingConfig
         from radixlang_runtime.server.http_server import ServerState
         from radixlang_runtime.server.metrics import ServerMetrics
         from radixlang_runtime.server.tokenizer_manager import TokenizerManager
@@ -208,7 +209,9 @@ class Supervisor:
                               num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
                               health_stall_timeout=args.health_stall_timeout)
         resolved = ServerArgs(**info.pop("resolved_args"))
-        return ServerState(resolved, tm, model_dir, name, info, self.child_pids)
+        pooling = info.pop("pooling")
+        return ServerState(resolved, tm, model_dir, name, info, self.child_pids,
+                           pooling=PoolingConfig.from_dict(pooling) if pooling is not None else None)
 
     # ------------------------------------------------------------------ serving
     def _serve_http(self) -> int:

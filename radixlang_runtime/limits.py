@@ -121,10 +121,16 @@ class RuntimeLimits:
     grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
     grammar_backend: str = "auto"  # constrained/backends.py: which grammar kinds are accepted (auto: all)
     disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
+    is_embedding: bool = False  # a pooling model (--is-embedding): only pooling requests (pooling_input.py)
 
 
-def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids") -> None:
-    """ids_name: the request field the ids came from (OpenAI's `prompt`), for the error."""
+def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",
+                  pooling: bool = False) -> None:
+    """ids_name: the request field the ids came from (OpenAI's `prompt`), for the error; pooling: a pooling
+    request (the only kind a --is-embedding server runs)."""
+    if limits.is_embedding and not pooling:
+        raise ValueError("this server runs a pooling model (--is-embedding): it serves /v1/embeddings and /encode, "
+                         "not text generation")
     if not ids:
         raise ValueError("the prompt is empty (no tokens)")
     # The length first: it bounds the per-token check below by the context length.

@@ -1,7 +1,7 @@
 """Every message that crosses a process boundary, as typed dataclasses encoded with msgpack.
 
 Torch-free (the DSL's ZeroMQ backend imports it). Links:
-  tokenizer manager -> scheduler:   TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq,
+  tokenizer manager -> scheduler:   TokenizedGenerateReq, TokenizedBatchReq, AbortReq, FlushCacheReq, GetStatsReq,
                                     PinPrefixReq, UnpinPrefixReq
   scheduler -> detokenizer:         BatchTokenIDOut
   detokenizer -> tokenizer manager: BatchStrOut
@@ -34,6 +34,7 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     grammar: Optional[list] = None  # GrammarSpec.to_wire() built at intake (None: unconstrained)
     bootstrap: Optional[list] = None  # PD (disaggregation_mode prefill / decode): [host, port, room]
+    pooling: Optional[list] = None  # pooling.PoolSpec.to_wire(): a prefill-only request returning a pooled vector
 
 
 @dataclass
@@ -147,6 +148,7 @@ class ReqProgress:
     input_top_logprobs: Optional[list] = None
     output_logprobs: Optional[list[float]] = None
     output_top_logprobs: Optional[list] = None
+    embedding: Optional[list[float]] = None  # a pooling request's result, in its final record (pooling.py)
 
 
 def _record(cls: type, many: bool = False, **kw: Any) -> Any:
@@ -176,6 +178,14 @@ class ReqStrOut:
     text: str
     progress: ReqProgress = _record(ReqProgress)
     trim: int = 0
+
+
+@dataclass
+class TokenizedBatchReq:
+    """Several requests in one message: the scheduler drains them together (one prefill batch where its
+    budgets allow): a pooling call's inputs."""
+
+    reqs: list[TokenizedGenerateReq] = _record(TokenizedGenerateReq, many=True, default_factory=list)
 
 
 @dataclass
@@ -289,8 +299,8 @@ class PDPong:
 
 
 PD_MESSAGES = (PDRegister, PDKVChunk, PDDone, PDAck, PDCancel, PDFail, PDPing, PDPong)
-MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
-            BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
+MESSAGES = (TokenizedGenerateReq, TokenizedBatchReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut,
+            ErrorOut, BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
             SchedulerHeartbeat, *PD_MESSAGES)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}

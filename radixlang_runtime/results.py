@@ -70,6 +70,8 @@ class ResultBuilder:
         if self.logprob is not None and p.output_logprobs is not None:
             self._logprob_meta(p, meta)
         out = {"text": rec.text, "output_ids": new_ids, "meta_info": meta}
+        if p.embedding is not None:  # a pooling request's vector (its final record)
+            out["embedding"] = p.embedding
         if rec.trim:
             out["text_trim"] = rec.trim
         return out

@@ -30,6 +30,15 @@ class ServerArgs:
     # native: model/models/ (refused when no file); transformers: transformers' modeling code with attention in the
     # paged KV pool (models/transformers_fallback.py); auto: native where the registry has the family
     model_impl: str = "auto"
+    # pooling model (docs/EMBEDDINGS.md): /v1/embeddings and /encode serve pooled final hidden states (pooling from
+    # a sentence-transformers directory's modules, else last token + L2 norm); generation routes answer 400
+    is_embedding: bool = False
+    # /v1/rerank and /v1/score on a generation server: a decoder reranker scored by P(yes) over the logits of
+    # classifier_from_token (vLLM's name and order: "no,yes") at the last position of rerank_template rendered with
+    # {query}, {document} (and {instruction}: rerank_instruction); None: Qwen3-Reranker's template
+    rerank_template: Optional[str] = None
+    rerank_instruction: str = "Given a web search query, retrieve relevant passages that answer the query"
+    classifier_from_token: str = "no,yes"
 
     # --- http ---
     host: str = "127.0.0.1"
@@ -230,6 +239,21 @@ class ServerArgs:
         self._check_speculative()
         self._check_hicache()
         self._check_disaggregation()
+        self._check_pooling()
+
+    def _check_pooling(self) -> None:
+        """--is-embedding with what it does not combine with, and the reranker's settings (docs/EMBEDDINGS.md)."""
+        if self.is_embedding:
+            for name, off in (("speculative_algorithm", None), ("disaggregation_mode", "null"),
+                              ("quantization", None)):
+                if getattr(self, name) != off:
+                    raise ValueError(f"{name} {getattr(self, name)!r} is not implemented with --is-embedding")
+        tokens = self.classifier_from_token.split(",")
+        if len(tokens) != 2 or not all(tokens):
+            raise ValueError(f"classifier_from_token must be two tokens 'false,true' (e.g. no,yes); got "
+                             f"{self.classifier_from_token!r}")
+        if self.rerank_template is not None and "{document}" not in self.rerank_template:
+            raise ValueError("rerank_template must hold {document} (and {query})")
 
     def _check_disaggregation(self) -> None:
         """Refuse PD settings the runtime would not honour, by name (docs/DISAGGREGATION.md)."""

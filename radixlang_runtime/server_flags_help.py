@@ -18,6 +18,11 @@ HELP: dict[str, str] = {
     "model_impl": "auto: the native model file when radixlang has the architecture, else transformers' modeling "
                   "code with attention in the paged KV pool; native: refuse architectures without a file; "
                   "transformers: always the fallback",
+    "is_embedding": "serve a pooling model: /v1/embeddings, /encode, /v1/rerank, /v1/score (generation refused); "
+                    "a sentence-transformers directory's pooling and normalization are read from it",
+    "rerank_template": "the reranker's prompt with {query}, {document}, {instruction} (default: Qwen3-Reranker's)",
+    "rerank_instruction": "the reranker prompt's {instruction}",
+    "classifier_from_token": "the reranker's false and true tokens, scored at the prompt's last position",
     # http
     "host": "the address HTTP and the DSL's link listen on",
     "port": "the HTTP port",
@@ -165,7 +170,6 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--enforce-eager": "decode always runs eagerly (no CUDA graphs)",
     "--enable-torch-compile": "torch.compile is not used; the CPU path runs C kernels",
     "--disable-overlap-schedule": "the scheduler does not overlap steps (nothing to disable)",
-    "--is-embedding": "embedding models are not served yet",
     "--skip-tokenizer-init": "the server always tokenizes; send input_ids to skip it per request",
     "--tokenizer-mode": "the model's fast tokenizer is always used",
     "--chunked-prefill": "use --chunked-prefill-size N",

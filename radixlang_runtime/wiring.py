@@ -220,7 +220,7 @@ def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     runner = scheduler.runner
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
                          grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
-                         disaggregation_mode=runner.args.disaggregation_mode)
+                         disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding)
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:

@@ -13,6 +13,11 @@ SAMPLES = {
     m.TokenizedGenerateReq: dict(rid="r1", input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "stop": ["\n"],
                                                                                  "temperature": 0.5}, stream=True,
                                     bootstrap=["127.0.0.1", 8998, 12345]),
+    m.TokenizedBatchReq: dict(reqs=[
+        m.TokenizedGenerateReq(rid="e0", input_ids=[5, 6], sampling_params={"max_new_tokens": 0},
+                               pooling=["mean", []]),
+        m.TokenizedGenerateReq(rid="e1", input_ids=[7], sampling_params={"max_new_tokens": 0},
+                               pooling=["token_logits", [3, 4]])]),
     m.AbortReq: dict(rid="r1"),
     m.FlushCacheReq: dict(req_id="f"),
     m.FlushCacheOut: dict(req_id="f", success=False),
@@ -28,7 +33,8 @@ SAMPLES = {
                                          no_stop_trim=True)),
         m.ReqTokenOut(rid="b", progress=m.ReqProgress(new_ids=[], finished_reason={"type": "stop", "matched": 2},
                                                       cached_tokens=16, num_retractions=1, forced_tokens=3,
-                                                      forward_passes=5, spec_draft_tokens=4, spec_accepted_tokens=2),
+                                                      forward_passes=5, spec_draft_tokens=4, spec_accepted_tokens=2,
+                                                      embedding=[0.25, -1.5, 3.0]),
                       stop_from_end=3)]),
     m.BatchStrOut: dict(reqs=[m.ReqStrOut(rid="a", text="héllo ✓", trim=2, progress=m.ReqProgress(
         new_ids=[5, 6], finished_reason={"type": "length", "length": 2}, completion_tokens=2, queue_time=0.1))]),

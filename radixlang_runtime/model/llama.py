@@ -184,6 +184,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
         (all T rows when None). Tensor parallel: [R, vocab_count], this rank's vocab rows."""
+        return self.head_logits(self.final_hidden(fb, logit_rows))
+
+    def final_hidden(self, fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm's output [R, hidden] for the rows `rows` of the flattened tokens (all T when None):
+        what the head reads, and what pooling models pool (transformers' last_hidden_state)."""
         residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
         fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
         if self.fused_decode is not None and self.fused_decode.applies(fb):
@@ -192,9 +197,12 @@ class LlamaForCausalLM(nn.Module):
             h = None
             for layer in self.layers:
                 h = layer(h, residual, fb)
-        if logit_rows is not None:
-            h, residual = h[logit_rows], residual[logit_rows]
-        x = self.norm.add_forward(h, residual)
+        if rows is not None:
+            h, residual = h[rows], residual[rows]
+        return self.norm.add_forward(h, residual)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [R, hidden] (final_hidden) -> float32 logits [R, V]."""
         if self.head is not None:
             return self.head(x).float()  # [R, V]
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

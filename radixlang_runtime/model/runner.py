@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -26,13 +26,16 @@ from radixlang_runtime.model.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.fused_decode import FusedDecode
+from radixlang_runtime.model.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.rotary import Rotary
 from radixlang_runtime.model.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.sample_step import sample_step
 from radixlang_runtime.model.packed_linear import dense_tiles_available, packing_available
+from radixlang_runtime.model.pooling_step import fill_pooled, plan_pooling
 from radixlang_runtime.model.parallel import TPGroup, make_shard
 from radixlang_runtime.model.weights import SafetensorsDir
+from radixlang_runtime.pooling import read_pooling_config
 from radixlang_runtime.model.sampler import Sampler
 from radixlang_runtime.model.step_io import ModelBatch, StepResult
 from radixlang_runtime.server_args import ServerArgs
@@ -84,6 +87,7 @@ class StepInputs:
     extend_lens: list[int]  # [B]
     rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) to write first
     logit_rows: list[int]  # [R] flattened token rows the head runs on
+    hidden_rows: list[int] = field(default_factory=list)  # [P] rows whose final hidden states pooling reads
 
 
 def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
@@ -116,6 +120,12 @@ class ModelRunner:
         if self.device.type == "cpu":
             memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
+        tensors = SafetensorsDir(model_dir)
+        # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
+        # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
+        self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
+        if args.is_embedding and not cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
+            self.cfg = cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.tp = tp
@@ -131,7 +141,12 @@ class ModelRunner:
             model = family_for(cfg.architecture, cfg.model_impl).model_class(cfg, backend, rotary, shard,
                                                                              tp.all_reduce if tp else None)
         model = model.to_empty(device=self.device).to(self.dtype)
-        model.load_hf_state_dict(SafetensorsDir(model_dir))
+        model.load_hf_state_dict(tensors)
+        # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
+        self.pools_hidden = type(model).forward is LlamaForCausalLM.forward
+        if args.is_embedding and not self.pools_hidden:
+            raise ValueError(f"--is-embedding is not implemented for {cfg.architecture} ({cfg.model_impl} "
+                             "implementation): pooled hidden states are served for the Llama-family decoders")
         native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
         packed = packing_available(self.device, self.dtype) and args.quantization is None and native
         if args.quantization == "int8":
@@ -273,16 +288,24 @@ class ModelRunner:
         rows = [r for i, n in zip(sample_idx, counts) for r in range(ends[i] - n, ends[i])]
         S = len(rows)
         rows += [r for p in plans for r in p.rows]
+        pool = plan_pooling(batch, ends) if batch.pools else None
+        L = len(rows)
+        if pool is not None:
+            rows += pool.logit_rows  # token_logits read the head's logits at their last row
         step = mirrored = self._step_inputs(batch, rows)
-        if not plans and batch.phase != "decode":
+        if pool is not None:
+            step.hidden_rows = pool.hidden_rows
+        elif not plans and batch.phase != "decode":
             step = verify_as_decode(step, batch, counts)
         if self.tp is not None:
             self.tp.broadcast_obj(step)
-        logits = self.run_step(step)  # [R, V] fp32
+        logits, hidden = self._run(step)  # [R, V] fp32; [P, hidden] fp32 (None without hidden_rows)
         if self.draft_mirror is not None:  # the extend form: the draft reuses its proposal's K/V by position
             self.draft_mirror(mirrored)
         if plans:
-            fill_input_logprobs(result, batch, plans, logits[S:])
+            fill_input_logprobs(result, batch, plans, logits[S:L])
+        if pool is not None:
+            fill_pooled(result, pool, hidden, logits[L:])
         if S:  # none: non-final chunks and prefill-only requests
             sample_step(batch, sample_idx, counts, logits[:S], self.sampler, result)
         return result
@@ -299,12 +322,25 @@ class ModelRunner:
     @torch.inference_mode()
     def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
         """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere)."""
+        return self._run(step)[0]
+
+    def _run(self, step: StepInputs) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """run_step's logits, and the final hidden states [P, hidden] (float32) of step.hidden_rows (None when
+        there are none). Every rank runs the same ops (the hidden states are whole on each after the reduce)."""
         fb = self._build_forward_batch(step)
         self.backend.init_forward_metadata(fb)
-        logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64, device=self.device))
+        hidden = None
+        if not step.hidden_rows:  # every generation step: the model's forward as always
+            logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64, device=self.device))
+        else:
+            R = len(step.logit_rows)
+            rows = torch.tensor(step.logit_rows + step.hidden_rows, dtype=torch.int64, device=self.device)
+            x = self.model.final_hidden(fb, rows)  # [R + P, hidden]
+            hidden = x[R:].float()
+            logits = self.model.head_logits(x[:R]) if R else x.new_zeros((0, self.shard.vocab_count)).float()
         if self.tp is None:
-            return logits
-        return self.tp.gather_logits(logits, self.shard, self.cfg.vocab_size)
+            return logits, hidden
+        return self.tp.gather_logits(logits, self.shard, self.cfg.vocab_size), hidden
 
     def keepalive(self) -> None:
         """Between steps (the request loop calls it every iteration): see TPGroup.keepalive."""

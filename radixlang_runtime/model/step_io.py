@@ -50,6 +50,16 @@ class InputLogprobSpec:
 
 
 @dataclass
+class PoolStep:
+    """A pooling request's part of this step (pooling.PoolSpec): mean sums this step's rows; last and
+    token_logits read the prompt's last position (final: it runs in this step); cls reads position 0."""
+
+    mode: str  # pooling.POOL_MODES
+    token_ids: tuple[int, ...] = ()  # token_logits: whose logits at the last position
+    final: bool = True
+
+
+@dataclass
 class ModelBatch:
     """One forward pass as the scheduler plans it. B requests; per request aligned lists."""
 
@@ -62,6 +72,7 @@ class ModelBatch:
     rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) written before the step
     samples: list[Optional[SampleSpec]]  # [B] None: no token drawn (a non-final prefill chunk, ...)
     input_logprobs: list[Optional[InputLogprobSpec]]  # [B] None: no prompt logprobs this step
+    pools: list[Optional[PoolStep]] = field(default_factory=list)  # [B] or [] (no pooling request in the batch)
 
     @property
     def batch_size(self) -> int:
@@ -92,3 +103,6 @@ class StepResult:
     next_token_ids: list[int] = field(default_factory=list)  # one per request with a SampleSpec, in order
     accepted: dict[int, int] = field(default_factory=dict)  # request index -> draft tokens the model agreed with
     logprobs: dict[int, StepLogprobs] = field(default_factory=dict)  # request index -> its logprobs this step
+    # request index -> its pooled part (model/pooling_step.py): a hidden state (mean: the sum of this step's rows)
+    # or token_logits' logits, float32 values as a list
+    pooled: dict[int, list[float]] = field(default_factory=dict)

@@ -24,19 +24,24 @@ class SafetensorsDir:
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in {path}")
         self._handles: list[Any] = [safe_open(f, framework="pt") for f in files]
-        self._where: dict[str, Any] = {}
+        self._where: dict[str, tuple[Any, str]] = {}  # name -> (its file's handle, its name in that file)
         for h in self._handles:
             for name in h.keys():
-                self._where[name] = h
+                self._where[name] = (h, name)
+        # a bare decoder's checkpoint (transformers' LlamaModel / Qwen3Model, as sentence-transformers saves it)
+        # names its tensors without the causal LM's "model." prefix: both spellings find them
+        if not any(n.startswith("model.") for n in self._where):
+            self._where.update({"model." + n: w for n, w in list(self._where.items()) if n != "lm_head.weight"})
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
     def get(self, name: str, rows: Range = None, cols: Range = None) -> torch.Tensor:
         """The tensor `name`, or its rows [a, b) (dim 0) and/or columns [a, b) (dim 1)."""
-        h = self._where.get(name)
-        if h is None:
+        where = self._where.get(name)
+        if where is None:
             raise ValueError(f"checkpoint is missing {name}")
+        h, name = where
         if rows is None and cols is None:
             return h.get_tensor(name)
         sl = h.get_slice(name)

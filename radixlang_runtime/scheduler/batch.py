@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from radixlang_runtime.model.step_io import InputLogprobSpec, ModelBatch, SampleSpec
+from radixlang_runtime.model.step_io import InputLogprobSpec, ModelBatch, PoolStep, SampleSpec
 from radixlang_runtime.scheduler.request import Req
 
 # "mixed" (--enable-mixed-chunk): a prefill batch whose tail, reqs[decode_from:], are running requests
@@ -56,7 +56,14 @@ class ScheduleBatch:
             samples=[self._sample_spec(i) if s else None for i, s in enumerate(self.sample)],
             input_logprobs=[InputLogprobSpec(r.input_ids, r.logprob_start_len, r.top_logprobs_num)
                             if i < self.decode_from and r.wants_input_logprobs else None
-                            for i, r in enumerate(self.reqs)])
+                            for i, r in enumerate(self.reqs)],
+            pools=self._pool_steps() if self.decode_from and any(r.pooled is not None for r in self.reqs) else [])
+
+    def _pool_steps(self) -> list:
+        """Each pooling request's PoolStep (final: its prompt's last position runs in this step)."""
+        return [PoolStep(r.pooled.spec.mode, r.pooled.spec.token_ids, p + len(x) == len(r.input_ids))
+                if r.pooled is not None and i < self.decode_from else None
+                for i, (r, p, x) in enumerate(zip(self.reqs, self.prefix_lens, self.extend_ids))]
 
     def _sample_spec(self, i: int) -> SampleSpec:
         req = self.reqs[i]

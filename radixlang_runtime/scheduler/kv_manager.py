@@ -91,6 +91,8 @@ class KVManager:
         limit = target_len - 1
         if req.wants_input_logprobs:  # positions >= logprob_start_len need their logits: compute them
             limit = min(limit, req.logprob_start_len)
+        if req.pooled is not None and req.pooled.spec.needs_all_positions:  # mean / cls read every position
+            limit = 0
         m = self.radix.match_prefix(req.fill_ids[:limit])
         if m.length:
             self.radix.lock(m.last_node)

@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional, Protocol
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
-                                        TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq)
+                                        TokenizedBatchReq, TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq)
+from radixlang_runtime.pooling import PooledSum, PoolSpec
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -117,7 +118,10 @@ class RequestLoop:
 
     # ------------------------------------------------------------------ intake
     def handle(self, msg: Any) -> None:
-        if isinstance(msg, TokenizedGenerateReq):
+        if isinstance(msg, TokenizedBatchReq):  # several requests drained at once: one prefill batch where they fit
+            for req in msg.reqs:
+                self.handle(req)
+        elif isinstance(msg, TokenizedGenerateReq):
             try:  # trusted decode: the intake (generate_input.py) validated it and built its grammar spec
                 sp = SamplingParams.from_wire(msg.sampling_params, msg.grammar)
             except (TypeError, ValueError) as e:  # a malformed message: this request fails, never the loop
@@ -127,7 +131,8 @@ class RequestLoop:
             self.scheduler.add_request(Req(
                 rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
-                bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None))
+                bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None,
+                pooled=PooledSum(PoolSpec.from_wire(msg.pooling)) if msg.pooling else None))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
@@ -198,7 +203,8 @@ def token_record(req: Req, sent_len: int, first: bool) -> ReqTokenOut:
         input_logprobs=req.input_logprobs if lp and first else None,
         input_top_logprobs=req.input_top_logprobs if top and first else None,
         output_logprobs=req.output_logprobs[sent_len:n] if lp else None,
-        output_top_logprobs=req.output_top_logprobs[sent_len:n] if top else None)
+        output_top_logprobs=req.output_top_logprobs[sent_len:n] if top else None,
+        embedding=req.pooled.result() if req.pooled is not None and req.finished else None)
     sp = req.sampling
     consts = ReqConsts(skip_special_tokens=sp.skip_special_tokens,
                        spaces_between_special_tokens=sp.spaces_between_special_tokens,

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.sampling_params import SamplingParams
 
 
@@ -55,6 +56,8 @@ class Req:
     spec_match: int = 0  # how many tokens the current n-gram draft's source matched (drafter.MatchAgreement)
     spec_values: list[float] = field(default_factory=list)  # P(draft[:j + 1] all taken), for drafter.trim_to_cost
     spec_from_corpus: bool = False  # the current n-gram draft came from the radix tree (drafter.corpus)
+    # --- pooling (pooling.py): a prefill-only request whose result is a pooled vector, not tokens ---
+    pooled: Optional[PooledSum] = None  # its PoolSpec and the sum so far (mean: over the chunks)
     # --- state ---
     finished_reason: Optional[dict[str, Any]] = None
     error: Optional[str] = None  # set when a fault or a bad grammar ended the request (finished_reason: abort)

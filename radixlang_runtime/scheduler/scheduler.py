@@ -255,6 +255,8 @@ class Scheduler:
             if lp is not None:
                 req.input_logprobs += lp.input_vals
                 req.input_top_logprobs += lp.input_top
+            if i in result.pooled:  # a pooling request's part (the sum of this chunk's rows for mean)
+                req.pooled.add(result.pooled[i], len(batch.extend_ids[i]))
             if not decoding and req is self.chunked_req:
                 self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
                 if self.pd is not None:

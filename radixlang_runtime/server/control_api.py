@@ -6,6 +6,7 @@ Top-level handlers over the service layer (services.py), as the DSL's ZeroMQ fro
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -13,6 +14,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from radixlang_runtime.generate_input import fan_out
 from radixlang_runtime.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.mem.hicache import check_flush_tiers
+from radixlang_runtime.pooling import PoolSpec
+from radixlang_runtime.pooling_input import pooling_requests
 from radixlang_runtime.server import services
 from radixlang_runtime.server.generate_api import server_state
 from radixlang_runtime.server.http_common import HTTP_PIN_TTL_S, BadRequest, error_response, final_result, read_json
@@ -35,7 +38,10 @@ async def health(request: Request) -> Response:
 async def health_generate(request: Request) -> Response:
     tm = server_state(request).tm
     try:
-        req = fan_out([[1]], [{"max_new_tokens": 1, "temperature": 0}], [None], lambda i, ids: None, tm.limits)[0]
+        if tm.limits.is_embedding:  # a pooling model runs one prefill-only request instead
+            req = pooling_requests([[1]], PoolSpec("last"), tm.encode_text, tm.limits, uuid.uuid4().hex, "input_ids")[0]
+        else:
+            req = fan_out([[1]], [{"max_new_tokens": 1, "temperature": 0}], [None], lambda i, ids: None, tm.limits)[0]
         await asyncio.wait_for(final_result(tm.generate(req)), timeout=30)
     except Exception as e:
         return error_response(503, f"generation failed: {e}")

@@ -22,6 +22,7 @@ from radixlang_runtime.limits import (MAX_JSON_DEPTH, MAX_PIN_TTL_S, FieldError,
                                       show)
 from radixlang_runtime.results import Cumulative
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
+from radixlang_runtime.pooling import PoolingConfig
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class ServerState:
     child_pids: dict[str, int] = field(default_factory=dict)
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
     flag_template: Optional[str] = None  # --chat-template's text (create_app reads it once), else None
+    pooling: Optional[PoolingConfig] = None  # --is-embedding: the model's pooling (pooling.py), else None
 
 
 def client_gone_counter(state: ServerState) -> Callable[[], None]:

@@ -1,6 +1,7 @@
 """The HTTP app: routers per protocol, each a module of top-level handlers over services.py: native
-(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), dashboard,
-Anthropic (anthropic_api.py: its error shape by anthropic_errors.py), /tokenize + /detokenize (tokenize_api.py).
+(generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), pooling
+(pooling_api.py: embeddings, /encode, rerank, score), dashboard, Anthropic (anthropic_api.py: its error shape by
+anthropic_errors.py), /tokenize + /detokenize (tokenize_api.py).
 
 Bodies are parsed by hand, not by pydantic models, so that every malformed request gets the
 documented 400 `{"error": {"message": ...}}` naming the problem (FastAPI's default would be a 422
@@ -35,6 +36,7 @@ from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
 from radixlang_runtime.server.responses_api import router as responses_router
 from radixlang_runtime.server.tokenize_api import router as tokenize_router
+from radixlang_runtime.server.pooling_api import router as pooling_router
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
@@ -50,8 +52,8 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     app.middleware("http")(auth_and_log)
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (native_router, control_router, openai_router, responses_router, dashboard_router, anthropic_router,
-                   tokenize_router):
+    for router in (native_router, control_router, openai_router, responses_router, pooling_router, dashboard_router,
+                   anthropic_router, tokenize_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)

@@ -65,7 +65,7 @@ def frontend_port(state: ServerState) -> Optional[int]:
 def model_info(state: ServerState) -> dict[str, Any]:
     args, tm = state.args, state.tm
     return {"model_path": args.model_path or state.model_dir, "served_model_name": state.served_model_name,
-            "tokenizer_path": args.tokenizer_path or state.model_dir, "is_generation": True,
+            "tokenizer_path": args.tokenizer_path or state.model_dir, "is_generation": state.pooling is None,
             "max_context_length": tm.limits.context_len,
             # --chat-template, else the model's own: the DSL renders roles with it
             "chat_template": state.flag_template or getattr(tm.tokenizer, "chat_template", None),

@@ -34,8 +34,8 @@ from radixlang_runtime.generate_input import GenerateRequest
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.prompt_encoder import PromptEncoder, Span
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, UnpinPrefixOut,
-                                        UnpinPrefixReq, decode, encode)
+                                        PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, TokenizedBatchReq,
+                                        UnpinPrefixOut, UnpinPrefixReq, decode, encode)
 from radixlang_runtime.results import ResultBuilder
 from radixlang_runtime.scheduler.accept_stats import merge_accept_stats
 from radixlang_runtime.server.ipc import IpcPaths
@@ -130,15 +130,37 @@ class TokenizerManager:
         self.lifecycle.admit()
         return self._generate(req)
 
-    async def _generate(self, req: GenerateRequest) -> AsyncIterator[dict]:
+    def generate_batch(self, reqs: list[GenerateRequest]) -> list[AsyncIterator[dict]]:
+        """generate's snapshots for several requests sent as one TokenizedBatchReq per replica: the scheduler
+        takes them in one drain, so they prefill as one batch where its budgets allow (pooling inputs).
+        The caller iterates every returned iterator (each one's end frees its request)."""
+        self.lifecycle.admit()
+        if dupes := sorted({r.rid for r in reqs if r.rid in self.states}):
+            raise ValueError(f"request id {dupes[0]!r} is already in use")
+        per_replica: dict[int, list] = {}
+        for req in reqs:
+            self.states[req.rid] = ReqState(ResultBuilder(req.rid, req.input_ids, req.stream, req.logprob,
+                                                          self._token_text))
+            replica = self.router.route(req.rid, req.input_ids) if self.router else 0
+            per_replica.setdefault(replica, []).append(req.to_message())
+        for replica, msgs in per_replica.items():
+            self.to_replicas[replica].send(encode(TokenizedBatchReq(msgs)))  # PUSH: queued, never blocks here
+        return [self._generate(req, sent=True) for req in reqs]
+
+    async def _generate(self, req: GenerateRequest, sent: bool = False) -> AsyncIterator[dict]:
+        """sent: generate_batch registered and sent it already."""
         rid, input_ids = req.rid, req.input_ids
-        if rid in self.states:
-            raise ValueError(f"request id {rid!r} is already in use")
-        state = ReqState(ResultBuilder(rid, input_ids, req.stream, req.logprob, self._token_text))
-        self.states[rid] = state
-        replica = self.router.route(rid, input_ids) if self.router else 0
+        if sent:
+            state = self.states[rid]
+        else:
+            if rid in self.states:
+                raise ValueError(f"request id {rid!r} is already in use")
+            state = ReqState(ResultBuilder(rid, input_ids, req.stream, req.logprob, self._token_text))
+            self.states[rid] = state
         try:
-            await self.to_replicas[replica].send(encode(req.to_message()))
+            if not sent:
+                replica = self.router.route(rid, input_ids) if self.router else 0
+                await self.to_replicas[replica].send(encode(req.to_message()))
             while True:
                 out = await state.queue.get()
                 if "error" in out:

@@ -34,6 +34,11 @@ _FAMILIES = (
     ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
     ModelFamily("Gemma2ForCausalLM", gemma2.parse_gemma2, gemma2.Gemma2ForCausalLM),
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
+    # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
+    ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
+    ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
+    ModelFamily("Qwen2Model", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
+    ModelFamily("Qwen3Model", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)

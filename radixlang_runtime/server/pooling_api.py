@@ -1,0 +1,159 @@
+"""Pooling routes: /v1/embeddings (OpenAI), /encode (SGLang), /v1/rerank (Jina / Cohere shape, as vLLM), /v1/score
+(vLLM). Bodies are parsed on an intake thread by pooling_input.py; a call's requests go to the scheduler as one
+message (TokenizerManager.generate_batch: one prefill batch where the budgets allow). Errors answer in the one
+error shape (http_common.error_response: OpenAI's), a refused body never reaches the scheduler.
+
+A --is-embedding server embeds; rerank / score there are the cosine similarity of the embeddings. A generation
+server answers /v1/embeddings and /encode with 400 naming --is-embedding (vLLM refuses them on a generative model
+too), and scores rerank / score with its logits: P(true) over --classifier-from-token at the last position of
+--rerank-template (a decoder reranker such as Qwen3-Reranker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import struct
+import time
+import uuid
+from typing import Any, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from radixlang_runtime.limits import need_str, show
+from radixlang_runtime.pooling import finish_embedding, softmax_last
+from radixlang_runtime.pooling_input import (QWEN3_RERANK_TEMPLATE, PairCall, Reranker, embedding_encoder,
+                                             parse_embeddings_body, parse_encode_body, parse_rerank_body,
+                                             parse_score_body)
+from radixlang_runtime.server.http_common import ServerState, final_result, read_json
+from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound
+
+router = APIRouter()
+
+
+def _check_model(state: ServerState, body: Any) -> None:
+    model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES):
+        raise ModelNotFound(f"The model {show(model)} does not exist: this server serves "
+                            f"{state.served_model_name!r} (or {', '.join(map(repr, MODEL_ALIASES))})")
+
+
+def _encode_with_specials(state: ServerState):
+    return embedding_encoder(state.tm.tokenizer, state.pooling)
+
+
+def _reranker(state: ServerState) -> Optional[Reranker]:
+    """The generation model's reranker: --classifier-from-token's two tokens as ids (None: not single tokens)."""
+    args, tok = state.args, state.tm.tokenizer
+    ids = []
+    for t in args.classifier_from_token.split(","):
+        got = tok.encode(t, add_special_tokens=False)
+        if len(got) != 1:
+            return None
+        ids.append(got[0])
+    return Reranker(args.rerank_template or QWEN3_RERANK_TEMPLATE, args.rerank_instruction, (ids[0], ids[1]))
+
+
+async def _run(state: ServerState, reqs: list) -> list[dict]:
+    """Every request's final result, in order (sent as one batch)."""
+    return list(await asyncio.gather(*(final_result(g) for g in state.tm.generate_batch(reqs))))
+
+
+def _vector(out: dict) -> list[float]:
+    vec = out.get("embedding")
+    if vec is None:  # an abort (client gone) or a fault: the error path raised already for faults
+        raise RuntimeError(f"request {out['meta_info']['id']} ended without a result "
+                           f"({out['meta_info']['finish_reason']})")
+    return vec
+
+
+def _usage(outs: list[dict]) -> dict:
+    n = sum(o["meta_info"]["prompt_tokens"] for o in outs)
+    return {"prompt_tokens": n, "total_tokens": n}
+
+
+async def _body(request: Request) -> tuple[ServerState, Any]:
+    state: ServerState = request.app.state.server
+    body = await read_json(request)
+    _check_model(state, body)
+    return state, body
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request) -> JSONResponse:
+    state, body = await _body(request)
+    tm = state.tm
+    call = await tm.run_intake(parse_embeddings_body, body, state.pooling, _encode_with_specials(state), tm.limits,
+                               f"embd-{uuid.uuid4().hex}", size=len(await request.body()))
+    outs = await _run(state, call.reqs)
+    data = await tm.run_intake(_embedding_data, outs, state.pooling.normalize, call.dimensions,
+                               call.encoding_format, size=sum(len(o.get("embedding") or ()) for o in outs))
+    return JSONResponse({"object": "list", "data": data, "model": state.served_model_name, "usage": _usage(outs)})
+
+
+def _embedding_data(outs: list[dict], normalize: bool, dimensions: Optional[int], fmt: str) -> list[dict]:
+    """OpenAI's data entries (on an intake thread: a batch of large vectors is real work)."""
+    data = []
+    for i, out in enumerate(outs):
+        vec = finish_embedding(_vector(out), normalize, dimensions)
+        emb: Any = vec if fmt == "float" else base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode("ascii")
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    return data
+
+
+@router.post("/encode")
+async def encode(request: Request) -> JSONResponse:
+    state, body = await _body(request)
+    tm = state.tm
+    call = await tm.run_intake(parse_encode_body, body, state.pooling, _encode_with_specials(state), tm.limits,
+                               uuid.uuid4().hex, size=len(await request.body()))
+    outs = await _run(state, call.reqs)
+    items = [{"embedding": finish_embedding(_vector(o), state.pooling.normalize), "meta_info": o["meta_info"]}
+             for o in outs]
+    return JSONResponse(items if call.as_list else items[0])
+
+
+async def _scores(state: ServerState, call: PairCall) -> tuple[list[float], list[dict]]:
+    """One score per pair: P(true) of the reranker, or the cosine of the two embeddings."""
+    outs = await _run(state, call.reqs)
+    if call.by_reranker:
+        return [softmax_last(_vector(o)) for o in outs], outs
+    vecs = [finish_embedding(_vector(o), True) for o in outs]
+    return [math.fsum(a * b for a, b in zip(vecs[i], vecs[j])) for i, j in call.pairs], outs
+
+
+def _plain_encoder(state: ServerState):
+    return state.tm.encode_text  # a rendered reranker prompt is the whole text: no special tokens added
+
+
+def _pair_intake(parse: Any, state: ServerState, body: Any, base_rid: str) -> Any:
+    """rerank / score bodies on an intake thread (the reranker's tokens are looked up there too)."""
+    reranker = _reranker(state) if state.pooling is None else None
+    return parse(body, state.pooling, reranker, _encode_with_specials(state), _plain_encoder(state), state.tm.limits,
+                 base_rid)
+
+
+@router.post("/v1/rerank")
+async def rerank(request: Request) -> JSONResponse:
+    state, body = await _body(request)
+    call, top_n, with_docs = await state.tm.run_intake(_pair_intake, parse_rerank_body, state, body,
+                                                       f"rerank-{uuid.uuid4().hex}", size=len(await request.body()))
+    scores, outs = await _scores(state, call)
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
+    results = [{"index": i, "relevance_score": scores[i],
+                **({"document": {"text": call.documents[i]}} if with_docs else {})} for i in order]
+    return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": state.served_model_name,
+                         "usage": _usage(outs), "results": results})
+
+
+@router.post("/v1/score")
+async def score(request: Request) -> JSONResponse:
+    state, body = await _body(request)
+    call = await state.tm.run_intake(_pair_intake, parse_score_body, state, body, f"score-{uuid.uuid4().hex}",
+                                     size=len(await request.body()))
+    scores, outs = await _scores(state, call)
+    return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                         "model": state.served_model_name, "usage": _usage(outs),
+                         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]})
