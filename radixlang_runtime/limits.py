@@ -120,6 +120,7 @@ class RuntimeLimits:
     grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
     grammar_backend: str = "outlines"  # constrained/backends.py: which grammar kinds are accepted
     disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
+    disaggregation_prefill_peers: tuple = ()  # PD decode: the (host, port) bootstraps it may name (empty: any)
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids") -> None:
