@@ -46,6 +46,7 @@ from radixlang_runtime.disagg.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, W
 from radixlang_runtime.link_key import LinkKey
 from radixlang_runtime.messages import PDKVChunk, PDPing, PDPong
 from radixlang_runtime.rate_limit import PeerRateLimit
+from radixlang_runtime.restart_budget import RestartBudget
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.02  # the thread's poll timeout: the latency of a queued send
@@ -78,7 +79,7 @@ class _Link:
         self.dropped_in: Counter[str] = Counter()  # received messages dropped, by reason
         self.restarts = 0
         self.problem: Optional[str] = None  # why the thread stopped for good (the roles raise it)
-        self._restarted_at: list[float] = []
+        self._budget = RestartBudget(MAX_RESTARTS, RESTART_WINDOW_S)
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
 
     def start(self) -> None:
@@ -135,10 +136,8 @@ class _Link:
             self._teardown()
 
     def _restart(self, err: Exception) -> bool:
-        now = time.monotonic()
-        self._restarted_at = [t for t in self._restarted_at if now - t < RESTART_WINDOW_S] + [now]
-        if len(self._restarted_at) > MAX_RESTARTS:
-            self.problem = (f"the PD link thread failed {len(self._restarted_at)} times within "
+        if not self._budget.allow():
+            self.problem = (f"the PD link thread failed {MAX_RESTARTS + 1} times within "
                             f"{RESTART_WINDOW_S:.0f} s (last: {err!r})")
             logger.error("%s", self.problem, exc_info=err)
             return False
