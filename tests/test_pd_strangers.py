@@ -283,3 +283,16 @@ def test_peer_rate_limit():
     assert sum(lim.allow("a") for _ in range(25)) == 10  # a sender's rate
     assert lim.allow("c")
     assert list(lim._peers) == ["a", "c"]  # b, the least recently heard, left (max_peers 2)
+
+
+def test_pd_dropped_messages_on_metrics():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixlang_runtime.server.metrics import ServerMetrics
+    from test_metrics_names import STATS
+
+    stats = {**STATS, "disaggregation": {"dropped_by_reason": {"secret": 3, "unmatched": 2}}}
+    text = ServerMetrics("m").render(stats).decode()
+    got = {(s.name, s.labels.get("reason")): s.value for fam in text_string_to_metric_families(text)
+           for s in fam.samples if s.name == "radixlang:pd_dropped_messages"}
+    assert got == {("radixlang:pd_dropped_messages", "secret"): 3, ("radixlang:pd_dropped_messages", "unmatched"): 2}
