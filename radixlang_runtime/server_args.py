@@ -450,6 +450,11 @@ _FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", 
                  "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
                  "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"}
 _CLI_HELP = {
+    "disaggregation_prefill_peers": "decode: the prefills' bootstrap host:port list (comma-separated, IPv6 as "
+                                    "[addr]:port) it takes K/V from; a request naming another answers 400",
+    "disaggregation_secret": "prefill and decode: the bootstrap link's shared secret (every message carries its "
+                             "HMAC; others are dropped). docs/DISAGGREGATION.md, Security",
+    "disaggregation_secret_file": "the bootstrap link's secret read from this file (one trailing newline dropped)",
     "frontend_port": "the DSL's ZeroMQ link, on --host (on by default): 0 = a free port (default), N = port N, "
                      "-1 = no link. /server_info and /get_model_info report the port; RuntimeEndpoint(http URL) "
                      "finds it there and runs programs over it (HTTP when there is none). --api-key holds on it.",

@@ -74,7 +74,7 @@ OPEN_MSG_BYTES = 4096  # what a message without the key may weigh to be decoded 
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # a loop failing more often than this stays down
 DROP_LOG_EVERY_S = 5.0  # at most one log line per this many seconds about dropped messages
 OPEN_RATE, OPEN_BURST, OPEN_TOTAL_RATE = 100.0, 200.0, 1000.0  # messages without the key: a sender's, everyone's
-KEYED_RATE, KEYED_BURST = 2000.0, 4000.0  # messages with the key (every message when there is no --api-key)
+KEYED_RATE, KEYED_BURST = 10000.0, 20000.0  # messages with the key (every message when there is no --api-key)
 BATCH = 64  # requests the event loop serves before it lets other work (HTTP) in
 
 
