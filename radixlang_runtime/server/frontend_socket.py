@@ -111,6 +111,7 @@ class FrontendSocket:
                     return
                 self.restarts += 1
                 logger.error("frontend socket thread failed (%r); restarting its loop", e, exc_info=e)
+        self._flush()  # the last replies (a drain's) go out before the socket closes
 
     def _loop(self, poller: zmq.Poller) -> None:
         window_start, read = time.monotonic(), 0
