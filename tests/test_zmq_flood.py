@@ -1,9 +1,10 @@
-"""A flood on the DSL's ZeroMQ port (server/frontend_socket.py) does not hold HTTP. One process, one thread,
-sends as fast as the link takes them random bytes, key-less pings and model_info with a wrong key for
-FLOOD_S seconds (RADIXLANG_FLOOD_S, default 5; docs/DSL_LINK.md gives the 15 s figure) against the session's
-keyed server, while this process polls /health: every answer is 200 within a generous bound (the check
-is "stays responsive", not a timing). The flood is counted (rate drops), and afterwards a DSL program over the
-link gives the greedy text it gave before, over HTTP too."""
+"""A flood on the DSL's ZeroMQ port (server/frontend_socket.py) does not hold HTTP. One process, one thread
+(benchmarks/bench_zmq_flood.py --flood), sends as fast as the link takes them random bytes, key-less pings and
+model_info with a wrong key for FLOOD_S seconds (RADIXLANG_FLOOD_S, default 5; docs/DSL_LINK.md gives the 15 s
+figure) against the session's keyed server, while this process polls /health: every answer is 200 within a
+generous bound (the check is "stays responsive", not a timing). The flood is counted (rate drops), and
+afterwards DSL programs over the link (the client that was there, and a new one) give the greedy text of
+before."""
 
 from __future__ import annotations
 
@@ -20,34 +21,8 @@ from server_utils import KEYED_FLAGS, KEYED_KEY, shared_server
 
 FLOOD_S = float(os.environ.get("RADIXLANG_FLOOD_S", "5"))
 HEALTH_BOUND_S = 0.5
-FLOODER = r"""
-import random, sys, time
-import zmq
-from radixlang_runtime import messages as m
-
-address, seconds = sys.argv[1], float(sys.argv[2])
-rng = random.Random(5)
-ctx = zmq.Context()
-s = ctx.socket(zmq.DEALER)
-s.setsockopt(zmq.LINGER, 0)
-s.setsockopt(zmq.SNDTIMEO, 100)
-s.connect(address)
-kinds = [lambda i: rng.randbytes(rng.randrange(1, 200)),
-         lambda i: m.encode(m.FrontendReq(f"p{i}", "ping", None, None)),
-         lambda i: m.encode(m.FrontendReq(f"w{i}", "model_info", None, "wrong-key"))]
-sent, i, end = 0, 0, time.monotonic() + seconds
-while time.monotonic() < end:
-    try:
-        s.send(kinds[i % 3](i))
-        sent += 1
-    except zmq.Again:
-        pass
-    i += 1
-    if i % 64 == 0:
-        while s.poll(0):  # read what came back, so replies never back up into the server
-            s.recv()
-print(sent)
-"""
+FLOODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                       "bench_zmq_flood.py")  # its --flood mode: the one flooder
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +44,9 @@ def test_a_flood_on_the_zmq_port_leaves_health_responsive(server):
     link = sgl.RuntimeEndpoint(server.frontend, api_key=KEYED_KEY)
     before = capital.run(backend=link)["a"]
     dropped0 = _frontend(server)["dropped_by_reason"].get("rate", 0)
-    flood = subprocess.Popen([sys.executable, "-c", FLOODER, server.frontend, str(FLOOD_S)],
-                             stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    flood = subprocess.Popen([sys.executable, FLOODER, "--flood", server.frontend, str(FLOOD_S)],
+                             stdout=subprocess.PIPE, text=True, env=env)
     latencies = []
     try:
         with httpx.Client(timeout=30) as http:

@@ -31,7 +31,7 @@ from radixlang_runtime.restart_budget import RestartBudget
 logger = logging.getLogger(__name__)
 POLL_MS = 50  # the thread's poll timeout (a stop is seen within it)
 MAX_INBOX = 4096  # admitted messages waiting for the event loop
-WINDOW_S, READ_PER_WINDOW = 0.05, 1000  # at most 20,000 messages read a second
+WINDOW_S, READ_PER_WINDOW = 0.05, 500  # at most 10,000 messages read a second
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
 
 
