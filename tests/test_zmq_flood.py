@@ -1,7 +1,7 @@
 """A flood on the DSL's ZeroMQ port (server/frontend_socket.py) does not hold HTTP. One process, one thread
 (benchmarks/bench_zmq_flood.py --flood), sends as fast as the link takes them random bytes, key-less pings and
 model_info with a wrong key for FLOOD_S seconds (RADIXLANG_FLOOD_S, default 5; docs/DSL_LINK.md gives the 15 s
-figure) against the session's keyed server, while this process polls /health: every answer is 200 within a
+figure) against the test run's shared keyed server, while this process polls /health: every answer is 200 within a
 generous bound (the check is "stays responsive", not a timing). The flood is counted (rate drops), and
 afterwards DSL programs over the link (the client that was there, and a new one) give the greedy text of
 before."""
