@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from radixlang_runtime.bootstrap_peers import check_host
 from radixlang_runtime.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request, need_bool,
                                       need_int, need_str, show)
 from radixlang_runtime.logprob_format import normalize_logprob_args
@@ -50,8 +51,10 @@ class Bootstrap:
     room: int  # in [0, 2**63)
 
 
-def parse_bootstrap(body: dict, mode: str) -> Optional[Bootstrap]:
-    """The router's three fields of a body, checked against the server's disaggregation_mode."""
+def parse_bootstrap(body: dict, mode: str, peers: tuple = ()) -> Optional[Bootstrap]:
+    """The router's three fields of a body, checked against the server's disaggregation_mode, before anything
+    connects: the host names one machine (bootstrap_peers.check_host), and on a decode with an allow-list
+    (peers: --disaggregation-prefill-peers) host:port is one of them."""
     given = [f for f in BOOTSTRAP_FIELDS if body.get(f) is not None]
     if mode == "null":
         if given:
@@ -61,9 +64,13 @@ def parse_bootstrap(body: dict, mode: str) -> Optional[Bootstrap]:
     if missing := [f for f in BOOTSTRAP_FIELDS if body.get(f) is None]:
         raise FieldError(missing[0], f"this server runs disaggregation_mode {mode}: a request needs "
                                      f"{', '.join(missing)} (added by the PD router)")
-    return Bootstrap(need_str(body["bootstrap_host"], "bootstrap_host", 255),
-                     need_int(body["bootstrap_port"], "bootstrap_port", 1, 65535),
-                     need_int(body["bootstrap_room"], "bootstrap_room", 0, 2**63 - 1))
+    out = Bootstrap(check_host(need_str(body["bootstrap_host"], "bootstrap_host", 255)),
+                    need_int(body["bootstrap_port"], "bootstrap_port", 1, 65535),
+                    need_int(body["bootstrap_room"], "bootstrap_room", 0, 2**63 - 1))
+    if peers and (out.host, out.port) not in {(h, p) for h, p in peers}:  # pairs: tuples or lists (IPC)
+        raise FieldError("bootstrap_host", f"bootstrap_host:bootstrap_port {out.host}:{out.port} is not a prefill "
+                                           "this decode server takes K/V from (--disaggregation-prefill-peers)")
+    return out
 
 
 @dataclass
@@ -192,7 +199,7 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tup
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     stream = need_bool(body.get("stream", False), "stream")
-    bootstrap = parse_bootstrap(body, limits.disaggregation_mode)
+    bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
     return parse_generate_input(body.get("text"), body.get("input_ids"), body.get("sampling_params"),
                                 body.get("rid"), body.get("return_logprob", False), body.get("logprob_start_len"),
                                 body.get("top_logprobs_num"), body.get("return_text_in_logprobs"), encode, limits,

@@ -122,6 +122,7 @@ class RuntimeLimits:
     grammar_backend: str = "auto"  # constrained/backends.py: which grammar kinds are accepted (auto: all)
     disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
     is_embedding: bool = False  # a pooling model (--is-embedding): only pooling requests (pooling_input.py)
+    disaggregation_prefill_peers: tuple = ()  # PD decode: the (host, port) bootstraps it may name (empty: any)
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",

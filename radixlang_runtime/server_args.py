@@ -153,6 +153,11 @@ class ServerArgs:
     disaggregation_transfer_backend: str = "zmq"  # zmq only (mooncake / nixl refused by name)
     disaggregation_transfer_timeout: float = 30.0  # s: bound on a request's registration / pool wait / transfer
     disaggregation_heartbeat_timeout: float = 1.0  # s of peer silence after which its transfers fail
+    # decode: the prefills (host:port of their bootstrap sockets, comma-separated) it takes K/V from; None: any
+    disaggregation_prefill_peers: Optional[str] = None
+    # both roles: the bootstrap link's shared secret (every message tagged with its HMAC), or a file holding it
+    disaggregation_secret: Optional[str] = None
+    disaggregation_secret_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -274,6 +279,7 @@ class ServerArgs:
             raise ValueError(f"disaggregation_bootstrap_port must be a port 1..65535; got {port}")
         if mode == "prefill" and port is None:
             self.disaggregation_bootstrap_port = 8998  # SGLang's default; /server_info reports the port in use
+        self._check_disaggregation_peers()
         if mode == "null":
             return
         # tp_size > 1 and nnodes > 1 work (rank 0 moves every rank's K/V heads: model/tp_kv.py)
@@ -281,6 +287,21 @@ class ServerArgs:
                          ("enable_hierarchical_cache", self.enable_hierarchical_cache)):
             if on:
                 raise ValueError(f"{name} with disaggregation_mode {mode} is not implemented")
+
+    def _check_disaggregation_peers(self) -> None:
+        """The allow-list and the secret (bootstrap_peers.py): parsed here so a bad one fails the start."""
+        from radixlang_runtime.bootstrap_peers import load_secret, parse_peers  # no torch
+
+        mode = self.disaggregation_mode
+        if self.disaggregation_prefill_peers is not None:
+            if mode != "decode":
+                raise ValueError("disaggregation_prefill_peers applies to disaggregation_mode decode only")
+            parse_peers(self.disaggregation_prefill_peers)
+        if self.disaggregation_secret is not None or self.disaggregation_secret_file is not None:
+            if mode == "null":
+                raise ValueError("disaggregation_secret applies to disaggregation_mode prefill or decode only")
+            self.disaggregation_secret = load_secret(self.disaggregation_secret, self.disaggregation_secret_file)
+            self.disaggregation_secret_file = None  # read once: the other processes get the secret itself
 
     def _check_hicache(self) -> None:
         """Refuse hicache settings the runtime would not honour, by name."""
@@ -463,7 +484,8 @@ class ServerArgs:
     def to_public_dict(self) -> dict:
         """What may be served (/server_info) or logged: the API key shows as "<redacted>" when set."""
         return {**self.to_dict(), "api_key": REDACTED if self.api_key else None,
-                "hicache_secret": REDACTED if self.hicache_secret else None}
+                "hicache_secret": REDACTED if self.hicache_secret else None,
+                "disaggregation_secret": REDACTED if self.disaggregation_secret else None}
 
 _INT_FIELDS = {
     "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens",

@@ -112,6 +112,11 @@ HELP: dict[str, str] = {
     "disaggregation_mode": "null: co-located; prefill or decode: one side of a disaggregated pair",
     "disaggregation_bootstrap_port": "prefill: the bootstrap socket's port (default 8998)",
     "disaggregation_transfer_backend": "how K/V travels between the pair",
+    "disaggregation_prefill_peers": "decode: the prefills' bootstrap host:port list (comma-separated, IPv6 as "
+                                    "[addr]:port) it takes K/V from; a request naming another answers 400",
+    "disaggregation_secret": "prefill and decode: the bootstrap link's shared secret (every message carries its "
+                             "HMAC; others are dropped)",
+    "disaggregation_secret_file": "the bootstrap link's secret read from this file",
     "disaggregation_transfer_timeout": "seconds a request's registration, pool wait and transfer may take",
     "disaggregation_heartbeat_timeout": "seconds of peer silence after which its transfers fail",
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from radixlang_runtime.bootstrap_peers import parse_peers
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
@@ -82,6 +83,7 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     from radixlang_runtime.disagg.decode import STEP_BYTES, DecodeRole
     from radixlang_runtime.disagg.link import BootstrapClient, BootstrapServer
     from radixlang_runtime.disagg.prefill import PrefillRole
+    from radixlang_runtime.link_key import link_key
     from radixlang_runtime.mem.kv_records import KVRecordPort
     from radixlang_runtime.model.tp_kv import TPRecordPort
 
@@ -90,15 +92,16 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     # so the records are the same bytes at any tp_size and a prefill and a decode may differ in it
     port = KVRecordPort(runner.kv_pool, 1) if runner.tp is None else TPRecordPort(runner, 1)
     timeouts = (args.disaggregation_transfer_timeout, args.disaggregation_heartbeat_timeout)
+    key = link_key(args.disaggregation_secret)  # every message tagged and checked (docs/DISAGGREGATION.md)
     if args.disaggregation_mode == "prefill":
-        link = BootstrapServer(args.host, args.disaggregation_bootstrap_port, timeouts[1])
+        link = BootstrapServer(args.host, args.disaggregation_bootstrap_port, timeouts[1], key=key)
         scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts)
     else:
-        link = BootstrapClient(timeouts[1])
+        link = BootstrapClient(timeouts[1], key=key)
         # a CPU pool's writes share the decode's cores: a step budget per transfer; a device pool's do not
         step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
         scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
-                                  step_bytes=step_bytes)
+                                  step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size)
     link.start()
     return link
 
@@ -220,7 +223,8 @@ def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     runner = scheduler.runner
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
                          grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
-                         disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding)
+                         disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding,
+                         disaggregation_prefill_peers=parse_peers(runner.args.disaggregation_prefill_peers))
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:

@@ -13,6 +13,7 @@ mid-transfer); every other request is untouched.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -37,6 +38,9 @@ COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--debug-check-int
 # heartbeat generous for load; the transfer timeout far above every client bound (test_pd_faults: an answer
 # after a kill proves the heartbeat, not the transfer timeout, caught the dead peer)
 PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5", "--disaggregation-transfer-timeout", "600")
+# the bootstrap link's secret on every PD member; decode 0 also takes K/V only from the prefill (the allow-list),
+# decode 1 from whoever holds the secret (tests/test_pd_hostile.py tries both against strangers)
+SECRET = "pd-test-secret"
 FIXTURE = "pd_cluster"  # the module-scoped fixture name every user file defines (see `shared`)
 
 
@@ -57,10 +61,11 @@ class Cluster:
 
     def start_prefill(self) -> ServerProcess:
         return self._start("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(self.boot),
-                           *PD_FLAGS)
+                           "--disaggregation-secret", SECRET, *PD_FLAGS)
 
-    def start_decode(self) -> ServerProcess:
-        return self._start("--disaggregation-mode", "decode", *PD_FLAGS)
+    def start_decode(self, i: int) -> ServerProcess:
+        peers = ("--disaggregation-prefill-peers", f"127.0.0.1:{self.boot}") if i == 0 else ()
+        return self._start("--disaggregation-mode", "decode", "--disaggregation-secret", SECRET, *peers, *PD_FLAGS)
 
     def ensure(self, decodes: bool = True) -> None:
         """Restart every member that is not running (decodes=False: all but the decodes), side by side."""
@@ -69,7 +74,7 @@ class Cluster:
             todo["prefill"] = self.start_prefill
         for i, d in enumerate(self.decodes):
             if decodes and not alive(d):
-                todo[i] = self.start_decode
+                todo[i] = functools.partial(self.start_decode, i)
         if not alive(self.colo):
             todo["colo"] = self._start
         if not todo:

@@ -1,4 +1,6 @@
-"""Stub prefill / decode / worker servers for the PD router's tests (fakes: http.server threads in the
+"""FakeBootstrap: a stranger's bootstrap socket speaking the PD protocol (tests/test_pd_hostile.py).
+
+Stub prefill / decode / worker servers for the PD router's tests (fakes: http.server threads in the
 test process). Each records the bodies it got and answers per `mode`:
 - "ok": prefill -> first token + input logprobs; decode / worker -> the whole text, no input logprobs
   (streams: 3 SSE events);
@@ -20,6 +22,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
+import zmq
+
+from radixlang_runtime.disagg.wire import from_frames, to_frames
+from radixlang_runtime.link_key import LinkKey
+from radixlang_runtime.messages import PDDone, PDKVChunk, PDPing, PDPong, PDRegister
 from server_utils import free_port
 
 
@@ -161,3 +168,48 @@ class Stub:
     def generate_bodies(self) -> list[dict]:
         with self.lock:
             return list(self.bodies)
+
+
+class FakeBootstrap:
+    """A fake prefill's bootstrap socket (a ZeroMQ ROUTER on a thread): it answers pings and every PDRegister
+    with K/V of its own (`fill` bytes) for the registered positions and PDDone(first_token). key: the secret
+    it tags its messages with (None: none; a decode with a secret drops them all)."""
+
+    def __init__(self, first_token: int = 1, fill: int = 0x7F, key: Optional[str] = None):
+        self.port = free_port()
+        self.first_token, self.fill = first_token, fill
+        self.key = LinkKey(key) if key else None
+        self.registered: list[PDRegister] = []
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(f"tcp://127.0.0.1:{self.port}")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _send(self, ident: bytes, msg: Any) -> None:
+        self._sock.send_multipart([ident, *to_frames(msg, self.key)])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._sock.poll(50):
+                continue
+            ident, *frames = self._sock.recv_multipart()
+            try:
+                msg = from_frames(frames[1:] if self.key is None and len(frames) > 1 else frames, self.key)
+            except ValueError:
+                continue  # tagged by a decode with a secret this stub does not hold: read the header anyway
+            if isinstance(msg, PDPing):
+                self._send(ident, PDPong(msg.seq))
+            elif isinstance(msg, PDRegister):
+                self.registered.append(msg)
+                n = msg.total_len - msg.prefix_len
+                self._send(ident, PDKVChunk(msg.room, msg.prefix_len, bytes([self.fill]) * (n * msg.token_bytes)))
+                self._send(ident, PDDone(msg.room, self.first_token, 0))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close(0)
+        self._ctx.term()

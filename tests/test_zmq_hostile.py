@@ -308,10 +308,10 @@ def test_a_raising_dispatch_is_answered_500_a_duplicate_400_and_the_next_message
     address = f"tcp://127.0.0.1:{free_port()}"
 
     async def main() -> dict:
-        async def pin_forever(ids, ttl_s):  # a request in flight until the end
+        async def forever(*args, **kwargs):  # a request in flight until the end
             await asyncio.Event().wait()
 
-        tm = types.SimpleNamespace(metrics=None, pin_prefix=pin_forever)
+        tm = types.SimpleNamespace(metrics=None, pin_prefix=forever, run_intake=forever)
         fs = FrontendServer(address, types.SimpleNamespace(routes=[]), tm, KEY)
         real = fs._dispatch
 
@@ -328,9 +328,9 @@ def test_a_raising_dispatch_is_answered_500_a_duplicate_400_and_the_next_message
         try:
             got = {}
             for data in (req("1", "boom"), req("2", "boom", key=None), req("d", "pin_prefix", {"input_ids": [1]}),
-                         req("d", "pin_prefix", {"input_ids": [2]}), req("3", "ping", key=None)):
+                         req("d", "pin_prefix", {"input_ids": [2]}), req("3", "ping", key=None), req("4", "nope")):
                 await s.send(data)
-            while "3" not in got:
+            while not {"3", "4"} <= set(got):  # a ping is answered on the socket thread, "4" after the others
                 out = m.decode(await asyncio.wait_for(s.recv(), 10))
                 got[out.req_id] = (out.status, out.body)
             return {"got": got, "stats": fs.stats()}
@@ -343,7 +343,8 @@ def test_a_raising_dispatch_is_answered_500_a_duplicate_400_and_the_next_message
     got, stats = res["got"], res["stats"]
     assert got["1"][0] == 500 and "boom" in got["1"][1]["error"]["message"]
     assert got["d"][0] == 400 and "already in flight" in got["d"][1]["error"]["message"]
-    assert set(got) == {"1", "d", "3"} and got["3"] == (200, "pong")  # the stranger's "2" is not answered
+    assert set(got) == {"1", "d", "3", "4"} and got["3"] == (200, "pong")  # the stranger's "2" is not answered
+    assert got["4"][0] == 404
     assert stats["dropped_by_reason"] == {"dispatch": 2, "duplicate": 1} and stats["loop_restarts"] == 0
 
 

@@ -12,6 +12,14 @@ long prompt's transfer costs the running streams a little on each of many steps 
 (docs/DISAGGREGATION.md); transfers from several prefills at once get a budget each, so the decode's
 intake grows with them. With nothing running, or step_bytes None (a device pool), it takes all that came.
 
+Strangers (docs/DISAGGREGATION.md, "Security"): the bookkeeping is keyed by (peer, room), peer the
+prefill's (host, port) the request named: a message counts only when it comes from the socket of the
+peer its room registered with (else it is dropped and counted); a second request naming a (peer, room)
+in flight is refused with 400 naming the room (nothing allocated); PDDone's first token must be in the
+vocabulary and its other fields fit the request, PDKVChunk's positions the slots: a forged one fails its
+request only. A peer's socket is closed once no request uses it and it is dead (silent for
+heartbeat_timeout) or idle for PEER_IDLE_S. A link whose thread stays down raises FatalFault here.
+
 Faults, each bounded: a request that waited transfer_timeout for pool room ("decode KV pool full"), a prefill
 silent for heartbeat_timeout, no PDDone within transfer_timeout, PDFail from the prefill: the request ends
 with a 503 error naming the cause; its slots are freed without caching (half-received K/V never enters the
@@ -22,10 +30,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from radixlang_runtime.disagg.link import dropped_stats
+from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
@@ -33,6 +43,8 @@ from radixlang_runtime.scheduler.request import Req
 logger = logging.getLogger(__name__)
 STEP_BYTES = 1 << 20  # CPU pool: K/V bytes written per step per active transfer while requests decode
 IDLE_BUFFERED = 64 << 20  # K/V bytes the link reads ahead when a step may write all of it
+PEER_IDLE_S = 60.0  # a live prefill's socket is kept this long after its last request
+Key = tuple  # (peer, room): peer the prefill's (host, port)
 
 
 @dataclass
@@ -49,13 +61,19 @@ class DecodeRole:
 
     def __init__(self, link: Any, port: Any, kv: KVManager, transfer_timeout: float, heartbeat_timeout: float,
                  max_running: int, clock: Callable[[], float] = time.monotonic,
-                 step_bytes: Optional[int] = STEP_BYTES):
+                 step_bytes: Optional[int] = STEP_BYTES, vocab_size: Optional[int] = None):
         self.link, self.port, self.kv = link, port, kv
         self.transfer_timeout, self.heartbeat_timeout, self.clock = transfer_timeout, heartbeat_timeout, clock
         self.max_running = max_running
         self.step_bytes = step_bytes
         self.queue: deque[tuple[Req, float]] = deque()  # waiting for pool room: (request, arrival)
-        self.incoming: dict[int, _Incoming] = {}  # room -> registered request
+        self.vocab_size = vocab_size  # a first token must be below it (None: unchecked)
+        self.incoming: dict[Key, _Incoming] = {}  # (peer, room) -> registered request
+        self._queued: set[Key] = set()  # (peer, room) of the queue's requests
+        self._refused: list[Req] = []  # duplicates refused by add(), returned by the next poll
+        self._users: Counter = Counter()  # peer -> requests queued or registered with it
+        self._idle: dict[Any, float] = {}  # peer -> when its last request left
+        self.dropped: Counter = Counter()  # messages the role dropped, by reason
         self.transferred_tokens = 0  # K/V positions received
         self.prefix_hit_tokens = 0  # positions served by this server's radix cache instead
         self.transfers_done = 0
@@ -69,8 +87,21 @@ class DecodeRole:
     def held_reqs(self) -> list[Req]:
         return [i.req for i in self.incoming.values()]
 
-    def add(self, req: Req) -> None:
+    def add(self, req: Req) -> bool:
+        """A new request waits for pool room (False: the scheduler does not queue it for prefill); one naming
+        a (peer, room) in flight is refused with 400 (returned ended by the next poll, nothing allocated)."""
+        key = _key(req)
+        if key in self._queued or key in self.incoming:
+            why = (f"bootstrap_room {key[1]} is already in flight from {key[0][0]}:{key[0][1]} on this decode "
+                   "server (rooms must be unique)")
+            req.finish({"type": "abort", "message": why})
+            req.error, req.error_status = why, 400
+            self._refused.append(req)
+            return False
         self.queue.append((req, self.clock()))
+        self._queued.add(key)
+        self._use(key[0])
+        return False
 
     def on_chunk(self, req: Req) -> None:  # decode servers run no prefill of their own requests' prompts
         return None
@@ -80,11 +111,15 @@ class DecodeRole:
 
     def poll(self, n_running: int = 0) -> tuple[list[Req], list[Req]]:
         """Chunks and finals from prefills, liveness and timeouts, then pre-allocation. Returns (ended, ready)."""
-        ended: list[Req] = []
+        if (problem := getattr(self.link, "problem", None)) is not None:
+            raise FatalFault(problem)
+        ended: list[Req] = self._refused
+        self._refused = []
         ready: list[Req] = []
-        for _peer, msg in self.link.receive(self._budget(n_running)):
-            inc = self.incoming.get(getattr(msg, "room", None))
-            if inc is None:  # stale: a room that failed or was aborted
+        for peer, msg in self.link.receive(self._budget(n_running)):
+            inc = self.incoming.get((peer, getattr(msg, "room", None)))
+            if inc is None:  # a room that failed or was aborted, or a message from a peer it never named
+                self.dropped["unmatched"] += 1
                 continue
             why = None
             if isinstance(msg, PDKVChunk):
@@ -94,18 +129,20 @@ class DecodeRole:
                 if why is None:
                     ready.append(inc.req)
             elif isinstance(msg, PDFail):
-                why = f"the prefill server failed: {msg.message}"
+                why = f"the prefill server failed: {msg.message[:500]}"
             if why is not None:
-                ended.append(self._fail(msg.room, why))
+                ended.append(self._fail((peer, msg.room), why))
         now = self.clock()
-        for room, inc in list(self.incoming.items()):
+        for key, inc in list(self.incoming.items()):
             # silence counts from the registration at the earliest (a restarted prefill was silent before it)
             if min(self.link.silent_for(inc.peer), now - inc.since) > self.heartbeat_timeout:
-                ended.append(self._fail(room, f"the prefill server {inc.peer[0]}:{inc.peer[1]} is unreachable "
-                                              f"(no heartbeat for {self.heartbeat_timeout:g} s)"))
+                ended.append(self._fail(key, f"the prefill server {inc.peer[0]}:{inc.peer[1]} is unreachable "
+                                             f"(no heartbeat for {self.heartbeat_timeout:g} s)"))
             elif now - inc.since > self.transfer_timeout:
-                ended.append(self._fail(room, f"the KV transfer of room {room} took over {self.transfer_timeout:g} s"))
+                ended.append(self._fail(key, f"the KV transfer of room {key[1]} took over "
+                                             f"{self.transfer_timeout:g} s"))
         ended += self._preallocate(n_running)
+        self._close_idle_peers(now)
         return ended, ready
 
     def take(self, rids: Iterable[str], failed: bool = False) -> list[Req]:
@@ -114,10 +151,11 @@ class DecodeRole:
         out = [r for r, _ in self.queue if r.rid in rids]
         for r in out:  # never registered: the prefill is told directly
             self.link.send(tuple(r.bootstrap[:2]), PDCancel(r.bootstrap[2], "aborted on the decode server"))
+            self._unqueue(r)
         self.queue = deque((r, t) for r, t in self.queue if r.rid not in rids)
-        for room, inc in list(self.incoming.items()):
+        for key, inc in list(self.incoming.items()):
             if inc.req.rid in rids:
-                self._fail(room, "aborted on the decode server")
+                self._fail(key, "aborted on the decode server")
                 out.append(inc.req)
         return out
 
@@ -128,7 +166,8 @@ class DecodeRole:
         return {"mode": "decode", "transferred_tokens": self.transferred_tokens,
                 "prefix_hit_tokens": self.prefix_hit_tokens, "transfers_done": self.transfers_done,
                 "transfers_failed": self.transfers_failed, "preallocation_queue": len(self.queue),
-                "receiving": len(self.incoming)}
+                "receiving": len(self.incoming), "peer_sockets": len(self._users) + len(self._idle),
+                **dropped_stats(self.link, self.dropped)}
 
     # ------------------------------------------------------------------ internals
     def _budget(self, n_running: int) -> Optional[int]:
@@ -150,6 +189,7 @@ class DecodeRole:
             req, at = self.queue[0]
             if n_running + len(self.incoming) < self.max_running and self._allocate(req, n_running):
                 self.queue.popleft()
+                self._queued.discard(_key(req))
                 continue
             break
         keep = deque()
@@ -161,6 +201,7 @@ class DecodeRole:
                 req.error, req.error_status = why, 503
                 self.transfers_failed += 1
                 self.link.send(tuple(req.bootstrap[:2]), PDCancel(req.bootstrap[2], why))  # the prefill stops too
+                self._unqueue(req)
                 ended.append(req)
             else:
                 keep.append((req, at))
@@ -182,9 +223,8 @@ class DecodeRole:
             kv.alloc(req, n - p)
         req.row_dirty = True
         req.admitted_at = time.perf_counter()
-        host, port, room = req.bootstrap
-        peer = (host, port)
-        self.incoming[room] = _Incoming(req, peer, p, self.clock(), received=p)
+        peer, room = _key(req)
+        self.incoming[(peer, room)] = _Incoming(req, peer, p, self.clock(), received=p)
         self.prefix_hit_tokens += p
         self.link.send(peer, PDRegister(room, p, n, self.port.record_bytes))
         return True
@@ -205,7 +245,10 @@ class DecodeRole:
         req = inc.req
         if inc.received != len(req.input_ids):
             return f"room {msg.room}: the prefill finished after {inc.received} of {len(req.input_ids)} positions"
-        del self.incoming[msg.room]
+        if (why := self._done_problem(req, msg)) is not None:
+            return f"room {msg.room}: the prefill's final message is malformed: {why}"
+        del self.incoming[(inc.peer, msg.room)]
+        self._left(inc.peer)
         self.link.send(inc.peer, PDAck(msg.room))
         self.transfers_done += 1
         req.cached_len = msg.cached_len
@@ -223,8 +266,23 @@ class DecodeRole:
         req.first_token_at = time.perf_counter()
         return None
 
-    def _fail(self, room: int, why: str) -> Req:
-        inc = self.incoming.pop(room)
+    def _done_problem(self, req: Req, msg: PDDone) -> Optional[str]:
+        """What in a PDDone does not fit its request (wire.py checked the types), or None."""
+        n = len(req.input_ids)
+        if (msg.first_token is None) != (req.sampling.max_new_tokens == 0):
+            return f"first token {msg.first_token!r} for max_new_tokens {req.sampling.max_new_tokens}"
+        if msg.first_token is not None and self.vocab_size is not None and msg.first_token >= self.vocab_size:
+            return f"first token {msg.first_token} is outside the vocabulary (size {self.vocab_size})"
+        if msg.cached_len > n:
+            return f"cached_len {msg.cached_len} exceeds the prompt's {n} tokens"
+        if req.return_logprob and any(v is not None and len(v) > n for v in (msg.input_logprobs, msg.input_top)):
+            return f"more input logprobs than the prompt's {n} tokens"
+        return None
+
+    def _fail(self, key: Key, why: str) -> Req:
+        room = key[1]
+        inc = self.incoming.pop(key)
+        self._left(inc.peer)
         req = inc.req
         logger.warning("PD room %d (request %s) failed: %s", room, req.rid, why)
         self.kv.release(req, cache=False)  # half-received K/V never enters the radix cache
@@ -233,3 +291,33 @@ class DecodeRole:
         req.error, req.error_status = why, 503
         self.transfers_failed += 1
         return req
+
+    # ------------------------------------------------------------------ peers
+    def _use(self, peer: Any) -> None:
+        self._users[peer] += 1
+        self._idle.pop(peer, None)
+
+    def _left(self, peer: Any) -> None:
+        self._users[peer] -= 1
+        if self._users[peer] <= 0:
+            del self._users[peer]
+            self._idle[peer] = self.clock()
+
+    def _unqueue(self, req: Req) -> None:
+        key = _key(req)
+        self._queued.discard(key)
+        self._left(key[0])
+
+    def _close_idle_peers(self, now: float) -> None:
+        """Sockets of peers no request uses: closed when the peer is dead, or idle for PEER_IDLE_S."""
+        for peer, since in list(self._idle.items()):
+            if self.link.silent_for(peer) > self.heartbeat_timeout or now - since > PEER_IDLE_S:
+                del self._idle[peer]
+                if hasattr(self.link, "forget"):
+                    self.link.forget(peer)
+
+
+def _key(req: Req) -> Key:
+    host, port, room = req.bootstrap
+    return (host, port), room
+

@@ -8,6 +8,11 @@ prefix goes out at once (`on_chunk`); when the first token is sampled the Schedu
 PDAck ends the request: it finishes ("length" after its first token, or what its stop check said), its KV
 goes into the radix cache, and its answer (that one token) leaves through the loop as usual.
 
+Strangers (docs/DISAGGREGATION.md, "Security"): a second request with a room in flight here is refused with
+400 naming the room (`add`, before it is queued: nothing allocated); a room's first registration holds it
+(a registration of the same room from another decode is dropped and counted), and only the registered
+decode's PDAck / PDCancel count. A link whose thread stays down raises FatalFault here.
+
 Faults, each bounded: no registration within transfer_timeout, the registered decode silent for longer than
 heartbeat_timeout, no ack within transfer_timeout, a PDCancel: the request ends with a 503 error naming
 the cause (and the decode gets PDFail). The K/V is read through `port.read_joined` (mem/kv_records.py with
@@ -18,9 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from radixlang_runtime.disagg.link import dropped_stats
+from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
@@ -57,6 +65,10 @@ class PrefillRole:
         self.sent: dict[int, int] = {}  # room -> positions sent so far (from the decode's prefix on)
         self.cancelled: dict[int, tuple[str, float]] = {}  # room -> (why, when), for requests not held yet
         self.held: dict[int, _Held] = {}  # room -> a request past its first token
+        self.rooms: dict[int, Req] = {}  # room -> its request here, from add until it finishes
+        self._refused: list[Req] = []  # duplicates refused by add(), returned by the next poll
+        self._purged_at = clock()
+        self.dropped: Counter = Counter()  # messages the role dropped, by reason
         self.transferred_tokens = 0
         self.transfers_done = 0
         self.transfers_failed = 0
@@ -69,8 +81,19 @@ class PrefillRole:
     def held_reqs(self) -> list[Req]:
         return [h.req for h in self.held.values()]
 
-    def add(self, req: Req) -> None:  # never called: prefill requests queue as usual
-        raise AssertionError("PrefillRole.add")
+    def add(self, req: Req) -> bool:
+        """A new request: True (the scheduler queues it for prefill as usual), or False when its room is in
+        flight here (refused with 400, returned ended by the next poll)."""
+        room = req.bootstrap[2]
+        other = self.rooms.get(room)
+        if other is not None and not other.finished:
+            why = f"bootstrap_room {room} is already in flight on this prefill server (rooms must be unique)"
+            req.finish({"type": "abort", "message": why})
+            req.error, req.error_status = why, 400
+            self._refused.append(req)
+            return False
+        self.rooms[room] = req
+        return True
 
     def on_chunk(self, req: Req) -> None:
         """A non-final chunk ran: send the K/V computed so far when the decode has registered."""
@@ -85,18 +108,33 @@ class PrefillRole:
 
     def poll(self, n_running: int = 0) -> tuple[list[Req], list[Req]]:
         """Messages from decodes, then each held request's next move. Returns (ended requests, [])."""
+        if (problem := getattr(self.link, "problem", None)) is not None:
+            raise FatalFault(problem)
         for peer, msg in self.link.receive():
-            if isinstance(msg, PDRegister):
-                self.regs[msg.room] = _Registration(peer, msg.prefix_len, msg.total_len, msg.token_bytes, self.clock())
+            reg = self.regs.get(msg.room)
+            if reg is not None and reg.peer != peer:  # the room is another decode's
+                self.dropped["unmatched"] += 1
+            elif isinstance(msg, PDRegister):
+                if reg is None:
+                    self.regs[msg.room] = _Registration(peer, msg.prefix_len, msg.total_len, msg.token_bytes,
+                                                        self.clock())
+                else:
+                    self.dropped["duplicate_registration"] += 1
             elif isinstance(msg, PDAck):
                 h = self.held.get(msg.room)
-                if h is not None and h.sent_done:
+                if h is not None and h.sent_done and reg is not None:
                     h.acked = True
+                else:
+                    self.dropped["unmatched"] += 1
             elif isinstance(msg, PDCancel):
                 self.regs.pop(msg.room, None)
-                self.cancelled[msg.room] = (msg.message or "cancelled by the decode server", self.clock())
+                why = msg.message[:500] or "cancelled by the decode server"
+                self.cancelled[msg.room] = (why, self.clock())
+            else:
+                self.dropped["unmatched"] += 1
         ended = [req for room, h in list(self.held.items()) if (req := self._advance(room, h)) is not None]
         self._expire()
+        ended, self._refused = self._refused + ended, []
         return ended, []
 
     def take(self, rids: Iterable[str], failed: bool = False) -> list[Req]:
@@ -114,7 +152,8 @@ class PrefillRole:
 
     def stats(self) -> dict[str, Any]:
         return {"mode": "prefill", "transferred_tokens": self.transferred_tokens, "transfers_done": self.transfers_done,
-                "transfers_failed": self.transfers_failed, "held": len(self.held), "registrations": len(self.regs)}
+                "transfers_failed": self.transfers_failed, "held": len(self.held), "registrations": len(self.regs),
+                **dropped_stats(self.link, self.dropped)}
 
     # ------------------------------------------------------------------ internals
     def _advance(self, room: int, h: _Held) -> Optional[Req]:
@@ -199,3 +238,6 @@ class PrefillRole:
             self.sent.pop(room, None)
         for room in [r for r, (_, at) in self.cancelled.items() if now - at > self.transfer_timeout]:
             del self.cancelled[room]
+        if now - self._purged_at > 1.0:  # finished requests leave the room map (however they ended)
+            self._purged_at = now
+            self.rooms = {r: q for r, q in self.rooms.items() if not q.finished}

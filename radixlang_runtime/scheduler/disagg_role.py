@@ -9,14 +9,16 @@ from radixlang_runtime.scheduler.request import Req
 
 
 class DisaggRole(Protocol):
-    """PD (docs/DISAGGREGATION.md). A prefill role gets requests past their first token (`hold`) and each
-    finished chunk (`on_chunk`); a decode role gets new requests (`add`) and returns them `ready` (K/V and
-    first token in place) from `poll`. Requests it ends come back from `poll` / `take` released."""
+    """PD (docs/DISAGGREGATION.md). Both roles see every new request first (`add`: True when it queues for
+    prefill as usual; a duplicate room is refused and comes back ended from the next `poll`). A prefill role
+    gets requests past their first token (`hold`) and each finished chunk (`on_chunk`); a decode role keeps
+    its new requests and returns them `ready` (K/V and first token in place) from `poll`. Requests it ends
+    come back from `poll` / `take` released."""
 
     kind: str  # "prefill" | "decode"
     pending: bool  # requests held: the loop keeps turning
 
-    def add(self, req: Req) -> None: ...
+    def add(self, req: Req) -> bool: ...
     def hold(self, req: Req) -> None: ...
     def on_chunk(self, req: Req) -> None: ...
     def poll(self, n_running: int) -> tuple[list[Req], list[Req]]: ...

@@ -88,12 +88,11 @@ class Scheduler:
             self._enqueue([req])
 
     def _enqueue(self, reqs: list[Req]) -> None:
-        """New requests (grammar ready) queue for prefill; on a decode server they wait for their K/V instead."""
-        if self.pd is not None and self.pd.kind == "decode":
-            for req in reqs:
-                self.pd.add(req)
-        else:
-            self.waiting += reqs
+        """New requests (grammar ready) queue for prefill; on a decode server they wait for their K/V instead
+        (the PD role takes them, or refuses a duplicate room: `add` False)."""
+        if self.pd is not None:
+            reqs = [req for req in reqs if self.pd.add(req)]
+        self.waiting += reqs
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)

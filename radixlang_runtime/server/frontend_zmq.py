@@ -1,5 +1,8 @@
-"""The server side of the DSL's ZeroMQ link: a ROUTER socket next to HTTP, in the HTTP process's
-event loop, feeding the same TokenizerManager (so both links share one request path).
+"""The server side of the DSL's ZeroMQ link: a ROUTER socket next to HTTP, feeding the HTTP process's
+TokenizerManager (so both links share one request path). The socket lives on a thread of its own
+(server/frontend_socket.py): every message is read, checked, rate-limited and decoded there, pings are
+answered there, and the event loop only serves the requests that passed, a batch at a time
+(docs/DSL_LINK.md), so a flood on the port never holds HTTP.
 
 Messages are FrontendReq / FrontendOut (messages.py, msgpack). A `generate` body is the native
 /generate JSON body, parsed by the one intake (services.intake_generate); replies carry the same result dicts
@@ -12,22 +15,27 @@ same model_info / server_info / flush_cache / pins), so both links answer alike.
 - a client that stops pinging for CLIENT_TIMEOUT_S loses its requests (aborted, KV freed) and pins; the
   silence is counted over this server's awake time (liveness.SilenceClock): a stalled event loop does not
   drop the clients whose pings wait in the socket;
-- one task owns the socket's sends (a queue), the receive loop never awaits a request.
+- one task hands the replies to the socket thread (a queue), the receive loop never awaits a request.
 
-Anyone who reaches the port can send anything; nothing they send stops the link:
+Anyone who reaches the port can send anything; nothing they send stops the link or holds HTTP:
 - libzmq refuses a frame over MAX_FRAME_BYTES (zmq.MAXMSGSIZE: it disconnects that peer instead of
   buffering the frame). The largest real message is a long prompt: ~3-5 bytes a token id (a
   128K-token prompt of ids ~640 KB, as text ~1 MB), a batch of them a few MB; 64 MiB is ample.
 - a message is [ident, data] (the ROUTER prepends ident to the DEALER's one frame); any other
   frame count is dropped.
-- the key is checked before anything large is decoded. It travels inside the msgpack body, as
-  FrontendReq's last field, so a message that carries key K ends with K's msgpack string (the
-  smallest form, which msgpack and messages.encode write): that tail is compared
-  (hmac.compare_digest) before decoding. A message without it is decoded only up to
+- the key is checked before anything large is decoded (link_key.LinkKey, the PD link's mechanism
+  too). It travels inside the msgpack body, as FrontendReq's last field, so a message that carries
+  key K ends with K's msgpack string (the smallest form, which msgpack and messages.encode write):
+  that tail is compared (hmac.compare_digest) before decoding. A message without it is decoded only up to
   OPEN_MSG_BYTES (a ping, or a request to answer 401); a larger one is dropped unread. The decoded
   api_key field is then the rule (the tail is a filter). Not chosen: the key in a frame of its
   own (a protocol change for the same comparison) and ZeroMQ's PLAIN / CURVE handshake (ZAP), which
   refuses silently where a wrong key must be a clear 401.
+- rate limits, per sender (ROUTER identity): a message without the key is checked against
+  OPEN_RATE / OPEN_BURST (and all of them together against OPEN_TOTAL_RATE) before it is decoded and
+  dropped silently past them; one with the key against KEYED_RATE / KEYED_BURST after it, and an
+  authorized sender past them is answered 429. At most MAX_INBOX messages wait for the event loop
+  (frontend_socket.py); an authorized one past that is answered 503.
 - decode is msgpack.unpackb, whose limits (max_str_len, max_bin_len, max_array_len, max_map_len,
   max_ext_len) default to the message's size: no header can claim more than the bytes that
   arrived, and nesting stops at msgpack's own stack (1024 levels, StackError).
@@ -43,20 +51,19 @@ Anyone who reaches the port can send anything; nothing they send stops the link:
 from __future__ import annotations
 
 import asyncio
-import errno
-import hmac
 import logging
+import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Optional
 
-import msgpack
-import zmq
-import zmq.asyncio
-
+from radixlang_runtime.link_key import link_key
 from radixlang_runtime.liveness import SilenceClock
 from radixlang_runtime.messages import FrontendOut, FrontendReq, decode, encode
+from radixlang_runtime.rate_limit import PeerRateLimit
+from radixlang_runtime.restart_budget import RestartBudget
 from radixlang_runtime.server import services
+from radixlang_runtime.server.frontend_socket import FrontendSocket
 from radixlang_runtime.server.http_common import error_body
 
 logger = logging.getLogger(__name__)
@@ -66,6 +73,9 @@ MAX_FRAME_BYTES = 64 << 20  # zmq.MAXMSGSIZE: a larger frame disconnects its sen
 OPEN_MSG_BYTES = 4096  # what a message without the key may weigh to be decoded at all
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0  # a loop failing more often than this stays down
 DROP_LOG_EVERY_S = 5.0  # at most one log line per this many seconds about dropped messages
+OPEN_RATE, OPEN_BURST, OPEN_TOTAL_RATE = 100.0, 200.0, 1000.0  # messages without the key: a sender's, everyone's
+KEYED_RATE, KEYED_BURST = 10000.0, 20000.0  # messages with the key (every message when there is no --api-key)
+BATCH = 64  # requests the event loop serves before it lets other work (HTTP) in
 
 
 class _Dropped(Exception):
@@ -91,24 +101,22 @@ class FrontendServer:
         self.state = state  # the ServerState the HTTP handlers serve (services.py takes it)
         self.tm = tm
         self.api_key = api_key
-        # what a message carrying the key ends with (None: no key, every sender is authorized)
-        self._key_tail = msgpack.packb(api_key, use_bin_type=True) if api_key else None
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        if address.startswith("tcp://["):
-            self._sock.setsockopt(zmq.IPV6, 1)
-        self._sock.bind(address)
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)  # the port a `*` picked
+        self._key = link_key(api_key)  # None: no key, every sender is authorized
+        self._open_limit = PeerRateLimit(OPEN_RATE, OPEN_BURST, total_rate=OPEN_TOTAL_RATE)
+        self._keyed_limit = PeerRateLimit(KEYED_RATE, KEYED_BURST)
+        self._socket = FrontendSocket(address, MAX_FRAME_BYTES, self._admit, self._on_full)
+        self.address = self._socket.address
         self.port = int(self.address.rsplit(":", 1)[1]) if address.startswith("tcp://") else None
+        self._heard: deque[bytes] = deque()  # senders of pings (answered on the socket thread), for the janitor
+        self._ready: Optional[asyncio.Event] = None  # set (from the socket thread) when admitted messages wait
+        self._drop_lock = threading.Lock()  # drops are counted on both threads
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._tasks: dict[tuple[bytes, str], asyncio.Task] = {}
         self._pins: dict[bytes, set[str]] = {}
         self._unpinning: set[asyncio.Task] = set()
         self._silence = SilenceClock(max_step=2 * JANITOR_EVERY_S)  # clients' silence, this loop's awake time
         self._loops: dict[str, asyncio.Task] = {}
-        self._restarts: dict[str, list[float]] = {}  # loop name -> its restarts' times (this window)
+        self._restarts: dict[str, RestartBudget] = {}  # loop name -> its restarts (this window)
         self._restart_count = 0
         self._problem: Optional[str] = None
         self._closing = False
@@ -117,8 +125,18 @@ class FrontendServer:
         self._drop_logged_at = -DROP_LOG_EVERY_S
 
     def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+
+        def notify() -> None:  # on the socket thread
+            try:
+                loop.call_soon_threadsafe(self._ready.set)
+            except RuntimeError:  # the loop is closed: nobody is left to serve
+                pass
+
         for name in ("recv", "send", "janitor"):
             self._spawn(name)
+        self._socket.start(notify)
         logger.info("frontend socket: %s", self.address)
 
     async def close(self) -> None:
@@ -129,18 +147,18 @@ class FrontendServer:
         for t in list(self._loops.values()) + list(self._tasks.values()):
             t.cancel()
         await asyncio.gather(*self._loops.values(), *self._tasks.values(), return_exceptions=True)
-        self._sock.close(0)
-        self._ctx.term()
+        await asyncio.get_running_loop().run_in_executor(None, self._socket.close)  # joins the thread (bounded)
 
     def problem(self) -> Optional[str]:
-        """Why the link no longer serves (a loop that could not be restarted), else None."""
-        return self._problem
+        """Why the link no longer serves (a loop or the socket thread that could not be restarted), else None."""
+        return self._problem or self._socket.problem
 
     def stats(self) -> dict[str, Any]:
+        with self._drop_lock:
+            dropped = dict(self._dropped)
         return {"address": self.address, "port": self.port, "requests_by_method": dict(self._served),
-                "dropped_messages": sum(self._dropped.values()),
-                "dropped_by_reason": dict(self._dropped),
-                "loop_restarts": self._restart_count, "problem": self._problem}
+                "dropped_messages": sum(dropped.values()), "dropped_by_reason": dropped,
+                "loop_restarts": self._restart_count + self._socket.restarts, "problem": self.problem()}
 
     # ------------------------------------------------------------------ supervisor
     def _spawn(self, name: str) -> None:
@@ -153,14 +171,12 @@ class FrontendServer:
         if self._closing or task.cancelled():
             return
         err = task.exception()
-        now = time.monotonic()
-        recent = [t for t in self._restarts.get(name, []) if now - t < RESTART_WINDOW_S]
-        if len(recent) >= MAX_RESTARTS:
+        budget = self._restarts.setdefault(name, RestartBudget(MAX_RESTARTS, RESTART_WINDOW_S))
+        if not budget.allow():
             self._problem = (f"the ZeroMQ frontend at {self.address} is down: its {name} loop failed "
-                             f"{len(recent) + 1} times within {RESTART_WINDOW_S:.0f} s (last: {err!r})")
+                             f"{MAX_RESTARTS + 1} times within {RESTART_WINDOW_S:.0f} s (last: {err!r})")
             logger.error("%s", self._problem, exc_info=err)
             return
-        self._restarts[name] = recent + [now]
         self._restart_count += 1
         logger.error("frontend socket: the %s loop ended (%r); restarting it", name, err, exc_info=err)
         try:
@@ -171,20 +187,24 @@ class FrontendServer:
 
     # ------------------------------------------------------------------ loops
     async def _recv_loop(self) -> None:
+        """Serves what the socket thread admitted, BATCH requests at a time (HTTP runs in between)."""
         while True:
-            frames = await self._sock.recv_multipart(copy=False)  # Frames: no copy of what libzmq holds
-            try:
-                self._take(frames)
-            except _Dropped as d:
-                self._count_drop(d.reason, str(d))
-                if d.answer_to is not None:
-                    self._reply(*d.answer_to, d.status, _err(str(d)))
-            except Exception as e:  # a fault of the parsing itself: the message is lost, the loop is not
-                logger.exception("frontend socket: a message could not be taken")
-                self._count_drop("internal", repr(e))
+            await self._ready.wait()
+            self._ready.clear()
+            while items := self._socket.take(BATCH):
+                for ident, req, authorized in items:
+                    try:
+                        self._take(ident, req, authorized)
+                    except _Dropped as d:
+                        self._count_drop(d.reason, str(d))
+                        if d.answer_to is not None:
+                            self._reply(*d.answer_to, d.status, _err(str(d)))
+                    except Exception as e:  # a fault of the taking itself: the message is lost, the loop is not
+                        logger.exception("frontend socket: a message could not be taken")
+                        self._count_drop("internal", repr(e))
+                await asyncio.sleep(0)
 
-    def _take(self, frames: list) -> None:
-        ident, req, authorized = self._parse(frames)
+    def _take(self, ident: bytes, req: FrontendReq, authorized: bool) -> None:
         self._silence.heard(ident)
         try:
             self._dispatch(ident, req, authorized)
@@ -203,16 +223,13 @@ class FrontendServer:
             except Exception as e:  # a body msgpack cannot carry: the client still gets its answer
                 logger.exception("frontend socket: a reply could not be encoded")
                 data = encode(FrontendOut(out.req_id, 500, _err(f"internal error: unencodable reply: {e!r}")))
-            try:
-                await self._sock.send_multipart([ident, data])
-            except zmq.ZMQError as e:
-                if e.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
-                    raise  # the socket itself failed: the supervisor's business
-                logger.warning("frontend socket: a reply was not delivered: %s", e)
+            self._socket.send([ident, data])
 
     async def _janitor(self) -> None:
         while True:
             await asyncio.sleep(JANITOR_EVERY_S)
+            while self._heard:  # pings, answered on the socket thread
+                self._silence.heard(self._heard.popleft())
             self._silence.tick()
             for ident in self._silence.silent_peers(CLIENT_TIMEOUT_S):
                 self._forget_client(ident)
@@ -230,36 +247,64 @@ class FrontendServer:
     def _reply(self, ident: bytes, req_id: str, status: int, body: Any = None, done: bool = True) -> None:
         self._outbox.put_nowait((ident, FrontendOut(req_id, status, body, done)))
 
-    # ------------------------------------------------------------------ parsing
+    # ------------------------------------------------------------------ the socket thread's part
+    def _admit(self, frames: list) -> Optional[tuple[bytes, FrontendReq, bool]]:
+        """On the socket thread: a message checked (_parse); a ping answered here; what the event loop must
+        serve returned (None: nothing, it was answered or dropped)."""
+        try:
+            ident, req, authorized = self._parse(frames)
+        except _Dropped as d:
+            self._count_drop(d.reason, str(d))
+            if d.answer_to is not None:
+                self._answer_now(*d.answer_to, d.status, _err(str(d)))
+            return None
+        if req.method == "ping":
+            self._heard.append(ident)
+            self._answer_now(ident, req.req_id, 200, "pong")
+            return None
+        return ident, req, authorized
+
+    def _on_full(self, item: tuple[bytes, FrontendReq, bool]) -> None:
+        """On the socket thread: MAX_INBOX messages wait for the event loop; this one is not served."""
+        ident, req, authorized = item
+        self._count_drop("queue_full", "the event loop's queue is full")
+        if authorized:
+            self._answer_now(ident, req.req_id, 503, _err("the ZeroMQ frontend is busy: try again"))
+
+    def _answer_now(self, ident: bytes, req_id: str, status: int, body: Any) -> None:
+        self._socket.send([ident, encode(FrontendOut(req_id, status, body))])
+
     def _parse(self, frames: list) -> tuple[bytes, FrontendReq, bool]:
-        """[ident, data] -> (ident, request, whether its sender holds the key); raises _Dropped."""
+        """[ident, data] -> (ident, request, whether its sender holds the key); raises _Dropped. Cheapest
+        first: the frame count, the size and the key's tail, the rate of unkeyed senders, then msgpack."""
         if len(frames) != 2:
             raise _Dropped("frames", f"a message of {len(frames) - 1} frames (expected 1)")
         ident, data = frames[0].bytes, frames[1].buffer
-        tail = self._key_tail
-        keyed = tail is None or (len(data) >= len(tail) and hmac.compare_digest(bytes(data[-len(tail):]), tail))
+        keyed = self._key is None or self._key.ends_with_key(data)
         if not keyed and len(data) > OPEN_MSG_BYTES:
             raise _Dropped("size", f"{len(data)} bytes without the key (at most {OPEN_MSG_BYTES} are read)")
+        if not keyed and not self._open_limit.allow(ident):
+            raise _Dropped("rate", "a sender without the key over its message rate")
         try:
             req = decode(data)
         except Exception as e:
             raise _Dropped("decode", f"not a message: {e!r}") from None
         if not isinstance(req, FrontendReq):
             raise _Dropped("type", f"expected a FrontendReq, got {type(req).__name__}")
-        authorized = keyed and self._key_ok(req.api_key)
+        authorized = keyed and (self._key is None or self._key.holds(req.api_key))
+        answerable = authorized and isinstance(req.req_id, str)
         problem = _shape_problem(req)
         if problem is not None:
-            answerable = authorized and isinstance(req.req_id, str)
             raise _Dropped("shape", problem, (ident, req.req_id) if answerable else None)
+        if keyed and not self._keyed_limit.allow(ident):
+            raise _Dropped("rate", f"over {KEYED_RATE:g} messages a second", (ident, req.req_id) if answerable
+                           else None, 429)
         return ident, req, authorized
 
-    def _key_ok(self, key: Any) -> bool:
-        if self.api_key is None:
-            return True
-        return isinstance(key, str) and hmac.compare_digest(key.encode(), self.api_key.encode())
-
     def _count_drop(self, reason: str, detail: str) -> None:
-        self._dropped[reason] += 1
+        with self._drop_lock:
+            self._dropped[reason] += 1
+            total = sum(self._dropped.values())
         metrics = getattr(self.tm, "metrics", None)
         if metrics is not None:
             metrics.frontend_dropped_messages.inc()
@@ -267,7 +312,7 @@ class FrontendServer:
         if now - self._drop_logged_at >= DROP_LOG_EVERY_S:  # a flood of them is not a flood of log lines
             self._drop_logged_at = now
             logger.warning("frontend socket: dropped a message (%s: %s); %d dropped so far", reason, detail[:200],
-                           sum(self._dropped.values()))
+                           total)
 
     # ------------------------------------------------------------------ requests
     def _dispatch(self, ident: bytes, req: FrontendReq, authorized: bool) -> None:

@@ -81,6 +81,9 @@ class ServerMetrics:
         self.frontend_dropped_messages = Counter(P + "frontend_dropped_messages",
                                                  "Messages the ZeroMQ frontend dropped (malformed, or large "
                                                  "without the key)", registry=r)
+        self.pd_dropped_messages = Gauge(P + "pd_dropped_messages", "Messages the PD bootstrap link dropped so far "
+                                         "(failed checks, the secret, rate, a room another peer holds), by reason",
+                                         ["reason"], registry=r)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS,
                               registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds", "Time between tokens", buckets=_LATENCY_BUCKETS,
@@ -138,5 +141,7 @@ class ServerMetrics:
         self.spec_accept_length.set(accept.get("mean_accept_length", 0.0))
         for accepted, n in accept.get("histogram", {}).items():
             self.spec_verifications.labels(accepted=accepted).set(n)
+        for reason, n in ((stats.get("disaggregation") or {}).get("dropped_by_reason") or {}).items():
+            self.pd_dropped_messages.labels(reason=reason).set(n)
         self.hicache.render(stats)
         return generate_latest(self.registry) + generate_latest(self.sglang)

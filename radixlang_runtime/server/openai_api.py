@@ -161,7 +161,8 @@ class _Choices:
             return LogprobRequest(start, top, with_text=True)
 
         self.tm.lifecycle.admit()  # 503 before any work when no new work is admitted
-        pd = parse_bootstrap(body or {}, self.tm.limits.disaggregation_mode)
+        pd = parse_bootstrap(body or {}, self.tm.limits.disaggregation_mode,
+                             self.tm.limits.disaggregation_prefill_peers)
         self.reqs: list[GenerateRequest] = openai_requests(prompts, sp_dict, n, logprob_of, self.tm.limits,
                                                            self.rid, stream=False, bootstrap=pd)
 
