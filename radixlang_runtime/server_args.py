@@ -156,7 +156,7 @@ class ServerArgs:
     # decode: the prefills (host:port of their bootstrap sockets, comma-separated) it takes K/V from; None: any
     disaggregation_prefill_peers: Optional[str] = None
     # both roles: the bootstrap link's shared secret (every message tagged with its HMAC), or a file holding it
-    disaggregation_secret: Optional[str] = None
+    disaggregation_secret: Optional[str] = field(default=None, repr=False)
     disaggregation_secret_file: Optional[str] = None
 
     def __post_init__(self) -> None:
