@@ -117,9 +117,10 @@ class Section:
 def parse_section(parser: ToolParser, sec: Section, read_name: Callable[[str], Optional[str]], text: str,
                   final: bool) -> GroupScan:
     """text starts at sec.open: its calls, each `call_open HEADER args_open {...} args_close call_close`,
-    then sec.close (accepted missing at the very end: the model stopped on it)."""
-    calls: list[CallScan] = []
-    i = len(sec.open)
+    then sec.close (accepted missing at the very end: the model stopped on it). The complete calls are kept
+    (the parser's scanner cache) and the next delta resumes after them: a streamed section costs linear time."""
+    state = parser._scanners.setdefault(("section", 0), [len(sec.open), []])  # [resume index, complete calls]
+    i, calls = state[0], list(state[1])
     while True:
         i = skip_ws(text, i)
         if calls and i == len(text):
@@ -146,4 +147,5 @@ def parse_section(parser: ToolParser, sec: Section, read_name: Callable[[str], O
                 st, end = expect(text, skip_ws(text, end), lit, final)
                 if st != COMPLETE:
                     return GroupScan(calls, st, end)
-        i = end
+        i = state[0] = end
+        state[1] = list(calls)

@@ -8,7 +8,7 @@ text, not a layout the forced-call regex writes. No torch."""
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Optional
 
 from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, GroupScan, ToolParser, closing
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, skip_ws
@@ -32,45 +32,56 @@ def xml_params(parser: ToolParser, text: str, p: int, final: bool, name: str, ca
     """Parameters `OPEN KEY KEY_END VALUE VALUE_END` from text[p] up to the function's close tag
     (tags: open, key end, value open or "", value end, close) -> (COMPLETE, one past the close) / (OPEN, len) /
     (INVALID, index); the call is appended at its first complete parameter (streaming) or its close
-    (close_optional: or the very end of the output)."""
-    p_open, key_end, v_open, v_end, close = tags
-    items: list[tuple[str, Any]] = []
-    call: Optional[CallScan] = None
+    (close_optional: or the very end of the output). The parameters read are kept (the parser's scanner
+    cache, by position) and the next delta resumes after them: a streamed group costs linear time."""
+    state = parser._scanners.setdefault(("xml", p), [p, set(), []])  # resumed: [position, keys, pieces]
+    p, keys, pieces = state  # pieces: `"key": value` JSON per parameter read
+
+    def commit(status: str, at: int, complete: bool = False) -> tuple[str, int]:
+        if complete or (pieces and not final):
+            calls.append(CallScan(name, "{" + ", ".join(pieces) + ("}" if complete else ""), complete))
+        return status, at
+
     while True:
         p = skip_ws(text, p)
-        st_close, e = expect(text, p, close, final)
+        st_close, e = expect(text, p, tags[4], final)
         if st_close != COMPLETE and close_optional and final and p == len(text):
             st_close, e = COMPLETE, p
         if st_close == COMPLETE:
-            if call is None:
-                call = CallScan(name, "", False)
-                calls.append(call)
-            call.args, call.complete = arguments_json(items, True), True
-            return COMPLETE, e
-        st, e = expect(text, p, p_open, final)
+            return commit(COMPLETE, e, complete=True)
+        st, end, hit = _xml_param(parser, text, p, final, name, tags)
+        if hit is None:
+            return commit(OPEN, len(text)) if OPEN in (st, st_close) else (INVALID, end)
+        key, piece, p = hit
+        if key in keys:
+            return INVALID, p
+        keys.add(key)
+        pieces.append(piece)
+        state[0] = p
+
+
+def _xml_param(parser: ToolParser, text: str, p: int, final: bool, name: str,
+               tags: tuple[str, str, str, str, str]) -> tuple[str, int, Optional[tuple[str, str, int]]]:
+    """One parameter at text[p] -> (status, index, (key, its `"key": value` JSON, one past it) once complete)."""
+    p_open, key_end, v_open, v_end, _ = tags
+    st, e = expect(text, p, p_open, final)
+    if st != COMPLETE:
+        return st, e, None
+    st, q = read_until(text, e, key_end, final)
+    key = text[e:q].strip()
+    if st != COMPLETE or not _KEY.fullmatch(key):
+        return (st, q, None) if st == OPEN else (INVALID, e, None)
+    q += len(key_end)
+    if v_open:
+        st, q = expect(text, skip_ws(text, q), v_open, final)
         if st != COMPLETE:
-            return (OPEN, len(text)) if OPEN in (st, st_close) else (INVALID, p)
-        st, q = read_until(text, e, key_end, final)
-        key = text[e:q].strip()
-        if st != COMPLETE or not _KEY.fullmatch(key) or any(k == key for k, _ in items):
-            return (st, q) if st == OPEN else (INVALID, e)
-        q += len(key_end)
-        if v_open:
-            st, q = expect(text, skip_ws(text, q), v_open, final)
-            if st != COMPLETE:
-                return st, q
-        st, r = read_until(text, q, v_end, final, NO_LIMIT)
-        if st != COMPLETE:
-            return st, r
-        raw = text[q:r]
-        items.append((key, typed_value(_strip_layout(raw) if not v_open else raw,
-                                       param_schema(parser, name, key))))
-        if call is None and not final:
-            call = CallScan(name, "", False)
-            calls.append(call)
-        if call is not None:
-            call.args = arguments_json(items, False)
-        p = r + len(v_end)
+            return st, q, None
+    st, r = read_until(text, q, v_end, final, NO_LIMIT)
+    if st != COMPLETE:
+        return st, r, None
+    raw = text[q:r] if v_open else _strip_layout(text[q:r])
+    value = typed_value(raw, param_schema(parser, name, key))
+    return COMPLETE, r, (key, arguments_json([(key, value)], True)[1:-1], r + len(v_end))
 
 
 class Qwen3CoderParser(ToolParser):
