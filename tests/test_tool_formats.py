@@ -178,6 +178,51 @@ def test_template_detection():
     assert detect_parser("{% if tools %}<tool_call>{{ t }}</tool_call>{% endif %}") == "hermes"
 
 
+
+# ------------------------------------------------------------------------------------ properties
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_text_values = st.text(st.characters(blacklist_characters="<", blacklist_categories=("Cs",)), max_size=12)
+_params = st.fixed_dictionaries({}, optional={"city": _text_values, "days": st.integers(-99, 99),
+                                              "hours": st.lists(st.integers(0, 23), max_size=3)})
+_xml_calls = st.lists(st.tuples(st.sampled_from(["get_weather", "write_file"]), _params), min_size=1, max_size=3)
+
+
+def _xml(fmt: str, calls: list) -> str:
+    def show(v):
+        return v if isinstance(v, str) else json.dumps(v)
+
+    if fmt == "qwen3_coder":
+        return "\n".join("<tool_call>\n<function=" + n + ">\n" + "".join(
+            f"<parameter={k}>\n{show(v)}\n</parameter>\n" for k, v in a.items()) + "</function>\n</tool_call>"
+            for n, a in calls)
+    return "\n".join("<tool_call>" + n + "\n" + "".join(
+        f"<arg_key>{k}</arg_key>\n<arg_value>{show(v)}</arg_value>\n" for k, v in a.items()) + "</tool_call>"
+        for n, a in calls)
+
+
+@settings(max_examples=120, deadline=None)
+@given(fmt=st.sampled_from(["qwen3_coder", "glm45"]), calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]),
+       data=st.data())
+def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
+    """String parameters come back exactly as written (qwen3_coder: but for one newline of layout on each
+    side, which a value cannot start or end with here), integers and lists by the schema's types."""
+    calls = [(n, {k: v.strip("\n") if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
+    schemas = {"get_weather": WEATHER, "write_file": WEATHER}
+    text = lead + _xml(fmt, calls)
+    got = get_parser(fmt).parse(text, schemas=schemas)
+    assert calls_of(got) == calls
+    assert got.content == lead.strip()
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=20)))
+    p = get_parser(fmt)(None, schemas=schemas)
+    events, prev = [], 0
+    for c in [*cuts, len(text)]:
+        events += p.feed(text[prev:c])
+        prev = c
+    streamed = collect(events + p.finish())
+    assert streamed.content == got.content
+    assert [(c.name, c.arguments) for c in streamed.calls] == [(c.name, c.arguments) for c in got.calls]
+
 # ------------------------------------------------------------------------------------ a real server
 @pytest.mark.slow  # one server (the embedded model) with a new format's parser
 def test_a_forced_call_in_the_deepseekv3_format_on_the_embedded_model():
