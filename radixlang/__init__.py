@@ -17,6 +17,7 @@ from radixlang.choices import (greedy_token_selection, token_length_normalized,
 from radixlang.errors import BackendError, ProgramError
 from radixlang.global_config import global_config
 from radixlang.program_state import ProgramState, ProgramStateGroup
+from radixlang.tools import ToolCall
 
 __version__ = "0.1.0"
 
@@ -27,4 +28,5 @@ __all__ = [
     "user_end", "video",
     "BaseBackend", "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",
     "BackendError", "ProgramError", "global_config", "ProgramState", "ProgramStateGroup",
+    "ToolCall",
 ]

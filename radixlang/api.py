@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional, Union
 
 from radixlang.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlang.global_config import global_config
+from radixlang.tools import ToolRequest
 from radixlang.ir import (SglExpr, SglExprList, SglGen, SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams,
                           SglSelect, SglSeparateReasoning, SglVideo, check_regex, schema_string)
 
@@ -126,22 +127,29 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         logprob_start_len: Optional[int] = None,
         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None, dtype: Any = None,
         choices: Optional[List[str]] = None, choices_method: Optional[ChoicesSamplingMethod] = None,
-        regex: Optional[str] = None, json_schema: Any = None, ebnf: Optional[str] = None) -> SglExpr:
+        regex: Optional[str] = None, json_schema: Any = None, ebnf: Optional[str] = None,
+        tools: Optional[List[Any]] = None, tool_choice: Any = None) -> SglExpr:
     """SGLang's gen; `ebnf` (after SGLang's parameters) constrains the output to a GBNF-style EBNF grammar
-    (root rule `root`), compiled by the server's --grammar-backend xgrammar / llguidance."""
+    (root rule `root`), compiled by the server's --grammar-backend xgrammar / llguidance. `tools` (Python
+    functions with type hints) and `tool_choice` ("auto", "required", {"name": ...}): radixlang/tools.py."""
     if choices:
         return SglSelect(name, choices, 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
     if ebnf is not None and not isinstance(ebnf, str):
         raise TypeError(f"ebnf must be a grammar string; got {type(ebnf).__name__}")
     check_regex(regex)  # stop_regex is checked by the runtime (RE2 syntax, limits), which answers 400
+    if tool_choice is not None and tools is None:
+        raise ValueError("tool_choice needs tools=[...]")
+    tool_request = ToolRequest.make(tools, tool_choice) if tools is not None else None
+    if tool_request is not None and (regex is not None or json_schema is not None or ebnf is not None):
+        raise ValueError("gen(tools=...) cannot be combined with regex, json_schema or ebnf")
     return SglGen(name, SglSamplingParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
         stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs, json_schema=schema_string(json_schema), dtype=dtype,
-        regex=regex, ebnf=ebnf))
+        regex=regex, ebnf=ebnf), tool_request)
 
 
 def gen_int(name: Optional[str] = None, **kwargs: Any) -> SglExpr:

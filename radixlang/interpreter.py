@@ -280,6 +280,9 @@ class StreamExecutor:
     def _gen(self, expr: SglGen) -> None:
         params = self.default_params.resolve(expr.sampling_params, tuple(self.chat_template.stop_str))
         name = expr.name
+        if expr.tools is not None:
+            self._gen_tools(expr, params)
+            return
         if not self.stream:
             comp, meta = self.backend.generate(self.text_, params)
             with self.cond:
@@ -296,6 +299,25 @@ class StreamExecutor:
                 self.meta_info[name] = meta
                 self.stream_chunks[name].append((delta, meta))
             self._update(delta, {name: self.variables[name] + delta})
+
+    def _gen_tools(self, expr: SglGen, params: Any) -> None:
+        """A gen with tools (radixlang/tools.py): the messages so far rendered with the tools by the model's
+        Jinja template are its prompt; the variable gets the first call (or the text), `{name}_tool_calls`
+        every call."""
+        if self.cur_role != "assistant":
+            raise ValueError("gen(tools=...) must be inside sgl.assistant(...): the tools are rendered into a chat")
+        if self.stream or params.n not in (None, 1):
+            raise ValueError("gen(tools=...) supports neither stream=True nor n > 1")
+        req, name = expr.tools, expr.name
+        info = getattr(self.backend, "model_info", None) or {}
+        prompt, parser, list_form = req.render(info.get("chat_template"), self.messages_)
+        prompt += self.text_[self.cur_role_begin_pos:]  # what the assistant turn holds already
+        params.regex = req.forced_regex(parser, list_form)
+        comp, meta = self.backend.generate(prompt, params)
+        calls, content = req.read(comp, parser)
+        with self.cond:
+            self.meta_info[name] = meta
+        self._update(comp, {name: calls[0] if calls else content, f"{name}_tool_calls": calls})
 
     def _select(self, expr: SglSelect) -> None:
         d = self.backend.select(self.text_, expr.choices, expr.temperature, expr.choices_method)

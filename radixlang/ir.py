@@ -166,9 +166,10 @@ class SglConstantText(SglExpr):
 
 
 class SglGen(SglExpr):
-    def __init__(self, name: Optional[str], sampling_params: SglSamplingParams):
+    def __init__(self, name: Optional[str], sampling_params: SglSamplingParams, tools: Any = None):
         self.name = name
         self.sampling_params = sampling_params
+        self.tools = tools  # a radixlang.tools.ToolRequest, or None
 
     def __repr__(self) -> str:
         return f"Gen({self.name!r})"

@@ -95,6 +95,11 @@ class ProgramState:
     def get_meta_info(self, name: Any) -> Any:
         return self.stream_executor.get_meta_info(name)
 
+    def tool_calls(self, name: Any) -> list:
+        """Every call (radixlang.tools.ToolCall) the gen `name` with tools= wrote, in order."""
+        self.get_var(name)
+        return self.stream_executor.get_var(f"{name}_tool_calls")
+
     def __getitem__(self, name: Any) -> Any:
         return self.get_var(name)
 

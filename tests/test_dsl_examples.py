@@ -16,7 +16,7 @@ from radixlang.backend.engine import EngineBackend
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-NAMES = ["react_agent", "few_shot_batch", "parallel_tips", "classify", "stream_chat", "json_extract"]
+NAMES = ["react_agent", "few_shot_batch", "parallel_tips", "classify", "stream_chat", "json_extract", "dsl_tool_agent"]
 
 
 @pytest.fixture(scope="module")

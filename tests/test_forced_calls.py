@@ -40,6 +40,18 @@ TWO_CALLS = {
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "metric": true, "unit": null}}, '
                '{"name": "now", "arguments": {}}]',
     "pythonic": '[get_weather(city="Paris", metric=True, unit=None), now()]',
+    "deepseekv3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                  '{"city": "Paris", "metric": true, "unit": null}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>'
+                  'function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseekv31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", '
+                   '"metric": true, "unit": null}<｜tool▁call▁end｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}'
+                   '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+               '{"city": "Paris", "metric": true, "unit": null}<|tool_call_end|><|tool_call_begin|>functions.now:0'
+               '<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>',
+    "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", '
+               '"metric": true, "unit": null}<|call|><|start|>assistant<|channel|>commentary to=functions.now '
+               '<|constrain|>json<|message|>{}<|call|>',
 }
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
@@ -47,7 +59,16 @@ ONE_CALL = {
     "llama3": '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2, "unit": "c"}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}]',
     "pythonic": '[get_weather(city="Oslo", days=2, unit="c")]',
+    "deepseekv3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                  '{"city": "Oslo", "days": 2, "unit": "c"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseekv31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo", "days": 2, '
+                   '"unit": "c"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+               '{"city": "Oslo", "days": 2, "unit": "c"}<|tool_call_end|><|tool_calls_section_end|>',
+    "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo", '
+               '"days": 2, "unit": "c"}<|call|>',
 }
+REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
@@ -58,7 +79,7 @@ def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
     return plan
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", REGEX_FORMATS)
 def test_forced_regex_allows_what_the_parser_reads(fmt):
     from radixlang_runtime.server.openai_tools import forced_call_regex
 
@@ -116,6 +137,17 @@ def test_pythonic_refuses_what_it_cannot_write():
         forced_call_regex(_plan("pythonic", "required", tools=[odd_key]), False)
     # the JSON formats take both
     assert forced_call_regex(_plan("mistral", "required", tools=[dashed, odd_key]), False)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
+def test_xml_formats_refuse_a_forced_call_by_name(fmt):
+    from radixlang_runtime.limits import FieldError
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    for choice in ("required", {"type": "function", "function": {"name": "now"}}):
+        with pytest.raises(FieldError, match=f"not supported with the {fmt} tool-call format"):
+            forced_call_regex(_plan(fmt, choice), False)
+    assert _plan(fmt, "auto").forced is None  # auto stays open
 
 
 @pytest.fixture(scope="module")

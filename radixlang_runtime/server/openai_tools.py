@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from radixlang_runtime.limits import FieldError, need_bool, show
-from radixlang_runtime.tool_parsers import CallArgs, CallStart, Event, ToolParser, detect_parser, get_parser, \
+from radixlang_runtime.tool_parsers import PARSERS, CallArgs, CallStart, Event, ToolParser, detect_parser, get_parser, \
     openai_delta
 
 MAX_TOOLS = 128  # OpenAI's limit
@@ -45,7 +45,7 @@ class ToolPlan:
         """A finished choice's text -> (its `message`, its finish_reason)."""
         if self.parser is None:
             return {"role": "assistant", "content": text}, finish
-        result = self.parser.parse(text, self.names)
+        result = self.parser.parse(text, self.names, schemas=self.schemas)
         calls = result.calls if self.parallel else result.calls[:1]
         if not calls:
             return {"role": "assistant", "content": result.content}, finish
@@ -55,7 +55,13 @@ class ToolPlan:
                 "tool_calls" if finish == "stop" else finish)
 
     def stream(self) -> Optional["ToolStream"]:
-        return ToolStream(self.parser(self.names), self.parallel) if self.parser is not None else None
+        return ToolStream(self.parser(self.names, schemas=self.schemas), self.parallel) \
+            if self.parser is not None else None
+
+    @property
+    def schemas(self) -> dict[str, dict]:
+        """Each function's parameters schema (formats whose values are typed text read them by it)."""
+        return {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
 
 
 class ToolStream:
@@ -153,7 +159,7 @@ def set_parser(plan: ToolPlan, parser_name: Optional[str], template: Optional[st
     name = parser_name or detect_parser(template)
     if name is None:
         raise FieldError("tools", "tools need a tool-call parser: none could be told from the chat template; start the "
-                                  "server with --tool-call-parser (hermes, llama3, mistral, pythonic, qwen25)")
+                                  "server with --tool-call-parser (" + ", ".join(sorted(PARSERS)) + ")")
     plan.parser = get_parser(name)
 
 
@@ -230,6 +236,10 @@ def forced_call_regex(plan: ToolPlan, list_form: bool) -> str:
     if plan.parser is None:
         raise FieldError("tool_choice", f"tool_choice {plan.forced!r} needs a tool-call parser")
     syn = plan.parser.call_syntax(list_form)
+    if syn is None:
+        raise FieldError("tool_choice", f"tool_choice {plan.forced!r} is not supported with the {plan.parser.name} "
+                                        "tool-call format (its parameter values are typed text, not a layout a "
+                                        "forced-call constraint writes): use tool_choice \"auto\"")
     fns = [t["function"] for t in plan.tools if plan.forced in ("required", t["function"]["name"])]
     for fn in fns:
         if syn.args == "python" and not _PY_NAME.fullmatch(fn["name"]):

@@ -7,19 +7,29 @@ from typing import Optional
 
 from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax, Event, ParseResult, Text, ToolCall,
                                                  ToolParser, collect, openai_delta)
+from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from radixlang_runtime.tool_parsers.glm45 import Glm45Parser
+from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
+from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
+from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
     "llama3": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
+    "qwen3_coder": Qwen3CoderParser, "deepseekv3": DeepSeekV3Parser, "deepseekv31": DeepSeekV31Parser,
+    "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
 }
 
-# (text in a chat template, the parser it implies), first match wins
-_TEMPLATE_HINTS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_start|>", "pythonic"),
-                   ("<|python_tag|>", "llama3"))
+# (texts that all appear in a chat template, the parser they imply), first match wins
+_TEMPLATE_HINTS = ((("<function=", "<parameter="), "qwen3_coder"), (("<arg_key>",), "glm45"),
+                   (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),
+                   (("<|python_start|>",), "pythonic"), (("<|python_tag|>",), "llama3"),
+                   (("<｜tool▁sep｜>", "```json"), "deepseekv3"), (("<｜tool▁sep｜>",), "deepseekv31"),
+                   (("<|tool_calls_section_begin|>",), "kimi_k2"), (("<|channel|>", "to=functions."), "gpt-oss"))
 
 
 def get_parser(name: str) -> type[ToolParser]:
@@ -31,8 +41,8 @@ def get_parser(name: str) -> type[ToolParser]:
 
 def detect_parser(chat_template: Optional[str]) -> Optional[str]:
     """The parser a chat template's tool markup implies, or None."""
-    for hint, name in _TEMPLATE_HINTS:
-        if chat_template and hint in chat_template:
+    for hints, name in _TEMPLATE_HINTS:
+        if chat_template and all(h in chat_template for h in hints):
             return name
     return None
 

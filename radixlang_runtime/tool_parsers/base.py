@@ -110,16 +110,18 @@ class ToolParser:
     name: ClassVar[str] = ""
     markers: ClassVar[tuple[str, ...]] = ()  # group start markers found anywhere in the text
     keeps_special_tokens: ClassVar[bool] = False  # the markup is special tokens the detokenizer must keep
-    syntax: ClassVar[CallSyntax]  # the layout forced calls are written in
+    syntax: ClassVar[Optional[CallSyntax]]  # the layout forced calls are written in (None: cannot be forced)
 
     @classmethod
-    def call_syntax(cls, list_form: bool = False) -> CallSyntax:
+    def call_syntax(cls, list_form: bool = False) -> Optional[CallSyntax]:
         """The layout a forced call is written in (list_form: the chat template writes a call list in one
         group, SmolLM2's <tool_call>[...]; formats with one layout ignore it)."""
         return cls.syntax
 
-    def __init__(self, tool_names: Optional[Collection[str]] = None, new_id: Callable[[], str] = new_call_id):
+    def __init__(self, tool_names: Optional[Collection[str]] = None, new_id: Callable[[], str] = new_call_id,
+                 schemas: Optional[dict[str, dict]] = None):
         self.tool_names = set(tool_names) if tool_names is not None else None  # None: any name
+        self.schemas = schemas or {}  # parameters schema by function name (formats with typed text values)
         self.new_id = new_id
         self._buf = ""  # text not decided yet: it starts at a group, a held marker prefix, or nothing
         self._in_group = False
@@ -145,9 +147,9 @@ class ToolParser:
 
     @classmethod
     def parse(cls, text: str, tool_names: Optional[Collection[str]] = None,
-              new_id: Callable[[], str] = new_call_id) -> ParseResult:
+              new_id: Callable[[], str] = new_call_id, schemas: Optional[dict[str, dict]] = None) -> ParseResult:
         """The whole output at once (each group is checked whole before any of its calls counts)."""
-        p = cls(tool_names, new_id)
+        p = cls(tool_names, new_id, schemas)
         p._buf = text
         return collect(p.finish())
 

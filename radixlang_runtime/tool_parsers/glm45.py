@@ -1,0 +1,43 @@
+"""GLM-4.5 / 4.6 tool calls: XML, one `<tool_call>` block a call, text around them is content:
+  <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n...</tool_call>
+The chat template writes strings as they are and other values as JSON; a value becomes the JSON value the
+tool's parameters schema types it as (markup.typed_value). Arguments stream one parameter at a time; the
+closing tag may be missing at the very end (the model stopped on <|observation|>). Forced tool_choice is
+refused (typed text values). No torch."""
+
+from __future__ import annotations
+
+import re
+
+from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, GroupScan, ToolParser
+from radixlang_runtime.tool_parsers.json_scan import COMPLETE
+from radixlang_runtime.tool_parsers.markup import MAX_HEADER, known
+from radixlang_runtime.tool_parsers.qwen3_coder import xml_params
+
+START, END = "<tool_call>", "</tool_call>"
+KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+_NAME = re.compile(r"[^\s<>]+")
+
+
+class Glm45Parser(ToolParser):
+    name = "glm45"
+    markers = (START,)
+    keeps_special_tokens = True  # <tool_call> / <arg_key> are special tokens of GLM-4.5's tokenizer
+    syntax = None  # forced tool_choice refused (server/openai_tools.forced_call_regex)
+
+    def parse_group(self, text: str, final: bool) -> GroupScan:
+        calls: list[CallScan] = []
+        j = len(START)
+        k = j
+        while k < len(text) and text[k] not in "\n<" and k - j <= MAX_HEADER:
+            k += 1
+        name = text[j:k].strip()
+        if k == len(text) and not final and k - j <= MAX_HEADER:
+            return GroupScan(calls, OPEN, k)
+        if not _NAME.fullmatch(name) or not known(self, name):
+            return GroupScan(calls, INVALID, j)
+        st, end = xml_params(self, text, k, final, name, calls, (KEY, KEY_END, VALUE, VALUE_END, END),
+                             close_optional=True)
+        if st == COMPLETE:
+            return GroupScan(calls, DONE, end)
+        return GroupScan(calls, st, end)
