@@ -10,9 +10,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from radixlang_runtime.kernels.decode_attention import decode_attention  # noqa: E402
-from radixlang_runtime.kernels.extend_attention import extend_attention  # noqa: E402
-from radixlang_runtime.kernels.reference import paged_attention_ref  # noqa: E402
+from radixlang_kernels.decode_attention import decode_attention  # noqa: E402
+from radixlang_kernels.extend_attention import extend_attention  # noqa: E402
+from radixlang_kernels.reference import paged_attention_ref  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # float32 agrees to rounding; half types: inputs are rounded the same way for both sides, the
