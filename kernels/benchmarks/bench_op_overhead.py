@@ -10,7 +10,7 @@ own work is small next to the call, through:
 for add_rms_norm, silu_mul and dense_gemv (float32, M = 1), plus each one's kernel time on SmolLM2's real
 shapes through the op table. Prints one JSON object.
 
-    python kernels/benchmarks/bench_op_overhead.py [--iters 20000] [--no-cpp]
+    python kernels/benchmarks/bench_op_overhead.py [--iters 20000] [--threads 1] [--no-cpp] [--build-dir DIR]
 """
 
 from __future__ import annotations
@@ -71,14 +71,17 @@ TORCH_LIBRARY_IMPL(radixlang_bench, CPU, m) {
 """
 
 
-def per_call_us(fn, iters: int) -> float:
-    """Best of 5 rounds of `iters` calls, microseconds per call."""
+def per_call_us(fn, iters: int, rounds: int = 40) -> float:
+    """Best of `rounds` rounds of iters / rounds calls, microseconds per call (short rounds: on a shared
+    machine the best round is the one no other process preempted)."""
+    n = max(iters // rounds, 10)
+    fn()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(rounds):
         t = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(n):
             fn()
-        best = min(best, (time.perf_counter() - t) / iters * 1e6)
+        best = min(best, (time.perf_counter() - t) / n * 1e6)
     return best
 
 
@@ -100,15 +103,15 @@ def python_ops():
     return torch.ops.radixlang_bench_py
 
 
-def cpp_ops(lib_path: str) -> tuple[object, float]:
+def cpp_ops(lib_path: str, build_dir: str) -> tuple[object, float]:
     """The C++ extension linked against the op table's library; (torch.ops namespace, build seconds)."""
     from torch.utils.cpp_extension import load_inline
 
     t = time.perf_counter()
     d, name = os.path.dirname(lib_path), os.path.basename(lib_path)
     load_inline("radixlang_bench_ext", cpp_sources=[CPP], extra_ldflags=[f"-L{d}", f"-l:{name}", f"-Wl,-rpath,{d}"],
-                build_directory=tempfile.mkdtemp(prefix="radixlang_bench_ext-"), is_python_module=False,
-                verbose=False)  # a fresh build each run: its time is part of the comparison
+                build_directory=build_dir or tempfile.mkdtemp(prefix="radixlang_bench_ext-"), is_python_module=False,
+                verbose=False)  # a fresh build unless --build-dir holds one: its time is part of the comparison
     return torch.ops.radixlang_bench, time.perf_counter() - t
 
 
@@ -124,7 +127,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--no-cpp", action="store_true", help="skip the C++ extension (no compiler or torch headers)")
+    ap.add_argument("--build-dir", default="", help="the C++ extension's build directory (default: a fresh one)")
+    ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads (1: no thread-pool wake-ups)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)  # the C kernels share torch's OpenMP pool
     lib = cpu_ops.load()
     if lib is None:
         raise SystemExit("no CPU kernel library here (no compiler or masked): nothing to measure")
@@ -142,7 +148,7 @@ def main() -> None:
     }
     out = {"machine": machine(), "iters": args.iters, "us_per_call": {}}
     if not args.no_cpp:
-        cpp, build_s = cpp_ops(lib.path)
+        cpp, build_s = cpp_ops(lib.path, args.build_dir)
         out["cpp_build_s"] = round(build_s, 1)
         calls["add_rms_norm"]["cpp_op"] = lambda: cpp.add_rms_norm(x, r, w, 1e-5)
         calls["silu_mul"]["cpp_op"] = lambda: cpp.silu_mul(gu)
