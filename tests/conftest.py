@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import pytest
 
-from radixlang_kernels.testing import isa  # noqa: F401  (the per-instruction-set kernel fixture)
+from radixlang_kernels.testing import interpret_triton_without_gpu, isas, use_isa_library
 
 # Triton kernels run interpreted on machines without a GPU; it must be set before triton is imported.
-if shutil.which("nvidia-smi") is None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+interpret_triton_without_gpu()
 
 # NGRAM's keep-or-drop rule measures step costs online (scheduler/spec_cost.py); on a loaded CI machine that
 # would make which drafts run (and so "some draft was accepted" assertions) depend on timing. The suite pins it
@@ -118,3 +116,7 @@ def hf_greedy(hf_model, engine_fp32):
     return run
 
 
+@pytest.fixture(params=isas())
+def isa(request, monkeypatch):
+    """Each C kernel test once per instruction set of this CPU (radixlang_kernels.testing)."""
+    return use_isa_library(request.param, monkeypatch)

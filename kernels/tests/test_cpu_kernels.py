@@ -13,8 +13,14 @@ import torch.nn.functional as F
 from radixlang_kernels import cpu_ops
 from radixlang_kernels.cpu_caps import detect
 from radixlang_kernels.reference import paged_attention_ref
+from radixlang_kernels.testing import isas, use_isa_library
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: torch fallback in use")
+
+
+@pytest.fixture(params=isas())
+def isa(request, monkeypatch):
+    return use_isa_library(request.param, monkeypatch)
 
 def _tol(dtype):
     return dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)

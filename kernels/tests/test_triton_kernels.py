@@ -1,5 +1,5 @@
 """The Triton extend and decode kernels against kernels/reference.py (interpreted on CPU:
-TRITON_INTERPRET=1, set in conftest when there is no GPU)."""
+TRITON_INTERPRET=1 where there is no GPU: radixlang_kernels.testing)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import random
 import pytest
 import torch
 
+from radixlang_kernels.testing import interpret_triton_without_gpu  # noqa: E402
+
+interpret_triton_without_gpu()  # before triton's import
 triton = pytest.importorskip("triton")
 
 from radixlang_kernels.decode_attention import decode_attention  # noqa: E402
