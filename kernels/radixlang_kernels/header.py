@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 SCALARS = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
 POINTEES = {"void", "int", "int64_t", "uint8_t", "int8_t", "uint16_t", "float"}
@@ -173,10 +173,3 @@ def _statements(text: str) -> list[str]:
 def read_header(path: str) -> Header:
     with open(path, encoding="utf-8") as f:
         return parse_header(f.read(), path)
-
-
-def check_symbols(header: Header, lib: ctypes.CDLL, origin: Optional[str] = None) -> None:
-    """Every declared prototype resolves in `lib` (raises naming the missing ones)."""
-    missing = [n for n in header.prototypes if not hasattr(lib, n)]
-    if missing:
-        raise HeaderError(f"{origin or lib._name}: declared in the header but not defined: {missing}")
