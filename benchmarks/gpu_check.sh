@@ -66,6 +66,7 @@ fi
 "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 unset TRITON_INTERPRET
+export PYTHONPATH="$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"  # radixlang_kernels from the checkout (nothing installed)
 export PYTHONUNBUFFERED=1
 LOGS=${OUT:-/tmp/radixlang-gpu-check}
 mkdir -p "$LOGS"
@@ -80,8 +81,8 @@ step() {  # step NAME CAP_SECONDS CMD...: runs CMD under a time cap, its output 
     echo "=== $name: rc $rc in $((SECONDS - t0)) s"
     [ "$rc" = 0 ] || status=1
 }
-step kernels 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_triton_cascade.py
-step bench_kernels 150 "$PY" benchmarks/bench_kernels.py --json "$LOGS/kernels.json"
+step kernels 150 "$PY" -m pytest -q -p no:cacheprovider kernels/tests/test_triton_kernels.py tests/test_triton_cascade.py
+step bench_kernels 150 "$PY" kernels/benchmarks/bench_kernels.py --json "$LOGS/kernels.json"
 step engine 200 "$PY" -m pytest -q -p no:cacheprovider --durations=10 tests/test_triton_backend.py \
     tests/test_model_families.py tests/test_model_moe.py tests/test_model_impl.py -k "not tp2"  # one GPU: no TP=2
 exit $status

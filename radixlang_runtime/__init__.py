@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from radixlang_runtime.model.cpu_caps import apply_mask_to_environment
+from radixlang_kernels.cpu_caps import apply_mask_to_environment
 
 apply_mask_to_environment()  # RADIXLANG_CPU_MASK also caps oneDNN; must precede torch's first GEMM
 

@@ -25,7 +25,6 @@ children from a shorter-lived thread passes parent_thread_lives=False and gets t
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -34,7 +33,8 @@ import threading
 import time
 from typing import Optional
 
-PR_SET_PDEATHSIG = 1
+from radixlang_kernels.libc import set_parent_death_signal
+
 POLL_S = 0.5
 
 
@@ -56,8 +56,7 @@ def bind_to_parent(expected_ppid: Optional[int] = None, parent_thread_lives: boo
     if hasattr(os, "setpgid"):
         os.setpgid(0, 0)
     if sys.platform.startswith("linux") and parent_thread_lives:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+        if set_parent_death_signal(signal.SIGKILL):
             if os.getppid() != expected_ppid:  # the parent died before prctl: no signal will come
                 os.kill(os.getpid(), signal.SIGKILL)
             return

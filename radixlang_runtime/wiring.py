@@ -269,8 +269,8 @@ def draft_model_stats(s: Scheduler) -> Optional[dict[str, int]]:
 
 
 def runner_paths(runner: Any) -> dict[str, Any]:
-    """What this CPU supports and which implementation runs each operation (cpu_kernels.plan)."""
-    from radixlang_runtime.model.cpu_caps import detect
+    """What this CPU supports and which implementation runs each operation (cpu_ops.plan)."""
+    from radixlang_kernels.cpu_caps import detect
 
     paths = getattr(runner, "cpu_paths", None)
     dtype = getattr(runner, "dtype", None)

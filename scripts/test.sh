@@ -2,12 +2,14 @@
 # Sets everything up, lints (ruff check ., configured in pyproject.toml: a finding fails the run
 # before any test), then runs the whole test suite on the embedded model (CPU), then the bf16
 # engine and fault tests once more under the strongest capability mask (no AVX2/AVX-512, no C
-# compiler: every torch fallback runs, whatever this CPU is). Every test has a time limit
-# (pytest-timeout, pyproject.toml): a hang fails one test instead of freezing the run.
+# compiler: every torch fallback runs, whatever this CPU is; the kernels' planner and capability tests
+# run there too). Every test has a time limit (pytest-timeout, pyproject.toml): a hang fails one test
+# instead of freezing the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q --durations=25 tests "$@"
+.venv/bin/python -m pytest -q --durations=25 tests kernels/tests "$@"
 RADIXLANG_CPU_MASK=avx2,cc exec .venv/bin/python -m pytest -q "$@" \
-    tests/test_model_parity.py tests/test_radix_e2e.py tests/test_faults_engine.py tests/test_engine.py
+    tests/test_model_parity.py tests/test_radix_e2e.py tests/test_faults_engine.py tests/test_engine.py \
+    kernels/tests/test_cpu_caps.py kernels/tests/test_cpu_plan.py

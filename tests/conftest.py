@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
-
-import dataclasses
 
 import pytest
 
-from radixlang_runtime.model.cpu_caps import apply_mask, detect, parse_mask
+from radixlang_kernels.testing import interpret_triton_without_gpu, isas, use_isa_library
 
 # Triton kernels run interpreted on machines without a GPU; it must be set before triton is imported.
-if shutil.which("nvidia-smi") is None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+interpret_triton_without_gpu()
 
 # NGRAM's keep-or-drop rule measures step costs online (scheduler/spec_cost.py); on a loaded CI machine that
 # would make which drafts run (and so "some draft was accepted" assertions) depend on timing. The suite pins it
@@ -120,32 +116,7 @@ def hf_greedy(hf_model, engine_fp32):
     return run
 
 
-_MASKS = {"avx512_bf16": "", "avx512": "avx512_bf16", "avx2": "avx512", "scalar": "avx2"}
-
-
-def _isas() -> list[str]:
-    caps = detect()
-    if caps.arch not in ("x86_64", "AMD64"):
-        return [caps.isa]
-    order = ["avx512_bf16", "avx512", "avx2", "scalar"]
-    return order[order.index(caps.isa):]  # the machine's own and every weaker one
-
-
-@pytest.fixture(params=_isas())
+@pytest.fixture(params=isas())
 def isa(request, monkeypatch):
-    """Installs the library built for one instruction set as cpu_kernels' library for the test (the C
-    kernel tests run once per instruction set this machine has: builds of the same sources for masked
-    features)."""
-    from radixlang_runtime.model import cpu_kernels
-
-    caps = detect()
-    masked = caps.masked | parse_mask(_MASKS[request.param])
-    caps = dataclasses.replace(caps, features=apply_mask(caps.features, masked), masked=masked)
-    assert caps.isa == request.param
-    lib = cpu_kernels.build_library(caps)
-    assert lib is not None, "the kernels must build for every instruction set of this CPU"
-    # load the process's own library first: a load() inside the test (a module's constructor) must not
-    # leave "tried" set with the patched library restored to None afterwards
-    cpu_kernels.load()
-    monkeypatch.setattr(cpu_kernels, "_lib", lib)
-    return request.param
+    """Each C kernel test once per instruction set of this CPU (radixlang_kernels.testing)."""
+    return use_isa_library(request.param, monkeypatch)

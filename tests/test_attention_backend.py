@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from radixlang_runtime.kernels.reference import paged_attention_ref
+from radixlang_kernels.reference import paged_attention_ref
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.kv_pool import KVPool
-from radixlang_runtime.model import cpu_kernels
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.attention.torch_backend import TorchAttentionBackend
 from radixlang_runtime.model.forward_batch import ForwardBatch
 
@@ -46,7 +46,7 @@ def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32
     backend.set_layer_options((window,), soft_cap)
     backend.rows_like_extend = rows_like_extend  # the deterministic mode's decode rows (C kernels only)
     if kernels:  # the C kernels where this CPU's plan chooses them (as the model runner configures it)
-        backend.configure(cpu_kernels.plan(torch.device("cpu"), dtype, D, H, hkv, packed_linears=False))
+        backend.configure(cpu_ops.plan(torch.device("cpu"), dtype, D, H, hkv, packed_linears=False))
     backend.init_forward_metadata(fb)
     got = backend.forward(q, k, v, 0, fb).view(T, H, D).float()
     ref = paged_attention_ref(q, pool.k_buffers[0], pool.v_buffers[0], pool.req_to_token, rows,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from radixlang_runtime.model import cpu_kernels
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels import cpu_ops
+from radixlang_kernels.cpu_caps import detect
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: torch fallback in use")
 
@@ -26,11 +26,11 @@ def test_qlinear_int8_matches_dequantize_then_matmul(isa, dtype, M, K, N):
     assert float(((q.float() * scale[:, None]) - w).abs().max()) <= float(scale.max()) / 2 + 1e-6
     x = torch.randn(M, K, generator=g).to(dtype)
     want = x.float() @ (q.float() * scale[:, None]).T
-    got = cpu_kernels.qlinear_int8(x, q, scale)
+    got = cpu_ops.qlinear_int8(x, q, scale)
     assert got is not None and got.dtype == dtype and got.shape == (M, N)
     torch.testing.assert_close(got.float(), want, **(dict(rtol=1e-2, atol=2e-2) if dtype == torch.bfloat16
                                                       else dict(rtol=1e-5, atol=1e-4)))
-    assert cpu_kernels.qlinear_int8(torch.randn(17, K).to(dtype), q, scale) is None  # above the kernel's M
+    assert cpu_ops.qlinear_int8(torch.randn(17, K).to(dtype), q, scale) is None  # above the kernel's M
 
 
 def test_int8_linear_module_both_paths(isa):
@@ -53,27 +53,27 @@ def test_dense_gemv_matches_matmul(isa, dtype, M, K, N, bias):
     bf16 bodies) against a float32 matmul of the same values."""
     if dtype == torch.bfloat16 and K % 2:
         with pytest.raises(ValueError, match="even K"):
-            cpu_kernels.dense_tiles(torch.zeros(N, K, dtype=dtype))
+            cpu_ops.dense_tiles(torch.zeros(N, K, dtype=dtype))
         return
     g = torch.Generator().manual_seed(8)
     w = torch.randn(N, K, generator=g).to(dtype)
     b = torch.randn(N, generator=g).to(dtype) if bias else None
     x = torch.randn(M, 2 * K, generator=g).to(dtype)[:, ::2] if K > 2 else torch.randn(M, K, generator=g).to(dtype)
-    tiles = cpu_kernels.dense_tiles(w)
-    assert tiles.shape[0] == -(-N // cpu_kernels.DENSE_TILE)
+    tiles = cpu_ops.dense_tiles(w)
+    assert tiles.shape[0] == -(-N // cpu_ops.DENSE_TILE)
     want = x.float() @ w.float().T + (b.float() if bias else 0)
     tol = dict(rtol=1e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
     for portable in ([False, True] if dtype == torch.bfloat16 else [False]):
-        got = cpu_kernels.dense_gemv(x, tiles, N, b, portable=portable)
+        got = cpu_ops.dense_gemv(x, tiles, N, b, portable=portable)
         assert got is not None and got.dtype == dtype and got.shape == (M, N)
         torch.testing.assert_close(got.float(), want, **tol)
     big = torch.randn(200, K, generator=g).to(dtype)
-    got = cpu_kernels.dense_gemv(big, tiles, N, b)
-    if cpu_kernels.dense_any_m(dtype):  # the GEMM micro-kernel, any M, the same sums per row
+    got = cpu_ops.dense_gemv(big, tiles, N, b)
+    if cpu_ops.dense_any_m(dtype):  # the GEMM micro-kernel, any M, the same sums per row
         assert isa == "avx512_bf16" or (isa == "avx512" and dtype == torch.float32)
         assert got is not None
         torch.testing.assert_close(got.float(), big.float() @ w.float().T + (b.float() if bias else 0), **tol)
-        assert torch.equal(got[3:4], cpu_kernels.dense_gemv(big[3:4], tiles, N, b))  # batch-invariant rows
+        assert torch.equal(got[3:4], cpu_ops.dense_gemv(big[3:4], tiles, N, b))  # batch-invariant rows
     else:
         assert got is None  # above the kernel's M: the caller's GEMM runs
 
@@ -114,11 +114,11 @@ def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
     w = torch.from_numpy(gq.dequantize(blocks, kind).copy())
     x = torch.randn(M, K, generator=g).to(dtype)
     want = x.float() @ w.T
-    got = cpu_kernels.gguf_gemv(x, torch.from_numpy(blocks), fmt)
+    got = cpu_ops.gguf_gemv(x, torch.from_numpy(blocks), fmt)
     assert got is not None and got.dtype == dtype and got.shape == (M, N)
     torch.testing.assert_close(got.float(), want, **(dict(rtol=1e-2, atol=3e-2) if dtype == torch.bfloat16
                                                       else dict(rtol=1e-5, atol=1e-4)))
-    assert cpu_kernels.gguf_gemv(torch.randn(17, K).to(dtype), torch.from_numpy(blocks), fmt) is None
+    assert cpu_ops.gguf_gemv(torch.randn(17, K).to(dtype), torch.from_numpy(blocks), fmt) is None
 
 
 def _q8_reference(x: torch.Tensor, blocks, fmt: str):
@@ -178,13 +178,13 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     blocks = gq.quantize(torch.randn(N, K, generator=g).numpy(), getattr(gq.GGMLQuantizationType, fmt))
     x = torch.randn(M, K, generator=g).to(dtype)
     x[0, :32] = 0.0  # an all-zero block: dx = 0
-    tiles = cpu_kernels.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
+    tiles = cpu_ops.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
     assert tiles.shape == (-(-N // 4), -(-K // 64), 272 if fmt == "Q8_0" else 160)
-    got = cpu_kernels.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
+    got = cpu_ops.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
     _assert_q8(got, *_q8_reference(x, blocks, fmt))
-    out = cpu_kernels.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
+    out = cpu_ops.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
     assert out.dtype == dtype and torch.equal(out, got.to(dtype))
-    assert cpu_kernels.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
+    assert cpu_ops.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -197,11 +197,11 @@ def test_int8_q8_gemv_is_exact_on_quantized_activations(isa, dtype, M, K, N):
     g = torch.Generator().manual_seed(12)
     q, scale = quantize_int8(torch.randn(N, K, generator=g))
     x = torch.randn(M, K, generator=g).to(dtype)
-    tiles = cpu_kernels.int8_q8_tiles(q)
+    tiles = cpu_ops.int8_q8_tiles(q)
     assert tiles.shape == (-(-N // 4), -(-K // 64), 256)
-    got = cpu_kernels.int8_q8_gemv(x, tiles, scale, torch.float32)
+    got = cpu_ops.int8_q8_gemv(x, tiles, scale, torch.float32)
     _assert_q8(got, *_q8_reference(x, (q, scale), "int8"))
-    assert torch.equal(cpu_kernels.int8_q8_gemv(x, tiles, scale), got.to(dtype))
+    assert torch.equal(cpu_ops.int8_q8_gemv(x, tiles, scale), got.to(dtype))
 
 
 def test_gguf_q8_gemv_extreme_quants(isa):
@@ -216,6 +216,6 @@ def test_gguf_q8_gemv_extreme_quants(isa):
     blocks[1, :, 2:] = np.array(-128, dtype=np.int8).view(np.uint8)
     blocks = blocks.reshape(N, -1)
     x = torch.tensor([[-127.0, 127.0] * (K // 2), [127.0] * K, [-127.0] * K], dtype=torch.float32)
-    got = cpu_kernels.gguf_q8_gemv(x, cpu_kernels.gguf_q8_tiles(torch.from_numpy(blocks), "Q8_0"), "Q8_0", N)
+    got = cpu_ops.gguf_q8_gemv(x, cpu_ops.gguf_q8_tiles(torch.from_numpy(blocks), "Q8_0"), "Q8_0", N)
     want, _, _ = _q8_reference(x, blocks, "Q8_0")
     assert np.array_equal(got.double().numpy(), want)

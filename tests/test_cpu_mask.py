@@ -1,9 +1,9 @@
-"""The capability mask (RADIXLANG_CPU_MASK): what it hides, the kernel build it selects, and the real
-Engine / server started under it on this machine (every fallback runs whatever the CPU)."""
+"""The capability mask (RADIXLANG_CPU_MASK): the real Engine / server started under it on this machine (every
+fallback runs whatever the CPU). What the mask hides and the kernel build it selects:
+kernels/tests/test_cpu_caps.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -12,36 +12,7 @@ import sys
 import httpx
 import pytest
 
-from radixlang_runtime.model.cpu_caps import MASK_ENV, CpuCaps, apply_mask, parse_mask
-
-ZEN5 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16",
-                  "avx512_vnni", "amx_bf16"})
-
-
-def test_mask_words_and_isa():
-    assert parse_mask("avx512") == {"avx512", "avx512_bf16"}
-    assert parse_mask("avx2") == {"avx2", "avx512", "avx512_bf16"}
-    with pytest.raises(ValueError, match="sse9"):
-        parse_mask("sse9")
-    caps = CpuCaps("x86_64", ZEN5, frozenset(), "/usr/bin/cc")
-    want = {"": ("avx512_bf16", True), "avx512_bf16": ("avx512", False), "avx512": ("avx2", False),
-            "avx2": ("scalar", False)}
-    for word, (isa, bf16) in want.items():
-        m = parse_mask(word)
-        c = dataclasses.replace(caps, features=apply_mask(ZEN5, m), masked=m)
-        assert (c.isa, c.native_bf16) == (isa, bf16)
-        assert "-march=native" not in c.kernel_cflags()
-    no_bf16 = dataclasses.replace(caps, features=apply_mask(ZEN5, parse_mask("avx512_bf16")))
-    assert "-mavx512bf16" not in no_bf16.kernel_cflags()
-
-
-def test_library_key_changes_with_features():
-    from radixlang_runtime.model.cpu_kernels import library_key
-
-    a = CpuCaps("x86_64", ZEN5, frozenset(), "cc")
-    b = dataclasses.replace(a, features=apply_mask(ZEN5, parse_mask("avx512_bf16")))
-    assert library_key(a, "cc") != library_key(b, "cc")
-
+from radixlang_kernels.cpu_caps import MASK_ENV
 
 ENGINE_SCRIPT = r"""
 import json, sys
@@ -57,7 +28,7 @@ eng.shutdown()
 @pytest.mark.parametrize("mask,decode",
                          [("avx512_bf16", "c:avx512"), ("avx2", "c:scalar"), ("avx2,cc", "torch:sdpa-gather")])
 def test_engine_under_mask_defaults_to_fp32_and_matches_transformers(mask, decode, hf_greedy):
-    from radixlang_runtime.model.cpu_caps import detect
+    from radixlang_kernels.cpu_caps import detect
 
     real = detect()
     if mask != "cc" and real.isa in ("avx2", "scalar") and mask == "avx512_bf16":

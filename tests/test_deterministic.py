@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, assert_whole
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.packed_linear import packing_available
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="the mode needs the C kernels")
@@ -109,7 +109,7 @@ def test_probe_catches_a_linear_whose_rows_depend_on_the_batch():
 
 def test_refused_without_the_c_kernels(monkeypatch):
     from radixlang_runtime.model import deterministic
-    from radixlang_runtime.model.cpu_kernels import CpuPaths
+    from radixlang_kernels.cpu_ops import CpuPaths
 
     torch_paths = CpuPaths("torch:sdpa-gather", "torch:sdpa", "torch", "torch", "onednn:prepacked")
     with pytest.raises(ValueError, match="C attention / norm kernels"):

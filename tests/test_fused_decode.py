@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.runner import StepInputs
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: no fused decode")

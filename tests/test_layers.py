@@ -1,7 +1,8 @@
-"""Layers point one way: every import of radixlang/ and radixlang_runtime/ read with ast (module level and
-inside functions alike: a lazy import is still a dependency), folded to one node per package
-(radixlang_runtime.model, .scheduler, .mem, .server, .constrained, ...; each top-level module of
-radixlang_runtime its own node; the DSL radixlang/ one node). Fails on any cycle between nodes and on
+"""Layers point one way: every import of radixlang/, radixlang_runtime/ and the kernels' package
+(kernels/radixlang_kernels/) read with ast (module level and inside functions alike: a lazy import is still a
+dependency), folded to one node per package (radixlang_runtime.model, .scheduler, .mem, .server, .constrained,
+...; each top-level module of radixlang_runtime its own node; the DSL radixlang/ one node; radixlang_kernels
+one node). Fails on any cycle between nodes and on
 the declared forbidden directions. Fast (no imports run)."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import os
 from collections import defaultdict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("radixlang", "radixlang_runtime")
+PACKAGES = ("radixlang", "radixlang_runtime", "radixlang_kernels")
+ROOTS = {"radixlang": REPO, "radixlang_runtime": REPO, "radixlang_kernels": os.path.join(REPO, "kernels")}
 RT = "radixlang_runtime"
 
 # (from node, to node or external top-level package): never. A node "X" also covers "X.*" modules.
@@ -28,18 +30,18 @@ FORBIDDEN = [
     ("radixlang", "torch"),  # the DSL runs without torch (tests/test_dsl_import.py checks it at run time)
     ("radixlang", "triton"),
 ]
-KERNELS = f"{RT}.kernels"  # the Triton kernels import nothing of the runtime above them
+KERNELS = "radixlang_kernels"  # the kernels import nothing of the runtime or the DSL above them
 
 
 def _modules() -> dict[str, str]:
     """module name -> file path, for every .py under PACKAGES."""
     out = {}
     for pkg in PACKAGES:
-        for d, _, files in os.walk(os.path.join(REPO, pkg)):
+        for d, _, files in os.walk(os.path.join(ROOTS[pkg], pkg)):
             for f in files:
                 if f.endswith(".py"):
                     path = os.path.join(d, f)
-                    parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
+                    parts = os.path.relpath(path, ROOTS[pkg])[:-3].split(os.sep)
                     out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -84,8 +86,8 @@ def _node(target: str, modules: dict[str, str]) -> str:
         return parts[0]  # external: torch, numpy, ...
     while len(parts) > 1 and ".".join(parts) not in modules:
         parts = parts[:-1]  # `from pkg import name`: a name, not a module
-    if parts[0] == "radixlang":
-        return "radixlang"
+    if parts[0] in ("radixlang", KERNELS):
+        return parts[0]
     return ".".join(parts[:2])
 
 
@@ -145,7 +147,8 @@ def test_the_walk_sees_the_known_edges():
     g = _graph()
     assert f"{RT}.model" in g[f"{RT}.scheduler"]  # the scheduler builds model/step_io.ModelBatch
     assert f"{RT}.mem" in g[f"{RT}.model"]  # the runner owns a KVPool
-    assert KERNELS in g[f"{RT}.model"]  # the Triton backend (imported inside a function)
+    assert KERNELS in g[f"{RT}.model"]  # the op table (cpu_ops) and the Triton backend (inside a function)
+    assert "torch" in g[KERNELS] and "triton" in g[KERNELS]  # the kernels' package is walked too
     assert "torch" in g[f"{RT}.model"]
     assert {f"{RT}.model", f"{RT}.scheduler"} <= set(g[f"{RT}.wiring"])
 
@@ -166,4 +169,4 @@ def test_forbidden_directions():
 def test_kernels_import_nothing_above_them():
     g = _graph()
     above = {b: sorted(m) for b, m in g.get(KERNELS, {}).items() if b.startswith(PACKAGES)}
-    assert not above, f"radixlang_runtime.kernels imports the runtime: {above}"
+    assert not above, f"radixlang_kernels imports the runtime or the DSL: {above}"

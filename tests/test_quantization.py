@@ -65,7 +65,7 @@ def test_gguf_blocks_match_transformers_in_float32(hf_greedy):
 
 
 def test_gguf_bf16_runs_int8_activations(engine):
-    from radixlang_runtime.model.cpu_kernels import load
+    from radixlang_kernels.cpu_ops import load
     from radixlang_runtime.model.gguf_linear import GGUFLinear
 
     eng = Engine(quantization="gguf", dtype="bfloat16", max_total_tokens=4096)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import PROMPTS, assert_whole
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels.cpu_caps import detect
 
 ITEMS = ["apple", "banana", "cherry", "date", "fig", "grape", "kiwi", "lemon", "mango", "olive", "pear", "plum"]
 CODE = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"

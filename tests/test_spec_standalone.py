@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.server_args import ServerArgs
 
 GGUF = "/nonexistent/draft.gguf"  # ServerArgs checks no paths

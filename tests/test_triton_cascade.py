@@ -11,9 +11,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from radixlang_runtime.kernels.decode_attention import decode_attention  # noqa: E402
-from radixlang_runtime.kernels.prefix_attention import shared_prefix_attention  # noqa: E402
-from radixlang_runtime.kernels.reference import paged_attention_ref, prefix_attention_ref  # noqa: E402
+from radixlang_kernels.decode_attention import decode_attention  # noqa: E402
+from radixlang_kernels.prefix_attention import shared_prefix_attention  # noqa: E402
+from radixlang_kernels.reference import paged_attention_ref, prefix_attention_ref  # noqa: E402
 from radixlang_runtime.model.attention.cascade import plan_cascade  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

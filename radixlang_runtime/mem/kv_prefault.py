@@ -24,16 +24,16 @@ Block layout: [2, layers, kv_heads, num_slots, head_dim], contiguous (mem/kv_poo
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import mmap
 import os
 import threading
 import weakref
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
+
+from radixlang_kernels import libc
 
 logger = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
@@ -42,35 +42,19 @@ CALL_BYTES = 256 << 10  # bytes of one plane populated per madvise call (a short
 PACE_S = 0.004  # pause after each call: the faults' cost lands on the core's other threads in small slices
 POLL_S = 0.02  # how often an idle thread reads the frontier
 
-_libc: Optional[ctypes.CDLL] = None
-
-
-def _madvise():
-    """libc's madvise (ctypes releases the GIL during the call), or None where there is none."""
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        if name is None:
-            return None
-        _libc = ctypes.CDLL(name, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _libc.madvise.restype = ctypes.c_int
-    return _libc.madvise
-
-
 def populate(block: torch.Tensor, plane: int, first: int, last: int) -> bool:
     """Fault in (writable, contents unchanged) the pages of slots [first, last) of one plane (K/V, layer, head)
     of block [2, L, H, S, D]. False when the kernel refuses (the caller stops trying)."""
-    madvise = _madvise()
-    if madvise is None:
+    if not libc.madvise_available():
         return False
     s, d = block.shape[3], block.shape[4]
     per_slot = d * block.element_size()
     lo = block.data_ptr() + (plane * s + first) * per_slot
     hi = block.data_ptr() + (plane * s + last) * per_slot
     lo -= lo % mmap.PAGESIZE
-    if hi > lo and madvise(lo, hi - lo, MADV_POPULATE_WRITE) != 0:
-        logger.info("KV prefault off: madvise(MADV_POPULATE_WRITE) failed (%s)", os.strerror(ctypes.get_errno()))
+    err = libc.madvise(lo, hi - lo, MADV_POPULATE_WRITE) if hi > lo else 0
+    if err:
+        logger.info("KV prefault off: madvise(MADV_POPULATE_WRITE) failed (%s)", os.strerror(err))
         return False
     return True
 

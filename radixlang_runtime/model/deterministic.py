@@ -15,7 +15,7 @@ that depends on that row alone (and, for attention, on the K/V it reads), never 
   start and refuses the mode (ValueError) when a row's result moves.
 - attention: the C extend kernels compute a row from its q and keys 0 .. L-1 alone (row blocks and
   task splits only decide which rows share a pass; keys past a row's length weigh exactly 0). Decode
-  rows go through the same kernel (cpu_kernels.pool_rows_attention), so a token decoded in a batch
+  rows go through the same kernel (cpu_ops.pool_rows_attention), so a token decoded in a batch
   and the same token recomputed by a prefill after retraction get the same K/V. Cascade attention
   (partial softmaxes merged in an order that depends on the groups) is off.
 - norms and activations: the C kernels, one row at a time; rotary embedding and sampling are per
@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from radixlang_runtime.model.cpu_kernels import CpuPaths
+from radixlang_kernels.cpu_ops import CpuPaths
 from radixlang_runtime.model.packed_linear import PackedLinear
 
 PROBE_BATCHES = ((2, 1), (3, 0), (17, 9), (80, 63))  # (M, position of the probed row)

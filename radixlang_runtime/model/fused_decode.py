@@ -1,4 +1,4 @@
-"""Decode-sized steps through cpu_kernels' decode_layer: one C call per decoder layer.
+"""Decode-sized steps through the kernels' decode_layer (cpu_ops.decode_layers): one C call per decoder layer.
 
 A one-stream decode step runs ~15 torch ops and kernel calls per layer; once the weights stream at the
 memory's rate (gemv_dense.c) their dispatch is a large share of the step. FusedDecode describes each
@@ -16,13 +16,12 @@ False and the modules run.
 
 from __future__ import annotations
 
-import ctypes
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from radixlang_runtime.model import cpu_kernels
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.attention.torch_backend import CDecodeMeta
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.gguf_linear import GGUFLinear
@@ -31,31 +30,11 @@ from radixlang_runtime.model.packed_linear import PackedLinear
 from radixlang_runtime.model.quant_linear import Int8Linear
 
 
-class DecodeLinear(ctypes.Structure):
-    """decode_layer.c's decode_linear: kind 0 dense tiles, 1 GGUF blocks, 2 int8 rows + scale,
-    3 GGUF tiles with int8 activations (gemv_q8.c), 4 int8 tiles + scale with int8 activations."""
-
-    _fields_ = [("kind", ctypes.c_int64), ("fmt", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
-                ("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
-
-
-class DecodeLayerWeights(ctypes.Structure):
-    _fields_ = [("qkv", DecodeLinear), ("o", DecodeLinear), ("gate_up", DecodeLinear), ("down", DecodeLinear),
-                ("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("layer", ctypes.c_int64),
-                ("window", ctypes.c_int64)]
-
-
-class DecodeStep(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("M", "hidden", "H", "Hkv", "D", "inter", "slots", "ctx")] + [
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
-        ("out_loc", ctypes.c_void_p), ("req_to_token", ctypes.c_void_p), ("req_rows", ctypes.c_void_p),
-        ("seq_lens", ctypes.c_void_p), ("k_pools", ctypes.POINTER(ctypes.c_void_p)),
-        ("v_pools", ctypes.POINTER(ctypes.c_void_p)), ("groups", ctypes.c_int64), ("dpbf16", ctypes.c_int64)] + [
-        (n, ctypes.c_void_p) for n in ("group_rows", "group_lens", "q_index", "group_starts", "group_counts", "k_begin",
-                                       "prior_o", "prior_lse", "win_begin")]
-
-
-_ptr = cpu_kernels._ptr
+# decode_layer.c's records (radixlang_kernels/csrc/cpu/kernels.h): DecodeLinear kind 0 dense tiles, 1 GGUF
+# blocks, 2 int8 rows + scale, 3 GGUF tiles with int8 activations (gemv_q8.c), 4 int8 tiles + scale with
+# int8 activations
+DecodeLinear, DecodeLayerWeights, DecodeStep = cpu_ops.DecodeLinear, cpu_ops.DecodeLayerWeights, cpu_ops.DecodeStep
+_ptr = cpu_ops.opt_ptr
 
 
 def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
@@ -63,7 +42,7 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
     if isinstance(lin, PackedLinear) and lin.tiles is not None:
         return DecodeLinear(0, 0, lin.out_features, lin.in_features, lin.tiles.data_ptr(), None, _ptr(lin.bias))
     if isinstance(lin, GGUFLinear):
-        fmt = cpu_kernels.GGUF_BLOCK_FORMATS[lin.fmt][0]
+        fmt = cpu_ops.GGUF_BLOCK_FORMATS[lin.fmt][0]
         w = lin.tiles if lin.q8 else lin.blocks
         return DecodeLinear(3 if lin.q8 else 1, fmt, lin.out_features, lin.in_features, w.data_ptr(), None,
                             _ptr(lin.bias))
@@ -85,14 +64,12 @@ class FusedDecode:
         self.dtype = dtype
         self.dims = dims  # hidden, H, Hkv, D, inter
         self.eps, self.scale = eps, scale
-        self._pools: Optional[tuple[object, ctypes.Array, ctypes.Array]] = None
-        lib = cpu_kernels.load()
-        self._fn = lib.decode_layer_bf16 if dtype == torch.bfloat16 else lib.decode_layer_f32
+        self._pools: Optional[tuple[object, Any, Any]] = None  # (pool, its k / v pointer arrays)
 
     @staticmethod
     def build(model: nn.Module, dtype: torch.dtype) -> Optional["FusedDecode"]:
         """For a LlamaForCausalLM whose every layer can run decode_layer.c; else None."""
-        lib = cpu_kernels.load()
+        lib = cpu_ops.load()
         if (lib is None or dtype not in (torch.bfloat16, torch.float32) or model.reduce is not None
                 or not model.rotary.full):  # decode_layer.c rotates whole heads
             return None
@@ -117,7 +94,7 @@ class FusedDecode:
         for w in weights:
             w.window = a0.backend.window(w.layer)
         dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)
-        max_batch = FusedDecode.MAX_ANY_M if any_m else cpu_kernels.DENSE_MAX_M
+        max_batch = FusedDecode.MAX_ANY_M if any_m else cpu_ops.DENSE_MAX_M
         return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale,
                            max_batch)
 
@@ -127,11 +104,9 @@ class FusedDecode:
         return (fb.is_decode and fb.batch_size <= self.max_batch and isinstance(meta, CDecodeMeta)
                 and meta.rows is None)
 
-    def _pool_arrays(self, pool) -> tuple[ctypes.Array, ctypes.Array]:
+    def _pool_arrays(self, pool) -> tuple[Any, Any]:
         if self._pools is None or self._pools[0] is not pool:
-            n = len(pool.k_buffers)
-            self._pools = (pool, (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.k_buffers]),
-                           (ctypes.c_void_p * n)(*[b.data_ptr() for b in pool.v_buffers]))
+            self._pools = (pool, *cpu_ops.decode_layer_pools(pool))
         return self._pools[1], self._pools[2]
 
     def run(self, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
@@ -156,15 +131,4 @@ class FusedDecode:
             step.q_index, step.group_starts = plan.q_index.data_ptr(), plan.group_starts.data_ptr()
             step.group_counts, step.k_begin = plan.group_counts.data_ptr(), plan.k_begin.data_ptr()
             step.prior_o, step.prior_lse = po.data_ptr(), pl.data_ptr()
-        step_ptr = ctypes.addressof(step)
-        bufs = [torch.empty(M, hidden, dtype=self.dtype) for _ in range(2)]
-        h: Optional[torch.Tensor] = None
-        res = residual.data_ptr()
-        for i, w in enumerate(self.weights):
-            out = bufs[i % 2]
-            rc = self._fn(ctypes.addressof(w), step_ptr, res, None if h is None else h.data_ptr(), out.data_ptr())
-            if rc:
-                raise RuntimeError(f"CPU kernel decode_layer failed with code {rc} (layer {i})")
-            h = out
-        return h
-
+        return cpu_ops.decode_layers(self.weights, step, residual)

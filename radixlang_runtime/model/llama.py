@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlang_runtime.model import cpu_kernels
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
@@ -40,12 +40,12 @@ class RMSNorm(nn.Module):
         # float32 statistics inside; HF rounds to the input dtype before the weight multiply, so
         # bf16 results may differ from HF in the last bit.
         if self.use_cpu_kernel and x.dim() == 2 and x.is_contiguous():
-            return cpu_kernels.add_rms_norm(None, x, self.weight, self.eps)
+            return cpu_ops.add_rms_norm(None, x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if self.use_cpu_kernel:
-            return cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps)
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         residual.add_(x)
         return self.forward(residual)
 
@@ -70,7 +70,7 @@ class Attention(nn.Module):
         self.clip_qkv = cfg.clip_qkv  # OLMoE: q, k, v clamped to [-clip, clip] after the norm (None: not)
         self.backend = backend
         self.reduce = reduce
-        self.use_cpu_kernel = False  # CPU C kernels: rope + K/V store in one pass (cpu_kernels.rope_store)
+        self.use_cpu_kernel = False  # CPU C kernels: rope + K/V store in one pass (cpu_ops.rope_store)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -87,7 +87,7 @@ class Attention(nn.Module):
         if self.use_cpu_kernel and not head_norm and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
             # Rotary.apply's rounding in place on qkv (qk is a view of it), then k, v into the pool
             cos, sin = fb.rope_cos_sin
-            cpu_kernels.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
+            cpu_ops.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
                                    pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id])
             o = self.backend.attend(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
         else:
@@ -127,7 +127,7 @@ class MLP(nn.Module):
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [t, 2I]
         if self.use_cpu_kernel:
-            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+            return self.down_proj(cpu_ops.silu_mul(gate_up))
         gate, up = gate_up.split(self.inter, dim=-1)  # [t, I] each
         return self.down_proj(F.silu(gate) * up)
 
@@ -208,8 +208,9 @@ class LlamaForCausalLM(nn.Module):
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, w).float()  # [R, V]
 
-    def enable_cpu_kernels(self) -> None:
-        """CPU C kernels (bf16 / float32): fused add+RMSNorm, SiLU-and-mul, rope + K/V store (see cpu_kernels/)."""
+    def enable_cpu_ops(self) -> None:
+        """CPU C kernels (bf16 / float32, radixlang_kernels.cpu_ops): fused add+RMSNorm, SiLU-and-mul,
+        rope + K/V store."""
         for m in self.modules():
             if isinstance(m, (RMSNorm, MLP)) or (isinstance(m, Attention) and self.rotary.full):
                 m.use_cpu_kernel = True  # rope_store rotates whole heads: partial rotary stays on Rotary.apply

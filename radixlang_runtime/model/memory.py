@@ -17,7 +17,6 @@ environment) are left alone.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import platform
@@ -27,6 +26,8 @@ from typing import Optional
 
 import torch
 from torch import nn
+
+from radixlang_kernels import libc
 
 MALLOC_MMAP_THRESHOLD = 64 << 20  # bytes: allocations below it come from the heap (see tune_malloc)
 MALLOC_TRIM_THRESHOLD = 256 << 20  # bytes of freed heap kept before glibc gives memory back
@@ -43,12 +44,10 @@ def tune_malloc() -> bool:
         return False
     if any(k.startswith("MALLOC_") for k in os.environ) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    first = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+    if first is None:
         return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
-    ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
+    ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) is True and first
     if not ok:
         logger.warning("mallopt refused the step-buffer thresholds; glibc's defaults stay")
     return ok

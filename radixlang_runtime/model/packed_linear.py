@@ -10,12 +10,12 @@ at every M measured, the tied head included. A batch-size hint of 16 packs best 
 (1 .. 1024; hint 1 loses at M >= 64). Sums are ordered differently from MKL's, so fp32 logits differ
 from transformers' in the last bits (greedy parity tests still hold token for token).
 
-Decode-sized batches (M <= cpu_kernels.DENSE_MAX_M) run gemv_dense.c on a second, tiled copy of the
+Decode-sized batches (M <= cpu_ops.DENSE_MAX_M) run gemv_dense.c on a second, tiled copy of the
 weight (`tiles=True`; the runner asks for it wherever the C kernels load, except in the deterministic
 mode): decode is bandwidth-bound and oneDNN's packed GEMV streams well below the read bandwidth; the
 tiles are faster for every shape measured, bf16 and float32, at the read bandwidth at M = 1. On
 VDPBF16PS builds the bf16 tiles serve every batch size through a GEMM micro-kernel
-(cpu_kernels.dense_any_m), faster than oneDNN's GEMM at M = 64 and level with it at M = 512, so those
+(cpu_ops.dense_any_m), faster than oneDNN's GEMM at M = 64 and level with it at M = 512, so those
 weights keep no oneDNN copy; float32 tiles do the same on AVX-512 builds (the FMA twin of that
 micro-kernel: faster at M = 64, level at large M). Elsewhere the tiles serve M <= DENSE_MAX_M and a
 oneDNN copy the rest (the weights are held twice).
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from radixlang_runtime.model import cpu_kernels
+from radixlang_kernels import cpu_ops
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +56,13 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.detach()
-        # cpu_kernels.dense_tiles(weight) (see the module docstring), or None; any_m: the tiles serve every
+        # cpu_ops.dense_tiles(weight) (see the module docstring), or None; any_m: the tiles serve every
         # batch size, and no oneDNN copy is kept
         self.tiles: Optional[torch.Tensor] = None
         self.any_m = False
         if tiles and (weight.dtype == torch.float32 or self.in_features % 2 == 0):
-            self.tiles = cpu_kernels.dense_tiles(weight)
-            self.any_m = cpu_kernels.dense_any_m(weight.dtype)
+            self.tiles = cpu_ops.dense_tiles(weight)
+            self.any_m = cpu_ops.dense_any_m(weight.dtype)
         # [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor); batch-size hint: see above.
         self.packed: Optional[torch.Tensor] = None
         if not self.any_m:
@@ -70,8 +70,8 @@ class PackedLinear(nn.Module):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tiles is not None and (self.any_m or x.shape[0] <= cpu_kernels.DENSE_MAX_M):
-            y = cpu_kernels.dense_gemv(x, self.tiles, self.out_features, self.bias)
+        if self.tiles is not None and (self.any_m or x.shape[0] <= cpu_ops.DENSE_MAX_M):
+            y = cpu_ops.dense_gemv(x, self.tiles, self.out_features, self.bias)
             if y is not None:
                 return y
         if self.pad_single_row and x.shape[0] == 1:
@@ -99,7 +99,7 @@ def replace_linears(module: nn.Module, make: Callable[[torch.Tensor, Optional[to
 
 def dense_tiles_available(device: torch.device, dtype: torch.dtype) -> bool:
     """gemv_dense.c runs here: the CPU kernels loaded, bf16 or float32."""
-    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) and cpu_kernels.load() is not None
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) and cpu_ops.load() is not None
 
 
 def pack_linears(module: nn.Module, tiles: bool = False) -> int:

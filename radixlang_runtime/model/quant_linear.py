@@ -4,7 +4,7 @@ int8 weights, activations and outputs stay in the model dtype.
     scale[n] = max_k |W[n, k]| / 127,  Q[n, k] = round(W[n, k] / scale[n])  (int8 in [-127, 127])
     y = x @ (Q * scale).T
 
-Decode batches (M <= cpu_kernels.QLINEAR_MAX_M) run a C kernel that reads Q directly (half the bytes of bf16
+Decode batches (M <= cpu_ops.QLINEAR_MAX_M) run a C kernel that reads Q directly (half the bytes of bf16
 per step: decode is bandwidth-bound): on bf16 models gemv_q8.c on Q repacked into 4-row tiles (int8_q8_tiles),
 activations quantized to int8 per block of 32 (integer dots, as --quantization gguf; their rounding adds to
 the weights'), elsewhere (float32 models, K % 32 != 0) gemv.c's float sums on Q. On bf16 models the integer dots are
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlang_runtime.model import cpu_kernels
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.packed_linear import PackedLinear, packing_available, replace_linears
 
 
@@ -46,18 +46,18 @@ class Int8Linear(nn.Module):
         self.dense: nn.Module | None = None  # batches above the kernel's M (see the module docstring)
         if packing_available(weight.device, weight.dtype):
             self.dense = PackedLinear((q.float() * scale[:, None]).to(weight.dtype), self.bias,
-                                      tiles=cpu_kernels.dense_any_m(weight.dtype, cpu_kernels.load()))
+                                      tiles=cpu_ops.dense_any_m(weight.dtype, cpu_ops.load()))
         # bf16 (C kernels, K % 32 == 0): Q as gemv_q8.c's tiles; Q [N, K] int8 is kept only where a batch
         # above the kernel's M has no packed copy to run on (no oneDNN bf16: AVX2 CPUs), for the per-call path
-        self.q8 = weight.dtype == torch.bfloat16 and self.in_features % 32 == 0 and cpu_kernels.load() is not None
-        self.tiles: torch.Tensor | None = cpu_kernels.int8_q8_tiles(q) if self.q8 else None
+        self.q8 = weight.dtype == torch.bfloat16 and self.in_features % 32 == 0 and cpu_ops.load() is not None
+        self.tiles: torch.Tensor | None = cpu_ops.int8_q8_tiles(q) if self.q8 else None
         self.qweight: torch.Tensor | None = None if self.q8 and self.dense is not None else q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
         if x.device.type == "cpu":
-            y = (cpu_kernels.int8_q8_gemv(x, self.tiles, self.scale) if self.q8
-                 else cpu_kernels.qlinear_int8(x, self.qweight, self.scale))
+            y = (cpu_ops.int8_q8_gemv(x, self.tiles, self.scale) if self.q8
+                 else cpu_ops.qlinear_int8(x, self.qweight, self.scale))
         if y is None and self.dense is not None:
             return self.dense(x)
         if y is None:

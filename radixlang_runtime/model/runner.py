@@ -20,9 +20,10 @@ import torch
 from radixlang_runtime import faults
 from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
-from radixlang_runtime.model import cpu_kernels, deterministic, memory
+from radixlang_kernels import cpu_ops
+from radixlang_runtime.model import deterministic, memory
 from radixlang_runtime.model.attention import create_attention_backend
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.fused_decode import FusedDecode
@@ -157,17 +158,17 @@ class ModelRunner:
         # the deterministic mode takes tiles only where they serve every batch size (their rows are then
         # batch-invariant by construction: gemv_dense.c), never beside oneDNN's GEMM for larger batches
         tiles = packed and dense_tiles_available(self.device, self.dtype) and (
-            not args.enable_deterministic_inference or cpu_kernels.dense_any_m(self.dtype, cpu_kernels.load()))
+            not args.enable_deterministic_inference or cpu_ops.dense_any_m(self.dtype, cpu_ops.load()))
         if packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
-        self.cpu_paths = cpu_kernels.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
+        self.cpu_paths = cpu_ops.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
                                           tiles)
         if args.quantization is not None:
-            kernel = f"c:{detect().isa}" if cpu_kernels.load() is not None and self.device.type == "cpu" else "torch"
+            kernel = f"c:{detect().isa}" if cpu_ops.load() is not None and self.device.type == "cpu" else "torch"
             fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
             if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
                 kernel += " x int8 activations"
-            above = "dense tiles" if cpu_kernels.dense_any_m(self.dtype, cpu_kernels.load()) else "oneDNN-prepacked"
+            above = "dense tiles" if cpu_ops.dense_any_m(self.dtype, cpu_ops.load()) else "oneDNN-prepacked"
             self.cpu_paths = dataclasses.replace(self.cpu_paths,
                                                  linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if not native:
@@ -177,7 +178,7 @@ class ModelRunner:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
         if self.cpu_paths.c_norm_act:
-            model.enable_cpu_kernels()
+            model.enable_cpu_ops()
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
         if args.enable_deterministic_inference and not native:

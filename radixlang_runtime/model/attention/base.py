@@ -57,7 +57,7 @@ class AttentionBackend(ABC):
         return self.attend(q, k, v, layer, fb)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
-        """`forward` after the store: k/v are already in the pool at fb.out_loc (cpu_kernels.rope_store)."""
+        """`forward` after the store: k/v are already in the pool at fb.out_loc (cpu_ops.rope_store)."""
         if fb.is_decode:
             return self.forward_decode(q, layer, fb)
         return self.forward_extend(q, k, v, layer, fb)

@@ -7,7 +7,7 @@ of a KV head form the query axis of one [G, D] x [D, L] product.
 Extend: a request without a cached prefix attends over its own new K/V (no gather); with a prefix,
 its whole sequence is gathered from the pool and the causal mask is bottom-right aligned. When every
 request is a fresh prompt of the same length, the whole batch is one SDPA call.
-On CPU both phases go to the C kernels (cpu_kernels/, bf16 and float32, which read cached K/V in
+On CPU both phases go to the C kernels (radixlang_kernels.cpu_ops, bf16 and float32, which read cached K/V in
 place) when the model's CpuPaths say so (`configure`, decided once from the CPU's capabilities);
 without a plan (tests, other devices) the torch path above runs. The C path also runs cascade
 attention (attention/cascade.py) when requests of the step share >= MIN_SHARED cached slots: the
@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from radixlang_runtime.model import cpu_kernels
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.attention.base import AttentionBackend
 from radixlang_runtime.model.attention.cascade import CascadePlan, plan_cascade
 from radixlang_runtime.model.forward_batch import ForwardBatch
@@ -57,7 +57,7 @@ class ExtendMeta:
     kernel_lens: Optional[torch.Tensor] = None
     kernel_prefix_lens: Optional[torch.Tensor] = None
     cascade: Optional[CascadePlan] = None  # requests sharing cached slots (C kernel path only)
-    prior: Optional[cpu_kernels.Prior] = None  # with a plan: the shared part's output, rewritten by every layer
+    prior: Optional[cpu_ops.Prior] = None  # with a plan: the shared part's output, rewritten by every layer
     win_masks: dict = field(default_factory=dict)  # window w -> per request [n_i, L_i] bool (torch path)
 
 
@@ -66,7 +66,7 @@ class CDecodeMeta:
     """The C decode kernel reads req_to_token itself: only the groups are planned."""
 
     cascade: Optional[CascadePlan] = None
-    prior: Optional[cpu_kernels.Prior] = None  # with a plan: see ExtendMeta.prior
+    prior: Optional[cpu_ops.Prior] = None  # with a plan: see ExtendMeta.prior
     rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # deterministic mode: arange(B), ones(B)
     win_begin: dict = field(default_factory=dict)  # window w -> [B] int64 max(0, seq_len - w): the first key
 
@@ -74,14 +74,14 @@ class CDecodeMeta:
 class TorchAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
-        self.c_decode = False  # cpu_kernels.paged_decode
-        self.c_extend = False  # cpu_kernels.extend_causal
+        self.c_decode = False  # cpu_ops.paged_decode
+        self.c_extend = False  # cpu_ops.extend_causal
         self.dpbf16 = False  # the extend kernel with VDPBF16PS
         self.cascade = True  # shared-prefix attention on the C path (False: one pass per request)
         self.rows_like_extend = False  # decode through the extend kernel (the deterministic mode)
 
-    def configure(self, paths: "cpu_kernels.CpuPaths") -> None:
-        """Take the kernel choices of cpu_kernels.plan() (they hold for every batch of this model); with a
+    def configure(self, paths: "cpu_ops.CpuPaths") -> None:
+        """Take the kernel choices of cpu_ops.plan() (they hold for every batch of this model); with a
         soft-cap the C attention kernels stay off (they do not implement it)."""
         self.c_decode, self.c_extend = (False, False) if self.soft_cap else (paths.c_decode, paths.c_extend)
         self.dpbf16 = "+dpbf16" in paths.extend_attention
@@ -145,10 +145,10 @@ class TorchAttentionBackend(AttentionBackend):
                      for w in self.distinct_windows}
         fb.attn_meta = ExtendMeta(uniform, starts, slots, masks, win_masks=win_masks)
 
-    def _prior(self, plan: Optional[CascadePlan], T: int, pool) -> Optional[cpu_kernels.Prior]:
+    def _prior(self, plan: Optional[CascadePlan], T: int, pool) -> Optional[cpu_ops.Prior]:
         if plan is None:
             return None
-        return cpu_kernels.empty_prior(T, self.num_heads, self.head_dim, pool.k_buffers[0].dtype)
+        return cpu_ops.empty_prior(T, self.num_heads, self.head_dim, pool.k_buffers[0].dtype)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         B, H, D = q.shape
@@ -157,16 +157,16 @@ class TorchAttentionBackend(AttentionBackend):
             kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
             w = self.window(layer)
             if cm.rows is not None:
-                o = cpu_kernels.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
+                o = cpu_ops.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
                                                     self.scale, self.dpbf16, window=w)
                 return o.view(B, H * D)
             if w:  # the last w positions of each request, one pass (no cascade: see the module docstring)
-                o = cpu_kernels.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
                                             cm.win_begin[w])
                 return o.view(B, H * D)
             if plan is not None:
-                cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, cm.prior)
-            o = cpu_kernels.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                cpu_ops.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, cm.prior)
+            o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
                                         None if plan is None else plan.k_begin, cm.prior)
             return o.view(B, H * D)
         meta: DecodeMeta = fb.attn_meta
@@ -194,18 +194,18 @@ class TorchAttentionBackend(AttentionBackend):
             if w:  # windowed layers: one pass over the whole prefix, masked in the kernel (no cascade)
                 pool = fb.kv_pool
                 if meta.kernel_prefix_lens is not None:
-                    prefix = cpu_kernels.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+                    prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
                                                      fb.req_rows, meta.kernel_prefix_lens)
-                return cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
+                return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
                                                  self.dpbf16, window=w)
             if meta.kernel_prefix_lens is not None:
                 pool = fb.kv_pool
                 kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
                 if plan is not None:
-                    cpu_kernels.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, meta.prior)
-                prefix = cpu_kernels.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
+                    cpu_ops.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, meta.prior)
+                prefix = cpu_ops.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
                                                  None if plan is None else plan.k_begin)
-            return cpu_kernels.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
+            return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
                                              self.dpbf16, meta.prior)
         if meta.uniform and not w and not self.soft_cap:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]

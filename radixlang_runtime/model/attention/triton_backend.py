@@ -40,9 +40,9 @@ class TritonAttentionBackend(AttentionBackend):
         self.soft_cap = soft_cap
         # decode reads a shared prefix once per group; False: one pass per request, e.g. the deterministic mode
         self.cascade = True
-        from radixlang_runtime.kernels.decode_attention import decode_attention
-        from radixlang_runtime.kernels.extend_attention import extend_attention
-        from radixlang_runtime.kernels.prefix_attention import shared_prefix_attention
+        from radixlang_kernels.decode_attention import decode_attention
+        from radixlang_kernels.extend_attention import extend_attention
+        from radixlang_kernels.prefix_attention import shared_prefix_attention
 
         self._decode, self._extend, self._prefix = decode_attention, extend_attention, shared_prefix_attention
 

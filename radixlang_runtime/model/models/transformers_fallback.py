@@ -234,5 +234,5 @@ class TransformersForCausalLM(nn.Module):
     def pack_for_cpu(self, tiles: bool = False) -> int:
         return 0  # transformers' nn.Linear modules run as they are
 
-    def enable_cpu_kernels(self) -> None:
+    def enable_cpu_ops(self) -> None:
         pass  # norms and activations are transformers' modules; attention goes through the backend's kernels

@@ -1,71 +1,23 @@
-"""The C attention, norm, activation and rope kernels called directly, against plain torch math and
-kernels/reference.py, once per instruction set this machine has (the `isa` fixture, conftest.py), in
-bf16 and float32 (the linears' kernels: test_cpu_linears.py). Skipped where no compiler exists."""
+"""The C kernels as the runtime drives them: cascade attention on groups found by the runtime's planner
+(model/attention/cascade.py plan_cascade, CascadePlan) and rope_store against the runtime's Rotary.apply +
+KVPool.store, against radixlang_kernels/reference.py, once per instruction set this machine has (the `isa`
+fixture), in bf16 and float32 (the kernels alone: kernels/tests/). Skipped where no
+compiler exists."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from radixlang_runtime.kernels.reference import paged_attention_ref
-from radixlang_runtime.model import cpu_kernels
-from radixlang_runtime.model.cpu_caps import detect
+from radixlang_kernels import cpu_ops
+from radixlang_kernels.cpu_caps import detect
+from radixlang_kernels.reference import paged_attention_ref
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: torch fallback in use")
 
+
 def _tol(dtype):
     return dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_add_rms_norm_and_silu_mul(isa, dtype):
-    g = torch.Generator().manual_seed(0)
-    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    for T, H in [(7, 576), (3, 13), (2, 40)]:
-        r = torch.randn(T, H, generator=g).to(dtype)
-        x = torch.randn(T, H, generator=g).to(dtype)
-        w = torch.randn(H, generator=g).to(dtype)
-        want_r = r + x
-        want = F.rms_norm(want_r.float(), (H,), w.float(), 1e-5)
-        got = cpu_kernels.add_rms_norm(x, r, w, 1e-5)
-        assert got.dtype == dtype
-        assert torch.equal(r, want_r)  # the residual is updated in place, rounded like torch's add
-        torch.testing.assert_close(got.float(), want, **tol)
-        torch.testing.assert_close(cpu_kernels.add_rms_norm(None, r, w, 1e-5).float(), want, **tol)
-        gu = 4 * torch.randn(T, 2 * H, generator=g).to(dtype)
-        want = F.silu(gu[:, :H].float()) * gu[:, H:].float()
-        torch.testing.assert_close(cpu_kernels.silu_mul(gu).float(), want, **tol)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("lens", [[7, 7, 7], [5, 1, 40, 17], [300]])
-@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
-def test_extend_causal_matches_sdpa(isa, dtype, lens, H, hkv, D):
-    g = torch.Generator().manual_seed(1)
-    T = sum(lens)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=g).to(dtype)  # strided views, as the model passes
-    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
-    starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))])
-    for dp in {False, isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0}:
-        got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(lens), D ** -0.5, dpbf16=dp)
-        for s, n in zip(starts.tolist(), lens):
-            want = F.scaled_dot_product_attention(
-                q[s : s + n].float().transpose(0, 1), k[s : s + n].float().transpose(0, 1),
-                v[s : s + n].float().transpose(0, 1), is_causal=True, enable_gqa=True).transpose(0, 1)
-            torch.testing.assert_close(got[s : s + n].view(n, H, D).float(), want, **_tol(dtype))
-
-
-def _scattered_pool(g, hkv, D, dtype, page_size, rows, lens, num_slots=1024):
-    """K/V pools of random (stale) data and a req_to_token whose requests own shuffled whole pages."""
-    kb = torch.randn(hkv, num_slots, D, generator=g).to(dtype)
-    vb = torch.randn(hkv, num_slots, D, generator=g).to(dtype)
-    rt = torch.zeros(max(rows) + 1, 512, dtype=torch.int64)
-    pages = torch.randperm(num_slots // page_size, generator=g).tolist()
-    for row, n in zip(rows, lens):
-        mine = [pages.pop() for _ in range(-(-n // page_size))]
-        rt[row, :n] = torch.tensor([mine[i // page_size] * page_size + i % page_size for i in range(n)])
-    return kb, vb, rt
 
 
 def _new_tokens(g, H, hkv, D, dtype, kb, vb, rt, rows, prefix_lens, extend_lens):
@@ -79,51 +31,6 @@ def _new_tokens(g, H, hkv, D, dtype, kb, vb, rt, rows, prefix_lens, extend_lens)
         vb[:, rt[row, p : p + n]] = v[start : start + n].transpose(0, 1)
         start += n
     return q, k, v
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13)])
-def test_extend_with_paged_prefix_matches_reference(isa, dtype, page_size, H, hkv, D):
-    """Prefixes read in place through req_to_token (scattered slots), new tokens from q/k/v."""
-    g = torch.Generator().manual_seed(2)
-    prefix_lens, extend_lens, rows = [0, 33, 1, 200, 16], [5, 1, 40, 17, 16], [3, 0, 4, 1, 2]
-    kb, vb, rt = _scattered_pool(g, hkv, D, dtype, page_size, rows, [p + n for p, n in zip(prefix_lens, extend_lens)])
-    T = sum(extend_lens)
-    q, k, v = _new_tokens(g, H, hkv, D, dtype, kb, vb, rt, rows, prefix_lens, extend_lens)
-    starts = torch.tensor([sum(extend_lens[:i]) for i in range(5)])
-    prefix = cpu_kernels.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens))
-    want = paged_attention_ref(q, kb, vb, rt, rows, prefix_lens, extend_lens, D ** -0.5)
-    for dp in {False, isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0}:
-        got = cpu_kernels.extend_causal(q, k, v, starts, torch.tensor(extend_lens), D ** -0.5, prefix, dpbf16=dp)
-        torch.testing.assert_close(got.view(T, H, D).float(), want, **_tol(dtype))
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("page_size", [1, 16])
-# (16, 1, 32), (10, 2, 64), (4, 2, 48): the PV pass's query-head blocks of 8 / 4 + 1 / the generic
-# width; seq_lens cover the score pass's partial blocks of 16 (1, 5) and whole ones (16, 200 = 12.5)
-@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 128), (6, 3, 13), (16, 1, 32), (10, 2, 64), (4, 2, 48)])
-def test_paged_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
-    g = torch.Generator().manual_seed(3)
-    seq_lens, rows = [1, 37, 200, 16, 5], [2, 0, 4, 1, 3]
-    kb, vb, rt = _scattered_pool(g, hkv, D, dtype, page_size, rows, seq_lens)
-    q = torch.randn(len(rows), H, D, generator=g).to(dtype)
-    got = cpu_kernels.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(seq_lens), D ** -0.5)
-    want = paged_attention_ref(q, kb, vb, rt, rows, [s - 1 for s in seq_lens], [1] * len(rows), D ** -0.5)
-    torch.testing.assert_close(got.float(), want, **_tol(dtype))
-
-
-def test_plan_never_chooses_a_kernel_outside_its_limits():
-    cpu = torch.device("cpu")
-    for dtype in (torch.bfloat16, torch.float32, torch.float16):
-        for D, H, hkv in [(64, 9, 3), (13, 6, 3), (512, 4, 4), (64, 66, 2)]:
-            p = cpu_kernels.plan(cpu, dtype, D, H, hkv, packed_linears=False)
-            kernel_ok = cpu_kernels.load() is not None and dtype != torch.float16 and D <= 256 and H // hkv <= 32
-            assert p.c_decode == kernel_ok and p.c_extend == kernel_ok
-            assert ("+dpbf16" in p.extend_attention) == (kernel_ok and detect().isa == "avx512_bf16"
-                                                         and dtype == torch.bfloat16 and D % 32 == 0)
-            assert p.c_norm_act == kernel_ok  # bf16 and float32 entry points
 
 
 def _shared_pool(g, hkv, D, dtype, page_size, groups, tails, rows, num_slots=2048):
@@ -169,9 +76,9 @@ def test_cascade_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
     assert sorted(plan.group_lens.tolist()) == [33, 80]
     q = torch.randn(6, H, D, generator=g).to(dtype)
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0
-    prior = cpu_kernels.empty_prior(*q.shape, dtype)
-    cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
-    got = cpu_kernels.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(lens), D ** -0.5, plan.k_begin,
+    prior = cpu_ops.empty_prior(*q.shape, dtype)
+    cpu_ops.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
+    got = cpu_ops.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(lens), D ** -0.5, plan.k_begin,
                                    prior)
     want = paged_attention_ref(q, kb, vb, rt, rows, [n - 1 for n in lens], [1] * 6, D ** -0.5)
     torch.testing.assert_close(got.float(), want, **_tol(dtype))
@@ -199,10 +106,10 @@ def test_cascade_extend_matches_reference(isa, dtype, page_size, H, hkv, D):
     plan = plan_cascade(rt, rows, prefix_lens, starts, extend_lens, min_shared=16)
     assert plan is not None and plan.num_groups == 2 and plan.max_group_rows == 156
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16 and D % 32 == 0
-    prior = cpu_kernels.empty_prior(*q.shape, dtype)
-    cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
-    prefix = cpu_kernels.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens), plan.k_begin)
-    got = cpu_kernels.extend_causal(q, k, v, torch.tensor(starts), torch.tensor(extend_lens), D ** -0.5, prefix, dp,
+    prior = cpu_ops.empty_prior(*q.shape, dtype)
+    cpu_ops.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, prior)
+    prefix = cpu_ops.PagedPrefix(kb, vb, rt, torch.tensor(rows), torch.tensor(prefix_lens), plan.k_begin)
+    got = cpu_ops.extend_causal(q, k, v, torch.tensor(starts), torch.tensor(extend_lens), D ** -0.5, prefix, dp,
                                     prior)
     want = paged_attention_ref(q, kb, vb, rt, rows, prefix_lens, extend_lens, D ** -0.5)
     torch.testing.assert_close(got.view(T, H, D).float(), want, **_tol(dtype))
@@ -212,7 +119,7 @@ def test_cascade_extend_matches_reference(isa, dtype, page_size, H, hkv, D):
 def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     """The shared part's log-sum-exp is the scores' (checked against torch), and merging two halves of
     a sequence with the reference merge_states gives attention over the whole."""
-    from radixlang_runtime.kernels.reference import merge_states
+    from radixlang_kernels.reference import merge_states
     from radixlang_runtime.model.attention.cascade import CascadePlan
 
     g = torch.Generator().manual_seed(6)
@@ -224,14 +131,14 @@ def test_shared_prefix_lse_and_merge_rule(isa, dtype):
     t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     plan = CascadePlan(t([0]), t([50]), t([0, 2]), t([0, 2]), t([2]), t([50, 0, 50]), 2, 50)
     dp = isa == "avx512_bf16" and dtype == torch.bfloat16
-    o, lse = cpu_kernels.empty_prior(*q.shape, dtype)
-    cpu_kernels.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, (o, lse))
+    o, lse = cpu_ops.empty_prior(*q.shape, dtype)
+    cpu_ops.shared_prefix(q, kb, vb, rt, plan, D ** -0.5, dp, (o, lse))
     k = kb[:, rt[0, :50]].float().repeat_interleave(H // hkv, 0)  # [H, 50, D]
     s = torch.einsum("bhd,hld->bhl", q.float(), k) * D ** -0.5
     torch.testing.assert_close(lse[[0, 2]], torch.logsumexp(s[[0, 2]], -1), **_tol(dtype))
     assert torch.isinf(lse[1]).all()
     # the second half through the decode kernel's own part, merged by the reference rule
-    own = cpu_kernels.paged_decode(q[[0]], kb, vb, rt, t([0]), t([L]), D ** -0.5, t([50]))
+    own = cpu_ops.paged_decode(q[[0]], kb, vb, rt, t([0]), t([L]), D ** -0.5, t([50]))
     v = vb[:, rt[0, 50:]].float().repeat_interleave(H // hkv, 0)
     k2 = kb[:, rt[0, 50:]].float().repeat_interleave(H // hkv, 0)
     lse2 = torch.logsumexp(torch.einsum("hd,hld->hl", q[0].float(), k2) * D ** -0.5, -1)
@@ -270,7 +177,7 @@ def test_rope_store_is_bit_identical_to_rotary_and_store(isa, dtype, T, H, hkv, 
     want = Rotary.apply(heads[:, : H + hkv], (cos, sin))
     pools[0].store(0, slots, want[:, H:], heads[:, H + hkv :])
     got = qkv.clone()
-    cpu_kernels.rope_store(got, cos, sin, H, hkv, D, slots, pools[1].k_buffers[0], pools[1].v_buffers[0])
+    cpu_ops.rope_store(got, cos, sin, H, hkv, D, slots, pools[1].k_buffers[0], pools[1].v_buffers[0])
     got = got.view(T, H + 2 * hkv, D)
     assert torch.equal(got[:, : H + hkv], want)
     assert torch.equal(got[:, H + hkv :], heads[:, H + hkv :])  # v untouched

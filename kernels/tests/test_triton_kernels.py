@@ -1,5 +1,5 @@
 """The Triton extend and decode kernels against kernels/reference.py (interpreted on CPU:
-TRITON_INTERPRET=1, set in conftest when there is no GPU)."""
+TRITON_INTERPRET=1 where there is no GPU: radixlang_kernels.testing)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import random
 import pytest
 import torch
 
+from radixlang_kernels.testing import interpret_triton_without_gpu  # noqa: E402
+
+interpret_triton_without_gpu()  # before triton's import
 triton = pytest.importorskip("triton")
 
-from radixlang_runtime.kernels.decode_attention import decode_attention  # noqa: E402
-from radixlang_runtime.kernels.extend_attention import extend_attention  # noqa: E402
-from radixlang_runtime.kernels.reference import paged_attention_ref  # noqa: E402
+from radixlang_kernels.decode_attention import decode_attention  # noqa: E402
+from radixlang_kernels.extend_attention import extend_attention  # noqa: E402
+from radixlang_kernels.reference import paged_attention_ref  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # float32 agrees to rounding; half types: inputs are rounded the same way for both sides, the

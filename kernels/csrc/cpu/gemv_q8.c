@@ -16,7 +16,7 @@
  * the exact result on the quantized operands). GGUFLinear / Int8Linear use it for bf16 models (activations
  * rounded to 8 significant bits already); float32 models keep gemv.c's float sums on the file's blocks / rows.
  *
- * Tiles (gguf_q8_tiles in cpu_kernels/__init__.py packs them; the same bytes as the blocks, moved): rows
+ * Tiles (gguf_q8_tiles in radixlang_kernels/cpu_ops.py packs them; the same bytes as the blocks, moved): rows
  * in groups of 4 (N padded with zero rows), blocks in pairs (K / 32 padded to even with zero blocks);
  * tile t, pair p is one step of STEP bytes at (t * pairs + p) * STEP:
  *   Q8_0 (272 B): dw fp16 [4 rows][2 blocks] | qw int8 [4 rows][64]                (a row's 2 blocks in order)

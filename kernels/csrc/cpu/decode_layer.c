@@ -25,37 +25,7 @@
 
 #include "kernels.h"
 
-/* A linear's weights: kind 0 dense tiles (gemv_dense.c; bias applied inside), 1 GGUF blocks of format
- * fmt, 2 int8 rows with per-row scale, 3 GGUF blocks of format fmt as gemv_q8.c's tiles, 4 int8 rows as
- * gemv_q8.c's tiles with per-row scale. Mirrors ctypes' DecodeLinear in cpu_kernels/__init__.py. */
-typedef struct {
-    int64_t kind, fmt, N, K;
-    const void *w;
-    const float *scale;
-    const void *bias; /* [N] like x, or NULL */
-} decode_linear;
-
-typedef struct {
-    decode_linear qkv, o, gate_up, down;
-    const void *in_norm, *post_norm; /* [hidden] like x */
-    int64_t layer;                   /* index into the step's pools */
-    int64_t window;                  /* sliding window > 0: attend from the step's win_begin, no groups */
-} decode_layer_weights;
-
-typedef struct {
-    int64_t M, hidden, H, Hkv, D, inter, slots, ctx;
-    float eps, scale;
-    const void *cos, *sin;                               /* [M, D], [M, D / 2] like x */
-    const int64_t *out_loc, *req_to_token, *req_rows, *seq_lens; /* [M], [rows, ctx], [M], [M] */
-    void *const *k_pools, *const *v_pools;                       /* per layer [Hkv, slots, D] */
-    /* cascade groups (attention/cascade.py's CascadePlan; groups == 0 and every pointer NULL: none):
-     * [G], [G], [E], [G + 1], [G], [M] */
-    int64_t groups, dpbf16;
-    const int64_t *group_rows, *group_lens, *q_index, *group_starts, *group_counts, *k_begin;
-    void *prior_o;    /* [M, H, D] like x: each layer's shared parts (rows not in a group keep lse -inf) */
-    float *prior_lse; /* [M, H] */
-    const int64_t *win_begin; /* [M] max(0, seq_len - window) for the windowed layers (NULL: none) */
-} decode_step;
+/* decode_linear, decode_layer_weights and decode_step: kernels.h (the op table reads them from there) */
 
 static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16) {
     int rc;
@@ -108,7 +78,7 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
     for (int64_t m = 0; m < M; m++) memcpy(q + m * S->H * D * el, qkv + m * qkv_n * el, S->H * D * el);
     const void *kp = S->k_pools[W->layer], *vp = S->v_pools[W->layer];
     const int windowed = W->window > 0; /* TorchAttentionBackend: the last `window` positions, one pass */
-    if (S->groups && !windowed) { /* cpu_kernels.shared_prefix */
+    if (S->groups && !windowed) { /* cpu_ops.shared_prefix */
         if (bf16)
             rc = (S->dpbf16 ? extend_causal_bf16 : extend_causal_portable_bf16)(
                 (const uint16_t *)q, S->H * D, NULL, 0, NULL, 0, S->group_starts, S->group_counts, S->groups, S->H,

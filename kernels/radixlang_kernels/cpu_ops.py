@@ -1,70 +1,42 @@
-"""C kernels for the CPU path, built with the system C compiler and called through ctypes.
+"""The op table: the CPU kernels as typed torch-level calls (the runtime's one way into the C library).
 
-- decode_attention.c (+ decode_impl.h): paged decode attention reading K/V in place, bf16 and float32;
-- extend_attention.c: bf16 extend attention with VDPBF16PS (AVX512-BF16 builds only);
-- extend_portable.c (+ extend_impl.h): extend attention for any CPU, bf16 and float32;
-  the extend kernels also run cascade attention's shared part (`shared_prefix`: query rows of a
-  group over its shared positions, with log-sum-exp), and both decode and extend kernels take that
-  part's result as a prior to merge (attention/cascade.py);
-- norm_act.c: fused residual-add + RMSNorm, and SiLU-and-mul (bf16 and float32);
-- gemv.c (+ gemv_impl.h): weight-streaming linears for decode-sized batches (M <= 16), bf16 and
-  float32 activations: weight-only int8 (qlinear_int8) and GGUF Q4_1 / Q8_0 blocks (gguf_gemv);
-- gemv_dense.c: the same for dense bf16 / float32 weights, on a tiled copy (dense_tiles, dense_gemv);
-- decode_layer.c: a whole decoder layer of a decode-sized batch in one call (model/fused_decode.py).
-All *.c files compile once into one library for exactly the feature set cpu_caps.detect() allows
-(`kernel_cflags`, never -march=native), cached under a key of the sources, the compiler, the flags
-and the CPU's features. Which operation runs where is decided once per model by `plan()`: a kernel
-is only chosen where its own limits hold, so no chosen kernel can refuse a batch. Without a compiler
-(or with the mask word `cc`) every operation runs torch ops. The library links the same libgomp.so.1
-torch already loaded, so both share one OpenMP thread pool.
+Each call here takes tensors, checks what the C side cannot, and calls the entry point of the same name in
+csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that header: written once).
+- paged_decode (decode_attention.c + decode_impl.h): paged decode attention reading K/V in place;
+- extend_causal / shared_prefix / pool_rows_attention (extend_attention.c: VDPBF16PS on AVX512-BF16 builds;
+  extend_portable.c + extend_impl.h: any CPU): extend attention, cascade attention's shared part
+  (`shared_prefix`: query rows of a group over its shared positions, with log-sum-exp), and decode rows
+  through the extend kernel; both decode and extend take that part's result as a prior to merge;
+- add_rms_norm, silu_mul (norm_act.c); rope_store (rope_store.c);
+- qlinear_int8, gguf_gemv (gemv.c + gemv_impl.h), gguf_q8_gemv, int8_q8_gemv (gemv_q8.c), dense_gemv
+  (gemv_dense.c): weight-streaming linears for decode-sized batches, with the weight layouts they read;
+- decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
+  the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
+bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
+is only chosen where its own limits hold, so no chosen kernel can refuse a batch. Without the library
+(no compiler, the mask word `cc`, a failed build) every operation runs torch ops.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import logging
-import os
-import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 
-from radixlang_runtime.model.cpu_caps import CpuCaps, detect
+from radixlang_kernels.cpu_caps import detect
+from radixlang_kernels.op_table import OpTable, build_library, header, pointer_array
 
-if TYPE_CHECKING:
-    from radixlang_runtime.model.attention.cascade import CascadePlan
-from radixlang_runtime.model.resolve import cache_root
-
-logger = logging.getLogger(__name__)
-
-_DIR = os.path.dirname(__file__)
-_SRCS = sorted(os.path.join(_DIR, f) for f in os.listdir(_DIR) if f.endswith(".c"))
-_HDRS = sorted(os.path.join(_DIR, f) for f in os.listdir(_DIR) if f.endswith(".h"))
-_lib: Optional[ctypes.CDLL] = None
+_lib: Optional[OpTable] = None
 _tried = False
 
-
-def _cache_dir() -> str:
-    return os.path.join(cache_root(), "kernels")
-
-
-def build_flags(caps: CpuCaps) -> list[str]:
-    return ["-O3", *caps.kernel_cflags(), "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
+# decode_layer.c's records, as the header declares them (ctypes.Structure classes: fields by name)
+DecodeLinear = header().structs["decode_linear"]
+DecodeLayerWeights = header().structs["decode_layer_weights"]
+DecodeStep = header().structs["decode_step"]
 
 
-def library_key(caps: CpuCaps, cc: str) -> str:
-    """Sources + compiler + flags + the CPU's (masked) features: a library never crosses CPUs."""
-    h = hashlib.sha1()
-    for p in _SRCS + _HDRS:
-        h.update(open(p, "rb").read())
-    h.update(" ".join([cc, *build_flags(caps), caps.arch, *sorted(caps.features)]).encode())
-    return h.hexdigest()[:16]
-
-
-def load() -> Optional[ctypes.CDLL]:
+def load() -> Optional[OpTable]:
     """The library for this process's capabilities, or None (every caller then uses torch ops)."""
     global _lib, _tried
     if not _tried:
@@ -73,67 +45,14 @@ def load() -> Optional[ctypes.CDLL]:
     return _lib
 
 
-def build_library(caps: CpuCaps) -> Optional[ctypes.CDLL]:
-    """Compile (or reuse from the cache) the library for `caps`; None without a compiler or on failure.
-    Tests build one per instruction set the machine has, to run every kernel path."""
-    if caps.compiler is None:
-        logger.warning("no C compiler (or masked): the CPU path uses torch ops only")
-        return None
-    so = os.path.join(_cache_dir(), f"cpu_kernels-{caps.isa}-{library_key(caps, caps.compiler)}.so")
-    if not os.path.exists(so):
-        os.makedirs(_cache_dir(), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
-        os.close(fd)
-        cmd = [caps.compiler, *build_flags(caps), *_SRCS, "-o", tmp, "-lm"]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            res = subprocess.CompletedProcess(cmd, 1, "", str(e))
-        if res.returncode != 0:
-            if os.path.exists(tmp):  # the compiler may have removed its failed output already
-                os.unlink(tmp)
-            logger.warning("building the CPU kernels failed, using torch ops:\n%s", res.stderr[-2000:])
-            return None
-        os.replace(tmp, so)
-    lib = ctypes.CDLL(so)
-    decode_args = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_void_p]
-    extend_args = ([ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
-                   + [ctypes.c_float, ctypes.c_void_p] + [ctypes.c_void_p] * 2
-                   + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int64])
-    for name, args in [("paged_decode_bf16", decode_args), ("paged_decode_f32", decode_args),
-                       ("extend_causal_bf16", extend_args), ("extend_causal_portable_bf16", extend_args),
-                       ("extend_causal_f32", extend_args)]:
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = ctypes.c_int, args
-    for suffix in ("bf16", "f32"):
-        q = getattr(lib, f"qlinear_int8_{suffix}")
-        q.restype, q.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-        g = getattr(lib, f"gguf_gemv_{suffix}")
-        g.restype, g.argtypes = (ctypes.c_int,
-                                 [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3)
-        norm, act = getattr(lib, f"add_rms_norm_{suffix}"), getattr(lib, f"silu_mul_{suffix}")
-        norm.restype, act.restype = None, None
-        norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-        act.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
-        rope = getattr(lib, f"rope_store_{suffix}")  # (qkv, T, row_stride, H, Hkv, D, cos, sin, loc, kp, vp, N)
-        rope.restype = None
-        rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64]
-    lib.int8_q8_gemv.restype = ctypes.c_int  # (x, x_bf16, tiles, scale, out, out_bf16, M, K, N)
-    lib.int8_q8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int] + [ctypes.c_int64] * 3
-    lib.gguf_q8_gemv.restype = ctypes.c_int  # (x, x_bf16, tiles, fmt, out, out_bf16, M, K, N)
-    lib.gguf_q8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                 ctypes.c_int] + [ctypes.c_int64] * 3
-    for name in ("decode_layer_bf16", "decode_layer_f32"):  # (weights*, step*, residual, h or NULL, out)
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * 5
-    lib.dense_any_m_bf16.restype, lib.dense_any_m_bf16.argtypes = ctypes.c_int, []
-    lib.dense_any_m_f32.restype, lib.dense_any_m_f32.argtypes = ctypes.c_int, []
-    for name in ("dense_gemv_bf16", "dense_gemv_portable_bf16", "dense_gemv_f32"):
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-    return lib
+class CascadeGroups(Protocol):
+    """What shared_prefix reads of a cascade plan (the runtime's attention/cascade.py CascadePlan)."""
+
+    group_rows: torch.Tensor  # [G] int64 table row of each group's shared prefix
+    group_lens: torch.Tensor  # [G] int64 shared positions
+    group_starts: torch.Tensor  # [G + 1] int64 offsets into q_index
+    group_counts: torch.Tensor  # [G] int64 query rows per group
+    q_index: torch.Tensor  # [E] int64 the grouped query rows
 
 
 @dataclass(frozen=True)
@@ -199,7 +118,8 @@ def _check(rc: int, name: str) -> None:
 Prior = tuple  # (o [T, H, D] like q, lse [T, H] float32): cascade attention's shared part, merged in
 
 
-def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+def opt_ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    """t's data pointer, or None (NULL) for no tensor."""
     return None if t is None else t.data_ptr()
 
 
@@ -217,7 +137,7 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, re
     po, pl = prior if prior is not None else (None, None)
     rc = getattr(_lib, name)(
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), req_to_token.data_ptr(),
-        req_rows.data_ptr(), seq_lens.data_ptr(), _ptr(k_begin), _ptr(po), _ptr(pl),
+        req_rows.data_ptr(), seq_lens.data_ptr(), opt_ptr(k_begin), opt_ptr(po), opt_ptr(pl),
         B, H, hkv, D, N, req_to_token.shape[1], scale, out.data_ptr(),
     )
     _check(rc, name)
@@ -247,8 +167,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, 
     assert qkv.shape[1] >= (H + 2 * Hkv) * D and cos.dtype == sin.dtype == qkv.dtype
     fn = _lib.rope_store_bf16 if qkv.dtype == torch.bfloat16 else _lib.rope_store_f32
     N = 0 if k_pool is None else k_pool.shape[1]
-    fn(qkv.data_ptr(), T, qkv.stride(0), H, Hkv, D, cos.data_ptr(), sin.data_ptr(), _ptr(out_loc), _ptr(k_pool),
-       _ptr(v_pool), N)
+    fn(qkv.data_ptr(), T, qkv.stride(0), H, Hkv, D, cos.data_ptr(), sin.data_ptr(), opt_ptr(out_loc),
+       opt_ptr(k_pool), opt_ptr(v_pool), N)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -263,7 +183,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 QLINEAR_MAX_M = 16  # gemv.c's limit: larger batches run a GEMM
 
 
-def _gemv(name: str, x: torch.Tensor, n_out: int, lib: Optional[ctypes.CDLL], *ptrs: Any) -> Optional[torch.Tensor]:
+def _gemv(name: str, x: torch.Tensor, n_out: int, lib: Optional[OpTable], *ptrs: Any) -> Optional[torch.Tensor]:
     """Call gemv.c's `name`_{bf16,f32}(x, *ptrs, out, M, K, N): out [M, n_out] like x, or None when the
     library is not loaded, x's dtype has no entry point or M > QLINEAR_MAX_M (the caller's GEMM runs)."""
     lib = lib or _lib
@@ -287,7 +207,7 @@ GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type nu
 
 
 def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
-              lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+              lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
     """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
     x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
     return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
@@ -327,7 +247,7 @@ def int8_q8_tiles(q: torch.Tensor) -> torch.Tensor:
 
 
 def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: int,
-             out_dtype: Optional[torch.dtype], lib: Optional[ctypes.CDLL]) -> Optional[torch.Tensor]:
+             out_dtype: Optional[torch.dtype], lib: Optional[OpTable]) -> Optional[torch.Tensor]:
     lib = lib or _lib
     M, K = x.shape
     if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
@@ -341,7 +261,7 @@ def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: i
 
 
 def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
     """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
     gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
     M > QLINEAR_MAX_M (the caller's GEMM runs)."""
@@ -349,7 +269,7 @@ def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out
 
 
 def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
     """The same on int8_q8_tiles(Q) with row scales scale [N] float32: x @ (Q * scale).T."""
     return _q8_call("int8_q8_gemv", x, tiles, scale.data_ptr(), scale.shape[0], out_dtype, lib)
 
@@ -374,7 +294,7 @@ def dense_tiles(weight: torch.Tensor) -> torch.Tensor:
     return w.view(nt, DENSE_TILE, K).permute(0, 2, 1).contiguous()
 
 
-def dense_any_m(dtype: torch.dtype, lib: Optional[ctypes.CDLL] = None) -> bool:
+def dense_any_m(dtype: torch.dtype, lib: Optional[OpTable] = None) -> bool:
     """dense_gemv takes any batch size for `dtype` with the loaded library: bf16 on VDPBF16PS builds and
     float32 on AVX-512 builds, whose GEMM micro-kernel matches oneDNN's packed GEMM at large M and beats
     it below (docs/PERFORMANCE.md#cpu-linears), so such weights need no oneDNN copy."""
@@ -385,7 +305,7 @@ def dense_any_m(dtype: torch.dtype, lib: Optional[ctypes.CDLL] = None) -> bool:
 
 
 def dense_gemv(x: torch.Tensor, tiles: torch.Tensor, n_out: int, bias: Optional[torch.Tensor] = None,
-               portable: bool = False, lib: Optional[ctypes.CDLL] = None) -> Optional[torch.Tensor]:
+               portable: bool = False, lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
     """x [M, K] (rows may be strided) @ W.T (+ bias) -> [M, n_out] like x, W given as dense_tiles(W) of
     x's dtype; None when the library is not loaded or M > DENSE_MAX_M without dense_any_m (the caller's
     GEMM runs). portable: the bf16 body without VDPBF16PS (tests run both)."""
@@ -400,7 +320,7 @@ def dense_gemv(x: torch.Tensor, tiles: torch.Tensor, n_out: int, bias: Optional[
         name = "dense_gemv_portable_bf16" if portable else "dense_gemv_bf16"
     else:
         name = "dense_gemv_f32"
-    rc = getattr(lib, name)(x.data_ptr(), x.stride(0), tiles.data_ptr(), _ptr(bias), out.data_ptr(), M, K, n_out)
+    rc = getattr(lib, name)(x.data_ptr(), x.stride(0), tiles.data_ptr(), opt_ptr(bias), out.data_ptr(), M, K, n_out)
     _check(rc, name)
     return out
 
@@ -424,16 +344,16 @@ def _extend_call(q: torch.Tensor, kv: Optional[tuple], starts: torch.Tensor, len
     else:
         rt = prefix.req_to_token
         pool_args = (prefix.k_pool.data_ptr(), prefix.v_pool.data_ptr(), prefix.k_pool.shape[1], rt.data_ptr(),
-                     rt.stride(0), prefix.req_rows.data_ptr(), prefix.prefix_lens.data_ptr(), _ptr(prefix.k_begin))
+                     rt.stride(0), prefix.req_rows.data_ptr(), prefix.prefix_lens.data_ptr(), opt_ptr(prefix.k_begin))
     if q.dtype == torch.float32:
         name = "extend_causal_f32"
     else:
         name = "extend_causal_bf16" if dpbf16 else "extend_causal_portable_bf16"
     po, pl = prior if prior is not None else (None, None)
-    rc = getattr(_lib, name)(q.data_ptr(), q.stride(0), _ptr(k), 0 if k is None else k.stride(0), _ptr(v),
+    rc = getattr(_lib, name)(q.data_ptr(), q.stride(0), opt_ptr(k), 0 if k is None else k.stride(0), opt_ptr(v),
                              0 if v is None else v.stride(0), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
-                             H, hkv, D, scale, out.data_ptr(), *pool_args, _ptr(q_index), _ptr(lse_out), _ptr(po),
-                             _ptr(pl), window)
+                             H, hkv, D, scale, out.data_ptr(), *pool_args, opt_ptr(q_index), opt_ptr(lse_out),
+                             opt_ptr(po), opt_ptr(pl), window)
     _check(rc, name)
 
 
@@ -462,7 +382,7 @@ def empty_prior(T: int, H: int, D: int, dtype: torch.dtype) -> Prior:
 
 
 def shared_prefix(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
-                  plan: "CascadePlan", scale: float, dpbf16: bool, prior: Prior) -> None:
+                  plan: CascadeGroups, scale: float, dpbf16: bool, prior: Prior) -> None:
     """Cascade attention's shared part (attention/cascade.py): every row of q [T, H, D] listed in
     plan.q_index attends to positions 0 .. P_g - 1 of its group's table row, no causal mask; its
     output and log-sum-exp go into those rows of `prior` (empty_prior), the other rows are untouched."""
@@ -495,3 +415,27 @@ class PagedPrefix:
     req_rows: torch.Tensor  # [R] int64
     prefix_lens: torch.Tensor  # [R] int64
     k_begin: Optional[torch.Tensor] = None  # [R] int64 first prefix position read (cascade's own part); None: 0
+
+
+def decode_layer_pools(pool: Any) -> tuple[Any, Any]:
+    """DecodeStep.k_pools / v_pools for a KV pool with per-layer k_buffers / v_buffers [Hkv, slots, D]
+    (keep the pair alive while a step uses it)."""
+    return (pointer_array([b.data_ptr() for b in pool.k_buffers]),
+            pointer_array([b.data_ptr() for b in pool.v_buffers]))
+
+
+def decode_layers(weights: list, step: Any, residual: torch.Tensor) -> torch.Tensor:
+    """decode_layer.c over every layer of `weights` (DecodeLayerWeights) for one DecodeStep: residual
+    [M, hidden] updated in place; returns the last layer's MLP output [M, hidden] (like residual)."""
+    fn = _lib.decode_layer_bf16 if residual.dtype == torch.bfloat16 else _lib.decode_layer_f32
+    M, hidden = residual.shape
+    bufs = [torch.empty(M, hidden, dtype=residual.dtype) for _ in range(2)]  # [M, hidden] each, alternating
+    h: Optional[torch.Tensor] = None
+    res = residual.data_ptr()
+    for i, w in enumerate(weights):
+        out = bufs[i % 2]
+        rc = fn(w, step, res, None if h is None else h.data_ptr(), out.data_ptr())
+        if rc:
+            raise RuntimeError(f"CPU kernel decode_layer failed with code {rc} (layer {i})")
+        h = out
+    return h

@@ -32,7 +32,7 @@ def bench_decode(quick: bool) -> list[dict]:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from radixlang_runtime.kernels.decode_attention import decode_attention
+    from radixlang_kernels.decode_attention import decode_attention
 
     H, hkv, D, dt = 32, 8, 128, torch.bfloat16
     bw = hbm_bandwidth(torch.cuda.get_device_name())
@@ -71,7 +71,7 @@ def bench_extend(quick: bool) -> list[dict]:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from radixlang_runtime.kernels.extend_attention import extend_attention
+    from radixlang_kernels.extend_attention import extend_attention
 
     H, hkv, D, dt = 32, 8, 128, torch.bfloat16
     rows = []

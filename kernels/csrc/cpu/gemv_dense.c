@@ -1,5 +1,5 @@
 /*
- * Dense linears on a tiled copy of the weights made once at load time (cpu_kernels.dense_tiles):
+ * Dense linears on a tiled copy of the weights made once at load time (cpu_ops.dense_tiles):
  *   out [M, N] = x [M, K] @ W.T (+ bias [N]), sums in float32, out like x.
  *
  * Layout (TILE = 32 output rows per tile, NT = ceil(N / 32), the last tile's missing rows are zeros):

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlang_runtime.kernels.triton_common import INTERPRETED, attend_paged, dot_precision
+from radixlang_kernels.triton_common import INTERPRETED, attend_paged, dot_precision
 
 
 @triton.jit

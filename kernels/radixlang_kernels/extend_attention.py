@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlang_runtime.kernels.triton_common import INTERPRETED, attend_paged, dot_precision, scores, softmax_step
+from radixlang_kernels.triton_common import INTERPRETED, attend_paged, dot_precision, scores, softmax_step
 
 
 @triton.jit

@@ -1,0 +1,125 @@
+/* Every entry point of the CPU kernel library, declared once. The defining files include this header, so a
+ * definition that drifts from its declaration fails to compile; radixlang_kernels/header.py parses it at load
+ * to type the ctypes calls (the op table), so Python never restates a signature.
+ *
+ * The parser reads a strict subset of C, and refuses by name anything else: `typedef struct { ... } name;`
+ * with fields of the types below, and prototypes `int|void name(params);` whose parameters are void,
+ * int, int64_t, float, a pointer to any of (const) void / uint8_t / int8_t / uint16_t / int64_t / float, a
+ * pointer to a struct declared here, or a pointer to pointers. No macros, arrays or function pointers.
+ * bf16 tensors travel as uint16_t. Return codes: 0 done, -1 the shapes are outside the kernel's limits
+ * (the planner never passes such a batch), -2 out of memory. */
+#ifndef RADIXLANG_CPU_KERNELS_H
+#define RADIXLANG_CPU_KERNELS_H
+#include <stdint.h>
+
+/* decode_layer.c: a linear's weights. kind 0 dense tiles (gemv_dense.c; bias applied inside), 1 GGUF blocks
+ * of format fmt, 2 int8 rows with per-row scale, 3 GGUF blocks of format fmt as gemv_q8.c's tiles, 4 int8
+ * rows as gemv_q8.c's tiles with per-row scale. */
+typedef struct {
+    int64_t kind, fmt, N, K;
+    const void *w;
+    const float *scale;
+    const void *bias; /* [N] like x, or NULL */
+} decode_linear;
+
+/* decode_layer.c: one decoder layer's weights */
+typedef struct {
+    decode_linear qkv, o, gate_up, down;
+    const void *in_norm, *post_norm; /* [hidden] like x */
+    int64_t layer;                   /* index into the step's pools */
+    int64_t window;                  /* sliding window > 0: attend from the step's win_begin, no groups */
+} decode_layer_weights;
+
+/* decode_layer.c: what every layer of one decode step shares */
+typedef struct {
+    int64_t M, hidden, H, Hkv, D, inter, slots, ctx;
+    float eps, scale;
+    const void *cos, *sin;                                       /* [M, D], [M, D / 2] like x */
+    const int64_t *out_loc, *req_to_token, *req_rows, *seq_lens; /* [M], [rows, ctx], [M], [M] */
+    void *const *k_pools, *const *v_pools;                       /* per layer [Hkv, slots, D] */
+    /* cascade groups (attention/cascade.py's CascadePlan; groups == 0 and every pointer NULL: none):
+     * [G], [G], [E], [G + 1], [G], [M] */
+    int64_t groups, dpbf16;
+    const int64_t *group_rows, *group_lens, *q_index, *group_starts, *group_counts, *k_begin;
+    void *prior_o;            /* [M, H, D] like x: each layer's shared parts (rows not in a group keep lse -inf) */
+    float *prior_lse;         /* [M, H] */
+    const int64_t *win_begin; /* [M] max(0, seq_len - window) for the windowed layers (NULL: none) */
+} decode_step;
+
+/* gemv_dense.c: x [M, K] (row stride xs) @ dense tiles (+ bias [N] or NULL) -> out [M, N] */
+int dense_gemv_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias, uint16_t *out,
+                    int64_t M, int64_t K, int64_t N);
+int dense_gemv_portable_bf16(const uint16_t *x, int64_t xs, const uint16_t *wt, const uint16_t *bias,
+                             uint16_t *out, int64_t M, int64_t K, int64_t N);
+int dense_gemv_f32(const float *x, int64_t xs, const float *wt, const float *bias, float *out, int64_t M, int64_t K,
+                   int64_t N);
+/* gemv_dense.c: 1 where dense_gemv_<dtype> takes any M on this build, else 0 (M <= DENSE_MAX_M) */
+int dense_any_m_bf16(void);
+int dense_any_m_f32(void);
+
+/* gemv.c: x [M, K] @ GGUF Q4_1 / Q8_0 blocks (fmt: ggml type number), or int8 rows * scale [N] */
+int gguf_gemv_bf16(const uint16_t *x, const uint8_t *w, int64_t fmt, uint16_t *out, int64_t M, int64_t K, int64_t N);
+int gguf_gemv_f32(const float *x, const uint8_t *w, int64_t fmt, float *out, int64_t M, int64_t K, int64_t N);
+int qlinear_int8_bf16(const uint16_t *x, const int8_t *w, const float *scale, uint16_t *out, int64_t M, int64_t K,
+                      int64_t N);
+int qlinear_int8_f32(const float *x, const int8_t *w, const float *scale, float *out, int64_t M, int64_t K, int64_t N);
+
+/* gemv_q8.c: x (bf16 or float32, x_bf16) quantized per block of 32 @ int8 / GGUF tiles -> out (out_bf16) */
+int int8_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, const float *scale, void *out, int out_bf16,
+                 int64_t M, int64_t K, int64_t N);
+int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
+                 int64_t K, int64_t N);
+
+/* norm_act.c: residual [T, H] += x (x NULL: no add); out = rms_norm(residual) * weight; silu(gate) * up */
+void add_rms_norm_bf16(uint16_t *residual, const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t T,
+                       int64_t H, float eps);
+void add_rms_norm_f32(float *residual, const float *x, const float *weight, float *out, int64_t T, int64_t H,
+                      float eps);
+void silu_mul_bf16(const uint16_t *gu, uint16_t *out, int64_t T, int64_t I);
+void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I);
+
+/* decode_attention.c: paged decode attention reading K/V in place */
+int paged_decode_bf16(const uint16_t *q, const uint16_t *k_pool, const uint16_t *v_pool, const int64_t *req_to_token,
+                      const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin,
+                      const uint16_t *prior_o, const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                      int64_t N, int64_t ctx, float scale, uint16_t *out);
+int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, const int64_t *req_to_token,
+                     const int64_t *req_rows, const int64_t *seq_lens, const int64_t *k_begin, const float *prior_o,
+                     const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx,
+                     float scale, float *out);
+
+/* extend attention (extend_attention.c: VDPBF16PS, -1 on other builds; extend_impl.h: portable) */
+int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride, const uint16_t *v,
+                       int64_t v_stride, const int64_t *starts, const int64_t *lens, int64_t R, int64_t H, int64_t Hkv,
+                       int64_t D, float scale, uint16_t *out, const uint16_t *k_pool, const uint16_t *v_pool, int64_t N,
+                       const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows,
+                       const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,
+                       const uint16_t *prior_o, const float *prior_lse, int64_t window);
+int extend_causal_portable_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
+                                const uint16_t *v, int64_t v_stride, const int64_t *starts, const int64_t *lens,
+                                int64_t R, int64_t H, int64_t Hkv, int64_t D, float scale, uint16_t *out,
+                                const uint16_t *k_pool, const uint16_t *v_pool, int64_t N, const int64_t *req_to_token,
+                                int64_t rt_stride, const int64_t *req_rows, const int64_t *prefix_lens,
+                                const int64_t *k_begin, const int64_t *q_index, float *lse_out,
+                                const uint16_t *prior_o, const float *prior_lse, int64_t window);
+int extend_causal_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                      int64_t v_stride, const int64_t *starts, const int64_t *lens, int64_t R, int64_t H, int64_t Hkv,
+                      int64_t D, float scale, float *out, const float *k_pool, const float *v_pool, int64_t N,
+                      const int64_t *req_to_token, int64_t rt_stride, const int64_t *req_rows,
+                      const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,
+                      const float *prior_o, const float *prior_lse, int64_t window);
+
+/* rope_store.c: neox rope on qkv's q and k heads in place, then (out_loc non-NULL) k and v into the pools */
+void rope_store_bf16(uint16_t *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D,
+                     const uint16_t *cos, const uint16_t *sin, const int64_t *out_loc, uint16_t *k_pool,
+                     uint16_t *v_pool, int64_t N);
+void rope_store_f32(float *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D, const float *cos,
+                    const float *sin, const int64_t *out_loc, float *k_pool, float *v_pool, int64_t N);
+
+/* decode_layer.c: one decoder layer of a decode-sized batch (h NULL on the first layer) */
+int decode_layer_bf16(const decode_layer_weights *W, const decode_step *S, uint16_t *residual, const uint16_t *h,
+                      uint16_t *out);
+int decode_layer_f32(const decode_layer_weights *W, const decode_step *S, float *residual, const float *h,
+                     float *out);
+
+#endif

@@ -1,0 +1,51 @@
+"""Test support for the kernels (test suites import from here; no conftest.py in kernels/tests, whose
+modules run in one pytest call with tests/, where `from conftest import ...` must find tests/conftest.py):
+- the `isa` fixture's two halves: isas() (its params) and use_isa_library (its body): a kernel test runs
+  once per instruction set this machine has, each time on a library built for exactly that set (the same
+  sources, built under a mask), installed as cpu_ops' library;
+- interpret_triton_without_gpu: Triton kernels run interpreted where there is no GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import pytest
+
+from radixlang_kernels.cpu_caps import apply_mask, detect, parse_mask
+from radixlang_kernels.op_table import build_library
+
+def interpret_triton_without_gpu() -> None:
+    """TRITON_INTERPRET=1 where there is no GPU (nvidia-smi); before triton is first imported."""
+    if shutil.which("nvidia-smi") is None:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_MASKS = {"avx512_bf16": "", "avx512": "avx512_bf16", "avx2": "avx512", "scalar": "avx2"}
+
+
+def isas() -> list[str]:
+    """This machine's own instruction set and every weaker one (x86-64); elsewhere its own only."""
+    caps = detect()
+    if caps.arch not in ("x86_64", "AMD64"):
+        return [caps.isa]
+    order = ["avx512_bf16", "avx512", "avx2", "scalar"]
+    return order[order.index(caps.isa):]
+
+
+def use_isa_library(isa: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Installs the library built for instruction set `isa` as cpu_ops' library for the test; returns isa."""
+    from radixlang_kernels import cpu_ops  # torch: imported by the tests that use the fixture only
+
+    caps = detect()
+    masked = caps.masked | parse_mask(_MASKS[isa])
+    caps = dataclasses.replace(caps, features=apply_mask(caps.features, masked), masked=masked)
+    assert caps.isa == isa
+    lib = build_library(caps)
+    assert lib is not None, "the kernels must build for every instruction set of this CPU"
+    # load the process's own library first: a load() inside the test (a module's constructor) must not
+    # leave "tried" set with the patched library restored to None afterwards
+    cpu_ops.load()
+    monkeypatch.setattr(cpu_ops, "_lib", lib)
+    return isa
