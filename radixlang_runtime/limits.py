@@ -120,6 +120,7 @@ class RuntimeLimits:
     grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
     grammar_backend: str = "auto"  # constrained/backends.py: which grammar kinds are accepted (auto: all)
     disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
+    lora_adapters: tuple[str, ...] = ()  # the LoRA adapters' names in id order (lora_spec.py: id = index + 1)
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids") -> None:

@@ -34,6 +34,7 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     grammar: Optional[list] = None  # GrammarSpec.to_wire() built at intake (None: unconstrained)
     bootstrap: Optional[list] = None  # PD (disaggregation_mode prefill / decode): [host, port, room]
+    lora_id: int = 0  # the LoRA adapter it runs (lora_spec.py; 0: the base model)
 
 
 @dataclass

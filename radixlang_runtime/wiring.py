@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from radixlang_runtime.lora_spec import parse_lora_paths
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
@@ -213,7 +214,8 @@ def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     runner = scheduler.runner
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
                          grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
-                         disaggregation_mode=runner.args.disaggregation_mode)
+                         disaggregation_mode=runner.args.disaggregation_mode,
+                         lora_adapters=tuple(s.name for s in parse_lora_paths(runner.args.lora_paths)))
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:

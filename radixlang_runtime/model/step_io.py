@@ -62,6 +62,7 @@ class ModelBatch:
     rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) written before the step
     samples: list[Optional[SampleSpec]]  # [B] None: no token drawn (a non-final prefill chunk, ...)
     input_logprobs: list[Optional[InputLogprobSpec]]  # [B] None: no prompt logprobs this step
+    lora_ids: list[int] = field(default_factory=list)  # [B] LoRA adapter ids (0: the base); []: all base
 
     @property
     def batch_size(self) -> int:

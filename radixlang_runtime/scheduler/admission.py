@@ -129,7 +129,7 @@ class PrefillAdmission:
             target = prefill_target_len(req)
             adder.rem_total_tokens -= (locked := kv.match(req, target))
             if batch_tree is not None:
-                ids = req.fill_ids[:target]
+                ids = req.cache_ids[:target]
                 if self._worth_waiting(batch_tree.match_prefix(ids).length, req.kv_len):
                     kv.unmatch(req)
                     adder.rem_total_tokens += locked

@@ -56,7 +56,8 @@ class ScheduleBatch:
             samples=[self._sample_spec(i) if s else None for i, s in enumerate(self.sample)],
             input_logprobs=[InputLogprobSpec(r.input_ids, r.logprob_start_len, r.top_logprobs_num)
                             if i < self.decode_from and r.wants_input_logprobs else None
-                            for i, r in enumerate(self.reqs)])
+                            for i, r in enumerate(self.reqs)],
+            lora_ids=[r.lora_id for r in self.reqs] if any(r.lora_id for r in self.reqs) else [])
 
     def _sample_spec(self, i: int) -> SampleSpec:
         req = self.reqs[i]

@@ -127,7 +127,7 @@ class RequestLoop:
             self.scheduler.add_request(Req(
                 rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
-                bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None))
+                bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None, lora_id=msg.lora_id))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):

@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from radixlang_runtime.sampling_params import SamplingParams
 
+LORA_KEY_SHIFT = 40  # above any vocabulary id
+
 
 @dataclass
 class Req:
@@ -62,6 +64,7 @@ class Req:
     stop_from_end: int = 0  # a stop string ended it: where that occurrence starts, in chars from the text's end
     num_retractions: int = 0
     bootstrap: Optional[tuple] = None  # PD: (prefill host, bootstrap port, room) from the router's fields
+    lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: Optional[float] = None  # first admission to a prefill batch
@@ -71,6 +74,15 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
+
+    @property
+    def cache_ids(self) -> list[int]:
+        """fill_ids as the radix cache keys them: under a LoRA adapter every id is moved into the adapter's own
+        range (id + lora_id * 2**40), so its prefixes never match the base's or another adapter's."""
+        if not self.lora_id:
+            return self.fill_ids
+        off = self.lora_id << LORA_KEY_SHIFT
+        return [t + off for t in self.fill_ids]
 
     @property
     def seq_len(self) -> int:

@@ -1,0 +1,176 @@
+"""Multi-LoRA serving on a tiny random Llama: the base and two peft adapters (ranks 8 and 16 on every projection)
+mixed in one batch, token for token against transformers + peft (each adapter merged with merge_and_unload,
+float32); the radix cache keyed per adapter; adapter configs refused by name."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+
+import pytest
+from tiny_checkpoints import build_tiny, hf_greedy
+
+PROMPT = list(range(300, 316))
+OTHER = [5, 77, 1200, 9, 4000, 31, 8, 640]
+NEW = 12
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+            initializer_range=0.3, max_position_embeddings=256)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {"alpha": (8, 16, 1), "beta": (16, 8, 2)}  # name -> (rank, lora_alpha, seed)
+SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+
+
+def make_adapter(base, path, rank: int, alpha: int, seed: int):
+    """A peft adapter on a copy of base with random, large B (peft starts B at zero), saved to path;
+    returns the merged reference model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=rank, lora_alpha=alpha, target_modules=ALL,
+                                                           lora_dropout=0.0))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    model.save_pretrained(path)
+    return model.merge_and_unload().eval()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = build_tiny(root / "base", "LlamaConfig", TINY, {})
+    refs = {"": base}
+    for name, (rank, alpha, seed) in ADAPTERS.items():
+        refs[name] = make_adapter(base, str(root / name), rank, alpha, seed)
+    want = {name: {tuple(p): hf_greedy(m, p, NEW) for p in (PROMPT, OTHER)} for name, m in refs.items()}
+    return root, want
+
+
+@pytest.fixture(scope="module")
+def engine(setup):
+    from radixlang_runtime import Engine
+
+    root, _ = setup
+    with Engine(str(root / "base"), dtype="float32", max_total_tokens=2048,
+                lora_paths=[f"{n}={root / n}" for n in ADAPTERS], max_loras_per_batch=4) as eng:
+        yield eng
+
+
+def record_steps(eng):
+    """The lora_ids of every step the runner takes from now on."""
+    seen, runner, orig = [], eng.runner, eng.runner.run_step
+
+    def run_step(step):
+        seen.append(list(step.lora_ids))
+        return orig(step)
+
+    runner.run_step = run_step
+    return seen
+
+
+def test_mixed_batch_matches_peft_merged(setup, engine):
+    _, want = setup
+    # the three differ: the comparison can fail
+    assert len({tuple(want[n][tuple(PROMPT)]) for n in ("", "alpha", "beta")}) == 3
+    seen = record_steps(engine)
+    try:
+        names = [None, "alpha", "beta", "alpha", None, "beta"]
+        prompts = [PROMPT, PROMPT, PROMPT, OTHER, OTHER, OTHER]
+        outs = engine.generate(input_ids=prompts, sampling_params=SP, lora_path=names)
+    finally:
+        del engine.runner.run_step
+    assert [o["output_ids"] for o in outs] == [want[n or ""][tuple(p)] for n, p in zip(names, prompts)]
+    assert any(set(ids) == {0, 1, 2} for ids in seen)  # base and both adapters in one forward pass
+    engine.check_integrity()
+
+
+def test_cache_is_per_adapter(engine):
+    long = list(range(700, 740))  # several pages
+    assert engine.flush_cache()
+    first = engine.generate(input_ids=long, sampling_params=SP, lora_path="alpha")
+    again = engine.generate(input_ids=long, sampling_params=SP, lora_path="alpha")
+    other = engine.generate(input_ids=long, sampling_params=SP, lora_path="beta")
+    base = engine.generate(input_ids=long, sampling_params=SP)
+    base_again = engine.generate(input_ids=long, sampling_params=SP)
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == first["output_ids"]
+    assert other["meta_info"]["cached_tokens"] == 0
+    assert base["meta_info"]["cached_tokens"] == 0
+    assert base_again["meta_info"]["cached_tokens"] > 0
+    assert len({tuple(o["output_ids"]) for o in (first, other, base)}) == 3
+    engine.check_integrity()
+
+
+def test_base_batch_runs_the_base_path(setup, engine):
+    _, want = setup
+    seen = record_steps(engine)
+    try:
+        out = engine.generate(input_ids=PROMPT, sampling_params=SP)
+    finally:
+        del engine.runner.run_step
+    assert out["output_ids"] == want[""][tuple(PROMPT)]
+    assert seen and all(ids == [] for ids in seen)
+
+
+def test_concurrent_calls_share_batches(setup, engine):
+    _, want = setup
+    results = {}
+
+    def go(name):
+        results[name] = engine.generate(input_ids=PROMPT, sampling_params=SP, lora_path=name)["output_ids"]
+
+    threads = [threading.Thread(target=go, args=(n,)) for n in ("alpha", "beta")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == {n: want[n][tuple(PROMPT)] for n in ("alpha", "beta")}
+
+
+def test_unknown_adapter_is_refused_by_name(engine):
+    from radixlang_runtime.lora_spec import LoraNotFound
+
+    with pytest.raises(LoraNotFound, match="'gamma'"):
+        engine.generate(input_ids=PROMPT, sampling_params=SP, lora_path="gamma")
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"use_dora": True}, "use_dora"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"bias": "all"}, "bias"), ({"fan_in_fan_out": True}, "fan_in_fan_out"),
+    ({"target_modules": ["q_proj", "lm_head"]}, "lm_head"), ({"target_modules": ["embed_tokens"]}, "embed_tokens"),
+    ({"target_modules": ".*proj"}, "pattern"), ({"r": 64}, "max-lora-rank"),
+])
+def test_adapter_config_refused_by_name(change, named):
+    from radixlang_runtime.model.lora_adapter import parse_config
+
+    raw = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "bias": "none", **change}
+    with pytest.raises(ValueError, match=named):
+        parse_config(raw, "'x'", 32)
+
+
+def test_rslora_scaling():
+    from radixlang_runtime.model.lora_adapter import parse_config
+
+    assert parse_config({"r": 16, "lora_alpha": 8, "target_modules": ALL}, "x", 64).scaling == 0.5
+    assert parse_config({"r": 16, "lora_alpha": 8, "target_modules": ALL, "use_rslora": True}, "x", 64).scaling == 2.0
+
+
+def test_server_args_refuse_unsupported_combinations(tmp_path):
+    from radixlang_runtime.server_args import ServerArgs
+
+    assert ServerArgs(lora_paths=["a=/x"]).enable_lora  # --lora-paths implies --enable-lora
+    with pytest.raises(ValueError, match="enable_hierarchical_cache"):
+        ServerArgs(lora_paths=["a=/x"], enable_hierarchical_cache=True)
+    with pytest.raises(ValueError, match="given twice"):
+        ServerArgs(lora_paths=["a=/x", "a=/y"])
+    os.makedirs(tmp_path / "d")
+    (tmp_path / "d" / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
+    with pytest.raises(ValueError, match="adapter_model.safetensors"):
+        from radixlang_runtime.model.lora_adapter import load_adapter
+        import torch
+        load_adapter("d", str(tmp_path / "d"), 1, 2, 64, torch.float32, torch.device("cpu"))
