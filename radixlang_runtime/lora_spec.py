@@ -18,7 +18,10 @@ from typing import Optional, Sequence
 
 
 class LoraNotFound(ValueError):
-    """A request named an adapter this server does not serve."""
+    """A request named an adapter this server does not serve (native routes: 400 on `lora_path`; OpenAI routes
+    answer 404 model_not_found)."""
+
+    param = "lora_path"
 
 
 @dataclass(frozen=True)
