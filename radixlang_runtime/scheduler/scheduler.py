@@ -51,6 +51,7 @@ class SchedulerConfig:
     schedule_policy: str = "fcfs"  # "lpm" | "fcfs" | "dfs-weight" (see policy.order_waiting)
     enable_mixed_chunk: bool = False  # decode steps ride along in prefill batches
     debug_check_integrity: bool = False
+    max_loras_per_batch: int = 8  # distinct LoRA adapters among the running requests (the base not counted)
 
 
 class Scheduler:
