@@ -35,13 +35,13 @@ def make_adapter(base, path, rank: int, alpha: int, seed: int):
     return model.merge_and_unload().eval()
 
 
-def build_base_and_adapters(root):
+def build_base_and_adapters(root, prompts=(PROMPT, OTHER)):
     """root/base and root/<name> per adapter; returns {adapter name ("" the base): {prompt: greedy ids}}."""
     base = build_tiny(root / "base", "LlamaConfig", TINY, {})
     refs = {"": base}
     for name, (rank, alpha, seed) in ADAPTERS.items():
         refs[name] = make_adapter(base, str(root / name), rank, alpha, seed)
-    want = {name: {tuple(p): hf_greedy(m, p, NEW) for p in (PROMPT, OTHER)} for name, m in refs.items()}
+    want = {name: {tuple(p): hf_greedy(m, p, NEW) for p in prompts} for name, m in refs.items()}
     return want
 
 

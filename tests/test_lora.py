@@ -141,3 +141,33 @@ def test_server_args_refuse_unsupported_combinations(tmp_path):
         from radixlang_runtime.model.lora_adapter import load_adapter
         import torch
         load_adapter("d", str(tmp_path / "d"), 1, 2, 64, torch.float32, torch.device("cpu"))
+
+
+def test_lora_linear_interleaved_rows_match_the_merged_weights():
+    """Rows of adapters 1, base, 2, 1 interleaved (a gather for adapter 1, a slice for 2), a delta on the k slice of
+    a fused q/k/v output only: each row equals its own merged linear."""
+    import torch
+    from torch import nn
+
+    from radixlang_runtime.model.lora_linear import LoraLinear, LoraState
+
+    torch.manual_seed(0)
+    base, state = nn.Linear(8, 12, bias=False), LoraState()
+    lin = LoraLinear(base, {"q_proj": (0, 4), "k_proj": (4, 4), "v_proj": (8, 4)}, state)
+    a = {i: torch.randn(2, 8) for i in (1, 2)}
+    b = {i: torch.randn(4, 2) for i in (1, 2)}
+    for i in (1, 2):
+        lin.add(i, "k_proj", a[i], b[i])
+    ids, counts = [1, 0, 2, 1], [2, 3, 1, 2]
+    x = torch.randn(sum(counts), 8)
+    state.set_rows(ids, counts, x.device)
+    with torch.no_grad():
+        y = lin(x)
+        rows = [i for i, n in zip(ids, counts) for _ in range(n)]
+        for r, lid in enumerate(rows):
+            w = base.weight.clone()
+            if lid:
+                w[4:8] += b[lid] @ a[lid]
+            torch.testing.assert_close(y[r], x[r] @ w.t())
+        state.clear()
+        assert torch.equal(lin(x), base(x))  # no groups: the base linear alone

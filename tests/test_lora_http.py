@@ -14,8 +14,9 @@ from server_utils import ServerProcess
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_http")
-    want = build_base_and_adapters(root)
+    want = build_base_and_adapters(root, (PROMPT,))
     srv = ServerProcess("--model-path", str(root / "base"), "--dtype", "float32", "--max-total-tokens", "2048",
+                        "--debug-check-integrity",
                         "--lora-paths", *[f"{n}={root / n}" for n in ADAPTERS])
     try:
         yield srv, want

@@ -117,8 +117,19 @@ class LoraModel:
                     continue
                 mod = getattr(layer, owner)
                 setattr(mod, attr, LoraLinear(getattr(mod, attr), parts, self.state))
-            if hasattr(layer.mlp, "ROWS"):
-                layer.mlp.ROWS = 1 << 62  # row groups index the whole step: no row blocks
+        self._blocked = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "ROWS")]
+
+    def begin(self, lora_ids: list[int], counts: list[int], device: torch.device) -> None:
+        """A step with adapters: its row groups; the MLPs run the step's rows as one block (the groups index the
+        whole step), restored by `end`."""
+        self.state.set_rows(lora_ids, counts, device)
+        for mlp in self._blocked:
+            mlp.ROWS = 1 << 62
+
+    def end(self) -> None:
+        self.state.clear()
+        for mlp in self._blocked:
+            del mlp.ROWS  # the class's row block again
 
     def load(self, adapter: LoraAdapter) -> None:
         for (i, proj), (a, b) in adapter.weights.items():

@@ -325,13 +325,13 @@ class ModelRunner:
         fb = self._build_forward_batch(step)
         self.backend.init_forward_metadata(fb)
         if step.lora_ids:  # some request runs an adapter (else the base path, unchanged)
-            self.lora.state.set_rows(step.lora_ids, step.extend_lens, self.device)
+            self.lora.begin(step.lora_ids, step.extend_lens, self.device)
             fb.has_lora = True
         try:
             logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64, device=self.device))
         finally:
             if step.lora_ids:
-                self.lora.state.clear()
+                self.lora.end()
         if self.tp is None:
             return logits
         return self.tp.gather_logits(logits, self.shard, self.cfg.vocab_size)

@@ -15,9 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
 from radixlang_runtime.sampling_params import SamplingParams
-
-LORA_KEY_SHIFT = 40  # above any vocabulary id
 
 
 @dataclass
@@ -78,10 +77,11 @@ class Req:
     @property
     def cache_ids(self) -> list[int]:
         """fill_ids as the radix cache keys them: under a LoRA adapter every id is moved into the adapter's own
-        range (id + lora_id * 2**40), so its prefixes never match the base's or another adapter's."""
+        range (id + (lora_id << NAMESPACE_SHIFT), mem/radix_cache.py), so its prefixes never match the base's or
+        another adapter's."""
         if not self.lora_id:
             return self.fill_ids
-        off = self.lora_id << LORA_KEY_SHIFT
+        off = self.lora_id << NAMESPACE_SHIFT
         return [t + off for t in self.fill_ids]
 
     @property
