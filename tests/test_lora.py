@@ -171,3 +171,18 @@ def test_lora_linear_interleaved_rows_match_the_merged_weights():
             torch.testing.assert_close(y[r], x[r] @ w.t())
         state.clear()
         assert torch.equal(lin(x), base(x))  # no groups: the base linear alone
+
+
+def test_adapter_names_resolve():
+    from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_model, parse_lora_paths
+
+    specs = parse_lora_paths(["alpha=/a", "/b/beta/"])
+    assert [(s.name, s.path, s.lora_id) for s in specs] == [("alpha", "/a", 1), ("beta", "/b/beta/", 2)]
+    names = tuple(s.name for s in specs)
+    assert [lora_id_of(n, names) for n in (None, "alpha", "beta")] == [0, 1, 2]
+    assert lora_id_of_model("base:beta", "base", names) == 2
+    assert lora_id_of_model("alpha", "base", names) == 1
+    assert lora_id_of_model("base", "base", names) is None
+    assert lora_id_of_model("other:alpha", "base", names) is None  # not this server's model: the route's 404
+    with pytest.raises(LoraNotFound, match="'gamma'"):
+        lora_id_of_model("base:gamma", "base", names)
