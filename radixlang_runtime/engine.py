@@ -14,12 +14,14 @@ waits on a dead scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
 from radixlang_runtime.generate_input import parse_generate_input, parse_lora_path, with_lora
+from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.messages import AbortReq, TokenizedGenerateReq
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
@@ -102,6 +104,38 @@ class Engine:
                 if not builder.finished:
                     self._loop.put(AbortReq(builder.rid))
         return results if is_batch or len(results) > 1 else results[0]
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> int:
+        """Serve another LoRA adapter (a peft directory) under lora_name; returns its id. Its radix keys are
+        its own, also when the name was served before (a reload gets a new id)."""
+        names = list(self.limits.lora_adapters)
+        if lora_name in names:
+            raise ValueError(f"LoRA adapter {lora_name!r} is already loaded")
+        lora_id = self._loop.call(lambda s: s.runner.load_lora(lora_name, lora_path))
+        names += [None] * (lora_id - 1 - len(names)) + [lora_name]  # position = id - 1 (lora_spec.py)
+        self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
+        return lora_id
+
+    def unload_lora_adapter(self, lora_name: str, timeout: float = 60.0) -> None:
+        """Stop serving lora_name: new requests naming it are refused at once; its weights go once its queued
+        and running requests have ended (TimeoutError after `timeout` seconds, the name then stays refused)."""
+        lora_id = lora_id_of(lora_name, self.limits.lora_adapters)
+        names = list(self.limits.lora_adapters)
+        names[lora_id - 1] = None
+        self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
+
+        def drop_if_unused(s: Scheduler) -> bool:
+            pending = s.grammar.pending if s.grammar is not None else []
+            if any(r.lora_id == lora_id for r in [*s.waiting, *s.running, *pending, s.chunked_req] if r is not None):
+                return False
+            s.runner.lora.unload(lora_id)
+            return True
+
+        deadline = time.monotonic() + timeout
+        while not self._loop.call(drop_if_unused):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"LoRA adapter {lora_name!r} still has requests after {timeout} s")
+            time.sleep(0.02)
 
     def abort_request(self, rid: str) -> None:
         """End request rid wherever it is (queued, prefilling, decoding): finish_reason {"type": "abort"}."""

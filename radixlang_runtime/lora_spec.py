@@ -48,20 +48,20 @@ def parse_lora_paths(entries: Optional[list[str]]) -> list[LoraSpec]:
     return out
 
 
-def lora_id_of(name: Optional[str], adapters: Sequence[str]) -> int:
+def lora_id_of(name: Optional[str], adapters: Sequence[Optional[str]]) -> int:
     """A native `lora_path` -> the adapter's id (None: the base model, 0). adapters: the names in id order
-    (RuntimeLimits.lora_adapters)."""
+    (RuntimeLimits.lora_adapters; None where an adapter was unloaded: ids are never reused)."""
     if name is None:
         return 0
     if not isinstance(name, str):
         raise ValueError(f"lora_path must be an adapter's name (a string); got {name!r}")
     if name not in adapters:
-        known = ", ".join(adapters) or "none (start the server with --lora-paths name=path)"
+        known = ", ".join(a for a in adapters if a is not None) or "none (start the server with --lora-paths name=path)"
         raise LoraNotFound(f"LoRA adapter {name!r} is not loaded; loaded adapters: {known}")
     return list(adapters).index(name) + 1
 
 
-def lora_id_of_model(model: Optional[str], served: str, adapters: Sequence[str]) -> Optional[int]:
+def lora_id_of_model(model: Optional[str], served: str, adapters: Sequence[Optional[str]]) -> Optional[int]:
     """An OpenAI `model`: "<served>:<adapter>" (SGLang) or a bare adapter name (vLLM) -> its id; None when the
     model names no adapter (the route's own model check decides). "<served>:<unknown>" raises LoraNotFound."""
     if not model or not isinstance(model, str):

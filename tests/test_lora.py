@@ -9,7 +9,7 @@ import os
 import threading
 
 import pytest
-from lora_adapters import ADAPTERS, ALL, OTHER, PROMPT, SP, build_base_and_adapters
+from lora_adapters import ADAPTERS, ALL, NEW, OTHER, PROMPT, SP, build_base_and_adapters
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +186,44 @@ def test_adapter_names_resolve():
     assert lora_id_of_model("other:alpha", "base", names) is None  # not this server's model: the route's 404
     with pytest.raises(LoraNotFound, match="'gamma'"):
         lora_id_of_model("base:gamma", "base", names)
+
+
+def test_load_and_unload_at_run_time(setup, engine):
+    """A name loaded at run time serves its adapter; unloading refuses the name; a reload under the same name
+    gets a new id, and none of the old adapter's cached prefixes."""
+    from radixlang_runtime.lora_spec import LoraNotFound
+
+    root, want = setup
+    long = list(range(1500, 1540))
+    gid = engine.load_lora_adapter("gamma", str(root / "alpha"))
+    assert gid == 3
+    got = engine.generate(input_ids=PROMPT, sampling_params=SP, lora_path="gamma")
+    assert got["output_ids"] == want["alpha"][tuple(PROMPT)]
+    first = engine.generate(input_ids=long, sampling_params=SP, lora_path="gamma")
+    assert engine.generate(input_ids=long, sampling_params=SP, lora_path="gamma")["meta_info"]["cached_tokens"] > 0
+    engine.unload_lora_adapter("gamma")
+    with pytest.raises(LoraNotFound, match="'gamma'"):
+        engine.generate(input_ids=PROMPT, sampling_params=SP, lora_path="gamma")
+    assert engine.load_lora_adapter("gamma", str(root / "alpha")) == 4
+    again = engine.generate(input_ids=long, sampling_params=SP, lora_path="gamma")
+    assert again["meta_info"]["cached_tokens"] == 0 and again["output_ids"] == first["output_ids"]
+    with pytest.raises(ValueError, match="already loaded"):
+        engine.load_lora_adapter("gamma", str(root / "beta"))
+    engine.check_integrity()
+
+
+def test_unload_waits_for_running_requests(setup, engine):
+    root, want = setup
+    engine.load_lora_adapter("delta", str(root / "beta"))
+    out = {}
+    sp = {**SP, "max_new_tokens": 48, "min_new_tokens": 48}
+    t = threading.Thread(target=lambda: out.update(engine.generate(input_ids=PROMPT, sampling_params=sp,
+                                                                   lora_path="delta")))
+    t.start()
+    while not engine.get_stats()["num_running_reqs"] and t.is_alive():
+        pass
+    engine.unload_lora_adapter("delta")  # returns once the request has ended
+    t.join(timeout=60)
+    assert out["output_ids"][:NEW] == want["beta"][tuple(PROMPT)]
+    assert out["meta_info"]["completion_tokens"] == 48
+    engine.check_integrity()

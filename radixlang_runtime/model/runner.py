@@ -215,7 +215,18 @@ class ModelRunner:
             lora.load(a)
             logger.info("LoRA adapter %r (id %d): rank %d, alpha %g, targets %s", a.name, a.lora_id,
                         a.config.rank, a.config.alpha, ",".join(a.config.targets))
+        self.lora_next_id = len(specs) + 1  # ids are never reused: a reload under a name gets a new one
         return lora
+
+    def load_lora(self, name: str, path: str) -> int:
+        """Load an adapter at run time (on the scheduler's thread); returns its new id."""
+        if self.lora is None:
+            raise ValueError("loading a LoRA adapter needs enable_lora")
+        adapter = load_adapter(name, path, self.lora_next_id, self.cfg.num_hidden_layers,
+                               self.args.max_lora_rank or 1 << 30, self.dtype, self.device)
+        self.lora.load(adapter)
+        self.lora_next_id += 1
+        return adapter.lora_id
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
         """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one

@@ -123,6 +123,10 @@ class RequestLoop:
             except (TypeError, ValueError) as e:  # a malformed message: this request fails, never the loop
                 self.io.send_error([msg.rid], str(e), 400)
                 return
+            lora = getattr(self.scheduler.runner, "lora", None)
+            if msg.lora_id and (lora is None or msg.lora_id not in lora.adapters):  # unloaded meanwhile
+                self.io.send_error([msg.rid], f"LoRA adapter id {msg.lora_id} is not loaded (unloaded)", 400)
+                return
             self.sent[msg.rid] = _Sent(stream=msg.stream)
             self.scheduler.add_request(Req(
                 rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,

@@ -229,7 +229,7 @@ async def models(request: Request):
     return {"object": "list", "data": [{"id": base, "object": "model", "created": 0, "owned_by": "radixlang",
                                         "max_model_len": state.tm.limits.context_len}] + [
         {"id": name, "object": "model", "created": 0, "owned_by": "radixlang", "root": base, "parent": base,
-         "max_model_len": state.tm.limits.context_len} for name in state.tm.limits.lora_adapters]}
+         "max_model_len": state.tm.limits.context_len} for name in state.tm.limits.lora_adapters if name is not None]}
 
 
 async def _accept(request: Request, route: str, rid_prefix: str) -> tuple[ServerState, dict, str, int, str]:
