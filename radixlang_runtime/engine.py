@@ -124,15 +124,8 @@ class Engine:
         names[lora_id - 1] = None
         self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
 
-        def drop_if_unused(s: Scheduler) -> bool:
-            pending = s.grammar.pending if s.grammar is not None else []
-            if any(r.lora_id == lora_id for r in [*s.waiting, *s.running, *pending, s.chunked_req] if r is not None):
-                return False
-            s.runner.lora.unload(lora_id)
-            return True
-
         deadline = time.monotonic() + timeout
-        while not self._loop.call(drop_if_unused):
+        while not self._loop.call(lambda s: s.drop_lora_if_unused(lora_id)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"LoRA adapter {lora_name!r} still has requests after {timeout} s")
             time.sleep(0.02)

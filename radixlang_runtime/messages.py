@@ -98,6 +98,36 @@ class UnpinPrefixOut:
 
 
 @dataclass
+class LoadLoraReq:
+    """Load a LoRA adapter (a peft directory) at run time; its id is the runner's next (ids are never reused)."""
+
+    req_id: str
+    lora_name: str
+    lora_path: str
+
+
+@dataclass
+class LoadLoraOut:
+    req_id: str
+    lora_id: int  # 0: not loaded (error says why)
+    error: Optional[str] = None
+
+
+@dataclass
+class UnloadLoraReq:
+    """Drop adapter lora_id's weights if no request of it is queued or running."""
+
+    req_id: str
+    lora_id: int
+
+
+@dataclass
+class UnloadLoraOut:
+    req_id: str
+    success: bool  # False: requests of the adapter are still queued or running (ask again)
+
+
+@dataclass
 class ErrorOut:
     """These requests ended with an error; they are finished. status: 500 an internal fault, 400 the
     request's own (a grammar that does not compile)."""
@@ -290,7 +320,7 @@ class PDPong:
 PD_MESSAGES = (PDRegister, PDKVChunk, PDDone, PDAck, PDCancel, PDFail, PDPing, PDPong)
 MESSAGES = (TokenizedGenerateReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut, ErrorOut,
             BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
-            SchedulerHeartbeat, *PD_MESSAGES)
+            SchedulerHeartbeat, LoadLoraReq, LoadLoraOut, UnloadLoraReq, UnloadLoraOut, *PD_MESSAGES)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut)  # nested inside messages, never sent alone

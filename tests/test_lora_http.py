@@ -80,3 +80,23 @@ def test_cached_tokens_per_adapter(server):
     assert cached("alpha") == 0
     assert cached("alpha") > 0
     assert cached("beta") == 0
+
+
+def test_load_and_unload_over_http(server, tmp_path_factory):
+    srv, want = server
+    root = next(p for p in tmp_path_factory.getbasetemp().iterdir() if p.name.startswith("lora_http"))
+    r = httpx.post(srv.url + "/load_lora_adapter", json={"lora_name": "gamma", "lora_path": str(root / "alpha")},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["loaded_adapters"] == {"alpha": 1, "beta": 2, "gamma": 3}, r.text
+    got = generate(srv, lora_path="gamma")
+    assert got.json()["output_ids"] == want["alpha"][tuple(PROMPT)]
+    assert any(m["id"] == "gamma" for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"])
+    bad = httpx.post(srv.url + "/load_lora_adapter", json={"lora_name": "x", "lora_path": str(root / "nowhere")},
+                     timeout=60)
+    assert bad.status_code == 400 and "adapter_config.json" in bad.text
+    r = httpx.post(srv.url + "/unload_lora_adapter", json={"lora_name": "gamma"}, timeout=90)
+    assert r.status_code == 200 and r.json()["loaded_adapters"] == {"alpha": 1, "beta": 2}
+    refused = generate(srv, lora_path="gamma")
+    assert refused.status_code == 400 and "'gamma'" in refused.text
+    r = httpx.post(srv.url + "/unload_lora_adapter", json={"lora_name": "gamma"}, timeout=10)
+    assert r.status_code == 400 and "'gamma'" in r.text

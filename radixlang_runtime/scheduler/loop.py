@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional, Protocol
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
-                                        TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq)
+                                        TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq, LoadLoraOut,
+                                        LoadLoraReq, UnloadLoraOut, UnloadLoraReq)
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -152,6 +153,14 @@ class RequestLoop:
                 self.io.send_control(PinPrefixOut(msg.req_id, None, 0, str(e)))
             else:
                 self.io.send_control(PinPrefixOut(msg.req_id, pin_id, pinned_len))
+        elif isinstance(msg, LoadLoraReq):
+            try:
+                self.io.send_control(LoadLoraOut(msg.req_id, self.scheduler.runner.load_lora(msg.lora_name,
+                                                                                             msg.lora_path)))
+            except (ValueError, OSError) as e:  # a bad adapter is answered, never fatal
+                self.io.send_control(LoadLoraOut(msg.req_id, 0, str(e)))
+        elif isinstance(msg, UnloadLoraReq):
+            self.io.send_control(UnloadLoraOut(msg.req_id, self.scheduler.drop_lora_if_unused(msg.lora_id)))
         elif isinstance(msg, UnpinPrefixReq):
             self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id)))
         elif isinstance(msg, Call):

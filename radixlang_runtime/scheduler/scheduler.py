@@ -95,6 +95,15 @@ class Scheduler:
         else:
             self.waiting += reqs
 
+    def drop_lora_if_unused(self, lora_id: int) -> bool:
+        """Drop LoRA adapter lora_id's weights unless a request of it is queued, compiling or running."""
+        pending = self.grammar.pending if self.grammar is not None else []
+        if any(r is not None and r.lora_id == lora_id for r in [*self.waiting, *self.running, *pending,
+                                                                 self.chunked_req]):
+            return False
+        self.runner.lora.unload(lora_id)
+        return True
+
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)
 

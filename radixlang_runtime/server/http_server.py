@@ -26,6 +26,7 @@ from radixlang_runtime.server.control_api import metrics_router
 from radixlang_runtime.server.control_api import router as control_router
 from radixlang_runtime.server.dashboard import router as dashboard_router
 from radixlang_runtime.server.generate_api import router as native_router
+from radixlang_runtime.server.lora_api import router as lora_router
 from radixlang_runtime.server.http_common import (OPEN_ROUTES, BodyTooLarge, ServerState, chat_template_text,
                                                   error_response)
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
@@ -49,7 +50,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
     for router in (native_router, control_router, openai_router, responses_router, dashboard_router, anthropic_router,
-                   tokenize_router):
+                   tokenize_router, lora_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)
