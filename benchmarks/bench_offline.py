@@ -14,6 +14,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py --runs 1 --quick
     python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
     python benchmarks/bench_offline.py --deterministic       # also --enable-deterministic-inference
+    python benchmarks/bench_offline.py --lora                # also LoRA (4 rank-16 adapters): base, 1, spread over 4
     python benchmarks/bench_offline.py --model-path DIR --fallback   # also --model-impl transformers (its cost)
     python benchmarks/bench_offline.py --random-model moe --quick    # a random checkpoint (random_checkpoint.py)
     python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
@@ -59,7 +60,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_radixlang(model_dir: str, wls: dict, runs: int, engine_args: dict, out: mp.Queue) -> None:
+def run_radixlang(model_dir: str, wls: dict, runs: int, engine_args: dict, out: mp.Queue,
+                  adapters: int = 0) -> None:
+    """adapters: with --lora-paths in engine_args, the requests spread round-robin over this many (0: the base)."""
     from radixlang_runtime import Engine
 
     eng = Engine(model_dir, **engine_args)
@@ -72,7 +75,8 @@ def run_radixlang(model_dir: str, wls: dict, runs: int, engine_args: dict, out: 
             for _ in range(runs):
                 assert eng.flush_cache()  # the same prompts every run: no reuse from the previous one
                 t = time.perf_counter()
-                outs = eng.generate(input_ids=wl["ids"], sampling_params=sp)
+                lora = [f"lora{i % adapters}" for i in range(len(wl["ids"]))] if adapters else None
+                outs = eng.generate(input_ids=wl["ids"], sampling_params=sp, lora_path=lora)
                 dt = time.perf_counter() - t
                 rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs) / dt)
             res[name] = rates
@@ -82,6 +86,10 @@ def run_radixlang(model_dir: str, wls: dict, runs: int, engine_args: dict, out: 
     finally:
         eng.shutdown()
     out.put(res)
+
+
+def run_radixlang_lora(model_dir: str, wls: dict, runs: int, engine_args: dict, adapters: int, out: mp.Queue) -> None:
+    run_radixlang(model_dir, wls, runs, engine_args, out, adapters)
 
 
 def run_transformers(model_dir: str, dtype_name: str, wls: dict, runs: int, out: mp.Queue) -> None:
@@ -124,6 +132,7 @@ def main() -> None:
     ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")
+    ap.add_argument("--lora", action="store_true", help="also LoRA: 4 random rank-16 adapters on every projection")
     ap.add_argument("--fallback", action="store_true",
                     help="also run radixlang with --model-impl transformers (the fallback's cost, same run)")
     ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp (see above)")
@@ -153,6 +162,13 @@ def main() -> None:
     if a.deterministic:
         results["radixlang-deterministic"] = in_child(run_radixlang, model_dir, wls, a.runs,
                                                       {"dtype": a.dtype, "enable_deterministic_inference": True})
+    if a.lora:  # the same server with 4 adapters loaded: every request on the base, on one adapter, over 4
+        from lora_bench_adapters import build_adapters
+
+        paths = build_adapters(model_dir, f"{a.random_dir}/lora-adapters", 4)
+        for label, n in (("base", 0), ("1-adapter", 1), ("4-adapters", 4)):
+            results[f"radixlang-lora-{label}"] = in_child(run_radixlang_lora, model_dir, wls, a.runs,
+                                                          {"dtype": a.dtype, "lora_paths": paths}, n)
     if a.fallback:
         results["radixlang-transformers-impl"] = in_child(run_radixlang, model_dir, wls, a.runs,
                                                           {"dtype": a.dtype, "model_impl": "transformers"})

@@ -14,13 +14,15 @@ waits on a dead scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
-from radixlang_runtime.generate_input import parse_generate_input
+from radixlang_runtime.generate_input import parse_generate_input, parse_lora_path, with_lora
+from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.messages import AbortReq, TokenizedGenerateReq
 from radixlang_runtime.model.resolve import resolve_model_dir, served_name
@@ -82,14 +84,16 @@ class Engine:
     def generate(self, prompt: Prompt = None, sampling_params: SamplingArg = None, input_ids: InputIds = None,
                  stream: bool = False, rid: Union[str, list[str], None] = None, return_logprob: bool = False,
                  logprob_start_len: Union[int, list[int], None] = None, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False) -> Any:
+                 return_text_in_logprobs: bool = False, lora_path: Union[str, list, None] = None) -> Any:
         """Returns a dict (single prompt), a list of dicts (list input), or a generator of chunks.
 
         return_logprob adds meta_info input_token_logprobs (from logit position logprob_start_len,
         default 0) and output_token_logprobs (+ *_top_logprobs with top_logprobs_num), as the
-        native protocol does; entries are [logprob, token_id, text | None]."""
+        native protocol does; entries are [logprob, token_id, text | None]. lora_path: the name of a
+        --lora-paths adapter every request of the call runs (None: the base model), or one name (or None)
+        per prompt."""
         reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid,
-                                         (return_logprob, logprob_start_len, top_logprobs_num))
+                                         (return_logprob, logprob_start_len, top_logprobs_num), lora_path)
         lp_text = return_text_in_logprobs
         if stream:
             if is_batch or len(reqs) != 1:
@@ -120,6 +124,31 @@ class Engine:
             for _, builder in pending:
                 if not builder.finished:
                     self._loop.put(AbortReq(builder.rid))
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> int:
+        """Serve another LoRA adapter (a peft directory) under lora_name; returns its id. Its radix keys are
+        its own, also when the name was served before (a reload gets a new id)."""
+        names = list(self.limits.lora_adapters)
+        if lora_name in names:
+            raise ValueError(f"LoRA adapter {lora_name!r} is already loaded")
+        lora_id = self._loop.call(lambda s: s.runner.load_lora(lora_name, lora_path))
+        names += [None] * (lora_id - 1 - len(names)) + [lora_name]  # position = id - 1 (lora_spec.py)
+        self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
+        return lora_id
+
+    def unload_lora_adapter(self, lora_name: str, timeout: float = 60.0) -> None:
+        """Stop serving lora_name: new requests naming it are refused at once; its weights go once its queued
+        and running requests have ended (TimeoutError after `timeout` seconds, the name then stays refused)."""
+        lora_id = lora_id_of(lora_name, self.limits.lora_adapters)
+        names = list(self.limits.lora_adapters)
+        names[lora_id - 1] = None
+        self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
+
+        deadline = time.monotonic() + timeout
+        while not self._loop.call(lambda s: s.drop_lora_if_unused(lora_id)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"LoRA adapter {lora_name!r} still has requests after {timeout} s")
+            time.sleep(0.02)
 
     def abort_request(self, rid: str) -> None:
         """End request rid wherever it is (queued, prefilling, decoding): finish_reason {"type": "abort"}."""
@@ -186,12 +215,14 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def _make_reqs(self, prompt: Prompt, sampling_params: SamplingArg, input_ids: InputIds, rid,
-                   logprob: tuple[bool, Any, Any] = (False, None, 0)) -> tuple[list[TokenizedGenerateReq], bool]:
+                   logprob: tuple[bool, Any, Any] = (False, None, 0),
+                   lora_path: Union[str, list, None] = None) -> tuple[list[TokenizedGenerateReq], bool]:
         """The one intake (generate_input.py, the server's too): one message per sample."""
         return_logprob, start, top_num = logprob
+        lora_id = parse_lora_path(lora_path, self.limits)
         reqs, is_list = parse_generate_input(prompt, input_ids, sampling_params, rid, return_logprob, start,
                                              top_num, False, self._encode, self.limits)
-        return [r.to_message() for r in reqs], is_list
+        return [r.to_message() for r in with_lora(reqs, lora_id)], is_list
 
     def _encode(self, text: str) -> list[int]:
         return self._encoder.encode(text)

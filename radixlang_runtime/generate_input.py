@@ -22,12 +22,13 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from radixlang_runtime.bootstrap_peers import check_host
 from radixlang_runtime.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request, need_bool,
                                       need_int, need_str, show)
 from radixlang_runtime.logprob_format import normalize_logprob_args
+from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.messages import TokenizedGenerateReq
 from radixlang_runtime.pooling import PoolSpec
 from radixlang_runtime.results import LogprobRequest
@@ -85,6 +86,7 @@ class GenerateRequest:
     index: int = 0  # choice index within its call (prompt * n + sample)
     bootstrap: Optional[Bootstrap] = None  # PD only
     pooling: Optional[PoolSpec] = None  # a pooling request (pooling_input.py): max_new_tokens 0, a vector back
+    lora_id: int = 0  # the LoRA adapter (lora_spec.py; 0: the base model)
 
     def to_message(self) -> TokenizedGenerateReq:
         """The scheduler's message (the one place it is assembled)."""
@@ -94,7 +96,7 @@ class GenerateRequest:
         return TokenizedGenerateReq(self.rid, list(self.input_ids), self.sampling.to_wire(), self.stream,
                                     self.logprob is not None, lp.start, lp.top_num, grammar,
                                     None if pd is None else [pd.host, pd.port, pd.room],
-                                    None if self.pooling is None else self.pooling.to_wire())
+                                    None if self.pooling is None else self.pooling.to_wire(), self.lora_id)
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
@@ -200,10 +202,31 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tup
         raise ValueError("the body must be a JSON object")
     stream = need_bool(body.get("stream", False), "stream")
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
-    return parse_generate_input(body.get("text"), body.get("input_ids"), body.get("sampling_params"),
-                                body.get("rid"), body.get("return_logprob", False), body.get("logprob_start_len"),
-                                body.get("top_logprobs_num"), body.get("return_text_in_logprobs"), encode, limits,
-                                stream, bootstrap)
+    lora_id = parse_lora_path(body.get("lora_path"), limits)
+    reqs, is_list = parse_generate_input(body.get("text"), body.get("input_ids"), body.get("sampling_params"),
+                                         body.get("rid"), body.get("return_logprob", False),
+                                         body.get("logprob_start_len"), body.get("top_logprobs_num"),
+                                         body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap)
+    return with_lora(reqs, lora_id), is_list
+
+
+def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[int]]:
+    """SGLang's `lora_path`: an adapter's name (None: the base model), or a list of them, one per prompt ->
+    the adapter id(s); LoraNotFound (HTTP 404) names an unknown one."""
+    if isinstance(lora_path, list):
+        return [lora_id_of(p, limits.lora_adapters) for p in lora_path]
+    return lora_id_of(lora_path, limits.lora_adapters)
+
+
+def with_lora(reqs: list[GenerateRequest], lora_id: Union[int, list[int]]) -> list[GenerateRequest]:
+    """Every request gets its adapter id; a list gives one per prompt (then each prompt is one request, n = 1)."""
+    ids = lora_id if isinstance(lora_id, list) else [lora_id] * len(reqs)
+    if len(ids) != len(reqs):
+        raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
+                                      f"{len(ids)} names for {len(reqs)} requests")
+    for r, i in zip(reqs, ids):
+        r.lora_id = i
+    return reqs
 
 
 def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,

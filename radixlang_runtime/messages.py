@@ -35,6 +35,7 @@ class TokenizedGenerateReq:
     grammar: Optional[list] = None  # GrammarSpec.to_wire() built at intake (None: unconstrained)
     bootstrap: Optional[list] = None  # PD (disaggregation_mode prefill / decode): [host, port, room]
     pooling: Optional[list] = None  # pooling.PoolSpec.to_wire(): a prefill-only request returning a pooled vector
+    lora_id: int = 0  # the LoRA adapter it runs (lora_spec.py; 0: the base model)
 
 
 @dataclass
@@ -97,6 +98,36 @@ class UnpinPrefixReq:
 class UnpinPrefixOut:
     req_id: str
     success: bool  # False: no such pin of this owner (unknown, already unpinned, expired, another owner's)
+
+
+@dataclass
+class LoadLoraReq:
+    """Load a LoRA adapter (a peft directory) at run time; its id is the runner's next (ids are never reused)."""
+
+    req_id: str
+    lora_name: str
+    lora_path: str
+
+
+@dataclass
+class LoadLoraOut:
+    req_id: str
+    lora_id: int  # 0: not loaded (error says why)
+    error: Optional[str] = None
+
+
+@dataclass
+class UnloadLoraReq:
+    """Drop adapter lora_id's weights if no request of it is queued or running."""
+
+    req_id: str
+    lora_id: int
+
+
+@dataclass
+class UnloadLoraOut:
+    req_id: str
+    success: bool  # False: requests of the adapter are still queued or running (ask again)
 
 
 @dataclass
@@ -301,7 +332,7 @@ class PDPong:
 PD_MESSAGES = (PDRegister, PDKVChunk, PDDone, PDAck, PDCancel, PDFail, PDPing, PDPong)
 MESSAGES = (TokenizedGenerateReq, TokenizedBatchReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut,
             ErrorOut, BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
-            SchedulerHeartbeat, *PD_MESSAGES)
+            SchedulerHeartbeat, LoadLoraReq, LoadLoraOut, UnloadLoraReq, UnloadLoraOut, *PD_MESSAGES)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut)  # nested inside messages, never sent alone

@@ -159,6 +159,12 @@ class ServerArgs:
     disaggregation_secret: Optional[str] = field(default=None, repr=False)
     disaggregation_secret_file: Optional[str] = None
 
+    # --- LoRA adapters (lora_spec.py, model/lora_linear.py, docs/LORA.md): SGLang's names ---
+    enable_lora: bool = False
+    lora_paths: Optional[list[str]] = None  # name=path (peft adapter directories); numbered 1, 2, ... in order
+    max_lora_rank: Optional[int] = None  # None: the largest rank of the adapters given
+    max_loras_per_batch: int = 8  # distinct adapters in one running batch (the base model not counted)
+
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -245,6 +251,7 @@ class ServerArgs:
         self._check_hicache()
         self._check_disaggregation()
         self._check_pooling()
+        self._check_lora()
 
     def _check_pooling(self) -> None:
         """--is-embedding with what it does not combine with, and the reranker's settings (docs/EMBEDDINGS.md)."""
@@ -259,6 +266,30 @@ class ServerArgs:
                              f"{self.classifier_from_token!r}")
         if self.rerank_template is not None and "{document}" not in self.rerank_template:
             raise ValueError("rerank_template must hold {document} (and {query})")
+
+    def _check_lora(self) -> None:
+        """Refuse LoRA settings the runtime would not honour, by name (docs/LORA.md)."""
+        from radixlang_runtime.lora_spec import parse_lora_paths  # no torch
+
+        if isinstance(self.lora_paths, str):
+            self.lora_paths = [self.lora_paths]
+        if self.lora_paths and not self.enable_lora:
+            self.enable_lora = True  # SGLang: --lora-paths implies --enable-lora
+        parse_lora_paths(self.lora_paths)  # names checked here, adapters read by the runner
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1; got {self.max_lora_rank}")
+        if self.max_loras_per_batch < 1:
+            raise ValueError(f"max_loras_per_batch must be >= 1; got {self.max_loras_per_batch}")
+        if not self.enable_lora:
+            return
+        for name, on in (("enable_hierarchical_cache", self.enable_hierarchical_cache),
+                         ("disaggregation_mode " + self.disaggregation_mode, self.disaggregation_mode != "null"),
+                         ("tp_size > 1", self.tp_size > 1), ("dp_size > 1", self.dp_size > 1),
+                         ("model_impl transformers", self.model_impl == "transformers"),
+                         ("speculative_algorithm " + str(self.speculative_algorithm),
+                          self.speculative_algorithm not in (None, "NGRAM"))):
+            if on:
+                raise ValueError(f"{name} with enable_lora is not implemented")
 
     def _check_disaggregation(self) -> None:
         """Refuse PD settings the runtime would not honour, by name (docs/DISAGGREGATION.md)."""
@@ -495,6 +526,7 @@ _INT_FIELDS = {
     "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
     "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size", "speculative_num_steps",
     "disaggregation_bootstrap_port", "responses_store_max_entries", "responses_store_max_bytes",
+    "max_lora_rank", "max_loras_per_batch",
 }
 _SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
                       "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")

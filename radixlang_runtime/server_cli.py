@@ -35,6 +35,9 @@ def sections() -> list[tuple[str, list[str]]]:
     return groups
 
 
+LIST_FIELDS = ("lora_paths",)  # one or more values after the flag
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -86,6 +89,8 @@ def build_parser() -> ServerArgumentParser:
             default = f.default if f.default is not dataclasses.MISSING else None
             if f.type in ("bool", bool):
                 group.add_argument(flag(name), action="store_true", default=default, help=help_line(f))
+            elif name in LIST_FIELDS:
+                group.add_argument(flag(name), nargs="+", default=default, help=help_line(f), metavar="NAME=PATH")
             else:
                 group.add_argument(flag(name), type=cli_type(name), default=default, help=help_line(f),
                                    metavar=_metavar(name))

@@ -119,6 +119,12 @@ HELP: dict[str, str] = {
     "disaggregation_secret_file": "the bootstrap link's secret read from this file",
     "disaggregation_transfer_timeout": "seconds a request's registration, pool wait and transfer may take",
     "disaggregation_heartbeat_timeout": "seconds of peer silence after which its transfers fail",
+    # LoRA
+    "enable_lora": "serve LoRA adapters (implied by --lora-paths); see docs/LORA.md",
+    "lora_paths": "adapters to serve, each name=path (a peft directory: adapter_config.json + "
+                  "adapter_model.safetensors); a request picks one by lora_path or OpenAI model \"<base>:<name>\"",
+    "max_lora_rank": "the largest adapter rank accepted (default: the largest of --lora-paths)",
+    "max_loras_per_batch": "distinct adapters in one running batch; requests of others wait",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -168,9 +174,7 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--download-dir": "models are read from a local path (--model-path DIR)",
     "--load-format": "weights load from safetensors or GGUF by their file type",
     "--kv-cache-dtype": "the KV cache takes the model's dtype (--dtype)",
-    "--enable-lora": "LoRA adapters are not implemented yet; merge the adapter into the weights",
-    "--lora-paths": "LoRA adapters are not implemented yet; merge the adapter into the weights",
-    "--lora-modules": "LoRA adapters are not implemented yet; merge the adapter into the weights",
+    "--lora-modules": "use --lora-paths name=path ... (SGLang's flag)",
     "--disable-cuda-graph": "CUDA graphs are not implemented: decode runs eagerly (nothing to disable)",
     "--cuda-graph-max-bs": "CUDA graphs are not implemented: decode runs eagerly",
     "--enforce-eager": "decode always runs eagerly (no CUDA graphs)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from radixlang_runtime.bootstrap_peers import parse_peers
+from radixlang_runtime.lora_spec import parse_lora_paths
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
@@ -54,6 +55,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
             new_token_ratio_init=args.new_token_ratio_init, new_token_ratio_min=args.new_token_ratio_min,
             new_token_ratio_decay=args.new_token_ratio_decay, schedule_policy=args.schedule_policy,
             enable_mixed_chunk=args.enable_mixed_chunk, debug_check_integrity=args.debug_check_integrity,
+            max_loras_per_batch=args.max_loras_per_batch,
         ),
         runner,
         KVManager(allocator, TableManager(sizes.table_rows),
@@ -224,7 +226,8 @@ def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
                          grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
                          disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding,
-                         disaggregation_prefill_peers=parse_peers(runner.args.disaggregation_prefill_peers))
+                         disaggregation_prefill_peers=parse_peers(runner.args.disaggregation_prefill_peers),
+                         lora_adapters=tuple(s.name for s in parse_lora_paths(runner.args.lora_paths)))
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:

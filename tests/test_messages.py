@@ -12,7 +12,7 @@ from radixlang_runtime import messages as m
 SAMPLES = {
     m.TokenizedGenerateReq: dict(rid="r1", input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "stop": ["\n"],
                                                                                  "temperature": 0.5}, stream=True,
-                                    bootstrap=["127.0.0.1", 8998, 12345]),
+                                    bootstrap=["127.0.0.1", 8998, 12345], lora_id=2),
     m.TokenizedBatchReq: dict(reqs=[
         m.TokenizedGenerateReq(rid="e0", input_ids=[5, 6], sampling_params={"max_new_tokens": 0},
                                pooling=["mean", []]),
@@ -42,6 +42,10 @@ SAMPLES = {
     m.PinPrefixOut: dict(req_id="p", pin_id="pin-1", pinned_len=16, error=None),
     m.UnpinPrefixReq: dict(req_id="u", pin_id="pin-1"),
     m.UnpinPrefixOut: dict(req_id="u", success=True),
+    m.LoadLoraReq: dict(req_id="l", lora_name="alpha", lora_path="/a"),
+    m.LoadLoraOut: dict(req_id="l", lora_id=0, error="LoRA adapter 'alpha': no adapter_config.json"),
+    m.UnloadLoraReq: dict(req_id="l", lora_id=3),
+    m.UnloadLoraOut: dict(req_id="l", success=False),
     m.SchedulerHeartbeat: dict(replica=1),
     m.PDRegister: dict(room=2**63 - 1, prefix_len=16, total_len=40, token_bytes=512),
     m.PDKVChunk: dict(room=7, start=16, payload=bytes(range(256)) * 2),

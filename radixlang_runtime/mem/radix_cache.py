@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional
 
 
+# Namespaces of keys: a LoRA adapter's requests key their prefixes as token id + lora_id << NAMESPACE_SHIFT
+# (scheduler/request.Req.cache_ids), above any vocabulary id, so adapters and the base never share a node.
+NAMESPACE_SHIFT = 40
+TOKEN_MASK = (1 << NAMESPACE_SHIFT) - 1
+
+
 @dataclass(eq=False)
 class TreeNode:
     key: list[int] = field(default_factory=list)

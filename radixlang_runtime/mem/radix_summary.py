@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from radixlang_runtime.mem.radix_cache import RadixCache, TreeNode
+from radixlang_runtime.mem.radix_cache import TOKEN_MASK, RadixCache, TreeNode
 
 HEAD_IDS = 24  # token ids per node sent for the text label (with_ids only)
 
@@ -51,7 +51,7 @@ def summarize_tree(cache: RadixCache, max_nodes: int = 300, with_ids: bool = Fal
              "subtree_nodes": count[id(n)], "lock": n.lock_ref, "age": clock - n.last_access,
              "pinned": id(n) in pinned, "children": len(n.children), "hidden_nodes": 0, "hidden_tokens": 0}
         if with_ids:
-            e["head_ids"] = list(n.key[:HEAD_IDS])
+            e["head_ids"] = [t & TOKEN_MASK for t in n.key[:HEAD_IDS]]  # a LoRA adapter's keys: its token ids
         return e
 
     root_entry = {"id": 0, "parent": None, "tokens": 0, "subtree_tokens": size[id(root)],

@@ -26,6 +26,7 @@ class ForwardBatch:
     attn_meta: Optional[Any] = None  # set by the attention backend's init_forward_metadata
     rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [T, 1, D] each, set by the model
     rope_cos_sin_local: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # Gemma 3: the sliding layers' rope
+    has_lora: bool = False  # some row runs a LoRA adapter (model/lora_linear.py): the per-module path
 
     @property
     def is_decode(self) -> bool:

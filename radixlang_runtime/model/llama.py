@@ -191,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
         what the head reads, and what pooling models pool (transformers' last_hidden_state)."""
         residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
         fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
-        if self.fused_decode is not None and self.fused_decode.applies(fb):
+        if self.fused_decode is not None and not fb.has_lora and self.fused_decode.applies(fb):
             h = self.fused_decode.run(residual, fb)  # the same kernels, one C call per layer
         else:
             h = None

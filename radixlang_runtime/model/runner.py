@@ -31,6 +31,9 @@ from radixlang_runtime.model.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.rotary import Rotary
 from radixlang_runtime.model.logprobs import fill_input_logprobs, plan_input_logprobs
+from radixlang_runtime.model.lora_adapter import load_adapter
+from radixlang_runtime.model.lora_linear import LoraModel
+from radixlang_runtime.lora_spec import parse_lora_paths
 from radixlang_runtime.model.sample_step import sample_step
 from radixlang_runtime.model.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.pooling_step import fill_pooled, plan_pooling
@@ -89,6 +92,7 @@ class StepInputs:
     rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) to write first
     logit_rows: list[int]  # [R] flattened token rows the head runs on
     hidden_rows: list[int] = field(default_factory=list)  # [P] rows whose final hidden states pooling reads
+    lora_ids: list[int] = dataclasses.field(default_factory=list)  # [B] adapter ids (0: base); []: all base
 
 
 def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
@@ -104,8 +108,9 @@ def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> 
         return step
     req_rows = [r for r, n in zip(step.req_rows, counts) for _ in range(n)]
     prefix_lens = [p + j for p, n in zip(step.prefix_lens, counts) for j in range(n)]
+    lora_ids = [a for a, n in zip(step.lora_ids, counts) for _ in range(n)]
     return dataclasses.replace(step, phase="decode", req_rows=req_rows, prefix_lens=prefix_lens,
-                               extend_lens=[1] * len(req_rows))
+                               extend_lens=[1] * len(req_rows), lora_ids=lora_ids)
 
 
 class ModelRunner:
@@ -191,6 +196,7 @@ class ModelRunner:
             if model.fused_decode is not None:
                 self.cpu_paths = dataclasses.replace(
                     self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
+        self.lora = self._load_loras(model) if args.enable_lora else None  # model/lora_linear.LoraModel
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
         self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
@@ -210,6 +216,33 @@ class ModelRunner:
         logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
                     cfg.architecture, cfg.model_impl, self.dtype, self.device,
                     cfg.rope.describe() if native else "transformers'", num_slots, table_rows)
+
+    def _load_loras(self, model) -> LoraModel:
+        """--enable-lora: every projection wrapped (after packing and the fused decode layer's build, which
+        read the base weights), then the --lora-paths adapters loaded under their ids."""
+        if self.cfg.model_impl != "native":
+            raise ValueError(f"enable_lora needs the native implementation ({self.cfg.architecture} runs on "
+                             "transformers' modules)")
+        specs = parse_lora_paths(self.args.lora_paths)
+        lora = LoraModel(model)
+        adapters = [load_adapter(s.name, s.path, s.lora_id, self.cfg.num_hidden_layers,
+                                 self.args.max_lora_rank or 1 << 30, self.dtype, self.device) for s in specs]
+        for a in adapters:
+            lora.load(a)
+            logger.info("LoRA adapter %r (id %d): rank %d, alpha %g, targets %s", a.name, a.lora_id,
+                        a.config.rank, a.config.alpha, ",".join(a.config.targets))
+        self.lora_next_id = len(specs) + 1  # ids are never reused: a reload under a name gets a new one
+        return lora
+
+    def load_lora(self, name: str, path: str) -> int:
+        """Load an adapter at run time (on the scheduler's thread); returns its new id."""
+        if self.lora is None:
+            raise ValueError("loading a LoRA adapter needs enable_lora")
+        adapter = load_adapter(name, path, self.lora_next_id, self.cfg.num_hidden_layers,
+                               self.args.max_lora_rank or 1 << 30, self.dtype, self.device)
+        self.lora.load(adapter)
+        self.lora_next_id += 1
+        return adapter.lora_id
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
         """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one
@@ -318,7 +351,8 @@ class ModelRunner:
             input_ids=list(itertools.chain.from_iterable(batch.extend_ids)),
             out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
             req_rows=list(batch.table_rows), prefix_lens=list(batch.prefix_lens),
-            extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows)
+            extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows,
+            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [])
 
     @torch.inference_mode()
     def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
@@ -331,14 +365,22 @@ class ModelRunner:
         fb = self._build_forward_batch(step)
         self.backend.init_forward_metadata(fb)
         hidden = None
-        if not step.hidden_rows:  # every generation step: the model's forward as always
-            logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64, device=self.device))
-        else:
-            R = len(step.logit_rows)
-            rows = torch.tensor(step.logit_rows + step.hidden_rows, dtype=torch.int64, device=self.device)
-            x = self.model.final_hidden(fb, rows)  # [R + P, hidden]
-            hidden = x[R:].float()
-            logits = self.model.head_logits(x[:R]) if R else x.new_zeros((0, self.shard.vocab_count)).float()
+        if step.lora_ids:  # some request runs an adapter (else the base path, unchanged)
+            self.lora.begin(step.lora_ids, step.extend_lens, self.device)
+            fb.has_lora = True
+        try:
+            if not step.hidden_rows:  # every generation step: the model's forward as always
+                logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64,
+                                                                device=self.device))
+            else:
+                R = len(step.logit_rows)
+                rows = torch.tensor(step.logit_rows + step.hidden_rows, dtype=torch.int64, device=self.device)
+                x = self.model.final_hidden(fb, rows)  # [R + P, hidden]
+                hidden = x[R:].float()
+                logits = self.model.head_logits(x[:R]) if R else x.new_zeros((0, self.shard.vocab_count)).float()
+        finally:
+            if step.lora_ids:
+                self.lora.end()
         if self.tp is None:
             return logits, hidden
         return self.tp.gather_logits(logits, self.shard, self.cfg.vocab_size), hidden

@@ -73,6 +73,7 @@ class ModelBatch:
     samples: list[Optional[SampleSpec]]  # [B] None: no token drawn (a non-final prefill chunk, ...)
     input_logprobs: list[Optional[InputLogprobSpec]]  # [B] None: no prompt logprobs this step
     pools: list[Optional[PoolStep]] = field(default_factory=list)  # [B] or [] (no pooling request in the batch)
+    lora_ids: list[int] = field(default_factory=list)  # [B] LoRA adapter ids (0: the base); []: all base
 
     @property
     def batch_size(self) -> int:

@@ -48,6 +48,7 @@ class PrefillAdmission:
         # L1 (kept), loaded from the hicache tiers (swapped: retract_decode swapped them out) or recomputed
         self.readmit_tokens = {"kept": 0, "swapped": 0, "recomputed": 0}
         self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
+        self._loras: set[int] = set()  # during plan(): the distinct LoRA adapters of the running + admitted
 
     def plan(self, waiting: list[Req], running: list[Req], chunked_req: Optional[Req],
              new_token_ratio: float) -> PrefillPlan:
@@ -64,6 +65,8 @@ class PrefillAdmission:
         )
         if cfg.enable_mixed_chunk:
             adder.rem_input_tokens -= len(running)  # their decode tokens share the forward pass
+        # LoRA adapters already in the running batch (max_loras_per_batch bounds the distinct ones)
+        self._loras = {r.lora_id for r in [*running, *([chunked_req] if chunked_req else [])] if r.lora_id}
         if waiting:  # once per attempt: cache-aware policies re-match every waiting request
             waiting = order_waiting(waiting, cfg.schedule_policy, kv.radix)
         proceed = True
@@ -126,10 +129,12 @@ class PrefillAdmission:
         for req in waiting:
             if id(req) in already:
                 continue
+            if req.lora_id and req.lora_id not in self._loras and len(self._loras) >= self.cfg.max_loras_per_batch:
+                continue  # its adapter waits until one of the batch's adapters has no request left
             target = prefill_target_len(req)
             adder.rem_total_tokens -= (locked := kv.match(req, target))
             if batch_tree is not None:
-                ids = req.fill_ids[:target]
+                ids = req.cache_ids[:target]
                 if self._worth_waiting(batch_tree.match_prefix(ids).length, req.kv_len):
                     kv.unmatch(req)
                     adder.rem_total_tokens += locked
@@ -142,6 +147,8 @@ class PrefillAdmission:
                 else:
                     self._note_readmission(req, target)
                 self.prefill_tokens_cached += req.kv_len
+                if req.lora_id:
+                    self._loras.add(req.lora_id)
                 if batch_tree is not None:
                     batch_tree.insert(ids, [0] * len(ids))
             else:

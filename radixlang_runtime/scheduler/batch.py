@@ -57,7 +57,8 @@ class ScheduleBatch:
             input_logprobs=[InputLogprobSpec(r.input_ids, r.logprob_start_len, r.top_logprobs_num)
                             if i < self.decode_from and r.wants_input_logprobs else None
                             for i, r in enumerate(self.reqs)],
-            pools=self._pool_steps() if self.decode_from and any(r.pooled is not None for r in self.reqs) else [])
+            pools=self._pool_steps() if self.decode_from and any(r.pooled is not None for r in self.reqs) else [],
+            lora_ids=[r.lora_id for r in self.reqs] if any(r.lora_id for r in self.reqs) else [])
 
     def _pool_steps(self) -> list:
         """Each pooling request's PoolStep (final: its prompt's last position runs in this step)."""

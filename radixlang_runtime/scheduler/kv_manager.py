@@ -93,7 +93,7 @@ class KVManager:
             limit = min(limit, req.logprob_start_len)
         if req.pooled is not None and req.pooled.spec.needs_all_positions:  # mean / cls read every position
             limit = 0
-        m = self.radix.match_prefix(req.fill_ids[:limit])
+        m = self.radix.match_prefix(req.cache_ids[:limit])
         if m.length:
             self.radix.lock(m.last_node)
         if self.hicache is not None:
@@ -195,7 +195,7 @@ class KVManager:
         aligned = req.kv_len // self.page_size * self.page_size
         if aligned <= req.tree_len:
             return req.tree_len
-        already = self.radix.insert(req.fill_ids[:aligned], req.kv_indices[:aligned])
+        already = self.radix.insert(req.cache_ids[:aligned], req.kv_indices[:aligned])
         if self.hicache is not None and self.hicache.write_through:  # before the duplicates are freed
             self.hicache.backup(req.fill_ids[:aligned], req.kv_indices[:aligned], already)
         if already > req.tree_len:
@@ -211,7 +211,7 @@ class KVManager:
         aligned = self._insert(req)
         if aligned == old_tree_len:
             return
-        m = self.radix.match_prefix(req.fill_ids[:aligned])
+        m = self.radix.match_prefix(req.cache_ids[:aligned])
         if m.length != aligned:
             raise AssertionError(f"radix: inserted {aligned} tokens but matched {m.length}")
         if req.kv_indices[:aligned] != m.slots:

@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional, Protocol
 from radixlang_runtime.faults import FatalFault
 from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
-                                        TokenizedBatchReq, TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq)
+                                        TokenizedBatchReq, TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq,
+                                        LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq)
 from radixlang_runtime.pooling import PooledSum, PoolSpec
 from radixlang_runtime.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
@@ -127,12 +128,16 @@ class RequestLoop:
             except (TypeError, ValueError) as e:  # a malformed message: this request fails, never the loop
                 self.io.send_error([msg.rid], str(e), 400)
                 return
+            lora = getattr(self.scheduler.runner, "lora", None)
+            if msg.lora_id and (lora is None or msg.lora_id not in lora.adapters):  # unloaded meanwhile
+                self.io.send_error([msg.rid], f"LoRA adapter id {msg.lora_id} is not loaded (unloaded)", 400)
+                return
             self.sent[msg.rid] = _Sent(stream=msg.stream)
             self.scheduler.add_request(Req(
                 rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
                 bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None,
-                pooled=PooledSum(PoolSpec.from_wire(msg.pooling)) if msg.pooling else None))
+                pooled=PooledSum(PoolSpec.from_wire(msg.pooling)) if msg.pooling else None, lora_id=msg.lora_id))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
@@ -153,6 +158,14 @@ class RequestLoop:
                 self.io.send_control(PinPrefixOut(msg.req_id, None, 0, str(e)))
             else:
                 self.io.send_control(PinPrefixOut(msg.req_id, pin_id, pinned_len))
+        elif isinstance(msg, LoadLoraReq):
+            try:
+                self.io.send_control(LoadLoraOut(msg.req_id, self.scheduler.runner.load_lora(msg.lora_name,
+                                                                                             msg.lora_path)))
+            except (ValueError, OSError) as e:  # a bad adapter is answered, never fatal
+                self.io.send_control(LoadLoraOut(msg.req_id, 0, str(e)))
+        elif isinstance(msg, UnloadLoraReq):
+            self.io.send_control(UnloadLoraOut(msg.req_id, self.scheduler.drop_lora_if_unused(msg.lora_id)))
         elif isinstance(msg, UnpinPrefixReq):
             self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id, msg.owner)))
         elif isinstance(msg, Call):

@@ -60,7 +60,7 @@ def order_waiting(waiting: list[Req], policy: str, radix: Optional[RadixCache]) 
     nodes: dict[int, TreeNode] = {}
     lens: dict[int, int] = {}
     for r in waiting:
-        m = radix.match_prefix(r.fill_ids[: prefill_target_len(r) - 1])
+        m = radix.match_prefix(r.cache_ids[: prefill_target_len(r) - 1])
         nodes[id(r)], lens[id(r)] = m.last_node, m.length
     if policy == "lpm":
         ordered = sorted(waiting, key=lambda r: -lens[id(r)])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from radixlang_runtime.pooling import PooledSum
+from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
 from radixlang_runtime.sampling_params import SamplingParams
 
 
@@ -65,6 +66,7 @@ class Req:
     stop_from_end: int = 0  # a stop string ended it: where that occurrence starts, in chars from the text's end
     num_retractions: int = 0
     bootstrap: Optional[tuple] = None  # PD: (prefill host, bootstrap port, room) from the router's fields
+    lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: Optional[float] = None  # first admission to a prefill batch
@@ -74,6 +76,16 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
+
+    @property
+    def cache_ids(self) -> list[int]:
+        """fill_ids as the radix cache keys them: under a LoRA adapter every id is moved into the adapter's own
+        range (id + (lora_id << NAMESPACE_SHIFT), mem/radix_cache.py), so its prefixes never match the base's or
+        another adapter's."""
+        if not self.lora_id:
+            return self.fill_ids
+        off = self.lora_id << NAMESPACE_SHIFT
+        return [t + off for t in self.fill_ids]
 
     @property
     def seq_len(self) -> int:

@@ -52,6 +52,7 @@ class SchedulerConfig:
     schedule_policy: str = "fcfs"  # "lpm" | "fcfs" | "dfs-weight" (see policy.order_waiting)
     enable_mixed_chunk: bool = False  # decode steps ride along in prefill batches
     debug_check_integrity: bool = False
+    max_loras_per_batch: int = 8  # distinct LoRA adapters among the running requests (the base not counted)
 
 
 class Scheduler:
@@ -93,6 +94,15 @@ class Scheduler:
         if self.pd is not None:
             reqs = [req for req in reqs if self.pd.add(req)]
         self.waiting += reqs
+
+    def drop_lora_if_unused(self, lora_id: int) -> bool:
+        """Drop LoRA adapter lora_id's weights unless a request of it is queued, compiling or running."""
+        pending = self.grammar.pending if self.grammar is not None else []
+        if any(r is not None and r.lora_id == lora_id for r in [*self.waiting, *self.running, *pending,
+                                                                 self.chunked_req]):
+            return False
+        self.runner.lora.unload(lora_id)
+        return True
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)

@@ -31,6 +31,7 @@ from radixlang_runtime.server.dashboard import router as dashboard_router
 from radixlang_runtime.server.generate_api import router as native_router
 from radixlang_runtime.server.http_common import (METRICS_ROUTE, OPEN_ROUTES, BodyTooLarge, ServerState,
                                                   chat_template_text, error_response)
+from radixlang_runtime.server.lora_api import router as lora_router
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_api import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
@@ -53,7 +54,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
     for router in (native_router, control_router, openai_router, responses_router, pooling_router, dashboard_router,
-                   anthropic_router, tokenize_router):
+                   anthropic_router, tokenize_router, lora_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)

@@ -6,7 +6,8 @@ text deltas (the tokenizer manager's own), then an optional usage chunk
 one answers 400 naming it, options the runtime cannot honour yet (best_of, suffix, functions,
 ...: _OFF_VALUES) answer 400 unless null or off, informational ones (user, metadata, store) are taken
 and change nothing, as do the hints the SDKs send by default (verbosity, reasoning_effort: openai_hints.py);
-a `model` other than the served name or "default" is 404 model_not_found. Parsing,
+a `model` other than the served name, "default" or a LoRA adapter ("<served>:<adapter>" or the adapter's
+bare name, lora_spec.py) is 404 model_not_found. Parsing,
 the chat template and tokenizing run on an intake thread (TokenizerManager.run_intake).
 response_format json_schema / json_object (and the regex / json_schema extensions) constrain the output
 through the grammar backend. Logprobs are the model's raw log_softmax (before temperature), in OpenAI's
@@ -27,7 +28,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.constrained.spec import spec_from_response_format
-from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, openai_requests, parse_bootstrap
+from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, openai_requests, parse_bootstrap, \
+    with_lora
+from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
 from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.logprob_format import normalize_logprob_args
 from radixlang_runtime.results import Cumulative, LogprobRequest
@@ -128,7 +131,8 @@ def check_openai_body(state: ServerState, body: Any, route: str) -> dict:
             raise FieldError(name, f"{name} is not supported{allowed}, got {show(v)}")
     check_hints(body)  # verbosity, reasoning_effort, prompt_cache_retention: documented no-ops (openai_hints.py)
     model = body.get("model")
-    if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES):
+    if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES) \
+            and openai_lora_id(state, body) == 0:
         raise ModelNotFound(f"The model {show(model)} does not exist: this server serves "
                             f"{state.served_model_name!r} (or {', '.join(map(repr, MODEL_ALIASES))})")
     need_int(_opt(body, "n", 1), "n", 1, MAX_N)
@@ -141,6 +145,16 @@ def check_openai_body(state: ServerState, body: Any, route: str) -> dict:
                          f"unknown field(s) in stream_options: {', '.join(show(u, 40) for u in unknown)}")
     need_bool(_opt(so, "include_usage", False), "stream_options.include_usage")
     return body
+
+
+def openai_lora_id(state: ServerState, body: Optional[dict]) -> int:
+    """The LoRA adapter an OpenAI `model` names ("<served>:<adapter>" or the adapter's bare name; lora_spec.py):
+    its id, 0 for the base model; an unknown adapter is ModelNotFound (404) naming it."""
+    try:
+        got = lora_id_of_model((body or {}).get("model"), state.served_model_name, state.tm.limits.lora_adapters)
+    except LoraNotFound as e:
+        raise ModelNotFound(str(e)) from e
+    return got or 0
 
 
 class _Choices:
@@ -163,8 +177,9 @@ class _Choices:
         self.tm.lifecycle.admit()  # 503 before any work when no new work is admitted
         pd = parse_bootstrap(body or {}, self.tm.limits.disaggregation_mode,
                              self.tm.limits.disaggregation_prefill_peers)
-        self.reqs: list[GenerateRequest] = openai_requests(prompts, sp_dict, n, logprob_of, self.tm.limits,
-                                                           self.rid, stream=False, bootstrap=pd)
+        self.reqs: list[GenerateRequest] = with_lora(
+            openai_requests(prompts, sp_dict, n, logprob_of, self.tm.limits, self.rid, stream=False, bootstrap=pd),
+            openai_lora_id(state, body))
 
     def streams(self) -> list[AsyncIterator[dict]]:
         return [self.tm.generate(dataclasses.replace(r, stream=True)) for r in self.reqs]
@@ -212,8 +227,11 @@ router = APIRouter()  # top-level handlers; the ServerState is the app's (reques
 @router.get("/v1/models")
 async def models(request: Request):
     state = request.app.state.server
-    return {"object": "list", "data": [{"id": state.served_model_name, "object": "model", "created": 0,
-                                        "owned_by": "radixlang", "max_model_len": state.tm.limits.context_len}]}
+    base = state.served_model_name
+    return {"object": "list", "data": [{"id": base, "object": "model", "created": 0, "owned_by": "radixlang",
+                                        "max_model_len": state.tm.limits.context_len}] + [
+        {"id": name, "object": "model", "created": 0, "owned_by": "radixlang", "root": base, "parent": base,
+         "max_model_len": state.tm.limits.context_len} for name in state.tm.limits.lora_adapters if name is not None]}
 
 
 async def _accept(request: Request, route: str, rid_prefix: str) -> tuple[ServerState, dict, str, int, str]:

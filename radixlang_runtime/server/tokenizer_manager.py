@@ -19,6 +19,7 @@ merged (stats: counters summed, each replica's own under "replicas").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -33,6 +34,8 @@ import zmq.asyncio
 from radixlang_runtime.generate_input import GenerateRequest
 from radixlang_runtime.limits import RuntimeLimits
 from radixlang_runtime.prompt_encoder import PromptEncoder, Span
+from radixlang_runtime.lora_spec import lora_id_of
+from radixlang_runtime.messages import LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq
 from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, TokenizedBatchReq,
                                         UnpinPrefixOut, UnpinPrefixReq, decode, encode)
@@ -247,6 +250,30 @@ class TokenizerManager:
                                       for i, p in enumerate(ids) if p != "-"))
         return bool(outs) and all(o.success for o in outs)
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> int:
+        """Serve another LoRA adapter under lora_name (one replica: LoRA refuses dp_size > 1); returns its id."""
+        names = list(self.limits.lora_adapters)
+        if lora_name in names:
+            raise ValueError(f"LoRA adapter {lora_name!r} is already loaded")
+        out = await self._control_call(LoadLoraReq, lora_name, lora_path, timeout=120.0)
+        if not out.lora_id:
+            raise ValueError(out.error or f"LoRA adapter {lora_name!r} could not be loaded")
+        names += [None] * (out.lora_id - 1 - len(names)) + [lora_name]  # position = id - 1 (lora_spec.py)
+        self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
+        return out.lora_id
+
+    async def unload_lora_adapter(self, lora_name: str, timeout: float = 60.0) -> None:
+        """Refuse lora_name from now on; its weights go once its requests have ended (TimeoutError after timeout)."""
+        lora_id = lora_id_of(lora_name, self.limits.lora_adapters)
+        names = list(self.limits.lora_adapters)
+        names[lora_id - 1] = None
+        self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
+        deadline = time.monotonic() + timeout
+        while not (await self._control_call(UnloadLoraReq, lora_id)).success:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"LoRA adapter {lora_name!r} still has requests after {timeout} s")
+            await asyncio.sleep(0.05)
+
     async def _control_all(self, cls: type, *fields: Any) -> list[Any]:
         """The same control call on every replica; their replies in replica order."""
         return list(await asyncio.gather(*(self._control_call(cls, *fields, replica=i)
@@ -272,7 +299,7 @@ class TokenizerManager:
                 self.lifecycle.on_heartbeat(msg.replica)
             elif isinstance(msg, BatchStrOut):
                 self._on_batch(msg)
-            elif isinstance(msg, (FlushCacheOut, StatsOut, PinPrefixOut, UnpinPrefixOut)):
+            elif isinstance(msg, (FlushCacheOut, StatsOut, PinPrefixOut, UnpinPrefixOut, LoadLoraOut, UnloadLoraOut)):
                 fut = self._control.get(msg.req_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
