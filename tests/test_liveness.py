@@ -54,7 +54,7 @@ def test_a_slow_client_survives_a_stalled_server_and_a_silent_one_is_dropped(mon
     address = f"tcp://127.0.0.1:{free_port()}"
 
     async def main() -> dict:
-        async def pin_forever(ids, ttl_s):
+        async def pin_forever(ids, ttl_s, owner=""):
             await asyncio.Event().wait()
 
         tm = types.SimpleNamespace(metrics=None, pin_prefix=pin_forever)

@@ -171,9 +171,10 @@ def test_eighty_bogus_peers_leave_the_decode_fd_count_where_it_was(pd_cluster):
     with ThreadPoolExecutor(16) as ex:
         answers = list(ex.map(lambda p: _post(d, _body(random.getrandbits(63), p)), ports))
     assert all(r.status_code == 503 and "is unreachable" in _error(r)["message"] for r in answers)
-    _until(lambda: _pd_stats(d)["peer_sockets"] == sockets and _fds(pid) <= before, "sockets not given back", 60)
+    # <=: the link to the real prefill may itself be closed as idle meanwhile (60 s without a request)
+    _until(lambda: _pd_stats(d)["peer_sockets"] <= sockets and _fds(pid) <= before, "sockets not given back", 60)
     print(f"decode scheduler fds: {before} before, {_fds(pid)} after 80 bogus peers")
-    assert _fds(pid) == before
+    assert _fds(pid) <= before
     r = _post(c.decodes[0], _body(1, ports[0]))  # the allow-listed decode never connects to them
     assert r.status_code == 400
     _whole_and_same(c)
