@@ -14,7 +14,7 @@ An unknown name raises LoraNotFound (HTTP 404 naming it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 
 class LoraNotFound(ValueError):
@@ -72,3 +72,26 @@ def lora_id_of_model(model: Optional[str], served: str, adapters: Sequence[Optio
     if sep and base == served:
         return lora_id_of(adapter, adapters)
     return None
+
+
+def check_lora_args(args: Any) -> None:
+    """ServerArgs' LoRA settings: what the runtime would not honour is refused by name (docs/LORA.md)."""
+    if isinstance(args.lora_paths, str):
+        args.lora_paths = [args.lora_paths]
+    if args.lora_paths and not args.enable_lora:
+        args.enable_lora = True  # SGLang: --lora-paths implies --enable-lora
+    parse_lora_paths(args.lora_paths)  # names checked here, adapters read by the runner
+    if args.max_lora_rank is not None and args.max_lora_rank < 1:
+        raise ValueError(f"max_lora_rank must be >= 1; got {args.max_lora_rank}")
+    if args.max_loras_per_batch < 1:
+        raise ValueError(f"max_loras_per_batch must be >= 1; got {args.max_loras_per_batch}")
+    if not args.enable_lora:
+        return
+    for name, on in (("enable_hierarchical_cache", args.enable_hierarchical_cache),
+                     ("disaggregation_mode " + args.disaggregation_mode, args.disaggregation_mode != "null"),
+                     ("tp_size > 1", args.tp_size > 1), ("dp_size > 1", args.dp_size > 1),
+                     ("model_impl transformers", args.model_impl == "transformers"),
+                     ("speculative_algorithm " + str(args.speculative_algorithm),
+                      args.speculative_algorithm not in (None, "NGRAM"))):
+        if on:
+            raise ValueError(f"{name} with enable_lora is not implemented")

@@ -208,3 +208,19 @@ class PooledSum:
         if self.vec is None or self.spec.mode != "mean":
             return self.vec
         return [x / self.rows for x in self.vec]
+
+
+def check_pooling_args(args: Any) -> None:
+    """ServerArgs' --is-embedding with what it does not combine with, and the reranker's settings
+    (docs/EMBEDDINGS.md)."""
+    if args.is_embedding:
+        for name, off in (("speculative_algorithm", None), ("disaggregation_mode", "null"),
+                          ("quantization", None)):
+            if getattr(args, name) != off:
+                raise ValueError(f"{name} {getattr(args, name)!r} is not implemented with --is-embedding")
+    tokens = args.classifier_from_token.split(",")
+    if len(tokens) != 2 or not all(tokens):
+        raise ValueError(f"classifier_from_token must be two tokens 'false,true' (e.g. no,yes); got "
+                         f"{args.classifier_from_token!r}")
+    if args.rerank_template is not None and "{document}" not in args.rerank_template:
+        raise ValueError("rerank_template must hold {document} (and {query})")

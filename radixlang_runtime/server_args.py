@@ -250,46 +250,11 @@ class ServerArgs:
         self._check_speculative()
         self._check_hicache()
         self._check_disaggregation()
-        self._check_pooling()
-        self._check_lora()
+        from radixlang_runtime.lora_spec import check_lora_args  # no torch
+        from radixlang_runtime.pooling import check_pooling_args  # no torch
 
-    def _check_pooling(self) -> None:
-        """--is-embedding with what it does not combine with, and the reranker's settings (docs/EMBEDDINGS.md)."""
-        if self.is_embedding:
-            for name, off in (("speculative_algorithm", None), ("disaggregation_mode", "null"),
-                              ("quantization", None)):
-                if getattr(self, name) != off:
-                    raise ValueError(f"{name} {getattr(self, name)!r} is not implemented with --is-embedding")
-        tokens = self.classifier_from_token.split(",")
-        if len(tokens) != 2 or not all(tokens):
-            raise ValueError(f"classifier_from_token must be two tokens 'false,true' (e.g. no,yes); got "
-                             f"{self.classifier_from_token!r}")
-        if self.rerank_template is not None and "{document}" not in self.rerank_template:
-            raise ValueError("rerank_template must hold {document} (and {query})")
-
-    def _check_lora(self) -> None:
-        """Refuse LoRA settings the runtime would not honour, by name (docs/LORA.md)."""
-        from radixlang_runtime.lora_spec import parse_lora_paths  # no torch
-
-        if isinstance(self.lora_paths, str):
-            self.lora_paths = [self.lora_paths]
-        if self.lora_paths and not self.enable_lora:
-            self.enable_lora = True  # SGLang: --lora-paths implies --enable-lora
-        parse_lora_paths(self.lora_paths)  # names checked here, adapters read by the runner
-        if self.max_lora_rank is not None and self.max_lora_rank < 1:
-            raise ValueError(f"max_lora_rank must be >= 1; got {self.max_lora_rank}")
-        if self.max_loras_per_batch < 1:
-            raise ValueError(f"max_loras_per_batch must be >= 1; got {self.max_loras_per_batch}")
-        if not self.enable_lora:
-            return
-        for name, on in (("enable_hierarchical_cache", self.enable_hierarchical_cache),
-                         ("disaggregation_mode " + self.disaggregation_mode, self.disaggregation_mode != "null"),
-                         ("tp_size > 1", self.tp_size > 1), ("dp_size > 1", self.dp_size > 1),
-                         ("model_impl transformers", self.model_impl == "transformers"),
-                         ("speculative_algorithm " + str(self.speculative_algorithm),
-                          self.speculative_algorithm not in (None, "NGRAM"))):
-            if on:
-                raise ValueError(f"{name} with enable_lora is not implemented")
+        check_pooling_args(self)
+        check_lora_args(self)
 
     def _check_disaggregation(self) -> None:
         """Refuse PD settings the runtime would not honour, by name (docs/DISAGGREGATION.md)."""
@@ -518,32 +483,11 @@ class ServerArgs:
                 "hicache_secret": REDACTED if self.hicache_secret else None,
                 "disaggregation_secret": REDACTED if self.disaggregation_secret else None}
 
-_INT_FIELDS = {
-    "context_length", "port", "frontend_port", "tp_size", "dp_size", "nnodes", "node_rank", "max_total_tokens",
-    "kv_cache_budget_bytes",
-    "page_size", "max_running_requests", "max_prefill_tokens", "chunked_prefill_size",
-    "stream_interval", "random_seed", "max_request_body_bytes",
-    "speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
-    "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size", "speculative_num_steps",
-    "disaggregation_bootstrap_port", "responses_store_max_entries", "responses_store_max_bytes",
-    "max_lora_rank", "max_loras_per_batch",
-}
+
 _SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
                       "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
 _SPEC_STANDALONE_FIELDS = ("speculative_draft_model_path", "speculative_num_steps",
                            "speculative_draft_model_quantization")
-_FLOAT_FIELDS = {"dist_timeout", "mem_fraction_static", "new_token_ratio_init", "new_token_ratio_min",
-                 "new_token_ratio_decay", "graceful_shutdown_timeout", "health_stall_timeout", "hicache_size",
-                 "disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout", "responses_store_ttl",
-                 "grammar_step_timeout", "grammar_request_timeout"}
-_CLI_TYPES = {**{n: int for n in _INT_FIELDS}, **{n: float for n in _FLOAT_FIELDS}}
-
-
-def cli_type(name: str) -> type:
-    """The type a field's command-line value is parsed as (server_cli.py builds the flags)."""
-    return _CLI_TYPES.get(name, str)
-
-
 def server_args_from_kwargs(model_path: Optional[str] = None, **kwargs) -> ServerArgs:
     """Engine(model_path=..., **server_args): unknown names raise a TypeError naming them."""
     known = {f.name for f in fields(ServerArgs)}

@@ -13,7 +13,7 @@ import sys
 from dataclasses import fields
 from typing import NoReturn, Optional
 
-from radixlang_runtime.server_args import ServerArgs, cli_type
+from radixlang_runtime.server_args import ServerArgs
 from radixlang_runtime.server_flags_help import CHOICES, FOREIGN_FLAGS, HELP
 
 PROG = "python -m radixlang_runtime.launch_server"
@@ -69,6 +69,13 @@ def unknown_flag_message(rest: list[str]) -> str:
             return f"{name} is not supported by radixlang: {FOREIGN_FLAGS[name]}"
     unknown = [a.split("=", 1)[0] for a in rest if a.startswith("-")] or rest
     return f"unrecognized argument(s): {' '.join(unknown)}"
+
+
+def cli_type(name: str) -> type:
+    """A flag's value type, read from the field's annotation (int / float / Optional[...] of them; else str)."""
+    ann = str(next(f.type for f in fields(ServerArgs) if f.name == name))
+    inner = ann.removeprefix("Optional[").removesuffix("]")
+    return {"int": int, "float": float}.get(inner, str)
 
 
 def _metavar(name: str) -> str:
