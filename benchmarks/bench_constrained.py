@@ -39,7 +39,7 @@ from radixlang_runtime.constrained.mask import mask_logits
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.state import GrammarState
 from radixlang_runtime.constrained.vocab import vocab_from_tokenizer
-from radixlang_runtime.model.resolve import resolve_model_dir
+from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}, "role": {"enum": ["admin", "user"]},

@@ -18,7 +18,7 @@ from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompi
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.state import GrammarState
 from radixlang_runtime.constrained.vocab import vocab_from_tokenizer
-from radixlang_runtime.model.resolve import resolve_model_dir
+from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
 
 def _walk(compiler: GrammarCompiler, i: int, encode) -> None:

@@ -85,7 +85,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from radixlang_runtime.constrained.vocab import vocab_from_tokenizer
-    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
     d = resolve_model_dir(None)
     with open(os.path.join(d, "config.json")) as f:

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from radixlang_runtime.mem.tiers.record import RecordCodec  # noqa: E402
 from radixlang_runtime.mem.tiers.weights_digest import hash_file  # noqa: E402
-from radixlang_runtime.model.resolve import embedded_gguf_path  # noqa: E402
+from radixlang_runtime.model.loader.resolve import embedded_gguf_path  # noqa: E402
 
 
 def best(fn, n: int) -> float:

@@ -142,7 +142,7 @@ def main() -> None:
                          "RADIXLANG_CPU_MASK=avx512_bf16 for ours: the issue's second table)")
     a = ap.parse_args()
 
-    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
     if a.random_model and a.model_path:
         ap.error("--random-model and --model-path name two models: give one")

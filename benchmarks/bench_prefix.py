@@ -130,7 +130,7 @@ def main() -> None:
         summary[name] = {"speedup": speedup, "same_greedy_outputs": same, "requests": on[name]["requests"]}
         print(f"{name:10} cache on is {speedup:.1f}x faster; greedy outputs identical on {same}/{on[name]['requests']}")
     if peers:
-        from radixlang_runtime.model.resolve import resolve_model_dir
+        from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
         peer_rows = run_peers(peers, peers_dir, args.runs, resolve_model_dir(None), ("W3",), args.peer_dtype)
         ours = statistics.median(on["W3"]["times"])

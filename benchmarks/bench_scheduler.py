@@ -38,7 +38,7 @@ def scheduler_iteration_ms(n_running: int, steps: int = 200) -> dict:
     from radixlang_runtime.mem.allocator import PageAllocator
     from radixlang_runtime.mem.radix_cache import RadixCache
     from radixlang_runtime.mem.table import TableManager
-    from radixlang_runtime.sampling_params import SamplingParams
+    from radixlang_runtime.protocol.sampling_params import SamplingParams
     from radixlang_runtime.scheduler.kv_manager import KVManager
     from radixlang_runtime.scheduler.request import Req
     from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig

@@ -99,8 +99,8 @@ def step_cost(threads: int, q) -> None:
     """CPU time of one decode step of M rows (each a request at context 256), M = 1 .. 64."""
     import torch
 
-    from radixlang_runtime.model.resolve import resolve_model_dir
-    from radixlang_runtime.model.runner import ModelRunner, StepInputs
+    from radixlang_runtime.model.loader.resolve import resolve_model_dir
+    from radixlang_runtime.model.executor.runner import ModelRunner, StepInputs
     from radixlang_runtime.server_args import ServerArgs
 
     torch.set_num_threads(threads)
@@ -134,7 +134,7 @@ def measure_standalone(steps: int, dtype: str, new_tokens: int, runs: int, cpu_t
     import torch
 
     from radixlang_runtime import Engine
-    from radixlang_runtime.model.resolve import embedded_gguf_path
+    from radixlang_runtime.model.loader.resolve import embedded_gguf_path
 
     if cpu_time:
         torch.set_num_threads(1)
@@ -233,7 +233,7 @@ def compare_llamacpp(a, ngram_b1: dict[str, float]) -> None:
     """llama.cpp's prompt lookup on the same ids (the embedded tokenizer, as Engine.generate encodes a prompt)."""
     from transformers import AutoTokenizer
 
-    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
 
     if not ngram_b1:
         raise SystemExit("--llamacpp compares the copy workloads at batch 1: include them and batch size 1")

@@ -9,7 +9,7 @@ them. Prints max / p99 / median per phase and the messages sent.
 
     .venv/bin/python benchmarks/bench_zmq_flood.py --flood tcp://127.0.0.1:PORT SECONDS
 
-is the flooder alone (tests/test_zmq_flood.py runs it against the test server); it prints the messages sent.
+is the flooder alone (tests/server/test_zmq_flood.py runs it against the test server); it prints the messages sent.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ KEY = "bench-flood-key"
 def flood(address: str, seconds: float) -> int:
     import zmq
 
-    from radixlang_runtime import messages as m
+    from radixlang_runtime.protocol import messages as m
 
     rng = random.Random(5)
     ctx = zmq.Context()

@@ -13,7 +13,7 @@
 #
 # .gpu/wheels: google-re2 (stop_regex.py) and outlines-core (constrained requests); the server's packages (pyzmq,
 # fastapi) are not needed by the Engine in-process. .gpu/tokenizer: the embedded model's tokenizer files, which the tiny checkpoints
-# borrow (RADIXLANG_TOKENIZER_DIR, model/resolve.py embedded_tokenizer_dir).
+# borrow (RADIXLANG_TOKENIZER_DIR, model/loader/resolve.py embedded_tokenizer_dir).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
@@ -28,7 +28,7 @@ if [ "${1:-}" = "--prepare" ]; then
         --platform manylinux2014_x86_64 -d .gpu/wheels "${WHEELS[@]}" || exit 1
     "$PY" - <<'PYEOF' || exit 1
 import os, shutil
-from radixlang_runtime.model.resolve import resolve_model_dir
+from radixlang_runtime.model.loader.resolve import resolve_model_dir
 src = resolve_model_dir(None)
 for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
     if os.path.isfile(os.path.join(src, name)):
@@ -81,8 +81,8 @@ step() {  # step NAME CAP_SECONDS CMD...: runs CMD under a time cap, its output 
     echo "=== $name: rc $rc in $((SECONDS - t0)) s"
     [ "$rc" = 0 ] || status=1
 }
-step kernels 150 "$PY" -m pytest -q -p no:cacheprovider kernels/tests/test_triton_kernels.py tests/test_triton_cascade.py
+step kernels 150 "$PY" -m pytest -q -p no:cacheprovider kernels/tests/test_triton_kernels.py tests/model/test_triton_cascade.py
 step bench_kernels 150 "$PY" kernels/benchmarks/bench_kernels.py --json "$LOGS/kernels.json"
-step engine 200 "$PY" -m pytest -q -p no:cacheprovider --durations=10 tests/test_triton_backend.py \
-    tests/test_model_families.py tests/test_model_moe.py tests/test_model_impl.py -k "not tp2"  # one GPU: no TP=2
+step engine 200 "$PY" -m pytest -q -p no:cacheprovider --durations=10 tests/model/test_triton_backend.py \
+    tests/model/test_model_families.py tests/model/test_model_moe.py tests/model/test_model_impl.py -k "not tp2"  # one GPU: no TP=2
 exit $status

@@ -39,7 +39,7 @@ def build(name: str, out_dir: str) -> str:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
 
     if name not in SHAPES:
         raise ValueError(f"random model {name!r}: choose one of {', '.join(SHAPES)}")

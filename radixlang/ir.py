@@ -8,7 +8,7 @@ Invariants:
 - `SglSamplingParams` fields default to None in `gen` (program-level defaults of `run()` apply);
   `resolve()` merges them onto the defaults and `to_runtime_kwargs()` gives the native
   `sampling_params` dict (PROTOCOL.md), so every backend sends the same request shape: exactly the
-  fields the server's one intake parses (radixlang_runtime/sampling_fields.py), the set ones only.
+  fields the server's one intake parses (radixlang_runtime/protocol/sampling_fields.py), the set ones only.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, List, Optional
 # accepts exactly the runtime's regex dialect (Rust syntax: `\p{L}` yes, look-around no).
 from radixlang_runtime.constrained.regex_check import DTYPE_REGEX, NUMBER_DTYPES, dtype_name
 from radixlang_runtime.constrained.regex_check import check_regex as _check_runtime_regex
-from radixlang_runtime.sampling_fields import REQUEST_FIELDS
+from radixlang_runtime.protocol.sampling_fields import REQUEST_FIELDS
 
 # SglSamplingParams fields that are not sampling_params: top-level /generate fields (logprob_kwargs) and dtype
 # (resolve() turns it into a regex)

@@ -7,12 +7,12 @@ from radixlang_kernels.cpu_caps import apply_mask_to_environment
 apply_mask_to_environment()  # RADIXLANG_CPU_MASK also caps oneDNN; must precede torch's first GEMM
 
 __all__ = ["Engine", "ServerArgs"]
-__version__ = "0.1.0"
+from radixlang_runtime.version import __version__  # noqa: E402, F401 (the package's version)
 
 
 def __getattr__(name: str) -> Any:  # lazy: importing the package must not import torch
     if name == "Engine":
-        from radixlang_runtime.engine import Engine
+        from radixlang_runtime.entrypoints.engine import Engine
 
         return Engine
     if name == "ServerArgs":

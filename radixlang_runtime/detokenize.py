@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlang_runtime import faults
-from radixlang_runtime.messages import BatchStrOut, BatchTokenIDOut, ReqConsts, ReqStrOut, ReqTokenOut
-from radixlang_runtime.sampling_params import trim_at_stop
+from radixlang_runtime.utils import faults
+from radixlang_runtime.protocol.messages import BatchStrOut, BatchTokenIDOut, ReqConsts, ReqStrOut, ReqTokenOut
+from radixlang_runtime.protocol.sampling_params import trim_at_stop
 
 logger = logging.getLogger(__name__)
 CONTEXT_TOKENS = 5  # tokens of left context re-decoded with the new ones (word boundaries, spaces)

@@ -71,7 +71,7 @@ class ServerArgs:
     # stuck step); one step would have to last this long to trip it (server/lifecycle.py)
     health_stall_timeout: float = 30.0
 
-    # --- parallelism (model/parallel.py, server/router.py) ---
+    # --- parallelism (model/executor/parallel.py, placement.py) ---
     tp_size: int = 1  # tensor-parallel ranks (gloo on CPU, NCCL on CUDA)
     dp_size: int = 1  # data-parallel replicas (each a TP group) behind one tokenizer manager and router
     nnodes: int = 1  # nodes the TP ranks span (tp_size / nnodes ranks each)
@@ -129,10 +129,10 @@ class ServerArgs:
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
     grammar_step_timeout: float = 1.0  # s: one grammar call (mask, matcher move) past it ends its request
     grammar_request_timeout: float = 30.0  # s: one request's grammar calls in all (docs/CONSTRAINED_LIMITS.md)
-    quantization: Optional[str] = None  # int8 (model/quant_linear.py) | gguf: the .gguf's blocks (model/gguf_linear.py)
-    enable_deterministic_inference: bool = False  # batch-invariant numerics (model/deterministic.py)
+    quantization: Optional[str] = None  # int8 (layers/quant_linear.py) | gguf: its blocks (layers/gguf_linear.py)
+    enable_deterministic_inference: bool = False  # batch-invariant numerics (model/executor/deterministic.py)
 
-    # --- speculative decoding (scheduler/drafter.py): SGLang's names; NGRAM (prompt lookup) only ---
+    # --- speculative decoding (speculative/drafter.py): SGLang's names; NGRAM (prompt lookup) only ---
     speculative_algorithm: Optional[str] = None  # NGRAM | None (off)
     speculative_num_draft_tokens: Optional[int] = None  # k: most draft tokens per step (NGRAM default 16)
     speculative_ngram_min_match_window_size: Optional[int] = None  # shortest suffix looked up (default 1)
@@ -140,7 +140,7 @@ class ServerArgs:
     # no drafts while more requests decode (default 0: no limit; the per-step cost rule, drafter.trim_to_cost,
     # keeps only draft rows whose expected accepted tokens pay for them at the batch's size)
     speculative_disable_by_batch_size: Optional[int] = None
-    # STANDALONE (model/draft_model.py, scheduler/model_drafter.py; docs/SPECULATIVE.md): a draft model of the same
+    # STANDALONE (speculative/draft_model.py, model_drafter.py; docs/SPECULATIVE.md): a draft model of the same
     # tokenizer (a HF directory or a .gguf) proposes speculative_num_steps tokens greedily per step; the target
     # verifies speculative_num_draft_tokens = num_steps + 1 rows (SGLang's relation at topk 1)
     speculative_draft_model_path: Optional[str] = None
@@ -159,7 +159,7 @@ class ServerArgs:
     disaggregation_secret: Optional[str] = field(default=None, repr=False)
     disaggregation_secret_file: Optional[str] = None
 
-    # --- LoRA adapters (lora_spec.py, model/lora_linear.py, docs/LORA.md): SGLang's names ---
+    # --- LoRA adapters (lora_spec.py, model/layers/lora_linear.py, docs/LORA.md): SGLang's names ---
     enable_lora: bool = False
     lora_paths: Optional[list[str]] = None  # name=path (peft adapter directories); numbered 1, 2, ... in order
     max_lora_rank: Optional[int] = None  # None: the largest rank of the adapters given
@@ -278,7 +278,7 @@ class ServerArgs:
         self._check_disaggregation_peers()
         if mode == "null":
             return
-        # tp_size > 1 and nnodes > 1 work (rank 0 moves every rank's K/V heads: model/tp_kv.py)
+        # tp_size > 1 and nnodes > 1 work (rank 0 moves every rank's K/V heads: model/executor/tp_kv.py)
         for name, on in (("dp_size > 1", self.dp_size > 1), ("speculative_algorithm", bool(self.speculative_algorithm)),
                          ("enable_hierarchical_cache", self.enable_hierarchical_cache)):
             if on:
@@ -286,7 +286,7 @@ class ServerArgs:
 
     def _check_disaggregation_peers(self) -> None:
         """The allow-list and the secret (bootstrap_peers.py): parsed here so a bad one fails the start."""
-        from radixlang_runtime.bootstrap_peers import load_secret, parse_peers  # no torch
+        from radixlang_runtime.protocol.bootstrap_peers import load_secret, parse_peers  # no torch
 
         mode = self.disaggregation_mode
         if self.disaggregation_prefill_peers is not None:

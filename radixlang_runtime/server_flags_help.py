@@ -1,6 +1,6 @@
 """The words of launch_server's --help: one help line per ServerArgs field, the choices of the fields that take
 a fixed set, and the flags of SGLang / vLLM that radixlang does not implement with what to use instead.
-tests/test_server_cli.py checks that every field has a line. No torch."""
+tests/entrypoints/test_server_cli.py checks that every field has a line. No torch."""
 
 from __future__ import annotations
 

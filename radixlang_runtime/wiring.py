@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from radixlang_runtime.bootstrap_peers import parse_peers
+from radixlang_runtime.protocol.bootstrap_peers import parse_peers
 from radixlang_runtime.lora_spec import parse_lora_paths
-from radixlang_runtime.limits import RuntimeLimits
+from radixlang_runtime.protocol.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.kv_prefault import KVPrefaulter
 from radixlang_runtime.mem.table import TableManager
-from radixlang_runtime.model.runner import ModelRunner
-from radixlang_runtime.scheduler.drafter import ROW_COST, NgramConfig, NgramDrafter
+from radixlang_runtime.model.executor.runner import ModelRunner
+from radixlang_runtime.speculative.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -27,9 +27,9 @@ from radixlang_runtime.server_args import ServerArgs
 def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                     peers_alive: Optional[Callable[[], bool]] = None) -> Scheduler:
     """tp_size > 1: this is rank 0 of the group at args.dist_init_addr; the other ranks
-    (model/tp_worker.py) are started by the caller and must load too before this returns
+    (model/executor/tp_worker.py) are started by the caller and must load too before this returns
     (`peers_alive`: whether they still run, where the caller can see them)."""
-    from radixlang_runtime.model.tp_worker import make_group
+    from radixlang_runtime.model.executor.tp_worker import make_group
 
     tp = make_group(args, 0) if args.tp_size > 1 else None
     runner = ModelRunner(args, model_dir, tp, extra_kv=draft_kv_shape(args))
@@ -85,12 +85,12 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     from radixlang_runtime.disagg.decode import STEP_BYTES, DecodeRole
     from radixlang_runtime.disagg.link import BootstrapClient, BootstrapServer
     from radixlang_runtime.disagg.prefill import PrefillRole
-    from radixlang_runtime.link_key import link_key
+    from radixlang_runtime.utils.link_key import link_key
     from radixlang_runtime.mem.kv_records import KVRecordPort
-    from radixlang_runtime.model.tp_kv import TPRecordPort
+    from radixlang_runtime.model.executor.tp_kv import TPRecordPort
 
     runner = scheduler.runner
-    # one-token records: any positions, any page size; under TP rank 0 moves every rank's heads (model/tp_kv.py),
+    # one-token records: any positions, any page size; under TP rank 0 moves every rank's heads (executor/tp_kv.py),
     # so the records are the same bytes at any tp_size and a prefill and a decode may differ in it
     port = KVRecordPort(runner.kv_pool, 1) if runner.tp is None else TPRecordPort(runner, 1)
     timeouts = (args.disaggregation_transfer_timeout, args.disaggregation_heartbeat_timeout)
@@ -119,7 +119,7 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     from radixlang_runtime.mem.tiers.keys import KVFingerprint, model_identity
     from radixlang_runtime.mem.tiers.redis_tier import RedisTier
     from radixlang_runtime.mem.tiers.secret import mac_key_from_secret
-    from radixlang_runtime.model.resolve import cache_root
+    from radixlang_runtime.model.loader.resolve import cache_root
 
     cfg = HiCacheConfig(record_tokens_for(args.page_size), args.hicache_write_policy,
                         load_policy=args.hicache_load_policy, preemption_mode=args.preemption_mode or "swap")
@@ -152,19 +152,19 @@ def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
     draft's pool (as many slots) its share."""
     if args.speculative_algorithm != "STANDALONE":
         return None
-    from radixlang_runtime.model.config import ModelConfig
-    from radixlang_runtime.model.resolve import resolve_model_dir
+    from radixlang_runtime.model.loader.config import ModelConfig
+    from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
     cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl)
     return cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
 
 
 def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:
-    """STANDALONE: the draft model beside the target (its pool mirrors the target's; model/draft_model.py),
+    """STANDALONE: the draft model beside the target (its pool mirrors the target's; speculative/draft_model.py),
     mirrored on the target's steps while drafting is on, and the scheduler's ModelDrafter proposing through it."""
-    from radixlang_runtime.model.draft_model import DraftModel
-    from radixlang_runtime.model.resolve import resolve_model_dir
-    from radixlang_runtime.scheduler.model_drafter import ModelDraftConfig, ModelDrafter
+    from radixlang_runtime.speculative.draft_model import DraftModel
+    from radixlang_runtime.model.loader.resolve import resolve_model_dir
+    from radixlang_runtime.speculative.model_drafter import ModelDraftConfig, ModelDrafter
 
     draft_dir = resolve_model_dir(args.speculative_draft_model_path)
     target_vocab = draft_vocab = None
@@ -188,7 +188,7 @@ def make_grammar_compiler(tokenizer: Any, logits_width: int, backend: str = "out
 
     from radixlang_runtime.constrained.cache import GrammarCacheConfig, GrammarCompiler
     from radixlang_runtime.constrained.vocab import vocab_from_tokenizer
-    from radixlang_runtime.model.resolve import cache_root
+    from radixlang_runtime.model.loader.resolve import cache_root
 
     vocab = vocab_from_tokenizer(tokenizer, logits_width=logits_width)
 
@@ -246,9 +246,9 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "num_grammar_waiting": len(s.grammar.pending) if s.grammar is not None else 0,
         "forced_tokens_total": s.grammar.forced_tokens_total if s.grammar is not None else 0,
         "spec_draft_tokens": s.drafts.spec_draft_tokens, "spec_accepted_tokens": s.drafts.spec_accepted_tokens,
-        # NGRAM / STANDALONE: accepted draft tokens per verification (scheduler/accept_stats.py); None without
+        # NGRAM / STANDALONE: accepted draft tokens per verification (speculative/accept_stats.py); None without
         "spec_accept_length": s.drafts.drafter.accept_stats.to_dict() if s.drafts.drafter is not None else None,
-        # the measured decode step cost per batch size regime (scheduler/spec_cost.py); None without the rule
+        # the measured decode step cost per batch size regime (speculative/spec_cost.py); None without the rule
         "spec_step_cost": s.drafts.cost.to_dict() if s.drafts.cost is not None else None,
         # STANDALONE: the draft model's mirrored / skipped (stepped aside) steps, positions caught up, proposals
         "spec_draft_model": draft_model_stats(s),
@@ -263,7 +263,7 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
 
 
 def draft_model_stats(s: Scheduler) -> Optional[dict[str, int]]:
-    """STANDALONE's draft model counters (model/draft_model.py); None without a draft model."""
+    """STANDALONE's draft model counters (speculative/draft_model.py); None without a draft model."""
     draft = getattr(s.runner, "draft_model", None)
     if draft is None:
         return None

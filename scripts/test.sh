@@ -11,5 +11,5 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q --durations=25 tests kernels/tests "$@"
 RADIXLANG_CPU_MASK=avx2,cc exec .venv/bin/python -m pytest -q "$@" \
-    tests/test_model_parity.py tests/test_radix_e2e.py tests/test_faults_engine.py tests/test_engine.py \
+    tests/model/test_model_parity.py tests/mem/test_radix_e2e.py tests/entrypoints/test_faults_engine.py tests/entrypoints/test_engine.py \
     kernels/tests/test_cpu_caps.py kernels/tests/test_cpu_plan.py

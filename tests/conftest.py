@@ -12,9 +12,9 @@ from radixlang_kernels.testing import interpret_triton_without_gpu, isas, use_is
 # Triton kernels run interpreted on machines without a GPU; it must be set before triton is imported.
 interpret_triton_without_gpu()
 
-# NGRAM's keep-or-drop rule measures step costs online (scheduler/spec_cost.py); on a loaded CI machine that
+# NGRAM's keep-or-drop rule measures step costs online (speculative/spec_cost.py); on a loaded CI machine that
 # would make which drafts run (and so "some draft was accepted" assertions) depend on timing. The suite pins it
-# to the prior; tests/test_spec_cost.py checks the measured mode with synthetic timings.
+# to the prior; tests/speculative/test_spec_cost.py checks the measured mode with synthetic timings.
 os.environ.setdefault("RADIXLANG_SPEC_STEP_COST", "fixed")
 
 

@@ -1,4 +1,4 @@
-"""A fake model runner for torch-free scheduler tests (the runner's contract: model/step_io.py).
+"""A fake model runner for torch-free scheduler tests (the runner's contract: model/executor/step_io.py).
 
 It keeps a dict slot -> (position, token, hash of the tokens 0..position) of everything the scheduler told
 it to store, and its own copy of the request table, updated the way the real runner updates
@@ -8,7 +8,7 @@ that draws a token that this history is exactly its prompt + output (+ draft): s
 prefix cache pass (same tokens, same positions), foreign or stale ones fail. Its next token depends only
 on the request's token history, so a request must get the same output whatever else is batched with it,
 however often it was retracted or served from the cache.
-A draft riding in a step (SampleSpec.draft) is verified as the real runner does (model/sample_step.py):
+A draft riding in a step (SampleSpec.draft) is verified as the real runner does (model/executor/sample_step.py):
 draft[j] accepted while next_fn of the history up to it equals it.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from radixlang_runtime.model.step_io import ModelBatch, StepResult
+from radixlang_runtime.model.executor.step_io import ModelBatch, StepResult
 
 VOCAB = 97
 

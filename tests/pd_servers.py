@@ -24,7 +24,7 @@ from typing import Any, Optional
 import httpx
 import pytest
 
-from radixlang_runtime.faults import ENV
+from radixlang_runtime.utils.faults import ENV
 from server_utils import ServerProcess, free_port
 from tiny_checkpoints import build_tiny
 
@@ -39,7 +39,7 @@ COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--debug-check-int
 # after a kill proves the heartbeat, not the transfer timeout, caught the dead peer)
 PD_FLAGS = ("--disaggregation-heartbeat-timeout", "5", "--disaggregation-transfer-timeout", "600")
 # the bootstrap link's secret on every PD member; decode 0 also takes K/V only from the prefill (the allow-list),
-# decode 1 from whoever holds the secret (tests/test_pd_hostile.py tries both against strangers)
+# decode 1 from whoever holds the secret (tests/disagg/test_pd_hostile.py tries both against strangers)
 SECRET = "pd-test-secret"
 FIXTURE = "pd_cluster"  # the module-scoped fixture name every user file defines (see `shared`)
 

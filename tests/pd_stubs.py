@@ -1,4 +1,4 @@
-"""FakeBootstrap: a stranger's bootstrap socket speaking the PD protocol (tests/test_pd_hostile.py).
+"""FakeBootstrap: a stranger's bootstrap socket speaking the PD protocol (tests/disagg/test_pd_hostile.py).
 
 Stub prefill / decode / worker servers for the PD router's tests (fakes: http.server threads in the
 test process). Each records the bodies it got and answers per `mode`:
@@ -25,8 +25,8 @@ from typing import Any, Optional
 import zmq
 
 from radixlang_runtime.disagg.wire import from_frames, to_frames
-from radixlang_runtime.link_key import LinkKey
-from radixlang_runtime.messages import PDDone, PDKVChunk, PDPing, PDPong, PDRegister
+from radixlang_runtime.utils.link_key import LinkKey
+from radixlang_runtime.protocol.messages import PDDone, PDKVChunk, PDPing, PDPong, PDRegister
 from server_utils import free_port
 
 

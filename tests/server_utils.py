@@ -6,6 +6,7 @@ costs ~20 s of a 2-core CI machine. conftest.py stops them when the session ends
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -108,3 +109,48 @@ def stop_shared_servers() -> list[str]:
         if code not in (0, 143):
             bad.append(f"shared server {flags} exited with {code}:\n{srv.tail()}")
     return bad
+
+
+# ---- checks shared by the server tests
+def stats(client) -> dict:
+    return client.get("/server_info").json()["stats"]
+
+
+def assert_idle_and_whole(client, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while True:
+        st = stats(client)
+        if st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0:
+            break
+        assert time.time() < deadline, st
+        time.sleep(0.05)
+    assert st["free_slots"] + st["cached_slots"] == st["total_slots"], st
+    assert st["evictable_slots"] == st["cached_slots"], st
+
+
+def sse_events(lines) -> list:
+    events = []
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited; it only waits for its parent to read its status
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while any(alive(p) for p in pids):
+        assert time.time() < deadline, f"still running: {[p for p in pids if alive(p)]}"
+        time.sleep(0.1)

@@ -19,7 +19,7 @@ def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**tiny, **kwargs})

@@ -13,7 +13,7 @@ Shapes and layout (every tensor contiguous unless said otherwise):
   prior_lse    [B, H] float32     float32, and its log-sum-exp (-inf: no keys, weight 0), merged in
   -> out       [B, H, D]          same dtype as q
 Query head h reads KV head h // (H // Hkv). Scores, softmax and accumulation are float32.
-Cascade attention (radixlang_runtime/model/attention/cascade.py) passes k_begin = each request's
+Cascade attention (radixlang_runtime/model/layers/attention/cascade.py) passes k_begin = each request's
 shared length and the shared part's (o, lse) as the prior; without them the kernels run as before.
 
 Stage 1, grid (B, Hkv, S): program (b, g, s) takes the G = H / Hkv query heads of KV head g as one

@@ -2,7 +2,7 @@
 whole of the project's foreign-function boundary lives in this package.
 
 - prctl(PR_SET_PDEATHSIG): a child process dies with the parent thread that started it (child_process.py);
-- mallopt: glibc's malloc thresholds (model/memory.py);
+- mallopt: glibc's malloc thresholds (model/executor/memory.py);
 - madvise(MADV_POPULATE_WRITE): KV pages faulted in ahead of use (mem/kv_prefault.py); ctypes releases
   the GIL during the call.
 Each returns a plain result; where the call does not exist (no libc found) it says so (None / False).

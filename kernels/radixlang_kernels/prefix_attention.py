@@ -1,5 +1,5 @@
 """Shared-prefix attention in Triton: the shared part of cascade attention (see
-radixlang_runtime/model/attention/cascade.py). Each group's prefix K/V is read once for all query
+radixlang_runtime/model/layers/attention/cascade.py). Each group's prefix K/V is read once for all query
 rows of all its members, not once per request.
 
 Shapes and layout:

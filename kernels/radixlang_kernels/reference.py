@@ -61,7 +61,7 @@ def prefix_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torc
 
 
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Cascade attention's merge (radixlang_runtime/model/attention/cascade.py): two normalised
+    """Cascade attention's merge (radixlang_runtime/model/layers/attention/cascade.py): two normalised
     outputs o [T, H, D] over disjoint keys with their log-sum-exp lse [T, H] (-inf: no keys) ->
     the output over all keys, float32. The kernels merge in place of this."""
     m = torch.maximum(lse_a, lse_b)

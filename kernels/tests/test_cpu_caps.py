@@ -1,5 +1,5 @@
 """The capability mask (RADIXLANG_CPU_MASK): what it hides and the kernel build it selects (the Engine and
-server run under it: tests/test_cpu_mask.py)."""
+server run under it: tests/project/test_cpu_mask.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The C attention, norm and activation kernels called directly, against plain torch math and
 radixlang_kernels/reference.py, once per instruction set this machine has (the `isa` fixture,
 radixlang_kernels/testing.py), in bf16 and float32. Cascade attention driven by the runtime's planner and
-rope_store against the runtime's Rotary + KVPool: tests/test_cpu_cascade_rope.py; the linears' kernels:
-tests/test_cpu_linears.py. Skipped where no compiler exists."""
+rope_store against the runtime's Rotary + KVPool: tests/model/test_cpu_cascade_rope.py; the linears' kernels:
+tests/model/test_cpu_linears.py. Skipped where no compiler exists."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ class EngineBackend(NativeBackend):
                  timeout: Optional[float] = None, engine: Any = None, **server_args: Any):
         if engine is None:
             try:
-                from radixlang_runtime.engine import Engine
+                from radixlang_runtime.entrypoints.engine import Engine
             except ImportError as e:
                 raise missing_extra(getattr(e, "name", None) or "torch", "runtime") from e
             engine = Engine(model_path, **server_args)

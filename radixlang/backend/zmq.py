@@ -1,6 +1,6 @@
 """ZmqBackend: the native protocol over the server's ZeroMQ frontend socket
 (`RuntimeEndpoint("tcp://host:port")`), msgpack messages FrontendReq / FrontendOut from
-radixlang_runtime/messages.py: no HTTP hop, no JSON.
+radixlang_runtime/protocol/messages.py: no HTTP hop, no JSON.
 
 Threads: one I/O thread owns the DEALER socket. Callers (program workers, any number) hand their
 encoded requests to it through an inproc PUSH socket guarded by a lock, and wait on a per-request
@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 from radixlang.backend.native import NativeBackend
 from radixlang.errors import BackendError
 from radixlang.global_config import global_config
-from radixlang_runtime.liveness import SilenceClock
+from radixlang_runtime.utils.liveness import SilenceClock
 
 PING_EVERY_S = 1.0
 POLL_S = 0.2  # the I/O thread's poll: it pings, forwards and checks the server's silence this often
@@ -44,7 +44,7 @@ class ZmqLink:
                  connect_timeout: float = CONNECT_TIMEOUT_S):
         import zmq
 
-        from radixlang_runtime import messages
+        from radixlang_runtime.protocol import messages
 
         self._zmq, self._msgs = zmq, messages
         self.address, self.api_key, self.timeout, self.dead_after = address, api_key, timeout, dead_after

@@ -33,7 +33,7 @@ Why a state-cap refusal is an automaton outlines-core would have to build (invar
   state to a character-boundary state, and two inputs whose character-level candidate sets differ
   have byte-level candidate sets that differ (each character position becomes a byte sequence
   automaton of its own). Mid-character states only add to the byte count.
-  tests/test_automaton_size.py checks count <= outlines-core's own index states on random regexes.
+  tests/constrained/test_automaton_size.py checks count <= outlines-core's own index states on random regexes.
 - Where the translation loses precision it errs towards fewer states (fewer refusals): Unicode
   classes (`\\p{..}`, the non-ASCII part of `\\d` / `\\w` / `\\s`) become symbols of their own,
   disjoint from every other character, so they overlap nothing and add no nondeterminism; Python's

@@ -34,7 +34,7 @@ from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.step_guard import StepGuard, StepLimits
 from radixlang_runtime.constrained.vocab import TokenVocab
 from radixlang_runtime.constrained.worker import CompileWorker, WorkerLimits, vocab_message
-from radixlang_runtime.release_memory import release_memory
+from radixlang_runtime.utils.release_memory import release_memory
 
 Status = Literal["pending", "ready", "error"]
 

@@ -106,7 +106,7 @@ def _address_space() -> int:
 def main() -> None:
     import resource
 
-    from radixlang_runtime.child_process import bind_to_parent
+    from radixlang_runtime.utils.child_process import bind_to_parent
     from radixlang_runtime.constrained.framing import FrameReader, read_frame_blocking, write_frame
 
     if len(sys.argv) > 2:

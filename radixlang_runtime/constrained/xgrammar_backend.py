@@ -66,7 +66,7 @@ _SURROGATES = "\\uD800-\\uDFFF"
 def no_surrogates(regex: str) -> str:
     """xgrammar's regex converter lets `.` and negated classes match UTF-16 surrogates (U+D800-DFFF) as
     3-byte sequences, which are not UTF-8: a byte-level vocabulary could then write bytes no decoder reads
-    (tests/test_random_schemas.py found it). Rewritten: every negated class excludes them, `.` becomes
+    (tests/constrained/test_random_schemas.py found it). Rewritten: every negated class excludes them, `.` becomes
     [^\\n + them] (Rust's `.`: any character but newline). Escapes and `.` inside classes are kept."""
     out, i, depth = [], 0, 0  # depth: inside a character class (nested classes count)
     negated: list[bool] = []

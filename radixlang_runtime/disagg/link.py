@@ -43,10 +43,10 @@ from typing import Any, Hashable, Optional
 import zmq
 
 from radixlang_runtime.disagg.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, WireError, from_frames, to_frames
-from radixlang_runtime.link_key import LinkKey
-from radixlang_runtime.messages import PDKVChunk, PDPing, PDPong
-from radixlang_runtime.rate_limit import PeerRateLimit
-from radixlang_runtime.restart_budget import RestartBudget
+from radixlang_runtime.utils.link_key import LinkKey
+from radixlang_runtime.protocol.messages import PDKVChunk, PDPing, PDPong
+from radixlang_runtime.utils.rate_limit import PeerRateLimit
+from radixlang_runtime.utils.restart_budget import RestartBudget
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.02  # the thread's poll timeout: the latency of a queued send

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from radixlang_runtime.disagg.link import dropped_stats
-from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
+from radixlang_runtime.utils.faults import FatalFault
+from radixlang_runtime.protocol.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
 

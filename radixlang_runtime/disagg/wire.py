@@ -19,9 +19,9 @@ from typing import Any, Optional
 
 import zmq
 
-from radixlang_runtime.link_key import LinkKey
-from radixlang_runtime.messages import (PD_MESSAGES, PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister, decode,
-                                        encode)
+from radixlang_runtime.utils.link_key import LinkKey
+from radixlang_runtime.protocol.messages import (PD_MESSAGES, PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister,
+                                                 decode, encode)
 
 MAX_HEADER_BYTES = 64 << 20  # a PDDone carrying a long prompt's input logprobs stays far below this
 MAX_PAYLOAD_BYTES = 64 << 20  # one PDKVChunk (the prefill sends <= 1 MiB, at least one token's records)

@@ -6,7 +6,7 @@ one index_select over the slot dimension reads a batch of records, one index_cop
 n records joined are the n payloads one after the other: the tiers store records one by one
 (read_records / write_records), PD moves a chunk of records as one message (read_joined /
 write_joined: no per-record split or join, the bytes are copied once each way).
-pack_* / unpack_records are that layout, the one serializer: model/tp_kv.py builds the same records
+pack_* / unpack_records are that layout, the one serializer: model/executor/tp_kv.py builds the same records
 from the K/V heads of every tensor-parallel rank.
 """
 

@@ -119,7 +119,7 @@ class RadixCache:
         (whole or ending inside an edge), the first k tokens cached after it, following the most recently
         used child at each branch; [] when it does not or nothing follows. Work: one walk of len(ids)
         (slice compares) + k tokens; nothing is kept between calls, so eviction and splits never leave a
-        stale reference behind. The n-gram drafter's corpus (scheduler/drafter.py)."""
+        stale reference behind. The n-gram drafter's corpus (speculative/drafter.py)."""
         node, pos, L, off = self.root, 0, len(ids), 0
         while pos < L:
             rest = L - pos

@@ -4,7 +4,7 @@ and checked once; a flag the router cannot honour is refused by name (ValueError
     --pd-disaggregation --prefill URL [BOOTSTRAP_PORT] ... --decode URL ...
     --worker-urls URL ...            (without --pd-disaggregation: plain co-located servers)
 
-Policies come from server/router.py (the DP router's cache_aware / round_robin / shortest_queue):
+Policies come from placement.py (the DP router's cache_aware / round_robin / shortest_queue):
 --policy is the prefill side's (and the workers'), --prefill-policy overrides it for prefill,
 --decode-policy picks the decode side (default shortest_queue: in-flight requests per decode).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import urlparse
 
-from radixlang_runtime.server.router import POLICIES, RouterConfig
+from radixlang_runtime.placement import POLICIES, PlacementConfig
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,12 @@ class RouterArgs:
         for name in ("health_failure_threshold", "health_success_threshold"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        self.router_config("decode")  # RouterConfig checks thresholds and tree size
+        self.placement_config("decode")  # PlacementConfig checks thresholds and tree size
 
-    def router_config(self, role: str) -> RouterConfig:
-        """The server/router.py config for one group of instances (role: prefill / decode / worker)."""
+    def placement_config(self, role: str) -> PlacementConfig:
+        """The placement.py config for one group of instances (role: prefill / decode / worker)."""
         policy = {"prefill": self.prefill_policy or self.policy, "decode": self.decode_policy}.get(role, self.policy)
-        return RouterConfig(policy=policy, cache_threshold=self.cache_threshold,
+        return PlacementConfig(policy=policy, cache_threshold=self.cache_threshold,
                             balance_abs_threshold=self.balance_abs_threshold,
                             balance_rel_threshold=self.balance_rel_threshold,
                             tree_capacity_tokens=self.max_tree_size)

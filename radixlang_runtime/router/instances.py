@@ -1,5 +1,5 @@
 """The instances the router sends to: per role (prefill / decode / worker) a Group of Instances, the
-choice among the eligible ones by server/router.py's Router (the same cache_aware / round_robin /
+choice among the eligible ones by placement.py's Placement (the same cache_aware / round_robin /
 shortest_queue code as data-parallel replicas), and Tickets that fail a request's legs at once when
 an instance it still waits on goes down.
 
@@ -9,7 +9,7 @@ tree by text), or the request's token ids when it gives ids; see pd_proxy.routin
 Invariants:
 - an Instance is eligible iff healthy and verified (its /server_info matched its role, and a prefill's
   bootstrap port is known); Group.choose only returns eligible instances;
-- group.router's load of instance i == requests routed to i and not yet finished (choose adds, finish
+- group.placement's load of instance i == requests routed to i and not yet finished (choose adds, finish
   removes once per rid);
 - instance.tickets holds the tickets of requests with a leg still outstanding on it; mark_down fails
   each of them (Ticket.fail keeps the first reason).
@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 from urllib.parse import urlparse
 
 from radixlang_runtime.router.config import InstanceSpec, RouterArgs
-from radixlang_runtime.server.router import Router
+from radixlang_runtime.placement import Placement
 
 
 class UpstreamError(Exception):
@@ -55,7 +55,7 @@ class Ticket:
 @dataclass(eq=False)
 class Instance:
     role: str  # "prefill" | "decode" | "worker"
-    index: int  # its replica index in its group's Router
+    index: int  # its replica index in its group's Placement
     url: str
     bootstrap_port: Optional[int] = None
     healthy: bool = False
@@ -94,20 +94,20 @@ class Group:
     def __init__(self, role: str, specs: Sequence[InstanceSpec], args: RouterArgs):
         self.role = role
         self.instances = [Instance(role, i, s.url, s.bootstrap_port) for i, s in enumerate(specs)]
-        self.router = Router(len(specs), args.router_config(role))
+        self.placement = Placement(len(specs), args.placement_config(role))
 
     def choose(self, rid: str, key: Sequence[int]) -> Instance:
         eligible = [i.index for i in self.instances if i.eligible]
         if not eligible:
             why = "; ".join(f"{i.url}: {i.reason}" for i in self.instances)
             raise NoInstance(f"no healthy {self.role} instance ({why})")
-        inst = self.instances[self.router.route(rid, key, eligible)]
+        inst = self.instances[self.placement.route(rid, key, eligible)]
         inst.routed += 1
         return inst
 
     def finish(self, rid: str) -> None:
-        self.router.finish(rid)
+        self.placement.finish(rid)
 
     def view(self) -> list[dict[str, Any]]:
-        loads = self.router.loads()
+        loads = self.placement.loads()
         return [i.view(loads[i.index]) for i in self.instances]

@@ -29,7 +29,7 @@ from radixlang_runtime.router.config import RouterArgs
 from radixlang_runtime.router.health import HealthMonitor
 from radixlang_runtime.router.instances import Group, Instance, NoInstance, Ticket, UpstreamError
 from radixlang_runtime.router.upstream import next_chunk, open_stream, post_whole
-from radixlang_runtime.limits import FieldError
+from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.server.http_common import SSE_DONE, BadRequest, error_body, error_response, sse
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from radixlang_runtime.model.step_io import InputLogprobSpec, ModelBatch, PoolStep, SampleSpec
+from radixlang_runtime.model.executor.step_io import InputLogprobSpec, ModelBatch, PoolStep, SampleSpec
 from radixlang_runtime.scheduler.request import Req
 
 # "mixed" (--enable-mixed-chunk): a prefill batch whose tail, reqs[decode_from:], are running requests
@@ -28,7 +28,7 @@ class ScheduleBatch:
     rewrite_rows: list[int] = field(default_factory=list)
     decode_from: int = -1  # first decoding request (0 for "decode", len(reqs) for "extend"); set in __post_init__
     # Jump-forward drafts riding in this step (aligned with reqs; empty: none): reqs[i].draft's length,
-    # the last draft_lens[i] tokens of extend_ids[i]. The runner verifies them (model/sample_step.py).
+    # the last draft_lens[i] tokens of extend_ids[i]. The runner verifies them (model/executor/sample_step.py).
     draft_lens: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ keep running meanwhile.
 
 After every sampled token the scheduler calls `advance`; with jump-forward on, `draft` returns the
 tokens the grammar forces next. They ride in the next forward pass as a multi-token extend and are
-verified there (model/sample_step.py): each is kept only if the model, sampling at that position,
+verified there (model/executor/sample_step.py): each is kept only if the model, sampling at that position,
 picks it, so the output is what token-by-token decoding gives. Invariants:
 - a GrammarState's position always equals the request's output_ids (retraction keeps both);
 - finish ids (EOS unless ignore_eos, plus stop_token_ids) are accepted only in final states;

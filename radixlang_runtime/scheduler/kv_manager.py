@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from radixlang_runtime.limits import MAX_PIN_TTL_S
+from radixlang_runtime.protocol.limits import MAX_PIN_TTL_S
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache
 from radixlang_runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode

@@ -25,13 +25,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
+from radixlang_runtime.utils.faults import FatalFault
+from radixlang_runtime.protocol.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
                                         TokenizedBatchReq, TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq,
                                         LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq)
 from radixlang_runtime.pooling import PooledSum, PoolSpec
-from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
 
@@ -81,7 +81,7 @@ class RequestLoop:
         self.idle_wait = idle_wait
         self.sent: dict[str, _Sent] = {}
         self._dashboard: Any = None  # DashboardState, made at the first dashboard stats request
-        # tensor parallel: rank 0 keeps its group alive between steps (model/parallel.py); fakes have none
+        # tensor parallel: rank 0 keeps its group alive between steps (model/executor/parallel.py); fakes have none
         self._keepalive: Optional[Callable[[], None]] = getattr(scheduler.runner, "keepalive", None)
 
     def run(self, should_stop: Callable[[], bool]) -> None:

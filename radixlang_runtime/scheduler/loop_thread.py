@@ -18,7 +18,7 @@ import queue
 import threading
 from typing import Any, Callable, Optional
 
-from radixlang_runtime.messages import BatchTokenIDOut, TokenizedGenerateReq
+from radixlang_runtime.protocol.messages import BatchTokenIDOut, TokenizedGenerateReq
 from radixlang_runtime.scheduler.loop import Call, RequestLoop
 from radixlang_runtime.scheduler.scheduler import Scheduler
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
-from radixlang_runtime.sampling_params import SamplingParams
+from radixlang_runtime.protocol.sampling_params import SamplingParams
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Req:
     draft: list[int] = field(default_factory=list)  # jump-forward tokens to verify in the next step
     draft_states: list[Any] = field(default_factory=list)  # GrammarState before each draft token, then after all
     forward_passes: int = 0  # forward steps this request took part in
-    # --- n-gram speculation (scheduler/drafter.py; req.draft holds its draft, draft_states stays empty) ---
+    # --- n-gram speculation (speculative/drafter.py; req.draft holds its draft, draft_states stays empty) ---
     spec_index: Any = None  # NgramIndex, built at the first draft
     spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
     spec_accepted_tokens: int = 0  # of which the model agreed with (meta_info.spec_accepted_tokens)

@@ -3,7 +3,7 @@
 Each `step()`: drop aborted requests -> form a batch (a prefill batch if one can be admitted,
 otherwise one decode step over every running request) -> `runner.forward(batch.model_batch())` -> apply
 its StepResult: append sampled (and accepted draft) tokens, finish requests, hand their KV to the radix
-cache. The runner is anything with `forward(ModelBatch) -> StepResult` (model/step_io.py: one token per
+cache. The runner is anything with `forward(ModelBatch) -> StepResult` (model/executor/step_io.py: one token per
 request with a SampleSpec), so tests drive this class with a fake runner and no torch. Slot ownership
 lives in KVManager, drafts (n-gram, jump-forward) in Drafts. With prefill-decode disaggregation a
 DisaggRole (disagg/prefill.py or disagg/decode.py, set as `self.pd` by the wiring) holds the requests
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded
-from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.model.step_io import ModelBatch, StepResult
+from radixlang_runtime.utils.faults import FatalFault
+from radixlang_runtime.model.executor.step_io import ModelBatch, StepResult
 from radixlang_runtime.scheduler.admission import PrefillAdmission, take_dirty_rows
 from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.disagg_role import DisaggRole
-from radixlang_runtime.scheduler.drafter import NgramDrafter
-from radixlang_runtime.scheduler.drafts import Drafts
+from radixlang_runtime.speculative.drafter import NgramDrafter
+from radixlang_runtime.speculative.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.request import Req
@@ -306,7 +306,7 @@ class Scheduler:
 
     def _after_sample(self, req: Req) -> None:
         """Finish checks for the sampled token (for a constrained request also its grammar step), then the
-        draft it carries into its next step (verified by that forward pass, model/sample_step.py). A grammar
+        draft it carries into its next step (verified by that forward pass, model/executor/sample_step.py). A grammar
         past its budget (constrained/step_guard.py) ends this request alone, with the limit named."""
         try:
             self._after_sample_checked(req)

@@ -15,7 +15,7 @@ import os.path
 from typing import Callable, Optional
 
 from radixlang_runtime.scheduler.request import Req
-from radixlang_runtime.stop_regex import MAX_NEWEST_CHARS, StopRegex, first_stop
+from radixlang_runtime.protocol.stop_regex import MAX_NEWEST_CHARS, StopRegex, first_stop
 
 # stop_regex looks at the text of this many newest output tokens, and at most this many characters of
 # it (bounds each step's RE2 search): a longer match is not seen.

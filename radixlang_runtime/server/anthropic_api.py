@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixlang_runtime.limits import FieldError
+from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.server.anthropic_errors import anthropic_error
 from radixlang_runtime.server.anthropic_records import MessagesRequest, parse_messages_request
 from radixlang_runtime.server.http_common import ServerState, read_json, stream_response

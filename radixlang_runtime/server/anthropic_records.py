@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixlang_runtime.limits import FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.limits import FieldError, need_bool, need_int, need_str, show
 
 # Known fields of each route (others: 400 naming them). Informational ones change no output.
 _INFORMATIONAL = ("metadata", "service_tier", "cache_control")  # cache_control: the radix cache caches anyway

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import jinja2
 
 from radixlang_runtime.chat_tools_template import CHATML_TOOLS_TEMPLATE, template_with_tools  # noqa: F401
-from radixlang_runtime.limits import FieldError, show
+from radixlang_runtime.protocol.limits import FieldError, show
 from radixlang_runtime.prompt_encoder import Span
 from radixlang_runtime.server.http_common import BadRequest
 

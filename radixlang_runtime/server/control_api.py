@@ -11,11 +11,11 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from radixlang_runtime.generate_input import fan_out
-from radixlang_runtime.limits import MAX_RID_LEN, need_str
+from radixlang_runtime.protocol.generate_input import fan_out
+from radixlang_runtime.protocol.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.pooling import PoolSpec
-from radixlang_runtime.pooling_input import pooling_requests
+from radixlang_runtime.protocol.pooling_input import pooling_requests
 from radixlang_runtime.server import services
 from radixlang_runtime.server.generate_api import server_state
 from radixlang_runtime.server.http_common import HTTP_PIN_TTL_S, BadRequest, error_response, final_result, read_json

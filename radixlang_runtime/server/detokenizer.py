@@ -11,9 +11,9 @@ from multiprocessing.connection import Connection
 
 import zmq
 
-from radixlang_runtime.child_process import bind_to_parent
+from radixlang_runtime.utils.child_process import bind_to_parent
 from radixlang_runtime.detokenize import IncrementalDetokenizer
-from radixlang_runtime.messages import BatchTokenIDOut, ErrorOut, decode, encode
+from radixlang_runtime.protocol.messages import BatchTokenIDOut, ErrorOut, decode, encode
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server_args import ServerArgs
 

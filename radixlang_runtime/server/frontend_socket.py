@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from radixlang_runtime.restart_budget import RestartBudget
+from radixlang_runtime.utils.restart_budget import RestartBudget
 
 logger = logging.getLogger(__name__)
 POLL_MS = 50  # the thread's poll timeout (a stop is seen within it)

@@ -57,11 +57,11 @@ import time
 from collections import Counter, deque
 from typing import Any, Optional
 
-from radixlang_runtime.link_key import link_key
-from radixlang_runtime.liveness import SilenceClock
-from radixlang_runtime.messages import FrontendOut, FrontendReq, decode, encode
-from radixlang_runtime.rate_limit import PeerRateLimit
-from radixlang_runtime.restart_budget import RestartBudget
+from radixlang_runtime.utils.link_key import link_key
+from radixlang_runtime.utils.liveness import SilenceClock
+from radixlang_runtime.protocol.messages import FrontendOut, FrontendReq, decode, encode
+from radixlang_runtime.utils.rate_limit import PeerRateLimit
+from radixlang_runtime.utils.restart_budget import RestartBudget
 from radixlang_runtime.server import services
 from radixlang_runtime.server.frontend_socket import FrontendSocket
 from radixlang_runtime.server.http_common import error_body

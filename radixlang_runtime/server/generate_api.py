@@ -10,7 +10,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixlang_runtime.results import Cumulative
+from radixlang_runtime.protocol.results import Cumulative
 from radixlang_runtime.server import services
 from radixlang_runtime.server.client_watch import unless_client_gone
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, client_gone_counter, guard_stream,

@@ -18,9 +18,9 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from radixlang_runtime.limits import (MAX_JSON_DEPTH, MAX_PIN_TTL_S, FieldError, need_float, need_int_list, need_str,
-                                      show)
-from radixlang_runtime.results import Cumulative
+from radixlang_runtime.protocol.limits import (MAX_JSON_DEPTH, MAX_PIN_TTL_S, FieldError, need_float, need_int_list,
+                                               need_str, show)
+from radixlang_runtime.protocol.results import Cumulative
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 from radixlang_runtime.pooling import PoolingConfig
 from radixlang_runtime.server_args import ServerArgs

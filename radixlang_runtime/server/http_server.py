@@ -21,7 +21,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlang_runtime import __version__
+from radixlang_runtime.version import __version__
 from radixlang_runtime.server.anthropic_api import router as anthropic_router
 from radixlang_runtime.server.anthropic_errors import AnthropicErrorShape, x_api_key_ok
 from radixlang_runtime.server.client_watch import ClientGone

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from radixlang_runtime.limits import need_str
+from radixlang_runtime.protocol.limits import need_str
 from radixlang_runtime.server.generate_api import server_state
 from radixlang_runtime.server.http_common import BadRequest, error_response, read_json
 

@@ -28,12 +28,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.constrained.spec import spec_from_response_format
-from radixlang_runtime.generate_input import BOOTSTRAP_FIELDS, GenerateRequest, openai_requests, parse_bootstrap, \
-    with_lora
+from radixlang_runtime.protocol.generate_input import (BOOTSTRAP_FIELDS, GenerateRequest, openai_requests,
+                                                       parse_bootstrap, with_lora)
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
-from radixlang_runtime.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
-from radixlang_runtime.logprob_format import normalize_logprob_args
-from radixlang_runtime.results import Cumulative, LogprobRequest
+from radixlang_runtime.protocol.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
+from radixlang_runtime.protocol.results import Cumulative, LogprobRequest
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, render_chat, template_kwargs
 from radixlang_runtime.server.client_watch import unless_client_gone
 from radixlang_runtime.server.http_common import (SSE_DONE, BadRequest, ServerState, client_gone_counter, final_result,

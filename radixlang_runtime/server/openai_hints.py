@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlang_runtime.limits import FieldError, show
+from radixlang_runtime.protocol.limits import FieldError, show
 
 HINT_VALUES: dict[str, tuple[str, ...]] = {
     "verbosity": ("low", "medium", "high"),

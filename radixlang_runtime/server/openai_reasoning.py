@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from radixlang_runtime.limits import need_bool
+from radixlang_runtime.protocol.limits import need_bool
 from radixlang_runtime.reasoning_parser import ReasoningParser, Split, get_reasoning_parser
 
 

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixlang_runtime.limits import FieldError, need_bool, show
+from radixlang_runtime.protocol.limits import FieldError, need_bool, show
 from radixlang_runtime.tool_parsers import PARSERS, CallArgs, CallStart, Event, ToolParser, detect_parser, get_parser, \
     openai_delta
 

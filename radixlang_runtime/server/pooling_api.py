@@ -22,9 +22,9 @@ from typing import Any, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from radixlang_runtime.limits import need_str, show
+from radixlang_runtime.protocol.limits import need_str, show
 from radixlang_runtime.pooling import finish_embedding, softmax_last
-from radixlang_runtime.pooling_input import (QWEN3_RERANK_TEMPLATE, PairCall, Reranker, embedding_encoder,
+from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, PairCall, Reranker, embedding_encoder,
                                              parse_embeddings_body, parse_encode_body, parse_rerank_body,
                                              parse_score_body)
 from radixlang_runtime.server.http_common import ServerState, final_result, read_json

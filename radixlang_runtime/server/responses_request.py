@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixlang_runtime.limits import FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.limits import FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.server.http_common import BadRequest
 from radixlang_runtime.server.openai_hints import check_hint
 

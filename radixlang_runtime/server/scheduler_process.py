@@ -19,9 +19,9 @@ from typing import Any
 
 import zmq
 
-from radixlang_runtime.child_process import bind_to_parent
-from radixlang_runtime.faults import FatalFault
-from radixlang_runtime.messages import BatchTokenIDOut, ErrorOut, SchedulerHeartbeat, decode, encode
+from radixlang_runtime.utils.child_process import bind_to_parent
+from radixlang_runtime.utils.faults import FatalFault
+from radixlang_runtime.protocol.messages import BatchTokenIDOut, ErrorOut, SchedulerHeartbeat, decode, encode
 from radixlang_runtime.scheduler.loop import RequestLoop
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.lifecycle import HEARTBEAT_S
@@ -83,10 +83,11 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
     try:
         from transformers import AutoTokenizer
 
-        from radixlang_runtime.model.resolve import resolve_model_dir
-        from radixlang_runtime.wiring import build_scheduler, make_disagg_role, runtime_limits, scheduler_stats
+        from radixlang_runtime.model.loader.resolve import resolve_model_dir
+        from radixlang_runtime.wiring import (build_scheduler, make_disagg_role, runtime_limits,
+                                                          scheduler_stats)
 
-        from radixlang_runtime.model.tp_worker import set_cpu_threads
+        from radixlang_runtime.model.executor.tp_worker import set_cpu_threads
 
         set_cpu_threads(args)  # this process is one of several model processes on the node
         t0 = time.perf_counter()

@@ -13,9 +13,9 @@ import hashlib
 import os
 from typing import Any, AsyncIterator, Optional
 
-from radixlang_runtime import __version__
-from radixlang_runtime.generate_input import GenerateRequest, parse_generate_body
-from radixlang_runtime.limits import MAX_RID_LEN, need_str
+from radixlang_runtime.version import __version__
+from radixlang_runtime.protocol.generate_input import GenerateRequest, parse_generate_body
+from radixlang_runtime.protocol.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.server.http_common import BadRequest, ServerState, final_result, merged, parse_pin_body
 from radixlang_runtime.server.tokenizer_manager import TokenizerManager
 

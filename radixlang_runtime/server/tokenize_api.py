@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixlang_runtime.limits import MAX_BATCH, FieldError, need_bool, need_int_list, need_str, show
+from radixlang_runtime.protocol.limits import MAX_BATCH, FieldError, need_bool, need_int_list, need_str, show
 from radixlang_runtime.server.chat_render import render_chat, template_kwargs
 from radixlang_runtime.server.http_common import BadRequest, ServerState, read_json
 from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound

@@ -10,7 +10,7 @@ Availability lives in one Lifecycle (lifecycle.py): `generate` and `prepare` adm
 fails every request in flight; SIGTERM / SIGINT run `drain`: admission stops, the requests in flight run
 on for the drain time, the rest fail with ShuttingDown (the same path as mark_dead's).
 
-Data parallel (dp_size > 1): one scheduler per replica; the Router (router.py) picks each request's
+Data parallel (dp_size > 1): one scheduler per replica; the Placement (placement.py) picks each request's
 replica and learns when it ends (the `finally` of `_generate`, which every request passes exactly
 once). Aborts go to the request's replica; control calls go to every replica and their replies are
 merged (stats: counters summed, each replica's own under "replicas").
@@ -31,23 +31,23 @@ from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 import zmq
 import zmq.asyncio
 
-from radixlang_runtime.generate_input import GenerateRequest
-from radixlang_runtime.limits import RuntimeLimits
+from radixlang_runtime.protocol.generate_input import GenerateRequest
+from radixlang_runtime.protocol.limits import RuntimeLimits
 from radixlang_runtime.prompt_encoder import PromptEncoder, Span
 from radixlang_runtime.lora_spec import lora_id_of
-from radixlang_runtime.messages import LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq
-from radixlang_runtime.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
-                                        PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut, TokenizedBatchReq,
-                                        UnpinPrefixOut, UnpinPrefixReq, decode, encode)
-from radixlang_runtime.results import ResultBuilder
-from radixlang_runtime.scheduler.accept_stats import merge_accept_stats
+from radixlang_runtime.protocol.messages import LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq
+from radixlang_runtime.protocol.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq,
+                                                 GetStatsReq, PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut,
+                                                 TokenizedBatchReq, UnpinPrefixOut, UnpinPrefixReq, decode, encode)
+from radixlang_runtime.protocol.results import ResultBuilder
+from radixlang_runtime.speculative.accept_stats import merge_accept_stats
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.hicache_metrics import merge_counters, merge_hicache_stats
 from radixlang_runtime.server.lifecycle import (SHUTTING_DOWN, Lifecycle, RequestUnavailable, RuntimeUnavailable,
                                                 ShuttingDown)
 from radixlang_runtime.server.live_series import LiveSeries
 from radixlang_runtime.server.metrics import ServerMetrics
-from radixlang_runtime.server.router import Router, RouterConfig
+from radixlang_runtime.placement import Placement, PlacementConfig
 
 # Stats counters that add up over replicas (the others are taken from replica 0).
 _SUMMED_STATS = ("total_slots", "free_slots", "cached_slots", "evictable_slots", "num_running_reqs",
@@ -85,8 +85,8 @@ class TokenizerManager:
             sock = ctx.socket(zmq.PUSH)
             sock.connect(ipc.scheduler_in_of(i))
             self.to_replicas.append(sock)
-        self.router = Router(num_replicas, RouterConfig(load_balance_method, tree_capacity_tokens=limits.num_slots)) \
-            if num_replicas > 1 else None
+        config = PlacementConfig(load_balance_method, tree_capacity_tokens=limits.num_slots)
+        self.placement = Placement(num_replicas, config) if num_replicas > 1 else None
         self.recv = ctx.socket(zmq.PULL)
         self.recv.bind(ipc.tokenizer_in)
         self.states: dict[str, ReqState] = {}
@@ -144,7 +144,7 @@ class TokenizerManager:
         for req in reqs:
             self.states[req.rid] = ReqState(ResultBuilder(req.rid, req.input_ids, req.stream, req.logprob,
                                                           self._token_text))
-            replica = self.router.route(req.rid, req.input_ids) if self.router else 0
+            replica = self.placement.route(req.rid, req.input_ids) if self.placement else 0
             per_replica.setdefault(replica, []).append(req.to_message())
         for replica, msgs in per_replica.items():
             self.to_replicas[replica].send(encode(TokenizedBatchReq(msgs)))  # PUSH: queued, never blocks here
@@ -162,7 +162,7 @@ class TokenizerManager:
             self.states[rid] = state
         try:
             if not sent:
-                replica = self.router.route(rid, input_ids) if self.router else 0
+                replica = self.placement.route(rid, input_ids) if self.placement else 0
                 await self.to_replicas[replica].send(encode(req.to_message()))
             while True:
                 out = await state.queue.get()
@@ -184,20 +184,20 @@ class TokenizerManager:
                 if self.metrics:
                     self.metrics.on_abandoned()
             self.states.pop(rid, None)
-            if self.router:
-                self.router.finish(rid)
+            if self.placement:
+                self.placement.finish(rid)
 
     def abort(self, rid: str) -> None:
         """Queue an abort (no await: this also runs while a cancelled handler unwinds)."""
-        replica = self.router.replica_of(rid) if self.router else 0
+        replica = self.placement.replica_of(rid) if self.placement else 0
         targets = self.to_replicas if replica is None else [self.to_replicas[replica]]
         for sock in targets:  # an rid the router does not know (finished, or never sent): every replica
             sock.send(encode(AbortReq(rid)))
 
     async def flush_cache(self, tiers: Optional[list[str]] = None) -> bool:
         ok = all(out.success for out in await self._control_all(FlushCacheReq, tiers))
-        if ok and self.router:
-            self.router.reset_trees()
+        if ok and self.placement:
+            self.placement.reset_trees()
         return ok
 
     async def get_stats(self) -> dict[str, Any]:
@@ -220,7 +220,7 @@ class TokenizerManager:
         merged["spec_accept_length"] = merge_accept_stats([s.get("spec_accept_length") for s in per_replica])
         merged["spec_draft_model"] = merge_counters([s.get("spec_draft_model") for s in per_replica])
         merged["replicas"] = per_replica
-        merged["router"] = self.router.stats()  # several replicas: there is a router
+        merged["placement"] = self.placement.stats()  # several replicas: there is a router
         return merged
 
     async def pin_prefix(self, input_ids: list[int], ttl_s: Optional[float] = None, owner: str = "") -> dict[str, Any]:
@@ -382,7 +382,7 @@ class TokenizerManager:
     async def health(self) -> Optional[str]:
         """Why /health answers 503 (dead, draining, a scheduler stuck with work waiting), or None."""
         def in_flight() -> list[int]:  # per replica
-            return self.router.loads() if self.router else [len(self.states)]
+            return self.placement.loads() if self.placement else [len(self.states)]
 
         if self.lifecycle.stalled(in_flight()) is not None:
             # This event loop may itself have been busy: let the receive loop read the heartbeats that

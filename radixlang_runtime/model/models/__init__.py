@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from radixlang_runtime.model.config import ModelConfig
+from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (gemma2, gemma3, llama_family, mixtral, olmoe, phi3, qwen_moe,
                                           transformers_fallback)
 

@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlang_runtime.model.attention.base import AttentionBackend
-from radixlang_runtime.model.config import ModelConfig, base_config, layer_windows
-from radixlang_runtime.model.forward_batch import ForwardBatch
-from radixlang_runtime.model.llama import MLP, DecoderLayer, LlamaForCausalLM, Reduce, RMSNorm
-from radixlang_runtime.model.parallel import Shard
-from radixlang_runtime.model.weights import SafetensorsDir
+from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.models.llama import MLP, DecoderLayer, LlamaForCausalLM, Reduce, RMSNorm
+from radixlang_runtime.model.executor.parallel import Shard
+from radixlang_runtime.model.loader.weights import SafetensorsDir
 
 __all__ = ["Gemma2ForCausalLM", "parse_gemma2"]
 

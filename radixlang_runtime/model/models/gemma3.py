@@ -14,14 +14,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from radixlang_runtime.model.attention.base import AttentionBackend
-from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.forward_batch import ForwardBatch
-from radixlang_runtime.model.llama import Reduce
+from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.models.llama import Reduce
 from radixlang_runtime.model.models.gemma2 import Gemma2ForCausalLM, gemma_common
-from radixlang_runtime.model.parallel import Shard
-from radixlang_runtime.model.rope_spec import parse_rope
-from radixlang_runtime.model.rotary import Rotary
+from radixlang_runtime.model.executor.parallel import Shard
+from radixlang_runtime.model.layers.rope_spec import parse_rope
+from radixlang_runtime.model.layers.rotary import Rotary
 
 __all__ = ["Gemma3ForCausalLM", "parse_gemma3"]
 

@@ -1,4 +1,4 @@
-"""Llama, Mistral, Qwen2 and Qwen3: one decoder (model/llama.py), four ways of reading config.json.
+"""Llama, Mistral, Qwen2 and Qwen3: one decoder (model/models/llama.py), four ways of reading config.json.
 
 Each parser reads the fields transformers' implementation of that architecture reads, with its defaults,
 and refuses the ones that change the math and are not implemented here (config.refuse_common plus the
@@ -8,8 +8,8 @@ layers >= max_window_layers or layer_types) become ModelConfig.layer_windows, ho
 
 from __future__ import annotations
 
-from radixlang_runtime.model.config import ModelConfig, base_config, layer_windows
-from radixlang_runtime.model.llama import LlamaForCausalLM
+from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
+from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
 __all__ = ["LlamaForCausalLM", "parse_llama", "parse_mistral", "parse_qwen2", "parse_qwen3"]
 

@@ -1,4 +1,4 @@
-"""Mixtral (MixtralForCausalLM): the Llama decoder with a top-k MoE block in every layer (model/moe.py).
+"""Mixtral (MixtralForCausalLM): the Llama decoder with a top-k MoE block in every layer (model/layers/moe.py).
 
 Routing as transformers' MixtralTopKRouter: softmax in float32, top-k, always renormalised over the k, the
 expert outputs scaled by the float32 weights. The hub's checkpoints name the block block_sparse_moe and the
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from radixlang_runtime.model.config import ModelConfig, base_config
-from radixlang_runtime.model.moe import MoEForCausalLM
-from radixlang_runtime.model.moe_spec import parse_moe
+from radixlang_runtime.model.loader.config import ModelConfig, base_config
+from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.layers.moe_spec import parse_moe
 
 __all__ = ["MoEForCausalLM", "parse_mixtral"]
 

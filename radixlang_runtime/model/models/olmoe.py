@@ -1,4 +1,4 @@
-"""OLMoE (OlmoeForCausalLM): the Llama decoder with a top-k MoE block in every layer (model/moe.py), q and k
+"""OLMoE (OlmoeForCausalLM): the Llama decoder with a top-k MoE block in every layer (model/layers/moe.py), q and k
 RMSNorm'd over the whole projection ([H D] and [Hkv D] weights, statistics across heads: unlike Qwen3's per
 head) and, with clip_qkv, q / k / v clamped to [-clip_qkv, clip_qkv] after the norm.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from radixlang_runtime.model.config import ModelConfig, base_config
-from radixlang_runtime.model.moe import MoEForCausalLM
-from radixlang_runtime.model.moe_spec import parse_moe
+from radixlang_runtime.model.loader.config import ModelConfig, base_config
+from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.layers.moe_spec import parse_moe
 
 __all__ = ["MoEForCausalLM", "parse_olmoe"]
 

@@ -13,9 +13,9 @@ from typing import Optional
 
 import torch
 
-from radixlang_runtime.model.config import ModelConfig, base_config
-from radixlang_runtime.model.llama import LlamaForCausalLM
-from radixlang_runtime.model.weights import Range, SafetensorsDir
+from radixlang_runtime.model.loader.config import ModelConfig, base_config
+from radixlang_runtime.model.models.llama import LlamaForCausalLM
+from radixlang_runtime.model.loader.weights import Range, SafetensorsDir
 
 _SPLIT = re.compile(r"(model\.layers\.\d+\.)(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.weight")
 

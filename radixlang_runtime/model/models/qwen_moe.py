@@ -1,5 +1,5 @@
 """Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): the Llama decoder with MoE blocks
-(model/moe.py) in the layers decoder_sparse_step / mlp_only_layers select, dense MLPs elsewhere.
+(model/layers/moe.py) in the layers decoder_sparse_step / mlp_only_layers select, dense MLPs elsewhere.
 
 Qwen2-MoE: q/k/v bias (qkv_bias), a shared expert scaled by sigmoid(shared_expert_gate); Qwen3-MoE: q/k
 RMSNorm per head. Both: norm_topk_prob, routing weights rounded to the model dtype before the scaling.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from radixlang_runtime.model.config import ModelConfig, base_config, layer_windows
-from radixlang_runtime.model.moe import MoEForCausalLM
-from radixlang_runtime.model.moe_spec import parse_moe, qwen_sparse_layers
+from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
+from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.layers.moe_spec import parse_moe, qwen_sparse_layers
 
 __all__ = ["MoEForCausalLM", "parse_qwen2_moe", "parse_qwen3_moe"]
 

@@ -28,9 +28,9 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
-from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.forward_batch import ForwardBatch
-from radixlang_runtime.model.rope_spec import RopeSpec
+from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.layers.rope_spec import RopeSpec
 
 ATTN_NAME = "radixlang"  # the name registered in transformers' AttentionInterface / AttentionMaskInterface
 _REFUSED_KWARGS = ("softcap", "s_aux", "sinks")  # attention kwargs that change the math (None: not in use)

@@ -1,0 +1,1 @@
+"""The ways in: the offline Engine, the server's supervisor (launch_server), the router's CLI and the demo."""

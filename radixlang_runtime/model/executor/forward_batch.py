@@ -1,0 +1,33 @@
+"""ForwardBatch: the tensors of one step, built by the runner from its StepInputs (model/executor/runner.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from radixlang_runtime.mem.kv_pool import KVPool
+
+
+@dataclass
+class ForwardBatch:
+    phase: str  # "extend" | "decode"
+    batch_size: int  # B
+    input_ids: torch.Tensor  # [T] int64, T = sum(extend_lens)
+    positions: torch.Tensor  # [T] int64
+    out_loc: torch.Tensor  # [T] int64 slots the new K/V go to
+    req_rows: torch.Tensor  # [B] int64 rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int64 prefix + extend
+    seq_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    kv_pool: KVPool
+    attn_meta: Optional[Any] = None  # set by the attention backend's init_forward_metadata
+    rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [T, 1, D] each, set by the model
+    rope_cos_sin_local: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # Gemma 3: the sliding layers' rope
+    has_lora: bool = False  # some row runs a LoRA adapter (model/layers/lora_linear.py): the per-module path
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"

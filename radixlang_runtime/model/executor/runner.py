@@ -1,0 +1,421 @@
+"""ModelRunner: owns the model, the KV pool and the sampler; runs one ModelBatch per call, returns its StepResult
+(model/executor/step_io.py: the whole contract with the scheduler, which model/ never imports).
+
+A step is planned on the scheduler's rank into StepInputs (plain lists: the ids, positions' slots,
+table rewrites and logit rows), which is all any rank needs to run the model: with tensor
+parallelism (parallel.py) rank 0 broadcasts it and the other ranks run `run_step` on it
+(tp_worker.py); only rank 0 gets the full logits and samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from radixlang_runtime.utils import faults
+from radixlang_runtime.mem import kv_memory
+from radixlang_runtime.mem.kv_pool import KVPool
+from radixlang_kernels import cpu_ops
+from radixlang_runtime.model.executor import deterministic, memory
+from radixlang_runtime.model.layers.attention import create_attention_backend
+from radixlang_kernels.cpu_caps import detect
+from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.executor.fused_decode import FusedDecode
+from radixlang_runtime.model.models.llama import LlamaForCausalLM
+from radixlang_runtime.model.models import family_for
+from radixlang_runtime.model.layers.rotary import Rotary
+from radixlang_runtime.model.executor.logprobs import fill_input_logprobs, plan_input_logprobs
+from radixlang_runtime.model.loader.lora_adapter import load_adapter
+from radixlang_runtime.model.layers.lora_linear import LoraModel
+from radixlang_runtime.lora_spec import parse_lora_paths
+from radixlang_runtime.model.executor.sample_step import sample_step
+from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
+from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
+from radixlang_runtime.model.executor.parallel import TPGroup, make_shard
+from radixlang_runtime.model.loader.weights import SafetensorsDir
+from radixlang_runtime.pooling import read_pooling_config
+from radixlang_runtime.model.executor.sampler import Sampler
+from radixlang_runtime.model.executor.step_io import ModelBatch, StepResult
+from radixlang_runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RunnerSizes:
+    """What the scheduler needs to know about the runner's memory."""
+
+    num_slots: int
+    table_rows: int
+    context_len: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on GPU and on CPUs with bf16 dot products in hardware (AVX512-BF16 / AMX);
+    float32 on every other CPU: without them oneDNN's bf16 GEMM runs at a fraction of its fp32 rate,
+    so a bf16 model there runs slower than the same model in fp32, whose path (oneDNN-prepacked
+    linears, C norm/activation/attention) also beats transformers' fp32 (figures, on a Xeon and on this
+    project's CPU with AVX512-BF16 masked: docs/PERFORMANCE.md#dtype-per-cpu)."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type != "cpu" or detect().native_bf16:
+        return torch.bfloat16
+    return torch.float32
+
+
+@dataclass
+class StepInputs:
+    """One forward pass, as plain data (what rank 0 broadcasts). B requests, T = sum(extend_lens) tokens."""
+
+    phase: str  # "extend" | "decode"
+    input_ids: list[int]  # [T]
+    out_loc: list[int]  # [T] slots the new K/V go to
+    req_rows: list[int]  # [B] rows of req_to_token
+    prefix_lens: list[int]  # [B]
+    extend_lens: list[int]  # [B]
+    rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) to write first
+    logit_rows: list[int]  # [R] flattened token rows the head runs on
+    hidden_rows: list[int] = field(default_factory=list)  # [P] rows whose final hidden states pooling reads
+    lora_ids: list[int] = dataclasses.field(default_factory=list)  # [B] adapter ids (0: base); []: all base
+
+
+def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
+    """A step whose every request runs exactly its last token + its draft (n-gram or jump-forward
+    verification, nothing to prefill, no input logprobs) as a decode step of T = sum(counts) rows: row j
+    of request i is the decode of position prefix_i + j over the same table row. Each layer stores every
+    row's K/V before any row attends (decode_layer.c, the backends' store-then-attend), so row j sees the
+    draft tokens before it exactly as an extend's causal mask would, and the step runs the fused decode
+    kernel (one C call per layer) instead of an extend: verifying k tokens costs about one decode step
+    of k + 1 rows. The token order, slots and logit rows are unchanged (sample_step reads the same rows).
+    Returns `step` itself when some request does more than that (a prefill, a chunk)."""
+    if any(s is None for s in batch.samples) or counts != step.extend_lens:
+        return step
+    req_rows = [r for r, n in zip(step.req_rows, counts) for _ in range(n)]
+    prefix_lens = [p + j for p, n in zip(step.prefix_lens, counts) for j in range(n)]
+    lora_ids = [a for a, n in zip(step.lora_ids, counts) for _ in range(n)]
+    return dataclasses.replace(step, phase="decode", req_rows=req_rows, prefix_lens=prefix_lens,
+                               extend_lens=[1] * len(req_rows), lora_ids=lora_ids)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None,
+                 extra_kv: Optional[tuple[int, int, int]] = None):
+        """extra_kv: (layers, kv_heads, head_dim) of a second pool with this one's slots (STANDALONE's draft,
+        speculative/draft_model.py): a pool sized from memory then leaves it its share of the budget."""
+        self.extra_kv = extra_kv
+        self.device = tp.device if tp is not None else resolve_device(args.device)
+        self.args = args = args.resolve_for_device(self.device.type)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.model_dir = model_dir
+        if self.device.type == "cpu":
+            memory.tune_malloc()  # step buffers keep their pages between steps (model/executor/memory.py)
+        self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
+        tensors = SafetensorsDir(model_dir)
+        # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
+        # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
+        self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
+        if args.is_embedding and not cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
+            self.cfg = cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
+        self.context_len = args.context_length or cfg.max_position_embeddings
+        cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
+        self.tp = tp
+        self.shard = shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
+                                        cfg.vocab_size, tp.size if tp else 1, tp.rank if tp else 0)
+
+        backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
+                                           cfg.attn_scale or cfg.head_dim ** -0.5)
+        backend.set_layer_options(cfg.layer_windows, cfg.attn_logit_softcapping or 0.0)  # windows, soft-cap
+        self.backend = backend
+        rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
+        with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
+            model = family_for(cfg.architecture, cfg.model_impl).model_class(cfg, backend, rotary, shard,
+                                                                             tp.all_reduce if tp else None)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        model.load_hf_state_dict(tensors)
+        # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
+        self.pools_hidden = type(model).forward is LlamaForCausalLM.forward
+        if args.is_embedding and not self.pools_hidden:
+            raise ValueError(f"--is-embedding is not implemented for {cfg.architecture} ({cfg.model_impl} "
+                             "implementation): pooled hidden states are served for the Llama-family decoders")
+        native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
+        packed = packing_available(self.device, self.dtype) and args.quantization is None and native
+        if args.quantization == "int8":
+            logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
+        elif args.quantization == "gguf":
+            logger.info("%d linear weights run on the GGUF file's blocks",
+                        model.use_gguf_blocks(self._gguf_blocks(args)))
+        # the deterministic mode takes tiles only where they serve every batch size (their rows are then
+        # batch-invariant by construction: gemv_dense.c), never beside oneDNN's GEMM for larger batches
+        tiles = packed and dense_tiles_available(self.device, self.dtype) and (
+            not args.enable_deterministic_inference or cpu_ops.dense_any_m(self.dtype, cpu_ops.load()))
+        if packed:
+            logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
+        self.cpu_paths = cpu_ops.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
+                                          tiles)
+        if args.quantization is not None:
+            kernel = f"c:{detect().isa}" if cpu_ops.load() is not None and self.device.type == "cpu" else "torch"
+            fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
+            if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
+                kernel += " x int8 activations"
+            above = "dense tiles" if cpu_ops.dense_any_m(self.dtype, cpu_ops.load()) else "oneDNN-prepacked"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths,
+                                                 linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
+        if not native:
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, norm="transformers", activation="transformers")
+        if cfg.attn_logit_softcapping and (self.cpu_paths.c_decode or self.cpu_paths.c_extend):
+            # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
+                                                 extend_attention="torch:soft-cap")
+        if self.cpu_paths.c_norm_act:
+            model.enable_cpu_ops()
+        if hasattr(backend, "configure"):
+            backend.configure(self.cpu_paths)
+        if args.enable_deterministic_inference and not native:
+            raise ValueError("--enable-deterministic-inference is not supported with the transformers implementation "
+                             f"({cfg.architecture}: transformers' modules are not batch-invariant)")
+        if args.enable_deterministic_inference:
+            deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
+        if self.device.type == "cpu" and self.cpu_paths.c_decode and native:
+            model.fused_decode = FusedDecode.build(model, self.dtype)
+            if model.fused_decode is not None:
+                self.cpu_paths = dataclasses.replace(
+                    self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
+        self.lora = self._load_loras(model) if args.enable_lora else None  # model/lora_linear.LoraModel
+        logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
+        self.model = model.eval()
+        self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
+
+        self.available_after_warmup: Optional[int] = None
+        if self._sizes_pool_from_memory():
+            self._warm_up()
+            self.available_after_warmup = kv_memory.mem_available()
+        num_slots = self._kv_slots()
+        table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
+        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
+                              self.dtype, self.device, table_rows, self.context_len)
+        self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
+        seed = args.random_seed if args.random_seed is not None else 0
+        self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
+        self.draft_mirror = None  # STANDALONE: DraftModel.mirror, run on every step (speculative/draft_model.py)
+        logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
+                    cfg.architecture, cfg.model_impl, self.dtype, self.device,
+                    cfg.rope.describe() if native else "transformers'", num_slots, table_rows)
+
+    def _load_loras(self, model) -> LoraModel:
+        """--enable-lora: every projection wrapped (after packing and the fused decode layer's build, which
+        read the base weights), then the --lora-paths adapters loaded under their ids."""
+        if self.cfg.model_impl != "native":
+            raise ValueError(f"enable_lora needs the native implementation ({self.cfg.architecture} runs on "
+                             "transformers' modules)")
+        specs = parse_lora_paths(self.args.lora_paths)
+        lora = LoraModel(model)
+        adapters = [load_adapter(s.name, s.path, s.lora_id, self.cfg.num_hidden_layers,
+                                 self.args.max_lora_rank or 1 << 30, self.dtype, self.device) for s in specs]
+        for a in adapters:
+            lora.load(a)
+            logger.info("LoRA adapter %r (id %d): rank %d, alpha %g, targets %s", a.name, a.lora_id,
+                        a.config.rank, a.config.alpha, ",".join(a.config.targets))
+        self.lora_next_id = len(specs) + 1  # ids are never reused: a reload under a name gets a new one
+        return lora
+
+    def load_lora(self, name: str, path: str) -> int:
+        """Load an adapter at run time (on the scheduler's thread); returns its new id."""
+        if self.lora is None:
+            raise ValueError("loading a LoRA adapter needs enable_lora")
+        adapter = load_adapter(name, path, self.lora_next_id, self.cfg.num_hidden_layers,
+                               self.args.max_lora_rank or 1 << 30, self.dtype, self.device)
+        self.lora.load(adapter)
+        self.lora_next_id += 1
+        return adapter.lora_id
+
+    def _gguf_blocks(self, args: ServerArgs) -> dict:
+        """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one
+        when no --model-path; a directory this runtime converted knows its source)."""
+        import json
+        import os
+
+        from radixlang_runtime.model.loader.gguf_convert import gguf_blocks, gguf_source
+
+        path = gguf_source(self.model_dir)
+        if path is None:
+            raise ValueError(f"--quantization gguf runs on a .gguf file's blocks; model {self.model_dir!r} was "
+                             "not converted from one")
+        if self.tp is not None:
+            raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
+        with open(os.path.join(self.model_dir, "config.json")) as f:
+            return gguf_blocks(path, json.load(f))
+
+    def _kv_slots(self) -> int:
+        a, cfg = self.args, self.cfg
+        ps = a.page_size
+        if a.max_total_tokens is not None:
+            return a.max_total_tokens // ps * ps
+        # Every rank of a tensor-parallel group must get the same number of slots: size by the
+        # largest shard (ranks can hold one GQA group more than others).
+        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, self.shard.kv_count_max, cfg.head_dim, self.dtype)
+        if self.extra_kv is not None:
+            per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info()
+            budget = int(free * (a.mem_fraction_static or 0.85))
+        else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
+            budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
+                                                                         self.available_after_warmup)
+        return max(ps, budget // per_token // ps * ps)
+
+    def _sizes_pool_from_memory(self) -> bool:
+        a = self.args
+        return (self.device.type == "cpu" and self.tp is None and a.max_total_tokens is None
+                and a.kv_cache_budget_bytes is None)
+
+    def _warm_up(self, tokens: int = 256) -> None:
+        """One prefill of `tokens` tokens on a throw-away pool, before the real pool is sized: its
+        activations, oneDNN's primitives and the kernels' scratch are then part of the process (and
+        the first request does not pay for them)."""
+        n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
+        cfg = self.cfg
+        self.kv_pool = KVPool(n, cfg.num_hidden_layers, self.shard.kv_count, cfg.head_dim, self.dtype, self.device,
+                              1, n)
+        ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
+        self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))
+        del self.kv_pool
+
+    def memory_breakdown(self, touched_slots: int) -> dict:
+        """What the process's memory consists of (model/memory.MemoryBreakdown); touched_slots from the allocator."""
+        pool = self.kv_pool
+        per_slot = pool.nbytes // max(1, pool.num_slots)
+        return memory.MemoryBreakdown(
+            weights=self.weights_bytes, kv_pool=pool.nbytes, kv_touched=touched_slots * per_slot,
+            table=pool.req_to_token.numel() * pool.req_to_token.element_size(),
+            available_after_warmup=self.available_after_warmup, rss=memory.rss_bytes(),
+            peak_rss=memory.peak_rss_bytes()).to_dict()
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def forward(self, batch: ModelBatch) -> StepResult:
+        """One step: the model on the batch's tokens, then sampling (grammar masks, draft verification) and
+        logprobs. Only the scheduler's rank calls it (tensor parallel: it broadcasts the StepInputs)."""
+        faults.maybe_raise("forward", batch.rids)
+        result = StepResult()
+        sample_idx = [i for i, s in enumerate(batch.samples) if s is not None]
+        plans = plan_input_logprobs(batch) if batch.phase != "decode" else []
+        ends = list(itertools.accumulate(len(x) for x in batch.extend_ids))
+        # The head runs only on the rows that need logits: sampled positions (a request verifying a
+        # draft: its last len(draft) + 1 positions), then logprob positions.
+        counts = [1 + len(batch.samples[i].draft) for i in sample_idx]
+        rows = [r for i, n in zip(sample_idx, counts) for r in range(ends[i] - n, ends[i])]
+        S = len(rows)
+        rows += [r for p in plans for r in p.rows]
+        pool = plan_pooling(batch, ends) if batch.pools else None
+        L = len(rows)
+        if pool is not None:
+            rows += pool.logit_rows  # token_logits read the head's logits at their last row
+        step = mirrored = self._step_inputs(batch, rows)
+        if pool is not None:
+            step.hidden_rows = pool.hidden_rows
+        elif not plans and batch.phase != "decode":
+            step = verify_as_decode(step, batch, counts)
+        if self.tp is not None:
+            self.tp.broadcast_obj(step)
+        logits, hidden = self._run(step)  # [R, V] fp32; [P, hidden] fp32 (None without hidden_rows)
+        if self.draft_mirror is not None:  # the extend form: the draft reuses its proposal's K/V by position
+            self.draft_mirror(mirrored)
+        if plans:
+            fill_input_logprobs(result, batch, plans, logits[S:L])
+        if pool is not None:
+            fill_pooled(result, pool, hidden, logits[L:])
+        if S:  # none: non-final chunks and prefill-only requests
+            sample_step(batch, sample_idx, counts, logits[:S], self.sampler, result)
+        return result
+
+    @staticmethod
+    def _step_inputs(batch: ModelBatch, logit_rows: list[int]) -> StepInputs:
+        return StepInputs(
+            phase="decode" if batch.phase == "decode" else "extend",
+            input_ids=list(itertools.chain.from_iterable(batch.extend_ids)),
+            out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
+            req_rows=list(batch.table_rows), prefix_lens=list(batch.prefix_lens),
+            extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows,
+            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [])
+
+    @torch.inference_mode()
+    def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
+        """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere)."""
+        return self._run(step)[0]
+
+    def _run(self, step: StepInputs) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """run_step's logits, and the final hidden states [P, hidden] (float32) of step.hidden_rows (None when
+        there are none). Every rank runs the same ops (the hidden states are whole on each after the reduce)."""
+        fb = self._build_forward_batch(step)
+        self.backend.init_forward_metadata(fb)
+        hidden = None
+        if step.lora_ids:  # some request runs an adapter (else the base path, unchanged)
+            self.lora.begin(step.lora_ids, step.extend_lens, self.device)
+            fb.has_lora = True
+        try:
+            if not step.hidden_rows:  # every generation step: the model's forward as always
+                logits = self.model(fb, logit_rows=torch.tensor(step.logit_rows, dtype=torch.int64,
+                                                                device=self.device))
+            else:
+                R = len(step.logit_rows)
+                rows = torch.tensor(step.logit_rows + step.hidden_rows, dtype=torch.int64, device=self.device)
+                x = self.model.final_hidden(fb, rows)  # [R + P, hidden]
+                hidden = x[R:].float()
+                logits = self.model.head_logits(x[:R]) if R else x.new_zeros((0, self.shard.vocab_count)).float()
+        finally:
+            if step.lora_ids:
+                self.lora.end()
+        if self.tp is None:
+            return logits, hidden
+        return self.tp.gather_logits(logits, self.shard, self.cfg.vocab_size), hidden
+
+    def keepalive(self) -> None:
+        """Between steps (the request loop calls it every iteration): see TPGroup.keepalive."""
+        if self.tp is not None:
+            self.tp.keepalive()
+
+    def _build_forward_batch(self, step: StepInputs) -> ForwardBatch:
+        dev = self.device
+        B = len(step.req_rows)
+        req_rows = torch.tensor(step.req_rows, dtype=torch.int64, device=dev)
+        prefix = torch.tensor(step.prefix_lens, dtype=torch.int64, device=dev)
+        extend_lens = step.extend_lens
+        out_loc = torch.tensor(step.out_loc, dtype=torch.int64, device=dev)
+        input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=dev)
+        if step.phase == "decode":
+            positions = prefix
+            row_of_token = req_rows
+        else:
+            lens = torch.tensor(extend_lens, dtype=torch.int64, device=dev)
+            starts = torch.cumsum(lens, 0) - lens
+            T = int(input_ids.shape[0])
+            positions = torch.arange(T, device=dev) + torch.repeat_interleave(prefix - starts, lens)
+            row_of_token = torch.repeat_interleave(req_rows, lens)
+        # Record where each position's K/V lives: req_to_token[row, pos] = slot. Rows the scheduler
+        # marked (a prefix from the cache, or slots swapped for the cache's) get their prefix rewritten.
+        for row, slots in step.rewrites:
+            self.kv_pool.req_to_token[row, : len(slots)] = torch.tensor(slots, dtype=torch.int64)
+        self.kv_pool.req_to_token[row_of_token, positions] = out_loc
+        seq_lens_cpu = [p + n for p, n in zip(step.prefix_lens, extend_lens)]
+        return ForwardBatch(
+            phase=step.phase, batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
+            req_rows=req_rows, seq_lens=prefix + torch.tensor(extend_lens, dtype=torch.int64, device=dev),
+            seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(step.prefix_lens), extend_lens_cpu=extend_lens,
+            kv_pool=self.kv_pool,
+        )

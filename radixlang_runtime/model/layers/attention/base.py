@@ -1,0 +1,63 @@
+"""The attention-backend contract. Backends register in `attention/__init__.py` and are chosen
+by `--attention-backend`; the model calls `forward` once per layer and never sees paging."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        # per layer: sliding window w > 0 (the query at position p sees keys at (p - w, p], transformers'
+        # sliding_window) or 0 (full causal); layers past the tuple's end are full. Set by set_layer_options.
+        self.windows: tuple[int, ...] = ()
+        self.soft_cap = 0.0  # c > 0: scores become c * tanh(scores / c) (Gemma 2), every layer
+
+    def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
+        """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
+        self.windows = tuple(int(w) for w in windows)
+        self.soft_cap = float(soft_cap or 0.0)
+
+    def window(self, layer: int) -> int:
+        return self.windows[layer] if layer < len(self.windows) else 0
+
+    @property
+    def distinct_windows(self) -> set[int]:
+        """The windows > 0 some layer applies (metadata is built once per step for each)."""
+        return {w for w in self.windows if w > 0}
+
+    @abstractmethod
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Once per step, before the layers: precompute index tensors into `fb.attn_meta`."""
+
+    @abstractmethod
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                       fb: ForwardBatch) -> torch.Tensor:
+        """Causal attention of each request's new tokens over its prefix (in the pool) + themselves.
+
+        Args: q [T, H, D]; k, v [T, Hkv, D] of the new tokens, already stored at fb.out_loc.
+        Returns: [T, H * D].
+        """
+
+    @abstractmethod
+    def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """One new token per request over its whole sequence. q [B, H, D] -> [B, H * D]."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D]: stores k/v into the pool, then attends."""
+        fb.kv_pool.store(layer, fb.out_loc, k, v)
+        return self.attend(q, k, v, layer, fb)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        """`forward` after the store: k/v are already in the pool at fb.out_loc (cpu_ops.rope_store)."""
+        if fb.is_decode:
+            return self.forward_decode(q, layer, fb)
+        return self.forward_extend(q, k, v, layer, fb)

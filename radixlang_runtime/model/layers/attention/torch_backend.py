@@ -1,0 +1,259 @@
+"""Torch attention over the paged KV pool (CPU, and the reference for the Triton kernels).
+
+Decode: one batched computation for all requests. Each request's slots are gathered through
+req_to_token into a padded [B, L_max] block (one index_select per buffer, giving [Hkv, B, L_max, D]);
+a mask hides the padding when lengths differ. GQA needs no K/V repeat: the G = H / Hkv query heads
+of a KV head form the query axis of one [G, D] x [D, L] product.
+Extend: a request without a cached prefix attends over its own new K/V (no gather); with a prefix,
+its whole sequence is gathered from the pool and the causal mask is bottom-right aligned. When every
+request is a fresh prompt of the same length, the whole batch is one SDPA call.
+On CPU both phases go to the C kernels (radixlang_kernels.cpu_ops, bf16 and float32, which read cached K/V in
+place) when the model's CpuPaths say so (`configure`, decided once from the CPU's capabilities);
+without a plan (tests, other devices) the torch path above runs. The C path also runs cascade
+attention (attention/cascade.py) when requests of the step share >= MIN_SHARED cached slots: the
+shared prefix is read once per group instead of once per request (`cascade = False` turns it off:
+the deterministic mode, which also runs decode rows through the extend kernel: model/executor/deterministic.py).
+Sliding windows (self.windows, per layer): the query at position p sees keys at (p - w, p]. The torch
+path masks them; the C decode reads each request's last w positions (k_begin = seq_len - w); the C
+extend kernel masks in place (its `window`). Windowed layers never run cascade attention: a shared
+prefix mostly lies outside the window, so those layers run the plain one-pass kernels (the step's plan
+serves the full-attention layers). Soft-capping (self.soft_cap > 0, Gemma 2) runs on the torch path
+only: `configure` then keeps the C attention kernels off (the runner says so in its paths).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from radixlang_kernels import cpu_ops
+from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.layers.attention.cascade import CascadePlan, plan_cascade
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+
+
+@dataclass
+class DecodeMeta:
+    # [Hkv * B * L_max] pool rows (KVPool.flat_index), by head then request (padding: any valid slot)
+    kv_rows: torch.Tensor
+    max_len: int  # L_max
+    keep_mask: Optional[torch.Tensor]  # [1, B, 1, L_max] bool, False on padding; None when lengths are equal
+    win_masks: dict = field(default_factory=dict)  # window w -> [1, B, 1, L_max] bool: keep_mask & the window
+
+
+@dataclass
+class ExtendMeta:
+    uniform: bool  # every request: no prefix, same extend length
+    starts: list[int]  # offset of each request's tokens in T
+    kv_rows: list[Optional[torch.Tensor]]  # per request [Hkv * L_i] pool rows when it has a prefix, else None
+    masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool (True = attend) when it has a prefix
+    # C kernel inputs (CPU): offsets and lengths of each request's new tokens, [R] int64 each,
+    # and its cached prefix length ([R] int64, None when no request has one).
+    kernel_starts: Optional[torch.Tensor] = None
+    kernel_lens: Optional[torch.Tensor] = None
+    kernel_prefix_lens: Optional[torch.Tensor] = None
+    cascade: Optional[CascadePlan] = None  # requests sharing cached slots (C kernel path only)
+    prior: Optional[cpu_ops.Prior] = None  # with a plan: the shared part's output, rewritten by every layer
+    win_masks: dict = field(default_factory=dict)  # window w -> per request [n_i, L_i] bool (torch path)
+
+
+@dataclass
+class CDecodeMeta:
+    """The C decode kernel reads req_to_token itself: only the groups are planned."""
+
+    cascade: Optional[CascadePlan] = None
+    prior: Optional[cpu_ops.Prior] = None  # with a plan: see ExtendMeta.prior
+    rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # deterministic mode: arange(B), ones(B)
+    win_begin: dict = field(default_factory=dict)  # window w -> [B] int64 max(0, seq_len - w): the first key
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.c_decode = False  # cpu_ops.paged_decode
+        self.c_extend = False  # cpu_ops.extend_causal
+        self.dpbf16 = False  # the extend kernel with VDPBF16PS
+        self.cascade = True  # shared-prefix attention on the C path (False: one pass per request)
+        self.rows_like_extend = False  # decode through the extend kernel (the deterministic mode)
+
+    def configure(self, paths: "cpu_ops.CpuPaths") -> None:
+        """Take the kernel choices of cpu_ops.plan() (they hold for every batch of this model); with a
+        soft-cap the C attention kernels stay off (they do not implement it)."""
+        self.c_decode, self.c_extend = (False, False) if self.soft_cap else (paths.c_decode, paths.c_extend)
+        self.dpbf16 = "+dpbf16" in paths.extend_attention
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        pool = fb.kv_pool
+        if fb.is_decode and self.c_decode:
+            B = fb.batch_size
+            meta = CDecodeMeta()
+            if self.rows_like_extend:
+                meta.rows = torch.arange(B, dtype=torch.int64), torch.ones(B, dtype=torch.int64)
+            elif self.cascade:
+                meta.cascade = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
+                                            list(range(B)), [1] * B)
+                meta.prior = self._prior(meta.cascade, B, pool)
+            meta.win_begin = {w: (fb.seq_lens - w).clamp_(min=0) for w in self.distinct_windows}
+            fb.attn_meta = meta
+            return
+        if fb.is_decode:
+            max_len = max(fb.seq_lens_cpu)
+            kv_slots = pool.req_to_token[fb.req_rows, :max_len].reshape(-1)
+            keep_mask = None
+            if min(fb.seq_lens_cpu) != max_len:
+                ar = torch.arange(max_len, device=kv_slots.device)
+                keep_mask = (ar[None, :] < fb.seq_lens[:, None]).view(1, fb.batch_size, 1, max_len)
+            ar = torch.arange(max_len, device=kv_slots.device)
+            win_masks = {}
+            for w in self.distinct_windows:
+                seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= fb.seq_lens[:, None] - w)
+                win_masks[w] = seen.view(1, fb.batch_size, 1, max_len)
+            fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask, win_masks)
+            return
+        fresh = all(p == 0 for p in fb.prefix_lens_cpu)
+        if self.c_extend:  # the C kernel reads prefixes in place: no gather, no masks
+            starts = [0, *itertools.accumulate(fb.extend_lens_cpu)][:-1]
+            plan = None
+            if self.cascade and not fresh:
+                plan = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), fb.prefix_lens_cpu, starts,
+                                    fb.extend_lens_cpu)
+            fb.attn_meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
+                                      torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
+                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan,
+                                      self._prior(plan, int(fb.input_ids.shape[0]), pool))
+            return
+        starts, slots, masks = [], [], []
+        off = 0
+        dev = pool.req_to_token.device
+        for i, (p, n) in enumerate(zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)):
+            starts.append(off)
+            off += n
+            if p == 0:
+                slots.append(None)
+                masks.append(None)
+                continue
+            slots.append(pool.flat_index(pool.req_to_token[fb.req_rows[i], : p + n]))
+            # the query at absolute position p + j sees keys 0 .. p + j
+            q_pos = torch.arange(p, p + n, device=dev)
+            masks.append(torch.arange(p + n, device=dev)[None, :] <= q_pos[:, None])
+        uniform = fresh and len(set(fb.extend_lens_cpu)) == 1
+        win_masks = {w: [causal_mask(p, n, w, dev) for p, n in zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)]
+                     for w in self.distinct_windows}
+        fb.attn_meta = ExtendMeta(uniform, starts, slots, masks, win_masks=win_masks)
+
+    def _prior(self, plan: Optional[CascadePlan], T: int, pool) -> Optional[cpu_ops.Prior]:
+        if plan is None:
+            return None
+        return cpu_ops.empty_prior(T, self.num_heads, self.head_dim, pool.k_buffers[0].dtype)
+
+    def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        B, H, D = q.shape
+        if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
+            pool, cm = fb.kv_pool, fb.attn_meta
+            kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
+            w = self.window(layer)
+            if cm.rows is not None:
+                o = cpu_ops.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
+                                                    self.scale, self.dpbf16, window=w)
+                return o.view(B, H * D)
+            if w:  # the last w positions of each request, one pass (no cascade: see the module docstring)
+                o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                                            cm.win_begin[w])
+                return o.view(B, H * D)
+            if plan is not None:
+                cpu_ops.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, cm.prior)
+            o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                                        None if plan is None else plan.k_begin, cm.prior)
+            return o.view(B, H * D)
+        meta: DecodeMeta = fb.attn_meta
+        hkv, L = self.num_kv_heads, meta.max_len
+        k, v = fb.kv_pool.gather(layer, meta.kv_rows)
+        k = k.view(hkv, B, L, D)
+        v = v.view(hkv, B, L, D)
+        qg = q.reshape(B, hkv, H // hkv, D).transpose(0, 1).contiguous()  # [Hkv, B, G, D]; a strided q slows SDPA
+        # SDPA sees Hkv as the batch and B as the heads. NOTE: not a hand-written matmul/softmax: in
+        # bf16 every new L makes oneDNN build a new matmul primitive, a cost paid again at every decode
+        # step as L grows (docs/PERFORMANCE.md#torch-backend).
+        w = self.window(layer)
+        mask = meta.win_masks[w] if w else meta.keep_mask
+        o = attend(qg, k, v, mask, self.scale, self.soft_cap)  # [Hkv, B, G, D]
+        return o.transpose(0, 1).reshape(B, H * D)
+
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                       fb: ForwardBatch) -> torch.Tensor:
+        meta: ExtendMeta = fb.attn_meta
+        T, H, D = q.shape
+        hkv = self.num_kv_heads
+        w = self.window(layer)
+        if meta.kernel_starts is not None:  # the C kernel
+            prefix, plan = None, meta.cascade
+            if w:  # windowed layers: one pass over the whole prefix, masked in the kernel (no cascade)
+                pool = fb.kv_pool
+                if meta.kernel_prefix_lens is not None:
+                    prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+                                                     fb.req_rows, meta.kernel_prefix_lens)
+                return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
+                                                 self.dpbf16, window=w)
+            if meta.kernel_prefix_lens is not None:
+                pool = fb.kv_pool
+                kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
+                if plan is not None:
+                    cpu_ops.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, meta.prior)
+                prefix = cpu_ops.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
+                                                 None if plan is None else plan.k_begin)
+            return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
+                                             self.dpbf16, meta.prior)
+        if meta.uniform and not w and not self.soft_cap:
+            B, n = fb.batch_size, fb.extend_lens_cpu[0]
+            qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]
+            kb = k.view(B, n, hkv, D).transpose(1, 2)  # [B, Hkv, n, D]
+            vb = v.view(B, n, hkv, D).transpose(1, 2)
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=self.scale, enable_gqa=True)
+            return o.transpose(1, 2).reshape(T, H * D)
+        out = torch.empty(T, H * D, dtype=q.dtype, device=q.device)
+        for i, n in enumerate(fb.extend_lens_cpu):
+            s = meta.starts[i]
+            qi = q[s : s + n].transpose(0, 1)  # [H, n, D]
+            mask = meta.win_masks[w][i] if w else meta.masks[i]  # None: causal over the new tokens
+            if meta.kv_rows[i] is None:
+                ki, vi = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)  # [Hkv, n, D]
+            else:
+                ki, vi = fb.kv_pool.gather(layer, meta.kv_rows[i])  # [Hkv, L, D]
+            o = attend(qi, ki, vi, mask, self.scale, self.soft_cap, gqa=True, causal=mask is None)
+            out[s : s + n] = o.transpose(0, 1).reshape(n, H * D)
+        return out
+
+
+def causal_mask(prefix: int, n: int, window: int, device) -> torch.Tensor:
+    """[n, prefix + n] bool, True = attend: the query at position prefix + j sees keys 0 .. prefix + j,
+    and with window > 0 only those at positions > prefix + j - window."""
+    q_pos = torch.arange(prefix, prefix + n, device=device)[:, None]
+    k_pos = torch.arange(prefix + n, device=device)[None, :]
+    seen = k_pos <= q_pos
+    return seen & (k_pos > q_pos - window) if window > 0 else seen
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+           soft_cap: float = 0.0, gqa: bool = False, causal: bool = False) -> torch.Tensor:
+    """q [..., Hq, n, D] over k / v [..., Hk, L, D] (gqa: Hq = G * Hk, query head h reads KV head h // G;
+    else the head axes match or broadcast). mask: bool broadcastable to [..., n, L] (True = attend), None: every
+    key; causal (with mask None): bottom-right aligned causal. soft_cap c > 0: scores c * tanh(scores / c) in
+    float32, as transformers' eager attention computes them (SDPA has no soft-cap); else SDPA."""
+    if soft_cap <= 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
+                                              enable_gqa=gqa)
+    if gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    s = soft_cap * torch.tanh(s / soft_cap)
+    if mask is None and causal:
+        n, L = s.shape[-2], s.shape[-1]
+        mask = torch.ones(n, L, dtype=torch.bool, device=s.device).tril(L - n)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(s.softmax(-1), v.float()).to(q.dtype)

@@ -1,0 +1,99 @@
+"""The Triton attention backend: kernels/extend_attention.py and kernels/decode_attention.py.
+
+The default on CUDA; on CPU it runs only under TRITON_INTERPRET=1 (tests). Metadata per step is a
+handful of [B] int64 tensors; both kernels read K/V in place from the pool through req_to_token.
+Decode with cascade on (attention/cascade.py): requests that share a cached prefix read it once per
+group (kernels/prefix_attention.py), then each its own tail with that result as the prior.
+Sliding windows (self.windows): extend bounds its key loops by the window (kernels/extend_attention.py);
+decode reads each request's last w positions (k_begin = seq_len - w), without cascade on those layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.layers.attention.cascade import MIN_SHARED, CascadePlan, plan_cascade
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+
+
+@dataclass
+class TritonMeta:
+    max_len: int  # longest extend (extend) or sequence (decode): sizes the grid without a device sync
+    prefix_lens: Optional[torch.Tensor] = None  # [B] int64 (extend only)
+    extend_lens: Optional[torch.Tensor] = None  # [B] int64
+    extend_starts: Optional[torch.Tensor] = None  # [B] int64 offset of each request's new tokens in T
+    cascade: Optional[CascadePlan] = None  # decode: the shared-prefix groups of this step, if any
+    # with a plan: the shared part's output [B, H, D] and log-sum-exp [B, H], float32; each layer rewrites
+    # the grouped rows, the others stay zeros / -inf (weight 0 in the merge)
+    prior_o: Optional[torch.Tensor] = None
+    prior_lse: Optional[torch.Tensor] = None
+    win_begin: Optional[dict] = None  # decode: window w -> [B] int64 max(0, seq_len - w)
+
+
+class TritonAttentionBackend(AttentionBackend):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, soft_cap: float = 0.0):
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.soft_cap = soft_cap
+        # decode reads a shared prefix once per group; False: one pass per request, e.g. the deterministic mode
+        self.cascade = True
+        from radixlang_kernels.decode_attention import decode_attention
+        from radixlang_kernels.extend_attention import extend_attention
+        from radixlang_kernels.prefix_attention import shared_prefix_attention
+
+        self._decode, self._extend, self._prefix = decode_attention, extend_attention, shared_prefix_attention
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        dev = fb.input_ids.device
+        if fb.is_decode:
+            fb.attn_meta = TritonMeta(max(fb.seq_lens_cpu))
+            fb.attn_meta.win_begin = {w: (fb.seq_lens - w).clamp(min=0) for w in self.distinct_windows}
+            shareable = [n - 1 for n in fb.seq_lens_cpu]  # all but the new token are in the pool
+            if self.cascade and sum(n >= MIN_SHARED for n in shareable) >= 2:  # else no group: skip the sync
+                B = fb.batch_size
+                plan = plan_cascade(fb.kv_pool.req_to_token, fb.req_rows.tolist(), shareable, list(range(B)), [1] * B)
+                if plan is not None:
+                    fb.attn_meta.cascade = plan
+                    fb.attn_meta.prior_o = torch.zeros(B, self.num_heads, self.head_dim, dtype=torch.float32,
+                                                       device=dev)
+                    fb.attn_meta.prior_lse = torch.full((B, self.num_heads), float("-inf"), dtype=torch.float32,
+                                                        device=dev)
+            return
+        starts = [0]
+        for n in fb.extend_lens_cpu[:-1]:
+            starts.append(starts[-1] + n)
+        fb.attn_meta = TritonMeta(
+            max(fb.extend_lens_cpu), torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64, device=dev),
+            torch.tensor(fb.extend_lens_cpu, dtype=torch.int64, device=dev),
+            torch.tensor(starts, dtype=torch.int64, device=dev))
+
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                       fb: ForwardBatch) -> torch.Tensor:
+        m: TritonMeta = fb.attn_meta
+        pool = fb.kv_pool
+        o = self._extend(q, k, v, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token, fb.req_rows,
+                         m.prefix_lens, m.extend_lens, m.extend_starts, self.scale, self.soft_cap, m.max_len,
+                         window=self.window(layer))
+        return o.view(q.shape[0], -1)
+
+    def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
+        m: TritonMeta = fb.attn_meta
+        pool = fb.kv_pool
+        kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
+        w = self.window(layer)
+        if w:  # the last w positions, one pass (a shared prefix mostly lies outside the window)
+            o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
+                             min(m.max_len, w), k_begin=m.win_begin[w])
+            return o.view(q.shape[0], -1)
+        p = m.cascade
+        if p is not None:  # the shared prefixes once per group, into the prior each request's tail merges
+            self._prefix(q, kb, vb, pool.req_to_token, p.group_rows, p.group_lens, p.q_index, p.group_starts,
+                         self.scale, self.soft_cap, p.max_group_rows, p.max_shared, out_o=m.prior_o,
+                         out_lse=m.prior_lse)
+        o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
+                         m.max_len, k_begin=None if p is None else p.k_begin, prior_o=m.prior_o,
+                         prior_lse=m.prior_lse)
+        return o.view(q.shape[0], -1)

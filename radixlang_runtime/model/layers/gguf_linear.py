@@ -1,0 +1,70 @@
+"""Linears on a GGUF file's own quantized blocks (`--quantization gguf`): Q4_1 / Q8_0 kept as they are.
+
+The embedded model ships as Q4_1 (layers) + Q8_0 (embedding / tied head); the converted checkpoint
+holds their dequantized values. With this flag the linears keep the blocks too:
+- decode batches (M <= cpu_ops.QLINEAR_MAX_M) run on the blocks (0.625 bytes per weight for Q4_1,
+  1.06 for Q8_0, against 2 for bf16; decode reads every weight once per step):
+  - bf16 models: gemv_q8.c on the blocks repacked into 4-row tiles (gguf_q8_tiles: the same bytes,
+    moved), activations quantized to int8 per block of 32 as llama.cpp does (its vec_dot_q8_0_q8_0 /
+    q4_1_q8_1); the integer dots are exact, the activations' rounding (<= half a step of 1/127 of the
+    block's max) is the drift. Much faster than the float body below on the file's blocks, for both
+    formats: the blocks stream at the memory's read rate (docs/PERFORMANCE.md#quantized-linears);
+  - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
+    dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
+    transformers', tests/model/test_quantization.py);
+- larger batches run a dense copy of the dequantized weight (compute-bound there): packed_linear's
+  tiles on VDPBF16PS builds, else oneDNN-prepacked.
+q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
+parts differ keeps the dense path). Tensor parallelism is not supported with this flag (refused).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from radixlang_kernels import cpu_ops
+from radixlang_runtime.model.layers.packed_linear import PackedLinear, packing_available
+
+
+class GGUFLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], blocks: torch.Tensor, fmt: str):
+        """weight [N, K] (the dequantized values, model dtype); blocks [N, K / 32 * bytes] uint8."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if blocks.shape[0] != self.out_features or fmt not in cpu_ops.GGUF_BLOCK_FORMATS:
+            raise ValueError(f"GGUF blocks {tuple(blocks.shape)} {fmt} do not fit a {tuple(weight.shape)} weight")
+        if blocks.shape[1] != self.in_features // 32 * cpu_ops.GGUF_BLOCK_FORMATS[fmt][1]:
+            raise ValueError(f"GGUF {fmt} rows of {blocks.shape[1]} bytes do not hold {self.in_features} weights")
+        self.fmt = fmt
+        # bf16: the int8-activation tiles only (blocks None); float32: the file's blocks only (tiles None)
+        self.q8 = weight.dtype == torch.bfloat16 and cpu_ops.load() is not None
+        self.blocks: Optional[torch.Tensor] = None if self.q8 else blocks.contiguous()
+        self.tiles: Optional[torch.Tensor] = cpu_ops.gguf_q8_tiles(blocks, fmt) if self.q8 else None
+        self.bias = None if bias is None else bias.detach()
+        self.weight: Optional[torch.Tensor] = None
+        self.dense: Optional[nn.Module] = None
+        if packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
+            self.dense = PackedLinear(weight, self.bias,
+                                      tiles=cpu_ops.dense_any_m(weight.dtype, cpu_ops.load()))
+        else:
+            self.weight = weight.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = None
+        if x.device.type == "cpu":
+            y = (cpu_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features) if self.q8
+                 else cpu_ops.gguf_gemv(x, self.blocks, self.fmt))
+        if y is None:
+            return self.dense(x) if self.dense is not None else torch.nn.functional.linear(x, self.weight, self.bias)
+        return y if self.bias is None else y + self.bias
+
+
+def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.Tensor, str]]:
+    """Stack the block rows of q/k/v (or gate/up); None when the parts' formats differ."""
+    fmts = {fmt for _, fmt in parts}
+    if len(fmts) != 1:
+        return None
+    return torch.cat([b for b, _ in parts]), fmts.pop()

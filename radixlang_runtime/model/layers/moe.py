@@ -1,0 +1,164 @@
+"""Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the router, the experts as one
+GEMM pair per active expert, the optional shared expert, and the decoder that puts the block in its layers.
+
+Experts run grouped: the step's T x k (token, expert) assignments are sorted by expert, each active expert
+multiplies its contiguous run of gathered token rows (one gate_up and one down matmul), and the weighted
+rows are summed back into their tokens with one index_add. No Python loop runs per token; the loop over
+experts skips the ones no token chose.
+
+Tensor parallel: the router and the combine are replicated (every rank sees the same input after the
+attention's all-reduce, so every rank routes the same way); each expert's intermediate dimension (and the
+shared expert's) is split across ranks as the dense MLP's columns are, and one all-reduce sums the block's
+partial outputs after the down projections (the routing weights and the shared gate scale linearly, so the
+sum of the ranks' partial outputs is the whole output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.model.models.llama import MLP, LlamaForCausalLM, Reduce
+from radixlang_runtime.model.layers.moe_spec import MoESpec
+from radixlang_runtime.model.executor.parallel import Shard, split_even
+from radixlang_runtime.model.loader.weights import SafetensorsDir
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, hidden], router [E, hidden] -> (weights [T, k] float32, experts [T, k] int64): softmax in float32
+    over the logits (computed in x's dtype), top-k of the probabilities, optionally renormalised over the k."""
+    probs = torch.softmax(F.linear(x, router).float(), dim=-1)  # [T, E]
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if renormalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: Optional[torch.Tensor],
+                    down: Optional[torch.Tensor], weights_float32: bool,
+                    linears: Optional[Sequence[Sequence[nn.Module]]] = None) -> torch.Tensor:
+    """sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = experts[t, j], for every token t.
+
+    x [T, hidden]; weights [T, k] float32; experts [T, k]; gate_up [E, 2I, hidden] (gate rows, then up rows);
+    down [E, hidden, I]; or, instead of those two, linears[e] = (gate_up_e, down_e) modules computing the same
+    products (SparseMoE.pack_experts: prepacked / tiled / int8). weights_float32: scale in float32 then round
+    (Mixtral), else round the weights to x's dtype first. Returns [T, hidden] in x's dtype."""
+    T, k = experts.shape
+    num_experts = len(linears) if linears is not None else gate_up.shape[0]
+    flat = experts.reshape(-1)  # [T k]: assignment a = t k + j
+    order = torch.argsort(flat, stable=True)  # assignments grouped by expert, token order within each
+    token = order // k  # [T k]: the token row of each sorted assignment
+    counts = torch.bincount(flat, minlength=num_experts).tolist()  # the one host sync of the block
+    rows = x[token]  # [T k, hidden]
+    out = torch.empty_like(rows)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        if linears is None:
+            gu_proj, down_proj = partial(F.linear, weight=gate_up[e]), partial(F.linear, weight=down[e])
+        else:
+            gu_proj, down_proj = linears[e]
+        gu = gu_proj(rows[start:start + n])  # [n, 2I]
+        inter = gu.shape[1] // 2
+        out[start:start + n] = down_proj(F.silu(gu[:, :inter]) * gu[:, inter:])  # [n, hidden]
+        start += n
+    w = weights.reshape(-1)[order].unsqueeze(1)  # [T k, 1]
+    scaled = (out.float() * w).to(x.dtype) if weights_float32 else out * w.to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, token, scaled)
+
+
+class SparseMoE(nn.Module):
+    """One layer's MoE block: x [T, hidden] -> [T, hidden], summed over the ranks when `reduce` is set."""
+
+    def __init__(self, cfg: ModelConfig, shard: Shard, reduce: Reduce):
+        super().__init__()
+        spec: MoESpec = cfg.moe
+        self.spec = spec
+        h, E = cfg.hidden_size, spec.num_experts
+        self.inter_start, self.inter = split_even(spec.expert_intermediate_size, shard.size, shard.rank)
+        if self.inter == 0:
+            raise ValueError(f"tp_size {shard.size} exceeds the experts' intermediate size "
+                             f"{spec.expert_intermediate_size}")
+        # replicated on every rank (not an nn.Linear: the packing / int8 passes leave the routing exact)
+        self.router = nn.Parameter(torch.empty(E, h))
+        self.gate_up = nn.Parameter(torch.empty(E, 2 * self.inter, h))  # [E, 2 I_rank, hidden]: gate, then up
+        self.down = nn.Parameter(torch.empty(E, h, self.inter))  # [E, hidden, I_rank]
+        self.shared = None
+        if spec.shared_intermediate_size:
+            s0, sn = split_even(spec.shared_intermediate_size, shard.size, shard.rank)
+            self.shared_start = s0  # this rank's shared-expert columns [s0, s0 + sn)
+            self.shared = MLP(cfg, dataclasses.replace(shard, inter_start=s0, inter_count=sn), None)
+            self.shared_gate = nn.Parameter(torch.empty(1, h))  # sigmoid(x . g) scales the shared expert
+        self.reduce = reduce
+        # pack_experts: (gate_up_e, down_e) linears in place of the stacked parameters (then None)
+        self.expert_linears: Optional[nn.ModuleList] = None
+
+    def pack_experts(self, make: Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]) -> int:
+        """Each expert's gate_up [2I, hidden] and down [hidden, I] become make(weight, None): the same module the
+        model's other projections become (oneDNN-prepacked with decode tiles, or int8). Unpacked, a bf16 expert
+        reorders its weight for oneDNN on every call. The stacked parameters are dropped. Returns how many."""
+        E = self.gate_up.shape[0]
+        self.expert_linears = nn.ModuleList(nn.ModuleList([make(self.gate_up[e], None), make(self.down[e], None)])
+                                            for e in range(E))
+        self.gate_up = None  # a registered parameter set to None: gone from the module and its state
+        self.down = None
+        return 2 * E
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = route(x, self.router, self.spec.top_k, self.spec.norm_topk_prob)
+        out = grouped_experts(x, weights, experts, self.gate_up, self.down, self.spec.weights_float32,
+                              self.expert_linears)
+        if self.shared is not None:
+            out = out + torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
+        return out if self.reduce is None else self.reduce(out)
+
+
+class MoEForCausalLM(LlamaForCausalLM):
+    """The Llama decoder with SparseMoE blocks in the layers cfg.moe.sparse_layers marks (the others keep the
+    dense MLP). Checkpoints: per-expert tensors (the hub's layout: {block}.experts.{e}.{gate,up,down names})
+    or transformers 5's stacked ones ({block}.experts.gate_up_proj [E, 2I, hidden], .down_proj [E, hidden, I])."""
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
+        if cfg.moe.sparse_layers[layer_id]:
+            return SparseMoE(cfg, shard, reduce)
+        return MLP(cfg, shard, reduce)
+
+    def load_mlp(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
+        block = self.layers[i].mlp
+        if not isinstance(block, SparseMoE):
+            return super().load_mlp(i, tensors, put)
+        spec, dst = self.cfg.moe, f"layers.{i}.mlp."
+        stacked = f"model.layers.{i}.mlp.experts.gate_up_proj" in tensors  # transformers 5 names it "mlp"
+        src = f"model.layers.{i}.{'mlp' if stacked else spec.block}."
+        cols = (block.inter_start, block.inter_start + block.inter)
+        put(dst + "router", tensors.get(src + "gate.weight"))
+        if stacked:  # read whole, keep this rank's columns
+            full = tensors.get(src + "experts.gate_up_proj")  # [E, 2I, hidden]
+            half = spec.expert_intermediate_size
+            put(dst + "gate_up", torch.cat([full[:, cols[0]:cols[1]], full[:, half + cols[0]:half + cols[1]]], 1))
+            put(dst + "down", tensors.get(src + "experts.down_proj")[:, :, cols[0]:cols[1]])
+        else:
+            g, u, d = spec.expert_names
+            put(dst + "gate_up", torch.stack([torch.cat([
+                tensors.get(f"{src}experts.{e}.{g}.weight", rows=cols),
+                tensors.get(f"{src}experts.{e}.{u}.weight", rows=cols)]) for e in range(spec.num_experts)]))
+            put(dst + "down", torch.stack([tensors.get(f"{src}experts.{e}.{d}.weight", cols=cols)
+                                           for e in range(spec.num_experts)]))
+        if block.shared is not None:
+            s = src + "shared_expert."
+            rows = (block.shared_start, block.shared_start + block.shared.inter)
+            put(dst + "shared.gate_up_proj.weight", torch.cat([tensors.get(s + "gate_proj.weight", rows=rows),
+                                                               tensors.get(s + "up_proj.weight", rows=rows)]))
+            put(dst + "shared.down_proj.weight", tensors.get(s + "down_proj.weight", cols=rows))
+            put(dst + "shared_gate", tensors.get(src + "shared_expert_gate.weight"))
+
+    def use_gguf_blocks(self, blocks: dict) -> int:
+        raise ValueError(f"--quantization gguf is not supported for {self.cfg.architecture} (mixture of experts)")

@@ -1,0 +1,145 @@
+"""ModelConfig: the fields of a HF config.json that the native decoder needs, and the refusal of fields it
+does not honour.
+
+Which architectures exist and how each one's config.json is read is the registry's (model/models/); this
+file holds what every family shares. A field that changes the math and is not implemented is refused by
+name (ValueError) instead of being ignored: serving wrong text silently is worse than not serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from radixlang_runtime.model.layers.moe_spec import MoESpec
+from radixlang_runtime.model.layers.rope_spec import RopeSpec, parse_rope
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeSpec
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2: q/k/v projections carry a bias
+    qk_norm: bool  # Qwen3: RMSNorm over q and k per head before RoPE
+    bos_token_id: Optional[int]
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str  # the dtype the weights are stored in
+    sliding_window: Optional[int] = None  # the window some layer applies (None: none does); per layer: layer_windows
+    max_context: Optional[int] = None  # the family's math is implemented only up to this context (None: any)
+    max_context_reason: str = ""  # why, named in the refusal
+    qk_norm_whole: bool = False  # OLMoE: RMSNorm over the whole q and k projections ([H D], [Hkv D]) before RoPE
+    clip_qkv: Optional[float] = None  # OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv] after the norm
+    moe: Optional[MoESpec] = None  # mixture-of-experts feed-forward (model/layers/moe.py); None: dense MLPs only
+    model_impl: str = "native"  # "transformers": transformers' modeling code runs it (models/transformers_fallback.py)
+    # per layer: sliding window w > 0 (the query at position p sees keys at (p - w, p], transformers'
+    # sliding_window) or 0 (full causal); () when no layer slides. Every attention path honours it.
+    layer_windows: tuple[int, ...] = ()
+    attn_logit_softcapping: Optional[float] = None  # Gemma 2: scores c * tanh(scores / c) (torch attention path)
+    final_logit_softcapping: Optional[float] = None  # Gemma 2: logits c * tanh(logits / c)
+    attn_scale: Optional[float] = None  # scores scale (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5
+    rope_local: Optional[RopeSpec] = None  # Gemma 3: the sliding layers' rope (rope_local_base_freq); None: rope
+
+    def check_context_len(self, context_len: int) -> None:
+        """A family whose math holds only up to some context (max_context) refuses a longer one by name."""
+        if self.max_context is not None and self.max_context < context_len:
+            raise ValueError(f"{self.max_context_reason}: context length {context_len} is refused; serve with "
+                             f"--context-length {self.max_context} or less")
+
+    @staticmethod
+    def from_dict(cfg: dict, model_impl: str = "native") -> "ModelConfig":
+        """model_impl (--model-impl): native | transformers | auto (native where the registry has the family)."""
+        from radixlang_runtime.model.models import family_for  # the registry imports this module
+
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        return family_for(archs[0], model_impl).parse(cfg)
+
+    @staticmethod
+    def from_dir(path: str, model_impl: str = "native") -> "ModelConfig":
+        with open(os.path.join(path, "config.json")) as f:
+            return ModelConfig.from_dict(json.load(f), model_impl)
+
+
+def refuse_common(cfg: dict, arch: str, softcap: bool = False) -> None:
+    """Fields that change the math of any family here and that the family does not implement (softcap: the
+    family honours attn_logit_softcapping / final_logit_softcapping, and its activation is its own)."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu" and not softcap:
+        raise ValueError(f"hidden_act {act!r} is not supported ({arch}: the MLP is SiLU-gated)")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None and not softcap:
+            raise ValueError(f"{key} {cfg[key]!r} is not supported (attention / logit soft-capping)")
+    if cfg.get("quantization_config") is not None:
+        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
+        raise ValueError(f"quantization_config ({method}) is not supported: the checkpoint's weights must be "
+                         "float32 / bfloat16 / float16 (see --quantization for what runs quantized)")
+
+
+def layer_windows(cfg: dict, arch: str, sliding_window: Optional[int],
+                  default_layer_types: list[str]) -> tuple[int, ...]:
+    """Each layer's window (0: full attention; () when none slides). layer_types from config.json when
+    present, else the family's default; only full_attention and sliding_attention are known."""
+    types = cfg.get("layer_types") or default_layer_types
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise ValueError(f"layer_types entry {unknown[0]!r} is not supported ({arch})")
+    if len(types) not in (0, cfg["num_hidden_layers"]):
+        raise ValueError(f"layer_types has {len(types)} entries for {cfg['num_hidden_layers']} layers ({arch})")
+    if sliding_window is None or "sliding_attention" not in types:
+        return ()
+    if int(sliding_window) <= 0:
+        raise ValueError(f"sliding_window {sliding_window!r} must be a positive number of positions ({arch})")
+    return tuple(int(sliding_window) if t == "sliding_attention" else 0 for t in types)
+
+
+def base_config(cfg: dict, arch: str, *, attention_bias: bool, qk_norm: bool,
+                sliding_window: Optional[int], partial_rotary: bool = False,
+                windows: Optional[tuple[int, ...]] = None, softcap: bool = False) -> ModelConfig:
+    """The fields every family reads the same way; the family decides bias, qk norm, the window and whether
+    its transformers code honours partial_rotary_factor. sliding_window applies to every layer unless
+    `windows` (layer_windows) says which."""
+    refuse_common(cfg, arch, softcap)
+    if windows is None:  # every layer (these families' transformers code reads no layer_types)
+        if sliding_window is not None and int(sliding_window) <= 0:
+            raise ValueError(f"sliding_window {sliding_window!r} must be a positive number of positions ({arch})")
+        windows = () if sliding_window is None else (int(sliding_window),) * cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rope = parse_rope(cfg, head_dim)
+    if rope.partial and not partial_rotary:  # the family's transformers code rotates every lane of a head
+        raise ValueError(f"partial_rotary_factor (rotary_dim {rope.rotary_dim} < head_dim {head_dim}) is not "
+                         f"supported for {arch}")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope=rope,
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=attention_bias,
+        qk_norm=qk_norm,
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        torch_dtype=str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))),
+        sliding_window=max(windows) if windows else None,
+        layer_windows=windows,
+    )

@@ -1,0 +1,332 @@
+"""Llama-family decoder written for the paged KV pool (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3).
+
+Tokens of all requests in a step are flattened into one [T] axis; attention is the only place that
+knows about requests, through the backend and the ForwardBatch. q/k/v and gate/up are fused into one
+matmul each (weights are concatenated at load time).
+
+Tensor parallel (parallel.py): the modules are built for one rank's Shard (its q/KV heads, its MLP
+columns, its vocab rows) and `reduce` sums a row-parallel output over the ranks (None: one rank).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlang_kernels import cpu_ops
+from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.executor.parallel import Shard, make_shard
+from radixlang_runtime.model.layers.rotary import Rotary
+from radixlang_runtime.model.loader.weights import SafetensorsDir
+
+Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over the TP ranks
+
+
+class RMSNorm(nn.Module):
+    """`forward(x)` normalises x; `add_forward(x, residual)` first does residual += x (in place)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.use_cpu_kernel = False  # bf16 on CPU: one C pass for the add and the norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 statistics inside; HF rounds to the input dtype before the weight multiply, so
+        # bf16 results may differ from HF in the last bit.
+        if self.use_cpu_kernel and x.dim() == 2 and x.is_contiguous():
+            return cpu_ops.add_rms_norm(None, x, self.weight, self.eps)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.use_cpu_kernel:
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        residual.add_(x)
+        return self.forward(residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
+        super().__init__()
+        self.layer_id = layer_id
+        self.h, self.hkv, self.d = shard.q_count, shard.kv_count, cfg.head_dim  # this rank's heads
+        self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        # qk norm per head (Qwen3: weights [D]) or over the whole q / k projection (OLMoE: [H D] and [Hkv D],
+        # statistics across heads, so one rank cannot hold a part of it)
+        self.norm_whole = cfg.qk_norm_whole
+        if self.norm_whole and shard.size > 1:
+            raise ValueError(f"tp_size {shard.size} is not supported for {cfg.architecture}: its q/k norm spans "
+                             "every head of the projection (not implemented across ranks)")
+        q_dim, k_dim = (self.q_size, self.kv_size) if self.norm_whole else (self.d, self.d)
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm or self.norm_whole else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm or self.norm_whole else None
+        self.clip_qkv = cfg.clip_qkv  # OLMoE: q, k, v clamped to [-clip, clip] after the norm (None: not)
+        self.backend = backend
+        self.reduce = reduce
+        self.use_cpu_kernel = False  # CPU C kernels: rope + K/V store in one pass (cpu_ops.rope_store)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        if self.norm_whole:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=1)
+            qkv = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous()), v], dim=1)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, self.h + self.hkv, self.d)  # q and k heads
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.hkv, self.d)
+        pool = fb.kv_pool
+        head_norm = self.q_norm is not None and not self.norm_whole
+        if self.use_cpu_kernel and not head_norm and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
+            # Rotary.apply's rounding in place on qkv (qk is a view of it), then k, v into the pool
+            cos, sin = fb.rope_cos_sin
+            cpu_ops.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
+                                   pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id])
+            o = self.backend.attend(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
+        else:
+            if head_norm:
+                qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
+            qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
+            o = self.backend.forward(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
+        out = self.o_proj(o)  # [T, hidden]: this rank's heads' share
+        return out if self.reduce is None else self.reduce(out)
+
+
+class MLP(nn.Module):
+    """down(silu(gate) * up), in blocks of at most ROWS token rows: a block's [ROWS, 2I] intermediate stays in
+    the caches between the three ops, where a 4,096-token chunk's (50 MB in float32) went to DRAM and back
+    twice and was a fresh mmap per call (its page faults made gate_up at M = 4,096 slower per FLOP than at
+    M = 2,048: docs/PERFORMANCE.md#mlp-row-blocks). Each row's arithmetic is the same either way with the
+    row-invariant linears."""
+
+    ROWS = 512
+
+    def __init__(self, cfg: ModelConfig, shard: Shard, reduce: Reduce):
+        super().__init__()
+        self.inter = shard.inter_count  # this rank's columns of the intermediate size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+        self.reduce = reduce
+        self.use_cpu_kernel = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[0]
+        if T <= self.ROWS:
+            out = self._rows(x)
+        else:
+            out = torch.cat([self._rows(x[r0:r0 + self.ROWS]) for r0 in range(0, T, self.ROWS)])
+        return out if self.reduce is None else self.reduce(out)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [t, 2I]
+        if self.use_cpu_kernel:
+            return self.down_proj(cpu_ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)  # [t, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce,
+                 mlp: nn.Module):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id, backend, shard, reduce)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp  # x [T, hidden] -> [T, hidden], reduced over the ranks: MLP, or model/moe.SparseMoE
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """h: the previous block's output (None for the first layer); residual: the stream, updated
+        in place (residual += h). Returns this layer's MLP output, to be added by the next norm."""
+        x = self.input_layernorm(residual) if h is None else self.input_layernorm.add_forward(h, residual)
+        a = self.self_attn(x, fb)
+        return self.mlp(self.post_attention_layernorm.add_forward(a, residual))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
+                 shard: Shard | None = None, reduce: Reduce = None):
+        super().__init__()
+        self.cfg = cfg
+        self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                 cfg.intermediate_size, cfg.vocab_size)
+        self.reduce = reduce
+        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
+        self.rotary = rotary
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce, self.make_mlp(cfg, i, shard, reduce))
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
+        self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
+        self.fused_decode = None  # model/fused_decode.FusedDecode, set by the runner where it applies
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
+        """Layer `layer_id`'s feed-forward block (a family with other blocks overrides this and load_mlp)."""
+        return MLP(cfg, shard, reduce)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for
+        the others) and the all-reduce assembles every row."""
+        if self.reduce is None:
+            return self.embed_tokens(ids)
+        local = ids - self.shard.vocab_start
+        mine = (local >= 0) & (local < self.shard.vocab_count)
+        x = self.embed_tokens(torch.where(mine, local, 0)) * mine.unsqueeze(1).to(self.embed_tokens.weight.dtype)
+        return self.reduce(x)
+
+    def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
+        (all T rows when None). Tensor parallel: [R, vocab_count], this rank's vocab rows."""
+        return self.head_logits(self.final_hidden(fb, logit_rows))
+
+    def final_hidden(self, fb: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm's output [R, hidden] for the rows `rows` of the flattened tokens (all T when None):
+        what the head reads, and what pooling models pool (transformers' last_hidden_state)."""
+        residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
+        fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
+        if self.fused_decode is not None and not fb.has_lora and self.fused_decode.applies(fb):
+            h = self.fused_decode.run(residual, fb)  # the same kernels, one C call per layer
+        else:
+            h = None
+            for layer in self.layers:
+                h = layer(h, residual, fb)
+        if rows is not None:
+            h, residual = h[rows], residual[rows]
+        return self.norm.add_forward(h, residual)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [R, hidden] (final_hidden) -> float32 logits [R, V]."""
+        if self.head is not None:
+            return self.head(x).float()  # [R, V]
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, w).float()  # [R, V]
+
+    def enable_cpu_ops(self) -> None:
+        """CPU C kernels (bf16 / float32, radixlang_kernels.cpu_ops): fused add+RMSNorm, SiLU-and-mul,
+        rope + K/V store."""
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, MLP)) or (isinstance(m, Attention) and self.rotary.full):
+                m.use_cpu_kernel = True  # rope_store rotates whole heads: partial rotary stays on Rotary.apply
+
+    def pack_for_cpu(self, tiles: bool = False) -> int:
+        """Prepack every projection (and the output head, tied or not) for oneDNN, plus dense tiles for
+        decode-sized batches when `tiles`; see packed_linear."""
+        from radixlang_runtime.model.layers.packed_linear import PackedLinear, pack_linears
+
+        n = pack_linears(self.layers, tiles)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.head = PackedLinear(w, None, tiles)
+        self.lm_head = None  # an untied head now lives only in its packed copy
+        return n + 1
+
+    def quantize_int8(self) -> int:
+        """Weight-only int8 for every projection and the output head (see quant_linear)."""
+        from radixlang_runtime.model.layers.quant_linear import Int8Linear, quantize_linears
+
+        n = quantize_linears(self.layers)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.head = Int8Linear(w, None)
+        self.lm_head = None
+        return n + 1
+
+    def use_gguf_blocks(self, blocks: dict) -> int:
+        """--quantization gguf: every linear (and the output head) whose checkpoint tensors are GGUF
+        blocks in the file (HF name -> (rows uint8, format)) runs on them (see gguf_linear). Returns how
+        many; the others keep a packed dense weight."""
+        from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, fused_blocks
+        from radixlang_runtime.model.layers.packed_linear import PackedLinear, dense_tiles_available
+
+        tiles = dense_tiles_available(self.embed_tokens.weight.device, self.embed_tokens.weight.dtype)
+
+        def part(name: str):
+            got = blocks.get(name)
+            return None if got is None else (torch.from_numpy(got[0]), got[1])
+
+        def swap(owner: nn.Module, attr: str, names: list[str]) -> int:
+            lin = getattr(owner, attr)
+            parts = [part(n) for n in names]
+            fused = fused_blocks(parts) if all(p is not None for p in parts) else None
+            if fused is None:
+                setattr(owner, attr, PackedLinear(lin.weight, lin.bias, tiles))
+                return 0
+            setattr(owner, attr, GGUFLinear(lin.weight, lin.bias, *fused))
+            return 1
+
+        n = 0
+        for i, layer in enumerate(self.layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            n += swap(layer.self_attn, "qkv_proj", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+            n += swap(layer.self_attn, "o_proj", [a + "o_proj.weight"])
+            n += swap(layer.mlp, "gate_up_proj", [m + "gate_proj.weight", m + "up_proj.weight"])
+            n += swap(layer.mlp, "down_proj", [m + "down_proj.weight"])
+        head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        head = part(head_name)
+        self.head = GGUFLinear(w, None, *head) if head is not None else PackedLinear(w, None, tiles)
+        self.lm_head = None
+        return n + (head is not None)
+
+    # --- weights ---
+    def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
+        """Load HF-named tensors (this rank's slices only); fuses q/k/v and gate/up. Every parameter
+        must be covered."""
+        cfg, sh, d = self.cfg, self.shard, self.cfg.head_dim
+        q_rows = (sh.q_start * d, (sh.q_start + sh.q_count) * d)
+        kv_rows = (sh.kv_start * d, (sh.kv_start + sh.kv_count) * d)
+        vocab = (sh.vocab_start, sh.vocab_start + sh.vocab_count)
+        own = dict(self.named_parameters())
+        done: set[str] = set()
+
+        def put(name: str, value: torch.Tensor) -> None:
+            p = own[name]
+            if p.shape != value.shape:
+                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
+            with torch.no_grad():
+                p.copy_(value)
+            done.add(name)
+
+        take = tensors.get
+
+        put("embed_tokens.weight", take("model.embed_tokens.weight", rows=vocab))
+        put("norm.weight", take("model.norm.weight"))
+        if self.lm_head is not None:
+            put("lm_head.weight", take("lm_head.weight", rows=vocab))
+        for i in range(cfg.num_hidden_layers):
+            src, dst = f"model.layers.{i}.", f"layers.{i}."
+            a = src + "self_attn."
+            put(dst + "self_attn.qkv_proj.weight", torch.cat([
+                take(a + "q_proj.weight", rows=q_rows), take(a + "k_proj.weight", rows=kv_rows),
+                take(a + "v_proj.weight", rows=kv_rows)]))
+            if cfg.attention_bias:
+                put(dst + "self_attn.qkv_proj.bias", torch.cat([
+                    take(a + "q_proj.bias", rows=q_rows), take(a + "k_proj.bias", rows=kv_rows),
+                    take(a + "v_proj.bias", rows=kv_rows)]))
+            put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
+            if cfg.qk_norm or cfg.qk_norm_whole:  # whole: one rank only (Attention refuses tp_size > 1)
+                put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
+                put(dst + "self_attn.k_norm.weight", take(a + "k_norm.weight"))
+            self.load_mlp(i, tensors, put)
+            put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
+            put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
+            self.load_layer_extras(i, tensors, put)
+        missing = sorted(set(own) - done)
+        if missing:
+            raise ValueError(f"parameters not loaded: {missing[:5]}")
+
+    def load_layer_extras(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
+        """Layer i's parameters beyond Llama's (a family with more, e.g. Gemma's extra norms, overrides this)."""
+
+    def load_mlp(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
+        """Layer i's dense MLP: gate and up fused, this rank's intermediate columns."""
+        sh, m = self.shard, f"model.layers.{i}.mlp."
+        inter = (sh.inter_start, sh.inter_start + sh.inter_count)
+        put(f"layers.{i}.mlp.gate_up_proj.weight", torch.cat([tensors.get(m + "gate_proj.weight", rows=inter),
+                                                               tensors.get(m + "up_proj.weight", rows=inter)]))
+        put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))

@@ -1,0 +1,158 @@
+"""What a request may ask for, checked before it reaches the scheduler (torch-free).
+
+The in-process Engine and the server's TokenizerManager run the same checks, so a bad request gets
+the same ValueError (HTTP 400) on both paths instead of reaching the scheduler.
+
+The field checkers below (need_int, need_bool, need_float, need_str, need_int_list) are the one type
+check of request fields (native /generate, OpenAI routes, /pin_prefix, the ZeroMQ frontend, the
+Engine). Their rules: a boolean is a bool (not "no", not 0); an integer is an int that is not a bool
+(Python's True is an int) and fits int64 unless the field says less (msgpack packs no more); a number
+is finite; each raises FieldError naming the field and what it takes (HTTP 400, `param` = the field).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from radixlang_runtime.protocol.sampling_params import SamplingParams
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# What one request body may hold (README "Limits"); the body size itself is --max-request-body-bytes.
+MAX_JSON_DEPTH = 64  # nesting of arrays / objects in a JSON body
+MAX_N = 64  # samples per prompt (native sampling_params.n, OpenAI n)
+MAX_BATCH = 1024  # runtime requests one body fans out into (prompts x n)
+MAX_RID_LEN = 256  # characters of a request id
+MAX_PIN_TTL_S = 86400.0  # a prefix pin's longest ttl_s (a day): a pin cannot block /flush_cache for ever
+MAX_STOP_STRINGS = 16  # entries of `stop` (their length and stop_regex's limits: stop_regex.py)
+MAX_STOP_TOKEN_IDS = 1024  # entries of `stop_token_ids`
+MAX_LOGIT_BIAS = 1024  # entries of `logit_bias` (OpenAI's chat API takes up to 300)
+
+
+class FieldError(ValueError):
+    """A request field is wrong: HTTP 400 with `param` = the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def show(value: Any, width: int = 60) -> str:
+    """A short rendering of a bad value for an error message (never the whole 10 MB string)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (list, dict, str)) and len(value) > width:
+        kind = type(value).__name__
+        return f"a {kind} of length {len(value)}"
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def need_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise FieldError(name, f"{name} must be a boolean (true or false), got {show(value)}")
+    return value
+
+
+def need_int(value: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FieldError(name, f"{name} must be an integer, got {show(value)}")
+    if not lo <= value <= hi:
+        raise FieldError(name, f"{name} must be an integer {_int_range(lo, hi)}, got {show(value)}")
+    return value
+
+
+def _int_range(lo: int, hi: int) -> str:
+    if hi == INT64_MAX:
+        return "in int64 range (-2^63 .. 2^63-1)" if lo == INT64_MIN else f">= {lo} (at most 2^63-1)"
+    return f"in [{lo}, {hi}]"
+
+
+def need_float(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """A finite number in [lo, hi] (an int is taken as a float), returned as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FieldError(name, f"{name} must be a number, got {show(value)}")
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond any double
+        f = math.inf
+    if not math.isfinite(f):
+        raise FieldError(name, f"{name} must be a finite number, got {show(value)}")
+    if not lo <= f <= hi:
+        raise FieldError(name, f"{name} must be in [{lo:g}, {hi:g}], got {show(value)}")
+    return f
+
+
+def need_str(value: Any, name: str, max_len: Optional[int] = None) -> str:
+    """A str that is valid Unicode (no lone surrogate: it must encode as UTF-8), at most max_len chars."""
+    if not isinstance(value, str):
+        raise FieldError(name, f"{name} must be a string, got {show(value)}")
+    if max_len is not None and len(value) > max_len:
+        raise FieldError(name, f"{name} must be at most {max_len} characters, got {len(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FieldError(name, f"{name} is not valid Unicode: a lone surrogate at position {e.start}") from None
+    return value
+
+
+def need_int_list(value: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX,
+                  max_len: Optional[int] = None) -> list[int]:
+    """A list of ints in [lo, hi] (no bools), at most max_len entries."""
+    if not isinstance(value, list):
+        raise FieldError(name, f"{name} must be a list of integers, got {show(value)}")
+    if max_len is not None and len(value) > max_len:
+        raise FieldError(name, f"{name} may hold at most {max_len} entries, got {len(value)}")
+    if all(type(t) is int and lo <= t <= hi for t in value):  # the common case, one pass
+        return value
+    for i, t in enumerate(value):
+        need_int(t, f"{name}[{i}]", lo, hi)
+    return value
+
+
+@dataclass(frozen=True)
+class RuntimeLimits:
+    context_len: int
+    vocab_size: int
+    num_slots: int  # KV pool size in tokens
+    grammar: bool = True  # constrained decoding available (--grammar-backend other than none)
+    grammar_backend: str = "auto"  # constrained/backends.py: which grammar kinds are accepted (auto: all)
+    disaggregation_mode: str = "null"  # PD: prefill / decode servers need the router's bootstrap fields
+    is_embedding: bool = False  # a pooling model (--is-embedding): only pooling requests (pooling_input.py)
+    disaggregation_prefill_peers: tuple = ()  # PD decode: the (host, port) bootstraps it may name (empty: any)
+    lora_adapters: tuple[str, ...] = ()  # the LoRA adapters' names in id order (lora_spec.py: id = index + 1)
+
+
+def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",
+                  pooling: bool = False) -> None:
+    """ids_name: the request field the ids came from (OpenAI's `prompt`), for the error; pooling: a pooling
+    request (the only kind a --is-embedding server runs)."""
+    if limits.is_embedding and not pooling:
+        raise ValueError("this server runs a pooling model (--is-embedding): it serves /v1/embeddings and /encode, "
+                         "not text generation")
+    if not ids:
+        raise ValueError("the prompt is empty (no tokens)")
+    # The length first: it bounds the per-token check below by the context length.
+    if len(ids) + sp.max_new_tokens > limits.context_len:
+        raise ValueError(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the context length "
+            f"{limits.context_len}"
+        )
+    if len(ids) + sp.max_new_tokens > limits.num_slots:
+        raise ValueError(
+            f"prompt + max_new_tokens ({len(ids) + sp.max_new_tokens}) exceeds the KV pool "
+            f"({limits.num_slots} tokens); raise --max-total-tokens"
+        )
+    if not all(type(t) is int and 0 <= t < limits.vocab_size for t in ids):
+        raise FieldError(ids_name, f"{ids_name} must be token ids: integers in [0, {limits.vocab_size})")
+    sp.check_vocab(limits.vocab_size)
+    if sp.constrained and not limits.grammar:
+        raise ValueError("regex / json_schema / ebnf / structural_tag need a grammar backend: the server runs with "
+                         "--grammar-backend none")
+    if sp.constrained:
+        from radixlang_runtime.constrained.backends import refuse_unsupported
+
+        refuse_unsupported(limits.grammar_backend, sp.grammar_kind)  # ebnf on outlines: a 400 naming both

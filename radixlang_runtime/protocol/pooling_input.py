@@ -1,0 +1,250 @@
+"""The intake of pooling calls (torch-free): /v1/embeddings, /encode, /v1/rerank, /v1/score bodies -> typed calls
+whose requests are prefill-only GenerateRequests (max_new_tokens 0) carrying a PoolSpec (pooling.py).
+
+Inputs: OpenAI's `input` (a string, a list of strings, a token array, a list of token arrays), SGLang's /encode
+`text` / `input_ids`, rerank's query + documents, score's text_1 / text_2. Each prompt is checked like a generate
+prompt (limits.check_request: empty, too long for the context or the pool, ids outside the vocabulary) and against
+the model's max_seq_length (sentence-transformers truncates there; this server refuses instead). Every problem
+raises FieldError / ValueError naming it (HTTP 400).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from radixlang_runtime.protocol.generate_input import GenerateRequest
+from radixlang_runtime.protocol.limits import (MAX_BATCH, FieldError, RuntimeLimits, check_request, need_bool, need_int,
+                                               need_str, show)
+from radixlang_runtime.pooling import PoolingConfig, PoolSpec, check_dimensions
+from radixlang_runtime.protocol.sampling_params import SamplingParams
+
+Encode = Callable[[str], list[int]]
+Prompt = Any  # a string, or a list of token ids
+
+ENCODING_FORMATS = ("float", "base64")
+EMBEDDING_FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
+ENCODE_FIELDS = {"text", "input_ids", "rid"}
+RERANK_FIELDS = {"model", "query", "documents", "top_n", "return_documents", "user"}
+SCORE_FIELDS = {"model", "text_1", "text_2", "user"}
+# Qwen3-Reranker's prompt (--rerank-template replaces it): {instruction}, {query}, {document}
+QWEN3_RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@dataclass(frozen=True)
+class EmbeddingCall:
+    reqs: list[GenerateRequest]  # one per input, index = input position
+    encoding_format: str = "float"
+    dimensions: Optional[int] = None
+    as_list: bool = True  # /encode: whether the input was a list (a list answers)
+
+
+@dataclass(frozen=True)
+class PairCall:
+    """rerank / score: pairs (query, document) scored; reqs per pair (a reranker) or per text (cosine of
+    embeddings: queries first, then documents)."""
+
+    reqs: list[GenerateRequest]
+    pairs: list[tuple[int, int]]  # (left index, right index) into the texts each request stands for
+    documents: list[str]  # rerank: the documents as given (return_documents)
+    by_reranker: bool  # True: one request per pair, score = P(yes); False: embeddings, score = cosine
+
+
+def refuse_unknown(body: Any, known: set[str], route: str) -> dict:
+    if not isinstance(body, dict):
+        raise FieldError("body", "the body must be a JSON object")
+    if unknown := sorted(set(body) - known):
+        raise FieldError(unknown[0], f"unknown field(s) for {route}: {', '.join(show(u, 40) for u in unknown)}")
+    return body
+
+
+def prompts_of(value: Any, name: str) -> list[Prompt]:
+    """OpenAI's input forms -> one prompt per input (strings or token id lists)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise FieldError(name, f"{name} must be a non-empty string, list of strings, token array or list of token "
+                               f"arrays, got {show(value)}")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return [value]
+    if all(isinstance(p, str) for p in value) or all(isinstance(p, list) for p in value):
+        if len(value) > MAX_BATCH:
+            raise FieldError(name, f"{name} may hold at most {MAX_BATCH} inputs, got {len(value)}")
+        return list(value)
+    raise FieldError(name, f"{name} must be a string, a list of strings, a token array or a list of token arrays "
+                           "(not a mix)")
+
+
+def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, base_rid: str,
+                     name: str, max_len: Optional[int] = None) -> list[GenerateRequest]:
+    """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`."""
+    if limits.disaggregation_mode != "null":
+        raise ValueError(f"{name}: pooling requests are not implemented with prefill-decode disaggregation "
+                         f"(disaggregation_mode {limits.disaggregation_mode})")
+    sp = SamplingParams.from_dict({"max_new_tokens": 0})
+    out = []
+    for i, p in enumerate(prompts):
+        where = f"{name}[{i}]" if len(prompts) > 1 else name
+        if isinstance(p, str):
+            if not p:  # OpenAI refuses an empty string too (a template would otherwise embed its own tokens)
+                raise FieldError(where, f"{where} is an empty string")
+            ids = encode(need_str(p, where))
+        elif isinstance(p, list):
+            ids = p
+        else:
+            raise FieldError(where, f"{where} must be a string or a token array, got {show(p)}")
+        if not ids:
+            raise FieldError(where, f"{where} is empty (no tokens)")
+        check_request(ids, sp, limits, where, pooling=True)
+        if max_len is not None and len(ids) > max_len:
+            raise FieldError(where, f"{where} has {len(ids)} tokens; the model's max_seq_length is {max_len} "
+                                    "(sentence_bert_config.json)")
+        out.append(GenerateRequest(f"{base_rid}-{i}", list(ids), sp, index=i, pooling=spec))
+    return out
+
+
+def _embed_spec(cfg: Optional[PoolingConfig], route: str) -> PoolingConfig:
+    if cfg is None:
+        raise ValueError(f"{route} needs a pooling model: start the server with --is-embedding (this one serves "
+                         "text generation)")
+    return cfg
+
+
+def embedding_encoder(tokenizer: Any, cfg: Optional[PoolingConfig]) -> Encode:
+    """Texts tokenized as sentence-transformers does: with the model's special tokens, or (its message modality)
+    rendered as one user message through the chat template. Blocking: call it on an intake thread."""
+    if cfg is not None and cfg.chat_template:
+        def render(text: str) -> list[int]:
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=False)
+            return tokenizer(chat, add_special_tokens=False)["input_ids"]
+        return render
+    return lambda text: tokenizer(text)["input_ids"]
+
+
+def _embed_encoder(cfg: PoolingConfig, encode: Encode) -> Encode:
+    """Texts as sentence-transformers encodes them: its default prompt first."""
+    return (lambda t: encode(cfg.default_prompt + t)) if cfg.default_prompt else encode
+
+
+def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
+                          base_rid: str) -> EmbeddingCall:
+    """/v1/embeddings (OpenAI): input, encoding_format float | base64, dimensions (Matryoshka models only)."""
+    body = refuse_unknown(body, EMBEDDING_FIELDS, "/v1/embeddings")
+    cfg = _embed_spec(cfg, "/v1/embeddings")
+    if "input" not in body:
+        raise FieldError("input", "input is required")
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ENCODING_FORMATS:
+        raise FieldError("encoding_format", f"encoding_format must be float or base64, got {show(fmt)}")
+    dims = body.get("dimensions")
+    if dims is not None:
+        try:
+            check_dimensions(cfg, need_int(dims, "dimensions", 1))
+        except ValueError as e:
+            raise FieldError("dimensions", str(e)) from None
+    if body.get("user") is not None:
+        need_str(body["user"], "user")
+    prompts = prompts_of(body["input"], "input")
+    reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, "input",
+                            cfg.max_seq_length)
+    return EmbeddingCall(reqs, fmt, dims)
+
+
+def parse_encode_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
+                      base_rid: str) -> EmbeddingCall:
+    """/encode (SGLang): text or input_ids, one prompt or a list; a list answers a list."""
+    body = refuse_unknown(body, ENCODE_FIELDS, "/encode")
+    cfg = _embed_spec(cfg, "/encode")
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise FieldError("text", "pass exactly one of text / input_ids")
+    name = "text" if text is not None else "input_ids"
+    value = text if text is not None else ids
+    if text is not None and not isinstance(text, (str, list)):
+        raise FieldError("text", f"text must be a string or a list of strings, got {show(text)}")
+    if ids is not None and not (isinstance(ids, list) and ids and all(isinstance(p, (int, list)) for p in ids)):
+        raise FieldError("input_ids", "input_ids must be a list of integers or a list of such lists")
+    prompts = prompts_of(value, name)
+    as_list = isinstance(value, list) and (text is not None or isinstance(value[0], list))
+    rid = body.get("rid")
+    base = need_str(rid, "rid", 200) if rid is not None else base_rid
+    reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base, name,
+                            cfg.max_seq_length)
+    return EmbeddingCall(reqs, as_list=as_list)
+
+
+@dataclass(frozen=True)
+class Reranker:
+    """A decoder reranker's prompt and labels (--rerank-template, --rerank-instruction, --classifier-from-token
+    resolved to token ids: (false id, true id))."""
+
+    template: str
+    instruction: str
+    label_ids: tuple[int, int]
+
+    def prompt(self, query: str, document: str) -> str:
+        # plain replacement: braces in a document or in the template are text, never placeholders
+        return (self.template.replace("{instruction}", self.instruction).replace("{query}", query)
+                .replace("{document}", document))
+
+
+def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]], cfg: Optional[PoolingConfig],
+                reranker: Optional[Reranker], encode: Encode, encode_plain: Encode, limits: RuntimeLimits,
+                base_rid: str, name: str) -> PairCall:
+    if cfg is not None:  # a pooling model: cosine similarity of the embeddings
+        texts = queries + docs
+        reqs = pooling_requests(texts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, name,
+                                cfg.max_seq_length)
+        return PairCall(reqs, [(q, len(queries) + d) for q, d in pairs], docs, by_reranker=False)
+    if reranker is None:
+        raise ValueError("this server has no reranker: a generation model needs --classifier-from-token tokens "
+                         "that are single tokens of its vocabulary")
+    prompts = [reranker.prompt(queries[q], docs[d]) for q, d in pairs]
+    reqs = pooling_requests(prompts, PoolSpec("token_logits", reranker.label_ids), encode_plain, limits, base_rid,
+                            name)
+    return PairCall(reqs, pairs, docs, by_reranker=True)
+
+
+def _text_list(value: Any, name: str) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts:
+        raise FieldError(name, f"{name} must be a string or a non-empty list of strings, got {show(value)}")
+    if len(texts) > MAX_BATCH:
+        raise FieldError(name, f"{name} may hold at most {MAX_BATCH} texts, got {len(texts)}")
+    return [need_str(t, f"{name}[{i}]") for i, t in enumerate(texts)]
+
+
+def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[Reranker], encode: Encode,
+                      encode_plain: Encode, limits: RuntimeLimits, base_rid: str) -> tuple[PairCall, int, bool]:
+    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents -> (call, top_n, return docs)."""
+    body = refuse_unknown(body, RERANK_FIELDS, "/v1/rerank")
+    query = need_str(body.get("query"), "query")
+    docs = body.get("documents")
+    if isinstance(docs, list):
+        docs = [d.get("text") if isinstance(d, dict) and set(d) == {"text"} else d for d in docs]
+    docs = _text_list(docs, "documents") if isinstance(docs, list) else _text_list(None, "documents")
+    top_n = need_int(body["top_n"], "top_n", 1) if body.get("top_n") is not None else len(docs)
+    ret = need_bool(body.get("return_documents", True), "return_documents")
+    call = _pairs_call([query], docs, [(0, d) for d in range(len(docs))], cfg, reranker, encode, encode_plain,
+                       limits, base_rid, "documents")
+    return call, min(top_n, len(docs)), ret
+
+
+def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[Reranker], encode: Encode,
+                     encode_plain: Encode, limits: RuntimeLimits, base_rid: str) -> PairCall:
+    """/v1/score (vLLM): text_1 and text_2, 1 x N (text_1 one string) or N x N (zipped)."""
+    body = refuse_unknown(body, SCORE_FIELDS, "/v1/score")
+    left, right = _text_list(body.get("text_1"), "text_1"), _text_list(body.get("text_2"), "text_2")
+    if len(left) == 1:
+        pairs = [(0, j) for j in range(len(right))]
+    elif len(left) == len(right):
+        pairs = [(i, i) for i in range(len(left))]
+    else:
+        raise FieldError("text_2", f"text_1 has {len(left)} texts and text_2 {len(right)}: give one text_1, or as "
+                                   "many as text_2")
+    return _pairs_call(left, right, pairs, cfg, reranker, encode, encode_plain, limits, base_rid, "text_2")

@@ -1,0 +1,214 @@
+"""Per-request sampling parameters (SGLang's names), validated once on arrival. Torch-free."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from radixlang_runtime.protocol.limits import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError,
+                                      need_bool, need_float, need_int, need_int_list, need_str, show)
+from radixlang_runtime.protocol.sampling_fields import REQUEST_FIELDS
+from radixlang_runtime.protocol.stop_regex import StopRegex, check_stops, compile_stop_regex
+
+GREEDY_EPS = 1e-6  # temperature below this is greedy
+_NOT_REQUEST_FIELDS = frozenset({"grammar"})  # from_dict refuses them (built by normalize)
+_NOT_WIRE_FIELDS = frozenset({"n", "grammar"})
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: Union[str, list[str]] = field(default_factory=list)  # normalized to a list
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    regex: Optional[str] = None
+    json_schema: Optional[str] = None
+    ebnf: Optional[str] = None  # GBNF-style EBNF (SGLang's field): --grammar-backend xgrammar | llguidance
+    structural_tag: Optional[str] = None  # JSON {"structures", "triggers"} (response_format structural_tag)
+    sampling_seed: Optional[int] = None
+    # token id -> bias added to its logit before any sampling step (greedy too); JSON keys are decimal
+    # strings ("123"), normalized to ints; biases finite in [-100, 100] (OpenAI's range).
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    # Not a request field: the GrammarSpec normalize() built from regex / json_schema (None: unconstrained).
+    # It travels with the request (GrammarSpec.to_wire) so no later stage builds it again.
+    grammar: Any = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
+        d = {k: v for k, v in (d or {}).items() if v is not None}  # null: the field's default
+        unknown = sorted(set(d) - REQUEST_FIELDS)  # REQUEST_FIELDS: the fields but _NOT_REQUEST_FIELDS
+        if unknown:
+            raise FieldError(unknown[0], f"unknown sampling parameter(s): {', '.join(unknown)}")
+        if d.get("stop_token_ids") is None:
+            d.pop("stop_token_ids", None)
+        if d.get("stop_regex") is None:
+            d.pop("stop_regex", None)
+        elif isinstance(d["stop_regex"], str):
+            d["stop_regex"] = [d["stop_regex"]]
+        sp = cls(**d)
+        sp.normalize()
+        return sp
+
+    def to_wire(self) -> dict[str, Any]:
+        """The fields the scheduler needs, as a plain dict for a TokenizedGenerateReq (n is expanded
+        into n requests by the sender; the grammar travels as its own field)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_WIRE_FIELDS}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any], grammar: Optional[list] = None) -> "SamplingParams":
+        """Trusted decode on the scheduler's side of to_wire (+ GrammarSpec.to_wire): the sender validated
+        every field (from_dict), so nothing is checked or compiled again. An unknown field is a TypeError."""
+        sp = cls(**d)
+        if grammar is not None:
+            from radixlang_runtime.constrained.spec import GrammarSpec
+
+            sp.grammar = GrammarSpec.from_wire(grammar)
+        return sp
+
+    # --- derived ---
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS or self.top_k == 1
+
+    @property
+    def stop_strs(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def stop_patterns(self) -> list[StopRegex]:
+        """stop_regex compiled in RE2 (each pattern once per process: compile_stop_regex is cached)."""
+        return [compile_stop_regex(r) for r in self.stop_regex]
+
+    @property
+    def constrained(self) -> bool:
+        """The output must match a grammar (regex / json_schema): the scheduler compiles and masks it."""
+        return self.grammar_kind is not None
+
+    @property
+    def grammar_kind(self) -> Optional[str]:
+        """regex | json_schema | ebnf | structural_tag: the grammar field that is set (at most one), else None."""
+        for name in ("regex", "json_schema", "ebnf", "structural_tag"):
+            if getattr(self, name) is not None:
+                return name
+        return None
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def normalize(self) -> None:
+        """Type checks and range checks; raises ValueError naming the field and the allowed range."""
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        # Types first (limits.need_*: bools are bools, ints fit int64, numbers are finite), then ranges.
+        self.max_new_tokens = need_int(self.max_new_tokens, "max_new_tokens", 0)
+        self.min_new_tokens = need_int(self.min_new_tokens, "min_new_tokens", 0)
+        self.top_k = need_int(self.top_k, "top_k")  # above the vocab size: the whole vocabulary, as -1
+        self.n = need_int(self.n, "n", 1, MAX_N)
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            setattr(self, name, need_float(getattr(self, name), name))
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            need_bool(getattr(self, name), name)
+        need(self.min_new_tokens <= self.max_new_tokens,
+             f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}")
+        need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        need(-2.0 <= self.frequency_penalty <= 2.0,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        need(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        need(0.0 < self.repetition_penalty <= 2.0,
+             f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.stop is not None and not isinstance(self.stop, str):
+            need(isinstance(self.stop, list), "stop must be a string or a list of strings")
+            need(len(self.stop) <= MAX_STOP_STRINGS,
+                 f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for i, s in enumerate(self.stop_strs):
+            name = "stop" if isinstance(self.stop, str) else f"stop[{i}]"
+            need(bool(need_str(s, name)), "stop strings must be non-empty")
+        need_int_list(self.stop_token_ids, "stop_token_ids", max_len=MAX_STOP_TOKEN_IDS)
+        grammars = [n for n in ("regex", "json_schema", "ebnf", "structural_tag") if getattr(self, n) is not None]
+        for name in grammars:
+            need_str(getattr(self, name), name)
+        need(len(grammars) <= 1, f"at most one of regex / json_schema / ebnf / structural_tag may be set, got "
+                                 f"{', '.join(grammars)}")
+        if self.sampling_seed is not None:
+            need_int(self.sampling_seed, "sampling_seed")
+        self.logit_bias = normalize_logit_bias(self.logit_bias)
+        need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
+             "stop_regex must be a non-empty string or a list of them")
+        check_stops(self.stop_strs, self.stop_regex)  # limits, RE2 compile: ValueError naming them (HTTP 400)
+        self.grammar = None
+        if self.constrained:
+            from radixlang_runtime.constrained.spec import spec_from_sampling
+
+            # ValueError naming what is wrong (HTTP 400); built here once, kept for the scheduler
+            self.grammar = spec_from_sampling(self.regex, self.json_schema, self.ebnf, self.structural_tag)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise FieldError("stop_token_ids", f"stop_token_ids must be in [0, {vocab_size}), got {show(bad)}")
+        bad = sorted(t for t in self.logit_bias if not 0 <= t < vocab_size)
+        if bad:
+            raise FieldError("logit_bias", f"logit_bias keys must be token ids in [0, {vocab_size}), got {show(bad)}")
+
+
+def normalize_logit_bias(value: Any) -> dict[int, float]:
+    """{token id (int, or its decimal string as JSON keys are): bias} -> {int: float}; FieldError naming
+    logit_bias on anything else (a non-object, a key that is not a token id, a bias outside [-100, 100],
+    more than MAX_LOGIT_BIAS entries). The vocabulary bound is check_vocab's (it needs the model)."""
+    if not isinstance(value, dict):
+        raise FieldError("logit_bias", f"logit_bias must be an object of token id -> bias, got {show(value)}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise FieldError("logit_bias", f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}")
+    out: dict[int, float] = {}
+    for k, b in value.items():
+        if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 19:
+            tid = int(k)
+        elif type(k) is int and k >= 0:
+            tid = k
+        else:
+            raise FieldError("logit_bias", f"logit_bias keys must be token ids (non-negative integers), got {show(k)}")
+        try:
+            out[tid] = need_float(b, f"logit_bias[{show(k, 20)}]", -100.0, 100.0)
+        except FieldError as e:  # param: the field itself (OpenAI names `logit_bias`, not one entry)
+            raise FieldError("logit_bias", str(e)) from None
+    return out
+
+
+def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,
+                 from_end: int = 0) -> Optional[str]:
+    """The final text cut before the stop string that finished the request, or None when nothing is
+    cut (no stop string matched, no_stop_trim, or the string is not in the decoded text).
+    from_end: where the occurrence that ended generation starts, counted from the end of the text
+    (Req.stop_from_end); an earlier occurrence (inside the min_new_tokens part) is never the cut."""
+    if no_stop_trim or not finish_reason or finish_reason.get("type") != "stop":
+        return None
+    matched = finish_reason.get("matched")
+    if not isinstance(matched, str):
+        return None
+    if 0 < from_end <= len(text) and text.startswith(matched, len(text) - from_end):
+        return text[: len(text) - from_end]
+    cut = text.rfind(matched)
+    return text[:cut] if cut >= 0 else None

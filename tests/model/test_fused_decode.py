@@ -1,0 +1,136 @@
+"""model/executor/fused_decode.py: decode-sized steps through decode_layer.c give bit-identical logits and K/V to
+the module path, for every weight kind it takes (bf16 / float32 dense tiles, GGUF blocks and q8 tiles, int8), on the
+embedded model, with and without cascade groups; steps it must not take (larger batches) run the modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlang_kernels.cpu_caps import detect
+from radixlang_runtime.model.executor.runner import StepInputs
+
+pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: no fused decode")
+
+PROMPTS = [[(i * 37 + 11) % 40000 + 100 for i in range(n)] for n in (5, 23, 9)]
+
+
+def _scenario(runner, row0: int, slot0: int, steps: int = 4,
+              shared: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Prefill PROMPTS into table rows row0.. (after `shared` positions that all three rows hold in the same
+    slots: cascade groups, when shared >= MIN_SHARED), then `steps` decode steps of all three; the logits
+    of every step and the K/V the decode steps wrote (layer 0 and the last layer)."""
+    B = len(PROMPTS)
+    lens = [len(p) for p in PROMPTS]
+    rows = list(range(row0, row0 + B))
+    slot = slot0
+    if shared:
+        ids = [(i * 53 + 7) % 40000 + 100 for i in range(shared)]
+        runner.run_step(StepInputs("extend", ids, list(range(slot, slot + shared)), [row0], [0], [shared], [],
+                                   [shared - 1]))
+        for r in rows[1:]:
+            runner.kv_pool.req_to_token[r, :shared] = torch.arange(slot, slot + shared)
+        slot += shared
+    out_loc = list(range(slot, slot + sum(lens)))
+    slot += sum(lens)
+    ends = [sum(lens[: i + 1]) - 1 for i in range(B)]
+    logits = [runner.run_step(StepInputs("extend", sum(PROMPTS, []), out_loc, rows, [shared] * B, lens, [], ends))]
+    written = []
+    for s in range(steps):
+        ids = [int(t) for t in logits[-1].argmax(-1)]
+        loc = list(range(slot, slot + B))
+        slot += B
+        written += loc
+        logits.append(runner.run_step(StepInputs("decode", ids, loc, rows, [shared + n + s for n in lens], [1] * B, [],
+                                                 list(range(B)))))
+    pool = runner.kv_pool
+    idx = torch.tensor(written)
+    kv = torch.cat([pool.k_buffers[i][:, idx].flatten() for i in (0, -1)] +
+                   [pool.v_buffers[i][:, idx].flatten() for i in (0, -1)])
+    return logits, kv
+
+
+@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"),
+                                dict(dtype="bfloat16", quantization="gguf"), dict(dtype="float32", quantization="gguf"),
+                                dict(dtype="bfloat16", quantization="int8")],
+                         ids=["bf16", "fp32", "gguf", "gguf-fp32", "int8"])
+@pytest.mark.parametrize("shared", [0, 100], ids=["own", "cascade"])
+def test_fused_decode_is_bit_identical_to_the_modules(kw, shared):
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.layers.packed_linear import packing_available
+
+    if kw == dict(dtype="bfloat16") and not packing_available(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("bf16 dense linears are plain F.linear on this CPU (no oneDNN bf16): no decode kernel to fuse")
+
+    with Engine(None, max_total_tokens=2048, **kw) as eng:
+        runner = eng.runner
+        model = runner.model
+        fused = model.fused_decode
+        assert fused is not None, runner.cpu_paths
+        assert runner.cpu_paths.decode_layer.startswith("c:")
+        calls = []
+        run = fused.run
+        fused.run = lambda residual, fb: (calls.append((fb.batch_size, fb.attn_meta.cascade is not None)),
+                                          run(residual, fb))[1]
+        with torch.inference_mode():
+            got, got_kv = _scenario(runner, 0, 0, shared=shared)
+            assert calls == [(3, shared > 0)] * 4  # every decode step (with cascade groups or not), no prefill
+            model.fused_decode = None
+            want, want_kv = _scenario(runner, 3, 1000, shared=shared)
+            model.fused_decode = fused
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
+        assert torch.equal(got_kv, want_kv)
+
+
+def test_fused_decode_takes_cascade_groups_and_steps_aside_for_large_batches():
+    from radixlang_runtime import Engine
+
+    with Engine(None, max_total_tokens=4096) as eng:
+        runner = eng.runner
+        fused = runner.model.fused_decode
+        assert fused is not None
+        seen = []
+        applies = fused.applies
+        fused.applies = lambda fb: (seen.append((fb.batch_size, applies(fb))), seen[-1][1])[1]
+        shared = list(range(500, 600))  # 100 shared positions: cascade groups them (MIN_SHARED = 64)
+        with torch.inference_mode():
+            runner.run_step(StepInputs("extend", shared, list(range(100)), [0], [0], [100], [], [99]))
+            rows = [0, 1, 2]
+            for r in (1, 2):  # the same cached slots in two more rows, one new token each
+                runner.kv_pool.req_to_token[r, :100] = torch.arange(100)
+            runner.run_step(StepInputs("decode", [7, 8, 9], [100, 101, 102], rows, [100] * 3, [1] * 3, [], [0, 1, 2]))
+            fused.max_batch = 8  # (256 on VDPBF16PS builds: more rows than the table has)
+            n = fused.max_batch + 1
+            runner.run_step(StepInputs("extend", [5] * n, list(range(200, 200 + n)), list(range(3, 3 + n)), [0] * n,
+                                       [1] * n, [], list(range(n))))
+            runner.run_step(StepInputs("decode", [6] * n, list(range(300, 300 + n)), list(range(3, 3 + n)), [1] * n,
+                                       [1] * n, [], list(range(n))))
+        assert (3, True) in seen  # cascade groups: decode_layer.c runs the shared-prefix attention too
+        assert (n, False) in seen  # above the decode kernels' batch size
+
+
+@pytest.mark.parametrize("shared", [0, 100], ids=["own", "cascade"])
+def test_fused_decode_sliding_window_layers_are_bit_identical(shared):
+    """Alternating windowed (16 positions) and full layers: decode_layer.c reads a windowed layer's last 16
+    positions (no cascade groups there), as the module path does; the full layers keep the groups."""
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.executor.fused_decode import FusedDecode
+
+    with Engine(None, max_total_tokens=2048, dtype="float32") as eng:
+        runner = eng.runner
+        model = runner.model
+        n = len(model.layers)
+        runner.backend.set_layer_options(tuple(16 if i % 2 == 0 else 0 for i in range(n)))
+        fused = model.fused_decode = FusedDecode.build(model, torch.float32)
+        assert fused is not None and [w.window for w in fused.weights][:2] == [16, 0]
+        with torch.inference_mode():
+            got, got_kv = _scenario(runner, 0, 0, shared=shared)
+            model.fused_decode = None
+            want, want_kv = _scenario(runner, 3, 1000, shared=shared)
+            runner.backend.set_layer_options(())
+            full, _ = _scenario(runner, 6, 1500, shared=shared)
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
+        assert torch.equal(got_kv, want_kv)
+        assert not torch.equal(got[-1], full[-1])  # the window changed the output

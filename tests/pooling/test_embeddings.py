@@ -1,0 +1,321 @@
+"""Pooling models end to end: real `launch_server` processes on tiny random checkpoints the test builds, the openai
+SDK and sentence-transformers as the reference (float32).
+
+- a tiny Llama saved by sentence-transformers (Transformer with its chat template's message modality -> last-token
+  Pooling -> Normalize), served with --is-embedding: /v1/embeddings (SDK, strings, batches, token arrays, base64) and
+  /encode equal sentence-transformers' encode; bad input answers 400 in OpenAI's shape; one call is one prefill batch;
+- a tiny Qwen3 (bare Qwen3Model checkpoint, no chat template, mean Pooling -> Normalize, Matryoshka) with chunked
+  prefill: mean over the chunks, `dimensions`, cosine rerank / score;
+- a tiny Qwen3ForCausalLM generation server: /v1/rerank and /v1/score equal transformers' P(yes) over (no, yes) at
+  the last position of the Qwen3-Reranker prompt; /v1/embeddings answers 400 naming --is-embedding.
+After each server's scenarios its KV pool is whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import struct
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from server_utils import ServerProcess
+from server_utils import assert_idle_and_whole
+from tiny_checkpoints import build_tiny
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, max_position_embeddings=512)
+FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--debug-check-integrity")
+TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "a", "Embeddings power retrieval."]
+
+
+def _sentence_transformer(base: str, out: str, mode: str, chat_template: bool):
+    """The checkpoint at `base` as Transformer -> Pooling(mode) -> Normalize, saved to `out`; returns the model."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from sentence_transformers import SentenceTransformer, models
+
+    if not chat_template:  # sentence-transformers >= 6 renders text through a tokenizer's chat template
+        os.remove(os.path.join(base, "chat_template.jinja"))
+    t = models.Transformer(base)
+    dim = getattr(t, "get_embedding_dimension", None) or t.get_word_embedding_dimension  # renamed in 6
+    st = SentenceTransformer(modules=[t, models.Pooling(dim(), pooling_mode=mode), models.Normalize()], device="cpu")
+    st.save(out)
+    return st
+
+
+def _cos(a, b) -> float:
+    import torch
+
+    return torch.nn.functional.cosine_similarity(torch.as_tensor(a, dtype=torch.float64),
+                                                 torch.as_tensor(b).to(torch.float64), dim=0).item()
+
+
+def _build_last(root):
+    build_tiny(root / "base", "LlamaConfig", {**TINY, "tie_word_embeddings": True}, {})
+    st = _sentence_transformer(str(root / "base"), str(root / "st"), "lasttoken", chat_template=True)
+    return st, ("--model-path", str(root / "st"), "--is-embedding", *FLAGS)
+
+
+def _build_mean(root):
+    build_tiny(root / "base", "Qwen3Config", TINY, {})  # untied: the saved Qwen3Model has no lm_head
+    st = _sentence_transformer(str(root / "base"), str(root / "st"), "mean", chat_template=False)
+    cfg_path = root / "st" / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "is_matryoshka": True}))
+    return st, ("--model-path", str(root / "st"), "--is-embedding", "--chunked-prefill-size", "32", *FLAGS)
+
+
+def _build_reranker(root):
+    model = build_tiny(root, "Qwen3Config", {**TINY, "tie_word_embeddings": True}, {})
+    return (model, str(root)), ("--model-path", str(root), *FLAGS)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """The three servers, started at once (a start is mostly one process's own work)."""
+    built = {name: fn(tmp_path_factory.mktemp(name)) for name, fn in
+             (("last", _build_last), ("mean", _build_mean), ("reranker", _build_reranker))}
+    with ThreadPoolExecutor(3) as pool:
+        futures = {name: pool.submit(ServerProcess, *flags) for name, (_, flags) in built.items()}
+    procs = {name: f.result() for name, f in futures.items() if f.exception() is None}
+    if len(procs) < len(futures):  # a failed start still stops the others
+        for p in procs.values():
+            p.stop()
+        raise next(f.exception() for f in futures.values() if f.exception() is not None)
+    yield {**{name: (built[name][0], procs[name]) for name in built}, "last_dir": built["last"][1][1]}
+    for p in procs.values():
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def last_model(servers):
+    return servers["last"]
+
+
+@pytest.fixture(scope="module")
+def mean_model(servers):
+    return servers["mean"]
+
+
+@pytest.fixture(scope="module")
+def reranker(servers):
+    (model, model_dir), server = servers["reranker"]
+    return model, model_dir, server
+
+
+def _sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def _stats(server) -> dict:
+    return httpx.get(server.url + "/server_info").json()["stats"]
+
+
+# ------------------------------------------------------------------ last-token, chat-template pipeline
+def test_sdk_embeddings_equal_sentence_transformers(last_model):
+    st, server = last_model
+    ref = st.encode(TEXTS, convert_to_tensor=True)
+    got = _sdk(server).embeddings.create(model="default", input=TEXTS)  # the SDK asks for base64 and decodes it
+    assert [d.index for d in got.data] == list(range(len(TEXTS)))
+    for d, r in zip(got.data, ref):
+        assert len(d.embedding) == 64 and _cos(d.embedding, r) >= 0.9999
+    one = _sdk(server).embeddings.create(model="default", input=TEXTS[1], encoding_format="float")
+    assert _cos(one.data[0].embedding, ref[1]) >= 0.9999
+    ids = st.tokenize([TEXTS[1]])["input_ids"][0].tolist()
+    assert got.usage.prompt_tokens == sum(len(st.tokenize([t])["input_ids"][0]) for t in TEXTS)
+    assert one.usage.prompt_tokens == len(ids)
+
+
+def test_token_arrays_and_base64(last_model):
+    st, server = last_model
+    ids = [st.tokenize([t])["input_ids"][0].tolist() for t in TEXTS[:2]]
+    ref = st.encode(TEXTS[:2], convert_to_tensor=True)
+    for body_input, expect in ((ids[0], ref[:1]), (ids, ref)):
+        out = httpx.post(server.url + "/v1/embeddings", json={"input": body_input, "encoding_format": "float"}).json()
+        assert [_cos(d["embedding"], r) >= 0.9999 for d, r in zip(out["data"], expect)] == [True] * len(expect)
+        assert out["object"] == "list" and out["usage"]["prompt_tokens"] == sum(map(len, ids[:len(expect)]))
+    b64 = httpx.post(server.url + "/v1/embeddings", json={"input": ids, "encoding_format": "base64"}).json()
+    floats = httpx.post(server.url + "/v1/embeddings", json={"input": ids}).json()
+    for b, f in zip(b64["data"], floats["data"]):
+        raw = base64.b64decode(b["embedding"])
+        assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(f["embedding"], abs=1e-7)
+
+
+def test_encode_native_and_prefix_cache(last_model):
+    st, server = last_model
+    ref = st.encode(TEXTS[3], convert_to_tensor=True)
+    first = httpx.post(server.url + "/encode", json={"text": TEXTS[3]}).json()
+    again = httpx.post(server.url + "/encode", json={"text": TEXTS[3]}).json()  # last-token: the prefix is cached
+    assert _cos(first["embedding"], ref) >= 0.9999 and _cos(again["embedding"], ref) >= 0.9999
+    assert again["meta_info"]["cached_tokens"] > 0 and again["meta_info"]["prompt_tokens"] > 0
+    many = httpx.post(server.url + "/encode", json={"text": TEXTS[:2]}).json()
+    assert isinstance(many, list) and len(many) == 2
+    assert _cos(many[1]["embedding"], st.encode(TEXTS[1], convert_to_tensor=True)) >= 0.9999
+
+
+def test_one_call_is_one_prefill_batch(last_model):
+    _, server = last_model
+    assert_idle_and_whole(httpx.Client(base_url=server.url))
+    before = _stats(server)["forward_steps"]
+    # token arrays with no shared page: inputs sharing a page-long uncached prefix (the chat template's system
+    # prompt) would wait one step for the first to cache it (admission's in-batch prefix sharing)
+    ids = [[100 + i, 200 + i, 300 + i, 400 + i] for i in range(8)]
+    out = httpx.post(server.url + "/v1/embeddings", json={"input": ids}).json()
+    assert len(out["data"]) == 8
+    assert _stats(server)["forward_steps"] - before == 1
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": ["ok", ""]}, "input[1]"),
+    ({"input": [[]]}, "input"),
+    ({"input": list(range(5, 700))}, None),  # longer than the 512-token context
+    ({"input": [10**9]}, "input"),  # not a token id
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "dimensions": 16}, "dimensions"),  # not a Matryoshka model
+    ({"input": "x", "truncate": True}, "truncate"),
+    ({"input": [1, "a"]}, "input"),
+])
+def test_bad_embedding_input_is_400(last_model, body, param):
+    _, server = last_model
+    r = httpx.post(server.url + "/v1/embeddings", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+def test_sdk_error_and_generation_refused(last_model):
+    _, server = last_model
+    with pytest.raises(openai.BadRequestError) as e:
+        _sdk(server).embeddings.create(model="default", input="x", dimensions=8)
+    assert "Matryoshka" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        _sdk(server).embeddings.create(model="another-model", input="x")
+    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400 and "--is-embedding" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is False
+    assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200  # a pooling request there
+    assert_idle_and_whole(httpx.Client(base_url=server.url))
+
+
+def test_engine_encode_in_process(servers):
+    from radixlang_runtime.entrypoints.engine import Engine
+
+    st, _ = servers["last"]
+    ref = st.encode(TEXTS[:2], convert_to_tensor=True)
+    with Engine(model_path=servers["last_dir"], is_embedding=True, dtype="float32", max_total_tokens=1024,
+                debug_check_integrity=True) as eng:
+        many = eng.encode(TEXTS[:2])
+        assert [_cos(m["embedding"], r) >= 0.9999 for m, r in zip(many, ref)] == [True, True]
+        one = eng.encode(input_ids=st.tokenize([TEXTS[0]])["input_ids"][0].tolist())
+        assert _cos(one["embedding"], ref[0]) >= 0.9999 and one["meta_info"]["prompt_tokens"] > 0
+        with pytest.raises(ValueError, match="--is-embedding"):
+            eng.generate("hi", {"max_new_tokens": 2})
+        eng.check_integrity()
+
+
+# ------------------------------------------------------------------ mean pooling over chunks, Matryoshka
+def test_mean_pooling_over_chunks_equals_sentence_transformers(mean_model):
+    st, server = mean_model
+    long_text = " ".join(f"word{i}" for i in range(60))  # > 32 tokens: several prefill chunks
+    texts = [long_text, *TEXTS]
+    assert len(st.tokenize([long_text])["input_ids"][0]) > 64
+    ref = st.encode(texts, convert_to_tensor=True)
+    for _ in range(2):  # the second time the prompt is cached: mean still computes every position
+        got = _sdk(server).embeddings.create(model="default", input=texts)
+        assert [_cos(d.embedding, r) >= 0.9999 for d, r in zip(got.data, ref)] == [True] * len(texts)
+
+
+def test_matryoshka_dimensions(mean_model):
+    import torch
+
+    st, server = mean_model
+    ref = torch.nn.functional.normalize(st.encode(TEXTS[1], convert_to_tensor=True)[:16], dim=0)
+    out = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "dimensions": 16}).json()
+    vec = out["data"][0]["embedding"]
+    assert len(vec) == 16 and _cos(vec, ref) >= 0.9999 and sum(x * x for x in vec) == pytest.approx(1.0)
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": "x", "dimensions": 65})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+
+
+def test_embedding_server_scores_by_cosine(mean_model):
+    st, server = mean_model
+    docs = TEXTS[1:]
+    q, d = st.encode([TEXTS[0]], convert_to_tensor=True)[0], st.encode(docs, convert_to_tensor=True)
+    cos = [_cos(q, x) for x in d]
+    out = httpx.post(server.url + "/v1/rerank", json={"query": TEXTS[0], "documents": docs, "top_n": 2}).json()
+    best = sorted(range(len(docs)), key=lambda i: -cos[i])[:2]
+    assert [r["index"] for r in out["results"]] == best
+    assert [r["relevance_score"] for r in out["results"]] == pytest.approx([cos[i] for i in best], abs=1e-4)
+    score = httpx.post(server.url + "/v1/score", json={"text_1": TEXTS[0], "text_2": docs}).json()
+    assert [s["score"] for s in score["data"]] == pytest.approx(cos, abs=1e-4)
+    assert_idle_and_whole(httpx.Client(base_url=server.url))
+
+
+# ------------------------------------------------------------------ decoder reranker on a generation server
+def _reference_scores(model, model_dir: str, query: str, docs: list[str]) -> list[float]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.protocol.pooling_input import QWEN3_RERANK_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    no, yes = tok.encode("no", add_special_tokens=False)[0], tok.encode("yes", add_special_tokens=False)[0]
+    instruction = "Given a web search query, retrieve relevant passages that answer the query"
+    out = []
+    for doc in docs:
+        prompt = (QWEN3_RERANK_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query)
+                  .replace("{document}", doc))
+        with torch.no_grad():
+            logits = model(torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])).logits[0, -1]
+        out.append(torch.softmax(logits[[no, yes]], dim=0)[1].item())
+    return out
+
+
+def test_rerank_and_score_equal_transformers_yes_no(reranker):
+    model, model_dir, server = reranker
+    query, docs = "what is the capital of France?", ["Paris is the capital of France.", "Bananas are yellow.", "x",
+                                                     "{document} braces stay text"]
+    ref = _reference_scores(model, model_dir, query, docs)
+    out = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs}).json()
+    order = sorted(range(len(docs)), key=lambda i: -ref[i])
+    assert [r["index"] for r in out["results"]] == order
+    assert [r["relevance_score"] for r in out["results"]] == pytest.approx([ref[i] for i in order], abs=1e-4)
+    assert [r["document"]["text"] for r in out["results"]] == [docs[i] for i in order]
+    short = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 1,
+                                                        "return_documents": False}).json()
+    assert short["results"] == [{"index": order[0], "relevance_score": pytest.approx(ref[order[0]], abs=1e-4)}]
+    score = httpx.post(server.url + "/v1/score", json={"model": "default", "text_1": query, "text_2": docs}).json()
+    assert [s["index"] for s in score["data"]] == [0, 1, 2, 3]
+    assert [s["score"] for s in score["data"]] == pytest.approx(ref, abs=1e-4)
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+    ("/v1/rerank", {"documents": ["a"]}, "query"),
+    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
+    ("/v1/score", {"text_1": "a", "text_2": ["c"], "text_3": "e"}, "text_3"),
+    ("/v1/embeddings", {"input": "x"}, None),
+    ("/encode", {"text": "x"}, None),
+])
+def test_reranker_server_bad_input_is_400(reranker, route, body, param):
+    _, _, server = reranker
+    r = httpx.post(server.url + route, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    if route in ("/v1/embeddings", "/encode"):
+        assert "--is-embedding" in r.json()["error"]["message"]
+
+
+def test_reranker_server_still_generates_and_is_whole(reranker):
+    _, _, server = reranker
+    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 3,
+                                                                                     "ignore_eos": True}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
+    assert_idle_and_whole(httpx.Client(base_url=server.url))

@@ -1,0 +1,167 @@
+"""The /v1/responses pieces that need no server: the bounded store, the body -> chat body mapping, the
+event sequence, and the chain's rendered prefix on the embedded model's chat template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixlang_runtime.protocol.limits import FieldError
+from radixlang_runtime.server.responses_output import ResponseEvents, conversation_turn, output_items
+from radixlang_runtime.server.responses_request import input_messages, parse_responses_body
+from radixlang_runtime.server.responses_store import ResponseNotFound, ResponsesStore
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_store_evicts_oldest_by_entries_and_bytes_and_expires():
+    clock = Clock()
+    store = ResponsesStore(max_entries=3, max_bytes=10_000, ttl_s=60, clock=clock)
+    for i in range(5):
+        assert store.put(f"r{i}", {"id": f"r{i}"}, [{"role": "user", "content": "x"}])
+    assert store.stats()["entries"] == 3
+    with pytest.raises(ResponseNotFound, match="'r1'"):
+        store.get("r1")
+    assert store.get("r4").response == {"id": "r4"}
+    big = "y" * 4000
+    store.put("b1", {"id": "b1"}, [{"role": "user", "content": big}])
+    store.put("b2", {"id": "b2"}, [{"role": "user", "content": big}])
+    store.put("b3", {"id": "b3"}, [{"role": "user", "content": big}])  # 3 x 4 KB > 10 KB: b1 goes
+    assert store.stats()["bytes"] <= 10_000
+    with pytest.raises(ResponseNotFound):
+        store.get("b1")
+    assert store.get("b3").conversation[0]["content"] == big
+    assert not store.put("huge", {"id": "huge"}, [{"role": "user", "content": "z" * 20_000}])  # alone over the cap
+    clock.now = 61.0
+    with pytest.raises(ResponseNotFound):
+        store.get("b3")
+    assert store.stats() == {"entries": 0, "bytes": 0}
+    store.put("d", {"id": "d"}, [])
+    store.delete("d")
+    with pytest.raises(ResponseNotFound):
+        store.delete("d")
+
+
+def test_body_maps_onto_the_chat_body():
+    req = parse_responses_body({
+        "model": "default", "instructions": "Be brief.", "input": "hi", "max_output_tokens": 7, "temperature": 0,
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
+        "tool_choice": {"type": "function", "name": "f"}, "parallel_tool_calls": False,
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}, "verbosity": "low"},
+        "reasoning": {"effort": "none"}, "include": [], "store": False, "metadata": {"k": "v"}})
+    body = req.with_history([{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "ok"}])
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "earlier"},
+                                {"role": "assistant", "content": "ok"}, {"role": "user", "content": "hi"}]
+    assert body["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"},
+                                                              "strict": True}}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert body["max_completion_tokens"] == 7 and body["parallel_tool_calls"] is False
+    assert body["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "s", "schema": {"type": "object"}}}
+    assert req.store is False and req.echo["metadata"] == {"k": "v"}
+
+
+def test_input_items_become_chat_messages():
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+             {"type": "message", "role": "assistant", "id": "m", "status": "completed",
+              "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+             {"type": "reasoning", "id": "rs", "summary": []},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    assert input_messages(items) == [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "Let me look.",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny", "name": "get_weather"}]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "x", "frobnicate": 1}, "frobnicate"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "truncation": "auto"}, "truncation"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "reasoning": {"effort": "none", "summary": "auto"}}, "reasoning.summary"),
+    ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"input": "x", "text": {"verbosity": "loud"}}, "text.verbosity"),
+    ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
+    ({"input": "x", "reasoning": {"context": "all_turns"}}, "reasoning.context"),
+    ({}, "input"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "metadata": {"k": 1}}, "metadata"),
+])
+def test_bad_fields_are_refused_by_name(body, param):
+    with pytest.raises(FieldError) as e:
+        parse_responses_body(body)
+    assert e.value.param == param
+
+
+def _events(chunks: list[bytes]) -> list[dict]:
+    return [json.loads(c[len(b"data: "):]) for c in chunks]
+
+
+def test_event_sequence_for_text_then_a_call():
+    ev = ResponseEvents({"id": "resp_x", "object": "response"})
+    chunks = ev.start() + ev.text("Hel") + ev.text("lo") + ev.chat_delta(
+        {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+    chunks += ev.chat_delta({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":"}}]})
+    chunks += ev.chat_delta({"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]})
+    tail, final = ev.finish({"input_tokens": 1}, "tool_calls")
+    events = _events(chunks + tail)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert events[6]["text"] == "Hello" and events[12]["arguments"] == "{\"a\": 1}"
+    assert [o["type"] for o in final["output"]] == ["message", "function_call"]
+    assert final["output"][1]["call_id"] == "call_1" and final["status"] == "completed"
+    assert conversation_turn(final["output"]) == [{"role": "assistant", "content": "Hello", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}]
+
+
+def test_output_items_of_a_message_with_reasoning_and_calls():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    items = output_items({"role": "assistant", "content": None, "reasoning_content": "think", "tool_calls": [call]})
+    assert [i["type"] for i in items] == ["reasoning", "function_call"]
+    assert items[0]["content"] == [{"type": "reasoning_text", "text": "think"}]
+
+
+def test_a_chain_renders_each_turn_as_a_prefix_of_the_next():
+    """The embedded model's template: turn N's prompt (with its reply) starts turn N+1's prompt, with and
+    without tools, so a previous_response_id chain's history is a radix-cache prefix."""
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import resolve_model_dir
+    from radixlang_runtime.server.chat_render import render_chat
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(None, None))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for with_tools in (None, tools):
+        history: list[dict] = [{"role": "system", "content": "Be brief."}]
+        prev = None
+        for turn in range(4):
+            history.append({"role": "user", "content": f"question {turn}"})
+            text, _ = render_chat(tok, history, None, with_tools)
+            if prev is not None:
+                assert text.startswith(prev)
+            reply = {"role": "assistant", "content": f"answer {turn}"}
+            if with_tools and turn == 1:
+                reply["tool_calls"] = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+            history.append(reply)
+            prev = text + reply["content"]

@@ -1,0 +1,207 @@
+"""tool_choice "required" / a named function in every tool-call format: the constraint is derived from the
+parser's own CallSyntax (server/openai_tools.forced_call_regex), so what it allows is what the parser
+reads. Unit checks of the regex per format, then one real server per format on a tiny random checkpoint
+(any output it writes under the constraint must be a call whose arguments validate)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import pytest
+
+from radixlang_runtime.tool_parsers import get_parser
+from server_utils import ServerProcess
+from tiny_checkpoints import build_tiny
+
+FORMATS = ["hermes", "llama3", "mistral", "pythonic"]  # qwen25 / qwen are hermes' class
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                     "metric": {"type": "boolean"}, "unit": {"enum": ["c", "f", None]}},
+    "required": ["city", "unit"]}}}
+NOW = {"type": "function", "function": {"name": "now"}}
+HOSTILE = {"type": "function", "function": {"name": "odd", "parameters": {  # names a JSON writer must escape
+    "type": "object", "properties": {'a"b': {"type": "integer", "minimum": 0, "maximum": 99},
+                                     "back\\slash": {"type": "boolean"}, "new\nline\t": {"enum": ["x", "y"]},
+                                     "\x01é": {"type": "string", "format": "date"}},
+    "required": ['a"b', "new\nline\t"]}}}
+SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "now": {"type": "object", "properties": {}},
+           "odd": HOSTILE["function"]["parameters"]}
+
+# what each format's model writes for [get_weather(city="Paris", unit=None, metric=True), now()]
+TWO_CALLS = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "metric": true, "unit": null}}\n'
+              '</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>',
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Paris", "metric": true, "unit": null}}; '
+              '{"name": "now", "parameters": {}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "metric": true, "unit": null}}, '
+               '{"name": "now", "arguments": {}}]',
+    "pythonic": '[get_weather(city="Paris", metric=True, unit=None), now()]',
+    "deepseekv3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                  '{"city": "Paris", "metric": true, "unit": null}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>'
+                  'function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseekv31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", '
+                   '"metric": true, "unit": null}<｜tool▁call▁end｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}'
+                   '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+               '{"city": "Paris", "metric": true, "unit": null}<|tool_call_end|><|tool_call_begin|>functions.now:0'
+               '<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>',
+    "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", '
+               '"metric": true, "unit": null}<|call|><|start|>assistant<|channel|>commentary to=functions.now '
+               '<|constrain|>json<|message|>{}<|call|>',
+}
+ONE_CALL = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
+              '</tool_call>',
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2, "unit": "c"}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}]',
+    "pythonic": '[get_weather(city="Oslo", days=2, unit="c")]',
+    "deepseekv3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                  '{"city": "Oslo", "days": 2, "unit": "c"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseekv31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo", "days": 2, '
+                   '"unit": "c"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+               '{"city": "Oslo", "days": 2, "unit": "c"}<|tool_call_end|><|tool_calls_section_end|>',
+    "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo", '
+               '"days": 2, "unit": "c"}<|call|>',
+}
+REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"]  # unit checks only
+
+
+def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
+    from radixlang_runtime.server.openai_tools import check_tools, set_parser
+
+    plan = check_tools({"tools": list(tools), "tool_choice": choice, "parallel_tool_calls": parallel})
+    set_parser(plan, fmt, None)
+    return plan
+
+
+@pytest.mark.parametrize("fmt", REGEX_FORMATS)
+def test_forced_regex_allows_what_the_parser_reads(fmt):
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    two = TWO_CALLS[fmt]
+    many = re.compile(forced_call_regex(_plan(fmt, "required"), False))
+    single = re.compile(forced_call_regex(_plan(fmt, "required", parallel=False), False))
+    named = re.compile(forced_call_regex(_plan(fmt, {"type": "function", "function": {"name": "now"}}), False))
+    assert many.fullmatch(two) and not single.fullmatch(two) and not named.fullmatch(two)
+    calls = get_parser(fmt).parse(two).calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "metric": True, "unit": None}), ("now", {})]
+    assert not many.fullmatch(two.replace("Paris", "Paris is far"))  # maxLength 8
+    assert not many.fullmatch(two.replace("city", "town"))  # only the schema's properties
+    one = ONE_CALL[fmt]
+    assert single.fullmatch(one) and many.fullmatch(one)
+    assert [c.name for c in get_parser(fmt).parse(one).calls] == ["get_weather"]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+def test_a_forced_call_with_hostile_parameter_names_is_a_valid_call(fmt):
+    """Property names with quotes, backslashes and control characters: the forced grammar (every backend)
+    writes JSON the parser reads as a call whose arguments validate."""
+    import numpy as np
+    from test_random_schemas import BACKENDS, sample, small_vocab
+
+    from radixlang_runtime.constrained.grammar import compile_grammar
+    from radixlang_runtime.constrained.spec import GrammarSpec
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    regex = forced_call_regex(_plan(fmt, {"type": "function", "function": {"name": "odd"}}, tools=[HOSTILE]), False)
+    args = {'a"b': 7, "back\\slash": True, "new\nline\t": "x", "\x01é": "2024-02-29"}
+    assert re.fullmatch(regex, ONE_CALL[fmt].replace('"get_weather"', '"odd"').replace(
+        '{"city": "Oslo", "days": 2, "unit": "c"}', json.dumps(args, ensure_ascii=False)))
+    vocab, rng = small_vocab(), np.random.default_rng(5)
+    for backend in BACKENDS:
+        g = compile_grammar(GrammarSpec.from_regex(regex), vocab, backend)
+        for _ in range(5):
+            text = sample(g, vocab, rng).decode("utf-8")
+            calls = get_parser(fmt).parse(text).calls
+            assert [c.name for c in calls] == ["odd"], (backend, text)
+            jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["odd"],
+                                format_checker=jsonschema.FormatChecker())
+
+
+def test_pythonic_refuses_what_it_cannot_write():
+    from radixlang_runtime.protocol.limits import FieldError
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    dashed = {"type": "function", "function": {"name": "get-weather"}}
+    with pytest.raises(FieldError, match="get-weather.*not a Python identifier"):
+        forced_call_regex(_plan("pythonic", "required", tools=[dashed]), False)
+    odd_key = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"first-name": {"type": "string"}}}}}
+    with pytest.raises(FieldError, match="'first-name' is not a Python identifier"):
+        forced_call_regex(_plan("pythonic", "required", tools=[odd_key]), False)
+    # the JSON formats take both
+    assert forced_call_regex(_plan("mistral", "required", tools=[dashed, odd_key]), False)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
+def test_xml_formats_refuse_a_forced_call_by_name(fmt):
+    from radixlang_runtime.protocol.limits import FieldError
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    for choice in ("required", {"type": "function", "function": {"name": "now"}}):
+        with pytest.raises(FieldError, match=f"not supported with the {fmt} tool-call format"):
+            forced_call_regex(_plan(fmt, choice), False)
+    assert _plan(fmt, "auto").forced is None  # auto stays open
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    build_tiny(path, "LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1,
+                                         eos_token_id=2, tie_word_embeddings=True, max_position_embeddings=2048), {})
+    return path
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def server(request, checkpoint):
+    srv = ServerProcess("--model-path", str(checkpoint), "--dtype", "float32", "--max-total-tokens", "4096",
+                        "--tool-call-parser", request.param)
+    srv.fmt = request.param
+    yield srv
+    assert srv.stop() in (0, 143), srv.tail()
+
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.slow  # a server per format (each start ~100 s on a loaded 2-core machine)
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}},
+                                    {"type": "function", "function": {"name": "odd"}}])
+def test_a_forced_call_in_every_format_validates(server, choice):
+    """A random model under the constraint: whatever it writes is a call the parser reads, of an allowed
+    function, with arguments valid against that function's schema; streamed deltas give the same calls."""
+    odd = choice != "required" and choice["function"]["name"] == "odd"
+    if odd and server.fmt == "pythonic":
+        pytest.skip("pythonic calls pass keywords: such names are refused (test_pythonic_refuses_what_it_cannot_write)")
+    body = {"model": "default", "messages": ASK, "tools": [WEATHER, NOW, HOSTILE] if odd else [WEATHER, NOW],
+            "tool_choice": choice,
+            "parallel_tool_calls": False, "temperature": 0, "max_tokens": 200}
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        choice0 = r.json()["choices"][0]
+        assert choice0["finish_reason"] == "tool_calls", (server.fmt, choice0)
+        calls = choice0["message"]["tool_calls"]
+        assert len(calls) == 1, (server.fmt, choice0)
+        for call in calls:
+            name = call["function"]["name"]
+            assert name in (("get_weather", "now") if choice == "required" else (choice["function"]["name"],))
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name],
+                                format_checker=jsonschema.FormatChecker())
+        streamed: dict[int, list[str]] = {}
+        with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    for d in json.loads(line[6:])["choices"][0]["delta"].get("tool_calls") or []:
+                        entry = streamed.setdefault(d["index"], ["", ""])
+                        entry[0] += d["function"].get("name") or ""
+                        entry[1] += d["function"].get("arguments") or ""
+    assert [tuple(streamed[i]) for i in sorted(streamed)] == [(c["function"]["name"], c["function"]["arguments"])
+                                                              for c in calls]
