@@ -176,12 +176,12 @@ class ToolRequest:
 
     def forced_regex(self, parser: str, list_form: bool) -> Optional[str]:
         """The regex a required / named tool_choice constrains the output to (None: "auto")."""
-        from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, set_parser
+        from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, with_parser
 
         plan = check_tools({"tools": self.tools, "tool_choice": self.choice})
         if plan.forced is None:
             return None
-        set_parser(plan, parser, None)
+        plan = with_parser(plan, parser, None)
         return forced_call_regex(plan, list_form)
 
     def read(self, output: str, parser: str) -> tuple[list[ToolCall], str]:

@@ -112,6 +112,10 @@ def stop_shared_servers() -> list[str]:
 
 
 # ---- checks shared by the server tests
+# a scheduler's get_stats, as ServerMetrics reads it (metrics tests render it without a server)
+STATS = dict(num_running_reqs=3, num_waiting_reqs=2, total_slots=100, free_slots=50, evictable_slots=10,
+             prefill_tokens_cached=2, prefill_tokens_computed=6, num_retractions=1, new_token_ratio=0.5)
+
 def stats(client) -> dict:
     return client.get("/server_info").json()["stats"]
 

@@ -1,6 +1,6 @@
 """DecodeRole (torch-free): the decode server's side of a PD transfer, hooked into the Scheduler.
 
-A request (its `bootstrap` = (host, port, room)) never prefills here. It waits in the pre-allocation queue
+A request (its `bootstrap`: host, port, room) never prefills here. It waits in the pre-allocation queue
 (FIFO) until the pool can hold its prompt: then it takes its cached prefix from this server's radix cache
 (locked; those positions are never sent), gets slots for the rest, and registers (PDRegister) with the
 prefill's bootstrap socket. PDKVChunk messages are written into its slots (`port.write_joined`); PDDone
@@ -150,7 +150,7 @@ class DecodeRole:
         rids = set(rids)
         out = [r for r, _ in self.queue if r.rid in rids]
         for r in out:  # never registered: the prefill is told directly
-            self.link.send(tuple(r.bootstrap[:2]), PDCancel(r.bootstrap[2], "aborted on the decode server"))
+            self.link.send(r.bootstrap.peer, PDCancel(r.bootstrap.room, "aborted on the decode server"))
             self._unqueue(r)
         self.queue = deque((r, t) for r, t in self.queue if r.rid not in rids)
         for key, inc in list(self.incoming.items()):
@@ -200,7 +200,7 @@ class DecodeRole:
                 req.finish({"type": "abort", "message": why})
                 req.error, req.error_status = why, 503
                 self.transfers_failed += 1
-                self.link.send(tuple(req.bootstrap[:2]), PDCancel(req.bootstrap[2], why))  # the prefill stops too
+                self.link.send(req.bootstrap.peer, PDCancel(req.bootstrap.room, why))  # the prefill stops too
                 self._unqueue(req)
                 ended.append(req)
             else:
@@ -318,6 +318,6 @@ class DecodeRole:
 
 
 def _key(req: Req) -> Key:
-    host, port, room = req.bootstrap
+    host, port, room = req.bootstrap.host, req.bootstrap.port, req.bootstrap.room
     return (host, port), room
 

@@ -1,6 +1,6 @@
 """PrefillRole (torch-free): the prefill server's side of a PD transfer, hooked into the Scheduler.
 
-A request (its `bootstrap` = (host, port, room)) is prefilled as usual. Decode servers register rooms on
+A request (its `bootstrap`: host, port, room) is prefilled as usual. Decode servers register rooms on
 the bootstrap socket (PDRegister: the decode's cached prefix length, the prompt length); a registration may
 come before or after its request. While chunked prefill runs, each finished chunk's K/V past the decode's
 prefix goes out at once (`on_chunk`); when the first token is sampled the Scheduler hands the request over
@@ -84,7 +84,7 @@ class PrefillRole:
     def add(self, req: Req) -> bool:
         """A new request: True (the scheduler queues it for prefill as usual), or False when its room is in
         flight here (refused with 400, returned ended by the next poll)."""
-        room = req.bootstrap[2]
+        room = req.bootstrap.room
         other = self.rooms.get(room)
         if other is not None and not other.finished:
             why = f"bootstrap_room {room} is already in flight on this prefill server (rooms must be unique)"
@@ -97,14 +97,14 @@ class PrefillRole:
 
     def on_chunk(self, req: Req) -> None:
         """A non-final chunk ran: send the K/V computed so far when the decode has registered."""
-        room = req.bootstrap[2]
+        room = req.bootstrap.room
         reg = self.regs.get(room)
         if reg is not None and self._check_reg(req, reg) is None:
             self._send_kv(req, room, reg, req.kv_len)
 
     def hold(self, req: Req) -> None:
         """The first token is sampled (or max_new_tokens is 0): finish the transfer, then the request."""
-        self.held[req.bootstrap[2]] = _Held(req, self.clock())
+        self.held[req.bootstrap.room] = _Held(req, self.clock())
 
     def poll(self, n_running: int = 0) -> tuple[list[Req], list[Req]]:
         """Messages from decodes, then each held request's next move. Returns (ended requests, [])."""
@@ -192,7 +192,7 @@ class PrefillRole:
 
     def _check_reg(self, req: Req, reg: _Registration) -> Optional[str]:
         if reg.total_len != len(req.input_ids) or not 0 <= reg.prefix_len <= reg.total_len:
-            return (f"the decode server registered room {req.bootstrap[2]} for {reg.total_len} prompt tokens "
+            return (f"the decode server registered room {req.bootstrap.room} for {reg.total_len} prompt tokens "
                     f"(prefix {reg.prefix_len}); this prompt has {len(req.input_ids)}: different bodies?")
         if reg.token_bytes != self.port.record_bytes:
             return (f"KV layouts differ: the decode stores {reg.token_bytes} bytes a token, this prefill "

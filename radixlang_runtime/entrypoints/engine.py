@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Iterator, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
-from radixlang_runtime.protocol.generate_input import parse_generate_input, parse_lora_path, with_lora
+from radixlang_runtime.protocol.generate_input import parse_generate_input, parse_lora_path
 from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.protocol.messages import AbortReq, TokenizedGenerateReq
@@ -221,8 +221,8 @@ class Engine:
         return_logprob, start, top_num = logprob
         lora_id = parse_lora_path(lora_path, self.limits)
         reqs, is_list = parse_generate_input(prompt, input_ids, sampling_params, rid, return_logprob, start,
-                                             top_num, False, self._encode, self.limits)
-        return [r.to_message() for r in with_lora(reqs, lora_id)], is_list
+                                             top_num, False, self._encode, self.limits, lora_id=lora_id)
+        return [r.to_message() for r in reqs], is_list
 
     def _encode(self, text: str) -> list[int]:
         return self._encoder.encode(text)

@@ -14,9 +14,25 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from dataclasses import dataclass
 from typing import Optional
 
 from radixlang_runtime.protocol.limits import FieldError
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Where a PD request's K/V comes from (decode) or goes to (prefill): the prefill's bootstrap socket and
+    the room the router drew for this request (both servers get the same one)."""
+
+    host: str
+    port: int
+    room: int  # in [0, 2**63)
+
+    @property
+    def peer(self) -> tuple[str, int]:
+        """The prefill's bootstrap socket, as the PD link names a peer."""
+        return self.host, self.port
 
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 MAX_SECRET_BYTES = 4096

@@ -19,12 +19,13 @@ Every problem raises ValueError naming it (HTTP 400).
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from radixlang_runtime.protocol.bootstrap_peers import check_host
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap, check_host
 from radixlang_runtime.protocol.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request,
                                                need_bool, need_int, need_str, show)
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
@@ -40,16 +41,6 @@ LogprobOf = Callable[[int, list[int]], Optional[LogprobRequest]]
 
 
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    """Where a PD request's K/V comes from (decode) or goes to (prefill): the prefill's bootstrap socket and
-    the room the router drew for this request (both servers get the same one)."""
-
-    host: str
-    port: int
-    room: int  # in [0, 2**63)
 
 
 def parse_bootstrap(body: dict, mode: str, peers: tuple = ()) -> Optional[Bootstrap]:
@@ -91,21 +82,19 @@ class GenerateRequest:
     def to_message(self) -> TokenizedGenerateReq:
         """The scheduler's message (the one place it is assembled)."""
         lp = self.logprob or LogprobRequest()
-        grammar = self.sampling.grammar.to_wire() if self.sampling.grammar is not None else None
-        pd = self.bootstrap
-        return TokenizedGenerateReq(self.rid, list(self.input_ids), self.sampling.to_wire(), self.stream,
-                                    self.logprob is not None, lp.start, lp.top_num, grammar,
-                                    None if pd is None else [pd.host, pd.port, pd.room],
-                                    None if self.pooling is None else self.pooling.to_wire(), self.lora_id)
+        return TokenizedGenerateReq(self.rid, list(self.input_ids), copy.copy(self.sampling), self.stream,
+                                    self.logprob is not None, lp.start, lp.top_num, self.bootstrap, self.pooling,
+                                    self.lora_id)
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
             limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
-            is_list: bool = False) -> list[GenerateRequest]:
+            is_list: bool = False, lora_id: Union[int, list[int]] = 0) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict, check_request), then n
-    requests with the rid rule above. sampling / rids: one entry per prompt. bootstrap (PD): one prompt given
-    as one (is_list False), n == 1."""
+    requests with the rid rule above, each built whole. sampling / rids: one entry per prompt. bootstrap (PD):
+    one prompt given as one (is_list False), n == 1. lora_id: the adapter of every request, or one per prompt
+    (a list: then each prompt is one request, n = 1)."""
     if bootstrap is not None and (is_list or len(prompts) != 1):
         raise FieldError(ids_name, f"batch input (a list of prompts) is not supported with prefill-decode "
                                    f"disaggregation (disaggregation_mode {limits.disaggregation_mode})")
@@ -125,7 +114,12 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
         lp = logprob_of(i, ids)
         for j in range(sp.n):
             k = len(out)
-            out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap))
+            lid = lora_id if not isinstance(lora_id, list) else lora_id[k] if k < len(lora_id) else 0
+            out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap,
+                                       lora_id=lid))
+    if isinstance(lora_id, list) and len(lora_id) != len(out):
+        raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
+                                      f"{len(lora_id)} names for {len(out)} requests")
     check_unique_rids(out)
     return out
 
@@ -177,7 +171,8 @@ def _prompts(text: Any, input_ids: Any, encode: Encode) -> tuple[list[list[int]]
 def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: Any, return_logprob: Any,
                          logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: Any,
                          encode: Encode, limits: RuntimeLimits, stream: bool = False,
-                         bootstrap: Optional[Bootstrap] = None) -> tuple[list[GenerateRequest], bool]:
+                         bootstrap: Optional[Bootstrap] = None,
+                         lora_id: Union[int, list[int]] = 0) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
     list input or n > 1)."""
     prompts, is_list = _prompts(text, input_ids, encode)
@@ -191,7 +186,8 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         k, top = normalize_logprob_args(len(ids), return_logprob, starts[i], top_logprobs_num)  # types even unused
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
-    out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list)
+    out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list,
+                  lora_id=lora_id)
     return out, is_list or len(out) > 1
 
 
@@ -206,8 +202,9 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tup
     reqs, is_list = parse_generate_input(body.get("text"), body.get("input_ids"), body.get("sampling_params"),
                                          body.get("rid"), body.get("return_logprob", False),
                                          body.get("logprob_start_len"), body.get("top_logprobs_num"),
-                                         body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap)
-    return with_lora(reqs, lora_id), is_list
+                                         body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap,
+                                         lora_id)
+    return reqs, is_list
 
 
 def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[int]]:
@@ -218,24 +215,13 @@ def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[in
     return lora_id_of(lora_path, limits.lora_adapters)
 
 
-def with_lora(reqs: list[GenerateRequest], lora_id: Union[int, list[int]]) -> list[GenerateRequest]:
-    """Every request gets its adapter id; a list gives one per prompt (then each prompt is one request, n = 1)."""
-    ids = lora_id if isinstance(lora_id, list) else [lora_id] * len(reqs)
-    if len(ids) != len(reqs):
-        raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
-                                      f"{len(ids)} names for {len(reqs)} requests")
-    for r, i in zip(reqs, ids):
-        r.lora_id = i
-    return reqs
-
-
 def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,
                     limits: RuntimeLimits, base_rid: str, stream: bool,
-                    bootstrap: Optional[Bootstrap] = None) -> list[GenerateRequest]:
+                    bootstrap: Optional[Bootstrap] = None, lora_id: int = 0) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests."""
     if len(prompts) * n > MAX_BATCH:
         raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
     sp = {**sampling, "n": n}
     return fan_out(prompts, [sp] * len(prompts), [None] * len(prompts), logprob_of, limits, stream, "prompt",
-                   base_rid, bootstrap, is_list=len(prompts) > 1)
+                   base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id)

@@ -17,24 +17,40 @@ data, not code.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import msgpack
+
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
+
+
+def _record(cls: Union[type, str], many: bool = False, **kw: Any) -> Any:
+    """A field holding a nested record (or a list of them, many=True): encoded as its field values, rebuilt as
+    `cls` on decode (no type name travels: the field says what it holds). A record class with its own
+    `to_wire()` / `from_wire(values)` (SamplingParams, PoolSpec) is written and read by them. `cls` may be
+    "module:Class", imported on first use (the DSL imports this module and never sends such a message)."""
+    return field(metadata={"record": cls, "many": many}, **kw)
 
 
 @dataclass
 class TokenizedGenerateReq:
+    """One runtime request, validated by its sender (generate_input.py): the scheduler takes it as it is."""
+
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # SamplingParams.to_wire(), validated by the sender; from_wire on arrival
+    # SamplingParams with its grammar spec (GrammarSpec, built at intake; None: unconstrained)
+    sampling_params: Any = _record("radixlang_runtime.protocol.sampling_params:SamplingParams")
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = 0  # validated: < len(input_ids)
     top_logprobs_num: int = 0
-    grammar: Optional[list] = None  # GrammarSpec.to_wire() built at intake (None: unconstrained)
-    bootstrap: Optional[list] = None  # PD (disaggregation_mode prefill / decode): [host, port, room]
-    pooling: Optional[list] = None  # pooling.PoolSpec.to_wire(): a prefill-only request returning a pooled vector
+    # PD (disaggregation_mode prefill / decode): where the K/V comes from / goes to
+    bootstrap: Optional[Bootstrap] = _record(Bootstrap, default=None)
+    # a prefill-only request returning a pooled vector (pooling.PoolSpec)
+    pooling: Any = _record("radixlang_runtime.pooling:PoolSpec", default=None)
     lora_id: int = 0  # the LoRA adapter it runs (lora_spec.py; 0: the base model)
 
 
@@ -180,12 +196,6 @@ class ReqProgress:
     output_logprobs: Optional[list[float]] = None
     output_top_logprobs: Optional[list] = None
     embedding: Optional[list[float]] = None  # a pooling request's result, in its final record (pooling.py)
-
-
-def _record(cls: type, many: bool = False, **kw: Any) -> Any:
-    """A field holding a nested record (or a list of them, many=True): encoded as its field values,
-    rebuilt as `cls` on decode (no type name travels: the field says what it holds)."""
-    return field(metadata={"record": cls, "many": many}, **kw)
 
 
 @dataclass
@@ -335,11 +345,28 @@ MESSAGES = (TokenizedGenerateReq, TokenizedBatchReq, AbortReq, FlushCacheReq, Fl
             SchedulerHeartbeat, LoadLoraReq, LoadLoraOut, UnloadLoraReq, UnloadLoraOut, *PD_MESSAGES)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/dsl/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
-RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut)  # nested inside messages, never sent alone
+RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut, Bootstrap)  # nested inside messages, never sent alone
 # per class: (field name, record class or None, whether a list of them) in declaration order
 _SPECS: dict[type, list[tuple[str, Optional[type], bool]]] = {
     cls: [(f.name, f.metadata.get("record"), f.metadata.get("many", False)) for f in dataclasses.fields(cls)]
     for cls in MESSAGES + FRONTEND_MESSAGES + RECORDS}
+
+
+@functools.cache
+def _record_class(rec: Union[type, str]) -> type:
+    if isinstance(rec, str):
+        module, _, name = rec.partition(":")
+        return getattr(importlib.import_module(module), name)
+    return rec
+
+
+def _encode_record(obj: Any) -> Any:
+    return obj.to_wire() if hasattr(type(obj), "from_wire") else _values(obj)
+
+
+def _decode_record(rec: Union[type, str], values: Any) -> Any:
+    cls = _record_class(rec)
+    return cls.from_wire(values) if hasattr(cls, "from_wire") else _build(cls, values)
 
 
 def _values(obj: Any) -> list:
@@ -347,7 +374,7 @@ def _values(obj: Any) -> list:
     for name, rec, many in _SPECS[type(obj)]:
         v = getattr(obj, name)
         if rec is not None and v is not None:
-            v = [_values(r) for r in v] if many else _values(v)
+            v = [_encode_record(r) for r in v] if many else _encode_record(v)
         out.append(v)
     return out
 
@@ -361,9 +388,26 @@ def _build(cls: type, values: Any) -> Any:
         if rec is not None and v is not None:
             if many and not isinstance(v, list):
                 raise ValueError(f"malformed {cls.__name__}")
-            v = [_build(rec, r) for r in v] if many else _build(rec, v)
+            try:
+                v = [_decode_record(rec, r) for r in v] if many else _decode_record(rec, v)
+            except (TypeError, KeyError, IndexError) as e:
+                raise ValueError(f"malformed {cls.__name__}: {type(e).__name__}: {e}") from None
         args.append(v)
     return cls(*args)
+
+
+def rids_of(data: bytes) -> list[str]:
+    """The request id(s) a message that did not decode was about, where its envelope still reads (a
+    TokenizedGenerateReq's first field): the receiver fails them rather than losing them. [] otherwise."""
+    try:
+        name, values = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if name == "TokenizedGenerateReq" and isinstance(values[0], str):
+            return [values[0]]
+        if name == "TokenizedBatchReq":
+            return [r[0] for r in values[0] if isinstance(r, list) and r and isinstance(r[0], str)]
+    except Exception:  # noqa: BLE001 - not even the envelope: nothing to answer
+        pass
+    return []
 
 
 def encode(msg: Any) -> bytes:
@@ -381,5 +425,5 @@ def decode(data: bytes) -> Any:
     return _build(cls, values)
 
 
-__all__ = [c.__name__ for c in MESSAGES + FRONTEND_MESSAGES + RECORDS] + ["encode", "decode", "MESSAGES",
+__all__ = [c.__name__ for c in MESSAGES + FRONTEND_MESSAGES + RECORDS] + ["encode", "decode", "rids_of", "MESSAGES",
                                                                         "FRONTEND_MESSAGES", "RECORDS"]

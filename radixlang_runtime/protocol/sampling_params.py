@@ -64,14 +64,18 @@ class SamplingParams:
         return sp
 
     def to_wire(self) -> dict[str, Any]:
-        """The fields the scheduler needs, as a plain dict for a TokenizedGenerateReq (n is expanded
-        into n requests by the sender; the grammar travels as its own field)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_WIRE_FIELDS}
+        """The fields the scheduler needs, as a plain dict inside a TokenizedGenerateReq (n is expanded into n
+        requests by the sender), the grammar spec as GrammarSpec.to_wire (built once, at intake)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_WIRE_FIELDS}
+        d["grammar"] = self.grammar.to_wire() if self.grammar is not None else None
+        return d
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any], grammar: Optional[list] = None) -> "SamplingParams":
-        """Trusted decode on the scheduler's side of to_wire (+ GrammarSpec.to_wire): the sender validated
-        every field (from_dict), so nothing is checked or compiled again. An unknown field is a TypeError."""
+    def from_wire(cls, d: dict[str, Any]) -> "SamplingParams":
+        """Trusted decode on the scheduler's side of to_wire: the sender validated every field (from_dict), so
+        nothing is checked or compiled again. An unknown field is a TypeError."""
+        d = dict(d)
+        grammar = d.pop("grammar", None)
         sp = cls(**d)
         if grammar is not None:
             from radixlang_runtime.constrained.spec import GrammarSpec

@@ -30,8 +30,7 @@ from radixlang_runtime.protocol.messages import (AbortReq, BatchTokenIDOut, Flus
                                         PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
                                         TokenizedBatchReq, TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq,
                                         LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq)
-from radixlang_runtime.pooling import PooledSum, PoolSpec
-from radixlang_runtime.protocol.sampling_params import SamplingParams
+from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
 
@@ -123,21 +122,15 @@ class RequestLoop:
             for req in msg.reqs:
                 self.handle(req)
         elif isinstance(msg, TokenizedGenerateReq):
-            try:  # trusted decode: the intake (generate_input.py) validated it and built its grammar spec
-                sp = SamplingParams.from_wire(msg.sampling_params, msg.grammar)
-            except (TypeError, ValueError) as e:  # a malformed message: this request fails, never the loop
-                self.io.send_error([msg.rid], str(e), 400)
-                return
             lora = getattr(self.scheduler.runner, "lora", None)
             if msg.lora_id and (lora is None or msg.lora_id not in lora.adapters):  # unloaded meanwhile
                 self.io.send_error([msg.rid], f"LoRA adapter id {msg.lora_id} is not loaded (unloaded)", 400)
                 return
             self.sent[msg.rid] = _Sent(stream=msg.stream)
             self.scheduler.add_request(Req(
-                rid=msg.rid, input_ids=msg.input_ids, sampling=sp, return_logprob=msg.return_logprob,
+                rid=msg.rid, input_ids=msg.input_ids, sampling=msg.sampling_params, return_logprob=msg.return_logprob,
                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
-                bootstrap=tuple(msg.bootstrap) if msg.bootstrap else None,
-                pooled=PooledSum(PoolSpec.from_wire(msg.pooling)) if msg.pooling else None, lora_id=msg.lora_id))
+                bootstrap=msg.bootstrap, pooled=PooledSum(msg.pooling) if msg.pooling else None, lora_id=msg.lora_id))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from radixlang_runtime.pooling import PooledSum
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
 from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 
@@ -65,7 +66,7 @@ class Req:
     error_status: int = 500  # 400: the request's own fault (its grammar), 500: internal
     stop_from_end: int = 0  # a stop string ended it: where that occurrence starts, in chars from the text's end
     num_retractions: int = 0
-    bootstrap: Optional[tuple] = None  # PD: (prefill host, bootstrap port, room) from the router's fields
+    bootstrap: Optional[Bootstrap] = None  # PD: the prefill's socket and the room, from the router's fields
     lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)

@@ -28,10 +28,10 @@ from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.server.anthropic_errors import anthropic_error
 from radixlang_runtime.server.anthropic_records import MessagesRequest, parse_messages_request
 from radixlang_runtime.server.http_common import ServerState, read_json, stream_response
-from radixlang_runtime.server.openai_api import (MODEL_ALIASES, ModelNotFound, _chat_intake, _finish, _until_stop,
-                                                chat_prompt_ids)
+from radixlang_runtime.server.openai_intake import chat_intake, chat_prompt_ids, finish_reason, until_stop
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, split_whole
-from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
+from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound, parse_chat
+from radixlang_runtime.server.openai_tools import ToolPlan
 
 router = APIRouter()
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
@@ -50,8 +50,9 @@ async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = _request(state, await read_json(request))
     mid = f"msg_{uuid.uuid4().hex}"
-    choices, _, _, plan, think = await state.tm.run_intake(_chat_intake, state, req.chat_body(), mid,
-                                                           size=len(await request.body()))
+    intake = await state.tm.run_intake(chat_intake, state, parse_chat(state, req.chat_body()), mid,
+                                       size=len(await request.body()))
+    choices, plan, think = intake.choices, intake.tools, intake.think
     if req.stream:
         gen = choices.streams()[0]  # admitted now: a refused request is a plain 503, before any header
         events = message_events(gen, mid, state.served_model_name, plan, think, req.stop_sequences)
@@ -60,10 +61,10 @@ async def messages(request: Request) -> Response:
         out = (await choices.finals())[0]
         reasoning, content, cut = "", out["text"], False
     else:
-        out = await _until_stop(choices.streams()[0], think)
+        out = await until_stop(choices.streams()[0], think)
         split, cut = split_whole(think, out["text"])
         reasoning, content = split.reasoning, split.content
-    finish = "stop" if cut else _finish(out["meta_info"]["finish_reason"])
+    finish = "stop" if cut else finish_reason(out["meta_info"]["finish_reason"])
     message, finish = plan.message(content, finish)
     blocks: list[dict] = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
     if message.get("content"):
@@ -86,8 +87,8 @@ async def count_tokens(request: Request) -> Response:
 
 def _count(state: ServerState, req: MessagesRequest) -> int:
     """The prompt /v1/messages renders for this request, in tokens (on an intake thread)."""
-    body = req.chat_body()
-    ids, _ = chat_prompt_ids(state, body, check_tools(body))
+    chat = parse_chat(state, req.chat_body())
+    ids, _ = chat_prompt_ids(state, chat, chat.tools)
     return len(ids)
 
 
@@ -177,7 +178,7 @@ async def message_events(gen: AsyncIterator[dict], mid: str, model: str, plan: T
                 yield event("ping", {})
             last, delta = out, out["text"]
             text += delta
-            finish = _finish(meta["finish_reason"])
+            finish = finish_reason(meta["finish_reason"])
             if rs is not None:
                 split = rs.feed(delta, finish is not None)
                 cut = rs.stopped

@@ -33,7 +33,7 @@ from radixlang_runtime.server.http_common import (METRICS_ROUTE, OPEN_ROUTES, Bo
                                                   chat_template_text, error_response)
 from radixlang_runtime.server.lora_api import router as lora_router
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
-from radixlang_runtime.server.openai_api import ModelNotFound
+from radixlang_runtime.server.openai_records import ModelNotFound
 from radixlang_runtime.server.openai_api import router as openai_router
 from radixlang_runtime.server.responses_api import router as responses_router
 from radixlang_runtime.server.tokenize_api import router as tokenize_router

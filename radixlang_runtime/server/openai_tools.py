@@ -19,6 +19,8 @@ name, then its arguments in pieces (tool_parsers.base states when a stream and a
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 from dataclasses import dataclass, field
@@ -112,7 +114,7 @@ def _check_tool(t: Any, i: int) -> dict:
 
 
 def check_tools(body: dict) -> ToolPlan:
-    """The request's tools part -> its ToolPlan, its parser still unset (set_parser, once the template
+    """The request's tools part -> its ToolPlan, its parser still unset (with_parser, once the template
     the request renders with is known)."""
     tools = body.get("tools")
     if tools is None:
@@ -152,15 +154,16 @@ def _forced_choice(choice: Any, names: list[str]) -> Optional[str]:
     return fn["name"]
 
 
-def set_parser(plan: ToolPlan, parser_name: Optional[str], template: Optional[str]) -> None:
-    """plan.parser: --tool-call-parser, else what the template's markup implies (a plan with tools only)."""
+def with_parser(plan: ToolPlan, parser_name: Optional[str], template: Optional[str]) -> ToolPlan:
+    """The plan with its parser: --tool-call-parser, else what the template's markup implies (a plan with tools
+    only; one without is returned as it is)."""
     if not plan.tools:
-        return
+        return plan
     name = parser_name or detect_parser(template)
     if name is None:
         raise FieldError("tools", "tools need a tool-call parser: none could be told from the chat template; start the "
                                   "server with --tool-call-parser (" + ", ".join(sorted(PARSERS)) + ")")
-    plan.parser = get_parser(name)
+    return dataclasses.replace(plan, parser=get_parser(name))
 
 
 MAX_FORCED_SCHEMA_CHARS = 8192  # a forced call's parameters schema (canonical JSON), per function

@@ -28,7 +28,7 @@ from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, Pai
                                              parse_embeddings_body, parse_encode_body, parse_rerank_body,
                                              parse_score_body)
 from radixlang_runtime.server.http_common import ServerState, final_result, read_json
-from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound
+from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound
 
 router = APIRouter()
 

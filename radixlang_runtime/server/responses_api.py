@@ -1,7 +1,7 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
 A request (responses_request.py) runs as the chat completion it maps to: the chat path's intake
-(openai_api._chat_intake: template, tools and tool_choice by grammar, reasoning split, sampling), its
+(openai_intake.chat_intake: template, tools and tool_choice by grammar, reasoning split, sampling), its
 finals / reasoning cut, its usage. `previous_response_id` prepends the stored conversation of that
 response (responses_store.py), rendered first so the chain's earlier turns are a cached prefix. The
 reply is a response object or, with `stream: true`, its typed events (responses_output.py). Errors
@@ -18,8 +18,9 @@ from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.server.http_common import (ServerState, error_response, guard_stream, read_json,
                                                   stream_response)
-from radixlang_runtime.server.openai_api import (_chat_intake, _Choices, _finish, _sum_usage, _think_message,
-                                                 _until_stop, check_openai_body)
+from radixlang_runtime.server.openai_intake import (Choices, chat_intake, finish_reason, sum_usage, think_message,
+                                                    until_stop)
+from radixlang_runtime.server.openai_records import parse_chat
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan
 from radixlang_runtime.server.openai_tools import ToolPlan
 from radixlang_runtime.server.responses_output import (ResponseEvents, conversation_turn, new_id, output_items,
@@ -57,22 +58,22 @@ async def create_response(request: Request) -> Response:
             history = store.get(req.previous_response_id, "previous_response_id").conversation
         except ResponseNotFound as e:
             return _not_found(e)
-    chat_body = check_openai_body(state, req.with_history(history), "/v1/chat/completions")
+    chat = parse_chat(state, req.with_history(history))
     rid = new_id("resp")
-    choices, _lp, _top, plan, think = await state.tm.run_intake(_chat_intake, state, chat_body, rid,
-                                                                size=len(await request.body()))
+    intake = await state.tm.run_intake(chat_intake, state, chat, rid, size=len(await request.body()))
+    choices, plan, think = intake.choices, intake.tools, intake.think
     skeleton = response_object(rid, int(time.time()), state.served_model_name, req.echo, "in_progress", [], None)
     keep = _Keeper(store, req, history)
     if req.stream:
         return stream_response(guard_stream(_stream(choices, plan, think, skeleton, keep)))
     if think is None:
         outs = await choices.finals()
-        message, finish = plan.message(outs[0]["text"], _finish(outs[0]["meta_info"]["finish_reason"]))
+        message, finish = plan.message(outs[0]["text"], finish_reason(outs[0]["meta_info"]["finish_reason"]))
     else:
-        outs = [await _until_stop(choices.streams()[0], think)]
-        message, finish = _think_message(plan, think, outs[0])
+        outs = [await until_stop(choices.streams()[0], think)]
+        message, finish = think_message(plan, think, outs[0])
     status, incomplete = status_of(finish)
-    usage = response_usage(_sum_usage(outs, 1, think, state.tm.tokenizer.decode))
+    usage = response_usage(sum_usage(outs, 1, think, state.tm.tokenizer.decode))
     final = response_object(rid, skeleton["created_at"], skeleton["model"], req.echo, status, output_items(message),
                             usage, incomplete)
     keep(final)
@@ -90,7 +91,7 @@ class _Keeper:
             self.store.put(final["id"], final, self.history + self.req.messages + conversation_turn(final["output"]))
 
 
-async def _stream(choices: _Choices, plan: ToolPlan, think: Optional[ReasoningPlan], skeleton: dict,
+async def _stream(choices: Choices, plan: ToolPlan, think: Optional[ReasoningPlan], skeleton: dict,
                   keep: _Keeper) -> AsyncIterator[bytes]:
     """The one choice's snapshots through the reasoning split and the tool-call parser (as the chat stream),
     as Responses events."""
@@ -105,7 +106,7 @@ async def _stream(choices: _Choices, plan: ToolPlan, think: Optional[ReasoningPl
     try:
         async for out in gen:
             ids += out["output_ids"]
-            fin = _finish(out["meta_info"]["finish_reason"])
+            fin = finish_reason(out["meta_info"]["finish_reason"])
             delta = out["text"]
             chunks: list[bytes] = []
             if rs is not None:
@@ -130,7 +131,7 @@ async def _stream(choices: _Choices, plan: ToolPlan, think: Optional[ReasoningPl
         await gen.aclose()  # aborts the request when it has not finished (a stop string, the client gone)
     if last is None:
         raise RuntimeError("the request ended without a result")
-    usage = response_usage(_sum_usage([last], 1, think, choices.tm.tokenizer.decode))
+    usage = response_usage(sum_usage([last], 1, think, choices.tm.tokenizer.decode))
     tail, final = events.finish(usage, fin)
     keep(final)
     for c in tail:

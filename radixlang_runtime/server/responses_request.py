@@ -4,7 +4,7 @@ ResponsesRequest holds what the route needs: the chat body (messages, tools in c
 response_format, max_completion_tokens, temperature, top_p, parallel_tool_calls), the input items as chat
 messages (kept for a `previous_response_id` chain), and the fields the response object echoes. So the
 chat path's mechanisms run unchanged: chat_render (the template), openai_tools (tool_choice by grammar,
-the tool-call parser), openai_reasoning, sampling_from_openai.
+the tool-call parser), openai_reasoning, openai_records (one parse, as a chat body's).
 Each field is honoured, a documented no-op (openai_hints.py, RESPONSES_FIELDS' comments) or refused by
 name (400 naming it) unless null / at the value that leaves it off (_OFF_VALUES).
 """

@@ -21,7 +21,7 @@ import zmq
 
 from radixlang_runtime.utils.child_process import bind_to_parent
 from radixlang_runtime.utils.faults import FatalFault
-from radixlang_runtime.protocol.messages import BatchTokenIDOut, ErrorOut, SchedulerHeartbeat, decode, encode
+from radixlang_runtime.protocol.messages import BatchTokenIDOut, ErrorOut, SchedulerHeartbeat, decode, encode, rids_of
 from radixlang_runtime.scheduler.loop import RequestLoop
 from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server.lifecycle import HEARTBEAT_S
@@ -62,8 +62,10 @@ class ZmqIO:
                 return msgs
             try:
                 msgs.append(decode(data))
-            except Exception:  # noqa: BLE001 - a malformed message is dropped, never fatal
+            except Exception as e:  # noqa: BLE001 - a malformed message is dropped, never fatal
                 logger.exception("scheduler: undecodable message dropped")
+                if rids := rids_of(data):  # its requests fail (400) rather than wait for nothing
+                    self.send_error(rids, f"malformed request message: {e}", 400)
 
     def send_tokens(self, out: BatchTokenIDOut) -> None:
         self.to_detok.send(encode(out))

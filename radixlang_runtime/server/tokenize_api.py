@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from radixlang_runtime.protocol.limits import MAX_BATCH, FieldError, need_bool, need_int_list, need_str, show
 from radixlang_runtime.server.chat_render import render_chat, template_kwargs
 from radixlang_runtime.server.http_common import BadRequest, ServerState, read_json
-from radixlang_runtime.server.openai_api import MODEL_ALIASES, ModelNotFound
+from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound
 
 _TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                     "chat_template_kwargs", "reasoning_effort", "return_token_strs"}

@@ -90,7 +90,7 @@ class CallSyntax:
     server/openai_tools.forced_call_regex): the output is
         open + call + (sep + call)* + close,   a call = call_open + NAME + name_close + ARGS + call_close,
     ARGS: "json" (a JSON object) or "python" (keyword arguments `k=v, ...`, Python literals). Every layout
-    written this way is one the format's parse_group reads (tests/tools/test_forced_calls.py)."""
+    written this way is one the format's parse_group reads (tests/constrained/test_forced_calls.py)."""
     open: str
     sep: str
     close: str

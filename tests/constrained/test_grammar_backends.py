@@ -266,9 +266,9 @@ def test_compile_child_compiles_refuses_bombs_and_names_bad_ebnf(backend):
 
 
 def test_openai_response_format_structural_tag_maps_to_the_sampling_field():
-    from radixlang_runtime.server.openai_api import sampling_from_openai
+    from radixlang_runtime.server.openai_records import sampling_fields
 
-    sp = sampling_from_openai({"response_format": dict(TAG, type="structural_tag")}, None, 100)
+    sp, _ = sampling_fields({"response_format": dict(TAG, type="structural_tag")})
     assert json.loads(sp["structural_tag"]) == json.loads(GrammarSpec.from_structural_tag(TAG).source)
     assert json.loads(sp["structural_tag"])["triggers"] == ["<function="]
 

@@ -13,6 +13,7 @@ import pytest
 from fakes import expected_output
 from radixlang_runtime.disagg.decode import DecodeRole
 from radixlang_runtime.disagg.prefill import PrefillRole
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
 from radixlang_runtime.protocol.messages import PDKVChunk, decode, encode
 from scheduler_utils import assert_whole, make, req
 
@@ -86,7 +87,7 @@ def pair(decode_slots=4096, page_size=4, chunk=16, timeout=30.0, step_bytes=None
 
 def pd_req(rid, n_prompt, max_new, room, seed=0, **sp):
     r = req(rid, n_prompt, max_new, seed, **sp)
-    r.bootstrap = (*HOST, room)
+    r.bootstrap = Bootstrap(*HOST, room)
     return r
 
 

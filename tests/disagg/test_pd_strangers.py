@@ -289,7 +289,7 @@ def test_pd_dropped_messages_on_metrics():
     from prometheus_client.parser import text_string_to_metric_families
 
     from radixlang_runtime.server.metrics import ServerMetrics
-    from test_metrics_names import STATS
+    from server_utils import STATS
 
     stats = {**STATS, "disaggregation": {"dropped_by_reason": {"secret": 3, "unmatched": 2}}}
     text = ServerMetrics("m").render(stats).decode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from radixlang_runtime.protocol import messages as m
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
 from radixlang_runtime.protocol.generate_input import (GenerateRequest, fan_out, openai_requests, parse_bootstrap,
                                               parse_generate_body, parse_generate_input)
 from radixlang_runtime.protocol.limits import MAX_BATCH, RuntimeLimits
@@ -92,7 +93,8 @@ def test_the_scheduler_message_round_trips_trusted(sp, monkeypatch):
     monkeypatch.setattr(spec_mod, "spec_from_sampling", no_checks)
     monkeypatch.setattr(spec_mod, "canonical_schema", no_checks)
     monkeypatch.setattr(spec_mod, "check_regex", no_checks)
-    got = SamplingParams.from_wire(msg.sampling_params, msg.grammar)
+    got = m.decode(m.encode(msg)).sampling_params  # what the scheduler receives: decoded without checks
+    assert type(got) is SamplingParams
     assert got == req.sampling  # every request field, logit_bias keys as ints
     assert got.logit_bias == req.sampling.logit_bias
     assert got.grammar == req.sampling.grammar and (got.grammar is None) == (not req.sampling.constrained)
@@ -134,10 +136,10 @@ def test_pd_bootstrap_fields_ride_on_the_message():
     lim = RuntimeLimits(context_len=256, vocab_size=100, num_slots=4096, disaggregation_mode="decode")
     reqs, _ = parse_generate_body({"input_ids": [1, 2], **PD}, encode, lim)
     msg = m.decode(m.encode(reqs[0].to_message()))
-    assert msg.bootstrap == ["10.0.0.2", 8998, 2**63 - 1]
+    assert msg.bootstrap == Bootstrap("10.0.0.2", 8998, 2**63 - 1)
     oai = openai_requests([[1, 2]], {"max_new_tokens": 2}, 1, lambda i, ids: None, lim, "cmpl-x", False,
                           parse_bootstrap(PD, "decode"))
-    assert oai[0].to_message().bootstrap == ["10.0.0.2", 8998, 2**63 - 1]
+    assert m.decode(m.encode(oai[0].to_message())).bootstrap == Bootstrap("10.0.0.2", 8998, 2**63 - 1)
 
 
 @pytest.mark.parametrize("mode,body,field,needle", [

@@ -7,17 +7,22 @@ import dataclasses
 import msgpack
 import pytest
 
+from radixlang_runtime.pooling import PoolSpec
 from radixlang_runtime.protocol import messages as m
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
+from radixlang_runtime.protocol.sampling_params import SamplingParams
 
 SAMPLES = {
-    m.TokenizedGenerateReq: dict(rid="r1", input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "stop": ["\n"],
-                                                                                 "temperature": 0.5}, stream=True,
-                                    bootstrap=["127.0.0.1", 8998, 12345], lora_id=2),
+    m.TokenizedGenerateReq: dict(rid="r1", input_ids=[1, 2, 3], stream=True, lora_id=2,
+                                 sampling_params=SamplingParams.from_dict({"max_new_tokens": 4, "stop": ["\n"],
+                                                                           "temperature": 0.5, "regex": "[0-9]+",
+                                                                           "logit_bias": {"7": -1.5}}),
+                                 bootstrap=Bootstrap("127.0.0.1", 8998, 12345)),
     m.TokenizedBatchReq: dict(reqs=[
-        m.TokenizedGenerateReq(rid="e0", input_ids=[5, 6], sampling_params={"max_new_tokens": 0},
-                               pooling=["mean", []]),
-        m.TokenizedGenerateReq(rid="e1", input_ids=[7], sampling_params={"max_new_tokens": 0},
-                               pooling=["token_logits", [3, 4]])]),
+        m.TokenizedGenerateReq(rid="e0", input_ids=[5, 6], sampling_params=SamplingParams(max_new_tokens=0),
+                               pooling=PoolSpec("mean")),
+        m.TokenizedGenerateReq(rid="e1", input_ids=[7], sampling_params=SamplingParams(max_new_tokens=0),
+                               pooling=PoolSpec("token_logits", (3, 4)))]),
     m.AbortReq: dict(rid="r1"),
     m.FlushCacheReq: dict(req_id="f"),
     m.FlushCacheOut: dict(req_id="f", success=False),
@@ -96,6 +101,30 @@ def test_records_alone_and_malformed_records_are_refused():
         m.decode(msgpack.packb(["BatchTokenIDOut", [{"rid": "a"}]]))
     with pytest.raises(ValueError, match="malformed ReqTokenOut"):
         m.decode(msgpack.packb(["BatchTokenIDOut", [[["a", [[1]], 0, None, "extra"]]]]))
+
+
+def test_a_request_travels_as_typed_records():
+    """sampling_params (with its grammar spec), bootstrap and pooling come back as their own types, the
+    grammar as it was built at intake (not compiled or checked again)."""
+    back = m.decode(m.encode(m.TokenizedGenerateReq(**SAMPLES[m.TokenizedGenerateReq])))
+    sp = back.sampling_params
+    assert type(sp) is SamplingParams and sp.grammar.kind == "regex" and sp.grammar.compile_text == "[0-9]+"
+    assert sp.stop == ["\n"] and sp.logit_bias == {7: -1.5}
+    assert type(back.bootstrap) is Bootstrap and back.bootstrap.peer == ("127.0.0.1", 8998)
+    pooled = m.decode(m.encode(m.TokenizedBatchReq(**SAMPLES[m.TokenizedBatchReq]))).reqs[1].pooling
+    assert type(pooled) is PoolSpec and pooled.token_ids == (3, 4)
+
+
+def test_a_malformed_request_names_its_rid():
+    """A request message whose records do not decode is refused, and its rid can still be read (the
+    scheduler fails that request instead of losing it)."""
+    data = msgpack.packb(["TokenizedGenerateReq", ["r9", [1, 2], {"no_such_field": 1}]])
+    with pytest.raises(ValueError, match="malformed TokenizedGenerateReq"):
+        m.decode(data)
+    assert m.rids_of(data) == ["r9"]
+    batch = msgpack.packb(["TokenizedBatchReq", [[["a", [1], {"bad": 0}], ["b", [2], {}]]]])
+    assert m.rids_of(batch) == ["a", "b"]
+    assert m.rids_of(b"\x00garbage") == []
 
 
 def test_constants_are_sent_once_and_bytes_per_record_stay_flat():

@@ -15,7 +15,7 @@ from radixlang_runtime.server.anthropic_api import message_events
 from radixlang_runtime.server.anthropic_errors import _reshaped, anthropic_error
 from radixlang_runtime.server.anthropic_records import parse_messages_request
 from radixlang_runtime.server.openai_reasoning import reasoning_plan
-from radixlang_runtime.server.openai_tools import check_tools, set_parser
+from radixlang_runtime.server.openai_tools import check_tools, with_parser
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -116,7 +116,7 @@ def run_events(outs: list[dict], plan, think, stops=()) -> list[dict]:
 def test_stream_events_thinking_text_and_tool_use(cut):
     think = reasoning_plan("qwen3", {})
     plan = check_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": CITY}}]})
-    set_parser(plan, "hermes", None)
+    plan = with_parser(plan, "hermes", None)
     text = ('<think>\nweigh it\n</think>\n\nCalling.'
             '<tool_call>\n{"name": "f", "arguments": {"city": "Oslo"}}\n</tool_call>')
     events = run_events(snapshots(text, cut, {"type": "stop", "matched": 2}), plan, think)

@@ -229,7 +229,7 @@ def test_a_forced_tool_choice_makes_the_model_call(client, oai, engine_fp32, cho
     """tool_choice required / named: the output is constrained to a call (the regex built from the
     parameters schema), so the 135M model calls a tool; the reply is the parse of what it wrote."""
     from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE
-    from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, set_parser
+    from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, with_parser
 
     req = dict(model="default", messages=ASK, tools=TWO_TOOLS, tool_choice=choice, parallel_tool_calls=False,
                temperature=0, max_tokens=80)
@@ -245,7 +245,7 @@ def test_a_forced_tool_choice_makes_the_model_call(client, oai, engine_fp32, cho
     # the raw greedy text under the same constraint, parsed here, is the reply
     body = {"tools": TWO_TOOLS, "tool_choice": choice, "parallel_tool_calls": False}
     plan = check_tools(body)
-    set_parser(plan, None, CHATML_TOOLS_TEMPLATE)
+    plan = with_parser(plan, None, CHATML_TOOLS_TEMPLATE)
     ids = rendered_ids(engine_fp32.tokenizer, ASK, TWO_TOOLS)
     raw = client.post("/generate", json={"input_ids": ids, "sampling_params": {
         "temperature": 0, "max_new_tokens": 80, "regex": forced_call_regex(plan, True)}}).json()["text"]

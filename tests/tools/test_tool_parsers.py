@@ -315,10 +315,10 @@ NOARGS = {"type": "function", "function": {"name": "now"}}
 
 
 def _forced(choice, parallel=True, parser="hermes"):
-    from radixlang_runtime.server.openai_tools import check_tools, set_parser
+    from radixlang_runtime.server.openai_tools import check_tools, with_parser
 
     plan = check_tools({"tools": [WEATHER, NOARGS], "tool_choice": choice, "parallel_tool_calls": parallel})
-    set_parser(plan, parser, None)
+    plan = with_parser(plan, parser, None)
     return plan
 
 

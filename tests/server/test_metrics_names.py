@@ -6,9 +6,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixlang_runtime.server.metrics import ServerMetrics
+from server_utils import STATS
 
-STATS = dict(num_running_reqs=3, num_waiting_reqs=2, total_slots=100, free_slots=50, evictable_slots=10,
-             prefill_tokens_cached=2, prefill_tokens_computed=6, num_retractions=1, new_token_ratio=0.5)
 DASHBOARD = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
              "sglang:gen_throughput", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
              "sglang:num_requests_total", "sglang:time_to_first_token_seconds_bucket",

@@ -72,10 +72,10 @@ REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"]  #
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
-    from radixlang_runtime.server.openai_tools import check_tools, set_parser
+    from radixlang_runtime.server.openai_tools import check_tools, with_parser
 
     plan = check_tools({"tools": list(tools), "tool_choice": choice, "parallel_tool_calls": parallel})
-    set_parser(plan, fmt, None)
+    plan = with_parser(plan, fmt, None)
     return plan
 
 

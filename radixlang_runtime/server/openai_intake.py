@@ -1,0 +1,198 @@
+"""From a parsed OpenAI request (openai_records.py) to its runtime requests, and the pieces of an answer every
+OpenAI-shaped route shares (/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages).
+
+Each choice is one runtime request (prompts x n of them, index = prompt * n + sample, rid f"{rid}-{index}"),
+built whole by generate_input.openai_requests and never edited after. The intake runs on an intake thread
+(TokenizerManager.run_intake): the chat template, tokenizing, the tools' parser and the forced-call grammar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Optional
+
+from radixlang_runtime.protocol.generate_input import GenerateRequest, openai_requests
+from radixlang_runtime.protocol.limits import FieldError
+from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
+from radixlang_runtime.protocol.results import Cumulative, LogprobRequest
+from radixlang_runtime.protocol.sampling_params import SamplingParams
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, render_chat
+from radixlang_runtime.server.http_common import ServerState, final_result
+from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_tokens, split_whole
+from radixlang_runtime.server.openai_records import (COMPLETION_MAX_TOKENS, ChatRequest, CompletionRequest,
+                                                     OpenAIOptions)
+from radixlang_runtime.server.openai_tools import ToolPlan, forced_call_regex, with_parser
+
+
+class Choices:
+    """The runtime requests behind one OpenAI call."""
+
+    def __init__(self, state: ServerState, reqs: list[GenerateRequest]):
+        self.tm = state.tm
+        self.reqs = reqs
+
+    @classmethod
+    def build(cls, state: ServerState, prompts: list[list[int]], req_options: OpenAIOptions, sampling: dict,
+              top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None) -> "Choices":
+        """prompts x n requests, validated up front (openai_requests); admission first (503 before any work)."""
+        def logprob_of(_i: int, ids: list[int]) -> Optional[LogprobRequest]:
+            if top_logprobs is None:
+                return None
+            # without echo only output logprobs: start at the last prompt position
+            start, top = normalize_logprob_args(len(ids), True, 0 if echo else len(ids) - 1, top_logprobs)
+            return LogprobRequest(start, top, with_text=True)
+
+        state.tm.lifecycle.admit()
+        reqs = openai_requests(prompts, sampling, req_options.n, logprob_of, state.tm.limits,
+                               rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
+                               lora_id=req_options.lora_id)
+        return cls(state, reqs)
+
+    def streams(self) -> list[AsyncIterator[dict]]:
+        return [self.tm.generate(dataclasses.replace(r, stream=True)) for r in self.reqs]
+
+    async def finals(self) -> list[dict]:
+        return await asyncio.gather(*(final_result(self.tm.generate(r)) for r in self.reqs))
+
+
+@dataclass(frozen=True)
+class CompletionIntake:
+    choices: Choices
+    echo_texts: Optional[list[str]]  # the prompts as text when echo
+    logprobs: Optional[int]
+
+
+@dataclass(frozen=True)
+class ChatIntake:
+    choices: Choices
+    tools: ToolPlan  # its parser set
+    think: Optional[ReasoningPlan]  # None: no reasoning split
+    logprobs: bool
+    top_logprobs: Optional[int]
+
+
+def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> CompletionIntake:
+    """A completions request -> its choices (prompts tokenized). On an intake thread."""
+    tm = state.tm
+    prompt = req.prompt
+    given = [prompt] if isinstance(prompt, str) else prompt  # echo: a text prompt comes back as written (no BOS)
+    if all(isinstance(p, str) for p in given):
+        prompts = [tm.encode_text(p) for p in given]
+    elif all(isinstance(t, int) for t in given):
+        prompts = [list(given)]
+    else:
+        prompts = [list(p) for p in given]
+    sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS)
+    choices = Choices.build(state, prompts, req.options, sampling, req.logprobs, req.echo, rid)
+    texts = None
+    if req.echo:  # after the requests checked the ids
+        texts = given if all(isinstance(p, str) for p in given) else [tm.tokenizer.decode(p) for p in prompts]
+    return CompletionIntake(choices, texts, req.logprobs)
+
+
+def chat_prompt_ids(state: ServerState, req: ChatRequest, tools: ToolPlan) -> tuple[list[int], Optional[str]]:
+    """A chat request's messages rendered with its template variables and tools, then tokenized as the template
+    wants (content's special-token text kept as text) -> (prompt ids, the template used). On an intake thread."""
+    tm = state.tm
+    variables = dict(req.template_vars)
+    text, template = render_chat(tm.tokenizer, req.messages, state.args.chat_template, tools.tools or None,
+                                 variables)
+    spans = chat_content_spans(tm.tokenizer, req.messages, template, text, tm.encoder.special_text_in,
+                               **variables, **({"tools": tools.tools} if tools.tools else {}))
+    return tm.encode_chat(text, spans), template
+
+
+def _content_stops(sampling: dict) -> list[str]:
+    """The stop strings, validated as SamplingParams would (a reasoning split applies them to the content)."""
+    return SamplingParams.from_dict({"stop": sampling.get("stop")}).stop_strs
+
+
+def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
+    """A chat request -> its choices, its tools plan with its parser, its reasoning plan. On an intake thread."""
+    tm = state.tm
+    think = req.think
+    ids, template = chat_prompt_ids(state, req, req.tools)
+    tools = with_parser(req.tools, state.args.tool_call_parser,
+                        template if template is not None else getattr(tm.tokenizer, "chat_template", None))
+    room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
+    extra: dict = {}
+    keeps_special = tools.parser is not None and tools.parser.keeps_special_tokens
+    if keeps_special and "skip_special_tokens" not in req.options.sampling:
+        extra["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>)
+    sampling = req.options.sampling_params(max(room, 0), **extra)
+    if tools.forced is not None:  # tool_choice required / a named function: the output is a call
+        if not tm.limits.grammar:
+            raise FieldError("tool_choice", f"tool_choice {tools.forced!r} constrains the output to a call: it "
+                                            "needs a grammar backend (the server runs with --grammar-backend none)")
+        if any(sampling.get(k) is not None for k in ("regex", "json_schema", "ebnf", "structural_tag")):
+            raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex, "
+                                            "json_schema or ebnf")
+        call = forced_call_regex(tools, template == CHATML_TOOLS_TEMPLATE)
+        sampling["regex"] = (think.regex_prefix() if think else "") + call  # the call after the reasoning
+    if think is not None and sampling.get("stop") is not None:  # applied to the content, not by the runtime
+        think = dataclasses.replace(think, stops=_content_stops(sampling))
+        sampling["stop"] = None
+    choices = Choices.build(state, [ids], req.options, sampling, (req.top_logprobs or 0) if req.logprobs else None,
+                            rid=rid)
+    return ChatIntake(choices, tools, think, req.logprobs, req.top_logprobs)
+
+
+def finish_reason(reason: Optional[dict]) -> Optional[str]:
+    """The runtime's finish_reason -> OpenAI's ("stop", "length", ...)."""
+    if reason is None:
+        return None
+    return {"stop": "stop", "length": "length"}.get(reason.get("type"), reason.get("type"))
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def sum_usage(outs: list[dict], n: int, think: Optional[ReasoningPlan] = None,
+              decode: Optional[Callable[[list[int]], str]] = None) -> dict:
+    """Prompt tokens count once per prompt (not per sample), as OpenAI reports them; with reasoning,
+    completion_tokens_details.reasoning_tokens."""
+    prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs[::n])
+    completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    cached = sum(o["meta_info"]["cached_tokens"] for o in outs[::n])
+    u = usage(prompt, completion, cached)
+    if think is not None and decode is not None:
+        thought = sum(reasoning_tokens(think, o["output_ids"], decode) for o in outs)
+        u["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return u
+
+
+async def until_stops(choices: Choices, think: ReasoningPlan) -> list[dict]:
+    return list(await asyncio.gather(*(until_stop(g, think) for g in choices.streams())))
+
+
+async def until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:
+    """One streamed choice read until it finishes or its content reaches a stop string (then aborted):
+    the last snapshot, its output logprob deltas joined, meta_info["cut"] set when a stop cut it."""
+    rs, last, lps = think.stream(), None, {"output_token_logprobs": [], "output_top_logprobs": []}
+    whole = Cumulative()
+    try:
+        async for out in gen:
+            whole.add(out)
+            for k, v in lps.items():
+                v += out["meta_info"].get(k) or []
+            last = out
+            rs.feed(out["text"], out["meta_info"]["finish_reason"] is not None)
+            if rs.stopped:
+                break
+    finally:
+        await gen.aclose()  # aborts the request when it has not finished
+    meta = {**last["meta_info"], **{k: v for k, v in lps.items() if k in last["meta_info"]}, "cut": rs.stopped}
+    return {**whole.snapshot(last), "meta_info": meta}
+
+
+def think_message(plan: ToolPlan, think: ReasoningPlan, out: dict) -> tuple[dict, Optional[str]]:
+    """A finished choice with reasoning -> (its message with reasoning_content, its finish_reason)."""
+    split, cut = split_whole(think, out["text"])
+    finish = "stop" if cut else finish_reason(out["meta_info"]["finish_reason"])
+    message, finish = plan.message(split.content, finish)
+    return {**message, "reasoning_content": split.reasoning or None}, finish

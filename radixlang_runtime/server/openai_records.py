@@ -1,0 +1,198 @@
+"""The OpenAI generate bodies, parsed once into typed records: CompletionRequest (/v1/completions) and
+ChatRequest (/v1/chat/completions; also what /v1/responses and /v1/messages translate into).
+
+Parsing is the whole check: fields are strict (ROUTE_FIELDS: an unknown one answers 400 naming it), options
+the runtime cannot honour yet (best_of, suffix, functions, ...: OFF_VALUES) answer 400 unless null or off,
+informational ones (user, metadata, store) are taken and change nothing, as do the hints the SDKs send by
+default (verbosity, reasoning_effort: openai_hints.py); a `model` other than the served name, "default" or a
+LoRA adapter ("<served>:<adapter>" or the adapter's bare name, lora_spec.py) is ModelNotFound (404). Every
+error is a FieldError / BadRequest naming the field (HTTP 400 in OpenAI's error shape). The records are
+frozen; the intake (openai_intake.py) reads them and never the body again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+from radixlang_runtime.constrained.spec import spec_from_response_format
+from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
+from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap
+from radixlang_runtime.protocol.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.server.chat_render import template_kwargs
+from radixlang_runtime.server.http_common import BadRequest, ServerState
+from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
+from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan
+from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
+
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
+              "no_stop_trim", "regex", "json_schema", "ebnf")
+_SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
+                    "min_tokens", "response_format", "logit_bias", *EXTENSIONS)
+_INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
+# Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
+OFF_VALUES: dict[str, tuple] = {
+    "best_of": (1,), "suffix": ("",), "functions": ([],), "function_call": ("none", "auto"),
+    "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
+    "service_tier": ("auto", "default"),
+}
+_COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL,
+           *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
+ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
+    "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
+    "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
+                             "tool_choice", "parallel_tool_calls", "separate_reasoning", "stream_reasoning",
+                             "chat_template_kwargs", "reasoning_effort",  # chat_render.template_kwargs
+                             *HINT_VALUES, *(set(OFF_VALUES) - {"best_of", "suffix"})},
+}
+MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
+MAX_LOGPROBS = 20  # OpenAI's cap of logprobs (completions) / top_logprobs (chat)
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+
+class ModelNotFound(LookupError):
+    """An unknown `model`: 404 with OpenAI's code "model_not_found"."""
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """What both generate routes share, checked."""
+
+    n: int
+    stream: bool
+    include_usage: bool  # stream_options.include_usage
+    lora_id: int  # the adapter `model` names (0: the base model)
+    bootstrap: Optional[Bootstrap]  # PD: the router's fields
+    sampling: Mapping[str, Any]  # native sampling_params names (SamplingParams validates values), no max_new_tokens
+    max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the route's default
+
+    def sampling_params(self, default_max_tokens: int, **extra: Any) -> dict[str, Any]:
+        """The native sampling_params of every choice (a fresh dict; the record stays as parsed)."""
+        mt = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        return {**self.sampling, "max_new_tokens": mt, **extra}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    options: OpenAIOptions
+    prompt: Any  # a string, strings, token ids or lists of them (checked: prompt_texts / prompt_ids)
+    echo: bool
+    logprobs: Optional[int]  # top logprobs per token (0..MAX_LOGPROBS); None: none
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    options: OpenAIOptions
+    messages: Any  # checked while rendered (chat_render.py: roles, content parts)
+    tools: ToolPlan  # tools / tool_choice / parallel_tool_calls (its parser set by the intake)
+    template_vars: Mapping[str, Any]  # chat_template_kwargs + reasoning_effort
+    think: Optional[ReasoningPlan]  # --reasoning-parser's split (None: off, or separate_reasoning false)
+    logprobs: bool
+    top_logprobs: Optional[int]
+
+
+def _opt(body: dict, name: str, default: Any) -> Any:
+    v = body.get(name, default)
+    return default if v is None else v
+
+
+def sampling_fields(body: dict) -> tuple[dict[str, Any], Optional[int]]:
+    """OpenAI sampling fields -> (native sampling_params without max_new_tokens, the max tokens asked or None).
+    Fields whose names differ are checked here under their OpenAI names; SamplingParams checks the rest."""
+    spec = spec_from_response_format(body.get("response_format"))  # ValueError (400) naming the problem
+    max_tokens, name = body.get("max_completion_tokens"), "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, name = body.get("max_tokens"), "max_tokens"
+    sp: dict[str, Any] = {
+        "min_new_tokens": need_int(_opt(body, "min_tokens", 0), "min_tokens", 0),
+        "temperature": _opt(body, "temperature", 1.0),
+        "top_p": _opt(body, "top_p", 1.0),
+        "presence_penalty": _opt(body, "presence_penalty", 0.0),
+        "frequency_penalty": _opt(body, "frequency_penalty", 0.0),
+        "stop": body.get("stop"),
+        "sampling_seed": None if body.get("seed") is None else need_int(body["seed"], "seed"),
+        "logit_bias": body.get("logit_bias"),  # {"token id": bias}: SamplingParams checks it (param logit_bias)
+    }
+    for ext in EXTENSIONS:
+        if body.get(ext) is not None:
+            sp[ext] = body[ext]
+    if spec is not None:  # json_object / json_schema: the same grammar path as native json_schema
+        if any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
+            raise BadRequest("pass either response_format or regex / json_schema / ebnf, not both")
+        sp[spec.kind] = spec.source
+    return sp, None if max_tokens is None else need_int(max_tokens, name, 0)
+
+
+def lora_of_model(state: ServerState, model: Any) -> int:
+    """The LoRA adapter an OpenAI `model` names ("<served>:<adapter>" or the adapter's bare name; lora_spec.py):
+    its id, 0 for the base model; an unknown adapter is ModelNotFound (404) naming it."""
+    try:
+        got = lora_id_of_model(model, state.served_model_name, state.tm.limits.lora_adapters)
+    except LoraNotFound as e:
+        raise ModelNotFound(str(e)) from e
+    return got or 0
+
+
+def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
+    """The fields every OpenAI route shares: known names only, unimplemented ones off, the model served
+    here, n, stream, stream_options, the PD fields and the sampling fields."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if unknown := sorted(set(body) - ROUTE_FIELDS[route]):
+        raise FieldError(unknown[0], f"unknown field(s) for {route}: {', '.join(show(u, 40) for u in unknown)}")
+    for name, off in OFF_VALUES.items():
+        v = body.get(name)
+        if v is not None and not any(type(v) is type(o) and v == o for o in off):
+            allowed = f" (only {' or '.join(json.dumps(o) for o in off)})" if off else ""
+            raise FieldError(name, f"{name} is not supported{allowed}, got {show(v)}")
+    check_hints(body)  # verbosity, reasoning_effort, prompt_cache_retention: documented no-ops (openai_hints.py)
+    model = body.get("model")
+    lora_id = lora_of_model(state, model)
+    if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES) \
+            and lora_id == 0:
+        raise ModelNotFound(f"The model {show(model)} does not exist: this server serves "
+                            f"{state.served_model_name!r} (or {', '.join(map(repr, MODEL_ALIASES))})")
+    n = need_int(_opt(body, "n", 1), "n", 1, MAX_N)
+    stream = need_bool(_opt(body, "stream", False), "stream")
+    so = _opt(body, "stream_options", {})
+    if not isinstance(so, dict):
+        raise FieldError("stream_options", "stream_options must be an object")
+    if unknown := sorted(set(so) - {"include_usage"}):
+        raise FieldError("stream_options",
+                         f"unknown field(s) in stream_options: {', '.join(show(u, 40) for u in unknown)}")
+    include_usage = need_bool(_opt(so, "include_usage", False), "stream_options.include_usage")
+    limits = state.tm.limits
+    bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
+    sampling, max_tokens = sampling_fields(body)
+    return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens)
+
+
+def _top(body: dict, name: str) -> Optional[int]:
+    v = body.get(name)
+    return None if v is None else need_int(v, name, 0, MAX_LOGPROBS)
+
+
+def parse_completion(state: ServerState, body: Any) -> CompletionRequest:
+    options = _options(state, body, "/v1/completions")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > MAX_BATCH:
+        raise FieldError("prompt", f"prompt may hold at most {MAX_BATCH} prompts, got {len(prompt)}")
+    ok = isinstance(prompt, str) or (isinstance(prompt, list) and bool(prompt) and (
+        all(isinstance(p, str) for p in prompt) or all(isinstance(t, int) for t in prompt)
+        or all(isinstance(p, list) for p in prompt)))
+    if not ok:
+        raise FieldError("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of "
+                                   "such lists")
+    return CompletionRequest(options, prompt, need_bool(_opt(body, "echo", False), "echo"), _top(body, "logprobs"))
+
+
+def parse_chat(state: ServerState, body: Any) -> ChatRequest:
+    options = _options(state, body, "/v1/chat/completions")
+    want_lp = need_bool(_opt(body, "logprobs", False), "logprobs")
+    top = _top(body, "top_logprobs")
+    if top and not want_lp:
+        raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+    return ChatRequest(options, body.get("messages"), check_tools(body), MappingProxyType(template_kwargs(body)),
+                       reasoning_plan(state.args.reasoning_parser, body), want_lp, top)
