@@ -77,14 +77,8 @@ class ChatIntake:
 def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> CompletionIntake:
     """A completions request -> its choices (prompts tokenized). On an intake thread."""
     tm = state.tm
-    prompt = req.prompt
-    given = [prompt] if isinstance(prompt, str) else prompt  # echo: a text prompt comes back as written (no BOS)
-    if all(isinstance(p, str) for p in given):
-        prompts = [tm.encode_text(p) for p in given]
-    elif all(isinstance(t, int) for t in given):
-        prompts = [list(given)]
-    else:
-        prompts = [list(p) for p in given]
+    given = req.prompts  # echo: a text prompt comes back as written (no BOS)
+    prompts = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
     sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS)
     choices = Choices.build(state, prompts, req.options, sampling, req.logprobs, req.echo, rid)
     texts = None

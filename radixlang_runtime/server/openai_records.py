@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from radixlang_runtime.constrained.spec import spec_from_response_format
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap
-from radixlang_runtime.protocol.limits import MAX_BATCH, MAX_N, FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.limits import MAX_N, FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.pooling_input import prompts_of
 from radixlang_runtime.server.chat_render import template_kwargs
 from radixlang_runtime.server.http_common import BadRequest, ServerState
 from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
@@ -77,7 +78,7 @@ class OpenAIOptions:
 @dataclass(frozen=True)
 class CompletionRequest:
     options: OpenAIOptions
-    prompt: Any  # a string, strings, token ids or lists of them (checked: prompt_texts / prompt_ids)
+    prompts: tuple[Union[str, list[int]], ...]  # one per prompt: its text or its token ids
     echo: bool
     logprobs: Optional[int]  # top logprobs per token (0..MAX_LOGPROBS); None: none
 
@@ -176,16 +177,8 @@ def _top(body: dict, name: str) -> Optional[int]:
 
 def parse_completion(state: ServerState, body: Any) -> CompletionRequest:
     options = _options(state, body, "/v1/completions")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > MAX_BATCH:
-        raise FieldError("prompt", f"prompt may hold at most {MAX_BATCH} prompts, got {len(prompt)}")
-    ok = isinstance(prompt, str) or (isinstance(prompt, list) and bool(prompt) and (
-        all(isinstance(p, str) for p in prompt) or all(isinstance(t, int) for t in prompt)
-        or all(isinstance(p, list) for p in prompt)))
-    if not ok:
-        raise FieldError("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of "
-                                   "such lists")
-    return CompletionRequest(options, prompt, need_bool(_opt(body, "echo", False), "echo"), _top(body, "logprobs"))
+    prompts = tuple(prompts_of(body.get("prompt"), "prompt"))  # the one parser of OpenAI's input forms
+    return CompletionRequest(options, prompts, need_bool(_opt(body, "echo", False), "echo"), _top(body, "logprobs"))
 
 
 def parse_chat(state: ServerState, body: Any) -> ChatRequest:
