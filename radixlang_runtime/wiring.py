@@ -13,6 +13,7 @@ from radixlang_runtime.lora_spec import parse_lora_paths
 from radixlang_runtime.protocol.limits import RuntimeLimits
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_for
+from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.kv_prefault import KVPrefaulter
 from radixlang_runtime.mem.table import TableManager
@@ -59,7 +60,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         ),
         runner,
         KVManager(allocator, TableManager(sizes.table_rows),
-                  None if args.disable_radix_cache else RadixCache(args.page_size),
+                  NullPrefixCache(args.page_size) if args.disable_radix_cache else RadixCache(args.page_size),
                   hicache=make_hicache(args, runner, model_dir)),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,

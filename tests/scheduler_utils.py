@@ -7,6 +7,7 @@ import random
 
 from fakes import FakeRunner
 from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.protocol.sampling_params import SamplingParams
@@ -24,7 +25,8 @@ def make(num_slots=4096, page_size=1, rows=32, max_prefill=512, chunk=256, ratio
                           new_token_ratio_init=ratio, new_token_ratio_min=0.05, new_token_ratio_decay=0.01,
                           schedule_policy=policy, debug_check_integrity=True)
     runner = FakeRunner()
-    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(rows), RadixCache(page_size) if radix else None)
+    cache = RadixCache(page_size) if radix else NullPrefixCache(page_size)
+    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(rows), cache)
     sched = Scheduler(cfg, runner, kv, detokenize=lambda ids: "")
     return sched, runner
 

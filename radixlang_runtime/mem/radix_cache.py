@@ -45,6 +45,8 @@ class MatchResult:
 
 
 class RadixCache:
+    shares = True  # computed tokens are inserted and shared (mem/null_cache.py: the cache that does not)
+
     def __init__(self, page_size: int = 1):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")

@@ -124,7 +124,7 @@ class PrefillAdmission:
         """Offer waiting requests to the adder in order: each first gets its cached prefix (locked);
         one that is refused gives it back. Admission stops at the first request a budget refuses."""
         kv = self.kv
-        batch_tree = RadixCache(1) if kv.radix is not None else None  # prompts admitted this round
+        batch_tree = RadixCache(1) if kv.radix.shares else None  # prompts admitted this round
         already = {id(a.req) for a in adder.admitted}
         for req in waiting:
             if id(req) in already:

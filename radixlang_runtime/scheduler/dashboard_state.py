@@ -44,7 +44,7 @@ class DashboardState:
         }
         pool = {"total": total, "free": free, "evictable": evictable, "locked": cached - evictable,
                 "private": total - free - cached, **kv.pin_stats(),
-                "evicted_tokens_total": kv.radix.evicted_tokens_total if kv.radix is not None else 0}
+                "evicted_tokens_total": kv.radix.evicted_tokens_total}
         return {"queues": queues, "kv": pool, "tree": self._tree_summary(s, with_ids),
                 "prefill_tokens_computed": s.admission.prefill_tokens_computed,
                 "prefill_tokens_cached": s.admission.prefill_tokens_cached, "tiers": tier_view(s),
@@ -52,7 +52,7 @@ class DashboardState:
 
     def _tree_summary(self, s: Scheduler, with_ids: bool) -> dict[str, Any] | None:
         radix = s.kv.radix
-        if radix is None:
+        if not radix.shares:
             return None
         now = time.monotonic()
         key = (with_ids, radix.clock_now())

@@ -29,11 +29,12 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 from radixlang_runtime.protocol.limits import MAX_PIN_TTL_S
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.hicache import HiCache
+from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.scheduler.request import Req
@@ -50,9 +51,9 @@ class Pin:
 
 
 class KVManager:
-    def __init__(self, allocator: PageAllocator, table: TableManager, radix: Optional[RadixCache],
+    def __init__(self, allocator: PageAllocator, table: TableManager, radix: Union[RadixCache, NullPrefixCache],
                  max_pinned_fraction: float = 0.5, hicache: Optional[HiCache] = None):
-        if radix is not None and radix.page_size != allocator.page_size:
+        if radix.page_size != allocator.page_size:
             raise ValueError("the radix cache and the allocator must use the same page size")
         if not 0.0 <= max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
@@ -62,7 +63,7 @@ class KVManager:
         self.page_size = allocator.page_size
         self.pins: dict[str, Pin] = {}
         self.max_pinned_slots = int(allocator.total_slots * max_pinned_fraction)
-        self.hicache = hicache if radix is not None else None
+        self.hicache = hicache if radix.shares else None
         if self.hicache is not None:
             if self.hicache.cfg.record_tokens % self.page_size:
                 raise ValueError("hicache records must hold a whole number of pages")
@@ -70,10 +71,10 @@ class KVManager:
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self) -> int:
-        return self.radix.evictable_size() if self.radix else 0
+        return self.radix.evictable_size()
 
     def cached_size(self) -> int:
-        return self.radix.total_size() if self.radix else 0
+        return self.radix.total_size()
 
     def available_size(self) -> int:
         """Slots a request could get now: free pages plus what eviction can free."""
@@ -85,7 +86,7 @@ class KVManager:
         token stays to compute) and lock it. Returns how many evictable slots the lock protected (the
         caller's KV budget shrinks by that much)."""
         req.tier_len = 0
-        if self.radix is None or req.kv_indices or target_len <= 1:
+        if req.kv_indices or target_len <= 1:
             return 0
         before = self.available_size()
         limit = target_len - 1
@@ -167,7 +168,7 @@ class KVManager:
     def ensure_free(self, num_slots: int) -> None:
         """Evict from the tree until num_slots slots are free (or nothing evictable is left)."""
         short = num_slots - self.allocator.available_size()
-        if short > 0 and self.radix is not None:
+        if short > 0:
             self.allocator.free(self.radix.evict(short))
 
     def alloc(self, req: Req, n: int) -> list[int]:
@@ -205,7 +206,7 @@ class KVManager:
     def cache_unfinished(self, req: Req) -> None:
         """After a prefill step of a request that goes on: share its computed tokens now. Its duplicate
         slots (another request stored the same tokens meanwhile) are swapped for the tree's copies."""
-        if self.radix is None:
+        if not self.radix.shares:
             return
         old_tree_len = req.tree_len
         aligned = self._insert(req)
@@ -225,7 +226,7 @@ class KVManager:
     def release(self, req: Req, cache: bool = True) -> None:
         """Give back everything req holds. cache=True stores its computed tokens in the tree first
         (finish, abort, retract); cache=False (a failed step: the K/V may be garbage) only frees."""
-        if self.radix is not None and cache:
+        if cache and self.radix.shares:
             keep = self._insert(req)
         else:
             keep = req.tree_len
@@ -249,14 +250,13 @@ class KVManager:
                                   or not 0 < ttl_s <= MAX_PIN_TTL_S):
             raise ValueError(f"ttl_s must be a positive number of seconds up to {MAX_PIN_TTL_S:g}, got {ttl_s!r}")
         node, length = None, 0
-        if self.radix is not None:
-            m = self.radix.match_prefix(token_ids)
-            length = self._capped_pin_len(m.last_node)
-            if length < m.length:
-                m = self.radix.match_prefix(token_ids[:length])  # splits the edge at the cap
-            if m.length:
-                node, length = m.last_node, m.length
-                self.radix.lock(node)
+        m = self.radix.match_prefix(token_ids)
+        length = self._capped_pin_len(m.last_node)
+        if length < m.length:
+            m = self.radix.match_prefix(token_ids[:length])  # splits the edge at the cap
+        if m.length:
+            node, length = m.last_node, m.length
+            self.radix.lock(node)
         pin_id = f"pin-{secrets.token_hex(16)}"
         expires = None if ttl_s is None else (time.monotonic() if now is None else now) + ttl_s
         self.pins[pin_id] = Pin(node, length, expires, owner)
@@ -312,7 +312,7 @@ class KVManager:
 
     def pinned_slots(self) -> int:
         """Distinct slots the pins lock (overlapping pins count once)."""
-        return sum(len(n.key) for n in self._pinned_nodes().values()) if self.radix is not None else 0
+        return sum(len(n.key) for n in self._pinned_nodes().values())
 
     def pin_stats(self) -> dict[str, int]:
         return {"pinned_slots": self.pinned_slots(), "num_pins": len(self.pins)}
@@ -322,8 +322,6 @@ class KVManager:
         it: no request (the caller checks it is idle) and no pin (a pinned prefix is locked: flush
         refuses until it is unpinned or expires). False also when a tier could not be reached."""
         tiers = ("l1", "l2", "l3") if tiers is None else tuple(tiers)
-        if self.radix is None:
-            return True
         if "l1" in tiers:
             if self.radix.protected_size():
                 return False
@@ -359,11 +357,10 @@ class KVManager:
                     raise AssertionError(f"page {page} owned by {who} and {owners[page]}")
                 owners[page] = who
 
-        if self.radix is not None:
-            self.radix.check_integrity()
-            holders = [r.last_node for r in live if r.last_node is not None]
-            self.radix.check_locks(holders + [p.node for p in self.pins.values() if p.node is not None])
-            claim(self.radix.all_slots(), "the radix cache")
+        self.radix.check_integrity()
+        holders = [r.last_node for r in live if r.last_node is not None]
+        self.radix.check_locks(holders + [p.node for p in self.pins.values() if p.node is not None])
+        claim(self.radix.all_slots(), "the radix cache")
         for r in live:
             if r.tree_len % ps or (r.tree_len and r.last_node is None):
                 raise AssertionError(f"request {r.rid}: tree_len {r.tree_len} without an aligned locked node")

@@ -15,9 +15,10 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from radixlang_runtime.mem.allocator import slots_spanned
+from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import RadixCache, TreeNode
 from radixlang_runtime.scheduler.request import Req
 
@@ -45,7 +46,7 @@ def prefill_target_len(req: Req) -> int:
     return req.seq_len - 1 if req.output_ids else req.seq_len
 
 
-def order_waiting(waiting: list[Req], policy: str, radix: Optional[RadixCache]) -> list[Req]:
+def order_waiting(waiting: list[Req], policy: str, radix: Union[RadixCache, NullPrefixCache]) -> list[Req]:
     """The queue in the order admission tries it.
 
     fcfs: arrival order. lpm: longest cached prefix first (stable, so ties stay fcfs); shared
@@ -55,7 +56,7 @@ def order_waiting(waiting: list[Req], policy: str, radix: Optional[RadixCache]) 
     Cache-aware policies fall back to fcfs without a cache or past LPM_MAX_QUEUE waiting requests.
     Retracted requests (they hold outputs) stay in front.
     """
-    if policy == "fcfs" or radix is None or len(waiting) > LPM_MAX_QUEUE:
+    if policy == "fcfs" or not radix.shares or len(waiting) > LPM_MAX_QUEUE:
         return waiting
     nodes: dict[int, TreeNode] = {}
     lens: dict[int, int] = {}

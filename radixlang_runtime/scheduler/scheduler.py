@@ -61,7 +61,7 @@ class Scheduler:
         self.cfg = cfg
         self.drafts = Drafts(drafter, grammar, self._check_finished)
         if isinstance(drafter, NgramDrafter) and drafter.corpus is None:
-            drafter.corpus = kv.radix  # NGRAM: cached text as a draft corpus (None with --disable-radix-cache)
+            drafter.corpus = kv.radix if kv.radix.shares else None  # NGRAM: cached text as a draft corpus
         self.grammar = grammar  # None: constrained requests are refused before they get here
         self.runner = runner
         self.kv = kv

@@ -128,3 +128,18 @@ def test_radix_cache_does_not_import_torch():
 
     code = "import sys, radixlang_runtime.mem.radix_cache; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_null_cache_answers_as_an_empty_tree_that_keeps_nothing():
+    """--disable-radix-cache: no match, no continuation, nothing to evict, sizes 0; storing into it is a bug."""
+    import pytest
+
+    from radixlang_runtime.mem.null_cache import NullPrefixCache
+
+    c = NullPrefixCache(16)
+    m = c.match_prefix(list(range(64)))
+    assert (m.length, m.slots, c.shares) == (0, [], False)
+    assert c.continuation([1, 2, 3], 4) == [] and c.evict(100) == [] and c.reset() == []
+    assert c.total_size() == c.evictable_size() == c.protected_size() == 0
+    with pytest.raises(AssertionError, match="stores nothing"):
+        c.insert([1, 2], [5, 6])

@@ -14,6 +14,7 @@ import pytest
 from fakes import FakeRunner, copy_token, expected_output
 from scheduler_utils import assert_whole, drain
 from radixlang_runtime.mem.allocator import PageAllocator
+from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.protocol.sampling_params import SamplingParams
@@ -69,7 +70,8 @@ def make(drafter="ngram", num_slots=4096, page_size=1, chunk=256, ratio=0.7, rad
                           new_token_ratio_min=0.05, new_token_ratio_decay=0.01, enable_mixed_chunk=mixed,
                           debug_check_integrity=True)
     runner = FakeRunner(copy_token)
-    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(32), RadixCache(page_size) if radix else None)
+    kv = KVManager(PageAllocator(num_slots, page_size), TableManager(32),
+                   RadixCache(page_size) if radix else NullPrefixCache(page_size))
     ref: list = []
     draft = FakeDraft(runner, ref) if drafter == "standalone" else None
     source = {None: None, "ngram": lambda: NgramDrafter(NgramConfig(k, 1, 3, row_cost=row_cost), (EOS,), 4096),
