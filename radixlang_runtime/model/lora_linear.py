@@ -122,6 +122,8 @@ class LoraModel:
     def begin(self, lora_ids: list[int], counts: list[int], device: torch.device) -> None:
         """A step with adapters: its row groups; the MLPs run the step's rows as one block (the groups index the
         whole step), restored by `end`."""
+        if missing := sorted({i for i in lora_ids if i and i not in self.adapters}):
+            raise RuntimeError(f"LoRA adapter id(s) {missing} are not resident for this step")
         self.state.set_rows(lora_ids, counts, device)
         for mlp in self._blocked:
             mlp.ROWS = 1 << 62
