@@ -156,7 +156,8 @@ def test_lora_linear_interleaved_rows_match_the_merged_weights(sgmv, monkeypatch
 
     if sgmv and not lora_sgmv.lora_sgmv_ready():
         pytest.skip("no C compiler: the torch path only")
-    monkeypatch.setattr(lora_sgmv, "SGMV_MAX_ROWS", lora_sgmv.SGMV_MAX_ROWS if sgmv else 0)
+    if not sgmv:
+        monkeypatch.setattr(lora_sgmv, "SGMV_MAX_ROWS", {dt: 0 for dt in lora_sgmv.SGMV_MAX_ROWS})
 
     torch.manual_seed(0)
     base, state = nn.Linear(8, 12, bias=False), LoraState()

@@ -5,7 +5,7 @@ of gate_up_proj), for the rows of the requests using that adapter:
     y[rows_i, slice_p] += (x[rows_i] @ A_ip^T) @ (B_ip * scaling_i)^T
 
 Rows are grouped per adapter once per step (LoraState.set_rows): a contiguous run of rows is a slice, else an
-index gather / scatter. The math is torch (any device), or on CPU in float32 the C segment kernel
+index gather / scatter. The math is torch (any device), or on CPU (float32, bf16) the C segment kernel
 (model/lora_sgmv.py: one shrink and one expand call per linear for every adapter of the step). A step whose
 requests all run the base model sets no groups: each wrapper then calls the base linear and returns (the fused
 decode layer, model/fused_decode.py, runs as without LoRA).

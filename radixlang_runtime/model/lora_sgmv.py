@@ -1,12 +1,12 @@
 """The LoRA deltas of one LoraLinear (model/lora_linear.py) through the C segment kernel (kernels/csrc/cpu/
-lora_sgmv.c, called through radixlang_kernels.cpu_ops): on CPU in float32, one shrink call (x @ A^T for every
+lora_sgmv.c, called through radixlang_kernels.cpu_ops): on CPU in float32 or bf16, one shrink call (x @ A^T for every
 adapter's rows, the A of all its sub-projections stacked) and one expand call (each sub-projection's slice
 += t @ (B * scaling)^T) per linear, where the torch path makes two matmuls per adapter and sub-projection.
 
 The step's rows are listed adapter by adapter once (LoraSegments); each linear keeps its weights as the kernel
 reads them (SgmvWeights) and the per-adapter-set call arguments cached. The kernel runs when every adapter of the
-step has deltas on this linear and the step's adapter rows are at most SGMV_MAX_ROWS (measured faster than the
-torch path at every size from 1 to 1024 rows, docs/LORA.md#kernel); otherwise the torch path runs.
+step has deltas on this linear and the step's adapter rows are at most SGMV_MAX_ROWS of the dtype (where it
+measured faster than the torch path, docs/LORA.md#kernel); otherwise the torch path runs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ import torch
 from radixlang_kernels import cpu_ops
 from radixlang_kernels.op_table import pointer_array
 
-SGMV_MAX_ROWS = 1024  # the largest step measured (docs/LORA.md#kernel); larger ones run the torch path
+# the most adapter rows of a step the kernel takes, per dtype (docs/LORA.md#kernel): float32 measured faster
+# than the torch path at every size from 1 to 1024 rows; bf16 up to 64 rows, mixed at 256 and above
+SGMV_MAX_ROWS = {torch.float32: 1024, torch.bfloat16: 64}
+KERNEL_DTYPES = tuple(SGMV_MAX_ROWS)
 
 
 def lora_sgmv_ready() -> bool:
@@ -35,7 +38,7 @@ class LoraSegments:
     @classmethod
     def build(cls, rows: dict[int, list[int]]) -> Optional["LoraSegments"]:
         flat = [r for rs in rows.values() for r in rs]
-        if not flat or len(flat) > SGMV_MAX_ROWS:
+        if not flat or len(flat) > max(SGMV_MAX_ROWS.values()):
             return None
         starts = [0]
         for rs in rows.values():
@@ -57,14 +60,14 @@ class _Calls:
 
 class SgmvWeights:
     def __init__(self) -> None:
-        self.a: dict[int, torch.Tensor] = {}  # adapter -> stacked A [sum r, K] float32
+        self.a: dict[int, torch.Tensor] = {}  # adapter -> stacked A [sum r, K] (the model's dtype)
         self.parts: dict[int, list[tuple[int, int, int, int, torch.Tensor]]] = {}  # -> (col, r, off, n, Bt [r, n])
         self._calls: dict[tuple[int, ...], _Calls] = {}
 
     def set(self, lora_id: int, deltas: list) -> None:
         """deltas: LoraLinear's (offset, size, A [r, K], B [size, r]) of the adapter."""
         self._calls.clear()
-        if any(a.dtype != torch.float32 or a.device.type != "cpu" for _, _, a, _ in deltas):
+        if any(a.dtype not in KERNEL_DTYPES or a.device.type != "cpu" for _, _, a, _ in deltas):
             self.a.pop(lora_id, None)
             return
         self.a[lora_id] = torch.cat([a for _, _, a, _ in deltas]).contiguous()
@@ -81,11 +84,12 @@ class SgmvWeights:
 
     def run(self, x: torch.Tensor, y: torch.Tensor, seg: LoraSegments) -> bool:
         """y += every adapter's deltas for its rows; False (nothing done) where the kernel does not apply."""
-        if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or not y.is_contiguous():
+        if (x.dtype not in KERNEL_DTYPES or seg.rows.shape[0] > SGMV_MAX_ROWS[x.dtype] or x.dim() != 2
+                or x.stride(1) != 1 or not y.is_contiguous()):
             return False
         calls = self._calls.get(seg.lora_ids)
         if calls is None:
-            if any(lid not in self.a for lid in seg.lora_ids):
+            if any(lid not in self.a or self.a[lid].dtype != x.dtype for lid in seg.lora_ids):
                 return False
             calls = self._calls[seg.lora_ids] = self._build(seg.lora_ids)
         t = torch.empty(seg.rows.shape[0], calls.width, dtype=torch.float32)
