@@ -85,6 +85,12 @@ def check_lora_args(args: Any) -> None:
         raise ValueError(f"max_lora_rank must be >= 1; got {args.max_lora_rank}")
     if args.max_loras_per_batch < 1:
         raise ValueError(f"max_loras_per_batch must be >= 1; got {args.max_loras_per_batch}")
+    if args.max_loaded_loras is not None:
+        if not args.enable_lora:
+            raise ValueError("max_loaded_loras needs enable_lora (or lora_paths)")
+        if args.max_loaded_loras < args.max_loras_per_batch:
+            raise ValueError(f"max_loaded_loras ({args.max_loaded_loras}) must be >= max_loras_per_batch "
+                             f"({args.max_loras_per_batch}): a batch's adapters are resident together")
     if not args.enable_lora:
         return
     for name, on in (("enable_hierarchical_cache", args.enable_hierarchical_cache),

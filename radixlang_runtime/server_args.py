@@ -164,6 +164,7 @@ class ServerArgs:
     lora_paths: Optional[list[str]] = None  # name=path (peft adapter directories); numbered 1, 2, ... in order
     max_lora_rank: Optional[int] = None  # None: the largest rank of the adapters given
     max_loras_per_batch: int = 8  # distinct adapters in one running batch (the base model not counted)
+    max_loaded_loras: Optional[int] = None  # resident adapters (LRU eviction, read again on use); None: all
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:

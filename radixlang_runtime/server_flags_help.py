@@ -125,6 +125,8 @@ HELP: dict[str, str] = {
                   "adapter_model.safetensors); a request picks one by lora_path or OpenAI model \"<base>:<name>\"",
     "max_lora_rank": "the largest adapter rank accepted (default: the largest of --lora-paths)",
     "max_loras_per_batch": "distinct adapters in one running batch; requests of others wait",
+    "max_loaded_loras": "adapters held in memory (default: all); the least recently used idle one is evicted "
+                        "and read again from its path when a request needs it",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {

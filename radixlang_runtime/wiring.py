@@ -48,7 +48,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                                jump_forward=not args.disable_jump_forward)
     allocator = PageAllocator(sizes.num_slots, args.page_size)
     start_kv_prefault(runner.kv_pool, allocator)
-    return Scheduler(
+    scheduler = Scheduler(
         SchedulerConfig(
             page_size=args.page_size, context_len=sizes.context_len,
             max_running_requests=sizes.table_rows, max_prefill_tokens=args.max_prefill_tokens,
@@ -67,6 +67,9 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm != "STANDALONE"
         else make_model_drafter(args, runner, tokenizer, eos),
     )
+    if runner.loras is not None and args.max_loaded_loras is not None:  # evicted adapters read again on use
+        scheduler.admission.lora_residency = runner.loras.ensure
+    return scheduler
 
 
 def start_kv_prefault(pool: Any, allocator: PageAllocator) -> None:
@@ -257,6 +260,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
+        # LoRA adapters (model/loader/lora_registry.py): registered, resident (--max-loaded-loras), evictions, reloads
+        "lora": s.runner.loras.stats() if getattr(s.runner, "loras", None) is not None else None,
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)
         "memory": (s.runner.memory_breakdown(kv.allocator.touched_pages * kv.allocator.page_size)
                    if hasattr(s.runner, "memory_breakdown") else None),

@@ -10,6 +10,7 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
 - add_rms_norm, silu_mul (norm_act.c); rope_store (rope_store.c);
 - qlinear_int8, gguf_gemv (gemv.c + gemv_impl.h), gguf_q8_gemv, int8_q8_gemv (gemv_q8.c), dense_gemv
   (gemv_dense.c): weight-streaming linears for decode-sized batches, with the weight layouts they read;
+- lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -439,3 +440,25 @@ def decode_layers(weights: list, step: Any, residual: torch.Tensor) -> torch.Ten
             raise RuntimeError(f"CPU kernel decode_layer failed with code {rc} (layer {i})")
         h = out
     return h
+
+
+def lora_shrink(x: torch.Tensor, rows: torch.Tensor, seg_starts: torch.Tensor, a_ptrs: Any, ranks: torch.Tensor,
+                t: torch.Tensor) -> None:
+    """LoRA shrink over row segments (lora_sgmv.c): t[j, :ranks[s]] = x[rows[j]] @ A_s^T for j in segment s.
+    x [T, K] bf16 or float32 (rows contiguous), rows / seg_starts / ranks int64, a_ptrs: pointer_array of the
+    S contiguous A_s [ranks[s], K] like x, t [R, ts] float32 written."""
+    name = "lora_shrink_bf16" if x.dtype == torch.bfloat16 else "lora_shrink_f32"
+    rc = getattr(_lib, name)(x.data_ptr(), x.stride(0), rows.data_ptr(), seg_starts.data_ptr(), ranks.shape[0],
+                              a_ptrs, ranks.data_ptr(), x.shape[1], t.data_ptr(), t.stride(0))
+    _check(rc, name)
+
+
+def lora_expand(t: torch.Tensor, rows: torch.Tensor, seg_starts: torch.Tensor, tasks: torch.Tensor, b_ptrs: Any,
+                y: torch.Tensor) -> None:
+    """LoRA expand (lora_sgmv.c), in place: per task (tasks [NT, 5] int64: segment, column in t, rank r,
+    output offset, width n) y[rows[j], off:off + n] += t[j, col:col + r] @ Bt (b_ptrs: the NT contiguous
+    Bt [r, n] like y, the scaling folded in). t float32; y bf16 or float32, rows contiguous."""
+    name = "lora_expand_bf16" if y.dtype == torch.bfloat16 else "lora_expand_f32"
+    rc = getattr(_lib, name)(t.data_ptr(), t.stride(0), rows.data_ptr(), seg_starts.data_ptr(), tasks.data_ptr(),
+                              tasks.shape[0], b_ptrs, y.data_ptr(), y.stride(0))
+    _check(rc, name)

@@ -131,7 +131,7 @@ class Engine:
         names = list(self.limits.lora_adapters)
         if lora_name in names:
             raise ValueError(f"LoRA adapter {lora_name!r} is already loaded")
-        lora_id = self._loop.call(lambda s: s.runner.load_lora(lora_name, lora_path))
+        lora_id = self._loop.call(lambda s: s.load_lora(lora_name, lora_path))
         names += [None] * (lora_id - 1 - len(names)) + [lora_name]  # position = id - 1 (lora_spec.py)
         self.limits = dataclasses.replace(self.limits, lora_adapters=tuple(names))
         return lora_id

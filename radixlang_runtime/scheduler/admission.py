@@ -11,8 +11,8 @@ mid-way through chunked prefill continues first, after arrivals that fit whole i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
 
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.scheduler.batch import ScheduleBatch
@@ -36,6 +36,7 @@ class PrefillPlan:
     batch: Optional[ScheduleBatch]  # None: nothing admitted
     waiting: list[Req]  # the waiting queue after this round (reordered by the policy, admitted ones removed)
     chunked_req: Optional[Req]  # the prompt mid-way through chunked prefill after this batch
+    failed: list[Req] = field(default_factory=list)  # ended here (their LoRA adapter could not be read again)
 
 
 class PrefillAdmission:
@@ -49,6 +50,10 @@ class PrefillAdmission:
         self.readmit_tokens = {"kept": 0, "swapped": 0, "recomputed": 0}
         self.last_stop_reason: Optional[str] = None  # why the last prefill admission stopped (PrefillAdder)
         self._loras: set[int] = set()  # during plan(): the distinct LoRA adapters of the running + admitted
+        # --max-loaded-loras: (adapter id, adapters in use) -> whether it is resident now (read again if it was
+        # evicted; False: no room, the request waits; ValueError: it cannot be read). None: all are resident.
+        self.lora_residency: Optional[Callable[[int, set[int]], bool]] = None
+        self._failed: list[Req] = []
 
     def plan(self, waiting: list[Req], running: list[Req], chunked_req: Optional[Req],
              new_token_ratio: float) -> PrefillPlan:
@@ -85,8 +90,11 @@ class PrefillAdmission:
         if proceed and waiting:
             self._admit_waiting(adder, waiting)
         self.last_stop_reason = adder.stop_reason
+        failed, self._failed = self._failed, []
+        if failed:
+            waiting = [r for r in waiting if all(r is not f for f in failed)]
         if not adder.admitted:
-            return PrefillPlan(None, waiting, chunked_req)
+            return PrefillPlan(None, waiting, chunked_req, failed)
         admitted_ids = {id(a.req) for a in adder.admitted}
         waiting = [r for r in waiting if id(r) not in admitted_ids]
 
@@ -109,7 +117,24 @@ class PrefillAdmission:
             self.prefill_tokens_computed += a.extend_len
         batch = ScheduleBatch("extend", reqs, prefix_lens, extend_ids, out_locs, sample,
                               rewrite_rows=take_dirty_rows(reqs))
-        return PrefillPlan(batch, waiting, chunked_req)
+        return PrefillPlan(batch, waiting, chunked_req, failed)
+
+    def _lora_ready(self, req: Req) -> bool:
+        """Whether req's adapter may run in this batch: max_loras_per_batch, then --max-loaded-loras (its
+        weights resident, read again if evicted). One that cannot be read ends the request (400 naming it)."""
+        if not req.lora_id or req.lora_id in self._loras:
+            return True
+        if len(self._loras) >= self.cfg.max_loras_per_batch:
+            return False  # its adapter waits until one of the batch's adapters has no request left
+        if self.lora_residency is None:
+            return True
+        try:
+            return self.lora_residency(req.lora_id, self._loras)
+        except ValueError as e:
+            req.error, req.error_status = str(e), 400
+            req.finish({"type": "abort", "message": req.error})
+            self._failed.append(req)
+            return False
 
     def _worth_waiting(self, shared: int, cached: int) -> bool:
         """Whether a request that shares `shared` prompt tokens with one admitted this round (it has `cached`
@@ -127,10 +152,10 @@ class PrefillAdmission:
         batch_tree = RadixCache(1) if kv.radix.shares else None  # prompts admitted this round
         already = {id(a.req) for a in adder.admitted}
         for req in waiting:
-            if id(req) in already:
+            if id(req) in already or req.finished:
                 continue
-            if req.lora_id and req.lora_id not in self._loras and len(self._loras) >= self.cfg.max_loras_per_batch:
-                continue  # its adapter waits until one of the batch's adapters has no request left
+            if not self._lora_ready(req):
+                continue
             target = prefill_target_len(req)
             adder.rem_total_tokens -= (locked := kv.match(req, target))
             if batch_tree is not None:

@@ -122,8 +122,8 @@ class RequestLoop:
             for req in msg.reqs:
                 self.handle(req)
         elif isinstance(msg, TokenizedGenerateReq):
-            lora = getattr(self.scheduler.runner, "lora", None)
-            if msg.lora_id and (lora is None or msg.lora_id not in lora.adapters):  # unloaded meanwhile
+            loras = getattr(self.scheduler.runner, "loras", None)
+            if msg.lora_id and (loras is None or msg.lora_id not in loras):  # unloaded meanwhile
                 self.io.send_error([msg.rid], f"LoRA adapter id {msg.lora_id} is not loaded (unloaded)", 400)
                 return
             self.sent[msg.rid] = _Sent(stream=msg.stream)
@@ -153,8 +153,7 @@ class RequestLoop:
                 self.io.send_control(PinPrefixOut(msg.req_id, pin_id, pinned_len))
         elif isinstance(msg, LoadLoraReq):
             try:
-                self.io.send_control(LoadLoraOut(msg.req_id, self.scheduler.runner.load_lora(msg.lora_name,
-                                                                                             msg.lora_path)))
+                self.io.send_control(LoadLoraOut(msg.req_id, self.scheduler.load_lora(msg.lora_name, msg.lora_path)))
             except (ValueError, OSError) as e:  # a bad adapter is answered, never fatal
                 self.io.send_control(LoadLoraOut(msg.req_id, 0, str(e)))
         elif isinstance(msg, UnloadLoraReq):

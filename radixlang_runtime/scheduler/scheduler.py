@@ -80,6 +80,7 @@ class Scheduler:
         # (phase, batch size, tokens) of recent steps, for debugging and tests of step order.
         self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
         self.pd: Optional[DisaggRole] = None  # prefill-decode disaggregation (wiring.make_disagg_role)
+        self._failed_at_admission: list[Req] = []  # requests admission ended (their adapter could not be read)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -101,8 +102,16 @@ class Scheduler:
         if any(r is not None and r.lora_id == lora_id for r in [*self.waiting, *self.running, *pending,
                                                                  self.chunked_req]):
             return False
-        self.runner.lora.unload(lora_id)
+        self.runner.loras.drop(lora_id)
         return True
+
+    def load_lora(self, name: str, path: str) -> int:
+        """Serve another LoRA adapter (runner.load_lora); the running requests' adapters are never evicted for it."""
+        return self.runner.load_lora(name, path, frozenset(self.loras_in_use()))
+
+    def loras_in_use(self) -> set[int]:
+        """The LoRA adapters of the running requests and of the prompt mid-way through chunked prefill."""
+        return {r.lora_id for r in [*self.running, *([self.chunked_req] if self.chunked_req else [])] if r.lora_id}
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)
@@ -140,6 +149,9 @@ class Scheduler:
         if self.pd is not None:
             touched += self._poll_disagg()
         batch = self.get_next_batch_to_run()
+        if self._failed_at_admission:
+            touched += self._failed_at_admission
+            self._failed_at_admission = []
         if batch is None:
             return touched
         try:
@@ -204,6 +216,7 @@ class Scheduler:
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
         plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
         self.waiting, self.chunked_req = plan.waiting, plan.chunked_req
+        self._failed_at_admission += plan.failed
         return plan.batch
 
     # ------------------------------------------------------------------ decode

@@ -143,13 +143,21 @@ def test_server_args_refuse_unsupported_combinations(tmp_path):
         load_adapter("d", str(tmp_path / "d"), 1, 2, 64, torch.float32, torch.device("cpu"))
 
 
-def test_lora_linear_interleaved_rows_match_the_merged_weights():
+@pytest.mark.parametrize("sgmv", [True, False])
+def test_lora_linear_interleaved_rows_match_the_merged_weights(sgmv, monkeypatch):
     """Rows of adapters 1, base, 2, 1 interleaved (a gather for adapter 1, a slice for 2), a delta on the k slice of
-    a fused q/k/v output only: each row equals its own merged linear."""
+    a fused q/k/v output only: each row equals its own merged linear, through the C segment kernel and through
+    torch."""
     import torch
     from torch import nn
 
+    from radixlang_runtime.model.layers import lora_sgmv
     from radixlang_runtime.model.layers.lora_linear import LoraLinear, LoraState
+
+    if sgmv and not lora_sgmv.lora_sgmv_ready():
+        pytest.skip("no C compiler: the torch path only")
+    if not sgmv:
+        monkeypatch.setattr(lora_sgmv, "SGMV_MAX_ROWS", {dt: 0 for dt in lora_sgmv.SGMV_MAX_ROWS})
 
     torch.manual_seed(0)
     base, state = nn.Linear(8, 12, bias=False), LoraState()
@@ -161,6 +169,7 @@ def test_lora_linear_interleaved_rows_match_the_merged_weights():
     ids, counts = [1, 0, 2, 1], [2, 3, 1, 2]
     x = torch.randn(sum(counts), 8)
     state.set_rows(ids, counts, x.device)
+    assert (state.segments is not None) == sgmv
     with torch.no_grad():
         y = lin(x)
         rows = [i for i, n in zip(ids, counts) for _ in range(n)]

@@ -100,3 +100,16 @@ def test_load_and_unload_over_http(server, tmp_path_factory):
     assert refused.status_code == 400 and "'gamma'" in refused.text
     r = httpx.post(srv.url + "/unload_lora_adapter", json={"lora_name": "gamma"}, timeout=10)
     assert r.status_code == 400 and "'gamma'" in r.text
+
+
+def test_one_batch_of_the_base_and_both_adapters(server):
+    """The same prompt under the base and each adapter in one /generate call (a list of lora_path): each output
+    equals transformers + peft (merged), and the three differ."""
+    srv, want = server
+    names = [None, "alpha", "beta"]
+    r = httpx.post(srv.url + "/generate", json={"input_ids": [PROMPT] * 3, "sampling_params": SP,
+                                                "lora_path": names}, timeout=120)
+    assert r.status_code == 200, r.text
+    outs = [o["output_ids"] for o in r.json()]
+    assert outs == [want[n or ""][tuple(PROMPT)] for n in names]
+    assert len({tuple(o) for o in outs}) == 3

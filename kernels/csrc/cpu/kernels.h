@@ -122,4 +122,16 @@ int decode_layer_bf16(const decode_layer_weights *W, const decode_step *S, uint1
 int decode_layer_f32(const decode_layer_weights *W, const decode_step *S, float *residual, const float *h,
                      float *out);
 
+/* lora_sgmv.c: batched LoRA over row segments of the row list rows[] (seg_starts [S + 1]), t float32: shrink
+ * t[j, 0:ranks[s]] = x[rows[j]] @ a[s]^T (a[s] [ranks[s], K]); expand, per task (tasks [NT, 5]: segment, column
+ * in t, rank r, output offset, output width n), y[rows[j], off:off + n] += t[j, col:col + r] @ b[i] (b[i] [r, n]) */
+int lora_shrink_f32(const float *x, int64_t xs, const int64_t *rows, const int64_t *seg_starts, int64_t S,
+                    const float *const *a, const int64_t *ranks, int64_t K, float *t, int64_t ts);
+int lora_expand_f32(const float *t, int64_t ts, const int64_t *rows, const int64_t *seg_starts, const int64_t *tasks,
+                    int64_t NT, const float *const *b, float *y, int64_t ys);
+int lora_shrink_bf16(const uint16_t *x, int64_t xs, const int64_t *rows, const int64_t *seg_starts, int64_t S,
+                     const uint16_t *const *a, const int64_t *ranks, int64_t K, float *t, int64_t ts);
+int lora_expand_bf16(const float *t, int64_t ts, const int64_t *rows, const int64_t *seg_starts,
+                     const int64_t *tasks, int64_t NT, const uint16_t *const *b, uint16_t *y, int64_t ys);
+
 #endif

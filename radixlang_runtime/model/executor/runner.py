@@ -31,9 +31,8 @@ from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.executor.logprobs import fill_input_logprobs, plan_input_logprobs
-from radixlang_runtime.model.loader.lora_adapter import load_adapter
 from radixlang_runtime.model.layers.lora_linear import LoraModel
-from radixlang_runtime.lora_spec import parse_lora_paths
+from radixlang_runtime.model.loader.lora_registry import LoraRegistry
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
@@ -196,6 +195,7 @@ class ModelRunner:
             if model.fused_decode is not None:
                 self.cpu_paths = dataclasses.replace(
                     self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
+        self.loras: Optional[LoraRegistry] = None  # every adapter served, which are resident (--max-loaded-loras)
         self.lora = self._load_loras(model) if args.enable_lora else None  # model/lora_linear.LoraModel
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
@@ -219,30 +219,22 @@ class ModelRunner:
 
     def _load_loras(self, model) -> LoraModel:
         """--enable-lora: every projection wrapped (after packing and the fused decode layer's build, which
-        read the base weights), then the --lora-paths adapters loaded under their ids."""
+        read the base weights), then the --lora-paths adapters registered under their ids (model/lora_registry)."""
         if self.cfg.model_impl != "native":
             raise ValueError(f"enable_lora needs the native implementation ({self.cfg.architecture} runs on "
                              "transformers' modules)")
-        specs = parse_lora_paths(self.args.lora_paths)
         lora = LoraModel(model)
-        adapters = [load_adapter(s.name, s.path, s.lora_id, self.cfg.num_hidden_layers,
-                                 self.args.max_lora_rank or 1 << 30, self.dtype, self.device) for s in specs]
-        for a in adapters:
-            lora.load(a)
-            logger.info("LoRA adapter %r (id %d): rank %d, alpha %g, targets %s", a.name, a.lora_id,
-                        a.config.rank, a.config.alpha, ",".join(a.config.targets))
-        self.lora_next_id = len(specs) + 1  # ids are never reused: a reload under a name gets a new one
+        self.loras = LoraRegistry(lora, self.cfg.num_hidden_layers, self.args.max_lora_rank, self.dtype,
+                                  self.device, self.args.max_loaded_loras)
+        self.loras.register_all(self.args.lora_paths)
         return lora
 
-    def load_lora(self, name: str, path: str) -> int:
-        """Load an adapter at run time (on the scheduler's thread); returns its new id."""
+    def load_lora(self, name: str, path: str, busy: frozenset = frozenset()) -> int:
+        """Load an adapter at run time (on the scheduler's thread); returns its new id. busy: the adapters of
+        the running requests (never evicted to make room)."""
         if self.lora is None:
             raise ValueError("loading a LoRA adapter needs enable_lora")
-        adapter = load_adapter(name, path, self.lora_next_id, self.cfg.num_hidden_layers,
-                               self.args.max_lora_rank or 1 << 30, self.dtype, self.device)
-        self.lora.load(adapter)
-        self.lora_next_id += 1
-        return adapter.lora_id
+        return self.loras.register(name, path, set(busy))
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
         """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one
@@ -366,6 +358,7 @@ class ModelRunner:
         self.backend.init_forward_metadata(fb)
         hidden = None
         if step.lora_ids:  # some request runs an adapter (else the base path, unchanged)
+            self.loras.touch(step.lora_ids)
             self.lora.begin(step.lora_ids, step.extend_lens, self.device)
             fb.has_lora = True
         try:

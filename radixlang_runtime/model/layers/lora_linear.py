@@ -5,9 +5,10 @@ of gate_up_proj), for the rows of the requests using that adapter:
     y[rows_i, slice_p] += (x[rows_i] @ A_ip^T) @ (B_ip * scaling_i)^T
 
 Rows are grouped per adapter once per step (LoraState.set_rows): a contiguous run of rows is a slice, else an
-index gather / scatter. The math is torch (any device); a segmented GEMM kernel (SGLang's Triton SGMV / C on
-CPU) is not implemented. A step whose requests all run the base model sets no groups: each wrapper then calls
-the base linear and returns (the fused decode layer, model/executor/fused_decode.py, runs as without LoRA).
+index gather / scatter. The math is torch (any device), or on CPU (float32, bf16) the C segment kernel
+(model/layers/lora_sgmv.py: one shrink and one expand call per linear for every adapter of the step). A step whose
+requests all run the base model sets no groups: each wrapper then calls the base linear and returns (the fused
+decode layer, model/executor/fused_decode.py, runs as without LoRA).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from radixlang_runtime.model.loader.lora_adapter import LoraAdapter
+from radixlang_runtime.model.layers.lora_sgmv import LoraSegments, SgmvWeights, lora_sgmv_ready
 
 Rows = Union[slice, torch.Tensor]
 
@@ -27,6 +29,7 @@ class LoraState:
 
     def __init__(self) -> None:
         self.groups: list[tuple[int, Rows]] = []  # (adapter id, rows of the flattened tokens)
+        self.segments: Optional[LoraSegments] = None  # the same groups for the C kernel (set where it may run)
 
     def set_rows(self, lora_ids: list[int], counts: list[int], device: torch.device) -> None:
         """lora_ids / counts per request (0: the base model); rows are the requests' tokens in order."""
@@ -41,9 +44,11 @@ class LoraState:
             contiguous = r[-1] - r[0] + 1 == len(r)
             self.groups.append((lid, slice(r[0], r[-1] + 1) if contiguous
                                 else torch.tensor(r, dtype=torch.int64, device=device)))
+        self.segments = LoraSegments.build(rows) if device.type == "cpu" and lora_sgmv_ready() else None
 
     def clear(self) -> None:
         self.groups = []
+        self.segments = None
 
 
 class LoraLinear(nn.Module):
@@ -54,20 +59,26 @@ class LoraLinear(nn.Module):
         self.base = base
         self.parts = parts
         self.state = state
-        # adapter id -> [(offset, size, A [r, in], B [size, r])]
+        # adapter id -> [(offset, size, A [r, in], B [size, r])]; B is a view of B^T [r, size] (contiguous)
         self.deltas: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+        self.kernel = SgmvWeights()  # the same weights as the C kernel reads them (model/layers/lora_sgmv.py)
 
     def add(self, lora_id: int, part: str, a: torch.Tensor, b: torch.Tensor) -> None:
         off, size = self.parts[part]
         if b.shape[0] != size:
             raise ValueError(f"LoRA {part}: B has {b.shape[0]} rows, the projection {size}")
-        self.deltas.setdefault(lora_id, []).append((off, size, a, b))
+        self.deltas.setdefault(lora_id, []).append((off, size, a, b.t().contiguous().t()))
+        self.kernel.set(lora_id, self.deltas[lora_id])
 
     def drop(self, lora_id: int) -> None:
         self.deltas.pop(lora_id, None)
+        self.kernel.drop(lora_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        seg = self.state.segments
+        if seg is not None and self.kernel.run(x, y, seg):
+            return y
         for lid, rows in self.state.groups:
             deltas = self.deltas.get(lid)
             if not deltas:
@@ -122,6 +133,8 @@ class LoraModel:
     def begin(self, lora_ids: list[int], counts: list[int], device: torch.device) -> None:
         """A step with adapters: its row groups; the MLPs run the step's rows as one block (the groups index the
         whole step), restored by `end`."""
+        if missing := sorted({i for i in lora_ids if i and i not in self.adapters}):
+            raise RuntimeError(f"LoRA adapter id(s) {missing} are not resident for this step")
         self.state.set_rows(lora_ids, counts, device)
         for mlp in self._blocked:
             mlp.ROWS = 1 << 62
