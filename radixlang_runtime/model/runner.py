@@ -125,7 +125,7 @@ class ModelRunner:
         self.model_dir = model_dir
         if self.device.type == "cpu":
             memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
-        self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
+        self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl, args.trust_remote_code)
         tensors = SafetensorsDir(model_dir)
         # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
         # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
