@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from radixlang_runtime.model.moe_spec import MoESpec
 from radixlang_runtime.model.rope_spec import RopeSpec, parse_rope
@@ -54,6 +54,7 @@ class ModelConfig:
     # per layer: chunked local attention c > 0 (Llama 4: the query at position p sees keys at [p - p % c, p]) or
     # 0 (as layer_windows says); () when no layer is chunked. Every attention path the model runs on honours it.
     layer_chunks: tuple[int, ...] = ()
+    family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

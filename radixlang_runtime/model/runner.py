@@ -141,6 +141,7 @@ class ModelRunner:
         backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
                                            cfg.attn_scale or cfg.head_dim ** -0.5)
         backend.set_layer_options(cfg.layer_windows, cfg.attn_logit_softcapping or 0.0)  # windows, soft-cap
+        backend.set_layer_chunks(cfg.layer_chunks)  # chunked local attention (refused where not implemented)
         self.backend = backend
         rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
         with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
@@ -182,6 +183,8 @@ class ModelRunner:
             # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
+        if cfg.layer_chunks and self.cpu_paths.c_extend:  # the C extend kernel has no chunk bound
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, extend_attention="torch:chunked")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
         if hasattr(backend, "configure"):

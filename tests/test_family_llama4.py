@@ -1,0 +1,153 @@
+"""Llama 4 text (models/llama4.py) end to end: a tiny random checkpoint written by transformers (chunked local
+attention in chunks of 8 on the RoPE layers, a NoPE layer with temperature tuning, L2 qk norm, MoE layers
+interleaved with dense ones), served in float32 greedy token for token against transformers with prompts longer
+than a chunk and a prefill chunk, a pool tight enough to retract, a radix-cache hit and the allocator checked
+after every step; the attention backend's chunk masks against a direct reference on every path; what is not
+implemented refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlang_runtime.model.config import ModelConfig
+from test_model_families import assert_windowed_parity
+
+LLAMA4 = dict(hidden_size=64, intermediate_size=32, intermediate_size_mlp=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+              interleave_moe_layer_step=2, bos_token_id=1, eos_token_id=2, initializer_range=0.1,
+              tie_word_embeddings=False)
+FULL = ["full_attention"] * 4
+
+
+@pytest.mark.parametrize("kwargs,contrasts", [
+    # layers 0-2 RoPE + chunks of 8, layer 3 NoPE (temperature tuning from position 3 on), experts top-1
+    ({"attention_chunk_size": 8, "floor_scale": 4, "attn_scale": 0.5},
+     [{"layer_types": FULL}, {"attn_temperature_tuning": False}]),
+    # chunks of 12, top-2 routing, every layer MoE, no qk norm (the contrasts above show the chunks count)
+    ({"attention_chunk_size": 12, "num_experts_per_tok": 2, "interleave_moe_layer_step": 1, "use_qk_norm": False,
+      "floor_scale": 8, "attn_scale": 0.3}, []),
+], ids=["chunk8_top1", "chunk12_top2"])
+def test_llama4_matches_transformers(kwargs, contrasts, tmp_path):
+    assert_windowed_parity(tmp_path, "Llama4TextConfig", kwargs, contrasts, tiny=LLAMA4)
+    parsed = ModelConfig.from_dir(str(tmp_path))
+    assert parsed.architecture == "Llama4ForCausalLM" and parsed.model_impl == "native"
+    assert parsed.layer_chunks[:3] == (kwargs["attention_chunk_size"],) * 3 and parsed.layer_chunks[3] == 0
+
+
+def chunk_reference(q, k_pool, v_pool, slots, prefix, n, chunk, scale):
+    """One request's attention in plain torch: query j (position prefix + j) over keys [p - p % chunk, p]."""
+    import torch
+
+    H, hkv = q.shape[1], k_pool.shape[0]
+    out = []
+    for j in range(n):
+        p = prefix + j
+        keys = slots[p - p % chunk: p + 1]
+        k = k_pool[:, keys].repeat_interleave(H // hkv, 0)  # [H, L, D]
+        v = v_pool[:, keys].repeat_interleave(H // hkv, 0)
+        w = torch.softmax((k @ q[j].unsqueeze(-1)).squeeze(-1) * scale, -1)  # [H, L]
+        out.append((w.unsqueeze(-1) * v).sum(1))
+    return torch.stack(out)  # [n, H, D]
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0], [13, 20]), ([5, 17, 0], [9, 1, 4]),
+                                                     ([7, 16, 30], [1, 1, 1])])
+def test_chunk_masks_on_every_path(prefix_lens, extend_lens, kernels):
+    import torch
+
+    from radixlang_kernels import cpu_ops
+    from radixlang_runtime.mem.kv_pool import KVPool
+    from radixlang_runtime.model.attention.torch_backend import TorchAttentionBackend
+    from radixlang_runtime.model.forward_batch import ForwardBatch
+
+    H, hkv, D, chunk = 4, 2, 16, 8
+    g = torch.Generator().manual_seed(0)
+    pool = KVPool(256, 1, hkv, D, torch.float32, torch.device("cpu"), 4, 64)
+    pool.k_buffers[0].copy_(torch.randn(hkv, 256, D, generator=g))
+    pool.v_buffers[0].copy_(torch.randn(hkv, 256, D, generator=g))
+    slots, out_loc, start = [], [], 3
+    for row, (p, n) in enumerate(zip(prefix_lens, extend_lens)):
+        s = torch.arange(start, start + p + n) * 2 % 256  # scattered slots
+        pool.req_to_token[row, : p + n] = s
+        slots.append(s)
+        out_loc.append(s[p:])
+        start += p + n
+    T = sum(extend_lens)
+    q = torch.randn(T, H, D, generator=g)
+    k = torch.randn(T, hkv, D, generator=g)
+    v = torch.randn(T, hkv, D, generator=g)
+    seq = [p + n for p, n in zip(prefix_lens, extend_lens)]
+    decode = all(n == 1 for n in extend_lens)
+    fb = ForwardBatch(phase="decode" if decode else "extend", batch_size=len(seq), input_ids=torch.zeros(T).long(),
+                      positions=torch.cat([torch.arange(p, p + n) for p, n in zip(prefix_lens, extend_lens)]),
+                      out_loc=torch.cat(out_loc), req_rows=torch.arange(len(seq)), seq_lens=torch.tensor(seq),
+                      seq_lens_cpu=seq, prefix_lens_cpu=prefix_lens, extend_lens_cpu=extend_lens, kv_pool=pool)
+    backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
+    backend.set_layer_chunks((chunk,))
+    if kernels:
+        paths = cpu_ops.plan(torch.device("cpu"), torch.float32, D, H, hkv, packed_linears=False)
+        backend.configure(paths)
+        assert not backend.c_extend  # no chunk bound in the C extend kernel: the torch path runs
+        assert backend.c_decode == paths.c_decode
+    backend.init_forward_metadata(fb)
+    got = backend.forward(q, k, v, 0, fb).view(T, H, D)
+    s0 = 0
+    for i, (p, n) in enumerate(zip(prefix_lens, extend_lens)):
+        ref = chunk_reference(q[s0:s0 + n], pool.k_buffers[0], pool.v_buffers[0], slots[i], p, n, chunk, D ** -0.5)
+        torch.testing.assert_close(got[s0:s0 + n], ref, atol=1e-5, rtol=1e-5)
+        s0 += n
+
+
+def test_a_backend_without_chunks_refuses_them():
+    from radixlang_runtime.model.attention.base import AttentionBackend
+
+    class NoChunks(AttentionBackend):
+        def init_forward_metadata(self, fb):
+            pass
+
+        def forward_extend(self, q, k, v, layer, fb):
+            pass
+
+        def forward_decode(self, q, layer, fb):
+            pass
+
+    backend = NoChunks(4, 2, 16, 0.25)
+    backend.set_layer_chunks((0, 0))  # none: accepted
+    with pytest.raises(ValueError, match=r"the NoChunks attention backend does not implement chunked local attention "
+                                         r"\(attention_chunk_size 8\): use --attention-backend torch"):
+        backend.set_layer_chunks((8, 0))
+
+
+BASE = {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 32, "intermediate_size_mlp": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4}
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"attention_bias": True}, "attention_bias true is not supported"),
+    ({"layer_types": ["sliding_attention"] * 4}, "layer_types .* is not supported"),
+    ({"no_rope_layers": [1, 0]}, "no_rope_layers has 2 entries for 4 layers"),
+    ({"attention_chunk_size": 0}, "attention_chunk_size 0 must be a positive"),
+    ({"output_router_logits": True}, "output_router_logits true is not supported"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"architectures": ["Llama4ForConditionalGeneration"], "text_config": {}},
+     "Llama4ForConditionalGeneration is not supported: only the text model"),
+])
+def test_unhonoured_llama4_fields_are_refused(extra, needle):
+    from radixlang_runtime.model.models.llama4 import parse_llama4
+
+    with pytest.raises(ValueError, match=needle):
+        parse_llama4({**BASE, **extra})
+
+
+def test_the_multimodal_checkpoint_is_refused_by_name():
+    from transformers import Llama4Config
+
+    cfg = {**Llama4Config(text_config={**BASE, "attention_chunk_size": 8}).to_dict(),
+           "architectures": ["Llama4ForConditionalGeneration"]}
+    with pytest.raises(ValueError, match="unsupported architecture 'Llama4ForConditionalGeneration'"):
+        ModelConfig.from_dict(cfg, "native")
+    with pytest.raises(ValueError, match="Llama4ForConditionalGeneration cannot run with --model-impl transformers: "
+                                         "layer 0 is 'chunked_attention'"):
+        ModelConfig.from_dict(cfg, "auto")
