@@ -6,8 +6,8 @@ Two gates, both refusing by name:
 
 - `refuse_unroutable(text_config, arch)`, on config.json before anything runs: attention the routing cannot
   represent (layer types other than full / sliding attention, e.g. Llama 4's chunked_attention; attention
-  logit soft-capping; attention sinks; KV shared across layers; a cache_implementation that is not a plain
-  per-layer cache);
+  logit soft-capping; attention sinks; KV shared across layers; attention shapes set per layer, Gemma 4's
+  per_layer_config; a cache_implementation that is not a plain per-layer cache);
 - `run_parity_probe(...)`, at load: one short prompt (PROBE_TOKENS ids) through the first layers (every layer
   when the model is small) twice, in float32: once through the paged routing (the runtime's attention backend
   over a scratch KV pool), once through transformers' own eager attention with its own masks. Each decoder
@@ -29,6 +29,7 @@ WHOLE_MODEL_PARAMS = 50_000_000  # at most this many parameters: every layer run
 PROBE_LAYERS = 4
 RTOL = 1e-4  # tolerance: RTOL * max(1, max |reference|) per layer output, in float32
 ROUTED_LAYER_TYPES = ("full_attention", "sliding_attention")  # sliding: ModelConfig caps the context at the window
+_SHAPES = ("head_dim", "num_key_value_heads", "num_attention_heads")  # attention shapes a per-layer config may set
 PLAIN_CACHES = (None, "dynamic", "static", "hybrid", "sliding_window")  # per-layer caches of every position
 
 
@@ -62,10 +63,27 @@ def refuse_unroutable(text: Any, arch: str) -> None:
         if value:
             raise ValueError(f"{arch} cannot run with --model-impl transformers: {key} {value!r} ({what}) is not "
                              "represented by the paged attention routing")
+    varying = _varying_shapes(text)
+    if varying:  # Gemma 4: head_dim per layer type; the pool has one shape for every layer
+        raise ValueError(f"{arch} cannot run with --model-impl transformers: per_layer_config sets {varying} per "
+                         "layer, which the paged KV pool (one head_dim and KV head count for every layer) does not "
+                         "represent")
     cache = getattr(text, "cache_implementation", None)
     if cache not in PLAIN_CACHES:
         raise ValueError(f"{arch} cannot run with --model-impl transformers: cache_implementation {cache!r} is not a "
                          "per-layer cache of every position (the paged KV pool's layout)")
+
+
+def _varying_shapes(text: Any) -> str:
+    """The attention shapes (_SHAPES) a per_layer_config sets to more than one value, with the values ("" if none)."""
+    per_layer = getattr(text, "per_layer_config", None) or []
+    layers = list(per_layer.values()) if isinstance(per_layer, dict) else list(per_layer)
+
+    def value(layer: Any, key: str) -> Any:
+        return layer.get(key) if isinstance(layer, dict) else getattr(layer, key, None)
+
+    values = {k: sorted({repr(value(layer, k)) for layer in layers}) for k in _SHAPES}
+    return "; ".join(f"{k} {' / '.join(v)}" for k, v in values.items() if len(v) > 1)
 
 
 def decoder_layers(model: nn.Module, num_layers: int) -> Optional[nn.ModuleList]:
