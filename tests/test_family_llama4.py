@@ -131,8 +131,7 @@ BASE = {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "vo
     ({"attention_chunk_size": 0}, "attention_chunk_size 0 must be a positive"),
     ({"output_router_logits": True}, "output_router_logits true is not supported"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"architectures": ["Llama4ForConditionalGeneration"], "text_config": {}},
-     "Llama4ForConditionalGeneration is not supported: only the text model"),
+    ({"text_config": {}}, "Llama4ForCausalLM: config.json has a text_config .* must be Llama4ForConditionalGeneration"),
 ])
 def test_unhonoured_llama4_fields_are_refused(extra, needle):
     from radixlang_runtime.model.models.llama4 import parse_llama4
@@ -141,13 +140,34 @@ def test_unhonoured_llama4_fields_are_refused(extra, needle):
         parse_llama4({**BASE, **extra})
 
 
-def test_the_multimodal_checkpoint_is_refused_by_name():
-    from transformers import Llama4Config
+def test_the_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Llama4ForConditionalGeneration: text_config and the language_model. weights (the vision tower is not
+    loaded), greedy token for token against transformers' multimodal class on text prompts."""
+    import torch
+    from transformers import AutoTokenizer, Llama4Config, Llama4ForConditionalGeneration
 
-    cfg = {**Llama4Config(text_config={**BASE, "attention_chunk_size": 8}).to_dict(),
-           "architectures": ["Llama4ForConditionalGeneration"]}
-    with pytest.raises(ValueError, match="unsupported architecture 'Llama4ForConditionalGeneration'"):
-        ModelConfig.from_dict(cfg, "native")
-    with pytest.raises(ValueError, match="Llama4ForConditionalGeneration cannot run with --model-impl transformers: "
-                                         "layer 0 is 'chunked_attention'"):
-        ModelConfig.from_dict(cfg, "auto")
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
+    from tiny_checkpoints import hf_greedy
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    text = {**LLAMA4, "vocab_size": len(tok), "attention_chunk_size": 8, "max_position_embeddings": 256}
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+                  patch_size=14, projector_input_dim=64, projector_output_dim=64, vision_output_dim=64)
+    n = len(tok)
+    cfg = Llama4Config(text_config=text, vision_config=vision, image_token_index=n - 1, boi_token_index=n - 3,
+                       eoi_token_index=n - 2)
+    torch.manual_seed(0)
+    model = Llama4ForConditionalGeneration(cfg).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    prompts = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(k)] for j, k in enumerate((21, 34))]
+    want = [hf_greedy(model, p, 10) for p in prompts]
+    assert ModelConfig.from_dir(str(tmp_path)).architecture == "Llama4ForConditionalGeneration"
+    sp = {"max_new_tokens": 10, "min_new_tokens": 10, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=512, chunked_prefill_size=16,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=prompts, sampling_params=sp)
+        again = eng.generate(input_ids=prompts[1], sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == want
+    assert again["output_ids"] == want[1] and again["meta_info"]["cached_tokens"] > 0

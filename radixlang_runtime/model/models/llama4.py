@@ -13,8 +13,9 @@
   intermediate_size_mlp elsewhere: a sigmoid router over the top-k logits whose score scales each token's
   *input* to its expert (model/moe.grouped_experts runs the experts), plus an always-on shared expert.
 
-Llama4ForConditionalGeneration (the multimodal checkpoints) is refused by name: its text weights live under
-another prefix beside the vision tower.
+Llama4ForConditionalGeneration (the multimodal checkpoints) is served as its text model: config.json's
+text_config, the weights under language_model. (the vision tower and projector are not loaded; the runtime
+takes text prompts only).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from radixlang_runtime.model.parallel import Shard
 from radixlang_runtime.model.rotary import Rotary
 from radixlang_runtime.model.weights import SafetensorsDir
 
-__all__ = ["Llama4ForCausalLM", "parse_llama4"]
+__all__ = ["Llama4ForCausalLM", "parse_llama4", "parse_llama4_multimodal"]
 
 ARCH = "Llama4ForCausalLM"
+MULTIMODAL = "Llama4ForConditionalGeneration"
+TEXT_PREFIX = "language_model."  # the multimodal checkpoint's text weights: language_model.model.*, .lm_head.*
 # Llama4TextConfig's defaults for the fields read here
 _DEFAULTS = {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
              "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
@@ -56,38 +59,54 @@ class Llama4Layers:
     attn_scale: float
 
 
+def parse_llama4_multimodal(cfg: dict) -> ModelConfig:
+    """Llama4ForConditionalGeneration: its text_config, served as the text model (weights under language_model.)."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"{MULTIMODAL}: config.json has no text_config to serve")
+    tie = {cfg.get("tie_word_embeddings", False), text.get("tie_word_embeddings", False)}
+    if len(tie) > 1:
+        raise ValueError(f"{MULTIMODAL}: tie_word_embeddings differs between config.json and its text_config")
+    if cfg.get("quantization_config") is not None:
+        text = {**text, "quantization_config": cfg["quantization_config"]}
+    return _parse({**text, "tie_word_embeddings": tie.pop()}, MULTIMODAL)
+
+
 def parse_llama4(cfg: dict) -> ModelConfig:
-    if cfg.get("text_config") is not None or (cfg.get("architectures") or [ARCH])[0] != ARCH:
-        arch = (cfg.get("architectures") or ["?"])[0]
-        raise ValueError(f"{arch} is not supported: only the text model Llama4ForCausalLM (model_type llama4_text) "
-                         "is served; the multimodal checkpoint's text weights sit under another prefix beside "
-                         "its vision tower")
+    if cfg.get("text_config") is not None:
+        raise ValueError(f"{ARCH}: config.json has a text_config (a multimodal config): its architecture must be "
+                         f"{MULTIMODAL}")
+    return _parse(cfg, ARCH)
+
+
+def _parse(cfg: dict, arch: str) -> ModelConfig:
+    """A Llama 4 text config (Llama4TextConfig's fields and defaults) -> ModelConfig for `arch`."""
     cfg = {**_DEFAULTS, **cfg}
     layers = cfg["num_hidden_layers"]
     if cfg.get("attention_bias"):
-        raise ValueError(f"attention_bias true is not supported ({ARCH}: projections without bias)")
+        raise ValueError(f"attention_bias true is not supported ({arch}: projections without bias)")
     no_rope = cfg.get("no_rope_layers") or [int((i + 1) % int(cfg.get("no_rope_layer_interval", 4)) != 0)
                                             for i in range(layers)]
     if len(no_rope) != layers:
-        raise ValueError(f"no_rope_layers has {len(no_rope)} entries for {layers} layers ({ARCH})")
+        raise ValueError(f"no_rope_layers has {len(no_rope)} entries for {layers} layers ({arch})")
     chunk = cfg.get("attention_chunk_size", 8192)
     types = cfg.get("layer_types") or ["chunked_attention" if r and chunk is not None else "full_attention"
                                        for r in no_rope]
     unknown = sorted(set(types) - {"full_attention", "chunked_attention"})
     if unknown or len(types) != layers:
-        raise ValueError(f"layer_types {types!r} is not supported ({ARCH}: {layers} entries of full_attention or "
+        raise ValueError(f"layer_types {types!r} is not supported ({arch}: {layers} entries of full_attention or "
                          "chunked_attention)")
     if "chunked_attention" in types and (chunk is None or int(chunk) <= 0):
-        raise ValueError(f"attention_chunk_size {chunk!r} must be a positive number of positions ({ARCH})")
+        raise ValueError(f"attention_chunk_size {chunk!r} must be a positive number of positions ({arch})")
     chunks = tuple(int(chunk) if t == "chunked_attention" else 0 for t in types)
-    out = base_config({**cfg, "intermediate_size": cfg["intermediate_size_mlp"]}, ARCH, attention_bias=False,
+    out = base_config({**cfg, "intermediate_size": cfg["intermediate_size_mlp"]}, arch, attention_bias=False,
                       qk_norm=False, sliding_window=None, windows=())
     step = int(cfg.get("interleave_moe_layer_step", 1))
     moe_layers = cfg.get("moe_layers")
     if moe_layers is None:
         moe_layers = list(range(step - 1, layers, step)) if step >= 1 else []
     experts = int(cfg.get("num_local_experts", 16))
-    moe = parse_moe(cfg, ARCH, experts_key="num_local_experts", default_experts=16, default_top_k=1,
+    moe = parse_moe(cfg, arch, experts_key="num_local_experts", default_experts=16, default_top_k=1,
                     inter_key="intermediate_size", default_inter=8192, norm_topk_prob=False,
                     shared_intermediate_size=int(cfg["intermediate_size"]),
                     sparse_layers=tuple(experts > 0 and i in set(moe_layers) for i in range(layers)),
@@ -161,15 +180,15 @@ class _InterleavedQK:
     """The checkpoint's tensors with each q / k projection's rows permuted per head from interleaved lane pairs
     to halves (lanes 0, 2, 4, ..., then 1, 3, 5, ...), and the feed-forward blocks under Llama's names."""
 
-    def __init__(self, tensors: SafetensorsDir, head_dim: int):
-        self.tensors, self.d = tensors, head_dim
+    def __init__(self, tensors: SafetensorsDir, head_dim: int, prefix: str = ""):
+        self.tensors, self.d, self.prefix = tensors, head_dim, prefix
         self.perm = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
 
     def __contains__(self, name: str) -> bool:
-        return name in self.tensors
+        return self.prefix + name in self.tensors
 
     def get(self, name: str, rows: Optional[tuple[int, int]] = None, cols: Optional[tuple[int, int]] = None):
-        t = self.tensors.get(name, rows=rows, cols=cols)
+        t = self.tensors.get(self.prefix + name, rows=rows, cols=cols)
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             heads = t.shape[0] // self.d
             t = t.reshape(heads, self.d, -1)[:, self.perm].reshape(t.shape)
@@ -180,9 +199,9 @@ class Llama4ForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary, shard: Optional[Shard] = None,
                  reduce: Reduce = None):
         if reduce is not None or (shard is not None and shard.size > 1):
-            raise ValueError(f"tensor parallelism is not implemented for {ARCH} (use tp_size 1)")
+            raise ValueError(f"tensor parallelism is not implemented for {cfg.architecture} (use tp_size 1)")
         if not rotary.full:
-            raise ValueError(f"partial rotary is not supported for {ARCH}")
+            raise ValueError(f"partial rotary is not supported for {cfg.architecture}")
         super().__init__(cfg, backend, rotary, shard, reduce)
         for i, layer in enumerate(self.layers):
             self.layers[i] = Llama4DecoderLayer(cfg, i, backend, self.shard, reduce, layer.mlp)
@@ -192,7 +211,8 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         return Llama4MoE(cfg, shard, reduce) if cfg.moe.sparse_layers[layer_id] else MLP(cfg, shard, reduce)
 
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
-        super().load_hf_state_dict(_InterleavedQK(tensors, self.cfg.head_dim))
+        prefix = TEXT_PREFIX if self.cfg.architecture == MULTIMODAL else ""
+        super().load_hf_state_dict(_InterleavedQK(tensors, self.cfg.head_dim, prefix))
 
     def load_mlp(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
         src, dst, block = f"model.layers.{i}.feed_forward.", f"layers.{i}.mlp.", self.layers[i].mlp
@@ -210,4 +230,4 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         put(dst + "shared.down_proj.weight", tensors.get(s + "down_proj.weight"))
 
     def use_gguf_blocks(self, blocks: dict) -> int:
-        raise ValueError(f"--quantization gguf is not supported for {ARCH}")
+        raise ValueError(f"--quantization gguf is not supported for {self.cfg.architecture}")
