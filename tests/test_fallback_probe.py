@@ -19,8 +19,8 @@ LLAMA4 = dict(hidden_size=64, intermediate_size=32, intermediate_size_mlp=128, n
               initializer_range=0.1, max_position_embeddings=256)
 
 
-def load_fallback(path):
-    """The fallback model class as the runner builds it (float32, CPU, the torch attention backend)."""
+def load_fallback(path, dtype_name: str = "float32"):
+    """The fallback model class as the runner builds it (CPU, the torch attention backend)."""
     import torch
 
     from radixlang_runtime.model.attention import create_attention_backend
@@ -30,14 +30,20 @@ def load_fallback(path):
     cfg = ModelConfig.from_dir(str(path), "transformers")
     backend = create_attention_backend("torch", cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                        cfg.head_dim ** -0.5)
-    model = TransformersForCausalLM(cfg, backend, None).to(torch.float32)
+    model = TransformersForCausalLM(cfg, backend, None).to(getattr(torch, dtype_name))
     model.load_hf_state_dict(SafetensorsDir(str(path)))
     return model
 
 
-def test_a_checkpoint_served_right_passes_and_reports(tmp_path):
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_a_checkpoint_served_right_passes_and_reports(tmp_path, dtype_name):
+    """bfloat16: the probe runs the layers in float32 and leaves the model in its dtype."""
+    import torch
+
     build_tiny(tmp_path, "GPTNeoXConfig", TINY, {"rotary_pct": 0.5})
-    report = load_fallback(tmp_path).probe_report
+    model = load_fallback(tmp_path, dtype_name)
+    assert {p.dtype for p in model.hf.parameters()} == {getattr(torch, dtype_name)}
+    report = model.probe_report
     assert report.layers == 2 and report.tokens == 24
     assert report.max_abs_diff < 1e-4
     assert report.seconds > 0

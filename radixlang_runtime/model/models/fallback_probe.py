@@ -101,7 +101,7 @@ def _capture(layers: nn.ModuleList, count: int, outs: list) -> list:
         def record(module: nn.Module, args: Any, output: Any) -> None:
             out = output[0] if isinstance(output, (tuple, list)) else output
             outs.append(out.detach().float().clone())
-            if index == count - 1 and count < len(layers):
+            if index == count - 1:  # the final norm and head never run (they keep the model's dtype)
                 raise _Stop()
         return record
     return [layers[i].register_forward_hook(hook(i)) for i in range(count)]
