@@ -88,8 +88,7 @@ def test_chunk_masks_on_every_path(prefix_lens, extend_lens, kernels):
     if kernels:
         paths = cpu_ops.plan(torch.device("cpu"), torch.float32, D, H, hkv, packed_linears=False)
         backend.configure(paths)
-        assert not backend.c_extend  # no chunk bound in the C extend kernel: the torch path runs
-        assert backend.c_decode == paths.c_decode
+        assert (backend.c_decode, backend.c_extend) == (paths.c_decode, paths.c_extend)
     backend.init_forward_metadata(fb)
     got = backend.forward(q, k, v, 0, fb).view(T, H, D)
     s0 = 0

@@ -183,8 +183,6 @@ class ModelRunner:
             # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
-        if cfg.layer_chunks and self.cpu_paths.c_extend:  # the C extend kernel has no chunk bound
-            self.cpu_paths = dataclasses.replace(self.cpu_paths, extend_attention="torch:chunked")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
         if hasattr(backend, "configure"):

@@ -21,8 +21,9 @@ serves the full-attention layers). Soft-capping (self.soft_cap > 0, Gemma 2) run
 only: `configure` then keeps the C attention kernels off (the runner says so in its paths).
 Chunked local attention (self.chunks, per layer; Llama 4): the query at position p sees keys at
 [p - p % c, p]. The torch path masks them; the C decode reads each request's last chunk (k_begin = the chunk's
-first position); the C extend kernel has no chunk bound, so with chunks `configure` keeps extend on the torch
-path. Chunked layers never run cascade attention.
+first position); the C extend kernel runs each request's new tokens cut at chunk boundaries, one segment per
+piece, whose cached prefix is read from the chunk's first position (PagedPrefix.k_begin): `chunk_segments`.
+Chunked layers never run cascade attention.
 """
 
 from __future__ import annotations
@@ -65,6 +66,33 @@ class ExtendMeta:
     prior: Optional[cpu_ops.Prior] = None  # with a plan: the shared part's output, rewritten by every layer
     win_masks: dict = field(default_factory=dict)  # window w -> per request [n_i, L_i] bool (torch path)
     chunk_masks: dict = field(default_factory=dict)  # chunk c -> per request [n_i, L_i] bool (torch path)
+    chunk_segments: dict = field(default_factory=dict)  # chunk c -> ChunkSegments (C kernel path)
+
+
+@dataclass
+class ChunkSegments:
+    """The C extend kernel's calls for a chunked layer: each request's new tokens cut at chunk boundaries; a
+    segment starting at position p reads its prefix from p - p % c (the chunk's first position) to p - 1.
+    [S] int64 each."""
+
+    starts: torch.Tensor  # offset of the segment's tokens in T
+    lens: torch.Tensor
+    rows: torch.Tensor  # the request's req_to_token row
+    prefix_lens: torch.Tensor  # the segment's first position
+    k_begin: torch.Tensor  # its chunk's first position
+
+
+def chunk_segments(chunk: int, starts: list[int], prefix_lens: list[int], extend_lens: list[int],
+                   rows: list[int]) -> ChunkSegments:
+    out: list[list[int]] = [[], [], [], [], []]
+    for s, p, n, row in zip(starts, prefix_lens, extend_lens, rows):
+        pos = p
+        while pos < p + n:
+            end = min(p + n, (pos // chunk + 1) * chunk)
+            for col, value in zip(out, (s + pos - p, end - pos, row, pos, pos - pos % chunk)):
+                col.append(value)
+            pos = end
+    return ChunkSegments(*(torch.tensor(col, dtype=torch.int64) for col in out))
 
 
 @dataclass
@@ -93,8 +121,6 @@ class TorchAttentionBackend(AttentionBackend):
         """Take the kernel choices of cpu_ops.plan() (they hold for every batch of this model); with a
         soft-cap the C attention kernels stay off (they do not implement it)."""
         self.c_decode, self.c_extend = (False, False) if self.soft_cap else (paths.c_decode, paths.c_extend)
-        if self.distinct_chunks:  # the C extend kernel has no chunk bound: extend runs on the torch path
-            self.c_extend = False
         self.dpbf16 = "+dpbf16" in paths.extend_attention
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -143,6 +169,9 @@ class TorchAttentionBackend(AttentionBackend):
                                       torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
                                       None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan,
                                       self._prior(plan, int(fb.input_ids.shape[0]), pool))
+            rows = fb.req_rows.tolist() if self.distinct_chunks else []
+            fb.attn_meta.chunk_segments = {c: chunk_segments(c, starts, fb.prefix_lens_cpu, fb.extend_lens_cpu, rows)
+                                           for c in self.distinct_chunks}
             return
         starts, slots, masks = [], [], []
         off = 0
@@ -213,8 +242,13 @@ class TorchAttentionBackend(AttentionBackend):
         T, H, D = q.shape
         hkv = self.num_kv_heads
         w, c = self.window(layer), self.chunk(layer)
-        if meta.kernel_starts is not None:  # the C kernel (never with chunks: configure)
+        if meta.kernel_starts is not None:  # the C kernel
             prefix, plan = None, meta.cascade
+            if c:  # one call over the chunk segments, no cascade
+                seg, pool = meta.chunk_segments[c], fb.kv_pool
+                prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+                                             seg.rows, seg.prefix_lens, seg.k_begin)
+                return cpu_ops.extend_causal(q, k, v, seg.starts, seg.lens, self.scale, prefix, self.dpbf16)
             if w:  # windowed layers: one pass over the whole prefix, masked in the kernel (no cascade)
                 pool = fb.kv_pool
                 if meta.kernel_prefix_lens is not None:

@@ -289,7 +289,11 @@ class TransformersForCausalLM(nn.Module):
                 return self.hf(input_ids=ids, position_ids=pos, use_cache=False)
 
         def reference(ids: torch.Tensor, pos: torch.Tensor) -> Any:
-            self.hf.set_attn_implementation("eager")
+            try:
+                self.hf.set_attn_implementation("eager")
+            except (ValueError, ImportError) as e:
+                raise ValueError(f"{cfg.architecture} cannot run with --model-impl transformers: the parity probe "
+                                 f"needs transformers' eager attention for it ({e})") from None
             try:
                 return self.hf(input_ids=ids, position_ids=pos, use_cache=False)
             finally:
