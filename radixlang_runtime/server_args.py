@@ -30,6 +30,7 @@ class ServerArgs:
     # native: model/models/ (refused when no file); transformers: transformers' modeling code with attention in the
     # paged KV pool (models/transformers_fallback.py); auto: native where the registry has the family
     model_impl: str = "auto"
+    trust_remote_code: bool = False  # the fallback may load a checkpoint's own modeling code (config.json auto_map)
     # pooling model (docs/EMBEDDINGS.md): /v1/embeddings and /encode serve pooled final hidden states (pooling from
     # a sentence-transformers directory's modules, else last token + L2 norm); generation routes answer 400
     is_embedding: bool = False

@@ -18,6 +18,8 @@ HELP: dict[str, str] = {
     "model_impl": "auto: the native model file when radixlang has the architecture, else transformers' modeling "
                   "code with attention in the paged KV pool; native: refuse architectures without a file; "
                   "transformers: always the fallback",
+    "trust_remote_code": "load a checkpoint's own modeling code (config.json auto_map) into the transformers "
+                         "fallback; without it such a checkpoint is refused",
     "is_embedding": "serve a pooling model: /v1/embeddings, /encode, /v1/rerank, /v1/score (generation refused); "
                     "a sentence-transformers directory's pooling and normalization are read from it",
     "rerank_template": "the reranker's prompt with {query}, {document}, {instruction} (default: Qwen3-Reranker's)",
@@ -170,8 +172,6 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--no-enable-prefix-caching": "use --disable-radix-cache",
     "--enable-chunked-prefill": "chunked prefill is always on (--chunked-prefill-size -1 turns it off)",
     "--seed": "use --random-seed",
-    "--trust-remote-code": "a checkpoint's own modeling code is not loaded; architectures transformers ships run "
-                           "through --model-impl transformers",
     "--revision": "models are read from a local path; check out the revision into a directory",
     "--download-dir": "models are read from a local path (--model-path DIR)",
     "--load-format": "weights load from safetensors or GGUF by their file type",

@@ -159,7 +159,8 @@ def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
     from radixlang_runtime.model.loader.config import ModelConfig
     from radixlang_runtime.model.loader.resolve import resolve_model_dir
 
-    cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl)
+    cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl,
+                               args.trust_remote_code)
     return cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
 
 

@@ -62,14 +62,14 @@ def test_llama_through_transformers_matches_native(tmp_path):
     assert got["native"] == want
 
 
-def test_softcapping_is_refused_by_the_probe(tmp_path):
-    """Gemma 2 through transformers: its attention passes softcap, which the paged backends do not apply."""
+def test_softcapping_is_refused_before_loading(tmp_path):
+    """Gemma 2 through transformers: its attention soft-caps, which the paged routing does not apply."""
     from radixlang_runtime import Engine
 
     build_tiny(tmp_path, "Gemma2Config", TINY, {"num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 16,
                                                 "sliding_window": 4096})
-    with pytest.raises(ValueError, match="Gemma2ForCausalLM cannot run with --model-impl transformers: .*attention "
-                                         "softcap is not supported"):
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM cannot run with --model-impl transformers: "
+                                         r"attn_logit_softcapping 50.0 \(attention logit soft-capping\)"):
         Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, model_impl="transformers")
 
 

@@ -124,7 +124,7 @@ class ModelRunner:
         self.model_dir = model_dir
         if self.device.type == "cpu":
             memory.tune_malloc()  # step buffers keep their pages between steps (model/executor/memory.py)
-        self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
+        self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl, args.trust_remote_code)
         tensors = SafetensorsDir(model_dir)
         # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
         # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
@@ -140,6 +140,7 @@ class ModelRunner:
         backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
                                            cfg.attn_scale or cfg.head_dim ** -0.5)
         backend.set_layer_options(cfg.layer_windows, cfg.attn_logit_softcapping or 0.0)  # windows, soft-cap
+        backend.set_layer_chunks(cfg.layer_chunks)  # chunked local attention (refused where not implemented)
         self.backend = backend
         rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
         with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)

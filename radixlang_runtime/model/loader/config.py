@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from radixlang_runtime.model.layers.moe_spec import MoESpec
 from radixlang_runtime.model.layers.rope_spec import RopeSpec, parse_rope
@@ -50,6 +50,11 @@ class ModelConfig:
     final_logit_softcapping: Optional[float] = None  # Gemma 2: logits c * tanh(logits / c)
     attn_scale: Optional[float] = None  # scores scale (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5
     rope_local: Optional[RopeSpec] = None  # Gemma 3: the sliding layers' rope (rope_local_base_freq); None: rope
+    trust_remote_code: bool = False  # the transformers fallback loads the checkpoint's own modeling code (auto_map)
+    # per layer: chunked local attention c > 0 (Llama 4: the query at position p sees keys at [p - p % c, p]) or
+    # 0 (as layer_windows says); () when no layer is chunked. Every attention path the model runs on honours it.
+    layer_chunks: tuple[int, ...] = ()
+    family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""
@@ -58,17 +63,22 @@ class ModelConfig:
                              f"--context-length {self.max_context} or less")
 
     @staticmethod
-    def from_dict(cfg: dict, model_impl: str = "native") -> "ModelConfig":
-        """model_impl (--model-impl): native | transformers | auto (native where the registry has the family)."""
-        from radixlang_runtime.model.models import family_for  # the registry imports this module
+    def from_dict(cfg: dict, model_impl: str = "native", path: Optional[str] = None,
+                  trust_remote_code: bool = False) -> "ModelConfig":
+        """model_impl (--model-impl): native | transformers | auto (native where the registry has the family).
+        path / trust_remote_code: the checkpoint directory and --trust-remote-code (the fallback's auto_map)."""
+        from radixlang_runtime.model.models import TRANSFORMERS, family_for  # the registry imports this module
 
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-        return family_for(archs[0], model_impl).parse(cfg)
+        family = family_for(archs[0], model_impl)
+        if family is TRANSFORMERS:
+            return family.parse(cfg, path, trust_remote_code)
+        return family.parse(cfg)
 
     @staticmethod
-    def from_dir(path: str, model_impl: str = "native") -> "ModelConfig":
+    def from_dir(path: str, model_impl: str = "native", trust_remote_code: bool = False) -> "ModelConfig":
         with open(os.path.join(path, "config.json")) as f:
-            return ModelConfig.from_dict(json.load(f), model_impl)
+            return ModelConfig.from_dict(json.load(f), model_impl, path, trust_remote_code)
 
 
 def refuse_common(cfg: dict, arch: str, softcap: bool = False) -> None:

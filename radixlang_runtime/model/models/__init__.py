@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
-from radixlang_runtime.model.models import (gemma2, gemma3, llama_family, mixtral, olmoe, phi3, qwen_moe,
+from radixlang_runtime.model.models import (gemma2, gemma3, llama4, llama_family, mixtral, olmoe, phi3, qwen_moe,
                                           transformers_fallback)
 
 
@@ -34,6 +34,8 @@ _FAMILIES = (
     ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
     ModelFamily("Gemma2ForCausalLM", gemma2.parse_gemma2, gemma2.Gemma2ForCausalLM),
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
+    ModelFamily("Llama4ForCausalLM", llama4.parse_llama4, llama4.Llama4ForCausalLM),
+    ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

@@ -10,15 +10,23 @@ the runner's positions; transformers' own mask and cache are off (the backend kn
 The step reaches the attention function through an explicit, guarded context (STYLE.md §7): `_bind` sets it
 for one forward on this thread and refuses nesting; the attention function refuses to run outside one.
 
-At load a two-token probe forward checks what the paged path cannot honour and refuses it by name: a layer
-whose attention does not go through the registry, head counts or head_dim other than config.json's, a
-scaling other than head_dim ** -0.5, soft-capping, attention sinks, non-causal attention and sliding windows
-the config did not declare (a declared window shorter than the context is refused by ModelConfig).
+Before loading, config.json's attention features the routing cannot represent are refused by name
+(models/fallback_probe.refuse_unroutable: chunked attention, soft-capping, sinks, shared KV). At load a
+two-token probe forward checks what the paged path cannot honour and refuses it by name: a layer whose
+attention does not go through the registry, head counts or head_dim other than config.json's, a scaling other
+than head_dim ** -0.5, soft-capping, attention sinks, non-causal attention and sliding windows the config did
+not declare (a declared window shorter than the context is refused by ModelConfig). Then the parity probe
+(models/fallback_probe.run_parity_probe) runs a short prompt through the paged routing and through
+transformers' own attention and refuses the first layer whose output differs.
+
+A checkpoint whose config.json has an `auto_map` (its own modeling code) loads that code only with
+--trust-remote-code (parse_transformers(..., path, trust_remote_code=True)); it then passes the same gates.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import threading
 from contextlib import contextmanager
@@ -29,32 +37,61 @@ import torch
 from torch import nn
 
 from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.models.fallback_probe import ProbeReport, refuse_unroutable, run_parity_probe
 from radixlang_runtime.model.layers.rope_spec import RopeSpec
+
+logger = logging.getLogger(__name__)
 
 ATTN_NAME = "radixlang"  # the name registered in transformers' AttentionInterface / AttentionMaskInterface
 _REFUSED_KWARGS = ("softcap", "s_aux", "sinks")  # attention kwargs that change the math (None: not in use)
 
 
-def parse_transformers(cfg: dict) -> ModelConfig:
+def needs_remote_code(cfg: dict) -> bool:
+    """config.json's auto_map names the checkpoint's own modeling code for its causal LM (or its config class,
+    for a model_type transformers does not ship)."""
+    from transformers import CONFIG_MAPPING
+
+    auto_map = cfg.get("auto_map") or {}
+    return bool(auto_map) and ("AutoModelForCausalLM" in auto_map or cfg.get("model_type") not in CONFIG_MAPPING)
+
+
+def parse_transformers(cfg: dict, path: Optional[str] = None, trust_remote_code: bool = False) -> ModelConfig:
     """config.json -> the ModelConfig the runner sizes the KV pool with (heads, head_dim, layers, vocab);
-    refuses an architecture transformers has no decoder class for, or whose attention bypasses the registry."""
+    refuses an architecture transformers has no decoder class for, whose attention bypasses the registry, or
+    whose attention the routing cannot represent (fallback_probe.refuse_unroutable). A checkpoint with its own
+    modeling code (auto_map) needs trust_remote_code (--trust-remote-code) and its directory `path`."""
     import transformers
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     arch = (cfg.get("architectures") or ["?"])[0]
     model_type = cfg.get("model_type")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
-        raise ValueError(f"architecture {arch!r} (model_type {model_type!r}) has no decoder (causal LM) class in "
-                         f"transformers {transformers.__version__}: --model-impl transformers cannot serve it")
-    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type], None)
-    if model_cls is None or not getattr(model_cls, "_supports_attention_backend", False):
-        raise ValueError(f"architecture {arch!r}: its attention is not reachable through transformers' attention-"
-                         "function registry, so it cannot run on the paged KV pool (--model-impl transformers)")
+    remote = needs_remote_code(cfg)
+    if remote and not trust_remote_code:
+        raise ValueError(f"architecture {arch!r}: config.json's auto_map loads the checkpoint's own modeling code "
+                         f"({(cfg.get('auto_map') or {}).get('AutoModelForCausalLM', 'auto_map')}); it runs only with "
+                         "--trust-remote-code (trust_remote_code=True)")
     if cfg.get("quantization_config") is not None:
         raise ValueError("quantization_config is not supported with --model-impl transformers")
-    text = CONFIG_MAPPING[model_type].from_dict(cfg).get_text_config()
+    if remote:
+        if path is None or "AutoModelForCausalLM" not in cfg["auto_map"]:
+            raise ValueError(f"architecture {arch!r}: --trust-remote-code needs the checkpoint directory and an "
+                             "auto_map entry AutoModelForCausalLM")
+        from transformers import AutoConfig
+
+        text = AutoConfig.from_pretrained(path, trust_remote_code=True).get_text_config()
+    else:
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
+            raise ValueError(f"architecture {arch!r} (model_type {model_type!r}) has no decoder (causal LM) class in "
+                             f"transformers {transformers.__version__}: --model-impl transformers cannot serve it")
+        model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type], None)
+        if model_cls is None or not getattr(model_cls, "_supports_attention_backend", False):
+            raise ValueError(f"architecture {arch!r}: its attention is not reachable through transformers' attention-"
+                             "function registry, so it cannot run on the paged KV pool (--model-impl transformers)")
+        text = _text_config(CONFIG_MAPPING[model_type], cfg, arch)
+    refuse_unroutable(text, arch)
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     window = getattr(text, "sliding_window", None)
@@ -74,7 +111,17 @@ def parse_transformers(cfg: dict) -> ModelConfig:
         sliding_window=None if window is None else int(window), model_impl="transformers",
         # the paged path runs every layer causal over the whole prefix: a declared window binds only up to itself
         max_context=None if window is None else int(window),
-        max_context_reason=f"sliding_window {window} (--model-impl transformers attends over the whole prefix)")
+        max_context_reason=f"sliding_window {window} (--model-impl transformers attends over the whole prefix)",
+        trust_remote_code=remote)
+
+
+def _text_config(config_cls: Any, cfg: dict, arch: str) -> Any:
+    """transformers' config (its text part) from config.json; its own validation errors name the architecture."""
+    try:
+        return config_cls.from_dict(cfg).get_text_config()
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"architecture {arch!r}: transformers cannot build its config for --model-impl "
+                         f"transformers ({type(e).__name__}: {e})") from None
 
 
 # ---------------------------------------------------------------- the step context (explicit, guarded)
@@ -173,6 +220,17 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_NAME, _no_mask)
 
 
+def _probe_batch(ids: torch.Tensor, cfg: ModelConfig, device: torch.device) -> ForwardBatch:
+    """One fresh request of len(ids) tokens over a scratch float32 pool of as many slots (the parity probe)."""
+    n = int(ids.shape[0])
+    pool = KVPool(n, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, torch.float32, device, 1, n)
+    slots = torch.arange(n, device=device)
+    pool.req_to_token[0, :n] = slots
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    return ForwardBatch(phase="extend", batch_size=1, input_ids=ids, positions=slots, out_loc=slots, req_rows=zero,
+                        seq_lens=zero + n, seq_lens_cpu=[n], prefix_lens_cpu=[0], extend_lens_cpu=[n], kv_pool=pool)
+
+
 # ---------------------------------------------------------------- the model
 class TransformersForCausalLM(nn.Module):
     """The registry's model contract (cfg, backend, rotary, shard, reduce; load_hf_state_dict; forward(fb,
@@ -186,6 +244,7 @@ class TransformersForCausalLM(nn.Module):
         # [0]: moved by the runner (to_empty / .to(dtype)) like any parameter; the loaded model follows it
         self.register_buffer("placement", torch.zeros(1), persistent=False)
         self.hf: Optional[nn.Module] = None
+        self.probe_report: Optional[ProbeReport] = None  # the load-time parity probe's figures
         self.fused_decode = None  # the runner's C decode layer is the native decoder's; never set here
         self._keep_rows = False  # whether hf.forward takes logits_to_keep (rows picked before the head)
 
@@ -195,11 +254,15 @@ class TransformersForCausalLM(nn.Module):
 
         register()
         dtype, device = self.placement.dtype, self.placement.device
-        hf = AutoModelForCausalLM.from_pretrained(tensors.path, dtype=dtype, attn_implementation=ATTN_NAME)
+        hf = AutoModelForCausalLM.from_pretrained(tensors.path, dtype=dtype, attn_implementation=ATTN_NAME,
+                                                  trust_remote_code=self.cfg.trust_remote_code)
         self.hf = hf.to(device).eval()
         self.hf.config.use_cache = False
         self._keep_rows = "logits_to_keep" in inspect.signature(self.hf.forward).parameters
         self._probe()
+        self.probe_report = self._parity_probe()
+        logger.info("%s through transformers: parity probe passed (%s)", self.cfg.architecture,
+                    self.probe_report.describe())
 
     def _probe(self) -> None:
         probe = _Probe()
@@ -213,6 +276,30 @@ class TransformersForCausalLM(nn.Module):
         if probe.problems:
             raise ValueError(f"{self.cfg.architecture} cannot run with --model-impl transformers: "
                              + "; ".join(dict.fromkeys(probe.problems)))
+
+    def _parity_probe(self) -> ProbeReport:
+        """The first layers on one short prompt through the paged routing (this backend over a scratch float32
+        pool) and through transformers' eager attention (fallback_probe.run_parity_probe)."""
+        cfg, device = self.cfg, self.placement.device
+
+        def routed(ids: torch.Tensor, pos: torch.Tensor) -> Any:
+            fb = _probe_batch(ids[0], cfg, device)
+            self.backend.init_forward_metadata(fb)
+            with _bind(_Step(fb, self.backend, cfg)):
+                return self.hf(input_ids=ids, position_ids=pos, use_cache=False)
+
+        def reference(ids: torch.Tensor, pos: torch.Tensor) -> Any:
+            try:
+                self.hf.set_attn_implementation("eager")
+            except (ValueError, ImportError) as e:
+                raise ValueError(f"{cfg.architecture} cannot run with --model-impl transformers: the parity probe "
+                                 f"needs transformers' eager attention for it ({e})") from None
+            try:
+                return self.hf(input_ids=ids, position_ids=pos, use_cache=False)
+            finally:
+                self.hf.set_attn_implementation(ATTN_NAME)
+
+        return run_parity_probe(self.hf, cfg.architecture, cfg.num_hidden_layers, cfg.vocab_size, routed, reference)
 
     def forward(self, fb: ForwardBatch, logit_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """float32 logits [R, V] for the flattened token rows `logit_rows` (all T rows when None)."""

@@ -20,11 +20,33 @@ class AttentionBackend(ABC):
         # sliding_window) or 0 (full causal); layers past the tuple's end are full. Set by set_layer_options.
         self.windows: tuple[int, ...] = ()
         self.soft_cap = 0.0  # c > 0: scores become c * tanh(scores / c) (Gemma 2), every layer
+        # per layer: chunked local attention c > 0 (Llama 4: the query at position p sees keys at [p - p % c, p])
+        # or 0; layers past the tuple's end are not chunked. Set by set_layer_chunks.
+        self.chunks: tuple[int, ...] = ()
+
+    supports_chunks = False  # whether this backend implements chunked local attention (set_layer_chunks)
 
     def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
         """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
         self.windows = tuple(int(w) for w in windows)
         self.soft_cap = float(soft_cap or 0.0)
+
+    def set_layer_chunks(self, chunks: tuple[int, ...]) -> None:
+        """The model's per-layer attention chunks (ModelConfig.layer_chunks); a backend that does not implement
+        them refuses by name."""
+        chunks = tuple(int(c) for c in chunks)
+        if any(chunks) and not self.supports_chunks:
+            raise ValueError(f"the {type(self).__name__} attention backend does not implement chunked local "
+                             f"attention (attention_chunk_size {max(chunks)}): use --attention-backend torch")
+        self.chunks = chunks
+
+    def chunk(self, layer: int) -> int:
+        return self.chunks[layer] if layer < len(self.chunks) else 0
+
+    @property
+    def distinct_chunks(self) -> set[int]:
+        """The chunk sizes > 0 some layer applies (metadata is built once per step for each)."""
+        return {c for c in self.chunks if c > 0}
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if layer < len(self.windows) else 0

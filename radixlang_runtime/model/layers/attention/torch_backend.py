@@ -19,6 +19,11 @@ extend kernel masks in place (its `window`). Windowed layers never run cascade a
 prefix mostly lies outside the window, so those layers run the plain one-pass kernels (the step's plan
 serves the full-attention layers). Soft-capping (self.soft_cap > 0, Gemma 2) runs on the torch path
 only: `configure` then keeps the C attention kernels off (the runner says so in its paths).
+Chunked local attention (self.chunks, per layer; Llama 4): the query at position p sees keys at
+[p - p % c, p]. The torch path masks them; the C decode reads each request's last chunk (k_begin = the chunk's
+first position); the C extend kernel runs each request's new tokens cut at chunk boundaries, one segment per
+piece, whose cached prefix is read from the chunk's first position (PagedPrefix.k_begin): `chunk_segments`.
+Chunked layers never run cascade attention.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class DecodeMeta:
     max_len: int  # L_max
     keep_mask: Optional[torch.Tensor]  # [1, B, 1, L_max] bool, False on padding; None when lengths are equal
     win_masks: dict = field(default_factory=dict)  # window w -> [1, B, 1, L_max] bool: keep_mask & the window
+    chunk_masks: dict = field(default_factory=dict)  # chunk c -> [1, B, 1, L_max] bool: the last token's chunk
 
 
 @dataclass
@@ -59,6 +65,34 @@ class ExtendMeta:
     cascade: Optional[CascadePlan] = None  # requests sharing cached slots (C kernel path only)
     prior: Optional[cpu_ops.Prior] = None  # with a plan: the shared part's output, rewritten by every layer
     win_masks: dict = field(default_factory=dict)  # window w -> per request [n_i, L_i] bool (torch path)
+    chunk_masks: dict = field(default_factory=dict)  # chunk c -> per request [n_i, L_i] bool (torch path)
+    chunk_segments: dict = field(default_factory=dict)  # chunk c -> ChunkSegments (C kernel path)
+
+
+@dataclass
+class ChunkSegments:
+    """The C extend kernel's calls for a chunked layer: each request's new tokens cut at chunk boundaries; a
+    segment starting at position p reads its prefix from p - p % c (the chunk's first position) to p - 1.
+    [S] int64 each."""
+
+    starts: torch.Tensor  # offset of the segment's tokens in T
+    lens: torch.Tensor
+    rows: torch.Tensor  # the request's req_to_token row
+    prefix_lens: torch.Tensor  # the segment's first position
+    k_begin: torch.Tensor  # its chunk's first position
+
+
+def chunk_segments(chunk: int, starts: list[int], prefix_lens: list[int], extend_lens: list[int],
+                   rows: list[int]) -> ChunkSegments:
+    out: list[list[int]] = [[], [], [], [], []]
+    for s, p, n, row in zip(starts, prefix_lens, extend_lens, rows):
+        pos = p
+        while pos < p + n:
+            end = min(p + n, (pos // chunk + 1) * chunk)
+            for col, value in zip(out, (s + pos - p, end - pos, row, pos, pos - pos % chunk)):
+                col.append(value)
+            pos = end
+    return ChunkSegments(*(torch.tensor(col, dtype=torch.int64) for col in out))
 
 
 @dataclass
@@ -69,9 +103,12 @@ class CDecodeMeta:
     prior: Optional[cpu_ops.Prior] = None  # with a plan: see ExtendMeta.prior
     rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # deterministic mode: arange(B), ones(B)
     win_begin: dict = field(default_factory=dict)  # window w -> [B] int64 max(0, seq_len - w): the first key
+    chunk_begin: dict = field(default_factory=dict)  # chunk c -> [B] int64 the new token's chunk's first position
 
 
 class TorchAttentionBackend(AttentionBackend):
+    supports_chunks = True
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.c_decode = False  # cpu_ops.paged_decode
@@ -98,6 +135,8 @@ class TorchAttentionBackend(AttentionBackend):
                                             list(range(B)), [1] * B)
                 meta.prior = self._prior(meta.cascade, B, pool)
             meta.win_begin = {w: (fb.seq_lens - w).clamp_(min=0) for w in self.distinct_windows}
+            meta.chunk_begin = {c: torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
+                                for c in self.distinct_chunks}
             fb.attn_meta = meta
             return
         if fb.is_decode:
@@ -112,7 +151,12 @@ class TorchAttentionBackend(AttentionBackend):
             for w in self.distinct_windows:
                 seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= fb.seq_lens[:, None] - w)
                 win_masks[w] = seen.view(1, fb.batch_size, 1, max_len)
-            fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask, win_masks)
+            chunk_masks = {}
+            for c in self.distinct_chunks:
+                first = torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
+                seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= first[:, None])
+                chunk_masks[c] = seen.view(1, fb.batch_size, 1, max_len)
+            fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask, win_masks, chunk_masks)
             return
         fresh = all(p == 0 for p in fb.prefix_lens_cpu)
         if self.c_extend:  # the C kernel reads prefixes in place: no gather, no masks
@@ -125,6 +169,9 @@ class TorchAttentionBackend(AttentionBackend):
                                       torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
                                       None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan,
                                       self._prior(plan, int(fb.input_ids.shape[0]), pool))
+            rows = fb.req_rows.tolist() if self.distinct_chunks else []
+            fb.attn_meta.chunk_segments = {c: chunk_segments(c, starts, fb.prefix_lens_cpu, fb.extend_lens_cpu, rows)
+                                           for c in self.distinct_chunks}
             return
         starts, slots, masks = [], [], []
         off = 0
@@ -143,7 +190,9 @@ class TorchAttentionBackend(AttentionBackend):
         uniform = fresh and len(set(fb.extend_lens_cpu)) == 1
         win_masks = {w: [causal_mask(p, n, w, dev) for p, n in zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)]
                      for w in self.distinct_windows}
-        fb.attn_meta = ExtendMeta(uniform, starts, slots, masks, win_masks=win_masks)
+        chunk_masks = {c: [chunk_mask(p, n, c, dev) for p, n in zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)]
+                       for c in self.distinct_chunks}
+        fb.attn_meta = ExtendMeta(uniform, starts, slots, masks, win_masks=win_masks, chunk_masks=chunk_masks)
 
     def _prior(self, plan: Optional[CascadePlan], T: int, pool) -> Optional[cpu_ops.Prior]:
         if plan is None:
@@ -155,7 +204,11 @@ class TorchAttentionBackend(AttentionBackend):
         if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
             pool, cm = fb.kv_pool, fb.attn_meta
             kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
-            w = self.window(layer)
+            w, c = self.window(layer), self.chunk(layer)
+            if c:  # the new token's chunk, one pass (no cascade)
+                o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
+                                         cm.chunk_begin[c])
+                return o.view(B, H * D)
             if cm.rows is not None:
                 o = cpu_ops.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
                                                     self.scale, self.dpbf16, window=w)
@@ -178,8 +231,8 @@ class TorchAttentionBackend(AttentionBackend):
         # SDPA sees Hkv as the batch and B as the heads. NOTE: not a hand-written matmul/softmax: in
         # bf16 every new L makes oneDNN build a new matmul primitive, a cost paid again at every decode
         # step as L grows (docs/PERFORMANCE.md#torch-backend).
-        w = self.window(layer)
-        mask = meta.win_masks[w] if w else meta.keep_mask
+        w, c = self.window(layer), self.chunk(layer)
+        mask = meta.chunk_masks[c] if c else (meta.win_masks[w] if w else meta.keep_mask)
         o = attend(qg, k, v, mask, self.scale, self.soft_cap)  # [Hkv, B, G, D]
         return o.transpose(0, 1).reshape(B, H * D)
 
@@ -188,9 +241,14 @@ class TorchAttentionBackend(AttentionBackend):
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
         hkv = self.num_kv_heads
-        w = self.window(layer)
+        w, c = self.window(layer), self.chunk(layer)
         if meta.kernel_starts is not None:  # the C kernel
             prefix, plan = None, meta.cascade
+            if c:  # one call over the chunk segments, no cascade
+                seg, pool = meta.chunk_segments[c], fb.kv_pool
+                prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
+                                             seg.rows, seg.prefix_lens, seg.k_begin)
+                return cpu_ops.extend_causal(q, k, v, seg.starts, seg.lens, self.scale, prefix, self.dpbf16)
             if w:  # windowed layers: one pass over the whole prefix, masked in the kernel (no cascade)
                 pool = fb.kv_pool
                 if meta.kernel_prefix_lens is not None:
@@ -207,7 +265,7 @@ class TorchAttentionBackend(AttentionBackend):
                                                  None if plan is None else plan.k_begin)
             return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
                                              self.dpbf16, meta.prior)
-        if meta.uniform and not w and not self.soft_cap:
+        if meta.uniform and not w and not c and not self.soft_cap:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]
             kb = k.view(B, n, hkv, D).transpose(1, 2)  # [B, Hkv, n, D]
@@ -218,7 +276,7 @@ class TorchAttentionBackend(AttentionBackend):
         for i, n in enumerate(fb.extend_lens_cpu):
             s = meta.starts[i]
             qi = q[s : s + n].transpose(0, 1)  # [H, n, D]
-            mask = meta.win_masks[w][i] if w else meta.masks[i]  # None: causal over the new tokens
+            mask = meta.chunk_masks[c][i] if c else (meta.win_masks[w][i] if w else meta.masks[i])  # None: causal
             if meta.kv_rows[i] is None:
                 ki, vi = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)  # [Hkv, n, D]
             else:
@@ -235,6 +293,14 @@ def causal_mask(prefix: int, n: int, window: int, device) -> torch.Tensor:
     k_pos = torch.arange(prefix + n, device=device)[None, :]
     seen = k_pos <= q_pos
     return seen & (k_pos > q_pos - window) if window > 0 else seen
+
+
+def chunk_mask(prefix: int, n: int, chunk: int, device) -> torch.Tensor:
+    """[n, prefix + n] bool, True = attend: the query at position p = prefix + j sees keys at [p - p % chunk, p]."""
+    q_pos = torch.arange(prefix, prefix + n, device=device)[:, None]
+    k_pos = torch.arange(prefix + n, device=device)[None, :]
+    return (k_pos <= q_pos) & (torch.div(k_pos, chunk, rounding_mode="floor") ==
+                               torch.div(q_pos, chunk, rounding_mode="floor"))
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
