@@ -1,0 +1,43 @@
+/*
+ * GGUF rows of blocks -> float32 / bf16 weights (every type of gguf_blocks.h): the exact values
+ * gguf.quants.dequantize gives (s q + o in float32 with no fused multiply-add: the products and sums
+ * round as numpy's do), so a float32 model on the blocks holds the dequantized checkpoint's weights.
+ * Larger batches (gguf_block_linear.py) dequantize a tile of rows per call and run a GEMM on it; the
+ * embedding lookup dequantizes the rows of its tokens.
+ */
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include "common.h"
+#include "gguf_blocks.h"
+#include "kernels.h"
+
+/* out [n_rows, K] (bf16 when out_bf16, else float32) = rows rows[i] (NULL: row0 + i) of W (rows of K / QK
+ * blocks of ggml type `type`) dequantized. -1: a type not read here or K not a multiple of its block. */
+int gguf_dequant_rows(const uint8_t *w, int64_t type, int64_t K, const int64_t *rows, int64_t row0, int64_t n_rows,
+                      void *out, int out_bf16) {
+    const int qk = gguf_block_len(type);
+    if (!qk || K < qk || K % qk || n_rows < 0) return -1;
+    const int64_t row_bytes = K / qk * gguf_block_bytes(type), nc = (K + KQ_CHUNK - 1) / KQ_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n_rows; i++) {
+        kq_chunk c;
+        const uint8_t *row = w + (rows ? rows[i] : row0 + i) * row_bytes;
+        for (int64_t ci = 0; ci < nc; ci++) {
+            kq_read_chunk(row, type, K, ci, &c);
+            const int64_t len = K - ci * KQ_CHUNK < KQ_CHUNK ? K - ci * KQ_CHUNK : KQ_CHUNK;
+            for (int64_t j = 0; j < len; j++) {
+                const float prod = c.s[j / 16] * (float)c.q[j];
+                const float v = prod + c.o[j / 16];
+                const int64_t at = i * K + ci * KQ_CHUNK + j;
+                if (out_bf16)
+                    ((uint16_t *)out)[at] = f32_to_bf16(v);
+                else
+                    ((float *)out)[at] = v;
+            }
+        }
+    }
+    return 0;
+}
