@@ -1,4 +1,5 @@
-"""Linears on a GGUF file's own quantized blocks (`--quantization gguf`): Q4_1 / Q8_0 kept as they are.
+"""Linears on a GGUF file's own quantized blocks (`--quantization gguf`): Q4_1 / Q8_0 repacked into tiles
+(every other block type: gguf_block_linear).
 
 The embedded model ships as Q4_1 (layers) + Q8_0 (embedding / tied head); the converted checkpoint
 holds their dequantized values. With this flag the linears keep the blocks too:
@@ -12,8 +13,9 @@ holds their dequantized values. With this flag the linears keep the blocks too:
   - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
     dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
     transformers', tests/test_quantization.py);
-- larger batches run a dense copy of the dequantized weight (compute-bound there): packed_linear's
-  tiles on VDPBF16PS builds, else oneDNN-prepacked.
+- larger batches: bf16 models run a dense copy of the dequantized weight (compute-bound there):
+  packed_linear's tiles on VDPBF16PS builds, else oneDNN-prepacked; float32 models dequantize tiles of
+  the blocks per call (gguf_block_linear: no dense copy, the same exact values).
 q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
 parts differ keeps the dense path). Tensor parallelism is not supported with this flag (refused).
 """
@@ -46,7 +48,12 @@ class GGUFLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
-        if packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
+        self.tail: Optional[nn.Module] = None
+        if weight.dtype == torch.float32:  # larger batches dequantize tiles of the blocks: no dense copy
+            from radixlang_runtime.model.gguf_block_linear import GGUFBlockLinear
+
+            self.tail = GGUFBlockLinear([(self.blocks, fmt)], self.in_features, None, weight.dtype)
+        elif packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
             self.dense = PackedLinear(weight, self.bias,
                                       tiles=cpu_ops.dense_any_m(weight.dtype, cpu_ops.load()))
         else:
@@ -57,6 +64,8 @@ class GGUFLinear(nn.Module):
         if x.device.type == "cpu":
             y = (cpu_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features) if self.q8
                  else cpu_ops.gguf_gemv(x, self.blocks, self.fmt))
+        if y is None and self.tail is not None:
+            y = self.tail(x)
         if y is None:
             return self.dense(x) if self.dense is not None else torch.nn.functional.linear(x, self.weight, self.bias)
         return y if self.bias is None else y + self.bias
