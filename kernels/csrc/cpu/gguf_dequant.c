@@ -27,15 +27,16 @@ int gguf_dequant_rows(const uint8_t *w, int64_t type, int64_t K, const int64_t *
         const uint8_t *row = w + (rows ? rows[i] : row0 + i) * row_bytes;
         for (int64_t ci = 0; ci < nc; ci++) {
             kq_read_chunk(row, type, K, ci, &c);
-            const int64_t len = K - ci * KQ_CHUNK < KQ_CHUNK ? K - ci * KQ_CHUNK : KQ_CHUNK;
-            for (int64_t j = 0; j < len; j++) {
-                const float prod = c.s[j / 16] * (float)c.q[j];
-                const float v = prod + c.o[j / 16];
-                const int64_t at = i * K + ci * KQ_CHUNK + j;
-                if (out_bf16)
-                    ((uint16_t *)out)[at] = f32_to_bf16(v);
-                else
-                    ((float *)out)[at] = v;
+            const int64_t len = K - ci * KQ_CHUNK < KQ_CHUNK ? K - ci * KQ_CHUNK : KQ_CHUNK; /* a multiple of 32 */
+            float v[KQ_CHUNK];
+            for (int k = 0; k < KQ_CHUNK / 16; k++)
+                for (int j = 0; j < 16; j++) v[16 * k + j] = c.s[k] * (float)c.q[16 * k + j] + c.o[k];
+            const int64_t at = i * K + ci * KQ_CHUNK;
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + at;
+                for (int64_t j = 0; j < len; j++) o[j] = f32_to_bf16(v[j]);
+            } else {
+                memcpy((float *)out + at, v, (size_t)len * sizeof(float));
             }
         }
     }
