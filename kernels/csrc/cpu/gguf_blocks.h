@@ -73,12 +73,54 @@ static inline int64_t gguf_block_bytes(int64_t t) {
 
 static const int8_t kq_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+#if defined(__AVX2__)
+/* AVX2 unpacking (also in AVX-512 builds); the scalar loops below are the reference for each */
+static inline __m128i kq_lo4(__m128i v) { return _mm_and_si128(v, _mm_set1_epi8(15)); }
+static inline __m128i kq_hi4(__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)); }
+static inline __m256i kq_lo4x(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+static inline __m256i kq_hi4x(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+/* byte i of v's bytes shifted right by `sh` (0..7), masked to `mask` */
+static inline __m256i kq_bits(__m256i v, int sh, int mask) {
+    return _mm256_and_si256(_mm256_srli_epi16(v, sh), _mm256_set1_epi8((char)mask));
+}
+/* byte j (j < 32) = bit j of `bits` */
+static inline __m256i kq_bits32(uint32_t bits) {
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3,
+                                          3, 3, 3, 3, 3);
+    const __m256i mask = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf), mask);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, mask), _mm256_set1_epi8(1));
+}
+#endif
+
 /* one legacy block (32 weights) -> q[0..31], s[0..1], o[0..1] */
 static inline void kq_legacy_block(const uint8_t *b, int64_t t, int8_t *q, float *s, float *o) {
     const float d = half_to_f32(b);
     float m = 0.f;
     const uint8_t *qs;
     uint32_t qh = 0;
+#if defined(__AVX2__)
+    if (t != GGML_Q8_0) {
+        const int off = t == GGML_Q4_0 || t == GGML_IQ4_NL ? 2 : t == GGML_Q4_1 || t == GGML_Q5_0 ? 4 + 2 * (t == GGML_Q5_0) : 8;
+        if (t == GGML_Q4_1 || t == GGML_Q5_1) m = half_to_f32(b + 2);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(b + off));
+        __m128i lo = kq_lo4(v), hi = kq_hi4(v);
+        if (t == GGML_IQ4_NL) {
+            const __m128i tab = _mm_loadu_si128((const __m128i *)kq_iq4_values);
+            lo = _mm_shuffle_epi8(tab, lo), hi = _mm_shuffle_epi8(tab, hi);
+        }
+        __m256i y = _mm256_set_m128i(hi, lo);
+        if (t == GGML_Q5_0 || t == GGML_Q5_1) {
+            memcpy(&qh, b + off - 4, 4);
+            y = _mm256_or_si256(y, _mm256_slli_epi16(kq_bits32(qh), 4));
+        }
+        if (t == GGML_Q4_0 || t == GGML_Q5_0) y = _mm256_sub_epi8(y, _mm256_set1_epi8(t == GGML_Q4_0 ? 8 : 16));
+        _mm256_storeu_si256((__m256i *)q, y);
+        s[0] = s[1] = d;
+        o[0] = o[1] = m;
+        return;
+    }
+#endif
     switch (t) {
         case GGML_Q8_0:
             memcpy(q, b + 2, 32);
@@ -123,6 +165,13 @@ static inline void kq_super_block(const uint8_t *b, int64_t t, kq_chunk *c) {
         case GGML_Q2_K: { /* scales[16] | qs[64] | d | dmin */
             const float d = half_to_f32(b + 80), dmin = half_to_f32(b + 82);
             for (int k = 0; k < 16; k++) c->s[k] = d * (float)(b[k] & 15), c->o[k] = -(dmin * (float)(b[k] >> 4));
+#if defined(__AVX2__)
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + h * 32));
+                for (int sh = 0; sh < 4; sh++) _mm256_storeu_si256((__m256i *)(c->q + h * 128 + sh * 32), kq_bits(v, 2 * sh, 3));
+            }
+            break;
+#endif
             for (int h = 0; h < 2; h++)
                 for (int sh = 0; sh < 4; sh++)
                     for (int l = 0; l < 32; l++) c->q[h * 128 + sh * 32 + l] = (int8_t)((b[16 + h * 32 + l] >> (2 * sh)) & 3);
@@ -135,6 +184,17 @@ static inline void kq_super_block(const uint8_t *b, int64_t t, kq_chunk *c) {
                 const int lo = k < 8 ? p[k] & 15 : p[k - 8] >> 4, hi = (p[8 + k % 4] >> (2 * (k / 4))) & 3;
                 c->s[k] = d * (float)((lo | hi << 4) - 32), c->o[k] = 0.f;
             }
+#if defined(__AVX2__)
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)hm);
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + h * 32));
+                for (int sh = 0; sh < 4; sh++) {
+                    const __m256i y = _mm256_or_si256(kq_bits(v, 2 * sh, 3), _mm256_slli_epi16(kq_bits(hv, h * 4 + sh, 1), 2));
+                    _mm256_storeu_si256((__m256i *)(c->q + h * 128 + sh * 32), _mm256_sub_epi8(y, _mm256_set1_epi8(4)));
+                }
+            }
+            break;
+#endif
             for (int h = 0; h < 2; h++)
                 for (int sh = 0; sh < 4; sh++)
                     for (int l = 0; l < 32; l++) {
@@ -148,6 +208,20 @@ static inline void kq_super_block(const uint8_t *b, int64_t t, kq_chunk *c) {
             kq_scale_min(b + 4, sc, mn);
             for (int k = 0; k < 16; k++) c->s[k] = d * (float)sc[k / 2], c->o[k] = -(dmin * (float)mn[k / 2]);
             const uint8_t *qh = b + 16, *qs = b + (t == GGML_Q5_K ? 48 : 16);
+#if defined(__AVX2__)
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+            for (int g = 0; g < 4; g++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + g * 32));
+                __m256i lo = kq_lo4x(v), hi = kq_hi4x(v);
+                if (t == GGML_Q5_K) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(kq_bits(hv, 2 * g, 1), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(kq_bits(hv, 2 * g + 1, 1), 4));
+                }
+                _mm256_storeu_si256((__m256i *)(c->q + g * 64), lo);
+                _mm256_storeu_si256((__m256i *)(c->q + g * 64 + 32), hi);
+            }
+            break;
+#endif
             for (int g = 0; g < 4; g++)
                 for (int l = 0; l < 32; l++) {
                     c->q[g * 64 + l] = (int8_t)(qs[g * 32 + l] & 15);
@@ -162,6 +236,19 @@ static inline void kq_super_block(const uint8_t *b, int64_t t, kq_chunk *c) {
             const uint8_t *ql = b, *qh = b + 128;
             const float d = half_to_f32(b + 208);
             for (int k = 0; k < 16; k++) c->s[k] = d * (float)(int8_t)b[192 + k], c->o[k] = 0.f;
+#if defined(__AVX2__)
+            for (int h = 0; h < 2; h++) {
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + h * 64));
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + h * 64 + 32));
+                const __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + h * 32));
+                const __m256i lo[4] = {kq_lo4x(l0), kq_lo4x(l1), kq_hi4x(l0), kq_hi4x(l1)};
+                for (int i = 0; i < 4; i++) {
+                    const __m256i y = _mm256_or_si256(lo[i], _mm256_slli_epi16(kq_bits(hv, 2 * i, 3), 4));
+                    _mm256_storeu_si256((__m256i *)(c->q + h * 128 + i * 32), _mm256_sub_epi8(y, _mm256_set1_epi8(32)));
+                }
+            }
+            break;
+#endif
             for (int h = 0; h < 2; h++)
                 for (int i = 0; i < 4; i++)
                     for (int l = 0; l < 32; l++) {
@@ -178,6 +265,13 @@ static inline void kq_super_block(const uint8_t *b, int64_t t, kq_chunk *c) {
                 const int ls = (((b[4 + j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
                 c->s[2 * j] = c->s[2 * j + 1] = d * (float)ls;
                 c->o[2 * j] = c->o[2 * j + 1] = 0.f;
+#if defined(__AVX2__)
+                const __m128i tab = _mm_loadu_si128((const __m128i *)kq_iq4_values);
+                const __m128i v = _mm_loadu_si128((const __m128i *)(b + 8 + j * 16));
+                _mm_storeu_si128((__m128i *)(c->q + j * 32), _mm_shuffle_epi8(tab, kq_lo4(v)));
+                _mm_storeu_si128((__m128i *)(c->q + j * 32 + 16), _mm_shuffle_epi8(tab, kq_hi4(v)));
+                continue;
+#endif
                 for (int l = 0; l < 16; l++) {
                     c->q[j * 32 + l] = kq_iq4_values[b[8 + j * 16 + l] & 15];
                     c->q[j * 32 + 16 + l] = kq_iq4_values[b[8 + j * 16 + l] >> 4];
