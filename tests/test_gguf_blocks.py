@@ -6,6 +6,7 @@ for a .gguf --model-path (gguf_mode.resolve_quantization) and `--quantization no
 
 from __future__ import annotations
 
+import copy
 import os
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import pytest
 
 from gguf_tiny import blocks_like, convert_tiny, gguf_tensors, write_gguf
 from radixlang_kernels import cpu_ops
+from radixlang_runtime.model.gguf_convert import cache_key
 from tiny_checkpoints import build_tiny, hf_greedy
 
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]
@@ -49,10 +51,11 @@ def tiny(tmp_path_factory):
                 kinds[gname] = (kind, blocks_like(kind, tensors[gname], seed=10 * i + j))
         path = str(root / f"{name}.gguf")
         write_gguf(path, "llama", model.config, state, kinds=kinds)
-        got = convert_tiny(path, str(root / name), str(root / "hf"))
-        ref = build_tiny(root / f"hf_{name}", "LlamaConfig", TINY, {})
+        model_dir = os.path.join(str(root / "cache"), cache_key(path))  # where Engine(path) finds its conversion
+        got = convert_tiny(path, model_dir, str(root / "hf"))
+        ref = copy.deepcopy(model)
         ref.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in got.items()}, strict=False)
-        out[name] = (str(root / name), path, ref)
+        out[name] = (model_dir, path, ref)
     return out
 
 
@@ -82,6 +85,7 @@ def _greedy(eng) -> list[list[int]]:
 
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_float32_on_blocks_equals_transformers_within_file_bytes(tiny, name):
+    """every_type: the .gguf path itself (its blocks by default); q4_k_m: its conversion with the flag."""
     from torch import nn
 
     from radixlang_runtime import Engine
@@ -89,7 +93,10 @@ def test_float32_on_blocks_equals_transformers_within_file_bytes(tiny, name):
     model_dir, path, ref = tiny[name]
     want = [hf_greedy(ref, p, NEW) for p in PROMPTS]
     layers, embed = FILES[name]
-    with Engine(model_dir, dtype="float32", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
+    how = (dict(model_path=path, model_cache_dir=os.path.dirname(model_dir)) if name == "every_type"
+           else dict(model_path=model_dir, quantization="gguf"))
+    with Engine(dtype="float32", max_total_tokens=1024, model_impl="native", **how) as eng:
+        assert eng.runner.args.quantization == "gguf"
         model = eng.runner.model
         assert _block_types(model) == {embed, *(t for types in layers.values() for t in types)}
         assert not [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
@@ -119,6 +126,20 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
     decoded = {fmt for m, fmt in calls if m <= len(PROMPTS)}  # decode steps: the kernel's batches
     assert decoded == {t for types in EVERY_TYPE.values() for t in types} | {"Q6_K"}
     assert resident <= 1.2 * _file_tensor_bytes(path)
+
+
+def test_quantization_none_keeps_the_dequantized_weights(tiny):
+    from torch import nn
+
+    from radixlang_runtime import Engine
+
+    model_dir, path, ref = tiny["q4_k_m"]
+    with Engine(path, model_cache_dir=os.path.dirname(model_dir), quantization="none", dtype="float32",
+                max_total_tokens=1024, model_impl="native") as eng:
+        assert eng.runner.args.quantization is None
+        assert _block_types(eng.runner.model) == set()
+        assert isinstance(eng.runner.model.embed_tokens, nn.Embedding)
+        assert _greedy(eng) == [hf_greedy(ref, p, NEW) for p in PROMPTS]
 
 
 def _args(**kw):

@@ -283,19 +283,21 @@ KQ_MAX_M = 16  # gemv_kquant.c's limit: larger batches dequantize tiles (gguf_de
 
 
 def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+                 lib: Optional[OpTable] = None, exact: bool = False) -> Optional[torch.Tensor]:
     """gemv_kquant.c: x [M, K] bf16 / float32, quantized to int8 per block (q8_K / q8_0), @ W.T with W
     given as the file's rows blocks [N, K / QK * bytes] uint8 of GGUF_TYPES[fmt] -> [M, N] (out_dtype,
-    default x's); None when the library is not loaded or M > KQ_MAX_M (the caller's tiles run)."""
+    default x's); exact: gguf_dequant_gemv instead (float32 sums over the exact dequantized values, x as
+    given). None when the library is not loaded or M > KQ_MAX_M (the caller's tiles run)."""
     lib = lib or _lib
     M, K = x.shape
     if lib is None or M == 0 or M > KQ_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
         return None
     x = x.contiguous()
     out = torch.empty(M, blocks.shape[0], dtype=out_dtype or x.dtype)
-    rc = lib.gguf_kq_gemv(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
-                          out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, blocks.shape[0])
-    _check(rc, "gguf_kq_gemv")
+    name = "gguf_dequant_gemv" if exact else "gguf_kq_gemv"
+    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
+                            out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, blocks.shape[0])
+    _check(rc, name)
     return out
 
 

@@ -67,6 +67,19 @@ def test_kq_gemv_within_activation_rounding(isa, fmt):
 
 
 @pytest.mark.parametrize("fmt", TYPES)
+def test_exact_gemv_sums_the_dequantized_values(isa, fmt):
+    """gguf_dequant_gemv: float32 sums over gguf.quants' values (only the summation order differs)."""
+    blocks, w, K, _ = _case(fmt, N=37, seed=4)
+    rng = np.random.default_rng(5)
+    for M in (1, 5):
+        x = rng.normal(0, 1, (M, K)).astype(np.float32)
+        out = cpu_ops.gguf_kq_gemv(torch.from_numpy(x), blocks, fmt, exact=True)
+        ref = (x.astype(np.float64) @ w.T.astype(np.float64))
+        slack = 1e-6 * (np.abs(x) @ np.abs(w).T) + 1e-7  # float32 rounding of K products and sums
+        assert (np.abs(out.numpy() - ref) <= slack).all(), fmt
+
+
+@pytest.mark.parametrize("fmt", TYPES)
 def test_dequant_rows_bitwise_equal_to_gguf(isa, fmt):
     blocks, w, K, _ = _case(fmt, N=21, seed=2)
     full = cpu_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32)

@@ -6,9 +6,10 @@ rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
 - bf16 decode batches (M <= cpu_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it);
-- float32 models, larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized
-  at a time (gguf_dequant.c: gguf.quants' exact values) and a GEMM on it, so float32 outputs are the
-  dequantized checkpoint's (greedy parity with transformers holds token for token);
+- float32 decode batches: gguf_dequant_gemv, float32 sums over each chunk's exact dequantized values;
+- larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized at a time
+  (gguf_dequant.c: gguf.quants' exact values) and a GEMM on it; so float32 outputs are the dequantized
+  checkpoint's up to summation order (greedy parity with transformers holds token for token);
 - the embedding looks up its tokens' rows the same way (a tied output head shares its blocks).
 A fused linear (q / k / v, gate / up) holds one part per projection, each in its own type (a Q4_K_M file
 mixes Q4_K and Q6_K): the parts' outputs are concatenated.
@@ -74,8 +75,8 @@ class GGUFBlockLinear(nn.Module):
 
     def _part(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
         y = None
-        if x.device.type == "cpu" and self.dtype == torch.bfloat16:
-            y = cpu_ops.gguf_kq_gemv(x, blocks, fmt)
+        if x.device.type == "cpu":
+            y = cpu_ops.gguf_kq_gemv(x, blocks, fmt, exact=self.dtype == torch.float32)
         if y is not None:
             return y
         N, K = blocks.shape[0], self.in_features
