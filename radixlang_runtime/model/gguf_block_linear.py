@@ -72,6 +72,7 @@ class GGUFBlockLinear(nn.Module):
         self.dtype = dtype
         self.bias = None if bias is None else bias.detach()
         self.fmts = tuple(fmt for _, fmt in parts)
+        self.q8 = dtype == torch.bfloat16 and cpu_ops.load() is not None  # int8 activations in decode batches
 
     def _part(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
         y = None

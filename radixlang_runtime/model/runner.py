@@ -178,6 +178,8 @@ class ModelRunner:
             if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
                 kernel += " x int8 activations"
             above = "dense tiles" if cpu_ops.dense_any_m(self.dtype, cpu_ops.load()) else "oneDNN-prepacked"
+            if any(hasattr(m, "fmts") for m in model.modules()):  # gguf_block_linear: no dense copy
+                above += " / per-call tiles of the blocks"
             self.cpu_paths = dataclasses.replace(self.cpu_paths,
                                                  linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if not native:
