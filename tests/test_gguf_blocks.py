@@ -170,3 +170,37 @@ def test_quantization_values_are_checked_by_name():
     assert ServerArgs(quantization="none").quantization == "none"
     with pytest.raises(ValueError, match="'q4_k_m'.*int8.*none.*gguf"):
         ServerArgs(quantization="q4_k_m")
+
+
+def test_blocks_outside_the_supported_types_are_refused_by_name():
+    import torch
+
+    from radixlang_runtime.model.gguf_block_linear import GGUFBlockLinear
+
+    with pytest.raises(ValueError, match="IQ2_XXS is not supported on its blocks .*Q4_0, Q4_1.*IQ4_XS"):
+        GGUFBlockLinear([(torch.zeros(4, 66, dtype=torch.uint8), "IQ2_XXS")], 256, None, torch.float32)
+    with pytest.raises(ValueError, match=r"Q4_K blocks \(4, 100\) do not hold rows of 256 weights"):
+        GGUFBlockLinear([(torch.zeros(4, 100, dtype=torch.uint8), "Q4_K")], 256, None, torch.float32)
+
+
+def test_large_batches_dequantize_tiles_to_the_exact_product(monkeypatch):
+    """M above the kernels' limit: tiles of rows (several per part here) and a GEMM over gguf.quants' values."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from radixlang_kernels.testing import random_gguf_blocks
+    from radixlang_runtime.model import gguf_block_linear
+    from radixlang_runtime.model.gguf_block_linear import GGUFBlockLinear
+
+    rng = np.random.default_rng(0)
+    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 256, 0.05, rng)), f) for f, n in (("Q4_K", 40), ("Q5_0", 24))]
+    w = np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts])  # [64, 256]
+    bias = torch.randn(64)
+    lin = GGUFBlockLinear(parts, 256, bias, torch.float32)
+    x = torch.randn(cpu_ops.KQ_MAX_M + 3, 256)
+    monkeypatch.setattr(gguf_block_linear, "TILE_BYTES", 256 * 4 * 16)  # 16 rows a tile
+    y = lin(x)
+    torch.testing.assert_close(y, x @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
+    y1 = lin(x[:1])  # a decode row: the exact float32 kernel (or the tiles without the library)
+    torch.testing.assert_close(y1, x[:1] @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
