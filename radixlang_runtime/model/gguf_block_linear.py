@@ -83,11 +83,12 @@ class GGUFBlockLinear(nn.Module):
         N, K = blocks.shape[0], self.in_features
         step = max(1, TILE_BYTES // (K * x.element_size()))
         if step >= N:
-            return x @ dequant_rows(blocks, fmt, K, x.dtype).T
-        out = torch.empty(x.shape[0], N, dtype=x.dtype)  # [M, N]
-        for r0 in range(0, N, step):
+            return x @ dequant_rows(blocks, fmt, K, x.dtype).to(x.device).T
+        out = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)  # [M, N]
+        for r0 in range(0, N, step):  # the blocks stay in host memory: a GPU receives each tile
             n = min(step, N - r0)
-            torch.matmul(x, dequant_rows(blocks, fmt, K, x.dtype, row0=r0, n_rows=n).T, out=out[:, r0:r0 + n])
+            tile = dequant_rows(blocks, fmt, K, x.dtype, row0=r0, n_rows=n).to(x.device)
+            torch.matmul(x, tile.T, out=out[:, r0:r0 + n])
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,5 +109,6 @@ class GGUFEmbedding(nn.Module):
         self.num_embeddings = blocks.shape[0]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1)
-        return dequant_rows(self.blocks, self.fmt, self.dim, self.dtype, rows=flat).reshape(*ids.shape, self.dim)
+        flat = ids.reshape(-1).cpu()
+        rows = dequant_rows(self.blocks, self.fmt, self.dim, self.dtype, rows=flat)
+        return rows.to(ids.device).reshape(*ids.shape, self.dim)
