@@ -204,3 +204,27 @@ def test_large_batches_dequantize_tiles_to_the_exact_product(monkeypatch):
     torch.testing.assert_close(y, x @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
     y1 = lin(x[:1])  # a decode row: the exact float32 kernel (or the tiles without the library)
     torch.testing.assert_close(y1, x[:1] @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
+    """gguf_linear's bf16 tiles go back to the file's layout exactly, and a batch above the tiles' kernel runs
+    the dequantized tiles (bf16 weights: gguf.quants' values rounded once)."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from radixlang_kernels.testing import random_gguf_blocks
+    from radixlang_runtime.model.gguf_linear import GGUFLinear, gguf_q8_untiles
+
+    N, K = 13, 32 * 7  # a partial 4-row tile and an odd count of 32-blocks per row
+    blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(1)))
+    assert torch.equal(gguf_q8_untiles(cpu_ops.gguf_q8_tiles(blocks, fmt), fmt, N, K), blocks)
+    if cpu_ops.load() is None:
+        return
+    w = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[fmt]))  # [N, K]
+    lin = GGUFLinear(w.to(torch.bfloat16), None, blocks, fmt)
+    assert lin.q8 and lin.dense is None and lin.weight is None
+    x = torch.randn(cpu_ops.QLINEAR_MAX_M + 5, K).to(torch.bfloat16)
+    ref = x @ w.to(torch.bfloat16).T
+    torch.testing.assert_close(lin(x), ref, rtol=0, atol=0)

@@ -13,9 +13,9 @@ holds their dequantized values. With this flag the linears keep the blocks too:
   - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
     dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
     transformers', tests/test_quantization.py);
-- larger batches: bf16 models run a dense copy of the dequantized weight (compute-bound there):
-  packed_linear's tiles on VDPBF16PS builds, else oneDNN-prepacked; float32 models dequantize tiles of
-  the blocks per call (gguf_block_linear: no dense copy, the same exact values).
+- larger batches dequantize tiles of the blocks per call (gguf_block_linear: no dense copy is kept, the
+  same exact values; bf16 models first put their int8 tiles back into the file's layout, a transient copy);
+  without the C library, a bf16 model runs a dense copy of the dequantized weight.
 q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
 parts differ keeps the dense path). Tensor parallelism is not supported with this flag (refused).
 """
@@ -53,6 +53,8 @@ class GGUFLinear(nn.Module):
             from radixlang_runtime.model.gguf_block_linear import GGUFBlockLinear
 
             self.tail = GGUFBlockLinear([(self.blocks, fmt)], self.in_features, None, weight.dtype)
+        elif self.q8:  # the same from the int8 tiles, put back into the file's layout per call
+            self.tail = _FromTiles(self)
         elif packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
             self.dense = PackedLinear(weight, self.bias,
                                       tiles=cpu_ops.dense_any_m(weight.dtype, cpu_ops.load()))
@@ -77,3 +79,34 @@ def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.
     if len(fmts) != 1:
         return None
     return torch.cat([b for b, _ in parts]), fmts.pop()
+
+
+def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int) -> torch.Tensor:
+    """cpu_ops.gguf_q8_tiles' inverse: tiles [ceil(N / 4), pairs, step] uint8 -> blocks [N, K / 32 * bytes]."""
+    nt, pairs, _ = tiles.shape
+    nbytes = cpu_ops.GGUF_BLOCK_FORMATS[fmt][1]
+    if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
+        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]
+    else:  # dw, mw [4][2] fp16 | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4; the file: qw[j] | qw[j + 16] << 4
+        y = tiles[..., 32:].reshape(nt, pairs, 4, 1, 32)
+        q = torch.cat([y & 15, y >> 4], dim=3)  # [nt, pairs, 4 rows, 2 blocks, 32 weights]
+        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:32].reshape(nt, pairs, 4, 2, 2),
+                 q[..., :16] | (q[..., 16:] << 4)]
+    b = torch.cat(parts, dim=-1).permute(0, 2, 1, 3, 4).reshape(nt * 4, pairs * 2 * nbytes)
+    return b[:N, :K // 32 * nbytes].contiguous()
+
+
+class _FromTiles(nn.Module):
+    """A bf16 GGUFLinear's larger batches: the tiles back in the file's layout (a transient copy of the same
+    bytes), then gguf_block_linear's dequantized tiles and GEMM: no dense copy is kept."""
+
+    def __init__(self, lin: GGUFLinear):
+        super().__init__()
+        self.lin = [lin]  # not a submodule: no cycle in modules()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from radixlang_runtime.model.gguf_block_linear import GGUFBlockLinear
+
+        lin = self.lin[0]
+        blocks = gguf_q8_untiles(lin.tiles, lin.fmt, lin.out_features, lin.in_features)
+        return GGUFBlockLinear([(blocks, lin.fmt)], lin.in_features, None, x.dtype)(x)
