@@ -130,7 +130,8 @@ class ServerArgs:
     disable_jump_forward: bool = False  # constrained requests sample every token (same text, more passes)
     grammar_step_timeout: float = 1.0  # s: one grammar call (mask, matcher move) past it ends its request
     grammar_request_timeout: float = 30.0  # s: one request's grammar calls in all (docs/CONSTRAINED_LIMITS.md)
-    quantization: Optional[str] = None  # int8 (layers/quant_linear.py) | gguf: its blocks (layers/gguf_linear.py)
+    # int8 (layers/quant_linear.py) | gguf: the file's blocks (a .gguf's default: loader/gguf_mode.py) | none
+    quantization: Optional[str] = None
     enable_deterministic_inference: bool = False  # batch-invariant numerics (model/executor/deterministic.py)
 
     # --- speculative decoding (speculative/drafter.py): SGLang's names; NGRAM (prompt lookup) only ---
@@ -198,9 +199,9 @@ class ServerArgs:
 
         need(self.reasoning_parser is None or self.reasoning_parser in REASONING_PARSERS,
              f"reasoning_parser {self.reasoning_parser!r}: known are {', '.join(sorted(REASONING_PARSERS))}")
-        need(self.quantization in (None, "int8", "gguf"),
-             f"quantization {self.quantization!r}: implemented are int8 (weight-only, per channel) and gguf "
-             "(the .gguf model's own Q4_1 / Q8_0 blocks)")
+        need(self.quantization in (None, "none", "int8", "gguf"),
+             f"quantization {self.quantization!r}: implemented are int8 (weight-only, per channel), none (a .gguf "
+             "dequantized to float weights) and gguf (the .gguf model's own blocks)")
         need(self.tp_size >= 1 and self.dp_size >= 1 and self.nnodes >= 1, "tp_size, dp_size and nnodes must be >= 1")
         need(self.tp_size % self.nnodes == 0,
              f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes} (the same ranks on every node)")
@@ -216,8 +217,8 @@ class ServerArgs:
         need(1.0 <= self.health_stall_timeout < math.inf,  # heartbeats come every 0.5 s: leave room for two
              f"health_stall_timeout must be a finite number of seconds >= 1; got {self.health_stall_timeout}")
         det = self.enable_deterministic_inference
-        need(not det or self.quantization is None, "enable_deterministic_inference runs unquantized weights only "
-             "(quantized linears switch kernels with the batch size)")
+        need(not det or self.quantization in (None, "none"), "enable_deterministic_inference runs unquantized weights "
+             "only (quantized linears switch kernels with the batch size)")
         need(not det or self.tp_size == 1, "enable_deterministic_inference is not implemented with tp_size > 1")
         need(not det or self.device != "cuda", "enable_deterministic_inference is implemented for the CPU kernels "
              "only (not the Triton backend)")

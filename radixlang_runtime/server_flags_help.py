@@ -98,7 +98,8 @@ HELP: dict[str, str] = {
                             "ends alone",
     "grammar_request_timeout": "seconds of grammar work one request may spend in all",
     "disable_jump_forward": "sample every token of a constrained request (same text, more passes)",
-    "quantization": "int8: weight-only per-channel int8; gguf: run a .gguf's own blocks",
+    "quantization": "int8: weight-only per-channel int8; gguf: run a .gguf's own blocks (default for a .gguf "
+                    "model path); none: dequantize a .gguf to float weights",
     "enable_deterministic_inference": "batch-invariant numerics: greedy output independent of batching",
     # speculative decoding
     "speculative_algorithm": "NGRAM: prompt lookup; STANDALONE: a draft model",
@@ -149,7 +150,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "preemption_mode": ("swap", "recompute"),
     "attention_backend": ("auto", "torch", "triton"),
     "grammar_backend": ("auto", "outlines", "xgrammar", "llguidance", "none"),
-    "quantization": ("int8", "gguf"),
+    "quantization": ("int8", "gguf", "none"),
     "speculative_algorithm": ("NGRAM", "STANDALONE"),
     "speculative_draft_model_quantization": ("gguf",),
     "disaggregation_mode": ("null", "prefill", "decode"),

@@ -118,3 +118,40 @@ def write_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[dict] = N
     w.write_tensors_to_file()
     w.close()
     return tensors
+
+
+def blocks_like(kind: str, w: np.ndarray, seed: int = 0) -> Optional[np.ndarray]:
+    """Blocks of `kind` for the float32 weight w [rows, cols]: None where gguf.quants.quantize writes the type
+    (write_gguf quantizes w then), else random blocks of about w's spread (gguf.quants cannot quantize the
+    K-quants and IQ4 types: their values are what the file holds, and what every reader dequantizes)."""
+    from radixlang_kernels.testing import random_gguf_blocks
+
+    if kind in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        return None
+    return random_gguf_blocks(kind, w.shape[0], w.shape[1], float(w.std()), np.random.default_rng(seed))
+
+
+def convert_tiny(path: str, out_dir: str, tokenizer_dir: str) -> dict:
+    """gguf_convert's config and tensors for `path`, written as an HF directory with the tokenizer beside
+    (the tiny files carry no tokenizer) and the source file the blocks are read from; returns the tensors."""
+    import json
+    import os
+    import shutil
+
+    import gguf
+    from safetensors.numpy import save_file
+
+    from radixlang_runtime.model.loader.gguf_convert import SOURCE_FILE, gguf_state_dict, gguf_to_hf_config
+
+    reader = gguf.GGUFReader(path)
+    config = gguf_to_hf_config(reader)
+    state = gguf_state_dict(reader, config)
+    os.makedirs(out_dir)
+    save_file(state, os.path.join(out_dir, "model.safetensors"))
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+    with open(os.path.join(out_dir, SOURCE_FILE), "w") as f:  # --quantization gguf reads the blocks there
+        json.dump({"gguf": os.path.abspath(path)}, f)
+    return state

@@ -11,6 +11,7 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
 - qlinear_int8, gguf_gemv (gemv.c + gemv_impl.h), gguf_q8_gemv, int8_q8_gemv (gemv_q8.c), dense_gemv
   (gemv_dense.c): weight-streaming linears for decode-sized batches, with the weight layouts they read;
 - lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
+- gguf_kq_gemv (gemv_kquant.c), gguf_dequant_rows (gguf_dequant.c): every GGUF block type on the file's rows;
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -273,6 +274,50 @@ def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_
                  lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
     """The same on int8_q8_tiles(Q) with row scales scale [N] float32: x @ (Q * scale).T."""
     return _q8_call("int8_q8_gemv", x, tiles, scale.data_ptr(), scale.shape[0], out_dtype, lib)
+
+
+# gemv_kquant.c / gguf_dequant.c's block types: name -> (ggml type number, weights per block, bytes per block)
+GGUF_TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
+              "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
+              "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136)}
+KQ_MAX_M = 16  # gemv_kquant.c's limit: larger batches dequantize tiles (gguf_dequant_rows) for a GEMM
+
+
+def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[OpTable] = None, exact: bool = False) -> Optional[torch.Tensor]:
+    """gemv_kquant.c: x [M, K] bf16 / float32, quantized to int8 per block (q8_K / q8_0), @ W.T with W
+    given as the file's rows blocks [N, K / QK * bytes] uint8 of GGUF_TYPES[fmt] -> [M, N] (out_dtype,
+    default x's); exact: gguf_dequant_gemv instead (float32 sums over the exact dequantized values, x as
+    given). None when the library is not loaded or M > KQ_MAX_M (the caller's tiles run)."""
+    lib = lib or _lib
+    M, K = x.shape
+    if lib is None or M == 0 or M > KQ_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    out = torch.empty(M, blocks.shape[0], dtype=out_dtype or x.dtype)
+    name = "gguf_dequant_gemv" if exact else "gguf_kq_gemv"
+    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
+                            out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, blocks.shape[0])
+    _check(rc, name)
+    return out
+
+
+def gguf_dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,
+                      row0: int = 0, n_rows: Optional[int] = None,
+                      lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """gguf_dequant.c: rows `rows` [R] int64 (else row0 .. row0 + n_rows) of blocks [N, row bytes] uint8 ->
+    [R, K] dtype (bf16 / float32), the values gguf.quants.dequantize gives; None without the library."""
+    lib = lib or _lib
+    if lib is None or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+    R = rows.shape[0] if rows is not None else (blocks.shape[0] - row0 if n_rows is None else n_rows)
+    out = torch.empty(R, K, dtype=dtype)
+    rc = lib.gguf_dequant_rows(blocks.data_ptr(), GGUF_TYPES[fmt][0], K, opt_ptr(rows), row0, R, out.data_ptr(),
+                               int(dtype == torch.bfloat16))
+    _check(rc, "gguf_dequant_rows")
+    return out
 
 
 DENSE_MAX_M = 16  # gemv_dense.c's limit, except dense_any_m

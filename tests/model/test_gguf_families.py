@@ -6,16 +6,12 @@ own GGUF loader tensor for tensor and in its greedy tokens."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 
 import numpy as np
 import pytest
 from gguf import ExpertGatingFuncType, RopeScalingType
 
-from gguf_tiny import k_quant_blocks, write_gguf
-from radixlang_runtime.model.loader.gguf_convert import SOURCE_FILE
+from gguf_tiny import convert_tiny, k_quant_blocks, write_gguf
 from tiny_checkpoints import build_tiny, hf_greedy
 
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]
@@ -79,25 +75,7 @@ def _as_stored(arch: str, name: str, w: np.ndarray) -> np.ndarray:
     return w
 
 
-def _convert(path: str, out_dir: str, tokenizer_dir: str) -> dict:
-    """gguf_convert's config and tensors for `path`, written as an HF directory with the tokenizer beside."""
-    import gguf
-    from safetensors.numpy import save_file
-
-    from radixlang_runtime.model.loader.gguf_convert import gguf_state_dict, gguf_to_hf_config
-
-    reader = gguf.GGUFReader(path)
-    config = gguf_to_hf_config(reader)
-    state = gguf_state_dict(reader, config)
-    os.makedirs(out_dir)
-    save_file(state, os.path.join(out_dir, "model.safetensors"))
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
-    with open(os.path.join(out_dir, SOURCE_FILE), "w") as f:  # --quantization gguf reads the blocks there
-        json.dump({"gguf": os.path.abspath(path)}, f)
-    return state
+_convert = convert_tiny
 
 
 def _served(model_dir: str, block_linears: int = 0, **engine_kwargs) -> list[list[int]]:
@@ -172,8 +150,8 @@ def test_llama_in_common_block_types_equals_transformers_gguf_loader(tmp_path):
     assert not np.array_equal(got["model.layers.0.mlp.up_proj.weight"], state["model.layers.0.mlp.up_proj.weight"])
     want = [hf_greedy(ref, p, NEW) for p in PROMPTS]
     assert _served(str(tmp_path / "conv")) == want
-    # --quantization gguf: layer 1's attention on the file's blocks (float32 sums of the same values), every
-    # other type (Q4_0, Q5_0, the K-quants, mixed q / k / v) on its dequantized values
+    # --quantization gguf: layer 1's attention on gguf_linear's Q4_1 / Q8_0 blocks (float32 sums of the same
+    # values), every other type (Q4_0, Q5_0, the K-quants, mixed q / k / v) on gguf_block_linear's
     assert _served(str(tmp_path / "conv"), block_linears=2, quantization="gguf") == want
 
 

@@ -112,15 +112,35 @@ def test_k_quants_match_ggmls_layout(kind, tmp_path):
     assert np.abs(want).max() > 0
 
 
+# decoded by the C kernels' own reader of ggml's layouts (gguf_blocks.h), written apart from gguf.quants
+C_DECODED = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+
+
+@pytest.mark.parametrize("kind", C_DECODED)
+def test_other_types_match_the_kernels_decoder(kind, tmp_path):
+    import torch
+
+    from radixlang_kernels import cpu_ops
+    from radixlang_kernels.testing import random_gguf_blocks
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler")
+    blocks = random_gguf_blocks(kind, ROWS, COLS, 1.0, np.random.default_rng(3))
+    got = _read_back(tmp_path, kind, blocks)
+    want = cpu_ops.gguf_dequant_rows(torch.from_numpy(blocks), kind, COLS, torch.float32).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(want).max() > 0
+
+
 def test_every_listed_block_type_is_tested():
-    assert set(BLOCK_TYPES) == set(ROUND_TRIP) | set(K_QUANTS)
+    assert set(BLOCK_TYPES) == set(ROUND_TRIP) | set(K_QUANTS) | set(C_DECODED)
 
 
 def test_other_block_types_are_refused_by_name():
     from gguf import GGMLQuantizationType as T
 
     class Tensor:
-        name, tensor_type, data = "blk.0.ffn_up.weight", T.Q2_K, np.zeros((1, 84), np.uint8)
+        name, tensor_type, data = "blk.0.ffn_up.weight", T.IQ2_XXS, np.zeros((1, 66), np.uint8)
 
-    with pytest.raises(ValueError, match="'blk.0.ffn_up.weight' is stored as Q2_K: supported block types are F32"):
+    with pytest.raises(ValueError, match="'blk.0.ffn_up.weight' is stored as IQ2_XXS: supported block types are F32"):
         dequantize_tensor(Tensor())

@@ -95,8 +95,13 @@ def weights_bytes(model: nn.Module) -> int:
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
     for m in model.modules():  # oneDNN-packed weights (opaque tensors), dense / q8 tiles, GGUF blocks, int8 rows
-        for name in ("packed", "tiles", "blocks", "qweight"):
-            t = getattr(m, name, None)
-            if isinstance(t, torch.Tensor):
+        held = [getattr(m, name, None) for name in ("packed", "tiles", "blocks", "qweight")]
+        held += [b for b, _ in getattr(m, "parts", None) or ()]  # GGUFBlockLinear's blocks per projection
+        for t in held:
+            if not isinstance(t, torch.Tensor):
+                continue
+            ptr = None if t.is_mkldnn else t.data_ptr()  # a tied head shares the embedding's GGUF blocks
+            if ptr is None or ptr not in seen:
+                seen.add(ptr)
                 total += t.numel() * t.element_size()
     return total

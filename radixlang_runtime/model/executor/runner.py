@@ -27,6 +27,7 @@ from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.fused_decode import FusedDecode
+from radixlang_runtime.model.loader.gguf_mode import resolve_quantization
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.layers.rotary import Rotary
@@ -153,6 +154,9 @@ class ModelRunner:
         if args.is_embedding and not self.pools_hidden:
             raise ValueError(f"--is-embedding is not implemented for {cfg.architecture} ({cfg.model_impl} "
                              "implementation): pooled hidden states are served for the Llama-family decoders")
+        quant = resolve_quantization(args, model_dir, model, self.device.type)  # a .gguf's blocks by default
+        if quant != args.quantization:
+            self.args = args = args.replace(quantization=quant)
         native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
         packed = packing_available(self.device, self.dtype) and args.quantization is None and native
         if args.quantization == "int8":
@@ -170,10 +174,12 @@ class ModelRunner:
                                           tiles)
         if args.quantization is not None:
             kernel = f"c:{detect().isa}" if cpu_ops.load() is not None and self.device.type == "cpu" else "torch"
-            fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
+            fmt = "int8" if args.quantization == "int8" else f"gguf {'/'.join(self.gguf_types)} blocks"
             if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
                 kernel += " x int8 activations"
             above = "dense tiles" if cpu_ops.dense_any_m(self.dtype, cpu_ops.load()) else "oneDNN-prepacked"
+            if any(hasattr(m, "fmts") for m in model.modules()):  # gguf_block_linear: no dense copy
+                above += " / per-call tiles of the blocks"
             self.cpu_paths = dataclasses.replace(self.cpu_paths,
                                                  linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if not native:
@@ -238,8 +244,8 @@ class ModelRunner:
         return self.loras.register(name, path, set(busy))
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
-        """--quantization gguf: the blocks of the .gguf the model was converted from (the embedded one
-        when no --model-path; a directory this runtime converted knows its source)."""
+        """--quantization gguf: the blocks (every cpu_ops.GGUF_TYPES type) of the .gguf the model was converted
+        from (the embedded one when no --model-path; a directory this runtime converted knows its source)."""
         import json
         import os
 
@@ -252,7 +258,9 @@ class ModelRunner:
         if self.tp is not None:
             raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
         with open(os.path.join(self.model_dir, "config.json")) as f:
-            return gguf_blocks(path, json.load(f))
+            blocks = gguf_blocks(path, json.load(f), tuple(cpu_ops.GGUF_TYPES))
+        self.gguf_types = sorted({fmt for _, fmt in blocks.values()})
+        return blocks
 
     def _kv_slots(self) -> int:
         a, cfg = self.args, self.cfg

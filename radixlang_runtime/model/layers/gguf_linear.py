@@ -1,4 +1,5 @@
-"""Linears on a GGUF file's own quantized blocks (`--quantization gguf`): Q4_1 / Q8_0 kept as they are.
+"""Linears on a GGUF file's own quantized blocks (`--quantization gguf`): Q4_1 / Q8_0 repacked into tiles
+(every other block type: gguf_block_linear).
 
 The embedded model ships as Q4_1 (layers) + Q8_0 (embedding / tied head); the converted checkpoint
 holds their dequantized values. With this flag the linears keep the blocks too:
@@ -11,9 +12,10 @@ holds their dequantized values. With this flag the linears keep the blocks too:
     formats: the blocks stream at the memory's read rate (docs/PERFORMANCE.md#quantized-linears);
   - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
     dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
-    transformers', tests/model/test_quantization.py);
-- larger batches run a dense copy of the dequantized weight (compute-bound there): packed_linear's
-  tiles on VDPBF16PS builds, else oneDNN-prepacked.
+    transformers', tests/test_quantization.py);
+- larger batches dequantize tiles of the blocks per call (gguf_block_linear: no dense copy is kept, the
+  same exact values; bf16 models first put their int8 tiles back into the file's layout, a transient copy);
+  without the C library, a bf16 model runs a dense copy of the dequantized weight.
 q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
 parts differ keeps the dense path). Tensor parallelism is not supported with this flag (refused).
 """
@@ -46,7 +48,14 @@ class GGUFLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
-        if packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
+        self.tail: Optional[nn.Module] = None
+        if weight.dtype == torch.float32:  # larger batches dequantize tiles of the blocks: no dense copy
+            from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+            self.tail = GGUFBlockLinear([(self.blocks, fmt)], self.in_features, None, weight.dtype)
+        elif self.q8:  # the same from the int8 tiles, put back into the file's layout per call
+            self.tail = _FromTiles(self)
+        elif packing_available(weight.device, weight.dtype):  # dense tiles where they serve every batch size
             self.dense = PackedLinear(weight, self.bias,
                                       tiles=cpu_ops.dense_any_m(weight.dtype, cpu_ops.load()))
         else:
@@ -57,6 +66,8 @@ class GGUFLinear(nn.Module):
         if x.device.type == "cpu":
             y = (cpu_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features) if self.q8
                  else cpu_ops.gguf_gemv(x, self.blocks, self.fmt))
+        if y is None and self.tail is not None:
+            y = self.tail(x)
         if y is None:
             return self.dense(x) if self.dense is not None else torch.nn.functional.linear(x, self.weight, self.bias)
         return y if self.bias is None else y + self.bias
@@ -68,3 +79,34 @@ def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.
     if len(fmts) != 1:
         return None
     return torch.cat([b for b, _ in parts]), fmts.pop()
+
+
+def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int) -> torch.Tensor:
+    """cpu_ops.gguf_q8_tiles' inverse: tiles [ceil(N / 4), pairs, step] uint8 -> blocks [N, K / 32 * bytes]."""
+    nt, pairs, _ = tiles.shape
+    nbytes = cpu_ops.GGUF_BLOCK_FORMATS[fmt][1]
+    if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
+        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]
+    else:  # dw, mw [4][2] fp16 | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4; the file: qw[j] | qw[j + 16] << 4
+        y = tiles[..., 32:].reshape(nt, pairs, 4, 1, 32)
+        q = torch.cat([y & 15, y >> 4], dim=3)  # [nt, pairs, 4 rows, 2 blocks, 32 weights]
+        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:32].reshape(nt, pairs, 4, 2, 2),
+                 q[..., :16] | (q[..., 16:] << 4)]
+    b = torch.cat(parts, dim=-1).permute(0, 2, 1, 3, 4).reshape(nt * 4, pairs * 2 * nbytes)
+    return b[:N, :K // 32 * nbytes].contiguous()
+
+
+class _FromTiles(nn.Module):
+    """A bf16 GGUFLinear's larger batches: the tiles back in the file's layout (a transient copy of the same
+    bytes), then gguf_block_linear's dequantized tiles and GEMM: no dense copy is kept."""
+
+    def __init__(self, lin: GGUFLinear):
+        super().__init__()
+        self.lin = [lin]  # not a submodule: no cycle in modules()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+        lin = self.lin[0]
+        blocks = gguf_q8_untiles(lin.tiles, lin.fmt, lin.out_features, lin.in_features)
+        return GGUFBlockLinear([(blocks, lin.fmt)], lin.in_features, None, x.dtype)(x)

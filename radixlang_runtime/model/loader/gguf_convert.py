@@ -1,9 +1,10 @@
 """GGUF -> HF directory (config.json + model.safetensors + tokenizer files).
 
 The `gguf` package reads and dequantizes the tensors (BLOCK_TYPES: F32 / F16 / BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, Q4_K, Q5_K, Q6_K; others refused by name) to float32. Architectures: gguf_families.ARCHS (what each adds
-to the llama mapping below is there). llama.cpp's
-converter permutes the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
+Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; others refused by name) to float32; the runtime then
+serves a .gguf on its blocks by default (gguf_blocks below, model/layers/gguf_block_linear.py). Architectures:
+gguf_families.ARCHS (what each adds to the llama mapping below is there). llama.cpp's converter permutes
+the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
 weights are the HF layout our model (and transformers) expects. The result is written atomically into
 a cache directory keyed by the GGUF file's identity, so the second start skips all of this.
 """
@@ -23,8 +24,10 @@ from radixlang_runtime.model.loader.gguf_families import (ARCHS, HF_MODEL_TYPES,
                                                           family_config, join_experts, layer_names, refuse_unknown_keys,
                                                           tensor_rope)
 
-# the block types gguf.quants.dequantize reads that tests/model/test_gguf_quants.py checks (one-line additions)
-BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions); the
+# quantized ones are those the kernels run on their blocks (radixlang_kernels.cpu_ops.GGUF_TYPES)
+BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               "IQ4_NL", "IQ4_XS")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",

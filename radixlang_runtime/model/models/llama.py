@@ -237,26 +237,35 @@ class LlamaForCausalLM(nn.Module):
         return n + 1
 
     def use_gguf_blocks(self, blocks: dict) -> int:
-        """--quantization gguf: every linear (and the output head) whose checkpoint tensors are GGUF
-        blocks in the file (HF name -> (rows uint8, format)) runs on them (see gguf_linear). Returns how
-        many; the others keep a packed dense weight."""
+        """Every linear (and the embedding / output head) whose checkpoint tensors are GGUF blocks in the file
+        (HF name -> (rows uint8, type)) runs on them: Q4_1 / Q8_0 linears of one type through gguf_linear's
+        tiles, every other type and mix through gguf_block_linear. Returns how many linears; the others keep
+        a packed dense weight."""
+        from radixlang_kernels.cpu_ops import GGUF_BLOCK_FORMATS
+        from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear, GGUFEmbedding
         from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, fused_blocks
         from radixlang_runtime.model.layers.packed_linear import PackedLinear, dense_tiles_available
 
-        tiles = dense_tiles_available(self.embed_tokens.weight.device, self.embed_tokens.weight.dtype)
+        dtype = self.embed_tokens.weight.dtype
+        tiles = dense_tiles_available(self.embed_tokens.weight.device, dtype)
 
         def part(name: str):
             got = blocks.get(name)
             return None if got is None else (torch.from_numpy(got[0]), got[1])
 
+        def on_blocks(w: torch.Tensor, bias, parts: list) -> nn.Module:
+            fused = fused_blocks(parts)
+            if fused is not None and fused[1] in GGUF_BLOCK_FORMATS:
+                return GGUFLinear(w, bias, *fused)
+            return GGUFBlockLinear(parts, w.shape[1], bias, dtype)
+
         def swap(owner: nn.Module, attr: str, names: list[str]) -> int:
             lin = getattr(owner, attr)
             parts = [part(n) for n in names]
-            fused = fused_blocks(parts) if all(p is not None for p in parts) else None
-            if fused is None:
+            if any(p is None for p in parts):
                 setattr(owner, attr, PackedLinear(lin.weight, lin.bias, tiles))
                 return 0
-            setattr(owner, attr, GGUFLinear(lin.weight, lin.bias, *fused))
+            setattr(owner, attr, on_blocks(lin.weight, lin.bias, parts))
             return 1
 
         n = 0
@@ -269,8 +278,11 @@ class LlamaForCausalLM(nn.Module):
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         head = part(head_name)
-        self.head = GGUFLinear(w, None, *head) if head is not None else PackedLinear(w, None, tiles)
+        self.head = on_blocks(w, None, [head]) if head is not None else PackedLinear(w, None, tiles)
         self.lm_head = None
+        embed = part("model.embed_tokens.weight")
+        if embed is not None and self.reduce is None:  # the lookup dequantizes its tokens' rows
+            self.embed_tokens = GGUFEmbedding(*embed, self.cfg.hidden_size, dtype)
         return n + (head is not None)
 
     # --- weights ---

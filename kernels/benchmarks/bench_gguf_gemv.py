@@ -1,0 +1,71 @@
+"""GGUF block linears on CPU (gemv_kquant.c) against the dequantized float path, per block type.
+
+For each type of cpu_ops.GGUF_TYPES: a [N, K] weight as the file's blocks (random valid blocks), x [M, K]
+bf16. Timed (the fastest of --reps calls, after warm-up): gguf_kq_gemv on the blocks (int8 activations);
+torch F.linear on the dequantized weight in bf16 and in float32 (what --quantization none holds); and the
+larger-batch path (M = 64: gguf_dequant_rows tiles + GEMM, gguf_block_linear.GGUFBlockLinear). Reported: ms per
+call, the blocks' bytes, and GB/s of weight bytes read per call for each path.
+
+    PYTHONPATH=kernels:. python kernels/benchmarks/bench_gguf_gemv.py [--n 4096] [--k 4096] [--m 1] [--reps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def _ms(f, reps: int) -> float:
+    for _ in range(3):
+        f()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3  # the fastest call: the machine's other load only ever adds time
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from radixlang_kernels import cpu_ops
+    from radixlang_kernels.cpu_caps import detect
+    from radixlang_kernels.testing import random_gguf_blocks
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--m", type=int, default=1)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--types", default=",".join(cpu_ops.GGUF_TYPES))
+    a = p.parse_args()
+    if cpu_ops.load() is None:
+        print("no C kernel library (no compiler): nothing to measure")
+        return
+    N, K, M = a.n, a.k, a.m
+    print(f"# isa {detect().isa}, threads {torch.get_num_threads()}, N {N} K {K} M {M}")
+    x = torch.randn(M, K).to(torch.bfloat16)
+    x64 = torch.randn(64, K).to(torch.bfloat16)
+    for fmt in a.types.split(","):
+        blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.02, np.random.default_rng(0)))
+        w32 = cpu_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32)
+        w16 = w32.to(torch.bfloat16)
+        x32 = x.float()
+        kq = _ms(lambda: cpu_ops.gguf_kq_gemv(x, blocks, fmt), a.reps)
+        d16 = _ms(lambda: F.linear(x, w16), a.reps)
+        d32 = _ms(lambda: F.linear(x32, w32), a.reps)
+        lin = GGUFBlockLinear([(blocks, fmt)], K, None, torch.bfloat16)
+        tiles = _ms(lambda: lin(x64), max(3, a.reps // 4))
+        nbytes = blocks.numel()
+        row = {"type": fmt, "block_bytes": nbytes, "kq_ms": round(kq, 3), "kq_GBps": round(nbytes / kq / 1e6, 1),
+               "bf16_dense_ms": round(d16, 3), "f32_dense_ms": round(d32, 3), "tiles_m64_ms": round(tiles, 2)}
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

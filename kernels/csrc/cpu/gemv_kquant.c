@@ -1,0 +1,143 @@
+/*
+ * Linears on a GGUF file's own rows of blocks for decode-sized batches (every type of gguf_blocks.h),
+ * with int8 activations as llama.cpp's vec_dot_*_q8_K / q8_0:
+ *
+ *   x [M, K] (bf16 or float32) -> per block of QX activations (QX = 256 for the K-quants and IQ4_XS,
+ *   q8_K's; 32 for the legacy types and IQ4_NL, q8_0's): dx = max|x| / 127, qx = round(x / dx);
+ *   per sub-block of 16: sx = sum(x) (float32, from x itself);
+ *   W [N, K]: N rows of K / QK blocks, as the file stores them (no repacking: resident bytes = file bytes);
+ *   out[m, n] = sum over chunks of 256, over sub-blocks k: s_k dx sum_16(q qx) + o_k sx_k.
+ *
+ * Precision: sum_16(q qx) is an exact integer on every path (|q| <= 128, |qx| <= 127), so the only error
+ * against dequantize-then-matmul is the activations' rounding |x - dx qx| <= dx / 2:
+ * |out - exact| <= sum_j dx_j / 2 |w_j| (+ float32 summation); kernels/tests/test_gguf_kernels.py checks it.
+ *
+ * Each chunk of 256 weights of a row is read once into gguf_blocks.h's kq_chunk (int8 q, per-16 s / o)
+ * and then dotted with every input row of the batch (up to KQ_MAX_M), so the unpacking is shared by
+ * the batch. Integer dots by what the build has (cpu_caps.kernel_cflags):
+ *   AVX512-VNNI  VPDPBUSD on |q| (u8) x qx with q's sign, 4 sub-blocks a 64-byte step;
+ *   AVX512BW     VPMADDUBSW + VPMADDWD on the same operands;
+ *   AVX2         VPSIGNB / VPMADDUBSW / VPMADDWD, 2 sub-blocks a 32-byte step;
+ *   plain C      int32 sums.
+ * Work split: output rows over the OpenMP threads (static ranges).
+ */
+#include "common.h"
+#include "gguf_blocks.h"
+#include "kernels.h"
+
+#define KQ_MAX_M 16
+
+/* the quantized activations: row m's chunk c at qx[m * kp + 256 c], its 16 sub-blocks' dx / sx at
+ * [(m * kp + 256 c) / 16 ..] (kp = K rounded up to 256; the padding quantizes to zeros) */
+typedef struct {
+    int8_t *qx; /* [M, kp] */
+    float *dx;  /* [M, kp / 16] the activation block's scale, per sub-block of 16 */
+    float *sx;  /* [M, kp / 16] sum(x) per sub-block of 16 */
+    int64_t kp;
+} kq_act;
+
+static inline float x_at(const void *x, int bf16, int64_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+static int kq_quantize(const void *x, int bf16, int64_t M, int64_t K, int qx_len, kq_act *a) {
+    const int64_t kp = (K + KQ_CHUNK - 1) / KQ_CHUNK * KQ_CHUNK;
+    a->kp = kp;
+    a->qx = (int8_t *)calloc((size_t)(M * kp) + (size_t)(M * kp / 16) * 2 * sizeof(float), 1);
+    if (!a->qx) return -2;
+    a->dx = (float *)(a->qx + M * kp);
+    a->sx = a->dx + M * kp / 16;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < K; b += qx_len) {
+            const int64_t i0 = m * K + b, o0 = m * kp + b;
+            float amax = 0.f;
+            for (int j = 0; j < qx_len; j++) amax = fmaxf(amax, fabsf(x_at(x, bf16, i0 + j)));
+            const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+            for (int k = 0; k < qx_len / 16; k++) {
+                float s = 0.f;
+                for (int j = 16 * k; j < 16 * k + 16; j++) {
+                    const float v = x_at(x, bf16, i0 + j);
+                    a->qx[o0 + j] = (int8_t)nearbyintf(v * id); /* to nearest even; |v id| <= 127 */
+                    s += v;
+                }
+                a->dx[o0 / 16 + k] = d;
+                a->sx[o0 / 16 + k] = s;
+            }
+        }
+    return 0;
+}
+
+/* the chunk's dot with one quantized input row: qx [256], dx / sx [16] */
+static inline float kq_dot(const kq_chunk *c, const int8_t *qx, const float *dx, const float *sx) {
+#if defined(__AVX512BW__)
+    const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(c->s), _mm512_loadu_ps(dx));
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(c->o), _mm512_loadu_ps(sx));
+    for (int i = 0; i < 4; i++) { /* sub-blocks 4i .. 4i + 3: lanes 4 (k - 4i) .. */
+        const __m512i w = _mm512_loadu_si512(c->q + 64 * i), y = _mm512_loadu_si512(qx + 64 * i);
+        const __m512i wa = _mm512_abs_epi8(w);
+        const __m512i ys = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(w), _mm512_setzero_si512(), y);
+#if defined(__AVX512VNNI__)
+        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, ys);
+#else
+        const __m512i isum = _mm512_madd_epi16(_mm512_maddubs_epi16(wa, ys), _mm512_set1_epi16(1));
+#endif
+        const __m512i idx = _mm512_set_epi32(4 * i + 3, 4 * i + 3, 4 * i + 3, 4 * i + 3, 4 * i + 2, 4 * i + 2, 4 * i + 2,
+                                             4 * i + 2, 4 * i + 1, 4 * i + 1, 4 * i + 1, 4 * i + 1, 4 * i, 4 * i, 4 * i, 4 * i);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(idx, sc), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(c->o), _mm256_loadu_ps(sx));
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(c->o + 8), _mm256_loadu_ps(sx + 8), acc);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < 8; i++) { /* sub-blocks 2i (lanes 0-3), 2i + 1 (lanes 4-7) */
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(c->q + 32 * i));
+        const __m256i y = _mm256_loadu_si256((const __m256i *)(qx + 32 * i));
+        const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(y, w)), ones);
+        const __m256 sc = _mm256_set_m128(_mm_set1_ps(c->s[2 * i + 1] * dx[2 * i + 1]), _mm_set1_ps(c->s[2 * i] * dx[2 * i]));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc);
+    }
+    return hsum256(acc);
+#else
+    float acc = 0.f;
+    for (int k = 0; k < 16; k++) {
+        int32_t isum = 0;
+        for (int j = 16 * k; j < 16 * k + 16; j++) isum += (int32_t)c->q[j] * qx[j];
+        acc += (float)isum * (c->s[k] * dx[k]) + c->o[k] * sx[k];
+    }
+    return acc;
+#endif
+}
+
+/* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W: N rows of GGUF blocks
+ * of ggml type `type` (gguf_blocks.h), each K / QK * bytes long. -1: refused (a type not read here, K not
+ * a multiple of the block length, M outside 1 .. 16); -2: out of memory. */
+int gguf_kq_gemv(const void *x, int x_bf16, const uint8_t *w, int64_t type, void *out, int out_bf16, int64_t M,
+                 int64_t K, int64_t N) {
+    const int qk = gguf_block_len(type);
+    if (!qk || K < qk || K % qk || M < 1 || M > KQ_MAX_M || N < 1) return -1;
+    kq_act a;
+    if (kq_quantize(x, x_bf16, M, K, qk == KQ_CHUNK ? KQ_CHUNK : 32, &a)) return -2;
+    const int64_t row_bytes = K / qk * gguf_block_bytes(type), nc = a.kp / KQ_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        kq_chunk c;
+        float acc[KQ_MAX_M] = {0.f};
+        const uint8_t *row = w + n * row_bytes;
+        for (int64_t ci = 0; ci < nc; ci++) {
+            kq_read_chunk(row, type, K, ci, &c);
+            for (int64_t m = 0; m < M; m++) {
+                const int64_t o = m * a.kp + ci * KQ_CHUNK;
+                acc[m] += kq_dot(&c, a.qx + o, a.dx + o / 16, a.sx + o / 16);
+            }
+        }
+        for (int64_t m = 0; m < M; m++) {
+            if (out_bf16)
+                ((uint16_t *)out)[m * N + n] = f32_to_bf16(acc[m]);
+            else
+                ((float *)out)[m * N + n] = acc[m];
+        }
+    }
+    free(a.qx);
+    return 0;
+}

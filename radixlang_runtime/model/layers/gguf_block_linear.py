@@ -1,0 +1,114 @@
+"""Linears and the embedding on a GGUF file's own rows of blocks, every type of cpu_ops.GGUF_TYPES (Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the default for a `.gguf` model.
+
+Resident bytes are the file's: each part keeps its blocks [rows, row bytes] uint8 exactly as stored (q / k
+rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
+- bf16 decode batches (M <= cpu_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
+  per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
+  activations' rounding (kernels/tests/test_gguf_kernels.py bounds it);
+- float32 decode batches: gguf_dequant_gemv, float32 sums over each chunk's exact dequantized values;
+- larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized at a time
+  (gguf_dequant.c: gguf.quants' exact values) and a GEMM on it; so float32 outputs are the dequantized
+  checkpoint's up to summation order (greedy parity with transformers holds token for token);
+- the embedding looks up its tokens' rows the same way (a tied output head shares its blocks).
+A fused linear (q / k / v, gate / up) holds one part per projection, each in its own type (a Q4_K_M file
+mixes Q4_K and Q6_K): the parts' outputs are concatenated.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from radixlang_kernels import cpu_ops
+
+TILE_BYTES = 1 << 21  # dequantized rows per GEMM call: 2 MB of the model dtype (stays in L2 / L3)
+
+
+def _dequant_numpy(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype) -> torch.Tensor:
+    """The reference dequantizer (no C library): gguf.quants on the rows given."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    w = dequantize(blocks.numpy(), GGMLQuantizationType[fmt]).reshape(blocks.shape[0], K)
+    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dtype)
+
+
+def dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,
+                 row0: int = 0, n_rows: Optional[int] = None) -> torch.Tensor:
+    """Rows of `blocks` (rows [R] int64, else row0 .. row0 + n_rows) -> [R, K] dtype."""
+    w = cpu_ops.gguf_dequant_rows(blocks, fmt, K, dtype, rows=rows, row0=row0, n_rows=n_rows)
+    if w is not None:
+        return w
+    if rows is not None:
+        return _dequant_numpy(blocks[rows], fmt, K, dtype)
+    n = blocks.shape[0] - row0 if n_rows is None else n_rows
+    return _dequant_numpy(blocks[row0:row0 + n], fmt, K, dtype)
+
+
+def check_blocks(blocks: torch.Tensor, fmt: str, in_features: int) -> None:
+    if fmt not in cpu_ops.GGUF_TYPES:
+        raise ValueError(f"GGUF block type {fmt} is not supported on its blocks (supported: "
+                         f"{', '.join(cpu_ops.GGUF_TYPES)})")
+    _, qk, nbytes = cpu_ops.GGUF_TYPES[fmt]
+    row_bytes = in_features // qk * nbytes
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or in_features % qk or blocks.shape[1] != row_bytes:
+        raise ValueError(f"GGUF {fmt} blocks {tuple(blocks.shape)} do not hold rows of {in_features} weights")
+
+
+class GGUFBlockLinear(nn.Module):
+    def __init__(self, parts: list[tuple[torch.Tensor, str]], in_features: int, bias: Optional[torch.Tensor],
+                 dtype: torch.dtype):
+        """parts: (blocks [N_i, row bytes] uint8, type) per projection, outputs in that order; bias [sum N_i]."""
+        super().__init__()
+        for blocks, fmt in parts:
+            check_blocks(blocks, fmt, in_features)
+        self.parts = [(b.contiguous(), fmt) for b, fmt in parts]
+        self.in_features = in_features
+        self.out_features = sum(b.shape[0] for b, _ in parts)
+        self.dtype = dtype
+        self.bias = None if bias is None else bias.detach()
+        self.fmts = tuple(fmt for _, fmt in parts)
+        self.q8 = dtype == torch.bfloat16 and cpu_ops.load() is not None  # int8 activations in decode batches
+
+    def _part(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+        y = None
+        if x.device.type == "cpu":
+            y = cpu_ops.gguf_kq_gemv(x, blocks, fmt, exact=self.dtype == torch.float32)
+        if y is not None:
+            return y
+        N, K = blocks.shape[0], self.in_features
+        step = max(1, TILE_BYTES // (K * x.element_size()))
+        if step >= N:
+            return x @ dequant_rows(blocks, fmt, K, x.dtype).to(x.device).T
+        out = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)  # [M, N]
+        for r0 in range(0, N, step):  # the blocks stay in host memory: a GPU receives each tile
+            n = min(step, N - r0)
+            tile = dequant_rows(blocks, fmt, K, x.dtype, row0=r0, n_rows=n).to(x.device)
+            torch.matmul(x, tile.T, out=out[:, r0:r0 + n])
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        ys = [self._part(x2, b, fmt) for b, fmt in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class GGUFEmbedding(nn.Module):
+    def __init__(self, blocks: torch.Tensor, fmt: str, dim: int, dtype: torch.dtype):
+        """blocks [vocab, dim / QK * bytes] uint8: token t's row dequantized at lookup."""
+        super().__init__()
+        check_blocks(blocks, fmt, dim)
+        self.blocks, self.fmt, self.dim, self.dtype = blocks.contiguous(), fmt, dim, dtype
+        self.num_embeddings = blocks.shape[0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).cpu()
+        rows = dequant_rows(self.blocks, self.fmt, self.dim, self.dtype, rows=flat)
+        return rows.to(ids.device).reshape(*ids.shape, self.dim)

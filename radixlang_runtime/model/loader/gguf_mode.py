@@ -1,0 +1,30 @@
+"""Which weights a model runs: `--quantization` as given, or, left unset for a `.gguf` --model-path, the file's
+own blocks (`gguf`, model/layers/gguf_block_linear.py) where they are served: a CPU, the native Llama-family
+implementation (MoE blocks and transformers' modules refuse blocks), one rank, no --is-embedding and no
+deterministic mode. `--quantization none` keeps the dequantized float weights (a .gguf's every tensor
+dequantized at load). The embedded default model (no --model-path) keeps its dequantized weights."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from torch import nn
+
+
+def resolve_quantization(args: Any, model_dir: str, model: nn.Module, device_type: str) -> Optional[str]:
+    """None (float weights), "int8" or "gguf" for this runner's model."""
+    from radixlang_runtime.model.loader.gguf_convert import gguf_source
+    from radixlang_runtime.model.models.llama import LlamaForCausalLM
+
+    if args.quantization == "none":
+        return None
+    if args.quantization is not None:
+        return args.quantization
+    path = args.model_path
+    if not path or not path.endswith(".gguf") or gguf_source(model_dir) != os.path.abspath(path):
+        return None  # a directory, the embedded model, or a draft model beside a .gguf target
+    served = (device_type == "cpu" and args.tp_size == 1 and not args.is_embedding
+              and not args.enable_deterministic_inference
+              and type(model).use_gguf_blocks is LlamaForCausalLM.use_gguf_blocks)
+    return "gguf" if served else None

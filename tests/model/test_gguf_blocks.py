@@ -1,0 +1,230 @@
+"""A .gguf model served on its own blocks (model/layers/gguf_block_linear.py): a tiny llama written with every block
+type the kernels read (tests/gguf_tiny.py; legacy types quantized by gguf.quants, K-quants / IQ4 as random
+blocks) and a Q4_K_M-like mix. float32: greedy tokens equal transformers' on the same dequantized weights;
+resident weight bytes stay within 1.2x the file's tensor bytes; bf16 decode runs gemv_kquant.c. The default
+for a .gguf --model-path (gguf_mode.resolve_quantization) and `--quantization none` are checked on their own."""
+
+from __future__ import annotations
+
+import copy
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gguf_tiny import blocks_like, convert_tiny, gguf_tensors, write_gguf
+from radixlang_kernels import cpu_ops
+from radixlang_runtime.model.loader.gguf_convert import cache_key
+from tiny_checkpoints import build_tiny, hf_greedy
+
+PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]
+NEW = 8
+TINY = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+            initializer_range=0.3, max_position_embeddings=256)
+# every type the kernels read, one per tensor (q / k / v and gate / up fuse across types)
+EVERY_TYPE = {0: ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K"),
+              1: ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q4_K", "Q6_K")}
+# llama.cpp's Q4_K_M: Q4_K layers, Q6_K for v / down, fallbacks Q5_0 / Q8_0 (o_proj: gguf_linear's Q8_0 tiles)
+Q4_K_M = {0: ("Q4_K", "Q4_K", "Q6_K", "Q8_0", "Q4_K", "Q4_K", "Q6_K"),
+          1: ("Q4_K", "Q4_K", "Q5_0", "Q8_0", "Q4_K", "Q4_K", "Q5_0")}
+SUFFIXES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+FILES = {"every_type": (EVERY_TYPE, "Q6_K"), "q4_k_m": (Q4_K_M, "Q4_K")}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """name -> (converted dir, .gguf path, the transformers model on the dequantized weights)."""
+    import torch
+
+    root = tmp_path_factory.mktemp("gguf_blocks")
+    model = build_tiny(root / "hf", "LlamaConfig", TINY, {})
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    tensors = gguf_tensors(state, "llama", 4, 2)
+    out = {}
+    for name, (layers, embed) in FILES.items():
+        kinds = {"token_embd.weight": (embed, blocks_like(embed, tensors["token_embd.weight"], seed=99))}
+        for i, types in layers.items():
+            for j, (suffix, kind) in enumerate(zip(SUFFIXES, types)):
+                gname = f"blk.{i}.{suffix}.weight"
+                kinds[gname] = (kind, blocks_like(kind, tensors[gname], seed=10 * i + j))
+        path = str(root / f"{name}.gguf")
+        write_gguf(path, "llama", model.config, state, kinds=kinds)
+        model_dir = os.path.join(str(root / "cache"), cache_key(path))  # where Engine(path) finds its conversion
+        got = convert_tiny(path, model_dir, str(root / "hf"))
+        ref = copy.deepcopy(model)
+        ref.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in got.items()}, strict=False)
+        out[name] = (model_dir, path, ref)
+    return out
+
+
+def _file_tensor_bytes(path: str) -> int:
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+
+
+def _block_types(model) -> set[str]:
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear, GGUFEmbedding
+    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear
+
+    types = set()
+    for m in model.modules():
+        if isinstance(m, GGUFBlockLinear):
+            types.update(m.fmts)
+        elif isinstance(m, (GGUFLinear, GGUFEmbedding)):
+            types.add(m.fmt)
+    return types
+
+
+def _greedy(eng) -> list[list[int]]:
+    sp = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+    return [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=sp)]
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_float32_on_blocks_equals_transformers_within_file_bytes(tiny, name):
+    """every_type: the .gguf path itself (its blocks by default); q4_k_m: its conversion with the flag."""
+    from torch import nn
+
+    from radixlang_runtime import Engine
+
+    model_dir, path, ref = tiny[name]
+    want = [hf_greedy(ref, p, NEW) for p in PROMPTS]
+    layers, embed = FILES[name]
+    how = (dict(model_path=path, model_cache_dir=os.path.dirname(model_dir)) if name == "every_type"
+           else dict(model_path=model_dir, quantization="gguf"))
+    with Engine(dtype="float32", max_total_tokens=1024, model_impl="native", **how) as eng:
+        assert eng.runner.args.quantization == "gguf"
+        model = eng.runner.model
+        assert _block_types(model) == {embed, *(t for types in layers.values() for t in types)}
+        assert not [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        assert _greedy(eng) == want
+        resident, file_bytes = eng.runner.weights_bytes, _file_tensor_bytes(path)
+    assert resident <= 1.2 * file_bytes, (resident, file_bytes)
+
+
+def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
+    from radixlang_runtime import Engine
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler: the blocks are dequantized per tile")
+    calls = []
+    kq = cpu_ops.gguf_kq_gemv
+
+    def counted(x, blocks, fmt, *args, **kwargs):
+        calls.append((x.shape[0], fmt))
+        return kq(x, blocks, fmt, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_ops, "gguf_kq_gemv", counted)
+    model_dir, path, _ = tiny["every_type"]
+    with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
+        outs = _greedy(eng)
+        resident = eng.runner.weights_bytes
+    assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
+    decoded = {fmt for m, fmt in calls if m <= len(PROMPTS)}  # decode steps: the kernel's batches
+    assert decoded == {t for types in EVERY_TYPE.values() for t in types} | {"Q6_K"}
+    assert resident <= 1.2 * _file_tensor_bytes(path)
+
+
+def test_quantization_none_keeps_the_dequantized_weights(tiny):
+    from torch import nn
+
+    from radixlang_runtime import Engine
+
+    model_dir, path, ref = tiny["q4_k_m"]
+    with Engine(path, model_cache_dir=os.path.dirname(model_dir), quantization="none", dtype="float32",
+                max_total_tokens=1024, model_impl="native") as eng:
+        assert eng.runner.args.quantization is None
+        assert _block_types(eng.runner.model) == set()
+        assert isinstance(eng.runner.model.embed_tokens, nn.Embedding)
+        assert _greedy(eng) == [hf_greedy(ref, p, NEW) for p in PROMPTS]
+
+
+def _args(**kw):
+    base = dict(quantization=None, model_path=None, tp_size=1, is_embedding=False,
+                enable_deterministic_inference=False)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_a_gguf_model_path_defaults_to_its_blocks(tiny):
+    from radixlang_runtime.model.loader.gguf_mode import resolve_quantization
+    from radixlang_runtime.model.models.llama import LlamaForCausalLM
+
+    model_dir, path, _ = tiny["q4_k_m"]
+    llama = LlamaForCausalLM.__new__(LlamaForCausalLM)
+    assert resolve_quantization(_args(model_path=path), model_dir, llama, "cpu") == "gguf"
+    assert resolve_quantization(_args(model_path=path, quantization="none"), model_dir, llama, "cpu") is None
+    assert resolve_quantization(_args(model_path=path, quantization="int8"), model_dir, llama, "cpu") == "int8"
+    assert resolve_quantization(_args(model_path=model_dir), model_dir, llama, "cpu") is None  # a directory
+    assert resolve_quantization(_args(model_path=path, is_embedding=True), model_dir, llama, "cpu") is None
+    assert resolve_quantization(_args(model_path=path), model_dir, llama, "cuda") is None
+    other = os.path.join(os.path.dirname(path), "every_type.gguf")  # a draft beside another .gguf
+    assert resolve_quantization(_args(model_path=other), model_dir, llama, "cpu") is None
+
+
+def test_quantization_values_are_checked_by_name():
+    from radixlang_runtime.server_args import ServerArgs
+
+    assert ServerArgs(quantization="none").quantization == "none"
+    with pytest.raises(ValueError, match="'q4_k_m'.*int8.*none.*gguf"):
+        ServerArgs(quantization="q4_k_m")
+
+
+def test_blocks_outside_the_supported_types_are_refused_by_name():
+    import torch
+
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+    with pytest.raises(ValueError, match="IQ2_XXS is not supported on its blocks .*Q4_0, Q4_1.*IQ4_XS"):
+        GGUFBlockLinear([(torch.zeros(4, 66, dtype=torch.uint8), "IQ2_XXS")], 256, None, torch.float32)
+    with pytest.raises(ValueError, match=r"Q4_K blocks \(4, 100\) do not hold rows of 256 weights"):
+        GGUFBlockLinear([(torch.zeros(4, 100, dtype=torch.uint8), "Q4_K")], 256, None, torch.float32)
+
+
+def test_large_batches_dequantize_tiles_to_the_exact_product(monkeypatch):
+    """M above the kernels' limit: tiles of rows (several per part here) and a GEMM over gguf.quants' values."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from radixlang_kernels.testing import random_gguf_blocks
+    from radixlang_runtime.model.layers import gguf_block_linear
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+    rng = np.random.default_rng(0)
+    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 256, 0.05, rng)), f) for f, n in (("Q4_K", 40), ("Q5_0", 24))]
+    w = np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts])  # [64, 256]
+    bias = torch.randn(64)
+    lin = GGUFBlockLinear(parts, 256, bias, torch.float32)
+    x = torch.randn(cpu_ops.KQ_MAX_M + 3, 256)
+    monkeypatch.setattr(gguf_block_linear, "TILE_BYTES", 256 * 4 * 16)  # 16 rows a tile
+    y = lin(x)
+    torch.testing.assert_close(y, x @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
+    y1 = lin(x[:1])  # a decode row: the exact float32 kernel (or the tiles without the library)
+    torch.testing.assert_close(y1, x[:1] @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
+    """gguf_linear's bf16 tiles go back to the file's layout exactly, and a batch above the tiles' kernel runs
+    the dequantized tiles (bf16 weights: gguf.quants' values rounded once)."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from radixlang_kernels.testing import random_gguf_blocks
+    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, gguf_q8_untiles
+
+    N, K = 13, 32 * 7  # a partial 4-row tile and an odd count of 32-blocks per row
+    blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(1)))
+    assert torch.equal(gguf_q8_untiles(cpu_ops.gguf_q8_tiles(blocks, fmt), fmt, N, K), blocks)
+    if cpu_ops.load() is None:
+        return
+    w = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[fmt]))  # [N, K]
+    lin = GGUFLinear(w.to(torch.bfloat16), None, blocks, fmt)
+    assert lin.q8 and lin.dense is None and lin.weight is None
+    x = torch.randn(cpu_ops.QLINEAR_MAX_M + 5, K).to(torch.bfloat16)
+    ref = x @ w.to(torch.bfloat16).T
+    torch.testing.assert_close(lin(x), ref, rtol=0, atol=0)
