@@ -50,6 +50,7 @@ class ModelConfig:
     final_logit_softcapping: Optional[float] = None  # Gemma 2: logits c * tanh(logits / c)
     attn_scale: Optional[float] = None  # scores scale (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5
     rope_local: Optional[RopeSpec] = None  # Gemma 3: the sliding layers' rope (rope_local_base_freq); None: rope
+    attention_sinks: bool = False  # gpt-oss: a learned logit per query head in every softmax (AttentionBackend)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

@@ -11,6 +11,8 @@ from radixlang_runtime.model.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):
+    supports_sinks = False  # a backend whose every path honours attention sinks (set_sinks) says True
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -20,11 +22,24 @@ class AttentionBackend(ABC):
         # sliding_window) or 0 (full causal); layers past the tuple's end are full. Set by set_layer_options.
         self.windows: tuple[int, ...] = ()
         self.soft_cap = 0.0  # c > 0: scores become c * tanh(scores / c) (Gemma 2), every layer
+        # layer -> [H] float attention sinks (gpt-oss: a learned logit per query head that joins every row's
+        # softmax denominator and weighs no value); layers absent have none. Set by set_sinks.
+        self.sinks: dict[int, torch.Tensor] = {}
 
     def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
         """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
         self.windows = tuple(int(w) for w in windows)
         self.soft_cap = float(soft_cap or 0.0)
+
+    def set_sinks(self, layer: int, sinks: torch.Tensor) -> None:
+        """Layer `layer`'s sinks [H] (this rank's query heads); ValueError where the backend has no sinks."""
+        if not self.supports_sinks:
+            raise ValueError(f"attention sinks are not supported by the {type(self).__name__} (serve this model "
+                             "with --attention-backend torch)")
+        if sinks.shape != (self.num_heads,):
+            raise ValueError(f"attention sinks of layer {layer}: expected shape ({self.num_heads},), "
+                             f"got {tuple(sinks.shape)}")
+        self.sinks[layer] = sinks
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if layer < len(self.windows) else 0

@@ -72,6 +72,8 @@ class CDecodeMeta:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    supports_sinks = True
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.c_decode = False  # cpu_ops.paged_decode
@@ -83,7 +85,8 @@ class TorchAttentionBackend(AttentionBackend):
     def configure(self, paths: "cpu_ops.CpuPaths") -> None:
         """Take the kernel choices of cpu_ops.plan() (they hold for every batch of this model); with a
         soft-cap the C attention kernels stay off (they do not implement it)."""
-        self.c_decode, self.c_extend = (False, False) if self.soft_cap else (paths.c_decode, paths.c_extend)
+        off = self.soft_cap or self.sinks
+        self.c_decode, self.c_extend = (False, False) if off else (paths.c_decode, paths.c_extend)
         self.dpbf16 = "+dpbf16" in paths.extend_attention
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -180,7 +183,9 @@ class TorchAttentionBackend(AttentionBackend):
         # step as L grows (docs/PERFORMANCE.md#torch-backend).
         w = self.window(layer)
         mask = meta.win_masks[w] if w else meta.keep_mask
-        o = attend(qg, k, v, mask, self.scale, self.soft_cap)  # [Hkv, B, G, D]
+        sink = self.sinks.get(layer)  # [H] -> [Hkv, 1, G, 1]: query head h = kv head * G + g
+        sink = None if sink is None else sink.view(hkv, 1, H // hkv, 1)
+        o = attend(qg, k, v, mask, self.scale, self.soft_cap, sink=sink)  # [Hkv, B, G, D]
         return o.transpose(0, 1).reshape(B, H * D)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
@@ -207,7 +212,9 @@ class TorchAttentionBackend(AttentionBackend):
                                                  None if plan is None else plan.k_begin)
             return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
                                              self.dpbf16, meta.prior)
-        if meta.uniform and not w and not self.soft_cap:
+        sink = self.sinks.get(layer)  # [H] -> [H, 1, 1] (query heads lead each request's [H, n, L] scores)
+        sink = None if sink is None else sink.view(H, 1, 1)
+        if meta.uniform and not w and not self.soft_cap and sink is None:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]
             kb = k.view(B, n, hkv, D).transpose(1, 2)  # [B, Hkv, n, D]
@@ -223,7 +230,7 @@ class TorchAttentionBackend(AttentionBackend):
                 ki, vi = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)  # [Hkv, n, D]
             else:
                 ki, vi = fb.kv_pool.gather(layer, meta.kv_rows[i])  # [Hkv, L, D]
-            o = attend(qi, ki, vi, mask, self.scale, self.soft_cap, gqa=True, causal=mask is None)
+            o = attend(qi, ki, vi, mask, self.scale, self.soft_cap, gqa=True, causal=mask is None, sink=sink)
             out[s : s + n] = o.transpose(0, 1).reshape(n, H * D)
         return out
 
@@ -238,22 +245,29 @@ def causal_mask(prefix: int, n: int, window: int, device) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
-           soft_cap: float = 0.0, gqa: bool = False, causal: bool = False) -> torch.Tensor:
+           soft_cap: float = 0.0, gqa: bool = False, causal: bool = False,
+           sink: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q [..., Hq, n, D] over k / v [..., Hk, L, D] (gqa: Hq = G * Hk, query head h reads KV head h // G;
     else the head axes match or broadcast). mask: bool broadcastable to [..., n, L] (True = attend), None: every
     key; causal (with mask None): bottom-right aligned causal. soft_cap c > 0: scores c * tanh(scores / c) in
-    float32, as transformers' eager attention computes them (SDPA has no soft-cap); else SDPA."""
-    if soft_cap <= 0:
+    float32, as transformers' eager attention computes them (SDPA has no soft-cap). sink: per query head
+    logits broadcastable to [..., Hq, n, 1] (gpt-oss): each row's softmax runs over its scores and the sink,
+    and the sink's share weighs no value (eager_attention_forward's concatenated column). Neither: SDPA."""
+    if soft_cap <= 0 and sink is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
                                               enable_gqa=gqa)
     if gqa and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    s = soft_cap * torch.tanh(s / soft_cap)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [..., Hq, n, L]
+    if soft_cap > 0:
+        s = soft_cap * torch.tanh(s / soft_cap)
     if mask is None and causal:
         n, L = s.shape[-2], s.shape[-1]
         mask = torch.ones(n, L, dtype=torch.bool, device=s.device).tril(L - n)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(s.softmax(-1), v.float()).to(q.dtype)
+    if sink is None:
+        return torch.matmul(s.softmax(-1), v.float()).to(q.dtype)
+    s = torch.cat([s, sink.float().expand(*s.shape[:-1], 1)], dim=-1)  # [..., Hq, n, L + 1]
+    return torch.matmul(s.softmax(-1)[..., :-1], v.float()).to(q.dtype)
