@@ -102,9 +102,9 @@ class GptOssForCausalLM(MoEForCausalLM):
 
 def parse_gpt_oss(cfg: dict) -> ModelConfig:
     """config.json -> ModelConfig as transformers' GptOssConfig reads it (its defaults for absent fields)."""
-    cfg = {**_DEFAULTS, **cfg}
     if "num_experts" in cfg and "num_local_experts" not in cfg:  # GptOssConfig.attribute_map
-        cfg["num_local_experts"] = cfg["num_experts"]
+        cfg = {**cfg, "num_local_experts": cfg["num_experts"]}
+    cfg = {**_DEFAULTS, **cfg}
     if not (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
         cfg["rope_parameters"] = {**_DEFAULT_ROPE, "rope_theta": cfg["rope_theta"]}
     if cfg.get("head_dim") is None:
