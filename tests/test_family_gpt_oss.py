@@ -5,6 +5,8 @@ honour are refused by name."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -166,3 +168,56 @@ def test_triton_backend_refuses_sinks_by_name():
     backend = TritonAttentionBackend(4, 2, 16, 0.25)
     with pytest.raises(ValueError, match="attention sinks are not supported by the TritonAttentionBackend"):
         backend.set_sinks(0, torch.zeros(4))
+
+
+# ------------------------------------------------------------------------------------------ harmony
+# the system / generation-prompt part of gpt-oss's chat template (the checkpoint's renders the same header)
+HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Reasoning: {{ reasoning_effort if reasoning_effort is defined else 'medium' }}\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+@pytest.mark.parametrize("effort", ["low", "high"])
+def test_reasoning_effort_reaches_the_template(effort):
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.resolve import embedded_tokenizer_dir
+    from radixlang_runtime.server.chat_render import render_chat, template_kwargs
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    body = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": effort}
+    text, _ = render_chat(tok, body["messages"], HARMONY_TEMPLATE, None, template_kwargs(body))
+    assert f"Reasoning: {effort}\n" in text
+    assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+
+
+def test_harmony_reasoning_then_tool_call():
+    """The reasoning parser keeps a call's message whole in the content; the gpt-oss tool parser reads it there."""
+    from radixlang_runtime.reasoning_parser import get_reasoning_parser
+    from radixlang_runtime.tool_parsers import get_parser
+
+    call = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+            '{"city": "Tokyo"}<|call|>')
+    out = get_reasoning_parser("gpt-oss").parse("<|channel|>analysis<|message|>Use get_weather.<|end|>" + call)
+    assert out.reasoning == "Use get_weather."
+    got = get_parser("gpt-oss").parse(out.content, ["get_weather"])
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [("get_weather", {"city": "Tokyo"})]
+    assert got.content == ""
+
+
+def test_forced_call_may_follow_the_analysis_message():
+    import re
+
+    from radixlang_runtime.reasoning_parser import get_reasoning_parser
+    from radixlang_runtime.server.openai_reasoning import ReasoningPlan
+
+    prefix = ReasoningPlan(get_reasoning_parser("gpt-oss")).regex_prefix()
+    call = r"<\|channel\|>commentary to=functions\.f <\|constrain\|>json<\|message\|>\{\}<\|call\|>"
+    rx = re.compile(prefix + call)
+    tail = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"
+    assert rx.fullmatch("<|channel|>analysis<|message|>Call f.<|end|><|start|>assistant" + tail)
+    assert rx.fullmatch(tail)
+    assert not rx.fullmatch("<think>x</think>" + tail)

@@ -458,8 +458,9 @@ def _chat_intake(state: ServerState, body: dict, rid: str) -> tuple[_Choices, bo
     if top and not want_lp:
         raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
     sp = sampling_from_openai(body, None, max(room, 0))
-    if plan.parser is not None and plan.parser.keeps_special_tokens and body.get("skip_special_tokens") is None:
-        sp["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>)
+    keeps = [p for p in (plan.parser, think and think.parser) if p is not None and p.keeps_special_tokens]
+    if keeps and body.get("skip_special_tokens") is None:
+        sp["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>)
     if plan.forced is not None:  # tool_choice required / a named function: the output is a call
         if not tm.limits.grammar:
             raise FieldError("tool_choice", f"tool_choice {plan.forced!r} constrains the output to a call: it needs a "
