@@ -182,10 +182,6 @@ class ModelRunner:
             # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
-        if backend.sinks and (self.cpu_paths.c_decode or self.cpu_paths.c_extend):
-            # attention sinks (gpt-oss): the torch path runs (TorchAttentionBackend.configure)
-            self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:sinks",
-                                                 extend_attention="torch:sinks")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
         if hasattr(backend, "configure"):

@@ -19,6 +19,9 @@ extend kernel masks in place (its `window`). Windowed layers never run cascade a
 prefix mostly lies outside the window, so those layers run the plain one-pass kernels (the step's plan
 serves the full-attention layers). Soft-capping (self.soft_cap > 0, Gemma 2) runs on the torch path
 only: `configure` then keeps the C attention kernels off (the runner says so in its paths).
+Attention sinks (self.sinks, gpt-oss) on every path: the torch path appends each head's sink logit to its
+rows' scores before the softmax; the C kernels merge it as a prior of value 0 (cpu_ops.sink_prior), merged
+into cascade attention's shared part where there is one.
 """
 
 from __future__ import annotations
@@ -85,8 +88,7 @@ class TorchAttentionBackend(AttentionBackend):
     def configure(self, paths: "cpu_ops.CpuPaths") -> None:
         """Take the kernel choices of cpu_ops.plan() (they hold for every batch of this model); with a
         soft-cap the C attention kernels stay off (they do not implement it)."""
-        off = self.soft_cap or self.sinks
-        self.c_decode, self.c_extend = (False, False) if off else (paths.c_decode, paths.c_extend)
+        self.c_decode, self.c_extend = (False, False) if self.soft_cap else (paths.c_decode, paths.c_extend)
         self.dpbf16 = "+dpbf16" in paths.extend_attention
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -158,19 +160,19 @@ class TorchAttentionBackend(AttentionBackend):
         if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
             pool, cm = fb.kv_pool, fb.attn_meta
             kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
-            w = self.window(layer)
+            w, sinks = self.window(layer), self.sinks.get(layer)
             if cm.rows is not None:
                 o = cpu_ops.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
-                                                    self.scale, self.dpbf16, window=w)
+                                                    self.scale, self.dpbf16, window=w, sinks=sinks)
                 return o.view(B, H * D)
             if w:  # the last w positions of each request, one pass (no cascade: see the module docstring)
                 o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                            cm.win_begin[w])
+                                            cm.win_begin[w], sinks=sinks)
                 return o.view(B, H * D)
             if plan is not None:
                 cpu_ops.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, cm.prior)
             o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                        None if plan is None else plan.k_begin, cm.prior)
+                                        None if plan is None else plan.k_begin, cm.prior, sinks=sinks)
             return o.view(B, H * D)
         meta: DecodeMeta = fb.attn_meta
         hkv, L = self.num_kv_heads, meta.max_len
@@ -193,7 +195,7 @@ class TorchAttentionBackend(AttentionBackend):
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
         hkv = self.num_kv_heads
-        w = self.window(layer)
+        w, sinks = self.window(layer), self.sinks.get(layer)
         if meta.kernel_starts is not None:  # the C kernel
             prefix, plan = None, meta.cascade
             if w:  # windowed layers: one pass over the whole prefix, masked in the kernel (no cascade)
@@ -202,7 +204,7 @@ class TorchAttentionBackend(AttentionBackend):
                     prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
                                                      fb.req_rows, meta.kernel_prefix_lens)
                 return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
-                                                 self.dpbf16, window=w)
+                                                 self.dpbf16, window=w, sinks=sinks)
             if meta.kernel_prefix_lens is not None:
                 pool = fb.kv_pool
                 kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
@@ -211,9 +213,8 @@ class TorchAttentionBackend(AttentionBackend):
                 prefix = cpu_ops.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
                                                  None if plan is None else plan.k_begin)
             return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
-                                             self.dpbf16, meta.prior)
-        sink = self.sinks.get(layer)  # [H] -> [H, 1, 1] (query heads lead each request's [H, n, L] scores)
-        sink = None if sink is None else sink.view(H, 1, 1)
+                                             self.dpbf16, meta.prior, sinks=sinks)
+        sink = None if sinks is None else sinks.view(H, 1, 1)  # query heads lead each request's [H, n, L] scores
         if meta.uniform and not w and not self.soft_cap and sink is None:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]
