@@ -225,3 +225,24 @@ def test_forced_call_may_follow_the_analysis_message():
     assert rx.fullmatch("<|channel|>analysis<|message|>Call f.<|end|><|start|>assistant" + tail)
     assert rx.fullmatch(tail)
     assert not rx.fullmatch("<think>x</think>" + tail)
+
+
+def test_deterministic_mode_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from radixlang_runtime.model import deterministic
+
+    with pytest.raises(ValueError, match="GptOssForCausalLM's expert GEMMs .* not batch-invariant"):
+        deterministic.enable(SimpleNamespace(cfg=ModelConfig.from_dict(BASE)), None, None, torch.device("cpu"),
+                             torch.float32)
+
+
+def test_bfloat16_runs(checkpoint):
+    """bf16: the packed experts carry their biases (pack_experts), the kernels the sinks."""
+    from radixlang_runtime import Engine
+
+    path, _, _ = checkpoint
+    with Engine(str(path), dtype="bfloat16", max_total_tokens=512, chunked_prefill_size=16) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:3], sampling_params={**SP, "max_new_tokens": 4,
+                                                                        "min_new_tokens": 4})
+    assert [len(o["output_ids"]) for o in outs] == [4] * 3
