@@ -166,12 +166,24 @@ def test_unhonoured_fields_are_refused_by_name(extra, needle):
         ModelConfig.from_dict({**BASE, **extra})
 
 
-def test_triton_backend_refuses_sinks_by_name():
-    from radixlang_runtime.model.attention.triton_backend import TritonAttentionBackend
+def test_sinks_are_refused_by_a_backend_without_them():
+    from radixlang_runtime.model.attention.base import AttentionBackend
+    from radixlang_runtime.model.attention.torch_backend import TorchAttentionBackend
 
-    backend = TritonAttentionBackend(4, 2, 16, 0.25)
-    with pytest.raises(ValueError, match="attention sinks are not supported by the TritonAttentionBackend"):
-        backend.set_sinks(0, torch.zeros(4))
+    class NoSinks(AttentionBackend):  # a backend that does not declare supports_sinks
+        def init_forward_metadata(self, fb):
+            pass
+
+        def forward_extend(self, q, k, v, layer, fb):
+            pass
+
+        def forward_decode(self, q, layer, fb):
+            pass
+
+    with pytest.raises(ValueError, match="attention sinks are not supported by the NoSinks"):
+        NoSinks(4, 2, 16, 0.25).set_sinks(0, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"attention sinks of layer 0: expected shape \(4,\), got \(8,\)"):
+        TorchAttentionBackend(4, 2, 16, 0.25).set_sinks(0, torch.zeros(8))
 
 
 # ------------------------------------------------------------------------------------------ harmony
