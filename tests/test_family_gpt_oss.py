@@ -152,6 +152,26 @@ def test_config_defaults_are_transformers():
                                   "attention_dropout": 0.1}).moe.swiglu_limit == 7.0
 
 
+def test_hub_config_shape_is_read():
+    """The shape of openai/gpt-oss-20b's config.json (its quantization_config left out: the bf16 conversions'),
+    with the older rope_scaling + rope_theta spelling and fields transformers does not read."""
+    hub = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+           "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+           "initial_context_length": 4096, "intermediate_size": 2880, "max_position_embeddings": 131072,
+           "layer_types": [SLIDE, FULL] * 12, "num_attention_heads": 64, "num_experts_per_tok": 4,
+           "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False,
+           "pad_token_id": 199999, "rms_norm_eps": 1e-05, "rope_theta": 150000, "router_aux_loss_coef": 0.9,
+           "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "truncate": False,
+                            "original_max_position_embeddings": 4096, "rope_type": "yarn"},
+           "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False, "vocab_size": 201088}
+    cfg = ModelConfig.from_dict(hub)
+    assert cfg.layer_windows == (128, 0) * 12 and cfg.eos_token_ids == (200002,)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 8, 64)
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.swiglu_alpha) == (32, 4, 1.702)
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.truncate) == ("yarn", 150000.0, False)
+    assert not ModelConfig.from_dict({**BASE, "attention_bias": False}).attention_bias
+
+
 @pytest.mark.parametrize("extra,needle", [
     ({"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config \\(mxfp4\\)"),
     ({"output_router_logits": True}, "output_router_logits"),
