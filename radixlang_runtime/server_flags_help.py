@@ -38,7 +38,8 @@ HELP: dict[str, str] = {
                      "it and /get_model_info reports it (DSL programs render roles with it)",
     "tool_call_parser": "the tool-call format of the output (SGLang's names); default: told from the chat "
                         "template's markup",
-    "reasoning_parser": "split <think>...</think> into reasoning_content (SGLang's names); default: all content",
+    "reasoning_parser": "split <think>...</think> (gpt-oss: the harmony analysis channel) into reasoning_content "
+                        "(SGLang's names); default: all content",
     "frontend_port": "the DSL's ZeroMQ link, on --host: 0 = a free port, N = port N, -1 = no link. "
                      "/get_model_info reports the port; RuntimeEndpoint(http URL) finds it there",
     "dashboard_show_text": "label the live view's radix nodes with their text (off: sizes only)",
@@ -139,7 +140,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "tool_call_parser": ("hermes", "qwen25", "llama3", "mistral", "pythonic", "qwen3_coder", "deepseekv3",
                          "deepseekv31", "kimi_k2", "glm45", "gpt-oss"),
-    "reasoning_parser": ("deepseek-r1", "qwen3"),
+    "reasoning_parser": ("deepseek-r1", "qwen3", "gpt-oss"),
     "load_balance_method": ("cache_aware", "round_robin", "shortest_queue"),
     "schedule_policy": ("lpm", "fcfs", "dfs-weight"),
     "hicache_write_policy": ("write_back", "write_through"),

@@ -125,14 +125,32 @@ def opt_ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
+def sink_prior(sinks: torch.Tensor, T: int, D: int, dtype: torch.dtype, prior: Optional[Prior] = None) -> Prior:
+    """Attention sinks [H] (a learned logit per query head in every row's softmax denominator, weighing no
+    value) as a prior the kernels merge by log-sum-exp: value 0, lse = the sink, so each row's output is
+    scaled by e^lse / (e^lse + e^sink), its keys' share of the softmax. With `prior` (cascade attention's
+    shared part, [T, H, D] and [T, H]) the sink is merged into it (a new pair: the step's prior is rewritten by
+    every layer). Returns (o [T, H, D] dtype, lse [T, H] float32)."""
+    H = sinks.shape[0]
+    s = sinks.float().expand(T, H)
+    if prior is None:
+        return torch.zeros(T, H, D, dtype=dtype), s.contiguous()
+    o, lse = prior
+    both = torch.logaddexp(lse, s)  # [T, H]
+    return (o.float() * torch.exp(lse - both).unsqueeze(-1)).to(dtype), both
+
+
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
                  req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_begin: Optional[torch.Tensor] = None,
-                 prior: Optional[Prior] = None) -> torch.Tensor:
+                 prior: Optional[Prior] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q [B, H, D]; pools [Hkv, N, D]; req_to_token [rows, ctx] int64 -> out [B, H, D]. bf16 or float32.
     k_begin [B] int64: request b attends positions k_begin[b] .. seq_lens[b] - 1 (default 0);
-    prior: merged into each row by log-sum-exp (cascade attention's shared part)."""
+    prior: merged into each row by log-sum-exp (cascade attention's shared part); sinks [H]: attention
+    sinks (sink_prior)."""
     q = q.contiguous()
     B, H, D = q.shape
+    if sinks is not None:
+        prior = sink_prior(sinks, B, D, q.dtype, prior)
     hkv, N, _ = k_pool.shape
     out = torch.empty_like(q)
     name = "paged_decode_bf16" if q.dtype == torch.bfloat16 else "paged_decode_f32"
@@ -405,9 +423,10 @@ def _extend_call(q: torch.Tensor, kv: Optional[tuple], starts: torch.Tensor, len
 
 def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
                   scale: float, prefix: Optional["PagedPrefix"] = None, dpbf16: bool = False,
-                  prior: Optional[Prior] = None, window: int = 0) -> torch.Tensor:
+                  prior: Optional[Prior] = None, window: int = 0, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Extend attention: new tokens attend to their cached prefix (if any) and causally to themselves
-    (window > 0: only to the keys at positions (p - window, p] of the query's position p).
+    (window > 0: only to the keys at positions (p - window, p] of the query's position p; sinks [H]: attention
+    sinks, sink_prior).
 
     q [T, H, D], k / v [T, Hkv, D] (the new tokens; bf16 or float32), heads contiguous (row strides may
     differ; other layouts are copied); starts / lens [R] int64 -> out [T, H * D].
@@ -417,6 +436,8 @@ def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: tor
     """
     T, H, D = q.shape
     out = torch.empty(T, H * D, dtype=q.dtype)
+    if sinks is not None:
+        prior = sink_prior(sinks, T, D, q.dtype, prior)
     _extend_call(q, (k, v), starts, lens, k.shape[1], scale, prefix, dpbf16, out, prior=prior, window=window)
     return out
 
@@ -439,7 +460,8 @@ def shared_prefix(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, r
 
 def pool_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
                         req_rows: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor, ones: torch.Tensor,
-                        scale: float, dpbf16: bool = False, window: int = 0) -> torch.Tensor:
+                        scale: float, dpbf16: bool = False, window: int = 0,
+                        sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode through the extend kernel: row b of q [B, H, D] attends to positions 0 .. seq_lens[b] - 1
     of table row req_rows[b], all in the pool (rows = arange(B), ones = [1] * B: one segment per row);
     window > 0: only the last `window` of them, masked in place as a prefill masks them.
@@ -447,7 +469,8 @@ def pool_rows_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     token's output never depends on which kernel ran it)."""
     out = torch.empty_like(q)
     prefix = PagedPrefix(k_pool, v_pool, req_to_token, req_rows, seq_lens)
-    _extend_call(q, None, rows, ones, k_pool.shape[0], scale, prefix, dpbf16, out, window=window)
+    prior = None if sinks is None else sink_prior(sinks, q.shape[0], q.shape[2], q.dtype)
+    _extend_call(q, None, rows, ones, k_pool.shape[0], scale, prefix, dpbf16, out, prior=prior, window=window)
     return out
 
 

@@ -21,6 +21,7 @@ Stage 1, grid (B, Hkv, S): program (b, g, s) takes the G = H / Hkv query heads o
 of BLOCK_N; an online softmax gives a normalised partial output and its log-sum-exp per query head.
 Stage 2, grid (B, H): partial outputs, then the prior, merge with weights exp(lse_s - max lse).
 Optional logit soft-cap c > 0: scores become c * tanh(scores / c) (Gemma-2 / Grok style).
+Optional attention sinks [H] float32 (gpt-oss): a logit per query head merged last into the denominator.
 Limits: D <= 256 (padded to a power of two with masks, so 80 or 96 work); G <= 64.
 """
 
@@ -74,10 +75,11 @@ def _decode_stage1(q_ptr, k_ptr, v_ptr, rt_ptr, rows_ptr, lens_ptr, begin_ptr, m
 
 
 @triton.jit
-def _decode_stage2(mid_o_ptr, mid_lse_ptr, o_ptr, lens_ptr, begin_ptr, prior_o_ptr, prior_lse_ptr,
+def _decode_stage2(mid_o_ptr, mid_lse_ptr, o_ptr, lens_ptr, begin_ptr, prior_o_ptr, prior_lse_ptr, sinks_ptr,
                    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
                    stride_pb, stride_ph, stride_plb, stride_plh, split_len, S,
-                   D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BEGIN: tl.constexpr, HAS_PRIOR: tl.constexpr):
+                   D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BEGIN: tl.constexpr, HAS_PRIOR: tl.constexpr,
+                   HAS_SINKS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)  # stage 1 split [begin, seq_len): seq_len - begin keys
@@ -108,6 +110,13 @@ def _decode_stage2(mid_o_ptr, mid_lse_ptr, o_ptr, lens_ptr, begin_ptr, prior_o_p
         w = tl.exp(lse - m_safe)
         acc = acc * scale_old + w * o_p
         den = den * scale_old + w
+        m = m_new
+    if HAS_SINKS:  # the head's sink logit: one more term of the denominator, no value
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+        m_new = tl.maximum(m, sink)
+        scale_old = tl.exp(m - m_new)
+        acc = acc * scale_old
+        den = den * scale_old + tl.exp(sink - m_new)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, acc / den, mask=mask_d)
 
 
@@ -115,9 +124,10 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
                      req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, soft_cap: float = 0.0,
                      max_seq_len: int | None = None, split_len: int = 256, block_n: int = 32,
                      k_begin: torch.Tensor | None = None, prior_o: torch.Tensor | None = None,
-                     prior_lse: torch.Tensor | None = None) -> torch.Tensor:
+                     prior_lse: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring. max_seq_len (host int) sizes the split grid, any bound on
-    seq_lens - k_begin; default: seq_lens.max(). prior_o and prior_lse come together."""
+    seq_lens - k_begin; default: seq_lens.max(). prior_o and prior_lse come together. sinks [H]
+    (attention sinks): each head's logit joins the softmax denominator, weighing no value."""
     if (prior_o is None) != (prior_lse is None):
         raise ValueError("prior_o and prior_lse come together")
     if prior_o is not None and prior_o.stride(-1) != 1:
@@ -150,9 +160,10 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
         PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED,
     )
     _decode_stage2[(B, H)](
-        mid_o, mid_lse, out, seq_lens, begin, p_o, p_lse, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_o, mid_lse, out, seq_lens, begin, p_o, p_lse, sinks if sinks is not None else mid_lse,  # stand-in
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), p_o.stride(0), p_o.stride(1),
         p_lse.stride(0), p_lse.stride(1), split_len, S, D=D, BLOCK_D=BLOCK_D, HAS_BEGIN=has_begin,
-        HAS_PRIOR=has_prior,
+        HAS_PRIOR=has_prior, HAS_SINKS=sinks is not None,
     )
     return out

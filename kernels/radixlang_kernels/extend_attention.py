@@ -18,7 +18,8 @@ dtypes float32 / bfloat16 / float16; float32 math. Query head h reads KV head h 
 
 Grid (R, H, cdiv(max extend_len, BLOCK_M)): a program owns BLOCK_M queries of one head. Stage 1 walks
 the prefix in BLOCK_N blocks through req_to_token (no mask but the length); stage 2 walks the new keys
-up to its last query with the causal mask. Optional logit soft-cap c > 0: c * tanh(scores / c).
+up to its last query with the causal mask. Optional logit soft-cap c > 0: c * tanh(scores / c). Optional
+attention sinks [H] float32 (gpt-oss): a logit per head added to each row's softmax denominator.
 Limits: D <= 256 (padded to a power of two with masks: 80 and 96 work).
 """
 
@@ -35,10 +36,10 @@ from radixlang_kernels.triton_common import INTERPRETED, attend_paged, dot_preci
 def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_ptr, ext_ptr, start_ptr, o_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_bh, stride_bs, stride_rt, stride_ot, stride_oh,
-                   scale, soft_cap, window,
+                   scale, soft_cap, window, sinks_ptr,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr, WINDOW: tl.constexpr):
+                   UPCAST: tl.constexpr, WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -89,6 +90,12 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
         qk = scores(q, k, visible, scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
+    if HAS_SINKS:  # the head's sink logit joins the denominator and weighs no value
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.exp(sink - m_new)
+        acc = acc * alpha[:, None]
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(o_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out,
              mask=mask_m[:, None] & mask_d[None, :])
@@ -98,8 +105,9 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
                      req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
                      extend_lens: torch.Tensor, extend_starts: torch.Tensor, scale: float, soft_cap: float = 0.0,
                      max_extend_len: int | None = None, block_m: int = 32, block_n: int = 32,
-                     window: int = 0) -> torch.Tensor:
-    """See the module docstring. max_extend_len (host int) sizes the grid; default: extend_lens.max()."""
+                     window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """See the module docstring. max_extend_len (host int) sizes the grid; default: extend_lens.max().
+    sinks [H] (attention sinks): each head's logit joins every row's softmax denominator, weighing no value."""
     T, H, D = q.shape
     hkv = k.shape[1]
     if H % hkv or D > 256:
@@ -119,8 +127,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens, extend_starts, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0), out.stride(0), out.stride(1),
-        scale, soft_cap, window,
+        scale, soft_cap, window, sinks if sinks is not None else prefix_lens,  # an unread stand-in when absent
         G=H // hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BLOCK_D, SOFT_CAP=soft_cap > 0,
-        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED, WINDOW=window > 0,
+        PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED, WINDOW=window > 0, HAS_SINKS=sinks is not None,
     )
     return out

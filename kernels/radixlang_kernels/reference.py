@@ -5,6 +5,7 @@ Shapes: q [T, H, D] (new tokens of all requests, flattened); k_buffer/v_buffer [
 req_to_token [rows, context_len]; per request: row, prefix_len, extend_len. Returns [T, H, D] float32.
 soft_cap c > 0 applies c * tanh(scores / c) to the scaled scores before the mask; window w > 0 (sliding-
 window attention, transformers' convention): the query at position p sees only positions (p - w, p].
+sinks [H] (attention sinks, gpt-oss): each head's logit joins every row's softmax and weighs no value.
 prefix_attention_ref: the shared part of cascade attention (kernels/prefix_attention.py).
 """
 
@@ -15,7 +16,8 @@ import torch
 
 def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                         req_to_token: torch.Tensor, rows: list[int], prefix_lens: list[int],
-                        extend_lens: list[int], scale: float, soft_cap: float = 0.0, window: int = 0) -> torch.Tensor:
+                        extend_lens: list[int], scale: float, soft_cap: float = 0.0, window: int = 0,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     H, hkv = q.shape[1], k_buffer.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32)
     start = 0
@@ -31,7 +33,11 @@ def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
         if window > 0:
             causal &= torch.arange(p + n)[None, :] > torch.arange(p, p + n)[:, None] - window
         scores = scores.masked_fill(~causal, float("-inf"))
-        out[start : start + n] = (scores.softmax(-1) @ v).transpose(0, 1)
+        if sinks is not None:  # one more column per head, dropped after the softmax
+            scores = torch.cat([scores, sinks.float().view(H, 1, 1).expand(H, n, 1)], dim=-1)
+            out[start : start + n] = (scores.softmax(-1)[..., :-1] @ v).transpose(0, 1)
+        else:
+            out[start : start + n] = (scores.softmax(-1) @ v).transpose(0, 1)
         start += n
     return out
 

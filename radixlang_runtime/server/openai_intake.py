@@ -113,9 +113,9 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
                         template if template is not None else getattr(tm.tokenizer, "chat_template", None))
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
     extra: dict = {}
-    keeps_special = tools.parser is not None and tools.parser.keeps_special_tokens
+    keeps_special = any(p is not None and p.keeps_special_tokens for p in (tools.parser, think and think.parser))
     if keeps_special and "skip_special_tokens" not in req.options.sampling:
-        extra["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>)
+        extra["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>)
     sampling = req.options.sampling_params(max(room, 0), **extra)
     if tools.forced is not None:  # tool_choice required / a named function: the output is a call
         if not tm.limits.grammar:

@@ -31,6 +31,8 @@ class ReasoningPlan:
 
     def regex_prefix(self) -> str:
         """Before a forced tool call: the reasoning block the format allows (no `<` inside it)."""
+        if self.parser.forced_prefix is not None:  # a format of its own (gpt-oss: the analysis message)
+            return rf"(?:{self.parser.forced_prefix})?"
         block = r"[^<]*</think>\n{0,2}"
         return rf"(?:<think>)?{block}" if self.parser.starts_inside else rf"(?:<think>{block})?"
 

@@ -16,7 +16,7 @@ from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 
 
 def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32, seed=0, kernels=False, window=0,
-             soft_cap=0.0, rows_like_extend=False):
+             soft_cap=0.0, rows_like_extend=False, sinks=None):
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     pool = KVPool(2048, 1, hkv, D, dtype, torch.device("cpu"), table_rows=8, context_len=512)
@@ -45,12 +45,15 @@ def run_case(H, hkv, D, page_size, prefix_lens, extend_lens, dtype=torch.float32
     backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
     backend.set_layer_options((window,), soft_cap)
     backend.rows_like_extend = rows_like_extend  # the deterministic mode's decode rows (C kernels only)
+    if sinks is not None:
+        backend.set_sinks(0, sinks)
     if kernels:  # the C kernels where this CPU's plan chooses them (as the model runner configures it)
         backend.configure(cpu_ops.plan(torch.device("cpu"), dtype, D, H, hkv, packed_linears=False))
     backend.init_forward_metadata(fb)
     got = backend.forward(q, k, v, 0, fb).view(T, H, D).float()
     ref = paged_attention_ref(q, pool.k_buffers[0], pool.v_buffers[0], pool.req_to_token, rows,
-                              list(prefix_lens), list(extend_lens), D ** -0.5, soft_cap=soft_cap, window=window)
+                              list(prefix_lens), list(extend_lens), D ** -0.5, soft_cap=soft_cap, window=window,
+                              sinks=sinks)
     return got, ref
 
 
@@ -112,3 +115,17 @@ def test_bf16_sliding_window_kernels_close_to_reference():
     for case in WINDOW_CASES:
         got, ref = run_case(8, 2, 64, 16, *case, dtype=torch.bfloat16, kernels=True, window=8)
         torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("case", CASES + WINDOW_CASES)
+@pytest.mark.parametrize("window", [0, 8])
+@pytest.mark.parametrize("mode", ["torch", "kernels", "rows"])
+def test_sinks_match_reference(case, window, mode):
+    """Attention sinks (gpt-oss) on every path: torch (a column appended to the scores), the C kernels (a prior
+    of value 0, cpu_ops.sink_prior), decode rows through the extend kernel (the deterministic mode)."""
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(7)) * 3
+    got, ref = run_case(8, 2, 64, 16, *case, kernels=mode != "torch", window=window,
+                        rows_like_extend=mode == "rows", sinks=sinks)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    _, plain = run_case(8, 2, 64, 16, *case, window=window)
+    assert not torch.allclose(plain, ref, rtol=1e-4, atol=1e-4)  # the sinks change the output

@@ -1,4 +1,4 @@
-"""Reasoning parsers (deepseek-r1, qwen3) on recorded-style outputs: the whole-text split, and streams in
+"""Reasoning parsers (deepseek-r1, qwen3, gpt-oss) on recorded-style outputs: the whole-text split, and streams in
 any chunking adding up to it; the content-side stop strings; reasoning token counts. No server."""
 
 from __future__ import annotations
@@ -24,6 +24,29 @@ CASES = [  # (parser, output, reasoning, content)
     ("qwen3", "<thi", "", "<thi"),  # a partial tag at the very end is text
     ("qwen3", "<think>\nI should call the tool: <tool_call>[{\"name\": \"f\"}]</tool_call>\n</think>\n\n<tool_call>",
      "I should call the tool: <tool_call>[{\"name\": \"f\"}]</tool_call>", "<tool_call>"),
+]
+# gpt-oss (harmony): the output after the template's `<|start|>assistant`; its EOS tokens (<|return|>, <|call|>) are
+# stop tokens, usually not in the text
+H_CALL = ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+          "{\"city\":\"Tokyo\"}<|call|>")
+CASES += [
+    ("gpt-oss", "<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>final"
+                "<|message|>Hello! How can I help?", "User greets. Reply.", "Hello! How can I help?"),
+    ("gpt-oss", "<|channel|>analysis<|message|>2 + 2 = 4.\n<|end|><|start|>assistant<|channel|>final<|message|>"
+                "**4**<|return|>", "2 + 2 = 4.\n", "**4**"),
+    ("gpt-oss", "<|channel|>analysis<|message|>Need weather in Tokyo.<|end|>" + H_CALL, "Need weather in Tokyo.",
+     H_CALL),
+    ("gpt-oss", "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant to=functions.now"
+                "<|channel|>commentary json<|message|>{}", "Need the time.",
+     "<|start|>assistant to=functions.now<|channel|>commentary json<|message|>{}"),
+    ("gpt-oss", "<|channel|>analysis<|message|>Thinking about it", "Thinking about it", ""),  # cut off inside
+    ("gpt-oss", "<|channel|>final<|message|>Just this.", "", "Just this."),
+    ("gpt-oss", "<|channel|>analysis<|message|>a < b and <|x<|end|><|start|>assistant<|channel|>final<|message|>ok",
+     "a < b and <|x", "ok"),
+    ("gpt-oss", "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+     "", "Checking.Done."),  # a preamble without a recipient is content
+    ("gpt-oss", "No harmony here <|", "", "No harmony here <|"),
+    ("gpt-oss", "<|chan", "", "<|chan"),  # a partial marker at the very end is text
 ]
 
 
@@ -79,6 +102,29 @@ def test_stop_strings_cut_only_the_content():
     for piece in ["<think>x.</think>ab", "cS", "TO", "P and more", " text"]:
         out += rs.feed(piece, final=False)
     assert (out, rs.stopped) == (Split("x.", "abc"), True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<|channel|>", "analysis", "final", "<|message|>", "<|end|>", "<|start|>",
+                                 "assistant", " to=functions.f", "<|call|>", "<|", "<", "a", " b\n"]), max_size=14),
+       st.data())
+def test_harmony_streamed_equals_whole_in_any_chunking(parts, data):
+    text = "".join(parts)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    assert stream("gpt-oss", pieces) == get_reasoning_parser("gpt-oss").parse(text)
+
+
+def test_harmony_reasoning_tokens_end_with_the_analysis_message():
+    vocab = ["<|channel|>", "analysis", "<|message|>", "Hmm", "<|end|>", "<|start|>", "assistant", "final", "Hi"]
+
+    def decode(ids):
+        return "".join(vocab[i] for i in ids)
+
+    plan = ReasoningPlan(get_reasoning_parser("gpt-oss"))
+    assert reasoning_tokens(plan, [0, 1, 2, 3, 4, 5, 6, 0, 7, 2, 8], decode) == 5
+    assert reasoning_tokens(plan, [0, 7, 2, 8], decode) == 0  # no analysis message
+    assert reasoning_tokens(plan, [0, 1, 2, 3, 3], decode) == 5  # cut off while thinking
 
 
 def test_reasoning_tokens_counts_up_to_the_end_tag():

@@ -9,8 +9,9 @@ Invariant: a step runs here only when the module path would run exactly the same
 float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every linear a decode kernel
 (PackedLinear with dense tiles, GGUFLinear, Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M
 where every linear's tiles take any M), and the attention backend's C decode (with or without cascade
-groups; not the deterministic row mode; sliding windows as the backend applies them, one window value).
-Then the result is bit-identical to the module path (tests/model/test_fused_decode.py); otherwise `applies` is
+groups; not the deterministic row mode; sliding windows as the backend applies them, one window value; no
+attention sinks).
+Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
 False and the modules run.
 """
 
@@ -89,8 +90,8 @@ class FusedDecode:
             weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
                                               layer.post_attention_layernorm.weight.data_ptr(), i))
         a0 = model.layers[0].self_attn
-        if len(a0.backend.distinct_windows) > 1:  # the step carries one win_begin
-            return None
+        if len(a0.backend.distinct_windows) > 1 or a0.backend.sinks:  # the step carries one win_begin;
+            return None  # decode_layer.c has no attention sinks (gpt-oss): the modules run
         for w in weights:
             w.window = a0.backend.window(w.layer)
         dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)

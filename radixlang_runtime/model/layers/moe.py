@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the router, the experts as one
+"""Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss): the router, the experts as one
 GEMM pair per active expert, the optional shared expert, and the decoder that puts the block in its layers.
 
 Experts run grouped: the step's T x k (token, expert) assignments are sorted by expert, each active expert
@@ -30,24 +30,52 @@ from radixlang_runtime.model.executor.parallel import Shard, split_even
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, hidden], router [E, hidden] -> (weights [T, k] float32, experts [T, k] int64): softmax in float32
-    over the logits (computed in x's dtype), top-k of the probabilities, optionally renormalised over the k."""
-    probs = torch.softmax(F.linear(x, router).float(), dim=-1)  # [T, E]
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalise: bool,
+          bias: Optional[torch.Tensor] = None, softmax_after_topk: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, hidden], router [E, hidden] (bias [E] or None) -> (weights [T, k], experts [T, k] int64).
+    Default (TopKRouter): softmax in float32 over the logits (computed in x's dtype), top-k of the
+    probabilities, optionally renormalised over the k; weights float32. softmax_after_topk (gpt-oss): top-k of
+    the logits, softmax over those k in x's dtype."""
+    logits = F.linear(x, router, bias)  # [T, E]
+    if softmax_after_topk:
+        top, experts = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top, dim=-1), experts
+    probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if renormalise:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
 
 
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """[n, 2I] gate then up -> silu(gate) * up [n, I]."""
+    inter = gu.shape[1] // 2
+    return F.silu(gu[:, :inter]) * gu[:, inter:]
+
+
+def clamped_swiglu(limit: float, alpha: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """gpt-oss's expert activation on [n, 2I] gate then up -> [n, I]: g = gate.clamp(max=limit),
+    (up.clamp(-limit, limit) + 1) * g * sigmoid(alpha g) (GptOssExperts._apply_gate)."""
+    def act(gu: torch.Tensor) -> torch.Tensor:
+        inter = gu.shape[1] // 2
+        gate, up = gu[:, :inter].clamp(max=limit), gu[:, inter:].clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return act
+
+
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: Optional[torch.Tensor],
                     down: Optional[torch.Tensor], weights_float32: bool,
-                    linears: Optional[Sequence[Sequence[nn.Module]]] = None) -> torch.Tensor:
-    """sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = experts[t, j], for every token t.
+                    linears: Optional[Sequence[Sequence[nn.Module]]] = None,
+                    act: Callable[[torch.Tensor], torch.Tensor] = silu_mul,
+                    gate_up_bias: Optional[torch.Tensor] = None,
+                    down_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """sum_j weights[t, j] * down_e(act(gate_up_e(x_t))) with e = experts[t, j], for every token t (act:
+    silu(gate) * up, or gpt-oss's clamped_swiglu).
 
     x [T, hidden]; weights [T, k] float32; experts [T, k]; gate_up [E, 2I, hidden] (gate rows, then up rows);
     down [E, hidden, I]; or, instead of those two, linears[e] = (gate_up_e, down_e) modules computing the same
-    products (SparseMoE.pack_experts: prepacked / tiled / int8). weights_float32: scale in float32 then round
+    products (SparseMoE.pack_experts: prepacked / tiled / int8; they carry the biases). gate_up_bias [E, 2I],
+    down_bias [E, hidden] (gpt-oss; None: none) with the stacked weights. weights_float32: scale in float32 then round
     (Mixtral), else round the weights to x's dtype first. Returns [T, hidden] in x's dtype."""
     T, k = experts.shape
     num_experts = len(linears) if linears is not None else gate_up.shape[0]
@@ -62,12 +90,12 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
         if n == 0:
             continue
         if linears is None:
-            gu_proj, down_proj = partial(F.linear, weight=gate_up[e]), partial(F.linear, weight=down[e])
+            gu_proj = partial(F.linear, weight=gate_up[e], bias=None if gate_up_bias is None else gate_up_bias[e])
+            down_proj = partial(F.linear, weight=down[e], bias=None if down_bias is None else down_bias[e])
         else:
             gu_proj, down_proj = linears[e]
         gu = gu_proj(rows[start:start + n])  # [n, 2I]
-        inter = gu.shape[1] // 2
-        out[start:start + n] = down_proj(F.silu(gu[:, :inter]) * gu[:, inter:])  # [n, hidden]
+        out[start:start + n] = down_proj(act(gu))  # [n, hidden]
         start += n
     w = weights.reshape(-1)[order].unsqueeze(1)  # [T k, 1]
     scaled = (out.float() * w).to(x.dtype) if weights_float32 else out * w.to(x.dtype)
@@ -90,6 +118,12 @@ class SparseMoE(nn.Module):
         self.router = nn.Parameter(torch.empty(E, h))
         self.gate_up = nn.Parameter(torch.empty(E, 2 * self.inter, h))  # [E, 2 I_rank, hidden]: gate, then up
         self.down = nn.Parameter(torch.empty(E, h, self.inter))  # [E, hidden, I_rank]
+        # gpt-oss: router and expert biases. The down bias is added by rank 0 only (the all-reduce sums the
+        # ranks' partial outputs); the gate_up bias is split with its columns.
+        self.router_bias = nn.Parameter(torch.empty(E)) if spec.router_bias else None
+        self.gate_up_bias = nn.Parameter(torch.empty(E, 2 * self.inter)) if spec.expert_bias else None
+        self.down_bias = nn.Parameter(torch.empty(E, h)) if spec.expert_bias and shard.rank == 0 else None
+        self.act = silu_mul if spec.swiglu_limit is None else clamped_swiglu(spec.swiglu_limit, spec.swiglu_alpha)
         self.shared = None
         if spec.shared_intermediate_size:
             s0, sn = split_even(spec.shared_intermediate_size, shard.size, shard.rank)
@@ -105,16 +139,22 @@ class SparseMoE(nn.Module):
         model's other projections become (oneDNN-prepacked with decode tiles, or int8). Unpacked, a bf16 expert
         reorders its weight for oneDNN on every call. The stacked parameters are dropped. Returns how many."""
         E = self.gate_up.shape[0]
-        self.expert_linears = nn.ModuleList(nn.ModuleList([make(self.gate_up[e], None), make(self.down[e], None)])
+        gub, db = self.gate_up_bias, self.down_bias
+        self.expert_linears = nn.ModuleList(nn.ModuleList([make(self.gate_up[e], None if gub is None else gub[e]),
+                                                           make(self.down[e], None if db is None else db[e])])
                                             for e in range(E))
         self.gate_up = None  # a registered parameter set to None: gone from the module and its state
         self.down = None
+        self.gate_up_bias = None
+        self.down_bias = None
         return 2 * E
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, experts = route(x, self.router, self.spec.top_k, self.spec.norm_topk_prob)
-        out = grouped_experts(x, weights, experts, self.gate_up, self.down, self.spec.weights_float32,
-                              self.expert_linears)
+        spec = self.spec
+        weights, experts = route(x, self.router, spec.top_k, spec.norm_topk_prob, self.router_bias,
+                                 spec.softmax_after_topk)
+        out = grouped_experts(x, weights, experts, self.gate_up, self.down, spec.weights_float32,
+                              self.expert_linears, self.act, self.gate_up_bias, self.down_bias)
         if self.shared is not None:
             out = out + torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
         return out if self.reduce is None else self.reduce(out)

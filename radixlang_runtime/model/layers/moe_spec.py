@@ -14,6 +14,7 @@ the router logits (and the auxiliary loss), which nothing here returns: refused 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,14 @@ class MoESpec:
     sparse_layers: tuple[bool, ...]  # per layer: MoE block (True) or the dense MLP of intermediate_size (False)
     block: str  # the checkpoint's module name of the block: "mlp" or Mixtral's "block_sparse_moe"
     expert_names: tuple[str, str, str]  # per-expert tensor names of gate, up, down: gate_proj.. or w1, w3, w2
+    # gpt-oss (GptOssTopKRouter / GptOssExperts): the router linear has a bias and the softmax runs over the
+    # top-k logits (in the model dtype); the experts' gate_up and down carry biases; the activation is the
+    # clamped SwiGLU (up.clamp(-limit, limit) + 1) * g * sigmoid(alpha g), g = gate.clamp(max=limit).
+    router_bias: bool = False
+    softmax_after_topk: bool = False
+    expert_bias: bool = False
+    swiglu_limit: Optional[float] = None  # with swiglu_alpha: the clamped SwiGLU; None: silu(gate) * up
+    swiglu_alpha: Optional[float] = None
 
 
 def parse_moe(cfg: dict, arch: str, *, experts_key: str, default_experts: int, default_top_k: int,

@@ -84,7 +84,7 @@ class PackedLinear(nn.Module):
 
 def replace_linears(module: nn.Module, make: Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]) -> int:
     """Replace every nn.Linear under `module` by make(weight, bias), and a mixture-of-experts block's stacked
-    expert weights by one make(weight, None) per expert projection (its `pack_experts`); returns how many."""
+    expert weights by one make(weight, bias) per expert projection (its `pack_experts`); returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):

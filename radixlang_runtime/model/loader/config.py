@@ -55,6 +55,7 @@ class ModelConfig:
     # 0 (as layer_windows says); () when no layer is chunked. Every attention path the model runs on honours it.
     layer_chunks: tuple[int, ...] = ()
     family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
+    attention_sinks: bool = False  # gpt-oss: a learned logit per query head in every softmax (AttentionBackend)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
-from radixlang_runtime.model.models import (gemma2, gemma3, llama4, llama_family, mixtral, olmoe, phi3, qwen_moe,
-                                          transformers_fallback)
+from radixlang_runtime.model.models import (gemma2, gemma3, gpt_oss, llama4, llama_family, mixtral, olmoe, phi3,
+                                            qwen_moe, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ _FAMILIES = (
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
     ModelFamily("Llama4ForCausalLM", llama4.parse_llama4, llama4.Llama4ForCausalLM),
     ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
+    ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

@@ -11,6 +11,9 @@ from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):
+    supports_sinks = False  # a backend whose every path honours attention sinks (set_sinks) says True
+    supports_chunks = False  # whether this backend implements chunked local attention (set_layer_chunks)
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -23,8 +26,9 @@ class AttentionBackend(ABC):
         # per layer: chunked local attention c > 0 (Llama 4: the query at position p sees keys at [p - p % c, p])
         # or 0; layers past the tuple's end are not chunked. Set by set_layer_chunks.
         self.chunks: tuple[int, ...] = ()
-
-    supports_chunks = False  # whether this backend implements chunked local attention (set_layer_chunks)
+        # layer -> [H] float attention sinks (gpt-oss: a learned logit per query head that joins every row's
+        # softmax denominator and weighs no value); layers absent have none. Set by set_sinks.
+        self.sinks: dict[int, torch.Tensor] = {}
 
     def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
         """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
@@ -47,6 +51,16 @@ class AttentionBackend(ABC):
     def distinct_chunks(self) -> set[int]:
         """The chunk sizes > 0 some layer applies (metadata is built once per step for each)."""
         return {c for c in self.chunks if c > 0}
+
+    def set_sinks(self, layer: int, sinks: torch.Tensor) -> None:
+        """Layer `layer`'s sinks [H] (this rank's query heads); ValueError where the backend has no sinks."""
+        if not self.supports_sinks:
+            raise ValueError(f"attention sinks are not supported by the {type(self).__name__} (serve this model "
+                             "with --attention-backend torch)")
+        if sinks.shape != (self.num_heads,):
+            raise ValueError(f"attention sinks of layer {layer}: expected shape ({self.num_heads},), "
+                             f"got {tuple(sinks.shape)}")
+        self.sinks[layer] = sinks
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if layer < len(self.windows) else 0

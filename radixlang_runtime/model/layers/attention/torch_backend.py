@@ -24,6 +24,10 @@ Chunked local attention (self.chunks, per layer; Llama 4): the query at position
 first position); the C extend kernel runs each request's new tokens cut at chunk boundaries, one segment per
 piece, whose cached prefix is read from the chunk's first position (PagedPrefix.k_begin): `chunk_segments`.
 Chunked layers never run cascade attention.
+
+Attention sinks (self.sinks, gpt-oss) on every path: the torch path appends each head's sink logit to its
+rows' scores before the softmax; the C kernels merge it as a prior of value 0 (cpu_ops.sink_prior), merged
+into cascade attention's shared part where there is one.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class CDecodeMeta:
 
 class TorchAttentionBackend(AttentionBackend):
     supports_chunks = True
+    supports_sinks = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
@@ -204,23 +209,23 @@ class TorchAttentionBackend(AttentionBackend):
         if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
             pool, cm = fb.kv_pool, fb.attn_meta
             kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
-            w, c = self.window(layer), self.chunk(layer)
+            w, c, sinks = self.window(layer), self.chunk(layer), self.sinks.get(layer)
             if c:  # the new token's chunk, one pass (no cascade)
                 o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                         cm.chunk_begin[c])
+                                         cm.chunk_begin[c], sinks=sinks)
                 return o.view(B, H * D)
             if cm.rows is not None:
                 o = cpu_ops.pool_rows_attention(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, *cm.rows,
-                                                    self.scale, self.dpbf16, window=w)
+                                                    self.scale, self.dpbf16, window=w, sinks=sinks)
                 return o.view(B, H * D)
             if w:  # the last w positions of each request, one pass (no cascade: see the module docstring)
                 o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                            cm.win_begin[w])
+                                            cm.win_begin[w], sinks=sinks)
                 return o.view(B, H * D)
             if plan is not None:
                 cpu_ops.shared_prefix(q, kb, vb, pool.req_to_token, plan, self.scale, self.dpbf16, cm.prior)
             o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
-                                        None if plan is None else plan.k_begin, cm.prior)
+                                        None if plan is None else plan.k_begin, cm.prior, sinks=sinks)
             return o.view(B, H * D)
         meta: DecodeMeta = fb.attn_meta
         hkv, L = self.num_kv_heads, meta.max_len
@@ -233,7 +238,9 @@ class TorchAttentionBackend(AttentionBackend):
         # step as L grows (docs/PERFORMANCE.md#torch-backend).
         w, c = self.window(layer), self.chunk(layer)
         mask = meta.chunk_masks[c] if c else (meta.win_masks[w] if w else meta.keep_mask)
-        o = attend(qg, k, v, mask, self.scale, self.soft_cap)  # [Hkv, B, G, D]
+        sink = self.sinks.get(layer)  # [H] -> [Hkv, 1, G, 1]: query head h = kv head * G + g
+        sink = None if sink is None else sink.view(hkv, 1, H // hkv, 1)
+        o = attend(qg, k, v, mask, self.scale, self.soft_cap, sink=sink)  # [Hkv, B, G, D]
         return o.transpose(0, 1).reshape(B, H * D)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
@@ -241,21 +248,22 @@ class TorchAttentionBackend(AttentionBackend):
         meta: ExtendMeta = fb.attn_meta
         T, H, D = q.shape
         hkv = self.num_kv_heads
-        w, c = self.window(layer), self.chunk(layer)
+        w, c, sinks = self.window(layer), self.chunk(layer), self.sinks.get(layer)
         if meta.kernel_starts is not None:  # the C kernel
             prefix, plan = None, meta.cascade
             if c:  # one call over the chunk segments, no cascade
                 seg, pool = meta.chunk_segments[c], fb.kv_pool
                 prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
                                              seg.rows, seg.prefix_lens, seg.k_begin)
-                return cpu_ops.extend_causal(q, k, v, seg.starts, seg.lens, self.scale, prefix, self.dpbf16)
+                return cpu_ops.extend_causal(q, k, v, seg.starts, seg.lens, self.scale, prefix, self.dpbf16,
+                                             sinks=sinks)
             if w:  # windowed layers: one pass over the whole prefix, masked in the kernel (no cascade)
                 pool = fb.kv_pool
                 if meta.kernel_prefix_lens is not None:
                     prefix = cpu_ops.PagedPrefix(pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token,
                                                      fb.req_rows, meta.kernel_prefix_lens)
                 return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
-                                                 self.dpbf16, window=w)
+                                                 self.dpbf16, window=w, sinks=sinks)
             if meta.kernel_prefix_lens is not None:
                 pool = fb.kv_pool
                 kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
@@ -264,8 +272,9 @@ class TorchAttentionBackend(AttentionBackend):
                 prefix = cpu_ops.PagedPrefix(kb, vb, pool.req_to_token, fb.req_rows, meta.kernel_prefix_lens,
                                                  None if plan is None else plan.k_begin)
             return cpu_ops.extend_causal(q, k, v, meta.kernel_starts, meta.kernel_lens, self.scale, prefix,
-                                             self.dpbf16, meta.prior)
-        if meta.uniform and not w and not c and not self.soft_cap:
+                                             self.dpbf16, meta.prior, sinks=sinks)
+        sink = None if sinks is None else sinks.view(H, 1, 1)  # query heads lead each request's [H, n, L] scores
+        if meta.uniform and not w and not c and not self.soft_cap and sink is None:
             B, n = fb.batch_size, fb.extend_lens_cpu[0]
             qb = q.view(B, n, H, D).transpose(1, 2)  # [B, H, n, D]
             kb = k.view(B, n, hkv, D).transpose(1, 2)  # [B, Hkv, n, D]
@@ -281,7 +290,7 @@ class TorchAttentionBackend(AttentionBackend):
                 ki, vi = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)  # [Hkv, n, D]
             else:
                 ki, vi = fb.kv_pool.gather(layer, meta.kv_rows[i])  # [Hkv, L, D]
-            o = attend(qi, ki, vi, mask, self.scale, self.soft_cap, gqa=True, causal=mask is None)
+            o = attend(qi, ki, vi, mask, self.scale, self.soft_cap, gqa=True, causal=mask is None, sink=sink)
             out[s : s + n] = o.transpose(0, 1).reshape(n, H * D)
         return out
 
@@ -304,22 +313,29 @@ def chunk_mask(prefix: int, n: int, chunk: int, device) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
-           soft_cap: float = 0.0, gqa: bool = False, causal: bool = False) -> torch.Tensor:
+           soft_cap: float = 0.0, gqa: bool = False, causal: bool = False,
+           sink: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q [..., Hq, n, D] over k / v [..., Hk, L, D] (gqa: Hq = G * Hk, query head h reads KV head h // G;
     else the head axes match or broadcast). mask: bool broadcastable to [..., n, L] (True = attend), None: every
     key; causal (with mask None): bottom-right aligned causal. soft_cap c > 0: scores c * tanh(scores / c) in
-    float32, as transformers' eager attention computes them (SDPA has no soft-cap); else SDPA."""
-    if soft_cap <= 0:
+    float32, as transformers' eager attention computes them (SDPA has no soft-cap). sink: per query head
+    logits broadcastable to [..., Hq, n, 1] (gpt-oss): each row's softmax runs over its scores and the sink,
+    and the sink's share weighs no value (eager_attention_forward's concatenated column). Neither: SDPA."""
+    if soft_cap <= 0 and sink is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
                                               enable_gqa=gqa)
     if gqa and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    s = soft_cap * torch.tanh(s / soft_cap)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [..., Hq, n, L]
+    if soft_cap > 0:
+        s = soft_cap * torch.tanh(s / soft_cap)
     if mask is None and causal:
         n, L = s.shape[-2], s.shape[-1]
         mask = torch.ones(n, L, dtype=torch.bool, device=s.device).tril(L - n)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(s.softmax(-1), v.float()).to(q.dtype)
+    if sink is None:
+        return torch.matmul(s.softmax(-1), v.float()).to(q.dtype)
+    s = torch.cat([s, sink.float().expand(*s.shape[:-1], 1)], dim=-1)  # [..., Hq, n, L + 1]
+    return torch.matmul(s.softmax(-1)[..., :-1], v.float()).to(q.dtype)

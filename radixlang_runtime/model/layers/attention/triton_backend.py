@@ -35,6 +35,8 @@ class TritonMeta:
 
 
 class TritonAttentionBackend(AttentionBackend):
+    supports_sinks = True  # both kernels take them (the decode kernel merges them after a cascade prior)
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, soft_cap: float = 0.0):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.soft_cap = soft_cap
@@ -76,17 +78,17 @@ class TritonAttentionBackend(AttentionBackend):
         pool = fb.kv_pool
         o = self._extend(q, k, v, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token, fb.req_rows,
                          m.prefix_lens, m.extend_lens, m.extend_starts, self.scale, self.soft_cap, m.max_len,
-                         window=self.window(layer))
+                         window=self.window(layer), sinks=self.sinks.get(layer))
         return o.view(q.shape[0], -1)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         m: TritonMeta = fb.attn_meta
         pool = fb.kv_pool
         kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
-        w = self.window(layer)
+        w, sinks = self.window(layer), self.sinks.get(layer)
         if w:  # the last w positions, one pass (a shared prefix mostly lies outside the window)
             o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
-                             min(m.max_len, w), k_begin=m.win_begin[w])
+                             min(m.max_len, w), k_begin=m.win_begin[w], sinks=sinks)
             return o.view(q.shape[0], -1)
         p = m.cascade
         if p is not None:  # the shared prefixes once per group, into the prior each request's tail merges
@@ -95,5 +97,5 @@ class TritonAttentionBackend(AttentionBackend):
                          out_lse=m.prior_lse)
         o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
                          m.max_len, k_begin=None if p is None else p.k_begin, prior_o=m.prior_o,
-                         prior_lse=m.prior_lse)
+                         prior_lse=m.prior_lse, sinks=sinks)
         return o.view(q.shape[0], -1)
