@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from radixlang_runtime.model.mla_spec import MLASpec
 from radixlang_runtime.model.moe_spec import MoESpec
 from radixlang_runtime.model.rope_spec import RopeSpec, parse_rope
 
@@ -50,6 +51,14 @@ class ModelConfig:
     final_logit_softcapping: Optional[float] = None  # Gemma 2: logits c * tanh(logits / c)
     attn_scale: Optional[float] = None  # scores scale (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5
     rope_local: Optional[RopeSpec] = None  # Gemma 3: the sliding layers' rope (rope_local_base_freq); None: rope
+    mla: Optional[MLASpec] = None  # DeepSeek V2 / V3: multi-head latent attention (the pool's latent layout)
+
+    def kv_entry(self, kv_heads: int) -> tuple[int, int, Optional[int]]:
+        """(heads, head_dim, v_view) of a token's KV-pool entry (mem/kv_pool.KVPool): kv_heads K and V heads of
+        head_dim; MLA: one latent entry whose first kv_lora_rank lanes are V (model/mla_spec.py)."""
+        if self.mla is not None:
+            return 1, self.mla.entry_dim, self.mla.kv_lora_rank
+        return kv_heads, self.head_dim, None
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

@@ -14,6 +14,9 @@ the router logits (and the auxiliary loss), which nothing here returns: refused 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
+
+from radixlang_runtime.model.moe_routing import RoutingSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,10 @@ class MoESpec:
     sparse_layers: tuple[bool, ...]  # per layer: MoE block (True) or the dense MLP of intermediate_size (False)
     block: str  # the checkpoint's module name of the block: "mlp" or Mixtral's "block_sparse_moe"
     expert_names: tuple[str, str, str]  # per-expert tensor names of gate, up, down: gate_proj.. or w1, w3, w2
+    # DeepSeek / GLM-4.5 routing (model/moe_routing.py); None: the softmax top-k router above
+    routing: Optional[RoutingSpec] = None
+    shared_name: str = "shared_expert"  # the shared expert's module name (DeepSeek: "shared_experts")
+    shared_gated: bool = True  # Qwen2-MoE: sigmoid(shared_expert_gate) scales it; DeepSeek: added as it is
 
 
 def parse_moe(cfg: dict, arch: str, *, experts_key: str, default_experts: int, default_top_k: int,
