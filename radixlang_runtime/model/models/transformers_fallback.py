@@ -36,6 +36,12 @@ ATTN_NAME = "radixlang"  # the name registered in transformers' AttentionInterfa
 _REFUSED_KWARGS = ("softcap", "s_aux", "sinks")  # attention kwargs that change the math (None: not in use)
 
 
+# multi-head latent attention caches a latent, and its keys and values differ in width: the paged pool here holds
+# K and V of one head_dim (transformers' modules fail on the shapes); the native families serve it
+_MLA_REFUSAL = ("architecture {arch!r}: kv_lora_rank (multi-head latent attention) is not supported with --model-impl "
+                "transformers; DeepseekV2ForCausalLM and DeepseekV3ForCausalLM run natively (--model-impl native / auto)")
+
+
 def parse_transformers(cfg: dict) -> ModelConfig:
     """config.json -> the ModelConfig the runner sizes the KV pool with (heads, head_dim, layers, vocab);
     refuses an architecture transformers has no decoder class for, or whose attention bypasses the registry."""
@@ -45,6 +51,8 @@ def parse_transformers(cfg: dict) -> ModelConfig:
 
     arch = (cfg.get("architectures") or ["?"])[0]
     model_type = cfg.get("model_type")
+    if cfg.get("kv_lora_rank") is not None:
+        raise ValueError(_MLA_REFUSAL.format(arch=arch))
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
         raise ValueError(f"architecture {arch!r} (model_type {model_type!r}) has no decoder (causal LM) class in "
                          f"transformers {transformers.__version__}: --model-impl transformers cannot serve it")
@@ -55,6 +63,8 @@ def parse_transformers(cfg: dict) -> ModelConfig:
     if cfg.get("quantization_config") is not None:
         raise ValueError("quantization_config is not supported with --model-impl transformers")
     text = CONFIG_MAPPING[model_type].from_dict(cfg).get_text_config()
+    if getattr(text, "kv_lora_rank", None) is not None:
+        raise ValueError(_MLA_REFUSAL.format(arch=arch))
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     window = getattr(text, "sliding_window", None)
