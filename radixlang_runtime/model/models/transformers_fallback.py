@@ -38,8 +38,9 @@ _REFUSED_KWARGS = ("softcap", "s_aux", "sinks")  # attention kwargs that change 
 
 # multi-head latent attention caches a latent, and its keys and values differ in width: the paged pool here holds
 # K and V of one head_dim (transformers' modules fail on the shapes); the native families serve it
-_MLA_REFUSAL = ("architecture {arch!r}: kv_lora_rank (multi-head latent attention) is not supported with --model-impl "
-                "transformers; DeepseekV2ForCausalLM and DeepseekV3ForCausalLM run natively (--model-impl native / auto)")
+_MLA_REFUSAL = ("architecture {arch!r}: kv_lora_rank (multi-head latent attention) is not supported with "
+                "--model-impl transformers; DeepseekV2ForCausalLM and DeepseekV3ForCausalLM run natively "
+                "(--model-impl native / auto)")
 
 
 def parse_transformers(cfg: dict) -> ModelConfig:
