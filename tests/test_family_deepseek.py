@@ -141,7 +141,8 @@ def test_routers_match_transformers():
 
 
 V3_MIN = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 16,
-          "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2}
+          "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2}
 
 
 @pytest.mark.parametrize("extra,needle", [
