@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, llama_family, mixtral, olmoe, phi3,
-                                          qwen_moe, transformers_fallback)
+from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, glm4_moe, llama_family, mixtral, olmoe,
+                                          phi3, qwen_moe, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ _FAMILIES = (
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
     ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
     ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),
+    ModelFamily("Glm4MoeForCausalLM", glm4_moe.parse_glm4_moe, glm4_moe.MoEForCausalLM),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

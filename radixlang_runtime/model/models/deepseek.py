@@ -76,7 +76,9 @@ def _common(cfg: dict, arch: str) -> tuple[ModelConfig, MLASpec]:
     return out, mla
 
 
-def _moe(cfg: dict, arch: str, routing: RoutingSpec, out: ModelConfig) -> ModelConfig:
+def deepseek_moe(cfg: dict, arch: str, routing: RoutingSpec, out: ModelConfig) -> ModelConfig:
+    """out with DeepSeek's MoE blocks: routed experts (hub or stacked tensors), the shared experts added as they
+    are, dense MLPs in the layers before first_k_dense_replace."""
     for key in ("n_routed_experts", "num_experts_per_tok"):
         if cfg.get(key) is None:
             raise ValueError(f"{key} is required ({arch})")
@@ -110,7 +112,7 @@ def parse_deepseek_v2(cfg: dict) -> ModelConfig:
                           else 1, topk_group=int(cfg.get("topk_group") or 1) if grouped else 1,
                           routed_scaling_factor=float(cfg["routed_scaling_factor"]), norm_topk_prob=False,
                           correction_bias=False)
-    return _moe(cfg, arch, routing, out)
+    return deepseek_moe(cfg, arch, routing, out)
 
 
 def parse_deepseek_v3(cfg: dict) -> ModelConfig:
@@ -121,14 +123,19 @@ def parse_deepseek_v3(cfg: dict) -> ModelConfig:
     if cfg.get("topk_method", "noaux_tc") != "noaux_tc":
         raise ValueError(f"topk_method {cfg['topk_method']!r} is not supported ({arch}: noaux_tc)")
     out, _ = _common(cfg, arch)
+    return deepseek_moe(cfg, arch, v3_routing(cfg, arch), out)
+
+
+def v3_routing(cfg: dict, arch: str) -> RoutingSpec:
+    """DeepseekV3TopkRouter's (GLM-4.5's too): sigmoid scores, the correction bias, groups scored by their two
+    best experts (cfg holds the family's defaults)."""
     routing = RoutingSpec(scoring="sigmoid", topk_method="noaux_tc", n_group=int(cfg["n_group"] or 1),
                           topk_group=int(cfg["topk_group"] or 1),
                           routed_scaling_factor=float(cfg["routed_scaling_factor"]),
                           norm_topk_prob=bool(cfg["norm_topk_prob"]), correction_bias=True)
-    experts = int(cfg["n_routed_experts"])
-    if experts // routing.n_group < 2:  # a group is scored by its two best experts
+    if int(cfg["n_routed_experts"]) // routing.n_group < 2:  # a group is scored by its two best experts
         raise ValueError(f"n_group {routing.n_group} leaves fewer than 2 experts per group ({arch})")
-    return _moe(cfg, arch, routing, out)
+    return routing
 
 
 class DeepseekForCausalLM(MoEForCausalLM):
