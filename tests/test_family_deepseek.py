@@ -167,3 +167,45 @@ def test_transformers_implementation_refuses_latent_attention():
     """--model-impl transformers on an MLA config: refused by name (its paged attention assumes one head width)."""
     with pytest.raises(ValueError, match="kv_lora_rank"):
         ModelConfig.from_dict(V3_MIN, model_impl="transformers")
+
+
+SYSTEM = [(7 * i + 300) % 4000 + 10 for i in range(96)]  # 3 records of 32 tokens
+SESSIONS = [SYSTEM + [(13 * i + 97 * s) % 4000 + 10 for i in range(48)] for s in range(4)]  # 144 tokens each
+
+
+def test_hierarchical_tiers_move_latent_entries(tmp_path):
+    """The hierarchical cache with a pool too small for the sessions: evicted latent entries come back from the
+    disk tier (or its write queue) and the outputs stay transformers'."""
+    from radixlang_runtime import Engine
+
+    model, _ = _build(tmp_path / "ckpt", "v2_q_lora")
+    sp = {"max_new_tokens": 4, "min_new_tokens": 4, "temperature": 0}
+    want = [hf_greedy(model, p, 4) for p in SESSIONS]
+    with Engine(str(tmp_path / "ckpt"), dtype="float32", max_total_tokens=256, enable_hierarchical_cache=True,
+                hicache_size=0.01, hicache_storage_dir=str(tmp_path / "l2"), debug_check_integrity=True,
+                hicache_load_policy="always") as eng:
+        for _ in range(2):  # the second round finds the sessions' own records evicted, in the tiers
+            assert [eng.generate(input_ids=p, sampling_params=sp)["output_ids"] for p in SESSIONS] == want
+        stats = eng.get_stats()["hicache"]
+        eng.check_integrity()
+    assert stats["hit_tokens"]["l2"] + stats["hit_tokens"]["queue"] >= 32
+    assert stats["bytes_loaded"] > 0
+
+
+def test_record_port_moves_one_entry_per_token():
+    """kv_records (the tiers' and PD's transfer) on the latent layout: a record is t tokens x layers x one entry,
+    read back bit for bit into other slots; V stays a view of the entry."""
+    from radixlang_runtime.mem.kv_pool import KVPool
+    from radixlang_runtime.mem.kv_records import KVRecordPort
+
+    pool = KVPool(64, 3, 1, 40, torch.float32, torch.device("cpu"), 2, 64, v_view=32)
+    for layer in range(3):
+        pool.k_buffers[layer].copy_(torch.randn(1, 64, 40))
+    assert pool.v_buffers[0].data_ptr() == pool.k_buffers[0].data_ptr() and pool.v_buffers[0].shape == (1, 64, 32)
+    port = KVRecordPort(pool, 4)
+    assert port.record_bytes == 4 * 3 * 40 * 4
+    payloads = port.read_records(list(range(8)))
+    port.write_records(list(range(32, 40)), payloads)
+    for layer in range(3):
+        assert torch.equal(pool.k_buffers[layer][:, 32:40], pool.k_buffers[layer][:, :8])
+    assert pool.nbytes == KVPool.bytes_per_token(3, 1, 40, torch.float32, v_view=32) * 64 == 64 * 3 * 40 * 4

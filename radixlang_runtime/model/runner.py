@@ -227,6 +227,9 @@ class ModelRunner:
         if self.cfg.model_impl != "native":
             raise ValueError(f"enable_lora needs the native implementation ({self.cfg.architecture} runs on "
                              "transformers' modules)")
+        if self.cfg.mla is not None:
+            raise ValueError(f"enable_lora is not supported for {self.cfg.architecture} (multi-head latent attention "
+                             "has no q / k / v projections to adapt)")
         specs = parse_lora_paths(self.args.lora_paths)
         lora = LoraModel(model)
         adapters = [load_adapter(s.name, s.path, s.lora_id, self.cfg.num_hidden_layers,
