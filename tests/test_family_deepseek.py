@@ -209,3 +209,16 @@ def test_record_port_moves_one_entry_per_token():
     for layer in range(3):
         assert torch.equal(pool.k_buffers[layer][:, 32:40], pool.k_buffers[layer][:, :8])
     assert pool.nbytes == KVPool.bytes_per_token(3, 1, 40, torch.float32, v_view=32) * 64 == 64 * 3 * 40 * 4
+
+
+def test_bfloat16_runs(tmp_path):
+    """bfloat16 serving (the packed linears, the C norms where the CPU has them, the routers in float32)."""
+    from radixlang_runtime import Engine
+
+    _build(tmp_path, "v3")
+    sp = {"max_new_tokens": 6, "min_new_tokens": 6, "temperature": 0}
+    with Engine(str(tmp_path), dtype="bfloat16", max_total_tokens=256, chunked_prefill_size=16) as eng:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=sp)
+        stats = eng.get_stats()
+    assert [len(o["output_ids"]) for o in outs] == [6] * len(PROMPTS)
+    assert stats["memory"]["kv_pool"] == (TINY["kv_lora_rank"] + TINY["qk_rope_head_dim"]) * 3 * 2 * 256
