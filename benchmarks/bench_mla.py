@@ -35,7 +35,8 @@ def decode_rate(runner: ModelRunner, batch: int, context: int, steps: int, absor
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "radixlang", "rand-deepseek"))
+    ap.add_argument("--model-dir",
+                    default=os.path.join(os.path.expanduser("~"), ".cache", "radixlang", "rand-deepseek"))
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=1024)

@@ -13,6 +13,7 @@ run, V2's norm_topk_prob true: transformers' V2 router never renormalises).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from torch import nn
@@ -44,8 +45,7 @@ V3_DEFAULTS = {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 1
 
 
 def _mscale(factor: float, m: float) -> float:
-    import math
-
+    """transformers' yarn_get_mscale."""
     return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
 
