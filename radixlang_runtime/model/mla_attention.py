@@ -10,7 +10,9 @@ lanes. kv_b_proj's weight [H (nope + v), C] splits per head into W_UK [nope, C] 
   query heads over the entries themselves ([q_lat, q_rope] . [latent, k_rope]; the values are the latents),
   and the output latent is multiplied by W_UV. No per-token expansion of the cache: decode reads C + R lanes
   per cached token instead of H (2 nope + R + v) after an expansion matmul. `absorbed = False` runs decode
-  in the expanded form (the same numbers up to rounding; docs/MODELS.md compares the two).
+  in the expanded form (the same numbers up to rounding; docs/MODELS.md compares the two). On CPU with the C
+  kernels (use_cpu_kernel) the attention over the entries is radixlang_kernels' mla_decode, reading the pool in
+  place (each entry once for a block of heads); else SDPA over the gathered entries.
 
 Tensor parallelism is not implemented for MLA (the latent is shared by every head; the heads would split).
 """
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.attention.torch_backend import causal_mask
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
@@ -97,6 +100,7 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, self.h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(self.h * m.v_head_dim, hidden, bias=bias)
         self.absorbed = True  # decode in the absorbed form (module docstring)
+        self.use_cpu_kernel = False  # the absorbed decode's attention in C (cpu_ops.mla_decode)
         self.w_uk: Optional[torch.Tensor] = None  # [H, nope, C], set by absorb()
         self.w_uv: Optional[torch.Tensor] = None  # [H, v, C]
 
@@ -169,8 +173,14 @@ class MLAttention(nn.Module):
         entries [B, L, C + R]; values = the latents [B, L, C]; the output latent -> W_UV -> [B, H, v]."""
         meta: MLAMeta = fb.attn_meta
         q_lat = torch.einsum("bhn,hnc->bhc", q_nope, self.w_uk)
-        qf = torch.cat([q_lat, q_pe], dim=-1).unsqueeze(1)  # [B, 1, H, C + R]: H queries of one KV head
-        kv = self._entries(fb, meta.slots).unsqueeze(1)  # [B, 1, L, C + R]
-        o = F.scaled_dot_product_attention(qf, kv, kv[..., : self.m.kv_lora_rank], attn_mask=meta.keep_mask,
-                                           scale=self.m.softmax_scale)  # [B, 1, H, C]
-        return torch.einsum("bhc,hvc->bhv", o.squeeze(1), self.w_uv)
+        qf = torch.cat([q_lat, q_pe], dim=-1)  # [B, H, C + R]: H queries of one KV head
+        C = self.m.kv_lora_rank
+        if self.use_cpu_kernel:
+            pool = fb.kv_pool
+            o = cpu_ops.mla_decode(qf, pool.k_buffers[self.layer_id][0], pool.req_to_token, fb.req_rows,
+                                   fb.seq_lens, C, self.m.softmax_scale)  # [B, H, C]
+        else:
+            kv = self._entries(fb, meta.slots).unsqueeze(1)  # [B, 1, L, C + R]
+            o = F.scaled_dot_product_attention(qf.unsqueeze(1), kv, kv[..., :C], attn_mask=meta.keep_mask,
+                                               scale=self.m.softmax_scale).squeeze(1)  # [B, H, C]
+        return torch.einsum("bhc,hvc->bhv", o, self.w_uv)

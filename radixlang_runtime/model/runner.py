@@ -182,9 +182,10 @@ class ModelRunner:
             # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
-        if cfg.mla is not None:  # model/mla_attention.py: torch attention over the latent entries
-            self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:mla-absorbed",
-                                                 extend_attention="torch:mla-expanded")
+        if cfg.mla is not None:  # model/mla_attention.py (not the backend's kernels: c_decode stays off)
+            decode = f"mla-absorbed:c:{detect().isa}" if self.cpu_paths.c_norm_act else "mla-absorbed:torch"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention=decode,
+                                                 extend_attention="mla-expanded:torch")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
         if hasattr(backend, "configure"):

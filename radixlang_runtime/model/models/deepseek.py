@@ -145,6 +145,12 @@ class DeepseekForCausalLM(MoEForCausalLM):
     def make_attention(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
         return MLAttention(cfg, layer_id, shard, reduce)
 
+    def enable_cpu_ops(self) -> None:
+        """The CPU C kernels: the norms and the dense MLPs' activation, and the absorbed decode's attention."""
+        super().enable_cpu_ops()
+        for layer in self.layers:
+            layer.self_attn.use_cpu_kernel = True
+
     def final_hidden(self, fb: ForwardBatch, rows=None):
         fb.attn_meta = mla_metadata(fb)  # the latent entries' indexing, once per step for every layer
         return super().final_hidden(fb, rows)
