@@ -1,7 +1,7 @@
 """Multi-head latent attention: KV bytes per token (the pool's latent entry against the expanded keys and values
-an MHA cache would hold) and decode tokens / s with the absorbed decode against the expanded one, on the
-`deepseek` random checkpoint (random_checkpoint.py), through ModelRunner steps (no scheduler): --batch requests
-of --context tokens prefilled, then --steps decode steps per mode, medians of --runs.
+an MHA cache would hold) and decode tokens / s with the absorbed decode (C kernel, torch) against the expanded
+one, on the `deepseek` random checkpoint (random_checkpoint.py), through ModelRunner steps (no scheduler):
+--batch requests of --context tokens prefilled, then --steps decode steps per mode, medians of --runs.
 
   python benchmarks/bench_mla.py --dtype float32 --batch 8 --context 1024 --steps 16
 """
@@ -20,9 +20,12 @@ from radixlang_runtime.model.runner import ModelRunner, StepInputs
 from radixlang_runtime.server_args import ServerArgs
 
 
-def decode_rate(runner: ModelRunner, batch: int, context: int, steps: int, absorbed: bool) -> float:
+MODES = {"absorbed, C kernel": (True, True), "absorbed, torch": (True, False), "expanded": (False, False)}
+
+
+def decode_rate(runner: ModelRunner, batch: int, context: int, steps: int, mode: str) -> float:
     for layer in runner.model.layers:
-        layer.self_attn.absorbed = absorbed
+        layer.self_attn.absorbed, layer.self_attn.use_cpu_kernel = MODES[mode]
     rows = list(range(batch))
     lens = [context] * batch
     t0 = time.perf_counter()
@@ -44,7 +47,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
     path = build("deepseek", a.model_dir)
-    slots = a.batch * (a.context + a.steps * (a.runs * 2 + 1))
+    slots = a.batch * (a.context + a.steps * (a.runs * len(MODES) + 1))
     runner = ModelRunner(ServerArgs(model_path=path, dtype=a.dtype, max_total_tokens=slots, context_length=4096,
                                     max_running_requests=a.batch), path)
     cfg, m = runner.cfg, runner.cfg.mla
@@ -60,13 +63,13 @@ def main() -> None:
         runner.run_step(StepInputs("extend", ids[b * a.context:(b + 1) * a.context],
                                    list(range(b * a.context, (b + 1) * a.context)), [b], [0], [a.context], [],
                                    [a.context - 1]))
-    rates: dict[bool, list[float]] = {True: [], False: []}
+    rates: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(a.runs):
-        for absorbed in (True, False):
-            rates[absorbed].append(decode_rate(runner, a.batch, a.context, a.steps, absorbed))
-    for absorbed in (True, False):
-        print(f"decode {'absorbed' if absorbed else 'expanded'}: {statistics.median(rates[absorbed]):.1f} tok/s "
-              f"(batch {a.batch}, context {a.context}, {a.dtype}; runs {[round(r, 1) for r in rates[absorbed]]})")
+        for mode in MODES:
+            rates[mode].append(decode_rate(runner, a.batch, a.context, a.steps, mode))
+    for mode, r in rates.items():
+        print(f"decode {mode}: {statistics.median(r):.1f} tok/s (batch {a.batch}, context {a.context}, {a.dtype}; "
+              f"runs {[round(x, 1) for x in r]})")
 
 
 if __name__ == "__main__":
