@@ -22,6 +22,18 @@ static void mla_row_bf16(const uint16_t *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
 }
 
+/* a . b in 16 independent partial sums (the compiler vectorizes them; one running sum it may not reorder) */
+static inline float mla_dot(const float *a, const float *b, int64_t n) {
+    float part[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) part[j] += a[i + j] * b[i + j];
+    float d = 0.0f;
+    for (int j = 0; j < 16; j++) d += part[j];
+    for (; i < n; i++) d += a[i] * b[i];
+    return d;
+}
+
 /* one (row, head block): qf [hn, E] float32, row scratch [E]; acc [hn, C] -> o (float32, then stored) */
 static int mla_block(const void *pool, int bf16, const int64_t *slots, int64_t L, int64_t N, int64_t C,
                      int64_t E, int64_t hn, const float *qf, float scale, float *row, float *acc, float *m,
@@ -39,10 +51,7 @@ static int mla_block(const void *pool, int bf16, const int64_t *slots, int64_t L
         else
             mla_row_f32((const float *)pool + slot * E, row, E);
         for (int64_t h = 0; h < hn; h++) {
-            const float *qh = qf + h * E;
-            float d = 0.0f;
-            for (int64_t i = 0; i < E; i++) d += qh[i] * row[i];
-            d *= scale;
+            float d = mla_dot(qf + h * E, row, E) * scale;
             float *ah = acc + h * C;
             if (d > m[h]) {  /* a new max: rescale what was summed so far */
                 float c = expf(m[h] - d);
