@@ -228,3 +228,14 @@ def test_bfloat16_runs(tmp_path):
         stats = eng.get_stats()
     assert [len(o["output_ids"]) for o in outs] == [6] * len(PROMPTS)
     assert stats["memory"]["kv_pool"] == (TINY["kv_lora_rank"] + TINY["qk_rope_head_dim"]) * 3 * 2 * 256
+
+
+def test_tensor_parallel_is_refused_by_name():
+    from radixlang_runtime.model.mla_attention import MLAttention
+    from radixlang_runtime.model.parallel import make_shard
+
+    cfg = ModelConfig.from_dict({**V3_MIN, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                                 "q_lora_rank": None})
+    shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size, 2, 0)
+    with pytest.raises(ValueError, match="tp_size 2"):
+        MLAttention(cfg, 0, shard, None)

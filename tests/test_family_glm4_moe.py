@@ -48,6 +48,24 @@ def test_greedy_matches_transformers(tmp_path):
     assert again["meta_info"]["cached_tokens"] > 0
 
 
+def test_tp2_matches_transformers(tmp_path):
+    """Two gloo ranks: the heads, each expert's and the shared experts' intermediate columns split, the router
+    (float32, with its correction bias) replicated."""
+    from radixlang_runtime import Engine
+
+    model = build_tiny(tmp_path, "Glm4MoeConfig", TINY, {})
+    torch.manual_seed(2)
+    for m in model.modules():
+        if hasattr(m, "e_score_correction_bias"):
+            m.e_score_correction_bias.copy_(torch.randn_like(m.e_score_correction_bias) * 0.5)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    want = [hf_greedy(model, p, 8) for p in PROMPTS[:2]]
+    sp = {"max_new_tokens": 8, "min_new_tokens": 8, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", tp_size=2, max_total_tokens=1024) as eng:
+        outs = eng.generate(input_ids=PROMPTS[:2], sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == want
+
+
 MIN = {"architectures": ["Glm4MoeForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
        "num_attention_heads": 4, "num_key_value_heads": 2, "n_routed_experts": 8, "num_experts_per_tok": 2}
 
