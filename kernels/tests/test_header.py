@@ -25,7 +25,7 @@ def test_every_exported_function_is_declared_once_in_the_header():
                          check=True, timeout=60).stdout
     exported = {f[2] for f in (line.split() for line in out.splitlines()) if len(f) == 3 and f[1] == "T"}
     assert exported == set(hdr.prototypes)
-    assert len(hdr.prototypes) == 24
+    assert len(hdr.prototypes) == 26
     assert set(hdr.structs) == {"decode_linear", "decode_layer_weights", "decode_step"}
     with pytest.raises(AttributeError, match="not declared in kernels.h"):
         _ = cpu_ops.load().paged_decode  # a name the header does not declare
