@@ -28,6 +28,15 @@ SHAPES = {
                                     num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                                     query_pre_attn_scalar=256, sliding_window=4096, max_position_embeddings=8192,
                                     tie_word_embeddings=True)),
+    # DeepSeek V3's layout (multi-head latent attention, sigmoid-routed experts + a shared one) at 1024 hidden,
+    # 4 layers, 16 heads: latent 256 + roped key 32 per token and layer (bench_mla.py)
+    "deepseek": ("DeepseekV3Config", dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=4,
+                                          num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None,
+                                          kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32,
+                                          v_head_dim=64, n_routed_experts=8, num_experts_per_tok=2,
+                                          moe_intermediate_size=512, n_shared_experts=1, n_group=1, topk_group=1,
+                                          first_k_dense_replace=1, max_position_embeddings=4096,
+                                          tie_word_embeddings=False)),
 }
 
 

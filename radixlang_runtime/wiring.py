@@ -131,8 +131,9 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     secret = args.hicache_mac_secret()
     mac_key = mac_key_from_secret(secret) if secret is not None else None  # None: L2's own directory key
     identity = model_identity(model_dir, os.path.join(cache_root(), "hicache"))  # the weights' content hash
+    heads, _, dim = runner.kv_pool.k_buffers[0].shape  # the pool's entry per token (MLA: one latent entry)
     fp = KVFingerprint(identity, str(runner.dtype).replace("torch.", ""), args.page_size,
-                       cfg.record_tokens, runner.cfg.num_hidden_layers, runner.shard.kv_count, runner.cfg.head_dim,
+                       cfg.record_tokens, runner.cfg.num_hidden_layers, heads, dim,
                        0, args.tp_size, args.quantization or "")
     l2 = l3 = None
     if args.hicache_size > 0:

@@ -164,6 +164,23 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, re
     return out
 
 
+def mla_decode(q: torch.Tensor, pool: torch.Tensor, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+               seq_lens: torch.Tensor, latent_dim: int, scale: float) -> torch.Tensor:
+    """Multi-head latent attention decode, absorbed form (mla_decode.c): q [B, H, C + R] (the query in latent
+    space, then its roped part), pool [N, C + R] (one layer's entries: latent then roped key; the values are the
+    latents), req_to_token [rows, ctx] int64, req_rows / seq_lens [B] int64 -> out [B, H, C], C = latent_dim.
+    bf16 or float32, q and pool of one dtype."""
+    q, pool = q.contiguous(), pool.contiguous()
+    B, H, E = q.shape
+    out = q.new_empty(B, H, latent_dim)
+    name = "mla_decode_bf16" if q.dtype == torch.bfloat16 else "mla_decode_f32"
+    rc = getattr(_lib, name)(q.data_ptr(), pool.data_ptr(), req_to_token.data_ptr(), req_rows.data_ptr(),
+                             seq_lens.data_ptr(), B, H, latent_dim, E - latent_dim, pool.shape[0],
+                             req_to_token.shape[1], scale, out.data_ptr())
+    _check(rc, name)
+    return out
+
+
 def add_rms_norm(x: Optional[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual [T, H] += x (in place, when x is given); returns rms_norm(residual) * weight.
     All bf16 or all float32; residual contiguous."""

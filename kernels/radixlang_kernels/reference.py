@@ -74,3 +74,15 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
     return (o_a.float() * wa[..., None] + o_b.float() * wb[..., None]) / (wa + wb)[..., None]
+
+
+def mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+                   seq_lens: torch.Tensor, latent_dim: int, scale: float) -> torch.Tensor:
+    """cpu_ops.mla_decode in float32 torch: q [B, H, C + R], pool [N, C + R] -> [B, H, C] in q's dtype; row b
+    attends its first seq_lens[b] positions (slots req_to_token[req_rows[b]]), the values being the latents."""
+    out = []
+    for b in range(q.shape[0]):
+        entries = pool[req_to_token[req_rows[b], : int(seq_lens[b])]].float()  # [L, C + R]
+        p = torch.softmax(q[b].float() @ entries.T * scale, dim=-1)  # [H, L]
+        out.append(p @ entries[:, :latent_dim])
+    return torch.stack(out).to(q.dtype)

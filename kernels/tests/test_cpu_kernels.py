@@ -120,3 +120,23 @@ def test_paged_decode_matches_reference(isa, dtype, page_size, H, hkv, D):
     got = cpu_ops.paged_decode(q, kb, vb, rt, torch.tensor(rows), torch.tensor(seq_lens), D ** -0.5)
     want = paged_attention_ref(q, kb, vb, rt, rows, [s - 1 for s in seq_lens], [1] * len(rows), D ** -0.5)
     torch.testing.assert_close(got.float(), want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("H,C,R", [(16, 64, 16), (20, 32, 8), (3, 13, 6)])
+def test_mla_decode_matches_reference(isa, dtype, H, C, R):
+    """Ragged rows (one of length 1), head counts past and under one block of 16, odd widths, shuffled slots."""
+    from radixlang_kernels.reference import mla_decode_ref
+
+    torch.manual_seed(0)
+    N, ctx, lens = 256, 96, [5, 1, 90, 33]
+    pool = torch.randn(N, C + R).to(dtype)
+    q = torch.randn(len(lens), H, C + R).to(dtype)
+    table = torch.stack([torch.randperm(N)[:ctx] for _ in range(6)])
+    rows, seq = torch.tensor([4, 0, 2, 5]), torch.tensor(lens)
+    scale = (C + R) ** -0.5
+    got = cpu_ops.mla_decode(q, pool, table, rows, seq, C, scale)
+    want = mla_decode_ref(q, pool, table, rows, seq, C, scale)
+    torch.testing.assert_close(got.float(), want.float(), **_tol(dtype))
+    with pytest.raises(RuntimeError, match="mla_decode"):
+        cpu_ops.mla_decode(q, pool, table, rows, torch.tensor([5, 1, ctx + 1, 33]), C, scale)

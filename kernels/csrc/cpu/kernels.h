@@ -99,6 +99,14 @@ int paged_decode_f32(const float *q, const float *k_pool, const float *v_pool, c
                      const float *prior_lse, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t N, int64_t ctx,
                      float scale, float *out);
 
+/* mla_decode.c: multi-head latent attention decode (absorbed form) over one layer's latent entries in place */
+int mla_decode_bf16(const uint16_t *q, const uint16_t *pool, const int64_t *req_to_token, const int64_t *req_rows,
+                    const int64_t *seq_lens, int64_t B, int64_t H, int64_t C, int64_t R, int64_t N, int64_t ctx,
+                    float scale, uint16_t *out);
+int mla_decode_f32(const float *q, const float *pool, const int64_t *req_to_token, const int64_t *req_rows,
+                   const int64_t *seq_lens, int64_t B, int64_t H, int64_t C, int64_t R, int64_t N, int64_t ctx,
+                   float scale, float *out);
+
 /* extend attention (extend_attention.c: VDPBF16PS, -1 on other builds; extend_impl.h: portable) */
 int extend_causal_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride, const uint16_t *v,
                        int64_t v_stride, const int64_t *starts, const int64_t *lens, int64_t R, int64_t H, int64_t Hkv,

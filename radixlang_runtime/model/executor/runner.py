@@ -188,6 +188,10 @@ class ModelRunner:
             # the C attention kernels have no soft-cap: the torch path runs (TorchAttentionBackend.configure)
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
+        if cfg.mla is not None:  # model/layers/mla_attention.py (not the backend's kernels: c_decode stays off)
+            decode = f"mla-absorbed:c:{detect().isa}" if self.cpu_paths.c_norm_act else "mla-absorbed:torch"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention=decode,
+                                                 extend_attention="mla-expanded:torch")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
         if hasattr(backend, "configure"):
@@ -214,8 +218,9 @@ class ModelRunner:
             self.available_after_warmup = kv_memory.mem_available()
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
-        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
-                              self.dtype, self.device, table_rows, self.context_len)
+        heads, dim, v_view = cfg.kv_entry(shard.kv_count)
+        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, heads, dim, self.dtype, self.device, table_rows,
+                              self.context_len, v_view)
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
@@ -230,6 +235,9 @@ class ModelRunner:
         if self.cfg.model_impl != "native":
             raise ValueError(f"enable_lora needs the native implementation ({self.cfg.architecture} runs on "
                              "transformers' modules)")
+        if self.cfg.mla is not None:
+            raise ValueError(f"enable_lora is not supported for {self.cfg.architecture} (multi-head latent attention "
+                             "has no q / k / v projections to adapt)")
         lora = LoraModel(model)
         self.loras = LoraRegistry(lora, self.cfg.num_hidden_layers, self.args.max_lora_rank, self.dtype,
                                   self.device, self.args.max_loaded_loras)
@@ -269,7 +277,8 @@ class ModelRunner:
             return a.max_total_tokens // ps * ps
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
-        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, self.shard.kv_count_max, cfg.head_dim, self.dtype)
+        heads, dim, v_view = cfg.kv_entry(self.shard.kv_count_max)
+        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, heads, dim, self.dtype, v_view)
         if self.extra_kv is not None:
             per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
         if self.device.type == "cuda":
@@ -291,8 +300,8 @@ class ModelRunner:
         the first request does not pay for them)."""
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
-        self.kv_pool = KVPool(n, cfg.num_hidden_layers, self.shard.kv_count, cfg.head_dim, self.dtype, self.device,
-                              1, n)
+        heads, dim, v_view = cfg.kv_entry(self.shard.kv_count)
+        self.kv_pool = KVPool(n, cfg.num_hidden_layers, heads, dim, self.dtype, self.device, 1, n, v_view)
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))
         del self.kv_pool

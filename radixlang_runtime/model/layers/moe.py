@@ -25,6 +25,7 @@ from torch import nn
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models.llama import MLP, LlamaForCausalLM, Reduce
+from radixlang_runtime.model.layers.moe_routing import route_grouped
 from radixlang_runtime.model.layers.moe_spec import MoESpec
 from radixlang_runtime.model.executor.parallel import Shard, split_even
 from radixlang_runtime.model.loader.weights import SafetensorsDir
@@ -129,7 +130,14 @@ class SparseMoE(nn.Module):
             s0, sn = split_even(spec.shared_intermediate_size, shard.size, shard.rank)
             self.shared_start = s0  # this rank's shared-expert columns [s0, s0 + sn)
             self.shared = MLP(cfg, dataclasses.replace(shard, inter_start=s0, inter_count=sn), None)
-            self.shared_gate = nn.Parameter(torch.empty(1, h))  # sigmoid(x . g) scales the shared expert
+            if spec.shared_gated:
+                self.shared_gate = nn.Parameter(torch.empty(1, h))  # sigmoid(x . g) scales the shared expert
+        self.routing = spec.routing  # DeepSeek-style router (model/layers/moe_routing.py); None: route()
+        if spec.routing is not None and spec.routing.correction_bias:
+            self.correction_bias = nn.Parameter(torch.empty(E))  # e_score_correction_bias
+        # the router's weight in float32 as the checkpoint has it (set at load; the DeepSeek-style routers run
+        # in float32 whatever the model dtype)
+        self.router_float32: Optional[torch.Tensor] = None
         self.reduce = reduce
         # pack_experts: (gate_up_e, down_e) linears in place of the stacked parameters (then None)
         self.expert_linears: Optional[nn.ModuleList] = None
@@ -151,12 +159,18 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        weights, experts = route(x, self.router, spec.top_k, spec.norm_topk_prob, self.router_bias,
-                                 spec.softmax_after_topk)
+        if self.routing is None:
+            weights, experts = route(x, self.router, spec.top_k, spec.norm_topk_prob, self.router_bias,
+                                     spec.softmax_after_topk)
+        else:
+            router = self.router if self.router_float32 is None else self.router_float32
+            bias = self.correction_bias.float() if self.routing.correction_bias else None
+            weights, experts = route_grouped(x, router, bias, spec.top_k, self.routing)
         out = grouped_experts(x, weights, experts, self.gate_up, self.down, spec.weights_float32,
                               self.expert_linears, self.act, self.gate_up_bias, self.down_bias)
         if self.shared is not None:
-            out = out + torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
+            shared = self.shared(x)
+            out = out + (torch.sigmoid(F.linear(x, self.shared_gate)) * shared if self.spec.shared_gated else shared)
         return out if self.reduce is None else self.reduce(out)
 
 
@@ -180,6 +194,10 @@ class MoEForCausalLM(LlamaForCausalLM):
         src = f"model.layers.{i}.{'mlp' if stacked else spec.block}."
         cols = (block.inter_start, block.inter_start + block.inter)
         put(dst + "router", tensors.get(src + "gate.weight"))
+        if spec.routing is not None:
+            block.router_float32 = tensors.get(src + "gate.weight").float().to(block.router.device)
+            if spec.routing.correction_bias:
+                put(dst + "correction_bias", tensors.get(src + "gate.e_score_correction_bias"))
         if stacked:  # read whole, keep this rank's columns
             full = tensors.get(src + "experts.gate_up_proj")  # [E, 2I, hidden]
             half = spec.expert_intermediate_size
@@ -193,12 +211,13 @@ class MoEForCausalLM(LlamaForCausalLM):
             put(dst + "down", torch.stack([tensors.get(f"{src}experts.{e}.{d}.weight", cols=cols)
                                            for e in range(spec.num_experts)]))
         if block.shared is not None:
-            s = src + "shared_expert."
+            s = f"{src}{spec.shared_name}."
             rows = (block.shared_start, block.shared_start + block.shared.inter)
             put(dst + "shared.gate_up_proj.weight", torch.cat([tensors.get(s + "gate_proj.weight", rows=rows),
                                                                tensors.get(s + "up_proj.weight", rows=rows)]))
             put(dst + "shared.down_proj.weight", tensors.get(s + "down_proj.weight", cols=rows))
-            put(dst + "shared_gate", tensors.get(src + "shared_expert_gate.weight"))
+            if spec.shared_gated:
+                put(dst + "shared_gate", tensors.get(src + "shared_expert_gate.weight"))
 
     def use_gguf_blocks(self, blocks: dict) -> int:
         raise ValueError(f"--quantization gguf is not supported for {self.cfg.architecture} (mixture of experts)")

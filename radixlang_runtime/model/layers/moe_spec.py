@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from radixlang_runtime.model.layers.moe_routing import RoutingSpec
+
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -36,6 +38,10 @@ class MoESpec:
     expert_bias: bool = False
     swiglu_limit: Optional[float] = None  # with swiglu_alpha: the clamped SwiGLU; None: silu(gate) * up
     swiglu_alpha: Optional[float] = None
+    # DeepSeek / GLM-4.5 routing (model/layers/moe_routing.py); None: the softmax top-k router above
+    routing: Optional[RoutingSpec] = None
+    shared_name: str = "shared_expert"  # the shared expert's module name (DeepSeek: "shared_experts")
+    shared_gated: bool = True  # Qwen2-MoE: sigmoid(shared_expert_gate) scales it; DeepSeek: added as it is
 
 
 def parse_moe(cfg: dict, arch: str, *, experts_key: str, default_experts: int, default_top_k: int,

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from radixlang_runtime.model.layers.mla_spec import MLASpec
 from radixlang_runtime.model.layers.moe_spec import MoESpec
 from radixlang_runtime.model.layers.rope_spec import RopeSpec, parse_rope
 
@@ -56,6 +57,14 @@ class ModelConfig:
     layer_chunks: tuple[int, ...] = ()
     family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
     attention_sinks: bool = False  # gpt-oss: a learned logit per query head in every softmax (AttentionBackend)
+    mla: Optional[MLASpec] = None  # DeepSeek V2 / V3: multi-head latent attention (the pool's latent layout)
+
+    def kv_entry(self, kv_heads: int) -> tuple[int, int, Optional[int]]:
+        """(heads, head_dim, v_view) of a token's KV-pool entry (mem/kv_pool.KVPool): kv_heads K and V heads of
+        head_dim; MLA: one latent entry whose first kv_lora_rank lanes are V (model/layers/mla_spec.py)."""
+        if self.mla is not None:
+            return 1, self.mla.entry_dim, self.mla.kv_lora_rank
+        return kv_heads, self.head_dim, None
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
-from radixlang_runtime.model.models import (gemma2, gemma3, gpt_oss, llama4, llama_family, mixtral, olmoe, phi3,
-                                            qwen_moe, transformers_fallback)
+from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, glm4_moe, gpt_oss, llama4, llama_family,
+                                            mixtral, olmoe, phi3, qwen_moe, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ _FAMILIES = (
     ModelFamily("Llama4ForCausalLM", llama4.parse_llama4, llama4.Llama4ForCausalLM),
     ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
     ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),
+    ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
+    ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),
+    ModelFamily("Glm4MoeForCausalLM", glm4_moe.parse_glm4_moe, glm4_moe.MoEForCausalLM),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

@@ -134,10 +134,11 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce,
-                 mlp: nn.Module):
+                 mlp: nn.Module, attn: Optional[nn.Module] = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, backend, shard, reduce)
+        # attn: the family's own attention (x [T, hidden], fb) -> [T, hidden] (MLA); None: Attention
+        self.self_attn = attn if attn is not None else Attention(cfg, layer_id, backend, shard, reduce)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # x [T, hidden] -> [T, hidden], reduced over the ranks: MLP, or model/moe.SparseMoE
 
@@ -159,7 +160,8 @@ class LlamaForCausalLM(nn.Module):
         self.reduce = reduce
         self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce, self.make_mlp(cfg, i, shard, reduce))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce, self.make_mlp(cfg, i, shard, reduce),
+                                                 self.make_attention(cfg, i, shard, reduce))
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
@@ -170,6 +172,11 @@ class LlamaForCausalLM(nn.Module):
     def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
         """Layer `layer_id`'s feed-forward block (a family with other blocks overrides this and load_mlp)."""
         return MLP(cfg, shard, reduce)
+
+    @staticmethod
+    def make_attention(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> Optional[nn.Module]:
+        """Layer `layer_id`'s attention when the family has its own (None: the paged Attention above)."""
+        return None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for

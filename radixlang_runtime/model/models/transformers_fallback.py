@@ -48,6 +48,13 @@ ATTN_NAME = "radixlang"  # the name registered in transformers' AttentionInterfa
 _REFUSED_KWARGS = ("softcap", "s_aux", "sinks")  # attention kwargs that change the math (None: not in use)
 
 
+# multi-head latent attention caches a latent, and its keys and values differ in width: the paged pool here holds
+# K and V of one head_dim (transformers' modules fail on the shapes); the native families serve it
+_MLA_REFUSAL = ("architecture {arch!r}: kv_lora_rank (multi-head latent attention) is not supported with "
+                "--model-impl transformers; DeepseekV2ForCausalLM and DeepseekV3ForCausalLM run natively "
+                "(--model-impl native / auto)")
+
+
 def needs_remote_code(cfg: dict) -> bool:
     """config.json's auto_map names the checkpoint's own modeling code for its causal LM (or its config class,
     for a model_type transformers does not ship)."""
@@ -68,6 +75,8 @@ def parse_transformers(cfg: dict, path: Optional[str] = None, trust_remote_code:
 
     arch = (cfg.get("architectures") or ["?"])[0]
     model_type = cfg.get("model_type")
+    if cfg.get("kv_lora_rank") is not None:
+        raise ValueError(_MLA_REFUSAL.format(arch=arch))
     remote = needs_remote_code(cfg)
     if remote and not trust_remote_code:
         raise ValueError(f"architecture {arch!r}: config.json's auto_map loads the checkpoint's own modeling code "
@@ -92,6 +101,8 @@ def parse_transformers(cfg: dict, path: Optional[str] = None, trust_remote_code:
                              "function registry, so it cannot run on the paged KV pool (--model-impl transformers)")
         text = _text_config(CONFIG_MAPPING[model_type], cfg, arch)
     refuse_unroutable(text, arch)
+    if getattr(text, "kv_lora_rank", None) is not None:
+        raise ValueError(_MLA_REFUSAL.format(arch=arch))
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     window = getattr(text, "sliding_window", None)
