@@ -256,6 +256,9 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
+        # hybrid models' recurrent-state slots (mem/state_pool.py; one per request-table row); None otherwise
+        "state_pool": (s.runner.state_pool.info(len(s.running) + (1 if s.chunked_req else 0))
+                       if getattr(s.runner, "state_pool", None) is not None else None),
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)
         "memory": (s.runner.memory_breakdown(kv.allocator.touched_pages * kv.allocator.page_size)
                    if hasattr(s.runner, "memory_breakdown") else None),

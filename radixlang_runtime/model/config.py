@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from radixlang_runtime.model.linear_attn_spec import LinearAttnSpec
 from radixlang_runtime.model.moe_spec import MoESpec
 from radixlang_runtime.model.rope_spec import RopeSpec, parse_rope
 
@@ -50,6 +51,13 @@ class ModelConfig:
     final_logit_softcapping: Optional[float] = None  # Gemma 2: logits c * tanh(logits / c)
     attn_scale: Optional[float] = None  # scores scale (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5
     rope_local: Optional[RopeSpec] = None  # Gemma 3: the sliding layers' rope (rope_local_base_freq); None: rope
+    # hybrid models (Qwen3-Next, Qwen3.5): which layers are Gated DeltaNet, their sizes; None: attention only
+    linear_attn: Optional[LinearAttnSpec] = None
+
+    @property
+    def kv_layer_count(self) -> int:
+        """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead)."""
+        return self.num_hidden_layers - (self.linear_attn.num_linear if self.linear_attn else 0)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

@@ -20,6 +20,7 @@ import torch
 from radixlang_runtime import faults
 from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
+from radixlang_runtime.mem.state_pool import StatePool, StateShape
 from radixlang_kernels import cpu_ops
 from radixlang_runtime.model import deterministic, memory
 from radixlang_runtime.model.attention import create_attention_backend
@@ -27,6 +28,7 @@ from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.model.forward_batch import ForwardBatch
 from radixlang_runtime.model.fused_decode import FusedDecode
+from radixlang_runtime.model.hybrid_args import check_hybrid_args, state_slots
 from radixlang_runtime.model.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.rotary import Rotary
@@ -132,6 +134,8 @@ class ModelRunner:
         self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
         if args.is_embedding and not cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
             self.cfg = cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
+        if cfg.linear_attn is not None:  # what a recurrent state allows (model/hybrid_args.py)
+            self.args = args = check_hybrid_args(args, cfg)
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.tp = tp
@@ -191,7 +195,7 @@ class ModelRunner:
                              f"({cfg.architecture}: transformers' modules are not batch-invariant)")
         if args.enable_deterministic_inference:
             deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
-        if self.device.type == "cpu" and self.cpu_paths.c_decode and native:
+        if self.device.type == "cpu" and self.cpu_paths.c_decode and native and cfg.linear_attn is None:
             model.fused_decode = FusedDecode.build(model, self.dtype)
             if model.fused_decode is not None:
                 self.cpu_paths = dataclasses.replace(
@@ -207,7 +211,11 @@ class ModelRunner:
             self.available_after_warmup = kv_memory.mem_available()
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
-        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, shard.kv_count, cfg.head_dim,
+        self.state_pool: Optional[StatePool] = None  # hybrid models: one state slot per request-table row
+        if cfg.linear_attn is not None:
+            table_rows = state_slots(args)
+            self.state_pool = StatePool(table_rows, self._state_shape(), self.device)
+        self.kv_pool = KVPool(num_slots, cfg.kv_layer_count, shard.kv_count, cfg.head_dim,
                               self.dtype, self.device, table_rows, self.context_len)
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
@@ -268,7 +276,7 @@ class ModelRunner:
             return a.max_total_tokens // ps * ps
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
-        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, self.shard.kv_count_max, cfg.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(cfg.kv_layer_count, self.shard.kv_count_max, cfg.head_dim, self.dtype)
         if self.extra_kv is not None:
             per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
         if self.device.type == "cuda":
@@ -277,7 +285,13 @@ class ModelRunner:
         else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
             budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
                                                                          self.available_after_warmup)
+        if cfg.linear_attn is not None:  # the state slots' share of the budget first
+            budget -= state_slots(a) * self._state_shape().bytes_per_slot()
         return max(ps, budget // per_token // ps * ps)
+
+    def _state_shape(self) -> StateShape:
+        ssm, conv = self.cfg.linear_attn.state_shapes()
+        return StateShape(self.cfg.linear_attn.num_linear, ssm, conv, self.dtype)
 
     def _sizes_pool_from_memory(self) -> bool:
         a = self.args
@@ -290,8 +304,9 @@ class ModelRunner:
         the first request does not pay for them)."""
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
-        self.kv_pool = KVPool(n, cfg.num_hidden_layers, self.shard.kv_count, cfg.head_dim, self.dtype, self.device,
+        self.kv_pool = KVPool(n, cfg.kv_layer_count, self.shard.kv_count, cfg.head_dim, self.dtype, self.device,
                               1, n)
+        self.state_pool = StatePool(1, self._state_shape(), self.device) if cfg.linear_attn is not None else None
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))
         del self.kv_pool
@@ -413,9 +428,14 @@ class ModelRunner:
             self.kv_pool.req_to_token[row, : len(slots)] = torch.tensor(slots, dtype=torch.int64)
         self.kv_pool.req_to_token[row_of_token, positions] = out_loc
         seq_lens_cpu = [p + n for p, n in zip(step.prefix_lens, extend_lens)]
+        if self.state_pool is not None:  # a request's state slot is its table row (mem/state_pool.py)
+            extra = dict(state_pool=self.state_pool, state_slots=req_rows, state_slots_cpu=list(step.req_rows),
+                         state_fresh=[p == 0 for p in step.prefix_lens])
+        else:
+            extra = {}
         return ForwardBatch(
             phase=step.phase, batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
             req_rows=req_rows, seq_lens=prefix + torch.tensor(extend_lens, dtype=torch.int64, device=dev),
             seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(step.prefix_lens), extend_lens_cpu=extend_lens,
-            kv_pool=self.kv_pool,
+            kv_pool=self.kv_pool, **extra,
         )

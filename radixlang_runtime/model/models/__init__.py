@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.config import ModelConfig
-from radixlang_runtime.model.models import (gemma2, gemma3, llama_family, mixtral, olmoe, phi3, qwen_moe,
+from radixlang_runtime.model.models import (gemma2, gemma3, llama_family, mixtral, olmoe, phi3, qwen3_next, qwen_moe,
                                           transformers_fallback)
 
 
@@ -34,6 +34,11 @@ _FAMILIES = (
     ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
     ModelFamily("Gemma2ForCausalLM", gemma2.parse_gemma2, gemma2.Gemma2ForCausalLM),
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
+    # hybrid: Gated DeltaNet layers with a recurrent state (mem/state_pool.py) beside gated full attention
+    ModelFamily("Qwen3NextForCausalLM", qwen3_next.parse_qwen3_next, qwen3_next.HybridForCausalLM),
+    ModelFamily("Qwen3_5ForCausalLM", qwen3_next.parse_qwen3_5, qwen3_next.HybridForCausalLM),
+    ModelFamily("Qwen3_5ForConditionalGeneration", qwen3_next.refuse_conditional_generation,
+                qwen3_next.HybridForCausalLM),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
