@@ -2,10 +2,12 @@
 the KV pool. Per state slot and per linear layer: the DeltaNet matrix [Hv, Dk, Dv] (float32, as the
 reference keeps it) and the convolution window [conv_dim, K - 1] (the model dtype).
 
-Slot s is the state of the request in request-table row s: a row is allocated and freed with its request
-(admission; finish, abort, retraction: scheduler/kv_manager.KVManager.release), so the state follows the same
-life and the same integrity check as the rows. A request's first step starts from zeros (the runner clears the
-slot when its prefix length is 0), so a freed slot needs no clearing and a retracted request recomputes.
+Slot s < rows is the state of the request in request-table row s: a row is allocated and freed with its
+request (admission; finish, abort, retraction: scheduler/kv_manager.KVManager.release), so the state follows
+the same life and the same integrity check as the rows. The slots after them hold the prefix cache's state
+snapshots (mem/state_slots.py, scheduler/state_cache.py). A request's first step starts from zeros (the
+runner reads zeros when its prefix length is 0) or from a snapshot copied in, so a freed slot needs no
+clearing, and a retracted request recomputes.
 """
 
 from __future__ import annotations
@@ -45,8 +47,13 @@ class StatePool:
         self.conv = torch.zeros((shape.layers, num_slots, *shape.conv), dtype=shape.dtype, device=device)
         self.nbytes = num_slots * shape.bytes_per_slot()
 
+    def copy(self, src: int, dst: int) -> None:
+        """Slot dst's state (every layer) := slot src's."""
+        self.ssm[:, dst] = self.ssm[:, src]
+        self.conv[:, dst] = self.conv[:, src]
+
     def info(self, slots_in_use: int) -> dict:
         """For /server_info: the pool's size and use."""
-        return {"state_slots": self.num_slots, "state_slots_in_use": slots_in_use,
+        return {"state_slots": self.num_slots, "request_slots_in_use": slots_in_use,
                 "state_bytes_per_slot": self.shape.bytes_per_slot(), "state_pool_bytes": self.nbytes,
                 "linear_layers": self.shape.layers}

@@ -32,6 +32,7 @@ class ForwardBatch:
     state_slots: Optional[torch.Tensor] = None
     state_slots_cpu: list[int] = field(default_factory=list)
     state_fresh: list[bool] = field(default_factory=list)
+    state_saves: dict[int, tuple[int, int]] = field(default_factory=dict)  # request index -> (offset, snapshot)
     has_lora: bool = False  # some row runs a LoRA adapter (model/lora_linear.py): the per-module path
 
     @property

@@ -123,13 +123,29 @@ class GatedDeltaNet(nn.Module):
         else:
             outs = []
             start = 0
-            for slot, n, fresh in zip(fb.state_slots_cpu, fb.extend_lens_cpu, fb.state_fresh):
-                outs.append(self._extend_one(mixed[start:start + n], g[start:start + n], beta[start:start + n],
-                                             ssm, conv, slot, fresh))
+            for i, (slot, n, fresh) in enumerate(zip(fb.state_slots_cpu, fb.extend_lens_cpu, fb.state_fresh)):
+                rows = slice(start, start + n)
+                save = fb.state_saves.get(i)
+                if save is None or save[0] == n:
+                    outs.append(self._extend_one(mixed[rows], g[rows], beta[rows], ssm, conv, slot, fresh))
+                else:  # the state after the first `off` tokens is saved: two pieces
+                    off = save[0]
+                    outs.append(self._extend_one(mixed[rows][:off], g[rows][:off], beta[rows][:off], ssm, conv,
+                                                 slot, fresh))
+                    self._save(ssm, conv, slot, save[1])
+                    outs.append(self._extend_one(mixed[rows][off:], g[rows][off:], beta[rows][off:], ssm, conv,
+                                                 slot, False))
+                if save is not None and save[0] == n:
+                    self._save(ssm, conv, slot, save[1])
                 start += n
             o = torch.cat(outs)  # [T, H, Dv]
         o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
         return self.out_proj(o.reshape(T, self.value_dim))
+
+    @staticmethod
+    def _save(ssm: torch.Tensor, conv: torch.Tensor, slot: int, snapshot: int) -> None:
+        ssm[snapshot] = ssm[slot]
+        conv[snapshot] = conv[slot]
 
     def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Convolved channels [N, C] -> q, k [N, Hv, Dk] (normalised, heads repeated to Hv), v [N, Hv, Dv], all

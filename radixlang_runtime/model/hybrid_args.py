@@ -4,9 +4,9 @@ A recurrent state cannot be rolled back: a step's tokens are folded into it for 
 runs tokens and then takes some back is refused by name at start (speculative decoding: NGRAM, STANDALONE)
 or turned off (jump-forward of constrained decoding: its forced tokens are verified like a draft), and so
 is every feature that moves K/V without the state (hierarchical cache tiers, prefill-decode disaggregation).
-The prefix cache is off for these models: a cached prefix's K/V is not enough to continue from it, the
-state at its end is needed too (docs/HYBRID_MODELS.md). Retraction frees a request's state with its table
-row and the re-prefill recomputes it.
+A cached prefix's K/V is not enough to continue from it, the state at its end is needed too: the prefix cache
+keeps state snapshots in slots of its own (scheduler/state_cache.py, docs/HYBRID_MODELS.md). Retraction frees
+a request's state with its table row and the re-prefill recomputes it (from a snapshot where one matches).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from radixlang_runtime.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 DEFAULT_STATE_SLOTS = 32
+SNAPSHOTS_PER_REQUEST_SLOT = 3  # the prefix cache's snapshot slots per request slot, by default
 
 
 def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
-    """ValueError naming the first flag a hybrid model cannot honour; the args with the prefix cache and
-    jump-forward off."""
+    """ValueError naming the first flag a hybrid model cannot honour; the args with jump-forward off."""
     arch = cfg.architecture
     refused = (
         ("speculative_algorithm", args.speculative_algorithm is not None),
@@ -40,14 +40,20 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
         if on:
             raise ValueError(f"{name} is not supported for {arch}: its linear-attention layers keep a recurrent "
                              "state (docs/HYBRID_MODELS.md)")
-    if not args.disable_radix_cache:
-        logger.info("%s: the prefix cache is off (a recurrent state is not cached with the K/V)", arch)
     if not args.disable_jump_forward:
         logger.info("%s: jump-forward is off (forced tokens cannot be taken back from a recurrent state)", arch)
-    return dataclasses.replace(args, disable_radix_cache=True, disable_jump_forward=True)
+    return dataclasses.replace(args, disable_jump_forward=True)
 
 
-def state_slots(args: ServerArgs) -> int:
-    """How many requests can hold a state at once: --max-mamba-cache-size, capped by --max-running-requests."""
-    slots = args.max_mamba_cache_size or args.max_running_requests or DEFAULT_STATE_SLOTS
-    return min(slots, args.max_running_requests or slots)
+def state_slots(args: ServerArgs) -> tuple[int, int]:
+    """(request slots, snapshot slots) of the state pool. --max-mamba-cache-size is all of them (SGLang's
+    name); the requests get --max-running-requests of them (default: a quarter, or DEFAULT_STATE_SLOTS when
+    no size is given), the prefix cache's snapshots the rest (none with --disable-radix-cache)."""
+    total = args.max_mamba_cache_size
+    if args.disable_radix_cache:
+        rows = min(args.max_running_requests or total or DEFAULT_STATE_SLOTS, total or 1 << 30)
+        return rows, 0
+    rows = args.max_running_requests or (max(1, total // 4) if total else DEFAULT_STATE_SLOTS)
+    total = total or SNAPSHOTS_PER_REQUEST_SLOT * rows + rows
+    rows = min(rows, total)
+    return rows, total - rows

@@ -95,6 +95,8 @@ class StepInputs:
     logit_rows: list[int]  # [R] flattened token rows the head runs on
     hidden_rows: list[int] = field(default_factory=list)  # [P] rows whose final hidden states pooling reads
     lora_ids: list[int] = dataclasses.field(default_factory=list)  # [B] adapter ids (0: base); []: all base
+    state_loads: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: ModelBatch.state_loads
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)  # ModelBatch.state_saves
 
 
 def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
@@ -106,7 +108,7 @@ def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> 
     kernel (one C call per layer) instead of an extend: verifying k tokens costs about one decode step
     of k + 1 rows. The token order, slots and logit rows are unchanged (sample_step reads the same rows).
     Returns `step` itself when some request does more than that (a prefill, a chunk)."""
-    if any(s is None for s in batch.samples) or counts != step.extend_lens:
+    if any(s is None for s in batch.samples) or counts != step.extend_lens or step.state_saves:
         return step
     req_rows = [r for r, n in zip(step.req_rows, counts) for _ in range(n)]
     prefix_lens = [p + j for p, n in zip(step.prefix_lens, counts) for j in range(n)]
@@ -212,9 +214,10 @@ class ModelRunner:
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
         self.state_pool: Optional[StatePool] = None  # hybrid models: one state slot per request-table row
+        self.state_snapshot_slots = 0  # then the prefix cache's snapshot slots (scheduler/state_cache.py)
         if cfg.linear_attn is not None:
-            table_rows = state_slots(args)
-            self.state_pool = StatePool(table_rows, self._state_shape(), self.device)
+            table_rows, self.state_snapshot_slots = state_slots(args)
+            self.state_pool = StatePool(table_rows + self.state_snapshot_slots, self._state_shape(), self.device)
         self.kv_pool = KVPool(num_slots, cfg.kv_layer_count, shard.kv_count, cfg.head_dim,
                               self.dtype, self.device, table_rows, self.context_len)
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
@@ -286,7 +289,7 @@ class ModelRunner:
             budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
                                                                          self.available_after_warmup)
         if cfg.linear_attn is not None:  # the state slots' share of the budget first
-            budget -= state_slots(a) * self._state_shape().bytes_per_slot()
+            budget -= sum(state_slots(a)) * self._state_shape().bytes_per_slot()
         return max(ps, budget // per_token // ps * ps)
 
     def _state_shape(self) -> StateShape:
@@ -367,7 +370,8 @@ class ModelRunner:
             out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
             req_rows=list(batch.table_rows), prefix_lens=list(batch.prefix_lens),
             extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows,
-            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [])
+            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [],
+            state_loads=list(batch.state_loads), state_saves=list(batch.state_saves))
 
     @torch.inference_mode()
     def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
@@ -429,8 +433,11 @@ class ModelRunner:
         self.kv_pool.req_to_token[row_of_token, positions] = out_loc
         seq_lens_cpu = [p + n for p, n in zip(step.prefix_lens, extend_lens)]
         if self.state_pool is not None:  # a request's state slot is its table row (mem/state_pool.py)
+            for snapshot, slot in step.state_loads:
+                self.state_pool.copy(snapshot, slot)
             extra = dict(state_pool=self.state_pool, state_slots=req_rows, state_slots_cpu=list(step.req_rows),
-                         state_fresh=[p == 0 for p in step.prefix_lens])
+                         state_fresh=[p == 0 for p in step.prefix_lens],
+                         state_saves={i: (off, snap) for i, off, snap in step.state_saves})
         else:
             extra = {}
         return ForwardBatch(
