@@ -144,3 +144,30 @@ def test_what_cannot_roll_back_a_state_is_refused_at_start(tiny, flag, value):
     path, _ = tiny
     with pytest.raises(ValueError, match=f"{flag} is not supported for Qwen3"):
         Engine(str(path), dtype="float32", max_total_tokens=256, **{flag: value})
+
+
+def test_state_slots_share_the_memory_budget():
+    from radixlang_runtime.model.hybrid_args import state_slots
+    from radixlang_runtime.server_args import ServerArgs
+
+    assert state_slots(ServerArgs()) == (32, 96)  # request slots, then three snapshot slots each
+    assert state_slots(ServerArgs(max_mamba_cache_size=40)) == (10, 30)
+    assert state_slots(ServerArgs(max_mamba_cache_size=40, max_running_requests=4)) == (4, 36)
+    assert state_slots(ServerArgs(disable_radix_cache=True)) == (32, 0)
+    assert state_slots(ServerArgs(), bytes_per_slot=1000, budget=64_000) == (8, 24)  # half the budget: 32 slots
+    with pytest.raises(ValueError, match="max_mamba_cache_size: 40 state slots of 1000 bytes"):
+        state_slots(ServerArgs(max_mamba_cache_size=40), bytes_per_slot=1000, budget=64_000)
+
+
+def test_the_pool_sized_from_memory_holds_kv_and_states(tiny_next):
+    from radixlang_runtime import Engine
+
+    path, _ = tiny_next
+    with Engine(str(path), dtype="float32", kv_cache_budget_bytes=4 << 20, max_mamba_cache_size=8) as eng:
+        out = eng.generate(input_ids=PROMPTS[1], sampling_params=SP)
+        info = eng.get_stats()
+    assert len(out["output_ids"]) == NEW
+    pool = info["state_pool"]
+    assert pool["state_slots"] == 8 and pool["snapshot_slots"] == 6
+    kv = info["memory"]["kv_pool"]
+    assert kv + pool["state_pool_bytes"] <= 4 << 20 and kv > (4 << 20) // 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Optional
 
 from radixlang_runtime.model.config import ModelConfig
 from radixlang_runtime.server_args import ServerArgs
@@ -45,15 +46,27 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
     return dataclasses.replace(args, disable_jump_forward=True)
 
 
-def state_slots(args: ServerArgs) -> tuple[int, int]:
+def state_slots(args: ServerArgs, bytes_per_slot: int = 0, budget: Optional[int] = None) -> tuple[int, int]:
     """(request slots, snapshot slots) of the state pool. --max-mamba-cache-size is all of them (SGLang's
     name); the requests get --max-running-requests of them (default: a quarter, or DEFAULT_STATE_SLOTS when
-    no size is given), the prefix cache's snapshots the rest (none with --disable-radix-cache)."""
+    no size is given), the prefix cache's snapshots the rest (none with --disable-radix-cache). With a memory
+    budget (bytes for KV + states) the states take at most half of it: the default sizes shrink to fit, an
+    explicit --max-mamba-cache-size that does not fit is refused by name."""
     total = args.max_mamba_cache_size
     if args.disable_radix_cache:
-        rows = min(args.max_running_requests or total or DEFAULT_STATE_SLOTS, total or 1 << 30)
-        return rows, 0
-    rows = args.max_running_requests or (max(1, total // 4) if total else DEFAULT_STATE_SLOTS)
-    total = total or SNAPSHOTS_PER_REQUEST_SLOT * rows + rows
-    rows = min(rows, total)
-    return rows, total - rows
+        rows, snaps = min(args.max_running_requests or total or DEFAULT_STATE_SLOTS, total or 1 << 30), 0
+    else:
+        rows = args.max_running_requests or (max(1, total // 4) if total else DEFAULT_STATE_SLOTS)
+        total = total or SNAPSHOTS_PER_REQUEST_SLOT * rows + rows
+        rows = min(rows, total)
+        snaps = total - rows
+    if budget is None or (rows + snaps) * bytes_per_slot <= budget // 2:
+        return rows, snaps
+    fit = budget // 2 // max(bytes_per_slot, 1)
+    if args.max_mamba_cache_size is not None or fit < 1:
+        raise ValueError(f"max_mamba_cache_size: {rows + snaps} state slots of {bytes_per_slot} bytes take more than "
+                         f"half of the memory budget ({budget} bytes); at most {fit} fit")
+    rows = min(rows, max(1, fit // (1 + SNAPSHOTS_PER_REQUEST_SLOT)) if snaps else fit)
+    snaps = min(snaps, fit - rows)
+    logger.info("state pool shrunk to the memory budget: %d request slots, %d snapshot slots", rows, snaps)
+    return rows, snaps

@@ -211,12 +211,13 @@ class ModelRunner:
         if self._sizes_pool_from_memory():
             self._warm_up()
             self.available_after_warmup = kv_memory.mem_available()
+        self.state_plan = (0, 0)  # hybrid models: (request, snapshot) state slots, set by _kv_slots
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
         self.state_pool: Optional[StatePool] = None  # hybrid models: one state slot per request-table row
         self.state_snapshot_slots = 0  # then the prefix cache's snapshot slots (scheduler/state_cache.py)
         if cfg.linear_attn is not None:
-            table_rows, self.state_snapshot_slots = state_slots(args)
+            table_rows, self.state_snapshot_slots = self.state_plan
             self.state_pool = StatePool(table_rows + self.state_snapshot_slots, self._state_shape(), self.device)
         self.kv_pool = KVPool(num_slots, cfg.kv_layer_count, shard.kv_count, cfg.head_dim,
                               self.dtype, self.device, table_rows, self.context_len)
@@ -276,6 +277,8 @@ class ModelRunner:
         a, cfg = self.args, self.cfg
         ps = a.page_size
         if a.max_total_tokens is not None:
+            if cfg.linear_attn is not None:  # the states on top of the KV pool's tokens
+                self.state_plan = state_slots(a)
             return a.max_total_tokens // ps * ps
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
@@ -288,8 +291,10 @@ class ModelRunner:
         else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
             budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
                                                                          self.available_after_warmup)
-        if cfg.linear_attn is not None:  # the state slots' share of the budget first
-            budget -= sum(state_slots(a)) * self._state_shape().bytes_per_slot()
+        if cfg.linear_attn is not None:  # the state slots' share of the budget first (at most half of it)
+            per_slot = self._state_shape().bytes_per_slot()
+            self.state_plan = state_slots(a, per_slot, budget)
+            budget -= sum(self.state_plan) * per_slot
         return max(ps, budget // per_token // ps * ps)
 
     def _state_shape(self) -> StateShape:
