@@ -64,6 +64,8 @@ def test_greedy_matches_transformers_and_an_extension_hits_a_state_snapshot(tiny
         again = eng.generate(input_ids=extended, sampling_params=SP)
         assert again["output_ids"] == hf_greedy(model, extended, NEW)
         assert again["meta_info"]["cached_tokens"] == len(LONG)  # the first prompt's end: a snapshot there
+        one = eng.generate(input_ids=[7], sampling_params=SP)  # a one-token prompt: a decode row from zeros
+        assert one["output_ids"] == hf_greedy(model, [7], NEW)
         eng.check_integrity()
         stats = eng.get_stats()
     assert stats["state_pool"]["snapshot_hits"] >= 1

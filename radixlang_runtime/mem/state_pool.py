@@ -52,6 +52,10 @@ class StatePool:
         self.ssm[:, dst] = self.ssm[:, src]
         self.conv[:, dst] = self.conv[:, src]
 
+    def clear(self, slot: int) -> None:
+        self.ssm[:, slot] = 0
+        self.conv[:, slot] = 0
+
     def info(self, slots_in_use: int) -> dict:
         """For /server_info: the pool's size and use."""
         return {"state_slots": self.num_slots, "request_slots_in_use": slots_in_use,

@@ -440,6 +440,10 @@ class ModelRunner:
         if self.state_pool is not None:  # a request's state slot is its table row (mem/state_pool.py)
             for snapshot, slot in step.state_loads:
                 self.state_pool.copy(snapshot, slot)
+            if step.phase == "decode":  # a one-token prompt run as a decode row starts from zeros
+                for row, p in zip(step.req_rows, step.prefix_lens):
+                    if p == 0:
+                        self.state_pool.clear(row)
             extra = dict(state_pool=self.state_pool, state_slots=req_rows, state_slots_cpu=list(step.req_rows),
                          state_fresh=[p == 0 for p in step.prefix_lens],
                          state_saves={i: (off, snap) for i, off, snap in step.state_saves})
