@@ -129,11 +129,13 @@ def test_a_prefix_without_a_snapshot_is_recomputed():
     assert_whole(sched)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_traffic_with_retraction_and_few_snapshot_slots(seed):
-    """Shared prefixes, extensions of finished requests, a pool small enough to retract, two snapshot slots:
-    every output is the request's solo output and every step starts from the right state."""
+@pytest.mark.parametrize("seed, mixed", [(0, False), (1, False), (2, True)])
+def test_random_traffic_with_retraction_and_few_snapshot_slots(seed, mixed):
+    """Shared prefixes, extensions of finished requests, a pool small enough to retract, two snapshot slots
+    (with mixed, decode rows ride in the prefill steps): every output is the request's solo output and every
+    step starts from the right state."""
     sched, runner = make(num_slots=256, page_size=4, rows=8, snapshots=2, chunk=24, max_prefill=48, ratio=0.05)
+    sched.cfg.enable_mixed_chunk = mixed
     rng = random.Random(seed)
     bases = [[rng.randrange(0, 90) for _ in range(rng.randrange(20, 60))] for _ in range(3)]
     want = {}
@@ -149,6 +151,7 @@ def test_random_traffic_with_retraction_and_few_snapshot_slots(seed):
         assert r.output_ids == want[r.rid]
     assert sched.num_retracted_total > 0  # the pool was tight enough to retract
     assert runner.loads > 0
+    assert any(phase == "mixed" for phase, _, _ in runner.batches) == mixed
     assert_whole(sched)
 
 
