@@ -28,6 +28,13 @@ SHAPES = {
                                     num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                                     query_pre_attn_scalar=256, sliding_window=4096, max_position_embeddings=8192,
                                     tie_word_embeddings=True)),
+    # Qwen3.5's hybrid layout at the small Llama's size: 6 Gated DeltaNet layers + 2 gated full-attention layers
+    # (every 4th), linear heads 4 key / 8 value of 64 (docs/HYBRID_MODELS.md)
+    "qwen3_5": ("Qwen3_5TextConfig", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                          num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                          linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+                                          linear_value_head_dim=64, max_position_embeddings=4096,
+                                          tie_word_embeddings=False)),
 }
 
 

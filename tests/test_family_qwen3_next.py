@@ -129,6 +129,11 @@ def test_config_fields_not_honoured_are_refused_by_name():
     cfg = ModelConfig.from_dict(config("Qwen3_5ForCausalLM"))
     assert cfg.linear_attn.linear_layers == (True, True, True, False)  # full_attention_interval 4
     assert cfg.kv_layer_count == 1 and cfg.rope.rotary_dim == 4  # partial_rotary_factor 0.25 by default
+    mrope = {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+             "mrope_interleaved": True}
+    assert ModelConfig.from_dict(config("Qwen3_5ForCausalLM", rope_parameters=mrope)).rope.rotary_dim == 8
+    with pytest.raises(ValueError, match="rope field 'mrope_interleaved'"):  # text positions only in Qwen3.5
+        ModelConfig.from_dict(config("Qwen3NextForCausalLM", rope_parameters=mrope))
     with pytest.raises(ValueError, match="layer_types entry 'sliding_attention'"):
         ModelConfig.from_dict(config("Qwen3_5ForCausalLM", layer_types=["sliding_attention"] * 4))
     with pytest.raises(ValueError, match="linear_num_value_heads 3 must be a multiple"):

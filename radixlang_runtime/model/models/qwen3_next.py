@@ -38,9 +38,9 @@ _DEFAULTS = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers"
 def _hybrid_common(cfg: dict, arch: str) -> ModelConfig:
     cfg = {**_DEFAULTS, **cfg}
     rope = dict(cfg.get("rope_parameters") or {})
-    for key in ("mrope_section", "mrope_interleaved"):  # text positions: the three axes agree (module docstring)
-        if arch == "Qwen3_5ForCausalLM":
-            rope.pop(key, None)
+    if arch == "Qwen3_5ForCausalLM":  # text positions: the three axes agree (module docstring)
+        rope.pop("mrope_section", None)
+        rope.pop("mrope_interleaved", None)
     if "partial_rotary_factor" not in rope and "partial_rotary_factor" not in cfg:
         rope["partial_rotary_factor"] = 0.25  # the config classes' default
     cfg = {**cfg, "rope_parameters": rope or None}
