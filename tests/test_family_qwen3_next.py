@@ -178,3 +178,28 @@ def test_the_pool_sized_from_memory_holds_kv_and_states(tiny_next):
     assert pool["state_slots"] == 8 and pool["snapshot_slots"] == 6
     kv = info["memory"]["kv_pool"]
     assert kv + pool["state_pool_bytes"] <= 4 << 20 and kv > (4 << 20) // 2
+
+
+def test_http_server_serves_a_state_hit_and_reports_the_state_pool(tiny_next):
+    """The real server: /generate twice (the second extends the first: a state hit), /server_info's state pool."""
+    import httpx
+
+    from server_utils import ServerProcess
+
+    path, model = tiny_next
+    srv = ServerProcess("--model-path", str(path), "--dtype", "float32", "--max-total-tokens", "1024",
+                        "--page-size", "4", "--chunked-prefill-size", "32", "--max-mamba-cache-size", "12")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as client:
+            first = client.post("/generate", json={"input_ids": LONG, "sampling_params": SP}).json()
+            extended = LONG + first["output_ids"] + [40, 41, 42]
+            second = client.post("/generate", json={"input_ids": extended, "sampling_params": SP}).json()
+            info = client.get("/server_info").json()
+    finally:
+        srv.stop()
+    assert first["output_ids"] == hf_greedy(model, LONG, NEW)
+    assert second["output_ids"] == hf_greedy(model, extended, NEW)
+    assert second["meta_info"]["cached_tokens"] == len(LONG)
+    pool = info["stats"]["state_pool"]
+    assert (pool["state_slots"], pool["snapshot_slots"], pool["request_slots_in_use"]) == (12, 9, 0)
+    assert pool["snapshots_held"] >= 4 and pool["state_pool_bytes"] == 12 * pool["state_bytes_per_slot"]
