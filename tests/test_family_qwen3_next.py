@@ -203,3 +203,12 @@ def test_http_server_serves_a_state_hit_and_reports_the_state_pool(tiny_next):
     pool = info["stats"]["state_pool"]
     assert (pool["state_slots"], pool["snapshot_slots"], pool["request_slots_in_use"]) == (12, 9, 0)
     assert pool["snapshots_held"] >= 4 and pool["state_pool_bytes"] == 12 * pool["state_bytes_per_slot"]
+
+
+def test_max_mamba_cache_size_is_refused_for_a_model_without_state(tmp_path):
+    from radixlang_runtime import Engine
+
+    build_tiny(tmp_path, "Qwen3Config", {k: v for k, v in TINY.items() if not k.startswith("linear_")},
+               {"intermediate_size": 96})
+    with pytest.raises(ValueError, match="max_mamba_cache_size applies to hybrid models"):
+        Engine(str(tmp_path), dtype="float32", max_total_tokens=256, max_mamba_cache_size=4)

@@ -138,6 +138,9 @@ class ModelRunner:
             self.cfg = cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
         if cfg.linear_attn is not None:  # what a recurrent state allows (model/hybrid_args.py)
             self.args = args = check_hybrid_args(args, cfg)
+        elif args.max_mamba_cache_size is not None:
+            raise ValueError(f"max_mamba_cache_size applies to hybrid models (Qwen3-Next, Qwen3.5); {cfg.architecture} "
+                             "keeps no recurrent state")
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.tp = tp
