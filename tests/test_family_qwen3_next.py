@@ -212,3 +212,16 @@ def test_max_mamba_cache_size_is_refused_for_a_model_without_state(tmp_path):
                {"intermediate_size": 96})
     with pytest.raises(ValueError, match="max_mamba_cache_size applies to hybrid models"):
         Engine(str(tmp_path), dtype="float32", max_total_tokens=256, max_mamba_cache_size=4)
+
+
+def test_bfloat16_runs_with_the_cpu_kernels(tiny_next):
+    """bfloat16: packed linears and the C norms around the DeltaNet; a state hit there too."""
+    from radixlang_runtime import Engine
+
+    path, _ = tiny_next
+    with Engine(str(path), dtype="bfloat16", max_total_tokens=1024, page_size=4, chunked_prefill_size=32,
+                debug_check_integrity=True) as eng:
+        out = eng.generate(input_ids=LONG, sampling_params=SP)
+        again = eng.generate(input_ids=LONG + out["output_ids"] + [9, 9], sampling_params=SP)
+    assert len(out["output_ids"]) == len(again["output_ids"]) == NEW
+    assert again["meta_info"]["cached_tokens"] == len(LONG)
