@@ -180,6 +180,7 @@ def test_the_pool_sized_from_memory_holds_kv_and_states(tiny_next):
     assert kv + pool["state_pool_bytes"] <= 4 << 20 and kv > (4 << 20) // 2
 
 
+@pytest.mark.slow
 def test_http_server_serves_a_state_hit_and_reports_the_state_pool(tiny_next):
     """The real server: /generate twice (the second extends the first: a state hit), /server_info's state pool."""
     import httpx
