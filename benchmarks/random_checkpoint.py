@@ -37,6 +37,13 @@ SHAPES = {
                                           moe_intermediate_size=512, n_shared_experts=1, n_group=1, topk_group=1,
                                           first_k_dense_replace=1, max_position_embeddings=4096,
                                           tie_word_embeddings=False)),
+    # Qwen3.5's hybrid layout at the small Llama's size: 6 Gated DeltaNet layers + 2 gated full-attention layers
+    # (every 4th), linear heads 4 key / 8 value of 64 (docs/HYBRID_MODELS.md)
+    "qwen3_5": ("Qwen3_5TextConfig", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                          num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                          linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+                                          linear_value_head_dim=64, max_position_embeddings=4096,
+                                          tie_word_embeddings=False)),
 }
 
 

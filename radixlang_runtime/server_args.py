@@ -88,6 +88,7 @@ class ServerArgs:
     kv_cache_budget_bytes: Optional[int] = None  # CPU: bytes for the KV pool (default: from free memory, see above)
     page_size: Optional[int] = None  # None: 16 on CPU, 1 on GPU (see resolve_for_device)
     max_running_requests: Optional[int] = None
+    max_mamba_cache_size: Optional[int] = None  # hybrid models: state slots (mem/state_pool.py); None: from the pool
 
     # --- scheduling ---
     max_prefill_tokens: Optional[int] = None  # None: 16384 on GPU, 4096 on CPU (see resolve_for_device)
@@ -233,6 +234,7 @@ class ServerArgs:
              "max_total_tokens must be >= page_size")
         need(self.max_running_requests is None or self.max_running_requests >= 1,
              "max_running_requests must be >= 1")
+        need(self.max_mamba_cache_size is None or self.max_mamba_cache_size >= 1, "max_mamba_cache_size must be >= 1")
         need(self.mem_fraction_static is None or 0.0 < self.mem_fraction_static < 1.0,
              "mem_fraction_static must be in (0, 1)")
         need(self.stream_interval >= 1, "stream_interval must be >= 1")

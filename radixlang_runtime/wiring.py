@@ -16,12 +16,14 @@ from radixlang_runtime.mem.hicache import HiCache, HiCacheConfig, record_tokens_
 from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.kv_prefault import KVPrefaulter
+from radixlang_runtime.mem.state_slots import StateSlots
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.model.executor.runner import ModelRunner
 from radixlang_runtime.speculative.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlang_runtime.scheduler.state_cache import StateCache
 from radixlang_runtime.server_args import ServerArgs
 
 
@@ -48,6 +50,10 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                                jump_forward=not args.disable_jump_forward)
     allocator = PageAllocator(sizes.num_slots, args.page_size)
     start_kv_prefault(runner.kv_pool, allocator)
+    radix = NullPrefixCache(args.page_size) if args.disable_radix_cache else RadixCache(args.page_size)
+    states = None  # hybrid models: the prefix cache's state snapshots (scheduler/state_cache.py)
+    if radix.shares and getattr(runner, "state_pool", None) is not None:
+        states = StateCache(radix, StateSlots(sizes.table_rows, runner.state_snapshot_slots))
     scheduler = Scheduler(
         SchedulerConfig(
             page_size=args.page_size, context_len=sizes.context_len,
@@ -59,9 +65,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
             max_loras_per_batch=args.max_loras_per_batch,
         ),
         runner,
-        KVManager(allocator, TableManager(sizes.table_rows),
-                  NullPrefixCache(args.page_size) if args.disable_radix_cache else RadixCache(args.page_size),
-                  hicache=make_hicache(args, runner, model_dir)),
+        KVManager(allocator, TableManager(sizes.table_rows), radix,
+                  hicache=make_hicache(args, runner, model_dir), states=states),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,
         drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm != "STANDALONE"
@@ -264,6 +269,10 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "cpu": runner_paths(s.runner),
         # LoRA adapters (model/loader/lora_registry.py): registered, resident (--max-loaded-loras), evictions, reloads
         "lora": s.runner.loras.stats() if getattr(s.runner, "loras", None) is not None else None,
+        # hybrid models' recurrent-state slots (mem/state_pool.py; one per request-table row); None otherwise
+        "state_pool": ({**s.runner.state_pool.info(kv.table.num_rows - kv.table.available),
+                        **(kv.states.stats() if kv.states is not None else {})}
+                       if getattr(s.runner, "state_pool", None) is not None else None),
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)
         "memory": (s.runner.memory_breakdown(kv.allocator.touched_pages * kv.allocator.page_size)
                    if hasattr(s.runner, "memory_breakdown") else None),

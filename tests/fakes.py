@@ -88,3 +88,33 @@ def expected_output(prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
         if t in stop_ids:
             break
     return out
+
+
+class FakeStateRunner(FakeRunner):
+    """FakeRunner with a hybrid model's recurrent state: state slot s (the request in table row s, or a
+    prefix-cache snapshot) holds the tuple of tokens folded into it. Each step applies the batch's snapshot
+    loads, then checks that a request continuing at prefix p > 0 has exactly its first p tokens in its slot
+    (a stale, foreign or missing state fails), folds the step's tokens in, and saves the snapshots the batch
+    asks for (the state after `offset` of its new tokens)."""
+
+    def __init__(self, next_fn: Callable[[list[int]], int] = next_token) -> None:
+        super().__init__(next_fn)
+        self.states: dict[int, tuple[int, ...]] = {}
+        self.loads = self.saves = 0
+
+    def forward(self, batch: ModelBatch) -> StepResult:
+        for snapshot, slot in batch.state_loads:
+            self.states[slot] = self.states[snapshot]
+            self.loads += 1
+        result = super().forward(batch)  # the rows now hold every position of this step
+        saves = {i: (off, snap) for i, off, snap in batch.state_saves}
+        for i, (table_row, prefix, ids) in enumerate(zip(batch.table_rows, batch.prefix_lens, batch.extend_ids)):
+            tokens = tuple(self.slots[s][1] for s in self.rows[table_row][: prefix + len(ids)])
+            if prefix:
+                assert self.states.get(table_row) == tokens[:prefix], "a step continues from a wrong state"
+            if i in saves:
+                off, snap = saves[i]
+                self.states[snap] = tokens[: prefix + off]
+                self.saves += 1
+            self.states[table_row] = tokens
+        return result

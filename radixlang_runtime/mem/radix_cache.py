@@ -35,6 +35,7 @@ class TreeNode:
     children: dict[Hashable, "TreeNode"] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    state: Optional[int] = None  # hybrid models: the snapshot slot of the recurrent state after the last key token
 
 
 @dataclass
@@ -56,6 +57,7 @@ class RadixCache:
         # called with each node `evict` is about to drop (still in the tree: path_to works), e.g. to
         # write its K/V to a lower tier (mem/hicache.py); flushes (`reset`) do not call it
         self.on_evict: Optional[Callable[[TreeNode], None]] = None
+        self.freed_states: list[int] = []  # snapshot slots of nodes evict / reset dropped (the owner frees them)
         self.reset_tree()
 
     def _next_tick(self) -> int:
@@ -206,6 +208,8 @@ class RadixCache:
             if self.on_evict is not None:
                 self.on_evict(node)
             out.extend(node.value)
+            if node.state is not None:
+                self.freed_states.append(node.state)
             parent = node.parent
             del parent.children[self._child_key(node.key, 0)]
             self._evictable -= len(node.key)
@@ -219,8 +223,38 @@ class RadixCache:
         if self._protected:
             raise RuntimeError("cannot flush the radix cache while requests hold parts of it")
         slots = [s for n in self._nodes() for s in n.value]
+        self.freed_states += [n.state for n in self._nodes() if n.state is not None]
         self.reset_tree()
         return slots
+
+    # ------------------------------------------------------------------ state snapshots (hybrid models)
+    def state_ancestor(self, node: TreeNode) -> tuple[TreeNode, int]:
+        """The deepest node on the path root .. node holding a state snapshot, and its depth in tokens
+        (root, 0 when none does): where a hybrid model's match has to stop."""
+        depth = sum(len(n.key) for n in self._path(node))
+        while node is not self.root and node.state is None:
+            depth -= len(node.key)
+            node = node.parent
+        return node, depth
+
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        out = []
+        while node is not self.root:
+            out.append(node)
+            node = node.parent
+        return out
+
+    def drop_states(self, n: int) -> list[int]:
+        """Free up to n snapshot slots of unlocked nodes, least recently used first (the nodes keep their K/V)."""
+        held = sorted((nd.last_access, id(nd), nd) for nd in self._nodes() if nd.state is not None and nd.lock_ref == 0)
+        out = []
+        for _, _, nd in held[:n]:
+            out.append(nd.state)
+            nd.state = None
+        return out
+
+    def held_states(self) -> list[int]:
+        return [n.state for n in self._nodes() if n.state is not None]
 
     # ------------------------------------------------------------------ inspection
     def _nodes(self):

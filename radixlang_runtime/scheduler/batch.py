@@ -30,6 +30,10 @@ class ScheduleBatch:
     # Jump-forward drafts riding in this step (aligned with reqs; empty: none): reqs[i].draft's length,
     # the last draft_lens[i] tokens of extend_ids[i]. The runner verifies them (model/executor/sample_step.py).
     draft_lens: list[int] = field(default_factory=list)
+    # hybrid models (scheduler/state_cache.py): snapshot -> request state slot copies before the step, and
+    # (request index, offset in its extend, snapshot slot) states saved during it
+    state_loads: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.decode_from < 0:
@@ -58,7 +62,8 @@ class ScheduleBatch:
                             if i < self.decode_from and r.wants_input_logprobs else None
                             for i, r in enumerate(self.reqs)],
             pools=self._pool_steps() if self.decode_from and any(r.pooled is not None for r in self.reqs) else [],
-            lora_ids=[r.lora_id for r in self.reqs] if any(r.lora_id for r in self.reqs) else [])
+            lora_ids=[r.lora_id for r in self.reqs] if any(r.lora_id for r in self.reqs) else [],
+            state_loads=self.state_loads, state_saves=self.state_saves)
 
     def _pool_steps(self) -> list:
         """Each pooling request's PoolStep (final: its prompt's last position runs in this step)."""

@@ -38,6 +38,7 @@ from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
 from radixlang_runtime.mem.table import TableManager
 from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.state_cache import StateCache
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,9 @@ class Pin:
 
 class KVManager:
     def __init__(self, allocator: PageAllocator, table: TableManager, radix: Union[RadixCache, NullPrefixCache],
-                 max_pinned_fraction: float = 0.5, hicache: Optional[HiCache] = None):
+                 max_pinned_fraction: float = 0.5, hicache: Optional[HiCache] = None,
+                 states: Optional[StateCache] = None):
+        """states: a hybrid model's state snapshots (scheduler/state_cache.py): matches stop where one is held."""
         if radix.page_size != allocator.page_size:
             raise ValueError("the radix cache and the allocator must use the same page size")
         if not 0.0 <= max_pinned_fraction <= 1.0:
@@ -64,6 +67,7 @@ class KVManager:
         self.pins: dict[str, Pin] = {}
         self.max_pinned_slots = int(allocator.total_slots * max_pinned_fraction)
         self.hicache = hicache if radix.shares else None
+        self.states = states if radix.shares else None
         if self.hicache is not None:
             if self.hicache.cfg.record_tokens % self.page_size:
                 raise ValueError("hicache records must hold a whole number of pages")
@@ -95,6 +99,9 @@ class KVManager:
         if req.pooled is not None and req.pooled.spec.needs_all_positions:  # mean / cls read every position
             limit = 0
         m = self.radix.match_prefix(req.cache_ids[:limit])
+        if self.states is not None:
+            m = self.states.truncate_match(m)
+            self.states.note_match(req, m)
         if m.length:
             self.radix.lock(m.last_node)
         if self.hicache is not None:
@@ -159,6 +166,8 @@ class KVManager:
         if req.last_node is not None:
             self.radix.unlock(req.last_node)
         req.kv_indices, req.tree_len, req.last_node = [], 0, None
+        if self.states is not None:
+            self.states.forget(req)
 
     def assign_row(self, req: Req) -> None:
         if req.table_idx < 0:
@@ -170,6 +179,8 @@ class KVManager:
         short = num_slots - self.allocator.available_size()
         if short > 0:
             self.allocator.free(self.radix.evict(short))
+            if self.states is not None:
+                self.states.reclaim()
 
     def alloc(self, req: Req, n: int) -> list[int]:
         """Slots for positions kv_len .. kv_len+n-1 of req (appended to req.kv_indices)."""
@@ -210,6 +221,8 @@ class KVManager:
             return
         old_tree_len = req.tree_len
         aligned = self._insert(req)
+        if self.states is not None:
+            self.states.attach(req, req.cache_ids, cached=True)
         if aligned == old_tree_len:
             return
         m = self.radix.match_prefix(req.cache_ids[:aligned])
@@ -230,6 +243,9 @@ class KVManager:
             keep = self._insert(req)
         else:
             keep = req.tree_len
+        if self.states is not None:
+            self.states.attach(req, req.cache_ids, cached=cache)
+            self.states.forget(req)
         if len(req.kv_indices) > keep:
             self.allocator.free(req.kv_indices[keep:])
         if req.last_node is not None:
@@ -326,6 +342,8 @@ class KVManager:
             if self.radix.protected_size():
                 return False
             self.allocator.free(self.radix.reset())
+            if self.states is not None:
+                self.states.reclaim()
         if self.hicache is not None and ("l2" in tiers or "l3" in tiers):
             return self.hicache.clear(tiers)
         return True
@@ -370,4 +388,6 @@ class KVManager:
         self.allocator.check_integrity()
         if self.hicache is not None:
             self.hicache.check_integrity()
+        if self.states is not None:
+            self.states.check_integrity(live)
         self.table.check_integrity(rows_in_use=sum(1 for r in live if r.table_idx >= 0))

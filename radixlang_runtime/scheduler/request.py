@@ -35,6 +35,10 @@ class Req:
     last_node: Any = None  # the radix node locked for kv_indices[:tree_len] (None: nothing locked)
     row_dirty: bool = False  # kv_indices[:kv_len] changed in place: the runner rewrites the table row
     tier_len: int = 0  # of the prefix the last `match` gave, tokens the hicache tiers loaded (the rest: L1)
+    # hybrid models (scheduler/state_cache.py): the snapshot slot a match copies into the request's state at its
+    # next step (None: nothing to load), and the (snapshot slot, position) its running step saves the state to
+    state_load: Optional[int] = None
+    pending_state: Optional[tuple[int, int]] = None
     # --- logprobs (return_logprob): raw log_softmax of the model's logits, before any sampling transform ---
     return_logprob: bool = False
     logprob_start_len: int = 0  # first logit position whose next-token logprob is returned (< len(input_ids))

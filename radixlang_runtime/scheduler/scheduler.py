@@ -156,6 +156,10 @@ class Scheduler:
             return touched
         try:
             began, began_cpu = time.perf_counter(), time.process_time()
+            if self.kv.states is not None and batch.decode_from:  # hybrid: state snapshots of the prefills
+                batch.state_loads, batch.state_saves = self.kv.states.plan(
+                    batch.reqs, batch.prefix_lens, [len(x) for x in batch.extend_ids], batch.decode_from,
+                    self.cfg.page_size)
             result = self.runner.forward(batch.model_batch())
             if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
                 self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)

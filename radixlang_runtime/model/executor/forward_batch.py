@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -26,6 +26,13 @@ class ForwardBatch:
     attn_meta: Optional[Any] = None  # set by the attention backend's init_forward_metadata
     rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # [T, 1, D] each, set by the model
     rope_cos_sin_local: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # Gemma 3: the sliding layers' rope
+    # hybrid models (model/layers/gated_deltanet.py): the state pool, each request's slot ([B] tensor and list) and
+    # whether its state starts from zeros this step (prefix length 0)
+    state_pool: Optional[Any] = None
+    state_slots: Optional[torch.Tensor] = None
+    state_slots_cpu: list[int] = field(default_factory=list)
+    state_fresh: list[bool] = field(default_factory=list)
+    state_saves: dict[int, tuple[int, int]] = field(default_factory=dict)  # request index -> (offset, snapshot)
     has_lora: bool = False  # some row runs a LoRA adapter (model/layers/lora_linear.py): the per-module path
 
     @property

@@ -20,6 +20,7 @@ import torch
 from radixlang_runtime.utils import faults
 from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
+from radixlang_runtime.mem.state_pool import StatePool, StateShape
 from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.executor import deterministic, memory
 from radixlang_runtime.model.layers.attention import create_attention_backend
@@ -28,6 +29,7 @@ from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.fused_decode import FusedDecode
 from radixlang_runtime.model.loader.gguf_mode import resolve_quantization
+from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, state_slots
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.layers.rotary import Rotary
@@ -93,6 +95,8 @@ class StepInputs:
     logit_rows: list[int]  # [R] flattened token rows the head runs on
     hidden_rows: list[int] = field(default_factory=list)  # [P] rows whose final hidden states pooling reads
     lora_ids: list[int] = dataclasses.field(default_factory=list)  # [B] adapter ids (0: base); []: all base
+    state_loads: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: ModelBatch.state_loads
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)  # ModelBatch.state_saves
 
 
 def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
@@ -104,7 +108,7 @@ def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> 
     kernel (one C call per layer) instead of an extend: verifying k tokens costs about one decode step
     of k + 1 rows. The token order, slots and logit rows are unchanged (sample_step reads the same rows).
     Returns `step` itself when some request does more than that (a prefill, a chunk)."""
-    if any(s is None for s in batch.samples) or counts != step.extend_lens:
+    if any(s is None for s in batch.samples) or counts != step.extend_lens or step.state_saves:
         return step
     req_rows = [r for r, n in zip(step.req_rows, counts) for _ in range(n)]
     prefix_lens = [p + j for p, n in zip(step.prefix_lens, counts) for j in range(n)]
@@ -132,6 +136,11 @@ class ModelRunner:
         self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
         if args.is_embedding and not cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
             self.cfg = cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
+        if cfg.linear_attn is not None:  # what a recurrent state allows (model/executor/hybrid_args.py)
+            self.args = args = check_hybrid_args(args, cfg)
+        elif args.max_mamba_cache_size is not None:
+            raise ValueError(f"max_mamba_cache_size applies to hybrid models (Qwen3-Next, Qwen3.5); {cfg.architecture} "
+                             "keeps no recurrent state")
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.tp = tp
@@ -201,7 +210,7 @@ class ModelRunner:
                              f"({cfg.architecture}: transformers' modules are not batch-invariant)")
         if args.enable_deterministic_inference:
             deterministic.enable(model, backend, self.cpu_paths, self.device, self.dtype)
-        if self.device.type == "cpu" and self.cpu_paths.c_decode and native:
+        if self.device.type == "cpu" and self.cpu_paths.c_decode and native and cfg.linear_attn is None:
             model.fused_decode = FusedDecode.build(model, self.dtype)
             if model.fused_decode is not None:
                 self.cpu_paths = dataclasses.replace(
@@ -216,10 +225,16 @@ class ModelRunner:
         if self._sizes_pool_from_memory():
             self._warm_up()
             self.available_after_warmup = kv_memory.mem_available()
+        self.state_plan = (0, 0)  # hybrid models: (request, snapshot) state slots, set by _kv_slots
         num_slots = self._kv_slots()
         table_rows = args.max_running_requests or max(1, min(256, num_slots // 16))
+        self.state_pool: Optional[StatePool] = None  # hybrid models: one state slot per request-table row
+        self.state_snapshot_slots = 0  # then the prefix cache's snapshot slots (scheduler/state_cache.py)
+        if cfg.linear_attn is not None:
+            table_rows, self.state_snapshot_slots = self.state_plan
+            self.state_pool = StatePool(table_rows + self.state_snapshot_slots, self._state_shape(), self.device)
         heads, dim, v_view = cfg.kv_entry(shard.kv_count)
-        self.kv_pool = KVPool(num_slots, cfg.num_hidden_layers, heads, dim, self.dtype, self.device, table_rows,
+        self.kv_pool = KVPool(num_slots, cfg.kv_layer_count, heads, dim, self.dtype, self.device, table_rows,
                               self.context_len, v_view)
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
@@ -274,11 +289,13 @@ class ModelRunner:
         a, cfg = self.args, self.cfg
         ps = a.page_size
         if a.max_total_tokens is not None:
+            if cfg.linear_attn is not None:  # the states on top of the KV pool's tokens
+                self.state_plan = state_slots(a)
             return a.max_total_tokens // ps * ps
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
         heads, dim, v_view = cfg.kv_entry(self.shard.kv_count_max)
-        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, heads, dim, self.dtype, v_view)
+        per_token = KVPool.bytes_per_token(cfg.kv_layer_count, heads, dim, self.dtype, v_view)
         if self.extra_kv is not None:
             per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
         if self.device.type == "cuda":
@@ -287,7 +304,15 @@ class ModelRunner:
         else:  # a tensor-parallel rank must not size by its own free memory: all ranks need equal pools
             budget = a.kv_cache_budget_bytes or kv_memory.cpu_kv_budget(a.mem_fraction_static,
                                                                          self.available_after_warmup)
+        if cfg.linear_attn is not None:  # the state slots' share of the budget first (at most half of it)
+            per_slot = self._state_shape().bytes_per_slot()
+            self.state_plan = state_slots(a, per_slot, budget)
+            budget -= sum(self.state_plan) * per_slot
         return max(ps, budget // per_token // ps * ps)
+
+    def _state_shape(self) -> StateShape:
+        ssm, conv = self.cfg.linear_attn.state_shapes()
+        return StateShape(self.cfg.linear_attn.num_linear, ssm, conv, self.dtype)
 
     def _sizes_pool_from_memory(self) -> bool:
         a = self.args
@@ -301,7 +326,8 @@ class ModelRunner:
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
         heads, dim, v_view = cfg.kv_entry(self.shard.kv_count)
-        self.kv_pool = KVPool(n, cfg.num_hidden_layers, heads, dim, self.dtype, self.device, 1, n, v_view)
+        self.kv_pool = KVPool(n, cfg.kv_layer_count, heads, dim, self.dtype, self.device, 1, n, v_view)
+        self.state_pool = StatePool(1, self._state_shape(), self.device) if cfg.linear_attn is not None else None
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))
         del self.kv_pool
@@ -362,7 +388,8 @@ class ModelRunner:
             out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
             req_rows=list(batch.table_rows), prefix_lens=list(batch.prefix_lens),
             extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows,
-            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [])
+            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [],
+            state_loads=list(batch.state_loads), state_saves=list(batch.state_saves))
 
     @torch.inference_mode()
     def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
@@ -424,9 +451,21 @@ class ModelRunner:
             self.kv_pool.req_to_token[row, : len(slots)] = torch.tensor(slots, dtype=torch.int64)
         self.kv_pool.req_to_token[row_of_token, positions] = out_loc
         seq_lens_cpu = [p + n for p, n in zip(step.prefix_lens, extend_lens)]
+        if self.state_pool is not None:  # a request's state slot is its table row (mem/state_pool.py)
+            for snapshot, slot in step.state_loads:
+                self.state_pool.copy(snapshot, slot)
+            if step.phase == "decode":  # a one-token prompt run as a decode row starts from zeros
+                for row, p in zip(step.req_rows, step.prefix_lens):
+                    if p == 0:
+                        self.state_pool.clear(row)
+            extra = dict(state_pool=self.state_pool, state_slots=req_rows, state_slots_cpu=list(step.req_rows),
+                         state_fresh=[p == 0 for p in step.prefix_lens],
+                         state_saves={i: (off, snap) for i, off, snap in step.state_saves})
+        else:
+            extra = {}
         return ForwardBatch(
             phase=step.phase, batch_size=B, input_ids=input_ids, positions=positions, out_loc=out_loc,
             req_rows=req_rows, seq_lens=prefix + torch.tensor(extend_lens, dtype=torch.int64, device=dev),
             seq_lens_cpu=seq_lens_cpu, prefix_lens_cpu=list(step.prefix_lens), extend_lens_cpu=extend_lens,
-            kv_pool=self.kv_pool,
+            kv_pool=self.kv_pool, **extra,
         )

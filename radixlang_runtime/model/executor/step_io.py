@@ -74,6 +74,10 @@ class ModelBatch:
     input_logprobs: list[Optional[InputLogprobSpec]]  # [B] None: no prompt logprobs this step
     pools: list[Optional[PoolStep]] = field(default_factory=list)  # [B] or [] (no pooling request in the batch)
     lora_ids: list[int] = field(default_factory=list)  # [B] LoRA adapter ids (0: the base); []: all base
+    # hybrid models' state snapshots: (snapshot slot, request slot) copied before the step; (request index,
+    # offset in its extend ids, snapshot slot): the state after that many of its tokens is saved there
+    state_loads: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixlang_runtime.model.layers.mla_spec import MLASpec
+from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 from radixlang_runtime.model.layers.moe_spec import MoESpec
 from radixlang_runtime.model.layers.rope_spec import RopeSpec, parse_rope
 
@@ -58,6 +59,8 @@ class ModelConfig:
     family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
     attention_sinks: bool = False  # gpt-oss: a learned logit per query head in every softmax (AttentionBackend)
     mla: Optional[MLASpec] = None  # DeepSeek V2 / V3: multi-head latent attention (the pool's latent layout)
+    # hybrid models (Qwen3-Next, Qwen3.5): which layers are Gated DeltaNet, their sizes; None: attention only
+    linear_attn: Optional[LinearAttnSpec] = None
 
     def kv_entry(self, kv_heads: int) -> tuple[int, int, Optional[int]]:
         """(heads, head_dim, v_view) of a token's KV-pool entry (mem/kv_pool.KVPool): kv_heads K and V heads of
@@ -65,6 +68,11 @@ class ModelConfig:
         if self.mla is not None:
             return 1, self.mla.entry_dim, self.mla.kv_lora_rank
         return kv_heads, self.head_dim, None
+
+    @property
+    def kv_layer_count(self) -> int:
+        """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead)."""
+        return self.num_hidden_layers - (self.linear_attn.num_linear if self.linear_attn else 0)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

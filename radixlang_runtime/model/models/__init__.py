@@ -12,7 +12,7 @@ from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, glm4_moe, gpt_oss, llama4, llama_family,
-                                            mixtral, olmoe, phi3, qwen_moe, transformers_fallback)
+                                            mixtral, olmoe, phi3, qwen3_next, qwen_moe, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,11 @@ _FAMILIES = (
     ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
     ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),
     ModelFamily("Glm4MoeForCausalLM", glm4_moe.parse_glm4_moe, glm4_moe.MoEForCausalLM),
+    # hybrid: Gated DeltaNet layers with a recurrent state (mem/state_pool.py) beside gated full attention
+    ModelFamily("Qwen3NextForCausalLM", qwen3_next.parse_qwen3_next, qwen3_next.HybridForCausalLM),
+    ModelFamily("Qwen3_5ForCausalLM", qwen3_next.parse_qwen3_5, qwen3_next.HybridForCausalLM),
+    ModelFamily("Qwen3_5ForConditionalGeneration", qwen3_next.refuse_conditional_generation,
+                qwen3_next.HybridForCausalLM),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

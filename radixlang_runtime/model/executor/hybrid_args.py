@@ -1,0 +1,72 @@
+"""What serving a hybrid model (linear-attention layers with a recurrent state: model/layers/gated_deltanet.py) allows.
+
+A recurrent state cannot be rolled back: a step's tokens are folded into it for good. So every feature that
+runs tokens and then takes some back is refused by name at start (speculative decoding: NGRAM, STANDALONE)
+or turned off (jump-forward of constrained decoding: its forced tokens are verified like a draft), and so
+is every feature that moves K/V without the state (hierarchical cache tiers, prefill-decode disaggregation).
+A cached prefix's K/V is not enough to continue from it, the state at its end is needed too: the prefix cache
+keeps state snapshots in slots of its own (scheduler/state_cache.py, docs/HYBRID_MODELS.md). Retraction frees
+a request's state with its table row and the re-prefill recomputes it (from a snapshot where one matches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STATE_SLOTS = 32
+SNAPSHOTS_PER_REQUEST_SLOT = 3  # the prefix cache's snapshot slots per request slot, by default
+
+
+def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
+    """ValueError naming the first flag a hybrid model cannot honour; the args with jump-forward off."""
+    arch = cfg.architecture
+    refused = (
+        ("speculative_algorithm", args.speculative_algorithm is not None),
+        ("enable_hierarchical_cache", args.enable_hierarchical_cache),
+        ("disaggregation_mode " + str(args.disaggregation_mode), args.disaggregation_mode != "null"),
+        ("tp_size > 1", args.tp_size > 1),
+        ("enable_lora", args.enable_lora),
+        ("is_embedding", args.is_embedding),
+        ("quantization " + str(args.quantization), args.quantization is not None),
+        ("enable_deterministic_inference", args.enable_deterministic_inference),
+    )
+    for name, on in refused:
+        if on:
+            raise ValueError(f"{name} is not supported for {arch}: its linear-attention layers keep a recurrent "
+                             "state (docs/HYBRID_MODELS.md)")
+    if not args.disable_jump_forward:
+        logger.info("%s: jump-forward is off (forced tokens cannot be taken back from a recurrent state)", arch)
+    return dataclasses.replace(args, disable_jump_forward=True)
+
+
+def state_slots(args: ServerArgs, bytes_per_slot: int = 0, budget: Optional[int] = None) -> tuple[int, int]:
+    """(request slots, snapshot slots) of the state pool. --max-mamba-cache-size is all of them (SGLang's
+    name); the requests get --max-running-requests of them (default: a quarter, or DEFAULT_STATE_SLOTS when
+    no size is given), the prefix cache's snapshots the rest (none with --disable-radix-cache). With a memory
+    budget (bytes for KV + states) the states take at most half of it: the default sizes shrink to fit, an
+    explicit --max-mamba-cache-size that does not fit is refused by name."""
+    total = args.max_mamba_cache_size
+    if args.disable_radix_cache:
+        rows, snaps = min(args.max_running_requests or total or DEFAULT_STATE_SLOTS, total or 1 << 30), 0
+    else:
+        rows = args.max_running_requests or (max(1, total // 4) if total else DEFAULT_STATE_SLOTS)
+        total = total or SNAPSHOTS_PER_REQUEST_SLOT * rows + rows
+        rows = min(rows, total)
+        snaps = total - rows
+    if budget is None or (rows + snaps) * bytes_per_slot <= budget // 2:
+        return rows, snaps
+    fit = budget // 2 // max(bytes_per_slot, 1)
+    if args.max_mamba_cache_size is not None or fit < 1:
+        raise ValueError(f"max_mamba_cache_size: {rows + snaps} state slots of {bytes_per_slot} bytes take more than "
+                         f"half of the memory budget ({budget} bytes); at most {fit} fit")
+    rows = min(rows, max(1, fit // (1 + SNAPSHOTS_PER_REQUEST_SLOT)) if snaps else fit)
+    snaps = min(snaps, fit - rows)
+    logger.info("state pool shrunk to the memory budget: %d request slots, %d snapshot slots", rows, snaps)
+    return rows, snaps

@@ -1,0 +1,175 @@
+"""Gated DeltaNet (Qwen3-Next, Qwen3.5 linear-attention layers) over the state pool (mem/state_pool.py).
+
+Per token: a causal depthwise convolution (width K) over the q/k/v channels, SiLU, q and k L2-normalised, then
+the gated delta rule on a per-head matrix S [Dk, Dv]:
+    S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t / sqrt(Dk)
+with g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b); the output goes through an RMSNorm gated by
+SiLU(z) and the output projection. A request's state between steps is S (float32) and the convolution's window
+(the last K - 1 inputs), both in its state slot.
+
+Prefill (extend) runs the chunk-parallel form (chunks of 64 tokens: a triangular solve inside each chunk, the
+state carried between chunks), one request at a time from its slot's state (zeros at position 0); decode runs
+the recurrent form for the whole batch at once. The arithmetic is transformers' torch reference
+(torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, the causal conv1d fallback) in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
+
+CHUNK = 64
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def chunk_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence: q, k [H, L, Dk] and v [H, L, Dv] float32 (q, k normalised, q scaled); g, beta [H, L];
+    state [H, Dk, Dv]. Returns (o [H, L, Dv], the state after the last token)."""
+    H, L, _ = k.shape
+    pad = (-L) % CHUNK
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    v_beta, k_beta = v * beta.unsqueeze(-1), k * beta.unsqueeze(-1)
+    q, k, k_beta, v_beta = (x.reshape(H, -1, CHUNK, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    g = g.reshape(H, -1, CHUNK)
+    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    cum = g.cumsum(dim=-1)
+    pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+    ut = (k_beta @ k.transpose(-1, -2)) * pair
+    intra = (q @ k.transpose(-1, -2)) * pair
+    decayed_k_beta = k_beta * cum.exp().unsqueeze(-1)
+    new_v = torch.linalg.solve_triangular(ut, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(ut, decayed_k_beta, upper=False, unitriangular=True)
+    q = q * cum.exp().unsqueeze(-1)
+    k = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    out = torch.zeros_like(new_v)
+    for i in range(new_v.shape[1]):
+        v_new = new_v[:, i] - k_cum[:, i] @ state
+        out[:, i] = q[:, i] @ state + intra[:, i] @ v_new
+        state = state * chunk_decay[:, i] + k[:, i].transpose(-1, -2) @ v_new
+    return out.reshape(H, -1, out.shape[-1])[:, :L], state
+
+
+def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of B sequences: q, k [B, H, Dk], v [B, H, Dv] float32 (normalised, q scaled); g, beta [B, H];
+    state [B, H, Dk, Dv]. Returns (o [B, H, Dv], the new state)."""
+    state = state * g.exp()[..., None, None]
+    kv_mem = (state * k.unsqueeze(-1)).sum(dim=-2)
+    delta = (v - kv_mem) * beta.unsqueeze(-1)
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    return (state * q.unsqueeze(-1)).sum(dim=-2), state
+
+
+class GatedRMSNorm(nn.Module):
+    """weight * rms_norm(x) * silu(z), per value head (transformers' RMSNormGated)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = self.weight * x.to(dtype)
+        return (x * F.silu(z.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """One linear-attention layer. in_proj: the q/k/v channels, z, b and a projections in one matmul (rows in
+    that order; Qwen3-Next's grouped qkvz / ba rows are reordered to it at load)."""
+
+    def __init__(self, spec: LinearAttnSpec, hidden_size: int, eps: float, state_index: int):
+        super().__init__()
+        self.spec = spec
+        self.state_index = state_index  # this layer's index in the state pool
+        self.hk, self.hv, self.dk, self.dv = spec.num_k_heads, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        self.conv_dim = spec.conv_dim
+        self.in_proj = nn.Linear(hidden_size, self.conv_dim + self.value_dim + 2 * self.hv, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, spec.conv_kernel))  # depthwise, [C, K]
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        T = x.shape[0]
+        proj = self.in_proj(x)
+        mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        pool = fb.state_pool
+        ssm, conv = pool.ssm[self.state_index], pool.conv[self.state_index]  # [slots, ...] each
+        if fb.is_decode:
+            slots = fb.state_slots
+            window = torch.cat([conv[slots], mixed.unsqueeze(-1)], dim=-1)  # [B, C, K]
+            conv[slots] = window[..., 1:]
+            mixed = F.silu(F.conv1d(window, self.conv_weight.unsqueeze(1), groups=self.conv_dim))[..., -1]
+            q, k, v = self._qkv(mixed)  # [B, H, D]
+            o, new = recurrent_step(q / self.dk ** 0.5, k, v, g, beta.float(), ssm[slots])
+            ssm[slots] = new
+        else:
+            outs = []
+            start = 0
+            for i, (slot, n, fresh) in enumerate(zip(fb.state_slots_cpu, fb.extend_lens_cpu, fb.state_fresh)):
+                rows = slice(start, start + n)
+                save = fb.state_saves.get(i)
+                if save is None or save[0] == n:
+                    outs.append(self._extend_one(mixed[rows], g[rows], beta[rows], ssm, conv, slot, fresh))
+                else:  # the state after the first `off` tokens is saved: two pieces
+                    off = save[0]
+                    outs.append(self._extend_one(mixed[rows][:off], g[rows][:off], beta[rows][:off], ssm, conv,
+                                                 slot, fresh))
+                    self._save(ssm, conv, slot, save[1])
+                    outs.append(self._extend_one(mixed[rows][off:], g[rows][off:], beta[rows][off:], ssm, conv,
+                                                 slot, False))
+                if save is not None and save[0] == n:
+                    self._save(ssm, conv, slot, save[1])
+                start += n
+            o = torch.cat(outs)  # [T, H, Dv]
+        o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
+        return self.out_proj(o.reshape(T, self.value_dim))
+
+    @staticmethod
+    def _save(ssm: torch.Tensor, conv: torch.Tensor, slot: int, snapshot: int) -> None:
+        ssm[snapshot] = ssm[slot]
+        conv[snapshot] = conv[slot]
+
+    def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Convolved channels [N, C] -> q, k [N, Hv, Dk] (normalised, heads repeated to Hv), v [N, Hv, Dv], all
+        float32. q is scaled by the caller (the two references round it differently: a product, a quotient)."""
+        N = mixed.shape[0]
+        q, k, v = mixed.float().split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = self.hv // self.hk
+        q = q.reshape(N, self.hk, self.dk).repeat_interleave(rep, dim=1)
+        k = k.reshape(N, self.hk, self.dk).repeat_interleave(rep, dim=1)
+        q, k = l2norm(q), l2norm(k)
+        return q, k, v.reshape(N, self.hv, self.dv)
+
+    def _extend_one(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor,
+                    conv: torch.Tensor, slot: int, fresh: bool) -> torch.Tensor:
+        """One request's new tokens [L, C] from its slot's state (zeros when fresh); writes the state back."""
+        K = self.spec.conv_kernel
+        window = torch.zeros_like(conv[slot]) if fresh else conv[slot]
+        seq = torch.cat([window.to(mixed.dtype), mixed.transpose(0, 1)], dim=-1)  # [C, K - 1 + L]
+        conv[slot] = seq[:, -(K - 1):]
+        out = F.silu(F.conv1d(seq.unsqueeze(0), self.conv_weight.unsqueeze(1), groups=self.conv_dim))[0]  # [C, L]
+        q, k, v = self._qkv(out.transpose(0, 1))
+        state = torch.zeros_like(ssm[slot]) if fresh else ssm[slot]
+        q = q * self.dk ** -0.5
+        o, state = chunk_rule(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.transpose(0, 1),
+                              beta.float().transpose(0, 1), state)
+        ssm[slot] = state
+        return o.transpose(0, 1)

@@ -1,0 +1,213 @@
+"""Qwen3-Next (Qwen3NextForCausalLM) and Qwen3.5 text (Qwen3_5ForCausalLM): hybrid decoders whose layers are
+Gated DeltaNet (model/layers/gated_deltanet.py: a recurrent state in the state pool, no KV) or gated full attention
+(the paged KV pool), as config.json's layer_types (or full_attention_interval) says.
+
+Full attention: q_proj yields per head the query and an output gate (sigmoid(gate) scales the attention output
+before o_proj), q/k RMSNorm per head, partial rotary (partial_rotary_factor, 0.25 by default), o_proj with
+attention_bias. Norms are zero-centred (weights read as 1 + w, in float32) except the DeltaNet's gated norm.
+Qwen3-Next's feed-forward is the MoE of model/layers/moe.py with a gated shared expert (decoder_sparse_step,
+mlp_only_layers); Qwen3.5's is dense. Qwen3.5's rope fields mrope_section / mrope_interleaved only matter for
+image and video positions: a text prompt gives the three axes the same position, where multimodal rope is the
+plain one, so they are accepted; the vision model (Qwen3_5ForConditionalGeneration) is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+from torch import nn
+
+from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.loader.config import ModelConfig, base_config
+from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
+from radixlang_runtime.model.layers.linear_attn_spec import parse_linear_attn
+from radixlang_runtime.model.models.llama import MLP, Reduce, RMSNorm
+from radixlang_runtime.model.layers.moe import MoEForCausalLM, SparseMoE
+from radixlang_runtime.model.layers.moe_spec import parse_moe, qwen_sparse_layers
+from radixlang_runtime.model.executor.parallel import Shard, make_shard
+from radixlang_runtime.model.layers.rotary import Rotary
+from radixlang_runtime.model.loader.weights import SafetensorsDir
+
+_DEFAULTS = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+             "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6}
+
+
+def _hybrid_common(cfg: dict, arch: str) -> ModelConfig:
+    cfg = {**_DEFAULTS, **cfg}
+    rope = dict(cfg.get("rope_parameters") or {})
+    if arch == "Qwen3_5ForCausalLM":  # text positions: the three axes agree (module docstring)
+        rope.pop("mrope_section", None)
+        rope.pop("mrope_interleaved", None)
+    if "partial_rotary_factor" not in rope and "partial_rotary_factor" not in cfg:
+        rope["partial_rotary_factor"] = 0.25  # the config classes' default
+    cfg = {**cfg, "rope_parameters": rope or None}
+    out = base_config(cfg, arch, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
+                      sliding_window=None, partial_rotary=True)
+    return dataclasses.replace(out, linear_attn=parse_linear_attn(cfg, arch))
+
+
+def parse_qwen3_next(cfg: dict) -> ModelConfig:
+    arch = "Qwen3NextForCausalLM"
+    out = _hybrid_common(cfg, arch)
+    experts = int(cfg.get("num_experts", 512))
+    moe = parse_moe(cfg, arch, experts_key="num_experts", default_experts=512, default_top_k=10,
+                    inter_key="moe_intermediate_size", default_inter=512,
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                    shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size", 512)),
+                    sparse_layers=qwen_sparse_layers({**cfg, "num_hidden_layers": out.num_hidden_layers}, experts))
+    return dataclasses.replace(out, moe=moe)
+
+
+def parse_qwen3_5(cfg: dict) -> ModelConfig:
+    arch = "Qwen3_5ForCausalLM"
+    if "text_config" in cfg:
+        raise ValueError("a Qwen3.5 config with text_config (Qwen3_5ForConditionalGeneration: the vision-language "
+                         "model) is not supported; the text model Qwen3_5ForCausalLM is")
+    return _hybrid_common({"intermediate_size": 12288, "num_hidden_layers": 32, "num_key_value_heads": 4, **cfg}, arch)
+
+
+def refuse_conditional_generation(cfg: dict) -> ModelConfig:
+    raise ValueError("Qwen3_5ForConditionalGeneration (the Qwen3.5 vision-language model) is not supported; "
+                     "the text model Qwen3_5ForCausalLM is")
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate: qkv_proj rows are per head [query D, gate D], then k, then v."""
+
+    def __init__(self, cfg: ModelConfig, kv_layer: int, backend: AttentionBackend, shard: Shard):
+        super().__init__()
+        self.kv_layer = kv_layer  # this layer's index in the KV pool (full-attention layers only)
+        self.h, self.hkv, self.d = shard.q_count, shard.kv_count, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (2 * self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        T, h, hkv, d = x.shape[0], self.h, self.hkv, self.d
+        qkv = self.qkv_proj(x)
+        qg = qkv[:, : 2 * h * d].view(T, h, 2 * d)
+        q, gate = qg[..., :d], qg[..., d:].reshape(T, h * d)
+        k = qkv[:, 2 * h * d: (2 * h + hkv) * d].view(T, hkv, d)
+        v = qkv[:, (2 * h + hkv) * d:].view(T, hkv, d)
+        qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
+        qk = Rotary.apply(qk, fb.rope_cos_sin)
+        o = self.backend.forward(qk[:, :h], qk[:, h:], v.contiguous(), self.kv_layer, fb)  # [T, H D]
+        return self.o_proj(o * torch.sigmoid(gate))
+
+
+class HybridDecoderLayer(nn.Module):
+    """Norm, the token mixer (Gated DeltaNet or gated attention), norm, feed-forward; DecoderLayer's contract."""
+
+    def __init__(self, mixer: nn.Module, mlp: nn.Module, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mixer = mixer
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        x = self.input_layernorm(residual) if h is None else self.input_layernorm.add_forward(h, residual)
+        a = self.mixer(x, fb)
+        return self.mlp(self.post_attention_layernorm.add_forward(a, residual))
+
+
+class HybridForCausalLM(MoEForCausalLM):
+    """Both families (Qwen3.5: cfg.moe None, dense MLPs). LlamaForCausalLM's embedding, head and layer loop."""
+
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
+                 shard: Shard | None = None, reduce: Reduce = None):
+        nn.Module.__init__(self)
+        if reduce is not None:
+            raise ValueError(f"tp_size > 1 is not implemented for {cfg.architecture} (hybrid linear attention)")
+        self.cfg = cfg
+        self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                 cfg.intermediate_size, cfg.vocab_size)
+        self.reduce = None
+        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)
+        self.rotary = rotary
+        spec = cfg.linear_attn
+        layers = []
+        for i, linear in enumerate(spec.linear_layers):
+            mixer = (GatedDeltaNet(spec, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i)) if linear
+                     else GatedAttention(cfg, i - spec.index_of(i), backend, shard))
+            layers.append(HybridDecoderLayer(mixer, self.make_mlp(cfg, i, shard, None), cfg))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
+        self.head: nn.Module | None = None
+        self.fused_decode = None  # decode_layer.c runs Llama's layer shape only
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
+        if cfg.moe is not None and cfg.moe.sparse_layers[layer_id]:
+            return SparseMoE(cfg, shard, reduce)
+        return MLP(cfg, shard, reduce)
+
+    def use_gguf_blocks(self, blocks: dict) -> int:
+        raise ValueError(f"--quantization gguf is not supported for {self.cfg.architecture} (hybrid linear attention)")
+
+    def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
+        own = dict(self.named_parameters())
+        done: set[str] = set()
+
+        def put(name: str, value: torch.Tensor) -> None:
+            p = own[name]
+            if p.shape != value.shape:
+                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
+            with torch.no_grad():
+                p.copy_(value)
+            done.add(name)
+
+        def norm(name: str) -> torch.Tensor:  # zero-centred: 1 + w in float32
+            return 1.0 + tensors.get(name).float()
+
+        put("embed_tokens.weight", tensors.get("model.embed_tokens.weight"))
+        put("norm.weight", norm("model.norm.weight"))
+        if self.lm_head is not None:
+            put("lm_head.weight", tensors.get("lm_head.weight"))
+        for i, layer in enumerate(self.layers):
+            src, dst = f"model.layers.{i}.", f"layers.{i}."
+            put(dst + "input_layernorm.weight", norm(src + "input_layernorm.weight"))
+            put(dst + "post_attention_layernorm.weight", norm(src + "post_attention_layernorm.weight"))
+            if isinstance(layer.mixer, GatedDeltaNet):
+                self._load_deltanet(layer.mixer, src + "linear_attn.", dst + "mixer.", tensors, put)
+            else:
+                self._load_attention(src + "self_attn.", dst + "mixer.", tensors, put, norm)
+            self.load_mlp(i, tensors, put)
+        missing = sorted(set(own) - done)
+        if missing:
+            raise ValueError(f"parameters not loaded: {missing[:5]}")
+
+    def _load_attention(self, src: str, dst: str, tensors: SafetensorsDir, put: Callable,
+                        norm: Callable[[str], torch.Tensor]) -> None:
+        put(dst + "qkv_proj.weight", torch.cat([tensors.get(src + f"{p}_proj.weight") for p in "qkv"]))
+        if self.cfg.attention_bias:
+            put(dst + "qkv_proj.bias", torch.cat([tensors.get(src + f"{p}_proj.bias") for p in "qkv"]))
+            put(dst + "o_proj.bias", tensors.get(src + "o_proj.bias"))
+        put(dst + "o_proj.weight", tensors.get(src + "o_proj.weight"))
+        put(dst + "q_norm.weight", norm(src + "q_norm.weight"))
+        put(dst + "k_norm.weight", norm(src + "k_norm.weight"))
+
+    @staticmethod
+    def _load_deltanet(m: GatedDeltaNet, src: str, dst: str, tensors: SafetensorsDir, put: Callable) -> None:
+        if src + "in_proj_qkv.weight" in tensors:  # Qwen3.5: four projections
+            rows = [tensors.get(src + f"in_proj_{p}.weight") for p in ("qkv", "z", "b", "a")]
+        else:  # Qwen3-Next: per key head [q Dk, k Dk, v r Dv, z r Dv] and [b r, a r] (r = Hv / Hk)
+            hk, r, dk, dv = m.hk, m.hv // m.hk, m.dk, m.dv
+            qkvz = tensors.get(src + "in_proj_qkvz.weight")
+            q, k, v, z = qkvz.view(hk, -1, qkvz.shape[-1]).split([dk, dk, r * dv, r * dv], dim=1)
+            ba = tensors.get(src + "in_proj_ba.weight")
+            b, a = ba.view(hk, 2 * r, ba.shape[-1]).split([r, r], dim=1)
+            rows = [torch.cat([x.reshape(-1, x.shape[-1]) for x in (q, k, v)])] + [
+                x.reshape(-1, x.shape[-1]) for x in (z, b, a)]
+        put(dst + "in_proj.weight", torch.cat(rows))
+        put(dst + "conv_weight", tensors.get(src + "conv1d.weight").reshape(m.conv_dim, -1))
+        put(dst + "dt_bias", tensors.get(src + "dt_bias"))
+        put(dst + "A_log", tensors.get(src + "A_log"))
+        put(dst + "norm.weight", tensors.get(src + "norm.weight"))
+        put(dst + "out_proj.weight", tensors.get(src + "out_proj.weight"))

@@ -1,0 +1,100 @@
+"""Prefix caching of hybrid models' recurrent states (torch-free): which radix nodes hold a state snapshot,
+where a match may stop, and which snapshots a step saves and loads.
+
+A hybrid model (model/layers/gated_deltanet.py) continues from a cached prefix only with the recurrent state at the
+prefix's end, so a match goes no deeper than the deepest node on its path holding a snapshot (the K/V below
+it is cached for others but recomputed here). Snapshots are taken where the scheduler runs a prefill step:
+at the last page boundary of each extend (the end of each prefill chunk and, page-aligned, of each prompt),
+into a snapshot slot (mem/state_slots.py) that the step's result attaches to the node ending there. They
+leave with their node (the radix LRU evicts K/V and snapshot together) or alone when snapshot slots run
+short (least recently used unlocked nodes first); a locked node keeps its snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from radixlang_runtime.mem.radix_cache import MatchResult, RadixCache
+from radixlang_runtime.mem.state_slots import StateSlots
+from radixlang_runtime.scheduler.request import Req
+
+
+class StateCache:
+    def __init__(self, radix: RadixCache, slots: StateSlots):
+        self.radix = radix
+        self.slots = slots
+        self.snapshots_taken = 0
+        self.snapshot_hits = 0
+
+    def truncate_match(self, m: MatchResult) -> MatchResult:
+        """m cut back to the deepest node of its path holding a snapshot (unlocked yet)."""
+        node, depth = self.radix.state_ancestor(m.last_node)
+        return MatchResult(depth, m.slots[:depth], node)
+
+    def note_match(self, req: Req, m: MatchResult) -> None:
+        req.state_load = m.last_node.state if m.length else None
+        self.snapshot_hits += bool(m.length)
+
+    def plan(self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], prefill_count: int,
+             page_size: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """The step's (snapshot slot -> request slot) loads and (request index, offset, snapshot slot) saves, for
+        its first prefill_count requests (the rest decode)."""
+        loads, saves = [], []
+        for i in range(prefill_count):
+            req, p = reqs[i], prefix_lens[i]
+            if req.state_load is not None:
+                loads.append((req.state_load, req.table_idx))
+                req.state_load = None
+            pos = (p + extend_lens[i]) // page_size * page_size
+            if pos <= p or req.pending_state is not None:
+                continue
+            slot = self._alloc()
+            if slot is None:
+                continue
+            req.pending_state = (slot, pos)
+            saves.append((i, pos - p, slot))
+            self.snapshots_taken += 1
+        return loads, saves
+
+    def _alloc(self) -> Optional[int]:
+        slot = self.slots.alloc()
+        if slot is None:
+            self.slots.free(self.radix.drop_states(1))
+            slot = self.slots.alloc()
+        return slot
+
+    def attach(self, req: Req, cache_ids: list[int], cached: bool) -> None:
+        """After the step that saved req's state (and the insert of what it computed): the snapshot goes to the
+        node ending at its position, or back to the free list (not cached, or that node holds one already)."""
+        if req.pending_state is None:
+            return
+        slot, pos = req.pending_state
+        req.pending_state = None
+        if cached:
+            m = self.radix.match_prefix(cache_ids[:pos])
+            if m.length == pos and m.last_node.state is None:
+                m.last_node.state = slot
+                return
+        self.slots.free([slot])
+
+    def forget(self, req: Req) -> None:
+        """req leaves (released, unmatched): its pending snapshot slot is freed, its load dropped."""
+        req.state_load = None
+        if req.pending_state is not None:
+            self.slots.free([req.pending_state[0]])
+            req.pending_state = None
+
+    def reclaim(self) -> None:
+        """Snapshot slots of nodes the radix cache dropped (evict, reset) back to the free list."""
+        if self.radix.freed_states:
+            self.slots.free(self.radix.freed_states)
+            self.radix.freed_states = []
+
+    def check_integrity(self, live: list[Req]) -> None:
+        pending = [r.pending_state[0] for r in live if r.pending_state is not None]
+        self.slots.check_integrity(self.radix.held_states() + pending)
+
+    def stats(self) -> dict:
+        return {"snapshot_slots": self.slots.count, "snapshot_slots_free": self.slots.free_count,
+                "snapshots_held": len(self.radix.held_states()), "snapshots_taken": self.snapshots_taken,
+                "snapshot_hits": self.snapshot_hits}
