@@ -14,6 +14,13 @@ from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
 REDACTED = "<redacted>"
+
+
+def need(cond: bool, msg: str) -> None:
+    """A setting's check: ValueError naming it when it does not hold."""
+    if not cond:
+        raise ValueError(msg)
+
 SchedulePolicy = Literal["lpm", "fcfs", "dfs-weight"]
 
 
@@ -170,10 +177,21 @@ class ServerArgs:
     max_loaded_loras: Optional[int] = None  # resident adapters (LRU eviction, read again on use); None: all
 
     def __post_init__(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
+        self._check_values()
+        self._check_parallelism()
+        self._check_limits()
+        self._check_speculative()
+        self._check_hicache()
+        from radixlang_runtime.disagg_args import check_disaggregation_args  # no torch
+        from radixlang_runtime.lora_spec import check_lora_args  # no torch
+        from radixlang_runtime.pooling import check_pooling_args  # no torch
 
+        check_disaggregation_args(self)
+        check_pooling_args(self)
+        check_lora_args(self)
+
+    def _check_values(self) -> None:
+        """Each field's own values: choices and ranges."""
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"),
              f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         need(self.model_impl in ("auto", "native", "transformers"),
@@ -203,6 +221,9 @@ class ServerArgs:
         need(self.quantization in (None, "none", "int8", "gguf"),
              f"quantization {self.quantization!r}: implemented are int8 (weight-only, per channel), none (a .gguf "
              "dequantized to float weights) and gguf (the .gguf model's own blocks)")
+
+    def _check_parallelism(self) -> None:
+        """TP / DP / nodes and the deterministic mode's limits there."""
         need(self.tp_size >= 1 and self.dp_size >= 1 and self.nnodes >= 1, "tp_size, dp_size and nnodes must be >= 1")
         need(self.tp_size % self.nnodes == 0,
              f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes} (the same ranks on every node)")
@@ -230,6 +251,9 @@ class ServerArgs:
             host, sep, port = self.dist_init_addr.rpartition(":")
             need(bool(sep and host and port.isdigit()),
                  f"dist_init_addr must be host:port; got {self.dist_init_addr!r}")
+
+    def _check_limits(self) -> None:
+        """Sizes, ports, timeouts and the request-facing limits."""
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
         need(self.max_running_requests is None or self.max_running_requests >= 1,
@@ -252,57 +276,6 @@ class ServerArgs:
              "metrics_no_auth needs enable_metrics and api_key (without a key /metrics is open anyway)")
         need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
              "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
-        self._check_speculative()
-        self._check_hicache()
-        self._check_disaggregation()
-        from radixlang_runtime.lora_spec import check_lora_args  # no torch
-        from radixlang_runtime.pooling import check_pooling_args  # no torch
-
-        check_pooling_args(self)
-        check_lora_args(self)
-
-    def _check_disaggregation(self) -> None:
-        """Refuse PD settings the runtime would not honour, by name (docs/DISAGGREGATION.md)."""
-        mode = self.disaggregation_mode
-        if mode not in ("null", "prefill", "decode"):
-            raise ValueError(f"disaggregation_mode must be null, prefill or decode; got {mode!r}")
-        if self.disaggregation_transfer_backend != "zmq":
-            raise ValueError(f"disaggregation_transfer_backend {self.disaggregation_transfer_backend!r} is not "
-                             "implemented (zmq only: mooncake and nixl are not available here)")
-        for name in ("disaggregation_transfer_timeout", "disaggregation_heartbeat_timeout"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 3600:
-                raise ValueError(f"{name} must be a number of seconds in (0, 3600]; got {v!r}")
-        port = self.disaggregation_bootstrap_port
-        if port is not None and mode != "prefill":
-            raise ValueError("disaggregation_bootstrap_port applies to disaggregation_mode prefill only")
-        if port is not None and not 1 <= port <= 65535:
-            raise ValueError(f"disaggregation_bootstrap_port must be a port 1..65535; got {port}")
-        if mode == "prefill" and port is None:
-            self.disaggregation_bootstrap_port = 8998  # SGLang's default; /server_info reports the port in use
-        self._check_disaggregation_peers()
-        if mode == "null":
-            return
-        # tp_size > 1 and nnodes > 1 work (rank 0 moves every rank's K/V heads: model/executor/tp_kv.py)
-        for name, on in (("dp_size > 1", self.dp_size > 1), ("speculative_algorithm", bool(self.speculative_algorithm)),
-                         ("enable_hierarchical_cache", self.enable_hierarchical_cache)):
-            if on:
-                raise ValueError(f"{name} with disaggregation_mode {mode} is not implemented")
-
-    def _check_disaggregation_peers(self) -> None:
-        """The allow-list and the secret (bootstrap_peers.py): parsed here so a bad one fails the start."""
-        from radixlang_runtime.protocol.bootstrap_peers import load_secret, parse_peers  # no torch
-
-        mode = self.disaggregation_mode
-        if self.disaggregation_prefill_peers is not None:
-            if mode != "decode":
-                raise ValueError("disaggregation_prefill_peers applies to disaggregation_mode decode only")
-            parse_peers(self.disaggregation_prefill_peers)
-        if self.disaggregation_secret is not None or self.disaggregation_secret_file is not None:
-            if mode == "null":
-                raise ValueError("disaggregation_secret applies to disaggregation_mode prefill or decode only")
-            self.disaggregation_secret = load_secret(self.disaggregation_secret, self.disaggregation_secret_file)
-            self.disaggregation_secret_file = None  # read once: the other processes get the secret itself
 
     def _check_hicache(self) -> None:
         """Refuse hicache settings the runtime would not honour, by name."""

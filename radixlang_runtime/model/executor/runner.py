@@ -124,11 +124,31 @@ class ModelRunner:
         speculative/draft_model.py): a pool sized from memory then leaves it its share of the budget."""
         self.extra_kv = extra_kv
         self.device = tp.device if tp is not None else resolve_device(args.device)
-        self.args = args = args.resolve_for_device(self.device.type)
-        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.args = args.resolve_for_device(self.device.type)
+        self.dtype = resolve_dtype(self.args.dtype, self.device)
         self.model_dir = model_dir
+        self.tp = tp
         if self.device.type == "cpu":
             memory.tune_malloc()  # step buffers keep their pages between steps (model/executor/memory.py)
+        tensors = self._read_config()
+        model = self._load_model(tensors)
+        self._plan_paths(model)
+        self.loras: Optional[LoraRegistry] = None  # every adapter served, which are resident (--max-loaded-loras)
+        self.lora = self._load_loras(model) if self.args.enable_lora else None  # model/lora_linear.LoraModel
+        logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
+        self.model = model.eval()
+        self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
+        self._build_pools()
+        cfg = self.cfg
+        logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
+                    cfg.architecture, cfg.model_impl, self.dtype, self.device,
+                    cfg.rope.describe() if cfg.model_impl == "native" else "transformers'", self.sizes.num_slots,
+                    self.sizes.table_rows)
+
+    def _read_config(self) -> SafetensorsDir:
+        """config.json (self.cfg), the pooling, what a hybrid model's state allows, the context length and this
+        rank's shard; returns the checkpoint's tensors."""
+        args, model_dir, tp = self.args, self.model_dir, self.tp
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl, args.trust_remote_code)
         tensors = SafetensorsDir(model_dir)
         # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
@@ -143,10 +163,13 @@ class ModelRunner:
                              "keeps no recurrent state")
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
-        self.tp = tp
-        self.shard = shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
-                                        cfg.vocab_size, tp.size if tp else 1, tp.rank if tp else 0)
+        self.shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
+                                cfg.vocab_size, tp.size if tp else 1, tp.rank if tp else 0)
+        return tensors
 
+    def _load_model(self, tensors: SafetensorsDir) -> torch.nn.Module:
+        """The attention backend, the family's model with its weights, the quantization it runs with."""
+        args, cfg, shard, tp, model_dir = self.args, self.cfg, self.shard, self.tp, self.model_dir
         backend = create_attention_backend(args.attention_backend, shard.q_count, shard.kv_count, cfg.head_dim,
                                            cfg.attn_scale or cfg.head_dim ** -0.5)
         backend.set_layer_options(cfg.layer_windows, cfg.attn_logit_softcapping or 0.0)  # windows, soft-cap
@@ -166,6 +189,12 @@ class ModelRunner:
         quant = resolve_quantization(args, model_dir, model, self.device.type)  # a .gguf's blocks by default
         if quant != args.quantization:
             self.args = args = args.replace(quantization=quant)
+        return model
+
+    def _plan_paths(self, model: torch.nn.Module) -> None:
+        """Which implementation runs each op on this CPU (self.cpu_paths: packed / int8 / GGUF linears, the C
+        norm and attention kernels, the deterministic mode, the fused decode layer), and the model set to it."""
+        args, cfg, shard, backend = self.args, self.cfg, self.shard, self.backend
         native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
         packed = packing_available(self.device, self.dtype) and args.quantization is None and native
         if args.quantization == "int8":
@@ -215,12 +244,11 @@ class ModelRunner:
             if model.fused_decode is not None:
                 self.cpu_paths = dataclasses.replace(
                     self.cpu_paths, decode_layer=f"c:{detect().isa} (M <= {model.fused_decode.max_batch})")
-        self.loras: Optional[LoraRegistry] = None  # every adapter served, which are resident (--max-loaded-loras)
-        self.lora = self._load_loras(model) if args.enable_lora else None  # model/lora_linear.LoraModel
-        logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
-        self.model = model.eval()
-        self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
 
+    def _build_pools(self) -> None:
+        """The KV pool (sized from memory after a warm-up, or from the flags), a hybrid model's state pool,
+        the request rows, the sampler."""
+        args, cfg, shard = self.args, self.cfg, self.shard
         self.available_after_warmup: Optional[int] = None
         if self._sizes_pool_from_memory():
             self._warm_up()
@@ -240,9 +268,6 @@ class ModelRunner:
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
         self.draft_mirror = None  # STANDALONE: DraftModel.mirror, run on every step (speculative/draft_model.py)
-        logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
-                    cfg.architecture, cfg.model_impl, self.dtype, self.device,
-                    cfg.rope.describe() if native else "transformers'", num_slots, table_rows)
 
     def _load_loras(self, model) -> LoraModel:
         """--enable-lora: every projection wrapped (after packing and the fused decode layer's build, which
