@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from radixlang_runtime.model.moe_spec import MoESpec
+from radixlang_runtime.model.prequant import parse_quant_config
 from radixlang_runtime.model.rope_spec import RopeSpec, parse_rope
 
 
@@ -50,6 +51,7 @@ class ModelConfig:
     final_logit_softcapping: Optional[float] = None  # Gemma 2: logits c * tanh(logits / c)
     attn_scale: Optional[float] = None  # scores scale (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5
     rope_local: Optional[RopeSpec] = None  # Gemma 3: the sliding layers' rope (rope_local_base_freq); None: rope
+    quant: Optional[Any] = None  # quantization_config's spec (model/prequant/); None: float weights
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""
@@ -80,10 +82,6 @@ def refuse_common(cfg: dict, arch: str, softcap: bool = False) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key) is not None and not softcap:
             raise ValueError(f"{key} {cfg[key]!r} is not supported (attention / logit soft-capping)")
-    if cfg.get("quantization_config") is not None:
-        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
-        raise ValueError(f"quantization_config ({method}) is not supported: the checkpoint's weights must be "
-                         "float32 / bfloat16 / float16 (see --quantization for what runs quantized)")
 
 
 def layer_windows(cfg: dict, arch: str, sliding_window: Optional[int],
@@ -142,4 +140,5 @@ def base_config(cfg: dict, arch: str, *, attention_bias: bool, qk_norm: bool,
         torch_dtype=str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))),
         sliding_window=max(windows) if windows else None,
         layer_windows=windows,
+        quant=parse_quant_config(cfg.get("quantization_config")),
     )

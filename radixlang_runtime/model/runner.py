@@ -38,6 +38,8 @@ from radixlang_runtime.model.sample_step import sample_step
 from radixlang_runtime.model.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.pooling_step import fill_pooled, plan_pooling
 from radixlang_runtime.model.parallel import TPGroup, make_shard
+from radixlang_runtime.model.prequant.linear import swap_linears
+from radixlang_runtime.model.prequant.load import prequant_paths, prequant_tensors
 from radixlang_runtime.model.weights import SafetensorsDir
 from radixlang_runtime.pooling import read_pooling_config
 from radixlang_runtime.model.sampler import Sampler
@@ -127,6 +129,8 @@ class ModelRunner:
             memory.tune_malloc()  # step buffers keep their pages between steps (model/memory.py)
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl)
         tensors = SafetensorsDir(model_dir)
+        if cfg.quant is not None:  # a pre-quantized checkpoint: loaded on its exact values (model/prequant/)
+            tensors = prequant_tensors(cfg.quant, tensors, args, tp)
         # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
         # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
         self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
@@ -154,7 +158,11 @@ class ModelRunner:
             raise ValueError(f"--is-embedding is not implemented for {cfg.architecture} ({cfg.model_impl} "
                              "implementation): pooled hidden states are served for the Llama-family decoders")
         native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
-        packed = packing_available(self.device, self.dtype) and args.quantization is None and native
+        packed = (packing_available(self.device, self.dtype) and args.quantization is None and native
+                  and cfg.quant is None)
+        if cfg.quant is not None:
+            n = swap_linears(model, tensors.records, dense_tiles_available(self.device, self.dtype))
+            logger.info("%s: %d linears run on the checkpoint's quantized weights", cfg.quant.describe(), n)
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
@@ -168,6 +176,8 @@ class ModelRunner:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
         self.cpu_paths = cpu_ops.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
                                           tiles)
+        if cfg.quant is not None:
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=prequant_paths(cfg.quant, model))
         if args.quantization is not None:
             kernel = f"c:{detect().isa}" if cpu_ops.load() is not None and self.device.type == "cpu" else "torch"
             fmt = "int8" if args.quantization == "int8" else "gguf Q4_1/Q8_0 blocks"
