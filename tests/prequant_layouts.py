@@ -123,14 +123,16 @@ def quantize_fp8(w, block=None, scale_name="weight_scale_inv"):
 
 def write_prequant(path, model, quantize, quant_config: dict, skip=()) -> None:
     """Replace every decoder linear of the checkpoint at path (saved from `model`) by quantize's tensors,
-    add quant_config to config.json, and load the dequantized values into `model` (the reference)."""
+    add quant_config to config.json, and load the dequantized values into `model` (the reference; None: not)."""
     from safetensors.torch import load_file, save_file
 
     files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
     assert len(files) == 1, files
     tensors = load_file(os.path.join(path, files[0]))
-    state = model.state_dict()
-    for i in range(model.config.num_hidden_layers):
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    state = model.state_dict() if model is not None else {}
+    for i in range(cfg["num_hidden_layers"]):
         for lin in LINEARS:
             name = f"model.layers.{i}.{lin}"
             if lin in skip:
@@ -139,10 +141,9 @@ def write_prequant(path, model, quantize, quant_config: dict, skip=()) -> None:
             got, deq = quantize(w)
             tensors.update({f"{name}.{k}": v.contiguous() for k, v in got.items()})
             state[name + ".weight"] = torch.from_numpy(deq)
-    model.load_state_dict(state)
+    if model is not None:
+        model.load_state_dict(state)
     save_file(tensors, os.path.join(path, files[0]), metadata={"format": "pt"})
-    with open(os.path.join(path, "config.json")) as f:
-        cfg = json.load(f)
     cfg["quantization_config"] = quant_config
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

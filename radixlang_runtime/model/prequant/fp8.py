@@ -36,16 +36,13 @@ def read_fp8(tensors, prefix: str, scale_names: tuple[str, ...], block: Optional
         raise ValueError(f"{name} is float8_e4m3fn without a {'/'.join(scale_names)} scale")
     s = tensors.get(scale_name).float()
     N, K = w.shape
-    if block is not None and s.dim() == 2 and s.shape[1] > 1:
-        bn, bk = block
-        if s.shape != (-(-N // bn), -(-K // bk)):
-            raise ValueError(f"{scale_name} {tuple(s.shape)} does not fit {block} blocks of a [{N}, {K}] weight")
-        return QuantWeight(w, s.repeat_interleave(bn, dim=0)[:N].contiguous(), group_index(K, bk))
+    if block is not None and tuple(s.shape) == (-(-N // block[0]), -(-K // block[1])):
+        return QuantWeight(w, s.repeat_interleave(block[0], dim=0)[:N].contiguous(), group_index(K, block[1]))
     if s.numel() == 1:
         return QuantWeight(w, s.reshape(1, 1).expand(N, 1).contiguous(), group_index(K, -1))
     if s.numel() == N:
         return QuantWeight(w, s.reshape(N, 1).contiguous(), group_index(K, -1))
-    raise ValueError(f"{scale_name} {tuple(s.shape)} is neither per tensor, per channel nor per block "
+    raise ValueError(f"{scale_name} {tuple(s.shape)} is neither per tensor, per channel nor per {block} block "
                      f"for a [{N}, {K}] weight")
 
 
