@@ -36,10 +36,17 @@ class DequantLinear(nn.Module):
         self.out_features, self.in_features = qw.shape
         self.values, self.scale, self.g_idx = qw.values, qw.scale, qw.g_idx
         self.bias = None if bias is None else bias.detach()
+        G, K = qw.scale.shape[1], self.in_features
+        # contiguous equal groups: the scales broadcast over a [N, G, K / G] view (no [N, K] gather per call)
+        self.group = K // G if K % G == 0 and torch.equal(qw.g_idx, torch.arange(K) // (K // G)) else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = (self.values.float() * self.scale[:, self.g_idx]).to(x.dtype)  # [N, K]
-        return F.linear(x, w, self.bias)
+        N, K = self.out_features, self.in_features
+        if self.group:
+            w = (self.values.float().view(N, -1, self.group) * self.scale[:, :, None]).view(N, K)
+        else:
+            w = self.values.float() * self.scale[:, self.g_idx]
+        return F.linear(x, w.to(x.dtype), self.bias)  # w [N, K]
 
 
 class PermutedInput(nn.Module):
