@@ -87,7 +87,7 @@ BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size":
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"mlp_bias": True}, "mlp_bias"),
-    ({"quantization_config": {"quant_method": "awq"}}, r"quantization_config \(awq\)"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, r"quantization_config \(bitsandbytes\)"),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "rope_type 'mrope'"),
     ({"architectures": ["GPT2LMHeadModel"]}, "unsupported architecture 'GPT2LMHeadModel'"),

@@ -40,6 +40,8 @@ from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
 from radixlang_runtime.model.executor.parallel import TPGroup, make_shard
+from radixlang_runtime.model.prequant.linear import swap_linears
+from radixlang_runtime.model.prequant.load import prequant_paths, prequant_tensors
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.pooling import read_pooling_config
 from radixlang_runtime.model.executor.sampler import Sampler
@@ -132,7 +134,7 @@ class ModelRunner:
             memory.tune_malloc()  # step buffers keep their pages between steps (model/executor/memory.py)
         tensors = self._read_config()
         model = self._load_model(tensors)
-        self._plan_paths(model)
+        self._plan_paths(model, tensors)
         self.loras: Optional[LoraRegistry] = None  # every adapter served, which are resident (--max-loaded-loras)
         self.lora = self._load_loras(model) if self.args.enable_lora else None  # model/lora_linear.LoraModel
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
@@ -151,6 +153,8 @@ class ModelRunner:
         args, model_dir, tp = self.args, self.model_dir, self.tp
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl, args.trust_remote_code)
         tensors = SafetensorsDir(model_dir)
+        if cfg.quant is not None:  # a pre-quantized checkpoint: loaded on its exact values (model/prequant/)
+            tensors = prequant_tensors(cfg.quant, tensors, args, tp)
         # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
         # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
         self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
@@ -191,12 +195,16 @@ class ModelRunner:
             self.args = args = args.replace(quantization=quant)
         return model
 
-    def _plan_paths(self, model: torch.nn.Module) -> None:
+    def _plan_paths(self, model: torch.nn.Module, tensors: SafetensorsDir) -> None:
         """Which implementation runs each op on this CPU (self.cpu_paths: packed / int8 / GGUF linears, the C
         norm and attention kernels, the deterministic mode, the fused decode layer), and the model set to it."""
         args, cfg, shard, backend = self.args, self.cfg, self.shard, self.backend
         native = cfg.model_impl == "native"  # transformers' modules: no packed linears, no C norm / decode layer
-        packed = packing_available(self.device, self.dtype) and args.quantization is None and native
+        packed = (packing_available(self.device, self.dtype) and args.quantization is None and native
+                  and cfg.quant is None)
+        if cfg.quant is not None:
+            n = swap_linears(model, tensors.records, dense_tiles_available(self.device, self.dtype))
+            logger.info("%s: %d linears run on the checkpoint's quantized weights", cfg.quant.describe(), n)
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
@@ -210,6 +218,8 @@ class ModelRunner:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
         self.cpu_paths = cpu_ops.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
                                           tiles)
+        if cfg.quant is not None:
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=prequant_paths(cfg.quant, model))
         if args.quantization is not None:
             kernel = f"c:{detect().isa}" if cpu_ops.load() is not None and self.device.type == "cpu" else "torch"
             fmt = "int8" if args.quantization == "int8" else f"gguf {'/'.join(self.gguf_types)} blocks"

