@@ -7,7 +7,9 @@ from the close:
          the server log's "client disconnected" line (server/client_watch.py);
   sched  the scheduler dropped the request and freed its KV: the scheduler log's "aborted by request" line
          (the abort is taken at the start of the scheduler's next step);
-  polled /server_info first reports no running request (adds a poll's round trip through the scheduler).
+  polled /server_info first reports no running request (adds a poll's round trip through the scheduler);
+  step   from the last poll before the close to the abort, per forward step completed in between (one: the abort
+         was taken at the first step boundary, and this is the step in flight; without --busy).
 --busy N keeps N streaming requests decoding beside it (longer steps). Log times have millisecond resolution.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_disconnect.py --tries 5 --busy 4
@@ -56,8 +58,12 @@ def _start(port: int, log) -> subprocess.Popen:
     raise RuntimeError("server did not start")
 
 
+def _stats(url: str) -> dict:
+    return httpx.get(url + "/server_info", timeout=60).json()["stats"]
+
+
 def _running(url: str) -> int:
-    return httpx.get(url + "/server_info", timeout=60).json()["stats"]["num_running_reqs"]
+    return _stats(url)["num_running_reqs"]
 
 
 def _events(log_path: str, after: float) -> dict[str, float]:
@@ -89,16 +95,19 @@ def _try(url: str, path: str, busy: int, log_path: str) -> dict[str, float]:
         assert time.monotonic() - t0 < 120, "the request never ran"
         time.sleep(0.02)
     time.sleep(0.3)
+    s0, t0 = _stats(url)["forward_steps"], time.time()
     closed, closed_mono = time.time(), time.monotonic()
     sock.close()
-    while _running(url) > busy:
+    while (stats := _stats(url))["num_running_reqs"] > busy:
         assert time.monotonic() - closed_mono < 60, "still running after the client left"
         time.sleep(0.02)
     polled = time.monotonic() - closed_mono
+    steps = max(1, stats["forward_steps"] - s0)  # none after the abort: nothing else runs (without --busy)
     time.sleep(0.2)  # the log lines reach the file
     ev = _events(log_path, closed)
+    step = (ev.get("sched", float("nan")) - t0) / steps
     return {"http": ev.get("http", float("nan")) - closed, "sched": ev.get("sched", float("nan")) - closed,
-            "polled": polled}
+            "polled": polled, "step": step}
 
 
 def _busy_stream(url: str, stop: threading.Event) -> None:
@@ -124,11 +133,12 @@ def main() -> None:
     try:
         for t in streams:
             t.start()
-        rows: dict[str, list[float]] = {"http": [], "sched": [], "polled": []}
+        rows: dict[str, list[float]] = {"http": [], "sched": [], "polled": [], "step": []}
         for path in BODIES:
             for _ in range(args.tries):
                 r = _try(url, path, args.busy, log.name)
-                print(f"{path:22s} http {r['http']:.3f} s  sched {r['sched']:.3f} s  polled {r['polled']:.3f} s",
+                print(f"{path:22s} http {r['http']:.3f} s  sched {r['sched']:.3f} s  polled {r['polled']:.3f} s  "
+                      f"step {r['step']:.3f} s",
                       flush=True)
                 for k in rows:
                     rows[k].append(r[k])

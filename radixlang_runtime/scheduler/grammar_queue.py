@@ -6,7 +6,10 @@ request waits in `pending` until `poll` finds it ready (it then joins the schedu
 with a GrammarState) or failed (it ends with a 400-class error naming the problem). Other requests
 keep running meanwhile.
 
-After every sampled token the scheduler calls `advance`; with jump-forward on, `draft` returns the
+After every sampled token the scheduler calls `advance`, then `prefetch`: the next state's mask computes on the
+step guard's thread, and `collect` tells when it is ready (scheduler/mask_gate.py holds the request until
+then). The first mask computes the same way while the request is still `pending` here after its compile.
+With jump-forward on, `draft` returns the
 tokens the grammar forces next. They ride in the next forward pass as a multi-token extend and are
 verified there (model/sample_step.py): each is kept only if the model, sampling at that position,
 picks it, so the output is what token-by-token decoding gives. Invariants:
