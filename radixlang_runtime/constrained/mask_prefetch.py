@@ -55,11 +55,9 @@ def take_prefetched(grammar: Any, state: int) -> Optional[Any]:
     call = grammar.pending_masks.get(state)
     if call is None:
         return None
-    guard = grammar.guard
-    guard.wait(call, guard.full_wait_s())
-    assert call.finished, "a prefetched grammar call outlived its step timeout"
-    pending = grammar.pending_masks.pop(state)
-    return guard.settle(pending)
+    grammar.guard.wait_out(call)
+    grammar.pending_masks.pop(state, None)
+    return grammar.guard.settle(call)
 
 
 def _store(grammar: Any, state: int, call: GrammarCall) -> None:

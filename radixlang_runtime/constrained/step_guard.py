@@ -212,16 +212,29 @@ class StepGuard:
         """fn(*args) on the executor thread within the deadline; GrammarBudgetExceeded past it."""
         budget: Optional[GrammarBudget] = getattr(_local, "budget", None)
         call = self.submit(grammar, fn, *args, budget=budget)
-        finished = self.wait(call, self.full_wait_s())
-        assert finished, "a grammar call outlived every step timeout ahead of it"
+        self.wait_out(call)
         return self.settle(call)
+
+    def wait_out(self, call: GrammarCall) -> None:
+        """Wait for call's outcome as long as the calls ahead of it may take; a call that has not finished by
+        then (its thread starved of CPU) is abandoned like a call past its step timeout."""
+        if self.wait(call, self.full_wait_s()):
+            return
+        with self._lock:
+            ex = self._executor
+        if ex is not None:
+            with ex.lock:
+                if call.finished:
+                    return
+                ex.retired = True
+        self._abandon(ex, call)
 
     def full_wait_s(self) -> float:
         """Long enough for a call submitted now: every call ahead of it runs at most the step timeout before
         it is abandoned."""
         return self.limits.step_timeout_s * (len(self._open) + 2) + 1.0
 
-    def _abandon(self, ex: _Executor, call: GrammarCall) -> None:
+    def _abandon(self, ex: Optional[_Executor], call: GrammarCall) -> None:
         """ex's thread is stuck in `call`: leave it (it exits after the call), start afresh, fail the call."""
         step = self.limits.step_timeout_s
         msg = f"grammar step exceeded --grammar-step-timeout {step:g} s"
@@ -233,7 +246,8 @@ class StepGuard:
         with self._lock:
             if self._executor is ex:
                 self._executor = None
-            ex.jobs.put(None)
+            if ex is not None:
+                ex.jobs.put(None)
             self.abandoned += 1
             queued = [c for c in self._open if not c.claimed and c is not call]
             self._open = []
