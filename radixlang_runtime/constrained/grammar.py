@@ -24,6 +24,7 @@ import numpy as np
 
 from radixlang_runtime.constrained.compile_index import build_index
 from radixlang_runtime.constrained.lru import LRU
+from radixlang_runtime.constrained.mask_prefetch import take_prefetched
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
 
@@ -72,6 +73,7 @@ class CompiledGrammar:
         self.broken: Optional[str] = None  # set when a lookup was abandoned (never, for an outlines index)
         self.initial_state: int = index.get_initial_state()
         self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
+        self.pending_masks: dict[int, Any] = {}  # state -> its allowed set's call under way (mask_prefetch.py)
         self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)  # jump_forward.py's per-state results
         # jump_forward.draft_tokens: state -> the token the model chose there when it rejected a draft
         self.draft_prefs: LRU[int, int] = LRU(FORCED_CACHE_ENTRIES)
@@ -86,10 +88,22 @@ class CompiledGrammar:
     def allowed(self, state: int) -> AllowedSet:
         a = self._allowed.get(state)
         if a is None:
-            fn = self._compute_allowed
-            a = fn(state) if self.guard is None else self.guard.run(self, fn, state)
+            a = take_prefetched(self, state) if self.pending_masks else None  # under way: mask_prefetch.py
+            if a is None:
+                fn = self._compute_allowed
+                a = fn(state) if self.guard is None else self.guard.run(self, fn, state)
             self._allowed.put(state, a, allowed_weight(a))
         return a
+
+    def compute_allowed(self, state: int) -> AllowedSet:
+        """The allowed set of `state`, computed now (mask_prefetch.py runs it on the step guard's thread)."""
+        return self._compute_allowed(state)
+
+    def cached_allowed(self, state: int) -> Optional[AllowedSet]:
+        return self._allowed.get(state)
+
+    def store_allowed(self, state: int, a: AllowedSet) -> None:
+        self._allowed.put(state, a, allowed_weight(a))
 
     @property
     def nbytes(self) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 from radixlang_runtime.constrained.grammar import (ALLOWED_CACHE_BYTES, FORCED_CACHE_ENTRIES, AllowedSet,
                                                    allowed_weight, walk)
 from radixlang_runtime.constrained.lru import LRU
+from radixlang_runtime.constrained.mask_prefetch import take_prefetched
 from radixlang_runtime.constrained.spec import GrammarSpec
 from radixlang_runtime.constrained.vocab import TokenVocab
 
@@ -70,6 +71,7 @@ class MatcherGrammar:
         self._children: dict[tuple[int, int], int] = {}
         self._pos = 0  # the node the matcher stands at
         self._allowed: LRU[int, AllowedSet] = LRU(1 << 30, ALLOWED_CACHE_BYTES)
+        self.pending_masks: dict[int, Any] = {}  # state -> its allowed set's call under way (mask_prefetch.py)
         self._forced_prefix: LRU[int, bytes] = LRU(FORCED_CACHE_ENTRIES)
         self.forced_cache: LRU[int, Any] = LRU(FORCED_CACHE_ENTRIES)
         self.draft_prefs: LRU[bytes, int] = LRU(FORCED_CACHE_ENTRIES)  # keyed by forced bytes (jump_forward.pref_key)
@@ -132,9 +134,21 @@ class MatcherGrammar:
     def allowed(self, state: int) -> AllowedSet:
         a = self._allowed.get(state)
         if a is None:
-            a = self._guarded(self._compute_allowed, state)
+            a = take_prefetched(self, state) if self.pending_masks else None  # under way: mask_prefetch.py
+            if a is None:
+                a = self._guarded(self._compute_allowed, state)
             self._allowed.put(state, a, allowed_weight(a))
         return a
+
+    def compute_allowed(self, state: int) -> AllowedSet:
+        """The allowed set of `state`, computed now (mask_prefetch.py runs it on the step guard's thread)."""
+        return self._compute_allowed(state)
+
+    def cached_allowed(self, state: int) -> Optional[AllowedSet]:
+        return self._allowed.get(state)
+
+    def store_allowed(self, state: int, a: AllowedSet) -> None:
+        self._allowed.put(state, a, allowed_weight(a))
 
     @property
     def nbytes(self) -> int:

@@ -6,7 +6,10 @@ request waits in `pending` until `poll` finds it ready (it then joins the schedu
 with a GrammarState) or failed (it ends with a 400-class error naming the problem). Other requests
 keep running meanwhile.
 
-After every sampled token the scheduler calls `advance`; with jump-forward on, `draft` returns the
+After every sampled token the scheduler calls `advance`, then `prefetch`: the next state's mask computes on the
+step guard's thread, and `collect` tells when it is ready (scheduler/mask_gate.py holds the request until
+then). The first mask computes the same way while the request is still `pending` here after its compile.
+With jump-forward on, `draft` returns the
 tokens the grammar forces next. They ride in the next forward pass as a multi-token extend and are
 verified there (model/executor/sample_step.py): each is kept only if the model, sampling at that position,
 picks it, so the output is what token-by-token decoding gives. Invariants:
@@ -61,25 +64,29 @@ class GrammarQueue:
         self.pending.append(req)
 
     def poll(self) -> tuple[list[Req], list[Req]]:
-        """(requests whose grammar is ready: GrammarState attached; requests whose grammar failed: error
-        set). Never blocks."""
+        """(requests whose grammar is ready and whose first mask is computed: GrammarState attached; requests
+        whose grammar failed: error set). Never blocks: the first mask is computed on the step guard's thread
+        (mask_prefetch.py) while the request waits here, under the step budget (not inside a forward pass)."""
         from radixlang_runtime.constrained.state import GrammarState
         from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded
 
         ready, failed, still = [], [], []
         for req in self.pending:
             h = req.grammar_handle
-            status = h.poll()
+            status = "ready" if h is None else h.poll()  # None: compiled, its first mask under way
             if status == "pending":
                 still.append(req)
                 continue
             req.grammar_handle = None
             if status == "ready":
-                sp = req.sampling
-                finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.end_ids))
-                req.grammar = GrammarState(h.grammar, finish, budget=self.compiler.guard.new_budget())
+                if req.grammar is None:
+                    sp = req.sampling
+                    finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.end_ids))
+                    req.grammar = GrammarState(h.grammar, finish, budget=self.compiler.guard.new_budget())
                 try:
-                    req.grammar.allowed()  # the first mask, under the step budget (not inside the forward pass)
+                    if not self.collect(req, 0.0):
+                        still.append(req)
+                        continue
                 except GrammarBudgetExceeded as e:
                     req.error, req.error_status = f"grammar error: {e}", GRAMMAR_ERROR_STATUS
                     failed.append(req)
@@ -90,6 +97,21 @@ class GrammarQueue:
                 failed.append(req)
         self.pending = still
         return ready, failed
+
+    @staticmethod
+    def prefetch(req: Req) -> None:
+        """Start computing the mask of the state the request's grammar stands at (mask_prefetch.py)."""
+        from radixlang_runtime.constrained.mask_prefetch import prefetch
+
+        prefetch(req.grammar)
+
+    @staticmethod
+    def collect(req: Req, timeout: float) -> bool:
+        """True once the mask of the request's grammar state is cached (waits up to timeout s for it);
+        GrammarBudgetExceeded past the request's limits."""
+        from radixlang_runtime.constrained.mask_prefetch import collect
+
+        return collect(req.grammar, timeout)
 
     def remove(self, rid_set: set[str]) -> list[Req]:
         gone = [r for r in self.pending if r.rid in rid_set]

@@ -53,6 +53,7 @@ class Req:
     forced_tokens: int = 0  # output tokens jump-forward supplied (verified drafts)
     draft: list[int] = field(default_factory=list)  # jump-forward tokens to verify in the next step
     draft_states: list[Any] = field(default_factory=list)  # GrammarState before each draft token, then after all
+    mask_pending: bool = False  # its next mask still computes: it sits out decode steps (scheduler/mask_gate.py)
     forward_passes: int = 0  # forward steps this request took part in
     # --- n-gram speculation (speculative/drafter.py; req.draft holds its draft, draft_states stays empty) ---
     spec_index: Any = None  # NgramIndex, built at the first draft

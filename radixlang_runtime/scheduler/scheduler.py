@@ -28,6 +28,7 @@ from radixlang_runtime.speculative.drafter import NgramDrafter
 from radixlang_runtime.speculative.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.mask_gate import IDLE_MASK_WAIT_S, LATE_MASK_WAIT, MaskGate
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.stop_check import check_finished
 
@@ -63,6 +64,7 @@ class Scheduler:
         if isinstance(drafter, NgramDrafter) and drafter.corpus is None:
             drafter.corpus = kv.radix if kv.radix.shares else None  # NGRAM: cached text as a draft corpus
         self.grammar = grammar  # None: constrained requests are refused before they get here
+        self.masks = MaskGate(grammar, self.drafts)  # constrained requests wait for their next mask there
         self.runner = runner
         self.kv = kv
         self.allocator = kv.allocator
@@ -144,15 +146,22 @@ class Scheduler:
         exactly the batch's requests: each gets `error` set, an abort finish reason and its KV freed
         (not cached: the slots may hold garbage); requests outside the batch go on next step."""
         touched = self._process_aborts()
+        self.masks.take_held()  # left over from a failed step (its requests ended)
         if self.grammar_pending:
             touched += self._poll_grammars()
         if self.pd is not None:
             touched += self._poll_disagg()
+        late = [r for r in self.running if r.mask_pending]
+        if late:  # masks that finished since: those requests rejoin this step
+            touched += self._settle_masks(late, time.monotonic())
         batch = self.get_next_batch_to_run()
         if self._failed_at_admission:
             touched += self._failed_at_admission
             self._failed_at_admission = []
         if batch is None:
+            if any(r.mask_pending for r in self.running):  # only masks to wait for: wait a little, no spin
+                touched += self._settle_masks([r for r in self.running if r.mask_pending],
+                                              time.monotonic() + IDLE_MASK_WAIT_S)
             return touched
         try:
             began, began_cpu = time.perf_counter(), time.process_time()
@@ -161,6 +170,7 @@ class Scheduler:
                     batch.reqs, batch.prefix_lens, [len(x) for x in batch.extend_ids], batch.decode_from,
                     self.cfg.page_size)
             result = self.runner.forward(batch.model_batch())
+            forward_s = time.perf_counter() - began
             if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
                 self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
             self.forward_steps += 1
@@ -168,6 +178,8 @@ class Scheduler:
                 r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
             touched += self._process_batch_result(batch, result)
+            # the next masks computed meanwhile: wait a fraction of the forward for the late ones (mask_gate.py)
+            self._settle_masks(self.masks.take_held(), time.monotonic() + LATE_MASK_WAIT * forward_s)
             self.drafts.note_step(batch.batch_size, batch.num_tokens, batch.decode_from == 0,
                                   time.perf_counter() - began, time.process_time() - began_cpu)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail
@@ -191,7 +203,7 @@ class Scheduler:
                     self._mix_in_decode(batch)
                 return batch
         self._decode_owed = False
-        if self.running:
+        if any(not r.mask_pending for r in self.running):
             return self._get_decode_batch()
         return None
 
@@ -199,22 +211,23 @@ class Scheduler:
         """Append every running request's decode step to a prefill batch, when its slots are free now
         (otherwise they decode next step, where retract_decode can make room)."""
         self.drafts.gate(self.running)
-        need = sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
-        if need > self.kv.available_size():
+        ready = [r for r in self.running if not r.mask_pending]  # the others wait for their mask (mask_gate.py)
+        need = sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in ready)
+        if not ready or need > self.kv.available_size():
             return
-        if batch.draft_lens or any(r.draft for r in self.running):
-            batch.draft_lens = (batch.draft_lens or [0] * len(batch.reqs)) + [len(r.draft) for r in self.running]
+        if batch.draft_lens or any(r.draft for r in ready):
+            batch.draft_lens = (batch.draft_lens or [0] * len(batch.reqs)) + [len(r.draft) for r in ready]
         self.kv.ensure_free(need)
         batch.phase = "mixed"
         first = len(batch.reqs)
-        for r in self.running:
+        for r in ready:
             batch.reqs.append(r)
             batch.prefix_lens.append(r.kv_len)
             ids = pending_ids(r) + r.draft
             batch.extend_ids.append(ids)
             batch.out_locs.append(self.kv.alloc(r, len(ids)))
             batch.sample.append(True)
-        batch.rewrite_rows += [first + i for i in take_dirty_rows(self.running)]
+        batch.rewrite_rows += [first + i for i in take_dirty_rows(ready)]
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
@@ -227,7 +240,7 @@ class Scheduler:
     def _get_decode_batch(self) -> ScheduleBatch:
         self.drafts.gate(self.running)
         self._ensure_decode_memory()
-        reqs = list(self.running)
+        reqs = [r for r in self.running if not r.mask_pending]  # the others wait for their mask (mask_gate.py)
         prefix_lens = [r.kv_len for r in reqs]
         extend_ids = [pending_ids(r) + r.draft for r in reqs]  # the last sampled token (+ a draft to verify)
         self.kv.ensure_free(sum(self.allocator.slots_needed(r.kv_len, len(x)) for r, x in zip(reqs, extend_ids)))
@@ -337,9 +350,20 @@ class Scheduler:
             # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
         self._check_finished(req)
-        if req.grammar is not None and not req.finished and req.grammar.must_finish:
-            req.finish({"type": "stop", "matched": None})  # complete, nothing may follow: no more passes
+        if req.grammar is not None and not req.finished:
+            self.grammar.prefetch(req)  # the next mask computes on the guard's thread from now on
+            self.masks.hold(req)  # its must-finish check and draft once the mask is known (mask_gate.py)
+            return
         self.drafts.propose(req, len(self.running))
+
+    def _settle_masks(self, reqs: list[Req], until: float) -> list[Req]:
+        """MaskGate.settle; the requests it ended leave `running` with their slots released."""
+        ended = self.masks.settle(reqs, until, len(self.running))
+        for req in ended:
+            if req in self.running:
+                self.running.remove(req)
+                self._release(req)
+        return ended
 
     def _poll_disagg(self) -> list[Req]:
         """PD: requests the role ended (released already), and on a decode server those whose K/V and first
@@ -353,6 +377,7 @@ class Scheduler:
             else:
                 self.kv.cache_unfinished(req)
                 self.running.append(req)
+        self._settle_masks(self.masks.take_held(), time.monotonic())
         return ended + ready
 
     def _poll_grammars(self) -> list[Req]:
@@ -403,6 +428,8 @@ class Scheduler:
                 self.chunked_req = None
             self._release(req)
             req.finish({"type": "abort", "message": "aborted by request"})
+        if aborted:  # benchmarks/bench_disconnect.py reads the time
+            logger.debug("aborted by request: %s", " ".join(r.rid for r in aborted))
         self._to_abort.clear()
         return aborted
 

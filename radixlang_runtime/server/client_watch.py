@@ -53,6 +53,7 @@ async def unless_client_gone(request: Request, answer: Awaitable[T],
             if not t.done():
                 t.cancel()
         await asyncio.gather(watch, task, return_exceptions=True)
+    logger.debug("client disconnected: request cancelled")  # benchmarks/bench_disconnect.py reads the time
     if on_gone is not None:
         on_gone()
     raise ClientGone("the client closed the connection before the answer; the request was aborted")
