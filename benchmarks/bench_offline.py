@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--random-dir", default="/tmp/radixlang-random-models")
     ap.add_argument("--json", default=None, help="also write the raw numbers here")
     ap.add_argument("--dtype", default="auto",
-                    help="radixlang's dtype (auto: chosen per CPU, see runner.resolve_dtype)")
+                    help="radixlang's dtype (auto: chosen per CPU, see executor/device.resolve_dtype)")
     ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")

@@ -1,6 +1,6 @@
 """GGUF block linears on CPU (gemv_kquant.c) against the dequantized float path, per block type.
 
-For each type of cpu_ops.GGUF_TYPES: a [N, K] weight as the file's blocks (random valid blocks), x [M, K]
+For each type of quant_ops.GGUF_TYPES: a [N, K] weight as the file's blocks (random valid blocks), x [M, K]
 bf16. Timed (the fastest of --reps calls, after warm-up): gguf_kq_gemv on the blocks (int8 activations);
 torch F.linear on the dequantized weight in bf16 and in float32 (what --quantization none holds); and the
 larger-batch path (M = 64: gguf_dequant_rows tiles + GEMM, gguf_block_linear.GGUFBlockLinear). Reported: ms per
@@ -32,7 +32,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from radixlang_kernels import cpu_ops
+    from radixlang_kernels import cpu_ops, quant_ops
     from radixlang_kernels.cpu_caps import detect
     from radixlang_kernels.testing import random_gguf_blocks
     from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--m", type=int, default=1)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--types", default=",".join(cpu_ops.GGUF_TYPES))
+    p.add_argument("--types", default=",".join(quant_ops.GGUF_TYPES))
     a = p.parse_args()
     if cpu_ops.load() is None:
         print("no C kernel library (no compiler): nothing to measure")
@@ -53,10 +53,10 @@ def main() -> None:
     x64 = torch.randn(64, K).to(torch.bfloat16)
     for fmt in a.types.split(","):
         blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.02, np.random.default_rng(0)))
-        w32 = cpu_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32)
+        w32 = quant_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32)
         w16 = w32.to(torch.bfloat16)
         x32 = x.float()
-        kq = _ms(lambda: cpu_ops.gguf_kq_gemv(x, blocks, fmt), a.reps)
+        kq = _ms(lambda: quant_ops.gguf_kq_gemv(x, blocks, fmt), a.reps)
         d16 = _ms(lambda: F.linear(x, w16), a.reps)
         d32 = _ms(lambda: F.linear(x32, w32), a.reps)
         lin = GGUFBlockLinear([(blocks, fmt)], K, None, torch.bfloat16)

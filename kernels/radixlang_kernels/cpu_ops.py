@@ -8,10 +8,9 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
   (`shared_prefix`: query rows of a group over its shared positions, with log-sum-exp), and decode rows
   through the extend kernel; both decode and extend take that part's result as a prior to merge;
 - add_rms_norm, silu_mul (norm_act.c); rope_store (rope_store.c);
-- qlinear_int8, gguf_gemv (gemv.c + gemv_impl.h), gguf_q8_gemv, int8_q8_gemv (gemv_q8.c), dense_gemv
-  (gemv_dense.c): weight-streaming linears for decode-sized batches, with the weight layouts they read;
+- dense_gemv (gemv_dense.c): weight-streaming linears for decode-sized batches, with the tiles they read
+  (the quantized ones: quant_ops.py);
 - lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
-- gguf_kq_gemv (gemv_kquant.c), gguf_dequant_rows (gguf_dequant.c): every GGUF block type on the file's rows;
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -44,6 +43,11 @@ def load() -> Optional[OpTable]:
     if not _tried:
         _tried = True
         _lib = build_library(detect())
+    return _lib
+
+
+def loaded() -> Optional[OpTable]:
+    """The library if load() has built it, else None (a call that may not build it)."""
     return _lib
 
 
@@ -112,7 +116,7 @@ def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int
     return CpuPaths(decode, extend, norm_act, norm_act, linear)
 
 
-def _check(rc: int, name: str) -> None:
+def check_status(rc: int, name: str) -> None:
     if rc != 0:  # -1: limits (plan() never chooses such a batch); -2: out of memory
         raise RuntimeError(f"CPU kernel {name} failed with code {rc}")
 
@@ -160,7 +164,7 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, re
         req_rows.data_ptr(), seq_lens.data_ptr(), opt_ptr(k_begin), opt_ptr(po), opt_ptr(pl),
         B, H, hkv, D, N, req_to_token.shape[1], scale, out.data_ptr(),
     )
-    _check(rc, name)
+    check_status(rc, name)
     return out
 
 
@@ -177,7 +181,7 @@ def mla_decode(q: torch.Tensor, pool: torch.Tensor, req_to_token: torch.Tensor, 
     rc = getattr(_lib, name)(q.data_ptr(), pool.data_ptr(), req_to_token.data_ptr(), req_rows.data_ptr(),
                              seq_lens.data_ptr(), B, H, latent_dim, E - latent_dim, pool.shape[0],
                              req_to_token.shape[1], scale, out.data_ptr())
-    _check(rc, name)
+    check_status(rc, name)
     return out
 
 
@@ -214,144 +218,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, two_i // 2, dtype=gate_up.dtype)
     fn = _lib.silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else _lib.silu_mul_f32
     fn(gate_up.contiguous().data_ptr(), out.data_ptr(), T, two_i // 2)
-    return out
-
-
-QLINEAR_MAX_M = 16  # gemv.c's limit: larger batches run a GEMM
-
-
-def _gemv(name: str, x: torch.Tensor, n_out: int, lib: Optional[OpTable], *ptrs: Any) -> Optional[torch.Tensor]:
-    """Call gemv.c's `name`_{bf16,f32}(x, *ptrs, out, M, K, N): out [M, n_out] like x, or None when the
-    library is not loaded, x's dtype has no entry point or M > QLINEAR_MAX_M (the caller's GEMM runs)."""
-    lib = lib or _lib
-    M, K = x.shape
-    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    x = x.contiguous()
-    out = torch.empty(M, n_out, dtype=x.dtype)
-    fn = getattr(lib, f"{name}_{'bf16' if x.dtype == torch.bfloat16 else 'f32'}")
-    _check(fn(x.data_ptr(), *ptrs, out.data_ptr(), M, K, n_out), name)
-    return out
-
-
-def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optional[torch.Tensor]:
-    """x [M, K] bf16 / float32, w [N, K] int8, scale [N] float32 -> x @ (w * scale).T [M, N] like x;
-    None when the library is not loaded or M > QLINEAR_MAX_M (the caller's torch path runs)."""
-    return _gemv("qlinear_int8", x, w.shape[0], None, w.data_ptr(), scale.data_ptr())
-
-
-GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type number, bytes per 32 weights)
-
-
-def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
-              lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
-    """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
-    x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
-    return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
-
-
-Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
-
-
-def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
-    """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) -> gemv_q8.c's tiles
-    [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1): the same
-    scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are zeros)."""
-    _, nbytes = GGUF_BLOCK_FORMATS[fmt]
-    N = blocks.shape[0]
-    nb = blocks.shape[1] // nbytes
-    nt, pairs = -(-N // Q8_TILE_ROWS), -(-nb // 2)
-    b = torch.zeros(nt * Q8_TILE_ROWS, pairs * 2, nbytes, dtype=torch.uint8)
-    b[:N, :nb] = blocks.reshape(N, nb, nbytes)
-    b = b.view(nt, Q8_TILE_ROWS, pairs, 2, nbytes).permute(0, 2, 1, 3, 4)  # [tile, pair, row, block, bytes]
-    if fmt == "Q8_0":
-        parts = [b[..., :2], b[..., 2:]]  # dw [4][2] fp16, then each row's 2 blocks of int8
-    else:  # dw, mw, then byte i = qw_b0[i] | qw_b1[i] << 4 (the file: byte j = qw[j] | qw[j + 16] << 4)
-        qs = b[..., 4:]
-        q = torch.cat([qs & 15, qs >> 4], dim=-1)  # [..., block, 32] weights in order
-        parts = [b[..., :2], b[..., 2:4], (q[..., 0, :] | (q[..., 1, :] << 4)).unsqueeze(-2)]
-    return torch.cat([p.reshape(nt, pairs, -1) for p in parts], dim=-1).contiguous()
-
-
-def int8_q8_tiles(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] int8 (K % 32 == 0) -> gemv_q8.c's INT8 tiles [ceil(N / 4), ceil(K / 64), 256] uint8: each
-    step 4 rows x 64 values (padding zeros)."""
-    N, K = q.shape
-    nt, pairs = -(-N // Q8_TILE_ROWS), -(-K // 64)
-    t = torch.zeros(nt * Q8_TILE_ROWS, pairs * 64, dtype=torch.int8)
-    t[:N, :K] = q
-    return t.view(nt, Q8_TILE_ROWS, pairs, 64).permute(0, 2, 1, 3).reshape(nt, pairs, -1).view(torch.uint8).contiguous()
-
-
-def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: int,
-             out_dtype: Optional[torch.dtype], lib: Optional[OpTable]) -> Optional[torch.Tensor]:
-    lib = lib or _lib
-    M, K = x.shape
-    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    x = x.contiguous()
-    out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
-    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(), arg, out.data_ptr(),
-                            int(out.dtype == torch.bfloat16), M, K, n_out)
-    _check(rc, name)
-    return out
-
-
-def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
-    """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
-    gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
-    M > QLINEAR_MAX_M (the caller's GEMM runs)."""
-    return _q8_call("gguf_q8_gemv", x, tiles, GGUF_BLOCK_FORMATS[fmt][0], n_out, out_dtype, lib)
-
-
-def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
-    """The same on int8_q8_tiles(Q) with row scales scale [N] float32: x @ (Q * scale).T."""
-    return _q8_call("int8_q8_gemv", x, tiles, scale.data_ptr(), scale.shape[0], out_dtype, lib)
-
-
-# gemv_kquant.c / gguf_dequant.c's block types: name -> (ggml type number, weights per block, bytes per block)
-GGUF_TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
-              "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
-              "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136)}
-KQ_MAX_M = 16  # gemv_kquant.c's limit: larger batches dequantize tiles (gguf_dequant_rows) for a GEMM
-
-
-def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[OpTable] = None, exact: bool = False) -> Optional[torch.Tensor]:
-    """gemv_kquant.c: x [M, K] bf16 / float32, quantized to int8 per block (q8_K / q8_0), @ W.T with W
-    given as the file's rows blocks [N, K / QK * bytes] uint8 of GGUF_TYPES[fmt] -> [M, N] (out_dtype,
-    default x's); exact: gguf_dequant_gemv instead (float32 sums over the exact dequantized values, x as
-    given). None when the library is not loaded or M > KQ_MAX_M (the caller's tiles run)."""
-    lib = lib or _lib
-    M, K = x.shape
-    if lib is None or M == 0 or M > KQ_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    x = x.contiguous()
-    out = torch.empty(M, blocks.shape[0], dtype=out_dtype or x.dtype)
-    name = "gguf_dequant_gemv" if exact else "gguf_kq_gemv"
-    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
-                            out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, blocks.shape[0])
-    _check(rc, name)
-    return out
-
-
-def gguf_dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,
-                      row0: int = 0, n_rows: Optional[int] = None,
-                      lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
-    """gguf_dequant.c: rows `rows` [R] int64 (else row0 .. row0 + n_rows) of blocks [N, row bytes] uint8 ->
-    [R, K] dtype (bf16 / float32), the values gguf.quants.dequantize gives; None without the library."""
-    lib = lib or _lib
-    if lib is None or dtype not in (torch.bfloat16, torch.float32):
-        return None
-    if rows is not None:
-        rows = rows.to(torch.int64).contiguous()
-    R = rows.shape[0] if rows is not None else (blocks.shape[0] - row0 if n_rows is None else n_rows)
-    out = torch.empty(R, K, dtype=dtype)
-    rc = lib.gguf_dequant_rows(blocks.data_ptr(), GGUF_TYPES[fmt][0], K, opt_ptr(rows), row0, R, out.data_ptr(),
-                               int(dtype == torch.bfloat16))
-    _check(rc, "gguf_dequant_rows")
     return out
 
 
@@ -402,7 +268,7 @@ def dense_gemv(x: torch.Tensor, tiles: torch.Tensor, n_out: int, bias: Optional[
     else:
         name = "dense_gemv_f32"
     rc = getattr(lib, name)(x.data_ptr(), x.stride(0), tiles.data_ptr(), opt_ptr(bias), out.data_ptr(), M, K, n_out)
-    _check(rc, name)
+    check_status(rc, name)
     return out
 
 
@@ -435,7 +301,7 @@ def _extend_call(q: torch.Tensor, kv: Optional[tuple], starts: torch.Tensor, len
                              0 if v is None else v.stride(0), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
                              H, hkv, D, scale, out.data_ptr(), *pool_args, opt_ptr(q_index), opt_ptr(lse_out),
                              opt_ptr(po), opt_ptr(pl), window)
-    _check(rc, name)
+    check_status(rc, name)
 
 
 def extend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
@@ -535,7 +401,7 @@ def lora_shrink(x: torch.Tensor, rows: torch.Tensor, seg_starts: torch.Tensor, a
     name = "lora_shrink_bf16" if x.dtype == torch.bfloat16 else "lora_shrink_f32"
     rc = getattr(_lib, name)(x.data_ptr(), x.stride(0), rows.data_ptr(), seg_starts.data_ptr(), ranks.shape[0],
                               a_ptrs, ranks.data_ptr(), x.shape[1], t.data_ptr(), t.stride(0))
-    _check(rc, name)
+    check_status(rc, name)
 
 
 def lora_expand(t: torch.Tensor, rows: torch.Tensor, seg_starts: torch.Tensor, tasks: torch.Tensor, b_ptrs: Any,
@@ -546,4 +412,4 @@ def lora_expand(t: torch.Tensor, rows: torch.Tensor, seg_starts: torch.Tensor, t
     name = "lora_expand_bf16" if y.dtype == torch.bfloat16 else "lora_expand_f32"
     rc = getattr(_lib, name)(t.data_ptr(), t.stride(0), rows.data_ptr(), seg_starts.data_ptr(), tasks.data_ptr(),
                               tasks.shape[0], b_ptrs, y.data_ptr(), y.stride(0))
-    _check(rc, name)
+    check_status(rc, name)

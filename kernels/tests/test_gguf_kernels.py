@@ -14,12 +14,12 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_kernels.cpu_caps import detect
 from radixlang_kernels.testing import isas, random_gguf_blocks, use_isa_library
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: torch fallback in use")
-TYPES = list(cpu_ops.GGUF_TYPES)
+TYPES = list(quant_ops.GGUF_TYPES)
 
 
 @pytest.fixture(params=isas())
@@ -28,7 +28,7 @@ def isa(request, monkeypatch):
 
 
 def _case(fmt: str, N: int, seed: int = 0):
-    _, qk, _ = cpu_ops.GGUF_TYPES[fmt]
+    _, qk, _ = quant_ops.GGUF_TYPES[fmt]
     K = 512 if qk == 256 else 352  # two chunks of 256 / eleven blocks of 32 (a short last chunk)
     blocks = random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(seed))
     w = dequantize(blocks, GGMLQuantizationType[fmt]).astype(np.float32)  # [N, K]
@@ -54,14 +54,14 @@ def test_kq_gemv_within_activation_rounding(isa, fmt):
             x = torch.from_numpy(rng.normal(0, 1, (M, K)).astype(np.float32)).to(dtype)
             xf = x.float().numpy()
             ref = xf @ w.T
-            out = cpu_ops.gguf_kq_gemv(x, blocks, fmt, out_dtype=torch.float32)
+            out = quant_ops.gguf_kq_gemv(x, blocks, fmt, out_dtype=torch.float32)
             assert out is not None and out.shape == (M, 37)
             err = np.abs(out.numpy() - ref)
             assert (err <= _bound(xf, w, qk)).all(), (fmt, M, dtype, float(err.max()))
             # llama.cpp's own yardstick (test-quantize-fns: |dot - ref| / K below 0.02)
             assert float(err.max()) / K < 0.02
             assert float(np.abs(ref).max()) > 10 * float(err.max())  # the check has teeth
-            out_bf16 = cpu_ops.gguf_kq_gemv(x, blocks, fmt)
+            out_bf16 = quant_ops.gguf_kq_gemv(x, blocks, fmt)
             assert out_bf16.dtype == dtype
             torch.testing.assert_close(out_bf16.float(), out.to(dtype).float(), rtol=0, atol=0)
 
@@ -73,7 +73,7 @@ def test_exact_gemv_sums_the_dequantized_values(isa, fmt):
     rng = np.random.default_rng(5)
     for M in (1, 5):
         x = rng.normal(0, 1, (M, K)).astype(np.float32)
-        out = cpu_ops.gguf_kq_gemv(torch.from_numpy(x), blocks, fmt, exact=True)
+        out = quant_ops.gguf_kq_gemv(torch.from_numpy(x), blocks, fmt, exact=True)
         ref = (x.astype(np.float64) @ w.T.astype(np.float64))
         slack = 1e-6 * (np.abs(x) @ np.abs(w).T) + 1e-7  # float32 rounding of K products and sums
         assert (np.abs(out.numpy() - ref) <= slack).all(), fmt
@@ -82,22 +82,22 @@ def test_exact_gemv_sums_the_dequantized_values(isa, fmt):
 @pytest.mark.parametrize("fmt", TYPES)
 def test_dequant_rows_bitwise_equal_to_gguf(isa, fmt):
     blocks, w, K, _ = _case(fmt, N=21, seed=2)
-    full = cpu_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32)
+    full = quant_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32)
     assert np.array_equal(full.numpy(), w)
     rows = torch.tensor([20, 0, 7, 7], dtype=torch.int64)
-    picked = cpu_ops.gguf_dequant_rows(blocks, fmt, K, torch.bfloat16, rows=rows)
+    picked = quant_ops.gguf_dequant_rows(blocks, fmt, K, torch.bfloat16, rows=rows)
     torch.testing.assert_close(picked, torch.from_numpy(w)[rows].to(torch.bfloat16), rtol=0, atol=0)
-    tile = cpu_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32, row0=5, n_rows=9)
+    tile = quant_ops.gguf_dequant_rows(blocks, fmt, K, torch.float32, row0=5, n_rows=9)
     assert np.array_equal(tile.numpy(), w[5:14])
 
 
 def test_kq_gemv_limits(isa):
     blocks, _, K, _ = _case("Q4_K", N=8)
-    assert cpu_ops.gguf_kq_gemv(torch.zeros(cpu_ops.KQ_MAX_M + 1, K), blocks, "Q4_K") is None
+    assert quant_ops.gguf_kq_gemv(torch.zeros(quant_ops.KQ_MAX_M + 1, K), blocks, "Q4_K") is None
     lib = cpu_ops.load() if cpu_ops._lib is None else cpu_ops._lib
     out = torch.empty(1, 8)
     x = torch.zeros(1, K)
     assert lib.gguf_kq_gemv(x.data_ptr(), 0, blocks.data_ptr(), 16, out.data_ptr(), 0, 1, K, 8) == -1  # IQ2_XXS
     assert lib.gguf_kq_gemv(x.data_ptr(), 0, blocks.data_ptr(), 12, out.data_ptr(), 0, 1, 200, 8) == -1  # K % 256
-    zero = cpu_ops.gguf_kq_gemv(x, blocks, "Q4_K")
+    zero = quant_ops.gguf_kq_gemv(x, blocks, "Q4_K")
     assert torch.equal(zero, torch.zeros(1, 8))

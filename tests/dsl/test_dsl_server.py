@@ -108,7 +108,7 @@ def _batch_prefill(link, batch: list, num_threads: int) -> int:
 def test_a_batch_computes_no_more_prefill_than_one_program_at_a_time(links):
     """Questions that share more than a KV page past the traced prefix: the programs that arrive together
     (ZeroMQ sends them in one burst) compute the shared pages once, as programs run one at a time do, and
-    HTTP computes the same (issue 28: the burst used to compute every shared page once per program)."""
+    HTTP computes the same (the burst once computed every shared page once per program)."""
     long_qs = ["Which river flows through the capital city of France, and what is the river called there?",
                "Which mountain range lies along the northern border of India, and what is its highest peak?"]
     batch = [{"question": q + " " * k} for k in range(3) for q in long_qs]

@@ -1,4 +1,4 @@
-"""The DSL's sampling_params are exactly what the server's one intake parses (issue 28): the field list is
+"""The DSL's sampling_params are exactly what the server's one intake parses: the field list is
 one (radixlang_runtime/protocol/sampling_fields.py), every gen field maps onto it, and the dict the DSL sends is parsed
 by SamplingParams.from_dict to the same values. gen(ebnf=) travels; separate_reasoning splits with the
 runtime's (torch-free) reasoning parser, on the fake backend."""

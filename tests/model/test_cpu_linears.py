@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_kernels.cpu_caps import detect
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: torch fallback in use")
@@ -26,11 +26,11 @@ def test_qlinear_int8_matches_dequantize_then_matmul(isa, dtype, M, K, N):
     assert float(((q.float() * scale[:, None]) - w).abs().max()) <= float(scale.max()) / 2 + 1e-6
     x = torch.randn(M, K, generator=g).to(dtype)
     want = x.float() @ (q.float() * scale[:, None]).T
-    got = cpu_ops.qlinear_int8(x, q, scale)
+    got = quant_ops.qlinear_int8(x, q, scale)
     assert got is not None and got.dtype == dtype and got.shape == (M, N)
     torch.testing.assert_close(got.float(), want, **(dict(rtol=1e-2, atol=2e-2) if dtype == torch.bfloat16
                                                       else dict(rtol=1e-5, atol=1e-4)))
-    assert cpu_ops.qlinear_int8(torch.randn(17, K).to(dtype), q, scale) is None  # above the kernel's M
+    assert quant_ops.qlinear_int8(torch.randn(17, K).to(dtype), q, scale) is None  # above the kernel's M
 
 
 def test_int8_linear_module_both_paths(isa):
@@ -114,11 +114,11 @@ def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
     w = torch.from_numpy(gq.dequantize(blocks, kind).copy())
     x = torch.randn(M, K, generator=g).to(dtype)
     want = x.float() @ w.T
-    got = cpu_ops.gguf_gemv(x, torch.from_numpy(blocks), fmt)
+    got = quant_ops.gguf_gemv(x, torch.from_numpy(blocks), fmt)
     assert got is not None and got.dtype == dtype and got.shape == (M, N)
     torch.testing.assert_close(got.float(), want, **(dict(rtol=1e-2, atol=3e-2) if dtype == torch.bfloat16
                                                       else dict(rtol=1e-5, atol=1e-4)))
-    assert cpu_ops.gguf_gemv(torch.randn(17, K).to(dtype), torch.from_numpy(blocks), fmt) is None
+    assert quant_ops.gguf_gemv(torch.randn(17, K).to(dtype), torch.from_numpy(blocks), fmt) is None
 
 
 def _q8_reference(x: torch.Tensor, blocks, fmt: str):
@@ -178,13 +178,13 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     blocks = gq.quantize(torch.randn(N, K, generator=g).numpy(), getattr(gq.GGMLQuantizationType, fmt))
     x = torch.randn(M, K, generator=g).to(dtype)
     x[0, :32] = 0.0  # an all-zero block: dx = 0
-    tiles = cpu_ops.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
+    tiles = quant_ops.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
     assert tiles.shape == (-(-N // 4), -(-K // 64), 272 if fmt == "Q8_0" else 160)
-    got = cpu_ops.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
+    got = quant_ops.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
     _assert_q8(got, *_q8_reference(x, blocks, fmt))
-    out = cpu_ops.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
+    out = quant_ops.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
     assert out.dtype == dtype and torch.equal(out, got.to(dtype))
-    assert cpu_ops.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
+    assert quant_ops.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -197,11 +197,11 @@ def test_int8_q8_gemv_is_exact_on_quantized_activations(isa, dtype, M, K, N):
     g = torch.Generator().manual_seed(12)
     q, scale = quantize_int8(torch.randn(N, K, generator=g))
     x = torch.randn(M, K, generator=g).to(dtype)
-    tiles = cpu_ops.int8_q8_tiles(q)
+    tiles = quant_ops.int8_q8_tiles(q)
     assert tiles.shape == (-(-N // 4), -(-K // 64), 256)
-    got = cpu_ops.int8_q8_gemv(x, tiles, scale, torch.float32)
+    got = quant_ops.int8_q8_gemv(x, tiles, scale, torch.float32)
     _assert_q8(got, *_q8_reference(x, (q, scale), "int8"))
-    assert torch.equal(cpu_ops.int8_q8_gemv(x, tiles, scale), got.to(dtype))
+    assert torch.equal(quant_ops.int8_q8_gemv(x, tiles, scale), got.to(dtype))
 
 
 def test_gguf_q8_gemv_extreme_quants(isa):
@@ -216,6 +216,6 @@ def test_gguf_q8_gemv_extreme_quants(isa):
     blocks[1, :, 2:] = np.array(-128, dtype=np.int8).view(np.uint8)
     blocks = blocks.reshape(N, -1)
     x = torch.tensor([[-127.0, 127.0] * (K // 2), [127.0] * K, [-127.0] * K], dtype=torch.float32)
-    got = cpu_ops.gguf_q8_gemv(x, cpu_ops.gguf_q8_tiles(torch.from_numpy(blocks), "Q8_0"), "Q8_0", N)
+    got = quant_ops.gguf_q8_gemv(x, quant_ops.gguf_q8_tiles(torch.from_numpy(blocks), "Q8_0"), "Q8_0", N)
     want, _, _ = _q8_reference(x, blocks, "Q8_0")
     assert np.array_equal(got.double().numpy(), want)

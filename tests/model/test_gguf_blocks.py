@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gguf_tiny import blocks_like, convert_tiny, gguf_tensors, write_gguf
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_runtime.model.loader.gguf_convert import cache_key
 from tiny_checkpoints import build_tiny, hf_greedy
 
@@ -111,7 +111,7 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
     calls = []
-    kq = cpu_ops.gguf_kq_gemv
+    kq = quant_ops.gguf_kq_gemv
 
     def counted(x, blocks, fmt, *args, **kwargs):
         calls.append((x.shape[0], fmt))
@@ -198,7 +198,7 @@ def test_large_batches_dequantize_tiles_to_the_exact_product(monkeypatch):
     w = np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts])  # [64, 256]
     bias = torch.randn(64)
     lin = GGUFBlockLinear(parts, 256, bias, torch.float32)
-    x = torch.randn(cpu_ops.KQ_MAX_M + 3, 256)
+    x = torch.randn(quant_ops.KQ_MAX_M + 3, 256)
     monkeypatch.setattr(gguf_block_linear, "TILE_BYTES", 256 * 4 * 16)  # 16 rows a tile
     y = lin(x)
     torch.testing.assert_close(y, x @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
@@ -219,12 +219,12 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
 
     N, K = 13, 32 * 7  # a partial 4-row tile and an odd count of 32-blocks per row
     blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(1)))
-    assert torch.equal(gguf_q8_untiles(cpu_ops.gguf_q8_tiles(blocks, fmt), fmt, N, K), blocks)
+    assert torch.equal(gguf_q8_untiles(quant_ops.gguf_q8_tiles(blocks, fmt), fmt, N, K), blocks)
     if cpu_ops.load() is None:
         return
     w = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[fmt]))  # [N, K]
     lin = GGUFLinear(w.to(torch.bfloat16), None, blocks, fmt)
     assert lin.q8 and lin.dense is None and lin.weight is None
-    x = torch.randn(cpu_ops.QLINEAR_MAX_M + 5, K).to(torch.bfloat16)
+    x = torch.randn(quant_ops.QLINEAR_MAX_M + 5, K).to(torch.bfloat16)
     ref = x @ w.to(torch.bfloat16).T
     torch.testing.assert_close(lin(x), ref, rtol=0, atol=0)

@@ -1,4 +1,4 @@
-"""Liveness on the ZeroMQ link (issue 28): silence counted over the observer's awake time (SilenceClock), and
+"""Liveness on the ZeroMQ link: silence counted over the observer's awake time (SilenceClock), and
 the frontend with fake clients: a slow client that keeps pinging keeps its request through a stall of the
 server's event loop longer than the timeout; a client that goes silent loses its request within the bound."""
 

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_runtime.model.layers.attention.torch_backend import CDecodeMeta
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.gguf_linear import GGUFLinear
@@ -43,7 +43,7 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
     if isinstance(lin, PackedLinear) and lin.tiles is not None:
         return DecodeLinear(0, 0, lin.out_features, lin.in_features, lin.tiles.data_ptr(), None, _ptr(lin.bias))
     if isinstance(lin, GGUFLinear):
-        fmt = cpu_ops.GGUF_BLOCK_FORMATS[lin.fmt][0]
+        fmt = quant_ops.GGUF_BLOCK_FORMATS[lin.fmt][0]
         w = lin.tiles if lin.q8 else lin.blocks
         return DecodeLinear(3 if lin.q8 else 1, fmt, lin.out_features, lin.in_features, w.data_ptr(), None,
                             _ptr(lin.bias))

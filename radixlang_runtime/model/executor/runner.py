@@ -21,7 +21,8 @@ from radixlang_runtime.utils import faults
 from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.mem.state_pool import StatePool, StateShape
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
+from radixlang_runtime.model.executor.device import resolve_device, resolve_dtype
 from radixlang_runtime.model.executor import deterministic, memory
 from radixlang_runtime.model.layers.attention import create_attention_backend
 from radixlang_kernels.cpu_caps import detect
@@ -50,9 +51,6 @@ from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 @dataclass(frozen=True)
 class RunnerSizes:
     """What the scheduler needs to know about the runner's memory."""
@@ -60,27 +58,6 @@ class RunnerSizes:
     num_slots: int
     table_rows: int
     context_len: int
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on GPU and on CPUs with bf16 dot products in hardware (AVX512-BF16 / AMX);
-    float32 on every other CPU: without them oneDNN's bf16 GEMM runs at a fraction of its fp32 rate,
-    so a bf16 model there runs slower than the same model in fp32, whose path (oneDNN-prepacked
-    linears, C norm/activation/attention) also beats transformers' fp32 (figures, on a Xeon and on this
-    project's CPU with AVX512-BF16 masked: docs/PERFORMANCE.md#dtype-per-cpu)."""
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type != "cpu" or detect().native_bf16:
-        return torch.bfloat16
-    return torch.float32
 
 
 @dataclass
@@ -302,7 +279,7 @@ class ModelRunner:
         return self.loras.register(name, path, set(busy))
 
     def _gguf_blocks(self, args: ServerArgs) -> dict:
-        """--quantization gguf: the blocks (every cpu_ops.GGUF_TYPES type) of the .gguf the model was converted
+        """--quantization gguf: the blocks (every quant_ops.GGUF_TYPES type) of the .gguf the model was converted
         from (the embedded one when no --model-path; a directory this runtime converted knows its source)."""
         import json
         import os
@@ -316,7 +293,7 @@ class ModelRunner:
         if self.tp is not None:
             raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
         with open(os.path.join(self.model_dir, "config.json")) as f:
-            blocks = gguf_blocks(path, json.load(f), tuple(cpu_ops.GGUF_TYPES))
+            blocks = gguf_blocks(path, json.load(f), tuple(quant_ops.GGUF_TYPES))
         self.gguf_types = sorted({fmt for _, fmt in blocks.values()})
         return blocks
 

@@ -59,7 +59,7 @@ def make_group(args: ServerArgs, rank: int) -> Any:
     import torch
 
     from radixlang_runtime.model.executor.parallel import TPGroup
-    from radixlang_runtime.model.executor.runner import resolve_device
+    from radixlang_runtime.model.executor.device import resolve_device
 
     device = resolve_device(args.device)
     if device.type == "cuda":

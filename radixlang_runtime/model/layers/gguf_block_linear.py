@@ -1,9 +1,9 @@
-"""Linears and the embedding on a GGUF file's own rows of blocks, every type of cpu_ops.GGUF_TYPES (Q4_0,
+"""Linears and the embedding on a GGUF file's own rows of blocks, every type of quant_ops.GGUF_TYPES (Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the default for a `.gguf` model.
 
 Resident bytes are the file's: each part keeps its blocks [rows, row bytes] uint8 exactly as stored (q / k
 rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
-- bf16 decode batches (M <= cpu_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
+- bf16 decode batches (M <= quant_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it);
 - float32 decode batches: gguf_dequant_gemv, float32 sums over each chunk's exact dequantized values;
@@ -23,8 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from radixlang_kernels import cpu_ops
-
+from radixlang_kernels import cpu_ops, quant_ops
 TILE_BYTES = 1 << 21  # dequantized rows per GEMM call: 2 MB of the model dtype (stays in L2 / L3)
 
 
@@ -40,7 +39,7 @@ def _dequant_numpy(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype) -
 def dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,
                  row0: int = 0, n_rows: Optional[int] = None) -> torch.Tensor:
     """Rows of `blocks` (rows [R] int64, else row0 .. row0 + n_rows) -> [R, K] dtype."""
-    w = cpu_ops.gguf_dequant_rows(blocks, fmt, K, dtype, rows=rows, row0=row0, n_rows=n_rows)
+    w = quant_ops.gguf_dequant_rows(blocks, fmt, K, dtype, rows=rows, row0=row0, n_rows=n_rows)
     if w is not None:
         return w
     if rows is not None:
@@ -50,10 +49,10 @@ def dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, row
 
 
 def check_blocks(blocks: torch.Tensor, fmt: str, in_features: int) -> None:
-    if fmt not in cpu_ops.GGUF_TYPES:
+    if fmt not in quant_ops.GGUF_TYPES:
         raise ValueError(f"GGUF block type {fmt} is not supported on its blocks (supported: "
-                         f"{', '.join(cpu_ops.GGUF_TYPES)})")
-    _, qk, nbytes = cpu_ops.GGUF_TYPES[fmt]
+                         f"{', '.join(quant_ops.GGUF_TYPES)})")
+    _, qk, nbytes = quant_ops.GGUF_TYPES[fmt]
     row_bytes = in_features // qk * nbytes
     if blocks.dtype != torch.uint8 or blocks.dim() != 2 or in_features % qk or blocks.shape[1] != row_bytes:
         raise ValueError(f"GGUF {fmt} blocks {tuple(blocks.shape)} do not hold rows of {in_features} weights")
@@ -77,7 +76,7 @@ class GGUFBlockLinear(nn.Module):
     def _part(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
         y = None
         if x.device.type == "cpu":
-            y = cpu_ops.gguf_kq_gemv(x, blocks, fmt, exact=self.dtype == torch.float32)
+            y = quant_ops.gguf_kq_gemv(x, blocks, fmt, exact=self.dtype == torch.float32)
         if y is not None:
             return y
         N, K = blocks.shape[0], self.in_features

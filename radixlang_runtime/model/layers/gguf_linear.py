@@ -3,7 +3,7 @@
 
 The embedded model ships as Q4_1 (layers) + Q8_0 (embedding / tied head); the converted checkpoint
 holds their dequantized values. With this flag the linears keep the blocks too:
-- decode batches (M <= cpu_ops.QLINEAR_MAX_M) run on the blocks (0.625 bytes per weight for Q4_1,
+- decode batches (M <= quant_ops.QLINEAR_MAX_M) run on the blocks (0.625 bytes per weight for Q4_1,
   1.06 for Q8_0, against 2 for bf16; decode reads every weight once per step):
   - bf16 models: gemv_q8.c on the blocks repacked into 4-row tiles (gguf_q8_tiles: the same bytes,
     moved), activations quantized to int8 per block of 32 as llama.cpp does (its vec_dot_q8_0_q8_0 /
@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_runtime.model.layers.packed_linear import PackedLinear, packing_available
 
 
@@ -36,15 +36,15 @@ class GGUFLinear(nn.Module):
         """weight [N, K] (the dequantized values, model dtype); blocks [N, K / 32 * bytes] uint8."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        if blocks.shape[0] != self.out_features or fmt not in cpu_ops.GGUF_BLOCK_FORMATS:
+        if blocks.shape[0] != self.out_features or fmt not in quant_ops.GGUF_BLOCK_FORMATS:
             raise ValueError(f"GGUF blocks {tuple(blocks.shape)} {fmt} do not fit a {tuple(weight.shape)} weight")
-        if blocks.shape[1] != self.in_features // 32 * cpu_ops.GGUF_BLOCK_FORMATS[fmt][1]:
+        if blocks.shape[1] != self.in_features // 32 * quant_ops.GGUF_BLOCK_FORMATS[fmt][1]:
             raise ValueError(f"GGUF {fmt} rows of {blocks.shape[1]} bytes do not hold {self.in_features} weights")
         self.fmt = fmt
         # bf16: the int8-activation tiles only (blocks None); float32: the file's blocks only (tiles None)
         self.q8 = weight.dtype == torch.bfloat16 and cpu_ops.load() is not None
         self.blocks: Optional[torch.Tensor] = None if self.q8 else blocks.contiguous()
-        self.tiles: Optional[torch.Tensor] = cpu_ops.gguf_q8_tiles(blocks, fmt) if self.q8 else None
+        self.tiles: Optional[torch.Tensor] = quant_ops.gguf_q8_tiles(blocks, fmt) if self.q8 else None
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
@@ -64,8 +64,8 @@ class GGUFLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
         if x.device.type == "cpu":
-            y = (cpu_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features) if self.q8
-                 else cpu_ops.gguf_gemv(x, self.blocks, self.fmt))
+            y = (quant_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features) if self.q8
+                 else quant_ops.gguf_gemv(x, self.blocks, self.fmt))
         if y is None and self.tail is not None:
             y = self.tail(x)
         if y is None:
@@ -82,9 +82,9 @@ def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.
 
 
 def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int) -> torch.Tensor:
-    """cpu_ops.gguf_q8_tiles' inverse: tiles [ceil(N / 4), pairs, step] uint8 -> blocks [N, K / 32 * bytes]."""
+    """quant_ops.gguf_q8_tiles' inverse: tiles [ceil(N / 4), pairs, step] uint8 -> blocks [N, K / 32 * bytes]."""
     nt, pairs, _ = tiles.shape
-    nbytes = cpu_ops.GGUF_BLOCK_FORMATS[fmt][1]
+    nbytes = quant_ops.GGUF_BLOCK_FORMATS[fmt][1]
     if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
         parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]
     else:  # dw, mw [4][2] fp16 | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4; the file: qw[j] | qw[j + 16] << 4

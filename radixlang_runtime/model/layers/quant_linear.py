@@ -4,7 +4,7 @@ int8 weights, activations and outputs stay in the model dtype.
     scale[n] = max_k |W[n, k]| / 127,  Q[n, k] = round(W[n, k] / scale[n])  (int8 in [-127, 127])
     y = x @ (Q * scale).T
 
-Decode batches (M <= cpu_ops.QLINEAR_MAX_M) run a C kernel that reads Q directly (half the bytes of bf16
+Decode batches (M <= quant_ops.QLINEAR_MAX_M) run a C kernel that reads Q directly (half the bytes of bf16
 per step: decode is bandwidth-bound): on bf16 models gemv_q8.c on Q repacked into 4-row tiles (int8_q8_tiles),
 activations quantized to int8 per block of 32 (integer dots, as --quantization gguf; their rounding adds to
 the weights'), elsewhere (float32 models, K % 32 != 0) gemv.c's float sums on Q. On bf16 models the integer dots are
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_runtime.model.layers.packed_linear import PackedLinear, packing_available, replace_linears
 
 
@@ -50,14 +50,14 @@ class Int8Linear(nn.Module):
         # bf16 (C kernels, K % 32 == 0): Q as gemv_q8.c's tiles; Q [N, K] int8 is kept only where a batch
         # above the kernel's M has no packed copy to run on (no oneDNN bf16: AVX2 CPUs), for the per-call path
         self.q8 = weight.dtype == torch.bfloat16 and self.in_features % 32 == 0 and cpu_ops.load() is not None
-        self.tiles: torch.Tensor | None = cpu_ops.int8_q8_tiles(q) if self.q8 else None
+        self.tiles: torch.Tensor | None = quant_ops.int8_q8_tiles(q) if self.q8 else None
         self.qweight: torch.Tensor | None = None if self.q8 and self.dense is not None else q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
         if x.device.type == "cpu":
-            y = (cpu_ops.int8_q8_gemv(x, self.tiles, self.scale) if self.q8
-                 else cpu_ops.qlinear_int8(x, self.qweight, self.scale))
+            y = (quant_ops.int8_q8_gemv(x, self.tiles, self.scale) if self.q8
+                 else quant_ops.qlinear_int8(x, self.qweight, self.scale))
         if y is None and self.dense is not None:
             return self.dense(x)
         if y is None:

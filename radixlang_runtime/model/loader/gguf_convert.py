@@ -25,7 +25,7 @@ from radixlang_runtime.model.loader.gguf_families import (ARCHS, HF_MODEL_TYPES,
                                                           tensor_rope)
 
 # the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions); the
-# quantized ones are those the kernels run on their blocks (radixlang_kernels.cpu_ops.GGUF_TYPES)
+# quantized ones are those the kernels run on their blocks (radixlang_kernels.quant_ops.GGUF_TYPES)
 BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ4_NL", "IQ4_XS")
 

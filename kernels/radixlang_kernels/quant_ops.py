@@ -1,0 +1,151 @@
+"""The quantized linears of the op table: int8 (qlinear_int8, gemv.c; int8_q8_gemv, gemv_q8.c) and GGUF blocks
+(gguf_gemv, gemv.c; gguf_q8_gemv, gemv_q8.c; gguf_kq_gemv, gemv_kquant.c; gguf_dequant_rows, gguf_dequant.c)
+for decode-sized batches, with the weight layouts they read. Same conventions as cpu_ops.py (its load() and
+status check): tensors in, the entry point of the same name in csrc/cpu/kernels.h called, None where the library
+is absent."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from radixlang_kernels.cpu_ops import check_status, loaded, opt_ptr
+from radixlang_kernels.op_table import OpTable
+
+QLINEAR_MAX_M = 16  # gemv.c's limit: larger batches run a GEMM
+
+
+def _gemv(name: str, x: torch.Tensor, n_out: int, lib: Optional[OpTable], *ptrs: Any) -> Optional[torch.Tensor]:
+    """Call gemv.c's `name`_{bf16,f32}(x, *ptrs, out, M, K, N): out [M, n_out] like x, or None when the
+    library is not loaded, x's dtype has no entry point or M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+    lib = lib or loaded()
+    M, K = x.shape
+    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    out = torch.empty(M, n_out, dtype=x.dtype)
+    fn = getattr(lib, f"{name}_{'bf16' if x.dtype == torch.bfloat16 else 'f32'}")
+    check_status(fn(x.data_ptr(), *ptrs, out.data_ptr(), M, K, n_out), name)
+    return out
+
+
+def qlinear_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> Optional[torch.Tensor]:
+    """x [M, K] bf16 / float32, w [N, K] int8, scale [N] float32 -> x @ (w * scale).T [M, N] like x;
+    None when the library is not loaded or M > QLINEAR_MAX_M (the caller's torch path runs)."""
+    return _gemv("qlinear_int8", x, w.shape[0], None, w.data_ptr(), scale.data_ptr())
+
+
+GGUF_BLOCK_FORMATS = {"Q4_1": (2, 20), "Q8_0": (8, 34)}  # name -> (ggml type number, bytes per 32 weights)
+
+
+def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
+              lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """x [M, K] bf16 / float32, blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) ->
+    x @ dequantize(blocks).T [M, N] like x; None when the library is not loaded or M > QLINEAR_MAX_M."""
+    return _gemv("gguf_gemv", x, blocks.shape[0], lib, blocks.data_ptr(), GGUF_BLOCK_FORMATS[fmt][0])
+
+
+Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
+
+
+def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) -> gemv_q8.c's tiles
+    [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1): the same
+    scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are zeros)."""
+    _, nbytes = GGUF_BLOCK_FORMATS[fmt]
+    N = blocks.shape[0]
+    nb = blocks.shape[1] // nbytes
+    nt, pairs = -(-N // Q8_TILE_ROWS), -(-nb // 2)
+    b = torch.zeros(nt * Q8_TILE_ROWS, pairs * 2, nbytes, dtype=torch.uint8)
+    b[:N, :nb] = blocks.reshape(N, nb, nbytes)
+    b = b.view(nt, Q8_TILE_ROWS, pairs, 2, nbytes).permute(0, 2, 1, 3, 4)  # [tile, pair, row, block, bytes]
+    if fmt == "Q8_0":
+        parts = [b[..., :2], b[..., 2:]]  # dw [4][2] fp16, then each row's 2 blocks of int8
+    else:  # dw, mw, then byte i = qw_b0[i] | qw_b1[i] << 4 (the file: byte j = qw[j] | qw[j + 16] << 4)
+        qs = b[..., 4:]
+        q = torch.cat([qs & 15, qs >> 4], dim=-1)  # [..., block, 32] weights in order
+        parts = [b[..., :2], b[..., 2:4], (q[..., 0, :] | (q[..., 1, :] << 4)).unsqueeze(-2)]
+    return torch.cat([p.reshape(nt, pairs, -1) for p in parts], dim=-1).contiguous()
+
+
+def int8_q8_tiles(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] int8 (K % 32 == 0) -> gemv_q8.c's INT8 tiles [ceil(N / 4), ceil(K / 64), 256] uint8: each
+    step 4 rows x 64 values (padding zeros)."""
+    N, K = q.shape
+    nt, pairs = -(-N // Q8_TILE_ROWS), -(-K // 64)
+    t = torch.zeros(nt * Q8_TILE_ROWS, pairs * 64, dtype=torch.int8)
+    t[:N, :K] = q
+    return t.view(nt, Q8_TILE_ROWS, pairs, 64).permute(0, 2, 1, 3).reshape(nt, pairs, -1).view(torch.uint8).contiguous()
+
+
+def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: int,
+             out_dtype: Optional[torch.dtype], lib: Optional[OpTable]) -> Optional[torch.Tensor]:
+    lib = lib or loaded()
+    M, K = x.shape
+    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
+    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(), arg, out.data_ptr(),
+                            int(out.dtype == torch.bfloat16), M, K, n_out)
+    check_status(rc, name)
+    return out
+
+
+def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
+    gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
+    M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+    return _q8_call("gguf_q8_gemv", x, tiles, GGUF_BLOCK_FORMATS[fmt][0], n_out, out_dtype, lib)
+
+
+def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """The same on int8_q8_tiles(Q) with row scales scale [N] float32: x @ (Q * scale).T."""
+    return _q8_call("int8_q8_gemv", x, tiles, scale.data_ptr(), scale.shape[0], out_dtype, lib)
+
+
+# gemv_kquant.c / gguf_dequant.c's block types: name -> (ggml type number, weights per block, bytes per block)
+GGUF_TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
+              "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
+              "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136)}
+KQ_MAX_M = 16  # gemv_kquant.c's limit: larger batches dequantize tiles (gguf_dequant_rows) for a GEMM
+
+
+def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
+                 lib: Optional[OpTable] = None, exact: bool = False) -> Optional[torch.Tensor]:
+    """gemv_kquant.c: x [M, K] bf16 / float32, quantized to int8 per block (q8_K / q8_0), @ W.T with W
+    given as the file's rows blocks [N, K / QK * bytes] uint8 of GGUF_TYPES[fmt] -> [M, N] (out_dtype,
+    default x's); exact: gguf_dequant_gemv instead (float32 sums over the exact dequantized values, x as
+    given). None when the library is not loaded or M > KQ_MAX_M (the caller's tiles run)."""
+    lib = lib or loaded()
+    M, K = x.shape
+    if lib is None or M == 0 or M > KQ_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    out = torch.empty(M, blocks.shape[0], dtype=out_dtype or x.dtype)
+    name = "gguf_dequant_gemv" if exact else "gguf_kq_gemv"
+    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
+                            out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, blocks.shape[0])
+    check_status(rc, name)
+    return out
+
+
+def gguf_dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,
+                      row0: int = 0, n_rows: Optional[int] = None,
+                      lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """gguf_dequant.c: rows `rows` [R] int64 (else row0 .. row0 + n_rows) of blocks [N, row bytes] uint8 ->
+    [R, K] dtype (bf16 / float32), the values gguf.quants.dequantize gives; None without the library."""
+    lib = lib or loaded()
+    if lib is None or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+    R = rows.shape[0] if rows is not None else (blocks.shape[0] - row0 if n_rows is None else n_rows)
+    out = torch.empty(R, K, dtype=dtype)
+    rc = lib.gguf_dequant_rows(blocks.data_ptr(), GGUF_TYPES[fmt][0], K, opt_ptr(rows), row0, R, out.data_ptr(),
+                               int(dtype == torch.bfloat16))
+    check_status(rc, "gguf_dequant_rows")
+    return out
