@@ -4,7 +4,8 @@ whole of the project's foreign-function boundary lives in this package.
 - prctl(PR_SET_PDEATHSIG): a child process dies with the parent thread that started it (child_process.py);
 - mallopt: glibc's malloc thresholds (model/executor/memory.py);
 - madvise(MADV_POPULATE_WRITE): KV pages faulted in ahead of use (mem/kv_prefault.py); ctypes releases
-  the GIL during the call.
+  the GIL during the call;
+- malloc_trim: freed heap pages handed back to the OS (utils/release_memory.py).
 Each returns a plain result; where the call does not exist (no libc found) it says so (None / False).
 """
 
@@ -56,3 +57,13 @@ def madvise(addr: int, length: int, advice: int) -> int:
     if lib is None:
         raise OSError("no C library found for madvise")
     return 0 if lib.madvise(addr, length, advice) == 0 else ctypes.get_errno()
+
+
+def malloc_trim() -> bool:
+    """glibc's malloc_trim(0); True when it ran (False where the C library has none)."""
+    lib = _libc()
+    trim = getattr(lib, "malloc_trim", None) if lib is not None else None
+    if trim is None:
+        return False
+    trim(0)
+    return True

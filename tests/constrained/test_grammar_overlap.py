@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from fakes import expected_output
-from test_scheduler import assert_whole, drain, make, req
+from scheduler_utils import assert_whole, drain, make, req
 
 from radixlang_runtime.constrained.grammar import CompiledGrammar
 from radixlang_runtime.constrained.spec import GrammarSpec

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from server_utils import ServerProcess
-from test_server import assert_idle_and_whole
+from server_utils import assert_idle_and_whole
 
 CANARY = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 # passes the pre-check (the recursion is indirect); each mask costs more the longer the output: tens of ms

@@ -184,3 +184,14 @@ def test_kernels_import_nothing_above_them():
     g = _graph()
     above = {b: sorted(m) for b, m in g.get(KERNELS, {}).items() if b.startswith(PACKAGES)}
     assert not above, f"radixlang_kernels imports the runtime or the DSL: {above}"
+
+
+def test_a_planted_cycle_is_found():
+    """The cycle search itself works: a cycle planted between two package nodes (and one through three) is
+    reported, an acyclic graph is not (a broken search would pass every tree)."""
+    two = {"pkg.a": {"pkg.b": {"pkg.a.x"}}, "pkg.b": {"pkg.a": {"pkg.b.y"}}}
+    three = {"pkg.a": {"pkg.b": set()}, "pkg.b": {"pkg.c": set()}, "pkg.c": {"pkg.a": set()}, "pkg.d": {"pkg.a": set()}}
+    line = {"pkg.a": {"pkg.b": set()}, "pkg.b": {"pkg.c": set()}, "pkg.c": {}}
+    assert _cycles(two) == [["pkg.a", "pkg.b"]]
+    assert _cycles(three) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert _cycles(line) == []
