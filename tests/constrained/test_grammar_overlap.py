@@ -17,8 +17,17 @@ from scheduler_utils import assert_whole, drain, make, req
 
 from radixlang_runtime.constrained.grammar import CompiledGrammar
 from radixlang_runtime.constrained.spec import GrammarSpec
-from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded, StepGuard, StepLimits
+from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded, StepGuard, StepLimits, charge
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
+
+
+@pytest.fixture(autouse=True)
+def no_budget_charged():
+    """The thread-local budget the scheduler charges grammar calls to: none before and after each test (a test
+    that drives a scheduler on this thread leaves its last request's)."""
+    charge(None)
+    yield
+    charge(None)
 
 WIDTH, GRAMMAR_EOS = 200, 199  # the grammar's vocabulary: FakeRunner's tokens 0..96 are all allowed, never EOS
 
@@ -143,10 +152,10 @@ def test_the_request_budget_ends_its_request_alone():
     slow, canary = constrained("slow", 200), req("canary", 6, 20)
     sched.add_request(slow)
     sched.add_request(canary)
-    drain(sched)
+    drain(sched, limit=1_000_000)  # steps that only wait for the mask are short: many of them under load
     assert slow.finished_reason["type"] == "abort"
     assert "--grammar-request-timeout 0.3 s" in slow.finished_reason["message"]
-    assert 2 <= len(slow.output_ids) < 200
+    assert len(slow.output_ids) < 200  # ended by its budget (how many tokens first depends on the machine)
     assert slow.output_ids == expected_output(slow.input_ids, len(slow.output_ids))
     assert canary.output_ids == expected_output(canary.input_ids, 20)
     assert comp.grammar.broken is None  # the grammar is fine: only that request's budget is spent

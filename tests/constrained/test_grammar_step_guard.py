@@ -18,6 +18,15 @@ from radixlang_runtime.constrained.state import GrammarState
 from radixlang_runtime.constrained.step_guard import GrammarBudgetExceeded, StepGuard, StepLimits, charge
 
 
+@pytest.fixture(autouse=True)
+def no_budget_charged():
+    """The thread-local budget the scheduler charges grammar calls to: none before and after each test (a test
+    that drives a scheduler on this thread leaves its last request's)."""
+    charge(None)
+    yield
+    charge(None)
+
+
 class _Grammar:
     broken = None
 

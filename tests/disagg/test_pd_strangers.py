@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fakes import VOCAB, expected_output
-from radixlang_runtime.protocol.bootstrap_peers import parse_peers
+from radixlang_runtime.protocol.bootstrap_peers import Bootstrap, parse_peers
 from radixlang_runtime.disagg.link import BootstrapClient, BootstrapServer
 from radixlang_runtime.utils.faults import FatalFault
 from radixlang_runtime.protocol.generate_input import parse_bootstrap
@@ -101,7 +101,7 @@ def test_a_dead_peers_socket_is_closed_once_no_request_uses_it():
     dec.pd.link.forget = forgotten.append
     dead = ("127.0.0.1", 1)
     r = pd_req("r", 10, 2, room=3)
-    r.bootstrap = (*dead, 3)
+    r.bootstrap = Bootstrap(*dead, 3)
     dec.add_request(r)
     dec.step()  # registered with the dead peer
     dec.pd.link.silent[dead] = 2.0
