@@ -117,7 +117,7 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
         calls.append((x.shape[0], fmt))
         return kq(x, blocks, fmt, *args, **kwargs)
 
-    monkeypatch.setattr(cpu_ops, "gguf_kq_gemv", counted)
+    monkeypatch.setattr(quant_ops, "gguf_kq_gemv", counted)
     model_dir, path, _ = tiny["every_type"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         outs = _greedy(eng)

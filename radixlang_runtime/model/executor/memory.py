@@ -96,7 +96,7 @@ def weights_bytes(model: nn.Module) -> int:
         total += t.numel() * t.element_size()
     for m in model.modules():  # oneDNN-packed weights (opaque tensors), dense / q8 tiles, GGUF blocks, int8 rows
         held = [getattr(m, name, None) for name in ("packed", "tiles", "blocks", "qweight")]
-        held += [b for b, _ in getattr(m, "parts", None) or ()]  # GGUFBlockLinear's blocks per projection
+        held += [b for b, _ in getattr(m, "block_parts", None) or ()]  # GGUFBlockLinear's blocks per projection
         for t in held:
             if not isinstance(t, torch.Tensor):
                 continue

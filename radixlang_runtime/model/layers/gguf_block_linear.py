@@ -65,7 +65,7 @@ class GGUFBlockLinear(nn.Module):
         super().__init__()
         for blocks, fmt in parts:
             check_blocks(blocks, fmt, in_features)
-        self.parts = [(b.contiguous(), fmt) for b, fmt in parts]
+        self.block_parts = [(b.contiguous(), fmt) for b, fmt in parts]
         self.in_features = in_features
         self.out_features = sum(b.shape[0] for b, _ in parts)
         self.dtype = dtype
@@ -92,7 +92,7 @@ class GGUFBlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        ys = [self._part(x2, b, fmt) for b, fmt in self.parts]
+        ys = [self._part(x2, b, fmt) for b, fmt in self.block_parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
         if self.bias is not None:
             y = y + self.bias

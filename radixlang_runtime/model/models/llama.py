@@ -248,7 +248,7 @@ class LlamaForCausalLM(nn.Module):
         (HF name -> (rows uint8, type)) runs on them: Q4_1 / Q8_0 linears of one type through gguf_linear's
         tiles, every other type and mix through gguf_block_linear. Returns how many linears; the others keep
         a packed dense weight."""
-        from radixlang_kernels.cpu_ops import GGUF_BLOCK_FORMATS
+        from radixlang_kernels.quant_ops import GGUF_BLOCK_FORMATS
         from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear, GGUFEmbedding
         from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, fused_blocks
         from radixlang_runtime.model.layers.packed_linear import PackedLinear, dense_tiles_available
