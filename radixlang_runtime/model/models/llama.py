@@ -27,6 +27,23 @@ from radixlang_runtime.model.loader.weights import SafetensorsDir
 Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over the TP ranks
 
 
+
+def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, torch.Tensor], None]]:
+    """A loader's (own parameters, names set so far, put): put(name, value) copies a checkpoint tensor into the
+    parameter of that name, refusing a shape that differs."""
+    own = dict(module.named_parameters())
+    done: set[str] = set()
+
+    def put(name: str, value: torch.Tensor) -> None:
+        p = own[name]
+        if p.shape != value.shape:
+            raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
+        with torch.no_grad():
+            p.copy_(value)
+        done.add(name)
+
+    return own, done, put
+
 class RMSNorm(nn.Module):
     """`forward(x)` normalises x; `add_forward(x, residual)` first does residual += x (in place)."""
 
@@ -300,16 +317,7 @@ class LlamaForCausalLM(nn.Module):
         q_rows = (sh.q_start * d, (sh.q_start + sh.q_count) * d)
         kv_rows = (sh.kv_start * d, (sh.kv_start + sh.kv_count) * d)
         vocab = (sh.vocab_start, sh.vocab_start + sh.vocab_count)
-        own = dict(self.named_parameters())
-        done: set[str] = set()
-
-        def put(name: str, value: torch.Tensor) -> None:
-            p = own[name]
-            if p.shape != value.shape:
-                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
-            with torch.no_grad():
-                p.copy_(value)
-            done.add(name)
+        own, done, put = param_setter(self)
 
         take = tensors.get
 

@@ -24,7 +24,7 @@ from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
 from radixlang_runtime.model.layers.linear_attn_spec import parse_linear_attn
-from radixlang_runtime.model.models.llama import MLP, Reduce, RMSNorm
+from radixlang_runtime.model.models.llama import MLP, Reduce, RMSNorm, param_setter
 from radixlang_runtime.model.layers.moe import MoEForCausalLM, SparseMoE
 from radixlang_runtime.model.layers.moe_spec import parse_moe, qwen_sparse_layers
 from radixlang_runtime.model.executor.parallel import Shard, make_shard
@@ -152,16 +152,7 @@ class HybridForCausalLM(MoEForCausalLM):
         raise ValueError(f"--quantization gguf is not supported for {self.cfg.architecture} (hybrid linear attention)")
 
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
-        own = dict(self.named_parameters())
-        done: set[str] = set()
-
-        def put(name: str, value: torch.Tensor) -> None:
-            p = own[name]
-            if p.shape != value.shape:
-                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
-            with torch.no_grad():
-                p.copy_(value)
-            done.add(name)
+        own, done, put = param_setter(self)
 
         def norm(name: str) -> torch.Tensor:  # zero-centred: 1 + w in float32
             return 1.0 + tensors.get(name).float()
