@@ -111,6 +111,7 @@ def main() -> None:
 
     if len(sys.argv) > 2:
         bind_to_parent(int(sys.argv[2]))
+    os.nice(10)  # compiles are background work: the forward's threads take the cores first
     mem = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     backend = sys.argv[3] if len(sys.argv) > 3 else "outlines"
     out_fd = os.dup(1)

@@ -85,7 +85,7 @@ def test_hostile_grammar_fails_alone_and_canary_keeps_its_latency(client, baseli
     assert resp.status_code == 400, resp.text
     msg = resp.json()["error"]["message"]
     assert "grammar too expensive" in msg and words in msg and "limit" in msg, msg
-    assert canary < 4 * baseline[1] + 2.0  # generous (a shared CPU): the hostile grammar never reached the scheduler
+    assert canary < 4 * baseline[1] + 2.0  # generous (a shared CPU): the refusal took no core from the forward
     _whole_and_same(client, baseline)
 
 
