@@ -62,7 +62,7 @@ def checkpoint(tmp_path_factory):
 def wide_checkpoint(tmp_path_factory):
     """Global head_dim 320 (the released models' is 512): the pool's entry is past the C kernels' limit, the
     torch attention path serves it."""
-    return _build(tmp_path_factory.mktemp("gemma4_wide"), 320, LONG_PROMPTS[:3])
+    return _build(tmp_path_factory.mktemp("gemma4_wide"), 320, LONG_PROMPTS[:2])
 
 
 def _forced_argmax(model, want: list[list[int]]) -> list[list[int]]:
@@ -98,7 +98,7 @@ def test_each_feature_moves_transformers_tokens(checkpoint):
         other = copy.deepcopy(model)
         with torch.no_grad():
             change(other)
-        assert _forced_argmax(other, want) != want, change.__name__
+        assert _forced_argmax(other, want[:3]) != want[:3], change.__name__
     assert _forced_argmax(model, want) == want  # the check itself: the model's own tokens come back
 
 
@@ -130,7 +130,7 @@ def test_wide_heads_on_the_torch_path(wide_checkpoint):
     path, _, want = wide_checkpoint
     with Engine(str(path), dtype="float32", max_total_tokens=256, chunked_prefill_size=16,
                 debug_check_integrity=True) as eng:
-        outs = eng.generate(input_ids=LONG_PROMPTS[:3], sampling_params=SP)
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
         paths = eng.get_stats()["cpu"]["paths"]
     assert paths["decode_attention"].startswith("torch") and paths["extend_attention"].startswith("torch")
     assert [o["output_ids"] for o in outs] == want
@@ -172,6 +172,8 @@ def test_proportional_rope_matches_transformers():
     ({"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ({"attention_bias": True}, "attention_bias"),
     ({"num_kv_shared_layers": 6}, "num_kv_shared_layers 6"),
+    ({"num_kv_shared_layers": 1, "layer_types": [SLIDE] * 5 + [FULL]}, "layer 5 \\(full_attention\\) shares K/V"),
+    ({"per_layer_config": {"5": {"num_key_value_heads": 3}}}, "KV heads per layer \\[2, 3\\]"),
     ({"per_layer_config": {"5": {"head_dim": 32, "sliding_window": 4}}}, "per_layer_config field 'sliding_window'"),
     ({"rope_parameters": {"chunked_attention": {"rope_type": "default"}}}, "rope_parameters entry"),
     ({"layer_types": ["chunked_attention"] * 6}, "layer_types entry 'chunked_attention'"),
@@ -179,3 +181,41 @@ def test_proportional_rope_matches_transformers():
 def test_unhonoured_fields_are_refused_by_name(extra, needle):
     with pytest.raises(ValueError, match=needle):
         ModelConfig.from_dict({**BASE, **extra})
+
+
+def test_lora_is_refused_by_name(checkpoint):
+    from radixlang_runtime import Engine
+
+    path, _, _ = checkpoint
+    with pytest.raises(ValueError, match="enable_lora is not supported for Gemma 4"):
+        Engine(str(path), dtype="float32", max_total_tokens=64, enable_lora=True, max_lora_rank=8)
+
+
+def test_multimodal_checkpoint_serves_its_text_model(checkpoint, tmp_path):
+    """Gemma4ForConditionalGeneration's directory (text weights under model.language_model., config.json's
+    text_config): transformers' multimodal model and the Engine both give the text model's tokens."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import Gemma4ForConditionalGeneration
+
+    from radixlang_runtime import Engine
+
+    path, model, want = checkpoint
+    tensors = {"model.language_model." + k[len("model."):]: v.clone().contiguous()
+               for k, v in model.state_dict().items() if k.startswith("model.")}
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+              "text_config": model.config.to_dict(), "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for f in path.iterdir():
+        if "token" in f.name:
+            shutil.copy(f, tmp_path / f.name)
+    hf = Gemma4ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p, w in zip(LONG_PROMPTS[:2], want):
+            assert hf(torch.tensor([p + w[:-1]])).logits[0, len(p) - 1:].argmax(-1).tolist() == w
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=256) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
+    assert [o["output_ids"] for o in outs] == want[:2]

@@ -15,7 +15,7 @@ Gemma4TextModel computes it (the config is models/gemma4_config.py's):
 - each layer's output scaled by its layer_scalar; embeddings times sqrt(hidden_size) (in the weights' dtype);
   final logit soft-capping.
 Not implemented, refused by name: the MoE block (enable_moe_block), bidirectional attention, tensor parallelism,
-GGUF blocks.
+GGUF blocks, LoRA adapters.
 """
 
 from __future__ import annotations
@@ -117,6 +117,9 @@ class Gemma4DecoderLayer(nn.Module):
 
 
 class Gemma4ForCausalLM(LlamaForCausalLM):
+    # the fused projection holds q only (KV-shared layers) or q and k (attention_k_eq_v): no q / k / v parts
+    lora_refusal = "enable_lora is not supported for Gemma 4 (its layers' q / k / v projections differ in shape)"
+
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary, shard: Optional[Shard] = None,
                  reduce: Reduce = None):
         nn.Module.__init__(self)
