@@ -28,17 +28,18 @@ KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
 
 
 def _randomise(model) -> None:
-    """Layer scalars and norm weights away from transformers' ones (a wrong placement then moves the tokens)."""
+    """Layer scalars, norm weights and the router's scales away from transformers' ones (a wrong placement then
+    moves the tokens)."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, t in model.state_dict().items():
-            if name.endswith("layer_scalar"):
+            if name.endswith(("layer_scalar", "per_expert_scale", "router.scale")):
                 t.copy_(0.5 + torch.rand(t.shape, generator=g))
             elif name.endswith("norm.weight"):
                 t.copy_(1.0 + 0.3 * torch.randn(t.shape, generator=g))
 
 
-def _build(path, global_head_dim: int, prompts: list[list[int]]):
+def _build(path, global_head_dim: int, prompts: list[list[int]], **extra):
     """(path, transformers model, its greedy tokens on prompts)."""
     from transformers import AutoTokenizer
 
@@ -46,7 +47,7 @@ def _build(path, global_head_dim: int, prompts: list[list[int]]):
 
     vocab = len(AutoTokenizer.from_pretrained(embedded_tokenizer_dir()))
     model = build_tiny(path, "Gemma4TextConfig", TINY, {"vocab_size_per_layer_input": vocab,
-                                                         "global_head_dim": global_head_dim})
+                                                         "global_head_dim": global_head_dim, **extra})
     _randomise(model)
     model.save_pretrained(path, safe_serialization=True)
     return path, model, [hf_greedy(model, p, NEW) for p in prompts]
@@ -63,6 +64,14 @@ def wide_checkpoint(tmp_path_factory):
     """Global head_dim 320 (the released models' is 512): the pool's entry is past the C kernels' limit, the
     torch attention path serves it."""
     return _build(tmp_path_factory.mktemp("gemma4_wide"), 320, LONG_PROMPTS[:2])
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """The mixture-of-experts block beside each dense MLP (gemma-4-26B-A4B's layer), 4 layers, 2 of them KV-shared."""
+    return _build(tmp_path_factory.mktemp("gemma4_moe"), 32, LONG_PROMPTS[:2], num_hidden_layers=4,
+                  layer_types=[SLIDE, FULL] * 2, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                  moe_intermediate_size=32, initializer_range=0.1)
 
 
 def _forced_argmax(model, want: list[list[int]]) -> list[list[int]]:
@@ -167,7 +176,7 @@ def test_proportional_rope_matches_transformers():
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}, "enable_moe_block"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}, "enable_moe_block needs"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention 'all'"),
     ({"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ({"attention_bias": True}, "attention_bias"),
@@ -181,6 +190,23 @@ def test_proportional_rope_matches_transformers():
 def test_unhonoured_fields_are_refused_by_name(extra, needle):
     with pytest.raises(ValueError, match=needle):
         ModelConfig.from_dict({**BASE, **extra})
+
+
+def test_moe_block_matches_transformers(moe_checkpoint):
+    """Routed experts beside the dense MLP: without the per-expert scales transformers' own tokens differ; the
+    Engine's are transformers' token for token."""
+    from radixlang_runtime import Engine
+
+    path, model, want = moe_checkpoint
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in other.model.layers:
+            layer.router.per_expert_scale.fill_(1.0)
+    assert all(len(set(w)) > 1 for w in want) and _forced_argmax(other, want) != want
+    with Engine(str(path), dtype="float32", max_total_tokens=256, chunked_prefill_size=16,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
+    assert [o["output_ids"] for o in outs] == want
 
 
 def test_lora_is_refused_by_name(checkpoint):

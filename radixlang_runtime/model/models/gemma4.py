@@ -12,9 +12,10 @@ Gemma4TextModel computes it (the config is models/gemma4_config.py's):
 - per-layer input embeddings (PLE): a second embedding table [vocab, layers * ple_dim] scaled by sqrt(ple_dim),
   plus a projection of the main embedding scaled by hidden ** -0.5 and normed, summed and scaled by 2 ** -0.5;
   each layer gates its slice with gelu_tanh(gate(h)), projects it back to hidden, norms it and adds it;
+- enable_moe_block: a mixture of experts beside the dense MLP (models/gemma4_moe.py), each output normed, summed;
 - each layer's output scaled by its layer_scalar; embeddings times sqrt(hidden_size) (in the weights' dtype);
   final logit soft-capping.
-Not implemented, refused by name: the MoE block (enable_moe_block), bidirectional attention, tensor parallelism,
+Not implemented, refused by name: bidirectional attention, tensor parallelism,
 GGUF blocks, LoRA adapters.
 """
 
@@ -36,6 +37,7 @@ from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.model.models.gemma2 import GeluMLP
 from radixlang_runtime.model.models.gemma4_config import MULTIMODAL, Gemma4Layers
+from radixlang_runtime.model.models.gemma4_moe import Gemma4MoE
 from radixlang_runtime.model.models.llama import LlamaForCausalLM, Reduce, RMSNorm, param_setter
 
 __all__ = ["Gemma4ForCausalLM"]
@@ -99,6 +101,10 @@ class Gemma4DecoderLayer(nn.Module):
                      "post_feedforward_layernorm"):
             setattr(self, name, RMSNorm(hidden, eps))
         self.layer_scalar = nn.Parameter(torch.ones(1))
+        self.moe = Gemma4MoE(hidden, *lay.moe, eps) if lay.moe else None
+        if self.moe is not None:
+            for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
+                setattr(self, name, RMSNorm(hidden, eps))
         self.ple = lay.ple_dim > 0
         if self.ple:
             self.per_layer_input_gate = nn.Linear(hidden, lay.ple_dim, bias=False)
@@ -109,7 +115,11 @@ class Gemma4DecoderLayer(nn.Module):
                 ple: Optional[torch.Tensor]) -> torch.Tensor:
         """h: the residual stream [T, hidden] -> the next one; ple: this layer's per-layer input [T, ple_dim]."""
         h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), fb, cos_sin, shared))
-        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        m = self.mlp(self.pre_feedforward_layernorm(h))
+        if self.moe is not None:  # the dense MLP and the experts side by side, each normed, summed
+            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(
+                self.moe(h, self.pre_feedforward_layernorm_2(h)))
+        h = h + self.post_feedforward_layernorm(m)
         if self.ple:
             g = F.gelu(self.per_layer_input_gate(h), approximate="tanh") * ple
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
@@ -203,7 +213,11 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             put(d + "mlp.down_proj.weight", take(m + "down_proj.weight"))
             names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"] + (
-                ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"] if layer.ple else [])
+                ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"] if layer.ple else []) + (
+                ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"]
+                if layer.moe is not None else [])
+            if layer.moe is not None:
+                layer.moe.load(s, take, put, d + "moe.")
             for name in names:
                 put(f"{d}{name}.weight", take(f"{s}{name}.weight"))
             put(d + "layer_scalar", take(s + "layer_scalar").reshape(1))

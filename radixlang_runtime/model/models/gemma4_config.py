@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
 from radixlang_runtime.model.layers.rope_spec import parse_rope
@@ -44,6 +45,7 @@ class Gemma4Layers:
     intermediate: tuple[int, ...]  # the MLP's width (use_double_wide_mlp: twice on the KV-shared layers)
     ple_dim: int  # hidden_size_per_layer_input (0: no per-layer input embeddings)
     ple_vocab: int  # vocab_size_per_layer_input
+    moe: Optional[tuple[int, int, int]] = None  # enable_moe_block: (num_experts, top_k_experts, moe_intermediate_size)
 
     def owns_kv(self, layer: int) -> bool:
         return self.kv_plane[layer] == layer
@@ -100,12 +102,20 @@ def _refuse(cfg: dict) -> None:
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or GELU_TANH[0]
     if act not in GELU_TANH:
         raise ValueError(f"hidden_activation {act!r} is not supported ({ARCH}: the MLP is gelu_pytorch_tanh-gated)")
-    if cfg.get("enable_moe_block"):
-        raise ValueError(f"enable_moe_block true is not supported ({ARCH}: dense MLP layers only)")
     if cfg.get("use_bidirectional_attention") == "all":
         raise ValueError(f"use_bidirectional_attention 'all' is not supported ({ARCH}: causal attention only)")
     if cfg.get("attention_bias"):
         raise ValueError(f"attention_bias true is not supported ({ARCH}: projections without bias)")
+
+
+def _moe(cfg: dict, arch: str) -> Optional[tuple[int, int, int]]:
+    if not cfg.get("enable_moe_block"):
+        return None
+    sizes = tuple(cfg.get(k) for k in ("num_experts", "top_k_experts", "moe_intermediate_size"))
+    if not all(isinstance(v, int) and v > 0 for v in sizes) or sizes[1] > sizes[0]:
+        raise ValueError(f"enable_moe_block needs num_experts, top_k_experts (<= num_experts) and "
+                         f"moe_intermediate_size, got {sizes} ({arch})")
+    return sizes
 
 
 def parse_gemma4(cfg: dict, arch: str = ARCH) -> ModelConfig:
@@ -146,7 +156,8 @@ def parse_gemma4(cfg: dict, arch: str = ARCH) -> ModelConfig:
         head_dims=tuple(dims), kv_heads=tuple(kv_heads), kv_plane=tuple(planes),
         k_eq_v=tuple(k_eq_v and t != SLIDE for t in types), sliding=tuple(t == SLIDE for t in types),
         intermediate=tuple(inter * (2 if wide and planes[i] != i else 1) for i in range(n)),
-        ple_dim=int(cfg.get("hidden_size_per_layer_input") or 0), ple_vocab=int(cfg["vocab_size_per_layer_input"]))
+        ple_dim=int(cfg.get("hidden_size_per_layer_input") or 0), ple_vocab=int(cfg["vocab_size_per_layer_input"]),
+        moe=_moe(cfg, arch))
     return dataclasses.replace(out, rope=specs[FULL], rope_local=specs[SLIDE], attn_scale=1.0,
                                final_logit_softcapping=cfg.get("final_logit_softcapping") or None,
                                family_options=layers, kv_shared_layers=shared)
