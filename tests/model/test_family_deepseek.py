@@ -252,8 +252,8 @@ def test_tp2_matches_transformers(name, tmp_path):
 
 def test_tp_shard_holds_its_heads():
     """Rank 1 of 2 builds its 2 query heads' projections and the whole latent ones."""
-    from radixlang_runtime.model.layers.mla_attention import MLAttention
     from radixlang_runtime.model.executor.parallel import make_shard
+    from radixlang_runtime.model.models.deepseek import MLAttention
 
     cfg = ModelConfig.from_dict({**V3_MIN, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
                                  "q_lora_rank": None})
