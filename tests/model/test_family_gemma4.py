@@ -245,3 +245,16 @@ def test_multimodal_checkpoint_serves_its_text_model(checkpoint, tmp_path):
     with Engine(str(tmp_path), dtype="float32", max_total_tokens=256) as eng:
         outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
     assert [o["output_ids"] for o in outs] == want[:2]
+
+
+def test_bfloat16_runs(checkpoint):
+    """bfloat16 serving: the packed linears, the C norms where the CPU has them, the padded pool entries."""
+    from radixlang_runtime import Engine
+
+    path, _, _ = checkpoint
+    with Engine(str(path), dtype="bfloat16", max_total_tokens=256, chunked_prefill_size=16) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:3], sampling_params={**SP, "max_new_tokens": 4,
+                                                                        "min_new_tokens": 4})
+        stats = eng.get_stats()
+    assert [len(o["output_ids"]) for o in outs] == [4] * 3
+    assert stats["memory"]["kv_pool"] == 256 * KV_BYTES_PER_TOKEN // 2  # 2-byte lanes
