@@ -167,7 +167,7 @@ def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
 
     cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl,
                                args.trust_remote_code)
-    return cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    return cfg.kv_layer_count, cfg.num_key_value_heads, cfg.head_dim
 
 
 def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:

@@ -230,12 +230,48 @@ def test_bfloat16_runs(tmp_path):
     assert stats["memory"]["kv_pool"] == (TINY["kv_lora_rank"] + TINY["qk_rope_head_dim"]) * 3 * 2 * 256
 
 
-def test_tensor_parallel_is_refused_by_name():
-    from radixlang_runtime.model.layers.mla_attention import MLAttention
+@pytest.mark.parametrize("name", ["v3", "v2_no_q_lora_grouped"])
+def test_tp2_matches_transformers(name, tmp_path):
+    """Two gloo ranks: each runs 2 of the 4 query heads (q / kv_b rows, o_proj columns), the experts' and dense
+    MLPs' intermediate columns split, the vocab rows split; each rank's pool holds the whole latent entry."""
+    from radixlang_runtime import Engine
+
+    model, _ = _build(tmp_path, name)
+    want = [hf_greedy(model, p, NEW) for p in PROMPTS[:3]]
+    sp = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", tp_size=2, max_total_tokens=256, chunked_prefill_size=16,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=PROMPTS[:3], sampling_params=sp)
+        again = eng.generate(input_ids=PROMPTS[2], sampling_params=sp)
+        stats = eng.get_stats()
+    assert [o["output_ids"] for o in outs] == want
+    assert again["output_ids"] == want[2] and again["meta_info"]["cached_tokens"] > 0
+    per_token = (TINY["kv_lora_rank"] + TINY["qk_rope_head_dim"]) * TINY["num_hidden_layers"] * 4  # replicated
+    assert stats["memory"]["kv_pool"] == per_token * 256
+
+
+def test_tp_shard_holds_its_heads():
+    """Rank 1 of 2 builds its 2 query heads' projections and the whole latent ones."""
     from radixlang_runtime.model.executor.parallel import make_shard
+    from radixlang_runtime.model.models.deepseek import MLAttention
 
     cfg = ModelConfig.from_dict({**V3_MIN, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
                                  "q_lora_rank": None})
-    shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size, 2, 0)
-    with pytest.raises(ValueError, match="tp_size 2"):
-        MLAttention(cfg, 0, shard, None)
+    shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size, 2, 1)
+    attn = MLAttention(cfg, 0, shard, None)
+    h = cfg.num_attention_heads // 2
+    assert (attn.h, attn.head_start) == (h, h)
+    assert attn.q_proj.out_features == h * 24 and attn.kv_b_proj.out_features == h * 32
+    assert attn.o_proj.in_features == h * 16 and attn.kv_a_proj_with_mqa.out_features == cfg.mla.entry_dim
+
+
+def test_pd_transfer_under_tp_is_refused_by_name():
+    """PD's TP record port moves a split of KV heads; the latent entry is every rank's whole: refused."""
+    from types import SimpleNamespace
+
+    from radixlang_runtime.model.executor.tp_kv import TPRecordPort
+
+    cfg = ModelConfig.from_dict({**V3_MIN, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16})
+    with pytest.raises(ValueError, match="PD disaggregation with tp_size 2 is not implemented for "
+                                         "DeepseekV3ForCausalLM"):
+        TPRecordPort(SimpleNamespace(cfg=cfg, tp=SimpleNamespace(size=2)), 1)

@@ -265,6 +265,8 @@ class ModelRunner:
         if self.cfg.mla is not None:
             raise ValueError(f"enable_lora is not supported for {self.cfg.architecture} (multi-head latent attention "
                              "has no q / k / v projections to adapt)")
+        if getattr(model, "lora_refusal", None):  # a family whose projections LoRA cannot address
+            raise ValueError(model.lora_refusal)
         lora = LoraModel(model)
         self.loras = LoraRegistry(lora, self.cfg.num_hidden_layers, self.args.max_lora_rank, self.dtype,
                                   self.device, self.args.max_loaded_loras)

@@ -77,6 +77,9 @@ class TPRecordPort:
     """KVRecordPort's interface (record_bytes, read_/write_records, read_/write_joined) on rank 0 of a TP group."""
 
     def __init__(self, runner: Any, record_tokens: int):
+        if runner.cfg.mla is not None:  # every rank holds the whole latent entry: not a split of heads
+            raise ValueError(f"PD disaggregation with tp_size {runner.tp.size} is not implemented for "
+                             f"{runner.cfg.architecture} (multi-head latent attention): serve it with tp_size 1")
         self.runner, self.t, self.tp = runner, record_tokens, runner.tp
         self.shape = record_shape(runner, record_tokens)
         self.dtype = runner.kv_pool.block.dtype

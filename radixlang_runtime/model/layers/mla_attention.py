@@ -14,7 +14,10 @@ lanes. kv_b_proj's weight [H (nope + v), C] splits per head into W_UK [nope, C] 
   kernels (use_cpu_kernel) the attention over the entries is radixlang_kernels' mla_decode, reading the pool in
   place (each entry once for a block of heads); else SDPA over the gathered entries.
 
-Tensor parallelism is not implemented for MLA (the latent is shared by every head; the heads would split).
+Tensor parallel: each rank runs its Shard's query heads (q_proj / q_b_proj rows, kv_b_proj's rows of those heads,
+o_proj's columns; the row-parallel o_proj's output is summed over the ranks, its bias added by rank 0 only). The
+latent entry is every head's, so each rank computes and stores the whole entry (q_a_proj, kv_a_proj_with_mqa and
+their norms replicated): every rank's pool holds the same latent KV.
 """
 
 from __future__ import annotations
@@ -82,11 +85,8 @@ class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce):
         super().__init__()
         m = cfg.mla
-        if shard.size > 1:
-            raise ValueError(f"tp_size {shard.size} is not supported for {cfg.architecture} (multi-head latent "
-                             "attention is not split across ranks)")
         self.layer_id, self.m, self.reduce = layer_id, m, reduce
-        self.h = cfg.num_attention_heads
+        self.h, self.head_start, self.rank = shard.q_count, shard.q_start, shard.rank  # this rank's query heads
         qd = m.qk_nope_head_dim + m.qk_rope_head_dim
         hidden, bias = cfg.hidden_size, cfg.attention_bias
         if m.q_lora_rank is None:
@@ -109,6 +109,28 @@ class MLAttention(nn.Module):
         m = self.m
         w = self.kv_b_proj.weight.detach().view(self.h, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         self.w_uk, self.w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim:]
+
+    def load(self, take, put, src: str, dst: str, bias: bool) -> None:
+        """The checkpoint's self_attn.* (src) into this module (dst): this rank's heads of the per-head
+        projections, the latent's projections whole."""
+        m, h0, h1 = self.m, self.head_start, self.head_start + self.h
+        qd, kvd = m.qk_nope_head_dim + m.qk_rope_head_dim, m.qk_nope_head_dim + m.v_head_dim
+        put(dst + "kv_a_proj_with_mqa.weight", take(src + "kv_a_proj_with_mqa.weight"))
+        put(dst + "kv_a_layernorm.weight", take(src + "kv_a_layernorm.weight"))
+        put(dst + "kv_b_proj.weight", take(src + "kv_b_proj.weight", rows=(h0 * kvd, h1 * kvd)))
+        put(dst + "o_proj.weight", take(src + "o_proj.weight", cols=(h0 * m.v_head_dim, h1 * m.v_head_dim)))
+        if m.q_lora_rank is None:
+            put(dst + "q_proj.weight", take(src + "q_proj.weight", rows=(h0 * qd, h1 * qd)))
+        else:
+            put(dst + "q_a_proj.weight", take(src + "q_a_proj.weight"))
+            put(dst + "q_a_layernorm.weight", take(src + "q_a_layernorm.weight"))
+            put(dst + "q_b_proj.weight", take(src + "q_b_proj.weight", rows=(h0 * qd, h1 * qd)))
+        if bias:
+            put(dst + "kv_a_proj_with_mqa.bias", take(src + "kv_a_proj_with_mqa.bias"))
+            o_bias = take(src + "o_proj.bias")  # summed over the ranks by the reduce: rank 0 adds it
+            put(dst + "o_proj.bias", o_bias if self.rank == 0 else torch.zeros_like(o_bias))
+            if m.q_lora_rank is not None:
+                put(dst + "q_a_proj.bias", take(src + "q_a_proj.bias"))
 
     def _rope(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         return rope_interleaved(x, fb.rope_cos_sin) if self.m.rope_interleave else Rotary.apply(x, fb.rope_cos_sin)

@@ -20,6 +20,9 @@ FIELDS = {  # rope_type -> the fields it reads besides _COMMON
     "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
              "mscale_all_dim", "truncate"},
     "longrope": {"short_factor", "long_factor", "factor", "attention_factor", "original_max_position_embeddings"},
+    # Gemma 4's global layers: the first partial_rotary_factor of each neox half of the head rotates, the rest of
+    # the head's frequencies are zero (rotary_dim stays head_dim; RopeSpec.proportion keeps the factor)
+    "proportional": {"factor"},
 }
 _REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
              "yarn": ("factor",), "longrope": ("short_factor", "long_factor")}
@@ -48,6 +51,7 @@ class RopeSpec:
     truncate: bool = True
     short_factor: Optional[tuple[float, ...]] = None  # longrope: [rotary_dim / 2] each
     long_factor: Optional[tuple[float, ...]] = None
+    proportion: Optional[float] = None  # proportional: the rotated share of each half of the head
 
     @staticmethod
     def plain(head_dim: int, theta: float, max_position_embeddings: int = 4096) -> "RopeSpec":
@@ -98,7 +102,8 @@ def parse_rope(cfg: dict, head_dim: int) -> RopeSpec:
             raise ValueError(f"rope_type {rope_type!r} needs the rope field {key!r}")
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     prf = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    rotary_dim = int(head_dim * float(prf))
+    proportional = rope_type == "proportional"
+    rotary_dim = head_dim if proportional else int(head_dim * float(prf))
     if rotary_dim <= 0 or rotary_dim > head_dim or rotary_dim % 2:
         raise ValueError(f"partial_rotary_factor {prf!r} gives rotary_dim {rotary_dim} (head_dim {head_dim}): "
                          "it must be even and in (0, head_dim]")
@@ -118,7 +123,8 @@ def parse_rope(cfg: dict, head_dim: int) -> RopeSpec:
         attention_factor=_float(params, "attention_factor"), beta_fast=_float(params, "beta_fast"),
         beta_slow=_float(params, "beta_slow"), mscale=_float(params, "mscale"),
         mscale_all_dim=_float(params, "mscale_all_dim"), truncate=truncate,
-        short_factor=_factors(params, "short_factor", half), long_factor=_factors(params, "long_factor", half))
+        short_factor=_factors(params, "short_factor", half), long_factor=_factors(params, "long_factor", half),
+        proportion=float(prf) if proportional else None)
     if rope_type in ("linear", "dynamic", "llama3") and (spec.factor is None or spec.factor <= 0):
         raise ValueError(f"rope field 'factor' must be a positive number for rope_type {rope_type!r}")
     if rope_type == "llama3" and spec.low_freq_factor == spec.high_freq_factor:

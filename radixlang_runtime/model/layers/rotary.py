@@ -100,6 +100,11 @@ def inv_freq(spec: RopeSpec, seq_len: Optional[int] = None,
         long = seq_len is not None and seq_len > spec.original_max_position_embeddings
         ext = torch.tensor(spec.long_factor if long else spec.short_factor, dtype=torch.float32, device=device)
         return 1.0 / (ext * spec.theta ** _exponents(dim, device)), _longrope_attention(spec)
+    if t == "proportional":  # transformers' _compute_proportional_rope_parameters
+        angles = int(spec.proportion * dim // 2)
+        exps = torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=device).float() / dim
+        inv = torch.cat((1.0 / (spec.theta ** exps), torch.zeros(dim // 2 - angles, device=device)))
+        return inv / (spec.factor if spec.factor is not None else 1.0), 1.0
     raise ValueError(f"rope_type {t!r} is not supported")
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
-from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, glm4_moe, gpt_oss, llama4, llama_family,
-                                            mixtral, olmoe, phi3, qwen3_next, qwen_moe, transformers_fallback)
+from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
+                                            llama4, llama_family, mixtral, olmoe, phi3, qwen3_next, qwen_moe,
+                                            transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ _FAMILIES = (
     ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
     ModelFamily("Gemma2ForCausalLM", gemma2.parse_gemma2, gemma2.Gemma2ForCausalLM),
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
+    ModelFamily("Gemma4ForCausalLM", gemma4_config.parse_gemma4, gemma4.Gemma4ForCausalLM),
+    ModelFamily("Gemma4ForConditionalGeneration", gemma4_config.parse_gemma4_multimodal,
+                gemma4.Gemma4ForCausalLM),  # its text model
     ModelFamily("Llama4ForCausalLM", llama4.parse_llama4, llama4.Llama4ForCausalLM),
     ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
     ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
-
 from torch import nn
 
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
@@ -167,13 +165,14 @@ class DeepseekForCausalLM(MoEForCausalLM):
             done.add(name)
 
         take = tensors.get
-        put("embed_tokens.weight", take("model.embed_tokens.weight"))
+        vocab = (self.shard.vocab_start, self.shard.vocab_start + self.shard.vocab_count)  # this rank's rows
+        put("embed_tokens.weight", take("model.embed_tokens.weight", rows=vocab))
         put("norm.weight", take("model.norm.weight"))
         if self.lm_head is not None:
-            put("lm_head.weight", take("lm_head.weight"))
+            put("lm_head.weight", take("lm_head.weight", rows=vocab))
         for i in range(self.cfg.num_hidden_layers):
             src, dst = f"model.layers.{i}.", f"layers.{i}."
-            self._load_attention(i, tensors, put)
+            self.layers[i].self_attn.load(take, put, src + "self_attn.", dst + "self_attn.", self.cfg.attention_bias)
             self.load_mlp(i, tensors, put)
             put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
             put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
@@ -181,16 +180,3 @@ class DeepseekForCausalLM(MoEForCausalLM):
         missing = sorted(set(own) - done)
         if missing:
             raise ValueError(f"parameters not loaded: {missing[:5]}")
-
-    def _load_attention(self, i: int, tensors: SafetensorsDir, put: Callable) -> None:
-        attn: MLAttention = self.layers[i].self_attn
-        src, dst = f"model.layers.{i}.self_attn.", f"layers.{i}.self_attn."
-        names = ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"]
-        names += ["q_proj.weight"] if attn.m.q_lora_rank is None else [
-            "q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"]
-        if self.cfg.attention_bias:
-            names += ["kv_a_proj_with_mqa.bias", "o_proj.bias"] + ([] if attn.m.q_lora_rank is None
-                                                                    else ["q_a_proj.bias"])
-        for n in names:
-            put(dst + n, tensors.get(src + n))
-

@@ -1,0 +1,260 @@
+"""Gemma 4 text (Gemma4ForCausalLM) end to end: a tiny random checkpoint written by transformers (sliding / global
+layers with a window shorter than the prompts, global layers with twice the head_dim and one KV head whose V is
+the key projection, the proportional rope, two KV-shared layers with double-wide MLPs, per-layer input
+embeddings, random layer scalars, final logit soft-capping), served by the Engine in float32, greedy token for
+token against transformers' own generate; the config fields it does not honour are refused by name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from radixlang_runtime.model.loader.config import ModelConfig
+from tiny_checkpoints import build_tiny, hf_greedy
+
+FULL, SLIDE = "full_attention", "sliding_attention"
+TINY = dict(hidden_size=64, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+            num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+            layer_types=[SLIDE, FULL] * 3, sliding_window=8, final_logit_softcapping=30.0, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0, max_position_embeddings=256, initializer_range=0.3)
+LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
+NEW = 16
+SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+# the pool's entry: 4 planes (layers 4 and 5 read layers 2 and 3's), 2 heads of 32 lanes, K and V, float32
+KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
+
+
+def _randomise(model) -> None:
+    """Layer scalars, norm weights and the router's scales away from transformers' ones (a wrong placement then
+    moves the tokens)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name.endswith(("layer_scalar", "per_expert_scale", "router.scale")):
+                t.copy_(0.5 + torch.rand(t.shape, generator=g))
+            elif name.endswith("norm.weight"):
+                t.copy_(1.0 + 0.3 * torch.randn(t.shape, generator=g))
+
+
+def _build(path, global_head_dim: int, prompts: list[list[int]], **extra):
+    """(path, transformers model, its greedy tokens on prompts)."""
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    vocab = len(AutoTokenizer.from_pretrained(embedded_tokenizer_dir()))
+    model = build_tiny(path, "Gemma4TextConfig", TINY, {"vocab_size_per_layer_input": vocab,
+                                                         "global_head_dim": global_head_dim, **extra})
+    _randomise(model)
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model, [hf_greedy(model, p, NEW) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """Global head_dim 32: the pool's entry fits the C attention kernels (head_dim <= 256)."""
+    return _build(tmp_path_factory.mktemp("gemma4"), 32, LONG_PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def wide_checkpoint(tmp_path_factory):
+    """Global head_dim 320 (the released models' is 512): the pool's entry is past the C kernels' limit, the
+    torch attention path serves it."""
+    return _build(tmp_path_factory.mktemp("gemma4_wide"), 320, LONG_PROMPTS[:2])
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """The mixture-of-experts block beside each dense MLP (gemma-4-26B-A4B's layer), 4 layers, 2 of them KV-shared."""
+    return _build(tmp_path_factory.mktemp("gemma4_moe"), 32, LONG_PROMPTS[:2], num_hidden_layers=4,
+                  layer_types=[SLIDE, FULL] * 2, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                  moe_intermediate_size=32, initializer_range=0.1)
+
+
+def _forced_argmax(model, want: list[list[int]]) -> list[list[int]]:
+    """Each prompt followed by its reference tokens in one forward: the argmax at every generated position."""
+    out = []
+    with torch.no_grad():
+        for p, w in zip(LONG_PROMPTS, want):
+            logits = model(torch.tensor([p + w[:-1]])).logits[0, len(p) - 1:]  # [NEW, V]
+            out.append(logits.argmax(-1).tolist())
+    return out
+
+
+def test_each_feature_moves_transformers_tokens(checkpoint):
+    """Without the window, the per-layer inputs or the layer scalars, transformers' own tokens differ: the parity
+    below checks each of them."""
+    _, model, want = checkpoint
+    assert sum(len(set(w)) > 1 for w in want) >= 3  # not a degenerate model
+
+    def no_window(m):
+        for layer in m.model.layers:
+            layer.self_attn.sliding_window = None
+        m.config.sliding_window = 1000
+
+    def no_ple(m):
+        for layer in m.model.layers:
+            layer.per_layer_projection.weight.zero_()
+
+    def no_scalars(m):
+        for layer in m.model.layers:
+            layer.layer_scalar.fill_(1.0)
+
+    for change in (no_window, no_ple, no_scalars):
+        other = copy.deepcopy(model)
+        with torch.no_grad():
+            change(other)
+        assert _forced_argmax(other, want[:3]) != want[:3], change.__name__
+    assert _forced_argmax(model, want) == want  # the check itself: the model's own tokens come back
+
+
+def test_greedy_matches_transformers(checkpoint):
+    """Prompts longer than the window and than a prefill chunk (16), a pool tight enough to retract, then a
+    radix-cache hit: every request token for token against transformers, the allocator whole after each step;
+    the KV-shared layers hold no pool plane."""
+    from radixlang_kernels import cpu_ops
+    from radixlang_runtime import Engine
+
+    path, model, want = checkpoint
+    with Engine(str(path), dtype="float32", max_total_tokens=160, chunked_prefill_size=16, max_prefill_tokens=64,
+                new_token_ratio_init=0.05, new_token_ratio_min=0.05, debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS, sampling_params=SP)
+        stats = eng.get_stats()
+        again = eng.generate(input_ids=LONG_PROMPTS[3], sampling_params=SP)
+    assert stats["num_retractions"] > 0, "the pool was meant to force retractions"
+    # the C attention kernels wherever this machine has them (else the torch path runs)
+    assert stats["cpu"]["paths"]["decode_attention"].startswith("c:") == (cpu_ops.load() is not None)
+    assert stats["memory"]["kv_pool"] == 160 * KV_BYTES_PER_TOKEN
+    assert [o["output_ids"] for o in outs] == want
+    assert again["output_ids"] == want[3]
+    assert again["meta_info"]["cached_tokens"] > 0
+
+
+def test_wide_heads_on_the_torch_path(wide_checkpoint):
+    from radixlang_runtime import Engine
+
+    path, _, want = wide_checkpoint
+    with Engine(str(path), dtype="float32", max_total_tokens=256, chunked_prefill_size=16,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
+        paths = eng.get_stats()["cpu"]["paths"]
+    assert paths["decode_attention"].startswith("torch") and paths["extend_attention"].startswith("torch")
+    assert [o["output_ids"] for o in outs] == want
+
+
+BASE = {"architectures": ["Gemma4ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 32,
+        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 100}
+
+
+def test_config_defaults_are_transformers():
+    """Without layer_types every sixth layer is global (and the last one always); the global layers' head_dim is
+    512 and their rope the proportional one; the pool's entry is the widest layer's."""
+    cfg = ModelConfig.from_dict({**BASE, "num_hidden_layers": 8, "num_kv_shared_layers": 2})
+    lay = cfg.family_options
+    assert cfg.layer_windows == (512,) * 5 + (0, 512, 0)
+    assert lay.head_dims == (16,) * 5 + (512, 16, 512) and cfg.head_dim == 512 and cfg.num_key_value_heads == 2
+    assert lay.kv_plane == (0, 1, 2, 3, 4, 5, 4, 5) and cfg.kv_layer_count == 6
+    assert (cfg.rope.rope_type, cfg.rope.proportion, cfg.rope.theta) == ("proportional", 0.25, 1e6)
+    assert (cfg.rope_local.rope_type, cfg.rope_local.theta, cfg.rope_local.head_dim) == ("default", 1e4, 16)
+    assert cfg.attn_scale == 1.0 and cfg.tie_word_embeddings
+
+
+def test_proportional_rope_matches_transformers():
+    from transformers import Gemma4TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from radixlang_runtime.model.layers.rotary import inv_freq
+
+    text = Gemma4TextConfig(**{k: v for k, v in BASE.items() if k != "architectures"}, global_head_dim=64)
+    want, _ = ROPE_INIT_FUNCTIONS["proportional"](text, None, layer_type=FULL)
+    got, attention = inv_freq(ModelConfig.from_dict({**BASE, "global_head_dim": 64}).rope)
+    assert attention == 1.0 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}, "enable_moe_block needs"),
+    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention 'all'"),
+    ({"hidden_activation": "silu"}, "hidden_activation 'silu'"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"num_kv_shared_layers": 6}, "num_kv_shared_layers 6"),
+    ({"num_kv_shared_layers": 1, "layer_types": [SLIDE] * 5 + [FULL]}, "layer 5 \\(full_attention\\) shares K/V"),
+    ({"per_layer_config": {"5": {"num_key_value_heads": 3}}}, "KV heads per layer \\[2, 3\\]"),
+    ({"per_layer_config": {"5": {"head_dim": 32, "sliding_window": 4}}}, "per_layer_config field 'sliding_window'"),
+    ({"rope_parameters": {"chunked_attention": {"rope_type": "default"}}}, "rope_parameters entry"),
+    ({"layer_types": ["chunked_attention"] * 6}, "layer_types entry 'chunked_attention'"),
+])
+def test_unhonoured_fields_are_refused_by_name(extra, needle):
+    with pytest.raises(ValueError, match=needle):
+        ModelConfig.from_dict({**BASE, **extra})
+
+
+def test_moe_block_matches_transformers(moe_checkpoint):
+    """Routed experts beside the dense MLP: without the per-expert scales transformers' own tokens differ; the
+    Engine's are transformers' token for token."""
+    from radixlang_runtime import Engine
+
+    path, model, want = moe_checkpoint
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in other.model.layers:
+            layer.router.per_expert_scale.fill_(1.0)
+    assert all(len(set(w)) > 1 for w in want) and _forced_argmax(other, want) != want
+    with Engine(str(path), dtype="float32", max_total_tokens=256, chunked_prefill_size=16,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
+    assert [o["output_ids"] for o in outs] == want
+
+
+def test_lora_is_refused_by_name(checkpoint):
+    from radixlang_runtime import Engine
+
+    path, _, _ = checkpoint
+    with pytest.raises(ValueError, match="enable_lora is not supported for Gemma 4"):
+        Engine(str(path), dtype="float32", max_total_tokens=64, enable_lora=True, max_lora_rank=8)
+
+
+def test_multimodal_checkpoint_serves_its_text_model(checkpoint, tmp_path):
+    """Gemma4ForConditionalGeneration's directory (text weights under model.language_model., config.json's
+    text_config): transformers' multimodal model and the Engine both give the text model's tokens."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import Gemma4ForConditionalGeneration
+
+    from radixlang_runtime import Engine
+
+    path, model, want = checkpoint
+    tensors = {"model.language_model." + k[len("model."):]: v.clone().contiguous()
+               for k, v in model.state_dict().items() if k.startswith("model.")}
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+              "text_config": model.config.to_dict(), "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for f in path.iterdir():
+        if "token" in f.name:
+            shutil.copy(f, tmp_path / f.name)
+    hf = Gemma4ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p, w in zip(LONG_PROMPTS[:2], want):
+            assert hf(torch.tensor([p + w[:-1]])).logits[0, len(p) - 1:].argmax(-1).tolist() == w
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=256) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
+    assert [o["output_ids"] for o in outs] == want[:2]
+
+
+def test_bfloat16_runs(checkpoint):
+    """bfloat16 serving: the packed linears, the C norms where the CPU has them, the padded pool entries."""
+    from radixlang_runtime import Engine
+
+    path, _, _ = checkpoint
+    with Engine(str(path), dtype="bfloat16", max_total_tokens=256, chunked_prefill_size=16) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:3], sampling_params={**SP, "max_new_tokens": 4,
+                                                                        "min_new_tokens": 4})
+        stats = eng.get_stats()
+    assert [len(o["output_ids"]) for o in outs] == [4] * 3
+    assert stats["memory"]["kv_pool"] == 256 * KV_BYTES_PER_TOKEN // 2  # 2-byte lanes
