@@ -46,7 +46,11 @@ def check_cuda_graph_args(args: Any) -> None:
 
 
 def check_graph_device(args: Any, device_type: str) -> None:
-    """Once the device is known: bucket sizes on a CPU without --cuda-graph-emulate would be ignored."""
+    """Once the device is known (device auto): emulation on CUDA, or bucket sizes on a CPU without
+    --cuda-graph-emulate, would not be honoured."""
+    if device_type == "cuda" and args.cuda_graph_emulate:
+        raise ValueError("cuda_graph_emulate runs the graph path eagerly on the CPU; on CUDA the graphs are captured "
+                         "(drop cuda_graph_emulate, or pass device cpu)")
     if device_type != "cuda" and not args.cuda_graph_emulate and (
             args.cuda_graph_bs is not None or args.cuda_graph_max_bs is not None):
         raise ValueError("cuda_graph_bs / cuda_graph_max_bs apply to CUDA graphs; on the CPU add cuda_graph_emulate "

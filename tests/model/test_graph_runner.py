@@ -60,8 +60,16 @@ def test_emulated_graphs_equal_eager_on_a_tight_pool():
     assert info["eager_steps"].get("batch over the largest bucket", 0) > 0
 
 
-def test_emulated_graphs_match_transformers_on_a_tiny_llama(tmp_path):
+@pytest.mark.parametrize("mode", ["emulate", "cuda"])
+def test_graphs_match_transformers_on_a_tiny_llama(mode, tmp_path):
+    """emulate: the CPU; cuda: captured graphs on the Triton backend (benchmarks/gpu_check.sh runs it)."""
+    import torch
+
     from radixlang_runtime import Engine
+
+    if mode == "cuda" and not torch.cuda.is_available():
+        pytest.skip("captured CUDA graphs need a CUDA device")
+    graph_args = dict(device="cpu", cuda_graph_emulate=True) if mode == "emulate" else dict(device="cuda")
 
     tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
@@ -70,13 +78,13 @@ def test_emulated_graphs_match_transformers_on_a_tiny_llama(tmp_path):
     prompts = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31], [42] * 7]
     news = [16, 9, 3]  # a batch of 3 (bucket 4), then 2, then 1
     want = [hf_greedy(model, p, n) for p, n in zip(prompts, news)]
-    with Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, cuda_graph_emulate=True,
-                cuda_graph_bs=[1, 2, 4]) as eng:
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=1024, cuda_graph_bs=[1, 2, 4], **graph_args) as eng:
         sps = [{"max_new_tokens": n, "min_new_tokens": n, "temperature": 0} for n in news]
         got = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=sps)]
         info = eng.get_stats()["cuda_graph"]
         assert_whole(eng)
     assert got == want
+    assert info["mode"] == mode
     assert info["replays"].get(4, 0) > 0 and info["replays"].get(1, 0) > 0 and info["padded_rows"] > 0
 
 
