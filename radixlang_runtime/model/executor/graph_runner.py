@@ -16,9 +16,11 @@ plans no cascade groups (they are host-side plans); everything else is the eager
 on the static buffers in place of the replay: the parity tests run the graph path's bookkeeping on the CPU.
 
 Whole-runner exclusions (the runner decodes eagerly, the reason in /server_info's cuda_graph): tensor
-parallelism, LoRA, hybrid recurrent-state models, multi-head latent attention, the transformers implementation,
-pooling models, the torch attention backend on CUDA. Per step (counted by reason): batches over the largest
-bucket, speculative verification (run as decode rows of an extend), prefill and mixed steps, which stay eager.
+parallelism, LoRA, hybrid recurrent-state models, multi-head latent attention, mixture-of-experts routing, the
+transformers implementation, pooling models, the torch attention backend on CUDA; on CUDA a capture that fails
+(an op the graph cannot hold) turns the graphs off with its error as the reason. Per step (counted by reason):
+batches over the largest bucket, speculative verification (run as decode rows of an extend); prefill and mixed
+steps stay eager.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def graph_off_reason(runner: Any) -> Optional[str]:
     for reason, on in (("tensor parallelism", runner.tp is not None), ("a pooling model", args.is_embedding),
                        ("enable_lora", args.enable_lora), ("a hybrid model's recurrent state", cfg.linear_attn),
                        ("multi-head latent attention", cfg.mla),
+                       ("mixture-of-experts routing (its expert counts are read on the host)", cfg.moe),
                        ("model_impl transformers", cfg.model_impl != "native"),
                        ("attention_backend torch on CUDA", runner.device.type == "cuda"
                         and args.attention_backend != "triton")):
@@ -83,7 +86,11 @@ def start_graphs(runner: Any) -> tuple[Optional["DecodeGraphs"], GraphInfo]:
         return None, GraphInfo("off", runner.graph_off)
     args = runner.args
     buckets = graph_buckets(args.cuda_graph_bs, args.cuda_graph_max_bs, runner.sizes.table_rows)
-    graphs = DecodeGraphs(runner, buckets, capture=runner.device.type == "cuda")
+    try:
+        graphs = DecodeGraphs(runner, buckets, capture=runner.device.type == "cuda")
+    except RuntimeError as e:  # an op that cannot be captured (a host sync): decode runs eagerly, the reason shown
+        logger.warning("CUDA graphs off: capture failed: %s", e)
+        return None, GraphInfo("off", f"capture failed: {e}", buckets)
     return graphs, graphs.info
 
 
