@@ -1,7 +1,8 @@
 """The decode graph path (model/executor/graph_runner.py) on the CPU through --cuda-graph-emulate: the same
 buckets, padding, static buffers and copy-in / copy-out as the CUDA replay, with an eager forward in its place.
 Greedy tokens equal the eager path's token for token on the embedded model (float32, batches crossing bucket
-edges, requests finishing mid-batch, retractions on a tight pool) and transformers' on a tiny Llama; the
+edges, requests finishing mid-batch, retractions on a tight pool, n-gram drafts verified eagerly between replayed
+steps) and transformers' on a tiny Llama; the
 allocator is whole after and the padding slot never handed out. Then the buckets and the flags' refusals."""
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from radixlang_runtime.server_cli import parse_server_args
 from tiny_checkpoints import build_tiny, hf_greedy
 
 BUCKETS = [1, 3]  # a batch of 2 pads to 3; 4 and more run eagerly
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            bos_token_id=1, eos_token_id=2, tie_word_embeddings=True, initializer_range=0.3,
+            max_position_embeddings=256)
 
 
 def greedy(eng, prompts: list[str], news: list[int]) -> list[list[int]]:
@@ -27,10 +31,11 @@ def test_emulated_graphs_equal_eager_on_a_tight_pool():
 
     prompts = PROMPTS[:7]
     news = [3 + 3 * i for i in range(7)]  # requests finish one after another: batches 7 .. 1 cross the buckets
-    # an optimistic decode reservation on 5 pages of 16: decode must retract (and re-prefill) some requests
+    # an optimistic decode reservation on 5 pages of 16: decode must retract (and re-prefill) some requests;
+    # n-gram speculation proposes drafts from the prompts, verified on the eager path
     eng = Engine(dtype="float32", max_total_tokens=80, chunked_prefill_size=64, max_prefill_tokens=64,
                  new_token_ratio_init=0.05, new_token_ratio_min=0.05, debug_check_integrity=True,
-                 cuda_graph_emulate=True, cuda_graph_bs=BUCKETS)
+                 cuda_graph_emulate=True, cuda_graph_bs=BUCKETS, speculative_algorithm="NGRAM")
     try:
         runner, sched = eng.runner, eng.scheduler
         graphs = runner.graphs
@@ -58,6 +63,7 @@ def test_emulated_graphs_equal_eager_on_a_tight_pool():
     assert set(info["replays"]) <= set(BUCKETS) and info["replayed_steps"] == sum(info["replays"].values()) > 0
     assert info["padded_rows"] > 0  # a batch of 2 ran in the bucket of 3
     assert info["eager_steps"].get("batch over the largest bucket", 0) > 0
+    assert info["eager_steps"].get("speculative verification", 0) > 0  # n-gram drafts verified eagerly
 
 
 @pytest.mark.parametrize("mode", ["emulate", "cuda"])
@@ -70,11 +76,7 @@ def test_graphs_match_transformers_on_a_tiny_llama(mode, tmp_path):
     if mode == "cuda" and not torch.cuda.is_available():
         pytest.skip("captured CUDA graphs need a CUDA device")
     graph_args = dict(device="cpu", cuda_graph_emulate=True) if mode == "emulate" else dict(device="cuda")
-
-    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
-                initializer_range=0.3, max_position_embeddings=256)
-    model = build_tiny(tmp_path, "LlamaConfig", tiny, {})
+    model = build_tiny(tmp_path, "LlamaConfig", TINY, {})
     prompts = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31], [42] * 7]
     news = [16, 9, 3]  # a batch of 3 (bucket 4), then 2, then 1
     want = [hf_greedy(model, p, n) for p, n in zip(prompts, news)]
