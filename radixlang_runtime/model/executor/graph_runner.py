@@ -112,6 +112,8 @@ class DecodeGraphs:
         self.info = GraphInfo("cuda" if capture else "emulate", buckets=list(buckets))
         if capture:
             self._capture_all()
+        else:
+            logger.info("decode graph path emulated on the CPU: buckets %s", ", ".join(map(str, buckets)))
 
     # ------------------------------------------------------------------ which steps
     def eager_reason(self, step: Any) -> Optional[str]:
