@@ -24,6 +24,11 @@ import tempfile
 import time
 from typing import Any, Optional
 
+# the checkout's packages, also where nothing is installed (the GPU image: benchmarks/gpu_check.sh)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
 SHAPES = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256),
