@@ -2,8 +2,11 @@
 # GPU check: the Triton kernels compiled (not interpreted) at test sizes, bench_kernels.py (decode GB/s vs HBM,
 # extend TFLOP/s, each next to torch SDPA), then the Engine on CUDA with the Triton backend: the model families'
 # float32 greedy parity tests (tiny random checkpoints against transformers on the CPU) and the Triton-vs-torch
-# backend test. Each step has its own time cap; under 8 minutes on one H100/H200-class GPU. Without CUDA it
-# says so and exits 0.
+# backend test (the engine tests run decode under CUDA graphs, the default on CUDA, and the graph path's
+# parity test against transformers), then bench_gpu_decode.py: a Llama-3-8B-shaped model with random bf16
+# weights, W1 / W2 and decode at batch 1 / 16 / 64 with graphs on and off (tok/s, ms per step, share of the
+# HBM roofline). Each step has its own time cap; about 10 minutes on one H100/H200-class GPU. Without CUDA
+# it says so and exits 0.
 #
 # The GPU machine this is written for has torch, triton and transformers but no network, no pip index and not
 # the embedded model. What the Engine needs beyond its image travels in .gpu/ (git-ignored, ~4 MB):
@@ -83,6 +86,10 @@ step() {  # step NAME CAP_SECONDS CMD...: runs CMD under a time cap, its output 
 }
 step kernels 150 "$PY" -m pytest -q -p no:cacheprovider kernels/tests/test_triton_kernels.py tests/model/test_triton_cascade.py
 step bench_kernels 150 "$PY" kernels/benchmarks/bench_kernels.py --json "$LOGS/kernels.json"
-step engine 200 "$PY" -m pytest -q -p no:cacheprovider --durations=10 tests/model/test_triton_backend.py \
-    tests/model/test_model_families.py tests/model/test_model_moe.py tests/model/test_model_impl.py -k "not tp2"  # one GPU: no TP=2
+step engine 240 "$PY" -m pytest -q -p no:cacheprovider --durations=10 tests/model/test_triton_backend.py \
+    tests/model/test_model_families.py tests/model/test_model_moe.py tests/model/test_model_impl.py \
+    tests/model/test_graph_runner.py -k "not tp2 and (not test_graph_runner or tiny_llama)"  # one GPU: no TP=2
+# decode under CUDA graphs, on and off: a Llama-3-8B-shaped model with random bf16 weights built on the GPU
+step decode_graphs 300 "$PY" benchmarks/bench_gpu_decode.py --model-dir /tmp/radixlang-llama3-8b-random \
+    --json "$LOGS/decode_graphs.json"
 exit $status

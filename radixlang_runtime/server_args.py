@@ -176,6 +176,12 @@ class ServerArgs:
     max_loras_per_batch: int = 8  # distinct adapters in one running batch (the base model not counted)
     max_loaded_loras: Optional[int] = None  # resident adapters (LRU eviction, read again on use); None: all
 
+    # --- CUDA graphs (cuda_graph_args.py, model/executor/graph_runner.py, docs/GPU.md): SGLang's names ---
+    disable_cuda_graph: bool = False  # decode runs eagerly on CUDA too
+    cuda_graph_max_bs: Optional[int] = None  # the largest bucket of the default ladder (None: 160)
+    cuda_graph_bs: Optional[list[int]] = None  # the buckets captured (None: 1, 2, 4, 8, 12, 16, 24, ... max)
+    cuda_graph_emulate: bool = False  # CPU: the graph path (buckets, padding, static buffers) run eagerly
+
     def __post_init__(self) -> None:
         self._check_values()
         self._check_parallelism()
@@ -189,6 +195,9 @@ class ServerArgs:
         check_disaggregation_args(self)
         check_pooling_args(self)
         check_lora_args(self)
+        from radixlang_runtime.cuda_graph_args import check_cuda_graph_args  # no torch
+
+        check_cuda_graph_args(self)
 
     def _check_values(self) -> None:
         """Each field's own values: choices and ranges."""

@@ -36,6 +36,7 @@ def sections() -> list[tuple[str, list[str]]]:
 
 
 LIST_FIELDS = ("lora_paths",)  # one or more values after the flag
+INT_LIST_FIELDS = ("cuda_graph_bs",)  # one or more integers after the flag
 
 
 def flag(name: str) -> str:
@@ -98,6 +99,8 @@ def build_parser() -> ServerArgumentParser:
                 group.add_argument(flag(name), action="store_true", default=default, help=help_line(f))
             elif name in LIST_FIELDS:
                 group.add_argument(flag(name), nargs="+", default=default, help=help_line(f), metavar="NAME=PATH")
+            elif name in INT_LIST_FIELDS:
+                group.add_argument(flag(name), nargs="+", type=int, default=default, help=help_line(f), metavar="N")
             else:
                 group.add_argument(flag(name), type=cli_type(name), default=default, help=help_line(f),
                                    metavar=_metavar(name))

@@ -133,6 +133,15 @@ HELP: dict[str, str] = {
     "max_loras_per_batch": "distinct adapters in one running batch; requests of others wait",
     "max_loaded_loras": "adapters held in memory (default: all); the least recently used idle one is evicted "
                         "and read again from its path when a request needs it",
+    # CUDA graphs
+    "disable_cuda_graph": "run decode eagerly on CUDA (default: one CUDA graph per batch-size bucket, replayed "
+                          "for each decode step that fits one)",
+    "cuda_graph_max_bs": "the largest decode batch replayed from a graph (default: 160, at most "
+                         "--max-running-requests); larger batches run eagerly",
+    "cuda_graph_bs": "the batch-size buckets captured, e.g. 1 2 4 8 16 (default: 1, 2, 4, 8, 12, then every 8 "
+                     "from 16 up to --cuda-graph-max-bs)",
+    "cuda_graph_emulate": "on the CPU: run decode through the graph path (the same buckets, padding and static "
+                          "buffers) with an eager forward in place of the replay",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -181,9 +190,7 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--load-format": "weights load from safetensors or GGUF by their file type",
     "--kv-cache-dtype": "the KV cache takes the model's dtype (--dtype)",
     "--lora-modules": "use --lora-paths name=path ... (SGLang's flag)",
-    "--disable-cuda-graph": "CUDA graphs are not implemented: decode runs eagerly (nothing to disable)",
-    "--cuda-graph-max-bs": "CUDA graphs are not implemented: decode runs eagerly",
-    "--enforce-eager": "decode always runs eagerly (no CUDA graphs)",
+    "--enforce-eager": "use --disable-cuda-graph (vLLM's name)",
     "--enable-torch-compile": "torch.compile is not used; the CPU path runs C kernels",
     "--disable-overlap-schedule": "the scheduler does not overlap steps (nothing to disable)",
     "--skip-tokenizer-init": "the server always tokenizes; send input_ids to skip it per request",

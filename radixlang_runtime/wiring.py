@@ -273,6 +273,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "state_pool": ({**s.runner.state_pool.info(kv.table.num_rows - kv.table.available),
                         **(kv.states.stats() if kv.states is not None else {})}
                        if getattr(s.runner, "state_pool", None) is not None else None),
+        # decode under CUDA graphs (model/executor/graph_runner.GraphInfo): mode, buckets, capture time and memory
+        "cuda_graph": s.runner.graph_info.to_dict() if getattr(s.runner, "graph_info", None) is not None else None,
         # model/memory.MemoryBreakdown (None for runners without one, e.g. the fakes of unit tests)
         "memory": (s.runner.memory_breakdown(kv.allocator.touched_pages * kv.allocator.page_size)
                    if hasattr(s.runner, "memory_breakdown") else None),

@@ -75,7 +75,9 @@ class DraftModel:
             speculative_disable_by_batch_size=None,
             # the target's deterministic mode holds whatever the draft proposes (its rows verify any draft alike),
             # so the draft keeps its own fast paths (and a quantized draft, which the mode would refuse)
-            enable_deterministic_inference=False)
+            enable_deterministic_inference=False,
+            # the draft runs run_step (its proposals, the mirrored steps), never the graph path's decode
+            disable_cuda_graph=True, cuda_graph_emulate=False, cuda_graph_bs=None, cuda_graph_max_bs=None)
         runner = ModelRunner(dargs, draft_dir)
         if runner.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"speculative_draft_model_path {args.speculative_draft_model_path!r}: vocab size "

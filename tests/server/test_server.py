@@ -85,6 +85,8 @@ def test_info_and_control_routes(client, server):
     for route in ("/server_info", "/get_server_info"):
         info = client.get(route).json()
         assert info["port"] == server.port and info["page_size"] == 16 and "version" in info
+        graphs = info["stats"]["cuda_graph"]  # decode under CUDA graphs: off on the CPU, the reason named
+        assert graphs["mode"] == "off" and graphs["reason"].startswith("device cpu") and not info["disable_cuda_graph"]
     assert client.get("/health").status_code == 200
     assert client.get("/health_generate").status_code == 200
     assert client.post("/concate_and_append_request", json={"src_rids": ["a"], "dst_rid": "b"}).json() == {}

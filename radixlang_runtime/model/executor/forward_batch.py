@@ -34,6 +34,9 @@ class ForwardBatch:
     state_fresh: list[bool] = field(default_factory=list)
     state_saves: dict[int, tuple[int, int]] = field(default_factory=dict)  # request index -> (offset, snapshot)
     has_lora: bool = False  # some row runs a LoRA adapter (model/layers/lora_linear.py): the per-module path
+    # a decode step under the graph path (executor/graph_runner.py): the bound on seq_lens that sizes the kernels'
+    # grids in place of max(seq_lens_cpu) (no host sync, the same launch at every replay), cascade off; 0: eager
+    graph_max_len: int = 0
 
     @property
     def is_decode(self) -> bool:

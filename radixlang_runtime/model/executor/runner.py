@@ -29,6 +29,7 @@ from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.fused_decode import FusedDecode
+from radixlang_runtime.model.executor.graph_runner import graph_off_reason, start_graphs
 from radixlang_runtime.model.loader.gguf_mode import resolve_quantization
 from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, state_slots
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
@@ -117,7 +118,9 @@ class ModelRunner:
         logger.info("CPU %s; paths: %s", detect().summary(), self.cpu_paths.to_dict())
         self.model = model.eval()
         self.weights_bytes = memory.weights_bytes(model)  # fixed from here on: counted once
+        self.graphs = None  # the warm-up in _build_pools runs eagerly
         self._build_pools()
+        self.graphs, self.graph_info = start_graphs(self)  # decode under CUDA graphs (graph_runner.py)
         cfg = self.cfg
         logger.info("model %s (%s implementation): %s on %s, rope %s, KV pool %d tokens, %d request rows",
                     cfg.architecture, cfg.model_impl, self.dtype, self.device,
@@ -249,8 +252,10 @@ class ModelRunner:
             table_rows, self.state_snapshot_slots = self.state_plan
             self.state_pool = StatePool(table_rows + self.state_snapshot_slots, self._state_shape(), self.device)
         heads, dim, v_view = cfg.kv_entry(shard.kv_count)
-        self.kv_pool = KVPool(num_slots, cfg.kv_layer_count, heads, dim, self.dtype, self.device, table_rows,
-                              self.context_len, v_view)
+        self.graph_off = graph_off_reason(self)
+        pad = 0 if self.graph_off else 1  # the graph path's padding slot and table row, past the allocator's
+        self.kv_pool = KVPool(num_slots + pad, cfg.kv_layer_count, heads, dim, self.dtype, self.device,
+                              table_rows + pad, self.context_len, v_view)
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
@@ -383,7 +388,7 @@ class ModelRunner:
             step = verify_as_decode(step, batch, counts)
         if self.tp is not None:
             self.tp.broadcast_obj(step)
-        logits, hidden = self._run(step)  # [R, V] fp32; [P, hidden] fp32 (None without hidden_rows)
+        logits, hidden = self._run(step, batch.phase == "decode")  # [R, V] fp32; [P, hidden] fp32 or None
         if self.draft_mirror is not None:  # the extend form: the draft reuses its proposal's K/V by position
             self.draft_mirror(mirrored)
         if plans:
@@ -410,9 +415,12 @@ class ModelRunner:
         """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere)."""
         return self._run(step)[0]
 
-    def _run(self, step: StepInputs) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    def _run(self, step: StepInputs, decode: bool = False) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """run_step's logits, and the final hidden states [P, hidden] (float32) of step.hidden_rows (None when
-        there are none). Every rank runs the same ops (the hidden states are whole on each after the reduce)."""
+        there are none). Every rank runs the same ops (the hidden states are whole on each after the reduce).
+        decode: the scheduler's decode step, which the graph path replays where it fits a bucket."""
+        if self.graphs is not None and self.graphs.takes(step, decode):
+            return self.graphs.run(step), None
         fb = self._build_forward_batch(step)
         self.backend.init_forward_metadata(fb)
         hidden = None

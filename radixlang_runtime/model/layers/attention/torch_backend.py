@@ -135,7 +135,7 @@ class TorchAttentionBackend(AttentionBackend):
             meta = CDecodeMeta()
             if self.rows_like_extend:
                 meta.rows = torch.arange(B, dtype=torch.int64), torch.ones(B, dtype=torch.int64)
-            elif self.cascade:
+            elif self.cascade and not fb.graph_max_len:  # a graph holds no host-planned groups
                 meta.cascade = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
                                             list(range(B)), [1] * B)
                 meta.prior = self._prior(meta.cascade, B, pool)

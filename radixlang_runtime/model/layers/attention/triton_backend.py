@@ -32,6 +32,7 @@ class TritonMeta:
     prior_o: Optional[torch.Tensor] = None
     prior_lse: Optional[torch.Tensor] = None
     win_begin: Optional[dict] = None  # decode: window w -> [B] int64 max(0, seq_len - w)
+    split_len: int = 256  # decode: keys per split of the grid (larger under a graph's bound: at most 64 splits)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -51,10 +52,12 @@ class TritonAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         dev = fb.input_ids.device
         if fb.is_decode:
-            fb.attn_meta = TritonMeta(max(fb.seq_lens_cpu))
+            bound = fb.graph_max_len  # under a graph: the context length (the grid's empty splits exit at once)
+            fb.attn_meta = TritonMeta(bound or max(fb.seq_lens_cpu), split_len=256 * max(1, -(-bound // (256 * 64))))
             fb.attn_meta.win_begin = {w: (fb.seq_lens - w).clamp(min=0) for w in self.distinct_windows}
             shareable = [n - 1 for n in fb.seq_lens_cpu]  # all but the new token are in the pool
-            if self.cascade and sum(n >= MIN_SHARED for n in shareable) >= 2:  # else no group: skip the sync
+            # else no group (or a graph's step): skip the sync
+            if self.cascade and not bound and sum(n >= MIN_SHARED for n in shareable) >= 2:
                 B = fb.batch_size
                 plan = plan_cascade(fb.kv_pool.req_to_token, fb.req_rows.tolist(), shareable, list(range(B)), [1] * B)
                 if plan is not None:
@@ -88,7 +91,7 @@ class TritonAttentionBackend(AttentionBackend):
         w, sinks = self.window(layer), self.sinks.get(layer)
         if w:  # the last w positions, one pass (a shared prefix mostly lies outside the window)
             o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
-                             min(m.max_len, w), k_begin=m.win_begin[w], sinks=sinks)
+                             min(m.max_len, w), m.split_len, k_begin=m.win_begin[w], sinks=sinks)
             return o.view(q.shape[0], -1)
         p = m.cascade
         if p is not None:  # the shared prefixes once per group, into the prior each request's tail merges
@@ -96,6 +99,6 @@ class TritonAttentionBackend(AttentionBackend):
                          self.scale, self.soft_cap, p.max_group_rows, p.max_shared, out_o=m.prior_o,
                          out_lse=m.prior_lse)
         o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
-                         m.max_len, k_begin=None if p is None else p.k_begin, prior_o=m.prior_o,
+                         m.max_len, m.split_len, k_begin=None if p is None else p.k_begin, prior_o=m.prior_o,
                          prior_lse=m.prior_lse, sinks=sinks)
         return o.view(q.shape[0], -1)
