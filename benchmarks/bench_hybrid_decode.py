@@ -42,6 +42,43 @@ def run(model_dir: str, c_kernel: bool, a: argparse.Namespace, q) -> None:
     q.put({"path": path, "tok_s": a.batch * (a.new_tokens - 1) / max(wall - prefill, 1e-9)})
 
 
+def prefill_rule(lens: list[int], iters: int) -> None:
+    """One layer's delta rule over an extend of L tokens, Qwen3.5 / Qwen3-Next-sized heads (Hk 16, Hv 32, 128 x 128):
+    the runtime's torch chunk form (l2norm + chunk_rule) vs cpu_ops.gdn_prefill (token after token), interleaved."""
+    import torch
+
+    from radixlang_kernels import cpu_ops
+    from radixlang_runtime.model.layers.gated_deltanet import chunk_rule, l2norm
+
+    if cpu_ops.load() is None:
+        raise SystemExit("no C kernel library on this machine")
+    Hk, Hv, D = 16, 32, 128
+    for L in lens:
+        mixed = torch.randn(L, (2 * Hk + Hv) * D)
+        g, beta = -torch.rand(L, Hv), torch.rand(L, Hv)
+        state = torch.randn(1, Hv, D, D)
+        one, zero = torch.tensor([L]), torch.tensor([0])
+
+        def torch_chunks():
+            q, k, v = mixed.split([Hk * D, Hk * D, Hv * D], dim=-1)
+            q = l2norm(q.reshape(L, Hk, D).repeat_interleave(2, dim=1)) * D ** -0.5
+            k = l2norm(k.reshape(L, Hk, D).repeat_interleave(2, dim=1))
+            return chunk_rule(q.transpose(0, 1), k.transpose(0, 1), v.reshape(L, Hv, D).transpose(0, 1),
+                              g.transpose(0, 1), beta.transpose(0, 1), state[0].clone())
+
+        def c_tokens():
+            return cpu_ops.gdn_prefill(mixed, g, beta, state.clone(), zero, zero, one, Hk, D)
+
+        ta, tb = [], []
+        for _ in range(iters):
+            for fn, out in ((c_tokens, ta), (torch_chunks, tb)):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+        c_ms, t_ms = statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
+        print(f"prefill L {L:5d}: C token after token {c_ms:8.2f} ms, torch chunks {t_ms:8.2f} ms ({t_ms / c_ms:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=4)
@@ -50,7 +87,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=None, help="a hybrid checkpoint directory (default: the random qwen3_5)")
     ap.add_argument("--dir", default=os.path.join("/tmp", "radixlang-random"))
+    ap.add_argument("--prefill-lens", type=int, nargs="*", default=None,
+                    help="instead: one layer's delta rule over extends of these lengths, C vs torch chunks")
     a = ap.parse_args()
+    if a.prefill_lens:
+        return prefill_rule(a.prefill_lens, a.rounds)
     path = a.model or build("qwen3_5", os.path.join(a.dir, "qwen3_5"))
     rates: dict[bool, list[float]] = {True: [], False: []}
     names = {}

@@ -11,7 +11,7 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
 - dense_gemv (gemv_dense.c): weight-streaming linears for decode-sized batches, with the tiles they read
   (the quantized ones: quant_ops.py);
 - lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
-- gdn_conv_update, gdn_decode (gated_deltanet.c): Gated DeltaNet decode over a state pool in place;
+- gdn_conv_update, gdn_decode, gdn_prefill (gated_deltanet.c): Gated DeltaNet decode over a state pool in place;
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -74,7 +74,7 @@ class CpuPaths:
     norm: str
     activation: str
     linear: str
-    linear_attention: str = "none"  # hybrid models' Gated DeltaNet: "decode c:<isa>, prefill torch:chunked"
+    linear_attention: str = "none"  # hybrid models' Gated DeltaNet: "decode c:<isa>, prefill c:<isa>:recurrent"
     decode_layer: str = "modules"  # "c:<isa> (M <= n)": decode-sized steps in one call per layer (fused_decode.py)
 
     def to_dict(self) -> dict:
@@ -447,4 +447,22 @@ def gdn_decode(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: to
     rc = _lib.gdn_decode_f32(qkv.data_ptr(), qkv.stride(0), g.contiguous().data_ptr(), beta.contiguous().data_ptr(),
                              state.data_ptr(), slots.data_ptr(), B, num_k_heads, Hv, Dk, Dv, N, out.data_ptr())
     check_status(rc, "gdn_decode_f32")
+    return out
+
+
+def gdn_prefill(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                starts: torch.Tensor, lens: torch.Tensor, num_k_heads: int, k_head_dim: int) -> torch.Tensor:
+    """The gated delta rule token after token over segments (gated_deltanet.c): segment r is rows starts[r] ..
+    starts[r] + lens[r] - 1 of qkv [T, *] float32 (as gdn_decode's rows), run from state slot slots[r] (int64
+    each); g / beta [T, Hv] float32; state [N, Hv, Dk, Dv] float32 updated in place -> o [T, Hv, Dv] float32."""
+    T = qkv.shape[0]
+    N, Hv, Dk, Dv = state.shape
+    assert qkv.dtype == g.dtype == beta.dtype == state.dtype == torch.float32 and Dk == k_head_dim
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    out = torch.empty(T, Hv, Dv, dtype=torch.float32)
+    rc = _lib.gdn_prefill_f32(qkv.data_ptr(), qkv.stride(0), g.contiguous().data_ptr(), beta.contiguous().data_ptr(),
+                              state.data_ptr(), slots.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
+                              num_k_heads, Hv, Dk, Dv, N, out.data_ptr())
+    check_status(rc, "gdn_prefill_f32")
     return out

@@ -1,6 +1,7 @@
-"""The Gated DeltaNet decode kernels (csrc/cpu/gated_deltanet.c) against radixlang_kernels/reference.py's torch
-form, once per instruction set this machine has (the `isa` fixture): grouped key heads, head dims past and under
-one vector and odd ones, shuffled state slots updated in place (the others untouched), bf16 and float32 windows."""
+"""The Gated DeltaNet kernels (csrc/cpu/gated_deltanet.c: decode, the per-token prefill) against
+radixlang_kernels/reference.py's torch form, once per instruction set this machine has (the `isa` fixture):
+grouped key heads, head dims past and under one vector and odd ones, shuffled state slots updated in place (the
+others untouched), bf16 and float32 windows; ragged prefill segments, one empty."""
 
 from __future__ import annotations
 
@@ -70,3 +71,30 @@ def test_a_slot_outside_the_pool_is_refused(isa):
         cpu_ops.gdn_conv_update(x, conv, w, bad)
     with pytest.raises(RuntimeError, match="gdn_decode_f32"):
         cpu_ops.gdn_decode(x.float().contiguous(), gate, beta, state, bad, 1, 16)
+
+
+@pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(2, 4, 16, 8), (1, 2, 64, 80), (3, 3, 13, 37)])
+def test_prefill_segments_match_the_rule_token_after_token(isa, Hk, Hv, Dk, Dv):
+    """Ragged segments (one empty, one of a single row) from shuffled slots: each row's output and each segment's
+    final state as the reference's step applied token after token."""
+    from radixlang_kernels.reference import gdn_rule_ref
+
+    g = torch.Generator().manual_seed(4)
+    lens, N = [5, 1, 0, 70], 7
+    T, C = sum(lens), 2 * Hk * Dk + Hv * Dv
+    mixed = torch.randn(T, C + 3, generator=g)[:, :C]  # strided rows
+    gate, beta = -torch.rand(T, Hv, generator=g) * 2, torch.rand(T, Hv, generator=g)
+    state = torch.randn(N, Hv, Dk, Dv, generator=g)
+    slots = torch.randperm(N, generator=g)[:len(lens)]
+    starts = torch.tensor([sum(lens[:i]) for i in range(len(lens))])
+    want_state = state.clone()
+    want = torch.empty(T, Hv, Dv)
+    for r, n in enumerate(lens):
+        s = want_state[slots[r]].unsqueeze(0)
+        for i in range(starts[r], starts[r] + n):
+            o, s = gdn_rule_ref(mixed[i:i + 1], gate[i:i + 1], beta[i:i + 1], s, Hk)
+            want[i] = o[0]
+        want_state[slots[r]] = s[0]
+    got = cpu_ops.gdn_prefill(mixed, gate, beta, state, slots, starts, torch.tensor(lens), Hk, Dk)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, want_state, rtol=1e-5, atol=1e-5)

@@ -79,13 +79,14 @@ def test_greedy_matches_transformers_and_an_extension_hits_a_state_snapshot(tiny
         stats = eng.get_stats()
     assert stats["state_pool"]["snapshot_hits"] >= 1
     assert stats["state_pool"]["request_slots_in_use"] == 0
-    if detect().compiler is not None:  # decode through gated_deltanet.c (kernels/tests/test_gated_deltanet.py)
-        assert stats["cpu"]["paths"]["linear_attention"] == f"decode c:{detect().isa}, prefill torch:chunked"
+    if detect().compiler is not None:  # through gated_deltanet.c (kernels/tests/test_gated_deltanet.py)
+        isa = detect().isa
+        assert stats["cpu"]["paths"]["linear_attention"] == f"decode c:{isa}, prefill c:{isa}:recurrent"
 
 
 def test_the_torch_decode_path_matches_transformers_too(tiny_next, monkeypatch):
-    """The DeltaNet decode without the C kernel (its fallback: torch ops over gathered states), a finish snapshot
-    hit included."""
+    """The DeltaNet without the C kernels (their fallback: torch ops over gathered states, the chunk form for
+    prefill), a finish snapshot hit included."""
     from radixlang_runtime import Engine
     from radixlang_runtime.model.models.llama import LlamaForCausalLM
     from radixlang_runtime.model.models.qwen3_next import HybridForCausalLM

@@ -14,6 +14,9 @@
  *   Two passes over S per head (decay with S^T k; the update with S^T q), each row of Dv lanes as AVX-512
  *   (16 lanes, masked tail), AVX2 + FMA (8 lanes, scalar tail) or plain C, chosen by the target flags.
  *   Threads split the (row, head) pairs. Limits: Dk, Dv <= 1024, Hv a multiple of Hk.
+ * gdn_prefill_f32: the same rule token after token over segments of rows (segment r: rows starts[r] ..
+ *   starts[r] + lens[r] - 1 from state slot slots[r]; g, beta [T, Hv]; out [T, Hv, Dv]): the recurrent form for
+ *   extends, each head's S kept in cache across the segment's tokens. Threads split the (segment, head) pairs.
  * Each returns 0; -1 on a slot outside [0, N) or a shape outside the limits.
  */
 #include "common.h"
@@ -118,6 +121,26 @@ int gdn_decode_f32(const float *qkv, int64_t qs, const float *g, const float *be
         const float *row = qkv + b * qs;
         gdn_head(state + (slots[b] * Hv + h) * head, row + hk * Dk, row + (Hk + hk) * Dk, row + 2 * Hk * Dk + h * Dv,
                  g[t], beta[t], Dk, Dv, out + t * Dv);
+    }
+    return 0;
+}
+
+int gdn_prefill_f32(const float *qkv, int64_t qs, const float *g, const float *beta, float *state,
+                    const int64_t *slots, const int64_t *starts, const int64_t *lens, int64_t R, int64_t Hk,
+                    int64_t Hv, int64_t Dk, int64_t Dv, int64_t N, float *out) {
+    if (Dk <= 0 || Dv <= 0 || Dk > GDN_MAX_D || Dv > GDN_MAX_D || Hk <= 0 || Hv % Hk != 0) return -1;
+    for (int64_t r = 0; r < R; r++)
+        if (slots[r] < 0 || slots[r] >= N || starts[r] < 0 || lens[r] < 0) return -1;
+    const int64_t rep = Hv / Hk, head = Dk * Dv;
+#pragma omp parallel for schedule(dynamic) if (R * Hv > 1)
+    for (int64_t t = 0; t < R * Hv; t++) {
+        int64_t r = t / Hv, h = t % Hv, hk = h / rep;
+        float *S = state + (slots[r] * Hv + h) * head;
+        for (int64_t i = starts[r]; i < starts[r] + lens[r]; i++) {
+            const float *row = qkv + i * qs;
+            gdn_head(S, row + hk * Dk, row + (Hk + hk) * Dk, row + 2 * Hk * Dk + h * Dv, g[i * Hv + h],
+                     beta[i * Hv + h], Dk, Dv, out + (i * Hv + h) * Dv);
+        }
     }
     return 0;
 }

@@ -223,8 +223,8 @@ class ModelRunner:
         if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py
             c = any(getattr(m, "use_cpu_kernel", False) for m in model.modules() if isinstance(m, GatedDeltaNet))
             decode = f"c:{detect().isa}" if c else "torch"
-            self.cpu_paths = dataclasses.replace(self.cpu_paths,
-                                                 linear_attention=f"decode {decode}, prefill torch:chunked")
+            prefill = f"c:{detect().isa}:recurrent" if c else "torch:chunked"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear_attention=f"decode {decode}, prefill {prefill}")
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
         if args.enable_deterministic_inference and not native:

@@ -8,7 +8,8 @@ SiLU(z) and the output projection. A request's state between steps is S (float32
 (the last K - 1 inputs), both in its state slot.
 
 Prefill (extend) runs the chunk-parallel form (chunks of 64 tokens: a triangular solve inside each chunk, the
-state carried between chunks), one request at a time from its slot's state (zeros at position 0); decode runs
+state carried between chunks), one request at a time from its slot's state (zeros at position 0), or on CPU with
+the kernel library the recurrent form token after token in C (cpu_ops.gdn_prefill, faster there); decode runs
 the recurrent form for the whole batch at once: on CPU with the kernel library, the convolution's update and the
 delta rule in two C calls reading and writing the states in place at their slots (radixlang_kernels cpu_ops
 gdn_conv_update / gdn_decode), else torch ops over gathered copies. The arithmetic is transformers' torch reference
@@ -183,6 +184,12 @@ class GatedDeltaNet(nn.Module):
         seq = torch.cat([window.to(mixed.dtype), mixed.transpose(0, 1)], dim=-1)  # [C, K - 1 + L]
         conv[slot] = seq[:, -(K - 1):]
         out = F.silu(F.conv1d(seq.unsqueeze(0), self.conv_weight.unsqueeze(1), groups=self.conv_dim))[0]  # [C, L]
+        if self.use_cpu_kernel:  # the rule token after token, the state in place (faster than the chunks on CPU)
+            if fresh:
+                ssm[slot].zero_()
+            at, n = torch.tensor([slot]), torch.tensor([mixed.shape[0]])
+            return cpu_ops.gdn_prefill(out.transpose(0, 1).float(), g, beta.float(), ssm, at, torch.zeros_like(at), n,
+                                       self.hk, self.dk)
         q, k, v = self._qkv(out.transpose(0, 1))
         state = torch.zeros_like(ssm[slot]) if fresh else ssm[slot]
         q = q * self.dk ** -0.5
