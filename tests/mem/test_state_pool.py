@@ -112,10 +112,10 @@ def test_an_extension_continues_from_a_snapshot(page_size):
     # the first turn's last page boundary (its finish: decode rows save there), not its prompt's end (100)
     assert b.cached_len == (100 + 6 - 1) // page_size * page_size
     assert runner.loads >= 1 and runner.saves >= 5  # chunks of 32: snapshots at 32, 64, 96, 100, and in decode
-    branch = first + [7, 7, 7]  # another continuation of the first prompt: its prompt-end snapshot
-    sched.add_request(req("c", branch, 2))
+    sibling = first + [7, 7, 7]  # another continuation of the first prompt: its prompt-end snapshot
+    sched.add_request(req("c", sibling, 2))
     (c,) = drain(sched)
-    assert c.output_ids == expected_output(branch, 2) and c.cached_len == 100
+    assert c.output_ids == expected_output(sibling, 2) and c.cached_len == 100
     assert_whole(sched)
 
 

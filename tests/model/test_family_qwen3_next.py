@@ -69,9 +69,9 @@ def test_greedy_matches_transformers_and_an_extension_hits_a_state_snapshot(tiny
         # the first turn's finish: a snapshot at the last page boundary of what it computed (prompt + output but
         # the last token), beyond its prompt's end (a prefill step's snapshot at 100)
         assert again["meta_info"]["cached_tokens"] == FINISHED == 104
-        branch = LONG + [21, 22, 23]  # another continuation of the first prompt: its prompt-end snapshot
-        other = eng.generate(input_ids=branch, sampling_params=SP)
-        assert other["output_ids"] == hf_greedy(model, branch, NEW)
+        sibling = LONG + [21, 22, 23]  # another continuation of the first prompt: its prompt-end snapshot
+        other = eng.generate(input_ids=sibling, sampling_params=SP)
+        assert other["output_ids"] == hf_greedy(model, sibling, NEW)
         assert other["meta_info"]["cached_tokens"] == len(LONG)
         one = eng.generate(input_ids=[7], sampling_params=SP)  # a one-token prompt: a decode row from zeros
         assert one["output_ids"] == hf_greedy(model, [7], NEW)
