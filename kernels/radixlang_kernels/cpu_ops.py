@@ -11,6 +11,7 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
 - dense_gemv (gemv_dense.c): weight-streaming linears for decode-sized batches, with the tiles they read
   (the quantized ones: quant_ops.py);
 - lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
+- gdn_conv_update, gdn_decode, gdn_prefill (gated_deltanet.c): Gated DeltaNet decode over a state pool in place;
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -73,6 +74,7 @@ class CpuPaths:
     norm: str
     activation: str
     linear: str
+    linear_attention: str = "none"  # hybrid models' Gated DeltaNet: "decode c:<isa>, prefill c:<isa>:recurrent"
     decode_layer: str = "modules"  # "c:<isa> (M <= n)": decode-sized steps in one call per layer (fused_decode.py)
 
     def to_dict(self) -> dict:
@@ -413,3 +415,54 @@ def lora_expand(t: torch.Tensor, rows: torch.Tensor, seg_starts: torch.Tensor, t
     rc = getattr(_lib, name)(t.data_ptr(), t.stride(0), rows.data_ptr(), seg_starts.data_ptr(), tasks.data_ptr(),
                               tasks.shape[0], b_ptrs, y.data_ptr(), y.stride(0))
     check_status(rc, name)
+
+
+def gdn_conv_update(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Gated DeltaNet's causal depthwise convolution, one new row per request (gated_deltanet.c): x [B, C] (rows may
+    be strided), conv [N, C, K - 1] (one layer's windows, contiguous) updated in place at slots [B] int64, weight
+    [C, K]; all bf16 or all float32 -> silu(convolution) [B, C] float32 (bf16: rounded as torch's bf16 ops)."""
+    B, C = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(B, C, dtype=torch.float32)
+    name = "gdn_conv_update_bf16" if x.dtype == torch.bfloat16 else "gdn_conv_update_f32"
+    rc = getattr(_lib, name)(x.data_ptr(), x.stride(0), conv.data_ptr(), weight.contiguous().data_ptr(),
+                             slots.data_ptr(), B, C, weight.shape[1], conv.shape[0], out.data_ptr())
+    check_status(rc, name)
+    return out
+
+
+def gdn_decode(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+               num_k_heads: int, k_head_dim: int) -> torch.Tensor:
+    """The gated delta rule for one token of B requests (gated_deltanet.c): qkv [B, *] float32 (the convolved q
+    [Hk, Dk], k [Hk, Dk], v [Hv, Dv] channels, rows may be strided), g / beta [B, Hv] float32, state [N, Hv, Dk, Dv]
+    float32 (one layer's states, contiguous) updated in place at slots [B] int64 -> o [B, Hv, Dv] float32.
+    q and k are L2-normalised here and q scaled by Dk ** -0.5; value head h reads key head h // (Hv / Hk)."""
+    B = qkv.shape[0]
+    N, Hv, Dk, Dv = state.shape
+    assert qkv.dtype == g.dtype == beta.dtype == state.dtype == torch.float32 and Dk == k_head_dim
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    out = torch.empty(B, Hv, Dv, dtype=torch.float32)
+    rc = _lib.gdn_decode_f32(qkv.data_ptr(), qkv.stride(0), g.contiguous().data_ptr(), beta.contiguous().data_ptr(),
+                             state.data_ptr(), slots.data_ptr(), B, num_k_heads, Hv, Dk, Dv, N, out.data_ptr())
+    check_status(rc, "gdn_decode_f32")
+    return out
+
+
+def gdn_prefill(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                starts: torch.Tensor, lens: torch.Tensor, num_k_heads: int, k_head_dim: int) -> torch.Tensor:
+    """The gated delta rule token after token over segments (gated_deltanet.c): segment r is rows starts[r] ..
+    starts[r] + lens[r] - 1 of qkv [T, *] float32 (as gdn_decode's rows), run from state slot slots[r] (int64
+    each); g / beta [T, Hv] float32; state [N, Hv, Dk, Dv] float32 updated in place -> o [T, Hv, Dv] float32."""
+    T = qkv.shape[0]
+    N, Hv, Dk, Dv = state.shape
+    assert qkv.dtype == g.dtype == beta.dtype == state.dtype == torch.float32 and Dk == k_head_dim
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    out = torch.empty(T, Hv, Dv, dtype=torch.float32)
+    rc = _lib.gdn_prefill_f32(qkv.data_ptr(), qkv.stride(0), g.contiguous().data_ptr(), beta.contiguous().data_ptr(),
+                              state.data_ptr(), slots.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
+                              num_k_heads, Hv, Dk, Dv, N, out.data_ptr())
+    check_status(rc, "gdn_prefill_f32")
+    return out

@@ -7,11 +7,13 @@ soft_cap c > 0 applies c * tanh(scores / c) to the scaled scores before the mask
 window attention, transformers' convention): the query at position p sees only positions (p - w, p].
 sinks [H] (attention sinks, gpt-oss): each head's logit joins every row's softmax and weighs no value.
 prefix_attention_ref: the shared part of cascade attention (kernels/prefix_attention.py).
+gdn_decode_ref: a Gated DeltaNet decode step (csrc/cpu/gated_deltanet.c).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
@@ -86,3 +88,35 @@ def mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, req_to_token: torch.Tens
         p = torch.softmax(q[b].float() @ entries.T * scale, dim=-1)  # [H, L]
         out.append(p @ entries[:, :latent_dim])
     return torch.stack(out).to(q.dtype)
+
+
+def gdn_rule_ref(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, s: torch.Tensor,
+                 num_k_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule, as transformers' torch_recurrent_gated_delta_rule: mixed [B, C] float32
+    (the convolved q, k, v channels), g / beta [B, Hv] float32, s [B, Hv, Dk, Dv] -> (o [B, Hv, Dv], new s)."""
+    B = mixed.shape[0]
+    _, Hv, Dk, Dv = s.shape
+    kd = num_k_heads * Dk
+    q, k, v = mixed.split([kd, kd, Hv * Dv], dim=-1)
+    rep = Hv // num_k_heads
+    q = q.reshape(B, num_k_heads, Dk).repeat_interleave(rep, dim=1)
+    k = k.reshape(B, num_k_heads, Dk).repeat_interleave(rep, dim=1)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / Dk ** 0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    s = s * g.exp()[..., None, None]
+    delta = (v.reshape(B, Hv, Dv) - (s * k.unsqueeze(-1)).sum(dim=-2)) * beta.unsqueeze(-1)
+    s = s + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    return (s * q.unsqueeze(-1)).sum(dim=-2), s
+
+
+def gdn_decode_ref(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor, slots: torch.Tensor, num_k_heads: int) -> torch.Tensor:
+    """Gated DeltaNet decode in torch ops, as transformers' causal conv1d update and torch_recurrent_gated_delta_rule
+    compute it: x [B, C] (q, k, v channels), conv [N, C, K - 1], weight [C, K] (one dtype); g, beta [B, Hv]
+    float32, state [N, Hv, Dk, Dv] float32; conv and state updated in place at slots -> o [B, Hv, Dv] float32."""
+    C = x.shape[1]
+    window = torch.cat([conv[slots], x.unsqueeze(-1)], dim=-1)  # [B, C, K]
+    conv[slots] = window[..., 1:]
+    mixed = F.silu(F.conv1d(window, weight.unsqueeze(1), groups=C))[..., -1].float()
+    o, state[slots] = gdn_rule_ref(mixed, g, beta, state[slots], num_k_heads)
+    return o

@@ -40,4 +40,4 @@ def test_no_compiler_means_no_library_and_torch_everywhere():
     assert got["lib"] is True and got["any_m"] is False
     assert got["paths"] == {"decode_attention": "torch:sdpa-gather", "extend_attention": "torch:sdpa",
                             "norm": "torch", "activation": "torch", "linear": "torch:F.linear",
-                            "decode_layer": "modules"}
+                            "linear_attention": "none", "decode_layer": "modules"}

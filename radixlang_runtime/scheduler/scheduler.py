@@ -165,7 +165,7 @@ class Scheduler:
             return touched
         try:
             began, began_cpu = time.perf_counter(), time.process_time()
-            if self.kv.states is not None and batch.decode_from:  # hybrid: state snapshots of the prefills
+            if self.kv.states is not None:  # hybrid: state snapshots (prefills, decode rows at page boundaries)
                 batch.state_loads, batch.state_saves = self.kv.states.plan(
                     batch.reqs, batch.prefix_lens, [len(x) for x in batch.extend_ids], batch.decode_from,
                     self.cfg.page_size)

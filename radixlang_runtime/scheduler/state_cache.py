@@ -5,7 +5,10 @@ A hybrid model (model/layers/gated_deltanet.py) continues from a cached prefix o
 prefix's end, so a match goes no deeper than the deepest node on its path holding a snapshot (the K/V below
 it is cached for others but recomputed here). Snapshots are taken where the scheduler runs a prefill step:
 at the last page boundary of each extend (the end of each prefill chunk and, page-aligned, of each prompt),
-into a snapshot slot (mem/state_slots.py) that the step's result attaches to the node ending there. They
+into a snapshot slot (mem/state_slots.py) that the step's result attaches to the node ending there; and where
+a decode step ends on a page boundary, into one slot per decoding request (each boundary overwrites the last),
+attached when the request finishes: a follow-up turn extending the conversation continues from the finished
+turn's last page boundary instead of its prompt's. They
 leave with their node (the radix LRU evicts K/V and snapshot together) or alone when snapshot slots run
 short (least recently used unlocked nodes first); a locked node keeps its snapshot.
 """
@@ -37,8 +40,9 @@ class StateCache:
 
     def plan(self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], prefill_count: int,
              page_size: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-        """The step's (snapshot slot -> request slot) loads and (request index, offset, snapshot slot) saves, for
-        its first prefill_count requests (the rest decode)."""
+        """The step's (snapshot slot -> request slot) loads and (request index, offset, snapshot slot) saves: for
+        its first prefill_count requests at their extend's last page boundary, for the rest (decode rows) where
+        the step ends on one."""
         loads, saves = [], []
         for i in range(prefill_count):
             req, p = reqs[i], prefix_lens[i]
@@ -54,7 +58,25 @@ class StateCache:
             req.pending_state = (slot, pos)
             saves.append((i, pos - p, slot))
             self.snapshots_taken += 1
+        for i in range(prefill_count, len(reqs)):
+            self._plan_decode(reqs[i], i, prefix_lens[i] + extend_lens[i], extend_lens[i], page_size, saves)
         return loads, saves
+
+    def _plan_decode(self, req: Req, i: int, end: int, n: int, page_size: int, saves: list) -> None:
+        """A decode row whose step ends on a page boundary saves its state there: into the slot its previous
+        boundary took (not attached yet: decoded tokens enter the tree when the request leaves), else a new
+        one. The request's finish (or retraction) attaches it to the node ending there (release)."""
+        if end % page_size:
+            return
+        if req.pending_state is not None:
+            slot = req.pending_state[0]
+        else:
+            slot = self._alloc()
+            if slot is None:
+                return
+            self.snapshots_taken += 1
+        req.pending_state = (slot, end)
+        saves.append((i, n, slot))
 
     def _alloc(self) -> Optional[int]:
         slot = self.slots.alloc()

@@ -109,9 +109,41 @@ def test_an_extension_continues_from_a_snapshot(page_size):
     sched.add_request(req("b", second, 6))
     (b,) = drain(sched)
     assert b.output_ids == expected_output(second, 6)
-    assert b.cached_len == 100  # the first prompt's end: its last prefill step saved the state there
-    assert runner.loads >= 1 and runner.saves >= 4  # chunks of 32: snapshots at 32, 64, 96, 100
+    # the first turn's last page boundary (its finish: decode rows save there), not its prompt's end (100)
+    assert b.cached_len == (100 + 6 - 1) // page_size * page_size
+    assert runner.loads >= 1 and runner.saves >= 5  # chunks of 32: snapshots at 32, 64, 96, 100, and in decode
+    sibling = first + [7, 7, 7]  # another continuation of the first prompt: its prompt-end snapshot
+    sched.add_request(req("c", sibling, 2))
+    (c,) = drain(sched)
+    assert c.output_ids == expected_output(sibling, 2) and c.cached_len == 100
     assert_whole(sched)
+
+
+def test_a_decoding_request_keeps_one_snapshot_slot():
+    """Each page boundary a decode crosses overwrites the request's one pending snapshot; the finish attaches it."""
+    sched, runner = make(page_size=4, chunk=32, snapshots=4)
+    sched.add_request(req("a", list(range(10, 30)), 23))  # prompt 20 (a snapshot at 20), decode to 42
+    while not sched.is_idle:
+        sched.step()
+        live = [r for r in sched.running if r.pending_state is not None]
+        held = len(sched.kv.radix.held_states())
+        assert len(live) <= 1 and sched.kv.states.slots.free_count == 4 - held - len(live)
+    assert sorted(len(n) for n in _snapshot_keys(sched)) == [20, 40]  # the prompt's end; the finish's boundary
+    assert_whole(sched)
+
+
+def _snapshot_keys(sched) -> list[list[int]]:
+    """The token path of every radix node holding a snapshot."""
+    out = []
+
+    def walk(node, path):
+        for child in node.children.values():
+            p = path + list(child.key)
+            if child.state is not None:
+                out.append(p)
+            walk(child, p)
+    walk(sched.kv.radix.root, [])
+    return out
 
 
 def test_a_prefix_without_a_snapshot_is_recomputed():

@@ -1,7 +1,8 @@
 """Hybrid families (Qwen3-Next with its MoE, Qwen3.5 text): tiny random checkpoints written by transformers,
 served by the Engine in float32 with prefill chunks shorter than the prompt, greedy token for token against
 transformers' generate; a request extending a finished one continues from a state snapshot (cached tokens >
-0) and still matches; a pool tight enough to retract; the Gated DeltaNet forms against transformers' torch
+0: the first turn's finish saved it) and still matches, as does another continuation of the first prompt (its
+prompt-end snapshot); a pool tight enough to retract; the Gated DeltaNet forms against transformers' torch
 reference; what a recurrent state cannot honour refused by name."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
 from tiny_checkpoints import build_tiny, hf_greedy
 
@@ -28,6 +30,7 @@ CASES = {
         "linear_attention", "full_attention", "linear_attention", "full_attention"]}),
 }
 SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+FINISHED = (len(LONG) + NEW - 1) // 4 * 4  # page 4: where a finished first turn on LONG leaves its state
 
 
 _BUILT: dict = {}
@@ -63,13 +66,44 @@ def test_greedy_matches_transformers_and_an_extension_hits_a_state_snapshot(tiny
         extended = LONG + want[0] + [11, 12, 13, 14, 15]
         again = eng.generate(input_ids=extended, sampling_params=SP)
         assert again["output_ids"] == hf_greedy(model, extended, NEW)
-        assert again["meta_info"]["cached_tokens"] == len(LONG)  # the first prompt's end: a snapshot there
+        # the first turn's finish: a snapshot at the last page boundary of what it computed (prompt + output but
+        # the last token), beyond its prompt's end (a prefill step's snapshot at 100)
+        assert again["meta_info"]["cached_tokens"] == FINISHED == 104
+        sibling = LONG + [21, 22, 23]  # another continuation of the first prompt: its prompt-end snapshot
+        other = eng.generate(input_ids=sibling, sampling_params=SP)
+        assert other["output_ids"] == hf_greedy(model, sibling, NEW)
+        assert other["meta_info"]["cached_tokens"] == len(LONG)
         one = eng.generate(input_ids=[7], sampling_params=SP)  # a one-token prompt: a decode row from zeros
         assert one["output_ids"] == hf_greedy(model, [7], NEW)
         eng.check_integrity()
         stats = eng.get_stats()
     assert stats["state_pool"]["snapshot_hits"] >= 1
     assert stats["state_pool"]["request_slots_in_use"] == 0
+    if detect().compiler is not None:  # through gated_deltanet.c (kernels/tests/test_gated_deltanet.py)
+        isa = detect().isa
+        assert stats["cpu"]["paths"]["linear_attention"] == f"decode c:{isa}, prefill c:{isa}:recurrent"
+
+
+def test_the_torch_decode_path_matches_transformers_too(tiny_next, monkeypatch):
+    """The DeltaNet without the C kernels (their fallback: torch ops over gathered states, the chunk form for
+    prefill), a finish snapshot hit included."""
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.models.llama import LlamaForCausalLM
+    from radixlang_runtime.model.models.qwen3_next import HybridForCausalLM
+
+    monkeypatch.setattr(HybridForCausalLM, "enable_cpu_ops", LlamaForCausalLM.enable_cpu_ops)
+    path, model = tiny_next
+    with Engine(str(path), dtype="float32", max_total_tokens=1024, page_size=4, chunked_prefill_size=32,
+                debug_check_integrity=True) as eng:
+        first = eng.generate(input_ids=LONG, sampling_params=SP)
+        extended = LONG + first["output_ids"] + [11, 12]
+        again = eng.generate(input_ids=extended, sampling_params=SP)
+        eng.check_integrity()
+        paths = eng.get_stats()["cpu"]["paths"]
+    assert paths["linear_attention"] == "decode torch, prefill torch:chunked"
+    assert first["output_ids"] == hf_greedy(model, LONG, NEW)
+    assert again["output_ids"] == hf_greedy(model, extended, NEW)
+    assert again["meta_info"]["cached_tokens"] == FINISHED
 
 
 def test_a_tight_pool_retracts_and_recomputes_the_state(tiny_next):
@@ -200,7 +234,7 @@ def test_http_server_serves_a_state_hit_and_reports_the_state_pool(tiny_next):
         srv.stop()
     assert first["output_ids"] == hf_greedy(model, LONG, NEW)
     assert second["output_ids"] == hf_greedy(model, extended, NEW)
-    assert second["meta_info"]["cached_tokens"] == len(LONG)
+    assert second["meta_info"]["cached_tokens"] == FINISHED
     pool = info["stats"]["state_pool"]
     assert (pool["state_slots"], pool["snapshot_slots"], pool["request_slots_in_use"]) == (12, 9, 0)
     assert pool["snapshots_held"] >= 4 and pool["state_pool_bytes"] == 12 * pool["state_bytes_per_slot"]
@@ -225,4 +259,4 @@ def test_bfloat16_runs_with_the_cpu_kernels(tiny_next):
         out = eng.generate(input_ids=LONG, sampling_params=SP)
         again = eng.generate(input_ids=LONG + out["output_ids"] + [9, 9], sampling_params=SP)
     assert len(out["output_ids"]) == len(again["output_ids"]) == NEW
-    assert again["meta_info"]["cached_tokens"] == len(LONG)
+    assert again["meta_info"]["cached_tokens"] == FINISHED

@@ -128,6 +128,20 @@ int extend_causal_f32(const float *q, int64_t q_stride, const float *k, int64_t 
                       const int64_t *prefix_lens, const int64_t *k_begin, const int64_t *q_index, float *lse_out,
                       const float *prior_o, const float *prior_lse, int64_t window);
 
+/* gated_deltanet.c: Gated DeltaNet decode over one layer's state pool, states in place at their slots: the causal
+ * conv update (out float32 = silu of the window's convolution) and the gated delta rule (qkv float32 rows), for
+ * one row per request (decode) or token after token over segments of rows (prefill) */
+int gdn_conv_update_f32(const float *x, int64_t xs, float *conv, const float *w, const int64_t *slots, int64_t B,
+                        int64_t C, int64_t K, int64_t N, float *out);
+int gdn_conv_update_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const int64_t *slots,
+                         int64_t B, int64_t C, int64_t K, int64_t N, float *out);
+int gdn_decode_f32(const float *qkv, int64_t qs, const float *g, const float *beta, float *state,
+                   const int64_t *slots, int64_t B, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t N,
+                   float *out);
+int gdn_prefill_f32(const float *qkv, int64_t qs, const float *g, const float *beta, float *state,
+                    const int64_t *slots, const int64_t *starts, const int64_t *lens, int64_t R, int64_t Hk,
+                    int64_t Hv, int64_t Dk, int64_t Dv, int64_t N, float *out);
+
 /* rope_store.c: neox rope on qkv's q and k heads in place, then (out_loc non-NULL) k and v into the pools */
 void rope_store_bf16(uint16_t *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D,
                      const uint16_t *cos, const uint16_t *sin, const int64_t *out_loc, uint16_t *k_pool,

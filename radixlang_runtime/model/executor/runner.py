@@ -35,6 +35,7 @@ from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, stat
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.layers.rotary import Rotary
+from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
 from radixlang_runtime.model.executor.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.layers.lora_linear import LoraModel
 from radixlang_runtime.model.loader.lora_registry import LoraRegistry
@@ -222,6 +223,11 @@ class ModelRunner:
                                                  extend_attention="mla-expanded:torch")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
+        if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py
+            c = any(getattr(m, "use_cpu_kernel", False) for m in model.modules() if isinstance(m, GatedDeltaNet))
+            decode = f"c:{detect().isa}" if c else "torch"
+            prefill = f"c:{detect().isa}:recurrent" if c else "torch:chunked"
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear_attention=f"decode {decode}, prefill {prefill}")
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
         if args.enable_deterministic_inference and not native:

@@ -8,8 +8,11 @@ SiLU(z) and the output projection. A request's state between steps is S (float32
 (the last K - 1 inputs), both in its state slot.
 
 Prefill (extend) runs the chunk-parallel form (chunks of 64 tokens: a triangular solve inside each chunk, the
-state carried between chunks), one request at a time from its slot's state (zeros at position 0); decode runs
-the recurrent form for the whole batch at once. The arithmetic is transformers' torch reference
+state carried between chunks), one request at a time from its slot's state (zeros at position 0), or on CPU with
+the kernel library the recurrent form token after token in C (cpu_ops.gdn_prefill, faster there); decode runs
+the recurrent form for the whole batch at once: on CPU with the kernel library, the convolution's update and the
+delta rule in two C calls reading and writing the states in place at their slots (radixlang_kernels cpu_ops
+gdn_conv_update / gdn_decode), else torch ops over gathered copies. The arithmetic is transformers' torch reference
 (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, the causal conv1d fallback) in float32.
 """
 
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 
@@ -103,6 +107,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, eps)
         self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.use_cpu_kernel = False  # decode through gated_deltanet.c (HybridForCausalLM.enable_cpu_ops)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -113,13 +118,7 @@ class GatedDeltaNet(nn.Module):
         pool = fb.state_pool
         ssm, conv = pool.ssm[self.state_index], pool.conv[self.state_index]  # [slots, ...] each
         if fb.is_decode:
-            slots = fb.state_slots
-            window = torch.cat([conv[slots], mixed.unsqueeze(-1)], dim=-1)  # [B, C, K]
-            conv[slots] = window[..., 1:]
-            mixed = F.silu(F.conv1d(window, self.conv_weight.unsqueeze(1), groups=self.conv_dim))[..., -1]
-            q, k, v = self._qkv(mixed)  # [B, H, D]
-            o, new = recurrent_step(q / self.dk ** 0.5, k, v, g, beta.float(), ssm[slots])
-            ssm[slots] = new
+            o = self._decode(mixed, g, beta, ssm, conv, fb)
         else:
             outs = []
             start = 0
@@ -141,6 +140,25 @@ class GatedDeltaNet(nn.Module):
             o = torch.cat(outs)  # [T, H, Dv]
         o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
         return self.out_proj(o.reshape(T, self.value_dim))
+
+    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor, conv: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        """One token of each request from its slot's state, written back in place; rows ending on a page boundary
+        save their state (scheduler/state_cache.py). Returns o [B, Hv, Dv] float32."""
+        slots = fb.state_slots
+        if self.use_cpu_kernel:
+            mixed = cpu_ops.gdn_conv_update(mixed, conv, self.conv_weight, slots)  # [B, C] float32
+            o = cpu_ops.gdn_decode(mixed, g, beta.float(), ssm, slots, self.hk, self.dk)
+        else:
+            window = torch.cat([conv[slots], mixed.unsqueeze(-1)], dim=-1)  # [B, C, K]
+            conv[slots] = window[..., 1:]
+            mixed = F.silu(F.conv1d(window, self.conv_weight.unsqueeze(1), groups=self.conv_dim))[..., -1]
+            q, k, v = self._qkv(mixed)  # [B, H, D]
+            o, new = recurrent_step(q / self.dk ** 0.5, k, v, g, beta.float(), ssm[slots])
+            ssm[slots] = new
+        for i, (_, snapshot) in fb.state_saves.items():
+            self._save(ssm, conv, fb.state_slots_cpu[i], snapshot)
+        return o
 
     @staticmethod
     def _save(ssm: torch.Tensor, conv: torch.Tensor, slot: int, snapshot: int) -> None:
@@ -166,6 +184,12 @@ class GatedDeltaNet(nn.Module):
         seq = torch.cat([window.to(mixed.dtype), mixed.transpose(0, 1)], dim=-1)  # [C, K - 1 + L]
         conv[slot] = seq[:, -(K - 1):]
         out = F.silu(F.conv1d(seq.unsqueeze(0), self.conv_weight.unsqueeze(1), groups=self.conv_dim))[0]  # [C, L]
+        if self.use_cpu_kernel:  # the rule token after token, the state in place (faster than the chunks on CPU)
+            if fresh:
+                ssm[slot].zero_()
+            at, n = torch.tensor([slot]), torch.tensor([mixed.shape[0]])
+            return cpu_ops.gdn_prefill(out.transpose(0, 1).float(), g, beta.float(), ssm, at, torch.zeros_like(at), n,
+                                       self.hk, self.dk)
         q, k, v = self._qkv(out.transpose(0, 1))
         state = torch.zeros_like(ssm[slot]) if fresh else ssm[slot]
         q = q * self.dk ** -0.5

@@ -142,6 +142,13 @@ class HybridForCausalLM(MoEForCausalLM):
         self.head: nn.Module | None = None
         self.fused_decode = None  # decode_layer.c runs Llama's layer shape only
 
+    def enable_cpu_ops(self) -> None:
+        """The CPU C kernels: the norms and activations (LlamaForCausalLM's), and Gated DeltaNet's decode."""
+        super().enable_cpu_ops()
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.use_cpu_kernel = True
+
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
         if cfg.moe is not None and cfg.moe.sparse_layers[layer_id]:
