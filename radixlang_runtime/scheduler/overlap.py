@@ -35,14 +35,20 @@ from radixlang_runtime.utils.faults import FatalFault
 logger = logging.getLogger(__name__)
 
 
-def overlap_off_reason(args: Any) -> Optional[str]:
-    """Why a server with these (resolved) ServerArgs schedules without overlap; None: it overlaps."""
+def overlap_off_reason(args: Any, device_type: str, hybrid: bool) -> Optional[str]:
+    """Why a server with these ServerArgs on this device schedules without overlap (None: it overlaps). The
+    default is on for CUDA, off on CPU (docs/SERVER.md#overlap-schedule); --enable-overlap-schedule with a
+    configuration that cannot overlap is refused by name."""
     if args.disable_overlap_schedule:
         return "--disable-overlap-schedule"
+    if not args.enable_overlap_schedule and device_type != "cuda":
+        return f"the {device_type} default (--enable-overlap-schedule turns it on)"
     for on, name in ((args.speculative_algorithm is not None, "speculative decoding"),
-                     (args.disaggregation_mode != "null", "PD disaggregation"),
+                     (args.disaggregation_mode != "null", "PD disaggregation"), (hybrid, "hybrid state snapshots"),
                      (args.enable_lora, "LoRA"), (args.tp_size > 1, "tensor parallelism"),
                      (args.enable_hierarchical_cache, "the hierarchical cache")):
+        if on and args.enable_overlap_schedule:
+            raise ValueError(f"enable_overlap_schedule: the overlap schedule does not run with {name}")
         if on:
             return name
     return None
