@@ -126,3 +126,39 @@ def test_drain_helper_sees_overlap_idle():
     drain(sched)
     assert r.output_ids == expected_output(r.input_ids, 5) and r.future is None
     assert_whole(sched)
+
+
+def test_a_forward_fault_ends_its_requests_and_frees_everything():
+    """The fault of a step in flight ends its batch (and the step behind it that reads its tokens); the others
+    finish with their own outputs; nothing leaks."""
+    sched, runner = make()
+    calls = {"n": 0}
+    forward = runner.forward
+
+    def faulty(batch):
+        if "bad" in batch.rids:
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise RuntimeError("injected")
+        return forward(batch)
+
+    runner.forward = faulty
+    sched.overlap = OverlapSchedule(sched)
+    reqs = [req("bad", 8, 20), *[req(f"ok{i}", 6 + i, 12) for i in range(3)]]
+    for r in reqs:
+        sched.add_request(r)
+    late = req("late", 7, 10)
+    steps = 0
+    while not sched.is_idle or late.admitted_at is None:
+        sched.step()
+        steps += 1
+        if reqs[0].finished and late.admitted_at is None and late not in sched.waiting:
+            sched.add_request(late)
+        assert steps < 1000
+    assert reqs[0].error is not None and "injected" in reqs[0].error
+    for r in [*reqs[1:], late]:
+        assert r.finished
+        if r.error is None:
+            assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens)
+    assert late.error is None  # it arrived after the fault
+    assert_whole(sched)
