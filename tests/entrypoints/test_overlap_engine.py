@@ -1,5 +1,5 @@
 """The overlap schedule on the real model in-process (float32 Engine, the embedded SmolLM2): the same greedy
-tokens, token for token, as the session's Engine without it, for one mixed batch (lengths, a stop string, a stop
+tokens, token for token, as the shared float32 Engine without it, for one mixed batch (lengths, a stop string, a stop
 id, EOS, max_new_tokens 1), and the allocator whole after."""
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def test_chunked_prefill_and_mixed_chunk():
     assert mixed == want
 
 
-def test_drain_helper_sees_overlap_idle():
+def test_drain_waits_for_the_step_in_flight():
     sched, _ = make()
     sched.overlap = OverlapSchedule(sched)
     r = req("solo", 6, 5)
