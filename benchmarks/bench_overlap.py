@@ -4,6 +4,7 @@ starts with the other mode), medians of output tokens/s. Prints the load average
 
     python benchmarks/bench_overlap.py                     # W1 16 x 128 -> 64, W2 1 x 32 -> 128, 5 pairs
     python benchmarks/bench_overlap.py --full --pairs 3    # bench_offline's W1 64 x 256 -> 128, W2 32 -> 256
+    python benchmarks/bench_overlap.py --small             # W1 8 x 64 -> 32, W2 1 x 32 -> 64
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import statistics
 import time
 
 
-def workloads(full: bool) -> dict[str, dict]:
+def workloads(full: bool, small: bool) -> dict[str, dict]:
     rng = random.Random(0)
-    n1, l1, o1, o2 = (64, 256, 128, 256) if full else (16, 128, 64, 128)
+    n1, l1, o1, o2 = (64, 256, 128, 256) if full else (8, 64, 32, 64) if small else (16, 128, 64, 128)
     return {"W1": {"ids": [[rng.randrange(100, 49000) for _ in range(l1)] for _ in range(n1)], "new": o1},
             "W2": {"ids": [[rng.randrange(100, 49000) for _ in range(32)]], "new": o2}}
 
@@ -51,9 +52,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--full", action="store_true", help="bench_offline's full W1 / W2")
+    ap.add_argument("--small", action="store_true", help="W1 8 x 64 -> 32, W2 1 x 32 -> 64 (a loaded machine)")
     ap.add_argument("--dtype", default="auto")
     a = ap.parse_args()
-    wls = workloads(a.full)
+    wls = workloads(a.full, a.small)
     ctx = mp.get_context("spawn")
     base = {"dtype": a.dtype, "max_total_tokens": 32768}  # a fixed pool: two processes share the memory
     modes = {"off": base, "on": {**base, "enable_overlap_schedule": True}}

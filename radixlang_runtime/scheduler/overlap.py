@@ -87,7 +87,12 @@ class OverlapSchedule:
             return []
         s = self.s
         listed = {id(r) for r in [*s.waiting, *s.running, *([s.chunked_req] if s.chunked_req else [])]}
-        return [r for r in self.inflight.batch.reqs if not r.finished and id(r) not in listed]
+        held = []
+        for r in self.inflight.batch.reqs:
+            if not r.finished and id(r) not in listed:
+                listed.add(id(r))
+                held.append(r)
+        return held
 
     def stats(self) -> dict:
         return {"overlapped_steps": self.overlapped_steps, "sync_steps": self.sync_steps}
