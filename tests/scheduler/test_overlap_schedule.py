@@ -4,10 +4,13 @@ the KV allocator whole after each scenario (check_integrity after every step too
 
 from __future__ import annotations
 
+import pytest
+
 from fakes import expected_output
 from scheduler_utils import assert_whole, drain, make, req
 
-from radixlang_runtime.scheduler.overlap import OverlapSchedule
+from radixlang_runtime.scheduler.overlap import OverlapSchedule, overlap_off_reason
+from radixlang_runtime.server_args import ServerArgs
 
 
 def text(ids: list[int]) -> str:
@@ -162,3 +165,18 @@ def test_a_forward_fault_ends_its_requests_and_frees_everything():
             assert r.output_ids == expected_output(r.input_ids, r.sampling.max_new_tokens)
     assert late.error is None  # it arrived after the fault
     assert_whole(sched)
+
+
+def test_which_configurations_overlap():
+    plain = ServerArgs(model_path="m")
+    assert overlap_off_reason(plain, "cuda", False) is None
+    assert "cpu default" in overlap_off_reason(plain, "cpu", False)
+    assert overlap_off_reason(ServerArgs(model_path="m", enable_overlap_schedule=True), "cpu", False) is None
+    assert overlap_off_reason(plain, "cuda", True) == "hybrid state snapshots"
+    assert overlap_off_reason(ServerArgs(model_path="m", disable_overlap_schedule=True), "cuda", False) \
+        == "--disable-overlap-schedule"
+    forced = ServerArgs(model_path="m", enable_overlap_schedule=True, speculative_algorithm="NGRAM")
+    with pytest.raises(ValueError, match="speculative decoding"):
+        overlap_off_reason(forced, "cpu", False)
+    with pytest.raises(ValueError, match="contradict"):
+        ServerArgs(model_path="m", enable_overlap_schedule=True, disable_overlap_schedule=True)
