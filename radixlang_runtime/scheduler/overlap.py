@@ -133,6 +133,8 @@ class OverlapSchedule:
         launched = self._launch(batch)
         touched += self._finish_inflight()
         self.inflight = launched
+        if all(r.finished for r in batch.reqs):  # it runs only tokens past finishes: idle once it ends
+            touched += self._finish_inflight()
         s._decode_owed = batch.phase == "extend" and s.chunked_req is not None and bool(s.running)
         if s.cfg.debug_check_integrity:
             s.check_integrity()

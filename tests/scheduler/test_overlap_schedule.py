@@ -180,3 +180,16 @@ def test_which_configurations_overlap():
         overlap_off_reason(forced, "cpu", False)
     with pytest.raises(ValueError, match="contradict"):
         ServerArgs(model_path="m", enable_overlap_schedule=True, disable_overlap_schedule=True)
+
+
+def test_idle_in_the_step_the_last_request_finishes():
+    """The step in flight behind the last finish holds nothing to keep: the scheduler is idle (flush_cache
+    works) as soon as the step that finished the last request returns."""
+    sched, _ = make()
+    sched.overlap = OverlapSchedule(sched)
+    r = req("last", 6, 4)
+    sched.add_request(r)
+    while not r.finished:
+        sched.step()
+    assert sched.is_idle and sched.flush_cache()
+    assert_whole(sched)
