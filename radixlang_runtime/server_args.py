@@ -122,6 +122,10 @@ class ServerArgs:
     # what L1 lost. None: swap with enable_hierarchical_cache, recompute without
     preemption_mode: Optional[str] = None
     enable_mixed_chunk: bool = False  # decode steps share the forward pass of prefill chunks
+    # SGLang's names: plan step N+1 while step N's forward runs (scheduler/overlap.py); on by default on GPU;
+    # on CPU it is off unless enable_overlap_schedule (docs/SERVER.md#overlap-schedule)
+    disable_overlap_schedule: bool = False
+    enable_overlap_schedule: bool = False
     new_token_ratio_init: float = 0.7
     new_token_ratio_min: float = 0.1
     new_token_ratio_decay: float = 0.001
@@ -212,6 +216,8 @@ class ServerArgs:
              "chunked_prefill_size must be -1 (off) or >= page_size")
         need(self.schedule_policy in ("lpm", "fcfs", "dfs-weight"),
              f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
+        need(not (self.enable_overlap_schedule and self.disable_overlap_schedule),
+             "enable_overlap_schedule and disable_overlap_schedule contradict each other: pick one")
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("auto", "outlines", "xgrammar", "llguidance", "none"),

@@ -86,6 +86,8 @@ HELP: dict[str, str] = {
     "preemption_mode": "what retraction does with a request's K/V: swap it to the tiers or recompute it "
                        "(default: swap with the tiers, recompute without)",
     "enable_mixed_chunk": "decode steps share the forward pass of prefill chunks",
+    "disable_overlap_schedule": "plan each step after the one before finished (no overlap schedule)",
+    "enable_overlap_schedule": "overlap the scheduling of step N+1 with step N's forward pass on CPU too",
     "new_token_ratio_init": "the share of max_new_tokens reserved for running requests at first",
     "new_token_ratio_min": "the reserved share's floor",
     "new_token_ratio_decay": "how fast the reserved share decays after a retraction",
@@ -192,7 +194,6 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--lora-modules": "use --lora-paths name=path ... (SGLang's flag)",
     "--enforce-eager": "use --disable-cuda-graph (vLLM's name)",
     "--enable-torch-compile": "torch.compile is not used; the CPU path runs C kernels",
-    "--disable-overlap-schedule": "the scheduler does not overlap steps (nothing to disable)",
     "--skip-tokenizer-init": "the server always tokenizes; send input_ids to skip it per request",
     "--tokenizer-mode": "the model's fast tokenizer is always used",
     "--chunked-prefill": "use --chunked-prefill-size N",

@@ -6,6 +6,7 @@ Shared by the in-process Engine (on its scheduler thread) and the server's sched
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 from radixlang_runtime.protocol.bootstrap_peers import parse_peers
@@ -22,9 +23,12 @@ from radixlang_runtime.model.executor.runner import ModelRunner
 from radixlang_runtime.speculative.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.overlap import OverlapSchedule, overlap_off_reason
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixlang_runtime.scheduler.state_cache import StateCache
 from radixlang_runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 
 def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
@@ -74,6 +78,11 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     )
     if runner.loras is not None and args.max_loaded_loras is not None:  # evicted adapters read again on use
         scheduler.admission.lora_residency = runner.loras.ensure
+    off = overlap_off_reason(args, runner.device.type, states is not None)
+    if off is None:
+        scheduler.overlap = OverlapSchedule(scheduler)
+    logger.info("overlap schedule: %s", "on (constrained requests' steps run without it)" if off is None
+                else f"off: {off}")
     return scheduler
 
 
@@ -265,6 +274,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "spec_draft_model": draft_model_stats(s),
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
+        # scheduler/overlap.py: steps planned while another ran, steps run without overlap; None: overlap off
+        "overlap_schedule": s.overlap.stats() if s.overlap is not None else None,
         "grammar_cache": dict(s.grammar._compiler.stats) if s.grammar is not None and s.grammar._compiler else None,
         "cpu": runner_paths(s.runner),
         # LoRA adapters (model/loader/lora_registry.py): registered, resident (--max-loaded-loras), evictions, reloads

@@ -195,6 +195,8 @@ class Engine:
         self._loop.close()
         if self.runner.kv_pool.prefaulter is not None:  # its thread would otherwise last until the pool is freed
             self.runner.kv_pool.prefaulter.close()
+        if self.scheduler.overlap is not None:  # its forward thread ends too (the loop thread is done with it)
+            self.scheduler.overlap.thread.close()
         if self._tp_procs and self.runner.tp is not None and not self._loop.is_alive():
             self.runner.tp.close()  # STOP to the workers (the loop thread is done with the group)
         self._stop_tp_workers()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from radixlang_runtime.model.executor.step_io import InputLogprobSpec, ModelBatch, PoolStep, SampleSpec
-from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.request import Req, future_token
 
 # "mixed" (--enable-mixed-chunk): a prefill batch whose tail, reqs[decode_from:], are running requests
 # taking their next decode step inside the same forward pass (each an extend of one token).
@@ -75,5 +75,6 @@ class ScheduleBatch:
         req = self.reqs[i]
         draft = req.draft if self.draft_lens and self.draft_lens[i] else []
         states = [] if req.grammar is None else list(req.draft_states) if req.draft_states else [req.grammar]
-        return SampleSpec(req.sampling, req.input_ids, req.output_ids, draft, states, req.return_logprob,
-                          req.top_logprobs_num)
+        # a token a step in flight samples: a copy ending in its placeholder, which the forward thread fills in
+        out = req.output_ids if req.future is None else req.output_ids + [future_token(req.future[1])]
+        return SampleSpec(req.sampling, req.input_ids, out, draft, states, req.return_logprob, req.top_logprobs_num)

@@ -1,7 +1,8 @@
 """ThreadedLoop: the in-process Engine's side of RequestLoop — the loop on its own thread, Python queues.
 
 NOTE: the scheduler (model runner included) is *built* on the loop thread too. All torch work of
-the process then happens on one thread: on CPU, OpenMP work issued from a second thread after
+the process then happens on one thread (the overlap schedule's forward passes: on its forward thread, always
+that one): on CPU, OpenMP work issued from a second thread after
 another thread used the pool runs much slower (docs/PERFORMANCE.md#threads).
 
 Invariants:

@@ -55,6 +55,9 @@ class Req:
     draft_states: list[Any] = field(default_factory=list)  # GrammarState before each draft token, then after all
     mask_pending: bool = False  # its next mask still computes: it sits out decode steps (scheduler/mask_gate.py)
     forward_passes: int = 0  # forward steps this request took part in
+    # overlap schedule (scheduler/overlap.py): (step serial, k) while its newest sampled token is the k-th of a
+    # step in flight whose result the scheduler has not applied yet (its next input is that step's output)
+    future: Optional[tuple[int, int]] = None
     # --- n-gram speculation (speculative/drafter.py; req.draft holds its draft, draft_states stays empty) ---
     spec_index: Any = None  # NgramIndex, built at the first draft
     spec_draft_tokens: int = 0  # n-gram draft tokens verified so far (meta_info.spec_draft_tokens)
@@ -118,3 +121,23 @@ class Req:
     def finish(self, reason: dict[str, Any]) -> None:
         self.finished_reason = reason
         self.finished_at = time.perf_counter()
+
+
+def future_token(k: int) -> int:
+    """The placeholder id of the k-th sampled token of the step in flight (token ids are >= 0); the forward
+    thread puts the real id in before the next step runs (scheduler/forward_thread.py)."""
+    return -1 - k
+
+
+def pending_len(req: Req) -> int:
+    """Tokens of its output a running request still has to run (its last sampled token, or the one a step in
+    flight samples; more after a retraction kept its output), not counting a jump-forward draft (req.draft)."""
+    return len(req.input_ids) + len(req.output_ids) + (req.future is not None) - req.kv_len
+
+
+def pending_ids(req: Req) -> list[int]:
+    """Those tokens; a token a step in flight samples is its placeholder (future_token)."""
+    n = pending_len(req)  # n <= len(output_ids) + 1: a running request has sampled at least once
+    if req.future is None:
+        return req.output_ids[-n:]
+    return req.output_ids[len(req.output_ids) - n + 1:] + [future_token(req.future[1])]

@@ -28,8 +28,9 @@ from radixlang_runtime.speculative.drafter import NgramDrafter
 from radixlang_runtime.speculative.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
+from radixlang_runtime.scheduler.overlap import OverlapSchedule
 from radixlang_runtime.scheduler.mask_gate import IDLE_MASK_WAIT_S, LATE_MASK_WAIT, MaskGate
-from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduler.request import Req, pending_ids, pending_len
 from radixlang_runtime.scheduler.stop_check import check_finished
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Scheduler:
         self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
         self.pd: Optional[DisaggRole] = None  # prefill-decode disaggregation (wiring.make_disagg_role)
         self._failed_at_admission: list[Req] = []  # requests admission ended (their adapter could not be read)
+        self.overlap: Optional[OverlapSchedule] = None  # the overlap schedule (scheduler/overlap.py), when on
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
@@ -121,7 +123,7 @@ class Scheduler:
     @property
     def is_idle(self) -> bool:
         return not (self.waiting or self.running or self.chunked_req or self.grammar_pending
-                    or (self.pd is not None and self.pd.pending))
+                    or (self.pd is not None and self.pd.pending) or (self.overlap is not None and self.overlap.busy))
 
     @property
     def grammar_pending(self) -> bool:
@@ -140,7 +142,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop body
     def step(self) -> list[Req]:
-        """One scheduling iteration. Returns the requests that produced tokens or finished.
+        """One scheduling iteration (step_sync, or with the overlap schedule OverlapSchedule.step). Returns the
+        requests that produced tokens or finished."""
+        return self.step_sync() if self.overlap is None else self.overlap.step()
+
+    def step_sync(self) -> list[Req]:
+        """One scheduling iteration whose forward pass ends before it returns.
 
         A fault while running or finishing the batch (forward, sampling, logprobs, stop checks) ends
         exactly the batch's requests: each gets `error` set, an abort finish reason and its KV freed
@@ -169,7 +176,7 @@ class Scheduler:
                 batch.state_loads, batch.state_saves = self.kv.states.plan(
                     batch.reqs, batch.prefix_lens, [len(x) for x in batch.extend_ids], batch.decode_from,
                     self.cfg.page_size)
-            result = self.runner.forward(batch.model_batch())
+            result = (self.runner if self.overlap is None else self.overlap).forward(batch.model_batch())
             forward_s = time.perf_counter() - began
             if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
                 self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
@@ -268,6 +275,8 @@ class Scheduler:
         retracted = False
         if need() > self.kv.available_size():  # speculation never costs a retraction: drafts go first
             self.drafts.drop_ngram(self.running)
+            if self.overlap is not None:  # the step in flight applied first (it may finish requests)
+                self.overlap.drain()
         while self.running and need() > self.kv.available_size():
             if len(self.running) == 1:
                 raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
@@ -317,7 +326,8 @@ class Scheduler:
                     if req.first_token_at is None:
                         req.first_token_at = now
                     self._after_sample(req)
-                if req.kv_len > req.seq_len - 1:  # K/V of rejected draft tokens
+                # K/V of rejected draft tokens, or of the token after its finish (a step in flight ran it)
+                if req.kv_len > req.seq_len - 1 + (req.future is not None and not req.finished):
                     self.kv.truncate(req, req.seq_len - 1)
             elif req.sampling.max_new_tokens == 0:
                 req.finish({"type": "length", "length": 0})
@@ -480,16 +490,6 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Every page free, cached or held by exactly one live request; table rows likewise."""
-        held = self.pd.held_reqs() if self.pd is not None else []
+        held = (self.pd.held_reqs() if self.pd is not None else []) + (self.overlap.held() if self.overlap else [])
         self.kv.check_integrity(self.running + self.waiting + ([self.chunked_req] if self.chunked_req else []) + held)
 
-
-def pending_len(req: Req) -> int:
-    """Tokens of its output a running request still has to run (its last sampled token; more after a
-    retraction kept its output), not counting a jump-forward draft (req.draft) riding along."""
-    return len(req.input_ids) + len(req.output_ids) - req.kv_len
-
-
-def pending_ids(req: Req) -> list[int]:
-    n = pending_len(req)
-    return req.output_ids[-n:]  # n <= len(output_ids): a running request has sampled at least once
