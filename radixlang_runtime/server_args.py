@@ -175,6 +175,7 @@ class ServerArgs:
     max_lora_rank: Optional[int] = None  # None: the largest rank of the adapters given
     max_loras_per_batch: int = 8  # distinct adapters in one running batch (the base model not counted)
     max_loaded_loras: Optional[int] = None  # resident adapters (LRU eviction, read again on use); None: all
+    lora_backend: str = "csgmv"  # csgmv: the C segment kernel where it measured faster; torch_native: torch only
 
     def __post_init__(self) -> None:
         self._check_values()

@@ -133,6 +133,8 @@ HELP: dict[str, str] = {
     "max_loras_per_batch": "distinct adapters in one running batch; requests of others wait",
     "max_loaded_loras": "adapters held in memory (default: all); the least recently used idle one is evicted "
                         "and read again from its path when a request needs it",
+    "lora_backend": "the adapters' delta math: csgmv (the C segment kernel on CPU where it measured faster, torch "
+                    "elsewhere) or torch_native (torch matmuls only)",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -158,6 +160,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "speculative_draft_model_quantization": ("gguf",),
     "disaggregation_mode": ("null", "prefill", "decode"),
     "disaggregation_transfer_backend": ("zmq",),
+    "lora_backend": ("csgmv", "torch_native"),
 }
 
 # Flags of SGLang's or vLLM's launchers that radixlang does not take, and what to do instead.
