@@ -97,8 +97,7 @@ def check_lora_args(args: Any) -> None:
                              f"({args.max_loras_per_batch}): a batch's adapters are resident together")
     if not args.enable_lora:
         return
-    for name, on in (("enable_hierarchical_cache", args.enable_hierarchical_cache),
-                     ("disaggregation_mode " + args.disaggregation_mode, args.disaggregation_mode != "null"),
+    for name, on in (("disaggregation_mode " + args.disaggregation_mode, args.disaggregation_mode != "null"),
                      ("dp_size > 1", args.dp_size > 1),
                      ("model_impl transformers", args.model_impl == "transformers"),
                      ("speculative_algorithm " + str(args.speculative_algorithm),

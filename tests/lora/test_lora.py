@@ -131,8 +131,8 @@ def test_server_args_refuse_unsupported_combinations(tmp_path):
     from radixlang_runtime.server_args import ServerArgs
 
     assert ServerArgs(lora_paths=["a=/x"]).enable_lora  # --lora-paths implies --enable-lora
-    with pytest.raises(ValueError, match="enable_hierarchical_cache"):
-        ServerArgs(lora_paths=["a=/x"], enable_hierarchical_cache=True)
+    with pytest.raises(ValueError, match="disaggregation_mode prefill"):
+        ServerArgs(lora_paths=["a=/x"], disaggregation_mode="prefill")
     with pytest.raises(ValueError, match="given twice"):
         ServerArgs(lora_paths=["a=/x", "a=/y"])
     with pytest.raises(ValueError, match="lora_backend"):
