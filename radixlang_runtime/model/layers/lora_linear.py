@@ -149,10 +149,10 @@ class LoraModel:
 
     def load(self, adapter: LoraAdapter) -> None:
         """The adapter's deltas into the LoraLinears (with tensor parallelism, this rank's part: lora_tp.py)."""
-        shard, head_dim = getattr(self.model, "shard", None), self.model.cfg.head_dim
+        shard = getattr(self.model, "shard", None)
         for (i, proj), (a, b) in adapter.weights.items():
-            if shard is not None:
-                a, b = shard_lora(proj, a, b, shard, head_dim)
+            if shard is not None and shard.size > 1:
+                a, b = shard_lora(proj, a, b, shard, self.model.cfg.head_dim)
             owner, attr = _WRAPPED[proj]
             lin = getattr(getattr(self.model.layers[i], owner), attr)
             if not isinstance(lin, LoraLinear):
