@@ -14,7 +14,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py --runs 1 --quick
     python benchmarks/bench_offline.py --quantization int8   # also the weight-only int8 linears
     python benchmarks/bench_offline.py --deterministic       # also --enable-deterministic-inference
-    python benchmarks/bench_offline.py --lora                # also LoRA (4 rank-16 adapters): base, 1, spread over 4
+    python benchmarks/bench_offline.py --lora                # also LoRA (4 rank-16 adapters): base, 1, over 4 (x2)
     python benchmarks/bench_offline.py --model-path DIR --fallback   # also --model-impl transformers (its cost)
     python benchmarks/bench_offline.py --random-model moe --quick    # a random checkpoint (random_checkpoint.py)
     python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
@@ -132,7 +132,8 @@ def main() -> None:
     ap.add_argument("--quantization", default=None, help="also run radixlang with this --quantization (int8, gguf)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also run radixlang with --enable-deterministic-inference (the mode's cost, same run)")
-    ap.add_argument("--lora", action="store_true", help="also LoRA: 4 random rank-16 adapters on every projection")
+    ap.add_argument("--lora", action="store_true", help="also LoRA: 4 random rank-16 adapters on every projection "
+                    "(over 4 twice: --lora-backend csgmv and torch_native)")
     ap.add_argument("--fallback", action="store_true",
                     help="also run radixlang with --model-impl transformers (the fallback's cost, same run)")
     ap.add_argument("--peers", default="", help="comma list of vllm, llamacpp (see above)")
@@ -166,9 +167,11 @@ def main() -> None:
         from lora_bench_adapters import build_adapters
 
         paths = build_adapters(model_dir, f"{a.random_dir}/lora-adapters", 4)
-        for label, n in (("base", 0), ("1-adapter", 1), ("4-adapters", 4)):
+        for label, n, backend in (("base", 0, "csgmv"), ("1-adapter", 1, "csgmv"), ("4-adapters", 4, "csgmv"),
+                                  ("4-adapters-torch", 4, "torch_native")):
             results[f"radixlang-lora-{label}"] = in_child(run_radixlang_lora, model_dir, wls, a.runs,
-                                                          {"dtype": a.dtype, "lora_paths": paths}, n)
+                                                          {"dtype": a.dtype, "lora_paths": paths,
+                                                           "lora_backend": backend}, n)
     if a.fallback:
         results["radixlang-transformers-impl"] = in_child(run_radixlang, model_dir, wls, a.runs,
                                                           {"dtype": a.dtype, "model_impl": "transformers"})

@@ -73,6 +73,8 @@ def lora_id_of_model(model: Optional[str], served: str, adapters: Sequence[Optio
         return lora_id_of(adapter, adapters)
     return None
 
+LORA_BACKENDS = ("csgmv", "torch_native")  # SGLang's --lora-backend names that apply here
+
 
 def check_lora_args(args: Any) -> None:
     """ServerArgs' LoRA settings: what the runtime would not honour is refused by name (docs/LORA.md)."""
@@ -85,6 +87,8 @@ def check_lora_args(args: Any) -> None:
         raise ValueError(f"max_lora_rank must be >= 1; got {args.max_lora_rank}")
     if args.max_loras_per_batch < 1:
         raise ValueError(f"max_loras_per_batch must be >= 1; got {args.max_loras_per_batch}")
+    if args.lora_backend not in LORA_BACKENDS:
+        raise ValueError(f"lora_backend must be one of {', '.join(LORA_BACKENDS)}; got {args.lora_backend!r}")
     if args.max_loaded_loras is not None:
         if not args.enable_lora:
             raise ValueError("max_loaded_loras needs enable_lora (or lora_paths)")
@@ -93,9 +97,8 @@ def check_lora_args(args: Any) -> None:
                              f"({args.max_loras_per_batch}): a batch's adapters are resident together")
     if not args.enable_lora:
         return
-    for name, on in (("enable_hierarchical_cache", args.enable_hierarchical_cache),
-                     ("disaggregation_mode " + args.disaggregation_mode, args.disaggregation_mode != "null"),
-                     ("tp_size > 1", args.tp_size > 1), ("dp_size > 1", args.dp_size > 1),
+    for name, on in (("disaggregation_mode " + args.disaggregation_mode, args.disaggregation_mode != "null"),
+                     ("dp_size > 1", args.dp_size > 1),
                      ("model_impl transformers", args.model_impl == "transformers"),
                      ("speculative_algorithm " + str(args.speculative_algorithm),
                       args.speculative_algorithm not in (None, "NGRAM"))):

@@ -179,6 +179,7 @@ class ServerArgs:
     max_lora_rank: Optional[int] = None  # None: the largest rank of the adapters given
     max_loras_per_batch: int = 8  # distinct adapters in one running batch (the base model not counted)
     max_loaded_loras: Optional[int] = None  # resident adapters (LRU eviction, read again on use); None: all
+    lora_backend: str = "csgmv"  # csgmv: the C segment kernel where it measured faster; torch_native: torch only
 
     # --- CUDA graphs (cuda_graph_args.py, model/executor/graph_runner.py, docs/GPU.md): SGLang's names ---
     disable_cuda_graph: bool = False  # decode runs eagerly on CUDA too

@@ -135,6 +135,8 @@ HELP: dict[str, str] = {
     "max_loras_per_batch": "distinct adapters in one running batch; requests of others wait",
     "max_loaded_loras": "adapters held in memory (default: all); the least recently used idle one is evicted "
                         "and read again from its path when a request needs it",
+    "lora_backend": "the adapters' delta math: csgmv (the C segment kernel on CPU where it measured faster, torch "
+                    "elsewhere) or torch_native (torch matmuls only)",
     # CUDA graphs
     "disable_cuda_graph": "run decode eagerly on CUDA (default: one CUDA graph per batch-size bucket, replayed "
                           "for each decode step that fits one)",
@@ -169,6 +171,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "speculative_draft_model_quantization": ("gguf",),
     "disaggregation_mode": ("null", "prefill", "decode"),
     "disaggregation_transfer_backend": ("zmq",),
+    "lora_backend": ("csgmv", "torch_native"),
 }
 
 # Flags of SGLang's or vLLM's launchers that radixlang does not take, and what to do instead.

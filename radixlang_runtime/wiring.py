@@ -144,7 +144,8 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     port = KVRecordPort(runner.kv_pool, cfg.record_tokens)
     secret = args.hicache_mac_secret()
     mac_key = mac_key_from_secret(secret) if secret is not None else None  # None: L2's own directory key
-    identity = model_identity(model_dir, os.path.join(cache_root(), "hicache"))  # the weights' content hash
+    digest_dir = os.path.join(cache_root(), "hicache")
+    identity = model_identity(model_dir, digest_dir)  # the weights' content hash
     heads, _, dim = runner.kv_pool.k_buffers[0].shape  # the pool's entry per token (MLA: one latent entry)
     fp = KVFingerprint(identity, str(runner.dtype).replace("torch.", ""), args.page_size,
                        cfg.record_tokens, runner.cfg.num_hidden_layers, heads, dim,
@@ -156,7 +157,26 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     if args.hicache_storage_backend == "redis":
         l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), port.record_bytes,
                        ttl_s=args.hicache_extra_config().get("ttl_s"), mac_key=mac_key)
-    return HiCache(cfg, fp, port, l2, l3)
+    return HiCache(cfg, fp, port, l2, l3, adapter_identity=lora_identity(runner, digest_dir))
+
+
+def lora_identity(runner: ModelRunner, digest_dir: str) -> Callable[[int], Optional[str]]:
+    """A LoRA adapter id -> its content identity (mem/tiers/keys.adapter_identity) for the tiers' keys; None for an
+    adapter no longer registered or whose files cannot be read (its records are then neither stored nor read)."""
+    from radixlang_runtime.mem.tiers.keys import adapter_identity
+
+    def identity(lora_id: int) -> Optional[str]:
+        spec = runner.loras.specs.get(lora_id) if runner.loras is not None else None
+        if spec is None:
+            return None
+        try:
+            return adapter_identity(spec.path, digest_dir)
+        except OSError as e:
+            logger.warning("hicache: LoRA adapter %r (%s) has no identity (%s): its prefixes stay in L1", spec.name,
+                           spec.path, e)
+            return None
+
+    return identity
 
 
 def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Optional[NgramDrafter]:

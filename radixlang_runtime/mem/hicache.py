@@ -19,6 +19,9 @@ scheduler/kv_manager.py calls it at three points:
   a record the tiers lost ends the load there and the rest is recomputed. With preemption_mode "recompute"
   (--preemption-mode recompute) nothing is swapped out at retraction: the readmission recomputes what L1
   lost, except what eviction's own backup happened to store.
+Ids are radix keys: a LoRA adapter's requests pass their ids moved into the adapter's range
+(radix_cache.NAMESPACE_SHIFT); their records are keyed from a root whose fingerprint names the adapter by its
+content (`adapter_identity(lora_id)`, keys.adapter_identity), the token ids without the shift.
 A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
 would cost more than it saves); a prompt's tail shorter than a record is never stored.
 Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no request fails.
@@ -26,12 +29,14 @@ Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
+from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT, TOKEN_MASK
 from radixlang_runtime.mem.tier_costs import TierCosts
 from radixlang_runtime.mem.tiers.disk import DiskTier
 from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys
@@ -95,13 +100,18 @@ class HiCacheConfig:
 
 class HiCache:
     def __init__(self, cfg: HiCacheConfig, fingerprint: KVFingerprint, port: PagePort,
-                 l2: Optional[DiskTier], l3: Optional[RedisTier]):
+                 l2: Optional[DiskTier], l3: Optional[RedisTier],
+                 adapter_identity: Optional[Callable[[int], Optional[str]]] = None):
+        """adapter_identity: a LoRA adapter id -> its content identity (None: not served, nothing stored)."""
         if l2 is None and l3 is None:
             raise ValueError("hierarchical cache without a tier: need L2 (hicache_size > 0) or L3 (redis)")
         if fingerprint.record_tokens != cfg.record_tokens:
             raise ValueError("the fingerprint's record_tokens differs from the config's")
         self.cfg = cfg
         self.root = fingerprint.digest()
+        self.fingerprint = fingerprint
+        self.adapter_identity = adapter_identity
+        self._roots: dict[int, Optional[bytes]] = {0: self.root}  # per adapter id (ids are never reused)
         self.port = port
         self.l2, self.l3 = l2, l3
         self.writer = TierWriter(cfg.max_queued)
@@ -124,6 +134,20 @@ class HiCache:
     @property
     def write_through(self) -> bool:
         return self.cfg.write_policy == "write_through"
+
+    # ------------------------------------------------------------------ keys
+    def _keys(self, ids: list[int]) -> Optional[list[bytes]]:
+        """The record keys of radix keys ids (one namespace: the base or one adapter); None when the adapter
+        has no identity here (unloaded before its first record)."""
+        ns = ids[0] >> NAMESPACE_SHIFT if ids else 0
+        if ns not in self._roots:
+            ident = self.adapter_identity(ns) if self.adapter_identity is not None else None
+            self._roots[ns] = None if ident is None else dataclasses.replace(self.fingerprint,
+                                                                             adapter=ident).digest()
+        root = self._roots[ns]
+        if root is None:
+            return None
+        return chain_keys(root, ids if ns == 0 else [i & TOKEN_MASK for i in ids], self.cfg.record_tokens)
 
     # ------------------------------------------------------------------ writes
     def _lacking(self, key: bytes) -> list:
@@ -148,7 +172,9 @@ class HiCache:
         first = new_from // t
         if first >= n:
             return 0
-        keys = chain_keys(self.root, ids[:n * t], t)
+        keys = self._keys(ids[:n * t])
+        if keys is None:
+            return 0
         todo = [(i, tiers) for i in range(first, n) if (tiers := self._lacking(keys[i]))]
         if not todo:
             return 0
@@ -191,7 +217,10 @@ class HiCache:
             return p0, []
         began = time.monotonic()
         deadline = began + self.cfg.load_timeout_s
-        keys = chain_keys(self.root, ids[:end], t)[p0 // t:]
+        keys = self._keys(ids[:end])
+        if keys is None:
+            return p0, []
+        keys = keys[p0 // t:]
         missed = self._recent_misses.get(keys[0])
         if missed is not None and began - missed < MISS_MEMO_S:
             return p0, []

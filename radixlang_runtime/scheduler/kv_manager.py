@@ -106,7 +106,7 @@ class KVManager:
             self.radix.lock(m.last_node)
         if self.hicache is not None:
             l1_len = m.length
-            m = self._load_from_tiers(req.fill_ids, limit, m)
+            m = self._load_from_tiers(req.cache_ids, limit, m)
             req.tier_len = m.length - l1_len
         if m.length == 0:
             return 0
@@ -159,7 +159,7 @@ class KVManager:
         so that readmission loads them if eviction takes them from L1. Returns the tokens swapped out."""
         if self.hicache is None:
             return 0
-        return self.hicache.swap_out(req.fill_ids[:req.kv_len], req.kv_indices)
+        return self.hicache.swap_out(req.cache_ids[:req.kv_len], req.kv_indices)
 
     def unmatch(self, req: Req) -> None:
         """Undo `match` for a request that was not admitted after all."""
@@ -209,7 +209,7 @@ class KVManager:
             return req.tree_len
         already = self.radix.insert(req.cache_ids[:aligned], req.kv_indices[:aligned])
         if self.hicache is not None and self.hicache.write_through:  # before the duplicates are freed
-            self.hicache.backup(req.fill_ids[:aligned], req.kv_indices[:aligned], already)
+            self.hicache.backup(req.cache_ids[:aligned], req.kv_indices[:aligned], already)
         if already > req.tree_len:
             self.allocator.free(req.kv_indices[req.tree_len:already])
         return aligned

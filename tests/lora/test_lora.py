@@ -131,10 +131,12 @@ def test_server_args_refuse_unsupported_combinations(tmp_path):
     from radixlang_runtime.server_args import ServerArgs
 
     assert ServerArgs(lora_paths=["a=/x"]).enable_lora  # --lora-paths implies --enable-lora
-    with pytest.raises(ValueError, match="enable_hierarchical_cache"):
-        ServerArgs(lora_paths=["a=/x"], enable_hierarchical_cache=True)
+    with pytest.raises(ValueError, match="disaggregation_mode prefill"):
+        ServerArgs(lora_paths=["a=/x"], disaggregation_mode="prefill")
     with pytest.raises(ValueError, match="given twice"):
         ServerArgs(lora_paths=["a=/x", "a=/y"])
+    with pytest.raises(ValueError, match="lora_backend"):
+        ServerArgs(lora_paths=["a=/x"], lora_backend="triton")
     os.makedirs(tmp_path / "d")
     (tmp_path / "d" / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
     with pytest.raises(ValueError, match="adapter_model.safetensors"):
@@ -143,24 +145,25 @@ def test_server_args_refuse_unsupported_combinations(tmp_path):
         load_adapter("d", str(tmp_path / "d"), 1, 2, 64, torch.float32, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("sgmv", [True, False])
-def test_lora_linear_interleaved_rows_match_the_merged_weights(sgmv, monkeypatch):
+@pytest.mark.parametrize("mode", ["csgmv", "past_the_row_bound", "torch_native"])
+def test_lora_linear_interleaved_rows_match_the_merged_weights(mode, monkeypatch):
     """Rows of adapters 1, base, 2, 1 interleaved (a gather for adapter 1, a slice for 2), a delta on the k slice of
     a fused q/k/v output only: each row equals its own merged linear, through the C segment kernel and through
-    torch."""
+    torch (past the kernel's row bound, or --lora-backend torch_native)."""
     import torch
     from torch import nn
 
     from radixlang_runtime.model.layers import lora_sgmv
     from radixlang_runtime.model.layers.lora_linear import LoraLinear, LoraState
 
+    sgmv = mode == "csgmv"
     if sgmv and not lora_sgmv.lora_sgmv_ready():
         pytest.skip("no C compiler: the torch path only")
-    if not sgmv:
+    if mode == "past_the_row_bound":
         monkeypatch.setattr(lora_sgmv, "SGMV_MAX_ROWS", {dt: 0 for dt in lora_sgmv.SGMV_MAX_ROWS})
 
     torch.manual_seed(0)
-    base, state = nn.Linear(8, 12, bias=False), LoraState()
+    base, state = nn.Linear(8, 12, bias=False), LoraState(use_kernel=mode != "torch_native")
     lin = LoraLinear(base, {"q_proj": (0, 4), "k_proj": (4, 4), "v_proj": (8, 4)}, state)
     a = {i: torch.randn(2, 8) for i in (1, 2)}
     b = {i: torch.randn(4, 2) for i in (1, 2)}

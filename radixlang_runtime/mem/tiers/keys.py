@@ -4,8 +4,11 @@ A record holds the K/V of `record_tokens` consecutive tokens (all layers) at a r
 of a token sequence. Its key is a hash chain: key(0) = the fingerprint's digest, key(i + 1) =
 H(key(i) || ids of record i). So a key names the record's tokens *and* everything before them (KV
 depends on the whole prefix), and the fingerprint (model weights, dtype, page and record sizes, KV
-shape, TP rank, adapter) keeps one model from ever reading another's KV. The model part is a content hash of
-the weight files (weights_digest.py) with config.json's bytes: equal names and sizes are not enough.
+shape, TP rank, adapter) keeps one model from ever reading another's KV. Under a LoRA adapter the fingerprint's
+`adapter` is the adapter's content hash (adapter_identity), so a prefix computed under one adapter is never
+served to another, nor to the base, also across restarts that number the adapters differently. The model part
+is a content hash of the weight files (weights_digest.py) with config.json's bytes: equal names and sizes are
+not enough.
 """
 
 from __future__ import annotations
@@ -66,4 +69,13 @@ def model_identity(model_dir: str, digest_dir: Optional[str] = None) -> str:
         with open(cfg, "rb") as f:
             h.update(f.read())
     h.update(b"\0weights:" + weights_digest(model_dir, digest_dir).encode())
+    return h.hexdigest()
+
+
+def adapter_identity(adapter_dir: str, digest_dir: Optional[str] = None) -> str:
+    """A peft adapter directory's identity: adapter_config.json's bytes and its weight files' content hash."""
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
+    with open(os.path.join(adapter_dir, "adapter_config.json"), "rb") as f:
+        h.update(f.read())
+    h.update(b"\0weights:" + weights_digest(adapter_dir, digest_dir).encode())
     return h.hexdigest()

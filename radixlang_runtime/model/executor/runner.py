@@ -276,12 +276,12 @@ class ModelRunner:
         if self.cfg.mla is not None:
             raise ValueError(f"enable_lora is not supported for {self.cfg.architecture} (multi-head latent attention "
                              "has no q / k / v projections to adapt)")
-        if getattr(model, "lora_refusal", None):  # a family whose projections LoRA cannot address
-            raise ValueError(model.lora_refusal)
-        lora = LoraModel(model)
+        lora = LoraModel(model, use_kernel=self.args.lora_backend == "csgmv")
         self.loras = LoraRegistry(lora, self.cfg.num_hidden_layers, self.args.max_lora_rank, self.dtype,
                                   self.device, self.args.max_loaded_loras)
-        self.loras.register_all(self.args.lora_paths)
+        self.loras.register_all(self.args.lora_paths)  # every rank the same (the same paths, in order)
+        if self.tp is not None and self.tp.rank == 0:  # from here on the other ranks mirror rank 0's set
+            self.loras.on_change = self.tp.broadcast_obj
         return lora
 
     def load_lora(self, name: str, path: str, busy: frozenset = frozenset()) -> int:

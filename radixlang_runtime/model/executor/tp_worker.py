@@ -6,7 +6,8 @@ Engine's loop thread); every other rank runs `run_tp_worker`.
 
 Invariants:
 - a worker runs exactly the StepInputs rank 0 broadcasts, in order; None is a keepalive, STOP ends it;
-  KVRead / KVWrite (PD's K/V transfers, tp_kv.py) come between steps, in the same order;
+  KVRead / KVWrite (PD's K/V transfers, tp_kv.py) and LoraResident (the adapters to hold, lora_registry.py)
+  come between steps, in the same order;
 - a worker whose group fails (rank 0 gone, a peer gone, a timeout) exits with status 1 within the
   group's timeout, never lingers: a dead scheduler leaves no orphan ranks;
 - a worker dies with the process that spawned it, even a SIGKILLed one (child_process.py).
@@ -78,6 +79,7 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
     from radixlang_runtime.model.loader.resolve import resolve_model_dir
     from radixlang_runtime.model.executor.runner import ModelRunner
     from radixlang_runtime.model.executor.tp_kv import KVRead, KVWrite, serve
+    from radixlang_runtime.model.loader.lora_registry import LoraResident
 
     try:
         set_cpu_threads(args)
@@ -103,6 +105,8 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
                 return
             if isinstance(msg, (KVRead, KVWrite)):  # PD: rank 0 reads / writes K/V of every rank (tp_kv.py)
                 serve(runner, msg)
+            elif isinstance(msg, LoraResident):  # LoRA: rank 0's resident adapters (lora_registry.py)
+                runner.loras.mirror(msg)
             else:
                 runner.run_step(msg)
         except ParallelFault as e:

@@ -20,6 +20,7 @@ from torch import nn
 
 from radixlang_runtime.model.loader.lora_adapter import LoraAdapter
 from radixlang_runtime.model.layers.lora_sgmv import LoraSegments, SgmvWeights, lora_sgmv_ready
+from radixlang_runtime.model.layers.lora_tp import shard_lora
 
 Rows = Union[slice, torch.Tensor]
 
@@ -27,7 +28,8 @@ Rows = Union[slice, torch.Tensor]
 class LoraState:
     """The current step's row groups, shared by every LoraLinear of the model."""
 
-    def __init__(self) -> None:
+    def __init__(self, use_kernel: bool = True) -> None:
+        self.use_kernel = use_kernel  # --lora-backend csgmv: the C kernel where it may run; torch_native: never
         self.groups: list[tuple[int, Rows]] = []  # (adapter id, rows of the flattened tokens)
         self.segments: Optional[LoraSegments] = None  # the same groups for the C kernel (set where it may run)
 
@@ -44,7 +46,8 @@ class LoraState:
             contiguous = r[-1] - r[0] + 1 == len(r)
             self.groups.append((lid, slice(r[0], r[-1] + 1) if contiguous
                                 else torch.tensor(r, dtype=torch.int64, device=device)))
-        self.segments = LoraSegments.build(rows) if device.type == "cpu" and lora_sgmv_ready() else None
+        self.segments = LoraSegments.build(rows) if (self.use_kernel and device.type == "cpu"
+                                                          and lora_sgmv_ready()) else None
 
     def clear(self) -> None:
         self.groups = []
@@ -117,9 +120,11 @@ def _parts(layer: nn.Module, owner: str, attr: str) -> Optional[dict[str, tuple[
 class LoraModel:
     """The model's LoraLinears and the adapters loaded into them."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, use_kernel: bool = True):
+        if getattr(model, "lora_refusal", None):  # a family whose projections LoRA cannot address
+            raise ValueError(model.lora_refusal)
         self.model = model
-        self.state = LoraState()
+        self.state = LoraState(use_kernel)
         self.adapters: dict[int, LoraAdapter] = {}
         for layer in model.layers:
             for owner, attr in dict.fromkeys(_WRAPPED.values()):
@@ -145,7 +150,11 @@ class LoraModel:
             del mlp.ROWS  # the class's row block again
 
     def load(self, adapter: LoraAdapter) -> None:
+        """The adapter's deltas into the LoraLinears (with tensor parallelism, this rank's part: lora_tp.py)."""
+        shard = getattr(self.model, "shard", None)
         for (i, proj), (a, b) in adapter.weights.items():
+            if shard is not None and shard.size > 1:
+                a, b = shard_lora(proj, a, b, shard, self.model.cfg.head_dim)
             owner, attr = _WRAPPED[proj]
             lin = getattr(getattr(self.model.layers[i], owner), attr)
             if not isinstance(lin, LoraLinear):

@@ -7,6 +7,11 @@ resident adapter that no running request uses (`busy`), then reads the adapter a
 same id (the radix keys carry the id, so its cached prefixes stay valid). An adapter whose files are gone is
 evicted last (it could not come back); when reading an evicted adapter again fails, `ensure` raises
 LoraReloadError naming the adapter and its path, and only the requests needing it fail (400).
+
+With tensor parallelism rank 0's registry decides: after every change of its resident set (a run-time load, an
+unload, an eviction, a reload) `on_change` broadcasts a LoraResident record, and the other ranks' registries
+`mirror` it (each rank reads the adapter from its path and keeps its own part, model/layers/lora_tp.py), between
+steps like every broadcast of rank 0.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -38,6 +43,13 @@ class LoraCounts:
     reload_failures: int = 0
 
 
+@dataclass(frozen=True)
+class LoraResident:
+    """Rank 0 -> the other tensor-parallel ranks: the adapters to hold (every other one is dropped)."""
+
+    specs: tuple[LoraSpec, ...]
+
+
 class LoraRegistry:
     def __init__(self, model: LoraModel, num_layers: int, max_rank: Optional[int], dtype: torch.dtype,
                  device: torch.device, max_loaded: Optional[int] = None):
@@ -48,6 +60,7 @@ class LoraRegistry:
         self.lru: OrderedDict[int, None] = OrderedDict()  # resident ids, least recently used first
         self.counts = LoraCounts()
         self.next_id = 1  # ids are never reused: a reload under a name after an unload gets a new one
+        self.on_change: Optional[Callable[[LoraResident], None]] = None  # rank 0 under TP: the broadcast
 
     def register_all(self, entries: Optional[list[str]]) -> None:
         """--lora-paths at start: each is read (checked) in order; past the cap the earliest ones give way."""
@@ -63,6 +76,7 @@ class LoraRegistry:
         self.next_id += 1
         if self._make_room(busy):
             self._keep(adapter)
+        self._changed()
         logger.info("LoRA adapter %r (id %d): rank %d, alpha %g, targets %s%s", name, adapter.lora_id,
                     adapter.config.rank, adapter.config.alpha, ",".join(adapter.config.targets),
                     "" if adapter.lora_id in self.lru else " (not resident: --max-loaded-loras reached)")
@@ -87,6 +101,7 @@ class LoraRegistry:
                                   f"read again from {spec.path!r}: {e}") from e
         self.counts.reloads += 1
         self._keep(adapter)
+        self._changed()
         logger.info("LoRA adapter %r (id %d) read again from %s", spec.name, lora_id, spec.path)
         return True
 
@@ -102,6 +117,19 @@ class LoraRegistry:
         if lora_id in self.lru:
             del self.lru[lora_id]
             self.model.unload(lora_id)
+            self._changed()
+
+    def mirror(self, msg: LoraResident) -> None:
+        """Ranks > 0: hold exactly msg's adapters (rank 0's resident set), each read from its path."""
+        want = {s.lora_id: s for s in msg.specs}
+        for lid in [i for i in self.lru if i not in want]:
+            del self.lru[lid]
+            self.model.unload(lid)
+        for lid, spec in want.items():
+            self.specs[lid] = spec
+            if lid not in self.lru:
+                self._keep(self._read(spec.name, spec.path, lid))
+        self.next_id = max(self.next_id, max(want, default=0) + 1)
 
     def __contains__(self, lora_id: int) -> bool:
         return lora_id in self.specs
@@ -113,6 +141,10 @@ class LoraRegistry:
                 "reload_failures": self.counts.reload_failures}
 
     # ------------------------------------------------------------------ internals
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(LoraResident(tuple(self.specs[i] for i in self.lru)))
+
     def _read(self, name: str, path: str, lora_id: int) -> LoraAdapter:
         adapter = load_adapter(name, path, lora_id, *self._read_args)
         self.counts.loads += 1
