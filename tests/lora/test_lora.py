@@ -32,9 +32,9 @@ def record_steps(eng):
     """The lora_ids of every step the runner takes from now on."""
     seen, runner, orig = [], eng.runner, eng.runner._run
 
-    def run(step):
+    def run(step, *rest):
         seen.append(list(step.lora_ids))
-        return orig(step)
+        return orig(step, *rest)
 
     runner._run = run
     return seen

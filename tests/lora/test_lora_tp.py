@@ -32,9 +32,9 @@ def test_tp2_mixed_batch_matches_peft_merged(setup, engine):
     assert len({tuple(want[n][tuple(PROMPT)]) for n in ("", "alpha", "beta")}) == 3  # the comparison can fail
     seen, orig = [], engine.runner._run
 
-    def run(step):
+    def run(step, *rest):
         seen.append(list(step.lora_ids))
-        return orig(step)
+        return orig(step, *rest)
 
     engine.runner._run = run
     try:
