@@ -4,11 +4,11 @@ and float32 greedy parity with transformers loading the same file (its GGUF load
     python benchmarks/check_gguf_file.py FILE [--prompts 4] [--new 32]
 
 The server runs in its own process with --dtype float32 (the file's blocks, the default for a .gguf path); the
-greedy tokens of each prompt (chat-free text, tokenized by transformers from the same file, EOS ignored) are
-compared token for token. Printed: the file's bytes, the server's weight bytes (/server_info) and process RSS,
-their ratios, and per prompt whether the tokens match. Exit status 1 when a prompt differs or the weights
-exceed 1.2x the file. Not part of CI: it needs a real quantized file (docs/MODELS.md shows how to make one
-with llama.cpp's llama-quantize).
+greedy tokens of each prompt (plain text, tokenized by transformers from the same file; min_new_tokens on both
+sides, so EOS is masked alike) are compared token for token. Printed: the file's bytes, the server's weight
+bytes (/server_info) and process RSS, their ratios, and per prompt whether the tokens match. Exit status 1 when
+a prompt differs or the weights exceed 1.2x the file. Not part of CI: it needs a real quantized file
+(docs/MODELS.md shows how to make one with llama.cpp's llama-quantize).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _serve_greedy(path: str, prompts: list[list[int]], new: int) -> tuple[list[l
         outs = []
         for ids in prompts:
             r = httpx.post(url + "/generate", timeout=600, json={
-                "input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+                "input_ids": ids, "sampling_params": {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}})
             r.raise_for_status()
             outs.append(r.json()["output_ids"])
         info = httpx.get(url + "/server_info", timeout=30).json()
