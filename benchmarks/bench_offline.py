@@ -18,6 +18,7 @@ bfloat16 (radixlang's CPU default), and each child's peak RSS.
     python benchmarks/bench_offline.py --model-path DIR --fallback   # also --model-impl transformers (its cost)
     python benchmarks/bench_offline.py --random-model moe --quick    # a random checkpoint (random_checkpoint.py)
     python benchmarks/bench_offline.py --peers vllm,llamacpp --quantization gguf   # + peers, same ids
+    python benchmarks/bench_offline.py --peers llamacpp --model-path FILE.gguf --masks ,avx512_bf16
 
 --peers runs ../shared/peers' scripts (vLLM-CPU; llama.cpp BF16 with flash attention for W1, BF16 /
 Q8_0 / Q4_1 single stream for W2), each in its own venv under $PEERS_DIR (default /tmp/peers; install
@@ -25,6 +26,9 @@ with ../shared/peers/install_vllm.sh and build_llamacpp.sh; a peer not installed
 on the token ids of ../shared/peers/workloads.py (which then replace ours, fingerprints printed), plus
 that directory's bench_phys.py (GEMM and memory-read ceilings in the same run). Peer W2 figures are
 their decode tok/s (tokens 2..256 over their time); ours are output tokens over the whole call.
+With --peers llamacpp and a .gguf --model-path, the file itself runs on both sides instead: llama.cpp's own
+C++ tools (llama-bench, llama-batched-bench) against radixlang, decode tok/s of one stream and of 16 / 64
+streams, rounds interleaved (gguf_side_by_side.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import time
@@ -141,7 +146,20 @@ def main() -> None:
     ap.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="vLLM-CPU's dtype: float32 is what it runs on a CPU without AVX512-BF16 (with "
                          "RADIXLANG_CPU_MASK=avx512_bf16 for ours: the issue's second table)")
+    ap.add_argument("--masks", default="",
+                    help="with a .gguf --model-path and --peers llamacpp: comma list of RADIXLANG_CPU_MASK values "
+                         "radixlang runs under ('' = none; ',avx512_bf16' = without and with the mask)")
     a = ap.parse_args()
+    if a.peers == "llamacpp" and a.model_path and a.model_path.endswith(".gguf"):
+        from gguf_side_by_side import report, side_by_side
+
+        path = os.path.abspath(a.model_path)
+        rounds = side_by_side(path, a.runs, a.masks.split(","))
+        print("\n" + report(path, rounds))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rounds, f, indent=2)
+        return
 
     from radixlang_runtime.model.loader.resolve import resolve_model_dir
 

@@ -111,7 +111,11 @@ def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_
 GGUF_TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
               "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
               "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136)}
-KQ_MAX_M = 16  # gemv_kquant.c's limit: larger batches dequantize tiles (gguf_dequant_rows) for a GEMM
+# rows of x up to which the block kernels beat dequantized tiles (gguf_dequant_rows) + a GEMM, the caller's path
+# above (the kernels take up to 256): int8 activations against a bf16 GEMM, and the exact float32 sums against
+# a float32 GEMM (docs/MODELS.md, GGUF blocks: the crossover measured per path)
+KQ_MAX_M = 16
+KQ_EXACT_MAX_M = 64
 
 
 def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
@@ -119,10 +123,11 @@ def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Opt
     """gemv_kquant.c: x [M, K] bf16 / float32, quantized to int8 per block (q8_K / q8_0), @ W.T with W
     given as the file's rows blocks [N, K / QK * bytes] uint8 of GGUF_TYPES[fmt] -> [M, N] (out_dtype,
     default x's); exact: gguf_dequant_gemv instead (float32 sums over the exact dequantized values, x as
-    given). None when the library is not loaded or M > KQ_MAX_M (the caller's tiles run)."""
+    given). None when the library is not loaded or M > KQ_MAX_M (exact: KQ_EXACT_MAX_M; the caller's tiles run)."""
     lib = lib or loaded()
     M, K = x.shape
-    if lib is None or M == 0 or M > KQ_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
+    if lib is None or M == 0 or M > (KQ_EXACT_MAX_M if exact else KQ_MAX_M) or x.dtype not in (torch.bfloat16,
+                                                                                                 torch.float32):
         return None
     x = x.contiguous()
     out = torch.empty(M, blocks.shape[0], dtype=out_dtype or x.dtype)

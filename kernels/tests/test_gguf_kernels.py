@@ -91,6 +91,27 @@ def test_dequant_rows_bitwise_equal_to_gguf(isa, fmt):
     assert np.array_equal(tile.numpy(), w[5:14])
 
 
+@pytest.mark.parametrize("fmt", ["Q5_0", "Q4_K", "Q6_K", "Q8_0"])
+def test_many_rows_equal_one_row_at_a_time(isa, fmt):
+    """A batch above 16 rows (one unpacked chunk for all of them) gives each row the bits it gets alone, on both
+    kernels; the wrapper takes the exact one up to KQ_EXACT_MAX_M rows."""
+    blocks, _, K, _ = _case(fmt, N=19, seed=6)
+    lib = cpu_ops.load() if cpu_ops._lib is None else cpu_ops._lib
+    x = torch.from_numpy(np.random.default_rng(7).normal(0, 1, (40, K)).astype(np.float32))
+    for name in ("gguf_kq_gemv", "gguf_dequant_gemv"):
+        def call(rows):
+            out = torch.empty(rows.shape[0], 19)
+            rc = getattr(lib, name)(rows.data_ptr(), 0, blocks.data_ptr(), quant_ops.GGUF_TYPES[fmt][0],
+                                    out.data_ptr(), 0, rows.shape[0], K, 19)
+            assert rc == 0, (name, rc)
+            return out
+        many = call(x)
+        for m in (0, 17, 39):
+            assert torch.equal(many[m:m + 1], call(x[m:m + 1].contiguous())), (name, m)
+    assert torch.equal(quant_ops.gguf_kq_gemv(x, blocks, fmt, exact=True), call(x))
+    assert quant_ops.gguf_kq_gemv(torch.zeros(quant_ops.KQ_EXACT_MAX_M + 1, K), blocks, fmt, exact=True) is None
+
+
 def test_kq_gemv_limits(isa):
     blocks, _, K, _ = _case("Q4_K", N=8)
     assert quant_ops.gguf_kq_gemv(torch.zeros(quant_ops.KQ_MAX_M + 1, K), blocks, "Q4_K") is None
@@ -99,5 +120,6 @@ def test_kq_gemv_limits(isa):
     x = torch.zeros(1, K)
     assert lib.gguf_kq_gemv(x.data_ptr(), 0, blocks.data_ptr(), 16, out.data_ptr(), 0, 1, K, 8) == -1  # IQ2_XXS
     assert lib.gguf_kq_gemv(x.data_ptr(), 0, blocks.data_ptr(), 12, out.data_ptr(), 0, 1, 200, 8) == -1  # K % 256
+    assert lib.gguf_kq_gemv(x.data_ptr(), 0, blocks.data_ptr(), 12, out.data_ptr(), 0, 257, K, 8) == -1  # rows
     zero = quant_ops.gguf_kq_gemv(x, blocks, "Q4_K")
     assert torch.equal(zero, torch.zeros(1, 8))

@@ -198,7 +198,7 @@ def test_large_batches_dequantize_tiles_to_the_exact_product(monkeypatch):
     w = np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts])  # [64, 256]
     bias = torch.randn(64)
     lin = GGUFBlockLinear(parts, 256, bias, torch.float32)
-    x = torch.randn(quant_ops.KQ_MAX_M + 3, 256)
+    x = torch.randn(quant_ops.KQ_EXACT_MAX_M + 3, 256)
     monkeypatch.setattr(gguf_block_linear, "TILE_BYTES", 256 * 4 * 16)  # 16 rows a tile
     y = lin(x)
     torch.testing.assert_close(y, x @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,8 @@ rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
 - bf16 decode batches (M <= quant_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it);
-- float32 decode batches: gguf_dequant_gemv, float32 sums over each chunk's exact dequantized values;
+- float32 decode batches (M <= quant_ops.KQ_EXACT_MAX_M): gguf_dequant_gemv, float32 sums over each chunk's
+  exact dequantized values;
 - larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized at a time
   (gguf_dequant.c: gguf.quants' exact values) and a GEMM on it; so float32 outputs are the dequantized
   checkpoint's up to summation order (greedy parity with transformers holds token for token);

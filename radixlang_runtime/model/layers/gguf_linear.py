@@ -74,11 +74,12 @@ class GGUFLinear(nn.Module):
 
 
 def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.Tensor, str]]:
-    """Stack the block rows of q/k/v (or gate/up); None when the parts' formats differ."""
+    """Stack the block rows of q/k/v (or gate/up); None when the parts' formats differ. One part is returned as
+    it is (a tied head keeps sharing the embedding's blocks)."""
     fmts = {fmt for _, fmt in parts}
     if len(fmts) != 1:
         return None
-    return torch.cat([b for b, _ in parts]), fmts.pop()
+    return (parts[0][0] if len(parts) == 1 else torch.cat([b for b, _ in parts])), fmts.pop()
 
 
 def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int) -> torch.Tensor:
