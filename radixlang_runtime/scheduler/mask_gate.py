@@ -35,15 +35,15 @@ class MaskGate:
     def __init__(self, grammar: Any, drafts: Any):
         self.grammar = grammar  # GrammarQueue
         self.drafts = drafts  # Drafts: jump-forward drafts once the mask is known
-        self._held: list[Req] = []
+        self.held: list[Req] = []  # requests whose next mask was submitted this step (read, never edited, outside)
         self.late = 0  # masks that were not ready by the end of their step (the request sat out)
 
     def hold(self, req: Req) -> None:
         """req's next mask was submitted (prefetch): its mask-reading checks wait for `settle`."""
-        self._held.append(req)
+        self.held.append(req)
 
     def take_held(self) -> list[Req]:
-        held, self._held = self._held, []
+        held, self.held = self.held, []
         return held
 
     def settle(self, reqs: list[Req], until: float, batch_size: int) -> list[Req]:

@@ -153,12 +153,15 @@ class Scheduler:
         exactly the batch's requests: each gets `error` set, an abort finish reason and its KV freed
         (not cached: the slots may hold garbage); requests outside the batch go on next step."""
         touched = self._process_aborts()
-        self.masks.take_held()  # left over from a failed step (its requests ended)
-        if self.grammar_pending:
-            touched += self._poll_grammars()
+        gated = self.grammar is not None  # only constrained requests are held or wait for masks (mask_gate.py)
+        if gated:
+            if self.masks.held:
+                self.masks.take_held()  # left over from a failed step (its requests ended)
+            if self.grammar.pending:
+                touched += self._poll_grammars()
         if self.pd is not None:
             touched += self._poll_disagg()
-        late = [r for r in self.running if r.mask_pending]
+        late = [r for r in self.running if r.mask_pending] if gated else None
         if late:  # masks that finished since: those requests rejoin this step
             touched += self._settle_masks(late, time.monotonic())
         batch = self.get_next_batch_to_run()
@@ -166,7 +169,7 @@ class Scheduler:
             touched += self._failed_at_admission
             self._failed_at_admission = []
         if batch is None:
-            if any(r.mask_pending for r in self.running):  # only masks to wait for: wait a little, no spin
+            if gated and any(r.mask_pending for r in self.running):  # only masks to wait for: wait a little
                 touched += self._settle_masks([r for r in self.running if r.mask_pending],
                                               time.monotonic() + IDLE_MASK_WAIT_S)
             return touched
@@ -185,8 +188,8 @@ class Scheduler:
                 r.forward_passes += 1
             self.recent_batches.append((batch.phase, batch.batch_size, batch.num_tokens))
             touched += self._process_batch_result(batch, result)
-            # the next masks computed meanwhile: wait a fraction of the forward for the late ones (mask_gate.py)
-            self._settle_masks(self.masks.take_held(), time.monotonic() + LATE_MASK_WAIT * forward_s)
+            if self.masks.held:  # the next masks computed meanwhile: wait a fraction of the forward for the late ones
+                self._settle_masks(self.masks.take_held(), time.monotonic() + LATE_MASK_WAIT * forward_s)
             self.drafts.note_step(batch.batch_size, batch.num_tokens, batch.decode_from == 0,
                                   time.perf_counter() - began, time.process_time() - began_cpu)
         except Exception as e:  # noqa: BLE001 - contained: only this batch's requests fail

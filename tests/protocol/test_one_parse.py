@@ -1,18 +1,24 @@
 """One prompt parse and one sampling-parameter parse per request, on every route: native /generate, OpenAI
 completions and chat, the DSL's ZeroMQ link (a real server whose processes count every call, through a
-sitecustomize the test puts on their path), and the in-process Engine. The scheduler never parses again
+sitecustomize the test puts on their path), the PD router (each of the prefill and the decode parses once, the
+router parses no prompt), and the in-process Engine. The scheduler never parses again
 (its decode is trusted: protocol/messages.py), so the counts over all of the server's processes are exactly
 one each."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+import pd_servers
+from router_utils import RouterProcess, wait_for
 from server_utils import ServerProcess, free_port
+from tiny_checkpoints import build_tiny
 
 COUNTER = textwrap.dedent('''
     """Counts SamplingParams.from_dict and PromptEncoder.encode / encode_chat calls, every process."""
@@ -44,26 +50,57 @@ COUNTER = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="module")
-def counted(tmp_path_factory):
+@contextlib.contextmanager
+def _counting_env(tmp_path_factory):
+    """While open, processes started inherit the counting sitecustomize; yields the log they append to."""
     site = tmp_path_factory.mktemp("site")
     (site / "sitecustomize.py").write_text(COUNTER)
     log = site / "calls.log"
     old = {k: os.environ.get(k) for k in ("PYTHONPATH", "RADIXLANG_TEST_PARSE_LOG")}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), old["PYTHONPATH"]) if p)
     os.environ["RADIXLANG_TEST_PARSE_LOG"] = str(log)
-    port = free_port()
     try:
-        srv = ServerProcess("--max-total-tokens", "4096", "--frontend-port", str(port))
+        yield log
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory):
+    port = free_port()
+    with _counting_env(tmp_path_factory) as log:
+        srv = ServerProcess("--max-total-tokens", "4096", "--frontend-port", str(port))
     srv.frontend = f"tcp://127.0.0.1:{port}"
     yield srv, log
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def counted_pd(tmp_path_factory):
+    """launch_router --pd-disaggregation over one prefill and one decode (pd_servers' flags, a tiny checkpoint),
+    every process counting."""
+    d = tmp_path_factory.mktemp("tiny_llama_pd")
+    pd = pd_servers.Cluster(str(d), build_tiny(d, "LlamaConfig", pd_servers.TINY, {}), free_port())
+    router = None
+    try:
+        with _counting_env(tmp_path_factory) as log:
+            with ThreadPoolExecutor(2) as ex:  # side by side: most of this fixture's time
+                prefill, decode = ex.submit(pd.start_prefill), ex.submit(pd.start_decode, 0)
+                prefill, decode = prefill.result(), decode.result()
+            router = RouterProcess("--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
+                                   "--health-check-interval-secs", "0.2", "--health-check-timeout-secs", "60",
+                                   "--request-timeout-secs", "600")
+        wait_for(lambda: all(i["eligible"] for g in router.info()["groups"].values() for i in g["instances"]),
+                 600, lambda: router.info())
+        yield router, prefill, decode, log
+    finally:
+        if router is not None:
+            router.stop()
+        pd.stop()
 
 
 def _calls(log) -> dict[str, int]:
@@ -140,3 +177,25 @@ def test_the_engine_parses_once(engine, monkeypatch):
     monkeypatch.setattr(PromptEncoder, "encode", counted_encode)
     engine.generate("The capital of France is", {"max_new_tokens": 2, "temperature": 0})
     assert calls == {"sampling": 1, "prompt": 1}
+
+
+def test_the_pd_router_route_parses_once_per_server(counted_pd):
+    """The router sends the same body to the prefill and the decode: each server parses it once, the router
+    parses no prompt and no sampling parameters."""
+    router, prefill, decode, log = counted_pd
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    log.write_text("")
+    httpx.post(router.url + "/generate", json=body, timeout=600).raise_for_status()
+    by_pid: dict[int, dict[str, int]] = {}
+    for line in log.read_text().splitlines():
+        pid, what = line.split()
+        by_pid.setdefault(int(pid), {"sampling": 0, "prompt": 0})[what] += 1
+
+    def of(pids):
+        return {k: sum(by_pid.get(p, {}).get(k, 0) for p in pids) for k in ("sampling", "prompt")}
+
+    prefill_pids, decode_pids = pd_servers.pids_of(prefill), pd_servers.pids_of(decode)
+    assert of(prefill_pids) == {"sampling": 1, "prompt": 1}
+    assert of(decode_pids) == {"sampling": 1, "prompt": 1}
+    assert of([router.proc.pid]) == {"sampling": 0, "prompt": 0}
+    assert set(by_pid) <= set(prefill_pids) | set(decode_pids)  # nobody else parsed it

@@ -282,7 +282,7 @@ def test_server_pin_routes_under_a_tight_pool():
                         "--debug-check-integrity")
     try:
         with httpx.Client(base_url=srv.url, timeout=120, headers={"Authorization": "Bearer k"}) as c:
-            assert httpx.post(srv.url + "/pin_prefix", json={"input_ids": [1]}).status_code == 401
+            assert httpx.post(srv.url + "/pin_prefix", json={"input_ids": [1]}, timeout=120).status_code == 401
             for bad in ({}, {"text": "a", "input_ids": [1]}, {"input_ids": "x"}, {"text": "a", "ttl_s": 0}):
                 r = c.post("/pin_prefix", json=bad)
                 assert r.status_code == 400 and r.json()["error"]["message"], (bad, r.text)
