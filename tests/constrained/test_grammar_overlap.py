@@ -99,8 +99,11 @@ def constrained(rid: str, n: int):
     return req(rid, 6, n, regex="[a-z]+")
 
 
-def step_until(sched, cond, limit: int = 2000):
-    for _ in range(limit):
+def step_until(sched, cond, timeout_s: float = 30.0):
+    """Step until cond() holds, within a time bound (a step count would race the mask threads: an idle step
+    takes microseconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         if cond():
             return
         sched.step()
