@@ -103,7 +103,8 @@ def test_tp_record_port_moves_every_ranks_heads_in_model_order(heads, kv_heads):
     from radixlang_runtime.model.executor.parallel import STOP, TPGroup, make_shard
     from radixlang_runtime.model.executor.tp_kv import TPRecordPort, serve
 
-    cfg = SimpleNamespace(num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=4)
+    cfg = SimpleNamespace(num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=4,
+                          mla=None, architecture="LlamaForCausalLM")
     ref = KVPool(32, 2, kv_heads, 4, torch.float32, torch.device("cpu"), 1, 32)  # tp_size 1: every head
     ref.block.copy_(torch.randn_like(ref.block))
     payloads = KVRecordPort(ref, 1).read_records(list(range(10)))
