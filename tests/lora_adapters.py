@@ -45,3 +45,13 @@ def build_base_and_adapters(root, prompts=(PROMPT, OTHER)):
     return want
 
 
+def record_steps(eng):
+    """The lora_ids of every step the runner takes from now on."""
+    seen, runner, orig = [], eng.runner, eng.runner._run
+
+    def run(step, *rest):
+        seen.append(list(step.lora_ids))
+        return orig(step, *rest)
+
+    runner._run = run
+    return seen

@@ -9,7 +9,7 @@ import os
 import threading
 
 import pytest
-from lora_adapters import ADAPTERS, ALL, NEW, OTHER, PROMPT, SP, build_base_and_adapters
+from lora_adapters import ADAPTERS, ALL, NEW, OTHER, PROMPT, SP, build_base_and_adapters, record_steps
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +26,6 @@ def engine(setup):
     with Engine(str(root / "base"), dtype="float32", max_total_tokens=2048,
                 lora_paths=[f"{n}={root / n}" for n in ADAPTERS], max_loras_per_batch=4) as eng:
         yield eng
-
-
-def record_steps(eng):
-    """The lora_ids of every step the runner takes from now on."""
-    seen, runner, orig = [], eng.runner, eng.runner._run
-
-    def run(step, *rest):
-        seen.append(list(step.lora_ids))
-        return orig(step, *rest)
-
-    runner._run = run
-    return seen
 
 
 def test_mixed_batch_matches_peft_merged(setup, engine):

@@ -7,7 +7,7 @@ base and both adapters in one batch, float32 greedy token for token against tran
 from __future__ import annotations
 
 import pytest
-from lora_adapters import ADAPTERS, OTHER, PROMPT, SP, build_base_and_adapters
+from lora_adapters import ADAPTERS, OTHER, PROMPT, SP, build_base_and_adapters, record_steps
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +30,7 @@ def test_tp2_mixed_batch_matches_peft_merged(setup, engine):
     _, want = setup
     assert engine.runner.shard.size == 2
     assert len({tuple(want[n][tuple(PROMPT)]) for n in ("", "alpha", "beta")}) == 3  # the comparison can fail
-    seen, orig = [], engine.runner._run
-
-    def run(step, *rest):
-        seen.append(list(step.lora_ids))
-        return orig(step, *rest)
-
-    engine.runner._run = run
+    seen = record_steps(engine)
     try:
         names = [None, "alpha", "beta", "alpha", None, "beta"]
         prompts = [PROMPT, PROMPT, PROMPT, OTHER, OTHER, OTHER]
