@@ -42,6 +42,8 @@ from radixlang_runtime.utils.faults import FatalFault
 
 logger = logging.getLogger(__name__)
 
+Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over the TP ranks
+
 KEEPALIVE_S = 0.5
 STOP = "stop"  # rank 0 -> workers: shut down
 

@@ -33,8 +33,8 @@ from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.layers.attention.torch_backend import causal_mask
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
-from radixlang_runtime.model.models.llama import Reduce, RMSNorm
-from radixlang_runtime.model.executor.parallel import Shard
+from radixlang_runtime.model.layers.rms_norm import RMSNorm
+from radixlang_runtime.model.executor.parallel import Reduce, Shard
 from radixlang_runtime.model.layers.rotary import Rotary
 
 NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: transformers builds them with the RMSNorm default

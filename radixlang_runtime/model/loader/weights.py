@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+from torch import nn
 
 Range = Optional[tuple[int, int]]  # [start, stop) along one dimension; None: all of it
 
@@ -49,3 +50,20 @@ class SafetensorsDir:
         if cols is None:
             return sl[r]
         return sl[r, slice(*cols)]
+
+
+def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, torch.Tensor], None]]:
+    """A loader's (own parameters, names set so far, put): put(name, value) copies a checkpoint tensor into the
+    parameter of that name, refusing a shape that differs."""
+    own = dict(module.named_parameters())
+    done: set[str] = set()
+
+    def put(name: str, value: torch.Tensor) -> None:
+        p = own[name]
+        if p.shape != value.shape:
+            raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
+        with torch.no_grad():
+            p.copy_(value)
+        done.add(name)
+
+    return own, done, put

@@ -20,52 +20,11 @@ from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
-from radixlang_runtime.model.executor.parallel import Shard, make_shard
+from radixlang_runtime.model.executor.parallel import Reduce, Shard, make_shard
 from radixlang_runtime.model.layers.rotary import Rotary
-from radixlang_runtime.model.loader.weights import SafetensorsDir
-
-Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over the TP ranks
-
-
-
-def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, torch.Tensor], None]]:
-    """A loader's (own parameters, names set so far, put): put(name, value) copies a checkpoint tensor into the
-    parameter of that name, refusing a shape that differs."""
-    own = dict(module.named_parameters())
-    done: set[str] = set()
-
-    def put(name: str, value: torch.Tensor) -> None:
-        p = own[name]
-        if p.shape != value.shape:
-            raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
-        with torch.no_grad():
-            p.copy_(value)
-        done.add(name)
-
-    return own, done, put
-
-class RMSNorm(nn.Module):
-    """`forward(x)` normalises x; `add_forward(x, residual)` first does residual += x (in place)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.use_cpu_kernel = False  # bf16 on CPU: one C pass for the add and the norm
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 statistics inside; HF rounds to the input dtype before the weight multiply, so
-        # bf16 results may differ from HF in the last bit.
-        if self.use_cpu_kernel and x.dim() == 2 and x.is_contiguous():
-            return cpu_ops.add_rms_norm(None, x, self.weight, self.eps)
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self.use_cpu_kernel:
-            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
-        residual.add_(x)
-        return self.forward(residual)
-
+from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
+from radixlang_runtime.model.layers.mlp import MLP
+from radixlang_runtime.model.layers.rms_norm import RMSNorm
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
@@ -114,39 +73,6 @@ class Attention(nn.Module):
             o = self.backend.forward(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
         out = self.o_proj(o)  # [T, hidden]: this rank's heads' share
         return out if self.reduce is None else self.reduce(out)
-
-
-class MLP(nn.Module):
-    """down(silu(gate) * up), in blocks of at most ROWS token rows: a block's [ROWS, 2I] intermediate stays in
-    the caches between the three ops, where a 4,096-token chunk's (50 MB in float32) went to DRAM and back
-    twice and was a fresh mmap per call (its page faults made gate_up at M = 4,096 slower per FLOP than at
-    M = 2,048: docs/PERFORMANCE.md#mlp-row-blocks). Each row's arithmetic is the same either way with the
-    row-invariant linears."""
-
-    ROWS = 512
-
-    def __init__(self, cfg: ModelConfig, shard: Shard, reduce: Reduce):
-        super().__init__()
-        self.inter = shard.inter_count  # this rank's columns of the intermediate size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
-        self.reduce = reduce
-        self.use_cpu_kernel = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[0]
-        if T <= self.ROWS:
-            out = self._rows(x)
-        else:
-            out = torch.cat([self._rows(x[r0:r0 + self.ROWS]) for r0 in range(0, T, self.ROWS)])
-        return out if self.reduce is None else self.reduce(out)
-
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [t, 2I]
-        if self.use_cpu_kernel:
-            return self.down_proj(cpu_ops.silu_mul(gate_up))
-        gate, up = gate_up.split(self.inter, dim=-1)  # [t, I] each
-        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -357,3 +283,6 @@ class LlamaForCausalLM(nn.Module):
         put(f"layers.{i}.mlp.gate_up_proj.weight", torch.cat([tensors.get(m + "gate_proj.weight", rows=inter),
                                                                tensors.get(m + "up_proj.weight", rows=inter)]))
         put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))
+
+
+__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "RMSNorm", "Reduce", "param_setter"]
