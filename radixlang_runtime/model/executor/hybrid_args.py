@@ -31,7 +31,6 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
     arch = cfg.architecture
     refused = (
         ("speculative_algorithm", args.speculative_algorithm is not None),
-        ("disaggregation_mode " + str(args.disaggregation_mode), args.disaggregation_mode != "null"),
         ("tp_size > 1", args.tp_size > 1),
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
