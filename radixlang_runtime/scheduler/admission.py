@@ -185,7 +185,6 @@ class PrefillAdmission:
             if res != AddResult.CONTINUE:
                 break
 
-
     def _split_sharer(self, adder: PrefillAdder, index: int, shared: int) -> bool:
         """Hybrid models: a waiting prompt shares `shared` tokens with admission `index` of this round, which
         holds no state snapshot there. When that admission is the round's last and runs past the shared
@@ -198,7 +197,7 @@ class PrefillAdmission:
         if a.is_last_chunk and split >= prefill_target_len(a.req) // self.cfg.page_size * self.cfg.page_size:
             return False
         adder.admitted[index] = Admission(a.req, split - a.req.kv_len, False)
-        self.kv.states.splits += 1
+        a.req.state_split = split
         return True
 
     def _note_readmission(self, req: Req, target: int) -> None:

@@ -28,7 +28,7 @@ class StateCache:
         self.slots = slots
         self.snapshots_taken = 0
         self.snapshot_hits = 0
-        self.splits = 0  # prefills chunked where the prompt left a shared prefix (split_at)
+        self.splits = 0  # snapshots saved at a prefill chunk ended where prompts diverge (Req.state_split)
 
     def truncate_match(self, m: MatchResult) -> MatchResult:
         """m cut back to the deepest node of its path holding a snapshot (unlocked yet)."""
@@ -41,7 +41,6 @@ class StateCache:
         that the next prompt sharing that prefix continues from it; 0 when its prompt-end snapshot serves
         (the divergence is its own last page boundary) or a snapshot is held there already."""
         if held_len < cached_len < target_len // self.radix.page_size * self.radix.page_size:
-            self.splits += 1
             return cached_len
         return 0
 
@@ -96,6 +95,7 @@ class StateCache:
             req.pending_state = (slot, pos)
             saves.append((i, pos - p, slot))
             self.snapshots_taken += 1
+            self.splits += pos == req.state_split
         for i in range(prefill_count, len(reqs)):
             self._plan_decode(reqs[i], i, prefix_lens[i] + extend_lens[i], extend_lens[i], page_size, saves)
         return loads, saves
