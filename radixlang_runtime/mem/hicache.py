@@ -201,7 +201,7 @@ class HiCache:
                 self._know_l3(keys[i])
         return len(todo)
 
-    def backup_state(self, ids: list[int], slot: int) -> bool:
+    def backup_state(self, ids: list[int], slot: int, deadline: Optional[float] = None) -> bool:
         """Queue the state snapshot in `slot` (the state after ids) for the tiers lacking it; only at a record's
         end (a snapshot elsewhere could not continue a load, which ends at a record's end). Whether queued."""
         t = self.cfg.record_tokens
@@ -214,7 +214,8 @@ class HiCache:
         tiers = self._lacking(key)
         if not tiers:
             return False
-        if self.writer.submit(key, self.state_port.read_state(slot), tiers, 0.0):
+        wait = 0.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if self.writer.submit(key, self.state_port.read_state(slot), tiers, wait):
             self.state_records["stored"] += 1
             if self.l3 in tiers:
                 self._know_l3(key)

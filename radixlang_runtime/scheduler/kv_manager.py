@@ -364,7 +364,8 @@ class KVManager:
         return True
 
     def close_tiers(self, timeout_s: float = 30.0) -> None:
-        """Shutdown: write_back stores what only L1 holds (every leaf's path), the writer drains (bounded)."""
+        """Shutdown: write_back stores what only L1 holds (every leaf's path, a hybrid model's snapshots), the
+        writer drains (bounded)."""
         if self.hicache is None:
             return
         deadline = time.monotonic() + timeout_s
@@ -372,6 +373,9 @@ class KVManager:
             for node in self.radix._leaves():
                 ids, slots = self.radix.path_to(node)
                 self.hicache.backup(ids, slots, 0, deadline)
+            if self.states is not None:  # and a hybrid model's snapshots with them
+                for node in [n for n in self.radix._nodes() if n.state is not None]:
+                    self.hicache.backup_state(self.radix.path_to(node)[0], node.state, deadline)
         self.hicache.writer.drain(max(deadline - time.monotonic(), 0.0))
         self.hicache.close()
 

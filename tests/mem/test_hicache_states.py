@@ -1,8 +1,8 @@
 """Hierarchical cache tiers carrying hybrid models' state snapshots (mem/hicache.py backup_state / fetch,
 scheduler/state_cache.py load / adopt, mem/state_records.py): an evicted node's snapshot goes to the tiers with
-its K/V and a load restores it into a snapshot slot; records past the deepest snapshot in the tiers are not
-served. End to end: a tiny Qwen3.5 with a pool too small for its prompts, evicted to L2 and asked again, hits
-from the tier and equals transformers token for token; pools and tiers whole."""
+its K/V (and at shutdown) and a load restores it into a snapshot slot; records past the deepest snapshot in
+the tiers are not served. End to end: a tiny Qwen3.5 with a pool too small for its prompts, evicted to L2 and
+asked again, hits from the tier and equals transformers token for token; pools and tiers whole."""
 
 from __future__ import annotations
 
@@ -101,6 +101,21 @@ def test_records_without_a_snapshot_in_the_tier_are_a_miss(tmp_path):
     kv.check_integrity([req])
     kv.release(req)
     kv.check_integrity([])
+
+
+def test_shutdown_stores_the_snapshots_and_a_restart_loads_them(tmp_path):
+    kv, port = _manager(tmp_path)
+    ids = list(range(3000, 3016))
+    kv.radix.insert(ids, kv.allocator.alloc_extend(-1, 0, 16))
+    _snapshot(kv, port, ids, 16, b"st16")
+    kv.close_tiers()  # write_back: what only L1 holds goes to the tiers, the snapshot with it
+    again, port2 = _manager(tmp_path)
+    req = Req("d", ids + [7], SamplingParams(max_new_tokens=1))
+    again.match(req, len(ids) + 2)
+    assert req.kv_len == 16 and port2.states[req.state_load] == b"st16"
+    again.check_integrity([req])
+    again.release(req)
+    again.check_integrity([])
 
 
 QWEN35 = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
