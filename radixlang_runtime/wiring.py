@@ -122,6 +122,10 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
         step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
         scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
                                   step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size)
+    if getattr(runner, "state_pool", None) is not None:  # hybrid models: the recurrent state goes with the K/V
+        from radixlang_runtime.mem.state_records import StateRecordPort
+
+        scheduler.pd.state_port = StateRecordPort(runner.state_pool)
     link.start()
     return link
 
@@ -150,14 +154,21 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
     fp = KVFingerprint(identity, str(runner.dtype).replace("torch.", ""), args.page_size,
                        cfg.record_tokens, runner.cfg.num_hidden_layers, heads, dim,
                        0, args.tp_size, args.quantization or "")
+    state_pool = getattr(runner, "state_pool", None)  # hybrid models: snapshots are records too (any size:
+    record_bytes = port.record_bytes if state_pool is None else None  # the ports check what they write)
     l2 = l3 = None
     if args.hicache_size > 0:
         directory = args.hicache_storage_dir or os.path.join(cache_root(), "hicache", fp.digest().hex())
-        l2 = DiskTier(directory, int(args.hicache_size * 1e9), port.record_bytes, mac_key)
+        l2 = DiskTier(directory, int(args.hicache_size * 1e9), record_bytes, mac_key)
     if args.hicache_storage_backend == "redis":
-        l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), port.record_bytes,
+        l3 = RedisTier(args.hicache_redis_url, fp.digest().hex(), record_bytes,
                        ttl_s=args.hicache_extra_config().get("ttl_s"), mac_key=mac_key)
-    return HiCache(cfg, fp, port, l2, l3, adapter_identity=lora_identity(runner, digest_dir))
+    hicache = HiCache(cfg, fp, port, l2, l3, adapter_identity=lora_identity(runner, digest_dir))
+    if state_pool is not None:
+        from radixlang_runtime.mem.state_records import StateRecordPort
+
+        hicache.state_port = StateRecordPort(state_pool)
+    return hicache
 
 
 def lora_identity(runner: ModelRunner, digest_dir: str) -> Callable[[int], Optional[str]]:

@@ -23,7 +23,9 @@ heartbeat_timeout) or idle for PEER_IDLE_S. A link whose thread stays down raise
 Faults, each bounded: a request that waited transfer_timeout for pool room ("decode KV pool full"), a prefill
 silent for heartbeat_timeout, no PDDone within transfer_timeout, PDFail from the prefill: the request ends
 with a 503 error naming the cause; its slots are freed without caching (half-received K/V never enters the
-radix cache), its cached prefix unlocked; the prefill gets PDCancel.
+radix cache), its cached prefix unlocked; the prefill gets PDCancel. A hybrid model's recurrent state after the
+prompt comes as PDKVChunk messages flagged `state` (bytes in order) and is written into the request's state slot
+at PDDone (`state_port`, mem/state_records.py); a state of the wrong size fails the request.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from radixlang_runtime.disagg.link import dropped_stats
@@ -54,6 +56,7 @@ class _Incoming:
     prefix_len: int  # positions from this server's radix cache
     since: float  # registration time: the bound on the whole transfer
     received: int = 0  # positions written so far (from prefix_len on, in order)
+    state: bytearray = field(default_factory=bytearray)  # a hybrid model's recurrent state received so far
 
 
 class DecodeRole:
@@ -78,6 +81,7 @@ class DecodeRole:
         self.prefix_hit_tokens = 0  # positions served by this server's radix cache instead
         self.transfers_done = 0
         self.transfers_failed = 0
+        self.state_port: Any = None  # hybrid models: the state pool's (mem/state_records.py); installed at PDDone
 
     # ------------------------------------------------------------------ scheduler hooks
     @property
@@ -123,7 +127,7 @@ class DecodeRole:
                 continue
             why = None
             if isinstance(msg, PDKVChunk):
-                why = self._write(inc, msg)
+                why = self._write_state(inc, msg) if msg.state else self._write(inc, msg)
             elif isinstance(msg, PDDone):
                 why = self._done(inc, msg)
                 if why is None:
@@ -241,12 +245,27 @@ class DecodeRole:
         self.transferred_tokens += count
         return None
 
+    def _write_state(self, inc: _Incoming, msg: PDKVChunk) -> Optional[str]:
+        """A piece of a hybrid model's recurrent state (in order; installed at PDDone)."""
+        size = self.state_port.state_bytes if self.state_port is not None else 0
+        if msg.start != len(inc.state) or len(inc.state) + len(msg.payload) > size:
+            return (f"malformed state chunk for room {msg.room}: {len(msg.payload)} bytes at byte {msg.start} "
+                    f"(expected byte {len(inc.state)} of a {size}-byte state)")
+        inc.state += msg.payload
+        return None
+
     def _done(self, inc: _Incoming, msg: PDDone) -> Optional[str]:
         req = inc.req
         if inc.received != len(req.input_ids):
             return f"room {msg.room}: the prefill finished after {inc.received} of {len(req.input_ids)} positions"
         if (why := self._done_problem(req, msg)) is not None:
             return f"room {msg.room}: the prefill's final message is malformed: {why}"
+        if self.state_port is not None:  # a hybrid model decodes from the prefill's state, not from this match's
+            if len(inc.state) != self.state_port.state_bytes:
+                return (f"room {msg.room}: the prefill sent {len(inc.state)} of the recurrent state's "
+                        f"{self.state_port.state_bytes} bytes")
+            self.state_port.write_state(req.table_idx, bytes(inc.state))
+            req.state_load = None
         del self.incoming[(inc.peer, msg.room)]
         self._left(inc.peer)
         self.link.send(inc.peer, PDAck(msg.room))

@@ -16,7 +16,9 @@ decode's PDAck / PDCancel count. A link whose thread stays down raises FatalFaul
 Faults, each bounded: no registration within transfer_timeout, the registered decode silent for longer than
 heartbeat_timeout, no ack within transfer_timeout, a PDCancel: the request ends with a 503 error naming
 the cause (and the decode gets PDFail). The K/V is read through `port.read_joined` (mem/kv_records.py with
-one-token records), so positions need not be page-aligned and the two servers' page sizes may differ.
+one-token records), so positions need not be page-aligned and the two servers' page sizes may differ. A hybrid
+model's request also sends its recurrent state after the prompt (`state_port`, mem/state_records.py) as chunks
+flagged `state`, after its K/V and before PDDone.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class PrefillRole:
         self.transferred_tokens = 0
         self.transfers_done = 0
         self.transfers_failed = 0
+        self.state_port: Any = None  # hybrid models: the state pool's (mem/state_records.py); sent after the K/V
 
     # ------------------------------------------------------------------ scheduler hooks
     @property
@@ -175,6 +178,7 @@ class PrefillRole:
             why = self._check_reg(req, reg)
             if why is None:
                 self._send_kv(req, room, reg, len(req.input_ids))
+                self._send_state(req, room, reg)
                 lp = req.return_logprob
                 self.link.send(reg.peer, PDDone(
                     room, req.output_ids[0] if req.output_ids else None, req.cached_len,
@@ -209,6 +213,15 @@ class PrefillRole:
             self.link.send(reg.peer, PDKVChunk(room, p, payload))
             self.transferred_tokens += q - p
         self.sent[room] = max(start, upto)
+
+    def _send_state(self, req: Req, room: int, reg: _Registration) -> None:
+        """A hybrid model: the request's recurrent state after its prompt (its state slot is its table row,
+        untouched while it is held), in CHUNK_BYTES messages flagged state, after its K/V."""
+        if self.state_port is None:
+            return
+        payload = self.state_port.read_state(req.table_idx)
+        for off in range(0, len(payload), CHUNK_BYTES):
+            self.link.send(reg.peer, PDKVChunk(room, off, payload[off:off + CHUNK_BYTES], state=True))
 
     def _finish(self, room: int, h: _Held) -> Req:
         req = h.req

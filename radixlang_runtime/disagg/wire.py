@@ -89,7 +89,7 @@ def shape_problem(msg: Any) -> Optional[str]:
     if isinstance(msg, PDRegister):
         ok = _int(msg.prefix_len) and _int(msg.total_len) and _int(msg.token_bytes, 1)
     elif isinstance(msg, PDKVChunk):
-        ok = _int(msg.start) and isinstance(msg.payload, (bytes, bytearray, memoryview))
+        ok = _int(msg.start) and isinstance(msg.payload, (bytes, bytearray, memoryview)) and type(msg.state) is bool
     elif isinstance(msg, PDDone):
         ok = (msg.first_token is None or _int(msg.first_token)) and _int(msg.cached_len) \
             and (msg.output_logprob is None or isinstance(msg.output_logprob, (int, float))) \

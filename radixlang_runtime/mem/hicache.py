@@ -25,6 +25,9 @@ content (`adapter_identity(lora_id)`, keys.adapter_identity), the token ids with
 A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
 would cost more than it saves); a prompt's tail shorter than a record is never stored.
 Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no request fails.
+Hybrid models (`state_port` set): an evicted node's state snapshot at a record's end is a record of its own
+(`backup_state`, keyed by keys.state_key of the K/V record ending there), and `fetch` serves records only up to
+the deepest record end whose snapshot the tiers hold, returning that snapshot with them.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Callable, Optional, Protocol
 from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT, TOKEN_MASK
 from radixlang_runtime.mem.tier_costs import TierCosts
 from radixlang_runtime.mem.tiers.disk import DiskTier
-from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys
+from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys, state_key
 from radixlang_runtime.mem.tiers.redis_tier import RedisTier
 from radixlang_runtime.mem.tiers.writer import TierWriter
 
@@ -67,6 +70,14 @@ def check_flush_tiers(tiers: object) -> Optional[list[str]]:
     if bad:
         raise ValueError(f"unknown tier(s) {', '.join(map(repr, bad))}: tiers are {', '.join(TIER_NAMES)}")
     return list(dict.fromkeys(tiers))
+
+
+class StatePort(Protocol):
+    """Hybrid models' state slots (mem/state_records.py): one snapshot as payload bytes."""
+
+    def read_state(self, slot: int) -> bytes: ...
+
+    def write_state(self, slot: int, payload: bytes) -> None: ...
 
 
 class PagePort(Protocol):
@@ -130,6 +141,10 @@ class HiCache:
         # retract_decode's swap-out: tokens of whole records queued or already stored (out), tokens not
         # swapped because recomputing was measured cheaper (skipped) or the queue stayed full (dropped)
         self.swap_out_tokens = {"out": 0, "skipped": 0, "dropped": 0}
+        # hybrid models: the radix nodes' state snapshots go with their K/V (backup_state); a fetch serves
+        # records only up to the deepest one whose end has a snapshot in the tiers (None: not hybrid)
+        self.state_port: Optional[StatePort] = None
+        self.state_records = {"stored": 0, "loaded": 0}
 
     @property
     def write_through(self) -> bool:
@@ -186,6 +201,41 @@ class HiCache:
                 self._know_l3(keys[i])
         return len(todo)
 
+    def backup_state(self, ids: list[int], slot: int, deadline: Optional[float] = None) -> bool:
+        """Queue the state snapshot in `slot` (the state after ids) for the tiers lacking it; only at a record's
+        end (a snapshot elsewhere could not continue a load, which ends at a record's end). Whether queued."""
+        t = self.cfg.record_tokens
+        if self.state_port is None or not ids or len(ids) % t:
+            return False
+        keys = self._keys(ids)
+        if keys is None:
+            return False
+        key = state_key(keys[-1])
+        tiers = self._lacking(key)
+        if not tiers:
+            return False
+        wait = 0.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if self.writer.submit(key, self.state_port.read_state(slot), tiers, wait):
+            self.state_records["stored"] += 1
+            if self.l3 in tiers:
+                self._know_l3(key)
+            return True
+        return False
+
+    def _deepest_state(self, keys: list[bytes], n: int) -> tuple[int, Optional[bytes]]:
+        """Of the first n records of keys, how many lead to the deepest record end with a state snapshot in
+        the tiers, and that snapshot's payload ((0, None): none has one)."""
+        for j in range(n, 0, -1):
+            key = state_key(keys[j - 1])
+            payload = self.writer.pending(key)
+            if payload is None and self.l2 is not None:
+                payload = self.l2.get(key)
+            if payload is None and self.l3 is not None:
+                payload = self.l3.get_many([key])[0]
+            if payload is not None:
+                return j, payload
+        return 0, None
+
     def swap_out(self, ids: list[int], slots: list[int]) -> int:
         """A retracted request's K/V (positions 0 .. len(slots) - 1 of ids) to the tiers; its whole records
         only (the tail is recomputed). Returns the tokens now stored or queued (0 with preemption_mode recompute)."""
@@ -208,22 +258,23 @@ class HiCache:
     def _worth(self, tier: str) -> bool:
         return self.cfg.load_policy == "always" or self.costs.worth(tier)
 
-    def fetch(self, ids: list[int], start: int, limit: int) -> tuple[int, list[bytes]]:
-        """Records continuing a match of `start` tokens, up to position `limit`. Returns (p0, payloads):
-        payloads[j] holds positions p0 + j*T .. p0 + (j+1)*T - 1 (p0 = start rounded down to a record)."""
+    def fetch(self, ids: list[int], start: int, limit: int) -> tuple[int, list[bytes], Optional[bytes]]:
+        """Records continuing a match of `start` tokens, up to position `limit`. Returns (p0, payloads, state):
+        payloads[j] holds positions p0 + j*T .. p0 + (j+1)*T - 1 (p0 = start rounded down to a record); state:
+        a hybrid model's snapshot at the payloads' end (the payloads stop at the deepest one; None otherwise)."""
         t = self.cfg.record_tokens
         p0, end = start // t * t, limit // t * t
         if end - p0 < t or end <= start:
-            return p0, []
+            return p0, [], None
         began = time.monotonic()
         deadline = began + self.cfg.load_timeout_s
         keys = self._keys(ids[:end])
         if keys is None:
-            return p0, []
+            return p0, [], None
         keys = keys[p0 // t:]
         missed = self._recent_misses.get(keys[0])
         if missed is not None and began - missed < MISS_MEMO_S:
-            return p0, []
+            return p0, [], None
         self.lookups += 1
         out: list[bytes] = []
         sources: list[str] = []  # where each record of out came from
@@ -257,6 +308,11 @@ class HiCache:
                     self.writer.submit(key, payload, [self.l2])
             if None in got:
                 break
+        state = None
+        if self.state_port is not None and out:  # a hybrid model continues only from a snapshot
+            j, state = self._deepest_state(keys, len(out))
+            out, sources = out[:j], sources[:j]
+            self.state_records["loaded"] += state is not None
         if not out:
             self._recent_misses[keys[0]] = time.monotonic()
             self._recent_misses.move_to_end(keys[0])
@@ -265,7 +321,7 @@ class HiCache:
         for j, where in enumerate(sources):  # the first record's tokens before `start` were in L1 already
             self.hit_tokens[where] += t - (start - p0 if j == 0 else 0)
         self.load_seconds += time.monotonic() - began
-        return p0, out
+        return p0, out, state
 
     def load_into(self, slots: list[int], payloads: list[bytes]) -> None:
         began = time.monotonic()
@@ -299,6 +355,7 @@ class HiCache:
             "hit_tokens": dict(self.hit_tokens), "lookups": self.lookups, "loads": self.loads,
             "load_seconds": self.load_seconds, "bytes_loaded": self.bytes_loaded, "load_faults": self.load_faults,
             "writer": self.writer.stats(), "costs": self.costs.stats(), "swap_out_tokens": dict(self.swap_out_tokens),
+            "state_records": dict(self.state_records),
             "l2": self.l2.stats() if self.l2 is not None else None,
             "l3": self.l3.stats() if self.l3 is not None else None,
         }

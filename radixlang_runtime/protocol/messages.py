@@ -284,11 +284,13 @@ class PDRegister:
 class PDKVChunk:
     """Prefill -> decode: K/V of positions start .. start + len(payload) // token_bytes - 1, token after token,
     each [2, layers, kv_heads, 1, head_dim] (mem/kv_records.py with one-token records). The PD link sends the
-    payload as a frame of its own; received, it is a memoryview of that frame (disagg/link.py)."""
+    payload as a frame of its own; received, it is a memoryview of that frame (disagg/link.py). state: the
+    payload is instead bytes start .. of a hybrid model's recurrent state after the prompt (mem/state_records.py)."""
 
     room: int
     start: int
     payload: bytes
+    state: bool = False
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.kv_manager import KVManager
-from radixlang_runtime.scheduler.policy import AddResult, PrefillAdder, decode_reservation, order_waiting, \
+from radixlang_runtime.scheduler.policy import AddResult, Admission, PrefillAdder, decode_reservation, order_waiting, \
     prefill_target_len
 from radixlang_runtime.scheduler.request import Req
 
@@ -160,9 +160,12 @@ class PrefillAdmission:
             adder.rem_total_tokens -= (locked := kv.match(req, target))
             if batch_tree is not None:
                 ids = req.cache_ids[:target]
-                if self._worth_waiting(batch_tree.match_prefix(ids).length, req.kv_len):
+                shared = batch_tree.match_prefix(ids)
+                if self._worth_waiting(shared.length, req.kv_len):
                     kv.unmatch(req)
                     adder.rem_total_tokens += locked
+                    if kv.states is not None and self._split_sharer(adder, shared.slots[-1], shared.length):
+                        break  # the sharer now ends a chunk: a round ends with its chunked request
                     continue
             res = adder.add_one(req, holds_row=False)
             if adder.admitted and adder.admitted[-1].req is req:
@@ -174,14 +177,28 @@ class PrefillAdmission:
                 self.prefill_tokens_cached += req.kv_len
                 if req.lora_id:
                     self._loras.add(req.lora_id)
-                if batch_tree is not None:
-                    batch_tree.insert(ids, [0] * len(ids))
+                if batch_tree is not None:  # the values: which admission holds the prompt
+                    batch_tree.insert(ids, [len(adder.admitted) - 1] * len(ids))
             else:
                 kv.unmatch(req)
                 adder.rem_total_tokens += locked
             if res != AddResult.CONTINUE:
                 break
 
+    def _split_sharer(self, adder: PrefillAdder, index: int, shared: int) -> bool:
+        """Hybrid models: a waiting prompt shares `shared` tokens with admission `index` of this round, which
+        holds no state snapshot there. When that admission is the round's last and runs past the shared
+        prefix's last page boundary, it ends its chunk there (its state is saved at the chunk's end:
+        state_cache.py), so the waiting prompt continues from it next round. Whether it was shortened."""
+        a = adder.admitted[index]
+        split = shared // self.cfg.page_size * self.cfg.page_size
+        if index != len(adder.admitted) - 1 or not a.req.kv_len < split < a.req.kv_len + a.extend_len:
+            return False
+        if a.is_last_chunk and split >= prefill_target_len(a.req) // self.cfg.page_size * self.cfg.page_size:
+            return False
+        adder.admitted[index] = Admission(a.req, split - a.req.kv_len, False)
+        a.req.state_split = split
+        return True
 
     def _note_readmission(self, req: Req, target: int) -> None:
         """A retracted request had K/V for target (= seq_len - 1) positions; kv_len of them it has now."""

@@ -100,13 +100,14 @@ class KVManager:
             limit = 0
         m = self.radix.match_prefix(req.cache_ids[:limit])
         if self.states is not None:
-            m = self.states.truncate_match(m)
+            full, m = m, self.states.truncate_match(m)
             self.states.note_match(req, m)
+            req.state_split = self.states.split_at(full.length, m.length, target_len)
         if m.length:
             self.radix.lock(m.last_node)
         if self.hicache is not None:
             l1_len = m.length
-            m = self._load_from_tiers(req.cache_ids, limit, m)
+            m = self._load_from_tiers(req, limit, m)
             req.tier_len = m.length - l1_len
         if m.length == 0:
             return 0
@@ -114,15 +115,23 @@ class KVManager:
         # the lock protected evictable slots; loaded records took free ones (and stay locked)
         return before - self.available_size()
 
-    def _load_from_tiers(self, ids: list[int], limit: int, m: MatchResult) -> MatchResult:
+    def _load_from_tiers(self, req: Req, limit: int, m: MatchResult) -> MatchResult:
         """Continue the (locked) L1 match m through the tiers: load the records found into fresh slots,
-        insert them into the tree and move the lock to the longer match. A failed load is a miss."""
+        insert them into the tree and move the lock to the longer match. A failed load is a miss. A hybrid
+        model's load ends at the deepest record end with a state snapshot in the tiers, which is restored into
+        a snapshot slot of that node and loaded into the request's state (state_cache.adopt)."""
+        ids = req.cache_ids
         t = self.hicache.cfg.record_tokens
         room = (self.allocator.available_size() + self.radix.evictable_size()) // t * t  # tokens placeable
         # fetch only what the pool can take (records fetched and dropped would be read and checked for nothing)
-        p0, payloads = self.hicache.fetch(ids, m.length, min(limit, m.length // t * t + room))
+        p0, payloads, state = self.hicache.fetch(ids, m.length, min(limit, m.length // t * t + room))
         if not payloads:
             return m
+        snapshot = None
+        if self.states is not None:  # a hybrid model's snapshot at the records' end (the fetch stopped there)
+            snapshot = self.states.load(state, self.hicache.state_port)
+            if snapshot is None:
+                return m
         n = len(payloads) * t
         self.ensure_free(n)
         slots = self.allocator.alloc_extend(-1, p0, n)  # p0 is page-aligned: whole fresh pages
@@ -132,6 +141,8 @@ class KVManager:
             self.hicache.load_faults += 1
             logger.warning("hicache: loading %d records failed (%s: %s): a miss", len(payloads), type(e).__name__, e)
             self.allocator.free(slots)
+            if snapshot is not None:
+                self.states.slots.free([snapshot])
             return m
         already = self.radix.insert(ids[:p0 + n], m.slots[:p0] + slots)
         if already > p0:  # positions p0 .. already-1 were in L1 (the first record's overlap)
@@ -142,6 +153,8 @@ class KVManager:
         self.radix.lock(m2.last_node)
         if m.length:
             self.radix.unlock(m.last_node)
+        if snapshot is not None:
+            self.states.adopt(req, m2.last_node, snapshot)
         return m2
 
     def note_prefill(self, tokens: int, seconds: float) -> None:
@@ -153,6 +166,8 @@ class KVManager:
         """RadixCache.on_evict: the node's records go to the tiers (skipped where they are already)."""
         ids, slots = self.radix.path_to(node)
         self.hicache.backup(ids, slots, len(ids) - len(node.key))
+        if node.state is not None:  # a hybrid model's snapshot goes with the K/V
+            self.hicache.backup_state(ids, node.state)
 
     def swap_out(self, req: Req) -> int:
         """retract_decode, before `release`: the request's whole records to the tiers (mem/hicache.swap_out),
@@ -349,7 +364,8 @@ class KVManager:
         return True
 
     def close_tiers(self, timeout_s: float = 30.0) -> None:
-        """Shutdown: write_back stores what only L1 holds (every leaf's path), the writer drains (bounded)."""
+        """Shutdown: write_back stores what only L1 holds (every leaf's path, a hybrid model's snapshots), the
+        writer drains (bounded)."""
         if self.hicache is None:
             return
         deadline = time.monotonic() + timeout_s
@@ -357,6 +373,9 @@ class KVManager:
             for node in self.radix._leaves():
                 ids, slots = self.radix.path_to(node)
                 self.hicache.backup(ids, slots, 0, deadline)
+            if self.states is not None:  # and a hybrid model's snapshots with them
+                for node in [n for n in self.radix._nodes() if n.state is not None]:
+                    self.hicache.backup_state(self.radix.path_to(node)[0], node.state, deadline)
         self.hicache.writer.drain(max(deadline - time.monotonic(), 0.0))
         self.hicache.close()
 

@@ -132,6 +132,8 @@ class PrefillAdder:
         if self.rem_chunk_tokens != -1:
             extend = min(extend, self.rem_chunk_tokens)
         extend = min(extend, self.rem_input_tokens)
+        if req.state_split > req.kv_len:  # hybrid: the chunk ends where a snapshot is wanted (state_cache.py)
+            extend = min(extend, req.state_split - req.kv_len)
         if extend <= 0:
             return self._stop("input_tokens", AddResult.NO_TOKEN)
         is_last = extend == remaining

@@ -36,9 +36,12 @@ class Req:
     row_dirty: bool = False  # kv_indices[:kv_len] changed in place: the runner rewrites the table row
     tier_len: int = 0  # of the prefix the last `match` gave, tokens the hicache tiers loaded (the rest: L1)
     # hybrid models (scheduler/state_cache.py): the snapshot slot a match copies into the request's state at its
-    # next step (None: nothing to load), and the (snapshot slot, position) its running step saves the state to
+    # next step (None: nothing to load), and the (snapshot slot, position) its running step saves the state to;
+    # state_split: a page boundary where its prompt leaves a cached path (or another prompt of its round): its
+    # prefill ends a chunk there so that the state at the shared prefix's end is saved (0: none)
     state_load: Optional[int] = None
     pending_state: Optional[tuple[int, int]] = None
+    state_split: int = 0
     # --- logprobs (return_logprob): raw log_softmax of the model's logits, before any sampling transform ---
     return_logprob: bool = False
     logprob_start_len: int = 0  # first logit position whose next-token logprob is returned (< len(input_ids))

@@ -28,11 +28,48 @@ class StateCache:
         self.slots = slots
         self.snapshots_taken = 0
         self.snapshot_hits = 0
+        self.splits = 0  # snapshots saved at a prefill chunk ended where prompts diverge (Req.state_split)
 
     def truncate_match(self, m: MatchResult) -> MatchResult:
         """m cut back to the deepest node of its path holding a snapshot (unlocked yet)."""
         node, depth = self.radix.state_ancestor(m.last_node)
         return MatchResult(depth, m.slots[:depth], node)
+
+    def split_at(self, cached_len: int, held_len: int, target_len: int) -> int:
+        """Where a prompt whose K/V matched cached_len tokens (page-aligned: where it leaves the cached path) but
+        whose state continues only from held_len should end a prefill chunk to snapshot the state there, so
+        that the next prompt sharing that prefix continues from it; 0 when its prompt-end snapshot serves
+        (the divergence is its own last page boundary) or a snapshot is held there already."""
+        if held_len < cached_len < target_len // self.radix.page_size * self.radix.page_size:
+            return cached_len
+        return 0
+
+    def load(self, payload: Optional[bytes], port) -> Optional[int]:
+        """A snapshot the hierarchical cache's tiers gave (mem/hicache.py fetch) written into a fresh snapshot
+        slot (None: no payload, no slot, or it does not fit this pool: the load is a miss)."""
+        if payload is None:
+            return None
+        slot = self._alloc()
+        if slot is None:
+            return None
+        try:
+            port.write_state(slot, payload)
+        except ValueError:
+            self.slots.free([slot])
+            return None
+        return slot
+
+    def adopt(self, req: Req, node, slot: int) -> None:
+        """After a load from the tiers ending at node (locked): the loaded snapshot becomes node's (unless
+        it holds one already: then that one serves and the copy is freed), and req continues from it."""
+        if node.state is None:
+            node.state = slot
+        else:
+            self.slots.free([slot])
+        if req.state_load is None:
+            self.snapshot_hits += 1
+        req.state_load = node.state
+        req.state_split = 0
 
     def note_match(self, req: Req, m: MatchResult) -> None:
         req.state_load = m.last_node.state if m.length else None
@@ -58,6 +95,7 @@ class StateCache:
             req.pending_state = (slot, pos)
             saves.append((i, pos - p, slot))
             self.snapshots_taken += 1
+            self.splits += pos == req.state_split
         for i in range(prefill_count, len(reqs)):
             self._plan_decode(reqs[i], i, prefix_lens[i] + extend_lens[i], extend_lens[i], page_size, saves)
         return loads, saves
@@ -119,4 +157,4 @@ class StateCache:
     def stats(self) -> dict:
         return {"snapshot_slots": self.slots.count, "snapshot_slots_free": self.slots.free_count,
                 "snapshots_held": len(self.radix.held_states()), "snapshots_taken": self.snapshots_taken,
-                "snapshot_hits": self.snapshot_hits}
+                "snapshot_hits": self.snapshot_hits, "snapshot_splits": self.splits}

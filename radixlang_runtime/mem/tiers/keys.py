@@ -79,3 +79,8 @@ def adapter_identity(adapter_dir: str, digest_dir: Optional[str] = None) -> str:
         h.update(f.read())
     h.update(b"\0weights:" + weights_digest(adapter_dir, digest_dir).encode())
     return h.hexdigest()
+
+
+def state_key(record_key: bytes) -> bytes:
+    """The key of a hybrid model's state snapshot at the end of the record keyed record_key (mem/hicache.py)."""
+    return hashlib.blake2b(b"state:" + record_key, digest_size=KEY_BYTES).digest()

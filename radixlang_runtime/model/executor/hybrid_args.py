@@ -2,11 +2,13 @@
 
 A recurrent state cannot be rolled back: a step's tokens are folded into it for good. So every feature that
 runs tokens and then takes some back is refused by name at start (speculative decoding: NGRAM, STANDALONE)
-or turned off (jump-forward of constrained decoding: its forced tokens are verified like a draft), and so
-is every feature that moves K/V without the state (hierarchical cache tiers, prefill-decode disaggregation).
+or turned off (jump-forward of constrained decoding: its forced tokens are verified like a draft).
 A cached prefix's K/V is not enough to continue from it, the state at its end is needed too: the prefix cache
-keeps state snapshots in slots of its own (scheduler/state_cache.py, docs/HYBRID_MODELS.md). Retraction frees
-a request's state with its table row and the re-prefill recomputes it (from a snapshot where one matches).
+keeps state snapshots in slots of its own (scheduler/state_cache.py, docs/HYBRID_MODELS.md); the hierarchical
+cache's tiers store a node's snapshot with its K/V (mem/hicache.py backup_state) and serve a load only up to
+the deepest one; prefill-decode disaggregation sends the request's state after its prompt with its K/V
+(disagg/, mem/state_records.py). Retraction frees a request's state with its table row and the re-prefill
+recomputes it (from a snapshot where one matches).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
     arch = cfg.architecture
     refused = (
         ("speculative_algorithm", args.speculative_algorithm is not None),
-        ("enable_hierarchical_cache", args.enable_hierarchical_cache),
-        ("disaggregation_mode " + str(args.disaggregation_mode), args.disaggregation_mode != "null"),
         ("tp_size > 1", args.tp_size > 1),
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
