@@ -72,10 +72,10 @@ def chunk_reference(q, k_pool, v_pool, slots, prefix, n, chunk, scale):
     return torch.stack(out)  # [n, H, D]
 
 
-@pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.parametrize("path", ["torch", "c", "triton"])
 @pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0], [13, 20]), ([5, 17, 0], [9, 1, 4]),
                                                      ([7, 16, 30], [1, 1, 1])])
-def test_chunk_masks_on_every_path(prefix_lens, extend_lens, kernels):
+def test_chunk_masks_on_every_path(prefix_lens, extend_lens, path):
     import torch
 
     from radixlang_kernels import cpu_ops
@@ -105,9 +105,15 @@ def test_chunk_masks_on_every_path(prefix_lens, extend_lens, kernels):
                       positions=torch.cat([torch.arange(p, p + n) for p, n in zip(prefix_lens, extend_lens)]),
                       out_loc=torch.cat(out_loc), req_rows=torch.arange(len(seq)), seq_lens=torch.tensor(seq),
                       seq_lens_cpu=seq, prefix_lens_cpu=prefix_lens, extend_lens_cpu=extend_lens, kv_pool=pool)
-    backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
+    if path == "triton":  # interpreted on CPU
+        pytest.importorskip("triton")
+        from radixlang_runtime.model.layers.attention.triton_backend import TritonAttentionBackend
+
+        backend = TritonAttentionBackend(H, hkv, D, D ** -0.5)
+    else:
+        backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
     backend.set_layer_chunks((chunk,))
-    if kernels:
+    if path == "c":
         paths = cpu_ops.plan(torch.device("cpu"), torch.float32, D, H, hkv, packed_linears=False)
         backend.configure(paths)
         assert (backend.c_decode, backend.c_extend) == (paths.c_decode, paths.c_extend)
