@@ -213,7 +213,8 @@ def test_tensor_parallel_matches_transformers(moe_checkpoint):
     """Two gloo ranks on the MoE checkpoint (every Gemma 4 feature: per-layer head sizes, K = V global layers,
     KV-shared layers with double-wide MLPs, per-layer inputs, experts): 2 query heads and 1 pool KV head each; the
     global layers' single KV head computed on both ranks, the KV-shared layers reading their source's plane on
-    each rank, the MLPs' and the experts' intermediate columns split, the vocabulary split; prompts longer than
+    each rank, the MLPs' and the experts' intermediate columns split, the vocabulary and the per-layer input
+    table split (the prompts' ids on both ranks' rows); prompts longer than
     the window and a prefill chunk, then a radix-cache hit; token for token."""
     from radixlang_runtime import Engine
 

@@ -20,7 +20,8 @@ Tensor parallelism: heads split in whole GQA groups over the pool's (widest) KV 
 repeated for its share), so every rank's query heads read their own KV heads; a KV-shared layer reads its
 source's plane on the same rank. o_proj, the dense MLP's down projection (per-layer widths split alike) and each
 expert's intermediate columns are row-parallel (one all-reduce each); the embedding and the head are
-vocab-parallel; the per-layer input embeddings and their projection are replicated (every rank computes them).
+vocab-parallel, and so is the per-layer input embedding table (each rank its rows, one all-reduce of the
+step's [T, layers x ple_dim] lookups); its projection from the main embedding is replicated.
 Not implemented, refused by name: bidirectional attention, GGUF blocks, LoRA adapters.
 """
 
@@ -43,7 +44,8 @@ from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.model.models.gemma2 import GeluMLP
 from radixlang_runtime.model.models.gemma4_config import MULTIMODAL, Gemma4Layers
 from radixlang_runtime.model.models.gemma4_moe import Gemma4MoE
-from radixlang_runtime.model.models.llama import LlamaForCausalLM, Reduce, RMSNorm, param_setter
+from radixlang_runtime.model.models.llama import (LlamaForCausalLM, Reduce, RMSNorm, param_setter,
+                                                  vocab_parallel_lookup)
 
 __all__ = ["Gemma4ForCausalLM"]
 
@@ -172,7 +174,12 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         self.ple_dim = lay.ple_dim
         if self.ple_dim:
             width = cfg.num_hidden_layers * lay.ple_dim
-            self.embed_tokens_per_layer = nn.Embedding(lay.ple_vocab, width)
+            rows = -(-lay.ple_vocab // shard.size)  # this rank's rows of the per-layer table
+            self.ple_rows = (shard.rank * rows, min(lay.ple_vocab, (shard.rank + 1) * rows))
+            if self.ple_rows[1] <= self.ple_rows[0]:
+                raise ValueError(f"tp_size {shard.size} leaves rank {shard.rank} no rows of the per-layer input "
+                                 f"embeddings (vocab_size_per_layer_input {lay.ple_vocab})")
+            self.embed_tokens_per_layer = nn.Embedding(self.ple_rows[1] - self.ple_rows[0], width)
             self.per_layer_model_projection = nn.Linear(cfg.hidden_size, width, bias=False)
             self.per_layer_projection_norm = RMSNorm(lay.ple_dim, cfg.rms_norm_eps)
 
@@ -183,7 +190,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
     def per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """transformers' get_per_layer_inputs + project_per_layer_inputs: [T, layers, ple_dim]."""
         T, n = ids.shape[0], self.cfg.num_hidden_layers
-        tok = self.embed_tokens_per_layer(ids)
+        tok = vocab_parallel_lookup(self.embed_tokens_per_layer, ids, self.ple_rows[0], self.reduce)
         tok = (tok * torch.tensor(self.ple_dim ** 0.5, dtype=tok.dtype)).view(T, n, self.ple_dim)
         proj = (self.per_layer_model_projection(x) * self.cfg.hidden_size ** -0.5).view(T, n, self.ple_dim)
         return (self.per_layer_projection_norm(proj) + tok) * 2.0 ** -0.5
@@ -216,9 +223,10 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         vocab = (sh.vocab_start, sh.vocab_start + sh.vocab_count)
         put("embed_tokens.weight", take(src + "embed_tokens.weight", rows=vocab))
         for name in ("norm.weight",) + (
-                ("embed_tokens_per_layer.weight", "per_layer_model_projection.weight",
-                 "per_layer_projection_norm.weight") if self.ple_dim else ()):
+                ("per_layer_model_projection.weight", "per_layer_projection_norm.weight") if self.ple_dim else ()):
             put(name, take(src + name))
+        if self.ple_dim:
+            put("embed_tokens_per_layer.weight", take(src + "embed_tokens_per_layer.weight", rows=self.ple_rows))
         if self.lm_head is not None:
             put("lm_head.weight", take("lm_head.weight", rows=vocab))
         for i, layer in enumerate(self.layers):

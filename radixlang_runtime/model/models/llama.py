@@ -44,6 +44,17 @@ def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], 
 
     return own, done, put
 
+def vocab_parallel_lookup(table: nn.Embedding, ids: torch.Tensor, start: int, reduce: Reduce) -> torch.Tensor:
+    """ids [T] -> [T, width] from a table holding this rank's rows [start, start + rows) (all of them when
+    reduce is None): each rank looks up the ids in its rows (zeros for the others), the all-reduce assembles
+    every row."""
+    if reduce is None:
+        return table(ids)
+    local = ids - start
+    mine = (local >= 0) & (local < table.num_embeddings)
+    return reduce(table(torch.where(mine, local, 0)) * mine.unsqueeze(1).to(table.weight.dtype))
+
+
 class RMSNorm(nn.Module):
     """`forward(x)` normalises x; `add_forward(x, residual)` first does residual += x (in place)."""
 
@@ -198,12 +209,7 @@ class LlamaForCausalLM(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for
         the others) and the all-reduce assembles every row."""
-        if self.reduce is None:
-            return self.embed_tokens(ids)
-        local = ids - self.shard.vocab_start
-        mine = (local >= 0) & (local < self.shard.vocab_count)
-        x = self.embed_tokens(torch.where(mine, local, 0)) * mine.unsqueeze(1).to(self.embed_tokens.weight.dtype)
-        return self.reduce(x)
+        return vocab_parallel_lookup(self.embed_tokens, ids, self.shard.vocab_start, self.reduce)
 
     def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
