@@ -214,16 +214,18 @@ def test_tensor_parallel_matches_transformers(moe_checkpoint):
     KV-shared layers with double-wide MLPs, per-layer inputs, experts): 2 query heads and 1 pool KV head each; the
     global layers' single KV head computed on both ranks, the KV-shared layers reading their source's plane on
     each rank, the MLPs' and the experts' intermediate columns split, the vocabulary and the per-layer input
-    table split (the prompts' ids on both ranks' rows); prompts longer than
-    the window and a prefill chunk, then a radix-cache hit; token for token."""
+    table split (a prompt of ids in the second rank's rows); prompts longer than the window and a prefill chunk,
+    then a radix-cache hit; token for token."""
     from radixlang_runtime import Engine
 
-    path, _, want = moe_checkpoint
+    path, model, want = moe_checkpoint
+    high = [48000 + 37 * i for i in range(30)]  # past half the vocabulary: rank 1's rows
+    assert max(high) < model.config.vocab_size
     with Engine(str(path), dtype="float32", tp_size=2, max_total_tokens=512, chunked_prefill_size=16,
                 debug_check_integrity=True) as eng:
-        outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2] + [high], sampling_params=SP)
         again = eng.generate(input_ids=LONG_PROMPTS[1], sampling_params=SP)
-    assert [o["output_ids"] for o in outs] == want
+    assert [o["output_ids"] for o in outs] == want + [hf_greedy(model, high, NEW)]
     assert again["output_ids"] == want[1] and again["meta_info"]["cached_tokens"] > 0
 
 
