@@ -4,11 +4,11 @@ and the function calls of openai-harmony's parsed messages (analysis: reasoning;
 with the body as its arguments; final / commentary without a recipient, and text outside any message: content),
 whole and streamed in any chunking.
 
-The recorded outputs are openai-harmony's own test data (its repository's test-data/ renderings and the texts its
-tests parse, Apache-2.0), with the messages its tests assert its parser returns. Where openai-harmony can load its
-o200k_harmony vocabulary (it downloads it on first use; TIKTOKEN_ENCODINGS_BASE names a local copy), the same
-completions are also rendered from messages by its renderer and parsed back by its StreamableParser, token by
-token, here."""
+The recorded outputs are openai-harmony's own (its repository's test-data/ renderings, the texts its tests parse
+and the examples of its docs/format.md; Apache-2.0), with the messages its tests assert its parser returns. Where
+openai-harmony can load its o200k_harmony vocabulary (it downloads it on first use; TIKTOKEN_ENCODINGS_BASE names a
+local copy), the same completions are also rendered from messages by its renderer and parsed back by its
+StreamableParser, token by token, here."""
 
 from __future__ import annotations
 
@@ -68,15 +68,27 @@ RECORDED = {
     "analysis_between_finals": (
         "<|channel|>analysis<|message|>thinking 3+5<|end|><|start|>assistant<|channel|>final<|message|>8<|end|>",
         [Msg("thinking 3+5", "analysis"), Msg("8", "final")]),
-    # a preamble on commentary before the call (the gpt-oss model card's tool-use turn)
-    "preamble_then_call": (
-        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary<|message|>"
-        "Checking the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
-        '<|constrain|>json<|message|>{"location": "Oslo", "days": 2}<|call|>',
-        [Msg("Need weather.", "analysis"), Msg("Checking the weather.", "commentary"),
-         Msg('{"location": "Oslo", "days": 2}', "commentary", "functions.get_weather", "<|constrain|>json")]),
+    # openai-harmony's docs/format.md, function calling: the recipient after the channel, a space before
+    # <|constrain|>
+    "format_doc_call": (
+        "<|channel|>analysis<|message|>Need to use function get_weather.<|end|><|start|>assistant<|channel|>"
+        'commentary to=functions.get_weather <|constrain|>json<|message|>{"location":"San Francisco"}<|call|>',
+        [Msg("Need to use function get_weather.", "analysis"),
+         Msg('{"location":"San Francisco"}', "commentary", "functions.get_weather", "<|constrain|>json")]),
+    # docs/format.md, preambles: a commentary message for the user before the call
+    "format_doc_preamble": (
+        "<|channel|>analysis<|message|>{long chain of thought}<|end|><|start|>assistant<|channel|>commentary"
+        "<|message|>**Action plan**:\n1. Generate an HTML file\n2. Generate a JavaScript for the Node.js server\n"
+        "3. Start the server\n---\nWill start executing the plan step by step<|end|><|start|>assistant<|channel|>"
+        'commentary to=functions.generate_file<|constrain|>json<|message|>{"template": "basic_html", '
+        '"path": "index.html"}<|call|>',
+        [Msg("{long chain of thought}", "analysis"),
+         Msg("**Action plan**:\n1. Generate an HTML file\n2. Generate a JavaScript for the Node.js server\n"
+             "3. Start the server\n---\nWill start executing the plan step by step", "commentary"),
+         Msg('{"template": "basic_html", "path": "index.html"}', "commentary", "functions.generate_file",
+             "<|constrain|>json")]),
 }
-TOOLS = {"lookup_weather", "get_weather"}
+TOOLS = {"lookup_weather", "get_weather", "generate_file"}
 
 
 def expected_of(messages: list[Msg]) -> tuple[str, str, list[tuple[str, dict]]]:
@@ -144,7 +156,7 @@ def test_expected_messages_cover_every_part():
     """The recorded set holds reasoning, content and calls (a mapping slip cannot pass on empty fields)."""
     parts = [expected_of(m) for _, m in RECORDED.values()]
     assert sum(bool(r) for r, _, _ in parts) >= 5 and sum(bool(c) for _, c, _ in parts) >= 3
-    assert sum(len(calls) for _, _, calls in parts) == 4
+    assert sum(len(calls) for _, _, calls in parts) == 5
 
 
 def _harmony_encoding():
