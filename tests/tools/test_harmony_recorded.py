@@ -5,7 +5,8 @@ with the body as its arguments; final / commentary without a recipient, and text
 whole and streamed in any chunking.
 
 The recorded outputs are openai-harmony's own (its repository's test-data/ renderings, the texts its tests parse
-and the examples of its docs/format.md; Apache-2.0), with the messages its tests assert its parser returns. Where
+and the examples of its docs/format.md; Apache-2.0), with the messages its tests assert its parser returns (for
+the docs' examples: the messages the format defines). Where
 openai-harmony can load its o200k_harmony vocabulary (it downloads it on first use; TIKTOKEN_ENCODINGS_BASE names a
 local copy), the same completions are also rendered from messages by its renderer and parsed back by its
 StreamableParser, token by token, here."""
