@@ -13,7 +13,8 @@ Shapes and layout:
   -> out       [T, H, D]          dtype of q
 New token i of request r sits at position prefix_lens[r] + i and sees positions 0 .. prefix_lens[r] + i;
 with window w > 0 (sliding-window attention) only those > prefix_lens[r] + i - w: the key loops start at
-the block's first visible position and mask per row.
+the block's first visible position and mask per row; with chunk c > 0 (chunked local attention, Llama 4)
+only those >= p - p % c for the query at position p (its own chunk), bounded and masked the same way.
 dtypes float32 / bfloat16 / float16; float32 math. Query head h reads KV head h // (H / Hkv).
 
 Grid (R, H, cdiv(max extend_len, BLOCK_M)): a program owns BLOCK_M queries of one head. Stage 1 walks
@@ -36,10 +37,10 @@ from radixlang_kernels.triton_common import INTERPRETED, attend_paged, dot_preci
 def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_ptr, ext_ptr, start_ptr, o_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_bh, stride_bs, stride_rt, stride_ot, stride_oh,
-                   scale, soft_cap, window, sinks_ptr,
+                   scale, soft_cap, window, sinks_ptr, chunk,
                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr, WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr):
+                   UPCAST: tl.constexpr, WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, CHUNK: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     mb = tl.program_id(2)
@@ -62,20 +63,24 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # stage 1: the cached prefix, from the pool (with a window: from the block's first query's first key)
+    # stage 1: the cached prefix, from the pool (with a window or a chunk: from the block's first query's first key)
     first = 0
     if WINDOW:
         first = tl.maximum(prefix + mb * BLOCK_M - window + 1, 0)
+    if CHUNK:
+        first = prefix + mb * BLOCK_M - (prefix + mb * BLOCK_M) % chunk
     kv_off = kvh.to(tl.int64) * stride_bh  # int64: past 2^31 in a large pool (attend_paged)
     m_i, l_i, acc = attend_paged(q, m_i, l_i, acc, kb_ptr, vb_ptr, rt_ptr, row, stride_rt, kv_off, stride_bs,
                                  first, prefix, offs_d, mask_d, scale, soft_cap, BLOCK_N, SOFT_CAP, PRECISION, UPCAST,
-                                 prefix + offs_m, window, WINDOW)
+                                 prefix + offs_m, window, WINDOW, chunk, CHUNK)
 
-    # stage 2: the new tokens, causal (key j visible to query i iff j <= i, and j > i - window)
+    # stage 2: the new tokens, causal (key j visible to query i iff j <= i, and j > i - window, and in i's chunk)
     last = tl.minimum((mb + 1) * BLOCK_M, n_ext)
     first_new = 0
     if WINDOW:
         first_new = tl.maximum(mb * BLOCK_M - window + 1, 0)
+    if CHUNK:
+        first_new = tl.maximum(first - prefix, 0)
     for n0 in range(first_new, last, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_ext
@@ -87,6 +92,9 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, kb_ptr, vb_ptr, rt_ptr, rows_ptr, pre_
         visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
         if WINDOW:
             visible = visible & (offs_n[None, :] > offs_m[:, None] - window)
+        if CHUNK:
+            q_pos = prefix + offs_m
+            visible = visible & (prefix + offs_n[None, :] >= (q_pos - q_pos % chunk)[:, None])
         qk = scores(q, k, visible, scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
 
@@ -105,8 +113,9 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
                      req_to_token: torch.Tensor, req_rows: torch.Tensor, prefix_lens: torch.Tensor,
                      extend_lens: torch.Tensor, extend_starts: torch.Tensor, scale: float, soft_cap: float = 0.0,
                      max_extend_len: int | None = None, block_m: int = 32, block_n: int = 32,
-                     window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int = 0, sinks: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor:
     """See the module docstring. max_extend_len (host int) sizes the grid; default: extend_lens.max().
+    chunk > 0: chunked local attention (not with a window).
     sinks [H] (attention sinks): each head's logit joins every row's softmax denominator, weighing no value."""
     T, H, D = q.shape
     hkv = k.shape[1]
@@ -115,6 +124,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
     for t in (q, k, v):
         if t.stride(-1) != 1:
             raise ValueError("the last dimension of q / k / v must be contiguous")
+    if window > 0 and chunk > 0:
+        raise ValueError(f"a layer attends either in a window ({window}) or in chunks ({chunk}), not both")
     R = req_rows.shape[0]
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     if R == 0 or T == 0:
@@ -128,7 +139,9 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0), out.stride(0), out.stride(1),
         scale, soft_cap, window, sinks if sinks is not None else prefix_lens,  # an unread stand-in when absent
+        max(chunk, 1),
         G=H // hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BLOCK_D, SOFT_CAP=soft_cap > 0,
         PRECISION=dot_precision(q.dtype), UPCAST=INTERPRETED, WINDOW=window > 0, HAS_SINKS=sinks is not None,
+        CHUNK=chunk > 0,
     )
     return out

@@ -4,7 +4,8 @@ float32. Slow and obvious on purpose: kernels and backends are checked against i
 Shapes: q [T, H, D] (new tokens of all requests, flattened); k_buffer/v_buffer [Hkv, num_slots, D];
 req_to_token [rows, context_len]; per request: row, prefix_len, extend_len. Returns [T, H, D] float32.
 soft_cap c > 0 applies c * tanh(scores / c) to the scaled scores before the mask; window w > 0 (sliding-
-window attention, transformers' convention): the query at position p sees only positions (p - w, p].
+window attention, transformers' convention): the query at position p sees only positions (p - w, p];
+chunk c > 0 (chunked local attention, Llama 4): only positions [p - p % c, p].
 sinks [H] (attention sinks, gpt-oss): each head's logit joins every row's softmax and weighs no value.
 prefix_attention_ref: the shared part of cascade attention (kernels/prefix_attention.py).
 gdn_decode_ref: a Gated DeltaNet decode step (csrc/cpu/gated_deltanet.c).
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
                         req_to_token: torch.Tensor, rows: list[int], prefix_lens: list[int],
                         extend_lens: list[int], scale: float, soft_cap: float = 0.0, window: int = 0,
-                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+                        sinks: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor:
     H, hkv = q.shape[1], k_buffer.shape[0]
     out = torch.empty(q.shape, dtype=torch.float32)
     start = 0
@@ -34,6 +35,9 @@ def paged_attention_ref(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch
         causal = torch.arange(p + n)[None, :] <= torch.arange(p, p + n)[:, None]  # [n, L]
         if window > 0:
             causal &= torch.arange(p + n)[None, :] > torch.arange(p, p + n)[:, None] - window
+        if chunk > 0:  # chunked local attention: the query at position q sees keys at [q - q % chunk, q]
+            q_pos = torch.arange(p, p + n)[:, None]
+            causal &= torch.arange(p + n)[None, :] >= q_pos - q_pos % chunk
         scores = scores.masked_fill(~causal, float("-inf"))
         if sinks is not None:  # one more column per head, dropped after the softmax
             scores = torch.cat([scores, sinks.float().view(H, 1, 1).expand(H, n, 1)], dim=-1)

@@ -57,13 +57,15 @@ def softmax_step(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr, UPCAST: tl.const
 @triton.jit
 def attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off, stride_ks, start, end, offs_d,
                  mask_d, scale, soft_cap, BLOCK_N: tl.constexpr, SOFT_CAP: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr, q_pos=None, window=0, WINDOW: tl.constexpr = False):
+                 UPCAST: tl.constexpr, q_pos=None, window=0, WINDOW: tl.constexpr = False, chunk=1,
+                 CHUNK: tl.constexpr = False):
     """Fold positions start .. end - 1 of table row `row` (slots rt_ptr[row * stride_rt + pos]; K / V of
     one KV head at k_ptr / v_ptr + kv_off + slot * stride_ks + d) into the online softmax of q [M, D]
     (kv_off int64: head * stride passes 2^31 once a layer's pool holds 2^31 elements, e.g. 8 KV heads x
     2M slots x 128 lanes):
     blocks of BLOCK_N positions, every one visible to every row of q; with WINDOW, only the positions
-    > q_pos - window of each row (q_pos [M]: the rows' positions; sliding-window attention)."""
+    > q_pos - window of each row (q_pos [M]: the rows' positions; sliding-window attention); with CHUNK, only
+    the positions >= q_pos - q_pos % chunk of each row (chunked local attention: the row's own chunk)."""
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
@@ -75,6 +77,8 @@ def attend_paged(q, m_i, l_i, acc, k_ptr, v_ptr, rt_ptr, row, stride_rt, kv_off,
         visible = mask_n[None, :]
         if WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        if CHUNK:
+            visible = visible & (offs_n[None, :] >= q_pos[:, None] - q_pos[:, None] % chunk)
         qk = scores(q, k, visible, scale, soft_cap, SOFT_CAP, PRECISION, UPCAST)  # [M, BLOCK_N]
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, PRECISION, UPCAST)
     return m_i, l_i, acc

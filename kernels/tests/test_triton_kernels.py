@@ -143,6 +143,42 @@ def test_sliding_window_in_both_kernels(H, hkv, D, window):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, 8, 20])
+@pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (4, 2, 16)])
+def test_chunked_attention_in_both_kernels(H, hkv, D, chunk):
+    """Chunked local attention (the query at position p sees [p - p % chunk, p]): extend bounds and masks its
+    key loops by each query's chunk (blocks of 16 queries, chunks cutting inside and across blocks and the
+    cached prefix); decode reads the new token's chunk through k_begin, as the backend calls it."""
+    prefix, ext = [0, 37, 3, 70, 16], [45, 20, 1, 9, 5]
+    kb, vb, rt, rows = paged_setup(prefix, ext, hkv, D, torch.float32, 16, seed=chunk)
+    T = sum(ext)
+    qkv = torch.randn(T, H + 2 * hkv, D, generator=torch.Generator().manual_seed(5))
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for r, p, n in zip(rows, prefix, ext):
+        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
+    d = lambda *xs: [x.to(DEVICE) for x in xs]  # noqa: E731
+    starts = [sum(ext[:i]) for i in range(len(ext))]
+    got = extend_attention(*d(q, k, v, kb, vb, rt), t(rows), t(prefix), t(ext), t(starts), D ** -0.5,
+                           block_m=16, block_n=16, chunk=chunk).cpu()
+    want = paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5, chunk=chunk)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    if chunk < 45:  # the chunk matters: full causal attention differs
+        assert not torch.allclose(want, paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5))
+    seq = [p + n for p, n in zip(prefix, ext)]
+    qd = torch.randn(len(seq), H, D, generator=torch.Generator().manual_seed(6))
+    got = decode_attention(*d(qd, kb, vb, rt), t(rows), t(seq), D ** -0.5, split_len=16,
+                           k_begin=t([(n - 1) // chunk * chunk for n in seq])).cpu()
+    want = paged_attention_ref(qd, kb, vb, rt, rows, [n - 1 for n in seq], [1] * len(seq), D ** -0.5, chunk=chunk)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="either in a window"):
+        extend_attention(*d(q, k, v, kb, vb, rt), t(rows), t(prefix), t(ext), t(starts), D ** -0.5, window=4,
+                         chunk=chunk)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="a 17 GB pool: GPU only (gpu_check.sh)")
 def test_kernels_address_a_pool_past_2_31_elements():
     """KV head 7 of an [8, 2^22 + 64, 128] bfloat16 pool starts past element 2^31 (7 x (2^22 + 64) x 128): the

@@ -209,6 +209,35 @@ def test_moe_block_matches_transformers(moe_checkpoint):
     assert [o["output_ids"] for o in outs] == want
 
 
+def test_tensor_parallel_matches_transformers(moe_checkpoint):
+    """Two gloo ranks on the MoE checkpoint (every Gemma 4 feature: per-layer head sizes, K = V global layers,
+    KV-shared layers with double-wide MLPs, per-layer inputs, experts): 2 query heads and 1 pool KV head each; the
+    global layers' single KV head computed on both ranks, the KV-shared layers reading their source's plane on
+    each rank, the MLPs' and the experts' intermediate columns split, the vocabulary and the per-layer input
+    table split (a prompt of ids in the second rank's rows); prompts longer than the window and a prefill chunk,
+    then a radix-cache hit; token for token."""
+    from radixlang_runtime import Engine
+
+    path, model, want = moe_checkpoint
+    high = [48000 + 37 * i for i in range(30)]  # past half the vocabulary: rank 1's rows
+    assert max(high) < model.config.vocab_size
+    with Engine(str(path), dtype="float32", tp_size=2, max_total_tokens=512, chunked_prefill_size=16,
+                debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=LONG_PROMPTS[:2] + [high], sampling_params=SP)
+        again = eng.generate(input_ids=LONG_PROMPTS[1], sampling_params=SP)
+    assert [o["output_ids"] for o in outs] == want + [hf_greedy(model, high, NEW)]
+    assert again["output_ids"] == want[1] and again["meta_info"]["cached_tokens"] > 0
+
+
+def test_kv_share_of_a_rank():
+    from radixlang_runtime.model.models.gemma4 import kv_share
+
+    assert kv_share(4, 1, 2, 2) == (0, (2,))  # one layer head filling both of the rank's pool heads
+    assert kv_share(4, 2, 2, 2) == (1, (2,))
+    assert kv_share(4, 4, 2, 2) == (2, (1, 1))
+    assert kv_share(6, 2, 2, 2) == (0, (1, 1))  # pool heads 2 and 3: layer heads 0 (0-2) and 1 (3-5)
+
+
 def test_lora_is_refused_by_name(checkpoint):
     from radixlang_runtime import Engine
 

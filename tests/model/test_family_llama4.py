@@ -34,6 +34,28 @@ def test_llama4_matches_transformers(kwargs, contrasts, tmp_path):
     assert parsed.layer_chunks[:3] == (kwargs["attention_chunk_size"],) * 3 and parsed.layer_chunks[3] == 0
 
 
+def test_llama4_on_the_triton_backend_matches_transformers(tmp_path):
+    """The Triton kernels' chunked attention (interpreted on CPU): prompts longer than the chunk of 8 and than a
+    prefill chunk, a radix-cache hit whose cached prefix crosses chunk boundaries, decode past several chunks."""
+    pytest.importorskip("triton")
+    from radixlang_runtime import Engine
+    from test_model_families import LONG_PROMPTS
+    from tiny_checkpoints import build_tiny, hf_greedy
+
+    model = build_tiny(tmp_path, "Llama4TextConfig", LLAMA4, {"max_position_embeddings": 256,
+                                                                "attention_chunk_size": 8})
+    prompts, new = LONG_PROMPTS[1:4:2], 10  # 37 and 44 tokens
+    want = [hf_greedy(model, p, new) for p in prompts]
+    sp = {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", attention_backend="triton", max_total_tokens=512,
+                chunked_prefill_size=16, page_size=1, debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=prompts, sampling_params=sp)
+        again = eng.generate(input_ids=prompts[1] + [5, 6, 7], sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == want
+    assert again["meta_info"]["cached_tokens"] >= len(prompts[1])
+    assert again["output_ids"] == hf_greedy(model, prompts[1] + [5, 6, 7], new)
+
+
 def chunk_reference(q, k_pool, v_pool, slots, prefix, n, chunk, scale):
     """One request's attention in plain torch: query j (position prefix + j) over keys [p - p % chunk, p]."""
     import torch
@@ -50,10 +72,10 @@ def chunk_reference(q, k_pool, v_pool, slots, prefix, n, chunk, scale):
     return torch.stack(out)  # [n, H, D]
 
 
-@pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.parametrize("path", ["torch", "c", "triton"])
 @pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0], [13, 20]), ([5, 17, 0], [9, 1, 4]),
                                                      ([7, 16, 30], [1, 1, 1])])
-def test_chunk_masks_on_every_path(prefix_lens, extend_lens, kernels):
+def test_chunk_masks_on_every_path(prefix_lens, extend_lens, path):
     import torch
 
     from radixlang_kernels import cpu_ops
@@ -83,9 +105,15 @@ def test_chunk_masks_on_every_path(prefix_lens, extend_lens, kernels):
                       positions=torch.cat([torch.arange(p, p + n) for p, n in zip(prefix_lens, extend_lens)]),
                       out_loc=torch.cat(out_loc), req_rows=torch.arange(len(seq)), seq_lens=torch.tensor(seq),
                       seq_lens_cpu=seq, prefix_lens_cpu=prefix_lens, extend_lens_cpu=extend_lens, kv_pool=pool)
-    backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
+    if path == "triton":  # interpreted on CPU
+        pytest.importorskip("triton")
+        from radixlang_runtime.model.layers.attention.triton_backend import TritonAttentionBackend
+
+        backend = TritonAttentionBackend(H, hkv, D, D ** -0.5)
+    else:
+        backend = TorchAttentionBackend(H, hkv, D, D ** -0.5)
     backend.set_layer_chunks((chunk,))
-    if kernels:
+    if path == "c":
         paths = cpu_ops.plan(torch.device("cpu"), torch.float32, D, H, hkv, packed_linears=False)
         backend.configure(paths)
         assert (backend.c_decode, backend.c_extend) == (paths.c_decode, paths.c_extend)

@@ -15,8 +15,14 @@ Gemma4TextModel computes it (the config is models/gemma4_config.py's):
 - enable_moe_block: a mixture of experts beside the dense MLP (models/gemma4_moe.py), each output normed, summed;
 - each layer's output scaled by its layer_scalar; embeddings times sqrt(hidden_size) (in the weights' dtype);
   final logit soft-capping.
-Not implemented, refused by name: bidirectional attention, tensor parallelism,
-GGUF blocks, LoRA adapters.
+Tensor parallelism: heads split in whole GQA groups over the pool's (widest) KV heads, as every family's
+(executor/parallel.py); a layer with fewer KV heads computes the ones its rank's pool heads hold (each
+repeated for its share), so every rank's query heads read their own KV heads; a KV-shared layer reads its
+source's plane on the same rank. o_proj, the dense MLP's down projection (per-layer widths split alike) and each
+expert's intermediate columns are row-parallel (one all-reduce each); the embedding and the head are
+vocab-parallel, and so is the per-layer input embedding table (each rank its rows, one all-reduce of the
+step's [T, layers x ple_dim] lookups); its projection from the main embedding is replicated.
+Not implemented, refused by name: bidirectional attention, GGUF blocks, LoRA adapters.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
-from radixlang_runtime.model.executor.parallel import Shard, make_shard
+from radixlang_runtime.model.executor.parallel import Shard, make_shard, split_even
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.config import ModelConfig
@@ -38,19 +44,34 @@ from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.model.models.gemma2 import GeluMLP
 from radixlang_runtime.model.models.gemma4_config import MULTIMODAL, Gemma4Layers
 from radixlang_runtime.model.models.gemma4_moe import Gemma4MoE
-from radixlang_runtime.model.models.llama import LlamaForCausalLM, Reduce, RMSNorm, param_setter
+from radixlang_runtime.model.models.llama import (LlamaForCausalLM, Reduce, RMSNorm, param_setter,
+                                                  vocab_parallel_lookup)
 
 __all__ = ["Gemma4ForCausalLM"]
 
 
+def kv_share(wide_kv: int, layer_kv: int, kv_start: int, kv_count: int) -> tuple[int, tuple[int, ...]]:
+    """A layer with layer_kv KV heads on a rank holding pool heads [kv_start, kv_start + kv_count) of wide_kv:
+    pool head j holds the layer's KV head j // (wide_kv / layer_kv). Returns (the first layer KV head the rank
+    computes, how many pool heads each of its layer KV heads fills, in order)."""
+    per = wide_kv // layer_kv
+    heads = [(kv_start + j) // per for j in range(kv_count)]
+    first = heads[0]
+    return first, tuple(heads.count(h) for h in range(first, heads[-1] + 1))
+
+
 class Gemma4Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__()
         lay: Gemma4Layers = cfg.family_options
         self.plane = lay.kv_plane[layer_id]  # the pool plane (and the backend's layer) of this layer's K/V
         self.owns_kv, self.k_eq_v = lay.owns_kv(layer_id), lay.k_eq_v[layer_id]
-        self.h, self.hkv, self.d = cfg.num_attention_heads, lay.kv_heads[layer_id], lay.head_dims[layer_id]
-        self.pool_heads, self.pool_dim = cfg.num_key_value_heads, cfg.head_dim  # the pool's (widest) entry
+        self.q_start, self.h, self.d = shard.q_start, shard.q_count, lay.head_dims[layer_id]  # this rank's q heads
+        self.kv_start, self.fills = kv_share(cfg.num_key_value_heads, lay.kv_heads[layer_id], shard.kv_start,
+                                             shard.kv_count)
+        self.hkv = len(self.fills)  # this rank's KV heads of the layer
+        self.pool_heads, self.pool_dim = shard.kv_count, cfg.head_dim  # the rank's pool entry (the widest)
+        self.reduce = reduce
         kv_out = 0 if not self.owns_kv else self.hkv * self.d * (1 if self.k_eq_v else 2)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.h * self.d + kv_out, bias=False)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
@@ -67,8 +88,10 @@ class Gemma4Attention(nn.Module):
     def _kv_entry(self, x: torch.Tensor) -> torch.Tensor:
         """[T, hkv, d] -> the pool's entry [T, pool_heads, pool_dim]: each KV head repeated for its share of the
         pool's heads (the same query heads read it), zero lanes past d."""
-        if self.hkv < self.pool_heads:
-            x = x.repeat_interleave(self.pool_heads // self.hkv, dim=1)
+        if len(set(self.fills)) == 1 and self.fills[0] > 1:
+            x = x.repeat_interleave(self.fills[0], dim=1)
+        elif len(set(self.fills)) > 1:  # a rank's pool heads cutting a layer head's share
+            x = torch.cat([x[:, i:i + 1].expand(-1, n, -1) for i, n in enumerate(self.fills)], dim=1)
         return self._widen(x).contiguous()
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, cos_sin, shared: dict) -> torch.Tensor:
@@ -85,23 +108,24 @@ class Gemma4Attention(nn.Module):
         else:
             k, v = shared[self.plane]
             o = self.backend.attend(self._widen(q), k, v, self.plane, fb)
-        o = o.view(T, self.h, self.pool_dim)[..., : self.d].reshape(T, self.h * self.d)
-        return self.o_proj(o)
+        o = self.o_proj(o.view(T, self.h, self.pool_dim)[..., : self.d].reshape(T, self.h * self.d))
+        return o if self.reduce is None else self.reduce(o)
 
 
 class Gemma4DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard):
+    def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__()
         lay: Gemma4Layers = cfg.family_options
         hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.self_attn = Gemma4Attention(cfg, layer_id, backend)
-        inter = lay.intermediate[layer_id]
-        self.mlp = GeluMLP(cfg, dataclasses.replace(shard, inter_count=inter), None)
+        self.self_attn = Gemma4Attention(cfg, layer_id, backend, shard, reduce)
+        inter_start, inter = split_even(lay.intermediate[layer_id], shard.size, shard.rank)  # this rank's columns
+        self.mlp = GeluMLP(cfg, dataclasses.replace(shard, inter_start=inter_start, inter_count=inter), reduce)
+        self.mlp_start = inter_start
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, RMSNorm(hidden, eps))
         self.layer_scalar = nn.Parameter(torch.ones(1))
-        self.moe = Gemma4MoE(hidden, *lay.moe, eps) if lay.moe else None
+        self.moe = Gemma4MoE(hidden, *lay.moe, eps, shard, reduce) if lay.moe else None
         if self.moe is not None:
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
                 setattr(self, name, RMSNorm(hidden, eps))
@@ -133,37 +157,40 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary, shard: Optional[Shard] = None,
                  reduce: Reduce = None):
         nn.Module.__init__(self)
-        if reduce is not None or (shard is not None and shard.size > 1):
-            raise ValueError(f"tp_size > 1 is not supported for {cfg.architecture} (its attention shapes differ "
-                             "per layer): serve it with tp_size 1")
         self.cfg = cfg
         self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
                                                  cfg.intermediate_size, cfg.vocab_size)
-        self.reduce = None
+        self.reduce = reduce
         lay: Gemma4Layers = cfg.family_options
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
         self.rotary = rotary  # the full-attention layers' tables; the sliding layers': rotary_local
         self.rotary_local = Rotary(cfg.rope_local, rotary.cos.shape[0], rotary.cos.device, rotary.cos.dtype)
-        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i, backend, shard) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i, backend, shard, reduce)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
         self.head: nn.Module | None = None
         self.fused_decode = None  # decode_layer.c has no Gemma 4 layer
         self.ple_dim = lay.ple_dim
         if self.ple_dim:
             width = cfg.num_hidden_layers * lay.ple_dim
-            self.embed_tokens_per_layer = nn.Embedding(lay.ple_vocab, width)
+            rows = -(-lay.ple_vocab // shard.size)  # this rank's rows of the per-layer table
+            self.ple_rows = (shard.rank * rows, min(lay.ple_vocab, (shard.rank + 1) * rows))
+            if self.ple_rows[1] <= self.ple_rows[0]:
+                raise ValueError(f"tp_size {shard.size} leaves rank {shard.rank} no rows of the per-layer input "
+                                 f"embeddings (vocab_size_per_layer_input {lay.ple_vocab})")
+            self.embed_tokens_per_layer = nn.Embedding(self.ple_rows[1] - self.ple_rows[0], width)
             self.per_layer_model_projection = nn.Linear(cfg.hidden_size, width, bias=False)
             self.per_layer_projection_norm = RMSNorm(lay.ple_dim, cfg.rms_norm_eps)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(ids)  # [T, hidden]; transformers rounds sqrt(hidden) to the weights' dtype first
+        x = super().embed(ids)  # [T, hidden] (vocab-parallel); transformers rounds sqrt(hidden) to the dtype first
         return x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
 
     def per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """transformers' get_per_layer_inputs + project_per_layer_inputs: [T, layers, ple_dim]."""
         T, n = ids.shape[0], self.cfg.num_hidden_layers
-        tok = self.embed_tokens_per_layer(ids)
+        tok = vocab_parallel_lookup(self.embed_tokens_per_layer, ids, self.ple_rows[0], self.reduce)
         tok = (tok * torch.tensor(self.ple_dim ** 0.5, dtype=tok.dtype)).view(T, n, self.ple_dim)
         proj = (self.per_layer_model_projection(x) * self.cfg.hidden_size ** -0.5).view(T, n, self.ple_dim)
         return (self.per_layer_projection_norm(proj) + tok) * 2.0 ** -0.5
@@ -192,25 +219,32 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
         cfg = self.cfg
         src = "model.language_model." if cfg.architecture == MULTIMODAL else "model."
         own, done, put = param_setter(self)
-        take = tensors.get
-        for name in ("embed_tokens.weight", "norm.weight") + (
-                ("embed_tokens_per_layer.weight", "per_layer_model_projection.weight",
-                 "per_layer_projection_norm.weight") if self.ple_dim else ()):
+        take, sh = tensors.get, self.shard
+        vocab = (sh.vocab_start, sh.vocab_start + sh.vocab_count)
+        put("embed_tokens.weight", take(src + "embed_tokens.weight", rows=vocab))
+        for name in ("norm.weight",) + (
+                ("per_layer_model_projection.weight", "per_layer_projection_norm.weight") if self.ple_dim else ()):
             put(name, take(src + name))
+        if self.ple_dim:
+            put("embed_tokens_per_layer.weight", take(src + "embed_tokens_per_layer.weight", rows=self.ple_rows))
         if self.lm_head is not None:
-            put("lm_head.weight", take("lm_head.weight"))
+            put("lm_head.weight", take("lm_head.weight", rows=vocab))
         for i, layer in enumerate(self.layers):
             s, d = f"{src}layers.{i}.", f"layers.{i}."
             a, attn = s + "self_attn.", layer.self_attn
-            parts = ["q_proj"] + (["k_proj"] + ([] if attn.k_eq_v else ["v_proj"]) if attn.owns_kv else [])
-            put(d + "self_attn.qkv_proj.weight", torch.cat([take(f"{a}{p}.weight") for p in parts]))
-            put(d + "self_attn.o_proj.weight", take(a + "o_proj.weight"))
+            q_rows = (attn.q_start * attn.d, (attn.q_start + attn.h) * attn.d)
+            kv_rows = (attn.kv_start * attn.d, (attn.kv_start + attn.hkv) * attn.d)
+            parts = [("q_proj", q_rows)] + ([("k_proj", kv_rows)] + ([] if attn.k_eq_v else [("v_proj", kv_rows)])
+                                            if attn.owns_kv else [])
+            put(d + "self_attn.qkv_proj.weight", torch.cat([take(f"{a}{p}.weight", rows=r) for p, r in parts]))
+            put(d + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
             put(d + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
             if attn.owns_kv:
                 put(d + "self_attn.k_norm.weight", take(a + "k_norm.weight"))
-            m = s + "mlp."
-            put(d + "mlp.gate_up_proj.weight", torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
-            put(d + "mlp.down_proj.weight", take(m + "down_proj.weight"))
+            m, inter = s + "mlp.", (layer.mlp_start, layer.mlp_start + layer.mlp.inter)
+            put(d + "mlp.gate_up_proj.weight", torch.cat([take(m + "gate_proj.weight", rows=inter),
+                                                          take(m + "up_proj.weight", rows=inter)]))
+            put(d + "mlp.down_proj.weight", take(m + "down_proj.weight", cols=inter))
             names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"] + (
                 ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"] if layer.ple else []) + (

@@ -26,6 +26,18 @@ from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
 from radixlang_runtime.model.layers.mlp import MLP
 from radixlang_runtime.model.layers.rms_norm import RMSNorm
 
+
+def vocab_parallel_lookup(table: nn.Embedding, ids: torch.Tensor, start: int, reduce: Reduce) -> torch.Tensor:
+    """ids [T] -> [T, width] from a table holding this rank's rows [start, start + rows) (all of them when
+    reduce is None): each rank looks up the ids in its rows (zeros for the others), the all-reduce assembles
+    every row."""
+    if reduce is None:
+        return table(ids)
+    local = ids - start
+    mine = (local >= 0) & (local < table.num_embeddings)
+    return reduce(table(torch.where(mine, local, 0)) * mine.unsqueeze(1).to(table.weight.dtype))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__()
@@ -124,12 +136,7 @@ class LlamaForCausalLM(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]. Vocab-parallel: each rank looks up the ids in its rows (zeros for
         the others) and the all-reduce assembles every row."""
-        if self.reduce is None:
-            return self.embed_tokens(ids)
-        local = ids - self.shard.vocab_start
-        mine = (local >= 0) & (local < self.shard.vocab_count)
-        x = self.embed_tokens(torch.where(mine, local, 0)) * mine.unsqueeze(1).to(self.embed_tokens.weight.dtype)
-        return self.reduce(x)
+        return vocab_parallel_lookup(self.embed_tokens, ids, self.shard.vocab_start, self.reduce)
 
     def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Returns float32 logits [R, V] for the rows `logit_rows` of the flattened tokens
@@ -285,4 +292,4 @@ class LlamaForCausalLM(nn.Module):
         put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))
 
 
-__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "RMSNorm", "Reduce", "param_setter"]
+__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "RMSNorm", "Reduce", "param_setter", "vocab_parallel_lookup"]

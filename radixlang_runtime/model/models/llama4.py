@@ -2,7 +2,7 @@
 
 - chunked local attention on the layers layer_types marks chunked_attention (default: the RoPE layers, when
   attention_chunk_size is set): the query at position p sees keys at [p - p % c, p] (ModelConfig.layer_chunks;
-  the attention backend masks them, attention/torch_backend.py);
+  the attention backends honour them: attention/torch_backend.py, attention/triton_backend.py);
 - NoPE layers (no_rope_layers[i] == 0; default every no_rope_layer_interval-th layer): no rotary; with
   attn_temperature_tuning the query is scaled by log1p(floor((p + 1) / floor_scale)) * attn_scale + 1;
 - use_qk_norm: on the RoPE layers, a weightless L2 (RMS) norm over each q and k head after the rotary;

@@ -6,6 +6,9 @@ Decode with cascade on (attention/cascade.py): requests that share a cached pref
 group (kernels/prefix_attention.py), then each its own tail with that result as the prior.
 Sliding windows (self.windows): extend bounds its key loops by the window (kernels/extend_attention.py);
 decode reads each request's last w positions (k_begin = seq_len - w), without cascade on those layers.
+Chunked local attention (self.chunks, Llama 4: the query at position p sees [p - p % c, p]): extend bounds and
+masks its key loops by each query's chunk (the kernel's `chunk`); decode reads the new token's chunk
+(k_begin = its first position), without cascade on those layers.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ class TritonMeta:
     prior_o: Optional[torch.Tensor] = None
     prior_lse: Optional[torch.Tensor] = None
     win_begin: Optional[dict] = None  # decode: window w -> [B] int64 max(0, seq_len - w)
+    chunk_begin: Optional[dict] = None  # decode: chunk c -> [B] int64 the new token's chunk's first position
     split_len: int = 256  # decode: keys per split of the grid (larger under a graph's bound: at most 64 splits)
 
 
 class TritonAttentionBackend(AttentionBackend):
     supports_sinks = True  # both kernels take them (the decode kernel merges them after a cascade prior)
+    supports_chunks = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, soft_cap: float = 0.0):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
@@ -55,6 +60,8 @@ class TritonAttentionBackend(AttentionBackend):
             bound = fb.graph_max_len  # under a graph: the context length (the grid's empty splits exit at once)
             fb.attn_meta = TritonMeta(bound or max(fb.seq_lens_cpu), split_len=256 * max(1, -(-bound // (256 * 64))))
             fb.attn_meta.win_begin = {w: (fb.seq_lens - w).clamp(min=0) for w in self.distinct_windows}
+            fb.attn_meta.chunk_begin = {c: torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
+                                        for c in self.distinct_chunks}
             shareable = [n - 1 for n in fb.seq_lens_cpu]  # all but the new token are in the pool
             # else no group (or a graph's step): skip the sync
             if self.cascade and not bound and sum(n >= MIN_SHARED for n in shareable) >= 2:
@@ -81,14 +88,18 @@ class TritonAttentionBackend(AttentionBackend):
         pool = fb.kv_pool
         o = self._extend(q, k, v, pool.k_buffers[layer], pool.v_buffers[layer], pool.req_to_token, fb.req_rows,
                          m.prefix_lens, m.extend_lens, m.extend_starts, self.scale, self.soft_cap, m.max_len,
-                         window=self.window(layer), sinks=self.sinks.get(layer))
+                         window=self.window(layer), sinks=self.sinks.get(layer), chunk=self.chunk(layer))
         return o.view(q.shape[0], -1)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         m: TritonMeta = fb.attn_meta
         pool = fb.kv_pool
         kb, vb = pool.k_buffers[layer], pool.v_buffers[layer]
-        w, sinks = self.window(layer), self.sinks.get(layer)
+        w, c, sinks = self.window(layer), self.chunk(layer), self.sinks.get(layer)
+        if c:  # the new token's chunk (at most c positions), one pass
+            o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
+                             min(m.max_len, c), m.split_len, k_begin=m.chunk_begin[c], sinks=sinks)
+            return o.view(q.shape[0], -1)
         if w:  # the last w positions, one pass (a shared prefix mostly lies outside the window)
             o = self._decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale, self.soft_cap,
                              min(m.max_len, w), m.split_len, k_begin=m.win_begin[w], sinks=sinks)
