@@ -31,7 +31,6 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
         ("speculative_algorithm", args.speculative_algorithm is not None),
         ("enable_hierarchical_cache", args.enable_hierarchical_cache),
         ("disaggregation_mode " + str(args.disaggregation_mode), args.disaggregation_mode != "null"),
-        ("tp_size > 1", args.tp_size > 1),
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
         ("quantization " + str(args.quantization), args.quantization is not None),

@@ -336,7 +336,7 @@ class ModelRunner:
         return max(ps, budget // per_token // ps * ps)
 
     def _state_shape(self) -> StateShape:
-        ssm, conv = self.cfg.linear_attn.state_shapes()
+        ssm, conv = self.cfg.linear_attn.split(self.shard.size).state_shapes()  # this rank's heads' state
         return StateShape(self.cfg.linear_attn.num_linear, ssm, conv, self.dtype)
 
     def _sizes_pool_from_memory(self) -> bool:

@@ -18,6 +18,8 @@ gdn_conv_update / gdn_decode), else torch ops over gathered copies. The arithmet
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,10 +94,16 @@ class GatedRMSNorm(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     """One linear-attention layer. in_proj: the q/k/v channels, z, b and a projections in one matmul (rows in
-    that order; Qwen3-Next's grouped qkvz / ba rows are reordered to it at load)."""
+    that order; Qwen3-Next's grouped qkvz / ba rows are reordered to it at load). Tensor parallel: each rank
+    holds its key heads and their value heads (column-parallel in_proj, their conv channels, A_log, dt_bias,
+    their state in the state pool) and out_proj is row-parallel."""
 
-    def __init__(self, spec: LinearAttnSpec, hidden_size: int, eps: float, state_index: int):
+    def __init__(self, spec: LinearAttnSpec, hidden_size: int, eps: float, state_index: int,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        """spec: this rank's share (LinearAttnSpec.split) with tensor parallelism, whose `reduce` sums out_proj's
+        row-parallel output over the ranks."""
         super().__init__()
+        self.reduce = reduce
         self.spec = spec
         self.state_index = state_index  # this layer's index in the state pool
         self.hk, self.hv, self.dk, self.dv = spec.num_k_heads, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim
@@ -139,7 +147,8 @@ class GatedDeltaNet(nn.Module):
                 start += n
             o = torch.cat(outs)  # [T, H, Dv]
         o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
-        return self.out_proj(o.reshape(T, self.value_dim))
+        out = self.out_proj(o.reshape(T, self.value_dim))
+        return out if self.reduce is None else self.reduce(out)
 
     def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor, conv: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
