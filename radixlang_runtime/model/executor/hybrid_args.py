@@ -34,7 +34,6 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
         ("quantization " + str(args.quantization), args.quantization is not None),
-        ("enable_deterministic_inference", args.enable_deterministic_inference),
     )
     for name, on in refused:
         if on:

@@ -116,13 +116,19 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, eps)
         self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.use_cpu_kernel = False  # decode through gated_deltanet.c (HybridForCausalLM.enable_cpu_ops)
+        # --enable-deterministic-inference (with use_cpu_kernel): gates, conv, rule and gated norm in C, each token's
+        # row alone and the same arithmetic for prefill and decode (HybridForCausalLM.enable_deterministic)
+        self.deterministic = False
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         proj = self.in_proj(x)
         mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        if self.deterministic:
+            g, beta = cpu_ops.gdn_gates(a, b, self.A_log, self.dt_bias)
+        else:
+            beta = b.sigmoid()
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         pool = fb.state_pool
         ssm, conv = pool.ssm[self.state_index], pool.conv[self.state_index]  # [slots, ...] each
         if fb.is_decode:
@@ -146,7 +152,11 @@ class GatedDeltaNet(nn.Module):
                     self._save(ssm, conv, slot, save[1])
                 start += n
             o = torch.cat(outs)  # [T, H, Dv]
-        o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
+        if self.deterministic:
+            o = cpu_ops.gdn_gated_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight,
+                                       self.norm.eps).to(x.dtype)
+        else:
+            o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
         out = self.out_proj(o.reshape(T, self.value_dim))
         return out if self.reduce is None else self.reduce(out)
 
@@ -188,6 +198,14 @@ class GatedDeltaNet(nn.Module):
     def _extend_one(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor,
                     conv: torch.Tensor, slot: int, fresh: bool) -> torch.Tensor:
         """One request's new tokens [L, C] from its slot's state (zeros when fresh); writes the state back."""
+        if self.deterministic:  # gdn_conv_update's arithmetic token after token, then the rule below
+            if fresh:
+                conv[slot].zero_()
+            at, n = torch.tensor([slot]), torch.tensor([mixed.shape[0]])
+            out = cpu_ops.gdn_conv_prefill(mixed, conv, self.conv_weight, at, torch.zeros_like(at), n)
+            if fresh:
+                ssm[slot].zero_()
+            return cpu_ops.gdn_prefill(out, g, beta.float(), ssm, at, torch.zeros_like(at), n, self.hk, self.dk)
         K = self.spec.conv_kernel
         window = torch.zeros_like(conv[slot]) if fresh else conv[slot]
         seq = torch.cat([window.to(mixed.dtype), mixed.transpose(0, 1)], dim=-1)  # [C, K - 1 + L]

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
@@ -87,6 +88,7 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.backend = backend
+        self.deterministic = False  # --enable-deterministic-inference: the norms and the gate one row at a time
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T, h, hkv, d = x.shape[0], self.h, self.hkv, self.d
@@ -95,10 +97,15 @@ class GatedAttention(nn.Module):
         q, gate = qg[..., :d], qg[..., d:].reshape(T, h * d)
         k = qkv[:, 2 * h * d: (2 * h + hkv) * d].view(T, hkv, d)
         v = qkv[:, (2 * h + hkv) * d:].view(T, hkv, d)
-        qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
+        if self.deterministic:  # the C norms one head's row at a time
+            qk = torch.cat([self.q_norm(q.reshape(T * h, d)).view(T, h, d),
+                            self.k_norm(k.reshape(T * hkv, d)).view(T, hkv, d)], dim=1)
+        else:
+            qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
         qk = Rotary.apply(qk, fb.rope_cos_sin)
         o = self.backend.forward(qk[:, :h], qk[:, h:], v.contiguous(), self.kv_layer, fb)  # [T, H D]
-        out = self.o_proj(o * torch.sigmoid(gate))
+        gated = cpu_ops.sigmoid_mul(o, gate).to(o.dtype) if self.deterministic else o * torch.sigmoid(gate)
+        out = self.o_proj(gated)
         return out if self.reduce is None else self.reduce(out)
 
 
@@ -151,6 +158,16 @@ class HybridForCausalLM(MoEForCausalLM):
         for layer in self.layers:
             if isinstance(layer.mixer, GatedDeltaNet):
                 layer.mixer.use_cpu_kernel = True
+
+    def enable_deterministic(self) -> None:
+        """--enable-deterministic-inference (model/executor/deterministic.py): every Gated DeltaNet through the C
+        kernels with each token's row alone and prefill's arithmetic equal to decode's; the gated attention's
+        norms and output gate one row at a time. ValueError when the DeltaNet kernels are not in use."""
+        for layer in self.layers:
+            mixer = layer.mixer
+            if isinstance(mixer, GatedDeltaNet) and not mixer.use_cpu_kernel:
+                raise ValueError("the Gated DeltaNet C kernels (gated_deltanet.c) are not in use")
+            mixer.deterministic = True
 
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
