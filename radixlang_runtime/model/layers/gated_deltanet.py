@@ -31,6 +31,13 @@ from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 CHUNK = 64
 
 
+def triton_gdn():
+    """radixlang_kernels.gated_deltanet (imported on first use: Triton is optional)."""
+    from radixlang_kernels import gated_deltanet
+
+    return gated_deltanet
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
@@ -119,6 +126,7 @@ class GatedDeltaNet(nn.Module):
         # --enable-deterministic-inference (with use_cpu_kernel): gates, conv, rule and gated norm in C, each token's
         # row alone and the same arithmetic for prefill and decode (HybridForCausalLM.enable_deterministic)
         self.deterministic = False
+        self.use_triton = False  # the Triton kernels (radixlang_kernels/gated_deltanet.py): --attention-backend triton
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -165,7 +173,11 @@ class GatedDeltaNet(nn.Module):
         """One token of each request from its slot's state, written back in place; rows ending on a page boundary
         save their state (scheduler/state_cache.py). Returns o [B, Hv, Dv] float32."""
         slots = fb.state_slots
-        if self.use_cpu_kernel:
+        if self.use_triton:
+            one, rows = torch.ones_like(slots), torch.arange(slots.shape[0], device=slots.device)
+            mixed = triton_gdn().gdn_conv(mixed, conv, self.conv_weight, slots, rows, one)
+            o = triton_gdn().gdn_rule(mixed, g, beta.float(), ssm, slots, rows, one, self.hk)
+        elif self.use_cpu_kernel:
             mixed = cpu_ops.gdn_conv_update(mixed, conv, self.conv_weight, slots)  # [B, C] float32
             o = cpu_ops.gdn_decode(mixed, g, beta.float(), ssm, slots, self.hk, self.dk)
         else:
@@ -198,6 +210,14 @@ class GatedDeltaNet(nn.Module):
     def _extend_one(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor,
                     conv: torch.Tensor, slot: int, fresh: bool) -> torch.Tensor:
         """One request's new tokens [L, C] from its slot's state (zeros when fresh); writes the state back."""
+        if self.use_triton:  # the decode step's kernels over the request's rows as one segment
+            if fresh:
+                conv[slot].zero_()
+                ssm[slot].zero_()
+            at = torch.tensor([slot], device=mixed.device)
+            n, zero = torch.full_like(at, mixed.shape[0]), torch.zeros_like(at)
+            out = triton_gdn().gdn_conv(mixed, conv, self.conv_weight, at, zero, n)
+            return triton_gdn().gdn_rule(out, g, beta.float(), ssm, at, zero, n, self.hk)
         if self.deterministic:  # gdn_conv_update's arithmetic token after token, then the rule below
             if fresh:
                 conv[slot].zero_()

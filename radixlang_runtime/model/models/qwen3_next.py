@@ -159,6 +159,13 @@ class HybridForCausalLM(MoEForCausalLM):
             if isinstance(layer.mixer, GatedDeltaNet):
                 layer.mixer.use_cpu_kernel = True
 
+    def use_triton_kernels(self) -> None:
+        """Every Gated DeltaNet through the Triton kernels (--attention-backend triton: radixlang_kernels/
+        gated_deltanet.py), decode and prefill."""
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.use_cpu_kernel, layer.mixer.use_triton = False, True
+
     def enable_deterministic(self) -> None:
         """--enable-deterministic-inference (model/executor/deterministic.py): every Gated DeltaNet through the C
         kernels with each token's row alone and prefill's arithmetic equal to decode's; the gated attention's
