@@ -7,6 +7,9 @@ is every feature that moves K/V without the state (hierarchical cache tiers, pre
 A cached prefix's K/V is not enough to continue from it, the state at its end is needed too: the prefix cache
 keeps state snapshots in slots of its own (scheduler/state_cache.py, docs/HYBRID_MODELS.md). Retraction frees
 a request's state with its table row and the re-prefill recomputes it (from a snapshot where one matches).
+Tensor parallelism splits the linear-attention heads (each rank's state pool holds its heads' share) and the
+deterministic mode runs them on batch-invariant C kernels (docs/HYBRID_MODELS.md); a feature the layers do not
+honour (LoRA adapters on their projections, pooled embeddings, quantized weights) is refused by name.
 """
 
 from __future__ import annotations
