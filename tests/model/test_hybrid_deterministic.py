@@ -1,6 +1,7 @@
 """--enable-deterministic-inference on a hybrid model (tiny Qwen3.5 text, float32): mixed greedy requests give
-the same tokens run one at a time (later ones continuing from state snapshots), all in one batch, and on a pool
-tight enough to retract (the re-prefill recomputes the Gated DeltaNet state); Qwen3-Next stays refused (its
+the same tokens and the same logprobs to the bit run one at a time (later ones continuing from state snapshots),
+all in one batch, and on a pool tight enough to retract (the re-prefill recomputes the Gated DeltaNet state;
+without the mode the logprobs differ in the last bits); Qwen3-Next stays refused (its
 expert GEMMs). The C pieces the mode runs the DeltaNet on agree with the torch path, and prefill's convolution
 gives decode's bits."""
 
@@ -19,12 +20,18 @@ REQS = [(BASE + [7 * i + 1000 for i in range(k)], 10 + 2 * k) for k in range(6)]
 REQS += [([5, 77, 1200, 9, 4000, 31], 12), (list(range(600, 661)), 8), ([42], 9)]
 
 
-def _run(eng, one_at_a_time: bool) -> list[list[int]]:
+def _run(eng, one_at_a_time: bool) -> list[list[tuple[float, int]]]:
+    """Each request's (logprob, token id) per output token: the logprobs compared bit for bit (float32 greedy
+    tokens of a tiny model rarely flip on a last-bit difference; their logprobs do)."""
     sps = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in REQS]
     ids = [p for p, _ in REQS]
+    starts = [len(p) - 1 for p in ids]  # the prompt's last position only: the prefix stays servable from the cache
     if one_at_a_time:
-        return [eng.generate(input_ids=p, sampling_params=sp)["output_ids"] for p, sp in zip(ids, sps)]
-    return [o["output_ids"] for o in eng.generate(input_ids=ids, sampling_params=sps)]
+        outs = [eng.generate(input_ids=p, sampling_params=sp, return_logprob=True, logprob_start_len=n)
+                for p, sp, n in zip(ids, sps, starts)]
+    else:
+        outs = eng.generate(input_ids=ids, sampling_params=sps, return_logprob=True, logprob_start_len=starts)
+    return [[tuple(x[:2]) for x in o["meta_info"]["output_token_logprobs"]] for o in outs]
 
 
 def test_same_tokens_alone_batched_and_retracted(tmp_path):

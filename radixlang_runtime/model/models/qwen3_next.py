@@ -97,9 +97,9 @@ class GatedAttention(nn.Module):
         q, gate = qg[..., :d], qg[..., d:].reshape(T, h * d)
         k = qkv[:, 2 * h * d: (2 * h + hkv) * d].view(T, hkv, d)
         v = qkv[:, (2 * h + hkv) * d:].view(T, hkv, d)
-        if self.deterministic:  # the C norms one head's row at a time
-            qk = torch.cat([self.q_norm(q.reshape(T * h, d)).view(T, h, d),
-                            self.k_norm(k.reshape(T * hkv, d)).view(T, hkv, d)], dim=1)
+        if self.deterministic:  # the C norms one head's row at a time (contiguous rows: else torch's)
+            qk = torch.cat([self.q_norm(q.reshape(T * h, d).contiguous()).view(T, h, d),
+                            self.k_norm(k.reshape(T * hkv, d).contiguous()).view(T, hkv, d)], dim=1)
         else:
             qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
         qk = Rotary.apply(qk, fb.rope_cos_sin)
