@@ -12,7 +12,9 @@ state carried between chunks), one request at a time from its slot's state (zero
 the kernel library the recurrent form token after token in C (cpu_ops.gdn_prefill, faster there); decode runs
 the recurrent form for the whole batch at once: on CPU with the kernel library, the convolution's update and the
 delta rule in two C calls reading and writing the states in place at their slots (radixlang_kernels cpu_ops
-gdn_conv_update / gdn_decode), else torch ops over gathered copies. The arithmetic is transformers' torch reference
+gdn_conv_update / gdn_decode), with --attention-backend triton the Triton kernels (radixlang_kernels/gated_deltanet.py:
+the convolution and the recurrent rule over segments of rows, decode and prefill alike, states in place), else
+torch ops over gathered copies. The arithmetic is transformers' torch reference
 (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, the causal conv1d fallback) in float32.
 """
 
