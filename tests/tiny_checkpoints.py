@@ -84,3 +84,18 @@ def build_tiny_bytes(path, tiny: dict):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION).eval()
     model.save_pretrained(path, safe_serialization=True)
     return model
+
+
+# hybrid families (Qwen3-Next, Qwen3.5 text): Gated DeltaNet layers with 2 key / 4 value heads, full attention
+HYBRID_TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   bos_token_id=1, eos_token_id=2, initializer_range=0.3, max_position_embeddings=512,
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                   linear_conv_kernel_dim=4)
+HYBRID_CASES = {
+    # layer 0 dense (mlp_only_layers), the others MoE with the gated shared expert; layer 3 full attention
+    "qwen3_next": ("Qwen3NextConfig", {"intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 4,
+                                       "num_experts_per_tok": 2, "shared_expert_intermediate_size": 48,
+                                       "mlp_only_layers": [0]}),
+    "qwen3_5": ("Qwen3_5TextConfig", {"intermediate_size": 96, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "full_attention"]}),
+}

@@ -12,6 +12,7 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
   (the quantized ones: quant_ops.py);
 - lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
 - gdn_conv_update, gdn_decode, gdn_prefill (gated_deltanet.c): Gated DeltaNet decode over a state pool in place;
+  gdn_conv_prefill, gdn_gates, gdn_gated_norm, sigmoid_mul: its batch-invariant pieces (deterministic mode);
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -465,4 +466,51 @@ def gdn_prefill(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: t
                               state.data_ptr(), slots.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
                               num_k_heads, Hv, Dk, Dv, N, out.data_ptr())
     check_status(rc, "gdn_prefill_f32")
+    return out
+
+
+def gdn_conv_prefill(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor,
+                     starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """gdn_conv_update's arithmetic token after token over segments (gated_deltanet.c): segment r is rows
+    starts[r] .. starts[r] + lens[r] - 1 of x [T, C] from the window at slots[r] of conv [N, C, K - 1] (read, then
+    written back holding the segment's last K - 1 inputs); int64 each; all bf16 or all float32 -> [T, C] float32."""
+    T, C = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(T, C, dtype=torch.float32)
+    name = "gdn_conv_prefill_bf16" if x.dtype == torch.bfloat16 else "gdn_conv_prefill_f32"
+    rc = getattr(_lib, name)(x.data_ptr(), x.stride(0), conv.data_ptr(), weight.contiguous().data_ptr(),
+                             slots.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0], C, weight.shape[1],
+                             conv.shape[0], out.data_ptr())
+    check_status(rc, name)
+    return out
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's gates per element, one at a time (gated_deltanet.c): a, b [T, H] -> (g = -exp(A_log)
+    softplus(a + dt_bias), beta = sigmoid(b)), float32 [T, H] each."""
+    a, b = a.float().contiguous(), b.float().contiguous()
+    T, H = a.shape
+    g, beta = torch.empty(T, H), torch.empty(T, H)
+    _lib.gdn_gates_f32(a.data_ptr(), b.data_ptr(), A_log.float().contiguous().data_ptr(),
+                       dt_bias.float().contiguous().data_ptr(), T, H, g.data_ptr(), beta.data_ptr())
+    return g, beta
+
+
+def gdn_gated_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * rms_norm(x) * silu(z) one row at a time (gated_deltanet.c): x, z [R, D] -> float32 [R, D]."""
+    x, z = x.float().contiguous(), z.float().contiguous()
+    R, D = x.shape
+    out = torch.empty(R, D)
+    _lib.gdn_gated_norm_f32(x.data_ptr(), z.data_ptr(), weight.float().contiguous().data_ptr(), R, D, eps,
+                            out.data_ptr())
+    return out
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(gate) one element at a time (gated_deltanet.c) -> float32, x's shape."""
+    out = x.float().contiguous().clone()
+    gate = gate.float().contiguous()
+    _lib.sigmoid_mul_f32(out.data_ptr(), gate.data_ptr(), out.numel())
     return out

@@ -12,23 +12,11 @@ import torch
 
 from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
-from tiny_checkpoints import build_tiny, hf_greedy
+from tiny_checkpoints import HYBRID_CASES as CASES, HYBRID_TINY as TINY, build_tiny, hf_greedy
 
 NEW = 6
 LONG = list(range(300, 400))  # 100 tokens: four prefill chunks of 32
 PROMPTS = [LONG, [5, 77, 1200, 9, 4000, 31]]
-TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            bos_token_id=1, eos_token_id=2, initializer_range=0.3, max_position_embeddings=512,
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
-            linear_conv_kernel_dim=4)
-CASES = {
-    # layer 0 dense (mlp_only_layers), the others MoE with the gated shared expert; layer 3 full attention
-    "qwen3_next": ("Qwen3NextConfig", {"intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 4,
-                                       "num_experts_per_tok": 2, "shared_expert_intermediate_size": 48,
-                                       "mlp_only_layers": [0]}),
-    "qwen3_5": ("Qwen3_5TextConfig", {"intermediate_size": 96, "layer_types": [
-        "linear_attention", "full_attention", "linear_attention", "full_attention"]}),
-}
 SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
 FINISHED = (len(LONG) + NEW - 1) // 4 * 4  # page 4: where a finished first turn on LONG leaves its state
 
@@ -185,6 +173,17 @@ def test_what_cannot_roll_back_a_state_is_refused_at_start(tiny, flag, value):
     path, _ = tiny
     with pytest.raises(ValueError, match=f"{flag} is not supported for Qwen3"):
         Engine(str(path), dtype="float32", max_total_tokens=256, **{flag: value})
+
+
+def test_state_records_under_tp_are_refused():
+    from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args
+    from radixlang_runtime.server_args import ServerArgs
+
+    cfg = ModelConfig.from_dict(config("Qwen3_5ForCausalLM"))
+    pd = dict(disaggregation_mode="prefill")
+    check_hybrid_args(ServerArgs(model_path="m", **pd), cfg)  # one rank: the records hold the whole state
+    with pytest.raises(ValueError, match="disaggregation_mode with tp_size > 1 is not supported for Qwen3_5"):
+        check_hybrid_args(ServerArgs(model_path="m", tp_size=2, **pd), cfg)
 
 
 def test_state_slots_share_the_memory_budget():

@@ -17,7 +17,13 @@
  * gdn_prefill_f32: the same rule token after token over segments of rows (segment r: rows starts[r] ..
  *   starts[r] + lens[r] - 1 from state slot slots[r]; g, beta [T, Hv]; out [T, Hv, Dv]): the recurrent form for
  *   extends, each head's S kept in cache across the segment's tokens. Threads split the (segment, head) pairs.
- * Each returns 0; -1 on a slot outside [0, N) or a shape outside the limits.
+ * gdn_conv_prefill_{f32,bf16}: gdn_conv_update's arithmetic token after token over segments (as gdn_prefill's),
+ *   each segment's window read from and written back to its slot: a token's output is the same bits whichever
+ *   of the two computes it (what --enable-deterministic-inference needs).
+ * gdn_gates_f32: g = -exp(A_log[h]) softplus(a + dt_bias[h]) (softplus(x) = x past 20), beta = sigmoid(b), per
+ *   element of [T, H]; gdn_gated_norm_f32: out [R, D] = w * rms_norm(x) * silu(z) per row; sigmoid_mul_f32: x *=
+ *   sigmoid(gate) per element (the gated attention's output gate). Scalar math, one element or row at a time.
+ * The int ones return 0; -1 on a slot outside [0, N) or a shape outside the limits.
  */
 #include "common.h"
 #include "kernels.h"
@@ -147,6 +153,27 @@ int gdn_prefill_f32(const float *qkv, int64_t qs, const float *g, const float *b
 
 static inline float gdn_silu(float y) { return y / (1.0f + expf(-y)); }
 
+static inline float gdn_at(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* one channel's output over its window win [K] (oldest first): decode and prefill share it, so a token's
+ * output does not depend on which of them computed it */
+static inline float gdn_conv_dot(const float *win, const void *w, int64_t c, int64_t K, int bf16) {
+    float y = 0.0f;
+    for (int64_t i = 0; i < K; i++) y += gdn_at(w, c * K + i, bf16) * win[i];
+    return bf16 ? bf16_to_f32(f32_to_bf16(gdn_silu(bf16_to_f32(f32_to_bf16(y))))) : gdn_silu(y);
+}
+
+static inline void gdn_window_store(void *conv, int64_t s, const float *win, int64_t W, int bf16) {
+    for (int64_t i = 0; i < W; i++) {
+        if (bf16)
+            ((uint16_t *)conv)[s + i] = f32_to_bf16(win[i]);
+        else
+            ((float *)conv)[s + i] = win[i];
+    }
+}
+
 static int gdn_conv(const void *x, int64_t xs, void *conv, const void *w, const int64_t *slots, int64_t B,
                     int64_t C, int64_t K, int64_t N, int bf16, float *out) {
     if (K < 2 || K > 16) return -1;
@@ -156,21 +183,78 @@ static int gdn_conv(const void *x, int64_t xs, void *conv, const void *w, const 
 #pragma omp parallel for schedule(static) if (B * C >= (1 << 14))
     for (int64_t t = 0; t < B * C; t++) {
         int64_t b = t / C, c = t % C, s = (slots[b] * C + c) * W;
-        float win[16], y = 0.0f;
-        for (int64_t i = 0; i < W; i++)
-            win[i] = bf16 ? bf16_to_f32(((uint16_t *)conv)[s + i]) : ((float *)conv)[s + i];
-        win[W] = bf16 ? bf16_to_f32(((const uint16_t *)x)[b * xs + c]) : ((const float *)x)[b * xs + c];
-        for (int64_t i = 0; i < K; i++)
-            y += (bf16 ? bf16_to_f32(((const uint16_t *)w)[c * K + i]) : ((const float *)w)[c * K + i]) * win[i];
-        if (bf16) {
-            for (int64_t i = 0; i < W; i++) ((uint16_t *)conv)[s + i] = f32_to_bf16(win[i + 1]);
-            out[t] = bf16_to_f32(f32_to_bf16(gdn_silu(bf16_to_f32(f32_to_bf16(y)))));
-        } else {
-            for (int64_t i = 0; i < W; i++) ((float *)conv)[s + i] = win[i + 1];
-            out[t] = gdn_silu(y);
-        }
+        float win[16];
+        for (int64_t i = 0; i < W; i++) win[i] = gdn_at(conv, s + i, bf16);
+        win[W] = gdn_at(x, b * xs + c, bf16);
+        out[t] = gdn_conv_dot(win, w, c, K, bf16);
+        gdn_window_store(conv, s, win + 1, W, bf16);
     }
     return 0;
+}
+
+/* the same convolution token after token over segments (segment r: rows starts[r] .. starts[r] + lens[r] - 1
+ * of x from slot slots[r]'s window, which ends holding the segment's last K - 1 inputs) */
+static int gdn_conv_segments(const void *x, int64_t xs, void *conv, const void *w, const int64_t *slots,
+                             const int64_t *starts, const int64_t *lens, int64_t R, int64_t C, int64_t K, int64_t N,
+                             int bf16, float *out) {
+    if (K < 2 || K > 16) return -1;
+    for (int64_t r = 0; r < R; r++)
+        if (slots[r] < 0 || slots[r] >= N || starts[r] < 0 || lens[r] < 0) return -1;
+    const int64_t W = K - 1;
+#pragma omp parallel for schedule(static) if (R * C >= 64)
+    for (int64_t t = 0; t < R * C; t++) {
+        int64_t r = t / C, c = t % C, s = (slots[r] * C + c) * W;
+        float win[16];
+        for (int64_t i = 0; i < W; i++) win[i] = gdn_at(conv, s + i, bf16);
+        for (int64_t i = starts[r]; i < starts[r] + lens[r]; i++) {
+            win[W] = gdn_at(x, i * xs + c, bf16);
+            out[i * C + c] = gdn_conv_dot(win, w, c, K, bf16);
+            for (int64_t j = 0; j < W; j++) win[j] = win[j + 1];
+        }
+        gdn_window_store(conv, s, win, W, bf16);
+    }
+    return 0;
+}
+
+int gdn_conv_prefill_f32(const float *x, int64_t xs, float *conv, const float *w, const int64_t *slots,
+                         const int64_t *starts, const int64_t *lens, int64_t R, int64_t C, int64_t K, int64_t N,
+                         float *out) {
+    return gdn_conv_segments(x, xs, conv, w, slots, starts, lens, R, C, K, N, 0, out);
+}
+
+int gdn_conv_prefill_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const int64_t *slots,
+                          const int64_t *starts, const int64_t *lens, int64_t R, int64_t C, int64_t K, int64_t N,
+                          float *out) {
+    return gdn_conv_segments(x, xs, conv, w, slots, starts, lens, R, C, K, N, 1, out);
+}
+
+void gdn_gates_f32(const float *a, const float *b, const float *A_log, const float *dt_bias, int64_t T, int64_t H,
+                   float *g, float *beta) {
+#pragma omp parallel for schedule(static) if (T * H >= (1 << 14))
+    for (int64_t t = 0; t < T * H; t++) {
+        int64_t h = t % H;
+        float x = a[t] + dt_bias[h];
+        float sp = x > 20.0f ? x : log1pf(expf(x));
+        g[t] = -expf(A_log[h]) * sp;
+        beta[t] = 1.0f / (1.0f + expf(-b[t]));
+    }
+}
+
+void gdn_gated_norm_f32(const float *x, const float *z, const float *w, int64_t R, int64_t D, float eps,
+                        float *out) {
+#pragma omp parallel for schedule(static) if (R * D >= (1 << 14))
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * D, *zr = z + r * D;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < D; i++) ss += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) out[r * D + i] = w[i] * (xr[i] * inv) * gdn_silu(zr[i]);
+    }
+}
+
+void sigmoid_mul_f32(float *x, const float *gate, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] * (1.0f / (1.0f + expf(-gate[i])));
 }
 
 int gdn_conv_update_f32(const float *x, int64_t xs, float *conv, const float *w, const int64_t *slots, int64_t B,

@@ -141,6 +141,19 @@ int gdn_decode_f32(const float *qkv, int64_t qs, const float *g, const float *be
 int gdn_prefill_f32(const float *qkv, int64_t qs, const float *g, const float *beta, float *state,
                     const int64_t *slots, const int64_t *starts, const int64_t *lens, int64_t R, int64_t Hk,
                     int64_t Hv, int64_t Dk, int64_t Dv, int64_t N, float *out);
+/* gated_deltanet.c, batch-invariant pieces (--enable-deterministic-inference): the conv over segments as the
+ * update computes it, the gates, the gated norm, the attention output gate */
+int gdn_conv_prefill_f32(const float *x, int64_t xs, float *conv, const float *w, const int64_t *slots,
+                         const int64_t *starts, const int64_t *lens, int64_t R, int64_t C, int64_t K, int64_t N,
+                         float *out);
+int gdn_conv_prefill_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const int64_t *slots,
+                          const int64_t *starts, const int64_t *lens, int64_t R, int64_t C, int64_t K, int64_t N,
+                          float *out);
+void gdn_gates_f32(const float *a, const float *b, const float *A_log, const float *dt_bias, int64_t T, int64_t H,
+                   float *g, float *beta);
+void gdn_gated_norm_f32(const float *x, const float *z, const float *w, int64_t R, int64_t D, float eps,
+                        float *out);
+void sigmoid_mul_f32(float *x, const float *gate, int64_t n);
 
 /* rope_store.c: neox rope on qkv's q and k heads in place, then (out_loc non-NULL) k and v into the pools */
 void rope_store_bf16(uint16_t *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D,

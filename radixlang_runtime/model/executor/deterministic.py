@@ -20,6 +20,12 @@ that depends on that row alone (and, for attention, on the K/V it reads), never 
   (partial softmaxes merged in an order that depends on the groups) is off.
 - norms and activations: the C kernels, one row at a time; rotary embedding and sampling are per
   row already.
+- hybrid models' Gated DeltaNet (model/layers/gated_deltanet.py, `enable_deterministic`): the gates, the
+  convolution, the delta rule and the gated norm in C, scalar math per element or row (torch's
+  transcendental ops round a tensor's vector part and its scalar tail differently, so an element's bits
+  would depend on where the batch puts it); prefill runs the decode step's arithmetic token after token, so
+  a state is the same bits whether a prefill (a retracted request's recompute) or decode steps built it.
+  The gated attention's per-head norms and output gate likewise.
 
 Refused (ValueError naming the reason) where this cannot hold: no C kernels (no compiler, or the
 `cc` mask word), linears oneDNN cannot prepack (bf16 on an AVX2-only CPU), quantized weights, tensor
@@ -56,6 +62,11 @@ def enable(model: nn.Module, backend: object, paths: CpuPaths, device: torch.dev
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     if why is None and not linears:
         why = f"its linears are not oneDNN-prepacked here (linear path: {paths.linear})"
+    if why is None and hasattr(model, "enable_deterministic"):  # a family's own layers (hybrid: the DeltaNet)
+        try:
+            model.enable_deterministic()
+        except ValueError as e:
+            why = str(e)
     if why is None:
         for m in linears:
             m.pad_single_row = True

@@ -9,6 +9,9 @@ cache's tiers store a node's snapshot with its K/V (mem/hicache.py backup_state)
 the deepest one; prefill-decode disaggregation sends the request's state after its prompt with its K/V
 (disagg/, mem/state_records.py). Retraction frees a request's state with its table row and the re-prefill
 recomputes it (from a snapshot where one matches).
+Tensor parallelism splits the linear-attention heads (each rank's state pool holds its heads' share) and the
+deterministic mode runs them on batch-invariant C kernels (docs/HYBRID_MODELS.md); a feature the layers do not
+honour (LoRA adapters on their projections, pooled embeddings, quantized weights) is refused by name.
 """
 
 from __future__ import annotations
@@ -31,11 +34,11 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
     arch = cfg.architecture
     refused = (
         ("speculative_algorithm", args.speculative_algorithm is not None),
-        ("tp_size > 1", args.tp_size > 1),
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
         ("quantization " + str(args.quantization), args.quantization is not None),
-        ("enable_deterministic_inference", args.enable_deterministic_inference),
+        # PD's state records hold rank 0's state pool only: its heads' share under TP
+        ("disaggregation_mode with tp_size > 1", args.disaggregation_mode != "null" and args.tp_size > 1),
     )
     for name, on in refused:
         if on:

@@ -224,9 +224,11 @@ class ModelRunner:
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
         if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py
+            if args.attention_backend == "triton":
+                model.use_triton_kernels()
             c = any(getattr(m, "use_cpu_kernel", False) for m in model.modules() if isinstance(m, GatedDeltaNet))
-            decode = f"c:{detect().isa}" if c else "torch"
-            prefill = f"c:{detect().isa}:recurrent" if c else "torch:chunked"
+            decode = f"c:{detect().isa}" if c else "triton" if args.attention_backend == "triton" else "torch"
+            prefill = {"torch": "torch:chunked", "triton": "triton:recurrent"}.get(decode, f"{decode}:recurrent")
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear_attention=f"decode {decode}, prefill {prefill}")
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)
@@ -336,7 +338,7 @@ class ModelRunner:
         return max(ps, budget // per_token // ps * ps)
 
     def _state_shape(self) -> StateShape:
-        ssm, conv = self.cfg.linear_attn.state_shapes()
+        ssm, conv = self.cfg.linear_attn.split(self.shard.size).state_shapes()  # this rank's heads' state
         return StateShape(self.cfg.linear_attn.num_linear, ssm, conv, self.dtype)
 
     def _sizes_pool_from_memory(self) -> bool:

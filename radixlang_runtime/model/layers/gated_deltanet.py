@@ -12,11 +12,15 @@ state carried between chunks), one request at a time from its slot's state (zero
 the kernel library the recurrent form token after token in C (cpu_ops.gdn_prefill, faster there); decode runs
 the recurrent form for the whole batch at once: on CPU with the kernel library, the convolution's update and the
 delta rule in two C calls reading and writing the states in place at their slots (radixlang_kernels cpu_ops
-gdn_conv_update / gdn_decode), else torch ops over gathered copies. The arithmetic is transformers' torch reference
+gdn_conv_update / gdn_decode), with --attention-backend triton the Triton kernels (radixlang_kernels/gated_deltanet.py:
+the convolution and the recurrent rule over segments of rows, decode and prefill alike, states in place), else
+torch ops over gathered copies. The arithmetic is transformers' torch reference
 (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, the causal conv1d fallback) in float32.
 """
 
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +31,13 @@ from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 
 CHUNK = 64
+
+
+def triton_gdn():
+    """radixlang_kernels.gated_deltanet (imported on first use: Triton is optional)."""
+    from radixlang_kernels import gated_deltanet
+
+    return gated_deltanet
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -92,10 +103,16 @@ class GatedRMSNorm(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     """One linear-attention layer. in_proj: the q/k/v channels, z, b and a projections in one matmul (rows in
-    that order; Qwen3-Next's grouped qkvz / ba rows are reordered to it at load)."""
+    that order; Qwen3-Next's grouped qkvz / ba rows are reordered to it at load). Tensor parallel: each rank
+    holds its key heads and their value heads (column-parallel in_proj, their conv channels, A_log, dt_bias,
+    their state in the state pool) and out_proj is row-parallel."""
 
-    def __init__(self, spec: LinearAttnSpec, hidden_size: int, eps: float, state_index: int):
+    def __init__(self, spec: LinearAttnSpec, hidden_size: int, eps: float, state_index: int,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        """spec: this rank's share (LinearAttnSpec.split) with tensor parallelism, whose `reduce` sums out_proj's
+        row-parallel output over the ranks."""
         super().__init__()
+        self.reduce = reduce
         self.spec = spec
         self.state_index = state_index  # this layer's index in the state pool
         self.hk, self.hv, self.dk, self.dv = spec.num_k_heads, spec.num_v_heads, spec.k_head_dim, spec.v_head_dim
@@ -108,13 +125,20 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, eps)
         self.out_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.use_cpu_kernel = False  # decode through gated_deltanet.c (HybridForCausalLM.enable_cpu_ops)
+        # --enable-deterministic-inference (with use_cpu_kernel): gates, conv, rule and gated norm in C, each token's
+        # row alone and the same arithmetic for prefill and decode (HybridForCausalLM.enable_deterministic)
+        self.deterministic = False
+        self.use_triton = False  # the Triton kernels (radixlang_kernels/gated_deltanet.py): --attention-backend triton
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
         proj = self.in_proj(x)
         mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        if self.deterministic:
+            g, beta = cpu_ops.gdn_gates(a, b, self.A_log, self.dt_bias)
+        else:
+            beta = b.sigmoid()
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         pool = fb.state_pool
         ssm, conv = pool.ssm[self.state_index], pool.conv[self.state_index]  # [slots, ...] each
         if fb.is_decode:
@@ -138,15 +162,24 @@ class GatedDeltaNet(nn.Module):
                     self._save(ssm, conv, slot, save[1])
                 start += n
             o = torch.cat(outs)  # [T, H, Dv]
-        o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
-        return self.out_proj(o.reshape(T, self.value_dim))
+        if self.deterministic:
+            o = cpu_ops.gdn_gated_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight,
+                                       self.norm.eps).to(x.dtype)
+        else:
+            o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
+        out = self.out_proj(o.reshape(T, self.value_dim))
+        return out if self.reduce is None else self.reduce(out)
 
     def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor, conv: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
         """One token of each request from its slot's state, written back in place; rows ending on a page boundary
         save their state (scheduler/state_cache.py). Returns o [B, Hv, Dv] float32."""
         slots = fb.state_slots
-        if self.use_cpu_kernel:
+        if self.use_triton:
+            one, rows = torch.ones_like(slots), torch.arange(slots.shape[0], device=slots.device)
+            mixed = triton_gdn().gdn_conv(mixed, conv, self.conv_weight, slots, rows, one)
+            o = triton_gdn().gdn_rule(mixed, g, beta.float(), ssm, slots, rows, one, self.hk)
+        elif self.use_cpu_kernel:
             mixed = cpu_ops.gdn_conv_update(mixed, conv, self.conv_weight, slots)  # [B, C] float32
             o = cpu_ops.gdn_decode(mixed, g, beta.float(), ssm, slots, self.hk, self.dk)
         else:
@@ -179,6 +212,22 @@ class GatedDeltaNet(nn.Module):
     def _extend_one(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor,
                     conv: torch.Tensor, slot: int, fresh: bool) -> torch.Tensor:
         """One request's new tokens [L, C] from its slot's state (zeros when fresh); writes the state back."""
+        if self.use_triton:  # the decode step's kernels over the request's rows as one segment
+            if fresh:
+                conv[slot].zero_()
+                ssm[slot].zero_()
+            at = torch.tensor([slot], device=mixed.device)
+            n, zero = torch.full_like(at, mixed.shape[0]), torch.zeros_like(at)
+            out = triton_gdn().gdn_conv(mixed, conv, self.conv_weight, at, zero, n)
+            return triton_gdn().gdn_rule(out, g, beta.float(), ssm, at, zero, n, self.hk)
+        if self.deterministic:  # gdn_conv_update's arithmetic token after token, then the rule below
+            if fresh:
+                conv[slot].zero_()
+            at, n = torch.tensor([slot]), torch.tensor([mixed.shape[0]])
+            out = cpu_ops.gdn_conv_prefill(mixed, conv, self.conv_weight, at, torch.zeros_like(at), n)
+            if fresh:
+                ssm[slot].zero_()
+            return cpu_ops.gdn_prefill(out, g, beta.float(), ssm, at, torch.zeros_like(at), n, self.hk, self.dk)
         K = self.spec.conv_kernel
         window = torch.zeros_like(conv[slot]) if fresh else conv[slot]
         seq = torch.cat([window.to(mixed.dtype), mixed.transpose(0, 1)], dim=-1)  # [C, K - 1 + L]

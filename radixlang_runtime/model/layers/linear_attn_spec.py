@@ -8,7 +8,7 @@ full_attention_interval-th layer (1-based) is full attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -35,6 +35,24 @@ class LinearAttnSpec:
         """One layer's state of one request: the DeltaNet matrix [Hv, Dk, Dv] (float32) and the conv window
         [conv_dim, conv_kernel - 1] (the last inputs the next token's convolution reads)."""
         return (self.num_v_heads, self.k_head_dim, self.v_head_dim), (self.conv_dim, self.conv_kernel - 1)
+
+    def split(self, size: int) -> "LinearAttnSpec":
+        """One rank's share with tensor parallelism over `size` ranks (as SGLang splits it): num_k_heads / size key
+        heads and the num_v_heads / size value heads that read them, their conv channels, their state; ValueError
+        when the key heads do not divide."""
+        if self.num_k_heads % size:
+            raise ValueError(f"tp_size {size} cannot split {self.num_k_heads} linear-attention key heads "
+                             "(linear_num_key_heads must be a multiple of tp_size)")
+        return replace(self, num_k_heads=self.num_k_heads // size, num_v_heads=self.num_v_heads // size)
+
+    def rank_channels(self, size: int, rank: int) -> tuple[range, range, range]:
+        """Rank `rank`'s conv channels (= in_proj's q/k/v rows) of the whole layer, as the (q, k, v) ranges of
+        `rank`'s key and value heads; z's rows are the v range shifted to 0, b's and a's its heads."""
+        part = self.split(size)
+        kd, vd = part.num_k_heads * self.k_head_dim, part.num_v_heads * self.v_head_dim
+        key_dim = self.num_k_heads * self.k_head_dim
+        return (range(rank * kd, (rank + 1) * kd), range(key_dim + rank * kd, key_dim + (rank + 1) * kd),
+                range(2 * key_dim + rank * vd, 2 * key_dim + (rank + 1) * vd))
 
     def index_of(self, layer: int) -> int:
         """Layer `layer`'s index among the linear layers (its state's index in the state pool)."""

@@ -292,4 +292,5 @@ class LlamaForCausalLM(nn.Module):
         put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))
 
 
-__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "RMSNorm", "Reduce", "param_setter", "vocab_parallel_lookup"]
+__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForCausalLM", "RMSNorm", "Reduce", "param_setter",
+           "vocab_parallel_lookup"]

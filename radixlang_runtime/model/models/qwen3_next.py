@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
@@ -77,15 +78,17 @@ def refuse_conditional_generation(cfg: dict) -> ModelConfig:
 class GatedAttention(nn.Module):
     """Full attention with an output gate: qkv_proj rows are per head [query D, gate D], then k, then v."""
 
-    def __init__(self, cfg: ModelConfig, kv_layer: int, backend: AttentionBackend, shard: Shard):
+    def __init__(self, cfg: ModelConfig, kv_layer: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__()
+        self.reduce = reduce  # tensor parallel: this rank's heads, o_proj row-parallel
         self.kv_layer = kv_layer  # this layer's index in the KV pool (full-attention layers only)
         self.h, self.hkv, self.d = shard.q_count, shard.kv_count, cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, (2 * self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.attention_bias and shard.rank == 0)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.backend = backend
+        self.deterministic = False  # --enable-deterministic-inference: the norms and the gate one row at a time
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T, h, hkv, d = x.shape[0], self.h, self.hkv, self.d
@@ -94,10 +97,16 @@ class GatedAttention(nn.Module):
         q, gate = qg[..., :d], qg[..., d:].reshape(T, h * d)
         k = qkv[:, 2 * h * d: (2 * h + hkv) * d].view(T, hkv, d)
         v = qkv[:, (2 * h + hkv) * d:].view(T, hkv, d)
-        qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
+        if self.deterministic:  # the C norms one head's row at a time (contiguous rows: else torch's)
+            qk = torch.cat([self.q_norm(q.reshape(T * h, d).contiguous()).view(T, h, d),
+                            self.k_norm(k.reshape(T * hkv, d).contiguous()).view(T, hkv, d)], dim=1)
+        else:
+            qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
         qk = Rotary.apply(qk, fb.rope_cos_sin)
         o = self.backend.forward(qk[:, :h], qk[:, h:], v.contiguous(), self.kv_layer, fb)  # [T, H D]
-        return self.o_proj(o * torch.sigmoid(gate))
+        gated = cpu_ops.sigmoid_mul(o, gate).to(o.dtype) if self.deterministic else o * torch.sigmoid(gate)
+        out = self.o_proj(gated)
+        return out if self.reduce is None else self.reduce(out)
 
 
 class HybridDecoderLayer(nn.Module):
@@ -117,25 +126,26 @@ class HybridDecoderLayer(nn.Module):
 
 
 class HybridForCausalLM(MoEForCausalLM):
-    """Both families (Qwen3.5: cfg.moe None, dense MLPs). LlamaForCausalLM's embedding, head and layer loop."""
+    """Both families (Qwen3.5: cfg.moe None, dense MLPs). LlamaForCausalLM's embedding, head and layer loop.
+    Tensor parallel: full attention and the feed-forward split as Llama's, each Gated DeltaNet its heads
+    (GatedDeltaNet), every mixer's and feed-forward's output summed over the ranks by `reduce`."""
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
                  shard: Shard | None = None, reduce: Reduce = None):
         nn.Module.__init__(self)
-        if reduce is not None:
-            raise ValueError(f"tp_size > 1 is not implemented for {cfg.architecture} (hybrid linear attention)")
         self.cfg = cfg
         self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
                                                  cfg.intermediate_size, cfg.vocab_size)
-        self.reduce = None
+        self.reduce = reduce
         self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)
         self.rotary = rotary
         spec = cfg.linear_attn
+        part = spec.split(shard.size)  # this rank's linear-attention heads
         layers = []
         for i, linear in enumerate(spec.linear_layers):
-            mixer = (GatedDeltaNet(spec, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i)) if linear
-                     else GatedAttention(cfg, i - spec.index_of(i), backend, shard))
-            layers.append(HybridDecoderLayer(mixer, self.make_mlp(cfg, i, shard, None), cfg))
+            mixer = (GatedDeltaNet(part, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i), reduce) if linear
+                     else GatedAttention(cfg, i - spec.index_of(i), backend, shard, reduce))
+            layers.append(HybridDecoderLayer(mixer, self.make_mlp(cfg, i, shard, reduce), cfg))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
@@ -148,6 +158,23 @@ class HybridForCausalLM(MoEForCausalLM):
         for layer in self.layers:
             if isinstance(layer.mixer, GatedDeltaNet):
                 layer.mixer.use_cpu_kernel = True
+
+    def use_triton_kernels(self) -> None:
+        """Every Gated DeltaNet through the Triton kernels (--attention-backend triton: radixlang_kernels/
+        gated_deltanet.py), decode and prefill."""
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.use_cpu_kernel, layer.mixer.use_triton = False, True
+
+    def enable_deterministic(self) -> None:
+        """--enable-deterministic-inference (model/executor/deterministic.py): every Gated DeltaNet through the C
+        kernels with each token's row alone and prefill's arithmetic equal to decode's; the gated attention's
+        norms and output gate one row at a time. ValueError when the DeltaNet kernels are not in use."""
+        for layer in self.layers:
+            mixer = layer.mixer
+            if isinstance(mixer, GatedDeltaNet) and not mixer.use_cpu_kernel:
+                raise ValueError("the Gated DeltaNet C kernels (gated_deltanet.c) are not in use")
+            mixer.deterministic = True
 
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
@@ -164,10 +191,11 @@ class HybridForCausalLM(MoEForCausalLM):
         def norm(name: str) -> torch.Tensor:  # zero-centred: 1 + w in float32
             return 1.0 + tensors.get(name).float()
 
-        put("embed_tokens.weight", tensors.get("model.embed_tokens.weight"))
+        vocab = (self.shard.vocab_start, self.shard.vocab_start + self.shard.vocab_count)  # this rank's rows
+        put("embed_tokens.weight", tensors.get("model.embed_tokens.weight", rows=vocab))
         put("norm.weight", norm("model.norm.weight"))
         if self.lm_head is not None:
-            put("lm_head.weight", tensors.get("lm_head.weight"))
+            put("lm_head.weight", tensors.get("lm_head.weight", rows=vocab))
         for i, layer in enumerate(self.layers):
             src, dst = f"model.layers.{i}.", f"layers.{i}."
             put(dst + "input_layernorm.weight", norm(src + "input_layernorm.weight"))
@@ -183,29 +211,40 @@ class HybridForCausalLM(MoEForCausalLM):
 
     def _load_attention(self, src: str, dst: str, tensors: SafetensorsDir, put: Callable,
                         norm: Callable[[str], torch.Tensor]) -> None:
-        put(dst + "qkv_proj.weight", torch.cat([tensors.get(src + f"{p}_proj.weight") for p in "qkv"]))
-        if self.cfg.attention_bias:
-            put(dst + "qkv_proj.bias", torch.cat([tensors.get(src + f"{p}_proj.bias") for p in "qkv"]))
+        """This rank's heads: q_proj's rows per head [query D, gate D], k/v rows, o_proj's columns."""
+        sh, d = self.shard, self.cfg.head_dim
+        q_rows = (2 * sh.q_start * d, 2 * (sh.q_start + sh.q_count) * d)
+        kv_rows = (sh.kv_start * d, (sh.kv_start + sh.kv_count) * d)
+        o_cols = (sh.q_start * d, (sh.q_start + sh.q_count) * d)
+        for suffix in ("weight", "bias") if self.cfg.attention_bias else ("weight",):
+            put(dst + f"qkv_proj.{suffix}", torch.cat([tensors.get(src + f"q_proj.{suffix}", rows=q_rows),
+                                                       tensors.get(src + f"k_proj.{suffix}", rows=kv_rows),
+                                                       tensors.get(src + f"v_proj.{suffix}", rows=kv_rows)]))
+        if self.cfg.attention_bias and sh.rank == 0:  # added once, before the reduce
             put(dst + "o_proj.bias", tensors.get(src + "o_proj.bias"))
-        put(dst + "o_proj.weight", tensors.get(src + "o_proj.weight"))
+        put(dst + "o_proj.weight", tensors.get(src + "o_proj.weight", cols=o_cols))
         put(dst + "q_norm.weight", norm(src + "q_norm.weight"))
         put(dst + "k_norm.weight", norm(src + "k_norm.weight"))
 
-    @staticmethod
-    def _load_deltanet(m: GatedDeltaNet, src: str, dst: str, tensors: SafetensorsDir, put: Callable) -> None:
+    def _load_deltanet(self, m: GatedDeltaNet, src: str, dst: str, tensors: SafetensorsDir, put: Callable) -> None:
+        """The layer's rows in the flat order (q/k/v channels, z, b, a), then this rank's heads of them."""
+        spec, size, rank = self.cfg.linear_attn, self.shard.size, self.shard.rank
         if src + "in_proj_qkv.weight" in tensors:  # Qwen3.5: four projections
-            rows = [tensors.get(src + f"in_proj_{p}.weight") for p in ("qkv", "z", "b", "a")]
+            qkv, z, b, a = (tensors.get(src + f"in_proj_{p}.weight") for p in ("qkv", "z", "b", "a"))
         else:  # Qwen3-Next: per key head [q Dk, k Dk, v r Dv, z r Dv] and [b r, a r] (r = Hv / Hk)
-            hk, r, dk, dv = m.hk, m.hv // m.hk, m.dk, m.dv
+            hk, r, dk, dv = spec.num_k_heads, spec.num_v_heads // spec.num_k_heads, spec.k_head_dim, spec.v_head_dim
             qkvz = tensors.get(src + "in_proj_qkvz.weight")
             q, k, v, z = qkvz.view(hk, -1, qkvz.shape[-1]).split([dk, dk, r * dv, r * dv], dim=1)
             ba = tensors.get(src + "in_proj_ba.weight")
             b, a = ba.view(hk, 2 * r, ba.shape[-1]).split([r, r], dim=1)
-            rows = [torch.cat([x.reshape(-1, x.shape[-1]) for x in (q, k, v)])] + [
-                x.reshape(-1, x.shape[-1]) for x in (z, b, a)]
-        put(dst + "in_proj.weight", torch.cat(rows))
-        put(dst + "conv_weight", tensors.get(src + "conv1d.weight").reshape(m.conv_dim, -1))
-        put(dst + "dt_bias", tensors.get(src + "dt_bias"))
-        put(dst + "A_log", tensors.get(src + "A_log"))
+            qkv = torch.cat([x.reshape(-1, x.shape[-1]) for x in (q, k, v)])
+            z, b, a = (x.reshape(-1, x.shape[-1]) for x in (z, b, a))
+        channels = torch.tensor([c for part in spec.rank_channels(size, rank) for c in part])
+        heads = slice(rank * m.hv, (rank + 1) * m.hv)  # this rank's value heads
+        values = slice(rank * m.value_dim, (rank + 1) * m.value_dim)
+        put(dst + "in_proj.weight", torch.cat([qkv[channels], z[values], b[heads], a[heads]]))
+        put(dst + "conv_weight", tensors.get(src + "conv1d.weight").reshape(spec.conv_dim, -1)[channels])
+        put(dst + "dt_bias", tensors.get(src + "dt_bias")[heads])
+        put(dst + "A_log", tensors.get(src + "A_log")[heads])
         put(dst + "norm.weight", tensors.get(src + "norm.weight"))
-        put(dst + "out_proj.weight", tensors.get(src + "out_proj.weight"))
+        put(dst + "out_proj.weight", tensors.get(src + "out_proj.weight")[:, values])
