@@ -115,15 +115,36 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     key = link_key(args.disaggregation_secret)  # every message tagged and checked (docs/DISAGGREGATION.md)
     if args.disaggregation_mode == "prefill":
         link = BootstrapServer(args.host, args.disaggregation_bootstrap_port, timeouts[1], key=key)
-        scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts)
+        scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts, adapters=pd_adapters(args, scheduler))
     else:
         link = BootstrapClient(timeouts[1], key=key)
         # a CPU pool's writes share the decode's cores: a step budget per transfer; a device pool's do not
         step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
         scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
-                                  step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size)
+                                  step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size,
+                                  adapters=pd_adapters(args, scheduler))
     link.start()
     return link
+
+
+def pd_adapters(args: ServerArgs, scheduler: Scheduler) -> Any:
+    """PD with LoRA: the adapters' names, content identities and batch bounds for the roles (disagg/adapters.py);
+    None without --enable-lora (every transfer is then of the base model)."""
+    loras = getattr(scheduler.runner, "loras", None)
+    if loras is None:
+        return None
+    import os
+
+    from radixlang_runtime.disagg.adapters import PDAdapters
+    from radixlang_runtime.model.loader.resolve import cache_root
+
+    def name_of(lora_id: int) -> Optional[str]:
+        spec = loras.specs.get(lora_id)
+        return None if spec is None else spec.name
+
+    return PDAdapters(name_of, lora_identity(scheduler.runner, os.path.join(cache_root(), "hicache")),
+                      args.max_loras_per_batch, scheduler.loras_in_use,
+                      loras.ensure if args.max_loaded_loras is not None else None)
 
 
 def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optional[HiCache]:
@@ -172,7 +193,8 @@ def lora_identity(runner: ModelRunner, digest_dir: str) -> Callable[[int], Optio
         try:
             return adapter_identity(spec.path, digest_dir)
         except OSError as e:
-            logger.warning("hicache: LoRA adapter %r (%s) has no identity (%s): its prefixes stay in L1", spec.name,
+            logger.warning("LoRA adapter %r (%s) has no content identity (%s): its prefixes stay in L1 of the "
+                           "hierarchical cache, and PD refuses its requests", spec.name,
                            spec.path, e)
             return None
 
