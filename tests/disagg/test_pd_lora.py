@@ -5,7 +5,8 @@ the other way round: the transfer carries the adapters' content identity, not th
 transformers + peft merged per adapter, token for token; the decode's radix cache keys a transferred prefix
 under its adapter (the same prompt under another adapter or the base gets no hit, under the same adapter it
 does); an adapter whose content differs between the prefill and the decode fails that request on both
-servers naming the adapter, and the base still pairs them; every allocator is whole after."""
+servers naming the adapter, and the base still pairs them; every allocator is whole after. First, without
+servers: the identity check, the decode's LoRA admission bounds and the wire check of the identity field."""
 
 from __future__ import annotations
 
@@ -59,6 +60,49 @@ def pd(tmp_path_factory):
             assert router.stop() == 0, router.tail()
         for s in started:
             s.stop()
+
+
+def test_pd_adapters_check_identities_and_bound_the_batch():
+    from radixlang_runtime.disagg.adapters import PDAdapters
+
+    reads = []
+
+    def identity_of(lid):
+        reads.append(lid)
+        return {1: "aa" * 16, 2: "bb" * 16}.get(lid)
+
+    resident, in_use = {1}, {1}
+
+    def residency(lid, busy):
+        assert lid not in busy
+        resident.add(lid)
+        return True
+
+    ad = PDAdapters({1: "alpha", 2: "beta"}.get, identity_of, max_per_batch=2, in_use=lambda: set(in_use),
+                    residency=residency)
+    assert ad.mismatch(1, "aa" * 16, "decode") is None and ad.mismatch(0, "", "prefill") is None
+    assert ad.mismatch(1, "aa" * 16, "decode") is None and reads == [1]  # computed once per id
+    why = ad.mismatch(1, "bb" * 16, "prefill")
+    assert why.startswith("LoRA adapter 'alpha' differs between the prefill and the decode server") and "bbbb" in why
+    assert "the base model" in ad.mismatch(0, "aa" * 16, "decode")  # base K/V never serves an adapter, nor back
+    assert "the base model" in ad.mismatch(1, "", "decode")
+    assert "cannot be read" in ad.mismatch(3, "cc", "decode")  # no identity here: refused, never served
+    assert ad.ready(0, set()) and ad.ready(1, set())
+    assert ad.ready(2, set()) and resident == {1, 2}  # the second adapter may join (bound 2), made resident
+    assert not ad.ready(2, {3})  # adapters 1 and 3 running / receiving: a third waits
+    in_use.clear()
+    assert ad.ready(2, {3})
+
+
+def test_the_identity_field_is_checked_on_the_wire():
+    from radixlang_runtime.disagg.wire import shape_problem
+    from radixlang_runtime.protocol.messages import PDDone, PDRegister, decode, encode
+
+    ok = PDRegister(1, 0, 10, 24, "ab" * 16)
+    assert decode(encode(ok)) == ok and shape_problem(ok) is None
+    assert shape_problem(PDRegister(1, 0, 10, 24, 5)) is not None
+    assert shape_problem(PDDone(1, 7, 0, adapter="x" * 129)) is not None
+    assert shape_problem(PDDone(1, 7, 0)) is None
 
 
 def _generate(url: str, ids: list[int], adapter: str) -> httpx.Response:
