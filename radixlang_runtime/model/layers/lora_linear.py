@@ -50,7 +50,7 @@ class LoraState:
             self.groups.append((lid, slice(r[0], r[-1] + 1) if contiguous
                                 else torch.tensor(r, dtype=torch.int64, device=device)))
         if self.backend == "triton":
-            self.segments = LoraSegments.build(rows, device, limit=None)
+            self.segments = LoraSegments.build(rows, device, bounded=False)
         else:
             self.segments = LoraSegments.build(rows) if (self.use_kernel and device.type == "cpu"
                                                               and lora_sgmv_ready()) else None

@@ -37,10 +37,10 @@ class LoraSegments:
 
     @classmethod
     def build(cls, rows: dict[int, list[int]], device: Optional[torch.device] = None,
-              limit: Optional[int] = max(SGMV_MAX_ROWS.values())) -> Optional["LoraSegments"]:
-        """None without rows or past `limit` rows (None: no bound); the tensors on device (default CPU)."""
+              bounded: bool = True) -> Optional["LoraSegments"]:
+        """None without rows or (bounded: the C kernel's) past SGMV_MAX_ROWS; the tensors on device (default CPU)."""
         flat = [r for rs in rows.values() for r in rs]
-        if not flat or (limit is not None and len(flat) > limit):
+        if not flat or (bounded and len(flat) > max(SGMV_MAX_ROWS.values())):
             return None
         starts = [0]
         for rs in rows.values():
