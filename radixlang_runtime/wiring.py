@@ -77,7 +77,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         else make_model_drafter(args, runner, tokenizer, eos),
     )
     if runner.loras is not None and args.max_loaded_loras is not None:  # evicted adapters read again on use
-        scheduler.admission.lora_residency = runner.loras.ensure
+        # never evicting the adapter of a request whose K/V is on its way (PD: loras_in_use counts them)
+        scheduler.admission.lora_residency = lambda lid, busy: runner.loras.ensure(lid, busy | scheduler.loras_in_use())
     off = overlap_off_reason(args, runner.device.type, states is not None)
     if off is None:
         scheduler.overlap = OverlapSchedule(scheduler)
@@ -155,6 +156,7 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
 
     from radixlang_runtime.mem.kv_records import KVRecordPort
     from radixlang_runtime.mem.tiers.disk import DiskTier
+    from radixlang_runtime.model.executor.tp_kv import TPRecordPort
     from radixlang_runtime.mem.tiers.keys import KVFingerprint, model_identity
     from radixlang_runtime.mem.tiers.redis_tier import RedisTier
     from radixlang_runtime.mem.tiers.secret import mac_key_from_secret
@@ -162,12 +164,19 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
 
     cfg = HiCacheConfig(record_tokens_for(args.page_size), args.hicache_write_policy,
                         load_policy=args.hicache_load_policy, preemption_mode=args.preemption_mode or "swap")
-    port = KVRecordPort(runner.kv_pool, cfg.record_tokens)
+    if runner.tp is not None and runner.cfg.mla is not None:  # every rank holds the whole latent entry
+        raise ValueError(f"enable_hierarchical_cache with tp_size {args.tp_size} is not implemented for "
+                         f"{runner.cfg.architecture} (multi-head latent attention)")
+    # under TP rank 0 moves every rank's heads (executor/tp_kv.py): a record holds all KV heads as at tp_size 1
+    port = KVRecordPort(runner.kv_pool, cfg.record_tokens) if runner.tp is None else \
+        TPRecordPort(runner, cfg.record_tokens)
     secret = args.hicache_mac_secret()
     mac_key = mac_key_from_secret(secret) if secret is not None else None  # None: L2's own directory key
     digest_dir = os.path.join(cache_root(), "hicache")
     identity = model_identity(model_dir, digest_dir)  # the weights' content hash
     heads, _, dim = runner.kv_pool.k_buffers[0].shape  # the pool's entry per token (MLA: one latent entry)
+    if runner.tp is not None:
+        heads = port.shape[2]  # the model's KV heads, every rank's
     fp = KVFingerprint(identity, str(runner.dtype).replace("torch.", ""), args.page_size,
                        cfg.record_tokens, runner.cfg.num_hidden_layers, heads, dim,
                        0, args.tp_size, args.quantization or "")
