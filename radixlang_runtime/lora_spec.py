@@ -73,7 +73,7 @@ def lora_id_of_model(model: Optional[str], served: str, adapters: Sequence[Optio
         return lora_id_of(adapter, adapters)
     return None
 
-LORA_BACKENDS = ("csgmv", "torch_native")  # SGLang's --lora-backend names that apply here
+LORA_BACKENDS = ("csgmv", "torch_native", "triton")  # SGLang's --lora-backend names that apply here
 
 
 def check_lora_args(args: Any) -> None:
@@ -97,8 +97,7 @@ def check_lora_args(args: Any) -> None:
                              f"({args.max_loras_per_batch}): a batch's adapters are resident together")
     if not args.enable_lora:
         return
-    for name, on in (("disaggregation_mode " + args.disaggregation_mode, args.disaggregation_mode != "null"),
-                     ("dp_size > 1", args.dp_size > 1),
+    for name, on in (("dp_size > 1", args.dp_size > 1),
                      ("model_impl transformers", args.model_impl == "transformers"),
                      ("speculative_algorithm " + str(args.speculative_algorithm),
                       args.speculative_algorithm not in (None, "NGRAM"))):

@@ -312,8 +312,6 @@ class ServerArgs:
             return
         if self.disable_radix_cache:
             raise ValueError("enable_hierarchical_cache needs the radix cache (drop disable_radix_cache)")
-        if self.tp_size > 1:
-            raise ValueError("enable_hierarchical_cache with tp_size > 1 is not implemented")
         if self.hicache_write_policy not in ("write_back", "write_through"):
             raise ValueError("hicache_write_policy must be write_back or write_through; "
                              f"got {self.hicache_write_policy!r}")

@@ -136,7 +136,8 @@ HELP: dict[str, str] = {
     "max_loaded_loras": "adapters held in memory (default: all); the least recently used idle one is evicted "
                         "and read again from its path when a request needs it",
     "lora_backend": "the adapters' delta math: csgmv (the C segment kernel on CPU where it measured faster, torch "
-                    "elsewhere) or torch_native (torch matmuls only)",
+                    "elsewhere), torch_native (torch matmuls only) or triton (the Triton segment kernels: CUDA, "
+                    "or CPU with TRITON_INTERPRET=1)",
     # CUDA graphs
     "disable_cuda_graph": "run decode eagerly on CUDA (default: one CUDA graph per batch-size bucket, replayed "
                           "for each decode step that fits one)",
@@ -171,7 +172,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "speculative_draft_model_quantization": ("gguf",),
     "disaggregation_mode": ("null", "prefill", "decode"),
     "disaggregation_transfer_backend": ("zmq",),
-    "lora_backend": ("csgmv", "torch_native"),
+    "lora_backend": ("csgmv", "torch_native", "triton"),
 }
 
 # Flags of SGLang's or vLLM's launchers that radixlang does not take, and what to do instead.

@@ -77,7 +77,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         else make_model_drafter(args, runner, tokenizer, eos),
     )
     if runner.loras is not None and args.max_loaded_loras is not None:  # evicted adapters read again on use
-        scheduler.admission.lora_residency = runner.loras.ensure
+        # never evicting the adapter of a request whose K/V is on its way (PD: loras_in_use counts them)
+        scheduler.admission.lora_residency = lambda lid, busy: runner.loras.ensure(lid, busy | scheduler.loras_in_use())
     off = overlap_off_reason(args, runner.device.type, states is not None)
     if off is None:
         scheduler.overlap = OverlapSchedule(scheduler)
@@ -115,19 +116,40 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     key = link_key(args.disaggregation_secret)  # every message tagged and checked (docs/DISAGGREGATION.md)
     if args.disaggregation_mode == "prefill":
         link = BootstrapServer(args.host, args.disaggregation_bootstrap_port, timeouts[1], key=key)
-        scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts)
+        scheduler.pd = PrefillRole(link, port, scheduler.kv, *timeouts, adapters=pd_adapters(args, scheduler))
     else:
         link = BootstrapClient(timeouts[1], key=key)
         # a CPU pool's writes share the decode's cores: a step budget per transfer; a device pool's do not
         step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
         scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
-                                  step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size)
+                                  step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size,
+                                  adapters=pd_adapters(args, scheduler))
     if getattr(runner, "state_pool", None) is not None:  # hybrid models: the recurrent state goes with the K/V
         from radixlang_runtime.mem.state_records import StateRecordPort
 
         scheduler.pd.state_port = StateRecordPort(runner.state_pool)
     link.start()
     return link
+
+
+def pd_adapters(args: ServerArgs, scheduler: Scheduler) -> Any:
+    """PD with LoRA: the adapters' names, content identities and batch bounds for the roles (disagg/adapters.py);
+    None without --enable-lora (every transfer is then of the base model)."""
+    loras = getattr(scheduler.runner, "loras", None)
+    if loras is None:
+        return None
+    import os
+
+    from radixlang_runtime.disagg.adapters import PDAdapters
+    from radixlang_runtime.model.loader.resolve import cache_root
+
+    def name_of(lora_id: int) -> Optional[str]:
+        spec = loras.specs.get(lora_id)
+        return None if spec is None else spec.name
+
+    return PDAdapters(name_of, lora_identity(scheduler.runner, os.path.join(cache_root(), "hicache")),
+                      args.max_loras_per_batch, scheduler.loras_in_use,
+                      loras.ensure if args.max_loaded_loras is not None else None)
 
 
 def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optional[HiCache]:
@@ -138,6 +160,7 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
 
     from radixlang_runtime.mem.kv_records import KVRecordPort
     from radixlang_runtime.mem.tiers.disk import DiskTier
+    from radixlang_runtime.model.executor.tp_kv import TPRecordPort
     from radixlang_runtime.mem.tiers.keys import KVFingerprint, model_identity
     from radixlang_runtime.mem.tiers.redis_tier import RedisTier
     from radixlang_runtime.mem.tiers.secret import mac_key_from_secret
@@ -145,12 +168,19 @@ def make_hicache(args: ServerArgs, runner: ModelRunner, model_dir: str) -> Optio
 
     cfg = HiCacheConfig(record_tokens_for(args.page_size), args.hicache_write_policy,
                         load_policy=args.hicache_load_policy, preemption_mode=args.preemption_mode or "swap")
-    port = KVRecordPort(runner.kv_pool, cfg.record_tokens)
+    if runner.tp is not None and runner.cfg.mla is not None:  # every rank holds the whole latent entry
+        raise ValueError(f"enable_hierarchical_cache with tp_size {args.tp_size} is not implemented for "
+                         f"{runner.cfg.architecture} (multi-head latent attention)")
+    # under TP rank 0 moves every rank's heads (executor/tp_kv.py): a record holds all KV heads as at tp_size 1
+    port = KVRecordPort(runner.kv_pool, cfg.record_tokens) if runner.tp is None else \
+        TPRecordPort(runner, cfg.record_tokens)
     secret = args.hicache_mac_secret()
     mac_key = mac_key_from_secret(secret) if secret is not None else None  # None: L2's own directory key
     digest_dir = os.path.join(cache_root(), "hicache")
     identity = model_identity(model_dir, digest_dir)  # the weights' content hash
     heads, _, dim = runner.kv_pool.k_buffers[0].shape  # the pool's entry per token (MLA: one latent entry)
+    if runner.tp is not None:
+        heads = port.shape[2]  # the model's KV heads, every rank's
     fp = KVFingerprint(identity, str(runner.dtype).replace("torch.", ""), args.page_size,
                        cfg.record_tokens, runner.cfg.num_hidden_layers, heads, dim,
                        0, args.tp_size, args.quantization or "")
@@ -183,7 +213,8 @@ def lora_identity(runner: ModelRunner, digest_dir: str) -> Callable[[int], Optio
         try:
             return adapter_identity(spec.path, digest_dir)
         except OSError as e:
-            logger.warning("hicache: LoRA adapter %r (%s) has no identity (%s): its prefixes stay in L1", spec.name,
+            logger.warning("LoRA adapter %r (%s) has no content identity (%s): its prefixes stay in L1 of the "
+                           "hierarchical cache, and PD refuses its requests", spec.name,
                            spec.path, e)
             return None
 

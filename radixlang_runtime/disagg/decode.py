@@ -36,6 +36,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from radixlang_runtime.disagg.adapters import PDAdapters
 from radixlang_runtime.disagg.link import dropped_stats
 from radixlang_runtime.utils.faults import FatalFault
 from radixlang_runtime.protocol.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
@@ -64,8 +65,11 @@ class DecodeRole:
 
     def __init__(self, link: Any, port: Any, kv: KVManager, transfer_timeout: float, heartbeat_timeout: float,
                  max_running: int, clock: Callable[[], float] = time.monotonic,
-                 step_bytes: Optional[int] = STEP_BYTES, vocab_size: Optional[int] = None):
+                 step_bytes: Optional[int] = STEP_BYTES, vocab_size: Optional[int] = None,
+                 adapters: Optional[PDAdapters] = None):
         self.link, self.port, self.kv = link, port, kv
+        self.adapters = adapters or PDAdapters(lambda i: None, lambda i: None)  # LoRA identities (adapters.py)
+        self._lora_wait: Optional[Req] = None  # the queue's head, held back by its LoRA adapter (not the pool)
         self.transfer_timeout, self.heartbeat_timeout, self.clock = transfer_timeout, heartbeat_timeout, clock
         self.max_running = max_running
         self.step_bytes = step_bytes
@@ -185,13 +189,29 @@ class DecodeRole:
         return budget
 
     def _preallocate(self, n_running: int) -> list[Req]:
-        """FIFO: the head gets its slots when the pool (minus a page per running request) holds its prompt;
-        requests that waited transfer_timeout fail."""
+        """FIFO: the head gets its slots when its LoRA adapter may join the batch and the pool (minus a page per
+        running request) holds its prompt; requests that waited transfer_timeout fail."""
         ended = []
         now = self.clock()
+        self._lora_wait = None
         while self.queue:
             req, at = self.queue[0]
-            if n_running + len(self.incoming) < self.max_running and self._allocate(req, n_running):
+            if n_running + len(self.incoming) >= self.max_running:
+                break
+            try:
+                lora_ok = self.adapters.ready(req.lora_id, {i.req.lora_id for i in self.incoming.values()})
+                ident = self.adapters.identity(req.lora_id)
+                if ident is None:
+                    raise ValueError(f"{self.adapters.describe(req.lora_id)}'s files cannot be read: no identity "
+                                     "to check the prefill's K/V against")
+            except ValueError as e:  # the adapter cannot be read: this request ends (400 naming it)
+                self.queue.popleft()
+                ended.append(self._refuse(req, str(e), 400))
+                continue
+            if not lora_ok:
+                self._lora_wait = req
+                break
+            if self._allocate(req, n_running, ident):
                 self.queue.popleft()
                 self._queued.discard(_key(req))
                 continue
@@ -201,18 +221,25 @@ class DecodeRole:
             if now - at > self.transfer_timeout:
                 why = f"decode KV pool full: no room for {len(req.input_ids)} prompt tokens within " \
                       f"{self.transfer_timeout:g} s"
-                req.finish({"type": "abort", "message": why})
-                req.error, req.error_status = why, 503
-                self.transfers_failed += 1
-                self.link.send(req.bootstrap.peer, PDCancel(req.bootstrap.room, why))  # the prefill stops too
-                self._unqueue(req)
-                ended.append(req)
+                if req is self._lora_wait:
+                    why = (f"{self.adapters.describe(req.lora_id)} could not join the running batch within "
+                           f"{self.transfer_timeout:g} s (--max-loras-per-batch / --max-loaded-loras)")
+                ended.append(self._refuse(req, why, 503))
             else:
                 keep.append((req, at))
         self.queue = keep
         return ended
 
-    def _allocate(self, req: Req, n_running: int) -> bool:
+    def _refuse(self, req: Req, why: str, status: int) -> Req:
+        """A queued request (nothing allocated) ends; the prefill stops too."""
+        req.finish({"type": "abort", "message": why})
+        req.error, req.error_status = why, status
+        self.transfers_failed += 1
+        self.link.send(req.bootstrap.peer, PDCancel(req.bootstrap.room, why))
+        self._unqueue(req)
+        return req
+
+    def _allocate(self, req: Req, n_running: int, adapter: str) -> bool:
         kv, n = self.kv, len(req.input_ids)
         if kv.table.available <= 0:
             return False
@@ -230,7 +257,7 @@ class DecodeRole:
         peer, room = _key(req)
         self.incoming[(peer, room)] = _Incoming(req, peer, p, self.clock(), received=p)
         self.prefix_hit_tokens += p
-        self.link.send(peer, PDRegister(room, p, n, self.port.record_bytes))
+        self.link.send(peer, PDRegister(room, p, n, self.port.record_bytes, adapter))
         return True
 
     def _write(self, inc: _Incoming, msg: PDKVChunk) -> Optional[str]:
@@ -260,6 +287,8 @@ class DecodeRole:
             return f"room {msg.room}: the prefill finished after {inc.received} of {len(req.input_ids)} positions"
         if (why := self._done_problem(req, msg)) is not None:
             return f"room {msg.room}: the prefill's final message is malformed: {why}"
+        if (why := self.adapters.mismatch(req.lora_id, msg.adapter, "prefill")) is not None:
+            return f"room {msg.room}: {why}"
         if self.state_port is not None:  # a hybrid model decodes from the prefill's state, not from this match's
             if len(inc.state) != self.state_port.state_bytes:
                 return (f"room {msg.room}: the prefill sent {len(inc.state)} of the recurrent state's "

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from radixlang_runtime.disagg.adapters import PDAdapters
 from radixlang_runtime.disagg.link import dropped_stats
 from radixlang_runtime.utils.faults import FatalFault
 from radixlang_runtime.protocol.messages import PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister
@@ -46,6 +47,7 @@ class _Registration:
     total_len: int  # the prompt length the decode expects
     token_bytes: int
     at: float
+    adapter: str = ""  # the decode's identity of the request's LoRA adapter ("" the base)
 
 
 @dataclass
@@ -60,8 +62,9 @@ class PrefillRole:
     kind = "prefill"
 
     def __init__(self, link: Any, port: Any, kv: KVManager, transfer_timeout: float, heartbeat_timeout: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, adapters: Optional[PDAdapters] = None):
         self.link, self.port, self.kv = link, port, kv
+        self.adapters = adapters or PDAdapters(lambda i: None, lambda i: None)  # LoRA identities (adapters.py)
         self.transfer_timeout, self.heartbeat_timeout, self.clock = transfer_timeout, heartbeat_timeout, clock
         self.regs: dict[int, _Registration] = {}  # room -> registration
         self.sent: dict[int, int] = {}  # room -> positions sent so far (from the decode's prefix on)
@@ -120,7 +123,7 @@ class PrefillRole:
             elif isinstance(msg, PDRegister):
                 if reg is None:
                     self.regs[msg.room] = _Registration(peer, msg.prefix_len, msg.total_len, msg.token_bytes,
-                                                        self.clock())
+                                                        self.clock(), msg.adapter)
                 else:
                     self.dropped["duplicate_registration"] += 1
             elif isinstance(msg, PDAck):
@@ -184,7 +187,8 @@ class PrefillRole:
                     room, req.output_ids[0] if req.output_ids else None, req.cached_len,
                     req.output_logprobs[0] if lp and req.output_logprobs else None,
                     req.output_top_logprobs[0] if lp and req.output_top_logprobs else None,
-                    req.input_logprobs if lp else None, req.input_top_logprobs if lp else None))
+                    req.input_logprobs if lp else None, req.input_top_logprobs if lp else None,
+                    self.adapters.identity(req.lora_id) or ""))
                 h.sent_done, h.since = True, now  # the ack's bound starts now
         if why is None:
             return None
@@ -201,7 +205,7 @@ class PrefillRole:
         if reg.token_bytes != self.port.record_bytes:
             return (f"KV layouts differ: the decode stores {reg.token_bytes} bytes a token, this prefill "
                     f"{self.port.record_bytes} (the same model and dtype are needed on both; tp sizes may differ)")
-        return None
+        return self.adapters.mismatch(req.lora_id, reg.adapter, "decode")
 
     def _send_kv(self, req: Req, room: int, reg: _Registration, upto: int) -> None:
         """K/V of positions [max(sent, decode prefix), upto) to the decode, in CHUNK_BYTES messages."""

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import zmq
 
+from radixlang_runtime.disagg.adapters import IDENTITY_MAX
 from radixlang_runtime.utils.link_key import LinkKey
 from radixlang_runtime.protocol.messages import (PD_MESSAGES, PDAck, PDCancel, PDDone, PDFail, PDKVChunk, PDRegister,
                                                  decode, encode)
@@ -80,6 +81,10 @@ def _int(v: Any, lo: int = 0, hi: int = ROOM_MAX) -> bool:
     return type(v) is int and lo <= v <= hi
 
 
+def _identity(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= IDENTITY_MAX
+
+
 def shape_problem(msg: Any) -> Optional[str]:
     """What is wrong with a decoded PD message's field types, or None. Values against a request (lengths,
     the first token's range) are the roles' to check."""
@@ -87,13 +92,14 @@ def shape_problem(msg: Any) -> Optional[str]:
     if not _int(room):
         return f"{type(msg).__name__}: room must be an int in [0, 2**63)"
     if isinstance(msg, PDRegister):
-        ok = _int(msg.prefix_len) and _int(msg.total_len) and _int(msg.token_bytes, 1)
+        ok = _int(msg.prefix_len) and _int(msg.total_len) and _int(msg.token_bytes, 1) and _identity(msg.adapter)
     elif isinstance(msg, PDKVChunk):
         ok = _int(msg.start) and isinstance(msg.payload, (bytes, bytearray, memoryview)) and type(msg.state) is bool
     elif isinstance(msg, PDDone):
         ok = (msg.first_token is None or _int(msg.first_token)) and _int(msg.cached_len) \
             and (msg.output_logprob is None or isinstance(msg.output_logprob, (int, float))) \
-            and all(v is None or isinstance(v, list) for v in (msg.output_top, msg.input_logprobs, msg.input_top))
+            and all(v is None or isinstance(v, list) for v in (msg.output_top, msg.input_logprobs, msg.input_top)) \
+            and _identity(msg.adapter)
     elif isinstance(msg, (PDFail, PDCancel)):
         ok = isinstance(msg.message, str)
     elif isinstance(msg, PDAck):

@@ -272,12 +272,14 @@ class FrontendOut:
 @dataclass
 class PDRegister:
     """Decode -> prefill: room's slots are allocated; send K/V of positions prefix_len .. total_len - 1.
-    token_bytes: one token's K/V for all layers in the decode's pool (the layouts must agree)."""
+    token_bytes: one token's K/V for all layers in the decode's pool (the layouts must agree). adapter: the
+    content identity of the request's LoRA adapter on the decode ("" the base; disagg/adapters.py)."""
 
     room: int
     prefix_len: int
     total_len: int
     token_bytes: int
+    adapter: str = ""
 
 
 @dataclass
@@ -304,6 +306,7 @@ class PDDone:
     output_top: Optional[list] = None
     input_logprobs: Optional[list[float]] = None
     input_top: Optional[list] = None
+    adapter: str = ""  # the identity of the LoRA adapter the K/V was computed under ("" the base)
 
 
 @dataclass

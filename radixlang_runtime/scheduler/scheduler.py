@@ -103,8 +103,9 @@ class Scheduler:
     def drop_lora_if_unused(self, lora_id: int) -> bool:
         """Drop LoRA adapter lora_id's weights unless a request of it is queued, compiling or running."""
         pending = self.grammar.pending if self.grammar is not None else []
+        held = self.pd.held_reqs() if self.pd is not None else []  # PD: receiving / handing over K/V
         if any(r is not None and r.lora_id == lora_id for r in [*self.waiting, *self.running, *pending,
-                                                                 self.chunked_req]):
+                                                                 self.chunked_req, *held]):
             return False
         self.runner.loras.drop(lora_id)
         return True
@@ -114,8 +115,11 @@ class Scheduler:
         return self.runner.load_lora(name, path, frozenset(self.loras_in_use()))
 
     def loras_in_use(self) -> set[int]:
-        """The LoRA adapters of the running requests and of the prompt mid-way through chunked prefill."""
-        return {r.lora_id for r in [*self.running, *([self.chunked_req] if self.chunked_req else [])] if r.lora_id}
+        """The LoRA adapters of the running requests, of the prompt mid-way through chunked prefill and (PD) of the
+        requests whose K/V is on its way (on a decode server they join the running batch when it arrives)."""
+        held = self.pd.held_reqs() if self.pd is not None else []
+        return {r.lora_id for r in [*self.running, *([self.chunked_req] if self.chunked_req else []), *held]
+                if r.lora_id}
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)

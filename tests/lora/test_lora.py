@@ -119,12 +119,13 @@ def test_server_args_refuse_unsupported_combinations(tmp_path):
     from radixlang_runtime.server_args import ServerArgs
 
     assert ServerArgs(lora_paths=["a=/x"]).enable_lora  # --lora-paths implies --enable-lora
-    with pytest.raises(ValueError, match="disaggregation_mode prefill"):
-        ServerArgs(lora_paths=["a=/x"], disaggregation_mode="prefill")
+    assert ServerArgs(lora_paths=["a=/x"], disaggregation_mode="prefill").enable_lora  # PD: test_pd_lora.py
+    with pytest.raises(ValueError, match="dp_size > 1"):
+        ServerArgs(lora_paths=["a=/x"], dp_size=2)
     with pytest.raises(ValueError, match="given twice"):
         ServerArgs(lora_paths=["a=/x", "a=/y"])
     with pytest.raises(ValueError, match="lora_backend"):
-        ServerArgs(lora_paths=["a=/x"], lora_backend="triton")
+        ServerArgs(lora_paths=["a=/x"], lora_backend="flashinfer")
     os.makedirs(tmp_path / "d")
     (tmp_path / "d" / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
     with pytest.raises(ValueError, match="adapter_model.safetensors"):

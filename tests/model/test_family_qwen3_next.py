@@ -175,15 +175,18 @@ def test_what_cannot_roll_back_a_state_is_refused_at_start(tiny, flag, value):
         Engine(str(path), dtype="float32", max_total_tokens=256, **{flag: value})
 
 
-def test_state_records_under_tp_are_refused():
+@pytest.mark.parametrize("flags, name", [
+    (dict(enable_hierarchical_cache=True), "enable_hierarchical_cache with tp_size > 1"),
+    (dict(disaggregation_mode="prefill"), "disaggregation_mode with tp_size > 1"),
+])
+def test_state_records_under_tp_are_refused(flags, name):
     from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args
     from radixlang_runtime.server_args import ServerArgs
 
     cfg = ModelConfig.from_dict(config("Qwen3_5ForCausalLM"))
-    pd = dict(disaggregation_mode="prefill")
-    check_hybrid_args(ServerArgs(model_path="m", **pd), cfg)  # one rank: the records hold the whole state
-    with pytest.raises(ValueError, match="disaggregation_mode with tp_size > 1 is not supported for Qwen3_5"):
-        check_hybrid_args(ServerArgs(model_path="m", tp_size=2, **pd), cfg)
+    check_hybrid_args(ServerArgs(model_path="m", **flags), cfg)  # one rank: the records hold the whole state
+    with pytest.raises(ValueError, match=f"{name} is not supported for Qwen3_5ForCausalLM"):
+        check_hybrid_args(ServerArgs(model_path="m", tp_size=2, **flags), cfg)
 
 
 def test_state_slots_share_the_memory_budget():

@@ -37,7 +37,8 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
         ("quantization " + str(args.quantization), args.quantization is not None),
-        # PD's state records hold rank 0's state pool only: its heads' share under TP
+        # the tiers' and PD's state records hold rank 0's state pool only: its heads' share under TP
+        ("enable_hierarchical_cache with tp_size > 1", args.enable_hierarchical_cache and args.tp_size > 1),
         ("disaggregation_mode with tp_size > 1", args.disaggregation_mode != "null" and args.tp_size > 1),
     )
     for name, on in refused:

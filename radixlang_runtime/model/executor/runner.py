@@ -38,6 +38,7 @@ from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
 from radixlang_runtime.model.executor.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.layers.lora_linear import LoraModel
+from radixlang_runtime.model.layers.lora_triton import triton_lora_ready
 from radixlang_runtime.model.loader.lora_registry import LoraRegistry
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
@@ -278,7 +279,9 @@ class ModelRunner:
         if self.cfg.mla is not None:
             raise ValueError(f"enable_lora is not supported for {self.cfg.architecture} (multi-head latent attention "
                              "has no q / k / v projections to adapt)")
-        lora = LoraModel(model, use_kernel=self.args.lora_backend == "csgmv")
+        if self.args.lora_backend == "triton" and (why := triton_lora_ready(self.device)):
+            raise ValueError(why)
+        lora = LoraModel(model, use_kernel=self.args.lora_backend == "csgmv", backend=self.args.lora_backend)
         self.loras = LoraRegistry(lora, self.cfg.num_hidden_layers, self.args.max_lora_rank, self.dtype,
                                   self.device, self.args.max_loaded_loras)
         self.loras.register_all(self.args.lora_paths)  # every rank the same (the same paths, in order)

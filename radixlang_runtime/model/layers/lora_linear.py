@@ -6,7 +6,8 @@ of gate_up_proj), for the rows of the requests using that adapter:
 
 Rows are grouped per adapter once per step (LoraState.set_rows): a contiguous run of rows is a slice, else an
 index gather / scatter. The math is torch (any device), or on CPU (float32, bf16) the C segment kernel
-(model/layers/lora_sgmv.py: one shrink and one expand call per linear for every adapter of the step). A step whose
+(model/layers/lora_sgmv.py: one shrink and one expand call per linear for every adapter of the step), or with
+--lora-backend triton the Triton segment kernels (model/layers/lora_triton.py, the same two calls). A step whose
 requests all run the base model sets no groups: each wrapper then calls the base linear and returns (the fused
 decode layer, model/executor/fused_decode.py, runs as without LoRA).
 """
@@ -20,6 +21,7 @@ from torch import nn
 
 from radixlang_runtime.model.loader.lora_adapter import LoraAdapter
 from radixlang_runtime.model.layers.lora_sgmv import LoraSegments, SgmvWeights, lora_sgmv_ready
+from radixlang_runtime.model.layers.lora_triton import TritonLoraWeights
 from radixlang_runtime.model.layers.lora_tp import shard_lora
 
 Rows = Union[slice, torch.Tensor]
@@ -28,8 +30,9 @@ Rows = Union[slice, torch.Tensor]
 class LoraState:
     """The current step's row groups, shared by every LoraLinear of the model."""
 
-    def __init__(self, use_kernel: bool = True) -> None:
+    def __init__(self, use_kernel: bool = True, backend: str = "csgmv") -> None:
         self.use_kernel = use_kernel  # --lora-backend csgmv: the C kernel where it may run; torch_native: never
+        self.backend = backend  # triton: the Triton segment kernels (model/layers/lora_triton.py) on every step
         self.groups: list[tuple[int, Rows]] = []  # (adapter id, rows of the flattened tokens)
         self.segments: Optional[LoraSegments] = None  # the same groups for the C kernel (set where it may run)
 
@@ -46,8 +49,11 @@ class LoraState:
             contiguous = r[-1] - r[0] + 1 == len(r)
             self.groups.append((lid, slice(r[0], r[-1] + 1) if contiguous
                                 else torch.tensor(r, dtype=torch.int64, device=device)))
-        self.segments = LoraSegments.build(rows) if (self.use_kernel and device.type == "cpu"
-                                                          and lora_sgmv_ready()) else None
+        if self.backend == "triton":
+            self.segments = LoraSegments.build(rows, device, bounded=False)
+        else:
+            self.segments = LoraSegments.build(rows) if (self.use_kernel and device.type == "cpu"
+                                                              and lora_sgmv_ready()) else None
 
     def clear(self) -> None:
         self.groups = []
@@ -64,7 +70,8 @@ class LoraLinear(nn.Module):
         self.state = state
         # adapter id -> [(offset, size, A [r, in], B [size, r])]; B is a view of B^T [r, size] (contiguous)
         self.deltas: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
-        self.kernel = SgmvWeights()  # the same weights as the C kernel reads them (model/layers/lora_sgmv.py)
+        # the same weights as the kernels read them (model/layers/lora_sgmv.py: C; lora_triton.py: Triton)
+        self.kernel = TritonLoraWeights() if state.backend == "triton" else SgmvWeights()
 
     def add(self, lora_id: int, part: str, a: torch.Tensor, b: torch.Tensor) -> None:
         off, size = self.parts[part]
@@ -120,11 +127,11 @@ def _parts(layer: nn.Module, owner: str, attr: str) -> Optional[dict[str, tuple[
 class LoraModel:
     """The model's LoraLinears and the adapters loaded into them."""
 
-    def __init__(self, model: nn.Module, use_kernel: bool = True):
+    def __init__(self, model: nn.Module, use_kernel: bool = True, backend: str = "csgmv"):
         if getattr(model, "lora_refusal", None):  # a family whose projections LoRA cannot address
             raise ValueError(model.lora_refusal)
         self.model = model
-        self.state = LoraState(use_kernel)
+        self.state = LoraState(use_kernel, backend)
         self.adapters: dict[int, LoraAdapter] = {}
         for layer in model.layers:
             for owner, attr in dict.fromkeys(_WRAPPED.values()):

@@ -36,14 +36,17 @@ class LoraSegments:
     seg_starts: torch.Tensor  # [S + 1] int64
 
     @classmethod
-    def build(cls, rows: dict[int, list[int]]) -> Optional["LoraSegments"]:
+    def build(cls, rows: dict[int, list[int]], device: Optional[torch.device] = None,
+              bounded: bool = True) -> Optional["LoraSegments"]:
+        """None without rows or (bounded: the C kernel's) past SGMV_MAX_ROWS; the tensors on device (default CPU)."""
         flat = [r for rs in rows.values() for r in rs]
-        if not flat or len(flat) > max(SGMV_MAX_ROWS.values()):
+        if not flat or (bounded and len(flat) > max(SGMV_MAX_ROWS.values())):
             return None
         starts = [0]
         for rs in rows.values():
             starts.append(starts[-1] + len(rs))
-        return cls(tuple(rows), torch.tensor(flat, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64))
+        return cls(tuple(rows), torch.tensor(flat, dtype=torch.int64, device=device),
+                   torch.tensor(starts, dtype=torch.int64, device=device))
 
 
 @dataclass
