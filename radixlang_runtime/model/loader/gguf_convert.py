@@ -20,9 +20,9 @@ import tempfile
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_families import (ARCHS, HF_MODEL_TYPES, NORM_PLUS_ONE, ROPE_TENSORS,
-                                                          family_config, join_experts, layer_names, refuse_unknown_keys,
-                                                          tensor_rope)
+from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE,
+                                                          ROPE_TENSORS, family_config, join_experts, layer_names,
+                                                          refuse_unknown_keys, tensor_rope)
 
 # the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions); the
 # quantized ones are those the kernels run on their blocks (radixlang_kernels.quant_ops.GGUF_TYPES)
@@ -97,6 +97,7 @@ def gguf_rope_fields(reader, arch: str, head_dim: int) -> dict:
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     from_tensors = tensor_rope(reader, arch, a, head_dim)  # llama3 (rope_freqs) / longrope (rope_factors_*)
     known = _ROPE_SCALING_KEYS + (("attn_factor",) if from_tensors else ())
+    known += FAMILIES[arch].rope_scaling_keys if arch in FAMILIES else ()
     prefix = f"{arch}.rope.scaling."
     extra = sorted(k for k in reader.fields if k.startswith(prefix) and k[len(prefix):] not in known)
     if extra:
@@ -176,6 +177,8 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
             w = w - np.float32(1.0)  # llama.cpp stored 1 + w (Gemma's norm multiplies by 1 + w)
         out[hf_tensor_name(name, arch)] = w
     join_experts(out)
+    if arch in FAMILIES and FAMILIES[arch].tensors is not None:
+        FAMILIES[arch].tensors(out, config)
     return out
 
 

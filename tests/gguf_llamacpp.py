@@ -1,0 +1,120 @@
+"""GGUF files of the natively served MoE architectures (deepseek2, glm4moe, gpt-oss, llama4) written from a tiny
+transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from gguf-py's own map
+(gguf.get_tensor_name_map, which the converter uses), experts stacked per layer, DeepSeek's kv_b_proj split into
+attn_k_b (transposed) / attn_v_b, and the metadata keys each converter class writes (gguf.Keys through
+GGUFWriter's add_*). The names and reshapes come from gguf-py and the converter, not from the loader's tables."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+
+def _hf_tensors(state: dict) -> dict[str, np.ndarray]:
+    """transformers 5's state dict as the hub checkpoints the converter reads name them: stacked experts
+    split into gate / up / down (the converter stacks them back per layer: [E, I, hidden] / [E, hidden, I])."""
+    out = {}
+    for name, t in state.items():
+        w = t.float().numpy()
+        if name.endswith("mlp.experts.gate_up_proj"):
+            inter = w.shape[1] // 2
+            out[name[: -len("gate_up_proj")] + "gate_proj.weight"] = w[:, :inter]
+            out[name[: -len("gate_up_proj")] + "up_proj.weight"] = w[:, inter:]
+        elif name.endswith("mlp.experts.down_proj"):
+            out[name + ".weight"] = w
+        elif name.endswith("e_score_correction_bias"):  # the converter's rename (base.py modify_tensors)
+            out[name.replace("e_score_correction_bias", "e_score_correction.bias")] = w
+        else:
+            out[name] = w
+    return out
+
+
+def deepseek2_split_kv_b(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """DeepseekV2Model.modify_tensors: kv_b_proj [H (nope + v), C] -> k_b [H, C, nope] (transposed), v_b [H, v, C]."""
+    heads, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    kv_b = w.reshape(heads, nope + v, w.shape[-1])
+    return {name.replace("kv_b_proj", "k_b_proj"): np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)),
+            name.replace("kv_b_proj", "v_b_proj"): np.ascontiguousarray(kv_b[:, nope:])}
+
+
+def deepseek2_keys(w, cfg) -> None:
+    """DeepseekV2Model.set_gguf_parameters beyond the shared ones (MLA as MQA with the head sizes in *_mla)."""
+    w.add_head_count_kv(1)
+    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    if cfg.q_lora_rank is not None:
+        w.add_q_lora_rank(cfg.q_lora_rank)
+    w.add_kv_lora_rank(cfg.kv_lora_rank)
+    w.add_key_length(cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    w.add_value_length(cfg.kv_lora_rank)
+    w.add_key_length_mla(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    w.add_value_length_mla(cfg.v_head_dim)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_count(cfg.n_routed_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    if cfg.norm_topk_prob:
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(cfg.qk_rope_head_dim)
+    if getattr(cfg, "n_group", None) is not None:
+        w.add_expert_group_count(cfg.n_group)
+        w.add_expert_group_used_count(cfg.topk_group)
+    scoring = getattr(cfg, "scoring_func", None) or ("sigmoid" if cfg.model_type == "deepseek_v3" else None)
+    if scoring is not None:
+        import gguf
+
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if scoring == "sigmoid"
+                                 else gguf.ExpertGatingFuncType.SOFTMAX)
+
+
+# gguf arch -> (gguf.MODEL_ARCH member, set_gguf_parameters beyond the shared keys, per-tensor modify_tensors)
+ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
+    "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
+                  if n.endswith("kv_b_proj.weight") else {n: w}),
+}
+
+
+def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[dict] = None,
+                        extra: Optional[dict] = None) -> dict:
+    """Writes `state` (transformers' float32 state dict, lm_head dropped when tied) as llama.cpp's converter
+    would; kinds: GGUF name -> block type (quantized with gguf.quants.quantize), F32 otherwise; extra: more
+    keys (GGUFWriter add_* name -> value). Returns the GGUF tensors written (float32, before quantizing)."""
+    import gguf
+
+    member, keys, modify = ARCHS[arch]
+    model_arch = getattr(gguf.MODEL_ARCH, member)
+    names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
+    tensors = {}
+    for name, arr in _hf_tensors(state).items():
+        for hf_name, w in (modify(name, arr, cfg) if modify else {name: arr}).items():
+            new = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ValueError(f"gguf-py maps no tensor name for {hf_name}")
+            tensors[new] = w
+    w = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[model_arch])
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    keys(w, cfg)
+    for key, value in (extra or {}).items():
+        getattr(w, f"add_{key}")(value)
+    for name, arr in tensors.items():
+        kind = (kinds or {}).get(name, "F32")
+        if kind == "F32":
+            w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+        else:
+            qtype = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(arr, np.float32), qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
