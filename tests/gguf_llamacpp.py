@@ -68,11 +68,35 @@ def deepseek2_keys(w, cfg) -> None:
                                  else gguf.ExpertGatingFuncType.SOFTMAX)
 
 
+def glm4moe_keys(w, cfg) -> None:
+    """Glm4MoeModel.set_gguf_parameters beyond the shared ones; block_count counts the prediction layers."""
+    import gguf
+
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_group_count(cfg.n_group)
+    w.add_expert_group_used_count(cfg.topk_group)
+    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 0.5)))
+    w.add_expert_count(cfg.n_routed_experts)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    w.add_expert_weights_norm(cfg.norm_topk_prob)
+    w.add_nextn_predict_layers(cfg.num_nextn_predict_layers)
+
+
 # gguf arch -> (gguf.MODEL_ARCH member, set_gguf_parameters beyond the shared keys, per-tensor modify_tensors)
 ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
                   if n.endswith("kv_b_proj.weight") else {n: w}),
+    "glm4moe": ("GLM4_MOE", glm4moe_keys, None),
 }
+# the converter adds the prediction layers to block_count (their tensors follow the decoder's blocks)
+MTP_LAYERS = {"glm4moe": "num_nextn_predict_layers"}
 
 
 def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[dict] = None,
@@ -92,8 +116,13 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
             if new is None:
                 raise ValueError(f"gguf-py maps no tensor name for {hf_name}")
             tensors[new] = w
+    mtp = int(getattr(cfg, MTP_LAYERS[arch], 0) or 0) if arch in MTP_LAYERS else 0
+    rng = np.random.default_rng(0)
+    for i in range(cfg.num_hidden_layers, cfg.num_hidden_layers + mtp):  # a prediction layer's own tensors
+        tensors[f"blk.{i}.nextn.eh_proj.weight"] = rng.standard_normal((cfg.hidden_size, 2 * cfg.hidden_size))
+        tensors[f"blk.{i}.attn_norm.weight"] = rng.standard_normal(cfg.hidden_size)
     w = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[model_arch])
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers + mtp)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)

@@ -23,6 +23,9 @@ TINY = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_atten
 MLA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
            v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
            first_k_dense_replace=1)
+GLM = dict(num_key_value_heads=2, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5,
+           num_nextn_predict_layers=1)
 
 # name -> (gguf arch, transformers config class, its kwargs, GGUF tensors (suffixes) written as Q8_0)
 CASES = {
@@ -34,6 +37,12 @@ CASES = {
                          ("attn_kv_a_mqa.weight", "attn_v_b.weight", "attn_q_a.weight", "ffn_gate_exps.weight",
                           "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_up_shexp.weight",
                           "ffn_down_shexp.weight", "ffn_gate.weight", "ffn_up.weight")),
+    # one prediction layer appended (its tensors left unread), groups, q / k norms, q / k / v bias
+    "glm4moe": ("glm4moe", "Glm4MoeConfig", {**GLM, "use_qk_norm": True, "attention_bias": True}, ()),
+    "glm4moe_q8_0": ("glm4moe", "Glm4MoeConfig", GLM, ("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                                       "attn_output.weight", "ffn_gate_exps.weight",
+                                                       "ffn_up_exps.weight", "ffn_down_exps.weight",
+                                                       "ffn_gate_shexp.weight", "ffn_down_shexp.weight")),
 }
 
 

@@ -20,6 +20,7 @@ import tempfile
 
 import numpy as np
 
+from radixlang_runtime.model.loader.gguf_family import unread_block
 from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE,
                                                           ROPE_TENSORS, family_config, join_experts, layer_names,
                                                           refuse_unknown_keys, tensor_rope)
@@ -165,7 +166,7 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
     permute_qk = config["model_type"] == "llama"
     out = {}
     for t in reader.tensors:
-        if t.name in ROPE_TENSORS:  # read into config.json's rope_scaling
+        if t.name in ROPE_TENSORS or unread_block(FAMILIES.get(arch), t.name, config):  # rope: config.json's
             continue
         w = dequantize_tensor(t)
         name = t.name
@@ -195,7 +196,7 @@ def gguf_blocks(gguf_path: str, config: dict,
     out = {}
     for t in reader.tensors:
         fmt = t.tensor_type.name
-        if fmt not in formats or t.name in ROPE_TENSORS:
+        if fmt not in formats or t.name in ROPE_TENSORS or unread_block(FAMILIES.get(arch), t.name, config):
             continue
         rows = np.asarray(t.data)  # [rows, row bytes] uint8, a view of the mapped file
         name = t.name

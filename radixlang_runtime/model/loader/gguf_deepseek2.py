@@ -26,17 +26,20 @@ KEYS = ("leading_dense_block_count", "attention.q_lora_rank", "attention.kv_lora
         "expert_shared_count", "expert_weights_scale", "expert_weights_norm", "expert_gating_func",
         "expert_group_count", "expert_group_used_count")
 
-LAYER_NAMES = stacked_experts({
-    "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
-    "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
-    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
-    "attn_k_b.weight": "self_attn.k_b_proj.weight", "attn_v_b.weight": "self_attn.v_b_proj.weight",
+# DeepSeek V3's MoE block (GLM-4.5's too): the router's correction bias and the shared experts
+V3_MOE_NAMES = stacked_experts({
     "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
     "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 })
+LAYER_NAMES = {**V3_MOE_NAMES,
+    "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_k_b.weight": "self_attn.k_b_proj.weight", "attn_v_b.weight": "self_attn.v_b_proj.weight",
+}
 
 
 def _config(a, names: set, base: dict) -> dict:
@@ -70,10 +73,7 @@ def _config(a, names: set, base: dict) -> dict:
     if "rope_scaling" in out:
         out["rope_scaling"] = _yarn(a, out["rope_scaling"])
     if gating == _SIGMOID:
-        moe = [i for i in range(out["first_k_dense_replace"], layers)]
-        missing = [i for i in moe if f"blk.{i}.exp_probs_b.bias" not in names]
-        if missing:  # llama.cpp then routes on the plain scores; DeepseekV3's router always adds the bias
-            raise ValueError(f"GGUF deepseek2 with sigmoid gating needs blk.{missing[0]}.exp_probs_b.bias")
+        need_correction_bias("deepseek2", names, out["first_k_dense_replace"], layers)
         out.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", scoring_func="sigmoid",
                    topk_method="noaux_tc", n_group=groups, topk_group=groups_used, rope_interleave=True)
         return out
@@ -83,6 +83,13 @@ def _config(a, names: set, base: dict) -> dict:
     out.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", scoring_func="softmax",
                topk_method="greedy")
     return out
+
+
+def need_correction_bias(arch: str, names: set, first: int, layers: int) -> None:
+    """DeepseekV3's router always adds e_score_correction_bias: every MoE layer must carry exp_probs_b.bias."""
+    missing = [i for i in range(first, layers) if f"blk.{i}.exp_probs_b.bias" not in names]
+    if missing:
+        raise ValueError(f"GGUF {arch} with sigmoid gating needs blk.{missing[0]}.exp_probs_b.bias")
 
 
 def _yarn(a, scaling: dict) -> dict:

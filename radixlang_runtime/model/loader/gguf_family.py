@@ -4,6 +4,7 @@ names, its config.json and the tensor reshapes that undo llama.cpp's converter. 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -24,6 +25,13 @@ class GGUFFamily:
     tensors: Optional[TensorsFn] = None
     head_dims: bool = False  # attention.key_length / value_length are the family's (no shared equality check)
     rope_scaling_keys: tuple[str, ...] = ()  # rope.scaling.* keys the family reads itself
+    extra_blocks: bool = False  # blk.N past num_hidden_layers (multi-token prediction layers) are left unread
+
+
+def unread_block(family: Optional[GGUFFamily], name: str, config: dict) -> bool:
+    """Whether `name` is a tensor of a block past the decoder's layers that the family leaves unread."""
+    m = re.match(r"blk\.(\d+)\.", name)
+    return bool(family and family.extra_blocks and m and int(m.group(1)) >= config["num_hidden_layers"])
 
 
 def stacked_experts(names: dict[str, str]) -> dict[str, str]:
