@@ -11,13 +11,16 @@ from typing import Callable, Optional
 import numpy as np
 
 
-def _hf_tensors(state: dict) -> dict[str, np.ndarray]:
+def _hf_tensors(state: dict, arch: str) -> dict[str, np.ndarray]:
     """transformers 5's state dict as the hub checkpoints the converter reads name them: stacked experts
-    split into gate / up / down (the converter stacks them back per layer: [E, I, hidden] / [E, hidden, I])."""
+    split into gate / up / down (the converter stacks them back per layer: [E, I, hidden] / [E, hidden, I]);
+    gpt-oss's hub checkpoints hold the stacked tensors themselves."""
     out = {}
     for name, t in state.items():
         w = t.float().numpy()
-        if name.endswith("mlp.experts.gate_up_proj"):
+        if arch == "gpt-oss":
+            out[name] = w
+        elif name.endswith("mlp.experts.gate_up_proj"):
             inter = w.shape[1] // 2
             out[name[: -len("gate_up_proj")] + "gate_proj.weight"] = w[:, :inter]
             out[name[: -len("gate_up_proj")] + "up_proj.weight"] = w[:, inter:]
@@ -89,11 +92,51 @@ def glm4moe_keys(w, cfg) -> None:
     w.add_nextn_predict_layers(cfg.num_nextn_predict_layers)
 
 
+def gpt_oss_keys(w, cfg) -> None:
+    """GptOssModel.set_gguf_parameters with the shared ones it adds (head_dim, experts, yarn)."""
+    import gguf
+
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    rope = cfg.rope_parameters
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_expert_feed_forward_length(cfg.intermediate_size)
+
+
+def gpt_oss_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """GptOssModel.filter_tensors / modify_tensors for unquantized experts: sinks named .weight, gate_up
+    [E, hidden, 2I] transposed and split by even / odd rows, down transposed, the biases renamed alike."""
+    if name.endswith("sinks"):
+        return {name + ".weight": w}
+    if name.endswith("down_proj_bias"):
+        return {name.replace("down_proj_bias", "down_proj.bias"): w}
+    if name.endswith("down_proj"):
+        return {name + ".weight": np.ascontiguousarray(w.transpose(0, 2, 1))}
+    if name.endswith("gate_up_proj_bias"):
+        return {name.replace("gate_up_proj_bias", "gate_proj.bias"): w[..., ::2],
+                name.replace("gate_up_proj_bias", "up_proj.bias"): w[..., 1::2]}
+    if name.endswith("gate_up_proj"):
+        t = w.transpose(0, 2, 1)
+        return {name.replace("gate_up_proj", "gate_proj.weight"): np.ascontiguousarray(t[:, ::2]),
+                name.replace("gate_up_proj", "up_proj.weight"): np.ascontiguousarray(t[:, 1::2])}
+    return {name: w}
+
+
 # gguf arch -> (gguf.MODEL_ARCH member, set_gguf_parameters beyond the shared keys, per-tensor modify_tensors)
 ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
                   if n.endswith("kv_b_proj.weight") else {n: w}),
     "glm4moe": ("GLM4_MOE", glm4moe_keys, None),
+    "gpt-oss": ("GPT_OSS", gpt_oss_keys, gpt_oss_modify),
 }
 # the converter adds the prediction layers to block_count (their tensors follow the decoder's blocks)
 MTP_LAYERS = {"glm4moe": "num_nextn_predict_layers"}
@@ -110,7 +153,7 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
     model_arch = getattr(gguf.MODEL_ARCH, member)
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     tensors = {}
-    for name, arr in _hf_tensors(state).items():
+    for name, arr in _hf_tensors(state, arch).items():
         for hf_name, w in (modify(name, arr, cfg) if modify else {name: arr}).items():
             new = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if new is None:

@@ -26,6 +26,8 @@ MLA = dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_nope_head_
 GLM = dict(num_key_value_heads=2, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5,
            num_nextn_predict_layers=1)
+OSS = dict(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+           sliding_window=8, layer_types=["sliding_attention", "full_attention"])
 
 # name -> (gguf arch, transformers config class, its kwargs, GGUF tensors (suffixes) written as Q8_0)
 CASES = {
@@ -43,17 +45,26 @@ CASES = {
                                                        "attn_output.weight", "ffn_gate_exps.weight",
                                                        "ffn_up_exps.weight", "ffn_down_exps.weight",
                                                        "ffn_gate_shexp.weight", "ffn_down_shexp.weight")),
+    # yarn (GptOssConfig's default: x32 over 4,096, its betas), a window of 8 on 20-token prompts, sinks, biases
+    "gpt_oss": ("gpt-oss", "GptOssConfig", OSS, ()),
+    "gpt_oss_q8_0": ("gpt-oss", "GptOssConfig", OSS, ("attn_q.weight", "attn_output.weight", "ffn_gate_exps.weight",
+                                                      "ffn_up_exps.weight", "ffn_down_exps.weight")),
 }
 
 
-def _randomise_routing_bias(model) -> None:
-    """transformers initialises DeepSeek V3's e_score_correction_bias to zeros: make it move the choice."""
+def _randomise_zeros(model) -> None:
+    """transformers initialises biases (DeepSeek V3's e_score_correction_bias, gpt-oss's expert and router
+    biases, ...) to zeros: random values make their layout count."""
     import torch
 
     torch.manual_seed(1)
-    for m in model.modules():
-        if hasattr(m, "e_score_correction_bias"):
-            m.e_score_correction_bias.copy_(torch.randn_like(m.e_score_correction_bias) * 0.5)
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "e_score_correction_bias"):
+                m.e_score_correction_bias.copy_(torch.randn_like(m.e_score_correction_bias) * 0.5)
+        for _, p in model.named_parameters():
+            if not p.any():
+                p.normal_(0.0, 0.1)
 
 
 def _served(model_dir: str) -> list[list[int]]:
@@ -72,7 +83,7 @@ def test_gguf_native_family_round_trip_and_parity(name, tmp_path):
     arch, cls_name, kwargs, quantized = CASES[name]
     hf_dir = tmp_path / "hf"
     model = build_tiny(hf_dir, cls_name, TINY, kwargs)
-    _randomise_routing_bias(model)
+    _randomise_zeros(model)
     state = model.state_dict()
     written = write_llamacpp_gguf(str(tmp_path / "m.gguf"), arch, model.config, state,
                                   kinds={n: "Q8_0" for n in _names(model, quantized)})

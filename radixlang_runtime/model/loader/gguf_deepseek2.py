@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import GGUFFamily, stacked_experts
+from radixlang_runtime.model.loader.gguf_family import YARN_BETA_KEYS, GGUFFamily, stacked_experts, yarn_betas
 
 _SOFTMAX, _SIGMOID = 1, 2  # gguf.ExpertGatingFuncType
 
@@ -97,12 +97,9 @@ def _yarn(a, scaling: dict) -> dict:
     if scaling.get("rope_type") != "yarn":
         raise ValueError(f"GGUF deepseek2 rope scaling {scaling.get('rope_type')!r} is not supported (yarn)")
     mul = a("rope.scaling.yarn_log_multiplier")
-    out = dict(scaling)
+    out = yarn_betas(a, scaling)
     if mul is not None:
         out.update(mscale=float(mul) / 0.1, mscale_all_dim=float(mul) / 0.1)
-    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
-        if a(f"rope.scaling.{key}") is not None:
-            out[name] = float(a(f"rope.scaling.{key}"))
     return out
 
 
@@ -120,4 +117,4 @@ def _tensors(out: dict, config: dict) -> None:
 
 FAMILY = GGUFFamily(arch="deepseek2", hf_arch="DeepseekV3ForCausalLM", model_type="deepseek_v3", keys=KEYS,
                     layer_names=LAYER_NAMES, config=_config, tensors=_tensors, head_dims=True,
-                    rope_scaling_keys=("yarn_log_multiplier", "yarn_beta_fast", "yarn_beta_slow"))
+                    rope_scaling_keys=("yarn_log_multiplier",) + YARN_BETA_KEYS)

@@ -34,6 +34,18 @@ def unread_block(family: Optional[GGUFFamily], name: str, config: dict) -> bool:
     return bool(family and family.extra_blocks and m and int(m.group(1)) >= config["num_hidden_layers"])
 
 
+YARN_BETA_KEYS = ("yarn_beta_fast", "yarn_beta_slow")
+
+
+def yarn_betas(a, scaling: dict) -> dict:
+    """`scaling` (yarn) with rope.scaling.yarn_beta_fast / yarn_beta_slow as transformers' beta_fast / beta_slow."""
+    out = dict(scaling)
+    for key, name in zip(YARN_BETA_KEYS, ("beta_fast", "beta_slow")):
+        if a(f"rope.scaling.{key}") is not None:
+            out[name] = float(a(f"rope.scaling.{key}"))
+    return out
+
+
 def stacked_experts(names: dict[str, str]) -> dict[str, str]:
     """The MoE tensor names llama.cpp writes for a router and stacked experts (gate / up joined afterwards by
     gguf_families.join_experts)."""
