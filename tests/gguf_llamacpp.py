@@ -14,11 +14,11 @@ import numpy as np
 def _hf_tensors(state: dict, arch: str) -> dict[str, np.ndarray]:
     """transformers 5's state dict as the hub checkpoints the converter reads name them: stacked experts
     split into gate / up / down (the converter stacks them back per layer: [E, I, hidden] / [E, hidden, I]);
-    gpt-oss's hub checkpoints hold the stacked tensors themselves."""
+    gpt-oss's and Llama 4's hub checkpoints hold the stacked tensors themselves."""
     out = {}
     for name, t in state.items():
         w = t.float().numpy()
-        if arch == "gpt-oss":
+        if arch in ("gpt-oss", "llama4"):
             out[name] = w
         elif name.endswith("mlp.experts.gate_up_proj"):
             inter = w.shape[1] // 2
@@ -131,12 +131,37 @@ def gpt_oss_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
     return {name: w}
 
 
+def llama4_keys(w, cfg) -> None:
+    """Llama4Model.set_gguf_parameters (LlamaModel's with the shared ones): the dense width is
+    intermediate_size_mlp, the experts' intermediate_size."""
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_interleave_moe_layer_step(cfg.interleave_moe_layer_step)
+    w.add_expert_feed_forward_length(cfg.intermediate_size)
+
+
+def llama4_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """Llama4Model.modify_tensors: gate_up [E, hidden, 2I] transposed and split in halves, down transposed."""
+    if name.endswith("gate_up_proj"):
+        gate, up = np.split(w.transpose(0, 2, 1), 2, axis=1)
+        return {name.replace("gate_up_proj", "gate_proj.weight"): np.ascontiguousarray(gate),
+                name.replace("gate_up_proj", "up_proj.weight"): np.ascontiguousarray(up)}
+    if name.endswith("down_proj"):
+        return {name + ".weight": np.ascontiguousarray(w.transpose(0, 2, 1))}
+    return {name: w}
+
+
 # gguf arch -> (gguf.MODEL_ARCH member, set_gguf_parameters beyond the shared keys, per-tensor modify_tensors)
 ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
                   if n.endswith("kv_b_proj.weight") else {n: w}),
     "glm4moe": ("GLM4_MOE", glm4moe_keys, None),
     "gpt-oss": ("GPT_OSS", gpt_oss_keys, gpt_oss_modify),
+    "llama4": ("LLAMA4", llama4_keys, llama4_modify),
 }
 # the converter adds the prediction layers to block_count (their tensors follow the decoder's blocks)
 MTP_LAYERS = {"glm4moe": "num_nextn_predict_layers"}
@@ -168,7 +193,7 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
     w.add_block_count(cfg.num_hidden_layers + mtp)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_feed_forward_length(getattr(cfg, "intermediate_size_mlp", cfg.intermediate_size))
     w.add_head_count(cfg.num_attention_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))

@@ -30,10 +30,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from radixlang_runtime.model.loader import gguf_deepseek2, gguf_glm4moe, gguf_gpt_oss
+from radixlang_runtime.model.loader import gguf_deepseek2, gguf_glm4moe, gguf_gpt_oss, gguf_llama4
 from radixlang_runtime.model.loader.gguf_family import GGUFFamily
 
-FAMILIES: dict[str, GGUFFamily] = {f.arch: f for f in (gguf_deepseek2.FAMILY, gguf_glm4moe.FAMILY, gguf_gpt_oss.FAMILY)}
+FAMILIES: dict[str, GGUFFamily] = {f.arch: f for f in (gguf_deepseek2.FAMILY, gguf_glm4moe.FAMILY, gguf_gpt_oss.FAMILY,
+                                                  gguf_llama4.FAMILY)}
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
          "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
          "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
@@ -182,7 +183,7 @@ def tensor_rope(reader, arch: str, a: Callable, head_dim: int) -> Optional[dict]
         return None
     data = {n: np.asarray(t.data, dtype=np.float64).reshape(-1) for n, t in tensors.items()}
     dims = int(a("rope.dimension_count", head_dim))
-    if arch == "llama" and set(data) == {"rope_freqs.weight"}:
+    if arch in ("llama", "llama4") and set(data) == {"rope_freqs.weight"}:
         return _llama3_from_freqs(data["rope_freqs.weight"], float(a("rope.freq_base", 10000.0)), dims)
     if arch == "phi3" and set(data) == {"rope_factors_long.weight", "rope_factors_short.weight"}:
         scaling = {"rope_type": "longrope", "short_factor": data["rope_factors_short.weight"].tolist(),
