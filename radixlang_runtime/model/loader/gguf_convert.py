@@ -240,7 +240,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
     """Write an HF directory for `gguf_path` into `out_dir` (atomically). Returns out_dir."""
     import gguf
     from safetensors.numpy import save_file
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     reader = gguf.GGUFReader(gguf_path)
     config = gguf_to_hf_config(reader)
@@ -255,7 +255,10 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
             json.dump({"gguf": os.path.abspath(gguf_path)}, f)
         # transformers builds a fast tokenizer (vocab, merges, special tokens, chat template) from
         # the GGUF metadata; we keep its files so later starts need no GGUF parsing at all.
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+        # (AutoTokenizer reads the file's config too, which it refuses for the architectures in FAMILIES: their
+        # tokenizer is built from the same tokenizer.ggml.* keys by the fast tokenizer itself)
+        tok_cls = PreTrainedTokenizerFast if _field(reader, "general.architecture") in FAMILIES else AutoTokenizer
+        tok = tok_cls.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
         tok.save_pretrained(tmp)
         try:
             os.rename(tmp, out_dir)
