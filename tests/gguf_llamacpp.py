@@ -167,6 +167,16 @@ ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
 MTP_LAYERS = {"glm4moe": "num_nextn_predict_layers"}
 
 
+class _Except:
+    """The writer minus the add_* calls of the keys a test sets itself (a key is written once)."""
+
+    def __init__(self, writer, skip: set):
+        self.writer, self.skip = writer, skip
+
+    def __getattr__(self, name: str):
+        return (lambda *args: None) if name[len("add_"):] in self.skip else getattr(self.writer, name)
+
+
 def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[dict] = None,
                         extra: Optional[dict] = None) -> dict:
     """Writes `state` (transformers' float32 state dict, lm_head dropped when tied) as llama.cpp's converter
@@ -200,7 +210,7 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    keys(w, cfg)
+    keys(_Except(w, set(extra or ())), cfg)
     for key, value in (extra or {}).items():
         getattr(w, f"add_{key}")(value)
     for name, arr in tensors.items():

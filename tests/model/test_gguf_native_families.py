@@ -1,15 +1,15 @@
-"""GGUF files of the architectures served by their own native model (llama.cpp's deepseek2, ...) end to end: a
-tiny transformers model written as llama.cpp's converter writes it (tests/gguf_llamacpp.py: gguf-py's tensor
-names, its reshapes, its metadata keys), converted by gguf_convert: the same tensors back under transformers'
-names, and, served by the Engine in float32, transformers' greedy tokens on the weights the file holds, token
-for token, with the tensors in F32 and with the ones whose rows allow it in Q8_0. Metadata the converter
-does not honour is refused by name."""
+"""GGUF files of the architectures served by their own native model (llama.cpp's deepseek2, glm4moe, gpt-oss,
+llama4) end to end: a tiny transformers model written as llama.cpp's converter writes it (tests/gguf_llamacpp.py:
+gguf-py's tensor names, the converter's reshapes and metadata keys), converted by gguf_convert: the same
+tensors back under transformers' names, and, served by the Engine in float32, transformers' greedy tokens on
+the weights the file holds, token for token, with the tensors in F32 and with the ones whose rows allow it in
+Q8_0 (gpt-oss's experts in MXFP4 too). Metadata the converter does not honour is refused by name."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import RopeScalingType
+from gguf import ExpertGatingFuncType, RopeScalingType
 
 from gguf_llamacpp import write_llamacpp_gguf
 from gguf_tiny import convert_tiny
@@ -51,6 +51,9 @@ CASES = {
     "gpt_oss": ("gpt-oss", "GptOssConfig", OSS, ()),
     "gpt_oss_q8_0": ("gpt-oss", "GptOssConfig", OSS, ("attn_q.weight", "attn_output.weight", "ffn_gate_exps.weight",
                                                       "ffn_up_exps.weight", "ffn_down_exps.weight")),
+    # the released files' experts: MXFP4 blocks
+    "gpt_oss_mxfp4": ("gpt-oss", "GptOssConfig", OSS, ("ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                                       "ffn_down_exps.weight")),
     # four layers: three chunked RoPE layers with the L2 q / k norm, a NoPE one with temperature tuning; MoE on
     # every second layer beside dense MLPs of another width
     "llama4": ("llama4", "Llama4TextConfig", L4, ()),
@@ -58,6 +61,9 @@ CASES = {
                                                        "ffn_gate_exps.weight", "ffn_down_exps.weight",
                                                        "ffn_up_shexp.weight", "ffn_gate.weight")),
 }
+
+KIND = {"gpt_oss_mxfp4": "MXFP4"}  # the block type of a case's quantized tensors (else Q8_0)
+STEP = {"Q8_0": 1 / 100, "MXFP4": 1 / 3}  # the largest rounding error, as a fraction of the tensor's largest |value|
 
 
 def _randomise_zeros(model) -> None:
@@ -94,7 +100,7 @@ def test_gguf_native_family_round_trip_and_parity(name, tmp_path):
     _randomise_zeros(model)
     state = model.state_dict()
     written = write_llamacpp_gguf(str(tmp_path / "m.gguf"), arch, model.config, state,
-                                  kinds={n: "Q8_0" for n in _names(model, quantized)})
+                                  kinds={n: KIND.get(name, "Q8_0") for n in _names(model, quantized)})
     assert {n.split(".", 2)[-1] for n in written if n.startswith("blk.")} >= set(quantized)
     got = convert_tiny(str(tmp_path / "m.gguf"), str(tmp_path / "conv"), str(hf_dir))
     assert set(got) == set(state)
@@ -105,8 +111,9 @@ def test_gguf_native_family_round_trip_and_parity(name, tmp_path):
     for k, v in state.items():
         if not quantized:  # F32: the round trip is exact
             np.testing.assert_array_equal(got[k], v.numpy(), err_msg=k)
-        else:  # Q8_0: within a block's step
-            np.testing.assert_allclose(got[k], v.numpy(), atol=float(v.abs().max()) / 100 + 1e-6, err_msg=k)
+        else:  # within the block type's step
+            step = STEP[KIND.get(name, "Q8_0")]
+            np.testing.assert_allclose(got[k], v.numpy(), atol=float(v.abs().max()) * step + 1e-6, err_msg=k)
     changed = sum(not np.array_equal(got[k], v.numpy()) for k, v in state.items())
     assert changed >= (len(quantized) // 2 if quantized else 0)  # the Q8_0 tensors hold quantized values
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in got.items()})  # the file's values
@@ -127,6 +134,11 @@ REFUSED = {
                     "GGUF key 'deepseek2.attention.temperature_scale' is not supported"),
     "rope_type": ("deepseek_v3", {"rope_scaling_type": RopeScalingType.LINEAR, "rope_scaling_factor": 2.0},
                   "deepseek2 rope scaling 'linear' is not supported"),
+    "glm_softmax": ("glm4moe", {"expert_gating_func": ExpertGatingFuncType.SOFTMAX},
+                    "glm4moe.expert_gating_func 1 is not supported"),
+    "oss_pattern": ("gpt_oss", {"sliding_window_pattern": 3},
+                    "GGUF key 'gpt-oss.attention.sliding_window_pattern' is not supported"),
+    "llama4_swa_theta": ("llama4", {"rope_freq_base_swa": 10.0}, "llama4.rope.freq_base_swa 10.0 != rope.freq_base"),
 }
 
 
@@ -138,8 +150,7 @@ def test_metadata_not_honoured_is_refused_by_name(name, tmp_path):
 
     case, keys, message = REFUSED[name]
     arch, cls_name, kwargs, _ = CASES[case]
-    model = build_tiny(tmp_path / "hf", cls_name, {**TINY, "num_hidden_layers": 1}, {**kwargs,
-                                                                                   "first_k_dense_replace": 0})
+    model = build_tiny(tmp_path / "hf", cls_name, TINY, kwargs)
     write_llamacpp_gguf(str(tmp_path / "m.gguf"), arch, model.config, model.state_dict(), extra=keys)
     with pytest.raises(ValueError, match=message):
         gguf_to_hf_config(gguf.GGUFReader(str(tmp_path / "m.gguf")))

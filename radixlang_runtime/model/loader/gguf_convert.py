@@ -1,7 +1,7 @@
 """GGUF -> HF directory (config.json + model.safetensors + tokenizer files).
 
 The `gguf` package reads and dequantizes the tensors (BLOCK_TYPES: F32 / F16 / BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; others refused by name) to float32; the runtime then
+Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; others refused by name) to float32; the runtime then
 serves a .gguf on its blocks by default (gguf_blocks below, model/layers/gguf_block_linear.py). Architectures:
 gguf_families.ARCHS (what each adds to the llama mapping below is there). llama.cpp's converter permutes
 the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
@@ -26,9 +26,10 @@ from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MO
                                                           refuse_unknown_keys, tensor_rope)
 
 # the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions); the
-# quantized ones are those the kernels run on their blocks (radixlang_kernels.quant_ops.GGUF_TYPES)
+# quantized ones but MXFP4 (gpt-oss's experts, dequantized at load) are those the kernels run on their blocks
+# (radixlang_kernels.quant_ops.GGUF_TYPES)
 BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-               "IQ4_NL", "IQ4_XS")
+               "IQ4_NL", "IQ4_XS", "MXFP4")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",

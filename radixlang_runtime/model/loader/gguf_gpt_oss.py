@@ -7,8 +7,8 @@ router with its bias (ffn_gate_inp), the sinks (attn_sinks), q / k / v / o biase
 post_attention_norm. Layers alternate sliding / full as llama.cpp's default pattern (every second layer global,
 the first slides: transformers' layer_types), the window from attention.sliding_window; yarn's betas from
 rope.scaling.yarn_beta_*, without truncation (GptOssConfig's rope). The clamped SwiGLU's constants are the
-ones llama.cpp and transformers both fix (alpha 1.702, limit 7). The released files keep the experts in MXFP4,
-a block type not read here (refused by name with the supported list); F32 / F16 / BF16 / Q8_0 experts load.
+ones llama.cpp and transformers both fix (alpha 1.702, limit 7). The released files keep the experts in MXFP4
+(gguf_convert.BLOCK_TYPES: dequantized at load, as every MoE model's experts are).
 """
 
 from __future__ import annotations
