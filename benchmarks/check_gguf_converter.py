@@ -1,9 +1,10 @@
 """llama.cpp's own converter against the GGUF loader: a tiny random transformers checkpoint per natively served
-architecture (deepseek2, glm4moe, gpt-oss, llama4) converted by llama.cpp's convert_hf_to_gguf.py (--outtype
-f32), served by the Engine from the .gguf path (the whole path: config, tensors and tokenizer read from the
-file, float32), greedy tokens compared token for token with transformers on the checkpoint.
+architecture (deepseek2 as V3 and as V2-Lite, glm4moe, gpt-oss, llama4) converted by llama.cpp's
+convert_hf_to_gguf.py (--outtype f32), served by the Engine from the .gguf path (the whole path: config,
+tensors and tokenizer read from the file, float32), greedy tokens compared token for token with transformers
+on the checkpoint.
 
-    python benchmarks/check_gguf_converter.py LLAMA_CPP_DIR [--cases deepseek_v3,glm4moe,gpt_oss,llama4]
+    python benchmarks/check_gguf_converter.py LLAMA_CPP_DIR [--cases deepseek_v3,glm4moe,...]
 
 LLAMA_CPP_DIR holds convert_hf_to_gguf.py and gguf-py (a llama.cpp checkout, or llama-cpp-python's sdist's
 vendor/llama.cpp). The checkpoints carry the embedded model's tokenizer: GLM's vocabulary step (which needs
@@ -29,6 +30,11 @@ CASES = {  # name -> (transformers config class, kwargs: what the hub configs of
                                              n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
                                              routed_scaling_factor=2.5, scoring_func="sigmoid",
                                              topk_method="noaux_tc")),
+    "deepseek_v2_lite": ("DeepseekV2Config", dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None,
+                                                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=8,
+                                                  n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                  n_shared_experts=2, first_k_dense_replace=1,
+                                                  routed_scaling_factor=1.0, topk_method="greedy")),
     "glm4moe": ("Glm4MoeConfig", dict(num_key_value_heads=2, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
                                       moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
                                       n_group=2, topk_group=1, routed_scaling_factor=1.5, use_qk_norm=True,
