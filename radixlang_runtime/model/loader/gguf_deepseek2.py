@@ -98,8 +98,9 @@ def _yarn(a, scaling: dict) -> dict:
         raise ValueError(f"GGUF deepseek2 rope scaling {scaling.get('rope_type')!r} is not supported (yarn)")
     mul = a("rope.scaling.yarn_log_multiplier")
     out = yarn_betas(a, scaling)
-    if mul is not None:
-        out.update(mscale=float(mul) / 0.1, mscale_all_dim=float(mul) / 0.1)
+    if mul is not None:  # (the key is a float32: 0.1 * m rounded back to m's digits)
+        m = round(float(mul) / 0.1, 6)
+        out.update(mscale=m, mscale_all_dim=m)
     return out
 
 
