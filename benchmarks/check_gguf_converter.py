@@ -1,5 +1,5 @@
 """llama.cpp's own converter against the GGUF loader: a tiny random transformers checkpoint per natively served
-architecture (deepseek2 as V3 and as V2-Lite, glm4moe, gpt-oss, llama4) converted by llama.cpp's
+architecture (deepseek2 as V3 and as V2-Lite, glm4moe, gpt-oss, llama4, qwen3next) converted by llama.cpp's
 convert_hf_to_gguf.py (--outtype f32), served by the Engine from the .gguf path (the whole path: config,
 tensors and tokenizer read from the file, float32), greedy tokens compared token for token with transformers
 on the checkpoint.
@@ -8,7 +8,8 @@ on the checkpoint.
 
 LLAMA_CPP_DIR holds convert_hf_to_gguf.py and gguf-py (a llama.cpp checkout, or llama-cpp-python's sdist's
 vendor/llama.cpp). The checkpoints carry the embedded model's tokenizer: GLM's vocabulary step (which needs
-GLM's own special tokens) is replaced by the converter's GPT-2 one, nothing else of the converter is changed.
+GLM's own special tokens) is replaced by the converter's GPT-2 one, nothing else of the converter is changed;
+Qwen3-Next's with --no-mtp (its converter otherwise requires the prediction layers the tiny checkpoint lacks).
 Not part of CI (tests/model/test_gguf_native_families.py writes the same layout with gguf-py in CI).
 Exit status 1 when a case differs.
 """
@@ -45,7 +46,12 @@ CASES = {  # name -> (transformers config class, kwargs: what the hub configs of
     "llama4": ("Llama4TextConfig", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
                                         num_experts_per_tok=1, intermediate_size=32, intermediate_size_mlp=96,
                                         interleave_moe_layer_step=2, attention_chunk_size=8192)),
+    "qwen3next": ("Qwen3NextConfig", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
+                                          linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                          linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=32, shared_expert_intermediate_size=32)),
 }
+NO_MTP = {"qwen3next": ["--no-mtp"]}
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]
 NEW = 8
 # runs the converter unchanged but for GLM's vocabulary step (the tiny checkpoints carry a GPT-2 style tokenizer)
@@ -53,7 +59,7 @@ _RUN = """import runpy, sys
 sys.path[:0] = [{d!r}, {d!r} + '/gguf-py']
 import conversion.glm as glm
 glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()
-sys.argv = ['convert_hf_to_gguf.py', {src!r}, '--outtype', 'f32', '--outfile', {out!r}]
+sys.argv = ['convert_hf_to_gguf.py', {src!r}, '--outtype', 'f32', '--outfile', {out!r}] + {flags!r}
 runpy.run_path({d!r} + '/convert_hf_to_gguf.py', run_name='__main__')
 """
 
@@ -94,7 +100,8 @@ def check(llama_cpp: str, name: str, work: str) -> bool:
     cls_name, kwargs = CASES[name]
     src, out = os.path.join(work, name), os.path.join(work, name + ".gguf")
     model = _tiny(src, cls_name, kwargs)
-    subprocess.run([sys.executable, "-c", _RUN.format(d=os.path.abspath(llama_cpp), src=src, out=out)], check=True,
+    subprocess.run([sys.executable, "-c", _RUN.format(d=os.path.abspath(llama_cpp), src=src, out=out,
+                                                              flags=NO_MTP.get(name, []))], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     want = [_greedy(model, p) for p in PROMPTS]
     sp = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}

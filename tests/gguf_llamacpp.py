@@ -1,8 +1,8 @@
-"""GGUF files of the natively served MoE architectures (deepseek2, glm4moe, gpt-oss, llama4) written from a tiny
-transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from gguf-py's own map
+"""GGUF files of the natively served MoE architectures (deepseek2, glm4moe, gpt-oss, llama4, qwen3next) written from a
+tiny transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from gguf-py's own map
 (gguf.get_tensor_name_map, which the converter uses), experts stacked per layer, DeepSeek's kv_b_proj split into
-attn_k_b (transposed) / attn_v_b, and the metadata keys each converter class writes (gguf.Keys through
-GGUFWriter's add_*). The names and reshapes come from gguf-py and the converter, not from the loader's tables."""
+attn_k_b (transposed) / attn_v_b, and the metadata keys each converter class writes (gguf.Keys through GGUFWriter's
+add_*). The names and reshapes come from gguf-py and the converter, not from the loader's tables."""
 
 from __future__ import annotations
 
@@ -155,6 +155,47 @@ def llama4_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
     return {name: w}
 
 
+def qwen3next_keys(w, cfg) -> None:
+    """Qwen3NextModel.set_gguf_parameters with Qwen2MoeModel's and the shared ones."""
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(cfg.linear_key_head_dim)
+    w.add_ssm_group_count(cfg.linear_num_key_heads)
+    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    w.add_full_attention_interval(cfg.to_dict().get("full_attention_interval", 4))  # config.json's, else 4
+    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 0.25)))
+
+
+def qwen3next_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """Qwen3NextModel.modify_tensors: A_log -> -exp, dt_bias renamed, conv1d squeezed, 1 + w norms (not the
+    DeltaNet's), in_proj_qkvz regrouped into qkv (every head's q, then k, then v) and the gate z."""
+    if name.endswith(".A_log"):
+        return {name: (-np.exp(w.astype(np.float64))).astype(np.float32)}
+    if name.endswith(".dt_bias"):
+        return {name.replace(".dt_bias", ".dt_proj.bias"): w}
+    if "conv1d" in name:
+        return {name: np.ascontiguousarray(w.squeeze())}
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return {name: w + np.float32(1.0)}
+    if name.endswith("in_proj_qkvz.weight"):
+        nk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+        vz = cfg.linear_num_value_heads // nk * cfg.linear_value_head_dim
+        t = w.T.reshape(w.shape[1], nk, 2 * dk + 2 * vz)
+        q, k, v, z = np.split(t, [dk, 2 * dk, 2 * dk + vz], axis=-1)
+        flat = [x.reshape(w.shape[1], -1) for x in (q, k, v, z)]
+        layer = name.split(".")[2]
+        return {f"blk.{layer}.attn_qkv.weight": np.ascontiguousarray(np.concatenate(flat[:3], axis=1).T),
+                f"blk.{layer}.attn_gate.weight": np.ascontiguousarray(flat[3].T)}
+    return {name: w}
+
+
 # gguf arch -> (gguf.MODEL_ARCH member, set_gguf_parameters beyond the shared keys, per-tensor modify_tensors)
 ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
@@ -162,6 +203,7 @@ ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "glm4moe": ("GLM4_MOE", glm4moe_keys, None),
     "gpt-oss": ("GPT_OSS", gpt_oss_keys, gpt_oss_modify),
     "llama4": ("LLAMA4", llama4_keys, llama4_modify),
+    "qwen3next": ("QWEN3NEXT", qwen3next_keys, qwen3next_modify),
 }
 # the converter adds the prediction layers to block_count (their tensors follow the decoder's blocks)
 MTP_LAYERS = {"glm4moe": "num_nextn_predict_layers"}
@@ -190,7 +232,7 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
     tensors = {}
     for name, arr in _hf_tensors(state, arch).items():
         for hf_name, w in (modify(name, arr, cfg) if modify else {name: arr}).items():
-            new = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            new = hf_name if hf_name.startswith("blk.") else names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if new is None:
                 raise ValueError(f"gguf-py maps no tensor name for {hf_name}")
             tensors[new] = w

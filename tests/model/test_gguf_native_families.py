@@ -1,9 +1,9 @@
-"""GGUF files of the architectures served by their own native model (llama.cpp's deepseek2, glm4moe, gpt-oss,
-llama4) end to end: a tiny transformers model written as llama.cpp's converter writes it (tests/gguf_llamacpp.py:
-gguf-py's tensor names, the converter's reshapes and metadata keys), converted by gguf_convert: the same
-tensors back under transformers' names, and, served by the Engine in float32, transformers' greedy tokens on
-the weights the file holds, token for token, with the tensors in F32 and with the ones whose rows allow it in
-Q8_0 (gpt-oss's experts in MXFP4 too). Metadata the converter does not honour is refused by name."""
+"""GGUF files of the architectures served by their own native model (llama.cpp's deepseek2, glm4moe, gpt-oss, llama4,
+qwen3next) end to end: a tiny transformers model written as llama.cpp's converter writes it (tests/gguf_llamacpp.py:
+gguf-py's tensor names, the converter's reshapes and metadata keys), converted by gguf_convert: the same tensors
+back under transformers' names, and, served by the Engine in float32, transformers' greedy tokens on the weights the
+file holds, token for token, with the tensors in F32 and with the ones whose rows allow it in Q8_0 (gpt-oss's
+experts in MXFP4 too). Metadata the converter does not honour is refused by name."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ OSS = dict(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_
            sliding_window=8, layer_types=["sliding_attention", "full_attention"])
 L4 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
           intermediate_size=32, intermediate_size_mlp=96, interleave_moe_layer_step=2, attention_chunk_size=8192)
+Q3N = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+           linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
+           moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
 # name -> (gguf arch, transformers config class, its kwargs, GGUF tensors (suffixes) written as Q8_0)
 CASES = {
@@ -60,6 +63,10 @@ CASES = {
     "llama4_q8_0": ("llama4", "Llama4TextConfig", L4, ("attn_q.weight", "attn_k.weight", "attn_output.weight",
                                                        "ffn_gate_exps.weight", "ffn_down_exps.weight",
                                                        "ffn_up_shexp.weight", "ffn_gate.weight")),
+    # DeltaNet layers 0-2, gated full attention in layer 3 (full_attention_interval 4), the MoE's gated shared expert
+    "qwen3next": ("qwen3next", "Qwen3NextConfig", Q3N, ()),
+    "qwen3next_q8_0": ("qwen3next", "Qwen3NextConfig", Q3N, ("attn_qkv.weight", "attn_gate.weight", "ssm_out.weight",
+                                                             "ffn_gate_exps.weight", "ffn_up_shexp.weight")),
 }
 
 KIND = {"gpt_oss_mxfp4": "MXFP4"}  # the block type of a case's quantized tensors (else Q8_0)
@@ -109,7 +116,9 @@ def test_gguf_native_family_round_trip_and_parity(name, tmp_path):
 
         assert json.load(f)["architectures"] == model.config.architectures
     for k, v in state.items():
-        if not quantized:  # F32: the round trip is exact
+        if not quantized and arch == "qwen3next" and (k.endswith("A_log") or k.endswith("norm.weight")):
+            np.testing.assert_allclose(got[k], v.numpy(), rtol=1e-6, atol=1e-6, err_msg=k)  # -exp / 1 + w and back
+        elif not quantized:  # F32: the round trip is exact
             np.testing.assert_array_equal(got[k], v.numpy(), err_msg=k)
         else:  # within the block type's step
             step = STEP[KIND.get(name, "Q8_0")]
