@@ -1,7 +1,8 @@
 """GGUF block types at load (gguf_convert.dequantize_tensor): each type read back from a real file written by
 gguf.GGUFWriter. Types gguf.quants can quantize round-trip within the type's step; the K-quants (which gguf
 only dequantizes) are built as random blocks and checked against a scalar decoder written here from ggml's
-block layouts (ggml-quants.c dequantize_row_q{4,5,6}_K); a type outside BLOCK_TYPES is refused by name."""
+block layouts (ggml-quants.c dequantize_row_q{4,5,6}_K, dequantize_row_mxfp4); a type outside BLOCK_TYPES is
+refused by name."""
 
 from __future__ import annotations
 
@@ -132,8 +133,30 @@ def test_other_types_match_the_kernels_decoder(kind, tmp_path):
     assert np.abs(want).max() > 0
 
 
+_E2M1 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml's kvalues_mxfp4 (doubled values)
+
+
+def ref_mxfp4(b: np.ndarray) -> list[float]:
+    """ggml-quants.c dequantize_row_mxfp4, one 17-byte block: an E8M0 exponent e (scale 2^(e - 128), the doubled
+    values' half), then 16 bytes: value j from the low nibble of byte j, value j + 16 from its high nibble."""
+    d = 2.0 ** (int(b[0]) - 128)
+    q = b[1:17]
+    return [_E2M1[int(x) & 0xF] * d for x in q] + [_E2M1[int(x) >> 4] * d for x in q]
+
+
+def test_mxfp4_matches_ggmls_layout(tmp_path):
+    """gpt-oss's experts (llama.cpp writes the checkpoints' MXFP4 blocks as they are)."""
+    rng = np.random.default_rng(5)
+    blocks = rng.integers(0, 256, (ROWS, COLS // 32, 17), dtype=np.uint8)
+    blocks[:, :, 0] = rng.integers(118, 134, (ROWS, COLS // 32))  # exponents around 2^0
+    got = _read_back(tmp_path, "MXFP4", blocks.reshape(ROWS, -1))
+    want = np.array([[v for blk in row for v in ref_mxfp4(blk)] for row in blocks], dtype=np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(want).max() > 0
+
+
 def test_every_listed_block_type_is_tested():
-    assert set(BLOCK_TYPES) == set(ROUND_TRIP) | set(K_QUANTS) | set(C_DECODED)
+    assert set(BLOCK_TYPES) == set(ROUND_TRIP) | set(K_QUANTS) | set(C_DECODED) | {"MXFP4"}
 
 
 def test_other_block_types_are_refused_by_name():

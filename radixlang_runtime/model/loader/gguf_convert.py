@@ -1,7 +1,7 @@
 """GGUF -> HF directory (config.json + model.safetensors + tokenizer files).
 
 The `gguf` package reads and dequantizes the tensors (BLOCK_TYPES: F32 / F16 / BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; others refused by name) to float32; the runtime then
+Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; others refused by name) to float32; the runtime then
 serves a .gguf on its blocks by default (gguf_blocks below, model/layers/gguf_block_linear.py). Architectures:
 gguf_families.ARCHS (what each adds to the llama mapping below is there). llama.cpp's converter permutes
 the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
@@ -20,14 +20,16 @@ import tempfile
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_families import (ARCHS, HF_MODEL_TYPES, NORM_PLUS_ONE, ROPE_TENSORS,
-                                                          family_config, join_experts, layer_names, refuse_unknown_keys,
-                                                          tensor_rope)
+from radixlang_runtime.model.loader.gguf_family import unread_block
+from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE,
+                                                          ROPE_TENSORS, family_config, join_experts, layer_names,
+                                                          refuse_unknown_keys, tensor_rope)
 
 # the block types gguf.quants.dequantize reads that tests/test_gguf_quants.py checks (one-line additions); the
-# quantized ones are those the kernels run on their blocks (radixlang_kernels.quant_ops.GGUF_TYPES)
+# quantized ones but MXFP4 (gpt-oss's experts, dequantized at load) are those the kernels run on their blocks
+# (radixlang_kernels.quant_ops.GGUF_TYPES)
 BLOCK_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-               "IQ4_NL", "IQ4_XS")
+               "IQ4_NL", "IQ4_XS", "MXFP4")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -97,6 +99,7 @@ def gguf_rope_fields(reader, arch: str, head_dim: int) -> dict:
     a = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     from_tensors = tensor_rope(reader, arch, a, head_dim)  # llama3 (rope_freqs) / longrope (rope_factors_*)
     known = _ROPE_SCALING_KEYS + (("attn_factor",) if from_tensors else ())
+    known += FAMILIES[arch].rope_scaling_keys if arch in FAMILIES else ()
     prefix = f"{arch}.rope.scaling."
     extra = sorted(k for k in reader.fields if k.startswith(prefix) and k[len(prefix):] not in known)
     if extra:
@@ -164,7 +167,7 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
     permute_qk = config["model_type"] == "llama"
     out = {}
     for t in reader.tensors:
-        if t.name in ROPE_TENSORS:  # read into config.json's rope_scaling
+        if t.name in ROPE_TENSORS or unread_block(FAMILIES.get(arch), t.name, config):  # rope: config.json's
             continue
         w = dequantize_tensor(t)
         name = t.name
@@ -176,6 +179,8 @@ def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
             w = w - np.float32(1.0)  # llama.cpp stored 1 + w (Gemma's norm multiplies by 1 + w)
         out[hf_tensor_name(name, arch)] = w
     join_experts(out)
+    if arch in FAMILIES and FAMILIES[arch].tensors is not None:
+        FAMILIES[arch].tensors(out, config)
     return out
 
 
@@ -192,7 +197,7 @@ def gguf_blocks(gguf_path: str, config: dict,
     out = {}
     for t in reader.tensors:
         fmt = t.tensor_type.name
-        if fmt not in formats or t.name in ROPE_TENSORS:
+        if fmt not in formats or t.name in ROPE_TENSORS or unread_block(FAMILIES.get(arch), t.name, config):
             continue
         rows = np.asarray(t.data)  # [rows, row bytes] uint8, a view of the mapped file
         name = t.name
@@ -236,7 +241,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
     """Write an HF directory for `gguf_path` into `out_dir` (atomically). Returns out_dir."""
     import gguf
     from safetensors.numpy import save_file
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     reader = gguf.GGUFReader(gguf_path)
     config = gguf_to_hf_config(reader)
@@ -251,7 +256,10 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
             json.dump({"gguf": os.path.abspath(gguf_path)}, f)
         # transformers builds a fast tokenizer (vocab, merges, special tokens, chat template) from
         # the GGUF metadata; we keep its files so later starts need no GGUF parsing at all.
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+        # (AutoTokenizer reads the file's config too, which it refuses for the architectures in FAMILIES: their
+        # tokenizer is built from the same tokenizer.ggml.* keys by the fast tokenizer itself)
+        tok_cls = PreTrainedTokenizerFast if _field(reader, "general.architecture") in FAMILIES else AutoTokenizer
+        tok = tok_cls.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
         tok.save_pretrained(tmp)
         try:
             os.rename(tmp, out_dir)

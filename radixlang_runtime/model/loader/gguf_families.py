@@ -16,6 +16,9 @@ config.json fields, its tensor names, and RoPE scaling stored as tensors. No tor
   query_pre_attn_scalar as llama.cpp derives it (hidden / heads for the 27B layer counts, else head_dim: the
   file has no key for it); gemma3's local layers rotate with rope.freq_base_swa (default 10,000), unscaled.
 
+Architectures served by their own native model (deepseek2, ...) describe themselves in a GGUFFamily
+(gguf_family.py; one module each, collected in FAMILIES).
+
 Every `{arch}.` metadata key is read or refused by name (KEYS, family_keys): a key we do not honour would
 change the model's math without us knowing.
 """
@@ -27,10 +30,17 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from radixlang_runtime.model.loader import gguf_deepseek2, gguf_glm4moe, gguf_gpt_oss, gguf_llama4, gguf_qwen3next
+from radixlang_runtime.model.loader.gguf_family import GGUFFamily
+
+FAMILIES: dict[str, GGUFFamily] = {f.arch: f for f in (gguf_deepseek2.FAMILY, gguf_glm4moe.FAMILY, gguf_gpt_oss.FAMILY,
+                                                  gguf_llama4.FAMILY, gguf_qwen3next.FAMILY)}
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
          "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
          "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}  # where they differ
+ARCHS.update({f.arch: f.hf_arch for f in FAMILIES.values()})
+HF_MODEL_TYPES.update({f.arch: f.model_type for f in FAMILIES.values()})
 NORM_PLUS_ONE = ("gemma2", "gemma3")  # llama.cpp wrote 1 + w for every *norm.weight
 # the `{arch}.` keys every architecture reads (gguf_convert.gguf_to_hf_config; rope.scaling.*: gguf_rope_fields)
 KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
@@ -64,6 +74,8 @@ _GEMMA_LAYER_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.we
 
 def layer_names(arch: str) -> dict[str, str]:
     """The arch's block tensor names beyond the llama ones (GGUF suffix -> HF suffix; they win)."""
+    if arch in FAMILIES:
+        return FAMILIES[arch].layer_names
     if arch in ("qwen2moe", "qwen3moe"):
         return _MOE_LAYER_NAMES
     if arch in NORM_PLUS_ONE:
@@ -74,7 +86,8 @@ def layer_names(arch: str) -> dict[str, str]:
 def refuse_unknown_keys(fields, arch: str) -> None:
     """Every `{arch}.` key must be one this converter reads (rope.scaling.*: gguf_rope_fields checks those);
     keys read only to check a value are checked here. ValueError names the first other one."""
-    known = set(KEYS) | set(_FAMILY_KEYS.get(arch, ()))
+    family = FAMILIES.get(arch)
+    known = set(KEYS) | set(_FAMILY_KEYS.get(arch, ())) | set(family.keys if family else ())
     prefix = f"{arch}."
     extra = sorted(k for k in fields if k.startswith(prefix) and not k.startswith(prefix + "rope.scaling.")
                    and k[len(prefix):] not in known)
@@ -82,16 +95,19 @@ def refuse_unknown_keys(fields, arch: str) -> None:
         raise ValueError(f"GGUF key {extra[0]!r} is not supported (architecture {arch})")
     get = lambda k: fields[prefix + k].contents() if prefix + k in fields else None  # noqa: E731
     key_len, value_len = get("attention.key_length"), get("attention.value_length")
-    if value_len is not None and key_len is not None and int(value_len) != int(key_len):
+    if value_len is not None and key_len is not None and int(value_len) != int(key_len) and not (
+            family and family.head_dims):
         raise ValueError(f"GGUF {prefix}attention.value_length {value_len} != key_length {key_len} is not supported")
     gating = get("expert_gating_func")
-    if gating is not None and int(gating) != _GATING_SOFTMAX:
+    if gating is not None and int(gating) != _GATING_SOFTMAX and family is None:  # a family reads its own
         raise ValueError(f"GGUF {prefix}expert_gating_func {gating} is not supported (softmax routing only)")
 
 
 def family_config(arch: str, a: Callable, names: set[str], base: dict) -> dict:
     """The whole config.json: the shared fields (`base`) with the arch's own; `a(key, default)` reads
     `{arch}.{key}`."""
+    if arch in FAMILIES:
+        return FAMILIES[arch].config(a, names, base)
     return {**base, **_family_fields(arch, a, names, base)} if arch not in NORM_PLUS_ONE else _gemma(arch, a, base)
 
 
@@ -167,7 +183,7 @@ def tensor_rope(reader, arch: str, a: Callable, head_dim: int) -> Optional[dict]
         return None
     data = {n: np.asarray(t.data, dtype=np.float64).reshape(-1) for n, t in tensors.items()}
     dims = int(a("rope.dimension_count", head_dim))
-    if arch == "llama" and set(data) == {"rope_freqs.weight"}:
+    if arch in ("llama", "llama4") and set(data) == {"rope_freqs.weight"}:
         return _llama3_from_freqs(data["rope_freqs.weight"], float(a("rope.freq_base", 10000.0)), dims)
     if arch == "phi3" and set(data) == {"rope_factors_long.weight", "rope_factors_short.weight"}:
         scaling = {"rope_type": "longrope", "short_factor": data["rope_factors_short.weight"].tolist(),

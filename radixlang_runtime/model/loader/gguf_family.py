@@ -1,0 +1,53 @@
+"""GGUFFamily: what one GGUF architecture served by its own native model (deepseek2, glm4moe, gpt-oss, llama4,
+qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF architecture, the `{arch}.` keys it reads, its
+tensor names, its config.json and the tensor reshapes that undo llama.cpp's converter. No torch."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+# a(key, default) reads `{arch}.{key}`; names: the file's tensor names; base: the shared config.json fields
+ConfigFn = Callable[[Callable, set, dict], dict]
+# the HF-named float32 tensors after the shared mapping (gguf_convert.gguf_state_dict), changed in place
+TensorsFn = Callable[[dict, dict], None]
+
+
+@dataclass(frozen=True)
+class GGUFFamily:
+    arch: str  # llama.cpp's general.architecture (gguf.MODEL_ARCH_NAMES)
+    hf_arch: str  # the architecture config.json names (a config function may pick another, e.g. V2 / V3)
+    model_type: str
+    keys: tuple[str, ...]  # `{arch}.` keys read beyond gguf_families.KEYS; every other one is refused by name
+    layer_names: dict[str, str]  # blk.N.{suffix} -> model.layers.N.{HF suffix} (they win over llama's)
+    config: ConfigFn
+    tensors: Optional[TensorsFn] = None
+    head_dims: bool = False  # attention.key_length / value_length are the family's (no shared equality check)
+    rope_scaling_keys: tuple[str, ...] = ()  # rope.scaling.* keys the family reads itself
+    extra_blocks: bool = False  # blk.N past num_hidden_layers (multi-token prediction layers) are left unread
+
+
+def unread_block(family: Optional[GGUFFamily], name: str, config: dict) -> bool:
+    """Whether `name` is a tensor of a block past the decoder's layers that the family leaves unread."""
+    m = re.match(r"blk\.(\d+)\.", name)
+    return bool(family and family.extra_blocks and m and int(m.group(1)) >= config["num_hidden_layers"])
+
+
+YARN_BETA_KEYS = ("yarn_beta_fast", "yarn_beta_slow")
+
+
+def yarn_betas(a, scaling: dict) -> dict:
+    """`scaling` (yarn) with rope.scaling.yarn_beta_fast / yarn_beta_slow as transformers' beta_fast / beta_slow."""
+    out = dict(scaling)
+    for key, name in zip(YARN_BETA_KEYS, ("beta_fast", "beta_slow")):
+        if a(f"rope.scaling.{key}") is not None:
+            out[name] = float(a(f"rope.scaling.{key}"))
+    return out
+
+
+def stacked_experts(names: dict[str, str]) -> dict[str, str]:
+    """The MoE tensor names llama.cpp writes for a router and stacked experts (gate / up joined afterwards by
+    gguf_families.join_experts)."""
+    return {"ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj",
+            "ffn_up_exps.weight": "mlp.experts.up_proj", "ffn_down_exps.weight": "mlp.experts.down_proj", **names}
