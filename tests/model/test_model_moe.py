@@ -81,7 +81,7 @@ def test_tp2_splits_experts_and_matches_transformers(tmp_path):
 
 
 def test_olmoe_refuses_tensor_parallel_by_name():
-    from radixlang_runtime.model.layers.moe import MoEForCausalLM
+    from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
     from radixlang_runtime.model.executor.parallel import make_shard
     from radixlang_runtime.model.layers.rotary import Rotary
 

@@ -195,3 +195,13 @@ def test_a_planted_cycle_is_found():
     assert _cycles(two) == [["pkg.a", "pkg.b"]]
     assert _cycles(three) == [["pkg.a", "pkg.b", "pkg.c"]]
     assert _cycles(line) == []
+
+
+def test_model_layers_import_no_model_family():
+    """Inside the model package, layers/ sits below models/ (the families build on the layers): a layer that
+    imported a family would cycle through models/__init__'s registry when imported first in a process."""
+    modules = _modules()
+    up = {name: sorted(t for t in _imports(name, path, modules) if t.startswith(f"{RT}.model.models"))
+          for name, path in modules.items() if name.startswith(f"{RT}.model.layers")}
+    assert not {n: t for n, t in up.items() if t}, "layers importing model families"
+    assert f"{RT}.model.layers.moe" in up  # the walk sees the layers

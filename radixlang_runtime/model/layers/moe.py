@@ -1,5 +1,6 @@
 """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss): the router, the experts as one
-GEMM pair per active expert, the optional shared expert, and the decoder that puts the block in its layers.
+GEMM pair per active expert, the optional shared expert (the decoder that puts the block in its layers is
+models/moe_decoder.py).
 
 Experts run grouped: the step's T x k (token, expert) assignments are sorted by expert, each active expert
 multiplies its contiguous run of gathered token rows (one gate_up and one down matmul), and the weighted
@@ -24,11 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlang_runtime.model.loader.config import ModelConfig
-from radixlang_runtime.model.models.llama import MLP, LlamaForCausalLM, Reduce
+from radixlang_runtime.model.layers.mlp import MLP
 from radixlang_runtime.model.layers.moe_routing import route_grouped
 from radixlang_runtime.model.layers.moe_spec import MoESpec
-from radixlang_runtime.model.executor.parallel import Shard, split_even
-from radixlang_runtime.model.loader.weights import SafetensorsDir
+from radixlang_runtime.model.executor.parallel import Reduce, Shard, split_even
 
 
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalise: bool,
@@ -172,52 +172,3 @@ class SparseMoE(nn.Module):
             shared = self.shared(x)
             out = out + (torch.sigmoid(F.linear(x, self.shared_gate)) * shared if self.spec.shared_gated else shared)
         return out if self.reduce is None else self.reduce(out)
-
-
-class MoEForCausalLM(LlamaForCausalLM):
-    """The Llama decoder with SparseMoE blocks in the layers cfg.moe.sparse_layers marks (the others keep the
-    dense MLP). Checkpoints: per-expert tensors (the hub's layout: {block}.experts.{e}.{gate,up,down names})
-    or transformers 5's stacked ones ({block}.experts.gate_up_proj [E, 2I, hidden], .down_proj [E, hidden, I])."""
-
-    @staticmethod
-    def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:
-        if cfg.moe.sparse_layers[layer_id]:
-            return SparseMoE(cfg, shard, reduce)
-        return MLP(cfg, shard, reduce)
-
-    def load_mlp(self, i: int, tensors: SafetensorsDir, put: Callable[[str, torch.Tensor], None]) -> None:
-        block = self.layers[i].mlp
-        if not isinstance(block, SparseMoE):
-            return super().load_mlp(i, tensors, put)
-        spec, dst = self.cfg.moe, f"layers.{i}.mlp."
-        stacked = f"model.layers.{i}.mlp.experts.gate_up_proj" in tensors  # transformers 5 names it "mlp"
-        src = f"model.layers.{i}.{'mlp' if stacked else spec.block}."
-        cols = (block.inter_start, block.inter_start + block.inter)
-        put(dst + "router", tensors.get(src + "gate.weight"))
-        if spec.routing is not None:
-            block.router_float32 = tensors.get(src + "gate.weight").float().to(block.router.device)
-            if spec.routing.correction_bias:
-                put(dst + "correction_bias", tensors.get(src + "gate.e_score_correction_bias"))
-        if stacked:  # read whole, keep this rank's columns
-            full = tensors.get(src + "experts.gate_up_proj")  # [E, 2I, hidden]
-            half = spec.expert_intermediate_size
-            put(dst + "gate_up", torch.cat([full[:, cols[0]:cols[1]], full[:, half + cols[0]:half + cols[1]]], 1))
-            put(dst + "down", tensors.get(src + "experts.down_proj")[:, :, cols[0]:cols[1]])
-        else:
-            g, u, d = spec.expert_names
-            put(dst + "gate_up", torch.stack([torch.cat([
-                tensors.get(f"{src}experts.{e}.{g}.weight", rows=cols),
-                tensors.get(f"{src}experts.{e}.{u}.weight", rows=cols)]) for e in range(spec.num_experts)]))
-            put(dst + "down", torch.stack([tensors.get(f"{src}experts.{e}.{d}.weight", cols=cols)
-                                           for e in range(spec.num_experts)]))
-        if block.shared is not None:
-            s = f"{src}{spec.shared_name}."
-            rows = (block.shared_start, block.shared_start + block.shared.inter)
-            put(dst + "shared.gate_up_proj.weight", torch.cat([tensors.get(s + "gate_proj.weight", rows=rows),
-                                                               tensors.get(s + "up_proj.weight", rows=rows)]))
-            put(dst + "shared.down_proj.weight", tensors.get(s + "down_proj.weight", cols=rows))
-            if spec.shared_gated:
-                put(dst + "shared_gate", tensors.get(src + "shared_expert_gate.weight"))
-
-    def use_gguf_blocks(self, blocks: dict) -> int:
-        raise ValueError(f"--quantization gguf is not supported for {self.cfg.architecture} (mixture of experts)")

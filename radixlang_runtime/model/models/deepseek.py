@@ -21,7 +21,7 @@ from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.models.llama import Reduce
 from radixlang_runtime.model.layers.mla_attention import MLAttention, mla_metadata
 from radixlang_runtime.model.layers.mla_spec import MLASpec
-from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_routing import RoutingSpec, check_routing
 from radixlang_runtime.model.layers.moe_spec import parse_moe
 from radixlang_runtime.model.executor.parallel import Shard

@@ -9,7 +9,7 @@ is not run by a plain forward; its tensors are left unread.
 from __future__ import annotations
 
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
-from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.models.deepseek import deepseek_moe, v3_routing
 
 __all__ = ["MoEForCausalLM", "parse_glm4_moe"]

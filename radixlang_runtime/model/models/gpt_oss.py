@@ -29,7 +29,8 @@ from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.models.llama import Attention, Reduce
-from radixlang_runtime.model.layers.moe import MoEForCausalLM, SparseMoE
+from radixlang_runtime.model.layers.moe import SparseMoE
+from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_spec import parse_moe
 from radixlang_runtime.model.executor.parallel import Shard
 from radixlang_runtime.model.loader.weights import SafetensorsDir

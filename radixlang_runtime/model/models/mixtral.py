@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
-from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_spec import parse_moe
 
 __all__ = ["MoEForCausalLM", "parse_mixtral"]

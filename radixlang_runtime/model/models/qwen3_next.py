@@ -26,7 +26,8 @@ from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
 from radixlang_runtime.model.layers.linear_attn_spec import parse_linear_attn
 from radixlang_runtime.model.models.llama import MLP, Reduce, RMSNorm, param_setter
-from radixlang_runtime.model.layers.moe import MoEForCausalLM, SparseMoE
+from radixlang_runtime.model.layers.moe import SparseMoE
+from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_spec import parse_moe, qwen_sparse_layers
 from radixlang_runtime.model.executor.parallel import Shard, make_shard
 from radixlang_runtime.model.layers.rotary import Rotary

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
-from radixlang_runtime.model.layers.moe import MoEForCausalLM
+from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_spec import parse_moe, qwen_sparse_layers
 
 __all__ = ["MoEForCausalLM", "parse_qwen2_moe", "parse_qwen3_moe"]
