@@ -116,6 +116,8 @@ GGUF_TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5
 # a float32 GEMM (docs/MODELS.md, GGUF blocks: the crossover measured per path)
 KQ_MAX_M = 16
 KQ_EXACT_MAX_M = 64
+# bf16 rows up to which gguf_kq_gemm (gemm_kquant.c) beats dequantized tiles + a bf16 GEMM, above KQ_MAX_M
+KQ_GEMM_MAX_M = 128
 
 
 def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
