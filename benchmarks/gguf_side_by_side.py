@@ -5,6 +5,7 @@ Decode rates (tokens after the first over their time, as llama.cpp's tools repor
   W2   one stream: 32 prompt tokens -> 256 new (llama-bench -p 0 -n 256 -d 32: tg256 at depth 32)
   B16  16 streams: 32 prompt tokens each -> 128 new (llama-batched-bench -npp 32 -ntg 128 -npl 16: S_TG)
   B64  64 streams, the same (-npl 64)
+  --quick (bench_offline.py): the same streams with fewer new tokens (W2 64, B16 32, B64 16; QUICK_SHAPES)
 radixlang: Engine(FILE) in a child process per system and round; a workload's decode rate is
 n (new - 1) / (t(new) - t(1)), t(1) the same prompts with one new token (prefill and first token).
 Each round runs every system once, A B A B over --runs rounds (the machine's other load moves between
@@ -25,6 +26,7 @@ import time
 from bench_common import in_child
 
 SHAPES = {"W2": (1, 32, 256), "B16": (16, 32, 128), "B64": (64, 32, 128)}
+QUICK_SHAPES = {"W2": (1, 32, 64), "B16": (16, 32, 32), "B64": (64, 32, 16)}  # --quick: short rounds
 
 
 def load1() -> float:
@@ -37,7 +39,7 @@ def _prompts(n: int, length: int) -> list[list[int]]:
     return [[rng.randrange(100, 49000) for _ in range(length)] for _ in range(n)]
 
 
-def run_radixlang_decode(path: str, mask: str, out) -> None:
+def run_radixlang_decode(path: str, mask: str, shapes: dict, out) -> None:
     """Decode rates of every SHAPES workload on Engine(path), with RADIXLANG_CPU_MASK = mask in this child."""
     if mask:
         os.environ["RADIXLANG_CPU_MASK"] = mask
@@ -55,7 +57,7 @@ def run_radixlang_decode(path: str, mask: str, out) -> None:
             assert all(len(o["output_ids"]) == new for o in outs)
             return time.perf_counter() - t
 
-        for name, (n, length, new) in SHAPES.items():
+        for name, (n, length, new) in shapes.items():
             ids = _prompts(n, length)
             timed(ids, 4)  # warm-up at this batch size (first-call costs stay out of the figures)
             load = load1()
@@ -77,16 +79,16 @@ def _tool(bin_dir: str, name: str, args: list[str]) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def run_llamacpp_tools(path: str, bin_dir: str, threads: int) -> dict:
+def run_llamacpp_tools(path: str, bin_dir: str, threads: int, shapes: dict) -> dict:
     """llama-bench (W2) and llama-batched-bench (B16, B64) on the file: their own decode tok/s."""
     res = {"dtype": "file", "weights_bytes": None, "file_bytes": os.path.getsize(path)}
-    n, length, new = SHAPES["W2"]
+    n, length, new = shapes["W2"]
     load = load1()
     rows = _tool(bin_dir, "llama-bench", ["-m", path, "-t", str(threads), "-p", "0", "-n", str(new), "-d",
                                           str(length), "-r", "1", "-o", "json"])
     res["W2"] = {"tok_s": float(rows[0]["avg_ts"]), "load1": load}
     for name in ("B16", "B64"):
-        n, length, new = SHAPES[name]
+        n, length, new = shapes[name]
         load = load1()
         ctx = str(n * (length + new) + 256)
         rows = _tool(bin_dir, "llama-batched-bench", ["-m", path, "-t", str(threads), "-c", ctx, "-b", "2048",
@@ -96,18 +98,19 @@ def run_llamacpp_tools(path: str, bin_dir: str, threads: int) -> dict:
     return res
 
 
-def side_by_side(path: str, runs: int, masks: list[str], threads: int = 2) -> dict:
+def side_by_side(path: str, runs: int, masks: list[str], threads: int = 2, quick: bool = False) -> dict:
     """system -> list of per-round results, rounds interleaved A B A B."""
     bin_dir = os.environ.get("LLAMACPP_BIN", os.path.join(os.environ.get("PEERS_DIR", "/tmp/peers"),
                                                           "llamacpp-tools", "bin"))
+    shapes = QUICK_SHAPES if quick else SHAPES
     rounds: dict[str, list] = {}
     for r in range(runs):
         for mask in masks:
             name = "radixlang" + (f" mask={mask}" if mask else "")
-            rounds.setdefault(name, []).append(in_child(run_radixlang_decode, path, mask))
+            rounds.setdefault(name, []).append(in_child(run_radixlang_decode, path, mask, shapes))
             print(name, json.dumps(rounds[name][-1]), flush=True)
         try:
-            rounds.setdefault("llama.cpp", []).append(run_llamacpp_tools(path, bin_dir, threads))
+            rounds.setdefault("llama.cpp", []).append(run_llamacpp_tools(path, bin_dir, threads, shapes))
         except (OSError, RuntimeError) as e:
             rounds.setdefault("llama.cpp", []).append({"error": str(e)})
         print("llama.cpp", json.dumps(rounds["llama.cpp"][-1]), flush=True)

@@ -1,8 +1,8 @@
 """The quantized linears of the op table: int8 (qlinear_int8, gemv.c; int8_q8_gemv, gemv_q8.c) and GGUF blocks
 (gguf_gemv, gemv.c; gguf_q8_gemv, gemv_q8.c; gguf_kq_gemv, gemv_kquant.c; gguf_dequant_rows, gguf_dequant.c)
-for decode-sized batches, with the weight layouts they read. Same conventions as cpu_ops.py (its load() and
-status check): tensors in, the entry point of the same name in csrc/cpu/kernels.h called, None where the library
-is absent."""
+for decode-sized batches (gguf_kq_gemm, gemm_kquant.c: many rows), with the weight layouts they read. Same
+conventions as cpu_ops.py (its load() and status check): tensors in, the entry point of the same name in
+csrc/cpu/kernels.h called, None where the library is absent."""
 
 from __future__ import annotations
 
@@ -116,6 +116,8 @@ GGUF_TYPES = {"Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5
 # a float32 GEMM (docs/MODELS.md, GGUF blocks: the crossover measured per path)
 KQ_MAX_M = 16
 KQ_EXACT_MAX_M = 64
+# bf16 rows up to which gguf_kq_gemm (gemm_kquant.c) beats dequantized tiles + a bf16 GEMM, above KQ_MAX_M
+KQ_GEMM_MAX_M = 128
 
 
 def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,
@@ -135,6 +137,28 @@ def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Opt
     rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
                             out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, blocks.shape[0])
     check_status(rc, name)
+    return out
+
+
+def gguf_kq_gemm(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out: Optional[torch.Tensor] = None,
+                 out_dtype: Optional[torch.dtype] = None, lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """gemm_kquant.c: gguf_kq_gemv's int8-activation sums for any number of rows x [M, K] (bf16 / float32),
+    each weight unpacked once per call and reused by every row. out: a [M, >= N] view with unit column stride
+    to write into (e.g. a fused linear's columns), else a new [M, N] of out_dtype (default x's). None when the
+    library is not loaded or x is not bf16 / float32 (the caller's tiles run)."""
+    lib = lib or loaded()
+    M, K = x.shape
+    N = blocks.shape[0]
+    if lib is None or M == 0 or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    if out is None:
+        out = torch.empty(M, N, dtype=out_dtype or x.dtype)
+    if out.shape[0] != M or out.shape[1] < N or out.stride(1) != 1 or out.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"gguf_kq_gemm: out {tuple(out.shape)} {out.dtype} cannot hold [{M}, {N}] in rows")
+    rc = lib.gguf_kq_gemm(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
+                          out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, N, out.stride(0))
+    check_status(rc, "gguf_kq_gemm")
     return out
 
 

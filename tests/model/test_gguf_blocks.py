@@ -30,7 +30,9 @@ EVERY_TYPE = {0: ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K"),
 Q4_K_M = {0: ("Q4_K", "Q4_K", "Q6_K", "Q8_0", "Q4_K", "Q4_K", "Q6_K"),
           1: ("Q4_K", "Q4_K", "Q5_0", "Q8_0", "Q4_K", "Q4_K", "Q5_0")}
 SUFFIXES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-FILES = {"every_type": (EVERY_TYPE, "Q6_K"), "q4_k_m": (Q4_K_M, "Q4_K")}
+# the embedding (tied head): Q6_K, and Q8_0 as llama.cpp's Q4_K_M stores a tied embedding whose width is not a
+# multiple of 256 (SmolLM2's 576)
+FILES = {"every_type": (EVERY_TYPE, "Q6_K"), "q4_k_m": (Q4_K_M, "Q8_0")}
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +128,36 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
     decoded = {fmt for m, fmt in calls if m <= len(PROMPTS)}  # decode steps: the kernel's batches
     assert decoded == {t for types in EVERY_TYPE.values() for t in types} | {"Q6_K"}
     assert resident <= 1.2 * _file_tensor_bytes(path)
+
+
+def test_bf16_tied_head_reads_the_embedding_blocks_and_batches_run_the_int8_gemm(tiny, monkeypatch):
+    """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head runs on the embedding's own blocks (no int8 tile
+    copy beside them: weights within 1.2x the file), and the prefill batch (above KQ_MAX_M rows) runs
+    gemm_kquant.c on every type of the file."""
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler: the blocks are dequantized per tile")
+    calls = []
+    gemm = quant_ops.gguf_kq_gemm
+
+    def counted(x, blocks, fmt, *args, **kwargs):
+        calls.append((x.shape[0], fmt))
+        return gemm(x, blocks, fmt, *args, **kwargs)
+
+    monkeypatch.setattr(quant_ops, "gguf_kq_gemm", counted)
+    model_dir, path, _ = tiny["q4_k_m"]
+    with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
+        outs = _greedy(eng)
+        model = eng.runner.model
+        assert isinstance(model.head, GGUFBlockLinear) and model.head.fmts == ("Q8_0",)
+        assert model.head.block_parts[0][0].data_ptr() == model.embed_tokens.blocks.data_ptr()
+        resident = eng.runner.weights_bytes
+    assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
+    assert resident <= 1.2 * _file_tensor_bytes(path), (resident, _file_tensor_bytes(path))
+    prefill = sum(len(p) for p in PROMPTS)
+    assert {fmt for m, fmt in calls if m == prefill} == {t for types in Q4_K_M.values() for t in types} | {"Q8_0"}
 
 
 def test_quantization_none_keeps_the_dequantized_weights(tiny):
@@ -225,6 +257,41 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
     w = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[fmt]))  # [N, K]
     lin = GGUFLinear(w.to(torch.bfloat16), None, blocks, fmt)
     assert lin.q8 and lin.dense is None and lin.weight is None
-    x = torch.randn(quant_ops.QLINEAR_MAX_M + 5, K).to(torch.bfloat16)
+    x = torch.randn(quant_ops.KQ_GEMM_MAX_M + 5, K).to(torch.bfloat16)
     ref = x @ w.to(torch.bfloat16).T
     torch.testing.assert_close(lin(x), ref, rtol=0, atol=0)
+    few = x[:quant_ops.QLINEAR_MAX_M + 5]  # above the tiles' kernel: the int8 GEMM on the file's layout
+    torch.testing.assert_close(lin(few), quant_ops.gguf_kq_gemm(few, blocks, fmt), rtol=0, atol=0)
+
+
+def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
+    """bf16, KQ_MAX_M < M <= KQ_GEMM_MAX_M: each part's gguf_kq_gemm writes its columns (bias added after);
+    above KQ_GEMM_MAX_M the dequantized tiles run; both close to the float product."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from radixlang_kernels.testing import random_gguf_blocks
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler: the blocks are dequantized per tile")
+    rng = np.random.default_rng(2)
+    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 512, 0.05, rng)), f) for f, n in (("Q4_K", 40), ("Q5_0", 24))]
+    w = torch.from_numpy(np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts]))
+    bias = torch.randn(64).to(torch.bfloat16)
+    lin = GGUFBlockLinear(parts, 512, bias, torch.bfloat16)
+    calls = []
+    gemm = quant_ops.gguf_kq_gemm
+    monkeypatch.setattr(quant_ops, "gguf_kq_gemm", lambda x, b, f, **kw: calls.append(f) or gemm(x, b, f, **kw))
+    for M, want in ((quant_ops.KQ_MAX_M + 1, ["Q4_K", "Q5_0"]), (quant_ops.KQ_GEMM_MAX_M, ["Q4_K", "Q5_0"]),
+                    (quant_ops.KQ_GEMM_MAX_M + 1, [])):
+        calls.clear()
+        x = torch.randn(M, 512).to(torch.bfloat16)
+        y = lin(x)
+        assert calls == want, M
+        if want:
+            parts_out = torch.cat([gemm(x, b, f) for b, f in parts], dim=1)
+            assert torch.equal(y, parts_out + bias)
+        ref = x.float() @ w.T + bias.float()
+        assert float((y.float() - ref).norm()) < 0.02 * float(ref.norm()), M

@@ -74,6 +74,10 @@ int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, v
  * of ggml type `type` (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS) -> out, M <= 256 */
 int gguf_kq_gemv(const void *x, int x_bf16, const uint8_t *w, int64_t type, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N);
+/* gemm_kquant.c: the same int8-activation sums for any number of rows (each weight unpacked once per call, register
+ * tiles of rows x weight rows) -> out [M, ldo] (columns 0 .. N) */
+int gguf_kq_gemm(const void *x, int x_bf16, const uint8_t *w, int64_t type, void *out, int out_bf16, int64_t M,
+                 int64_t K, int64_t N, int64_t ldo);
 /* gguf_dequant.c: rows (NULL: row0 ..) of such blocks -> out [n_rows, K] bf16 / float32, gguf.quants' values */
 int gguf_dequant_rows(const uint8_t *w, int64_t type, int64_t K, const int64_t *rows, int64_t row0, int64_t n_rows,
                       void *out, int out_bf16);

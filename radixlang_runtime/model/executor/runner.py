@@ -210,6 +210,8 @@ class ModelRunner:
             above = "dense tiles" if cpu_ops.dense_any_m(self.dtype, cpu_ops.load()) else "oneDNN-prepacked"
             if any(hasattr(m, "fmts") for m in model.modules()):  # gguf_block_linear: no dense copy
                 above += " / per-call tiles of the blocks"
+            if any(hasattr(m, "fmts") and m.q8 for m in model.modules()):  # gemm_kquant.c below the tiles
+                above = f"int8 GEMM on the blocks (M <= {quant_ops.KQ_GEMM_MAX_M}), {above}"
             self.cpu_paths = dataclasses.replace(self.cpu_paths,
                                                  linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
         if not native:

@@ -6,6 +6,9 @@ rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
 - bf16 decode batches (M <= quant_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it);
+- bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
+  gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
+  linear's parts write their columns of one output;
 - float32 decode batches (M <= quant_ops.KQ_EXACT_MAX_M): gguf_dequant_gemv, float32 sums over each chunk's
   exact dequantized values;
 - larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized at a time
@@ -91,8 +94,25 @@ class GGUFBlockLinear(nn.Module):
             torch.matmul(x, tile.T, out=out[:, r0:r0 + n])
         return out
 
+    def _gemm(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """bf16 batches of KQ_MAX_M .. KQ_GEMM_MAX_M rows: every part's int8 GEMM into its columns."""
+        M = x.shape[0]
+        if not self.q8 or x.device.type != "cpu" or not quant_ops.KQ_MAX_M < M <= quant_ops.KQ_GEMM_MAX_M:
+            return None
+        out = torch.empty(M, self.out_features, dtype=x.dtype)
+        c0 = 0
+        for blocks, fmt in self.block_parts:
+            if quant_ops.gguf_kq_gemm(x, blocks, fmt, out=out[:, c0:c0 + blocks.shape[0]]) is None:
+                return None
+            c0 += blocks.shape[0]
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
+        y = self._gemm(x2)
+        if y is not None:
+            y = y if self.bias is None else y + self.bias
+            return y.reshape(*x.shape[:-1], self.out_features)
         ys = [self._part(x2, b, fmt) for b, fmt in self.block_parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
         if self.bias is not None:

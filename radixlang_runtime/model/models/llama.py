@@ -235,7 +235,10 @@ class LlamaForCausalLM(nn.Module):
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         head = part(head_name)
-        self.head = on_blocks(w, None, [head]) if head is not None else PackedLinear(w, None, tiles)
+        if head is not None and self.lm_head is None and dtype == torch.bfloat16:
+            self.head = GGUFBlockLinear([head], w.shape[1], None, dtype)  # the embedding's blocks: no int8 tiles
+        else:
+            self.head = on_blocks(w, None, [head]) if head is not None else PackedLinear(w, None, tiles)
         self.lm_head = None
         embed = part("model.embed_tokens.weight")
         if embed is not None and self.reduce is None:  # the lookup dequantizes its tokens' rows

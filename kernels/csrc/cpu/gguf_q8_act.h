@@ -1,0 +1,49 @@
+/* Activations quantized to int8 per block as llama.cpp's q8_K (blocks of 256) / q8_0 (blocks of 32), shared by
+ * gemv_kquant.c (decode batches) and gemm_kquant.c (many rows): one quantizer, so both read the same qx. */
+#ifndef RADIXLANG_GGUF_Q8_ACT_H
+#define RADIXLANG_GGUF_Q8_ACT_H
+#include "common.h"
+#include "gguf_blocks.h"
+
+/* the quantized activations: row m's chunk c at qx[m * kp + 256 c], its 16 sub-blocks' dx / sx at
+ * [(m * kp + 256 c) / 16 ..] (kp = K rounded up to 256; the padding quantizes to zeros) */
+typedef struct {
+    int8_t *qx; /* [M, kp] */
+    float *dx;  /* [M, kp / 16] the activation block's scale, per sub-block of 16 */
+    float *sx;  /* [M, kp / 16] sum(x) per sub-block of 16 */
+    int64_t kp;
+} kq_act;
+
+static inline float x_at(const void *x, int bf16, int64_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+static inline int kq_quantize(const void *x, int bf16, int64_t M, int64_t K, int qx_len, kq_act *a) {
+    const int64_t kp = (K + KQ_CHUNK - 1) / KQ_CHUNK * KQ_CHUNK;
+    a->kp = kp;
+    a->qx = (int8_t *)calloc((size_t)(M * kp) + (size_t)(M * kp / 16) * 2 * sizeof(float), 1);
+    if (!a->qx) return -2;
+    a->dx = (float *)(a->qx + M * kp);
+    a->sx = a->dx + M * kp / 16;
+#pragma omp parallel for schedule(static) if (M >= 8)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < K; b += qx_len) {
+            const int64_t i0 = m * K + b, o0 = m * kp + b;
+            float amax = 0.f;
+            for (int j = 0; j < qx_len; j++) amax = fmaxf(amax, fabsf(x_at(x, bf16, i0 + j)));
+            const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+            for (int k = 0; k < qx_len / 16; k++) {
+                float s = 0.f;
+                for (int j = 16 * k; j < 16 * k + 16; j++) {
+                    const float v = x_at(x, bf16, i0 + j);
+                    a->qx[o0 + j] = (int8_t)nearbyintf(v * id); /* to nearest even; |v id| <= 127 */
+                    s += v;
+                }
+                a->dx[o0 / 16 + k] = d;
+                a->sx[o0 / 16 + k] = s;
+            }
+        }
+    return 0;
+}
+
+#endif
