@@ -130,12 +130,12 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
     assert resident <= 1.2 * _file_tensor_bytes(path)
 
 
-def test_bf16_tied_head_reads_the_embedding_blocks_and_batches_run_the_int8_gemm(tiny, monkeypatch):
-    """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head runs on the embedding's own blocks (no int8 tile
-    copy beside them: weights within 1.2x the file), and the prefill batch (above KQ_MAX_M rows) runs
-    gemm_kquant.c on every type of the file."""
+def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gemm(tiny, monkeypatch):
+    """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head keeps the int8 tiles its decode kernel reads and
+    the embedding reads its rows back from them (one copy: weights within 1.2x the file), and the prefill batch
+    (above KQ_MAX_M rows) runs gemm_kquant.c on every type of the file."""
     from radixlang_runtime import Engine
-    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding
 
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
@@ -151,8 +151,8 @@ def test_bf16_tied_head_reads_the_embedding_blocks_and_batches_run_the_int8_gemm
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         outs = _greedy(eng)
         model = eng.runner.model
-        assert isinstance(model.head, GGUFBlockLinear) and model.head.fmts == ("Q8_0",)
-        assert model.head.block_parts[0][0].data_ptr() == model.embed_tokens.blocks.data_ptr()
+        assert isinstance(model.head, GGUFLinear) and model.head.fmt == "Q8_0" and model.head.tiles is not None
+        assert isinstance(model.embed_tokens, GGUFTiedEmbedding) and model.embed_tokens.head[0] is model.head
         resident = eng.runner.weights_bytes
     assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
     assert resident <= 1.2 * _file_tensor_bytes(path), (resident, _file_tensor_bytes(path))
@@ -251,7 +251,10 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
 
     N, K = 13, 32 * 7  # a partial 4-row tile and an odd count of 32-blocks per row
     blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(1)))
-    assert torch.equal(gguf_q8_untiles(quant_ops.gguf_q8_tiles(blocks, fmt), fmt, N, K), blocks)
+    tiles = quant_ops.gguf_q8_tiles(blocks, fmt)
+    assert torch.equal(gguf_q8_untiles(tiles, fmt, N, K), blocks)
+    rows = torch.tensor([12, 0, 5, 5, 3, 8])  # the partial tile's row, repeats, every row position in a tile
+    assert torch.equal(gguf_q8_untiles(tiles, fmt, N, K, rows=rows), blocks[rows])
     if cpu_ops.load() is None:
         return
     w = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[fmt]))  # [N, K]

@@ -66,19 +66,19 @@ def test_gguf_blocks_match_transformers_in_float32(hf_greedy):
 
 def test_gguf_bf16_runs_int8_activations(engine):
     from radixlang_kernels.cpu_ops import load
-    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
-    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear
+    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding
 
     eng = Engine(quantization="gguf", dtype="bfloat16", max_total_tokens=4096)
     try:
         model = eng.runner.model
         head, gate_up = model.head, model.layers[0].mlp.gate_up_proj
-        # the tied head reads the embedding's Q8_0 blocks (no int8 tiles beside them); the layers' Q4_1 tiles
-        assert isinstance(head, GGUFBlockLinear) and head.fmts == ("Q8_0",)
-        assert head.block_parts[0][0].data_ptr() == model.embed_tokens.blocks.data_ptr()
+        # the tied head's Q8_0 int8 tiles, the embedding reading its rows from them (one copy); the layers' Q4_1
+        assert isinstance(head, GGUFLinear) and head.fmt == "Q8_0"
         assert isinstance(gate_up, GGUFLinear) and gate_up.fmt == "Q4_1"
         if load() is not None:
-            assert head.q8 and gate_up.q8 and gate_up.blocks is None and gate_up.tiles is not None
+            assert head.q8 and head.blocks is None and head.tiles is not None
+            assert isinstance(model.embed_tokens, GGUFTiedEmbedding) and model.embed_tokens.head[0] is head
+            assert gate_up.q8 and gate_up.blocks is None and gate_up.tiles is not None
             assert "x int8 activations" in eng.get_stats()["cpu"]["paths"]["linear"]
             assert "int8 GEMM on the blocks" in eng.get_stats()["cpu"]["paths"]["linear"]
         _answers_like_the_unquantized_model(eng, engine)

@@ -32,6 +32,7 @@ from radixlang_runtime.model.executor.fused_decode import FusedDecode
 from radixlang_runtime.model.executor.graph_runner import graph_off_reason, start_graphs
 from radixlang_runtime.model.loader.gguf_mode import resolve_quantization
 from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, state_slots
+from radixlang_runtime.model.executor.linear_paths import quantized_linear_paths
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.layers.rotary import Rotary
@@ -203,17 +204,8 @@ class ModelRunner:
         if cfg.quant is not None:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=prequant_paths(cfg.quant, model))
         if args.quantization is not None:
-            kernel = f"c:{detect().isa}" if cpu_ops.load() is not None and self.device.type == "cpu" else "torch"
-            fmt = "int8" if args.quantization == "int8" else f"gguf {'/'.join(self.gguf_types)} blocks"
-            if any(getattr(m, "q8", False) for m in model.modules()):  # gemv_q8.c (gguf_linear, quant_linear)
-                kernel += " x int8 activations"
-            above = "dense tiles" if cpu_ops.dense_any_m(self.dtype, cpu_ops.load()) else "oneDNN-prepacked"
-            if any(hasattr(m, "fmts") for m in model.modules()):  # gguf_block_linear: no dense copy
-                above += " / per-call tiles of the blocks"
-            if any(hasattr(m, "fmts") and m.q8 for m in model.modules()):  # gemm_kquant.c below the tiles
-                above = f"int8 GEMM on the blocks (M <= {quant_ops.KQ_GEMM_MAX_M}), {above}"
-            self.cpu_paths = dataclasses.replace(self.cpu_paths,
-                                                 linear=f"{fmt}:{kernel} (M <= 16), {above} dequantized above")
+            self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=quantized_linear_paths(
+                args.quantization, model, self.dtype, self.device, self.gguf_types))
         if not native:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, norm="transformers", activation="transformers")
         if cfg.attn_logit_softcapping and (self.cpu_paths.c_decode or self.cpu_paths.c_extend):

@@ -200,7 +200,7 @@ class LlamaForCausalLM(nn.Module):
         a packed dense weight."""
         from radixlang_kernels.quant_ops import GGUF_BLOCK_FORMATS
         from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear, GGUFEmbedding
-        from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, fused_blocks
+        from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding, fused_blocks
         from radixlang_runtime.model.layers.packed_linear import PackedLinear, dense_tiles_available
 
         dtype = self.embed_tokens.weight.dtype
@@ -235,13 +235,13 @@ class LlamaForCausalLM(nn.Module):
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         head = part(head_name)
-        if head is not None and self.lm_head is None and dtype == torch.bfloat16:
-            self.head = GGUFBlockLinear([head], w.shape[1], None, dtype)  # the embedding's blocks: no int8 tiles
-        else:
-            self.head = on_blocks(w, None, [head]) if head is not None else PackedLinear(w, None, tiles)
+        tied = self.lm_head is None
+        self.head = on_blocks(w, None, [head]) if head is not None else PackedLinear(w, None, tiles)
         self.lm_head = None
         embed = part("model.embed_tokens.weight")
-        if embed is not None and self.reduce is None:  # the lookup dequantizes its tokens' rows
+        if tied and isinstance(self.head, GGUFLinear) and self.head.tiles is not None and self.reduce is None:
+            self.embed_tokens = GGUFTiedEmbedding(self.head, dtype)  # one copy: the head's int8 tiles
+        elif embed is not None and self.reduce is None:  # the lookup dequantizes its tokens' rows
             self.embed_tokens = GGUFEmbedding(*embed, self.cfg.hidden_size, dtype)
         return n + (head is not None)
 
