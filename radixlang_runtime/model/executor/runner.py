@@ -205,7 +205,7 @@ class ModelRunner:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=prequant_paths(cfg.quant, model))
         if args.quantization is not None:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=quantized_linear_paths(
-                args.quantization, model, self.dtype, self.device, self.gguf_types))
+                args.quantization, model, self.dtype, self.device, getattr(self, "gguf_types", [])))
         if not native:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, norm="transformers", activation="transformers")
         if cfg.attn_logit_softcapping and (self.cpu_paths.c_decode or self.cpu_paths.c_extend):
