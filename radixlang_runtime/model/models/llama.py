@@ -10,7 +10,7 @@ columns, its vocab rows) and `reduce` sums a row-parallel output over the ranks 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,18 +28,30 @@ Reduce = Optional[Callable[[torch.Tensor], torch.Tensor]]  # in-place sum over t
 
 
 
-def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, torch.Tensor], None]]:
+def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, Any], None]]:
     """A loader's (own parameters, names set so far, put): put(name, value) copies a checkpoint tensor into the
-    parameter of that name, refusing a shape that differs."""
+    parameter of that name, refusing a shape that differs. value may be a list of tensors: their concatenation
+    along dim 0 (a fused projection), each copied into its rows with no concatenated copy in between."""
     own = dict(module.named_parameters())
     done: set[str] = set()
 
-    def put(name: str, value: torch.Tensor) -> None:
+    def put(name: str, value: torch.Tensor | list[torch.Tensor]) -> None:
         p = own[name]
-        if p.shape != value.shape:
+        if isinstance(value, list):
+            rows = sum(t.shape[0] for t in value)
+            if any(p.shape != (rows, *t.shape[1:]) for t in value):
+                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got the rows of "
+                                 f"{[tuple(t.shape) for t in value]}")
+            with torch.no_grad():
+                start = 0
+                for t in value:
+                    p[start:start + t.shape[0]].copy_(t)
+                    start += t.shape[0]
+        elif p.shape != value.shape:
             raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
-        with torch.no_grad():
-            p.copy_(value)
+        else:
+            with torch.no_grad():
+                p.copy_(value)
         done.add(name)
 
     return own, done, put
@@ -328,13 +340,13 @@ class LlamaForCausalLM(nn.Module):
         for i in range(cfg.num_hidden_layers):
             src, dst = f"model.layers.{i}.", f"layers.{i}."
             a = src + "self_attn."
-            put(dst + "self_attn.qkv_proj.weight", torch.cat([
+            put(dst + "self_attn.qkv_proj.weight", [
                 take(a + "q_proj.weight", rows=q_rows), take(a + "k_proj.weight", rows=kv_rows),
-                take(a + "v_proj.weight", rows=kv_rows)]))
+                take(a + "v_proj.weight", rows=kv_rows)])
             if cfg.attention_bias:
-                put(dst + "self_attn.qkv_proj.bias", torch.cat([
+                put(dst + "self_attn.qkv_proj.bias", [
                     take(a + "q_proj.bias", rows=q_rows), take(a + "k_proj.bias", rows=kv_rows),
-                    take(a + "v_proj.bias", rows=kv_rows)]))
+                    take(a + "v_proj.bias", rows=kv_rows)])
             put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
             if cfg.qk_norm or cfg.qk_norm_whole:  # whole: one rank only (Attention refuses tp_size > 1)
                 put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
@@ -354,6 +366,6 @@ class LlamaForCausalLM(nn.Module):
         """Layer i's dense MLP: gate and up fused, this rank's intermediate columns."""
         sh, m = self.shard, f"model.layers.{i}.mlp."
         inter = (sh.inter_start, sh.inter_start + sh.inter_count)
-        put(f"layers.{i}.mlp.gate_up_proj.weight", torch.cat([tensors.get(m + "gate_proj.weight", rows=inter),
-                                                               tensors.get(m + "up_proj.weight", rows=inter)]))
+        put(f"layers.{i}.mlp.gate_up_proj.weight", [tensors.get(m + "gate_proj.weight", rows=inter),
+                                                     tensors.get(m + "up_proj.weight", rows=inter)])
         put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))
