@@ -79,6 +79,9 @@ class ServerProcess:
 KEYED_KEY = "keyed-test-key"
 KEYED_FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--api-key", KEYED_KEY, "--enable-metrics")
 
+# The float32 server of the embedded model that read-only modules share (test_openai_agents, test_regex_bombs).
+FP32_FLAGS = ("--dtype", "float32", "--max-total-tokens", "8192")
+
 _SHARED: dict[tuple, ServerProcess] = {}
 
 

@@ -233,12 +233,19 @@ def dense_tiles(weight: torch.Tensor) -> torch.Tensor:
     float32 [NT, K, 32], NT = ceil(N / 32), the last tile's missing rows zero."""
     N, K = weight.shape
     nt = -(-N // DENSE_TILE)
-    w = torch.zeros(nt * DENSE_TILE, K, dtype=weight.dtype)
-    w[:N] = weight.detach()
+    if N % DENSE_TILE:
+        w = torch.zeros(nt * DENSE_TILE, K, dtype=weight.dtype)
+        w[:N] = weight.detach()
+    else:  # whole tiles: no padded copy
+        w = weight.detach().contiguous()
     if weight.dtype == torch.bfloat16:
         if K % 2:
             raise ValueError(f"bf16 dense tiles need an even K, got {K}")
-        return w.view(nt, DENSE_TILE, K // 2, 2).permute(0, 2, 1, 3).contiguous()
+        if w.storage_offset() % 2:
+            w = w.clone()
+        # a bf16 pair moves as one int32: the same bytes as permuting [NT, 32, K/2, 2] to [NT, K/2, 32, 2]
+        pairs = w.view(torch.int32).view(nt, DENSE_TILE, K // 2).transpose(1, 2).contiguous()
+        return pairs.view(torch.bfloat16).view(nt, K // 2, DENSE_TILE, 2)
     if weight.dtype != torch.float32:
         raise ValueError(f"dense tiles are bf16 or float32, got {weight.dtype}")
     return w.view(nt, DENSE_TILE, K).permute(0, 2, 1).contiguous()

@@ -26,6 +26,7 @@ import logging
 import multiprocessing as mp
 import signal
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -66,6 +67,16 @@ def _replica_args(args: ServerArgs, replica: int) -> ServerArgs:
         return args.replace(dist_init_addr=free_local_addr())
     host, _, port = args.dist_init_addr.rpartition(":")
     return args.replace(dist_init_addr=f"{host}:{int(port) + replica}")
+
+
+def _preload_http() -> None:
+    """Imports what serving needs (the HTTP app, uvicorn, transformers' tokenizer) while the children load;
+    a failure here is left to the real import, which raises it where it is handled."""
+    with contextlib.suppress(Exception):
+        import uvicorn  # noqa: F401
+        from transformers import AutoTokenizer  # noqa: F401
+
+        import radixlang_runtime.server.http_server  # noqa: F401
 
 
 def run_node(args: ServerArgs) -> int:
@@ -140,10 +151,14 @@ class Supervisor:
         signal.signal(signal.SIGTERM, _raise_exit)
         ipc = IpcPaths.create()
         try:
-            info = self._start_replicas(ipc)
+            starting = self._start_replicas(ipc)
+            detok = self._start_detokenizer(ipc)
+            threading.Thread(target=_preload_http, name="preload", daemon=True).start()
+            info = [_wait_ready(*s) for s in starting][0]
             model_dir = info.pop("model_dir")
-            self._start_detokenizer(ipc, model_dir)
-            self.state = self._server_state(ipc, model_dir, info)
+            detok[1].send(model_dir)
+            self.state = self._server_state(ipc, model_dir, info)  # its tokenizer loads beside the detokenizer's
+            _wait_ready(detok[0], detok[2], "detokenizer")
             self.exit_code = self._serve_http()
         except SystemExit as e:
             self.exit_code = e.code if isinstance(e.code, int) else 1
@@ -159,8 +174,8 @@ class Supervisor:
         return self.exit_code
 
     # ------------------------------------------------------------------ children
-    def _start_replicas(self, ipc: Any) -> dict:
-        """Every replica loads at once; then each is waited for. Returns replica 0's ready message."""
+    def _start_replicas(self, ipc: Any) -> list[tuple]:
+        """Every replica starts loading at once; returns the _wait_ready arguments of each (replica 0 first)."""
         from radixlang_runtime.model.executor.tp_worker import local_ranks, spawn_tp_workers
         from radixlang_runtime.server.scheduler_process import run_scheduler_process
 
@@ -178,18 +193,21 @@ class Supervisor:
             self.procs.append(sched)
             self.child_pids[name] = sched.pid
             starting.append((sched, r, name, workers))
-        return [_wait_ready(sched, r, name, workers) for sched, r, name, workers in starting][0]
+        return starting
 
-    def _start_detokenizer(self, ipc: Any, model_dir: str) -> None:
+    def _start_detokenizer(self, ipc: Any) -> tuple:
+        """Starts the detokenizer beside the schedulers (its imports overlap the model's load); returns the
+        process, the connection it waits on for the model directory, and its ready connection."""
         from radixlang_runtime.server.detokenizer import run_detokenizer_process
 
         r, w = self._ctx.Pipe(duplex=False)
-        detok = self._ctx.Process(target=run_detokenizer_process, args=(self.args, ipc, model_dir, w),
+        dir_r, dir_w = self._ctx.Pipe(duplex=False)
+        detok = self._ctx.Process(target=run_detokenizer_process, args=(self.args, ipc, dir_r, w),
                                   name="radixlang-detokenizer", daemon=True)
         detok.start()
         self.procs.append(detok)
-        _wait_ready(detok, r, "detokenizer")
         self.child_pids["detokenizer"] = detok.pid
+        return detok, dir_w, r
 
     def _server_state(self, ipc: Any, model_dir: str, info: dict) -> "ServerState":
         from transformers import AutoTokenizer

@@ -1,7 +1,8 @@
 """The detokenizer process: BatchTokenIDOut from the scheduler -> BatchStrOut to the tokenizer manager
-(radixlang_runtime/detokenize.py does the decoding). A batch whose decoding raises is answered with
-an ErrorOut for its requests (their states dropped); the process keeps serving. It dies with its
-parent (child_process.py), even when the parent is SIGKILLed.
+(radixlang_runtime/detokenize.py does the decoding). It starts beside the scheduler: its imports run
+while the model loads, then it waits (bounded) for the model directory the scheduler resolved. A batch
+whose decoding raises is answered with an ErrorOut for its requests (their states dropped); the process
+keeps serving. It dies with its parent (child_process.py), even when the parent is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -18,14 +19,24 @@ from radixlang_runtime.server.ipc import IpcPaths
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+MODEL_DIR_TIMEOUT_S = 1800  # launch_server's READY_TIMEOUT_S: a first start converts the GGUF model
 
 
-def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, model_dir: str, ready: Connection) -> None:
+def _model_dir(model_dir: Connection) -> str:
+    """The model directory the server sends once its scheduler is ready (the scheduler may convert a GGUF)."""
+    if not model_dir.poll(MODEL_DIR_TIMEOUT_S):
+        raise TimeoutError(f"no model directory from the server after {MODEL_DIR_TIMEOUT_S} s")
+    return model_dir.recv()
+
+
+def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, model_dir: Connection, ready: Connection) -> None:
+    """model_dir: the server sends the model directory on it (a str) once the scheduler has resolved it."""
     bind_to_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s detokenizer %(levelname)s %(message)s")
     try:
         from transformers import AutoTokenizer
 
+        model_dir = _model_dir(model_dir)
         detok = IncrementalDetokenizer(AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir))
         ctx = zmq.Context()
         recv = ctx.socket(zmq.PULL)

@@ -36,7 +36,7 @@ from radixlang_runtime.constrained.automaton_size import MAX_STATES
 from radixlang_runtime.protocol.limits import MAX_STOP_STRINGS
 from radixlang_runtime.protocol.stop_regex import (MAX_STOP_CHARS, MAX_STOP_REGEX, STOP_REGEX_MAX_PROGRAM,
                                                    compile_stop_regex)
-from server_utils import ServerProcess
+from server_utils import FP32_FLAGS, shared_server
 
 # Python's `re` backtracks exponentially on these (the first is the tester's: it stalled every request);
 # a few more are slow for RE2's DFA (big counted repetitions) or for a finditer scan (every char a match).
@@ -225,9 +225,7 @@ BOUND_S = 300  # every wait on an answer (a loaded 2-core CI machine is slow; a 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "8192")
-    yield srv
-    assert srv.stop() in (0, 143), srv.tail()
+    return shared_server(*FP32_FLAGS)  # requests only: the session's server for these flags
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,12 @@ import openai
 import pytest
 import torch
 
-from server_utils import ServerProcess
+from server_utils import FP32_FLAGS, shared_server
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "8192")
-    yield srv
-    assert srv.stop() in (0, 143), srv.tail()
+    return shared_server(*FP32_FLAGS)  # requests only: the session's server for these flags
 
 
 @pytest.fixture(scope="module")

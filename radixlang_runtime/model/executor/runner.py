@@ -166,7 +166,7 @@ class ModelRunner:
         with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
             model = family_for(cfg.architecture, cfg.model_impl).model_class(cfg, backend, rotary, shard,
                                                                              tp.all_reduce if tp else None)
-        model = model.to_empty(device=self.device).to(self.dtype)
+        model = model.to(self.dtype).to_empty(device=self.device)  # cast on meta: no float32 copy to convert
         model.load_hf_state_dict(tensors)
         # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
         self.pools_hidden = type(model).forward is LlamaForCausalLM.forward

@@ -52,18 +52,30 @@ class SafetensorsDir:
         return sl[r, slice(*cols)]
 
 
-def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, torch.Tensor], None]]:
+def param_setter(module: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], Callable[[str, Any], None]]:
     """A loader's (own parameters, names set so far, put): put(name, value) copies a checkpoint tensor into the
-    parameter of that name, refusing a shape that differs."""
+    parameter of that name, refusing a shape that differs. value may be a list of tensors: their concatenation
+    along dim 0 (a fused projection), each copied into its rows with no concatenated copy in between."""
     own = dict(module.named_parameters())
     done: set[str] = set()
 
-    def put(name: str, value: torch.Tensor) -> None:
+    def put(name: str, value: torch.Tensor | list[torch.Tensor]) -> None:
         p = own[name]
-        if p.shape != value.shape:
+        if isinstance(value, list):
+            rows = sum(t.shape[0] for t in value)
+            if any(p.shape != (rows, *t.shape[1:]) for t in value):
+                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got the rows of "
+                                 f"{[tuple(t.shape) for t in value]}")
+            with torch.no_grad():
+                start = 0
+                for t in value:
+                    p[start:start + t.shape[0]].copy_(t)
+                    start += t.shape[0]
+        elif p.shape != value.shape:
             raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
-        with torch.no_grad():
-            p.copy_(value)
+        else:
+            with torch.no_grad():
+                p.copy_(value)
         done.add(name)
 
     return own, done, put

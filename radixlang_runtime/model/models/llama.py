@@ -264,13 +264,13 @@ class LlamaForCausalLM(nn.Module):
         for i in range(cfg.num_hidden_layers):
             src, dst = f"model.layers.{i}.", f"layers.{i}."
             a = src + "self_attn."
-            put(dst + "self_attn.qkv_proj.weight", torch.cat([
+            put(dst + "self_attn.qkv_proj.weight", [
                 take(a + "q_proj.weight", rows=q_rows), take(a + "k_proj.weight", rows=kv_rows),
-                take(a + "v_proj.weight", rows=kv_rows)]))
+                take(a + "v_proj.weight", rows=kv_rows)])
             if cfg.attention_bias:
-                put(dst + "self_attn.qkv_proj.bias", torch.cat([
+                put(dst + "self_attn.qkv_proj.bias", [
                     take(a + "q_proj.bias", rows=q_rows), take(a + "k_proj.bias", rows=kv_rows),
-                    take(a + "v_proj.bias", rows=kv_rows)]))
+                    take(a + "v_proj.bias", rows=kv_rows)])
             put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
             if cfg.qk_norm or cfg.qk_norm_whole:  # whole: one rank only (Attention refuses tp_size > 1)
                 put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
@@ -290,8 +290,8 @@ class LlamaForCausalLM(nn.Module):
         """Layer i's dense MLP: gate and up fused, this rank's intermediate columns."""
         sh, m = self.shard, f"model.layers.{i}.mlp."
         inter = (sh.inter_start, sh.inter_start + sh.inter_count)
-        put(f"layers.{i}.mlp.gate_up_proj.weight", torch.cat([tensors.get(m + "gate_proj.weight", rows=inter),
-                                                               tensors.get(m + "up_proj.weight", rows=inter)]))
+        put(f"layers.{i}.mlp.gate_up_proj.weight", [tensors.get(m + "gate_proj.weight", rows=inter),
+                                                     tensors.get(m + "up_proj.weight", rows=inter)])
         put(f"layers.{i}.mlp.down_proj.weight", tensors.get(m + "down_proj.weight", cols=inter))
 
 

@@ -1,0 +1,91 @@
+"""Server start: `launch_server` from process start to the first /health 200, per checkout.
+
+Each start runs from its tree's root with PYTHONPATH=.:kernels (so an older checkout can be set beside this one),
+on a free port, with the given server flags; --rounds repeats the trees interleaved (A B A B ...) against a
+loaded machine's drift. Reported per start: wall seconds to /health 200, the CPU seconds the server's process tree
+(HTTP process, scheduler, detokenizer) spent until then (a shared machine's load stretches the wall time, much
+less the CPU time), and the 1-minute load average when it began; then the medians per tree.
+
+    python benchmarks/bench_server_start.py --trees /path/to/old,. --rounds 5
+    python benchmarks/bench_server_start.py --rounds 3 -- --dtype float32 --max-total-tokens 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import psutil
+
+START_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_once(tree: str, flags: list[str]) -> dict:
+    """One start of the server in `tree`: wall and process-tree CPU seconds until /health answers 200."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": ".:kernels"}
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryFile("w+") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "radixlang_runtime.launch_server", "--port", str(port),
+                                 *flags], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"{tree}: the server exited with {proc.returncode}:\n{log.read()[-3000:]}")
+                if time.perf_counter() - t0 > START_TIMEOUT_S:
+                    raise RuntimeError(f"{tree}: no /health 200 within {START_TIMEOUT_S} s")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            wall = time.perf_counter() - t0
+            root = psutil.Process(proc.pid)
+            cpu = sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    return {"wall": wall, "cpu": cpu, "load": load}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trees", default=".", help="comma-separated checkout roots, each run from its root")
+    ap.add_argument("--rounds", type=int, default=3, help="the trees start interleaved this many times")
+    ap.add_argument("flags", nargs="*", help="server flags (after --), the same for every tree")
+    a = ap.parse_args()
+    trees = [os.path.abspath(t) for t in a.trees.split(",")]
+    res: dict[str, list[dict]] = {t: [] for t in trees}
+    for r in range(a.rounds):
+        for t in trees:
+            m = start_once(t, a.flags)
+            res[t].append(m)
+            print(f"round {r + 1} {t}: wall {m['wall']:.1f} s, cpu {m['cpu']:.1f} s, load {m['load']:.1f}", flush=True)
+    print(f"\nmedians of {a.rounds} starts, flags {' '.join(a.flags) or '(defaults)'}")
+    for t in trees:
+        med = {k: statistics.median(m[k] for m in res[t]) for k in ("wall", "cpu", "load")}
+        print(f"{t}: wall {med['wall']:.1f} s, cpu {med['cpu']:.1f} s (load {med['load']:.1f})")
+
+
+if __name__ == "__main__":
+    main()
