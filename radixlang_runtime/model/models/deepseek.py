@@ -25,7 +25,7 @@ from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_routing import RoutingSpec, check_routing
 from radixlang_runtime.model.layers.moe_spec import parse_moe
 from radixlang_runtime.model.executor.parallel import Shard
-from radixlang_runtime.model.loader.weights import SafetensorsDir
+from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
 
 V2_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "bos_token_id": 1,
@@ -154,16 +154,7 @@ class DeepseekForCausalLM(MoEForCausalLM):
         return super().final_hidden(fb, rows)
 
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
-        own = dict(self.named_parameters())
-        done: set[str] = set()
-
-        def put(name: str, value) -> None:
-            p = own[name]
-            if p.shape != value.shape:
-                raise ValueError(f"weight {name}: expected shape {tuple(p.shape)}, got {tuple(value.shape)}")
-            p.data.copy_(value)
-            done.add(name)
-
+        own, done, put = param_setter(self)
         take = tensors.get
         vocab = (self.shard.vocab_start, self.shard.vocab_start + self.shard.vocab_count)  # this rank's rows
         put("embed_tokens.weight", take("model.embed_tokens.weight", rows=vocab))
