@@ -80,6 +80,9 @@ def routing_key(path: str, body: dict) -> list[int]:
     return []
 
 
+PREFILL_GRACE_S = 1.0  # how long a finished request waits for its prefill's answer before closing that leg
+
+
 class Legs:
     """A request's upstream calls and its Ticket. until(x) waits for x while failing at once when a leg
     fails or an instance the request waits on goes down. A leg that ends well stops holding its
@@ -191,7 +194,10 @@ class Dispatcher:
             return await self._stream(rid, chosen, legs, d_inst, path, d_body)
         try:
             d_task = legs.start(d_inst, post_whole(self.client, d_inst, path, d_body, self.args))
-            return JSONResponse(await legs.until(d_task))
+            answer = await legs.until(d_task)
+            if p_task is not None and not p_task.done():  # the prefill answers once the decode's ack reaches it:
+                await asyncio.wait([p_task], timeout=PREFILL_GRACE_S)  # closing its leg first would abort it there
+            return JSONResponse(answer)
         except UpstreamError as e:
             return self._failed(e)
         finally:
