@@ -225,7 +225,7 @@ BOUND_S = 300  # every wait on an answer (a loaded 2-core CI machine is slow; a 
 
 @pytest.fixture(scope="module")
 def server():
-    return shared_server(*FP32_FLAGS)  # requests only: the session's server for these flags
+    return shared_server(*FP32_FLAGS)  # requests only: one server for these flags, shared by the modules that use them
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from server_utils import FP32_FLAGS, shared_server
 
 @pytest.fixture(scope="module")
 def server():
-    return shared_server(*FP32_FLAGS)  # requests only: the session's server for these flags
+    return shared_server(*FP32_FLAGS)  # requests only: one server for these flags, shared by the modules that use them
 
 
 @pytest.fixture(scope="module")
