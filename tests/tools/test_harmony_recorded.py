@@ -13,6 +13,8 @@ StreamableParser, token by token, here."""
 
 from __future__ import annotations
 
+import functools
+
 import json
 from dataclasses import dataclass
 from typing import Optional
@@ -160,12 +162,21 @@ def test_expected_messages_cover_every_part():
     assert sum(len(calls) for _, _, calls in parts) == 5
 
 
-def _harmony_encoding():
+@functools.cache
+def _load_encoding():
+    """(the module, its encoding) or (None, why): one load attempt per test run (it may try the network)."""
     harmony = pytest.importorskip("openai_harmony")
     try:
         return harmony, harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
     except harmony.HarmonyError as e:  # no network and no local o200k_harmony vocabulary
-        pytest.skip(f"openai-harmony cannot load its vocabulary here: {e}")
+        return None, str(e)
+
+
+def _harmony_encoding():
+    harmony, enc = _load_encoding()
+    if harmony is None:
+        pytest.skip(f"openai-harmony cannot load its vocabulary here: {enc}")
+    return harmony, enc
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
