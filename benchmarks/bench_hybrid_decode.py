@@ -44,10 +44,10 @@ def run(model_dir: str, c_kernel: bool, a: argparse.Namespace, q) -> None:
 
 def prefill_rule(lens: list[int], iters: int) -> None:
     """One layer's delta rule over an extend of L tokens, Qwen3.5 / Qwen3-Next-sized heads (Hk 16, Hv 32, 128 x 128):
-    the runtime's torch chunk form (l2norm + chunk_rule) vs cpu_ops.gdn_prefill (token after token), interleaved."""
+    the runtime's torch chunk form (l2norm + chunk_rule) vs gdn_ops.gdn_prefill (token after token), interleaved."""
     import torch
 
-    from radixlang_kernels import cpu_ops
+    from radixlang_kernels import cpu_ops, gdn_ops
     from radixlang_runtime.model.layers.gated_deltanet import chunk_rule, l2norm
 
     if cpu_ops.load() is None:
@@ -67,7 +67,7 @@ def prefill_rule(lens: list[int], iters: int) -> None:
                               g.transpose(0, 1), beta.transpose(0, 1), state[0].clone())
 
         def c_tokens():
-            return cpu_ops.gdn_prefill(mixed, g, beta, state.clone(), zero, zero, one, Hk, D)
+            return gdn_ops.gdn_prefill(mixed, g, beta, state.clone(), zero, zero, one, Hk, D)
 
         ta, tb = [], []
         for _ in range(iters):

@@ -1,4 +1,4 @@
-"""Gated DeltaNet decode, one token of B requests: cpu_ops.gdn_conv_update + gdn_decode (gated_deltanet.c, the
+"""Gated DeltaNet decode, one token of B requests: gdn_ops.gdn_conv_update + gdn_decode (gated_deltanet.c, the
 states read and written in place at their slots) against the torch form (reference.gdn_decode_ref: the states
 gathered, the convolution and the delta rule in torch ops, scattered back; the runtime's torch path), medians of
 --iters calls, A and B interleaved call by call (a shared machine's load hits both alike); float32 state, float32
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import cpu_ops, gdn_ops
 from radixlang_kernels.reference import gdn_decode_ref
 
 SHAPES = {"tiny": (2, 4, 16, 8), "qwen3_next": (16, 32, 128, 128), "qwen3_5": (16, 16, 128, 128)}
@@ -54,7 +54,7 @@ def main() -> None:
             state, slots = torch.randn(N, Hv, Dk, Dv), torch.randperm(N)[:B]
 
             def c_kernel():
-                return cpu_ops.gdn_decode(cpu_ops.gdn_conv_update(x, conv, w, slots), g, beta, state, slots, Hk, Dk)
+                return gdn_ops.gdn_decode(gdn_ops.gdn_conv_update(x, conv, w, slots), g, beta, state, slots, Hk, Dk)
 
             def torch_ops():
                 return gdn_decode_ref(x, conv, w, g, beta, state, slots, Hk)

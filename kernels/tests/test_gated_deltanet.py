@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import gdn_ops
 from radixlang_kernels.cpu_caps import detect
 from radixlang_kernels.reference import gdn_decode_ref
 from radixlang_kernels.testing import isas, use_isa_library
@@ -41,9 +41,9 @@ def test_decode_step_matches_reference(isa, dtype, B, Hk, Hv, Dk, Dv, K):
     x, conv, w, gate, beta, state, slots = _case(0, B, Hk, Hv, Dk, Dv, K, 9, dtype)
     conv_ref, state_ref = conv.clone(), state.clone()
     want = gdn_decode_ref(x, conv_ref, w, gate, beta, state_ref, slots, Hk)
-    mixed = cpu_ops.gdn_conv_update(x, conv, w, slots)
+    mixed = gdn_ops.gdn_conv_update(x, conv, w, slots)
     assert torch.equal(conv, conv_ref)  # the window shifted exactly; untouched slots too
-    got = cpu_ops.gdn_decode(mixed, gate, beta, state, slots, Hk, Dk)
+    got = gdn_ops.gdn_decode(mixed, gate, beta, state, slots, Hk, Dk)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state, state_ref, rtol=1e-5, atol=1e-5)
     others = torch.ones(9, dtype=torch.bool)
@@ -59,7 +59,7 @@ def test_decode_many_steps_stay_with_the_reference(isa):
     for _ in range(20):
         x = torch.randn(x.shape, generator=g)
         want = gdn_decode_ref(x, conv_ref, w, gate, beta, state_ref, slots, 2)
-        got = cpu_ops.gdn_decode(cpu_ops.gdn_conv_update(x, conv, w, slots), gate, beta, state, slots, 2, 32)
+        got = gdn_ops.gdn_decode(gdn_ops.gdn_conv_update(x, conv, w, slots), gate, beta, state, slots, 2, 32)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state, state_ref, rtol=1e-5, atol=1e-5)
 
@@ -68,9 +68,9 @@ def test_a_slot_outside_the_pool_is_refused(isa):
     x, conv, w, gate, beta, state, slots = _case(3, 2, 1, 2, 16, 16, 4, 4, torch.float32)
     bad = torch.tensor([0, 4])
     with pytest.raises(RuntimeError, match="gdn_conv_update_f32"):
-        cpu_ops.gdn_conv_update(x, conv, w, bad)
+        gdn_ops.gdn_conv_update(x, conv, w, bad)
     with pytest.raises(RuntimeError, match="gdn_decode_f32"):
-        cpu_ops.gdn_decode(x.float().contiguous(), gate, beta, state, bad, 1, 16)
+        gdn_ops.gdn_decode(x.float().contiguous(), gate, beta, state, bad, 1, 16)
 
 
 @pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(2, 4, 16, 8), (1, 2, 64, 80), (3, 3, 13, 37)])
@@ -95,6 +95,6 @@ def test_prefill_segments_match_the_rule_token_after_token(isa, Hk, Hv, Dk, Dv):
             o, s = gdn_rule_ref(mixed[i:i + 1], gate[i:i + 1], beta[i:i + 1], s, Hk)
             want[i] = o[0]
         want_state[slots[r]] = s[0]
-    got = cpu_ops.gdn_prefill(mixed, gate, beta, state, slots, starts, torch.tensor(lens), Hk, Dk)
+    got = gdn_ops.gdn_prefill(mixed, gate, beta, state, slots, starts, torch.tensor(lens), Hk, Dk)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state, want_state, rtol=1e-5, atol=1e-5)

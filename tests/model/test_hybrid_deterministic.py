@@ -73,23 +73,23 @@ def test_qwen3_next_is_refused_for_its_experts(tmp_path):
 def test_the_c_pieces_agree_with_torch_and_prefill_gives_decode_bits():
     import torch.nn.functional as F
 
-    from radixlang_kernels import cpu_ops
+    from radixlang_kernels import cpu_ops, gdn_ops
 
     if cpu_ops.load() is None:
         pytest.skip("no kernel library")
     torch.manual_seed(0)
     a, b, A_log, dt_bias = torch.randn(7, 4) * 5, torch.randn(7, 4), torch.randn(4), torch.randn(4)
-    g, beta = cpu_ops.gdn_gates(a, b, A_log, dt_bias)
+    g, beta = gdn_ops.gdn_gates(a, b, A_log, dt_bias)
     torch.testing.assert_close(g, -A_log.exp() * F.softplus(a + dt_bias), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(beta, b.sigmoid(), rtol=1e-6, atol=1e-6)
     x, z, w = torch.randn(5, 8), torch.randn(5, 8), torch.randn(8)
     want = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * F.silu(z)
-    torch.testing.assert_close(cpu_ops.gdn_gated_norm(x, z, w, 1e-6), want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(cpu_ops.sigmoid_mul(x, z), x * z.sigmoid(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gdn_ops.gdn_gated_norm(x, z, w, 1e-6), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gdn_ops.sigmoid_mul(x, z), x * z.sigmoid(), rtol=1e-6, atol=1e-6)
     for dtype in (torch.float32, torch.bfloat16):
         x, w = torch.randn(11, 24).to(dtype), torch.randn(24, 4).to(dtype)
         conv = torch.randn(3, 24, 3).to(dtype)
         c1, c2, slot = conv.clone(), conv.clone(), torch.tensor([2])
-        whole = cpu_ops.gdn_conv_prefill(x, c1, w, slot, torch.tensor([0]), torch.tensor([11]))
-        steps = torch.cat([cpu_ops.gdn_conv_update(x[i:i + 1], c2, w, slot) for i in range(11)])
+        whole = gdn_ops.gdn_conv_prefill(x, c1, w, slot, torch.tensor([0]), torch.tensor([11]))
+        steps = torch.cat([gdn_ops.gdn_conv_update(x[i:i + 1], c2, w, slot) for i in range(11)])
         assert torch.equal(whole, steps) and torch.equal(c1, c2)

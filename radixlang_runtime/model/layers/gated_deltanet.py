@@ -9,7 +9,7 @@ SiLU(z) and the output projection. A request's state between steps is S (float32
 
 Prefill (extend) runs the chunk-parallel form (chunks of 64 tokens: a triangular solve inside each chunk, the
 state carried between chunks), one request at a time from its slot's state (zeros at position 0), or on CPU with
-the kernel library the recurrent form token after token in C (cpu_ops.gdn_prefill, faster there); decode runs
+the kernel library the recurrent form token after token in C (gdn_ops.gdn_prefill, faster there); decode runs
 the recurrent form for the whole batch at once: on CPU with the kernel library, the convolution's update and the
 delta rule in two C calls reading and writing the states in place at their slots (radixlang_kernels cpu_ops
 gdn_conv_update / gdn_decode), with --attention-backend triton the Triton kernels (radixlang_kernels/gated_deltanet.py:
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import gdn_ops
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 
@@ -135,7 +135,7 @@ class GatedDeltaNet(nn.Module):
         proj = self.in_proj(x)
         mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
         if self.deterministic:
-            g, beta = cpu_ops.gdn_gates(a, b, self.A_log, self.dt_bias)
+            g, beta = gdn_ops.gdn_gates(a, b, self.A_log, self.dt_bias)
         else:
             beta = b.sigmoid()
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
@@ -163,7 +163,7 @@ class GatedDeltaNet(nn.Module):
                 start += n
             o = torch.cat(outs)  # [T, H, Dv]
         if self.deterministic:
-            o = cpu_ops.gdn_gated_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight,
+            o = gdn_ops.gdn_gated_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight,
                                        self.norm.eps).to(x.dtype)
         else:
             o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
@@ -180,8 +180,8 @@ class GatedDeltaNet(nn.Module):
             mixed = triton_gdn().gdn_conv(mixed, conv, self.conv_weight, slots, rows, one)
             o = triton_gdn().gdn_rule(mixed, g, beta.float(), ssm, slots, rows, one, self.hk)
         elif self.use_cpu_kernel:
-            mixed = cpu_ops.gdn_conv_update(mixed, conv, self.conv_weight, slots)  # [B, C] float32
-            o = cpu_ops.gdn_decode(mixed, g, beta.float(), ssm, slots, self.hk, self.dk)
+            mixed = gdn_ops.gdn_conv_update(mixed, conv, self.conv_weight, slots)  # [B, C] float32
+            o = gdn_ops.gdn_decode(mixed, g, beta.float(), ssm, slots, self.hk, self.dk)
         else:
             window = torch.cat([conv[slots], mixed.unsqueeze(-1)], dim=-1)  # [B, C, K]
             conv[slots] = window[..., 1:]
@@ -224,10 +224,10 @@ class GatedDeltaNet(nn.Module):
             if fresh:
                 conv[slot].zero_()
             at, n = torch.tensor([slot]), torch.tensor([mixed.shape[0]])
-            out = cpu_ops.gdn_conv_prefill(mixed, conv, self.conv_weight, at, torch.zeros_like(at), n)
+            out = gdn_ops.gdn_conv_prefill(mixed, conv, self.conv_weight, at, torch.zeros_like(at), n)
             if fresh:
                 ssm[slot].zero_()
-            return cpu_ops.gdn_prefill(out, g, beta.float(), ssm, at, torch.zeros_like(at), n, self.hk, self.dk)
+            return gdn_ops.gdn_prefill(out, g, beta.float(), ssm, at, torch.zeros_like(at), n, self.hk, self.dk)
         K = self.spec.conv_kernel
         window = torch.zeros_like(conv[slot]) if fresh else conv[slot]
         seq = torch.cat([window.to(mixed.dtype), mixed.transpose(0, 1)], dim=-1)  # [C, K - 1 + L]
@@ -237,7 +237,7 @@ class GatedDeltaNet(nn.Module):
             if fresh:
                 ssm[slot].zero_()
             at, n = torch.tensor([slot]), torch.tensor([mixed.shape[0]])
-            return cpu_ops.gdn_prefill(out.transpose(0, 1).float(), g, beta.float(), ssm, at, torch.zeros_like(at), n,
+            return gdn_ops.gdn_prefill(out.transpose(0, 1).float(), g, beta.float(), ssm, at, torch.zeros_like(at), n,
                                        self.hk, self.dk)
         q, k, v = self._qkv(out.transpose(0, 1))
         state = torch.zeros_like(ssm[slot]) if fresh else ssm[slot]

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from radixlang_kernels import cpu_ops
+from radixlang_kernels import gdn_ops
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
@@ -105,7 +105,7 @@ class GatedAttention(nn.Module):
             qk = torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous())], dim=1)
         qk = Rotary.apply(qk, fb.rope_cos_sin)
         o = self.backend.forward(qk[:, :h], qk[:, h:], v.contiguous(), self.kv_layer, fb)  # [T, H D]
-        gated = cpu_ops.sigmoid_mul(o, gate).to(o.dtype) if self.deterministic else o * torch.sigmoid(gate)
+        gated = gdn_ops.sigmoid_mul(o, gate).to(o.dtype) if self.deterministic else o * torch.sigmoid(gate)
         out = self.o_proj(gated)
         return out if self.reduce is None else self.reduce(out)
 
