@@ -101,11 +101,9 @@ class Scheduler:
         self.waiting += reqs
 
     def drop_lora_if_unused(self, lora_id: int) -> bool:
-        """Drop LoRA adapter lora_id's weights unless a request of it is queued, compiling or running."""
+        """Drop LoRA adapter lora_id's weights unless a request of it is queued, compiling or holds it."""
         pending = self.grammar.pending if self.grammar is not None else []
-        held = self.pd.held_reqs() if self.pd is not None else []  # PD: receiving / handing over K/V
-        if any(r is not None and r.lora_id == lora_id for r in [*self.waiting, *self.running, *pending,
-                                                                 self.chunked_req, *held]):
+        if any(r.lora_id == lora_id for r in [*self.waiting, *pending, *self._lora_holders()]):
             return False
         self.runner.loras.drop(lora_id)
         return True
@@ -115,11 +113,13 @@ class Scheduler:
         return self.runner.load_lora(name, path, frozenset(self.loras_in_use()))
 
     def loras_in_use(self) -> set[int]:
-        """The LoRA adapters of the running requests, of the prompt mid-way through chunked prefill and (PD) of the
-        requests whose K/V is on its way (on a decode server they join the running batch when it arrives)."""
+        return {r.lora_id for r in self._lora_holders() if r.lora_id}
+
+    def _lora_holders(self) -> list[Req]:
+        """The requests whose adapter must stay loaded: running, the prompt mid-way through chunked prefill and (PD)
+        those whose K/V is on its way (on a decode server they join the running batch when it arrives)."""
         held = self.pd.held_reqs() if self.pd is not None else []
-        return {r.lora_id for r in [*self.running, *([self.chunked_req] if self.chunked_req else []), *held]
-                if r.lora_id}
+        return [*self.running, *([self.chunked_req] if self.chunked_req else []), *held]
 
     def abort(self, rid: str) -> None:
         self._to_abort.add(rid)
@@ -169,9 +169,7 @@ class Scheduler:
         if late:  # masks that finished since: those requests rejoin this step
             touched += self._settle_masks(late, time.monotonic())
         batch = self.get_next_batch_to_run()
-        if self._failed_at_admission:
-            touched += self._failed_at_admission
-            self._failed_at_admission = []
+        touched, self._failed_at_admission = touched + self._failed_at_admission, []
         if batch is None:
             if gated and any(r.mask_pending for r in self.running):  # only masks to wait for: wait a little
                 touched += self._settle_masks([r for r in self.running if r.mask_pending],
@@ -186,7 +184,7 @@ class Scheduler:
             result = (self.runner if self.overlap is None else self.overlap).forward(batch.model_batch())
             forward_s = time.perf_counter() - began
             if batch.phase == "extend":  # the hierarchical cache weighs its loads against this
-                self.kv.note_prefill(batch.num_tokens, time.perf_counter() - began)
+                self.kv.note_prefill(batch.num_tokens, forward_s)
             self.forward_steps += 1
             for r in batch.reqs:
                 r.forward_passes += 1
@@ -437,12 +435,7 @@ class Scheduler:
         if self.pd is not None:
             aborted += self.pd.take(self._to_abort)  # released by the role (a half-received K/V is not cached)
         for req in aborted:
-            if req in self.waiting:
-                self.waiting.remove(req)
-            if req in self.running:
-                self.running.remove(req)
-            if req is self.chunked_req:
-                self.chunked_req = None
+            self._detach(req)
             self._release(req)
             req.finish({"type": "abort", "message": "aborted by request"})
         if aborted:  # benchmarks/bench_disconnect.py reads the time
@@ -450,18 +443,21 @@ class Scheduler:
         self._to_abort.clear()
         return aborted
 
+    def _detach(self, req: Req) -> None:
+        """Take req out of the waiting and running lists and the chunked-prefill slot, wherever it is."""
+        for queue in (self.waiting, self.running):
+            if req in queue:
+                queue.remove(req)
+        if req is self.chunked_req:
+            self.chunked_req = None
+
     def _fail_batch(self, batch: ScheduleBatch, message: str) -> list[Req]:
         """End every request of a failed batch with `message`; free what each still holds."""
         failed = []
         for req in batch.reqs:
             if req.error is not None:  # listed twice (mixed chunk): already handled
                 continue
-            if req in self.running:
-                self.running.remove(req)
-            if req in self.waiting:
-                self.waiting.remove(req)
-            if req is self.chunked_req:
-                self.chunked_req = None
+            self._detach(req)
             if self.pd is not None:
                 self.pd.take({req.rid}, failed=True)
             if not req.finished:  # a request that finished before the fault was released already
