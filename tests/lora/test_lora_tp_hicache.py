@@ -17,19 +17,19 @@ def test_tp2_records_follow_the_adapter_into_every_rank(tmp_path):
 
     root = tmp_path / "models"
     want = build_base_and_adapters(root, prompts=(LONG,))
-    want = {name: w[tuple(LONG)][:6] for name, w in want.items()}
+    want = {(None if name == "" else name): w[tuple(LONG)][:6] for name, w in want.items()}  # base: None, as lora_path
     assert len(set(map(tuple, want.values()))) == 3  # the comparison can fail
     kw = dict(dtype="float32", max_total_tokens=1024, tp_size=2, enable_hierarchical_cache=True, hicache_size=0.01,
               hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always")
     with Engine(str(root / "base"), lora_paths=[f"alpha={root / 'alpha'}", f"beta={root / 'beta'}"], **kw) as eng:
         assert eng.runner.shard.size == 2
         for name in ("alpha", None):
-            assert eng.generate(input_ids=LONG, sampling_params=SP, lora_path=name)["output_ids"] == want[name or ""]
+            assert eng.generate(input_ids=LONG, sampling_params=SP, lora_path=name)["output_ids"] == want[name]
     # write_back: the shutdown stored the records; now beta has id 1 (alpha's before), alpha id 2
     with Engine(str(root / "base"), lora_paths=[f"beta={root / 'beta'}", f"alpha={root / 'alpha'}"], **kw) as eng:
         for name, cached in (("beta", 0), ("alpha", 96), (None, 96)):
             out = eng.generate(input_ids=LONG, sampling_params=SP, lora_path=name)
-            assert out["output_ids"] == want[name or ""], name
+            assert out["output_ids"] == want[name], name
             assert out["meta_info"]["cached_tokens"] == cached, name
         assert eng.get_stats()["hicache"]["hit_tokens"]["l2"] == 192
         eng.check_integrity()
