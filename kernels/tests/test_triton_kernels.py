@@ -112,6 +112,18 @@ def test_soft_cap_in_both_kernels():
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+def _store_new_tokens(kb, vb, rt, rows, prefix, ext, H, hkv, D):
+    """Random q / k / v of the requests' new tokens (seed 5); k and v written into the pool at their slots."""
+    qkv = torch.randn(sum(ext), H + 2 * hkv, D, generator=torch.Generator().manual_seed(5))
+    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
+    start = 0
+    for r, p, n in zip(rows, prefix, ext):
+        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
+        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
+        start += n
+    return q, k, v
+
+
 @pytest.mark.parametrize("window", [1, 7, 40])
 @pytest.mark.parametrize("H,hkv,D", [(9, 3, 64), (8, 2, 80)])
 def test_sliding_window_in_both_kernels(H, hkv, D, window):
@@ -120,14 +132,7 @@ def test_sliding_window_in_both_kernels(H, hkv, D, window):
     `window` positions through k_begin, as the backend calls it."""
     prefix, ext = [0, 37, 3, 70], [45, 20, 1, 9]
     kb, vb, rt, rows = paged_setup(prefix, ext, hkv, D, torch.float32, 16, seed=window)
-    T = sum(ext)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=torch.Generator().manual_seed(5))
-    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
-    start = 0
-    for r, p, n in zip(rows, prefix, ext):
-        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
-        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
-        start += n
+    q, k, v = _store_new_tokens(kb, vb, rt, rows, prefix, ext, H, hkv, D)
     t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
     d = lambda *xs: [x.to(DEVICE) for x in xs]  # noqa: E731
     starts = [sum(ext[:i]) for i in range(len(ext))]
@@ -151,14 +156,7 @@ def test_chunked_attention_in_both_kernels(H, hkv, D, chunk):
     cached prefix); decode reads the new token's chunk through k_begin, as the backend calls it."""
     prefix, ext = [0, 37, 3, 70, 16], [45, 20, 1, 9, 5]
     kb, vb, rt, rows = paged_setup(prefix, ext, hkv, D, torch.float32, 16, seed=chunk)
-    T = sum(ext)
-    qkv = torch.randn(T, H + 2 * hkv, D, generator=torch.Generator().manual_seed(5))
-    q, k, v = qkv[:, :H], qkv[:, H : H + hkv], qkv[:, H + hkv :]
-    start = 0
-    for r, p, n in zip(rows, prefix, ext):
-        kb[:, rt[r, p : p + n]] = k[start : start + n].transpose(0, 1)
-        vb[:, rt[r, p : p + n]] = v[start : start + n].transpose(0, 1)
-        start += n
+    q, k, v = _store_new_tokens(kb, vb, rt, rows, prefix, ext, H, hkv, D)
     t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEVICE)  # noqa: E731
     d = lambda *xs: [x.to(DEVICE) for x in xs]  # noqa: E731
     starts = [sum(ext[:i]) for i in range(len(ext))]
@@ -166,8 +164,8 @@ def test_chunked_attention_in_both_kernels(H, hkv, D, chunk):
                            block_m=16, block_n=16, chunk=chunk).cpu()
     want = paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5, chunk=chunk)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-    if chunk < 45:  # the chunk matters: full causal attention differs
-        assert not torch.allclose(want, paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5))
+    # the chunk matters (every chunk here is shorter than the longest request): full causal attention differs
+    assert not torch.allclose(want, paged_attention_ref(q, kb, vb, rt, rows, prefix, ext, D ** -0.5))
     seq = [p + n for p, n in zip(prefix, ext)]
     qd = torch.randn(len(seq), H, D, generator=torch.Generator().manual_seed(6))
     got = decode_attention(*d(qd, kb, vb, rt), t(rows), t(seq), D ** -0.5, split_len=16,
