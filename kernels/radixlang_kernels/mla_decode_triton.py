@@ -68,8 +68,9 @@ def _mla_stage1(q_ptr, kv_ptr, rt_ptr, rows_ptr, lens_ptr, mid_o_ptr, mid_lse_pt
         mask_n = offs_n < end
         slots = tl.load(rt_ptr + row * stride_rt + offs_n, mask=mask_n, other=0)  # int64: no overflow past 2^31
         entry = kv_ptr + slots[:, None] * stride_kv
-        lat = tl.load(entry + offs_c[None, :], mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [N_, C_]
-        pe = tl.load(entry + C + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)  # [N_, R_]
+        # the block's latents [BLOCK_N, BLOCK_C] (keys' first part and values) and rope parts [BLOCK_N, BLOCK_R]
+        lat = tl.load(entry + offs_c[None, :], mask=mask_n[:, None] & mask_c[None, :], other=0.0)
+        pe = tl.load(entry + C + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
         qk = (dot(q_lat, tl.trans(lat), PRECISION, UPCAST) + dot(q_pe, tl.trans(pe), PRECISION, UPCAST)) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_i, l_i, acc = softmax_step(qk, lat, m_i, l_i, acc, PRECISION, UPCAST)  # values: the latents

@@ -1,8 +1,9 @@
 """DeepSeek V2 / V3 (multi-head latent attention, DeepSeek MoE routing) end to end: tiny random checkpoints written
 by transformers, served by the Engine in float32 greedy token for token against transformers' generate, with
 prompts longer than a prefill chunk, a pool tight enough to retract, a radix-cache hit and the allocator checked
-after every step; the KV pool holds one latent entry per token; the absorbed decode against the expanded one;
-the routers against transformers' own; config fields not honoured refused by name."""
+after every step; the KV pool holds one latent entry per token; the absorbed decode against the expanded one, and
+through the Triton kernel (--attention-backend triton); the routers against transformers' own; config fields not
+honoured refused by name."""
 
 from __future__ import annotations
 
@@ -71,6 +72,39 @@ def test_greedy_matches_transformers(name, tmp_path):
     per_token = (TINY["kv_lora_rank"] + TINY["qk_rope_head_dim"]) * TINY["num_hidden_layers"] * 4
     assert stats["memory"]["kv_pool"] == per_token * slots
 
+
+
+def test_triton_backend_matches_transformers(tmp_path):
+    """--attention-backend triton: the absorbed decode's attention is the Triton kernel (radixlang_kernels/
+    mla_decode_triton.py; interpreted on CPU: TRITON_INTERPRET=1, set in conftest when there is no GPU) over pages
+    of 4, a radix-cache hit included; the allocator checked after every step."""
+    pytest.importorskip("triton")
+    from radixlang_runtime import Engine
+
+    model, _ = _build(tmp_path, "v3")
+    want = [hf_greedy(model, p, NEW) for p in PROMPTS]
+    sp = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", attention_backend="triton", max_total_tokens=256, page_size=4,
+                chunked_prefill_size=16, debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=sp)
+        again = eng.generate(input_ids=PROMPTS[2], sampling_params=sp)
+        eng.check_integrity()
+        stats = eng.get_stats()
+    assert stats["cpu"]["paths"]["decode_attention"] == "mla-absorbed:triton"
+    assert [o["output_ids"] for o in outs] == want
+    assert again["output_ids"] == want[2] and again["meta_info"]["cached_tokens"] > 0
+
+
+def test_triton_decode_refuses_a_latent_wider_than_the_kernel():
+    """A latent past the kernel's 512 lanes under --attention-backend triton: refused by name at load."""
+    from types import SimpleNamespace
+
+    from radixlang_runtime.model.models.deepseek import DeepseekForCausalLM
+
+    cfg = ModelConfig.from_dict({**V3_MIN, "kv_lora_rank": 1024, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                                 "v_head_dim": 16})
+    with pytest.raises(ValueError, match="kv_lora_rank <= 512"):
+        DeepseekForCausalLM.use_triton_kernels(SimpleNamespace(cfg=cfg, layers=[]))
 
 def _runner(path, absorbed: bool, c_kernel: bool):
     from radixlang_runtime.model.executor.runner import ModelRunner

@@ -12,7 +12,8 @@ lanes. kv_b_proj's weight [H (nope + v), C] splits per head into W_UK [nope, C] 
   per cached token instead of H (2 nope + R + v) after an expansion matmul. `absorbed = False` runs decode
   in the expanded form (the same numbers up to rounding; docs/MODELS.md compares the two). On CPU with the C
   kernels (use_cpu_kernel) the attention over the entries is radixlang_kernels' mla_decode, reading the pool in
-  place (each entry once for a block of heads); else SDPA over the gathered entries.
+  place (each entry once for a block of heads); with --attention-backend triton (use_triton) the Triton kernel
+  radixlang_kernels/mla_decode_triton.py, reading the pool in place too; else SDPA over the gathered entries.
 
 Tensor parallel: each rank runs its Shard's query heads (q_proj / q_b_proj rows, kv_b_proj's rows of those heads,
 o_proj's columns; the row-parallel o_proj's output is summed over the ranks, its bias added by rank 0 only). The
@@ -51,6 +52,13 @@ class MLAMeta:
     starts: tuple[int, ...] = ()
     prefix_slots: tuple[Optional[torch.Tensor], ...] = ()
     masks: tuple[Optional[torch.Tensor], ...] = ()
+
+
+def triton_mla():
+    """radixlang_kernels.mla_decode_triton (imported on first use: Triton is optional)."""
+    from radixlang_kernels import mla_decode_triton
+
+    return mla_decode_triton
 
 
 def mla_metadata(fb: ForwardBatch) -> MLAMeta:
@@ -101,6 +109,7 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(self.h * m.v_head_dim, hidden, bias=bias)
         self.absorbed = True  # decode in the absorbed form (module docstring)
         self.use_cpu_kernel = False  # the absorbed decode's attention in C (cpu_ops.mla_decode)
+        self.use_triton = False  # ... in Triton (radixlang_kernels/mla_decode_triton.py): --attention-backend triton
         self.w_uk: Optional[torch.Tensor] = None  # [H, nope, C], set by absorb()
         self.w_uv: Optional[torch.Tensor] = None  # [H, v, C]
 
@@ -196,9 +205,11 @@ class MLAttention(nn.Module):
         meta: MLAMeta = fb.attn_meta
         q_lat = torch.einsum("bhn,hnc->bhc", q_nope, self.w_uk)
         qf = torch.cat([q_lat, q_pe], dim=-1)  # [B, H, C + R]: H queries of one KV head
-        C = self.m.kv_lora_rank
-        if self.use_cpu_kernel:
-            pool = fb.kv_pool
+        C, pool = self.m.kv_lora_rank, fb.kv_pool
+        if self.use_triton:
+            o = triton_mla().mla_decode(qf, pool.k_buffers[self.layer_id][0], pool.req_to_token, fb.req_rows,
+                                        fb.seq_lens, C, self.m.softmax_scale, max(fb.seq_lens_cpu))  # [B, H, C]
+        elif self.use_cpu_kernel:
             o = cpu_ops.mla_decode(qf, pool.k_buffers[self.layer_id][0], pool.req_to_token, fb.req_rows,
                                    fb.seq_lens, C, self.m.softmax_scale)  # [B, H, C]
         else:

@@ -144,10 +144,26 @@ class DeepseekForCausalLM(MoEForCausalLM):
         return MLAttention(cfg, layer_id, shard, reduce)
 
     def enable_cpu_ops(self) -> None:
-        """The CPU C kernels: the norms and the dense MLPs' activation, and the absorbed decode's attention."""
+        """The CPU C kernels: the norms and the dense MLPs' activation, and the absorbed decode's attention (unless
+        it runs in Triton)."""
         super().enable_cpu_ops()
         for layer in self.layers:
-            layer.self_attn.use_cpu_kernel = True
+            layer.self_attn.use_cpu_kernel = not layer.self_attn.use_triton
+
+    def use_triton_kernels(self) -> str:
+        """The absorbed decode's attention through the Triton kernel (--attention-backend triton:
+        radixlang_kernels/mla_decode_triton.py); returns the path's name in the logged CPU paths. ValueError where
+        the latent is wider than the kernel takes."""
+        from radixlang_kernels.mla_decode_triton import MAX_LATENT, MAX_ROPE
+
+        m = self.cfg.mla
+        if m.kv_lora_rank > MAX_LATENT or m.qk_rope_head_dim > MAX_ROPE:
+            raise ValueError(f"attention_backend triton: the MLA decode kernel takes kv_lora_rank <= {MAX_LATENT} and "
+                             f"qk_rope_head_dim <= {MAX_ROPE}; this model has {m.kv_lora_rank} and "
+                             f"{m.qk_rope_head_dim} (attention_backend torch serves it)")
+        for layer in self.layers:
+            layer.self_attn.use_cpu_kernel, layer.self_attn.use_triton = False, True
+        return "mla-absorbed:triton"
 
     def final_hidden(self, fb: ForwardBatch, rows=None):
         fb.attn_meta = mla_metadata(fb)  # the latent entries' indexing, once per step for every layer
