@@ -84,11 +84,13 @@ step() {  # step NAME CAP_SECONDS CMD...: runs CMD under a time cap, its output 
     echo "=== $name: rc $rc in $((SECONDS - t0)) s"
     [ "$rc" = 0 ] || status=1
 }
-step kernels 150 "$PY" -m pytest -q -p no:cacheprovider kernels/tests/test_triton_kernels.py tests/model/test_triton_cascade.py
+step kernels 150 "$PY" -m pytest -q -p no:cacheprovider kernels/tests/test_triton_kernels.py tests/model/test_triton_cascade.py \
+    kernels/tests/test_triton_mla_decode.py
 step bench_kernels 150 "$PY" kernels/benchmarks/bench_kernels.py --json "$LOGS/kernels.json"
 step engine 240 "$PY" -m pytest -q -p no:cacheprovider --durations=10 tests/model/test_triton_backend.py \
     tests/model/test_model_families.py tests/model/test_model_moe.py tests/model/test_model_impl.py \
     tests/model/test_graph_runner.py -k "not tp2 and (not test_graph_runner or tiny_llama)"  # one GPU: no TP=2
+step engine_mla 120 "$PY" -m pytest -q -p no:cacheprovider tests/model/test_family_deepseek.py -k triton_backend
 # decode under CUDA graphs, on and off: a Llama-3-8B-shaped model with random bf16 weights built on the GPU
 step decode_graphs 300 "$PY" benchmarks/bench_gpu_decode.py --model-dir /tmp/radixlang-llama3-8b-random \
     --json "$LOGS/decode_graphs.json"

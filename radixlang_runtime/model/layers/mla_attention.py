@@ -109,7 +109,7 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(self.h * m.v_head_dim, hidden, bias=bias)
         self.absorbed = True  # decode in the absorbed form (module docstring)
         self.use_cpu_kernel = False  # the absorbed decode's attention in C (cpu_ops.mla_decode)
-        self.use_triton = False  # ... in Triton (radixlang_kernels/mla_decode_triton.py): --attention-backend triton
+        self.use_triton = False  # that attention in Triton (mla_decode_triton.py): --attention-backend triton
         self.w_uk: Optional[torch.Tensor] = None  # [H, nope, C], set by absorb()
         self.w_uv: Optional[torch.Tensor] = None  # [H, v, C]
 
