@@ -49,11 +49,16 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
 Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
 
 
+# gemv_q8.c's tile formats: name -> (its format number, bytes per 32 weights)
+Q8_TILE_FORMATS = {"Q4_1": (2, 20), "Q5_0": (6, 22), "Q8_0": (8, 34)}
+
+
 def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
-    """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q8_0 blocks) -> gemv_q8.c's tiles
-    [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1): the same
-    scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are zeros)."""
-    _, nbytes = GGUF_BLOCK_FORMATS[fmt]
+    """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q5_0 / Q8_0 blocks) -> gemv_q8.c's tiles
+    [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1, 176 for Q5_0):
+    the same scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are
+    zeros)."""
+    _, nbytes = Q8_TILE_FORMATS[fmt]
     N = blocks.shape[0]
     nb = blocks.shape[1] // nbytes
     nt, pairs = -(-N // Q8_TILE_ROWS), -(-nb // 2)
@@ -62,11 +67,35 @@ def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     b = b.view(nt, Q8_TILE_ROWS, pairs, 2, nbytes).permute(0, 2, 1, 3, 4)  # [tile, pair, row, block, bytes]
     if fmt == "Q8_0":
         parts = [b[..., :2], b[..., 2:]]  # dw [4][2] fp16, then each row's 2 blocks of int8
-    else:  # dw, mw, then byte i = qw_b0[i] | qw_b1[i] << 4 (the file: byte j = qw[j] | qw[j + 16] << 4)
-        qs = b[..., 4:]
-        q = torch.cat([qs & 15, qs >> 4], dim=-1)  # [..., block, 32] weights in order
-        parts = [b[..., :2], b[..., 2:4], (q[..., 0, :] | (q[..., 1, :] << 4)).unsqueeze(-2)]
+    else:  # dw, mw (Q4_1) or qh (Q5_0), then byte i = qw_b0[i] | qw_b1[i] << 4 (the file: qw[j] | qw[j + 16] << 4)
+        qs = b[..., 4:] if fmt == "Q4_1" else b[..., 6:]
+        q = torch.cat([qs & 15, qs >> 4], dim=-1)  # [..., block, 32] weights' low 4 bits in order
+        parts = [b[..., :2], b[..., 2:4] if fmt == "Q4_1" else b[..., 2:6],
+                 (q[..., 0, :] | (q[..., 1, :] << 4)).unsqueeze(-2)]
     return torch.cat([p.reshape(nt, pairs, -1) for p in parts], dim=-1).contiguous()
+
+
+def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """gguf_q8_tiles' inverse: tiles [ceil(N / 4), pairs, step] uint8 -> blocks [N, K / 32 * bytes], or
+    only the rows `rows` [R] int64 (in that order) -> [R, K / 32 * bytes]."""
+    if rows is not None:
+        tiles = tiles[rows // 4]
+    nt, pairs, _ = tiles.shape
+    nbytes = Q8_TILE_FORMATS[fmt][1]
+    if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
+        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]
+    else:  # dw [4][2] fp16, mw [4][2] fp16 (Q4_1) or qh [4][2] 4 B (Q5_0) | [4 rows][32 B],
+        # byte i = qw_b0[i] | qw_b1[i] << 4 (low 4 bits); the file: qw[j] | qw[j + 16] << 4
+        mid = 16 if fmt == "Q4_1" else 32
+        y = tiles[..., 16 + mid:].reshape(nt, pairs, 4, 1, 32)
+        q = torch.cat([y & 15, y >> 4], dim=3)  # [nt, pairs, 4 rows, 2 blocks, 32 weights]
+        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2),
+                 tiles[..., 16:16 + mid].reshape(nt, pairs, 4, 2, mid // 8), q[..., :16] | (q[..., 16:] << 4)]
+    b = torch.cat(parts, dim=-1)  # [nt, pairs, 4 rows, 2 blocks, bytes]
+    if rows is not None:  # each selected tile's own row
+        return b[torch.arange(nt), :, rows % 4].reshape(nt, pairs * 2 * nbytes)[:, :K // 32 * nbytes].contiguous()
+    b = b.permute(0, 2, 1, 3, 4).reshape(nt * 4, pairs * 2 * nbytes)
+    return b[:N, :K // 32 * nbytes].contiguous()
 
 
 def int8_q8_tiles(q: torch.Tensor) -> torch.Tensor:
@@ -98,7 +127,7 @@ def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out
     """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
     gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
     M > QLINEAR_MAX_M (the caller's GEMM runs)."""
-    return _q8_call("gguf_q8_gemv", x, tiles, GGUF_BLOCK_FORMATS[fmt][0], n_out, out_dtype, lib)
+    return _q8_call("gguf_q8_gemv", x, tiles, Q8_TILE_FORMATS[fmt][0], n_out, out_dtype, lib)
 
 
 def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_dtype: Optional[torch.dtype] = None,

@@ -124,7 +124,7 @@ def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
 def _q8_reference(x: torch.Tensor, blocks, fmt: str):
     """gemv_q8.c's arithmetic in float64 numpy: x quantized per block of 32 (dx = max|x| / 127 in float32,
     qx = x * (127 / max|x|) rounded to nearest even), integer block dots with the weights' quants, scaled.
-    blocks: GGUF rows (fmt Q4_1 / Q8_0), or (q [N, K] int8, scale [N]) for fmt "int8".
+    blocks: GGUF rows (fmt Q4_1 / Q5_0 / Q8_0), or (q [N, K] int8, scale [N]) for fmt "int8".
     Returns (that, exact dequantize-then-matmul, the bound sum_b dx_b / 2 sum_j |w_j|), all [M, N]."""
     import gguf.quants as gq
     M, K = x.shape
@@ -147,6 +147,11 @@ def _q8_reference(x: torch.Tensor, blocks, fmt: str):
         dw = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
         if fmt == "Q8_0":
             qw = b[..., 2:].view(np.int8).astype(np.int64)
+        elif fmt == "Q5_0":  # qw = nibble | fifth bit << 4 in 0 .. 31, w = dw (qw - 16): mw = -16 dw
+            qs, qh = b[..., 6:], b[..., 2:6].copy().view(np.uint32).astype(np.int64)
+            bits = (qh >> np.arange(32)) & 1
+            qw = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int64) | (bits << 4)
+            mw = -16 * dw[None]
         else:
             qs = b[..., 4:]
             qw = np.concatenate([qs & 15, qs >> 4], -1).astype(np.int64)
@@ -165,7 +170,7 @@ def _assert_q8(got: torch.Tensor, want, exact, bound) -> None:
     assert (np.abs(got.double().numpy() - exact) <= bound * 1.001 + 1e-6 * scale).all()
 
 
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q8_0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("M,K,N", [(1, 576, 96), (3, 96, 33), (16, 1536, 7), (5, 32, 4), (7, 64, 1)])
 def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N):
@@ -179,7 +184,7 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     x = torch.randn(M, K, generator=g).to(dtype)
     x[0, :32] = 0.0  # an all-zero block: dx = 0
     tiles = quant_ops.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
-    assert tiles.shape == (-(-N // 4), -(-K // 64), 272 if fmt == "Q8_0" else 160)
+    assert tiles.shape == (-(-N // 4), -(-K // 64), {"Q8_0": 272, "Q4_1": 160, "Q5_0": 176}[fmt])
     got = quant_ops.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
     _assert_q8(got, *_q8_reference(x, blocks, fmt))
     out = quant_ops.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x

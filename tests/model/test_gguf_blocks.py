@@ -112,21 +112,28 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
 
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
-    calls = []
-    kq = quant_ops.gguf_kq_gemv
+    calls = {"gguf_kq_gemv": [], "gguf_q8_gemv": []}
 
-    def counted(x, blocks, fmt, *args, **kwargs):
-        calls.append((x.shape[0], fmt))
-        return kq(x, blocks, fmt, *args, **kwargs)
+    def counting(name):
+        kernel = getattr(quant_ops, name)
 
-    monkeypatch.setattr(quant_ops, "gguf_kq_gemv", counted)
+        def counted(x, w, fmt, *args, **kwargs):
+            calls[name].append((x.shape[0], fmt))
+            return kernel(x, w, fmt, *args, **kwargs)
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(quant_ops, name, counting(name))
     model_dir, path, _ = tiny["every_type"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         outs = _greedy(eng)
         resident = eng.runner.weights_bytes
     assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
-    decoded = {fmt for m, fmt in calls if m <= len(PROMPTS)}  # decode steps: the kernel's batches
-    assert decoded == {t for types in EVERY_TYPE.values() for t in types} | {"Q6_K"}
+    # decode steps, the kernels' batches: Q4_1 / Q5_0 / Q8_0 parts on gemv_q8.c's tiles, the rest on the blocks
+    decoded = {name: {fmt for m, fmt in c if m <= len(PROMPTS)} for name, c in calls.items()}
+    every = {t for types in EVERY_TYPE.values() for t in types} | {"Q6_K"}
+    assert decoded["gguf_q8_gemv"] == every & set(quant_ops.Q8_TILE_FORMATS)
+    assert decoded["gguf_kq_gemv"] == every - set(quant_ops.Q8_TILE_FORMATS)
     assert resident <= 1.2 * _file_tensor_bytes(path)
 
 
@@ -238,6 +245,21 @@ def test_large_batches_dequantize_tiles_to_the_exact_product(monkeypatch):
     torch.testing.assert_close(y1, x[:1] @ torch.from_numpy(w).T + bias, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q8_0"])
+def test_q8_tiles_go_back_to_the_files_blocks_exactly(fmt):
+    """gemv_q8.c's tiles hold the file's bytes, moved: the inverse gives the blocks back, whole or by rows."""
+    import torch
+
+    from radixlang_kernels.testing import random_gguf_blocks
+
+    N, K = 13, 32 * 7  # a partial 4-row tile and an odd count of 32-blocks per row
+    blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(1)))
+    tiles = quant_ops.gguf_q8_tiles(blocks, fmt)
+    assert torch.equal(quant_ops.gguf_q8_untiles(tiles, fmt, N, K), blocks)
+    rows = torch.tensor([12, 0, 5, 5, 3, 8])  # the partial tile's row, repeats, every row position in a tile
+    assert torch.equal(quant_ops.gguf_q8_untiles(tiles, fmt, N, K, rows=rows), blocks[rows])
+
+
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
     """gguf_linear's bf16 tiles go back to the file's layout exactly, and a batch above the tiles' kernel runs
@@ -247,14 +269,10 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
     from gguf.quants import dequantize
 
     from radixlang_kernels.testing import random_gguf_blocks
-    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, gguf_q8_untiles
+    from radixlang_runtime.model.layers.gguf_linear import GGUFLinear
 
-    N, K = 13, 32 * 7  # a partial 4-row tile and an odd count of 32-blocks per row
+    N, K = 13, 32 * 7
     blocks = torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(1)))
-    tiles = quant_ops.gguf_q8_tiles(blocks, fmt)
-    assert torch.equal(gguf_q8_untiles(tiles, fmt, N, K), blocks)
-    rows = torch.tensor([12, 0, 5, 5, 3, 8])  # the partial tile's row, repeats, every row position in a tile
-    assert torch.equal(gguf_q8_untiles(tiles, fmt, N, K, rows=rows), blocks[rows])
     if cpu_ops.load() is None:
         return
     w = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[fmt]))  # [N, K]

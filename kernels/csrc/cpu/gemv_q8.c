@@ -7,6 +7,8 @@
  *               sx = sum(x) (float);
  *   Q8_0 block (fp16 dw, 32 int8 qw):            w = dw qw       dot = dw dx sum(qw qx)
  *   Q4_1 block (fp16 dw, fp16 mw, 32 nibbles qw): w = dw qw + mw  dot = dw dx sum(qw qx) + mw sx
+ *   Q5_0 block (fp16 dw, 32 fifth bits, 32 nibbles): qw = nibble | bit << 4 in 0 .. 31, w = dw (qw - 16),
+ *                                                 dot = dw dx sum(qw qx) - 16 dw sx (Q4_1's with mw = -16 dw)
  *   INT8 row (int8 qw, float32 scale s per row):  w = s qw         row = s sum_b dx_b sum(qw qx)
  *   out[m, n] = sum of the row's block dots, float32 sums, stored bf16 or float32.
  *
@@ -21,6 +23,8 @@
  * tile t, pair p is one step of STEP bytes at (t * pairs + p) * STEP:
  *   Q8_0 (272 B): dw fp16 [4 rows][2 blocks] | qw int8 [4 rows][64]                (a row's 2 blocks in order)
  *   Q4_1 (160 B): dw fp16 [4][2] | mw fp16 [4][2] | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4
+ *   Q5_0 (176 B): dw fp16 [4][2] | qh uint32 [4 rows][2 blocks] | [4 rows][32 B] as Q4_1's (low 4 bits);
+ *                 bit i of a row's 64 qh bits is byte i's fifth bit in the AVX-512 lanes below
  *   INT8 (256 B): qw int8 [4 rows][64]  (the row scales stay a float32 [N] vector, applied at the end)
  * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
  * at once were 4 streams and ran well below the read bandwidth from DRAM), and the 8 scales of a step
@@ -45,13 +49,19 @@
 #define Q8_ROWS 4 /* rows per tile */
 #define Q8_GROUP 4
 #define FMT_Q4_1 2 /* ggml's type numbers */
+#define FMT_Q5_0 6
 #define FMT_Q8_0 8
 #define FMT_INT8 -1 /* --quantization int8: int8 rows, one float32 scale per row (quant_linear.py) */
 
-static inline int64_t step_bytes(int fmt) { return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 ? 160 : 256; }
+static inline int64_t step_bytes(int fmt) {
+    return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 ? 160 : fmt == FMT_Q5_0 ? 176 : 256;
+}
 /* Q8_0 and INT8 weights are signed (the xor / sign tricks below); INT8 tiles have no block scales */
-static inline int signed_w(int fmt) { return fmt != FMT_Q4_1; }
-static inline int64_t w_offset(int fmt) { return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 ? 32 : 0; }
+static inline int signed_w(int fmt) { return fmt == FMT_Q8_0 || fmt == FMT_INT8; }
+/* the quants' offset in a step (Q4_1 / Q5_0: the nibbles) */
+static inline int64_t w_offset(int fmt) { return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 ? 32 : fmt == FMT_Q5_0 ? 48 : 0; }
+/* Q4_1 / Q5_0: an offset term m sx per block (Q5_0's m = -16 dw) */
+static inline int has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_0; }
 
 /* The quantized activations, blocks padded to an even count nbp: row m's block b at [m * nbp + b]. */
 typedef struct {
@@ -157,9 +167,12 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
 #else
         start[m] = _mm512_setzero_si512();
 #endif
-        if (fmt == FMT_Q4_1) { /* [sx_b0, sx_b1] x 4 against the step's mw [4 rows][2 blocks] */
+        if (has_min(fmt)) { /* [sx_b0, sx_b1] x 4 against the step's mw [4 rows][2 blocks] */
             const __m256 sxp = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(a->sx + i)));
-            macc[m] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16))), sxp, macc[m]);
+            const __m256 mw = fmt == FMT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)))
+                                              : _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)),
+                                                              _mm256_set1_ps(-16.f));
+            macc[m] = _mm256_fmadd_ps(mw, sxp, macc[m]);
         }
     }
     const __m512 dall = fmt == FMT_INT8 ? _mm512_set1_ps(1.f)
@@ -179,10 +192,15 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
             neg = _mm512_movepi8_mask(w);
 #endif
         } else { /* low nibbles: block 2p (lanes 0-7), high: block 2p + 1 */
-            const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(s + 32 + r * 32)));
+            const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(s + w_offset(fmt) + r * 32)));
             const __m512i shift = _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL,
                                                    4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, 0, 0);
             wa = _mm512_and_si512(_mm512_srlv_epi16(y, shift), _mm512_set1_epi8(15));
+            if (fmt == FMT_Q5_0) { /* the row's 64 fifth bits: bit i is byte i's */
+                uint64_t qh;
+                memcpy(&qh, s + 16 + r * 8, 8);
+                wa = _mm512_or_si512(wa, _mm512_maskz_mov_epi8((__mmask64)qh, _mm512_set1_epi8(16)));
+            }
         }
         for (int m = 0; m < mc; m++) {
             const __m512i isum = dot_pair(wa, neg, qx[m], start[m], fmt);
@@ -192,13 +210,22 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
     }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
+/* byte j (j < 32) = 0xff where bit j of `bits` is set, else 0 */
+static inline __m256i bits_to_bytes32(uint32_t bits) {
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3,
+                                          3, 3, 3, 3, 3);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf), mask);
+    return _mm256_cmpeq_epi8(v, mask);
+}
+
 /* One step, a block at a time (the tile's byte layout as above). acc[r][m]: 8 lanes of row r's sums. */
 static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int64_t p, const int fmt, const q8_act *a,
                                                           int64_t m0, const int mc, __m256 acc[Q8_ROWS][Q8_GROUP]) {
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(15);
     for (int r = 0; r < Q8_ROWS; r++) {
         __m256i y = _mm256_setzero_si256();
-        if (fmt == FMT_Q4_1) y = _mm256_loadu_si256((const __m256i *)(s + 32 + r * 32));
+        if (has_min(fmt)) y = _mm256_loadu_si256((const __m256i *)(s + w_offset(fmt) + r * 32));
         for (int j = 0; j < 2; j++) {
             const float dw = fmt == FMT_INT8 ? 1.f : half_to_f32(s + 2 * (2 * r + j));
             __m256i w = _mm256_setzero_si256(), wa;
@@ -207,6 +234,11 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
                 wa = _mm256_abs_epi8(w);
             } else {
                 wa = _mm256_and_si256(j ? _mm256_srli_epi16(y, 4) : y, low);
+                if (fmt == FMT_Q5_0) {
+                    uint32_t qh;
+                    memcpy(&qh, s + 16 + r * 8 + j * 4, 4);
+                    wa = _mm256_or_si256(wa, _mm256_and_si256(bits_to_bytes32(qh), _mm256_set1_epi8(16)));
+                }
             }
             for (int m = 0; m < mc; m++) {
                 const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
@@ -214,8 +246,9 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
                 const __m256i sx = signed_w(fmt) ? _mm256_sign_epi8(qx, w) : qx;
                 const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
                 acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a->d[i]), acc[r][m]);
-                if (fmt == FMT_Q4_1) /* mw sx spread over the 8 lanes (an exact / 8) */
-                    acc[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_f32(s + 16 + 2 * (2 * r + j))),
+                if (has_min(fmt)) /* mw sx spread over the 8 lanes (an exact / 8) */
+                    acc[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j))
+                                                                               : -16.f * dw),
                                                 _mm256_set1_ps(a->sx[i] * 0.125f), acc[r][m]);
             }
         }
@@ -242,7 +275,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
         float mt[8];
         _mm256_storeu_ps(mt, macc[m]);
         for (int r = 0; r < Q8_ROWS; r++)
-            sums[r][m] = _mm512_reduce_add_ps(acc[r][m]) + (fmt == FMT_Q4_1 ? mt[2 * r] + mt[2 * r + 1] : 0.f);
+            sums[r][m] = _mm512_reduce_add_ps(acc[r][m]) + (has_min(fmt) ? mt[2 * r] + mt[2 * r + 1] : 0.f);
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     __m256 acc[Q8_ROWS][Q8_GROUP];
@@ -267,11 +300,15 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
                         const int8_t *qw = (const int8_t *)(s + w_offset(fmt) + r * 64 + j * 32);
                         for (int k = 0; k < 32; k++) dot += (int32_t)qw[k] * qx[k];
                     } else {
-                        const uint8_t *y = s + 32 + r * 32;
-                        for (int k = 0; k < 32; k++) dot += (int32_t)((y[k] >> (4 * j)) & 15) * qx[k];
+                        const uint8_t *y = s + w_offset(fmt) + r * 32;
+                        uint32_t qh = 0;
+                        if (fmt == FMT_Q5_0) memcpy(&qh, s + 16 + r * 8 + j * 4, 4);
+                        for (int k = 0; k < 32; k++)
+                            dot += (int32_t)(((y[k] >> (4 * j)) & 15) | (((qh >> k) & 1) << 4)) * qx[k];
                     }
                     sums[r][m] += (float)dot * (dw * a->d[i]);
-                    if (fmt == FMT_Q4_1) sums[r][m] += half_to_f32(s + 16 + 2 * (2 * r + j)) * a->sx[i];
+                    if (has_min(fmt))
+                        sums[r][m] += (fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j)) : -16.f * dw) * a->sx[i];
                 }
             }
     }
@@ -308,6 +345,8 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
                 Q8_GROUP_CASES(FMT_Q8_0)
             } else if (fmt == FMT_Q4_1) {
                 Q8_GROUP_CASES(FMT_Q4_1)
+            } else if (fmt == FMT_Q5_0) {
+                Q8_GROUP_CASES(FMT_Q5_0)
             } else {
                 Q8_GROUP_CASES(FMT_INT8)
             }
@@ -317,11 +356,11 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
 }
 
 /* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W given as the
- * tiles above of format fmt (2 = Q4_1, 8 = Q8_0). -1: shapes refused (M > Q8_MAX_M, K % 32, another
- * format); -2: out of memory. */
+ * tiles above of format fmt (2 = Q4_1, 6 = Q5_0, 8 = Q8_0). -1: shapes refused (M > Q8_MAX_M, K % 32,
+ * another format); -2: out of memory. */
 int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N) {
-    if (fmt != FMT_Q4_1 && fmt != FMT_Q8_0) return -1;
+    if (fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0) return -1;
     return q8_gemv(x, x_bf16, tiles, (int)fmt, NULL, out, out_bf16, M, K, N);
 }
 

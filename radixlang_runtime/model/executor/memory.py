@@ -97,6 +97,7 @@ def weights_bytes(model: nn.Module) -> int:
     for m in model.modules():  # oneDNN-packed weights (opaque tensors), dense / q8 tiles, GGUF blocks, int8 rows
         held = [getattr(m, name, None) for name in ("packed", "tiles", "blocks", "qweight")]
         held += [b for b, _ in getattr(m, "block_parts", None) or ()]  # GGUFBlockLinear's blocks per projection
+        held += getattr(m, "part_tiles", None) or []  # ... or their tiles
         for t in held:
             if not isinstance(t, torch.Tensor):
                 continue

@@ -5,7 +5,10 @@ Resident bytes are the file's: each part keeps its blocks [rows, row bytes] uint
 rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
 - bf16 decode batches (M <= quant_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
-  activations' rounding (kernels/tests/test_gguf_kernels.py bounds it);
+  activations' rounding (kernels/tests/test_gguf_kernels.py bounds it). Q4_1 / Q5_0 / Q8_0 parts of a bf16
+  model are held as gemv_q8.c's 4-row tiles instead (quant_ops.gguf_q8_tiles: the same bytes, moved; the
+  same int8 sums per block of 32 at several times the rate), and larger batches take their blocks back from
+  the tiles per call (a transient copy);
 - bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
   gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
   linear's parts write their columns of one output;
@@ -64,25 +67,40 @@ def check_blocks(blocks: torch.Tensor, fmt: str, in_features: int) -> None:
 
 class GGUFBlockLinear(nn.Module):
     def __init__(self, parts: list[tuple[torch.Tensor, str]], in_features: int, bias: Optional[torch.Tensor],
-                 dtype: torch.dtype):
-        """parts: (blocks [N_i, row bytes] uint8, type) per projection, outputs in that order; bias [sum N_i]."""
+                 dtype: torch.dtype, tiles: bool = True):
+        """parts: (blocks [N_i, row bytes] uint8, type) per projection, outputs in that order; bias [sum N_i].
+        tiles False: every part keeps its blocks (a tied head whose embedding shares them)."""
         super().__init__()
         for blocks, fmt in parts:
             check_blocks(blocks, fmt, in_features)
-        self.block_parts = [(b.contiguous(), fmt) for b, fmt in parts]
         self.in_features = in_features
         self.out_features = sum(b.shape[0] for b, _ in parts)
+        self.part_rows = [b.shape[0] for b, _ in parts]
         self.dtype = dtype
         self.bias = None if bias is None else bias.detach()
         self.fmts = tuple(fmt for _, fmt in parts)
         self.q8 = dtype == torch.bfloat16 and cpu_ops.load() is not None  # int8 activations in decode batches
+        # per part: its blocks as stored, or (bf16, Q4_1 / Q5_0 / Q8_0) gemv_q8.c's tiles of them, not both
+        tiled = [tiles and self.q8 and fmt in quant_ops.Q8_TILE_FORMATS for _, fmt in parts]
+        self.part_tiles = [quant_ops.gguf_q8_tiles(b, fmt) if t else None for (b, fmt), t in zip(parts, tiled)]
+        self.block_parts = [(None if t else b.contiguous(), fmt) for (b, fmt), t in zip(parts, tiled)]
 
-    def _part(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    def _blocks(self, i: int) -> torch.Tensor:
+        """Part i's rows of blocks in the file's layout (from its tiles: a transient copy)."""
+        blocks, fmt = self.block_parts[i]
+        if blocks is not None:
+            return blocks
+        return quant_ops.gguf_q8_untiles(self.part_tiles[i], fmt, self.part_rows[i], self.in_features)
+
+    def _part(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        fmt, tiles = self.block_parts[i][1], self.part_tiles[i]
         y = None
         if x.device.type == "cpu":
-            y = quant_ops.gguf_kq_gemv(x, blocks, fmt, exact=self.dtype == torch.float32)
+            y = (quant_ops.gguf_q8_gemv(x, tiles, fmt, self.part_rows[i]) if tiles is not None
+                 else quant_ops.gguf_kq_gemv(x, self.block_parts[i][0], fmt, exact=self.dtype == torch.float32))
         if y is not None:
             return y
+        blocks = self._blocks(i)
         N, K = blocks.shape[0], self.in_features
         step = max(1, TILE_BYTES // (K * x.element_size()))
         if step >= N:
@@ -101,10 +119,10 @@ class GGUFBlockLinear(nn.Module):
             return None
         out = torch.empty(M, self.out_features, dtype=x.dtype)
         c0 = 0
-        for blocks, fmt in self.block_parts:
-            if quant_ops.gguf_kq_gemm(x, blocks, fmt, out=out[:, c0:c0 + blocks.shape[0]]) is None:
+        for i, (_, fmt) in enumerate(self.block_parts):
+            if quant_ops.gguf_kq_gemm(x, self._blocks(i), fmt, out=out[:, c0:c0 + self.part_rows[i]]) is None:
                 return None
-            c0 += blocks.shape[0]
+            c0 += self.part_rows[i]
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +131,7 @@ class GGUFBlockLinear(nn.Module):
         if y is not None:
             y = y if self.bias is None else y + self.bias
             return y.reshape(*x.shape[:-1], self.out_features)
-        ys = [self._part(x2, b, fmt) for b, fmt in self.block_parts]
+        ys = [self._part(x2, i) for i in range(len(self.block_parts))]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
         if self.bias is not None:
             y = y + self.bias

@@ -82,27 +82,6 @@ def fused_blocks(parts: list[tuple[torch.Tensor, str]]) -> Optional[tuple[torch.
     return (parts[0][0] if len(parts) == 1 else torch.cat([b for b, _ in parts])), fmts.pop()
 
 
-def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """quant_ops.gguf_q8_tiles' inverse: tiles [ceil(N / 4), pairs, step] uint8 -> blocks [N, K / 32 * bytes], or
-    only the rows `rows` [R] int64 (in that order) -> [R, K / 32 * bytes]."""
-    if rows is not None:
-        tiles = tiles[rows // 4]
-    nt, pairs, _ = tiles.shape
-    nbytes = quant_ops.GGUF_BLOCK_FORMATS[fmt][1]
-    if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
-        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]
-    else:  # dw, mw [4][2] fp16 | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4; the file: qw[j] | qw[j + 16] << 4
-        y = tiles[..., 32:].reshape(nt, pairs, 4, 1, 32)
-        q = torch.cat([y & 15, y >> 4], dim=3)  # [nt, pairs, 4 rows, 2 blocks, 32 weights]
-        parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:32].reshape(nt, pairs, 4, 2, 2),
-                 q[..., :16] | (q[..., 16:] << 4)]
-    b = torch.cat(parts, dim=-1)  # [nt, pairs, 4 rows, 2 blocks, bytes]
-    if rows is not None:  # each selected tile's own row
-        return b[torch.arange(nt), :, rows % 4].reshape(nt, pairs * 2 * nbytes)[:, :K // 32 * nbytes].contiguous()
-    b = b.permute(0, 2, 1, 3, 4).reshape(nt * 4, pairs * 2 * nbytes)
-    return b[:N, :K // 32 * nbytes].contiguous()
-
-
 class GGUFTiedEmbedding(nn.Module):
     """The embedding of a bf16 model whose tied head is a GGUFLinear on int8 tiles: a token's row is read back
     from the head's tiles and dequantized, so the table is held once (as the head's tiles)."""
@@ -118,7 +97,7 @@ class GGUFTiedEmbedding(nn.Module):
         from radixlang_runtime.model.layers.gguf_block_linear import dequant_rows
 
         head, flat = self.head[0], ids.reshape(-1).cpu()
-        blocks = gguf_q8_untiles(head.tiles, head.fmt, head.out_features, head.in_features, rows=flat)
+        blocks = quant_ops.gguf_q8_untiles(head.tiles, head.fmt, head.out_features, head.in_features, rows=flat)
         rows = dequant_rows(blocks, head.fmt, self.dim, self.dtype)
         return rows.to(ids.device).reshape(*ids.shape, self.dim)
 
@@ -135,5 +114,5 @@ class _FromTiles(nn.Module):
         from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
 
         lin = self.lin[0]
-        blocks = gguf_q8_untiles(lin.tiles, lin.fmt, lin.out_features, lin.in_features)
+        blocks = quant_ops.gguf_q8_untiles(lin.tiles, lin.fmt, lin.out_features, lin.in_features)
         return GGUFBlockLinear([(blocks, lin.fmt)], lin.in_features, None, x.dtype)(x)

@@ -210,11 +210,11 @@ class LlamaForCausalLM(nn.Module):
             got = blocks.get(name)
             return None if got is None else (torch.from_numpy(got[0]), got[1])
 
-        def on_blocks(w: torch.Tensor, bias, parts: list) -> nn.Module:
+        def on_blocks(w: torch.Tensor, bias, parts: list, tied: bool = False) -> nn.Module:
             fused = fused_blocks(parts)
             if fused is not None and fused[1] in GGUF_BLOCK_FORMATS:
                 return GGUFLinear(w, bias, *fused)
-            return GGUFBlockLinear(parts, w.shape[1], bias, dtype)
+            return GGUFBlockLinear(parts, w.shape[1], bias, dtype, tiles=not tied)  # a tied head shares its blocks
 
         def swap(owner: nn.Module, attr: str, names: list[str]) -> int:
             lin = getattr(owner, attr)
@@ -236,7 +236,7 @@ class LlamaForCausalLM(nn.Module):
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         head = part(head_name)
         tied = self.lm_head is None
-        self.head = on_blocks(w, None, [head]) if head is not None else PackedLinear(w, None, tiles)
+        self.head = on_blocks(w, None, [head], tied) if head is not None else PackedLinear(w, None, tiles)
         self.lm_head = None
         embed = part("model.embed_tokens.weight")
         if tied and isinstance(self.head, GGUFLinear) and self.head.tiles is not None and self.reduce is None:
