@@ -9,45 +9,15 @@ import torch
 
 from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.executor.runner import StepInputs
+from runner_steps import decode_scenario
 
 pytestmark = pytest.mark.skipif(detect().compiler is None, reason="no C compiler: no fused decode")
 
 PROMPTS = [[(i * 37 + 11) % 40000 + 100 for i in range(n)] for n in (5, 23, 9)]
 
 
-def _scenario(runner, row0: int, slot0: int, steps: int = 4,
-              shared: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Prefill PROMPTS into table rows row0.. (after `shared` positions that all three rows hold in the same
-    slots: cascade groups, when shared >= MIN_SHARED), then `steps` decode steps of all three; the logits
-    of every step and the K/V the decode steps wrote (layer 0 and the last layer)."""
-    B = len(PROMPTS)
-    lens = [len(p) for p in PROMPTS]
-    rows = list(range(row0, row0 + B))
-    slot = slot0
-    if shared:
-        ids = [(i * 53 + 7) % 40000 + 100 for i in range(shared)]
-        runner.run_step(StepInputs("extend", ids, list(range(slot, slot + shared)), [row0], [0], [shared], [],
-                                   [shared - 1]))
-        for r in rows[1:]:
-            runner.kv_pool.req_to_token[r, :shared] = torch.arange(slot, slot + shared)
-        slot += shared
-    out_loc = list(range(slot, slot + sum(lens)))
-    slot += sum(lens)
-    ends = [sum(lens[: i + 1]) - 1 for i in range(B)]
-    logits = [runner.run_step(StepInputs("extend", sum(PROMPTS, []), out_loc, rows, [shared] * B, lens, [], ends))]
-    written = []
-    for s in range(steps):
-        ids = [int(t) for t in logits[-1].argmax(-1)]
-        loc = list(range(slot, slot + B))
-        slot += B
-        written += loc
-        logits.append(runner.run_step(StepInputs("decode", ids, loc, rows, [shared + n + s for n in lens], [1] * B, [],
-                                                 list(range(B)))))
-    pool = runner.kv_pool
-    idx = torch.tensor(written)
-    kv = torch.cat([pool.k_buffers[i][:, idx].flatten() for i in (0, -1)] +
-                   [pool.v_buffers[i][:, idx].flatten() for i in (0, -1)])
-    return logits, kv
+def _scenario(runner, row0: int, slot0: int, shared: int = 0):
+    return decode_scenario(runner, PROMPTS, row0, slot0, shared=shared)
 
 
 @pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"),

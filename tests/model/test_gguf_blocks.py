@@ -316,3 +316,36 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
             assert torch.equal(y, parts_out + bias)
         ref = x.float() @ w.T + bias.float()
         assert float((y.float() - ref).norm()) < 0.02 * float(ref.norm()), M
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_fused_decode_on_mixed_type_parts_is_bit_identical_to_the_modules(tiny, name, dtype):
+    """decode_layer.c takes a file's linears whose parts differ in type (q / k / v, gate / up: tiles, blocks
+    with int8 activations, or float32's exact sums, side by side): the same logits and K/V, bit for bit, as
+    the modules, one row and a batch of rows."""
+    import torch
+
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
+    from runner_steps import decode_scenario
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler: no fused decode")
+    model_dir, _, _ = tiny[name]
+    with Engine(model_dir, dtype=dtype, quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
+        runner, model = eng.runner, eng.runner.model
+        fused = model.fused_decode
+        assert fused is not None, runner.cpu_paths
+        assert any(isinstance(m, GGUFBlockLinear) and len(m.fmts) > 1 for m in model.modules())
+        calls, run = [], fused.run
+        fused.run = lambda residual, fb: (calls.append(fb.batch_size), run(residual, fb))[1]
+        with torch.inference_mode():
+            for prompts, row0 in ((PROMPTS[:1], 0), (PROMPTS, 2)):
+                got, got_kv = decode_scenario(runner, prompts, row0, 200 * row0, steps=3)
+                model.fused_decode = None
+                want, want_kv = decode_scenario(runner, prompts, row0 + 4, 200 * row0 + 100, steps=3)
+                model.fused_decode = fused
+                assert all(torch.equal(a, b) for a, b in zip(got, want))
+                assert torch.equal(got_kv, want_kv)
+        assert calls == [1] * 3 + [len(PROMPTS)] * 3  # every decode step ran decode_layer.c

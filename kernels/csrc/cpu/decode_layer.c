@@ -27,6 +27,30 @@
 
 /* decode_linear, decode_layer_weights and decode_step: kernels.h (the op table reads them from there) */
 
+static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16);
+
+/* kind 5: the parts (w: decode_linear [fmt]) side by side, each writing its columns of out [M, N] */
+static int run_parts(const decode_linear *l, const void *x, void *out, int64_t M, int bf16) {
+    const decode_linear *parts = (const decode_linear *)l->w;
+    const size_t el = bf16 ? 2 : 4;
+    char *tmp = NULL;
+    if (M > 1 && !(tmp = (char *)malloc((size_t)(M * l->N) * el))) return -2;
+    int64_t c0 = 0;
+    int rc = 0;
+    for (int64_t i = 0; i < l->fmt && !rc; i++) {
+        const int64_t n = parts[i].N;
+        if (M == 1) { /* one row: the part's outputs are its columns */
+            rc = run_linear(parts + i, x, (char *)out + c0 * el, 1, bf16);
+        } else if (!(rc = run_linear(parts + i, x, tmp, M, bf16))) {
+            for (int64_t m = 0; m < M; m++)
+                memcpy((char *)out + (m * l->N + c0) * el, tmp + m * n * el, (size_t)n * el);
+        }
+        c0 += n;
+    }
+    free(tmp);
+    return rc;
+}
+
 static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16) {
     int rc;
     if (l->kind == 0)
@@ -38,6 +62,12 @@ static int run_linear(const decode_linear *l, const void *x, void *out, int64_t 
         rc = gguf_q8_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
     else if (l->kind == 4)
         rc = int8_q8_gemv(x, bf16, l->w, l->scale, out, bf16, M, l->K, l->N);
+    else if (l->kind == 5)
+        rc = run_parts(l, x, out, M, bf16);
+    else if (l->kind == 6)
+        rc = gguf_kq_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
+    else if (l->kind == 7)
+        rc = gguf_dequant_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
     else
         rc = bf16 ? qlinear_int8_bf16(x, l->w, l->scale, out, M, l->K, l->N)
                   : qlinear_int8_f32(x, l->w, l->scale, out, M, l->K, l->N);

@@ -14,7 +14,9 @@
 
 /* decode_layer.c: a linear's weights. kind 0 dense tiles (gemv_dense.c; bias applied inside), 1 GGUF blocks
  * of format fmt, 2 int8 rows with per-row scale, 3 GGUF blocks of format fmt as gemv_q8.c's tiles, 4 int8
- * rows as gemv_q8.c's tiles with per-row scale. */
+ * rows as gemv_q8.c's tiles with per-row scale, 5 parts side by side (w: decode_linear [fmt], each writing
+ * its columns; the bias is the whole linear's), 6 GGUF blocks of ggml type fmt with int8 activations
+ * (gemv_kquant.c), 7 the same with float32 sums over the exact values (gguf_dequant.c). */
 typedef struct {
     int64_t kind, fmt, N, K;
     const void *w;

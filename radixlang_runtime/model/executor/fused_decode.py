@@ -7,8 +7,8 @@ runs a step's layers as 30 calls.
 
 Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
 float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every linear a decode kernel
-(PackedLinear with dense tiles, GGUFLinear, Int8Linear), at most `max_batch` rows (DENSE_MAX_M, or MAX_ANY_M
-where every linear's tiles take any M), and the attention backend's C decode (with or without cascade
+(PackedLinear with dense tiles, GGUFLinear, GGUFBlockLinear, Int8Linear), at most `max_batch` rows
+(DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M), and the attention backend's C decode (with or without cascade
 groups; not the deterministic row mode; sliding windows as the backend applies them, one window value; no
 attention sinks).
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
@@ -17,6 +17,7 @@ False and the modules run.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Optional
 
 import torch
@@ -25,6 +26,7 @@ from torch import nn
 from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_runtime.model.layers.attention.torch_backend import CDecodeMeta
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
+from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
 from radixlang_runtime.model.layers.gguf_linear import GGUFLinear
 from radixlang_runtime.model.models.llama import MLP, DecoderLayer
 from radixlang_runtime.model.layers.packed_linear import PackedLinear
@@ -33,7 +35,7 @@ from radixlang_runtime.model.layers.quant_linear import Int8Linear
 
 # decode_layer.c's records (radixlang_kernels/csrc/cpu/kernels.h): DecodeLinear kind 0 dense tiles, 1 GGUF
 # blocks, 2 int8 rows + scale, 3 GGUF tiles with int8 activations (gemv_q8.c), 4 int8 tiles + scale with
-# int8 activations
+# int8 activations, 5 parts side by side, 6 / 7 GGUF blocks of any type with int8 activations / exact sums
 DecodeLinear, DecodeLayerWeights, DecodeStep = cpu_ops.DecodeLinear, cpu_ops.DecodeLayerWeights, cpu_ops.DecodeStep
 _ptr = cpu_ops.opt_ptr
 
@@ -47,11 +49,34 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
         w = lin.tiles if lin.q8 else lin.blocks
         return DecodeLinear(3 if lin.q8 else 1, fmt, lin.out_features, lin.in_features, w.data_ptr(), None,
                             _ptr(lin.bias))
+    if isinstance(lin, GGUFBlockLinear):
+        return _describe_block_linear(lin)
     if isinstance(lin, Int8Linear):
         w = lin.tiles if lin.q8 else lin.qweight
         return DecodeLinear(4 if lin.q8 else 2, 0, lin.out_features, lin.in_features, w.data_ptr(),
                             lin.scale.data_ptr(), _ptr(lin.bias))
     return None
+
+
+def _describe_block_linear(lin: GGUFBlockLinear) -> DecodeLinear:
+    """A GGUFBlockLinear's parts as the module path runs them in decode batches: gemv_q8.c's tiles, the blocks
+    with int8 activations (bf16) or the exact float32 sums; several parts as kind 5 (the array rides on the
+    record: `parts` keeps it alive)."""
+    parts = []
+    for (blocks, fmt), tiles, rows in zip(lin.block_parts, lin.part_tiles, lin.part_rows):
+        if tiles is not None:
+            parts.append(DecodeLinear(3, quant_ops.Q8_TILE_FORMATS[fmt][0], rows, lin.in_features, tiles.data_ptr(),
+                                      None, None))
+        else:
+            parts.append(DecodeLinear(6 if lin.q8 else 7, quant_ops.GGUF_TYPES[fmt][0], rows, lin.in_features,
+                                      blocks.data_ptr(), None, None))
+    if len(parts) == 1:
+        parts[0].bias = _ptr(lin.bias)
+        return parts[0]
+    arr = (DecodeLinear * len(parts))(*parts)
+    d = DecodeLinear(5, len(parts), lin.out_features, lin.in_features, ctypes.addressof(arr), None, _ptr(lin.bias))
+    d.parts = arr
+    return d
 
 
 class FusedDecode:
@@ -89,6 +114,7 @@ class FusedDecode:
             any_m = any_m and all(getattr(m, "any_m", False) for m in mods)
             weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
                                               layer.post_attention_layernorm.weight.data_ptr(), i))
+            weights[-1].linears = lins  # the records are copied in; kind 5's part arrays must outlive them
         a0 = model.layers[0].self_attn
         if len(a0.backend.distinct_windows) > 1 or a0.backend.sinks:  # the step carries one win_begin;
             return None  # decode_layer.c has no attention sinks (gpt-oss): the modules run
