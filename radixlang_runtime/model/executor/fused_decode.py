@@ -9,8 +9,8 @@ Invariant: a step runs here only when the module path would run exactly the same
 float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every linear a decode kernel
 (PackedLinear with dense tiles, GGUFLinear, GGUFBlockLinear, Int8Linear), at most `max_batch` rows
 (DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M), and the attention backend's C decode
-(with or without cascade groups; not the deterministic row mode; sliding windows as the backend applies them, one window value; no
-attention sinks).
+(with or without cascade groups; not the deterministic row mode; sliding windows as the backend applies
+them, one window value; no attention sinks).
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
 False and the modules run.
 """
