@@ -49,15 +49,58 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
 Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
 
 
-# gemv_q8.c's tile formats: name -> (its format number, bytes per 32 weights)
-Q8_TILE_FORMATS = {"Q4_1": (2, 20), "Q5_0": (6, 22), "Q8_0": (8, 34)}
+# gemv_q8.c's tile formats: name -> (its format number, the file's bytes per 32 weights)
+Q8_TILE_FORMATS = {"Q4_1": (2, 20), "Q5_0": (6, 22), "Q8_0": (8, 34), "Q4_K": (12, 18)}
+
+
+def _q4k_scale_min(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_K super-block's 12 scale bytes [..., 12] -> its 8 sub-blocks' 6-bit scales and mins [..., 8] each."""
+    lo, mid, hi = q[..., 0:4], q[..., 4:8], q[..., 8:12]
+    sc = torch.cat([lo & 63, (hi & 15) | ((lo >> 6) << 4)], dim=-1)
+    mn = torch.cat([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], dim=-1)
+    return sc, mn
+
+
+def _q4k_scale_bytes(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """_q4k_scale_min's inverse: [..., 8] scales and mins -> the 12 bytes."""
+    return torch.cat([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                      (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)], dim=-1)
+
+
+def _q4k_tiles(blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_K rows [N, K / 256 * 144] -> tiles [ceil(N / 4), K / 64, 160]: per step (a 64-weight group of a
+    super-block) d [4 rows] | dmin [4] fp16 | sc [4][2] | m [4][2] u8 | the group's 32 bytes per row."""
+    N, nsb = blocks.shape[0], blocks.shape[1] // 144
+    nt, pairs = -(-N // Q8_TILE_ROWS), nsb * 4
+    b = torch.zeros(nt * Q8_TILE_ROWS, nsb, 144, dtype=torch.uint8)
+    b[:N] = blocks.reshape(N, nsb, 144)
+    sc, mn = _q4k_scale_min(b[..., 4:16])
+    per_pair = [b[..., None, 0:2].expand(-1, -1, 4, 2), b[..., None, 2:4].expand(-1, -1, 4, 2),
+                sc.reshape(-1, nsb, 4, 2), mn.reshape(-1, nsb, 4, 2), b[..., 16:].reshape(-1, nsb, 4, 32)]
+    return torch.cat([t.reshape(nt, Q8_TILE_ROWS, pairs, -1).permute(0, 2, 1, 3).reshape(nt, pairs, -1)
+                      for t in per_pair], dim=-1).contiguous()
+
+
+def _q4k_untiles(tiles: torch.Tensor) -> torch.Tensor:
+    """_q4k_tiles' inverse for tiles [T, pairs, 160] -> rows [T, 4, K / 256 * 144] (each tile's 4 rows)."""
+    T, pairs, _ = tiles.shape
+    nsb = pairs // 4
+    t = tiles.reshape(T, nsb, 4, 160)
+    d, dmin = t[:, :, 0, 0:8].reshape(T, nsb, 4, 2), t[:, :, 0, 8:16].reshape(T, nsb, 4, 2)
+    sc = t[..., 16:24].reshape(T, nsb, 4, 4, 2).permute(0, 3, 1, 2, 4).reshape(T, 4, nsb, 8)
+    mn = t[..., 24:32].reshape(T, nsb, 4, 4, 2).permute(0, 3, 1, 2, 4).reshape(T, 4, nsb, 8)
+    qs = t[..., 32:].reshape(T, nsb, 4, 4, 32).permute(0, 3, 1, 2, 4).reshape(T, 4, nsb, 128)
+    rows = torch.cat([d.permute(0, 2, 1, 3), dmin.permute(0, 2, 1, 3), _q4k_scale_bytes(sc, mn), qs], dim=-1)
+    return rows.reshape(T, 4, nsb * 144)
 
 
 def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q5_0 / Q8_0 blocks) -> gemv_q8.c's tiles
     [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1, 176 for Q5_0):
     the same scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are
-    zeros)."""
+    zeros). Q4_K: its own steps (_q4k_tiles), K % 256 == 0."""
+    if fmt == "Q4_K":
+        return _q4k_tiles(blocks)
     _, nbytes = Q8_TILE_FORMATS[fmt]
     N = blocks.shape[0]
     nb = blocks.shape[1] // nbytes
@@ -82,6 +125,9 @@ def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int, rows: Optiona
         tiles = tiles[rows // 4]
     nt, pairs, _ = tiles.shape
     nbytes = Q8_TILE_FORMATS[fmt][1]
+    if fmt == "Q4_K":
+        b = _q4k_untiles(tiles)
+        return (b[torch.arange(nt), rows % 4] if rows is not None else b.reshape(nt * 4, -1)[:N]).contiguous()
     if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
         parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]
     else:  # dw [4][2] fp16, mw [4][2] fp16 (Q4_1) or qh [4][2] 4 B (Q5_0) | [4 rows][32 B],

@@ -124,7 +124,7 @@ def test_gguf_gemv_matches_dequantize_then_matmul(isa, fmt, dtype, M, K, N):
 def _q8_reference(x: torch.Tensor, blocks, fmt: str):
     """gemv_q8.c's arithmetic in float64 numpy: x quantized per block of 32 (dx = max|x| / 127 in float32,
     qx = x * (127 / max|x|) rounded to nearest even), integer block dots with the weights' quants, scaled.
-    blocks: GGUF rows (fmt Q4_1 / Q5_0 / Q8_0), or (q [N, K] int8, scale [N]) for fmt "int8".
+    blocks: GGUF rows (fmt Q4_1 / Q5_0 / Q8_0 / Q4_K), or (q [N, K] int8, scale [N]) for fmt "int8".
     Returns (that, exact dequantize-then-matmul, the bound sum_b dx_b / 2 sum_j |w_j|), all [M, N]."""
     import gguf.quants as gq
     M, K = x.shape
@@ -141,6 +141,17 @@ def _q8_reference(x: torch.Tensor, blocks, fmt: str):
         qw = q.reshape(N, nb, 32).astype(np.int64)
         dw = np.repeat(scale.astype(np.float64)[:, None], nb, 1)
         w = q.astype(np.float64) * scale.astype(np.float64)[:, None]
+    elif fmt == "Q4_K":  # per sub-block of 32: dw = d sc, mw = -dmin m, the group's low / high nibbles
+        N = blocks.shape[0]
+        b = blocks.reshape(N, nb // 8, 144)
+        d, dmin = (b[..., i:i + 2].copy().view(np.float16)[..., 0].astype(np.float64)[..., None] for i in (0, 2))
+        q = b[..., 4:16].astype(np.int64)
+        sc = np.concatenate([q[..., :4] & 63, (q[..., 8:] & 15) | ((q[..., :4] >> 6) << 4)], -1)
+        mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:] >> 4) | ((q[..., 4:8] >> 6) << 4)], -1)
+        dw, mw = (d * sc).reshape(N, nb), (-(dmin * mn)).reshape(N, nb)[None]
+        qs = b[..., 16:].reshape(N, nb // 8, 4, 1, 32).astype(np.int64)
+        qw = np.concatenate([qs & 15, qs >> 4], -2).reshape(N, nb, 32)
+        w = gq.dequantize(blocks, gq.GGMLQuantizationType.Q4_K).astype(np.float64)
     else:
         N = blocks.shape[0]
         b = blocks.reshape(N, nb, -1)
@@ -190,6 +201,22 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     out = quant_ops.gguf_q8_gemv(x, tiles, fmt, N)  # stored like x
     assert out.dtype == dtype and torch.equal(out, got.to(dtype))
     assert quant_ops.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,K,N", [(1, 1536, 96), (3, 256, 33), (16, 512, 7)])
+def test_gguf_q8_gemv_q4_k_tiles_are_exact_on_quantized_activations(isa, dtype, M, K, N):
+    """Q4_K's sub-blocks on gemv_q8.c's tiles (d sc and -dmin m per 32 weights, exact in float32): the same
+    checks as the 32-weight formats; the tiles give the file's blocks back."""
+    from radixlang_kernels.testing import random_gguf_blocks
+
+    blocks = random_gguf_blocks("Q4_K", N, K, 0.05, np.random.default_rng(13))
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(13)).to(dtype)
+    tiles = quant_ops.gguf_q8_tiles(torch.from_numpy(blocks), "Q4_K")
+    assert tiles.shape == (-(-N // 4), K // 64, 160)
+    assert np.array_equal(quant_ops.gguf_q8_untiles(tiles, "Q4_K", N, K).numpy(), blocks)
+    got = quant_ops.gguf_q8_gemv(x, tiles, "Q4_K", N, torch.float32)
+    _assert_q8(got, *_q8_reference(x, blocks, "Q4_K"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

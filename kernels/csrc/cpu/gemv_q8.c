@@ -9,6 +9,8 @@
  *   Q4_1 block (fp16 dw, fp16 mw, 32 nibbles qw): w = dw qw + mw  dot = dw dx sum(qw qx) + mw sx
  *   Q5_0 block (fp16 dw, 32 fifth bits, 32 nibbles): qw = nibble | bit << 4 in 0 .. 31, w = dw (qw - 16),
  *                                                 dot = dw dx sum(qw qx) - 16 dw sx (Q4_1's with mw = -16 dw)
+ *   Q4_K sub-block of 32 (its super-block's fp16 d / dmin, 6-bit sc / m, 32 nibbles): Q4_1's with
+ *                                                 dw = d sc, mw = -dmin m (exact in float32)
  *   INT8 row (int8 qw, float32 scale s per row):  w = s qw         row = s sum_b dx_b sum(qw qx)
  *   out[m, n] = sum of the row's block dots, float32 sums, stored bf16 or float32.
  *
@@ -25,6 +27,8 @@
  *   Q4_1 (160 B): dw fp16 [4][2] | mw fp16 [4][2] | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4
  *   Q5_0 (176 B): dw fp16 [4][2] | qh uint32 [4 rows][2 blocks] | [4 rows][32 B] as Q4_1's (low 4 bits);
  *                 bit i of a row's 64 qh bits is byte i's fifth bit in the AVX-512 lanes below
+ *   Q4_K (160 B): d fp16 [4 rows] | dmin fp16 [4] | sc u8 [4][2] | m u8 [4][2] | [4 rows][32 B] as Q4_1's
+ *                 (a pair is one 64-weight group of a super-block: the file's 32 bytes as they are)
  *   INT8 (256 B): qw int8 [4 rows][64]  (the row scales stay a float32 [N] vector, applied at the end)
  * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
  * at once were 4 streams and ran well below the read bandwidth from DRAM), and the 8 scales of a step
@@ -50,18 +54,31 @@
 #define Q8_GROUP 4
 #define FMT_Q4_1 2 /* ggml's type numbers */
 #define FMT_Q5_0 6
+#define FMT_Q4_K 12
 #define FMT_Q8_0 8
 #define FMT_INT8 -1 /* --quantization int8: int8 rows, one float32 scale per row (quant_linear.py) */
 
 static inline int64_t step_bytes(int fmt) {
-    return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 ? 160 : fmt == FMT_Q5_0 ? 176 : 256;
+    return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 160 : fmt == FMT_Q5_0 ? 176 : 256;
 }
 /* Q8_0 and INT8 weights are signed (the xor / sign tricks below); INT8 tiles have no block scales */
 static inline int signed_w(int fmt) { return fmt == FMT_Q8_0 || fmt == FMT_INT8; }
 /* the quants' offset in a step (Q4_1 / Q5_0: the nibbles) */
-static inline int64_t w_offset(int fmt) { return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 ? 32 : fmt == FMT_Q5_0 ? 48 : 0; }
-/* Q4_1 / Q5_0: an offset term m sx per block (Q5_0's m = -16 dw) */
-static inline int has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_0; }
+static inline int64_t w_offset(int fmt) {
+    return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 32 : fmt == FMT_Q5_0 ? 48 : 0;
+}
+/* Q4_1 / Q5_0 / Q4_K: an offset term m sx per block (Q5_0's m = -16 dw) */
+static inline int has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_0 || fmt == FMT_Q4_K; }
+/* row r's block j of a step: its scale dw and offset mw */
+static inline float step_dw(const uint8_t *s, int fmt, int r, int j) {
+    if (fmt == FMT_INT8) return 1.f;
+    if (fmt == FMT_Q4_K) return half_to_f32(s + 2 * r) * (float)s[16 + 2 * r + j];
+    return half_to_f32(s + 2 * (2 * r + j));
+}
+static inline float step_mw(const uint8_t *s, int fmt, int r, int j) {
+    if (fmt == FMT_Q4_K) return -(half_to_f32(s + 8 + 2 * r) * (float)s[24 + 2 * r + j]);
+    return fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j)) : -16.f * step_dw(s, fmt, r, j);
+}
 
 /* The quantized activations, blocks padded to an even count nbp: row m's block b at [m * nbp + b]. */
 typedef struct {
@@ -132,6 +149,21 @@ static int quantize_rows(const void *x, int bf16, int64_t M, int64_t K, q8_act *
 }
 
 #if defined(__AVX512BW__)
+/* a step's 8 dw / mw, [4 rows][2 blocks] */
+static inline __m256 q4k_scales8(const uint8_t *h, const uint8_t *u8) { /* fp16 h [4] x u8 [4][2] */
+    const __m256 h8 = _mm256_permutexvar_ps(_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+                                            _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h))));
+    return _mm256_mul_ps(h8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u8))));
+}
+static inline __m256 step_dw8(const uint8_t *s, int fmt) {
+    return fmt == FMT_Q4_K ? q4k_scales8(s, s + 16) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+}
+static inline __m256 step_mw8(const uint8_t *s, int fmt) {
+    if (fmt == FMT_Q4_K) return _mm256_sub_ps(_mm256_setzero_ps(), q4k_scales8(s + 8, s + 24));
+    if (fmt == FMT_Q4_1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)));
+    return _mm256_mul_ps(step_dw8(s, fmt), _mm256_set1_ps(-16.f));
+}
+
 /* lanes 0-7 <- p[0], 8-15 <- p[1] (two 32-bit values) */
 static inline __m512i spread_pair(const void *p) {
     const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -169,14 +201,10 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
 #endif
         if (has_min(fmt)) { /* [sx_b0, sx_b1] x 4 against the step's mw [4 rows][2 blocks] */
             const __m256 sxp = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(a->sx + i)));
-            const __m256 mw = fmt == FMT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)))
-                                              : _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)),
-                                                              _mm256_set1_ps(-16.f));
-            macc[m] = _mm256_fmadd_ps(mw, sxp, macc[m]);
+            macc[m] = _mm256_fmadd_ps(step_mw8(s, fmt), sxp, macc[m]);
         }
     }
-    const __m512 dall = fmt == FMT_INT8 ? _mm512_set1_ps(1.f)
-                                        : _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
+    const __m512 dall = fmt == FMT_INT8 ? _mm512_set1_ps(1.f) : _mm512_castps256_ps512(step_dw8(s, fmt));
     for (int r = 0; r < Q8_ROWS; r++) {
         const __m512i ridx = _mm512_set_epi32(2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1,
                                               2 * r + 1, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r);
@@ -227,7 +255,7 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
         __m256i y = _mm256_setzero_si256();
         if (has_min(fmt)) y = _mm256_loadu_si256((const __m256i *)(s + w_offset(fmt) + r * 32));
         for (int j = 0; j < 2; j++) {
-            const float dw = fmt == FMT_INT8 ? 1.f : half_to_f32(s + 2 * (2 * r + j));
+            const float dw = step_dw(s, fmt, r, j);
             __m256i w = _mm256_setzero_si256(), wa;
             if (signed_w(fmt)) {
                 w = _mm256_loadu_si256((const __m256i *)(s + w_offset(fmt) + r * 64 + j * 32));
@@ -247,8 +275,7 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
                 const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
                 acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a->d[i]), acc[r][m]);
                 if (has_min(fmt)) /* mw sx spread over the 8 lanes (an exact / 8) */
-                    acc[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j))
-                                                                               : -16.f * dw),
+                    acc[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(step_mw(s, fmt, r, j)),
                                                 _mm256_set1_ps(a->sx[i] * 0.125f), acc[r][m]);
             }
         }
@@ -291,7 +318,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
         const uint8_t *s = base + p * step_bytes(fmt);
         for (int r = 0; r < Q8_ROWS; r++)
             for (int j = 0; j < 2; j++) {
-                const float dw = fmt == FMT_INT8 ? 1.f : half_to_f32(s + 2 * (2 * r + j));
+                const float dw = step_dw(s, fmt, r, j);
                 for (int m = 0; m < mc; m++) {
                     const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
                     const int8_t *qx = a->q + i * 32;
@@ -307,8 +334,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
                             dot += (int32_t)(((y[k] >> (4 * j)) & 15) | (((qh >> k) & 1) << 4)) * qx[k];
                     }
                     sums[r][m] += (float)dot * (dw * a->d[i]);
-                    if (has_min(fmt))
-                        sums[r][m] += (fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j)) : -16.f * dw) * a->sx[i];
+                    if (has_min(fmt)) sums[r][m] += step_mw(s, fmt, r, j) * a->sx[i];
                 }
             }
     }
@@ -347,6 +373,8 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
                 Q8_GROUP_CASES(FMT_Q4_1)
             } else if (fmt == FMT_Q5_0) {
                 Q8_GROUP_CASES(FMT_Q5_0)
+            } else if (fmt == FMT_Q4_K) {
+                Q8_GROUP_CASES(FMT_Q4_K)
             } else {
                 Q8_GROUP_CASES(FMT_INT8)
             }
@@ -356,11 +384,11 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
 }
 
 /* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W given as the
- * tiles above of format fmt (2 = Q4_1, 6 = Q5_0, 8 = Q8_0). -1: shapes refused (M > Q8_MAX_M, K % 32,
- * another format); -2: out of memory. */
+ * tiles above of format fmt (2 = Q4_1, 6 = Q5_0, 8 = Q8_0, 12 = Q4_K). -1: shapes refused (M > Q8_MAX_M,
+ * K % 32, another format); -2: out of memory. */
 int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N) {
-    if (fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0) return -1;
+    if (fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0 && fmt != FMT_Q4_K) return -1;
     return q8_gemv(x, x_bf16, tiles, (int)fmt, NULL, out, out_bf16, M, K, N);
 }
 
