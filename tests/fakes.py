@@ -95,7 +95,9 @@ class FakeStateRunner(FakeRunner):
     prefix-cache snapshot) holds the tuple of tokens folded into it. Each step applies the batch's snapshot
     loads, then checks that a request continuing at prefix p > 0 has exactly its first p tokens in its slot
     (a stale, foreign or missing state fails), folds the step's tokens in, and saves the snapshots the batch
-    asks for (the state after `offset` of its new tokens)."""
+    asks for (the state after `offset` of its new tokens). A request verifying a draft keeps in its slot only
+    its token and the accepted draft tokens (the real runner's rollback, mem/verify_states.py); a snapshot
+    asked for inside a draft fails."""
 
     def __init__(self, next_fn: Callable[[list[int]], int] = next_token) -> None:
         super().__init__(next_fn)
@@ -112,9 +114,13 @@ class FakeStateRunner(FakeRunner):
             tokens = tuple(self.slots[s][1] for s in self.rows[table_row][: prefix + len(ids)])
             if prefix:
                 assert self.states.get(table_row) == tokens[:prefix], "a step continues from a wrong state"
+            spec = batch.samples[i]
+            drafted = len(spec.draft) if spec is not None else 0
+            kept = len(ids) - drafted + result.accepted.get(i, 0)
             if i in saves:
                 off, snap = saves[i]
+                assert off <= len(ids) - drafted, "a snapshot holds a draft token"
                 self.states[snap] = tokens[: prefix + off]
                 self.saves += 1
-            self.states[table_row] = tokens
+            self.states[table_row] = tokens[: prefix + kept]
         return result

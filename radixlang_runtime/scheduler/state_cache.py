@@ -8,7 +8,9 @@ at the last page boundary of each extend (the end of each prefill chunk and, pag
 into a snapshot slot (mem/state_slots.py) that the step's result attaches to the node ending there; and where
 a decode step ends on a page boundary, into one slot per decoding request (each boundary overwrites the last),
 attached when the request finishes: a follow-up turn extending the conversation continues from the finished
-turn's last page boundary instead of its prompt's. They
+turn's last page boundary instead of its prompt's. A decode row verifying a draft (jump-forward, n-gram) saves
+only where its own token ends on a page boundary, never inside the draft: a snapshot never holds a draft token
+the model may reject (mem/verify_states.py rolls the request's slot back). They
 leave with their node (the radix LRU evicts K/V and snapshot together) or alone when snapshot slots run
 short (least recently used unlocked nodes first); a locked node keeps its snapshot.
 """
@@ -79,7 +81,7 @@ class StateCache:
              page_size: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
         """The step's (snapshot slot -> request slot) loads and (request index, offset, snapshot slot) saves: for
         its first prefill_count requests at their extend's last page boundary, for the rest (decode rows) where
-        the step ends on one."""
+        their own token (before any draft) ends on one."""
         loads, saves = [], []
         for i in range(prefill_count):
             req, p = reqs[i], prefix_lens[i]
@@ -96,8 +98,9 @@ class StateCache:
             saves.append((i, pos - p, slot))
             self.snapshots_taken += 1
             self.splits += pos == req.state_split
-        for i in range(prefill_count, len(reqs)):
-            self._plan_decode(reqs[i], i, prefix_lens[i] + extend_lens[i], extend_lens[i], page_size, saves)
+        for i in range(prefill_count, len(reqs)):  # a draft's tokens may be rejected: a save stops before them
+            kept = extend_lens[i] - len(reqs[i].draft)
+            self._plan_decode(reqs[i], i, prefix_lens[i] + kept, kept, page_size, saves)
         return loads, saves
 
     def _plan_decode(self, req: Req, i: int, end: int, n: int, page_size: int, saves: list) -> None:

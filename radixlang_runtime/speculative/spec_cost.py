@@ -1,7 +1,7 @@
 """StepCost: what a decode step of M rows costs on this machine, measured online (torch-free).
 
 Speculation's keep-or-drop rule (drafter.trim_to_cost) needs c = b / a of a decode step's cost a + b * M
-(M rows: the requests' own tokens plus the draft rows, verified as decode rows, model/runner.verify_as_decode).
+(M rows: the requests' own tokens plus the draft rows, verified as decode rows, executor/verify_step.verify_as_decode).
 The ratio is not a machine constant: the step's cost is not linear over 1..64 rows (weights streamed once at
 small M, per-row compute at large M), so the slope that matters is the local one around the batch at hand,
 and it differs between CPUs, dtypes and thread counts. So the scheduler reports every all-decode step

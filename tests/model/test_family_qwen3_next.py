@@ -166,13 +166,27 @@ def test_config_fields_not_honoured_are_refused_by_name():
         ModelConfig.from_dict(config("Qwen3NextForCausalLM", hidden_act="gelu"))
 
 
-@pytest.mark.parametrize("flag, value", [("speculative_algorithm", "NGRAM"), ("enable_lora", True)])
-def test_what_cannot_roll_back_a_state_is_refused_at_start(tiny, flag, value):
+def test_lora_is_refused_at_start(tiny):
     from radixlang_runtime import Engine
 
     path, _ = tiny
-    with pytest.raises(ValueError, match=f"{flag} is not supported for Qwen3"):
-        Engine(str(path), dtype="float32", max_total_tokens=256, **{flag: value})
+    with pytest.raises(ValueError, match="enable_lora is not supported for Qwen3"):
+        Engine(str(path), dtype="float32", max_total_tokens=256, enable_lora=True)
+
+
+def test_drafts_pass_and_a_draft_model_is_refused():
+    """Jump-forward and NGRAM verify drafts with the states rolled back (mem/verify_states.py): the args pass
+    unchanged, --disable-jump-forward included; STANDALONE's draft model is refused by name."""
+    from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args
+    from radixlang_runtime.server_args import ServerArgs
+
+    cfg = ModelConfig.from_dict(config("Qwen3NextForCausalLM"))
+    for flags in (dict(), dict(disable_jump_forward=True), dict(speculative_algorithm="NGRAM")):
+        args = ServerArgs(model_path="m", **flags)
+        assert check_hybrid_args(args, cfg) == args
+    standalone = ServerArgs(model_path="m", speculative_algorithm="STANDALONE", speculative_draft_model_path="d")
+    with pytest.raises(ValueError, match="speculative_algorithm STANDALONE is not supported for Qwen3NextForCausalLM"):
+        check_hybrid_args(standalone, cfg)
 
 
 @pytest.mark.parametrize("flags, name", [

@@ -1,7 +1,9 @@
 """--enable-deterministic-inference on a hybrid model (tiny Qwen3.5 text, float32): mixed greedy requests give
 the same tokens and the same logprobs to the bit run one at a time (later ones continuing from state snapshots),
 all in one batch, and on a pool tight enough to retract (the re-prefill recomputes the Gated DeltaNet state;
-without the mode the logprobs differ in the last bits); Qwen3-Next stays refused (its
+without the mode the logprobs differ in the last bits); a constrained request's sampled tokens get the same
+logprobs to the bit with jump-forward on (its drafts verified position by position) and off; Qwen3-Next stays
+refused (its
 expert GEMMs). The C pieces the mode runs the DeltaNet on agree with the torch path, and prefill's convolution
 gives decode's bits."""
 
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.skipif(detect().compiler is None, reason="the mode need
 BASE = list(range(300, 340))
 REQS = [(BASE + [7 * i + 1000 for i in range(k)], 10 + 2 * k) for k in range(6)]  # shared prefix, 40 .. 45 tokens
 REQS += [([5, 77, 1200, 9, 4000, 31], 12), (list(range(600, 661)), 8), ([42], 9)]
+REGEX_SP = {"temperature": 0, "max_new_tokens": 40, "regex": r'\{"name": "[a-z]{1,6}", "ok": (true|false)\}'}
 
 
 def _run(eng, one_at_a_time: bool) -> list[list[tuple[float, int]]]:
@@ -48,6 +51,9 @@ def test_same_tokens_alone_batched_and_retracted(tmp_path):
         hits = eng.get_stats()["state_pool"]["snapshot_hits"]
         eng.flush_cache()
         batched = _run(eng, one_at_a_time=False)
+        jumped = eng.generate(input_ids=[5, 77, 1200], sampling_params=REGEX_SP, return_logprob=True)
+        eng._loop.call(lambda s: setattr(s.grammar, "jump_forward", False))
+        plain = eng.generate(input_ids=[5, 77, 1200], sampling_params=REGEX_SP, return_logprob=True)
         eng.check_integrity()
     assert hits >= 1  # the one-at-a-time run continued from snapshots of the shared prefix
     with Engine(str(tmp_path), max_total_tokens=192, new_token_ratio_init=0.05, new_token_ratio_min=0.05,
@@ -59,6 +65,10 @@ def test_same_tokens_alone_batched_and_retracted(tmp_path):
     assert [len(o) for o in alone] == [n for _, n in REQS]
     assert batched == alone
     assert tight == alone
+    assert jumped["output_ids"] == plain["output_ids"] and jumped["meta_info"]["forced_tokens"] > 0
+    sampled = [(a, b) for a, b in zip(jumped["meta_info"]["output_token_logprobs"],
+                                      plain["meta_info"]["output_token_logprobs"]) if a[0] is not None]
+    assert sampled and all(a[:2] == b[:2] for a, b in sampled)
 
 
 def test_qwen3_next_is_refused_for_its_experts(tmp_path):

@@ -1,7 +1,9 @@
 """Tensor parallelism for the hybrid families (Qwen3-Next with its MoE, Qwen3.5 text): two gloo ranks, each with
 one of the tiny checkpoint's two linear-attention key heads (and its value heads, conv channels and state) and
 half of the attention heads; float32 greedy token for token against transformers, prefill chunks shorter than
-the prompt, a second request continuing from a state snapshot (cached tokens > 0), the pools whole after.
+the prompt, a second request continuing from a state snapshot (cached tokens > 0), the pools whole after; a
+constrained request's jump-forward drafts verified with every rank's state rolled back alike (mem/verify_states.py
+VerifyKeep) give the tokens it gets with jump-forward off.
 The split itself: every channel and head of a layer on exactly one rank."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from tiny_checkpoints import HYBRID_CASES, HYBRID_TINY, build_tiny, hf_greedy
 NEW = 6
 LONG = list(range(300, 400))  # 100 tokens: four prefill chunks of 32
 SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
+REGEX_SP = {"max_new_tokens": 40, "temperature": 0, "regex": r'\{"name": "[a-z]{1,6}", "ok": (true|false)\}'}
 
 
 @pytest.mark.parametrize("name", sorted(HYBRID_CASES))
@@ -28,6 +31,9 @@ def test_tp2_matches_transformers_with_a_state_hit(name, tmp_path):
         outs = eng.generate(input_ids=prompts, sampling_params=SP)
         extended = LONG + want[0] + [11, 12, 13]
         again = eng.generate(input_ids=extended, sampling_params=SP)
+        constrained = [eng.generate(input_ids=[5, 77, 1200], sampling_params=REGEX_SP)]
+        eng._loop.call(lambda s: setattr(s.grammar, "jump_forward", False))
+        constrained.append(eng.generate(input_ids=[5, 77, 1200], sampling_params=REGEX_SP))
         eng.check_integrity()
         stats = eng.get_stats()
         pool = eng.scheduler.runner.state_pool
@@ -36,6 +42,9 @@ def test_tp2_matches_transformers_with_a_state_hit(name, tmp_path):
     assert again["meta_info"]["cached_tokens"] > 0
     assert stats["state_pool"]["snapshot_hits"] >= 1 and stats["state_pool"]["request_slots_in_use"] == 0
     assert pool.ssm.shape[2] == HYBRID_TINY["linear_num_value_heads"] // 2  # rank 0 holds half of the state
+    jumped, plain = constrained
+    assert jumped["output_ids"] == plain["output_ids"]
+    assert jumped["meta_info"]["forced_tokens"] > 0 and plain["meta_info"]["forced_tokens"] == 0
 
 
 def test_each_rank_holds_its_heads_channels():

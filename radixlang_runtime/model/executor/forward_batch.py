@@ -33,6 +33,7 @@ class ForwardBatch:
     state_slots_cpu: list[int] = field(default_factory=list)
     state_fresh: list[bool] = field(default_factory=list)
     state_saves: dict[int, tuple[int, int]] = field(default_factory=dict)  # request index -> (offset, snapshot)
+    state_verify: Optional[Any] = None  # a verify step's per-position states (mem/verify_states.VerifyStates)
     has_lora: bool = False  # some row runs a LoRA adapter (model/layers/lora_linear.py): the per-module path
     # a decode step under the graph path (executor/graph_runner.py): the bound on seq_lens that sizes the kernels'
     # grids in place of max(seq_lens_cpu) (no host sync, the same launch at every replay), cascade off; 0: eager

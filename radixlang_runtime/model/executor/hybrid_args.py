@@ -1,8 +1,12 @@
 """What serving a hybrid model (linear-attention layers with a recurrent state: model/layers/gated_deltanet.py) allows.
 
-A recurrent state cannot be rolled back: a step's tokens are folded into it for good. So every feature that
-runs tokens and then takes some back is refused by name at start (speculative decoding: NGRAM, STANDALONE)
-or turned off (jump-forward of constrained decoding: its forced tokens are verified like a draft).
+A recurrent state cannot take tokens back once they are folded into it, so what runs tokens and then takes some
+back keeps the state after each of them: a verify step (jump-forward's forced tokens of constrained decoding,
+--speculative-algorithm NGRAM's drafts) runs a draft's DeltaNet rows position by position with the decode rule,
+keeps the per-position states in scratch and rolls the request's slot back to the state after its last
+accepted token (mem/verify_states.py, model/executor/verify_step.py); a state snapshot never holds a draft
+token (scheduler/state_cache.py). STANDALONE (a draft model) is refused by name: its own runner would need the
+same rollback for a hybrid draft model.
 A cached prefix's K/V is not enough to continue from it, the state at its end is needed too: the prefix cache
 keeps state snapshots in slots of its own (scheduler/state_cache.py, docs/HYBRID_MODELS.md); the hierarchical
 cache's tiers store a node's snapshot with its K/V (mem/hicache.py backup_state) and serve a load only up to
@@ -16,7 +20,6 @@ honour (LoRA adapters on their projections, pooled embeddings, quantized weights
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Optional
 
@@ -30,10 +33,10 @@ SNAPSHOTS_PER_REQUEST_SLOT = 3  # the prefix cache's snapshot slots per request 
 
 
 def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
-    """ValueError naming the first flag a hybrid model cannot honour; the args with jump-forward off."""
+    """ValueError naming the first flag a hybrid model cannot honour; else the args, unchanged."""
     arch = cfg.architecture
     refused = (
-        ("speculative_algorithm", args.speculative_algorithm is not None),
+        ("speculative_algorithm STANDALONE", args.speculative_algorithm == "STANDALONE"),
         ("enable_lora", args.enable_lora),
         ("is_embedding", args.is_embedding),
         ("quantization " + str(args.quantization), args.quantization is not None),
@@ -45,9 +48,7 @@ def check_hybrid_args(args: ServerArgs, cfg: ModelConfig) -> ServerArgs:
         if on:
             raise ValueError(f"{name} is not supported for {arch}: its linear-attention layers keep a recurrent "
                              "state (docs/HYBRID_MODELS.md)")
-    if not args.disable_jump_forward:
-        logger.info("%s: jump-forward is off (forced tokens cannot be taken back from a recurrent state)", arch)
-    return dataclasses.replace(args, disable_jump_forward=True)
+    return args
 
 
 def state_slots(args: ServerArgs, bytes_per_slot: int = 0, budget: Optional[int] = None) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from radixlang_runtime.utils import faults
 from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.mem.state_pool import StatePool, StateShape
+from radixlang_runtime.mem.verify_states import VerifyKeep, VerifyStates
 from radixlang_kernels import cpu_ops, quant_ops
 from radixlang_runtime.model.executor.device import resolve_device, resolve_dtype
 from radixlang_runtime.model.executor import deterministic, memory
@@ -51,6 +52,7 @@ from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.pooling import read_pooling_config
 from radixlang_runtime.model.executor.sampler import Sampler
 from radixlang_runtime.model.executor.step_io import ModelBatch, StepResult
+from radixlang_runtime.model.executor.verify_step import state_verify_rows, verify_as_decode
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -80,24 +82,7 @@ class StepInputs:
     lora_ids: list[int] = dataclasses.field(default_factory=list)  # [B] adapter ids (0: base); []: all base
     state_loads: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: ModelBatch.state_loads
     state_saves: list[tuple[int, int, int]] = field(default_factory=list)  # ModelBatch.state_saves
-
-
-def verify_as_decode(step: StepInputs, batch: ModelBatch, counts: list[int]) -> StepInputs:
-    """A step whose every request runs exactly its last token + its draft (n-gram or jump-forward
-    verification, nothing to prefill, no input logprobs) as a decode step of T = sum(counts) rows: row j
-    of request i is the decode of position prefix_i + j over the same table row. Each layer stores every
-    row's K/V before any row attends (decode_layer.c, the backends' store-then-attend), so row j sees the
-    draft tokens before it exactly as an extend's causal mask would, and the step runs the fused decode
-    kernel (one C call per layer) instead of an extend: verifying k tokens costs about one decode step
-    of k + 1 rows. The token order, slots and logit rows are unchanged (sample_step reads the same rows).
-    Returns `step` itself when some request does more than that (a prefill, a chunk)."""
-    if any(s is None for s in batch.samples) or counts != step.extend_lens or step.state_saves:
-        return step
-    req_rows = [r for r, n in zip(step.req_rows, counts) for _ in range(n)]
-    prefix_lens = [p + j for p, n in zip(step.prefix_lens, counts) for j in range(n)]
-    lora_ids = [a for a, n in zip(step.lora_ids, counts) for _ in range(n)]
-    return dataclasses.replace(step, phase="decode", req_rows=req_rows, prefix_lens=prefix_lens,
-                               extend_lens=[1] * len(req_rows), lora_ids=lora_ids)
+    state_verify: list[int] = field(default_factory=list)  # hybrid: requests verifying a draft (verify_step.py)
 
 
 class ModelRunner:
@@ -264,6 +249,7 @@ class ModelRunner:
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
+        self.verifying: Optional[VerifyStates] = None  # a hybrid model's verify step, until its keep_verified
         self.draft_mirror = None  # STANDALONE: DraftModel.mirror, run on every step (speculative/draft_model.py)
 
     def _load_loras(self, model) -> LoraModel:
@@ -391,6 +377,8 @@ class ModelRunner:
         step = mirrored = self._step_inputs(batch, rows)
         if pool is not None:
             step.hidden_rows = pool.hidden_rows
+        elif self.state_pool is not None:  # a draft's rows keep their states for the rollback (verify_step.py)
+            step.state_verify = state_verify_rows(batch, sample_idx, counts)
         elif not plans and batch.phase != "decode":
             step = verify_as_decode(step, batch, counts)
         if self.tp is not None:
@@ -404,7 +392,17 @@ class ModelRunner:
             fill_pooled(result, pool, hidden, logits[L:])
         if S:  # none: non-final chunks and prefill-only requests
             sample_step(batch, sample_idx, counts, logits[:S], self.sampler, result)
+        if step.state_verify:  # each verifying request's state := the state after its last kept position
+            self.keep_verified(VerifyKeep(dict(result.accepted)))
         return result
+
+    def keep_verified(self, keep: VerifyKeep) -> None:
+        """After a hybrid model's verify step: the states rolled back to what was kept (mem/verify_states.py);
+        tensor parallel: rank 0 sends `keep` to the other ranks, which apply it the same way (tp_worker.py)."""
+        if self.tp is not None and self.tp.rank == 0:
+            self.tp.broadcast_obj(keep)
+        verifying, self.verifying = self.verifying, None
+        verifying.keep(self.state_pool, keep.accepted)
 
     @staticmethod
     def _step_inputs(batch: ModelBatch, logit_rows: list[int]) -> StepInputs:
@@ -487,7 +485,10 @@ class ModelRunner:
                 for row, p in zip(step.req_rows, step.prefix_lens):
                     if p == 0:
                         self.state_pool.clear(row)
-            extra = dict(state_pool=self.state_pool, state_slots=req_rows, state_slots_cpu=list(step.req_rows),
+            self.verifying = VerifyStates(self.state_pool, [(i, step.req_rows[i], step.extend_lens[i])
+                                                            for i in step.state_verify]) if step.state_verify else None
+            extra = dict(state_verify=self.verifying, state_pool=self.state_pool, state_slots=req_rows,
+                         state_slots_cpu=list(step.req_rows),
                          state_fresh=[p == 0 for p in step.prefix_lens],
                          state_saves={i: (off, snap) for i, off, snap in step.state_saves})
         else:

@@ -6,8 +6,8 @@ Engine's loop thread); every other rank runs `run_tp_worker`.
 
 Invariants:
 - a worker runs exactly the StepInputs rank 0 broadcasts, in order; None is a keepalive, STOP ends it;
-  KVRead / KVWrite (PD's K/V transfers, tp_kv.py) and LoraResident (the adapters to hold, lora_registry.py)
-  come between steps, in the same order;
+  KVRead / KVWrite (PD's K/V transfers, tp_kv.py), LoraResident (the adapters to hold, lora_registry.py) and
+  VerifyKeep (after a hybrid model's verify step: mem/verify_states.py) come between steps, in the same order;
 - a worker whose group fails (rank 0 gone, a peer gone, a timeout) exits with status 1 within the
   group's timeout, never lingers: a dead scheduler leaves no orphan ranks;
 - a worker dies with the process that spawned it, even a SIGKILLed one (child_process.py).
@@ -80,6 +80,7 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
     from radixlang_runtime.model.executor.runner import ModelRunner
     from radixlang_runtime.model.executor.tp_kv import KVRead, KVWrite, serve
     from radixlang_runtime.model.loader.lora_registry import LoraResident
+    from radixlang_runtime.mem.verify_states import VerifyKeep
 
     try:
         set_cpu_threads(args)
@@ -107,6 +108,8 @@ def run_tp_worker(args: ServerArgs, rank: int, ready: Optional[Connection] = Non
                 serve(runner, msg)
             elif isinstance(msg, LoraResident):  # LoRA: rank 0's resident adapters (lora_registry.py)
                 runner.loras.mirror(msg)
+            elif isinstance(msg, VerifyKeep):  # a hybrid model's verify step: the states to keep (verify_states.py)
+                runner.keep_verified(msg)
             else:
                 runner.run_step(msg)
         except ParallelFault as e:

@@ -14,8 +14,11 @@ the recurrent form for the whole batch at once: on CPU with the kernel library, 
 delta rule in two C calls reading and writing the states in place at their slots (radixlang_kernels cpu_ops
 gdn_conv_update / gdn_decode), with --attention-backend triton the Triton kernels (radixlang_kernels/gated_deltanet.py:
 the convolution and the recurrent rule over segments of rows, decode and prefill alike, states in place), else
-torch ops over gathered copies. The arithmetic is transformers' torch reference
-(torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, the causal conv1d fallback) in float32.
+torch ops over gathered copies. A verify step's request (its last token + a draft: jump-forward, n-gram) runs
+its k + 1 tokens position by position with the decode rule instead, keeping the state after each position in
+scratch (mem/verify_states.py) until the sampler knows how many the model accepted. The arithmetic is
+transformers' torch reference (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, the causal conv1d
+fallback) in float32.
 """
 
 from __future__ import annotations
@@ -144,11 +147,16 @@ class GatedDeltaNet(nn.Module):
         if fb.is_decode:
             o = self._decode(mixed, g, beta, ssm, conv, fb)
         else:
-            outs = []
+            outs, spans = [], []
             start = 0
             for i, (slot, n, fresh) in enumerate(zip(fb.state_slots_cpu, fb.extend_lens_cpu, fb.state_fresh)):
                 rows = slice(start, start + n)
                 save = fb.state_saves.get(i)
+                if fb.state_verify is not None and i in fb.state_verify.first:  # after the others, batched
+                    spans.append((i, start, n))
+                    outs.append(i)
+                    start += n
+                    continue
                 if save is None or save[0] == n:
                     outs.append(self._extend_one(mixed[rows], g[rows], beta[rows], ssm, conv, slot, fresh))
                 else:  # the state after the first `off` tokens is saved: two pieces
@@ -161,6 +169,9 @@ class GatedDeltaNet(nn.Module):
                 if save is not None and save[0] == n:
                     self._save(ssm, conv, slot, save[1])
                 start += n
+            if spans:
+                verified = self._verify(mixed, g, beta, ssm, conv, fb, spans)
+                outs = [verified[x] if isinstance(x, int) else x for x in outs]
             o = torch.cat(outs)  # [T, H, Dv]
         if self.deterministic:
             o = gdn_ops.gdn_gated_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight,
@@ -174,7 +185,14 @@ class GatedDeltaNet(nn.Module):
                 fb: ForwardBatch) -> torch.Tensor:
         """One token of each request from its slot's state, written back in place; rows ending on a page boundary
         save their state (scheduler/state_cache.py). Returns o [B, Hv, Dv] float32."""
-        slots = fb.state_slots
+        o = self._rule(mixed, g, beta, ssm, conv, fb.state_slots)
+        for i, (_, snapshot) in fb.state_saves.items():
+            self._save(ssm, conv, fb.state_slots_cpu[i], snapshot)
+        return o
+
+    def _rule(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor, conv: torch.Tensor,
+              slots: torch.Tensor) -> torch.Tensor:
+        """The decode rule: one token of each row [B, C] from the state at slots[b], written back in place."""
         if self.use_triton:
             one, rows = torch.ones_like(slots), torch.arange(slots.shape[0], device=slots.device)
             mixed = triton_gdn().gdn_conv(mixed, conv, self.conv_weight, slots, rows, one)
@@ -189,9 +207,26 @@ class GatedDeltaNet(nn.Module):
             q, k, v = self._qkv(mixed)  # [B, H, D]
             o, new = recurrent_step(q / self.dk ** 0.5, k, v, g, beta.float(), ssm[slots])
             ssm[slots] = new
-        for i, (_, snapshot) in fb.state_saves.items():
-            self._save(ssm, conv, fb.state_slots_cpu[i], snapshot)
         return o
+
+    def _verify(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor,
+                conv: torch.Tensor, fb: ForwardBatch, spans: list[tuple[int, int, int]]) -> dict[int, torch.Tensor]:
+        """Verifying requests (request index, first row, k + 1 rows): their tokens position by position with the
+        decode rule, the rows of one position batched, the state after each kept in fb.state_verify
+        (mem/verify_states.py) and a planned save taken where its offset is reached. -> index: o [k + 1, Hv, Dv]."""
+        verify, outs = fb.state_verify, {i: [] for i, _, _ in spans}
+        for j in range(max(n for _, _, n in spans)):
+            live = [(i, start) for i, start, n in spans if n > j]
+            rows = torch.tensor([start + j for _, start in live], dtype=torch.int64, device=mixed.device)
+            slots = fb.state_slots[[i for i, _ in live]]
+            o = self._rule(mixed[rows], g[rows], beta[rows], ssm, conv, slots)
+            verify.put(self.state_index, [verify.first[i] + j for i, _ in live], ssm[slots], conv[slots])
+            for k, (i, _) in enumerate(live):
+                outs[i].append(o[k])
+                save = fb.state_saves.get(i)
+                if save is not None and save[0] == j + 1:
+                    self._save(ssm, conv, fb.state_slots_cpu[i], save[1])
+        return {i: torch.stack(o) for i, o in outs.items()}
 
     @staticmethod
     def _save(ssm: torch.Tensor, conv: torch.Tensor, slot: int, snapshot: int) -> None:
