@@ -198,9 +198,8 @@ class ModelRunner:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention="torch:soft-cap",
                                                  extend_attention="torch:soft-cap")
         if cfg.mla is not None:  # model/layers/mla_attention.py (not the backend's kernels: c_decode stays off)
-            decode = f"mla-absorbed:c:{detect().isa}" if self.cpu_paths.c_norm_act else "mla-absorbed:torch"
-            if args.attention_backend == "triton":  # before enable_cpu_ops, which leaves the Triton decode in place
-                decode = model.use_triton_kernels()
+            decode = (model.use_triton_kernels() if args.attention_backend == "triton"  # before enable_cpu_ops
+                      else f"mla-absorbed:c:{detect().isa}" if self.cpu_paths.c_norm_act else "mla-absorbed:torch")
             self.cpu_paths = dataclasses.replace(self.cpu_paths, decode_attention=decode,
                                                  extend_attention="mla-expanded:torch")
         if self.cpu_paths.c_norm_act:
