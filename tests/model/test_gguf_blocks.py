@@ -126,6 +126,8 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
         monkeypatch.setattr(quant_ops, name, counting(name))
     model_dir, path, _ = tiny["every_type"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
+        assert eng.runner.model.fused_decode is not None
+        eng.runner.model.fused_decode = None  # the modules' kernels (decode_layer.c's: bit-identical, below)
         outs = _greedy(eng)
         resident = eng.runner.weights_bytes
     assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
@@ -140,20 +142,25 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
 def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gemm(tiny, monkeypatch):
     """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head keeps the int8 tiles its decode kernel reads and
     the embedding reads its rows back from them (one copy: weights within 1.2x the file), and the prefill batch
-    (above KQ_MAX_M rows) runs gemm_kquant.c on every type of the file."""
+    (above KQ_MAX_M rows) runs gemm_kquant.c on the blocks' types and the tiles' kernel 16 rows at a time on
+    the tiled ones."""
     from radixlang_runtime import Engine
     from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding
 
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
-    calls = []
-    gemm = quant_ops.gguf_kq_gemm
+    calls = {"gguf_kq_gemm": [], "gguf_q8_gemv": []}
 
-    def counted(x, blocks, fmt, *args, **kwargs):
-        calls.append((x.shape[0], fmt))
-        return gemm(x, blocks, fmt, *args, **kwargs)
+    def counting(name):
+        kernel = getattr(quant_ops, name)
 
-    monkeypatch.setattr(quant_ops, "gguf_kq_gemm", counted)
+        def counted(x, w, fmt, *args, **kwargs):
+            calls[name].append((x.shape[0], fmt))
+            return kernel(x, w, fmt, *args, **kwargs)
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(quant_ops, name, counting(name))
     model_dir, path, _ = tiny["q4_k_m"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         outs = _greedy(eng)
@@ -164,7 +171,12 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
     assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
     assert resident <= 1.2 * _file_tensor_bytes(path), (resident, _file_tensor_bytes(path))
     prefill = sum(len(p) for p in PROMPTS)
-    assert {fmt for m, fmt in calls if m == prefill} == {t for types in Q4_K_M.values() for t in types} | {"Q8_0"}
+    every = {t for types in Q4_K_M.values() for t in types}
+    # o_proj, one Q8_0 part: gguf_linear's tiles, put back into the file's layout for gemm_kquant.c
+    blocks_gemm = (every - set(quant_ops.Q8_TILE_FORMATS)) | {"Q8_0"}
+    assert {fmt for m, fmt in calls["gguf_kq_gemm"] if m == prefill} == blocks_gemm
+    chunks = {fmt for m, fmt in calls["gguf_q8_gemv"] if m == quant_ops.QLINEAR_MAX_M < prefill}
+    assert chunks == every & set(quant_ops.Q8_TILE_FORMATS)
 
 
 def test_quantization_none_keeps_the_dequantized_weights(tiny):
@@ -286,8 +298,9 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
 
 
 def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
-    """bf16, KQ_MAX_M < M <= KQ_GEMM_MAX_M: each part's gguf_kq_gemm writes its columns (bias added after);
-    above KQ_GEMM_MAX_M the dequantized tiles run; both close to the float product."""
+    """bf16, KQ_MAX_M < M <= KQ_GEMM_MAX_M: a part on its blocks runs gguf_kq_gemm into its columns, a part on
+    gemv_q8.c's tiles that kernel 16 rows at a time (bias added after); above KQ_GEMM_MAX_M the dequantized
+    tiles run; all close to the float product."""
     import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -298,22 +311,23 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
     rng = np.random.default_rng(2)
-    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 512, 0.05, rng)), f) for f, n in (("Q4_K", 40), ("Q5_0", 24))]
+    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 512, 0.05, rng)), f) for f, n in (("Q6_K", 40), ("Q4_K", 24))]
     w = torch.from_numpy(np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts]))
     bias = torch.randn(64).to(torch.bfloat16)
     lin = GGUFBlockLinear(parts, 512, bias, torch.bfloat16)
     calls = []
     gemm = quant_ops.gguf_kq_gemm
     monkeypatch.setattr(quant_ops, "gguf_kq_gemm", lambda x, b, f, **kw: calls.append(f) or gemm(x, b, f, **kw))
-    for M, want in ((quant_ops.KQ_MAX_M + 1, ["Q4_K", "Q5_0"]), (quant_ops.KQ_GEMM_MAX_M, ["Q4_K", "Q5_0"]),
+    tiles = quant_ops.gguf_q8_tiles(parts[1][0], "Q4_K")
+    for M, want in ((quant_ops.KQ_MAX_M + 1, ["Q6_K"]), (quant_ops.KQ_GEMM_MAX_M, ["Q6_K"]),
                     (quant_ops.KQ_GEMM_MAX_M + 1, [])):
         calls.clear()
         x = torch.randn(M, 512).to(torch.bfloat16)
         y = lin(x)
         assert calls == want, M
         if want:
-            parts_out = torch.cat([gemm(x, b, f) for b, f in parts], dim=1)
-            assert torch.equal(y, parts_out + bias)
+            tiled = torch.cat([quant_ops.gguf_q8_gemv(x[r:r + 16], tiles, "Q4_K", 24) for r in range(0, M, 16)])
+            assert torch.equal(y, torch.cat([gemm(x, parts[0][0], "Q6_K"), tiled], dim=1) + bias)
         ref = x.float() @ w.T + bias.float()
         assert float((y.float() - ref).norm()) < 0.02 * float(ref.norm()), M
 

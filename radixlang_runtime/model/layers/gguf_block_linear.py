@@ -1,14 +1,16 @@
 """Linears and the embedding on a GGUF file's own rows of blocks, every type of quant_ops.GGUF_TYPES (Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the default for a `.gguf` model.
 
-Resident bytes are the file's: each part keeps its blocks [rows, row bytes] uint8 exactly as stored (q / k
-rows unpermuted, gguf_convert.gguf_blocks), and no dense copy exists:
+Resident bytes are the file's (Q4_K parts of bf16 models: 1.11x, below): each part keeps its blocks
+[rows, row bytes] uint8 exactly as stored (q / k rows unpermuted, gguf_convert.gguf_blocks), and no dense
+copy exists:
 - bf16 decode batches (M <= quant_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it). Q4_1 / Q5_0 / Q8_0 parts of a bf16
-  model are held as gemv_q8.c's 4-row tiles instead (quant_ops.gguf_q8_tiles: the same bytes, moved; the
-  same int8 sums per block of 32 at several times the rate), and larger batches take their blocks back from
-  the tiles per call (a transient copy);
+  model (and Q4_K's sub-blocks of 32) are held as gemv_q8.c's 4-row tiles instead (quant_ops.gguf_q8_tiles:
+  the same bytes, moved; Q4_K's 1.11x: its scales unpacked to bytes; the same int8 sums per block of 32 at
+  several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a time, larger ones take
+  the blocks back from the tiles per call (a transient copy);
 - bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
   gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
   linear's parts write their columns of one output;
@@ -119,10 +121,15 @@ class GGUFBlockLinear(nn.Module):
             return None
         out = torch.empty(M, self.out_features, dtype=x.dtype)
         c0 = 0
-        for i, (_, fmt) in enumerate(self.block_parts):
-            if quant_ops.gguf_kq_gemm(x, self._blocks(i), fmt, out=out[:, c0:c0 + self.part_rows[i]]) is None:
+        for i, (blocks, fmt) in enumerate(self.block_parts):
+            n, tiles = self.part_rows[i], self.part_tiles[i]
+            if tiles is not None:  # the tiles' kernel a QLINEAR_MAX_M rows at a time: no copy of the blocks
+                for r0 in range(0, M, quant_ops.QLINEAR_MAX_M):
+                    out[r0:r0 + quant_ops.QLINEAR_MAX_M, c0:c0 + n] = quant_ops.gguf_q8_gemv(
+                        x[r0:r0 + quant_ops.QLINEAR_MAX_M], tiles, fmt, n)
+            elif quant_ops.gguf_kq_gemm(x, blocks, fmt, out=out[:, c0:c0 + n]) is None:
                 return None
-            c0 += self.part_rows[i]
+            c0 += n
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

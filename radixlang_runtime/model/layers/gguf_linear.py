@@ -115,4 +115,4 @@ class _FromTiles(nn.Module):
 
         lin = self.lin[0]
         blocks = quant_ops.gguf_q8_untiles(lin.tiles, lin.fmt, lin.out_features, lin.in_features)
-        return GGUFBlockLinear([(blocks, lin.fmt)], lin.in_features, None, x.dtype)(x)
+        return GGUFBlockLinear([(blocks, lin.fmt)], lin.in_features, None, x.dtype, tiles=False)(x)
