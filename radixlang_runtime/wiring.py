@@ -19,6 +19,7 @@ from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.mem.kv_prefault import KVPrefaulter
 from radixlang_runtime.mem.state_slots import StateSlots
 from radixlang_runtime.mem.table import TableManager
+from radixlang_runtime.mem.verify_states import draft_cap
 from radixlang_runtime.model.executor.runner import ModelRunner
 from radixlang_runtime.speculative.drafter import ROW_COST, NgramConfig, NgramDrafter
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
@@ -76,6 +77,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
         drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm != "STANDALONE"
         else make_model_drafter(args, runner, tokenizer, eos),
     )
+    if getattr(runner, "state_pool", None) is not None:  # hybrid models: a verify step keeps every position's state
+        scheduler.drafts.max_draft = draft_cap(runner.state_pool)
     if runner.loras is not None and args.max_loaded_loras is not None:  # evicted adapters read again on use
         # never evicting the adapter of a request whose K/V is on its way (PD: loras_in_use counts them)
         scheduler.admission.lora_residency = lambda lid, busy: runner.loras.ensure(lid, busy | scheduler.loras_in_use())

@@ -18,6 +18,14 @@ import torch
 
 from radixlang_runtime.mem.state_pool import StatePool
 
+SCRATCH_BYTES = 256 << 20  # one request's per-position states in a verify step, at most (with its own position)
+
+
+def draft_cap(pool: StatePool) -> int:
+    """Draft tokens per request whose per-position states fit SCRATCH_BYTES (at least 1): a large model's
+    state is tens of MiB, and a grammar may force 64 tokens at once."""
+    return max(1, SCRATCH_BYTES // pool.shape.bytes_per_slot() - 1)
+
 
 @dataclass(frozen=True)
 class VerifyKeep:

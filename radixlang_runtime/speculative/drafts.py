@@ -33,6 +33,7 @@ class Drafts:
     def __init__(self, drafter: Optional[NgramDrafter], grammar: Optional[GrammarQueue],
                  check_finished: Callable[[Req], None]):
         self.drafter = drafter  # None: no n-gram speculation (--speculative-algorithm unset)
+        self.max_draft: Optional[int] = None  # draft tokens per request at most (hybrid models' verify scratch)
         self.grammar = grammar  # None: no constrained requests, so no jump-forward drafts
         self._check_finished = check_finished
         self.spec_draft_tokens = 0  # n-gram draft tokens verified, all requests (stats)
@@ -54,8 +55,10 @@ class Drafts:
         if req.grammar is None:
             if self.drafter is not None and not req.finished and self.speculate(batch_size):
                 req.draft = self.drafter.draft(req) if self._may_pay(req, batch_size) else []
-            return
-        req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
+        else:
+            req.draft, req.draft_states = ([], []) if req.finished else self.grammar.draft(req)
+        if self.max_draft is not None and len(req.draft) > self.max_draft:  # a prefix of a draft is one too
+            req.draft, req.draft_states = req.draft[:self.max_draft], req.draft_states[:self.max_draft + 1]
 
     def _may_pay(self, req: Req, batch_size: int) -> bool:
         """With the cost rule: whether a lookup could give a first row that pays at this batch size (trim_to_cost's

@@ -97,3 +97,27 @@ def test_verify_states_equal_decoding_one_by_one_and_keep_rolls_back(cpu_kernel)
     assert not torch.equal(p.ssm[0, VERIFY[0][0]], verify.ssm[0, verify.first[1] + VERIFY[0][1] - 1])
     with pytest.raises(ValueError, match="request 1: 4 draft tokens accepted of 3"):
         verify.keep(p, {1: 4})
+
+
+def test_drafts_are_cut_to_what_the_verify_scratch_holds(monkeypatch):
+    """A hybrid model's drafts (n-gram, or a grammar's forced tokens with their states) are cut to draft_cap:
+    the per-position states of one request's verify step stay within SCRATCH_BYTES."""
+    from types import SimpleNamespace
+
+    from radixlang_runtime.mem import verify_states
+    from radixlang_runtime.speculative.drafts import Drafts
+
+    p = pool()
+    monkeypatch.setattr(verify_states, "SCRATCH_BYTES", 4 * p.shape.bytes_per_slot())
+    cap = verify_states.draft_cap(p)
+    assert cap == 3  # with the request's own position: 4 states
+    forced = list(range(10, 20))
+    grammar = SimpleNamespace(draft=lambda req: (list(forced), [f"state {i}" for i in range(len(forced) + 1)]))
+    drafts = Drafts(None, grammar, lambda req: None)
+    drafts.max_draft = cap
+    req = SimpleNamespace(grammar=object(), finished=False, draft=[], draft_states=[])
+    drafts.propose(req, 1)
+    assert req.draft == forced[:cap]
+    assert req.draft_states == ["state 0", "state 1", "state 2", "state 3"]  # the last: after the kept draft
+    monkeypatch.setattr(verify_states, "SCRATCH_BYTES", p.shape.bytes_per_slot() // 2)
+    assert verify_states.draft_cap(p) == 1  # never below one draft token
