@@ -49,8 +49,56 @@ def gguf_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str,
 Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
 
 
-# gemv_q8.c's tile formats: name -> (its format number, the file's bytes per 32 weights)
-Q8_TILE_FORMATS = {"Q4_1": (2, 20), "Q5_0": (6, 22), "Q8_0": (8, 34), "Q4_K": (12, 18)}
+# gemv_q8.c's tile formats: name -> (its format number, the file's bytes per 32 weights); the K-quants' tiles
+# hold more than the file (Q4_K 160 B per 256 weights against 144, Q6_K 280 against 210: scales as bytes, the
+# 6-bit quants as int8)
+Q8_TILE_FORMATS = {"Q4_1": (2, 20), "Q5_0": (6, 22), "Q8_0": (8, 34), "Q4_K": (12, 18), "Q6_K": (14, 26.25)}
+
+
+def _q6k_quants(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K super-blocks [..., 210] -> their 256 quants q in 0 .. 63 [..., 256] (w = d sc[i / 16] (q - 32)):
+    per half of 128, ql [64] holds the low 4 bits and qh [32] the high 2 of 4 runs of 32."""
+    out = []
+    for h in range(2):
+        ql, qh = b[..., 64 * h:64 * h + 64].to(torch.int16), b[..., 128 + 32 * h:160 + 32 * h].to(torch.int16)
+        lo = [ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4]
+        out += [lo[k] | (((qh >> (2 * k)) & 3) << 4) for k in range(4)]
+    return torch.cat(out, dim=-1)
+
+
+def _q6k_blocks(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """_q6k_quants' inverse: q [..., 256] in 0 .. 63, sc [..., 16] int8 as uint8, d [..., 2] -> [..., 210]."""
+    ql, qh = [], []
+    for h in range(2):
+        r = [q[..., 128 * h + 32 * k:128 * h + 32 * k + 32] for k in range(4)]
+        ql += [(r[0] & 15) | ((r[2] & 15) << 4), (r[1] & 15) | ((r[3] & 15) << 4)]
+        qh.append(sum((r[k] >> 4) << (2 * k) for k in range(4)))
+    return torch.cat([*ql, *qh, sc, d], dim=-1).to(torch.uint8)
+
+
+def _q6k_tiles(blocks: torch.Tensor) -> torch.Tensor:
+    """Q6_K rows [N, K / 256 * 210] -> tiles [ceil(N / 4), K / 64, 280]: per step (64 weights of a super-block)
+    d fp16 [4 rows] | sc int8 [4 rows][4] (one per 16 weights) | q - 32 int8 [4 rows][64]."""
+    N, nsb = blocks.shape[0], blocks.shape[1] // 210
+    nt, pairs = -(-N // Q8_TILE_ROWS), nsb * 4
+    b = torch.zeros(nt * Q8_TILE_ROWS, nsb, 210, dtype=torch.uint8)
+    b[:N] = blocks.reshape(N, nsb, 210)
+    q = (_q6k_quants(b) - 32).to(torch.int8).view(torch.uint8)
+    per_pair = [b[..., None, 208:210].expand(-1, -1, 4, 2), b[..., 192:208].reshape(-1, nsb, 4, 4),
+                q.reshape(-1, nsb, 4, 64)]
+    return torch.cat([t.reshape(nt, Q8_TILE_ROWS, pairs, -1).permute(0, 2, 1, 3).reshape(nt, pairs, -1)
+                      for t in per_pair], dim=-1).contiguous()
+
+
+def _q6k_untiles(tiles: torch.Tensor) -> torch.Tensor:
+    """_q6k_tiles' inverse for tiles [T, pairs, 280] -> rows [T, 4, K / 256 * 210] (each tile's 4 rows)."""
+    T, pairs, _ = tiles.shape
+    nsb = pairs // 4
+    t = tiles.reshape(T, nsb, 4, 280)
+    d = t[:, :, 0, 0:8].reshape(T, nsb, 4, 2).permute(0, 2, 1, 3)
+    sc = t[..., 8:24].reshape(T, nsb, 4, 4, 4).permute(0, 3, 1, 2, 4).reshape(T, 4, nsb, 16)
+    q = t[..., 24:].view(torch.int8).reshape(T, nsb, 4, 4, 64).permute(0, 3, 1, 2, 4).reshape(T, 4, nsb, 256)
+    return _q6k_blocks(q.to(torch.int16) + 32, sc, d).reshape(T, 4, nsb * 210)
 
 
 def _q4k_scale_min(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,9 +146,9 @@ def gguf_q8_tiles(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     """blocks [N, K / 32 * bytes] uint8 (rows of GGUF Q4_1 / Q5_0 / Q8_0 blocks) -> gemv_q8.c's tiles
     [ceil(N / 4), pairs, step] uint8 (pairs = ceil(K / 64); step 272 B for Q8_0, 160 for Q4_1, 176 for Q5_0):
     the same scales and quants, moved so a step's 4 rows x 2 blocks are one run (padding rows / blocks are
-    zeros). Q4_K: its own steps (_q4k_tiles), K % 256 == 0."""
-    if fmt == "Q4_K":
-        return _q4k_tiles(blocks)
+    zeros). Q4_K / Q6_K: their own steps (_q4k_tiles, _q6k_tiles), K % 256 == 0."""
+    if fmt in ("Q4_K", "Q6_K"):
+        return (_q4k_tiles if fmt == "Q4_K" else _q6k_tiles)(blocks)
     _, nbytes = Q8_TILE_FORMATS[fmt]
     N = blocks.shape[0]
     nb = blocks.shape[1] // nbytes
@@ -125,8 +173,8 @@ def gguf_q8_untiles(tiles: torch.Tensor, fmt: str, N: int, K: int, rows: Optiona
         tiles = tiles[rows // 4]
     nt, pairs, _ = tiles.shape
     nbytes = Q8_TILE_FORMATS[fmt][1]
-    if fmt == "Q4_K":
-        b = _q4k_untiles(tiles)
+    if fmt in ("Q4_K", "Q6_K"):
+        b = (_q4k_untiles if fmt == "Q4_K" else _q6k_untiles)(tiles)
         return (b[torch.arange(nt), rows % 4] if rows is not None else b.reshape(nt * 4, -1)[:N]).contiguous()
     if fmt == "Q8_0":  # dw [4 rows][2 blocks] fp16 | qw [4 rows][2 blocks][32]
         parts = [tiles[..., :16].reshape(nt, pairs, 4, 2, 2), tiles[..., 16:].reshape(nt, pairs, 4, 2, 32)]

@@ -141,6 +141,24 @@ def _q8_reference(x: torch.Tensor, blocks, fmt: str):
         qw = q.reshape(N, nb, 32).astype(np.int64)
         dw = np.repeat(scale.astype(np.float64)[:, None], nb, 1)
         w = q.astype(np.float64) * scale.astype(np.float64)[:, None]
+    elif fmt == "Q6_K":  # q - 32 with a scale d sc per 16 weights: the dots summed per 16
+        N = blocks.shape[0]
+        b = blocks.reshape(N, nb // 8, 210)
+        d = b[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float64)[..., None]
+        sc = b[..., 192:208].copy().view(np.int8).astype(np.float64)
+        q = []
+        for h in range(2):
+            lo, hi = b[..., 64 * h:64 * h + 64].astype(np.int64), b[..., 128 + 32 * h:160 + 32 * h].astype(np.int64)
+            runs = [lo[..., :32] & 15, lo[..., 32:] & 15, lo[..., :32] >> 4, lo[..., 32:] >> 4]
+            q += [runs[k] | (((hi >> (2 * k)) & 3) << 4) for k in range(4)]
+        qw = (np.concatenate(q, -1) - 32).reshape(N, nb * 2, 16)
+        dw = (d * sc).reshape(N, nb * 2)
+        w = gq.dequantize(blocks, gq.GGMLQuantizationType.Q6_K).astype(np.float64)
+        assert np.array_equal((qw * dw[..., None]).reshape(N, K), w)  # the reference's unpacking is the file's
+        want = (np.einsum("mgj,ngj->mng", qx.reshape(M, nb * 2, 16), qw) * dw[None]
+                * np.repeat(dx, 2, -1)[:, None]).sum(-1)
+        bound = (dx[:, None, :] / 2 * np.abs(w.reshape(N, nb, 32)).sum(-1)[None]).sum(-1)
+        return want, x.double().numpy() @ w.T, bound
     elif fmt == "Q4_K":  # per sub-block of 32: dw = d sc, mw = -dmin m, the group's low / high nibbles
         N = blocks.shape[0]
         b = blocks.reshape(N, nb // 8, 144)
@@ -203,20 +221,21 @@ def test_gguf_q8_gemv_is_exact_on_quantized_activations(isa, fmt, dtype, M, K, N
     assert quant_ops.gguf_q8_gemv(torch.randn(17, K).to(dtype), tiles, fmt, N) is None
 
 
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("M,K,N", [(1, 1536, 96), (3, 256, 33), (16, 512, 7)])
-def test_gguf_q8_gemv_q4_k_tiles_are_exact_on_quantized_activations(isa, dtype, M, K, N):
-    """Q4_K's sub-blocks on gemv_q8.c's tiles (d sc and -dmin m per 32 weights, exact in float32): the same
-    checks as the 32-weight formats; the tiles give the file's blocks back."""
+def test_gguf_q8_gemv_k_quant_tiles_are_exact_on_quantized_activations(isa, fmt, dtype, M, K, N):
+    """K-quants on gemv_q8.c's tiles (Q4_K: d sc and -dmin m per 32 weights; Q6_K: q - 32 with d sc per 16;
+    exact in float32): the same checks as the 32-weight formats; the tiles give the file's blocks back."""
     from radixlang_kernels.testing import random_gguf_blocks
 
-    blocks = random_gguf_blocks("Q4_K", N, K, 0.05, np.random.default_rng(13))
+    blocks = random_gguf_blocks(fmt, N, K, 0.05, np.random.default_rng(13))
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(13)).to(dtype)
-    tiles = quant_ops.gguf_q8_tiles(torch.from_numpy(blocks), "Q4_K")
-    assert tiles.shape == (-(-N // 4), K // 64, 160)
-    assert np.array_equal(quant_ops.gguf_q8_untiles(tiles, "Q4_K", N, K).numpy(), blocks)
-    got = quant_ops.gguf_q8_gemv(x, tiles, "Q4_K", N, torch.float32)
-    _assert_q8(got, *_q8_reference(x, blocks, "Q4_K"))
+    tiles = quant_ops.gguf_q8_tiles(torch.from_numpy(blocks), fmt)
+    assert tiles.shape == (-(-N // 4), K // 64, 160 if fmt == "Q4_K" else 280)
+    assert np.array_equal(quant_ops.gguf_q8_untiles(tiles, fmt, N, K).numpy(), blocks)
+    got = quant_ops.gguf_q8_gemv(x, tiles, fmt, N, torch.float32)
+    _assert_q8(got, *_q8_reference(x, blocks, fmt))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

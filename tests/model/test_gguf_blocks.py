@@ -133,9 +133,9 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
     assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
     # decode steps, the kernels' batches: Q4_1 / Q5_0 / Q8_0 parts on gemv_q8.c's tiles, the rest on the blocks
     decoded = {name: {fmt for m, fmt in c if m <= len(PROMPTS)} for name, c in calls.items()}
-    every = {t for types in EVERY_TYPE.values() for t in types} | {"Q6_K"}
-    assert decoded["gguf_q8_gemv"] == every & set(quant_ops.Q8_TILE_FORMATS)
-    assert decoded["gguf_kq_gemv"] == every - set(quant_ops.Q8_TILE_FORMATS)
+    layers = {t for types in EVERY_TYPE.values() for t in types}
+    assert decoded["gguf_q8_gemv"] == layers & set(quant_ops.Q8_TILE_FORMATS)
+    assert decoded["gguf_kq_gemv"] == (layers - set(quant_ops.Q8_TILE_FORMATS)) | {"Q6_K"}  # + the tied head
     assert resident <= 1.2 * _file_tensor_bytes(path)
 
 
@@ -311,7 +311,7 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
     rng = np.random.default_rng(2)
-    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 512, 0.05, rng)), f) for f, n in (("Q6_K", 40), ("Q4_K", 24))]
+    parts = [(torch.from_numpy(random_gguf_blocks(f, n, 512, 0.05, rng)), f) for f, n in (("Q3_K", 40), ("Q4_K", 24))]
     w = torch.from_numpy(np.concatenate([dequantize(b.numpy(), GGMLQuantizationType[f]) for b, f in parts]))
     bias = torch.randn(64).to(torch.bfloat16)
     lin = GGUFBlockLinear(parts, 512, bias, torch.bfloat16)
@@ -319,7 +319,7 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     gemm = quant_ops.gguf_kq_gemm
     monkeypatch.setattr(quant_ops, "gguf_kq_gemm", lambda x, b, f, **kw: calls.append(f) or gemm(x, b, f, **kw))
     tiles = quant_ops.gguf_q8_tiles(parts[1][0], "Q4_K")
-    for M, want in ((quant_ops.KQ_MAX_M + 1, ["Q6_K"]), (quant_ops.KQ_GEMM_MAX_M, ["Q6_K"]),
+    for M, want in ((quant_ops.KQ_MAX_M + 1, ["Q3_K"]), (quant_ops.KQ_GEMM_MAX_M, ["Q3_K"]),
                     (quant_ops.KQ_GEMM_MAX_M + 1, [])):
         calls.clear()
         x = torch.randn(M, 512).to(torch.bfloat16)
@@ -327,7 +327,7 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
         assert calls == want, M
         if want:
             tiled = torch.cat([quant_ops.gguf_q8_gemv(x[r:r + 16], tiles, "Q4_K", 24) for r in range(0, M, 16)])
-            assert torch.equal(y, torch.cat([gemm(x, parts[0][0], "Q6_K"), tiled], dim=1) + bias)
+            assert torch.equal(y, torch.cat([gemm(x, parts[0][0], "Q3_K"), tiled], dim=1) + bias)
         ref = x.float() @ w.T + bias.float()
         assert float((y.float() - ref).norm()) < 0.02 * float(ref.norm()), M
 

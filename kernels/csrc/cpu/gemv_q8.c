@@ -11,6 +11,8 @@
  *                                                 dot = dw dx sum(qw qx) - 16 dw sx (Q4_1's with mw = -16 dw)
  *   Q4_K sub-block of 32 (its super-block's fp16 d / dmin, 6-bit sc / m, 32 nibbles): Q4_1's with
  *                                                 dw = d sc, mw = -dmin m (exact in float32)
+ *   Q6_K sub-block of 16 (its super-block's fp16 d, int8 sc, 16 quants q - 32 in -32 .. 31): Q8_0's with
+ *                                                 a scale d sc per 16 weights
  *   INT8 row (int8 qw, float32 scale s per row):  w = s qw         row = s sum_b dx_b sum(qw qx)
  *   out[m, n] = sum of the row's block dots, float32 sums, stored bf16 or float32.
  *
@@ -29,6 +31,7 @@
  *                 bit i of a row's 64 qh bits is byte i's fifth bit in the AVX-512 lanes below
  *   Q4_K (160 B): d fp16 [4 rows] | dmin fp16 [4] | sc u8 [4][2] | m u8 [4][2] | [4 rows][32 B] as Q4_1's
  *                 (a pair is one 64-weight group of a super-block: the file's 32 bytes as they are)
+ *   Q6_K (280 B): d fp16 [4 rows] | sc int8 [4 rows][4] | qw int8 [4 rows][64] (q - 32: the 6 bits unpacked)
  *   INT8 (256 B): qw int8 [4 rows][64]  (the row scales stay a float32 [N] vector, applied at the end)
  * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
  * at once were 4 streams and ran well below the read bandwidth from DRAM), and the 8 scales of a step
@@ -55,23 +58,26 @@
 #define FMT_Q4_1 2 /* ggml's type numbers */
 #define FMT_Q5_0 6
 #define FMT_Q4_K 12
+#define FMT_Q6_K 14
 #define FMT_Q8_0 8
 #define FMT_INT8 -1 /* --quantization int8: int8 rows, one float32 scale per row (quant_linear.py) */
 
 static inline int64_t step_bytes(int fmt) {
-    return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 160 : fmt == FMT_Q5_0 ? 176 : 256;
+    return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 160 : fmt == FMT_Q5_0 ? 176 : fmt == FMT_Q6_K ? 280 : 256;
 }
 /* Q8_0 and INT8 weights are signed (the xor / sign tricks below); INT8 tiles have no block scales */
-static inline int signed_w(int fmt) { return fmt == FMT_Q8_0 || fmt == FMT_INT8; }
+static inline int signed_w(int fmt) { return fmt == FMT_Q8_0 || fmt == FMT_INT8 || fmt == FMT_Q6_K; }
+/* Q6_K: a scale per 16 weights (the others: per block of 32) */
+static inline float q6k_dw(const uint8_t *s, int r, int k) { return half_to_f32(s + 2 * r) * (float)(int8_t)s[8 + 4 * r + k]; }
 /* the quants' offset in a step (Q4_1 / Q5_0: the nibbles) */
 static inline int64_t w_offset(int fmt) {
-    return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 32 : fmt == FMT_Q5_0 ? 48 : 0;
+    return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 32 : fmt == FMT_Q5_0 ? 48 : fmt == FMT_Q6_K ? 24 : 0;
 }
 /* Q4_1 / Q5_0 / Q4_K: an offset term m sx per block (Q5_0's m = -16 dw) */
 static inline int has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_0 || fmt == FMT_Q4_K; }
 /* row r's block j of a step: its scale dw and offset mw */
 static inline float step_dw(const uint8_t *s, int fmt, int r, int j) {
-    if (fmt == FMT_INT8) return 1.f;
+    if (fmt == FMT_INT8 || fmt == FMT_Q6_K) return 1.f; /* Q6_K: q6k_dw, per 16 */
     if (fmt == FMT_Q4_K) return half_to_f32(s + 2 * r) * (float)s[16 + 2 * r + j];
     return half_to_f32(s + 2 * (2 * r + j));
 }
@@ -155,6 +161,11 @@ static inline __m256 q4k_scales8(const uint8_t *h, const uint8_t *u8) { /* fp16 
                                             _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h))));
     return _mm256_mul_ps(h8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u8))));
 }
+static inline __m512 q6k_dw16(const uint8_t *s) { /* d [4 rows] x sc [4 rows][4] */
+    const __m512 d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                           _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)s))));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + 8)))));
+}
 static inline __m256 step_dw8(const uint8_t *s, int fmt) {
     return fmt == FMT_Q4_K ? q4k_scales8(s, s + 16) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
 }
@@ -175,7 +186,9 @@ static inline __m512i spread_pair(const void *p) {
 static inline __attribute__((always_inline)) __m512i dot_pair(const __m512i wa, const __mmask64 neg, const __m512i qx,
                                                               const __m512i start, const int fmt) {
 #if defined(__AVX512VNNI__)
-    (void)neg, (void)fmt;
+    if (fmt == FMT_Q6_K) /* |qw| x (qx with qw's sign): no per-block correction (its scales are per 16) */
+        return _mm512_dpbusd_epi32(start, wa, _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx));
+    (void)neg;
     return _mm512_dpbusd_epi32(start, wa, qx);
 #else
     const __m512i sx = signed_w(fmt) ? _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx) : qx;
@@ -195,7 +208,7 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
         qx[m] = _mm512_loadu_si512(a->q + i * 32);
         dx[m] = _mm512_castsi512_ps(spread_pair(a->d + i));
 #if defined(__AVX512VNNI__)
-        start[m] = signed_w(fmt) ? spread_pair(a->corr + i) : _mm512_setzero_si512();
+        start[m] = signed_w(fmt) && fmt != FMT_Q6_K ? spread_pair(a->corr + i) : _mm512_setzero_si512();
 #else
         start[m] = _mm512_setzero_si512();
 #endif
@@ -204,17 +217,26 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
             macc[m] = _mm256_fmadd_ps(step_mw8(s, fmt), sxp, macc[m]);
         }
     }
-    const __m512 dall = fmt == FMT_INT8 ? _mm512_set1_ps(1.f) : _mm512_castps256_ps512(step_dw8(s, fmt));
+    const __m512 dall = fmt == FMT_INT8   ? _mm512_set1_ps(1.f)
+                        : fmt == FMT_Q6_K ? q6k_dw16(s) /* lane 4 r + k: row r's d sc_k */
+                                          : _mm512_castps256_ps512(step_dw8(s, fmt));
     for (int r = 0; r < Q8_ROWS; r++) {
         const __m512i ridx = _mm512_set_epi32(2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1, 2 * r + 1,
                                               2 * r + 1, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r, 2 * r);
-        const __m512 dw = fmt == FMT_INT8 ? dall : _mm512_permutexvar_ps(ridx, dall);
+        const __m512i qidx = _mm512_set_epi32(4 * r + 3, 4 * r + 3, 4 * r + 3, 4 * r + 3, 4 * r + 2, 4 * r + 2, 4 * r + 2,
+                                              4 * r + 2, 4 * r + 1, 4 * r + 1, 4 * r + 1, 4 * r + 1, 4 * r, 4 * r, 4 * r, 4 * r);
+        const __m512 dw = fmt == FMT_INT8 ? dall : _mm512_permutexvar_ps(fmt == FMT_Q6_K ? qidx : ridx, dall);
         __m512i wa;
         __mmask64 neg = 0;
         if (signed_w(fmt)) {
             const __m512i w = _mm512_loadu_si512(s + w_offset(fmt) + r * 64);
 #if defined(__AVX512VNNI__)
-            wa = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+            if (fmt == FMT_Q6_K) {
+                wa = _mm512_abs_epi8(w);
+                neg = _mm512_movepi8_mask(w);
+            } else {
+                wa = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+            }
 #else
             wa = _mm512_abs_epi8(w);
             neg = _mm512_movepi8_mask(w);
@@ -268,12 +290,15 @@ static inline __attribute__((always_inline)) void q8_step(const uint8_t *s, int6
                     wa = _mm256_or_si256(wa, _mm256_and_si256(bits_to_bytes32(qh), _mm256_set1_epi8(16)));
                 }
             }
+            /* Q6_K: lanes 0-3 sum the block's first 16 weights, 4-7 its last 16 */
+            const __m256 dw8 = fmt == FMT_Q6_K ? _mm256_set_m128(_mm_set1_ps(q6k_dw(s, r, 2 * j + 1)), _mm_set1_ps(q6k_dw(s, r, 2 * j)))
+                                               : _mm256_set1_ps(dw);
             for (int m = 0; m < mc; m++) {
                 const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
                 const __m256i qx = _mm256_loadu_si256((const __m256i *)(a->q + i * 32));
                 const __m256i sx = signed_w(fmt) ? _mm256_sign_epi8(qx, w) : qx;
                 const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, sx), ones);
-                acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a->d[i]), acc[r][m]);
+                acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw8, _mm256_set1_ps(a->d[i])), acc[r][m]);
                 if (has_min(fmt)) /* mw sx spread over the 8 lanes (an exact / 8) */
                     acc[r][m] = _mm256_fmadd_ps(_mm256_set1_ps(step_mw(s, fmt, r, j)),
                                                 _mm256_set1_ps(a->sx[i] * 0.125f), acc[r][m]);
@@ -323,7 +348,14 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *tiles, 
                     const int64_t i = (m0 + m) * a->nbp + 2 * p + j;
                     const int8_t *qx = a->q + i * 32;
                     int32_t dot = 0;
-                    if (signed_w(fmt)) {
+                    if (fmt == FMT_Q6_K) { /* two scales: the block's 16-weight halves summed apart */
+                        const int8_t *qw = (const int8_t *)(s + w_offset(fmt) + r * 64 + j * 32);
+                        for (int h = 0; h < 2; h++) {
+                            int32_t half = 0;
+                            for (int k = 16 * h; k < 16 * h + 16; k++) half += (int32_t)qw[k] * qx[k];
+                            sums[r][m] += (float)half * (q6k_dw(s, r, 2 * j + h) * a->d[i]);
+                        }
+                    } else if (signed_w(fmt)) {
                         const int8_t *qw = (const int8_t *)(s + w_offset(fmt) + r * 64 + j * 32);
                         for (int k = 0; k < 32; k++) dot += (int32_t)qw[k] * qx[k];
                     } else {
@@ -375,6 +407,8 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
                 Q8_GROUP_CASES(FMT_Q5_0)
             } else if (fmt == FMT_Q4_K) {
                 Q8_GROUP_CASES(FMT_Q4_K)
+            } else if (fmt == FMT_Q6_K) {
+                Q8_GROUP_CASES(FMT_Q6_K)
             } else {
                 Q8_GROUP_CASES(FMT_INT8)
             }
@@ -384,11 +418,11 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
 }
 
 /* out [M, N] (bf16 when out_bf16, else float32) = x [M, K] (bf16 when x_bf16) @ W.T, W given as the
- * tiles above of format fmt (2 = Q4_1, 6 = Q5_0, 8 = Q8_0, 12 = Q4_K). -1: shapes refused (M > Q8_MAX_M,
+ * tiles above of format fmt (2 = Q4_1, 6 = Q5_0, 8 = Q8_0, 12 = Q4_K, 14 = Q6_K). -1: shapes refused (M > Q8_MAX_M,
  * K % 32, another format); -2: out of memory. */
 int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N) {
-    if (fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0 && fmt != FMT_Q4_K) return -1;
+    if (fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0 && fmt != FMT_Q4_K && fmt != FMT_Q6_K) return -1;
     return q8_gemv(x, x_bf16, tiles, (int)fmt, NULL, out, out_bf16, M, K, N);
 }
 

@@ -1,15 +1,15 @@
 """Linears and the embedding on a GGUF file's own rows of blocks, every type of quant_ops.GGUF_TYPES (Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the default for a `.gguf` model.
 
-Resident bytes are the file's (Q4_K parts of bf16 models: 1.11x, below): each part keeps its blocks
+Resident bytes are the file's (Q4_K / Q6_K parts of bf16 models: 1.11x / 1.33x, below): each part keeps its blocks
 [rows, row bytes] uint8 exactly as stored (q / k rows unpermuted, gguf_convert.gguf_blocks), and no dense
 copy exists:
 - bf16 decode batches (M <= quant_ops.KQ_MAX_M): gemv_kquant.c on the blocks, activations quantized to int8
   per block as llama.cpp does (q8_K for the K-quants and IQ4_XS, q8_0 for the others); its only drift is the
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it). Q4_1 / Q5_0 / Q8_0 parts of a bf16
-  model (and Q4_K's sub-blocks of 32) are held as gemv_q8.c's 4-row tiles instead (quant_ops.gguf_q8_tiles:
-  the same bytes, moved; Q4_K's 1.11x: its scales unpacked to bytes; the same int8 sums per block of 32 at
-  several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a time, larger ones take
+  model (and Q4_K's sub-blocks of 32, Q6_K's of 16) are held as gemv_q8.c's 4-row tiles instead
+  (quant_ops.gguf_q8_tiles: the same bytes, moved; Q4_K's scales and Q6_K's quants unpacked to bytes; the
+  same int8 sums at several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a time, larger ones take
   the blocks back from the tiles per call (a transient copy);
 - bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
   gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
