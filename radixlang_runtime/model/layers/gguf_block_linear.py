@@ -9,10 +9,10 @@ copy exists:
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it). Q4_1 / Q5_0 / Q8_0 parts of a bf16
   model (and Q4_K's sub-blocks of 32, Q6_K's of 16) are held as gemv_q8.c's 4-row tiles instead
   (quant_ops.gguf_q8_tiles: the same bytes, moved; Q4_K's scales and Q6_K's quants unpacked to bytes;
-  the same int8 sums at several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a time, larger ones take
-  the blocks back from the tiles per call (a transient copy);
-- bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
-  gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
+  the same int8 sums at several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a
+  time, larger ones take the blocks back from the tiles per call (a transient copy);
+- bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills), parts
+  on their blocks: gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
   linear's parts write their columns of one output;
 - float32 decode batches (M <= quant_ops.KQ_EXACT_MAX_M): gguf_dequant_gemv, float32 sums over each chunk's
   exact dequantized values;
