@@ -12,8 +12,8 @@ copy exists:
   the same int8 sums at several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a
   time, larger ones take the blocks back from the tiles per call (a transient copy);
 - bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills), parts
-  on their blocks: gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled; a fused
-  linear's parts write their columns of one output;
+  on their blocks: gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows,
+  register-tiled; a fused linear's parts write their columns of one output;
 - float32 decode batches (M <= quant_ops.KQ_EXACT_MAX_M): gguf_dequant_gemv, float32 sums over each chunk's
   exact dequantized values;
 - larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized at a time
