@@ -154,7 +154,7 @@ def main() -> None:
         from gguf_side_by_side import report, side_by_side
 
         path = os.path.abspath(a.model_path)
-        rounds = side_by_side(path, a.runs, a.masks.split(","), quick=a.quick)
+        rounds = side_by_side(path, a.runs, a.masks.split(","), quick=a.quick, dtype=a.dtype)
         print("\n" + report(path, rounds))
         if a.json:
             with open(a.json, "w") as f:

@@ -39,13 +39,14 @@ def _prompts(n: int, length: int) -> list[list[int]]:
     return [[rng.randrange(100, 49000) for _ in range(length)] for _ in range(n)]
 
 
-def run_radixlang_decode(path: str, mask: str, shapes: dict, out) -> None:
-    """Decode rates of every SHAPES workload on Engine(path), with RADIXLANG_CPU_MASK = mask in this child."""
+def run_radixlang_decode(path: str, mask: str, shapes: dict, dtype: str, out) -> None:
+    """Decode rates of every SHAPES workload on Engine(path, dtype=dtype), with RADIXLANG_CPU_MASK = mask in
+    this child."""
     if mask:
         os.environ["RADIXLANG_CPU_MASK"] = mask
     from radixlang_runtime import Engine
 
-    eng = Engine(path, max_running_requests=64)
+    eng = Engine(path, max_running_requests=64, dtype=dtype)
     res = {"dtype": str(eng.runner.dtype).replace("torch.", ""), "cpu": eng.get_stats()["cpu"],
            "weights_bytes": eng.runner.weights_bytes, "file_bytes": os.path.getsize(path)}
     try:
@@ -98,7 +99,8 @@ def run_llamacpp_tools(path: str, bin_dir: str, threads: int, shapes: dict) -> d
     return res
 
 
-def side_by_side(path: str, runs: int, masks: list[str], threads: int = 2, quick: bool = False) -> dict:
+def side_by_side(path: str, runs: int, masks: list[str], threads: int = 2, quick: bool = False,
+                 dtype: str = "auto") -> dict:
     """system -> list of per-round results, rounds interleaved A B A B."""
     bin_dir = os.environ.get("LLAMACPP_BIN", os.path.join(os.environ.get("PEERS_DIR", "/tmp/peers"),
                                                           "llamacpp-tools", "bin"))
@@ -107,7 +109,7 @@ def side_by_side(path: str, runs: int, masks: list[str], threads: int = 2, quick
     for r in range(runs):
         for mask in masks:
             name = "radixlang" + (f" mask={mask}" if mask else "")
-            rounds.setdefault(name, []).append(in_child(run_radixlang_decode, path, mask, shapes))
+            rounds.setdefault(name, []).append(in_child(run_radixlang_decode, path, mask, shapes, dtype))
             print(name, json.dumps(rounds[name][-1]), flush=True)
         try:
             rounds.setdefault("llama.cpp", []).append(run_llamacpp_tools(path, bin_dir, threads, shapes))

@@ -43,10 +43,12 @@ def alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
-# every program over ZeroMQ; over HTTP all but the two longest (the request bodies are the same
-# NativeBackend code on both links; test_both_links_agree_and_report compares them)
-CASES = [(p, "zmq") for p in tp.ALL] + [(p, "http") for p in tp.ALL
-                                       if p.__name__ not in ("test_react", "test_parallel_decoding")]
+# every program over ZeroMQ; over HTTP one of each kind of call (a fork, a select, constrained gens, a
+# stream): the request bodies are the same NativeBackend code on both links, and
+# test_both_links_agree_and_report compares them
+HTTP = ("test_few_shot_qa", "test_select", "test_decode_json", "test_regex", "test_stream_logprobs",
+        "test_parallel_encoding")
+CASES = [(p, "zmq") for p in tp.ALL] + [(p, "http") for p in tp.ALL if p.__name__ in HTTP]
 
 
 @pytest.mark.parametrize("program,link", CASES, ids=lambda x: x if isinstance(x, str) else x.__name__)
