@@ -30,7 +30,7 @@ class ServerArgs:
     model_path: Optional[str] = None  # None: the embedded default (SmolLM2-135M-Instruct GGUF)
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: device.resolve_dtype, bf16 only where fast)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: device.resolve_dtype / gguf_blocks_dtype)
     context_length: Optional[int] = None
     device: str = "auto"  # auto | cpu | cuda
     model_cache_dir: Optional[str] = None  # where GGUF conversions are cached

@@ -11,7 +11,7 @@ HELP: dict[str, str] = {
     "tokenizer_path": "the tokenizer's directory when it is not beside the weights",
     "served_model_name": "the model name /v1/models and the responses report (default: from the path)",
     "dtype": "weights' and activations' dtype; auto: bf16 where the CPU has bf16 dot products or on CUDA, "
-             "float32 elsewhere",
+             "and for a .gguf served on its blocks wherever the int8 kernels run; float32 elsewhere",
     "context_length": "the longest prompt + output (default: the model's)",
     "device": "where the model runs; auto: CUDA when present",
     "model_cache_dir": "where .gguf conversions are cached (default: ~/.cache/radixlang, or RADIXLANG_CACHE_DIR)",

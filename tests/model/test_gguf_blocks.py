@@ -207,7 +207,7 @@ def test_a_gguf_model_path_defaults_to_its_blocks(tiny):
     from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
     model_dir, path, _ = tiny["q4_k_m"]
-    llama = LlamaForCausalLM.__new__(LlamaForCausalLM)
+    llama = LlamaForCausalLM
     assert resolve_quantization(_args(model_path=path), model_dir, llama, "cpu") == "gguf"
     assert resolve_quantization(_args(model_path=path, quantization="none"), model_dir, llama, "cpu") is None
     assert resolve_quantization(_args(model_path=path, quantization="int8"), model_dir, llama, "cpu") == "int8"
@@ -367,3 +367,35 @@ def test_fused_decode_on_mixed_type_parts_is_bit_identical_to_the_modules(tiny, 
                 assert all(torch.equal(a, b) for a, b in zip(got, want))
                 assert torch.equal(got_kv, want_kv)
         assert calls == [1] * 3 + [len(PROMPTS)] * 3  # every decode step ran decode_layer.c
+
+
+DTYPE_SCRIPT = """
+import json, sys
+from radixlang_runtime import Engine
+out = {}
+for dtype in ("auto", "float32"):
+    with Engine(sys.argv[1], model_cache_dir=sys.argv[2], dtype=dtype, max_total_tokens=1024) as eng:
+        out[dtype] = [str(eng.runner.dtype), eng.get_stats()["cpu"]["native_bf16"], eng.runner.cpu_paths.linear]
+print(json.dumps(out))
+"""
+
+
+def test_auto_dtype_of_a_gguf_on_its_blocks_is_bf16_without_native_bf16(tiny):
+    """With AVX512-BF16 hidden (RADIXLANG_CPU_MASK), `--dtype auto` still picks bf16 for a .gguf served on its
+    blocks: its linears run int8 dot products, which need no bf16 hardware; float32 stays when asked for."""
+    import json
+    import subprocess
+    import sys
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler: the blocks are dequantized per tile")
+    model_dir, path, _ = tiny["q4_k_m"]
+    env = dict(os.environ, RADIXLANG_CPU_MASK="avx512_bf16")
+    res = subprocess.run([sys.executable, "-c", DTYPE_SCRIPT, path, os.path.dirname(model_dir)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["auto"][:2] == ["torch.bfloat16", False]
+    assert "int8 activations" in got["auto"][2]
+    assert got["float32"][0] == "torch.float32"
+    assert "int8 activations" not in got["float32"][2]

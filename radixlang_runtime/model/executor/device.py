@@ -28,3 +28,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type != "cpu" or detect().native_bf16:
         return torch.bfloat16
     return torch.float32
+
+
+def gguf_blocks_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """auto for a model served on a .gguf file's blocks: bfloat16 wherever the C kernels' int8 dot products
+    run (AVX2 or AVX-512), native bf16 or not. Those linears quantize their activations to int8 per block as
+    llama.cpp's do, and only a bf16 model runs them (float32 keeps the dequantized values exactly: float sums,
+    several times slower; `--dtype float32` asks for it). Figures: docs/MODELS.md#a-real-q4_k_m-file."""
+    from radixlang_kernels import cpu_ops
+
+    if name != "auto" or device.type != "cpu" or detect().isa == "scalar" or cpu_ops.load() is None:
+        return dtype
+    return torch.bfloat16

@@ -23,7 +23,7 @@ from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.mem.state_pool import StatePool, StateShape
 from radixlang_runtime.mem.verify_states import VerifyKeep, VerifyStates
 from radixlang_kernels import cpu_ops, quant_ops
-from radixlang_runtime.model.executor.device import resolve_device, resolve_dtype
+from radixlang_runtime.model.executor.device import gguf_blocks_dtype, resolve_device, resolve_dtype
 from radixlang_runtime.model.executor import deterministic, memory
 from radixlang_runtime.model.layers.attention import create_attention_backend
 from radixlang_kernels.cpu_caps import detect
@@ -147,10 +147,12 @@ class ModelRunner:
         backend.set_layer_options(cfg.layer_windows, cfg.attn_logit_softcapping or 0.0)  # windows, soft-cap
         backend.set_layer_chunks(cfg.layer_chunks)  # chunked local attention (refused where not implemented)
         self.backend = backend
+        model_cls = family_for(cfg.architecture, cfg.model_impl).model_class  # config.json's (model/models/)
+        quant = resolve_quantization(args, model_dir, model_cls, self.device.type)  # a .gguf's blocks by default
+        self.dtype = gguf_blocks_dtype(args.dtype, self.dtype, self.device) if quant == "gguf" else self.dtype
         rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
-        with torch.device("meta"):  # the registry's class for config.json's architecture (model/models/)
-            model = family_for(cfg.architecture, cfg.model_impl).model_class(cfg, backend, rotary, shard,
-                                                                             tp.all_reduce if tp else None)
+        with torch.device("meta"):
+            model = model_cls(cfg, backend, rotary, shard, tp.all_reduce if tp else None)
         model = model.to(self.dtype).to_empty(device=self.device)  # cast on meta: no float32 copy to convert
         model.load_hf_state_dict(tensors)
         # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
@@ -158,7 +160,6 @@ class ModelRunner:
         if args.is_embedding and not self.pools_hidden:
             raise ValueError(f"--is-embedding is not implemented for {cfg.architecture} ({cfg.model_impl} "
                              "implementation): pooled hidden states are served for the Llama-family decoders")
-        quant = resolve_quantization(args, model_dir, model, self.device.type)  # a .gguf's blocks by default
         if quant != args.quantization:
             self.args = args = args.replace(quantization=quant)
         return model
@@ -271,8 +272,7 @@ class ModelRunner:
         return lora
 
     def load_lora(self, name: str, path: str, busy: frozenset = frozenset()) -> int:
-        """Load an adapter at run time (on the scheduler's thread); returns its new id. busy: the adapters of
-        the running requests (never evicted to make room)."""
+        """Load an adapter at run time (scheduler thread); its new id. busy: the running requests' (kept)."""
         if self.lora is None:
             raise ValueError("loading a LoRA adapter needs enable_lora")
         return self.loras.register(name, path, set(busy))

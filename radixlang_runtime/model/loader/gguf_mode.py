@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from torch import nn
 
-
-def resolve_quantization(args: Any, model_dir: str, model: nn.Module, device_type: str) -> Optional[str]:
-    """None (float weights), "int8" or "gguf" for this runner's model."""
+def resolve_quantization(args: Any, model_dir: str, model_cls: Any, device_type: str) -> Optional[str]:
+    """None (float weights), "int8" or "gguf" for this runner's model (of class model_cls: the family's)."""
     from radixlang_runtime.model.loader.gguf_convert import gguf_source
     from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
@@ -26,5 +24,5 @@ def resolve_quantization(args: Any, model_dir: str, model: nn.Module, device_typ
         return None  # a directory, the embedded model, or a draft model beside a .gguf target
     served = (device_type == "cpu" and args.tp_size == 1 and not args.is_embedding
               and not args.enable_deterministic_inference
-              and type(model).use_gguf_blocks is LlamaForCausalLM.use_gguf_blocks)
+              and getattr(model_cls, "use_gguf_blocks", None) is LlamaForCausalLM.use_gguf_blocks)
     return "gguf" if served else None
