@@ -202,15 +202,11 @@ def int8_q8_tiles(q: torch.Tensor) -> torch.Tensor:
     return t.view(nt, Q8_TILE_ROWS, pairs, 64).permute(0, 2, 1, 3).reshape(nt, pairs, -1).view(torch.uint8).contiguous()
 
 
-Q8_MAX_M = 256  # gemv_q8.c's limit on the rows of one call
-
-
 def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: int,
-             out_dtype: Optional[torch.dtype], lib: Optional[OpTable],
-             max_m: int = QLINEAR_MAX_M) -> Optional[torch.Tensor]:
+             out_dtype: Optional[torch.dtype], lib: Optional[OpTable]) -> Optional[torch.Tensor]:
     lib = lib or loaded()
     M, K = x.shape
-    if lib is None or M > min(max_m, Q8_MAX_M) or x.dtype not in (torch.bfloat16, torch.float32):
+    if lib is None or M > QLINEAR_MAX_M or x.dtype not in (torch.bfloat16, torch.float32):
         return None
     x = x.contiguous()
     out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
@@ -221,11 +217,11 @@ def _q8_call(name: str, x: torch.Tensor, tiles: torch.Tensor, arg: Any, n_out: i
 
 
 def gguf_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int, out_dtype: Optional[torch.dtype] = None,
-                 lib: Optional[OpTable] = None, max_m: int = QLINEAR_MAX_M) -> Optional[torch.Tensor]:
+                 lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
     """gemv_q8.c: x [M, K] bf16 / float32, quantized to int8 per block of 32, @ W.T with W given as
     gguf_q8_tiles -> [M, n_out] (out_dtype, default x's); None when the library is not loaded or
-    M > max_m (the caller's GEMM runs; the kernel takes up to Q8_MAX_M rows)."""
-    return _q8_call("gguf_q8_gemv", x, tiles, Q8_TILE_FORMATS[fmt][0], n_out, out_dtype, lib, max_m)
+    M > QLINEAR_MAX_M (the caller's GEMM runs)."""
+    return _q8_call("gguf_q8_gemv", x, tiles, Q8_TILE_FORMATS[fmt][0], n_out, out_dtype, lib)
 
 
 def int8_q8_gemv(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, out_dtype: Optional[torch.dtype] = None,

@@ -118,10 +118,8 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
         kernel = getattr(quant_ops, name)
 
         def counted(x, w, fmt, *args, **kwargs):
-            y = kernel(x, w, fmt, *args, **kwargs)
-            if y is not None:  # the kernel ran (None: the caller's other path runs)
-                calls[name].append((x.shape[0], fmt))
-            return y
+            calls[name].append((x.shape[0], fmt))
+            return kernel(x, w, fmt, *args, **kwargs)
         return counted
 
     for name in calls:
@@ -144,7 +142,8 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
 def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gemm(tiny, monkeypatch):
     """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head keeps the int8 tiles its decode kernel reads and
     the embedding reads its rows back from them (one copy: weights within 1.2x the file), and the prefill batch
-    (above KQ_MAX_M rows) runs gemm_kquant.c on the blocks' types and the tiles' kernel on the tiled ones."""
+    (above KQ_MAX_M rows) runs gemm_kquant.c on the blocks' types and the tiles' kernel 16 rows at a time on
+    the tiled ones."""
     from radixlang_runtime import Engine
     from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding
 
@@ -156,10 +155,8 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
         kernel = getattr(quant_ops, name)
 
         def counted(x, w, fmt, *args, **kwargs):
-            y = kernel(x, w, fmt, *args, **kwargs)
-            if y is not None:  # the kernel ran (None: the caller's other path runs)
-                calls[name].append((x.shape[0], fmt))
-            return y
+            calls[name].append((x.shape[0], fmt))
+            return kernel(x, w, fmt, *args, **kwargs)
         return counted
 
     for name in calls:
@@ -178,8 +175,8 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
     # o_proj, one Q8_0 part: gguf_linear's tiles, put back into the file's layout for gemm_kquant.c
     blocks_gemm = (every - set(quant_ops.Q8_TILE_FORMATS)) | {"Q8_0"}
     assert {fmt for m, fmt in calls["gguf_kq_gemm"] if m == prefill} == blocks_gemm
-    tiled = {fmt for m, fmt in calls["gguf_q8_gemv"] if m == prefill}
-    assert tiled == (every & set(quant_ops.Q8_TILE_FORMATS)) - {"Q8_0"}
+    chunks = {fmt for m, fmt in calls["gguf_q8_gemv"] if m == quant_ops.QLINEAR_MAX_M < prefill}
+    assert chunks == (every & set(quant_ops.Q8_TILE_FORMATS)) - {"Q8_0"}
 
 
 def test_quantization_none_keeps_the_dequantized_weights(tiny):
@@ -302,7 +299,7 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
 
 def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     """bf16, KQ_MAX_M < M <= KQ_GEMM_MAX_M: a part on its blocks runs gguf_kq_gemm into its columns, a part on
-    gemv_q8.c's tiles that kernel on every row (bias added after); above KQ_GEMM_MAX_M the dequantized
+    gemv_q8.c's tiles that kernel 16 rows at a time (bias added after); above KQ_GEMM_MAX_M the dequantized
     tiles run; all close to the float product."""
     import torch
     from gguf import GGMLQuantizationType
@@ -329,7 +326,6 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
         y = lin(x)
         assert calls == want, M
         if want:
-            # the tiles' kernel on all rows: each row's sums alone, as 16 rows at a time give them
             tiled = torch.cat([quant_ops.gguf_q8_gemv(x[r:r + 16], tiles, "Q4_K", 24) for r in range(0, M, 16)])
             assert torch.equal(y, torch.cat([gemm(x, parts[0][0], "Q3_K"), tiled], dim=1) + bias)
         ref = x.float() @ w.T + bias.float()

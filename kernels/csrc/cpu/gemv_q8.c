@@ -52,7 +52,7 @@
 #include "common.h"
 #include "kernels.h"
 
-#define Q8_MAX_M 256 /* rows of x per call (decode_layer.c passes <= 16; GGUF block linears up to 128) */
+#define Q8_MAX_M 16
 #define Q8_ROWS 4 /* rows per tile */
 #define Q8_GROUP 4
 #define FMT_Q4_1 2 /* ggml's type numbers */
