@@ -189,7 +189,10 @@ def test_eighty_peers_sockets_are_given_back():
         _wait(lambda: not client.socks)
         time.sleep(0.5)
         before = _fds()
-        peers = [("127.0.0.1", free_port()) for _ in range(80)]  # nothing listens there
+        ports: set[int] = set()
+        while len(ports) < 80:  # distinct: free_port may hand out a port it gave before
+            ports.add(free_port())
+        peers = [("127.0.0.1", p) for p in sorted(ports)]  # nothing listens there
         for p in peers:
             client.send(p, PDRegister(1, 0, 3, 8))
         _wait(lambda: len(client.socks) == 80)
