@@ -55,6 +55,22 @@ Q8_TILE_ROWS = 4  # gemv_q8.c's Q8_ROWS
 Q8_TILE_FORMATS = {"Q4_1": (2, 20), "Q5_0": (6, 22), "Q8_0": (8, 34), "Q4_K": (12, 18), "Q6_K": (14, 26.25)}
 
 
+def _super_blocks(blocks: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, int, int]:
+    """K-quant rows [N, nsb * nbytes] -> (super-blocks [4 tiles' rows, nsb, nbytes] with zero padding rows,
+    tiles, nsb)."""
+    N, nsb = blocks.shape[0], blocks.shape[1] // nbytes
+    nt = -(-N // Q8_TILE_ROWS)
+    b = torch.zeros(nt * Q8_TILE_ROWS, nsb, nbytes, dtype=torch.uint8)
+    b[:N] = blocks.reshape(N, nsb, nbytes)
+    return b, nt, nsb
+
+
+def _steps(per_pair: list[torch.Tensor], nt: int, pairs: int) -> torch.Tensor:
+    """Fields [rows, ..., per step] of each row -> tiles [nt, pairs, step]: a step's 4 rows of each field in turn."""
+    return torch.cat([t.reshape(nt, Q8_TILE_ROWS, pairs, -1).permute(0, 2, 1, 3).reshape(nt, pairs, -1)
+                      for t in per_pair], dim=-1).contiguous()
+
+
 def _q6k_quants(b: torch.Tensor) -> torch.Tensor:
     """Q6_K super-blocks [..., 210] -> their 256 quants q in 0 .. 63 [..., 256] (w = d sc[i / 16] (q - 32)):
     per half of 128, ql [64] holds the low 4 bits and qh [32] the high 2 of 4 runs of 32."""
@@ -79,15 +95,12 @@ def _q6k_blocks(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Ten
 def _q6k_tiles(blocks: torch.Tensor) -> torch.Tensor:
     """Q6_K rows [N, K / 256 * 210] -> tiles [ceil(N / 4), K / 64, 280]: per step (64 weights of a super-block)
     d fp16 [4 rows] | sc int8 [4 rows][4] (one per 16 weights) | q - 32 int8 [4 rows][64]."""
-    N, nsb = blocks.shape[0], blocks.shape[1] // 210
-    nt, pairs = -(-N // Q8_TILE_ROWS), nsb * 4
-    b = torch.zeros(nt * Q8_TILE_ROWS, nsb, 210, dtype=torch.uint8)
-    b[:N] = blocks.reshape(N, nsb, 210)
+    b, nt, nsb = _super_blocks(blocks, 210)
+    pairs = nsb * 4
     q = (_q6k_quants(b) - 32).to(torch.int8).view(torch.uint8)
     per_pair = [b[..., None, 208:210].expand(-1, -1, 4, 2), b[..., 192:208].reshape(-1, nsb, 4, 4),
                 q.reshape(-1, nsb, 4, 64)]
-    return torch.cat([t.reshape(nt, Q8_TILE_ROWS, pairs, -1).permute(0, 2, 1, 3).reshape(nt, pairs, -1)
-                      for t in per_pair], dim=-1).contiguous()
+    return _steps(per_pair, nt, pairs)
 
 
 def _q6k_untiles(tiles: torch.Tensor) -> torch.Tensor:
@@ -118,15 +131,12 @@ def _q4k_scale_bytes(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
 def _q4k_tiles(blocks: torch.Tensor) -> torch.Tensor:
     """Q4_K rows [N, K / 256 * 144] -> tiles [ceil(N / 4), K / 64, 160]: per step (a 64-weight group of a
     super-block) d [4 rows] | dmin [4] fp16 | sc [4][2] | m [4][2] u8 | the group's 32 bytes per row."""
-    N, nsb = blocks.shape[0], blocks.shape[1] // 144
-    nt, pairs = -(-N // Q8_TILE_ROWS), nsb * 4
-    b = torch.zeros(nt * Q8_TILE_ROWS, nsb, 144, dtype=torch.uint8)
-    b[:N] = blocks.reshape(N, nsb, 144)
+    b, nt, nsb = _super_blocks(blocks, 144)
+    pairs = nsb * 4
     sc, mn = _q4k_scale_min(b[..., 4:16])
     per_pair = [b[..., None, 0:2].expand(-1, -1, 4, 2), b[..., None, 2:4].expand(-1, -1, 4, 2),
                 sc.reshape(-1, nsb, 4, 2), mn.reshape(-1, nsb, 4, 2), b[..., 16:].reshape(-1, nsb, 4, 32)]
-    return torch.cat([t.reshape(nt, Q8_TILE_ROWS, pairs, -1).permute(0, 2, 1, 3).reshape(nt, pairs, -1)
-                      for t in per_pair], dim=-1).contiguous()
+    return _steps(per_pair, nt, pairs)
 
 
 def _q4k_untiles(tiles: torch.Tensor) -> torch.Tensor:

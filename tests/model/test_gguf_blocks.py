@@ -107,12 +107,9 @@ def test_float32_on_blocks_equals_transformers_within_file_bytes(tiny, name):
     assert resident <= 1.2 * file_bytes, (resident, file_bytes)
 
 
-def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
-    from radixlang_runtime import Engine
-
-    if cpu_ops.load() is None:
-        pytest.skip("no C compiler: the blocks are dequantized per tile")
-    calls = {"gguf_kq_gemv": [], "gguf_q8_gemv": []}
+def _count_calls(monkeypatch, *names: str) -> dict[str, list[tuple[int, str]]]:
+    """name -> (rows of x, block type) of each call of these quant_ops kernels from here on."""
+    calls: dict[str, list[tuple[int, str]]] = {name: [] for name in names}
 
     def counting(name):
         kernel = getattr(quant_ops, name)
@@ -122,8 +119,17 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
             return kernel(x, w, fmt, *args, **kwargs)
         return counted
 
-    for name in calls:
+    for name in names:
         monkeypatch.setattr(quant_ops, name, counting(name))
+    return calls
+
+
+def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
+    from radixlang_runtime import Engine
+
+    if cpu_ops.load() is None:
+        pytest.skip("no C compiler: the blocks are dequantized per tile")
+    calls = _count_calls(monkeypatch, "gguf_kq_gemv", "gguf_q8_gemv")
     model_dir, path, _ = tiny["every_type"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         assert eng.runner.model.fused_decode is not None
@@ -149,18 +155,7 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
 
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
-    calls = {"gguf_kq_gemm": [], "gguf_q8_gemv": []}
-
-    def counting(name):
-        kernel = getattr(quant_ops, name)
-
-        def counted(x, w, fmt, *args, **kwargs):
-            calls[name].append((x.shape[0], fmt))
-            return kernel(x, w, fmt, *args, **kwargs)
-        return counted
-
-    for name in calls:
-        monkeypatch.setattr(quant_ops, name, counting(name))
+    calls = _count_calls(monkeypatch, "gguf_kq_gemm", "gguf_q8_gemv")
     model_dir, path, _ = tiny["q4_k_m"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         outs = _greedy(eng)
