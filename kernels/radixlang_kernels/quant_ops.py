@@ -295,6 +295,29 @@ def gguf_kq_gemm(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out: Optional[
     return out
 
 
+def gguf_q8_tiles_gemm(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: int,
+                       out: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+                       lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:
+    """gemm_kquant.c on gguf_q8_tiles (n_out rows): gguf_q8_gemv's sums (activations per block of 32) for any
+    number of rows x [M, K], each weight unpacked once per call. out as gguf_kq_gemm's. None when the library is
+    not loaded or x is not bf16 / float32."""
+    lib = lib or loaded()
+    M, K = x.shape
+    if lib is None or M == 0 or x.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    x = x.contiguous()
+    if out is None:
+        out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
+    if out.shape[0] != M or out.shape[1] < n_out or out.stride(1) != 1 or out.dtype not in (torch.bfloat16,
+                                                                                            torch.float32):
+        raise ValueError(f"gguf_q8_tiles_gemm: out {tuple(out.shape)} {out.dtype} cannot hold [{M}, {n_out}] in rows")
+    rc = lib.gguf_q8_tiles_gemm(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(),
+                                Q8_TILE_FORMATS[fmt][0], out.data_ptr(), int(out.dtype == torch.bfloat16), M, K,
+                                n_out, out.stride(0))
+    check_status(rc, "gguf_q8_tiles_gemm")
+    return out
+
+
 def gguf_dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,
                       row0: int = 0, n_rows: Optional[int] = None,
                       lib: Optional[OpTable] = None) -> Optional[torch.Tensor]:

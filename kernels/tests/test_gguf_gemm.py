@@ -61,10 +61,11 @@ def _q8(x: np.ndarray, qx_len: int):
     return dx, qx, x.reshape(M, K // 16, 16).sum(-1, dtype=np.float64)
 
 
-def _reference(x: np.ndarray, blocks: np.ndarray, fmt: str, K: int):
-    """(the kernel's sums in float64, a float32 rounding slack) for x [M, K] float32."""
+def _reference(x: np.ndarray, blocks: np.ndarray, fmt: str, K: int, qx_len: int = 0):
+    """(the kernel's sums in float64, a float32 rounding slack) for x [M, K] float32, the activations
+    quantized per qx_len (default: q8_K for the 256-blocks, q8_0 for the others)."""
     w = dequantize(blocks, GGMLQuantizationType[fmt]).astype(np.float64)  # [N, K]
-    dx, qx, sx = _q8(x, 256 if quant_ops.GGUF_TYPES[fmt][1] == 256 else 32)
+    dx, qx, sx = _q8(x, qx_len or (256 if quant_ops.GGUF_TYPES[fmt][1] == 256 else 32))
     xq = dx.astype(np.float64) * qx
     o = _mins(blocks, fmt, K).astype(np.float64)  # [N, K / 16]
     dsum = xq.reshape(x.shape[0], K // 16, 16).sum(-1)  # dx_k sum qx_k
@@ -133,6 +134,43 @@ def test_gemm_matches_the_decode_kernel_and_writes_columns(isa, fmt):
     quant_ops.gguf_kq_gemm(x, tb, fmt, out=wide[:, 20:39])
     assert torch.equal(wide[:, 20:39], many)
     assert bool((wide[:, :20] == 7).all()) and bool((wide[:, 39:] == 7).all())
+
+
+@pytest.mark.parametrize("fmt", list(quant_ops.Q8_TILE_FORMATS))
+def test_tiles_gemm_equals_the_integer_reference_and_the_blocks_gemm(isa, fmt):
+    """gguf_q8_tiles_gemm reads gemv_q8.c's tiles (the blocks moved; Q4_K's scales and Q6_K's quants unpacked)
+    and quantizes the activations per block of 32 for every format: the reference's sums with q8_0, and for
+    the 32-blocks the very floats of the GEMM on the file's blocks; a slice of a wider output written in place."""
+    rng = np.random.default_rng(12)
+    for K in _shapes(fmt) + ([1536] if fmt in ("Q4_K", "Q6_K") else []):
+        blocks, tb = _case(fmt, 37, K, seed=K + 1)
+        tiles = quant_ops.gguf_q8_tiles(tb, fmt)
+        for M in (1, 5, 64):
+            x = torch.from_numpy(rng.normal(0, 1, (M, K)).astype(np.float32))
+            out = quant_ops.gguf_q8_tiles_gemm(x, tiles, fmt, 37, out_dtype=torch.float32)
+            ref, slack = _reference(x.numpy(), blocks, fmt, K, qx_len=32)
+            err = np.abs(out.numpy() - ref)
+            assert (err <= slack).all(), (fmt, K, M, float((err - slack).max()))
+            if quant_ops.GGUF_TYPES[fmt][1] == 32:
+                assert torch.equal(out, quant_ops.gguf_kq_gemm(x, tb, fmt, out_dtype=torch.float32))
+    wide = torch.full((64, 50), 7.0)
+    quant_ops.gguf_q8_tiles_gemm(x, tiles, fmt, 37, out=wide[:, 5:42])
+    assert torch.equal(wide[:, 5:42], out)
+    assert bool((wide[:, :5] == 7).all()) and bool((wide[:, 42:] == 7).all())
+
+
+def test_tiles_gemm_refusals(isa):
+    lib = cpu_ops.load() if cpu_ops._lib is None else cpu_ops._lib
+    tiles = quant_ops.gguf_q8_tiles(_case("Q4_K", 8, 512, seed=1)[1], "Q4_K")
+    x, out = torch.zeros(3, 512), torch.empty(3, 8)
+
+    def call(fmt: int, K: int, ldo: int) -> int:
+        return lib.gguf_q8_tiles_gemm(x.data_ptr(), 0, tiles.data_ptr(), fmt, out.data_ptr(), 0, 3, K, 8, ldo)
+    assert call(3, 512, 8) == -1  # Q4_1's ggml number is 3: not a tiles format (its tiles say 2)
+    assert call(12, 288, 8) == -1  # K % 256
+    assert call(12, 512, 7) == -1  # ldo < N
+    with pytest.raises(ValueError, match="cannot hold"):
+        quant_ops.gguf_q8_tiles_gemm(x, tiles, "Q4_K", 8, out=torch.empty(3, 5))
 
 
 def test_gemm_refusals(isa):

@@ -148,14 +148,13 @@ def test_bf16_decode_runs_the_block_kernel(tiny, monkeypatch):
 def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gemm(tiny, monkeypatch):
     """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head keeps the int8 tiles its decode kernel reads and
     the embedding reads its rows back from them (one copy: weights within 1.2x the file), and the prefill batch
-    (above KQ_MAX_M rows) runs gemm_kquant.c on the blocks' types and the tiles' kernel 16 rows at a time on
-    the tiled ones."""
+    (above KQ_MAX_M rows) runs gemm_kquant.c on the blocks' types and on the tiles of the tiled ones."""
     from radixlang_runtime import Engine
     from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding
 
     if cpu_ops.load() is None:
         pytest.skip("no C compiler: the blocks are dequantized per tile")
-    calls = _count_calls(monkeypatch, "gguf_kq_gemm", "gguf_q8_gemv")
+    calls = _count_calls(monkeypatch, "gguf_kq_gemm", "gguf_q8_tiles_gemm")
     model_dir, path, _ = tiny["q4_k_m"]
     with Engine(model_dir, dtype="bfloat16", quantization="gguf", max_total_tokens=1024, model_impl="native") as eng:
         outs = _greedy(eng)
@@ -167,11 +166,10 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
     assert resident <= 1.2 * _file_tensor_bytes(path), (resident, _file_tensor_bytes(path))
     prefill = sum(len(p) for p in PROMPTS)
     every = {t for types in Q4_K_M.values() for t in types}
-    # o_proj, one Q8_0 part: gguf_linear's tiles, put back into the file's layout for gemm_kquant.c
-    blocks_gemm = (every - set(quant_ops.Q8_TILE_FORMATS)) | {"Q8_0"}
-    assert {fmt for m, fmt in calls["gguf_kq_gemm"] if m == prefill} == blocks_gemm
-    chunks = {fmt for m, fmt in calls["gguf_q8_gemv"] if m == quant_ops.QLINEAR_MAX_M < prefill}
-    assert chunks == (every & set(quant_ops.Q8_TILE_FORMATS)) - {"Q8_0"}
+    assert quant_ops.KQ_MAX_M < prefill <= quant_ops.KQ_GEMM_MAX_M
+    assert {fmt for m, fmt in calls["gguf_kq_gemm"] if m == prefill} == every - set(quant_ops.Q8_TILE_FORMATS)
+    # o_proj (one Q8_0 part: a GGUFLinear) and the rest on their tiles, no copy back into the file's layout
+    assert {fmt for m, fmt in calls["gguf_q8_tiles_gemm"] if m == prefill} == every & set(quant_ops.Q8_TILE_FORMATS)
 
 
 def test_quantization_none_keeps_the_dequantized_weights(tiny):

@@ -22,22 +22,7 @@
  * the exact result on the quantized operands). GGUFLinear / Int8Linear use it for bf16 models (activations
  * rounded to 8 significant bits already); float32 models keep gemv.c's float sums on the file's blocks / rows.
  *
- * Tiles (gguf_q8_tiles in radixlang_kernels/cpu_ops.py packs them; the same bytes as the blocks, moved): rows
- * in groups of 4 (N padded with zero rows), blocks in pairs (K / 32 padded to even with zero blocks);
- * tile t, pair p is one step of STEP bytes at (t * pairs + p) * STEP:
- *   Q8_0 (272 B): dw fp16 [4 rows][2 blocks] | qw int8 [4 rows][64]                (a row's 2 blocks in order)
- *   Q4_1 (160 B): dw fp16 [4][2] | mw fp16 [4][2] | [4 rows][32 B], byte i = qw_b0[i] | qw_b1[i] << 4
- *   Q5_0 (176 B): dw fp16 [4][2] | qh uint32 [4 rows][2 blocks] | [4 rows][32 B] as Q4_1's (low 4 bits);
- *                 bit i of a row's 64 qh bits is byte i's fifth bit in the AVX-512 lanes below
- *   Q4_K (160 B): d fp16 [4 rows] | dmin fp16 [4] | sc u8 [4][2] | m u8 [4][2] | [4 rows][32 B] as Q4_1's
- *                 (a pair is one 64-weight group of a super-block: the file's 32 bytes as they are)
- *   Q6_K (280 B): d fp16 [4 rows] | sc int8 [4 rows][4] | qw int8 [4 rows][64] (q - 32: the 6 bits unpacked)
- *   INT8 (256 B): qw int8 [4 rows][64]  (the row scales stay a float32 [N] vector, applied at the end)
- * so a thread reads one contiguous stream (the hardware prefetcher's case: on the file's layout, 4 rows
- * at once were 4 streams and ran well below the read bandwidth from DRAM), and the 8 scales of a step
- * are one 16-byte load (on the file's layout, building each row's scale vector took several shuffles a
- * pair).
- *
+ * Tiles: the layout in gguf_q8_tiles.h (gemm_kquant.c reads them too, for many rows).
  * Integer dot products, by what the build has:
  *   AVX512-VNNI  VPDPBUSD (u8 x s8 -> s32, 4 products a lane). Q4_1's qw are u8 already; Q8_0's and INT8's
  *                are made u8 by qw ^ 0x80 = qw + 128, and the lanes start at -16 sum(qx) (8 lanes a block)
@@ -50,41 +35,11 @@
  * Work split: tiles over the OpenMP threads (contiguous ranges), inputs in groups of <= 4.
  */
 #include "common.h"
+#include "gguf_q8_tiles.h"
 #include "kernels.h"
 
 #define Q8_MAX_M 16
-#define Q8_ROWS 4 /* rows per tile */
 #define Q8_GROUP 4
-#define FMT_Q4_1 2 /* ggml's type numbers */
-#define FMT_Q5_0 6
-#define FMT_Q4_K 12
-#define FMT_Q6_K 14
-#define FMT_Q8_0 8
-#define FMT_INT8 -1 /* --quantization int8: int8 rows, one float32 scale per row (quant_linear.py) */
-
-static inline int64_t step_bytes(int fmt) {
-    return fmt == FMT_Q8_0 ? 272 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 160 : fmt == FMT_Q5_0 ? 176 : fmt == FMT_Q6_K ? 280 : 256;
-}
-/* Q8_0 and INT8 weights are signed (the xor / sign tricks below); INT8 tiles have no block scales */
-static inline int signed_w(int fmt) { return fmt == FMT_Q8_0 || fmt == FMT_INT8 || fmt == FMT_Q6_K; }
-/* Q6_K: a scale per 16 weights (the others: per block of 32) */
-static inline float q6k_dw(const uint8_t *s, int r, int k) { return half_to_f32(s + 2 * r) * (float)(int8_t)s[8 + 4 * r + k]; }
-/* the quants' offset in a step (Q4_1 / Q5_0: the nibbles) */
-static inline int64_t w_offset(int fmt) {
-    return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 32 : fmt == FMT_Q5_0 ? 48 : fmt == FMT_Q6_K ? 24 : 0;
-}
-/* Q4_1 / Q5_0 / Q4_K: an offset term m sx per block (Q5_0's m = -16 dw) */
-static inline int has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_0 || fmt == FMT_Q4_K; }
-/* row r's block j of a step: its scale dw and offset mw */
-static inline float step_dw(const uint8_t *s, int fmt, int r, int j) {
-    if (fmt == FMT_INT8 || fmt == FMT_Q6_K) return 1.f; /* Q6_K: q6k_dw, per 16 */
-    if (fmt == FMT_Q4_K) return half_to_f32(s + 2 * r) * (float)s[16 + 2 * r + j];
-    return half_to_f32(s + 2 * (2 * r + j));
-}
-static inline float step_mw(const uint8_t *s, int fmt, int r, int j) {
-    if (fmt == FMT_Q4_K) return -(half_to_f32(s + 8 + 2 * r) * (float)s[24 + 2 * r + j]);
-    return fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j)) : -16.f * step_dw(s, fmt, r, j);
-}
 
 /* The quantized activations, blocks padded to an even count nbp: row m's block b at [m * nbp + b]. */
 typedef struct {

@@ -80,6 +80,9 @@ int gguf_kq_gemv(const void *x, int x_bf16, const uint8_t *w, int64_t type, void
  * tiles of rows x weight rows) -> out [M, ldo] (columns 0 .. N) */
 int gguf_kq_gemm(const void *x, int x_bf16, const uint8_t *w, int64_t type, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N, int64_t ldo);
+/* gemm_kquant.c: the same on gemv_q8.c's tiles (activations per block of 32, as gemv_q8.c quantizes them) */
+int gguf_q8_tiles_gemm(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16,
+                       int64_t M, int64_t K, int64_t N, int64_t ldo);
 /* gguf_dequant.c: rows (NULL: row0 ..) of such blocks -> out [n_rows, K] bf16 / float32, gguf.quants' values */
 int gguf_dequant_rows(const uint8_t *w, int64_t type, int64_t K, const int64_t *rows, int64_t row0, int64_t n_rows,
                       void *out, int out_bf16);

@@ -9,11 +9,11 @@ copy exists:
   activations' rounding (kernels/tests/test_gguf_kernels.py bounds it). Q4_1 / Q5_0 / Q8_0 parts of a bf16
   model (and Q4_K's sub-blocks of 32, Q6_K's of 16) are held as gemv_q8.c's 4-row tiles instead
   (quant_ops.gguf_q8_tiles: the same bytes, moved; Q4_K's scales and Q6_K's quants unpacked to bytes;
-  the same int8 sums at several times the rate); batches up to KQ_GEMM_MAX_M run that kernel 16 rows at a
-  time, larger ones take the blocks back from the tiles per call (a transient copy);
-- bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills), parts
-  on their blocks: gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows,
-  register-tiled; a fused linear's parts write their columns of one output;
+  the same int8 sums at several times the rate);
+- bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
+  gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled, on the
+  blocks or on the tiles (gguf_q8_tiles_gemm: no copy of the blocks); a fused linear's parts write their
+  columns of one output; larger batches take the blocks back from the tiles per call (a transient copy);
 - float32 decode batches (M <= quant_ops.KQ_EXACT_MAX_M): gguf_dequant_gemv, float32 sums over each chunk's
   exact dequantized values;
 - larger batches and builds without the library: a tile of TILE_BYTES of rows dequantized at a time
@@ -123,10 +123,9 @@ class GGUFBlockLinear(nn.Module):
         c0 = 0
         for i, (blocks, fmt) in enumerate(self.block_parts):
             n, tiles = self.part_rows[i], self.part_tiles[i]
-            if tiles is not None:  # the tiles' kernel a QLINEAR_MAX_M rows at a time: no copy of the blocks
-                for r0 in range(0, M, quant_ops.QLINEAR_MAX_M):
-                    out[r0:r0 + quant_ops.QLINEAR_MAX_M, c0:c0 + n] = quant_ops.gguf_q8_gemv(
-                        x[r0:r0 + quant_ops.QLINEAR_MAX_M], tiles, fmt, n)
+            if tiles is not None:
+                if quant_ops.gguf_q8_tiles_gemm(x, tiles, fmt, n, out=out[:, c0:c0 + n]) is None:
+                    return None
             elif quant_ops.gguf_kq_gemm(x, blocks, fmt, out=out[:, c0:c0 + n]) is None:
                 return None
             c0 += n

@@ -13,8 +13,10 @@ holds their dequantized values. With this flag the linears keep the blocks too:
   - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
     dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
     transformers', tests/test_quantization.py);
-- larger batches dequantize tiles of the blocks per call (gguf_block_linear: no dense copy is kept, the
-  same exact values; bf16 models first put their int8 tiles back into the file's layout, a transient copy);
+- larger batches: bf16 models up to quant_ops.KQ_GEMM_MAX_M rows run gemm_kquant.c on the tiles (the same
+  int8 sums, each weight unpacked once for all rows); above that, and float32 models, dequantize tiles of the
+  blocks per call (gguf_block_linear: no dense copy is kept, the same exact values; bf16 models first put their
+  int8 tiles back into the file's layout, a transient copy);
   without the C library, a bf16 model runs a dense copy of the dequantized weight.
 q/k/v and gate/up are fused by stacking block rows (every part must share one format; a linear whose
 parts differ keeps the dense path). Tensor parallelism is not supported with this flag (refused).
@@ -103,8 +105,9 @@ class GGUFTiedEmbedding(nn.Module):
 
 
 class _FromTiles(nn.Module):
-    """A bf16 GGUFLinear's larger batches: the tiles back in the file's layout (a transient copy of the same
-    bytes), then gguf_block_linear's dequantized tiles and GEMM: no dense copy is kept."""
+    """A bf16 GGUFLinear's larger batches: up to quant_ops.KQ_GEMM_MAX_M rows gemm_kquant.c on the tiles
+    (gguf_q8_tiles_gemm), above that the tiles back in the file's layout (a transient copy of the same bytes),
+    then gguf_block_linear's dequantized tiles and GEMM: no dense copy is kept."""
 
     def __init__(self, lin: GGUFLinear):
         super().__init__()
@@ -114,5 +117,9 @@ class _FromTiles(nn.Module):
         from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
 
         lin = self.lin[0]
+        if x.device.type == "cpu" and x.shape[0] <= quant_ops.KQ_GEMM_MAX_M:
+            y = quant_ops.gguf_q8_tiles_gemm(x, lin.tiles, lin.fmt, lin.out_features)
+            if y is not None:
+                return y
         blocks = quant_ops.gguf_q8_untiles(lin.tiles, lin.fmt, lin.out_features, lin.in_features)
         return GGUFBlockLinear([(blocks, lin.fmt)], lin.in_features, None, x.dtype, tiles=False)(x)
