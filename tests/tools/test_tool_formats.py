@@ -65,6 +65,9 @@ CASES = [
     # the recipient in the role header; stopped on <|call|> (not in the text)
     ("gpt-oss", "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant to=functions.now"
                 "<|channel|>commentary json<|message|>{}", "", [("now", {})]),
+    # the output's first message addressed in its role header (the prompt ends with `<|start|>assistant`)
+    ("gpt-oss", " to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Oslo\"}"
+                "<|call|>", "", [("get_weather", {"city": "Oslo"})]),
     ("gpt-oss", "<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>final"
                 "<|message|>Hello! How can I help?<|return|>", "Hello! How can I help?", []),
 ]
