@@ -129,6 +129,7 @@ class Qwen3Parser(ReasoningParser):
 _H_START, _H_CHANNEL, _H_MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 _H_ENDS = ("<|end|>", "<|return|>", "<|call|>")
 _H_MARKERS = (_H_START, _H_CHANNEL, *_H_ENDS)
+_H_TAIL = " to="  # the output's first message addressed in its role header
 BETWEEN, BODY_REASONING, BODY_CONTENT, BODY_CALL = "between", "think", "content", "call"  # HarmonyParser modes
 
 
@@ -139,6 +140,7 @@ class HarmonyParser(ReasoningParser):
       HEADER with `to=`     a tool call: the whole message, markers included, is content (the gpt-oss tool parser
                             reads it);
       final, commentary...  its body is content (markers dropped).
+    The first message's role header may go on in the output (` to=functions.NAME<|channel|>...`: a call).
     Text outside any message is content verbatim. The markers are special tokens: the detokenizer keeps them.
     A partial marker at the end of the text so far is held back until decided."""
 
@@ -151,6 +153,7 @@ class HarmonyParser(ReasoningParser):
     def __init__(self) -> None:
         super().__init__()
         self.mode = BETWEEN
+        self._begun = False  # some of the output is decided (past the place the prompt's role header goes on)
 
     def feed(self, delta: str) -> Split:
         self._buf += delta
@@ -166,6 +169,7 @@ class HarmonyParser(ReasoningParser):
         while self._buf:
             if self.mode == BETWEEN and not self._between(out, final):
                 break
+            self._begun = True
             if self.mode != BETWEEN and not self._body(out, final):
                 break
         return out
@@ -177,7 +181,10 @@ class HarmonyParser(ReasoningParser):
             if buf.startswith(mark):
                 self._buf = buf[len(mark):]
                 return True
-        if buf.startswith((_H_START, _H_CHANNEL)):
+        tail = not self._begun and buf.startswith(_H_TAIL)  # the prompt's `<|start|>assistant` goes on
+        if not self._begun and not final and _H_TAIL.startswith(buf):
+            return False
+        if buf.startswith((_H_START, _H_CHANNEL)) or tail:
             i = buf.find(_H_MESSAGE)
             if i < 0:
                 if final:  # a header cut off: its text as it came

@@ -3,8 +3,10 @@
 Messages are checked once: roles system / developer (rendered as system) / user / assistant / tool;
 content a string or text parts (an assistant turn with tool_calls may have none); an assistant's
 `tool_calls` [{id, type: "function", function: {name, arguments: JSON text}}] reach the template with
-arguments as an object (what HF templates expect: `arguments | tojson`); a tool turn keeps its
-`tool_call_id` (and `name`). Tools (OpenAI's `tools` list) are passed as `tools=`; the request's
+arguments as an object (what most templates expect: `arguments | tojson`, GLM-4.5's `arguments.items()`), or,
+for a template that joins them to its text with `+` (DeepSeek V3 / R1 / V3.1's own: an object raises
+TypeError there), as the JSON text the client sent; a tool turn keeps its `tool_call_id` (and `name`).
+Tools (OpenAI's `tools` list) are passed as `tools=`; the request's
 `chat_template_kwargs` (vLLM / SGLang: e.g. Qwen3's {"enable_thinking": false}) and `reasoning_effort` (as a
 variable of that name) become template variables (template_kwargs).
 A template that cannot show tools or a tool history: a ChatML one (the embedded SmolLM2's GGUF template
@@ -41,7 +43,7 @@ def _text(content: Any, where: str, optional: bool = False) -> Optional[str]:
     return content
 
 
-def _tool_calls(calls: Any, where: str) -> list[dict]:
+def _tool_calls(calls: Any, where: str, text_arguments: bool = False) -> list[dict]:
     if not isinstance(calls, list) or not calls:
         raise FieldError(where, f"{where} must be a non-empty list")
     out = []
@@ -51,7 +53,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
         if not isinstance(fn, dict) or c.get("type", "function") != "function" or not isinstance(fn.get("name"), str):
             raise FieldError(at, f"{at} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                                  "\"arguments\"}}}")
-        args = fn.get("arguments", "{}")
+        args = text = fn.get("arguments", "{}")
         if isinstance(args, str):
             try:
                 args = json.loads(args)
@@ -60,13 +62,16 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
                                  f"{at}.function.arguments must be JSON text of an object") from None
         if not isinstance(args, dict):
             raise FieldError(f"{at}.function.arguments", f"{at}.function.arguments must be a JSON object")
+        if text_arguments and not isinstance(text, str):
+            text = json.dumps(args, ensure_ascii=False)
         out.append({"id": str(c.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": args}})
+                    "function": {"name": fn["name"], "arguments": text if text_arguments else args}})
     return out
 
 
-def clean_messages(messages: Any) -> tuple[list[dict], bool]:
-    """-> (messages for the template, whether they hold tool calls or tool results)."""
+def clean_messages(messages: Any, text_arguments: bool = False) -> tuple[list[dict], bool]:
+    """-> (messages for the template, whether they hold tool calls or tool results). text_arguments: tool
+    calls' arguments as JSON text, not an object."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     clean, tool_history = [], False
@@ -79,7 +84,7 @@ def clean_messages(messages: Any) -> tuple[list[dict], bool]:
         msg: dict[str, Any] = {"role": role,
                                "content": _text(m.get("content"), f"{where}.content", calls is not None) or ""}
         if calls is not None:
-            msg["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
+            msg["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls", text_arguments)
             tool_history = True
         if role == "tool":
             tool_history = True
@@ -138,11 +143,27 @@ def template_kwargs(body: dict) -> dict[str, Any]:
     return dict(kwargs)
 
 
-def _apply(tokenizer: Any, messages: list[dict], template: Optional[str], extra: dict) -> str:
+def _render(tokenizer: Any, clean: list[dict], template: Optional[str], extra: dict) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+        return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True,
                                              chat_template=template, **extra)
     except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
+        raise BadRequest(f"the chat template refused these messages: {e}") from None
+
+
+def _apply(tokenizer: Any, messages: Any, template: Optional[str], extra: dict,
+           edit: Callable[[list[dict]], list[dict]] = lambda clean: clean) -> str:
+    """The raw messages, checked (edit: a change to the checked ones), rendered: tool calls' arguments as an
+    object, or, where the template joins one to a string (TypeError), as JSON text."""
+    clean, tool_history = clean_messages(messages)
+    try:
+        try:
+            return _render(tokenizer, edit(clean), template, extra)
+        except TypeError:
+            if not tool_history:
+                raise
+        return _render(tokenizer, edit(clean_messages(messages, text_arguments=True)[0]), template, extra)
+    except TypeError as e:
         raise BadRequest(f"the chat template refused these messages: {e}") from None
 
 
@@ -150,10 +171,10 @@ def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
                 tools: Optional[list[dict]] = None,
                 variables: Optional[dict[str, Any]] = None) -> tuple[str, Optional[str]]:
     """-> (prompt text, the template used: None when the tokenizer's own). variables: template_kwargs'."""
-    clean, tool_history = clean_messages(messages)
+    _, tool_history = clean_messages(messages)
     template = template_for(tokenizer, chat_template, bool(tools), tool_history)
     extra = {**(variables or {}), **({"tools": tools} if tools else {})}
-    return _apply(tokenizer, clean, template, extra), template
+    return _apply(tokenizer, messages, template, extra), template
 
 
 def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents: list[str]) -> Optional[list[Span]]:
@@ -192,7 +213,8 @@ def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], t
     if not any(found):
         return None
     marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
-    skeleton = _apply(tokenizer, [dict(m, content=k) if k else m for m, k in zip(clean, marks)], template, extra)
+    skeleton = _apply(tokenizer, messages, template, extra,
+                      lambda ms: [dict(m, content=k) if k else m for m, k in zip(ms, marks)])
     spans = content_spans(text, skeleton, marks, [m["content"] for m in clean])
     if spans is None:
         i = next(i for i, f in enumerate(found) if f)

@@ -42,12 +42,13 @@ class ToolPlan:
     names: set[str] = field(default_factory=set)
     parallel: bool = True
     forced: Optional[str] = None  # tool_choice "required" or the named function: the output must be a call
+    past_calls: int = 0  # the tool calls in the messages (Kimi K2 numbers its call ids on from them)
 
     def message(self, text: str, finish: Optional[str]) -> tuple[dict, Optional[str]]:
         """A finished choice's text -> (its `message`, its finish_reason)."""
         if self.parser is None:
             return {"role": "assistant", "content": text}, finish
-        result = self.parser.parse(text, self.names, schemas=self.schemas)
+        result = self.parser.parse(text, self.names, schemas=self.schemas, past_calls=self.past_calls)
         calls = result.calls if self.parallel else result.calls[:1]
         if not calls:
             return {"role": "assistant", "content": result.content}, finish
@@ -57,7 +58,7 @@ class ToolPlan:
                 "tool_calls" if finish == "stop" else finish)
 
     def stream(self) -> Optional["ToolStream"]:
-        return ToolStream(self.parser(self.names, schemas=self.schemas), self.parallel) \
+        return ToolStream(self.parser(self.names, schemas=self.schemas, past_calls=self.past_calls), self.parallel) \
             if self.parser is not None else None
 
     @property
@@ -134,7 +135,14 @@ def check_tools(body: dict) -> ToolPlan:
     forced = _forced_choice(choice, names)
     if choice == "none" or not checked:
         return ToolPlan(parallel=parallel)
-    return ToolPlan(checked, None, set(names), parallel, forced)
+    return ToolPlan(checked, None, set(names), parallel, forced, _past_calls(body.get("messages")))
+
+
+def _past_calls(messages: Any) -> int:
+    """The tool calls of the messages' assistant turns (the messages are checked where they are rendered)."""
+    turns = messages if isinstance(messages, list) else []
+    return sum(len(m["tool_calls"]) for m in turns
+               if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list))
 
 
 def _forced_choice(choice: Any, names: list[str]) -> Optional[str]:
@@ -171,6 +179,7 @@ _BLOWUP_KEYS = ("anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions")
 
 
 _PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a Python identifier: pythonic calls' names and keywords
+_CALL_NUMBER = "(?:0|[1-9][0-9]{0,5})"  # a call's number the model writes (CallSyntax.index)
 
 
 def _literal(text: str) -> str:
@@ -248,8 +257,9 @@ def forced_call_regex(plan: ToolPlan, list_form: bool) -> str:
         if syn.args == "python" and not _PY_NAME.fullmatch(fn["name"]):
             raise FieldError("tools", f"tools[{fn['name']}].function.name is not a Python identifier: the "
                                       f"{plan.parser.name} format cannot call it")
-    call = "(?:" + "|".join(_literal(syn.call_open + fn["name"] + syn.name_close) + _arguments_regex(fn, syn.args)
-                            + _literal(syn.call_close) for fn in fns) + ")"
+    number = _literal(syn.index) + _CALL_NUMBER if syn.index else ""
+    call = "(?:" + "|".join(_literal(syn.call_open + fn["name"]) + number + _literal(syn.name_close)
+                            + _arguments_regex(fn, syn.args) + _literal(syn.call_close) for fn in fns) + ")"
     many = plan.parallel and plan.forced == "required"
     more = "(?:" + _literal(syn.sep) + call + ")*" if many else ""
     return _literal(syn.open) + call + more + _literal(syn.close)

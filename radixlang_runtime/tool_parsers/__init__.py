@@ -24,12 +24,15 @@ PARSERS: dict[str, type[ToolParser]] = {
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
 }
 
-# (texts that all appear in a chat template, the parser they imply), first match wins
+# (texts that all appear in a chat template, the parser they imply), first match wins. Kimi K2's first template
+# declares tools (`tool_declare`) but writes no call markup; gpt-oss's writes the recipient `to=` and
+# `functions.NAME` as separate strings, so neither is looked for whole.
 _TEMPLATE_HINTS = ((("<function=", "<parameter="), "qwen3_coder"), (("<arg_key>",), "glm45"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),
                    (("<|python_start|>",), "pythonic"), (("<|python_tag|>",), "llama3"),
                    (("<｜tool▁sep｜>", "```json"), "deepseekv3"), (("<｜tool▁sep｜>",), "deepseekv31"),
-                   (("<|tool_calls_section_begin|>",), "kimi_k2"), (("<|channel|>", "to=functions."), "gpt-oss"))
+                   (("<|tool_calls_section_begin|>",), "kimi_k2"), (("tool_declare<|im_middle|>",), "kimi_k2"),
+                   (("<|start|>assistant", "<|channel|>"), "gpt-oss"))
 
 
 def get_parser(name: str) -> type[ToolParser]:

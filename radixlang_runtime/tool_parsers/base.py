@@ -88,8 +88,9 @@ class GroupScan:
 class CallSyntax:
     """How a format writes calls, stated once per parser (forced tool_choice derives its constraint from it,
     server/openai_tools.forced_call_regex): the output is
-        open + call + (sep + call)* + close,   a call = call_open + NAME + name_close + ARGS + call_close,
-    ARGS: "json" (a JSON object) or "python" (keyword arguments `k=v, ...`, Python literals). Every layout
+        open + call + (sep + call)* + close,   a call = call_open + NAME [+ index + N] + name_close + ARGS + call_close,
+    ARGS: "json" (a JSON object) or "python" (keyword arguments `k=v, ...`, Python literals); N: the call's
+    number, digits the model writes (Kimi K2's `functions.NAME:N`), where `index` is set. Every layout
     written this way is one the format's parse_group reads (tests/constrained/test_forced_calls.py)."""
     open: str
     sep: str
@@ -98,6 +99,7 @@ class CallSyntax:
     name_close: str
     call_close: str
     args: str = "json"
+    index: str = ""
 
 
 def new_call_id() -> str:
@@ -119,10 +121,11 @@ class ToolParser:
         return cls.syntax
 
     def __init__(self, tool_names: Optional[Collection[str]] = None, new_id: Callable[[], str] = new_call_id,
-                 schemas: Optional[dict[str, dict]] = None):
+                 schemas: Optional[dict[str, dict]] = None, past_calls: int = 0):
         self.tool_names = set(tool_names) if tool_names is not None else None  # None: any name
         self.schemas = schemas or {}  # parameters schema by function name (formats with typed text values)
         self.new_id = new_id
+        self.past_calls = past_calls  # tool calls earlier in the conversation (formats that number calls by it)
         self._buf = ""  # text not decided yet: it starts at a group, a held marker prefix, or nothing
         self._in_group = False
         self._groups = 0  # groups seen (start-only formats take one, at the output's start)
@@ -147,11 +150,16 @@ class ToolParser:
 
     @classmethod
     def parse(cls, text: str, tool_names: Optional[Collection[str]] = None,
-              new_id: Callable[[], str] = new_call_id, schemas: Optional[dict[str, dict]] = None) -> ParseResult:
+              new_id: Callable[[], str] = new_call_id, schemas: Optional[dict[str, dict]] = None,
+              past_calls: int = 0) -> ParseResult:
         """The whole output at once (each group is checked whole before any of its calls counts)."""
-        p = cls(tool_names, new_id, schemas)
+        p = cls(tool_names, new_id, schemas, past_calls)
         p._buf = text
         return collect(p.finish())
+
+    def call_id(self, name: str, index: int) -> str:
+        """The id of this output's call number `index` (its name decided)."""
+        return self.new_id()
 
     @property
     def at_output_start(self) -> bool:
@@ -226,7 +234,7 @@ class ToolParser:
             idx = self._group_base + k
             if idx == len(self._sent):
                 self._pending_ws = ""  # whitespace before a call is not content
-                self._sent.append([self.new_id(), ""])
+                self._sent.append([self.call_id(call.name, idx), ""])
                 events.append(CallStart(idx, self._sent[idx][0], call.name))
             sent = self._sent[idx][1]
             if len(call.args) > len(sent) and call.args.startswith(sent):

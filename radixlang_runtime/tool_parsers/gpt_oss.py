@@ -5,6 +5,8 @@ The output is messages, the first one's `<|start|>assistant` in the prompt:
   <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
                                                                      a call (`to=` may sit in the role header)
   <|start|>assistant<|channel|>final<|message|>TEXT<|return|>        content (commentary without a recipient too)
+The first message's role header may go on in the output (` to=functions.NAME<|channel|>...`, as openai-harmony
+renders a call: the prompt ends with its `<|start|>assistant`).
 Recipients other than `functions.*` (built-in browser / python tools) are not read: such a message stays text.
 Forced calls are written `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.
 No torch."""
@@ -19,6 +21,7 @@ from radixlang_runtime.tool_parsers.markup import expect, json_args_at, known, r
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
+HEADER_TAIL = " to="  # the output's first message addressed in its role header, `<|start|>assistant` in the prompt
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _CONTENT_CHANNELS = ("final", "commentary")
 NO_LIMIT = 1 << 60
@@ -31,19 +34,27 @@ class GptOssParser(ToolParser):
     syntax = CallSyntax("", START + "assistant", "", CHANNEL + "commentary to=functions.",
                         " <|constrain|>json" + MESSAGE, CALL)
 
+    def find_group(self, text: str) -> tuple[int, int]:
+        if self.at_output_start and text.startswith(HEADER_TAIL):
+            return 0, len(text)
+        if self.at_output_start and HEADER_TAIL.startswith(text):
+            return -1, 0  # undecided
+        return super().find_group(text)
+
     def parse_group(self, text: str, final: bool) -> GroupScan:
         calls: list[CallScan] = []
         for mark in (END, RETURN, CALL):  # a message's end: not content
             if text.startswith(mark):
                 return GroupScan(calls, DONE, len(mark))
         role, i = "", 0
-        if text.startswith(START):
-            st, i = read_until(text, len(START), CHANNEL, final)
+        if text.startswith(START) or text.startswith(HEADER_TAIL):
+            begin = len(START) if text.startswith(START) else 0
+            st, i = read_until(text, begin, CHANNEL, final)
             if st != COMPLETE:
                 return GroupScan(calls, st, i)
-            role = text[len(START):i]
+            role = text[begin:i] if begin else "assistant" + text[:i]
             if role.split()[:1] != ["assistant"]:
-                return GroupScan(calls, INVALID, len(START))
+                return GroupScan(calls, INVALID, begin)
         st, j = expect(text, i, CHANNEL, final)
         if st != COMPLETE:
             return GroupScan(calls, st, j)

@@ -2,7 +2,9 @@
   <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
   <|tool_call_end|>...<|tool_calls_section_end|>
 IDX counts the calls of the conversation; the call's name is the part between `functions.` (optional) and
-`:IDX`. Forced calls are written with IDX 0 (any index reads back). No torch."""
+`:IDX`. The chat template writes a history call's `id` as its header (and a result as `## Return of ID`), so a
+call's id is `functions.NAME:IDX` too, IDX counted on from the conversation's earlier calls. A forced call's
+IDX is the model's to write (any index reads back). No torch."""
 
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ class KimiK2Parser(ToolParser):
     markers = (SECTION_BEGIN,)
     keeps_special_tokens = True
     section = Section(SECTION_BEGIN, CALL_BEGIN, ARGS_BEGIN, CALL_END, SECTION_END)
-    syntax = CallSyntax(SECTION_BEGIN, "", SECTION_END, CALL_BEGIN + "functions.", ":0" + ARGS_BEGIN, CALL_END)
+    syntax = CallSyntax(SECTION_BEGIN, "", SECTION_END, CALL_BEGIN + "functions.", ARGS_BEGIN, CALL_END, index=":")
+
+    def call_id(self, name: str, index: int) -> str:
+        return f"functions.{name}:{self.past_calls + index}"
 
     @staticmethod
     def read_name(header: str) -> Optional[str]:

@@ -47,7 +47,7 @@ TWO_CALLS = {
                    '"metric": true, "unit": null}<｜tool▁call▁end｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}'
                    '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
-               '{"city": "Paris", "metric": true, "unit": null}<|tool_call_end|><|tool_call_begin|>functions.now:0'
+               '{"city": "Paris", "metric": true, "unit": null}<|tool_call_end|><|tool_call_begin|>functions.now:1'
                '<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>',
     "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", '
                '"metric": true, "unit": null}<|call|><|start|>assistant<|channel|>commentary to=functions.now '
@@ -95,6 +95,9 @@ def test_forced_regex_allows_what_the_parser_reads(fmt):
     assert not many.fullmatch(two.replace("city", "town"))  # only the schema's properties
     one = ONE_CALL[fmt]
     assert single.fullmatch(one) and many.fullmatch(one)
+    if fmt == "kimi_k2":  # a call's number is the model's to write (it counts the conversation's calls)
+        assert single.fullmatch(one.replace(":0<", ":17<"))
+        assert not single.fullmatch(one.replace(":0<", ":07<")) and not single.fullmatch(one.replace(":0<", ":<"))
     assert [c.name for c in get_parser(fmt).parse(one).calls] == ["get_weather"]
 
 

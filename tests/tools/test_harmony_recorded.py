@@ -8,8 +8,8 @@ The recorded outputs are openai-harmony's own (its repository's test-data/ rende
 and the examples of its docs/format.md; Apache-2.0), with the messages its tests assert its parser returns (for
 the docs' examples: the messages the format defines). Where
 openai-harmony can load its o200k_harmony vocabulary (it downloads it on first use; TIKTOKEN_ENCODINGS_BASE names a
-local copy), the same completions are also rendered from messages by its renderer and parsed back by its
-StreamableParser, token by token, here."""
+local copy, which scripts/harmony_vocab.sh writes), the same completions are also rendered from messages by its
+renderer and parsed back by its StreamableParser, token by token, here."""
 
 from __future__ import annotations
 
@@ -51,6 +51,11 @@ RECORDED = {
         '<|constrain|>json<|message|>{"location": "San Francisco"}<|call|>',
         [Msg("User asks: \u201cWhat is the weather in SF?\u201d We need to use lookup_weather tool.", "analysis"),
          Msg('{"location": "San Francisco"}', "commentary", "functions.lookup_weather", "<|constrain|>json")]),
+    # openai-harmony renders a call with its recipient in the role header: as the output's first message (the prompt
+    # ends with that header's `<|start|>assistant`) the completion begins with the header's rest
+    "recipient_in_first_role_header": (
+        ' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"location": "Tokyo"}<|call|>',
+        [Msg('{"location": "Tokyo"}', "commentary", "functions.get_weather", "<|constrain|>json")]),
     # test_tool_call_with_constrain_marker_adjacent: no space before <|constrain|>
     "constrain_adjacent": (
         '<|start|>assistant to=functions.get_weather<|channel|>commentary<|constrain|>json<|message|>'
@@ -159,7 +164,7 @@ def test_expected_messages_cover_every_part():
     """The recorded set holds reasoning, content and calls (a mapping slip cannot pass on empty fields)."""
     parts = [expected_of(m) for _, m in RECORDED.values()]
     assert sum(bool(r) for r, _, _ in parts) >= 5 and sum(bool(c) for _, c, _ in parts) >= 3
-    assert sum(len(calls) for _, _, calls in parts) == 5
+    assert sum(len(calls) for _, _, calls in parts) == 6
 
 
 @functools.cache
@@ -194,7 +199,8 @@ def test_openai_harmony_renders_and_parses_the_same(name):
         if m.recipient:
             msg = msg.with_recipient(m.recipient).with_content_type(m.content_type)
         built.append(msg)
-    tokens = enc.render_conversation(harmony.Conversation.from_messages(built))
+    keep_analysis = harmony.RenderConversationConfig(auto_drop_analysis=False)  # a completion keeps its analysis
+    tokens = enc.render_conversation(harmony.Conversation.from_messages(built), keep_analysis)
     parser = harmony.StreamableParser(enc, None)
     for t in tokens:
         parser.process(t)

@@ -65,6 +65,9 @@ CASES = [
     # the recipient in the role header; stopped on <|call|> (not in the text)
     ("gpt-oss", "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant to=functions.now"
                 "<|channel|>commentary json<|message|>{}", "", [("now", {})]),
+    # the output's first message addressed in its role header (the prompt ends with `<|start|>assistant`)
+    ("gpt-oss", " to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Oslo\"}"
+                "<|call|>", "", [("get_weather", {"city": "Oslo"})]),
     ("gpt-oss", "<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>final"
                 "<|message|>Hello! How can I help?<|return|>", "Hello! How can I help?", []),
 ]
@@ -175,6 +178,12 @@ def test_template_detection():
     assert detect_parser("'<｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>' + args") == "deepseekv31"
     assert detect_parser("<|tool_calls_section_begin|>") == "kimi_k2"
     assert detect_parser("<|start|>assistant<|channel|>commentary to=functions.{{ name }}") == "gpt-oss"
+    # gpt-oss's own template writes the recipient's `to=` and `functions.` NAME as separate strings
+    assert detect_parser('{{- "<|start|>assistant to=" }}{{- "functions." + name + "<|channel|>commentary " }}') \
+        == "gpt-oss"
+    # Kimi K2's first template declares the tools and writes no call markup
+    assert detect_parser("{% if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>") \
+        == "kimi_k2"
     assert detect_parser("{% if tools %}<tool_call>{{ t }}</tool_call>{% endif %}") == "hermes"
 
 

@@ -269,8 +269,8 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
     if fmt in ("deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"):  # the layout each model writes
         syn = get_parser(fmt).syntax
-        return syn.open + syn.sep.join(syn.call_open + n + syn.name_close + dump(a) + syn.call_close
-                                       for n, a in calls) + syn.close
+        return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
+                                       + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
     return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
 
 
