@@ -292,8 +292,8 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
 
 def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     """bf16, KQ_MAX_M < M <= KQ_GEMM_MAX_M: a part on its blocks runs gguf_kq_gemm into its columns, a part on
-    gemv_q8.c's tiles that kernel 16 rows at a time (bias added after); above KQ_GEMM_MAX_M the dequantized
-    tiles run; all close to the float product."""
+    gemv_q8.c's tiles gguf_q8_tiles_gemm (bias added after); above KQ_GEMM_MAX_M the dequantized tiles run; all
+    close to the float product."""
     import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -319,7 +319,7 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
         y = lin(x)
         assert calls == want, M
         if want:
-            tiled = torch.cat([quant_ops.gguf_q8_gemv(x[r:r + 16], tiles, "Q4_K", 24) for r in range(0, M, 16)])
+            tiled = quant_ops.gguf_q8_tiles_gemm(x, tiles, "Q4_K", 24)
             assert torch.equal(y, torch.cat([gemm(x, parts[0][0], "Q3_K"), tiled], dim=1) + bias)
         ref = x.float() @ w.T + bias.float()
         assert float((y.float() - ref).norm()) < 0.02 * float(ref.norm()), M
@@ -329,7 +329,8 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
 def test_fused_decode_on_mixed_type_parts_is_bit_identical_to_the_modules(tiny, dtype):
     """decode_layer.c takes a file's linears whose parts differ in type (q / k / v, gate / up: tiles and blocks
     with int8 activations side by side in bf16, float32's exact sums): the same logits and K/V, bit for bit,
-    as the modules, one row and a batch of rows."""
+    as the modules, one row, a batch of rows and (bf16) a batch above 16 rows, where both run gemm_kquant.c on
+    the tiles and blocks."""
     name = "every_type"
     import torch
 
@@ -347,15 +348,20 @@ def test_fused_decode_on_mixed_type_parts_is_bit_identical_to_the_modules(tiny, 
         assert any(isinstance(m, GGUFBlockLinear) and len(m.fmts) > 1 for m in model.modules())
         calls, run = [], fused.run
         fused.run = lambda residual, fb: (calls.append(fb.batch_size), run(residual, fb))[1]
+        many = [[(7 * i + 3 * j) % 900 + 50 for j in range(4 + i % 3)] for i in range(20)]
+        cases = [(PROMPTS[:1], 0, 0, 100), (PROMPTS, 2, 400, 500)]
+        if dtype == "bfloat16":
+            assert fused.max_batch == quant_ops.KQ_GEMM_MAX_M
+            cases.append((many, 6, 600, 800))
         with torch.inference_mode():
-            for prompts, row0 in ((PROMPTS[:1], 0), (PROMPTS, 2)):
-                got, got_kv = decode_scenario(runner, prompts, row0, 200 * row0, steps=3)
+            for prompts, row0, slot0, slot1 in cases:
+                got, got_kv = decode_scenario(runner, prompts, row0, slot0, steps=3)
                 model.fused_decode = None
-                want, want_kv = decode_scenario(runner, prompts, row0 + 4, 200 * row0 + 100, steps=3)
+                want, want_kv = decode_scenario(runner, prompts, row0 + len(prompts), slot1, steps=3)
                 model.fused_decode = fused
                 assert all(torch.equal(a, b) for a, b in zip(got, want))
                 assert torch.equal(got_kv, want_kv)
-        assert calls == [1] * 3 + [len(PROMPTS)] * 3  # every decode step ran decode_layer.c
+        assert calls == [B for prompts, *_ in cases for B in [len(prompts)] * 3]  # every step ran decode_layer.c
 
 
 DTYPE_SCRIPT = """

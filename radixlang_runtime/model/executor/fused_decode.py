@@ -8,7 +8,8 @@ runs a step's layers as 30 calls.
 Invariant: a step runs here only when the module path would run exactly the same kernels: CPU, bf16 /
 float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every linear a decode kernel
 (PackedLinear with dense tiles, GGUFLinear, GGUFBlockLinear, Int8Linear), at most `max_batch` rows
-(DENSE_MAX_M, or MAX_ANY_M where every linear's tiles take any M), and the attention backend's C decode
+(DENSE_MAX_M, MAX_ANY_M where every linear's tiles take any M, or the GGUF linears' fused_max_m), and the
+attention backend's C decode
 (with or without cascade groups; not the deterministic row mode; sliding windows as the backend applies
 them, one window value; no attention sinks).
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
@@ -58,6 +59,15 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
     return None
 
 
+def _max_rows(lin: nn.Module) -> int:
+    """The most rows for which `lin`'s module path runs the kernel decode_layer.c runs for it: dense tiles that
+    take any M, a GGUF linear's `fused_max_m` (its int8 tiles / blocks: gemv_q8.c / gemv_kquant.c up to 16 rows,
+    gemm_kquant.c above, in both), else DENSE_MAX_M."""
+    if getattr(lin, "any_m", False):
+        return FusedDecode.MAX_ANY_M
+    return getattr(lin, "fused_max_m", cpu_ops.DENSE_MAX_M)
+
+
 def _describe_block_linear(lin: GGUFBlockLinear) -> DecodeLinear:
     """A GGUFBlockLinear's parts as the module path runs them in decode batches: gemv_q8.c's tiles, the blocks
     with int8 activations (bf16) or the exact float32 sums; several parts as kind 5 (the array rides on the
@@ -100,7 +110,7 @@ class FusedDecode:
                 or not model.rotary.full):  # decode_layer.c rotates whole heads
             return None
         weights = []
-        any_m = True
+        max_batch = FusedDecode.MAX_ANY_M
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             if (attn.q_norm is not None or attn.clip_qkv is not None or type(mlp) is not MLP
@@ -111,7 +121,7 @@ class FusedDecode:
             lins = [describe_linear(m) for m in mods]
             if any(d is None for d in lins):
                 return None
-            any_m = any_m and all(getattr(m, "any_m", False) for m in mods)
+            max_batch = min([max_batch] + [_max_rows(m) for m in mods])
             weights.append(DecodeLayerWeights(*lins, layer.input_layernorm.weight.data_ptr(),
                                               layer.post_attention_layernorm.weight.data_ptr(), i))
             weights[-1].linears = lins  # the records are copied in; kind 5's part arrays must outlive them
@@ -121,7 +131,6 @@ class FusedDecode:
         for w in weights:
             w.window = a0.backend.window(w.layer)
         dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)
-        max_batch = FusedDecode.MAX_ANY_M if any_m else cpu_ops.DENSE_MAX_M
         return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale,
                            max_batch)
 

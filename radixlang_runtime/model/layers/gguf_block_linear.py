@@ -85,6 +85,8 @@ class GGUFBlockLinear(nn.Module):
         # per part: its blocks as stored, or (bf16, Q4_1 / Q5_0 / Q8_0) gemv_q8.c's tiles of them, not both
         tiled = [tiles and self.q8 and fmt in quant_ops.Q8_TILE_FORMATS for _, fmt in parts]
         self.part_tiles = [quant_ops.gguf_q8_tiles(b, fmt) if t else None for (b, fmt), t in zip(parts, tiled)]
+        # the most rows whose forward runs the kernels decode_layer.c runs for these parts (fused_decode.py)
+        self.fused_max_m = quant_ops.KQ_GEMM_MAX_M if self.q8 else quant_ops.KQ_EXACT_MAX_M
         self.block_parts = [(None if t else b.contiguous(), fmt) for (b, fmt), t in zip(parts, tiled)]
 
     def _blocks(self, i: int) -> torch.Tensor:

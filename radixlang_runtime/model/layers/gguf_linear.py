@@ -47,6 +47,8 @@ class GGUFLinear(nn.Module):
         self.q8 = weight.dtype == torch.bfloat16 and cpu_ops.load() is not None
         self.blocks: Optional[torch.Tensor] = None if self.q8 else blocks.contiguous()
         self.tiles: Optional[torch.Tensor] = quant_ops.gguf_q8_tiles(blocks, fmt) if self.q8 else None
+        # the most rows whose forward runs the kernel decode_layer.c runs for it (fused_decode.py)
+        self.fused_max_m = quant_ops.KQ_GEMM_MAX_M if self.q8 else quant_ops.QLINEAR_MAX_M
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
