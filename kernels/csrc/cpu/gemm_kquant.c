@@ -140,6 +140,11 @@ static void kg_pack_chunk(const kq_chunk *c, int f, uint8_t *dst) {
 #else
     kg_permute(c->q, dst, f, 0);
 #endif
+    if (f == 1) { /* a whole chunk: lane l is sub-block l */
+        memcpy(sl, c->s, sizeof c->s);
+        memcpy(ol, c->o, sizeof c->o);
+        return;
+    }
     for (int l = 0; l < 16; l++) sl[l] = c->s[l / f], ol[l] = c->o[l / f];
 }
 

@@ -65,9 +65,9 @@ static inline void q8_tile_read_chunk(const uint8_t *tiles, int fmt, int64_t K, 
         const int64_t p = 4 * ci + j;
         int8_t *q = c->q + 64 * j;
         float *s = c->s + 4 * j, *o = c->o + 4 * j;
-        for (int k = 0; k < 4; k++) s[k] = o[k] = 0.f;
         if (p >= pairs) {
             memset(q, 0, 64);
+            for (int k = 0; k < 4; k++) s[k] = o[k] = 0.f;
             continue;
         }
         const uint8_t *st = tiles + (t * pairs + p) * step_bytes(fmt);
@@ -94,13 +94,16 @@ static inline void q8_tile_read_chunk(const uint8_t *tiles, int fmt, int64_t K, 
             }
 #endif
         }
-        for (int k = 0; k < 4; k++) {
-            if (2 * p + k / 2 >= nb) { /* the padding block */
-                memset(q + 16 * k, 0, 16);
+        for (int b = 0; b < 2; b++) { /* the pair's blocks: sub-blocks 2b, 2b + 1 */
+            if (2 * p + b >= nb) { /* the padding block */
+                memset(q + 32 * b, 0, 32);
+                s[2 * b] = s[2 * b + 1] = o[2 * b] = o[2 * b + 1] = 0.f;
                 continue;
             }
-            s[k] = fmt == FMT_Q6_K ? q6k_dw(st, r, k) : step_dw(st, fmt, r, k / 2);
-            o[k] = fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? step_mw(st, fmt, r, k / 2) : 0.f;
+            const float dw = fmt == FMT_Q6_K ? 0.f : step_dw(st, fmt, r, b);
+            const float mw = fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? step_mw(st, fmt, r, b) : 0.f;
+            for (int h = 0; h < 2; h++)
+                s[2 * b + h] = fmt == FMT_Q6_K ? q6k_dw(st, r, 2 * b + h) : dw, o[2 * b + h] = mw;
         }
     }
 }
