@@ -94,7 +94,8 @@ def start_kv_prefault(pool: Any, allocator: PageAllocator) -> None:
     """A lazily mapped CPU pool gets its fresh pages faulted in ahead of the allocator's frontier, off the
     scheduler's thread (mem/kv_prefault.py); the thread ends with the pool. Under TP only rank 0's pool."""
     if getattr(pool, "lazy", False):
-        pool.prefaulter = KVPrefaulter.for_pool(pool.block, lambda: allocator.touched_pages * allocator.page_size)
+        blocks = [g.block for g in pool.groups]
+        pool.prefaulter = KVPrefaulter.for_pool(blocks, lambda: allocator.touched_pages * allocator.page_size)
         pool.prefaulter.start()
 
 
@@ -123,7 +124,7 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     else:
         link = BootstrapClient(timeouts[1], key=key)
         # a CPU pool's writes share the decode's cores: a step budget per transfer; a device pool's do not
-        step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
+        step_bytes = STEP_BYTES if runner.kv_pool.device.type == "cpu" else None
         scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
                                   step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size,
                                   adapters=pd_adapters(args, scheduler))

@@ -23,8 +23,9 @@ TINY = dict(hidden_size=64, intermediate_size=48, num_hidden_layers=6, num_atten
 LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
 NEW = 16
 SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
-# the pool's entry: 4 planes (layers 4 and 5 read layers 2 and 3's), 2 heads of 32 lanes, K and V, float32
-KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
+# each of the 4 planes (layers 4 and 5 read layers 2 and 3's) at its own shape, K and V, float32: the sliding
+# layers 0 and 2 two heads of 16 lanes, the global layers 1 and 3 one head of 32
+KV_BYTES_PER_TOKEN = 2 * (2 * 16 + 1 * 32 + 2 * 16 + 1 * 32) * 4
 
 
 def _randomise(model) -> None:
@@ -134,6 +135,9 @@ def test_greedy_matches_transformers(checkpoint):
 
 
 def test_wide_heads_on_the_torch_path(wide_checkpoint):
+    """Global layers of head_dim 320 (past the C kernels' 256) run the torch path; the sliding layers (16) the C
+    kernels wherever this machine has them."""
+    from radixlang_kernels import cpu_ops
     from radixlang_runtime import Engine
 
     path, _, want = wide_checkpoint
@@ -141,7 +145,11 @@ def test_wide_heads_on_the_torch_path(wide_checkpoint):
                 debug_check_integrity=True) as eng:
         outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
         paths = eng.get_stats()["cpu"]["paths"]
-    assert paths["decode_attention"].startswith("torch") and paths["extend_attention"].startswith("torch")
+    c = cpu_ops.load() is not None
+    assert paths["decode_attention"].startswith("c:") == c and paths["extend_attention"].startswith("c:") == c
+    if c:
+        assert paths["decode_attention"].endswith(", torch:sdpa-gather (head_dim 320)")
+        assert paths["extend_attention"].endswith(", torch:sdpa (head_dim 320)")
     assert [o["output_ids"] for o in outs] == want
 
 
@@ -152,7 +160,7 @@ BASE = {"architectures": ["Gemma4ForCausalLM"], "vocab_size": 100, "hidden_size"
 
 def test_config_defaults_are_transformers():
     """Without layer_types every sixth layer is global (and the last one always); the global layers' head_dim is
-    512 and their rope the proportional one; the pool's entry is the widest layer's."""
+    512 and their rope the proportional one; each pool layer keeps its own entry shape."""
     cfg = ModelConfig.from_dict({**BASE, "num_hidden_layers": 8, "num_kv_shared_layers": 2})
     lay = cfg.family_options
     assert cfg.layer_windows == (512,) * 5 + (0, 512, 0)
@@ -161,6 +169,7 @@ def test_config_defaults_are_transformers():
     assert (cfg.rope.rope_type, cfg.rope.proportion, cfg.rope.theta) == ("proportional", 0.25, 1e6)
     assert (cfg.rope_local.rope_type, cfg.rope_local.theta, cfg.rope_local.head_dim) == ("default", 1e4, 16)
     assert cfg.attn_scale == 1.0 and cfg.tie_word_embeddings
+    assert cfg.kv_shapes(0, 2) == ((2, 16),) * 5 + ((2, 512),)
 
 
 def test_proportional_rope_matches_transformers():
@@ -230,12 +239,15 @@ def test_tensor_parallel_matches_transformers(moe_checkpoint):
 
 
 def test_kv_share_of_a_rank():
-    from radixlang_runtime.model.models.gemma4 import kv_share
+    from radixlang_runtime.model.models.gemma4_config import kv_share, rank_kv_heads
 
-    assert kv_share(4, 1, 2, 2) == (0, (2,))  # one layer head filling both of the rank's pool heads
+    assert kv_share(4, 1, 2, 2) == (0, (2,))  # one layer head serving both of the rank's wide heads
     assert kv_share(4, 2, 2, 2) == (1, (2,))
     assert kv_share(4, 4, 2, 2) == (2, (1, 1))
-    assert kv_share(6, 2, 2, 2) == (0, (1, 1))  # pool heads 2 and 3: layer heads 0 (0-2) and 1 (3-5)
+    assert kv_share(6, 2, 2, 2) == (0, (1, 1))  # wide heads 2 and 3: layer heads 0 (0-2) and 1 (3-5)
+    # the pool stores each layer head once, unless the rank's share cuts two heads' groups unequally
+    assert [rank_kv_heads(4, 1, 2, 2), rank_kv_heads(4, 2, 2, 2), rank_kv_heads(4, 4, 2, 2)] == [1, 1, 2]
+    assert kv_share(6, 3, 0, 3) == (0, (2, 1)) and rank_kv_heads(6, 3, 0, 3) == 3
 
 
 def test_lora_is_refused_by_name(checkpoint):
@@ -277,7 +289,7 @@ def test_multimodal_checkpoint_serves_its_text_model(checkpoint, tmp_path):
 
 
 def test_bfloat16_runs(checkpoint):
-    """bfloat16 serving: the packed linears, the C norms where the CPU has them, the padded pool entries."""
+    """bfloat16 serving: the packed linears, the C norms where the CPU has them, the per-layer pool entries."""
     from radixlang_runtime import Engine
 
     path, _, _ = checkpoint

@@ -45,7 +45,7 @@ from radixlang_runtime.model.loader.lora_registry import LoraRegistry
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
-from radixlang_runtime.model.executor.parallel import TPGroup, make_shard
+from radixlang_runtime.model.executor.parallel import TPGroup, head_split, make_shard
 from radixlang_runtime.model.prequant.linear import swap_linears
 from radixlang_runtime.model.prequant.load import prequant_paths, prequant_tensors
 from radixlang_runtime.model.loader.weights import SafetensorsDir
@@ -186,7 +186,7 @@ class ModelRunner:
         if packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
         self.cpu_paths = cpu_ops.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
-                                          tiles)
+                                      tiles, backend.layer_shapes)
         if cfg.quant is not None:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=prequant_paths(cfg.quant, model))
         if args.quantization is not None:
@@ -241,11 +241,10 @@ class ModelRunner:
         if cfg.linear_attn is not None:
             table_rows, self.state_snapshot_slots = self.state_plan
             self.state_pool = StatePool(table_rows + self.state_snapshot_slots, self._state_shape(), self.device)
-        heads, dim, v_view = cfg.kv_entry(shard.kv_count)
         self.graph_off = graph_off_reason(self)
         pad = 0 if self.graph_off else 1  # the graph path's padding slot and table row, past the allocator's
-        self.kv_pool = KVPool(num_slots + pad, cfg.kv_layer_count, heads, dim, self.dtype, self.device,
-                              table_rows + pad, self.context_len, v_view)
+        self.kv_pool = KVPool(num_slots + pad, dtype=self.dtype, device=self.device, table_rows=table_rows + pad,
+                              context_len=self.context_len, **self._pool_entry(shard.kv_start, shard.kv_count))
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
@@ -305,8 +304,9 @@ class ModelRunner:
             return a.max_total_tokens // ps * ps
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
-        heads, dim, v_view = cfg.kv_entry(self.shard.kv_count_max)
-        per_token = KVPool.bytes_per_token(cfg.kv_layer_count, heads, dim, self.dtype, v_view)
+        size = self.shard.size
+        per_token = max(KVPool.bytes_per_token(dtype=self.dtype, **self._pool_entry(*head_split(
+            cfg.num_attention_heads, cfg.num_key_value_heads, size, r)[2:])) for r in range(size))
         if self.extra_kv is not None:
             per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
         if self.device.type == "cuda":
@@ -320,6 +320,12 @@ class ModelRunner:
             self.state_plan = state_slots(a, per_slot, budget)
             budget -= sum(self.state_plan) * per_slot
         return max(ps, budget // per_token // ps * ps)
+
+    def _pool_entry(self, kv_start: int, kv_count: int) -> dict:
+        """KVPool's entry arguments on the rank holding KV heads [kv_start, kv_start + kv_count)."""
+        heads, dim, v_view = self.cfg.kv_entry(kv_count)
+        return dict(num_layers=self.cfg.kv_layer_count, kv_heads=heads, head_dim=dim, v_view=v_view,
+                    shapes=self.cfg.kv_shapes(kv_start, kv_count))
 
     def _state_shape(self) -> StateShape:
         ssm, conv = self.cfg.linear_attn.split(self.shard.size).state_shapes()  # this rank's heads' state
@@ -336,8 +342,8 @@ class ModelRunner:
         the first request does not pay for them)."""
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
-        heads, dim, v_view = cfg.kv_entry(self.shard.kv_count)
-        self.kv_pool = KVPool(n, cfg.kv_layer_count, heads, dim, self.dtype, self.device, 1, n, v_view)
+        self.kv_pool = KVPool(n, dtype=self.dtype, device=self.device, table_rows=1, context_len=n,
+                              **self._pool_entry(self.shard.kv_start, self.shard.kv_count))
         self.state_pool = StatePool(1, self._state_shape(), self.device) if cfg.linear_attn is not None else None
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))

@@ -80,6 +80,9 @@ class TPRecordPort:
         if runner.cfg.mla is not None:  # every rank holds the whole latent entry: not a split of heads
             raise ValueError(f"PD disaggregation with tp_size {runner.tp.size} is not implemented for "
                              f"{runner.cfg.architecture} (multi-head latent attention): serve it with tp_size 1")
+        if len(runner.kv_pool.groups) > 1:  # each rank's layer shapes are the family's own split of each layer
+            raise ValueError(f"moving K/V records with tp_size {runner.tp.size} is not implemented for "
+                             f"{runner.cfg.architecture}'s per-layer KV shapes: serve it with tp_size 1")
         self.runner, self.t, self.tp = runner, record_tokens, runner.tp
         self.shape = record_shape(runner, record_tokens)
         self.dtype = runner.kv_pool.block.dtype

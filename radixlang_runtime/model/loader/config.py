@@ -73,6 +73,13 @@ class ModelConfig:
             return 1, self.mla.entry_dim, self.mla.kv_lora_rank
         return kv_heads, self.head_dim, None
 
+    def kv_shapes(self, kv_start: int, kv_count: int) -> Optional[tuple[tuple[int, int], ...]]:
+        """(kv_heads, head_dim) of each pool layer for the rank holding KV heads [kv_start, kv_start + kv_count)
+        of num_key_value_heads, where layers differ (a family's family_options.kv_shapes: Gemma 4); None: every
+        layer's entry is kv_entry(kv_count)'s."""
+        own = getattr(self.family_options, "kv_shapes", None)
+        return None if own is None else own(self.num_key_value_heads, kv_start, kv_count)
+
     @property
     def kv_layer_count(self) -> int:
         """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead; KV-shared
