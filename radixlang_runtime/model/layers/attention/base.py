@@ -33,6 +33,7 @@ class AttentionBackend(ABC):
         # per layer (kv_heads, head_dim) where layers differ (Gemma 4; then head_dim is the widest); None: every
         # layer (num_kv_heads, head_dim). Set by set_layer_shapes.
         self.layer_shapes: Optional[tuple[tuple[int, int], ...]] = None
+        self.prior_dim = head_dim  # the head_dim of the layers cascade attention runs on (its prior's width)
 
     def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
         """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
@@ -70,6 +71,15 @@ class AttentionBackend(ABC):
         """The model's (kv_heads, head_dim) of each layer the backend attends (this rank's heads; q heads stay
         num_heads), where layers differ."""
         self.layer_shapes = tuple((int(h), int(d)) for h, d in shapes)
+        self.prior_dim = min(self.cascade_dims(), default=self.head_dim)
+
+    def cascade_dims(self, skip: frozenset = frozenset()) -> set[int]:
+        """The head_dims of the layers (but `skip`) cascade attention may run on: neither windowed nor chunked.
+        More than one: the backend runs no cascade (one shared-prefix output per step)."""
+        if self.layer_shapes is None:
+            return {self.head_dim}
+        return {d for i, (_, d) in enumerate(self.layer_shapes)
+                if i not in skip and not self.window(i) and not self.chunk(i)}
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if layer < len(self.windows) else 0

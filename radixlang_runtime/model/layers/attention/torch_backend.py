@@ -133,13 +133,11 @@ class TorchAttentionBackend(AttentionBackend):
         self.dpbf16 = "+dpbf16" in paths.extend_attention
         if self.layer_shapes is None:
             return
-        shapes = self.layer_shapes
-        self.torch_layers = frozenset(i for i, (h, d) in enumerate(shapes)
+        self.torch_layers = frozenset(i for i, (h, d) in enumerate(self.layer_shapes)
                                       if not cpu_ops.c_attention_fits(d, self.num_heads, h))
-        dims = {d for i, (_, d) in enumerate(shapes)
-                if i not in self.torch_layers and not self.window(i) and not self.chunk(i)}
-        self.prior_dim = min(dims) if dims else self.head_dim
-        self.cascade = self.cascade and len(dims) == 1  # one shared-prefix output shape per step
+        dims = self.cascade_dims(self.torch_layers)  # the C path's
+        self.prior_dim = min(dims, default=self.head_dim)
+        self.cascade = self.cascade and len(dims) == 1
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         c = self.c_decode if fb.is_decode else self.c_extend
