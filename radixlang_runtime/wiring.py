@@ -232,9 +232,9 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
     return NgramDrafter(NgramConfig(k, lo, hi, cap, ROW_COST), eos, context_len)
 
 
-def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
-    """STANDALONE: the draft's (layers, kv_heads, head_dim), so the target's pool sized from memory leaves the
-    draft's pool (as many slots) its share."""
+def draft_kv_shape(args: ServerArgs) -> Optional[dict]:
+    """STANDALONE: the draft's pool entry (ModelConfig.kv_pool_entry), so the target's pool sized from memory leaves
+    the draft's pool (as many slots) its share."""
     if args.speculative_algorithm != "STANDALONE":
         return None
     from radixlang_runtime.model.loader.config import ModelConfig
@@ -242,7 +242,7 @@ def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
 
     cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl,
                                args.trust_remote_code)
-    return cfg.kv_layer_count, cfg.num_key_value_heads, cfg.head_dim
+    return cfg.kv_pool_entry(0, cfg.num_key_value_heads)
 
 
 def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:

@@ -87,9 +87,9 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None,
-                 extra_kv: Optional[tuple[int, int, int]] = None):
-        """extra_kv: (layers, kv_heads, head_dim) of a second pool with this one's slots (STANDALONE's draft,
-        speculative/draft_model.py): a pool sized from memory then leaves it its share of the budget."""
+                 extra_kv: Optional[dict] = None):
+        """extra_kv: the entry (KVPool.bytes_per_token's arguments) of a second pool with this one's slots
+        (STANDALONE's draft, speculative/draft_model.py): a pool sized from memory leaves it its share."""
         self.extra_kv = extra_kv
         self.device = tp.device if tp is not None else resolve_device(args.device)
         self.args = args.resolve_for_device(self.device.type)
@@ -244,7 +244,7 @@ class ModelRunner:
         self.graph_off = graph_off_reason(self)
         pad = 0 if self.graph_off else 1  # the graph path's padding slot and table row, past the allocator's
         self.kv_pool = KVPool(num_slots + pad, dtype=self.dtype, device=self.device, table_rows=table_rows + pad,
-                              context_len=self.context_len, **self._pool_entry(shard.kv_start, shard.kv_count))
+                              context_len=self.context_len, **cfg.kv_pool_entry(shard.kv_start, shard.kv_count))
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
@@ -305,10 +305,10 @@ class ModelRunner:
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
         size = self.shard.size
-        per_token = max(KVPool.bytes_per_token(dtype=self.dtype, **self._pool_entry(*head_split(
+        per_token = max(KVPool.bytes_per_token(dtype=self.dtype, **cfg.kv_pool_entry(*head_split(
             cfg.num_attention_heads, cfg.num_key_value_heads, size, r)[2:])) for r in range(size))
         if self.extra_kv is not None:
-            per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
+            per_token += KVPool.bytes_per_token(dtype=self.dtype, **self.extra_kv)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
@@ -320,12 +320,6 @@ class ModelRunner:
             self.state_plan = state_slots(a, per_slot, budget)
             budget -= sum(self.state_plan) * per_slot
         return max(ps, budget // per_token // ps * ps)
-
-    def _pool_entry(self, kv_start: int, kv_count: int) -> dict:
-        """KVPool's entry arguments on the rank holding KV heads [kv_start, kv_start + kv_count)."""
-        heads, dim, v_view = self.cfg.kv_entry(kv_count)
-        return dict(num_layers=self.cfg.kv_layer_count, kv_heads=heads, head_dim=dim, v_view=v_view,
-                    shapes=self.cfg.kv_shapes(kv_start, kv_count))
 
     def _state_shape(self) -> StateShape:
         ssm, conv = self.cfg.linear_attn.split(self.shard.size).state_shapes()  # this rank's heads' state
@@ -343,7 +337,7 @@ class ModelRunner:
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
         self.kv_pool = KVPool(n, dtype=self.dtype, device=self.device, table_rows=1, context_len=n,
-                              **self._pool_entry(self.shard.kv_start, self.shard.kv_count))
+                              **cfg.kv_pool_entry(self.shard.kv_start, self.shard.kv_count))
         self.state_pool = StatePool(1, self._state_shape(), self.device) if cfg.linear_attn is not None else None
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))

@@ -80,6 +80,13 @@ class ModelConfig:
         own = getattr(self.family_options, "kv_shapes", None)
         return None if own is None else own(self.num_key_value_heads, kv_start, kv_count)
 
+    def kv_pool_entry(self, kv_start: int, kv_count: int) -> dict:
+        """mem/kv_pool.KVPool's (and its bytes_per_token's) entry arguments on the rank holding KV heads
+        [kv_start, kv_start + kv_count): layers, KV heads, head_dim, latent V width, per-layer shapes."""
+        heads, dim, v_view = self.kv_entry(kv_count)
+        return dict(num_layers=self.kv_layer_count, kv_heads=heads, head_dim=dim, v_view=v_view,
+                    shapes=self.kv_shapes(kv_start, kv_count))
+
     @property
     def kv_layer_count(self) -> int:
         """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead; KV-shared
