@@ -297,6 +297,26 @@ def test_hierarchical_cache_round_trips_the_per_layer_pool(checkpoint, tmp_path)
         eng.check_integrity()
 
 
+def test_tensor_parallel_hierarchical_cache_round_trips_the_per_layer_pool(moe_checkpoint, tmp_path):
+    """Two gloo ranks: the tiers' records are a tp_size 1 pool's (the sliding layer's two KV heads from both
+    ranks, the global layer's one head), stored at shutdown and loaded by a restart into each rank's heads of
+    each layer; outputs equal transformers'."""
+    from radixlang_runtime import Engine
+
+    path, _, want = moe_checkpoint
+    kw = dict(dtype="float32", tp_size=2, max_total_tokens=256, enable_hierarchical_cache=True, hicache_size=0.01,
+              hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always", debug_check_integrity=True)
+    with Engine(str(path), **kw) as first:
+        assert first.generate(input_ids=LONG_PROMPTS[1], sampling_params=SP)["output_ids"] == want[1]
+    with Engine(str(path), **kw) as eng:
+        out = eng.generate(input_ids=LONG_PROMPTS[1], sampling_params=SP)
+        assert out["meta_info"]["cached_tokens"] == 32
+        assert out["output_ids"] == want[1]
+        # 2 planes: the sliding layer's 2 heads of 16 lanes, the global layer's 1 of 32; K and V, float32
+        assert eng.get_stats()["hicache"]["bytes_loaded"] == 32 * 2 * (2 * 16 + 32) * 4
+        eng.check_integrity()
+
+
 def test_kv_share_of_a_rank():
     from radixlang_runtime.model.models.gemma4_config import kv_share, rank_kv_heads
 

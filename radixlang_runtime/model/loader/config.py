@@ -80,6 +80,12 @@ class ModelConfig:
         own = getattr(self.family_options, "kv_shapes", None)
         return None if own is None else own(self.num_key_value_heads, kv_start, kv_count)
 
+    def kv_head_map(self, kv_start: int, kv_count: int) -> Optional[tuple[tuple[int, ...], ...]]:
+        """Per pool layer, the layer's KV head each of the rank's pool heads holds, where layers differ (a family's
+        family_options.kv_head_map: Gemma 4); None: heads [kv_start, kv_start + kv_count) in every layer."""
+        own = getattr(self.family_options, "kv_head_map", None)
+        return None if own is None else own(self.num_key_value_heads, kv_start, kv_count)
+
     def kv_pool_entry(self, kv_start: int, kv_count: int) -> dict:
         """mem/kv_pool.KVPool's (and its bytes_per_token's) entry arguments on the rank holding KV heads
         [kv_start, kv_start + kv_count): layers, KV heads, head_dim, latent V width, per-layer shapes."""

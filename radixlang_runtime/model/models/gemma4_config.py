@@ -54,8 +54,23 @@ class Gemma4Layers:
     def kv_shapes(self, wide_kv: int, kv_start: int, kv_count: int) -> tuple[tuple[int, int], ...]:
         """(kv_heads, head_dim) of each KV-computing layer (the pool's layers) on the rank holding heads
         [kv_start, kv_start + kv_count) of the widest wide_kv: the layer's own heads of that share (kv_share)."""
-        return tuple((rank_kv_heads(wide_kv, self.kv_heads[i], kv_start, kv_count), self.head_dims[i])
-                     for i in range(len(self.kv_plane)) if self.owns_kv(i))
+        return tuple((len(heads), self.head_dims[i])
+                     for i, heads in zip(self.kv_layers, self.kv_head_map(wide_kv, kv_start, kv_count)))
+
+    def kv_head_map(self, wide_kv: int, kv_start: int, kv_count: int) -> tuple[tuple[int, ...], ...]:
+        """Per KV-computing layer: the layer's KV head each of the rank's pool heads holds (rank_kv_heads)."""
+        out = []
+        for i in self.kv_layers:
+            first, fills = kv_share(wide_kv, self.kv_heads[i], kv_start, kv_count)
+            if rank_kv_heads(wide_kv, self.kv_heads[i], kv_start, kv_count) == len(fills):
+                out.append(tuple(range(first, first + len(fills))))
+            else:
+                out.append(tuple(first + j for j, n in enumerate(fills) for _ in range(n)))
+        return tuple(out)
+
+    @property
+    def kv_layers(self) -> list[int]:
+        return [i for i in range(len(self.kv_plane)) if self.owns_kv(i)]
 
 
 def kv_share(wide_kv: int, layer_kv: int, kv_start: int, kv_count: int) -> tuple[int, tuple[int, ...]]:
