@@ -25,6 +25,11 @@ first position); the C extend kernel runs each request's new tokens cut at chunk
 piece, whose cached prefix is read from the chunk's first position (PagedPrefix.k_begin): `chunk_segments`.
 Chunked layers never run cascade attention.
 
+Per-layer shapes (layer_shapes, Gemma 4): each layer attends at its own head_dim and KV heads; the layers the C
+kernels do not fit (head_dim > 256: torch_layers) run the torch path beside the C path of the others, from a torch
+metadata built alongside the C one (`meta.torch`); cascade attention runs where the C path's non-windowed layers
+share one head_dim (its prior's width, prior_dim).
+
 Attention sinks (self.sinks, gpt-oss) on every path: the torch path appends each head's sink logit to its
 rows' scores before the softmax; the C kernels merge it as a prior of value 0 (cpu_ops.sink_prior), merged
 into cascade attention's shared part where there is one.
