@@ -94,7 +94,8 @@ def start_kv_prefault(pool: Any, allocator: PageAllocator) -> None:
     """A lazily mapped CPU pool gets its fresh pages faulted in ahead of the allocator's frontier, off the
     scheduler's thread (mem/kv_prefault.py); the thread ends with the pool. Under TP only rank 0's pool."""
     if getattr(pool, "lazy", False):
-        pool.prefaulter = KVPrefaulter.for_pool(pool.block, lambda: allocator.touched_pages * allocator.page_size)
+        blocks = [g.block for g in pool.groups]
+        pool.prefaulter = KVPrefaulter.for_pool(blocks, lambda: allocator.touched_pages * allocator.page_size)
         pool.prefaulter.start()
 
 
@@ -123,7 +124,7 @@ def make_disagg_role(args: ServerArgs, scheduler: Scheduler) -> Any:
     else:
         link = BootstrapClient(timeouts[1], key=key)
         # a CPU pool's writes share the decode's cores: a step budget per transfer; a device pool's do not
-        step_bytes = STEP_BYTES if runner.kv_pool.block.device.type == "cpu" else None
+        step_bytes = STEP_BYTES if runner.kv_pool.device.type == "cpu" else None
         scheduler.pd = DecodeRole(link, port, scheduler.kv, *timeouts, scheduler.cfg.max_running_requests,
                                   step_bytes=step_bytes, vocab_size=runner.cfg.vocab_size,
                                   adapters=pd_adapters(args, scheduler))
@@ -231,9 +232,9 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
     return NgramDrafter(NgramConfig(k, lo, hi, cap, ROW_COST), eos, context_len)
 
 
-def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
-    """STANDALONE: the draft's (layers, kv_heads, head_dim), so the target's pool sized from memory leaves the
-    draft's pool (as many slots) its share."""
+def draft_kv_shape(args: ServerArgs) -> Optional[dict]:
+    """STANDALONE: the draft's pool entry (ModelConfig.kv_pool_entry), so the target's pool sized from memory leaves
+    the draft's pool (as many slots) its share."""
     if args.speculative_algorithm != "STANDALONE":
         return None
     from radixlang_runtime.model.loader.config import ModelConfig
@@ -241,7 +242,7 @@ def draft_kv_shape(args: ServerArgs) -> Optional[tuple[int, int, int]]:
 
     cfg = ModelConfig.from_dir(resolve_model_dir(args.speculative_draft_model_path), args.model_impl,
                                args.trust_remote_code)
-    return cfg.kv_layer_count, cfg.num_key_value_heads, cfg.head_dim
+    return cfg.kv_pool_entry(0, cfg.num_key_value_heads)
 
 
 def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:

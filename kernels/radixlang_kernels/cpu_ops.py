@@ -22,7 +22,7 @@ is only chosen where its own limits hold, so no chosen kernel can refuse a batch
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
@@ -93,10 +93,21 @@ class CpuPaths:
         return self.norm.startswith("c:")
 
 
+C_MAX_HEAD_DIM, C_MAX_GROUP = 256, 32  # the C attention kernels' limits: head_dim, query heads per KV head
+
+
+def c_attention_fits(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
+    """Whether the C attention kernels take a layer of this shape (whole GQA groups within their limits)."""
+    return head_dim <= C_MAX_HEAD_DIM and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= C_MAX_GROUP
+
+
 def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int,
-         packed_linears: bool, dense_tiles: bool = False) -> CpuPaths:
+         packed_linears: bool, dense_tiles: bool = False,
+         layer_shapes: Optional[Sequence[tuple[int, int]]] = None) -> CpuPaths:
     """The path of each operation. A C kernel is chosen only where the library loaded, the dtype has an
-    entry point and the kernel's own limits (D <= 256, H / Hkv <= 32, whole GQA groups) hold."""
+    entry point and the kernel's own limits (D <= 256, H / Hkv <= 32, whole GQA groups) hold.
+    layer_shapes: (kv_heads, head_dim) per attention layer where layers differ (Gemma 4): the C attention kernels
+    run the layers they fit (at least one must), the torch path the others (the attention paths name both)."""
     linear = "onednn:prepacked" if packed_linears else "torch:F.linear"
     if dense_tiles and dense_any_m(dtype, load()):
         linear = f"c:{detect().isa}+{'dpbf16' if dtype == torch.bfloat16 else 'fma'} dense tiles"
@@ -105,15 +116,21 @@ def plan(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int
     if device.type != "cpu":
         return CpuPaths("backend", "backend", "torch", "torch", linear)
     caps = detect()
-    ok = (load() is not None and dtype in (torch.bfloat16, torch.float32) and head_dim <= 256
-          and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 32)
+    shapes = list(layer_shapes) if layer_shapes else [(num_kv_heads, head_dim)]
+    fit = {d for h, d in shapes if c_attention_fits(d, num_heads, h)}
+    ok = load() is not None and dtype in (torch.bfloat16, torch.float32) and bool(fit)
     isa = caps.isa
     if not ok:
         return CpuPaths("torch:sdpa-gather", "torch:sdpa", "torch", "torch", linear)
     bf16 = dtype == torch.bfloat16
-    dp = bf16 and isa == "avx512_bf16"
-    decode = f"c:{isa}" + ("+dpbf16" if dp and head_dim % 32 == 0 else "")
-    extend = f"c:{isa}+dpbf16" if dp and head_dim % 32 == 0 else f"c:{isa}:portable"
+    dp = bf16 and isa == "avx512_bf16" and all(d % 32 == 0 for d in fit)
+    decode = f"c:{isa}" + ("+dpbf16" if dp else "")
+    extend = f"c:{isa}+dpbf16" if dp else f"c:{isa}:portable"
+    slow = sorted({d for h, d in shapes if not c_attention_fits(d, num_heads, h)})  # layers the torch path runs
+    if slow:
+        dims = ", ".join(str(d) for d in slow)
+        decode += f", torch:sdpa-gather (head_dim {dims})"
+        extend += f", torch:sdpa (head_dim {dims})"
     norm_act = f"c:{isa}"
     return CpuPaths(decode, extend, norm_act, norm_act, linear)
 

@@ -41,3 +41,20 @@ def test_no_compiler_means_no_library_and_torch_everywhere():
     assert got["paths"] == {"decode_attention": "torch:sdpa-gather", "extend_attention": "torch:sdpa",
                             "norm": "torch", "activation": "torch", "linear": "torch:F.linear",
                             "linear_attention": "none", "decode_layer": "modules"}
+
+
+def test_plan_with_layer_shapes_names_the_layers_past_the_limits():
+    """Per-layer shapes (Gemma 4: sliding layers of 256 lanes, global ones of 512): the C attention kernels take the
+    layers they fit and the paths name the torch path of the others; no layer fitting: torch everywhere."""
+    cpu = torch.device("cpu")
+    p = cpu_ops.plan(cpu, torch.float32, 512, 8, 4, packed_linears=False, layer_shapes=[(4, 256), (2, 512)])
+    if cpu_ops.load() is None:
+        assert not p.c_decode and not p.c_extend
+        return
+    assert p.decode_attention == f"c:{detect().isa}, torch:sdpa-gather (head_dim 512)"
+    assert p.extend_attention == f"c:{detect().isa}:portable, torch:sdpa (head_dim 512)"
+    assert p.c_decode and p.c_extend and p.c_norm_act
+    wide = cpu_ops.plan(cpu, torch.float32, 512, 8, 4, packed_linears=False, layer_shapes=[(4, 320), (2, 512)])
+    assert wide.decode_attention == "torch:sdpa-gather" and not wide.c_norm_act
+    assert [cpu_ops.c_attention_fits(*s) for s in [(256, 8, 4), (257, 8, 4), (64, 66, 2), (64, 6, 4)]] == \
+        [True, False, False, False]

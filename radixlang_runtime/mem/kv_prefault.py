@@ -19,7 +19,8 @@ is gone, when close() is called, or when the kernel refuses the advice (Linux < 
 the pool then faults lazily as before, nothing else changes).
 Every wait is bounded (POLL_S; close joins for <= 2 s).
 
-Block layout: [2, layers, kv_heads, num_slots, head_dim], contiguous (mem/kv_pool.py).
+Block layout: [2, layers, kv_heads, num_slots, head_dim], contiguous (mem/kv_pool.py); a pool of several entry
+shapes has one such block per group, and its planes are every block's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import mmap
 import os
 import threading
 import weakref
-from typing import Callable
+from typing import Callable, Sequence, Union
 
 import torch
 
@@ -63,11 +64,16 @@ class KVPrefaulter:
     """Keeps slots [0, frontier() + ahead_slots) of block resident (see the module docstring), window_slots
     slots at a time: one madvise call per plane of the window, PACE_S after each call."""
 
-    def __init__(self, block: torch.Tensor, frontier: Callable[[], int], ahead_slots: int, window_slots: int):
-        assert block.dim() == 5 and block.is_contiguous() and block.device.type == "cpu", tuple(block.shape)
-        self.num_slots = block.shape[3]
-        self.planes = block.numel() // (block.shape[3] * block.shape[4])  # 2 * layers * kv_heads
-        self._block = weakref.ref(block)  # the pool may go away under the thread: it then ends
+    def __init__(self, block: Union[torch.Tensor, Sequence[torch.Tensor]], frontier: Callable[[], int],
+                 ahead_slots: int, window_slots: int):
+        blocks = [block] if isinstance(block, torch.Tensor) else list(block)  # a pool's group blocks
+        for b in blocks:
+            assert b.dim() == 5 and b.is_contiguous() and b.device.type == "cpu", tuple(b.shape)
+        self.num_slots = blocks[0].shape[3]
+        # (block, plane) of every plane: 2 * layers * kv_heads per block
+        self._planes = [(i, p) for i, b in enumerate(blocks) for p in range(b.numel() // (b.shape[3] * b.shape[4]))]
+        self.planes = len(self._planes)
+        self._blocks = [weakref.ref(b) for b in blocks]  # the pool may go away under the thread: it then ends
         self.frontier, self.ahead_slots, self.window_slots = frontier, ahead_slots, max(1, window_slots)
         self.done = 0  # slots [0, done) are resident in every plane (this thread writes it, others may read)
         self._last = 0  # the window in progress is slots [done, _last); planes [0, _plane) of it are done
@@ -77,10 +83,11 @@ class KVPrefaulter:
         self._thread = threading.Thread(target=self._run, name="KVPrefaulter", daemon=True)
 
     @classmethod
-    def for_pool(cls, block: torch.Tensor, frontier: Callable[[], int]) -> "KVPrefaulter":
-        all_planes = block.numel() // block.shape[3] * block.element_size()  # bytes a slot takes in the pool
-        one_plane = block.shape[4] * block.element_size()
-        return cls(block, frontier, AHEAD_BYTES // all_planes, CALL_BYTES // one_plane)
+    def for_pool(cls, blocks: Sequence[torch.Tensor], frontier: Callable[[], int]) -> "KVPrefaulter":
+        """blocks: the pool's group blocks (one for a pool of one entry shape)."""
+        all_planes = sum(b.numel() // b.shape[3] * b.element_size() for b in blocks)  # bytes a slot takes
+        one_plane = max(b.shape[4] * b.element_size() for b in blocks)
+        return cls(blocks, frontier, AHEAD_BYTES // all_planes, CALL_BYTES // one_plane)
 
     def start(self) -> "KVPrefaulter":
         self._thread.start()
@@ -103,8 +110,9 @@ class KVPrefaulter:
             if last <= self.done:
                 return False
             self._last, self._plane = last, 0
-        block = self._block()
-        if block is None or not populate(block, self._plane, self.done, self._last):
+        which, plane = self._planes[self._plane]
+        block = self._blocks[which]()
+        if block is None or not populate(block, plane, self.done, self._last):
             self.off = True
             return False
         del block

@@ -88,34 +88,24 @@ def _disagg(url: str) -> dict:
     return httpx.get(url + "/server_info", timeout=30).json()["stats"]["disaggregation"]
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(6, 3), (4, 1)])
-def test_tp_record_port_moves_every_ranks_heads_in_model_order(heads, kv_heads):
-    """model/executor/tp_kv.py over a real gloo group of 2 ranks (threads of this process), KV heads split 2 + 1 or one
-    KV head replicated on both: records written through rank 0 land in each rank's heads as a tp_size 1 pool
-    holds them, and read back the same bytes."""
+def _gloo_pair(cfg, pool_of):
+    """Two ranks of a real gloo group (threads of this process), each a runner-like record of cfg, its shard and
+    pool_of(shard); rank 1 serves rank 0's ops until STOP. Returns (runners, rank 1's thread)."""
     import threading
     from types import SimpleNamespace
 
     import torch
 
-    from radixlang_runtime.mem.kv_pool import KVPool
-    from radixlang_runtime.mem.kv_records import KVRecordPort
     from radixlang_runtime.model.executor.parallel import STOP, TPGroup, make_shard
-    from radixlang_runtime.model.executor.tp_kv import TPRecordPort, serve
+    from radixlang_runtime.model.executor.tp_kv import serve
 
-    cfg = SimpleNamespace(num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=4,
-                          mla=None, architecture="LlamaForCausalLM")
-    ref = KVPool(32, 2, kv_heads, 4, torch.float32, torch.device("cpu"), 1, 32)  # tp_size 1: every head
-    ref.block.copy_(torch.randn_like(ref.block))
-    payloads = KVRecordPort(ref, 1).read_records(list(range(10)))
     addr = f"127.0.0.1:{free_port()}"
     runners = [None, None]
 
     def join(rank: int) -> None:
-        shard = make_shard(heads, kv_heads, 8, 16, 2, rank)
+        shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, 8, 16, 2, rank)
         runners[rank] = SimpleNamespace(cfg=cfg, shard=shard, tp=TPGroup(rank, 2, addr, 60, torch.device("cpu")),
-                                        kv_pool=KVPool(32, 2, shard.kv_count, 4, torch.float32,
-                                                       torch.device("cpu"), 1, 32))
+                                        kv_pool=pool_of(shard))
         if rank == 1:
             while (op := runners[1].tp.recv_obj()) != STOP:
                 serve(runners[1], op)
@@ -123,6 +113,37 @@ def test_tp_record_port_moves_every_ranks_heads_in_model_order(heads, kv_heads):
     worker = threading.Thread(target=join, args=(1,), daemon=True)
     worker.start()
     join(0)
+    return runners, worker
+
+
+def _stop(runners, worker) -> None:
+    from radixlang_runtime.model.executor.parallel import STOP
+
+    runners[0].tp.broadcast_obj(STOP)
+    worker.join(30)
+    assert not worker.is_alive()
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 3), (4, 1)])
+def test_tp_record_port_moves_every_ranks_heads_in_model_order(heads, kv_heads):
+    """model/executor/tp_kv.py over a real gloo group of 2 ranks (threads of this process), KV heads split 2 + 1 or one
+    KV head replicated on both: records written through rank 0 land in each rank's heads as a tp_size 1 pool
+    holds them, and read back the same bytes."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from radixlang_runtime.mem.kv_pool import KVPool
+    from radixlang_runtime.mem.kv_records import KVRecordPort
+    from radixlang_runtime.model.executor.tp_kv import TPRecordPort
+
+    cfg = SimpleNamespace(num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=4,
+                          mla=None, architecture="LlamaForCausalLM", kv_head_map=lambda start, count: None)
+    ref = KVPool(32, 2, kv_heads, 4, torch.float32, torch.device("cpu"), 1, 32)  # tp_size 1: every head
+    ref.block.copy_(torch.randn_like(ref.block))
+    payloads = KVRecordPort(ref, 1).read_records(list(range(10)))
+    runners, worker = _gloo_pair(cfg, lambda sh: KVPool(32, 2, sh.kv_count, 4, torch.float32, torch.device("cpu"),
+                                                        1, 32))
     port = TPRecordPort(runners[0], 1)
     assert port.record_bytes == KVRecordPort(ref, 1).record_bytes
     slots = [20, 3, 7, 8, 30, 1, 2, 11, 12, 31]  # record i of the payloads goes to slots[i]
@@ -144,9 +165,52 @@ def test_tp_record_port_moves_every_ranks_heads_in_model_order(heads, kv_heads):
     with pytest.raises(ValueError, match="write_joined"):
         port.write_joined(slots[:2], payloads[0] + payloads[1][:-4])  # not whole records: refused on rank 0
     assert port.read_records(slots) == want  # the refused writes changed nothing on any rank
-    runners[0].tp.broadcast_obj(STOP)
-    worker.join(30)
-    assert not worker.is_alive()
+    _stop(runners, worker)
+
+
+@pytest.mark.parametrize("heads,kv_heads,global_kv", [(4, 2, 1), (6, 6, 3)])
+def test_tp_record_port_moves_per_layer_shapes(heads, kv_heads, global_kv):
+    """A Gemma 4 pool (sliding layers of 8 lanes, global ones of 16 with fewer KV heads, a KV-shared layer) over
+    2 ranks: the global KV head on both ranks, or 3 global heads over ranks of 3 wide heads each (each rank
+    stores a head twice: its share cuts two heads' groups unequally). Records are a tp_size 1 pool's, written into
+    each rank's own heads of each layer and read back the same bytes."""
+    import torch
+
+    from radixlang_runtime.mem.kv_pool import KVPool
+    from radixlang_runtime.mem.kv_records import KVRecordPort
+    from radixlang_runtime.model.executor.tp_kv import TPRecordPort
+    from radixlang_runtime.model.loader.config import ModelConfig
+
+    cfg = ModelConfig.from_dict({
+        "architectures": ["Gemma4ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 32,
+        "num_hidden_layers": 5, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": 8,
+        "global_head_dim": 16, "attention_k_eq_v": True, "num_global_key_value_heads": global_kv,
+        "num_kv_shared_layers": 1, "layer_types": ["sliding_attention", "full_attention"] * 2 + ["sliding_attention"],
+        "hidden_size_per_layer_input": 0})
+
+    def pool(start: int, count: int) -> KVPool:
+        return KVPool(32, cfg.kv_layer_count, 0, 0, torch.float32, torch.device("cpu"), 1, 32,
+                      shapes=cfg.kv_shapes(start, count))
+
+    ref = pool(0, kv_heads)  # tp_size 1: every head of every layer, two groups
+    assert len(ref.groups) == 2
+    for g in ref.groups:
+        g.block.copy_(torch.randn_like(g.block))
+    payloads = KVRecordPort(ref, 1).read_records(list(range(10)))
+    runners, worker = _gloo_pair(cfg, lambda sh: pool(sh.kv_start, sh.kv_count))
+    port = TPRecordPort(runners[0], 1)
+    assert port.record_bytes == KVRecordPort(ref, 1).record_bytes
+    slots = [20, 3, 7, 8, 30, 1, 2, 11, 12, 31]
+    port.write_joined(slots, b"".join(payloads))
+    assert port.read_records(slots) == payloads
+    for r in runners:
+        maps = cfg.kv_head_map(r.shard.kv_start, r.shard.kv_count)
+        for i, own in enumerate(maps):
+            for got, full in ((r.kv_pool.k_buffers[i], ref.k_buffers[i]), (r.kv_pool.v_buffers[i], ref.v_buffers[i])):
+                assert torch.equal(got[:, slots], full[list(own)][:, list(range(10))]), (r.shard.rank, i)
+    if global_kv == 3:
+        assert (cfg.kv_head_map(0, 3)[1], cfg.kv_head_map(3, 3)[1]) == ((0, 0, 1), (1, 2, 2))
+    _stop(runners, worker)
 
 
 def test_tp2_prefill_over_two_nodes_to_tp2_decode_equals_transformers(pd):

@@ -15,7 +15,7 @@ import torch
 from radixlang_runtime.mem.allocator import PageAllocator
 from radixlang_runtime.mem.kv_memory import LAZY_BYTES, kv_block
 from radixlang_runtime.mem.kv_pool import KVPool
-from radixlang_runtime.mem.kv_prefault import KVPrefaulter, populate
+from radixlang_runtime.mem.kv_prefault import AHEAD_BYTES, KVPrefaulter, populate
 from radixlang_runtime.wiring import start_kv_prefault
 
 SHAPE = (2, 2, 2, 65536, 64)  # 8 planes of 65,536 slots x 64 bf16: 64 MiB, lazily mapped
@@ -128,3 +128,25 @@ def test_wiring_starts_one_for_a_lazy_pool_only():
             time.sleep(0.02)
     finally:
         big.prefaulter.close()
+
+
+def test_a_pool_of_several_entry_shapes_is_faulted_in_every_group():
+    """Per-layer entry shapes (groups, mem/kv_pool.py): one prefaulter over every group's planes, each faulted
+    in over the slots it was asked for, nothing past them."""
+    shapes = [(2, 64), (1, 128), (2, 64)]  # groups [2, 2, 2, S, 64] and [2, 1, 1, S, 128]
+    p = KVPool(65536, 3, 0, 0, torch.bfloat16, torch.device("cpu"), 1, 16, shapes=shapes)
+    assert p.lazy and len(p.groups) == 2
+    blocks = [g.block for g in p.groups]
+    for b in blocks:
+        assert _libc.madvise(b.data_ptr(), b.numel() * b.element_size(), MADV_NOHUGEPAGE) == 0
+    assert KVPrefaulter.for_pool(blocks, lambda: 0).ahead_slots == AHEAD_BYTES // (p.nbytes // 65536)
+    pf = KVPrefaulter(blocks, lambda: 2000, ahead_slots=1000, window_slots=1024)
+    assert pf.planes == 8 + 2
+    while pf.step():
+        pass
+    want = 3000
+    assert pf.done == want
+    for b in blocks:
+        last = b.numel() // (b.shape[3] * b.shape[4]) - 1
+        assert all(resident(b, last, 0, want - 64))
+        assert not any(resident(b, 0, want + 64, min(65536, want + 4096)))

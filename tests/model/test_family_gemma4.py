@@ -23,8 +23,9 @@ TINY = dict(hidden_size=64, intermediate_size=48, num_hidden_layers=6, num_atten
 LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
 NEW = 16
 SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
-# the pool's entry: 4 planes (layers 4 and 5 read layers 2 and 3's), 2 heads of 32 lanes, K and V, float32
-KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
+# each of the 4 planes (layers 4 and 5 read layers 2 and 3's) at its own shape, K and V, float32: the sliding
+# layers 0 and 2 two heads of 16 lanes, the global layers 1 and 3 one head of 32
+KV_BYTES_PER_TOKEN = 2 * (2 * 16 + 1 * 32 + 2 * 16 + 1 * 32) * 4
 
 
 def _randomise(model) -> None:
@@ -133,7 +134,28 @@ def test_greedy_matches_transformers(checkpoint):
     assert again["meta_info"]["cached_tokens"] > 0
 
 
+def test_shared_prefix_batch_matches_transformers(checkpoint):
+    """Requests sharing a cached 80-token prefix in one step: the global layers (32 lanes, one KV head) run cascade
+    attention on the C path beside the sliding layers (16 lanes, two KV heads), each at its own pool shape;
+    token for token against transformers."""
+    from radixlang_runtime import Engine
+
+    path, model, _ = checkpoint
+    system = [(17 * i + 11) % 40000 + 100 for i in range(80)]
+    prompts = [system + [(29 * i + 53 * r) % 40000 + 100 for i in range(5 + r)] for r in range(3)]
+    want = [hf_greedy(model, p, NEW) for p in prompts]
+    with Engine(str(path), dtype="float32", max_total_tokens=512, debug_check_integrity=True) as eng:
+        eng.generate(input_ids=system + [7], sampling_params={**SP, "max_new_tokens": 1, "min_new_tokens": 1})
+        outs = eng.generate(input_ids=prompts, sampling_params=SP)
+        eng.check_integrity()
+    assert [o["output_ids"] for o in outs] == want
+    assert all(o["meta_info"]["cached_tokens"] >= 64 for o in outs)
+
+
 def test_wide_heads_on_the_torch_path(wide_checkpoint):
+    """Global layers of head_dim 320 (past the C kernels' 256) run the torch path; the sliding layers (16) the C
+    kernels wherever this machine has them."""
+    from radixlang_kernels import cpu_ops
     from radixlang_runtime import Engine
 
     path, _, want = wide_checkpoint
@@ -141,7 +163,11 @@ def test_wide_heads_on_the_torch_path(wide_checkpoint):
                 debug_check_integrity=True) as eng:
         outs = eng.generate(input_ids=LONG_PROMPTS[:2], sampling_params=SP)
         paths = eng.get_stats()["cpu"]["paths"]
-    assert paths["decode_attention"].startswith("torch") and paths["extend_attention"].startswith("torch")
+    c = cpu_ops.load() is not None
+    assert paths["decode_attention"].startswith("c:") == c and paths["extend_attention"].startswith("c:") == c
+    if c:
+        assert paths["decode_attention"].endswith(", torch:sdpa-gather (head_dim 320)")
+        assert paths["extend_attention"].endswith(", torch:sdpa (head_dim 320)")
     assert [o["output_ids"] for o in outs] == want
 
 
@@ -152,7 +178,7 @@ BASE = {"architectures": ["Gemma4ForCausalLM"], "vocab_size": 100, "hidden_size"
 
 def test_config_defaults_are_transformers():
     """Without layer_types every sixth layer is global (and the last one always); the global layers' head_dim is
-    512 and their rope the proportional one; the pool's entry is the widest layer's."""
+    512 and their rope the proportional one; each pool layer keeps its own entry shape."""
     cfg = ModelConfig.from_dict({**BASE, "num_hidden_layers": 8, "num_kv_shared_layers": 2})
     lay = cfg.family_options
     assert cfg.layer_windows == (512,) * 5 + (0, 512, 0)
@@ -161,6 +187,29 @@ def test_config_defaults_are_transformers():
     assert (cfg.rope.rope_type, cfg.rope.proportion, cfg.rope.theta) == ("proportional", 0.25, 1e6)
     assert (cfg.rope_local.rope_type, cfg.rope_local.theta, cfg.rope_local.head_dim) == ("default", 1e4, 16)
     assert cfg.attn_scale == 1.0 and cfg.tie_word_embeddings
+    assert cfg.kv_shapes(0, 2) == ((2, 16),) * 5 + ((2, 512),)
+
+
+def test_pool_bytes_per_token_are_each_layers_own():
+    """Sliding layers of head_dim 16 and 2 KV heads, a global layer of 64 lanes and 1 KV head, two KV-shared
+    layers: a token's pool bytes are each KV-computing layer's own 2 x kv_heads x head_dim x 4 (float32), not the
+    widest entry's for every layer; a rank of two keeps the global layer's one KV head and one of the others."""
+    from radixlang_runtime.mem.kv_pool import KVPool
+
+    cfg = ModelConfig.from_dict({**BASE, "num_hidden_layers": 8, "num_kv_shared_layers": 2, "global_head_dim": 64,
+                                 "attention_k_eq_v": True, "num_global_key_value_heads": 1})
+    lay = cfg.family_options
+    assert lay.head_dims[:6] == (16,) * 5 + (64,) and lay.kv_heads[:6] == (2,) * 5 + (1,)
+    want = sum(2 * lay.kv_heads[i] * lay.head_dims[i] * 4 for i in range(8) if lay.owns_kv(i))
+    assert want == 2 * (5 * 2 * 16 + 64) * 4 < 2 * 6 * 2 * 64 * 4  # the widest entry for every layer: padding
+    shapes = cfg.kv_shapes(0, cfg.num_key_value_heads)
+    assert shapes == ((2, 16),) * 5 + ((1, 64),)
+    pool = KVPool(16, cfg.kv_layer_count, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
+                  torch.device("cpu"), 1, 16, shapes=shapes)
+    assert pool.nbytes == 16 * want
+    assert KVPool.bytes_per_token(cfg.kv_layer_count, 0, 0, torch.float32, shapes=shapes) == want
+    assert [tuple(pool.k_buffers[i].shape) for i in (0, 5)] == [(2, 16, 16), (1, 16, 64)]
+    assert cfg.kv_shapes(1, 1) == ((1, 16),) * 5 + ((1, 64),)
 
 
 def test_proportional_rope_matches_transformers():
@@ -229,13 +278,55 @@ def test_tensor_parallel_matches_transformers(moe_checkpoint):
     assert again["output_ids"] == want[1] and again["meta_info"]["cached_tokens"] > 0
 
 
-def test_kv_share_of_a_rank():
-    from radixlang_runtime.model.models.gemma4 import kv_share
+def test_hierarchical_cache_round_trips_the_per_layer_pool(checkpoint, tmp_path):
+    """The tiers' records of the pool's groups (sliding and global entries): a restart loads the prompt's first
+    record from disk (L2) into every layer at its own shape; outputs equal transformers', the pools whole."""
+    from radixlang_runtime import Engine
 
-    assert kv_share(4, 1, 2, 2) == (0, (2,))  # one layer head filling both of the rank's pool heads
+    path, _, want = checkpoint
+    kw = dict(dtype="float32", max_total_tokens=256, enable_hierarchical_cache=True, hicache_size=0.01,
+              hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always", debug_check_integrity=True)
+    with Engine(str(path), **kw) as first:  # write_back: shutdown stores what only L1 held
+        assert first.generate(input_ids=LONG_PROMPTS[3], sampling_params=SP)["output_ids"] == want[3]
+        first.check_integrity()
+    with Engine(str(path), **kw) as eng:
+        out = eng.generate(input_ids=LONG_PROMPTS[3], sampling_params=SP)
+        assert out["meta_info"]["cached_tokens"] == 32  # one record of 32 tokens, read from L2
+        assert out["output_ids"] == want[3]
+        assert eng.get_stats()["hicache"]["bytes_loaded"] == 32 * KV_BYTES_PER_TOKEN
+        eng.check_integrity()
+
+
+def test_tensor_parallel_hierarchical_cache_round_trips_the_per_layer_pool(moe_checkpoint, tmp_path):
+    """Two gloo ranks: the tiers' records are a tp_size 1 pool's (the sliding layer's two KV heads from both
+    ranks, the global layer's one head), stored at shutdown and loaded by a restart into each rank's heads of
+    each layer; outputs equal transformers'."""
+    from radixlang_runtime import Engine
+
+    path, _, want = moe_checkpoint
+    kw = dict(dtype="float32", tp_size=2, max_total_tokens=256, enable_hierarchical_cache=True, hicache_size=0.01,
+              hicache_storage_dir=str(tmp_path / "l2"), hicache_load_policy="always", debug_check_integrity=True)
+    with Engine(str(path), **kw) as first:
+        assert first.generate(input_ids=LONG_PROMPTS[1], sampling_params=SP)["output_ids"] == want[1]
+    with Engine(str(path), **kw) as eng:
+        out = eng.generate(input_ids=LONG_PROMPTS[1], sampling_params=SP)
+        assert out["meta_info"]["cached_tokens"] == 32
+        assert out["output_ids"] == want[1]
+        # 2 planes: the sliding layer's 2 heads of 16 lanes, the global layer's 1 of 32; K and V, float32
+        assert eng.get_stats()["hicache"]["bytes_loaded"] == 32 * 2 * (2 * 16 + 32) * 4
+        eng.check_integrity()
+
+
+def test_kv_share_of_a_rank():
+    from radixlang_runtime.model.models.gemma4_config import kv_share, rank_kv_heads
+
+    assert kv_share(4, 1, 2, 2) == (0, (2,))  # one layer head serving both of the rank's wide heads
     assert kv_share(4, 2, 2, 2) == (1, (2,))
     assert kv_share(4, 4, 2, 2) == (2, (1, 1))
-    assert kv_share(6, 2, 2, 2) == (0, (1, 1))  # pool heads 2 and 3: layer heads 0 (0-2) and 1 (3-5)
+    assert kv_share(6, 2, 2, 2) == (0, (1, 1))  # wide heads 2 and 3: layer heads 0 (0-2) and 1 (3-5)
+    # the pool stores each layer head once, unless the rank's share cuts two heads' groups unequally
+    assert [rank_kv_heads(4, 1, 2, 2), rank_kv_heads(4, 2, 2, 2), rank_kv_heads(4, 4, 2, 2)] == [1, 1, 2]
+    assert kv_share(6, 3, 0, 3) == (0, (2, 1)) and rank_kv_heads(6, 3, 0, 3) == 3
 
 
 def test_lora_is_refused_by_name(checkpoint):
@@ -277,7 +368,7 @@ def test_multimodal_checkpoint_serves_its_text_model(checkpoint, tmp_path):
 
 
 def test_bfloat16_runs(checkpoint):
-    """bfloat16 serving: the packed linears, the C norms where the CPU has them, the padded pool entries."""
+    """bfloat16 serving: the packed linears, the C norms where the CPU has them, the per-layer pool entries."""
     from radixlang_runtime import Engine
 
     path, _, _ = checkpoint

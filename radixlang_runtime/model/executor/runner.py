@@ -45,7 +45,7 @@ from radixlang_runtime.model.loader.lora_registry import LoraRegistry
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
-from radixlang_runtime.model.executor.parallel import TPGroup, make_shard
+from radixlang_runtime.model.executor.parallel import TPGroup, head_split, make_shard
 from radixlang_runtime.model.prequant.linear import swap_linears
 from radixlang_runtime.model.prequant.load import prequant_paths, prequant_tensors
 from radixlang_runtime.model.loader.weights import SafetensorsDir
@@ -87,9 +87,9 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_dir: str, tp: Optional[TPGroup] = None,
-                 extra_kv: Optional[tuple[int, int, int]] = None):
-        """extra_kv: (layers, kv_heads, head_dim) of a second pool with this one's slots (STANDALONE's draft,
-        speculative/draft_model.py): a pool sized from memory then leaves it its share of the budget."""
+                 extra_kv: Optional[dict] = None):
+        """extra_kv: the entry (KVPool.bytes_per_token's arguments) of a second pool with this one's slots
+        (STANDALONE's draft, speculative/draft_model.py): a pool sized from memory leaves it its share."""
         self.extra_kv = extra_kv
         self.device = tp.device if tp is not None else resolve_device(args.device)
         self.args = args.resolve_for_device(self.device.type)
@@ -186,7 +186,7 @@ class ModelRunner:
         if packed:
             logger.info("prepacked %d linear weights for oneDNN", model.pack_for_cpu(tiles))
         self.cpu_paths = cpu_ops.plan(self.device, self.dtype, cfg.head_dim, shard.q_count, shard.kv_count, packed,
-                                          tiles)
+                                      tiles, backend.layer_shapes)
         if cfg.quant is not None:
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear=prequant_paths(cfg.quant, model))
         if args.quantization is not None:
@@ -241,11 +241,10 @@ class ModelRunner:
         if cfg.linear_attn is not None:
             table_rows, self.state_snapshot_slots = self.state_plan
             self.state_pool = StatePool(table_rows + self.state_snapshot_slots, self._state_shape(), self.device)
-        heads, dim, v_view = cfg.kv_entry(shard.kv_count)
         self.graph_off = graph_off_reason(self)
         pad = 0 if self.graph_off else 1  # the graph path's padding slot and table row, past the allocator's
-        self.kv_pool = KVPool(num_slots + pad, cfg.kv_layer_count, heads, dim, self.dtype, self.device,
-                              table_rows + pad, self.context_len, v_view)
+        self.kv_pool = KVPool(num_slots + pad, dtype=self.dtype, device=self.device, table_rows=table_rows + pad,
+                              context_len=self.context_len, **cfg.kv_pool_entry(shard.kv_start, shard.kv_count))
         self.sizes = RunnerSizes(num_slots, table_rows, self.context_len)
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
@@ -305,10 +304,11 @@ class ModelRunner:
             return a.max_total_tokens // ps * ps
         # Every rank of a tensor-parallel group must get the same number of slots: size by the
         # largest shard (ranks can hold one GQA group more than others).
-        heads, dim, v_view = cfg.kv_entry(self.shard.kv_count_max)
-        per_token = KVPool.bytes_per_token(cfg.kv_layer_count, heads, dim, self.dtype, v_view)
+        size = self.shard.size
+        per_token = max(KVPool.bytes_per_token(dtype=self.dtype, **cfg.kv_pool_entry(*head_split(
+            cfg.num_attention_heads, cfg.num_key_value_heads, size, r)[2:])) for r in range(size))
         if self.extra_kv is not None:
-            per_token += KVPool.bytes_per_token(*self.extra_kv, self.dtype)
+            per_token += KVPool.bytes_per_token(dtype=self.dtype, **self.extra_kv)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info()
             budget = int(free * (a.mem_fraction_static or 0.85))
@@ -336,8 +336,8 @@ class ModelRunner:
         the first request does not pay for them)."""
         n = max(1, min(tokens, self.args.max_prefill_tokens, self.context_len))
         cfg = self.cfg
-        heads, dim, v_view = cfg.kv_entry(self.shard.kv_count)
-        self.kv_pool = KVPool(n, cfg.kv_layer_count, heads, dim, self.dtype, self.device, 1, n, v_view)
+        self.kv_pool = KVPool(n, dtype=self.dtype, device=self.device, table_rows=1, context_len=n,
+                              **cfg.kv_pool_entry(self.shard.kv_start, self.shard.kv_count))
         self.state_pool = StatePool(1, self._state_shape(), self.device) if cfg.linear_attn is not None else None
         ids = [(i * 7919) % cfg.vocab_size for i in range(n)]
         self.run_step(StepInputs("extend", ids, list(range(n)), [0], [0], [n], [], [n - 1]))

@@ -73,6 +73,26 @@ class ModelConfig:
             return 1, self.mla.entry_dim, self.mla.kv_lora_rank
         return kv_heads, self.head_dim, None
 
+    def kv_shapes(self, kv_start: int, kv_count: int) -> Optional[tuple[tuple[int, int], ...]]:
+        """(kv_heads, head_dim) of each pool layer for the rank holding KV heads [kv_start, kv_start + kv_count)
+        of num_key_value_heads, where layers differ (a family's family_options.kv_shapes: Gemma 4); None: every
+        layer's entry is kv_entry(kv_count)'s."""
+        own = getattr(self.family_options, "kv_shapes", None)
+        return None if own is None else own(self.num_key_value_heads, kv_start, kv_count)
+
+    def kv_head_map(self, kv_start: int, kv_count: int) -> Optional[tuple[tuple[int, ...], ...]]:
+        """Per pool layer, the layer's KV head each of the rank's pool heads holds, where layers differ (a family's
+        family_options.kv_head_map: Gemma 4); None: heads [kv_start, kv_start + kv_count) in every layer."""
+        own = getattr(self.family_options, "kv_head_map", None)
+        return None if own is None else own(self.num_key_value_heads, kv_start, kv_count)
+
+    def kv_pool_entry(self, kv_start: int, kv_count: int) -> dict:
+        """mem/kv_pool.KVPool's (and its bytes_per_token's) entry arguments on the rank holding KV heads
+        [kv_start, kv_start + kv_count): layers, KV heads, head_dim, latent V width, per-layer shapes."""
+        heads, dim, v_view = self.kv_entry(kv_count)
+        return dict(num_layers=self.kv_layer_count, kv_heads=heads, head_dim=dim, v_view=v_view,
+                    shapes=self.kv_shapes(kv_start, kv_count))
+
     @property
     def kv_layer_count(self) -> int:
         """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead; KV-shared

@@ -4,7 +4,7 @@ Gemma4TextModel computes it (the config is models/gemma4_config.py's):
 - RMSNorm times w (not Gemma 2/3's 1 + w), in float32; pre + post norms around attention and around the MLP;
 - GeGLU MLP (gelu_pytorch_tanh), twice as wide on the KV-shared layers with use_double_wide_mlp;
 - attention: q, k per-head RMSNorm before RoPE, v RMSNorm without weight, scale 1; head_dim and KV heads per
-  layer (per_layer_config), stored in the pool's widest entry (gemma4_config's docstring); attention_k_eq_v: a
+  layer (per_layer_config), each layer's K/V stored at its own shape (gemma4_config's docstring); attention_k_eq_v: a
   full layer's V is its key projection; a sliding / global layer pattern with a rope per layer type (the global
   layers' "proportional" rope);
 - KV-shared layers: no K/V projections; they attend over their source layer's pool plane (its new tokens'
@@ -15,13 +15,14 @@ Gemma4TextModel computes it (the config is models/gemma4_config.py's):
 - enable_moe_block: a mixture of experts beside the dense MLP (models/gemma4_moe.py), each output normed, summed;
 - each layer's output scaled by its layer_scalar; embeddings times sqrt(hidden_size) (in the weights' dtype);
   final logit soft-capping.
-Tensor parallelism: heads split in whole GQA groups over the pool's (widest) KV heads, as every family's
-(executor/parallel.py); a layer with fewer KV heads computes the ones its rank's pool heads hold (each
-repeated for its share), so every rank's query heads read their own KV heads; a KV-shared layer reads its
-source's plane on the same rank. o_proj, the dense MLP's down projection (per-layer widths split alike) and each
-expert's intermediate columns are row-parallel (one all-reduce each); the embedding and the head are
-vocab-parallel, and so is the per-layer input embedding table (each rank its rows, one all-reduce of the
-step's [T, layers x ple_dim] lookups); its projection from the main embedding is replicated.
+Tensor parallelism: heads split in whole GQA groups over the widest KV heads, as every family's
+(executor/parallel.py); a layer with fewer KV heads computes and stores the ones its rank's query heads read
+(kv_share: a single KV head on every rank; repeated per wide head only where a rank's share cuts two heads'
+groups unequally); a KV-shared layer reads its source's plane on the same rank. o_proj, the dense MLP's down
+projection (per-layer widths split alike) and each expert's intermediate columns are row-parallel (one
+all-reduce each); the embedding and the head are vocab-parallel, and so is the per-layer input embedding
+table (each rank its rows, one all-reduce of the step's [T, layers x ple_dim] lookups); its projection from the
+main embedding is replicated.
 Not implemented, refused by name: bidirectional attention, GGUF blocks, LoRA adapters.
 """
 
@@ -42,22 +43,12 @@ from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.model.models.gemma2 import GeluMLP
-from radixlang_runtime.model.models.gemma4_config import MULTIMODAL, Gemma4Layers
+from radixlang_runtime.model.models.gemma4_config import MULTIMODAL, Gemma4Layers, kv_share, rank_kv_heads
 from radixlang_runtime.model.models.gemma4_moe import Gemma4MoE
 from radixlang_runtime.model.models.llama import (LlamaForCausalLM, Reduce, RMSNorm, param_setter,
                                                   vocab_parallel_lookup)
 
 __all__ = ["Gemma4ForCausalLM"]
-
-
-def kv_share(wide_kv: int, layer_kv: int, kv_start: int, kv_count: int) -> tuple[int, tuple[int, ...]]:
-    """A layer with layer_kv KV heads on a rank holding pool heads [kv_start, kv_start + kv_count) of wide_kv:
-    pool head j holds the layer's KV head j // (wide_kv / layer_kv). Returns (the first layer KV head the rank
-    computes, how many pool heads each of its layer KV heads fills, in order)."""
-    per = wide_kv // layer_kv
-    heads = [(kv_start + j) // per for j in range(kv_count)]
-    first = heads[0]
-    return first, tuple(heads.count(h) for h in range(first, heads[-1] + 1))
 
 
 class Gemma4Attention(nn.Module):
@@ -70,7 +61,9 @@ class Gemma4Attention(nn.Module):
         self.kv_start, self.fills = kv_share(cfg.num_key_value_heads, lay.kv_heads[layer_id], shard.kv_start,
                                              shard.kv_count)
         self.hkv = len(self.fills)  # this rank's KV heads of the layer
-        self.pool_heads, self.pool_dim = shard.kv_count, cfg.head_dim  # the rank's pool entry (the widest)
+        # the pool's entry for them (gemma4_config.rank_kv_heads): hkv heads, or kv_count with heads repeated
+        self.pool_heads = rank_kv_heads(cfg.num_key_value_heads, lay.kv_heads[layer_id], shard.kv_start,
+                                        shard.kv_count)
         self.reduce = reduce
         kv_out = 0 if not self.owns_kv else self.hkv * self.d * (1 if self.k_eq_v else 2)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.h * self.d + kv_out, bias=False)
@@ -81,18 +74,12 @@ class Gemma4Attention(nn.Module):
         self.local = lay.sliding[layer_id]
         self.backend = backend
 
-    def _widen(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, heads, d] -> [T, heads, pool_dim]: zero lanes past d."""
-        return F.pad(x, (0, self.pool_dim - self.d)) if self.d < self.pool_dim else x
-
     def _kv_entry(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, hkv, d] -> the pool's entry [T, pool_heads, pool_dim]: each KV head repeated for its share of the
-        pool's heads (the same query heads read it), zero lanes past d."""
-        if len(set(self.fills)) == 1 and self.fills[0] > 1:
-            x = x.repeat_interleave(self.fills[0], dim=1)
-        elif len(set(self.fills)) > 1:  # a rank's pool heads cutting a layer head's share
-            x = torch.cat([x[:, i:i + 1].expand(-1, n, -1) for i, n in enumerate(self.fills)], dim=1)
-        return self._widen(x).contiguous()
+        """[T, hkv, d] -> the pool's entry [T, pool_heads, d]: the heads themselves, or (a rank whose share cuts
+        two heads' groups unequally) each repeated for the rank's wide heads it serves."""
+        if self.pool_heads == self.hkv:
+            return x
+        return torch.cat([x[:, i:i + 1].expand(-1, n, -1) for i, n in enumerate(self.fills)], dim=1).contiguous()
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, cos_sin, shared: dict) -> torch.Tensor:
         T = x.shape[0]
@@ -104,11 +91,11 @@ class Gemma4Attention(nn.Module):
             k = self._kv_entry(Rotary.apply(self.k_norm(k_raw), cos_sin))
             v = self._kv_entry(F.rms_norm(v_raw, (self.d,), None, self.eps))
             shared[self.plane] = k, v  # the KV-shared layers' new tokens (the pool has them too)
-            o = self.backend.forward(self._widen(q), k, v, self.plane, fb)
+            o = self.backend.forward(q, k, v, self.plane, fb)
         else:
             k, v = shared[self.plane]
-            o = self.backend.attend(self._widen(q), k, v, self.plane, fb)
-        o = self.o_proj(o.view(T, self.h, self.pool_dim)[..., : self.d].reshape(T, self.h * self.d))
+            o = self.backend.attend(q, k, v, self.plane, fb)
+        o = self.o_proj(o)  # [T, h * d]
         return o if self.reduce is None else self.reduce(o)
 
 
@@ -162,6 +149,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
                                                  cfg.intermediate_size, cfg.vocab_size)
         self.reduce = reduce
         lay: Gemma4Layers = cfg.family_options
+        backend.set_layer_shapes(lay.kv_shapes(cfg.num_key_value_heads, shard.kv_start, shard.kv_count))
         self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
         self.rotary = rotary  # the full-attention layers' tables; the sliding layers': rotary_local
         self.rotary_local = Rotary(cfg.rope_local, rotary.cos.shape[0], rotary.cos.device, rotary.cos.dtype)

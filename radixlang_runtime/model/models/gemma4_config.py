@@ -3,9 +3,10 @@ text_config) -> ModelConfig plus Gemma4Layers, each field as transformers' Gemma
 
 Attention shapes per layer: per_layer_config {layer: {head_dim, num_key_value_heads}} (or the older
 global_head_dim / num_global_key_value_heads: the full-attention layers' head_dim, default 512). The KV pool
-holds one entry shape for every layer, so its entry is the widest: max head_dim lanes and max KV heads; a layer
-with narrower heads stores them zero-padded (a zero lane adds nothing to q . k, and the attention scale is 1,
-not head_dim ** -0.5) and a layer with fewer KV heads stores each one repeated for its GQA group.
+stores each layer at its own entry (Gemma4Layers.kv_shapes -> mem/kv_pool.py's groups): its head_dim lanes and
+its KV heads, neither padded nor repeated; a token costs the sum over KV-computing layers of 2 x kv_heads x
+head_dim x the dtype's size. ModelConfig.head_dim / num_key_value_heads are the widest (the tensor-parallel split
+runs in whole GQA groups of the widest KV heads; kv_share maps a rank's share to each layer's own heads).
 KV sharing: the last num_kv_shared_layers layers compute no K/V; each reads the pool plane of the last earlier
 layer of its own layer type (ModelConfig.kv_shared_layers: those layers have no plane).
 """
@@ -49,6 +50,45 @@ class Gemma4Layers:
 
     def owns_kv(self, layer: int) -> bool:
         return self.kv_plane[layer] == layer
+
+    def kv_shapes(self, wide_kv: int, kv_start: int, kv_count: int) -> tuple[tuple[int, int], ...]:
+        """(kv_heads, head_dim) of each KV-computing layer (the pool's layers) on the rank holding heads
+        [kv_start, kv_start + kv_count) of the widest wide_kv: the layer's own heads of that share (kv_share)."""
+        return tuple((len(heads), self.head_dims[i])
+                     for i, heads in zip(self.kv_layers, self.kv_head_map(wide_kv, kv_start, kv_count)))
+
+    def kv_head_map(self, wide_kv: int, kv_start: int, kv_count: int) -> tuple[tuple[int, ...], ...]:
+        """Per KV-computing layer: the layer's KV head each of the rank's pool heads holds (rank_kv_heads)."""
+        out = []
+        for i in self.kv_layers:
+            first, fills = kv_share(wide_kv, self.kv_heads[i], kv_start, kv_count)
+            if rank_kv_heads(wide_kv, self.kv_heads[i], kv_start, kv_count) == len(fills):
+                out.append(tuple(range(first, first + len(fills))))
+            else:
+                out.append(tuple(first + j for j, n in enumerate(fills) for _ in range(n)))
+        return tuple(out)
+
+    @property
+    def kv_layers(self) -> list[int]:
+        return [i for i in range(len(self.kv_plane)) if self.owns_kv(i)]
+
+
+def kv_share(wide_kv: int, layer_kv: int, kv_start: int, kv_count: int) -> tuple[int, tuple[int, ...]]:
+    """A layer with layer_kv KV heads on a rank holding heads [kv_start, kv_start + kv_count) of wide_kv (the
+    split's unit): wide head j maps to the layer's KV head j // (wide_kv / layer_kv). Returns (the first layer KV
+    head the rank computes, how many of its wide heads each of its layer KV heads serves, in order)."""
+    per = wide_kv // layer_kv
+    heads = [(kv_start + j) // per for j in range(kv_count)]
+    first = heads[0]
+    return first, tuple(heads.count(h) for h in range(first, heads[-1] + 1))
+
+
+def rank_kv_heads(wide_kv: int, layer_kv: int, kv_start: int, kv_count: int) -> int:
+    """The KV heads a rank stores for the layer: its own heads of its share, each once, when they serve equal
+    numbers of its query heads; else (a rank's share cutting two heads' groups unequally) kv_count, each head
+    repeated for the wide heads it serves."""
+    fills = kv_share(wide_kv, layer_kv, kv_start, kv_count)[1]
+    return len(fills) if len(set(fills)) == 1 else kv_count
 
 
 def _layer_types(cfg: dict) -> list[str]:

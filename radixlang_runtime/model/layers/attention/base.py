@@ -4,6 +4,7 @@ by `--attention-backend`; the model calls `forward` once per layer and never see
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Optional
 
 import torch
 
@@ -29,6 +30,10 @@ class AttentionBackend(ABC):
         # layer -> [H] float attention sinks (gpt-oss: a learned logit per query head that joins every row's
         # softmax denominator and weighs no value); layers absent have none. Set by set_sinks.
         self.sinks: dict[int, torch.Tensor] = {}
+        # per layer (kv_heads, head_dim) where layers differ (Gemma 4; then head_dim is the widest); None: every
+        # layer (num_kv_heads, head_dim). Set by set_layer_shapes.
+        self.layer_shapes: Optional[tuple[tuple[int, int], ...]] = None
+        self.prior_dim = head_dim  # the head_dim of the layers cascade attention runs on (its prior's width)
 
     def set_layer_options(self, windows: tuple[int, ...], soft_cap: float = 0.0) -> None:
         """The model's per-layer windows and attention logit soft-cap (ModelConfig.layer_windows)."""
@@ -61,6 +66,20 @@ class AttentionBackend(ABC):
             raise ValueError(f"attention sinks of layer {layer}: expected shape ({self.num_heads},), "
                              f"got {tuple(sinks.shape)}")
         self.sinks[layer] = sinks
+
+    def set_layer_shapes(self, shapes: tuple[tuple[int, int], ...]) -> None:
+        """The model's (kv_heads, head_dim) of each layer the backend attends (this rank's heads; q heads stay
+        num_heads), where layers differ."""
+        self.layer_shapes = tuple((int(h), int(d)) for h, d in shapes)
+        self.prior_dim = min(self.cascade_dims(), default=self.head_dim)
+
+    def cascade_dims(self, skip: frozenset = frozenset()) -> set[int]:
+        """The head_dims of the layers (but `skip`) cascade attention may run on: neither windowed nor chunked.
+        More than one: the backend runs no cascade (one shared-prefix output per step)."""
+        if self.layer_shapes is None:
+            return {self.head_dim}
+        return {d for i, (_, d) in enumerate(self.layer_shapes)
+                if i not in skip and not self.window(i) and not self.chunk(i)}
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if layer < len(self.windows) else 0

@@ -25,6 +25,11 @@ first position); the C extend kernel runs each request's new tokens cut at chunk
 piece, whose cached prefix is read from the chunk's first position (PagedPrefix.k_begin): `chunk_segments`.
 Chunked layers never run cascade attention.
 
+Per-layer shapes (layer_shapes, Gemma 4): each layer attends at its own head_dim and KV heads; the layers the C
+kernels do not fit (head_dim > 256: torch_layers) run the torch path beside the C path of the others, from a torch
+metadata built alongside the C one (`meta.torch`); cascade attention runs where the C path's non-windowed layers
+share one head_dim (its prior's width, prior_dim).
+
 Attention sinks (self.sinks, gpt-oss) on every path: the torch path appends each head's sink logit to its
 rows' scores before the softmax; the C kernels merge it as a prior of value 0 (cpu_ops.sink_prior), merged
 into cascade attention's shared part where there is one.
@@ -47,8 +52,8 @@ from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 
 @dataclass
 class DecodeMeta:
-    # [Hkv * B * L_max] pool rows (KVPool.flat_index), by head then request (padding: any valid slot)
-    kv_rows: torch.Tensor
+    # Hkv -> [Hkv * B * L_max] pool rows (KVPool.flat_rows), by head then request (padding: any valid slot)
+    kv_rows: dict[int, torch.Tensor]
     max_len: int  # L_max
     keep_mask: Optional[torch.Tensor]  # [1, B, 1, L_max] bool, False on padding; None when lengths are equal
     win_masks: dict = field(default_factory=dict)  # window w -> [1, B, 1, L_max] bool: keep_mask & the window
@@ -59,7 +64,7 @@ class DecodeMeta:
 class ExtendMeta:
     uniform: bool  # every request: no prefix, same extend length
     starts: list[int]  # offset of each request's tokens in T
-    kv_rows: list[Optional[torch.Tensor]]  # per request [Hkv * L_i] pool rows when it has a prefix, else None
+    kv_rows: list[Optional[dict]]  # per request Hkv -> [Hkv * L_i] pool rows when it has a prefix, else None
     masks: list[Optional[torch.Tensor]]  # per request [n_i, L_i] bool (True = attend) when it has a prefix
     # C kernel inputs (CPU): offsets and lengths of each request's new tokens, [R] int64 each,
     # and its cached prefix length ([R] int64, None when no request has one).
@@ -71,6 +76,7 @@ class ExtendMeta:
     win_masks: dict = field(default_factory=dict)  # window w -> per request [n_i, L_i] bool (torch path)
     chunk_masks: dict = field(default_factory=dict)  # chunk c -> per request [n_i, L_i] bool (torch path)
     chunk_segments: dict = field(default_factory=dict)  # chunk c -> ChunkSegments (C kernel path)
+    torch: Optional["ExtendMeta"] = None  # C kernel path: the torch path's metadata for torch_layers
 
 
 @dataclass
@@ -108,6 +114,7 @@ class CDecodeMeta:
     rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # deterministic mode: arange(B), ones(B)
     win_begin: dict = field(default_factory=dict)  # window w -> [B] int64 max(0, seq_len - w): the first key
     chunk_begin: dict = field(default_factory=dict)  # chunk c -> [B] int64 the new token's chunk's first position
+    torch: Optional[DecodeMeta] = None  # the torch path's metadata for torch_layers
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -121,63 +128,85 @@ class TorchAttentionBackend(AttentionBackend):
         self.dpbf16 = False  # the extend kernel with VDPBF16PS
         self.cascade = True  # shared-prefix attention on the C path (False: one pass per request)
         self.rows_like_extend = False  # decode through the extend kernel (the deterministic mode)
+        self.torch_layers: frozenset[int] = frozenset()  # layers the C kernels do not fit (layer_shapes): torch path
+        self.prior_dim = head_dim  # the head_dim of the layers cascade attention runs on
 
     def configure(self, paths: "cpu_ops.CpuPaths") -> None:
         """Take the kernel choices of cpu_ops.plan() (they hold for every batch of this model); with a
         soft-cap the C attention kernels stay off (they do not implement it)."""
         self.c_decode, self.c_extend = (False, False) if self.soft_cap else (paths.c_decode, paths.c_extend)
         self.dpbf16 = "+dpbf16" in paths.extend_attention
+        if self.layer_shapes is None:
+            return
+        self.torch_layers = frozenset(i for i, (h, d) in enumerate(self.layer_shapes)
+                                      if not cpu_ops.c_attention_fits(d, self.num_heads, h))
+        dims = self.cascade_dims(self.torch_layers)  # the C path's
+        self.prior_dim = min(dims, default=self.head_dim)
+        self.cascade = self.cascade and len(dims) == 1
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        pool = fb.kv_pool
-        if fb.is_decode and self.c_decode:
-            B = fb.batch_size
-            meta = CDecodeMeta()
-            if self.rows_like_extend:
-                meta.rows = torch.arange(B, dtype=torch.int64), torch.ones(B, dtype=torch.int64)
-            elif self.cascade and not fb.graph_max_len:  # a graph holds no host-planned groups
-                meta.cascade = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
-                                            list(range(B)), [1] * B)
-                meta.prior = self._prior(meta.cascade, B, pool)
-            meta.win_begin = {w: (fb.seq_lens - w).clamp_(min=0) for w in self.distinct_windows}
-            meta.chunk_begin = {c: torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
-                                for c in self.distinct_chunks}
-            fb.attn_meta = meta
-            return
+        c = self.c_decode if fb.is_decode else self.c_extend
         if fb.is_decode:
-            max_len = max(fb.seq_lens_cpu)
-            kv_slots = pool.req_to_token[fb.req_rows, :max_len].reshape(-1)
-            keep_mask = None
-            if min(fb.seq_lens_cpu) != max_len:
-                ar = torch.arange(max_len, device=kv_slots.device)
-                keep_mask = (ar[None, :] < fb.seq_lens[:, None]).view(1, fb.batch_size, 1, max_len)
+            meta = self._c_decode_meta(fb) if c else self._torch_decode_meta(fb)
+        else:
+            meta = self._c_extend_meta(fb) if c else self._torch_extend_meta(fb)
+        if c and self.torch_layers:  # layers the C kernels do not fit run the torch path
+            meta.torch = self._torch_decode_meta(fb) if fb.is_decode else self._torch_extend_meta(fb)
+        fb.attn_meta = meta
+
+    def _c_decode_meta(self, fb: ForwardBatch) -> CDecodeMeta:
+        pool, B = fb.kv_pool, fb.batch_size
+        meta = CDecodeMeta()
+        if self.rows_like_extend:
+            meta.rows = torch.arange(B, dtype=torch.int64), torch.ones(B, dtype=torch.int64)
+        elif self.cascade and not fb.graph_max_len:  # a graph holds no host-planned groups
+            meta.cascade = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), [n - 1 for n in fb.seq_lens_cpu],
+                                        list(range(B)), [1] * B)
+            meta.prior = self._prior(meta.cascade, B, pool)
+        meta.win_begin = {w: (fb.seq_lens - w).clamp_(min=0) for w in self.distinct_windows}
+        meta.chunk_begin = {c: torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
+                            for c in self.distinct_chunks}
+        return meta
+
+    def _torch_decode_meta(self, fb: ForwardBatch) -> DecodeMeta:
+        pool = fb.kv_pool
+        max_len = max(fb.seq_lens_cpu)
+        kv_slots = pool.req_to_token[fb.req_rows, :max_len].reshape(-1)
+        keep_mask = None
+        if min(fb.seq_lens_cpu) != max_len:
             ar = torch.arange(max_len, device=kv_slots.device)
-            win_masks = {}
-            for w in self.distinct_windows:
-                seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= fb.seq_lens[:, None] - w)
-                win_masks[w] = seen.view(1, fb.batch_size, 1, max_len)
-            chunk_masks = {}
-            for c in self.distinct_chunks:
-                first = torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
-                seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= first[:, None])
-                chunk_masks[c] = seen.view(1, fb.batch_size, 1, max_len)
-            fb.attn_meta = DecodeMeta(pool.flat_index(kv_slots), max_len, keep_mask, win_masks, chunk_masks)
-            return
-        fresh = all(p == 0 for p in fb.prefix_lens_cpu)
-        if self.c_extend:  # the C kernel reads prefixes in place: no gather, no masks
-            starts = [0, *itertools.accumulate(fb.extend_lens_cpu)][:-1]
-            plan = None
-            if self.cascade and not fresh:
-                plan = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), fb.prefix_lens_cpu, starts,
-                                    fb.extend_lens_cpu)
-            fb.attn_meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
-                                      torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
-                                      None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan,
-                                      self._prior(plan, int(fb.input_ids.shape[0]), pool))
-            rows = fb.req_rows.tolist() if self.distinct_chunks else []
-            fb.attn_meta.chunk_segments = {c: chunk_segments(c, starts, fb.prefix_lens_cpu, fb.extend_lens_cpu, rows)
-                                           for c in self.distinct_chunks}
-            return
+            keep_mask = (ar[None, :] < fb.seq_lens[:, None]).view(1, fb.batch_size, 1, max_len)
+        ar = torch.arange(max_len, device=kv_slots.device)
+        win_masks = {}
+        for w in self.distinct_windows:
+            seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= fb.seq_lens[:, None] - w)
+            win_masks[w] = seen.view(1, fb.batch_size, 1, max_len)
+        chunk_masks = {}
+        for c in self.distinct_chunks:
+            first = torch.div(fb.seq_lens - 1, c, rounding_mode="floor") * c
+            seen = (ar[None, :] < fb.seq_lens[:, None]) & (ar[None, :] >= first[:, None])
+            chunk_masks[c] = seen.view(1, fb.batch_size, 1, max_len)
+        return DecodeMeta(pool.flat_rows(kv_slots), max_len, keep_mask, win_masks, chunk_masks)
+
+    def _c_extend_meta(self, fb: ForwardBatch) -> ExtendMeta:
+        """The C kernel reads prefixes in place: no gather, no masks."""
+        pool, fresh = fb.kv_pool, all(p == 0 for p in fb.prefix_lens_cpu)
+        starts = [0, *itertools.accumulate(fb.extend_lens_cpu)][:-1]
+        plan = None
+        if self.cascade and not fresh:
+            plan = plan_cascade(pool.req_to_token, fb.req_rows.tolist(), fb.prefix_lens_cpu, starts,
+                                fb.extend_lens_cpu)
+        meta = ExtendMeta(False, starts, [], [], torch.tensor(starts, dtype=torch.int64),
+                          torch.tensor(fb.extend_lens_cpu, dtype=torch.int64),
+                          None if fresh else torch.tensor(fb.prefix_lens_cpu, dtype=torch.int64), plan,
+                          self._prior(plan, int(fb.input_ids.shape[0]), pool))
+        rows = fb.req_rows.tolist() if self.distinct_chunks else []
+        meta.chunk_segments = {c: chunk_segments(c, starts, fb.prefix_lens_cpu, fb.extend_lens_cpu, rows)
+                               for c in self.distinct_chunks}
+        return meta
+
+    def _torch_extend_meta(self, fb: ForwardBatch) -> ExtendMeta:
+        pool, fresh = fb.kv_pool, all(p == 0 for p in fb.prefix_lens_cpu)
         starts, slots, masks = [], [], []
         off = 0
         dev = pool.req_to_token.device
@@ -188,7 +217,7 @@ class TorchAttentionBackend(AttentionBackend):
                 slots.append(None)
                 masks.append(None)
                 continue
-            slots.append(pool.flat_index(pool.req_to_token[fb.req_rows[i], : p + n]))
+            slots.append(pool.flat_rows(pool.req_to_token[fb.req_rows[i], : p + n]))
             # the query at absolute position p + j sees keys 0 .. p + j
             q_pos = torch.arange(p, p + n, device=dev)
             masks.append(torch.arange(p + n, device=dev)[None, :] <= q_pos[:, None])
@@ -197,16 +226,16 @@ class TorchAttentionBackend(AttentionBackend):
                      for w in self.distinct_windows}
         chunk_masks = {c: [chunk_mask(p, n, c, dev) for p, n in zip(fb.prefix_lens_cpu, fb.extend_lens_cpu)]
                        for c in self.distinct_chunks}
-        fb.attn_meta = ExtendMeta(uniform, starts, slots, masks, win_masks=win_masks, chunk_masks=chunk_masks)
+        return ExtendMeta(uniform, starts, slots, masks, win_masks=win_masks, chunk_masks=chunk_masks)
 
     def _prior(self, plan: Optional[CascadePlan], T: int, pool) -> Optional[cpu_ops.Prior]:
         if plan is None:
             return None
-        return cpu_ops.empty_prior(T, self.num_heads, self.head_dim, pool.k_buffers[0].dtype)
+        return cpu_ops.empty_prior(T, self.num_heads, self.prior_dim, pool.k_buffers[0].dtype)
 
     def forward_decode(self, q: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         B, H, D = q.shape
-        if isinstance(fb.attn_meta, CDecodeMeta):  # the C kernel, straight from the pool
+        if isinstance(fb.attn_meta, CDecodeMeta) and layer not in self.torch_layers:  # the C kernel, from the pool
             pool, cm = fb.kv_pool, fb.attn_meta
             kb, vb, plan = pool.k_buffers[layer], pool.v_buffers[layer], cm.cascade
             w, c, sinks = self.window(layer), self.chunk(layer), self.sinks.get(layer)
@@ -227,9 +256,9 @@ class TorchAttentionBackend(AttentionBackend):
             o = cpu_ops.paged_decode(q, kb, vb, pool.req_to_token, fb.req_rows, fb.seq_lens, self.scale,
                                         None if plan is None else plan.k_begin, cm.prior, sinks=sinks)
             return o.view(B, H * D)
-        meta: DecodeMeta = fb.attn_meta
-        hkv, L = self.num_kv_heads, meta.max_len
-        k, v = fb.kv_pool.gather(layer, meta.kv_rows)
+        meta: DecodeMeta = fb.attn_meta.torch if isinstance(fb.attn_meta, CDecodeMeta) else fb.attn_meta
+        hkv, L = fb.kv_pool.k_buffers[layer].shape[0], meta.max_len  # the layer's own KV heads
+        k, v = fb.kv_pool.gather(layer, meta.kv_rows[hkv])
         k = k.view(hkv, B, L, D)
         v = v.view(hkv, B, L, D)
         qg = q.reshape(B, hkv, H // hkv, D).transpose(0, 1).contiguous()  # [Hkv, B, G, D]; a strided q slows SDPA
@@ -246,8 +275,10 @@ class TorchAttentionBackend(AttentionBackend):
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                        fb: ForwardBatch) -> torch.Tensor:
         meta: ExtendMeta = fb.attn_meta
+        if meta.kernel_starts is not None and layer in self.torch_layers:
+            meta = meta.torch  # a layer the C kernels do not fit
         T, H, D = q.shape
-        hkv = self.num_kv_heads
+        hkv = k.shape[1]
         w, c, sinks = self.window(layer), self.chunk(layer), self.sinks.get(layer)
         if meta.kernel_starts is not None:  # the C kernel
             prefix, plan = None, meta.cascade
@@ -289,7 +320,7 @@ class TorchAttentionBackend(AttentionBackend):
             if meta.kv_rows[i] is None:
                 ki, vi = k[s : s + n].transpose(0, 1), v[s : s + n].transpose(0, 1)  # [Hkv, n, D]
             else:
-                ki, vi = fb.kv_pool.gather(layer, meta.kv_rows[i])  # [Hkv, L, D]
+                ki, vi = fb.kv_pool.gather(layer, meta.kv_rows[i][hkv])  # [Hkv, L, D]
             o = attend(qi, ki, vi, mask, self.scale, self.soft_cap, gqa=True, causal=mask is None, sink=sink)
             out[s : s + n] = o.transpose(0, 1).reshape(n, H * D)
         return out

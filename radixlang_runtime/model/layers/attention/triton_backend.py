@@ -64,12 +64,13 @@ class TritonAttentionBackend(AttentionBackend):
                                         for c in self.distinct_chunks}
             shareable = [n - 1 for n in fb.seq_lens_cpu]  # all but the new token are in the pool
             # else no group (or a graph's step): skip the sync
-            if self.cascade and not bound and sum(n >= MIN_SHARED for n in shareable) >= 2:
+            if self.cascade and not bound and len(self.cascade_dims()) == 1 and \
+                    sum(n >= MIN_SHARED for n in shareable) >= 2:
                 B = fb.batch_size
                 plan = plan_cascade(fb.kv_pool.req_to_token, fb.req_rows.tolist(), shareable, list(range(B)), [1] * B)
                 if plan is not None:
                     fb.attn_meta.cascade = plan
-                    fb.attn_meta.prior_o = torch.zeros(B, self.num_heads, self.head_dim, dtype=torch.float32,
+                    fb.attn_meta.prior_o = torch.zeros(B, self.num_heads, self.prior_dim, dtype=torch.float32,
                                                        device=dev)
                     fb.attn_meta.prior_lse = torch.full((B, self.num_heads), float("-inf"), dtype=torch.float32,
                                                         device=dev)
