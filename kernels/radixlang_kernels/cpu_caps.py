@@ -32,7 +32,7 @@ from typing import Literal, Optional
 
 MASK_ENV = "RADIXLANG_CPU_MASK"
 Isa = Literal["avx512_bf16", "avx512", "avx2", "scalar"]
-MASK_WORDS = ("avx512_bf16", "avx512", "avx2", "cc")
+MASK_WORDS = ("avx512_bf16", "avx512_vnni", "avx512", "avx2", "cc")
 
 # what the AVX-512 kernels need (x86-64-v4 plus nothing else); BF16 adds avx512_bf16
 _AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
@@ -64,10 +64,11 @@ class CpuCaps:
         """Target flags for the C kernels: exactly the features of `isa`, never the build machine's."""
         if self.arch not in ("x86_64", "AMD64"):
             return []  # portable C; the compiler's default target for this architecture
-        # every CPU with AVX512-BF16 has AVX512-VNNI (Cooper Lake, Sapphire Rapids, Zen 4 / 5); the flag is
-        # still only given where the CPU reports it
+        # every CPU with AVX512-BF16 has AVX512-VNNI (Cooper Lake, Sapphire Rapids, Zen 4 / 5), and many without
+        # BF16 have it (Cascade Lake, Ice Lake: the int8 kernels' VPDPBUSD); the flag is only given where the CPU
+        # reports it (the avx512_vnni mask word hides it: Skylake's AVX512BW paths)
         vnni = ["-mavx512vnni"] if "avx512_vnni" in self.features else []
-        return {"avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16", *vnni], "avx512": ["-march=x86-64-v4"],
+        return {"avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16", *vnni], "avx512": ["-march=x86-64-v4", *vnni],
                 "avx2": ["-march=x86-64-v3"], "scalar": ["-march=x86-64"]}[self.isa]
 
     def summary(self) -> dict:
@@ -76,7 +77,7 @@ class CpuCaps:
 
 
 def parse_mask(value: Optional[str]) -> frozenset[str]:
-    """'avx512' -> {avx512, avx512_bf16}; an unknown word raises ValueError naming it."""
+    """'avx512' -> {avx512, avx512_bf16, avx512_vnni}; an unknown word raises ValueError naming it."""
     words = {w.strip().lower() for w in (value or "").split(",") if w.strip()}
     unknown = sorted(words - set(MASK_WORDS))
     if unknown:
@@ -84,7 +85,7 @@ def parse_mask(value: Optional[str]) -> frozenset[str]:
     if "avx2" in words:
         words.add("avx512")
     if "avx512" in words:
-        words.add("avx512_bf16")
+        words.update(("avx512_bf16", "avx512_vnni"))
     return frozenset(words)
 
 
@@ -120,6 +121,8 @@ def apply_mask(features: frozenset[str], masked: frozenset[str]) -> frozenset[st
     for f in features:
         if "avx512_bf16" in masked and (f == "avx512_bf16" or f.startswith("amx")):
             drop.add(f)
+        if "avx512_vnni" in masked and f == "avx512_vnni":
+            drop.add(f)
         if "avx512" in masked and (f.startswith("avx512") or f.startswith("amx")):
             drop.add(f)
         if "avx2" in masked and f in _AVX2 | {"avx_vnni"}:
@@ -140,7 +143,7 @@ def detect() -> CpuCaps:
 def apply_mask_to_environment() -> None:
     """Cap oneDNN at what the mask leaves (before torch's first GEMM). No-op without a mask."""
     caps = detect()
-    if "ONEDNN_MAX_CPU_ISA" in os.environ or not caps.masked & {"avx512_bf16", "avx512", "avx2"}:
+    if "ONEDNN_MAX_CPU_ISA" in os.environ or not caps.masked & {"avx512_bf16", "avx512_vnni", "avx512", "avx2"}:
         return
-    os.environ["ONEDNN_MAX_CPU_ISA"] = {"avx512": "AVX512_CORE_VNNI", "avx2": "AVX2",
-                                        "scalar": "SSE41"}.get(caps.isa, "AVX512_CORE_VNNI")
+    avx512 = "AVX512_CORE_VNNI" if "avx512_vnni" in caps.features else "AVX512_CORE"
+    os.environ["ONEDNN_MAX_CPU_ISA"] = {"avx512": avx512, "avx2": "AVX2", "scalar": "SSE41"}.get(caps.isa, avx512)

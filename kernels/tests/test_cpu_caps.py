@@ -14,8 +14,8 @@ ZEN5 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx
 
 
 def test_mask_words_and_isa():
-    assert parse_mask("avx512") == {"avx512", "avx512_bf16"}
-    assert parse_mask("avx2") == {"avx2", "avx512", "avx512_bf16"}
+    assert parse_mask("avx512") == {"avx512", "avx512_bf16", "avx512_vnni"}
+    assert parse_mask("avx2") == {"avx2", "avx512", "avx512_bf16", "avx512_vnni"}
     with pytest.raises(ValueError, match="sse9"):
         parse_mask("sse9")
     caps = CpuCaps("x86_64", ZEN5, frozenset(), "/usr/bin/cc")
@@ -27,7 +27,9 @@ def test_mask_words_and_isa():
         assert (c.isa, c.native_bf16) == (isa, bf16)
         assert "-march=native" not in c.kernel_cflags()
     no_bf16 = dataclasses.replace(caps, features=apply_mask(ZEN5, parse_mask("avx512_bf16")))
-    assert "-mavx512bf16" not in no_bf16.kernel_cflags()
+    assert "-mavx512bf16" not in no_bf16.kernel_cflags() and "-mavx512vnni" in no_bf16.kernel_cflags()
+    skylake = dataclasses.replace(caps, features=apply_mask(ZEN5, parse_mask("avx512_bf16,avx512_vnni")))
+    assert skylake.isa == "avx512" and "-mavx512vnni" not in skylake.kernel_cflags()
 
 
 def test_library_key_changes_with_features():

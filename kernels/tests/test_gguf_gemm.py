@@ -159,6 +159,36 @@ def test_tiles_gemm_equals_the_integer_reference_and_the_blocks_gemm(isa, fmt):
     assert bool((wide[:, :5] == 7).all()) and bool((wide[:, 42:] == 7).all())
 
 
+@pytest.mark.skipif("avx512_vnni" not in detect().features or detect().isa not in ("avx512_bf16", "avx512"),
+                    reason="no AVX512-VNNI")
+def test_the_vnni_build_without_bf16(monkeypatch):
+    """A CPU with AVX512-VNNI and no BF16 (Cascade Lake, Ice Lake; here BF16 masked): the library compiles the
+    VNNI int8 paths, which give the integer reference's sums on the blocks and on the tiles."""
+    import dataclasses
+
+    from radixlang_kernels.cpu_caps import apply_mask, parse_mask
+    from radixlang_kernels.op_table import build_library
+
+    caps = detect()
+    masked = caps.masked | parse_mask("avx512_bf16")
+    caps = dataclasses.replace(caps, features=apply_mask(caps.features, masked), masked=masked)
+    assert caps.isa == "avx512" and "-mavx512vnni" in caps.kernel_cflags()
+    lib = build_library(caps)
+    assert lib is not None
+    cpu_ops.load()
+    monkeypatch.setattr(cpu_ops, "_lib", lib)
+    rng = np.random.default_rng(13)
+    for fmt in ("Q5_0", "Q4_K", "Q6_K", "Q8_0"):
+        K = _shapes(fmt)[0]
+        blocks, tb = _case(fmt, 21, K, seed=5)
+        x = torch.from_numpy(rng.normal(0, 1, (40, K)).astype(np.float32))
+        for qx_len, out in ((0, quant_ops.gguf_kq_gemm(x, tb, fmt, out_dtype=torch.float32)),
+                            (32, quant_ops.gguf_q8_tiles_gemm(x, quant_ops.gguf_q8_tiles(tb, fmt), fmt, 21,
+                                                              out_dtype=torch.float32))):
+            ref, slack = _reference(x.numpy(), blocks, fmt, K, qx_len=qx_len)
+            assert (np.abs(out.numpy() - ref) <= slack).all(), (fmt, qx_len)
+
+
 def test_tiles_gemm_refusals(isa):
     lib = cpu_ops.load() if cpu_ops._lib is None else cpu_ops._lib
     tiles = quant_ops.gguf_q8_tiles(_case("Q4_K", 8, 512, seed=1)[1], "Q4_K")

@@ -58,7 +58,7 @@ def test_server_under_strongest_mask_serves_bf16():
                                           "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
             assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] > 0
             cpu = c.get("/server_info").json()["stats"]["cpu"]
-            assert cpu["mask"] == ["avx2", "avx512", "avx512_bf16", "cc"] and cpu["dtype"] == "bfloat16"
+            assert cpu["mask"] == ["avx2", "avx512", "avx512_bf16", "avx512_vnni", "cc"] and cpu["dtype"] == "bfloat16"
             assert cpu["paths"]["decode_attention"].startswith("torch")
     finally:
         assert srv.stop() in (0, 143), srv.tail()

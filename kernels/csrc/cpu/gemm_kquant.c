@@ -16,8 +16,8 @@
  * Integer dots by what the build has (cpu_caps.kernel_cflags):
  *   AVX512-VNNI  VPDPBUSD on (q + 128) as u8 x qx, starting from -128 sum(qx) per unit (precomputed per row),
  *                so no per-pair sign step: 64 bytes a step;
- *   AVX2         VPSIGNB / VPMADDUBSW / VPMADDWD (|q| x qx with q's sign), 32 bytes a step (AVX512 builds
- *                without VNNI use it too);
+ *   AVX512BW     VPMADDUBSW / VPMADDWD on |q| x (qx with q's sign: a masked negate), 64 bytes a step;
+ *   AVX2         VPSIGNB / VPMADDUBSW / VPMADDWD, 32 bytes a step;
  *   plain C      int32 sums.
  * Work split: panels of weight rows over the OpenMP threads.
  */
@@ -30,7 +30,7 @@
 #define KG_NT 16                                   /* weight rows per panel */
 #define KG_CHUNK_BYTES (KQ_CHUNK + 16 * 4 + 16 * 4) /* q (lane order) | s per lane | o per lane */
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512BW__)
 #define KG_RB 2
 #define KG_CB 4
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -150,7 +150,7 @@ static void kg_pack_chunk(const kq_chunk *c, int f, uint8_t *dst) {
 
 /* one chunk of a tile: acc[r][j] += rows r against panel columns j; w[j]: the column's packed chunk; qx[r] /
  * dl[r] / sl[r] / corr[r]: the row's chunk; T steps of 64 bytes; mins: the type has o (else its term is skipped) */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512BW__)
 typedef __m512 kg_acc;
 static inline kg_acc kg_zero(void) { return _mm512_setzero_ps(); }
 /* the 8 accumulators' lane sums (acc[r][j] -> sums[r KG_CB + j]) in one transpose-and-add tree: 23 vector ops
@@ -173,8 +173,31 @@ static inline void kg_sums(kg_acc acc[KG_RB][KG_CB], float sums[KG_RB * KG_CB]) 
 static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *const *w, const int8_t *const *qx, const float *const *dl,
                                  const float *const *sl, const int32_t *const *corr, int T, int mins,
                                  kg_acc acc[KG_RB][KG_CB]) {
+#if !defined(__AVX512VNNI__) /* VPMADDUBSW on |q| x (qx with q's sign), each weight vector's sign taken once */
+    __m512i isums[KG_RB][KG_CB];
+    const __m512i ones = _mm512_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int r = 0; r < KG_RB; r++)
+#pragma GCC unroll 8
+        for (int j = 0; j < KG_CB; j++) isums[r][j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int j = 0; j < KG_CB; j++) {
+            const __m512i wv = _mm512_loadu_si512(w[j] + 64 * t), wa = _mm512_abs_epi8(wv);
+            const __mmask64 neg = _mm512_movepi8_mask(wv);
+#pragma GCC unroll 8
+            for (int r = 0; r < KG_RB; r++) {
+                const __m512i y = _mm512_loadu_si512(qx[r] + 64 * t);
+                const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+                isums[r][j] = _mm512_add_epi32(isums[r][j], _mm512_madd_epi16(_mm512_maddubs_epi16(wa, sy), ones));
+            }
+        }
+    (void)corr;
+#endif
 #pragma GCC unroll 8
     for (int r = 0; r < KG_RB; r++) {
+#if defined(__AVX512VNNI__)
         __m512i isum[KG_CB];
         const __m512i c0 = _mm512_loadu_si512(corr[r]);
 #pragma GCC unroll 8
@@ -185,6 +208,9 @@ static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *c
 #pragma GCC unroll 8
             for (int j = 0; j < KG_CB; j++) isum[j] = _mm512_dpbusd_epi32(isum[j], _mm512_loadu_si512(w[j] + 64 * t), y);
         }
+#else
+        const __m512i *isum = isums[r];
+#endif
         const __m512 d = _mm512_loadu_ps(dl[r]);
 #pragma GCC unroll 8
         for (int j = 0; j < KG_CB; j++) {
