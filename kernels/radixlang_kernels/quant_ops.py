@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import torch
 
+from radixlang_kernels.cpu_caps import detect
 from radixlang_kernels.cpu_ops import check_status, loaded, opt_ptr
 from radixlang_kernels.op_table import OpTable
 
@@ -251,6 +252,13 @@ KQ_MAX_M = 16
 KQ_EXACT_MAX_M = 64
 # bf16 rows up to which gguf_kq_gemm (gemm_kquant.c) beats dequantized tiles + a bf16 GEMM, above KQ_MAX_M
 KQ_GEMM_MAX_M = 128
+
+
+def kq_gemm_max_m() -> int:
+    """The bf16 rows up to which GGUF linears run gemm_kquant.c: KQ_GEMM_MAX_M where bf16 GEMMs run natively
+    (AVX512-BF16 / AMX: the dequantized tiles' GEMM is quicker above), every batch where oneDNN emulates them
+    (the int8 GEMM is several times quicker at prefill sizes there: docs/MODELS.md, GGUF blocks)."""
+    return KQ_GEMM_MAX_M if detect().native_bf16 else 1 << 62
 
 
 def gguf_kq_gemv(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out_dtype: Optional[torch.dtype] = None,

@@ -292,8 +292,10 @@ def test_bf16_q8_tiles_serve_large_batches_without_a_dense_copy(fmt):
 
 def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     """bf16, KQ_MAX_M < M <= KQ_GEMM_MAX_M: a part on its blocks runs gguf_kq_gemm into its columns, a part on
-    gemv_q8.c's tiles gguf_q8_tiles_gemm (bias added after); above KQ_GEMM_MAX_M the dequantized tiles run; all
-    close to the float product."""
+    gemv_q8.c's tiles gguf_q8_tiles_gemm (bias added after); above KQ_GEMM_MAX_M the dequantized tiles run
+    where bf16 GEMMs are native, the int8 GEMM still where they are emulated; all close to the float product."""
+    import types
+
     import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -312,8 +314,10 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     gemm = quant_ops.gguf_kq_gemm
     monkeypatch.setattr(quant_ops, "gguf_kq_gemm", lambda x, b, f, **kw: calls.append(f) or gemm(x, b, f, **kw))
     tiles = quant_ops.gguf_q8_tiles(parts[1][0], "Q4_K")
-    for M, want in ((quant_ops.KQ_MAX_M + 1, ["Q3_K"]), (quant_ops.KQ_GEMM_MAX_M, ["Q3_K"]),
-                    (quant_ops.KQ_GEMM_MAX_M + 1, [])):
+    native = {True: [], False: ["Q3_K"]}
+    for M, native_bf16, want in ((quant_ops.KQ_MAX_M + 1, True, ["Q3_K"]), (quant_ops.KQ_GEMM_MAX_M, True, ["Q3_K"]),
+                                 *((quant_ops.KQ_GEMM_MAX_M + 1, n, w) for n, w in native.items())):
+        monkeypatch.setattr(quant_ops, "detect", lambda n=native_bf16: types.SimpleNamespace(native_bf16=n))
         calls.clear()
         x = torch.randn(M, 512).to(torch.bfloat16)
         y = lin(x)

@@ -23,5 +23,6 @@ def quantized_linear_paths(quantization: str, model: nn.Module, dtype: torch.dty
         above += " / per-call tiles of the blocks"
     # gemm_kquant.c below the tiles: gguf_block_linear's bf16 batches, and a bf16 GGUFLinear's through it
     if any((hasattr(m, "fmts") or isinstance(m, GGUFLinear)) and m.q8 for m in modules):
-        above = f"int8 GEMM on the blocks (M <= {quant_ops.KQ_GEMM_MAX_M}), {above}"
+        rows = quant_ops.kq_gemm_max_m()
+        above = f"int8 GEMM on the blocks ({f'M <= {rows}' if rows <= quant_ops.KQ_GEMM_MAX_M else 'any M'}), {above}"
     return f"{fmt}:{kernel} (M <= 16), {above} dequantized above"

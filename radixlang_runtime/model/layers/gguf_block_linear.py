@@ -10,7 +10,8 @@ copy exists:
   model (and Q4_K's sub-blocks of 32, Q6_K's of 16) are held as gemv_q8.c's 4-row tiles instead
   (quant_ops.gguf_q8_tiles: the same bytes, moved; Q4_K's scales and Q6_K's quants unpacked to bytes;
   the same int8 sums at several times the rate);
-- bf16 batches above that up to quant_ops.KQ_GEMM_MAX_M rows (large decode batches, short prefills):
+- bf16 batches above that up to quant_ops.kq_gemm_max_m() rows (large decode batches, short prefills; every
+  batch on a CPU without native bf16 GEMMs):
   gemm_kquant.c, the same int8 sums with each weight unpacked once for all rows, register-tiled, on the
   blocks or on the tiles (gguf_q8_tiles_gemm: no copy of the blocks); a fused linear's parts write their
   columns of one output; larger batches take the blocks back from the tiles per call (a transient copy);
@@ -117,9 +118,9 @@ class GGUFBlockLinear(nn.Module):
         return out
 
     def _gemm(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """bf16 batches of KQ_MAX_M .. KQ_GEMM_MAX_M rows: every part's int8 GEMM into its columns."""
+        """bf16 batches of KQ_MAX_M .. kq_gemm_max_m() rows: every part's int8 GEMM into its columns."""
         M = x.shape[0]
-        if not self.q8 or x.device.type != "cpu" or not quant_ops.KQ_MAX_M < M <= quant_ops.KQ_GEMM_MAX_M:
+        if not self.q8 or x.device.type != "cpu" or not quant_ops.KQ_MAX_M < M <= quant_ops.kq_gemm_max_m():
             return None
         out = torch.empty(M, self.out_features, dtype=x.dtype)
         c0 = 0

@@ -13,7 +13,7 @@ holds their dequantized values. With this flag the linears keep the blocks too:
   - float32 models: gguf_gemv (gemv.c) on the file's blocks with float32 sums: the exact values the
     dequantized checkpoint holds, only the summation order differs (float32 greedy output equals
     transformers', tests/test_quantization.py);
-- larger batches: bf16 models up to quant_ops.KQ_GEMM_MAX_M rows run gemm_kquant.c on the tiles (the same
+- larger batches: bf16 models up to quant_ops.kq_gemm_max_m() rows run gemm_kquant.c on the tiles (the same
   int8 sums, each weight unpacked once for all rows); above that, and float32 models, dequantize tiles of the
   blocks per call (gguf_block_linear: no dense copy is kept, the same exact values; bf16 models first put their
   int8 tiles back into the file's layout, a transient copy);
@@ -107,7 +107,7 @@ class GGUFTiedEmbedding(nn.Module):
 
 
 class _FromTiles(nn.Module):
-    """A bf16 GGUFLinear's larger batches: up to quant_ops.KQ_GEMM_MAX_M rows gemm_kquant.c on the tiles
+    """A bf16 GGUFLinear's larger batches: up to quant_ops.kq_gemm_max_m() rows gemm_kquant.c on the tiles
     (gguf_q8_tiles_gemm), above that the tiles back in the file's layout (a transient copy of the same bytes),
     then gguf_block_linear's dequantized tiles and GEMM: no dense copy is kept."""
 
@@ -119,7 +119,7 @@ class _FromTiles(nn.Module):
         from radixlang_runtime.model.layers.gguf_block_linear import GGUFBlockLinear
 
         lin = self.lin[0]
-        if x.device.type == "cpu" and x.shape[0] <= quant_ops.KQ_GEMM_MAX_M:
+        if x.device.type == "cpu" and x.shape[0] <= quant_ops.kq_gemm_max_m():
             y = quant_ops.gguf_q8_tiles_gemm(x, lin.tiles, lin.fmt, lin.out_features)
             if y is not None:
                 return y
