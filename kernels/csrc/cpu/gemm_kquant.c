@@ -154,7 +154,7 @@ static void kg_pack_chunk(const kq_chunk *c, int f, uint8_t *dst) {
 typedef __m512 kg_acc;
 static inline kg_acc kg_zero(void) { return _mm512_setzero_ps(); }
 /* the 8 accumulators' lane sums (acc[r][j] -> sums[r KG_CB + j]) in one transpose-and-add tree: 23 vector ops
- * where 8 separate reductions take about 64 (with K = 576 that was a third of a tile's work) */
+ * where 8 separate reductions take about 64 */
 static inline void kg_sums(kg_acc acc[KG_RB][KG_CB], float sums[KG_RB * KG_CB]) {
     const __m512 *a = &acc[0][0];
     __m512 h[4], q[2];
