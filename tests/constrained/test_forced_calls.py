@@ -1,7 +1,8 @@
 """tool_choice "required" / a named function in every tool-call format: the constraint is derived from the
 parser's own CallSyntax (server/openai_tools.forced_call_regex), so what it allows is what the parser
-reads. Unit checks of the regex per format, then one real server per format on a tiny random checkpoint
-(any output it writes under the constraint must be a call whose arguments validate)."""
+reads. Unit checks of the regex per format (the XML formats: every kind of parameter value, and random walks
+through each backend's grammar), then one real server per format on a tiny random checkpoint (any output it
+writes under the constraint must be a call whose arguments validate)."""
 
 from __future__ import annotations
 
