@@ -6,10 +6,11 @@ renders them and parses the output with the server's tool-call parser (--tool-ca
 the chat template's markup implies, tool_parsers.detect_parser). "required" and a named function
 (`{"type": "function", "function": {"name"}}`) constrain the output with a regex (forced_call_regex:
 the layout the parser states once, ToolParser.call_syntax, around the parameters schema as a regex: JSON
-arguments, or Python keyword arguments for pythonic), so the reply is a valid call of those functions in
-every format (hermes' one-call-per-block and the embedded model's list form, llama3, mistral, pythonic),
-for parameter schemas without combinators / $ref (their regexes are built in this process: the keywords
-that can blow a regex up are refused by name).
+arguments, Python keyword arguments for pythonic, or XML parameters for qwen3_coder / glm45: a string-typed
+value as text without `<`, others as JSON), so the reply is a valid call of those functions in every format
+(hermes' one-call-per-block and the embedded model's list form, llama3, mistral, pythonic, the XML and
+special-token formats), for parameter schemas without combinators / $ref (their regexes are built in this
+process: the keywords that can blow a regex up are refused by name).
 A reply with calls is
 `message.tool_calls` (content: the text outside the markup, or null) and finish_reason "tool_calls"
 (a reply cut by max_tokens keeps "length"); `parallel_tool_calls: false` keeps the first call only.
@@ -203,22 +204,24 @@ def _parameters(fn: dict) -> dict:
     return params
 
 
-def _keywords_regex(params: dict) -> str:
-    """An object schema -> the regex of its keyword arguments `k=v, ...` (Python literals), in the schema's
-    property order, each optional property present or not."""
-    from radixlang_runtime.constrained.schema import schema_to_regex
-
-    if params.get("additionalProperties") not in (None, False):
-        raise ValueError("additionalProperties is not supported with pythonic forced calls (keywords are named)")
+def _properties(params: dict, form: str) -> tuple[dict, set]:
+    """A parameters object's (properties, required names), refusing what a form that names each parameter
+    cannot honour (form: the format's name in the message)."""
     props, required = params.get("properties") or {}, set(params.get("required") or ())
-    items = []
-    for key, sub in props.items():
-        if not _PY_NAME.fullmatch(key):
-            raise ValueError(f"property {key!r} is not a Python identifier (pythonic calls pass keywords)")
-        items.append((key in required, key + "=" + schema_to_regex(json.dumps(sub), python=True)))
-    alts = []  # by the first keyword present: it, then each later one (required: always, optional: maybe)
+    binding = {"additionalProperties": params.get("additionalProperties") not in (None, False),
+               "minProperties": params.get("minProperties", 0) > len(required & set(props)),
+               "maxProperties": params.get("maxProperties", len(props)) < len(props)}
+    if hits := [k for k, b in binding.items() if b]:
+        raise ValueError(f"{hits[0]} is not supported with {form} forced calls (parameters are named one by one)")
+    return props, required
+
+
+def _in_order(items: list[tuple[bool, str]], sep: str) -> str:
+    """(required, regex) per property in the schema's order -> the regex of those present, `sep` between
+    two: each required one always, each optional one present or not."""
+    alts = []  # by the first item present: it, then each later one (required: always, optional: maybe)
     for k, (req, item) in enumerate(items):
-        alts.append(item + "".join(f", {it}" if r else f"(?:, {it})?" for r, it in items[k + 1:]))
+        alts.append(item + "".join(f"{sep}{it}" if r else f"(?:{sep}{it})?" for r, it in items[k + 1:]))
         if req:
             break
     if all(not r for r, _ in items):
@@ -226,9 +229,85 @@ def _keywords_regex(params: dict) -> str:
     return "(?:" + "|".join(f"(?:{a})" for a in alts) + ")"
 
 
-def _arguments_regex(fn: dict, args: str) -> str:
-    """A function's parameters schema -> the regex of its arguments (args: CallSyntax.args) with fixed
-    separators; FieldError naming the function and what is refused."""
+def _keywords_regex(params: dict) -> str:
+    """An object schema -> the regex of its keyword arguments `k=v, ...` (Python literals), in the schema's
+    property order, each optional property present or not."""
+    from radixlang_runtime.constrained.schema import schema_to_regex
+
+    props, required = _properties(params, "pythonic")
+    items = []
+    for key, sub in props.items():
+        if not _PY_NAME.fullmatch(key):
+            raise ValueError(f"property {key!r} is not a Python identifier (pythonic calls pass keywords)")
+        items.append((key in required, key + "=" + schema_to_regex(json.dumps(sub), python=True)))
+    return _in_order(items, ", ")
+
+
+_JSON_CHAR = r'[^"\\\x00-\x1F\x7F-\x9F]'  # a character of a JSON string in schema_to_regex's regexes
+_TEXT = "[^<]"  # a character of an XML parameter's text value: `<` could start the closing tag
+
+
+def _no_markup(node: Any, key: str) -> None:
+    """ValueError where a JSON value's schema could write `<` (enum / const / property names, pattern)."""
+    if not isinstance(node, dict):
+        return
+    if "pattern" in node:
+        raise ValueError(f"property {key!r}: pattern is not supported with XML forced calls")
+    if "<" in json.dumps([node.get("enum"), node.get("const"), *(node.get("properties") or {})]):
+        raise ValueError(f"property {key!r}: text with '<' is not supported with XML forced calls")
+    for sub in [*(node.get("properties") or {}).values(), node.get("additionalProperties"), node.get("items"),
+                *(node.get("prefixItems") or [])]:
+        _no_markup(sub, key)
+
+
+def _text_value_regex(key: str, sub: dict, types: set) -> str:
+    """A string-typed parameter's value: its text as it is (no `<`), the literal texts of an enum / const,
+    a format's text, within minLength / maxLength."""
+    from radixlang_runtime.constrained.string_formats import FORMAT_REGEX
+
+    if "pattern" in sub:
+        raise ValueError(f"property {key!r}: pattern is not supported with XML forced calls")
+    if "enum" in sub or "const" in sub:
+        texts = []
+        for v in (sub["enum"] if "enum" in sub else [sub["const"]]):
+            if not (isinstance(v, str) or (v is None and "null" in types)) or "<" in (v or ""):
+                raise ValueError(f"property {key!r}: enum / const value {v!r} of a string parameter is not "
+                                 "text without '<' (XML forced calls write it as it is)")
+            texts.append(_literal("null" if v is None else v))
+        return "(?:" + "|".join(texts) + ")"
+    if "format" in sub:
+        return "(?:" + FORMAT_REGEX[sub["format"]] + ")"
+    low, high = sub.get("minLength", 0), sub.get("maxLength")
+    if high is not None and low > high:
+        raise ValueError(f"property {key!r}: minLength {low} is above maxLength {high}")
+    return _TEXT + ("*" if not low and high is None else "{%d,%s}" % (low, "" if high is None else high))
+
+
+def _xml_params_regex(params: dict, tags: tuple[str, str, str]) -> str:
+    """An object schema -> the regex of its parameters `open KEY middle VALUE close` (tags), in the schema's
+    property order, each optional one present or not; VALUE: a string-typed one's text, others JSON."""
+    from radixlang_runtime.constrained.schema import schema_to_regex
+    from radixlang_runtime.tool_parsers.markup import XML_KEY
+
+    props, required = _properties(params, "XML")
+    items = []
+    for key, sub in props.items():
+        if not XML_KEY.fullmatch(key):
+            raise ValueError(f"property {key!r} is not a parameter key of XML calls (no whitespace, <, > or =)")
+        t = sub.get("type")
+        types = set([t] if isinstance(t, str) else (t or []))
+        if "string" in types:
+            value = _text_value_regex(key, sub, types)
+        else:
+            _no_markup(sub, key)
+            value = schema_to_regex(json.dumps(sub, ensure_ascii=False)).replace(_JSON_CHAR, _JSON_CHAR[:-1] + "<]")
+        items.append((key in required, _literal(tags[0] + key + tags[1]) + value + _literal(tags[2])))
+    return _in_order(items, "")
+
+
+def _arguments_regex(fn: dict, args: str, tags: tuple[str, str, str]) -> str:
+    """A function's parameters schema -> the regex of its arguments (args: CallSyntax.args; tags:
+    CallSyntax.param) with fixed separators; FieldError naming the function and what is refused."""
     from radixlang_runtime.constrained.schema import schema_to_regex
 
     where = f"tools[{fn['name']}].function.parameters"
@@ -236,6 +315,8 @@ def _arguments_regex(fn: dict, args: str) -> str:
         params = _parameters(fn)
         if args == "python":
             return _keywords_regex(params)
+        if args == "xml":
+            return _xml_params_regex(params, tags)
         return schema_to_regex(json.dumps(params, ensure_ascii=False))
     except ValueError as e:
         raise FieldError("tools", f"{where}: {e}") from None
@@ -250,8 +331,7 @@ def forced_call_regex(plan: ToolPlan, list_form: bool) -> str:
     syn = plan.parser.call_syntax(list_form)
     if syn is None:
         raise FieldError("tool_choice", f"tool_choice {plan.forced!r} is not supported with the {plan.parser.name} "
-                                        "tool-call format (its parameter values are typed text, not a layout a "
-                                        "forced-call constraint writes): use tool_choice \"auto\"")
+                                        "tool-call format: use tool_choice \"auto\"")
     fns = [t["function"] for t in plan.tools if plan.forced in ("required", t["function"]["name"])]
     for fn in fns:
         if syn.args == "python" and not _PY_NAME.fullmatch(fn["name"]):
@@ -259,7 +339,7 @@ def forced_call_regex(plan: ToolPlan, list_form: bool) -> str:
                                       f"{plan.parser.name} format cannot call it")
     number = _literal(syn.index) + _CALL_NUMBER if syn.index else ""
     call = "(?:" + "|".join(_literal(syn.call_open + fn["name"]) + number + _literal(syn.name_close)
-                            + _arguments_regex(fn, syn.args) + _literal(syn.call_close) for fn in fns) + ")"
+                            + _arguments_regex(fn, syn.args, syn.param) + _literal(syn.call_close) for fn in fns) + ")"
     many = plan.parallel and plan.forced == "required"
     more = "(?:" + _literal(syn.sep) + call + ")*" if many else ""
     return _literal(syn.open) + call + more + _literal(syn.close)

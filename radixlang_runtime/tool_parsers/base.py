@@ -89,9 +89,11 @@ class CallSyntax:
     """How a format writes calls, stated once per parser (forced tool_choice derives its constraint from it,
     server/openai_tools.forced_call_regex): the output is
         open + call + (sep + call)* + close,   a call = call_open + NAME [+ index + N] + name_close + ARGS + call_close,
-    ARGS: "json" (a JSON object) or "python" (keyword arguments `k=v, ...`, Python literals); N: the call's
-    number, digits the model writes (Kimi K2's `functions.NAME:N`), where `index` is set. Every layout
-    written this way is one the format's parse_group reads (tests/constrained/test_forced_calls.py)."""
+    ARGS: "json" (a JSON object), "python" (keyword arguments `k=v, ...`, Python literals) or "xml" (per
+    parameter `param[0] + KEY + param[1] + VALUE + param[2]`, VALUE text: a string as it is, other values as
+    JSON); N: the call's number, digits the model writes (Kimi K2's `functions.NAME:N`), where `index` is
+    set. Every layout written this way is one the format's parse_group reads
+    (tests/constrained/test_forced_calls.py)."""
     open: str
     sep: str
     close: str
@@ -100,6 +102,7 @@ class CallSyntax:
     call_close: str
     args: str = "json"
     index: str = ""
+    param: tuple[str, str, str] = ("", "", "")  # args "xml": a parameter's open, key-to-value, close
 
 
 def new_call_id() -> str:

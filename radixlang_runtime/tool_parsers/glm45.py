@@ -2,14 +2,16 @@
   <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n...</tool_call>
 The chat template writes strings as they are and other values as JSON; a value becomes the JSON value the
 tool's parameters schema types it as (markup.typed_value). Arguments stream one parameter at a time; the
-closing tag may be missing at the very end (the model stopped on <|observation|>). Forced tool_choice is
-refused (typed text values). No torch."""
+closing tag may be missing at the very end (the model stopped on <|observation|>). A forced tool_choice
+writes the template's layout (calls one block each on their own lines) with the schema's properties in
+order, a string parameter's value as text without `<`, others as JSON (server/openai_tools.forced_call_regex).
+No torch."""
 
 from __future__ import annotations
 
 import re
 
-from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, GroupScan, ToolParser
+from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE
 from radixlang_runtime.tool_parsers.markup import MAX_HEADER, known
 from radixlang_runtime.tool_parsers.qwen3_coder import xml_params
@@ -17,13 +19,14 @@ from radixlang_runtime.tool_parsers.qwen3_coder import xml_params
 START, END = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 _NAME = re.compile(r"[^\s<>]+")
+SYNTAX = CallSyntax("", "\n", "", START, "\n", END, args="xml", param=(KEY, KEY_END + "\n" + VALUE, VALUE_END + "\n"))
 
 
 class Glm45Parser(ToolParser):
     name = "glm45"
     markers = (START,)
     keeps_special_tokens = True  # <tool_call> / <arg_key> are special tokens of GLM-4.5's tokenizer
-    syntax = None  # forced tool_choice refused (server/openai_tools.forced_call_regex)
+    syntax = SYNTAX
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
         calls: list[CallScan] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -14,6 +15,7 @@ from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, G
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, PARTIAL, skip_ws
 
 MAX_HEADER = 256  # characters a function name / parameter key may take before the markup is not a call
+XML_KEY = re.compile(r"[^\s<>=]+")  # a parameter key of the XML formats (Qwen3-Coder: its function names too)
 
 
 def expect(text: str, i: int, lit: str, final: bool) -> tuple[str, int]:

@@ -2,24 +2,25 @@
   <tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>
 A value is text (one newline on each side is layout); it becomes the JSON value the tool's parameters
 schema types it as (markup.typed_value). A call's arguments stream one parameter at a time (a call commits
-at its first complete parameter, or at `</function>`). Forced tool_choice is refused: its values are typed
-text, not a layout the forced-call regex writes. No torch."""
+at its first complete parameter, or at `</function>`). A forced tool_choice writes that layout (SYNTAX: the
+template's, calls one block each on their own lines) with the schema's properties in order, a string
+parameter's value as text without `<`, others as JSON (server/openai_tools.forced_call_regex). No torch."""
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, GroupScan, ToolParser, closing
+from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, closing
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, skip_ws
-from radixlang_runtime.tool_parsers.markup import arguments_json, expect, known, param_schema, read_until, \
-    typed_value
+from radixlang_runtime.tool_parsers.markup import XML_KEY, arguments_json, expect, known, param_schema, \
+    read_until, typed_value
 
 START, END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAM, PARAM_END = "<parameter=", "</parameter>"
-_KEY = re.compile(r"[^\s<>=]+")
 NO_LIMIT = 1 << 60
+SYNTAX = CallSyntax("", "\n", "", START + "\n" + FUNCTION, ">\n", FUNCTION_END + "\n" + END, args="xml",
+                    param=(PARAM, ">\n", "\n" + PARAM_END + "\n"))
 
 
 def _strip_layout(raw: str) -> str:
@@ -69,7 +70,7 @@ def _xml_param(parser: ToolParser, text: str, p: int, final: bool, name: str,
         return st, e, None
     st, q = read_until(text, e, key_end, final)
     key = text[e:q].strip()
-    if st != COMPLETE or not _KEY.fullmatch(key):
+    if st != COMPLETE or not XML_KEY.fullmatch(key):
         return (st, q, None) if st == OPEN else (INVALID, e, None)
     q += len(key_end)
     if v_open:
@@ -87,7 +88,7 @@ def _xml_param(parser: ToolParser, text: str, p: int, final: bool, name: str,
 class Qwen3CoderParser(ToolParser):
     name = "qwen3_coder"
     markers = (START,)
-    syntax = None  # forced tool_choice refused (server/openai_tools.forced_call_regex)
+    syntax = SYNTAX
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
         calls: list[CallScan] = []
@@ -98,7 +99,7 @@ class Qwen3CoderParser(ToolParser):
         name = text[j:k].strip()
         if st == OPEN:
             return GroupScan(calls, OPEN, k)
-        if st != COMPLETE or not _KEY.fullmatch(name) or not known(self, name):
+        if st != COMPLETE or not XML_KEY.fullmatch(name) or not known(self, name):
             return GroupScan(calls, INVALID, j)
         st, end = xml_params(self, text, k + 1, final, name, calls, (PARAM, ">", "", PARAM_END, FUNCTION_END))
         if st != COMPLETE:

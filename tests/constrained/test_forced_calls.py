@@ -1,7 +1,8 @@
 """tool_choice "required" / a named function in every tool-call format: the constraint is derived from the
 parser's own CallSyntax (server/openai_tools.forced_call_regex), so what it allows is what the parser
-reads. Unit checks of the regex per format, then one real server per format on a tiny random checkpoint
-(any output it writes under the constraint must be a call whose arguments validate)."""
+reads. Unit checks of the regex per format (the XML formats: every kind of parameter value, and random walks
+through each backend's grammar), then one real server per format on a tiny random checkpoint (any output it
+writes under the constraint must be a call whose arguments validate)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from radixlang_runtime.tool_parsers import get_parser
 from server_utils import ServerProcess
 from tiny_checkpoints import build_tiny
 
-FORMATS = ["hermes", "llama3", "mistral", "pythonic"]  # qwen25 / qwen are hermes' class
+FORMATS = ["hermes", "llama3", "mistral", "pythonic", "glm45", "qwen3_coder"]  # qwen25 / qwen are hermes' class
+XML_FORMATS = ["glm45", "qwen3_coder"]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                      "days": {"type": "integer", "minimum": 1, "maximum": 7},
@@ -52,6 +54,12 @@ TWO_CALLS = {
     "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", '
                '"metric": true, "unit": null}<|call|><|start|>assistant<|channel|>commentary to=functions.now '
                '<|constrain|>json<|message|>{}<|call|>',
+    "glm45": '<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>metric</arg_key>'
+             '\n<arg_value>true</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>null</arg_value>\n</tool_call>\n'
+             '<tool_call>now\n</tool_call>',
+    "qwen3_coder": '<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=metric>\n'
+                   'true\n</parameter>\n<parameter=unit>\nnull\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n'
+                   '<function=now>\n</function>\n</tool_call>',
 }
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
@@ -67,6 +75,11 @@ ONE_CALL = {
                '{"city": "Oslo", "days": 2, "unit": "c"}<|tool_call_end|><|tool_calls_section_end|>',
     "gpt-oss": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo", '
                '"days": 2, "unit": "c"}<|call|>',
+    # a string-typed value is text, an untyped one JSON ("c" quoted)
+    "glm45": '<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n'
+             '<arg_value>2</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>"c"</arg_value>\n</tool_call>',
+    "qwen3_coder": '<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n'
+                   '</parameter>\n<parameter=unit>\n"c"\n</parameter>\n</function>\n</tool_call>',
 }
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"]  # unit checks only
 
@@ -88,7 +101,7 @@ def test_forced_regex_allows_what_the_parser_reads(fmt):
     single = re.compile(forced_call_regex(_plan(fmt, "required", parallel=False), False))
     named = re.compile(forced_call_regex(_plan(fmt, {"type": "function", "function": {"name": "now"}}), False))
     assert many.fullmatch(two) and not single.fullmatch(two) and not named.fullmatch(two)
-    calls = get_parser(fmt).parse(two).calls
+    calls = get_parser(fmt).parse(two, schemas=SCHEMAS).calls
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "metric": True, "unit": None}), ("now", {})]
     assert not many.fullmatch(two.replace("Paris", "Paris is far"))  # maxLength 8
@@ -98,7 +111,8 @@ def test_forced_regex_allows_what_the_parser_reads(fmt):
     if fmt == "kimi_k2":  # a call's number is the model's to write (it counts the conversation's calls)
         assert single.fullmatch(one.replace(":0<", ":17<"))
         assert not single.fullmatch(one.replace(":0<", ":07<")) and not single.fullmatch(one.replace(":0<", ":<"))
-    assert [c.name for c in get_parser(fmt).parse(one).calls] == ["get_weather"]
+    assert [(c.name, json.loads(c.arguments)) for c in get_parser(fmt).parse(one, schemas=SCHEMAS).calls] == [
+        ("get_weather", {"city": "Oslo", "days": 2, "unit": "c"})]
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
@@ -138,18 +152,127 @@ def test_pythonic_refuses_what_it_cannot_write():
         "type": "object", "properties": {"first-name": {"type": "string"}}}}}
     with pytest.raises(FieldError, match="'first-name' is not a Python identifier"):
         forced_call_regex(_plan("pythonic", "required", tools=[odd_key]), False)
+    fewest = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": 1}}}
+    with pytest.raises(FieldError, match="minProperties is not supported with pythonic"):
+        forced_call_regex(_plan("pythonic", "required", tools=[fewest]), False)
     # the JSON formats take both
     assert forced_call_regex(_plan("mistral", "required", tools=[dashed, odd_key]), False)
 
 
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
-def test_xml_formats_refuse_a_forced_call_by_name(fmt):
+# every kind of parameter an XML format writes: text (spaces, newlines), integer, number, boolean, string enum,
+# untyped enum (JSON), array, nested object, a format, a nullable string; three required, the rest optional
+TRIP = {"type": "function", "function": {"name": "plan_trip", "parameters": {
+    "type": "object", "properties": {
+        "note": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 30}, "budget": {"type": "number"},
+        "direct": {"type": "boolean"}, "mode": {"type": "string", "enum": ["train", "plane"]},
+        "unit": {"enum": ["c", "f", None]},
+        "stops": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        "party": {"type": "object", "properties": {"adults": {"type": "integer", "minimum": 1, "maximum": 9},
+                                                   "names": {"type": "array", "items": {"type": "string",
+                                                                                        "maxLength": 6}}},
+                  "required": ["adults"]},
+        "day": {"type": "string", "format": "date"}, "alias": {"type": ["string", "null"], "maxLength": 10}},
+    "required": ["city", "days", "mode"]}}}
+TRIP_ARGS = [
+    {"city": "New York", "days": 3, "mode": "train"},  # every optional one absent
+    {"note": "line one\n  line two\n", "city": "Rome", "days": 30, "budget": 1250.5, "direct": False,
+     "mode": "plane", "unit": None, "stops": ["Pisa", "Siena"], "party": {"adults": 2, "names": ["Ann", "Bo"]},
+     "day": "2024-02-29", "alias": None},  # every one present
+    {"note": "\nleading and trailing\n", "city": "a b\tc", "days": 1, "budget": -3, "mode": "train",
+     "unit": "f", "party": {"adults": 1}, "alias": "x = y"},
+]
+
+
+def _xml_call(fmt: str, name: str, args: dict, props: dict) -> str:
+    """A call as the format's chat template writes it: a string-typed value as it is, others as JSON."""
+    def show(key, v):
+        t = props[key].get("type")
+        return v if isinstance(v, str) and "string" in ([t] if isinstance(t, str) else t or []) else json.dumps(v)
+
+    if fmt == "qwen3_coder":
+        return (f"<tool_call>\n<function={name}>\n" + "".join(f"<parameter={k}>\n{show(k, v)}\n</parameter>\n"
+                                                             for k, v in args.items()) + "</function>\n</tool_call>")
+    return (f"<tool_call>{name}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{show(k, v)}</arg_value>\n"
+                                              for k, v in args.items()) + "</tool_call>")
+
+
+@pytest.mark.parametrize("fmt", XML_FORMATS)
+def test_xml_forced_regex_types_each_value_as_the_parser_reads(fmt):
+    """Each parameter kind, optional ones absent and present: the regex takes what the template writes and
+    the parser reads it back as the arguments; a value that breaks the layout or the schema is not taken."""
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    props, schemas = TRIP["function"]["parameters"]["properties"], {"plan_trip": TRIP["function"]["parameters"]}
+    regex = re.compile(forced_call_regex(_plan(fmt, {"type": "function", "function": {"name": "plan_trip"}},
+                                               tools=[TRIP, NOW]), False))
+    for args in TRIP_ARGS:
+        text = _xml_call(fmt, "plan_trip", args, props)
+        assert regex.fullmatch(text), text
+        (call,) = get_parser(fmt).parse(text, schemas=schemas).calls
+        assert (call.name, json.loads(call.arguments)) == ("plan_trip", args)
+        jsonschema.validate(args, schemas["plan_trip"], format_checker=jsonschema.FormatChecker())
+    base = TRIP_ARGS[1]
+
+    def taken(**change) -> bool:
+        args = {k: v for k, v in {**base, **change}.items() if v is not ...}
+        return bool(regex.fullmatch(_xml_call(fmt, "plan_trip", args, props)))
+
+    assert taken(note="<b>", city="x") is False  # text with `<` (it could close the value)
+    assert taken(party={"adults": 2, "names": ["<b>"]}) is False  # JSON strings too
+    assert taken(days=...) is False and taken(days=2.5) is False and taken(days=31) is False
+    assert taken(mode="bus") is False and taken(unit="k") is False and taken(direct="yes") is False
+    assert taken(stops=["a", "b", "c", "d"]) is False and taken(day="2023-02-29") is False
+    assert taken(city="far too long a name") is False
+    assert not regex.fullmatch(_xml_call(fmt, "plan_trip", {"days": 3, "city": "Rome", "mode": "train"}, props))
+    text = _xml_call(fmt, "plan_trip", TRIP_ARGS[0], props)  # the layout around a value is fixed
+    assert not regex.fullmatch(text.replace("</arg_value>\n", "</arg_value>", 1).replace("\n</parameter>",
+                                                                                         "</parameter>", 1))
+    assert not regex.fullmatch(text.replace("\n", "\n\n", 1))
+
+
+@pytest.mark.parametrize("fmt", XML_FORMATS)
+def test_what_an_xml_forced_grammar_writes_is_a_valid_call(fmt):
+    """Random walks through the forced grammar (every backend, several calls allowed): the parser reads
+    every `<tool_call>` block as a call of an allowed function whose arguments validate."""
+    import numpy as np
+    from test_random_schemas import BACKENDS, sample, small_vocab
+
+    from radixlang_runtime.constrained.grammar import compile_grammar
+    from radixlang_runtime.constrained.spec import GrammarSpec
+    from radixlang_runtime.server.openai_tools import forced_call_regex
+
+    schemas = {"plan_trip": TRIP["function"]["parameters"], "now": SCHEMAS["now"]}
+    regex = forced_call_regex(_plan(fmt, "required", tools=[TRIP, NOW]), False)
+    vocab, rng = small_vocab(), np.random.default_rng(7)
+    for backend in BACKENDS:
+        g = compile_grammar(GrammarSpec.from_regex(regex), vocab, backend)
+        for _ in range(6):
+            text = sample(g, vocab, rng).decode("utf-8")
+            calls = get_parser(fmt).parse(text, schemas=schemas).calls
+            assert len(calls) == text.count("<tool_call>") >= 1, (backend, text)
+            for c in calls:
+                jsonschema.validate(json.loads(c.arguments), schemas[c.name],
+                                    format_checker=jsonschema.FormatChecker())
+
+
+@pytest.mark.parametrize("fmt", XML_FORMATS)
+def test_xml_formats_refuse_what_they_cannot_write(fmt):
     from radixlang_runtime.protocol.limits import FieldError
     from radixlang_runtime.server.openai_tools import forced_call_regex
 
-    for choice in ("required", {"type": "function", "function": {"name": "now"}}):
-        with pytest.raises(FieldError, match=f"not supported with the {fmt} tool-call format"):
-            forced_call_regex(_plan(fmt, choice), False)
+    def refused(prop: dict, match: str, **params) -> None:
+        tool = {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": prop, **params}}}
+        with pytest.raises(FieldError, match=match):
+            forced_call_regex(_plan(fmt, "required", tools=[tool]), False)
+
+    refused({"first name": {"type": "string"}}, "'first name' is not a parameter key")
+    refused({"code": {"type": "string", "pattern": "[a-z]+"}}, "'code': pattern is not supported")
+    refused({"tags": {"type": "array", "items": {"type": "string", "pattern": "x"}}}, "'tags': pattern")
+    refused({"a": {"type": "string"}}, "additionalProperties is not supported", additionalProperties=True)
+    refused({"a": {"type": ["string", "integer"], "enum": ["x", 1]}}, "'a': enum / const value 1")
+    refused({"a": {"enum": ["<b>", "c"]}}, "'a': text with '<'")
     assert _plan(fmt, "auto").forced is None  # auto stays open
 
 
@@ -181,8 +304,8 @@ def test_a_forced_call_in_every_format_validates(server, choice):
     """A random model under the constraint: whatever it writes is a call the parser reads, of an allowed
     function, with arguments valid against that function's schema; streamed deltas give the same calls."""
     odd = choice != "required" and choice["function"]["name"] == "odd"
-    if odd and server.fmt == "pythonic":
-        pytest.skip("pythonic calls pass keywords: such names are refused (test_pythonic_refuses_what_it_cannot_write)")
+    if odd and server.fmt in ("pythonic", *XML_FORMATS):
+        pytest.skip("keys with whitespace are refused where calls name parameters (test_*_refuse_what_*_cannot_write)")
     body = {"model": "default", "messages": ASK, "tools": [WEATHER, NOW, HOSTILE] if odd else [WEATHER, NOW],
             "tool_choice": choice,
             "parallel_tool_calls": False, "temperature": 0, "max_tokens": 200}
