@@ -8,7 +8,8 @@ the next token (offsets unchanged) unless the request finished. Cost per update 
 a short context), not O(output length). A request's state is dropped at its finish (or `forget`).
 Its constants (skip_special_tokens, ...) arrive once, in its first record (ReqTokenOut.consts), and are kept
 in its state. Text goes out as deltas (ReqStrOut); a stop string cut at the finish is a `trim` of text
-already sent, never the whole text again.
+already sent, never the whole text again; the stop token that finished a request (EOS, stop_token_ids) is
+left out of the text unless no_stop_trim (sampling_params.stop_token).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from radixlang_runtime.utils import faults
 from radixlang_runtime.protocol.messages import BatchStrOut, BatchTokenIDOut, ReqConsts, ReqStrOut, ReqTokenOut
-from radixlang_runtime.protocol.sampling_params import trim_at_stop
+from radixlang_runtime.protocol.sampling_params import stop_token, trim_at_stop
 
 logger = logging.getLogger(__name__)
 CONTEXT_TOKENS = 5  # tokens of left context re-decoded with the new ones (word boundaries, spaces)
@@ -67,7 +68,10 @@ class IncrementalDetokenizer:
             if rec.consts is None:
                 raise ValueError(f"request {rid!r}: progress without its first record (no constants)")
             st = self.states[rid] = DecodeState(rec.consts)
-        st.ids.extend(rec.progress.new_ids)
+        new_ids = rec.progress.new_ids
+        if fin is not None and new_ids and new_ids[-1] == stop_token(fin, st.consts.no_stop_trim):
+            new_ids = new_ids[:-1]  # the stop token that finished it: not part of the text
+        st.ids.extend(new_ids)
         skip, spaces = st.consts.skip_special_tokens, st.consts.spaces_between_special_tokens
         emitted = self._decode(st.ids[st.surr : st.read], skip, spaces)
         full = self._decode(st.ids[st.surr :], skip, spaces)

@@ -201,6 +201,16 @@ def normalize_logit_bias(value: Any) -> dict[int, float]:
     return out
 
 
+def stop_token(finish_reason: Optional[dict[str, Any]], no_stop_trim: bool) -> Optional[int]:
+    """The stop token id (EOS, stop_token_ids) that finished the request, when its text is left out of the
+    output (as SGLang's detokenizer drops it; no_stop_trim keeps it), else None. It matters where special
+    tokens are kept (skip_special_tokens false: an end-of-turn token's text would end the content)."""
+    if no_stop_trim or not finish_reason or finish_reason.get("type") != "stop":
+        return None
+    matched = finish_reason.get("matched")
+    return matched if isinstance(matched, int) and not isinstance(matched, bool) else None
+
+
 def trim_at_stop(text: str, finish_reason: Optional[dict[str, Any]], no_stop_trim: bool,
                  from_end: int = 0) -> Optional[str]:
     """The final text cut before the stop string that finished the request, or None when nothing is

@@ -72,6 +72,21 @@ def test_a_stop_string_cut_from_text_already_sent_is_a_trim(tokenizer):
     assert detok.states == {}
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_stop_token_that_finished_is_left_out_unless_no_stop_trim(tokenizer, skip):
+    """An end-of-turn token kept as text (skip_special_tokens false, as tool formats with special-token
+    markup run) is not part of the content once it finished the request; no_stop_trim keeps it."""
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer.encode("<tool_call>x</tool_call>", add_special_tokens=False) + [eos]
+    for no_trim in (False, True):
+        detok = IncrementalDetokenizer(tokenizer)
+        first = detok.update(msg("r", ids[:2], no_trim=no_trim, skip=skip))[0].reqs[0].text
+        last = detok.update(msg("r", ids[2:], {"type": "stop", "matched": eos}, first=False))[0].reqs[0].text
+        want = tokenizer.decode(ids if no_trim else ids[:-1], skip_special_tokens=skip)
+        assert first + last == want
+        assert want.endswith("<|im_end|>") == (no_trim and not skip)
+
+
 def test_progress_without_its_first_record_fails_that_request_only(tokenizer):
     detok = IncrementalDetokenizer(tokenizer)
     batch = BatchTokenIDOut(msg("a", [42]).reqs + msg("b", [43], first=False).reqs)
