@@ -99,9 +99,10 @@ typedef struct {
     int64_t kp, nc;
 } kg_act;
 
-static int kg_prepare_act(const void *x, int x_bf16, int64_t M, int64_t Mp, int64_t K, int qx_len, kg_act *g) {
+static int kg_prepare_act(const void *x, int x_bf16, int64_t M, int64_t Mp, int64_t K, int qx_len, int mins,
+                          kg_act *g) {
     kq_act a; /* rows M .. Mp - 1 stay zeros (a whole row tile) */
-    if (kq_quantize(x, x_bf16, M, K, qx_len, &a)) return -2;
+    if (kq_quantize(x, x_bf16, M, K, qx_len, mins, &a)) return -2;
     const int64_t kp = a.kp, nc = kp / KQ_CHUNK;
     g->kp = kp, g->nc = nc;
     g->qx = (int8_t *)calloc((size_t)(Mp * kp) + (size_t)(Mp * nc * 16) * (2 * sizeof(float) + sizeof(int32_t)), 1);
@@ -350,7 +351,7 @@ static int kg_gemm(const void *x, int x_bf16, const kg_weights *src, int qx_len,
 #pragma omp critical(kg_units)
     if (!kg_units[0][1]) kg_init_units();
     kg_act g;
-    if (kg_prepare_act(x, x_bf16, M, Mp, K, qx_len, &g)) return -2;
+    if (kg_prepare_act(x, x_bf16, M, Mp, K, qx_len, mins, &g)) return -2;
     const int64_t nc = g.nc, npanels = (N + KG_NT - 1) / KG_NT;
     int *spread = (int *)malloc((size_t)nc * sizeof(int));
     if (!spread) {
