@@ -287,19 +287,25 @@ def gguf_kq_gemm(x: torch.Tensor, blocks: torch.Tensor, fmt: str, out: Optional[
     each weight unpacked once per call and reused by every row. out: a [M, >= N] view with unit column stride
     to write into (e.g. a fused linear's columns), else a new [M, N] of out_dtype (default x's). None when the
     library is not loaded or x is not bf16 / float32 (the caller's tiles run)."""
+    return _gemm_call("gguf_kq_gemm", x, blocks, GGUF_TYPES[fmt][0], blocks.shape[0], out, out_dtype, lib)
+
+
+def _gemm_call(name: str, x: torch.Tensor, w: torch.Tensor, fmt: int, N: int, out: Optional[torch.Tensor],
+               out_dtype: Optional[torch.dtype], lib: Optional[OpTable]) -> Optional[torch.Tensor]:
+    """gemm_kquant.c's entry point `name` (the file's blocks or the tiles, format number fmt) into out or a new
+    [M, N] tensor; None when the library is not loaded or x is not bf16 / float32."""
     lib = lib or loaded()
     M, K = x.shape
-    N = blocks.shape[0]
     if lib is None or M == 0 or x.dtype not in (torch.bfloat16, torch.float32):
         return None
     x = x.contiguous()
     if out is None:
         out = torch.empty(M, N, dtype=out_dtype or x.dtype)
     if out.shape[0] != M or out.shape[1] < N or out.stride(1) != 1 or out.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"gguf_kq_gemm: out {tuple(out.shape)} {out.dtype} cannot hold [{M}, {N}] in rows")
-    rc = lib.gguf_kq_gemm(x.data_ptr(), int(x.dtype == torch.bfloat16), blocks.data_ptr(), GGUF_TYPES[fmt][0],
-                          out.data_ptr(), int(out.dtype == torch.bfloat16), M, K, N, out.stride(0))
-    check_status(rc, "gguf_kq_gemm")
+        raise ValueError(f"{name}: out {tuple(out.shape)} {out.dtype} cannot hold [{M}, {N}] in rows")
+    rc = getattr(lib, name)(x.data_ptr(), int(x.dtype == torch.bfloat16), w.data_ptr(), fmt, out.data_ptr(),
+                            int(out.dtype == torch.bfloat16), M, K, N, out.stride(0))
+    check_status(rc, name)
     return out
 
 
@@ -309,21 +315,7 @@ def gguf_q8_tiles_gemm(x: torch.Tensor, tiles: torch.Tensor, fmt: str, n_out: in
     """gemm_kquant.c on gguf_q8_tiles (n_out rows): gguf_q8_gemv's sums (activations per block of 32) for any
     number of rows x [M, K], each weight unpacked once per call. out as gguf_kq_gemm's. None when the library is
     not loaded or x is not bf16 / float32."""
-    lib = lib or loaded()
-    M, K = x.shape
-    if lib is None or M == 0 or x.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    x = x.contiguous()
-    if out is None:
-        out = torch.empty(M, n_out, dtype=out_dtype or x.dtype)
-    if out.shape[0] != M or out.shape[1] < n_out or out.stride(1) != 1 or out.dtype not in (torch.bfloat16,
-                                                                                            torch.float32):
-        raise ValueError(f"gguf_q8_tiles_gemm: out {tuple(out.shape)} {out.dtype} cannot hold [{M}, {n_out}] in rows")
-    rc = lib.gguf_q8_tiles_gemm(x.data_ptr(), int(x.dtype == torch.bfloat16), tiles.data_ptr(),
-                                Q8_TILE_FORMATS[fmt][0], out.data_ptr(), int(out.dtype == torch.bfloat16), M, K,
-                                n_out, out.stride(0))
-    check_status(rc, "gguf_q8_tiles_gemm")
-    return out
+    return _gemm_call("gguf_q8_tiles_gemm", x, tiles, Q8_TILE_FORMATS[fmt][0], n_out, out, out_dtype, lib)
 
 
 def gguf_dequant_rows(blocks: torch.Tensor, fmt: str, K: int, dtype: torch.dtype, rows: Optional[torch.Tensor] = None,

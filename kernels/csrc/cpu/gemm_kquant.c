@@ -154,22 +154,7 @@ static void kg_pack_chunk(const kq_chunk *c, int f, uint8_t *dst) {
 #if defined(__AVX512BW__)
 typedef __m512 kg_acc;
 static inline kg_acc kg_zero(void) { return _mm512_setzero_ps(); }
-/* the 8 accumulators' lane sums (acc[r][j] -> sums[r KG_CB + j]) in one transpose-and-add tree: 23 vector ops
- * where 8 separate reductions take about 64 */
-static inline void kg_sums(kg_acc acc[KG_RB][KG_CB], float sums[KG_RB * KG_CB]) {
-    const __m512 *a = &acc[0][0];
-    __m512 h[4], q[2];
-    for (int p = 0; p < 4; p++) /* [a.Q0 + a.Q2, a.Q1 + a.Q3, b.Q0 + b.Q2, b.Q1 + b.Q3] for a, b = a[2p], a[2p + 1] */
-        h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
-    for (int p = 0; p < 2; p++) /* quarter i: a[4p + i]'s 4 partial sums */
-        q[p] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], 0x88),
-                             _mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], 0xDD));
-    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], 0x44), _mm512_shuffle_ps(q[0], q[1], 0xEE));
-    float t[16]; /* quarter i: lane 0 a[i]'s sum, lane 2 a[i + 4]'s */
-    _mm512_storeu_ps(t, _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1)));
-    for (int i = 0; i < 4; i++) sums[i] = t[4 * i], sums[i + 4] = t[4 * i + 2];
-}
+static inline float kg_sum(kg_acc a) { return _mm512_reduce_add_ps(a); }
 
 static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *const *w, const int8_t *const *qx, const float *const *dl,
                                  const float *const *sl, const int32_t *const *corr, int T, int mins,
@@ -229,10 +214,7 @@ static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *c
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 kg_acc;
 static inline kg_acc kg_zero(void) { return _mm256_setzero_ps(); }
-static inline void kg_sums(kg_acc acc[KG_RB][KG_CB], float sums[KG_RB * KG_CB]) {
-    for (int r = 0; r < KG_RB; r++)
-        for (int j = 0; j < KG_CB; j++) sums[r * KG_CB + j] = hsum256(acc[r][j]);
-}
+static inline float kg_sum(kg_acc a) { return hsum256(a); }
 
 static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *const *w, const int8_t *const *qx, const float *const *dl,
                                  const float *const *sl, const int32_t *const *corr, int T, int mins,
@@ -266,10 +248,7 @@ static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *c
 #else
 typedef float kg_acc;
 static inline kg_acc kg_zero(void) { return 0.f; }
-static inline void kg_sums(kg_acc acc[KG_RB][KG_CB], float sums[KG_RB * KG_CB]) {
-    for (int r = 0; r < KG_RB; r++)
-        for (int j = 0; j < KG_CB; j++) sums[r * KG_CB + j] = acc[r][j];
-}
+static inline float kg_sum(kg_acc a) { return a; }
 
 static inline __attribute__((always_inline)) void kg_tile_chunk(const uint8_t *const *w, const int8_t *const *qx, const float *const *dl,
                                  const float *const *sl, const int32_t *const *corr, int T, int mins,
@@ -317,11 +296,9 @@ static void kg_tile(const uint8_t *panel, const int *spread, int mins, const kg_
             default: kg_tile_chunk(w, qx, dl, sl, corr, 1, mins, acc);
         }
     }
-    float sums[KG_RB * KG_CB];
-    kg_sums(acc, sums);
     for (int r = 0; r < KG_RB && m0 + r < M; r++)
         for (int j = 0; j < KG_CB && n0 + j < N; j++) {
-            const float v = sums[r * KG_CB + j];
+            const float v = kg_sum(acc[r][j]);
             const int64_t i = (m0 + r) * ldo + n0 + j;
             if (out_bf16)
                 ((uint16_t *)out)[i] = f32_to_bf16(v);
@@ -401,9 +378,7 @@ int gguf_kq_gemm(const void *x, int x_bf16, const uint8_t *w, int64_t type, void
     const int qk = gguf_block_len(type);
     if (!qk || K < qk || K % qk || M < 1 || N < 1 || ldo < N) return -1;
     const kg_weights src = {w, type, K / qk * gguf_block_bytes(type), 0};
-    const int mins = type == GGML_Q4_1 || type == GGML_Q5_1 || type == GGML_Q2_K || type == GGML_Q4_K ||
-                     type == GGML_Q5_K;
-    return kg_gemm(x, x_bf16, &src, qk == KQ_CHUNK ? KQ_CHUNK : 32, mins, out, out_bf16, M, K, N, ldo);
+    return kg_gemm(x, x_bf16, &src, qk == KQ_CHUNK ? KQ_CHUNK : 32, gguf_has_mins(type), out, out_bf16, M, K, N, ldo);
 }
 
 /* The same on N rows held as gguf_q8_tiles of format fmt (2 = Q4_1, 6 = Q5_0, 8 = Q8_0, 12 = Q4_K, 14 = Q6_K), the
@@ -412,9 +387,7 @@ int gguf_kq_gemm(const void *x, int x_bf16, const uint8_t *w, int64_t type, void
 int gguf_q8_tiles_gemm(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16,
                        int64_t M, int64_t K, int64_t N, int64_t ldo) {
     const int kquant = fmt == FMT_Q4_K || fmt == FMT_Q6_K;
-    if ((fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0 && !kquant) || K < 32 || K % 32 ||
-        (kquant && K % KQ_CHUNK) || M < 1 || N < 1 || ldo < N)
-        return -1;
+    if (!q8_tile_format(fmt) || K < 32 || K % 32 || (kquant && K % KQ_CHUNK) || M < 1 || N < 1 || ldo < N) return -1;
     const kg_weights src = {tiles, fmt, 0, 1};
-    return kg_gemm(x, x_bf16, &src, 32, fmt == FMT_Q4_1 || fmt == FMT_Q4_K, out, out_bf16, M, K, N, ldo);
+    return kg_gemm(x, x_bf16, &src, 32, tile_mins((int)fmt), out, out_bf16, M, K, N, ldo);
 }

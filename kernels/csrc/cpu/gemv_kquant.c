@@ -123,9 +123,7 @@ int gguf_kq_gemv(const void *x, int x_bf16, const uint8_t *w, int64_t type, void
     const int qk = gguf_block_len(type);
     if (!qk || K < qk || K % qk || M < 1 || M > KQ_MAX_ROWS || N < 1) return -1;
     kq_act a;
-    const int mins = type == GGML_Q4_1 || type == GGML_Q5_1 || type == GGML_Q2_K || type == GGML_Q4_K ||
-                     type == GGML_Q5_K;
-    if (kq_quantize(x, x_bf16, M, K, qk == KQ_CHUNK ? KQ_CHUNK : 32, mins, &a)) return -2;
+    if (kq_quantize(x, x_bf16, M, K, qk == KQ_CHUNK ? KQ_CHUNK : 32, gguf_has_mins(type), &a)) return -2;
     const int64_t row_bytes = K / qk * gguf_block_bytes(type), nc = a.kp / KQ_CHUNK;
     int rc = 0;
 #pragma omp parallel

@@ -377,7 +377,7 @@ static int q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int fmt, con
  * K % 32, another format); -2: out of memory. */
 int gguf_q8_gemv(const void *x, int x_bf16, const uint8_t *tiles, int64_t fmt, void *out, int out_bf16, int64_t M,
                  int64_t K, int64_t N) {
-    if (fmt != FMT_Q4_1 && fmt != FMT_Q5_0 && fmt != FMT_Q8_0 && fmt != FMT_Q4_K && fmt != FMT_Q6_K) return -1;
+    if (!q8_tile_format(fmt)) return -1;
     return q8_gemv(x, x_bf16, tiles, (int)fmt, NULL, out, out_bf16, M, K, N);
 }
 

@@ -54,6 +54,11 @@ static inline int gguf_block_len(int64_t t) {
     }
 }
 
+/* the types whose weights carry an offset o per sub-block (w = s q + o): their dots need sum(x) */
+static inline int gguf_has_mins(int64_t t) {
+    return t == GGML_Q4_1 || t == GGML_Q5_1 || t == GGML_Q2_K || t == GGML_Q4_K || t == GGML_Q5_K;
+}
+
 static inline int64_t gguf_block_bytes(int64_t t) {
     switch (t) {
         case GGML_Q4_0: case GGML_IQ4_NL: return 18;

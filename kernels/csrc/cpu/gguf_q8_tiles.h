@@ -42,7 +42,13 @@ static inline float q6k_dw(const uint8_t *s, int r, int k) { return half_to_f32(
 static inline int64_t w_offset(int fmt) {
     return fmt == FMT_Q8_0 ? 16 : fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? 32 : fmt == FMT_Q5_0 ? 48 : fmt == FMT_Q6_K ? 24 : 0;
 }
-/* Q4_1 / Q5_0 / Q4_K: an offset term m sx per block (Q5_0's m = -16 dw) */
+/* the GGUF formats held as tiles (INT8 tiles have their own entry point) */
+static inline int q8_tile_format(int64_t fmt) {
+    return fmt == FMT_Q4_1 || fmt == FMT_Q5_0 || fmt == FMT_Q8_0 || fmt == FMT_Q4_K || fmt == FMT_Q6_K;
+}
+/* the formats whose weights carry an offset (w = dw q + mw), read back as kq_chunk's o */
+static inline int tile_mins(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q4_K; }
+/* Q4_1 / Q5_0 / Q4_K: an offset term m sx per block (Q5_0's m = -16 dw: gemv_q8.c's unsigned quants) */
 static inline int has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_0 || fmt == FMT_Q4_K; }
 /* row r's block j of a step: its scale dw and offset mw */
 static inline float step_dw(const uint8_t *s, int fmt, int r, int j) {
@@ -101,7 +107,7 @@ static inline void q8_tile_read_chunk(const uint8_t *tiles, int fmt, int64_t K, 
                 continue;
             }
             const float dw = fmt == FMT_Q6_K ? 0.f : step_dw(st, fmt, r, b);
-            const float mw = fmt == FMT_Q4_1 || fmt == FMT_Q4_K ? step_mw(st, fmt, r, b) : 0.f;
+            const float mw = tile_mins(fmt) ? step_mw(st, fmt, r, b) : 0.f;
             for (int h = 0; h < 2; h++)
                 s[2 * b + h] = fmt == FMT_Q6_K ? q6k_dw(st, r, 2 * b + h) : dw, o[2 * b + h] = mw;
         }
