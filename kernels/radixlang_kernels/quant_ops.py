@@ -252,6 +252,9 @@ KQ_MAX_M = 16
 KQ_EXACT_MAX_M = 64
 # bf16 rows up to which gguf_kq_gemm (gemm_kquant.c) beats dequantized tiles + a bf16 GEMM, above KQ_MAX_M
 KQ_GEMM_MAX_M = 128
+# bf16 rows from which gemv_q8.c's tiles run gemm_kquant.c's panels instead (at 16 rows quicker on every layer shape
+# measured, not on a vocabulary-sized head: docs/MODELS.md); decode_layer.c's Q8_TILES_GEMM_MIN_M, the same crossover
+KQ_TILES_GEMM_MIN_M = 16
 
 
 def kq_gemm_max_m() -> int:

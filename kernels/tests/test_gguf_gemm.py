@@ -80,8 +80,9 @@ def _case(fmt: str, N: int, K: int, seed: int):
 
 
 def _shapes(fmt: str) -> list[int]:
-    """K per type: whole chunks of 256, and for the 32-blocks short last chunks of 64 / 96 / 192 weights"""
-    return [512] if quant_ops.GGUF_TYPES[fmt][1] == 256 else [576, 352, 448]
+    """K per type: whole chunks of 256 (a pair, a pair and one more: the per-32 scales run pairs of chunks as
+    one segment), and for the 32-blocks short last chunks of 64 / 96 / 192 weights"""
+    return [512, 768] if quant_ops.GGUF_TYPES[fmt][1] == 256 else [576, 352, 448, 832]
 
 
 @pytest.mark.parametrize("fmt", TYPES)

@@ -149,6 +149,8 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
     """A bf16 server on a Q4_K_M-like file: the tied Q8_0 head keeps the int8 tiles its decode kernel reads and
     the embedding reads its rows back from them (one copy: weights within 1.2x the file), and the prefill batch
     (above KQ_MAX_M rows) runs gemm_kquant.c on the blocks' types and on the tiles of the tiled ones."""
+    import torch
+
     from radixlang_runtime import Engine
     from radixlang_runtime.model.layers.gguf_linear import GGUFLinear, GGUFTiedEmbedding
 
@@ -162,6 +164,9 @@ def test_bf16_tied_head_and_embedding_hold_one_copy_and_batches_run_the_int8_gem
         assert isinstance(model.head, GGUFLinear) and model.head.fmt == "Q8_0" and model.head.tiles is not None
         assert isinstance(model.embed_tokens, GGUFTiedEmbedding) and model.embed_tokens.head[0] is model.head
         resident = eng.runner.weights_bytes
+        seen = len(calls["gguf_q8_tiles_gemm"])  # a vocabulary's rows stay on gemv_q8.c through its 16 rows
+        model.head(torch.randn(quant_ops.KQ_MAX_M, model.head.in_features).to(torch.bfloat16))
+        assert model.head.tiles_gemm_min_m == quant_ops.KQ_MAX_M + 1 and len(calls["gguf_q8_tiles_gemm"]) == seen
     assert [len(o) for o in outs] == [NEW] * len(PROMPTS)
     assert resident <= 1.2 * _file_tensor_bytes(path), (resident, _file_tensor_bytes(path))
     prefill = sum(len(p) for p in PROMPTS)
@@ -314,6 +319,16 @@ def test_bf16_batches_above_the_decode_kernel_run_the_int8_gemm(monkeypatch):
     gemm = quant_ops.gguf_kq_gemm
     monkeypatch.setattr(quant_ops, "gguf_kq_gemm", lambda x, b, f, **kw: calls.append(f) or gemm(x, b, f, **kw))
     tiles = quant_ops.gguf_q8_tiles(parts[1][0], "Q4_K")
+    tiled_calls, tiles_gemm = [], quant_ops.gguf_q8_tiles_gemm
+    monkeypatch.setattr(quant_ops, "gguf_q8_tiles_gemm",
+                        lambda *a, **kw: tiled_calls.append(a[0].shape[0]) or tiles_gemm(*a, **kw))
+    for M in (quant_ops.KQ_TILES_GEMM_MIN_M - 1, quant_ops.KQ_TILES_GEMM_MIN_M):  # decode batches: the tiled part's
+        x = torch.randn(M, 512).to(torch.bfloat16)  # GEMM from KQ_TILES_GEMM_MIN_M rows, the blocks' decode kernel
+        tiled_calls.clear()
+        y = lin(x)
+        part = tiles_gemm(x, tiles, "Q4_K", 24) if tiled_calls else quant_ops.gguf_q8_gemv(x, tiles, "Q4_K", 24)
+        assert tiled_calls == ([M] if M >= quant_ops.KQ_TILES_GEMM_MIN_M else []) and not calls, M
+        assert torch.equal(y, torch.cat([quant_ops.gguf_kq_gemv(x, parts[0][0], "Q3_K"), part], dim=1) + bias)
     native = {True: [], False: ["Q3_K"]}
     for M, native_bf16, want in ((quant_ops.KQ_MAX_M + 1, True, ["Q3_K"]), (quant_ops.KQ_GEMM_MAX_M, True, ["Q3_K"]),
                                  *((quant_ops.KQ_GEMM_MAX_M + 1, n, w) for n, w in native.items())):
@@ -354,9 +369,10 @@ def test_fused_decode_on_mixed_type_parts_is_bit_identical_to_the_modules(tiny, 
         fused.run = lambda residual, fb: (calls.append(fb.batch_size), run(residual, fb))[1]
         many = [[(7 * i + 3 * j) % 900 + 50 for j in range(4 + i % 3)] for i in range(20)]
         cases = [(PROMPTS[:1], 0, 0, 100), (PROMPTS, 2, 400, 500)]
-        if dtype == "bfloat16":
+        if dtype == "bfloat16":  # 16 rows: the tiles' GEMM beside the blocks' decode kernel; 20: GEMMs only
             assert fused.max_batch == quant_ops.KQ_GEMM_MAX_M
-            cases.append((many, 6, 600, 800))
+            assert quant_ops.KQ_TILES_GEMM_MIN_M <= 16 <= quant_ops.KQ_MAX_M
+            cases += [(many[:16], 30, 200, 300), (many, 6, 600, 800)]
         with torch.inference_mode():
             for prompts, row0, slot0, slot1 in cases:
                 got, got_kv = decode_scenario(runner, prompts, row0, slot0, steps=3)

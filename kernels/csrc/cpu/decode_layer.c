@@ -20,7 +20,8 @@
  * Shapes: residual, h, out [M, hidden]; q heads first in qkv ([M, (H + 2 Hkv) D]); cos [M, D] and
  * sin [M, D / 2] of the rows' positions (Rotary's tables); pools [Hkv, slots, D]. M: at most what every linear's
  * module path runs with the same kernel (fused_decode.py: DENSE_MAX_M, 256 for dense tiles, 128 on GGUF int8
- * tiles / blocks, whose batches above 16 rows run gemm_kquant.c here as in the modules).
+ * tiles / blocks, whose batches from Q8_TILES_GEMM_MIN_M (tiles) / above 16 rows (blocks) run gemm_kquant.c here
+ * as in the modules).
  * Returns 0, -1 (a linear refused the shapes: the planner never lets that happen), -2 out of memory.
  */
 #include "common.h"
@@ -28,6 +29,9 @@
 #include "kernels.h"
 
 /* decode_linear, decode_layer_weights and decode_step: kernels.h (the op table reads them from there) */
+
+/* rows from which tiles run gemm_kquant.c's panels (quant_ops.KQ_TILES_GEMM_MIN_M: the measured crossover) */
+#define Q8_TILES_GEMM_MIN_M 16
 
 static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16);
 
@@ -60,8 +64,8 @@ static int run_linear(const decode_linear *l, const void *x, void *out, int64_t 
                   : dense_gemv_f32(x, l->K, l->w, l->bias, out, M, l->K, l->N);
     else if (l->kind == 1)
         rc = bf16 ? gguf_gemv_bf16(x, l->w, l->fmt, out, M, l->K, l->N) : gguf_gemv_f32(x, l->w, l->fmt, out, M, l->K, l->N);
-    else if (l->kind == 3) /* above 16 rows the GEMM on the same tiles, as GGUFBlockLinear / GGUFLinear run it */
-        rc = M > 16 ? gguf_q8_tiles_gemm(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N, l->N)
+    else if (l->kind == 3) /* from Q8_TILES_GEMM_MIN_M rows the GEMM on the same tiles, as GGUFBlockLinear runs it */
+        rc = M >= Q8_TILES_GEMM_MIN_M ? gguf_q8_tiles_gemm(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N, l->N)
                     : gguf_q8_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
     else if (l->kind == 4)
         rc = int8_q8_gemv(x, bf16, l->w, l->scale, out, bf16, M, l->K, l->N);

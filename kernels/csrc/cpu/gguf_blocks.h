@@ -59,6 +59,9 @@ static inline int gguf_has_mins(int64_t t) {
     return t == GGML_Q4_1 || t == GGML_Q5_1 || t == GGML_Q2_K || t == GGML_Q4_K || t == GGML_Q5_K;
 }
 
+/* weights per scale: 32 for the legacy types, Q4_K / Q5_K and the IQ4 types, 16 for Q2_K, Q3_K and Q6_K */
+static inline int gguf_scale_len(int64_t t) { return t == GGML_Q2_K || t == GGML_Q3_K || t == GGML_Q6_K ? 16 : 32; }
+
 static inline int64_t gguf_block_bytes(int64_t t) {
     switch (t) {
         case GGML_Q4_0: case GGML_IQ4_NL: return 18;

@@ -61,6 +61,28 @@ static inline float step_mw(const uint8_t *s, int fmt, int r, int j) {
     return fmt == FMT_Q4_1 ? half_to_f32(s + 16 + 2 * (2 * r + j)) : -16.f * step_dw(s, fmt, r, j);
 }
 
+#if defined(__AVX512BW__)
+/* row r's 64 quants of the step at st (a pair of blocks, in weight order) as int8: kq_read_chunk's q (Q5_0: q - 16) */
+static inline __m512i q8_tile_pair_q(const uint8_t *st, int fmt, int r) {
+    if (signed_w(fmt)) return _mm512_loadu_si512(st + w_offset(fmt) + r * 64);
+    const __m256i y = _mm256_loadu_si256((const __m256i *)(st + w_offset(fmt) + r * 32));
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(kq_lo4x(y)), kq_hi4x(y), 1);
+    if (fmt != FMT_Q5_0) return q;
+    uint64_t qh; /* the fifth bits: q - 16 is q where the bit is set, q - 16 where it is clear */
+    memcpy(&qh, st + 16 + r * 8, 8);
+    return _mm512_sub_epi8(q, _mm512_maskz_mov_epi8(~qh, _mm512_set1_epi8(16)));
+}
+#endif
+
+/* row r's scale s and offset o of the step at st per sub-block of 16 (its 4; kq_read_chunk's s / o) */
+static inline void q8_tile_pair_scales(const uint8_t *st, int fmt, int r, float s[4], float o[4]) {
+    for (int b = 0; b < 2; b++) {
+        const float dw = fmt == FMT_Q6_K ? 0.f : step_dw(st, fmt, r, b);
+        const float mw = tile_mins(fmt) ? step_mw(st, fmt, r, b) : 0.f;
+        for (int h = 0; h < 2; h++) s[2 * b + h] = fmt == FMT_Q6_K ? q6k_dw(st, r, 2 * b + h) : dw, o[2 * b + h] = mw;
+    }
+}
+
 /* row n's chunk ci (weights 256 ci .. 256 ci + 255; 4 pairs) of rows of K weights held as tiles of format fmt
  * -> c: kq_read_chunk's values for the file's blocks (q, s, o per 16 weights; Q5_0's q - 16 signed, no offset
  * term), zeros past K */
@@ -100,16 +122,10 @@ static inline void q8_tile_read_chunk(const uint8_t *tiles, int fmt, int64_t K, 
             }
 #endif
         }
-        for (int b = 0; b < 2; b++) { /* the pair's blocks: sub-blocks 2b, 2b + 1 */
-            if (2 * p + b >= nb) { /* the padding block */
-                memset(q + 32 * b, 0, 32);
-                s[2 * b] = s[2 * b + 1] = o[2 * b] = o[2 * b + 1] = 0.f;
-                continue;
-            }
-            const float dw = fmt == FMT_Q6_K ? 0.f : step_dw(st, fmt, r, b);
-            const float mw = tile_mins(fmt) ? step_mw(st, fmt, r, b) : 0.f;
-            for (int h = 0; h < 2; h++)
-                s[2 * b + h] = fmt == FMT_Q6_K ? q6k_dw(st, r, 2 * b + h) : dw, o[2 * b + h] = mw;
+        q8_tile_pair_scales(st, fmt, r, s, o);
+        if (2 * p + 1 >= nb) { /* the padding block: sub-blocks 2, 3 */
+            memset(q + 32, 0, 32);
+            s[2] = s[3] = o[2] = o[3] = 0.f;
         }
     }
 }

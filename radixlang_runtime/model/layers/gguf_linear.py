@@ -49,6 +49,7 @@ class GGUFLinear(nn.Module):
         self.tiles: Optional[torch.Tensor] = quant_ops.gguf_q8_tiles(blocks, fmt) if self.q8 else None
         # the most rows whose forward runs the kernel decode_layer.c runs for it (fused_decode.py)
         self.fused_max_m = quant_ops.KQ_GEMM_MAX_M if self.q8 else quant_ops.QLINEAR_MAX_M
+        self.tiles_gemm_min_m = quant_ops.KQ_TILES_GEMM_MIN_M  # rows from which the tiles run gemm_kquant.c
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
@@ -67,9 +68,11 @@ class GGUFLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
-        if x.device.type == "cpu":
-            y = (quant_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features) if self.q8
-                 else quant_ops.gguf_gemv(x, self.blocks, self.fmt))
+        if x.device.type == "cpu" and self.q8:
+            if x.reshape(-1, self.in_features).shape[0] < self.tiles_gemm_min_m:  # else the tail's GEMM
+                y = quant_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features)
+        elif x.device.type == "cpu":
+            y = quant_ops.gguf_gemv(x, self.blocks, self.fmt)
         if y is None and self.tail is not None:
             y = self.tail(x)
         if y is None:
