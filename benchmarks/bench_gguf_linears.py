@@ -8,6 +8,7 @@ same process, calls interleaved round by round, so both see the same machine sta
 
     OMP_NUM_THREADS=1 PYTHONPATH=kernels python benchmarks/bench_gguf_linears.py --rows 10,12,14,16
     OMP_NUM_THREADS=1 PYTHONPATH=kernels python benchmarks/bench_gguf_linears.py --rows 16,64 --vs /tmp/parent
+    OMP_NUM_THREADS=1 PYTHONPATH=kernels python benchmarks/bench_gguf_linears.py --rows 64 --shapes Q6_K:4:1536
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="10,12,14,16", help="row counts (comma-separated)")
     ap.add_argument("--vs", help="another source tree: its gguf_q8_tiles_gemm beside this one's")
+    ap.add_argument("--shapes", help="FMT:N:K,... instead of the file's (Q6_K:4:1536: mostly the activations' side)")
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--calls", type=int, default=6, help="calls per round (the round's figure: their minimum)")
     args = ap.parse_args()
@@ -79,7 +81,10 @@ def main() -> None:
     theirs = tiles_gemm_of(other_library(args.vs)) if args.vs else None
     print(f"{lib.path}, {torch.get_num_threads()} threads" + (f"; --vs {args.vs}" if args.vs else ""))
     rng = np.random.default_rng(0)
-    for fmt, N, K in SHAPES:
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [(f, int(n), int(k)) for f, n, k in (item.split(":") for item in args.shapes.split(","))]
+    for fmt, N, K in shapes:
         tiles = quant_ops.gguf_q8_tiles(torch.from_numpy(random_gguf_blocks(fmt, N, K, 0.05, rng)), fmt)
         for M in rows:
             x = torch.randn(M, K).to(torch.bfloat16)

@@ -167,16 +167,27 @@ static int kg_prepare_act(const void *x, int x_bf16, int64_t M, int64_t Mp, int6
                 case 2: kg_permute(a.qx + o, (uint8_t *)dst, 2, 0); break;
                 default: kg_permute(a.qx + o, (uint8_t *)dst, 1, 0);
             }
+#if defined(__AVX512BW__) /* each lane's sum of its 4T bytes: 16 lanes a step */
+            __m512i sum = _mm512_setzero_si512();
+            for (int t = 0; t < T; t++)
+                sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1),
+                                                                                   _mm512_loadu_si512(dst + 64 * t)),
+                                                              _mm512_set1_epi16(1)));
+            _mm512_storeu_si512(g->corr + lo, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+#else
             for (int l = 0; l < 16; l++) {
-                const int64_t k = o / 16 + T * l / 4; /* the lane's first sub-block */
                 int32_t sum = 0;
                 for (int t = 0; t < T; t++)
                     for (int b = 0; b < 4; b++) sum += dst[64 * t + 4 * l + b];
+                g->corr[lo + l] = -128 * sum;
+            }
+#endif
+            for (int l = 0; l < 16; l++) {
+                const int64_t k = o / 16 + T * l / 4; /* the lane's first sub-block */
                 float sx = 0.f;
                 for (int j = 0; j < nsub; j++) sx += a.sx[k + j];
                 g->dl[lo + l] = a.dx[k];
                 g->sl[lo + l] = (T * l) % 4 ? 0.f : sx;
-                g->corr[lo + l] = -128 * sum;
             }
         }
     free(a.qx);
