@@ -252,9 +252,16 @@ KQ_MAX_M = 16
 KQ_EXACT_MAX_M = 64
 # bf16 rows up to which gguf_kq_gemm (gemm_kquant.c) beats dequantized tiles + a bf16 GEMM, above KQ_MAX_M
 KQ_GEMM_MAX_M = 128
-# bf16 rows from which gemv_q8.c's tiles run gemm_kquant.c's panels instead (at 16 rows quicker on every layer shape
-# measured, not on a vocabulary-sized head: docs/MODELS.md); decode_layer.c's Q8_TILES_GEMM_MIN_M, the same crossover
+# bf16 rows from which gemv_q8.c's tiles of up to KQ_TILES_GEMM_MAX_N rows run gemm_kquant.c's panels instead (at 16
+# rows quicker on every layer shape measured, [576 .. 3072, K]; slower on Q8_0 [16384 / 49152, 576], a head over the
+# vocabulary: docs/MODELS.md); decode_layer.c's Q8_TILES_GEMM_MIN_M / _MAX_N, the same rule
 KQ_TILES_GEMM_MIN_M = 16
+KQ_TILES_GEMM_MAX_N = 8192
+
+
+def tiles_run_gemm(M: int, N: int) -> bool:
+    """Whether M rows against N rows of gemv_q8.c's tiles run gguf_q8_tiles_gemm (else gguf_q8_gemv)."""
+    return M > KQ_MAX_M or (M >= KQ_TILES_GEMM_MIN_M and N <= KQ_TILES_GEMM_MAX_N)
 
 
 def kq_gemm_max_m() -> int:

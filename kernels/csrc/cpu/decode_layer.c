@@ -30,8 +30,10 @@
 
 /* decode_linear, decode_layer_weights and decode_step: kernels.h (the op table reads them from there) */
 
-/* rows from which tiles run gemm_kquant.c's panels (quant_ops.KQ_TILES_GEMM_MIN_M: the measured crossover) */
+/* rows from which tiles of up to Q8_TILES_GEMM_MAX_N rows run gemm_kquant.c's panels (quant_ops.tiles_run_gemm: the
+ * measured crossover) */
 #define Q8_TILES_GEMM_MIN_M 16
+#define Q8_TILES_GEMM_MAX_N 8192
 
 static int run_linear(const decode_linear *l, const void *x, void *out, int64_t M, int bf16);
 
@@ -64,9 +66,10 @@ static int run_linear(const decode_linear *l, const void *x, void *out, int64_t 
                   : dense_gemv_f32(x, l->K, l->w, l->bias, out, M, l->K, l->N);
     else if (l->kind == 1)
         rc = bf16 ? gguf_gemv_bf16(x, l->w, l->fmt, out, M, l->K, l->N) : gguf_gemv_f32(x, l->w, l->fmt, out, M, l->K, l->N);
-    else if (l->kind == 3) /* from Q8_TILES_GEMM_MIN_M rows the GEMM on the same tiles, as GGUFBlockLinear runs it */
-        rc = M >= Q8_TILES_GEMM_MIN_M ? gguf_q8_tiles_gemm(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N, l->N)
-                    : gguf_q8_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
+    else if (l->kind == 3) /* the GEMM on the same tiles where the modules run it (quant_ops.tiles_run_gemm) */
+        rc = M > 16 || (M >= Q8_TILES_GEMM_MIN_M && l->N <= Q8_TILES_GEMM_MAX_N)
+                 ? gguf_q8_tiles_gemm(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N, l->N)
+                 : gguf_q8_gemv(x, bf16, l->w, l->fmt, out, bf16, M, l->K, l->N);
     else if (l->kind == 4)
         rc = int8_q8_gemv(x, bf16, l->w, l->scale, out, bf16, M, l->K, l->N);
     else if (l->kind == 5)

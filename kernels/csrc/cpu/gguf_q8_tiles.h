@@ -68,7 +68,7 @@ static inline __m512i q8_tile_pair_q(const uint8_t *st, int fmt, int r) {
     const __m256i y = _mm256_loadu_si256((const __m256i *)(st + w_offset(fmt) + r * 32));
     const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(kq_lo4x(y)), kq_hi4x(y), 1);
     if (fmt != FMT_Q5_0) return q;
-    uint64_t qh; /* the fifth bits: q - 16 is q where the bit is set, q - 16 where it is clear */
+    uint64_t qh; /* the fifth bits: (q | bit << 4) - 16, i.e. 16 subtracted where the bit is clear */
     memcpy(&qh, st + 16 + r * 8, 8);
     return _mm512_sub_epi8(q, _mm512_maskz_mov_epi8(~qh, _mm512_set1_epi8(16)));
 }

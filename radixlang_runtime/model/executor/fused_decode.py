@@ -61,8 +61,8 @@ def describe_linear(lin: nn.Module) -> Optional[DecodeLinear]:
 
 def _max_rows(lin: nn.Module) -> int:
     """The most rows for which `lin`'s module path runs the kernel decode_layer.c runs for it: dense tiles that
-    take any M, a GGUF linear's `fused_max_m` (its int8 tiles / blocks: gemv_q8.c below KQ_TILES_GEMM_MIN_M rows /
-    gemv_kquant.c up to 16, gemm_kquant.c above, in both), else DENSE_MAX_M."""
+    take any M, a GGUF linear's `fused_max_m` (its int8 tiles / blocks: gemv_q8.c / gemv_kquant.c, and
+    gemm_kquant.c where quant_ops.tiles_run_gemm / above 16 rows, in both), else DENSE_MAX_M."""
     if getattr(lin, "any_m", False):
         return FusedDecode.MAX_ANY_M
     return getattr(lin, "fused_max_m", cpu_ops.DENSE_MAX_M)

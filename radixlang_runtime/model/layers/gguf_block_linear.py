@@ -88,7 +88,6 @@ class GGUFBlockLinear(nn.Module):
         self.part_tiles = [quant_ops.gguf_q8_tiles(b, fmt) if t else None for (b, fmt), t in zip(parts, tiled)]
         # the most rows whose forward runs the kernels decode_layer.c runs for these parts (fused_decode.py)
         self.fused_max_m = quant_ops.KQ_GEMM_MAX_M if self.q8 else quant_ops.KQ_EXACT_MAX_M
-        self.tiles_gemm_min_m = quant_ops.KQ_TILES_GEMM_MIN_M  # rows from which tiled parts run gemm_kquant.c
         self.block_parts = [(None if t else b.contiguous(), fmt) for (b, fmt), t in zip(parts, tiled)]
 
     def _blocks(self, i: int) -> torch.Tensor:
@@ -101,8 +100,8 @@ class GGUFBlockLinear(nn.Module):
     def _part(self, x: torch.Tensor, i: int) -> torch.Tensor:
         fmt, tiles = self.block_parts[i][1], self.part_tiles[i]
         y = None
-        if x.device.type == "cpu" and tiles is not None:  # from tiles_gemm_min_m rows the panels are quicker
-            gemm = x.shape[0] >= self.tiles_gemm_min_m
+        if x.device.type == "cpu" and tiles is not None:
+            gemm = quant_ops.tiles_run_gemm(x.shape[0], self.part_rows[i])
             y = (quant_ops.gguf_q8_tiles_gemm if gemm else quant_ops.gguf_q8_gemv)(x, tiles, fmt, self.part_rows[i])
         elif x.device.type == "cpu":
             y = quant_ops.gguf_kq_gemv(x, self.block_parts[i][0], fmt, exact=self.dtype == torch.float32)

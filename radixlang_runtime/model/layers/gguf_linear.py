@@ -49,7 +49,6 @@ class GGUFLinear(nn.Module):
         self.tiles: Optional[torch.Tensor] = quant_ops.gguf_q8_tiles(blocks, fmt) if self.q8 else None
         # the most rows whose forward runs the kernel decode_layer.c runs for it (fused_decode.py)
         self.fused_max_m = quant_ops.KQ_GEMM_MAX_M if self.q8 else quant_ops.QLINEAR_MAX_M
-        self.tiles_gemm_min_m = quant_ops.KQ_TILES_GEMM_MIN_M  # rows from which the tiles run gemm_kquant.c
         self.bias = None if bias is None else bias.detach()
         self.weight: Optional[torch.Tensor] = None
         self.dense: Optional[nn.Module] = None
@@ -69,7 +68,7 @@ class GGUFLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = None
         if x.device.type == "cpu" and self.q8:
-            if x.reshape(-1, self.in_features).shape[0] < self.tiles_gemm_min_m:  # else the tail's GEMM
+            if not quant_ops.tiles_run_gemm(x.reshape(-1, self.in_features).shape[0], self.out_features):  # else tail
                 y = quant_ops.gguf_q8_gemv(x, self.tiles, self.fmt, self.out_features)
         elif x.device.type == "cpu":
             y = quant_ops.gguf_gemv(x, self.blocks, self.fmt)

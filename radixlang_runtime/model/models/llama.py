@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlang_kernels import cpu_ops, quant_ops
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
@@ -237,8 +237,6 @@ class LlamaForCausalLM(nn.Module):
         head = part(head_name)
         tied = self.lm_head is None
         self.head = on_blocks(w, None, [head], tied) if head is not None else PackedLinear(w, None, tiles)
-        if hasattr(self.head, "tiles_gemm_min_m"):  # a vocabulary's rows: gemv_q8.c stays quicker through 16 rows
-            self.head.tiles_gemm_min_m = quant_ops.KQ_MAX_M + 1
         self.lm_head = None
         embed = part("model.embed_tokens.weight")
         if tied and isinstance(self.head, GGUFLinear) and self.head.tiles is not None and self.reduce is None:
