@@ -74,9 +74,11 @@ def _preload_http() -> None:
     a failure here is left to the real import, which raises it where it is handled."""
     with contextlib.suppress(Exception):
         import uvicorn  # noqa: F401
-        from transformers import AutoTokenizer  # noqa: F401
 
         import radixlang_runtime.server.http_server  # noqa: F401
+        from radixlang_runtime.model.loader.tokenizer import preload
+
+        preload()
 
 
 def run_node(args: ServerArgs) -> int:
@@ -155,9 +157,10 @@ class Supervisor:
             detok = self._start_detokenizer(ipc)
             threading.Thread(target=_preload_http, name="preload", daemon=True).start()
             info = [_wait_ready(*s) for s in starting][0]
-            model_dir = info.pop("model_dir")
-            detok[1].send(model_dir)
-            self.state = self._server_state(ipc, model_dir, info)  # its tokenizer loads beside the detokenizer's
+            model_dir, tokenizer_class = info.pop("model_dir"), info.pop("tokenizer_class")
+            detok[1].send((model_dir, tokenizer_class))
+            # its tokenizer loads beside the detokenizer's
+            self.state = self._server_state(ipc, model_dir, tokenizer_class, info)
             _wait_ready(detok[0], detok[2], "detokenizer")
             self.exit_code = self._serve_http()
         except SystemExit as e:
@@ -209,11 +212,10 @@ class Supervisor:
         self.child_pids["detokenizer"] = detok.pid
         return detok, dir_w, r
 
-    def _server_state(self, ipc: Any, model_dir: str, info: dict) -> "ServerState":
-        from transformers import AutoTokenizer
-
+    def _server_state(self, ipc: Any, model_dir: str, tokenizer_class: Optional[str], info: dict) -> "ServerState":
         from radixlang_runtime.protocol.limits import RuntimeLimits
         from radixlang_runtime.model.loader.resolve import served_name
+        from radixlang_runtime.model.loader.tokenizer import load_tokenizer
         from radixlang_runtime.pooling import PoolingConfig
         from radixlang_runtime.server.http_server import ServerState
         from radixlang_runtime.server.metrics import ServerMetrics
@@ -221,7 +223,7 @@ class Supervisor:
 
         args = self.args
         name = args.served_model_name or served_name(args.model_path)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir)
+        tokenizer = load_tokenizer(args.tokenizer_path or model_dir, tokenizer_class)
         metrics = ServerMetrics(name) if args.enable_metrics else None
         tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
                               num_replicas=args.dp_size, load_balance_method=args.load_balance_method,

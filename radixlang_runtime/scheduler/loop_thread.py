@@ -154,6 +154,7 @@ class ThreadedLoop:
 
     def close(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        self.io.inbox.put(Call(lambda _: None, lambda ok, v: None))  # wakes an idle loop's wait for messages
         self._thread.join(timeout=timeout)
 
     def is_alive(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from multiprocessing.connection import Connection
+from typing import Optional
 
 import zmq
 
@@ -22,22 +23,25 @@ logger = logging.getLogger(__name__)
 MODEL_DIR_TIMEOUT_S = 1800  # launch_server's READY_TIMEOUT_S: a first start converts the GGUF model
 
 
-def _model_dir(model_dir: Connection) -> str:
-    """The model directory the server sends once its scheduler is ready (the scheduler may convert a GGUF)."""
+def _model_dir(model_dir: Connection) -> tuple[str, Optional[str]]:
+    """The model directory and its tokenizer's class (model.loader.tokenizer.class_ref) that the server sends
+    once its scheduler is ready (the scheduler may convert a GGUF)."""
     if not model_dir.poll(MODEL_DIR_TIMEOUT_S):
         raise TimeoutError(f"no model directory from the server after {MODEL_DIR_TIMEOUT_S} s")
     return model_dir.recv()
 
 
 def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, model_dir: Connection, ready: Connection) -> None:
-    """model_dir: the server sends the model directory on it (a str) once the scheduler has resolved it."""
+    """model_dir: the server sends (model directory, tokenizer class) on it once the scheduler has resolved
+    them."""
     bind_to_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s detokenizer %(levelname)s %(message)s")
     try:
-        from transformers import AutoTokenizer
+        from radixlang_runtime.model.loader.tokenizer import load_tokenizer, preload
 
-        model_dir = _model_dir(model_dir)
-        detok = IncrementalDetokenizer(AutoTokenizer.from_pretrained(args.tokenizer_path or model_dir))
+        preload()  # while the scheduler loads the model
+        model_dir, tokenizer_class = _model_dir(model_dir)
+        detok = IncrementalDetokenizer(load_tokenizer(args.tokenizer_path or model_dir, tokenizer_class))
         ctx = zmq.Context()
         recv = ctx.socket(zmq.PULL)
         recv.bind(ipc.detokenizer_in)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jsonschema
@@ -285,13 +286,32 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module", params=FORMATS)
-def server(request, checkpoint):
-    srv = ServerProcess("--model-path", str(checkpoint), "--dtype", "float32", "--max-total-tokens", "4096",
-                        "--tool-call-parser", request.param)
-    srv.fmt = request.param
-    yield srv
-    assert srv.stop() in (0, 143), srv.tail()
+@pytest.fixture(scope="module")
+def servers(checkpoint):
+    """A server per format, started side by side (a start is mostly one process's own work)."""
+    def start(fmt: str) -> ServerProcess:
+        srv = ServerProcess("--model-path", str(checkpoint), "--dtype", "float32", "--max-total-tokens", "4096",
+                            "--tool-call-parser", fmt)
+        srv.fmt = fmt
+        return srv
+
+    with ThreadPoolExecutor(len(FORMATS)) as ex:
+        futures = {fmt: ex.submit(start, fmt) for fmt in FORMATS}
+    started = {fmt: f.result() for fmt, f in futures.items() if f.exception() is None}
+    try:
+        for f in futures.values():
+            if f.exception() is not None:
+                raise f.exception()
+        yield started
+    finally:
+        with ThreadPoolExecutor(max(1, len(started))) as ex:
+            codes = dict(zip(started, ex.map(ServerProcess.stop, started.values())))
+    assert all(code in (0, 143) for code in codes.values()), {fmt: started[fmt].tail() for fmt in codes}
+
+
+@pytest.fixture(params=FORMATS)
+def server(request, servers):
+    return servers[request.param]
 
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]

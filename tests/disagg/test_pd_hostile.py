@@ -168,7 +168,7 @@ def test_eighty_bogus_peers_leave_the_decode_fd_count_where_it_was(pd_cluster):
     pid = httpx.get(d.url + "/server_info", timeout=T).json()["pids"]["scheduler"]  # the process with the link
     sockets, before = _pd_stats(d)["peer_sockets"], _fds(pid)
     ports = [free_port() for _ in range(80)]  # nothing listens there
-    with ThreadPoolExecutor(16) as ex:
+    with ThreadPoolExecutor(len(ports)) as ex:  # all at once: each waits out the heartbeat timeout
         answers = list(ex.map(lambda p: _post(d, _body(random.getrandbits(63), p)), ports))
     assert all(r.status_code == 503 and "is unreachable" in _error(r)["message"] for r in answers)
     # <=: the link to the real prefill may itself be closed as idle meanwhile (60 s without a request)
