@@ -255,9 +255,9 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eo
     draft_dir = resolve_model_dir(args.speculative_draft_model_path)
     target_vocab = draft_vocab = None
     if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
-        from transformers import AutoTokenizer
+        from radixlang_runtime.model.loader.tokenizer import load_tokenizer
 
-        target_vocab, draft_vocab = tokenizer.get_vocab(), AutoTokenizer.from_pretrained(draft_dir).get_vocab()
+        target_vocab, draft_vocab = tokenizer.get_vocab(), load_tokenizer(draft_dir).get_vocab()
     draft = DraftModel.build(args, runner, draft_dir, target_vocab, draft_vocab)
     runner.draft_mirror = draft.mirror
     runner.draft_model = draft

@@ -43,7 +43,7 @@ SamplingArg = Union[dict[str, Any], list[dict[str, Any]], None]
 
 class Engine:
     def __init__(self, model_path: Optional[str] = None, **server_args: Any):
-        from transformers import AutoTokenizer
+        from radixlang_runtime.model.loader.tokenizer import load_tokenizer
 
         self.server_args: ServerArgs = server_args_from_kwargs(model_path, **server_args)
         args = self.server_args
@@ -61,7 +61,7 @@ class Engine:
             self._tp_procs = spawn_tp_workers(args, list(range(1, args.tp_size)))
         self.model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         self.served_model_name = args.served_model_name or served_name(args.model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_dir)
+        self.tokenizer = load_tokenizer(args.tokenizer_path or self.model_dir)
         self._encoder = PromptEncoder(self.tokenizer)
         self._detok = IncrementalDetokenizer(self.tokenizer)
         try:

@@ -298,10 +298,10 @@ def servers(checkpoint):
     with ThreadPoolExecutor(len(FORMATS)) as ex:
         futures = {fmt: ex.submit(start, fmt) for fmt in FORMATS}
     started = {fmt: f.result() for fmt, f in futures.items() if f.exception() is None}
+    failed = [f.exception() for f in futures.values() if f.exception() is not None]
     try:
-        for f in futures.values():
-            if f.exception() is not None:
-                raise f.exception()
+        if failed:
+            raise failed[0]
         yield started
     finally:
         with ThreadPoolExecutor(max(1, len(started))) as ex:
