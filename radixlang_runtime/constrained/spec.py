@@ -191,3 +191,53 @@ def spec_from_response_format(response_format: Optional[dict[str, Any]]) -> Opti
             return GrammarSpec.json_object()
         return GrammarSpec.from_json_schema(schema)
     raise ValueError(f"unsupported response_format type {kind!r} (text | json_object | json_schema | structural_tag)")
+
+
+_REGEX_META = set("\\.+*?()|[]{}^$")  # special outside a class in every backend's dialect (no x mode)
+STRUCTURED_OUTPUTS_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# vLLM's options that leave the constraint as is at these values (disable_fallback: this server never falls
+# back to another backend); any other value is refused by name
+_STRUCTURED_OUTPUTS_OFF = {"disable_fallback": (True, False), "disable_any_whitespace": (False,),
+                           "disable_additional_properties": (False,), "whitespace_pattern": ()}
+
+
+def choice_regex(choices: Any, where: str = "choice") -> str:
+    """A list of strings -> the regex that matches exactly one of them."""
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"{where} must be a non-empty list of non-empty strings")
+    return "(?:" + "|".join("".join("\\" + ch if ch in _REGEX_META else ch for ch in c) for c in choices) + ")"
+
+
+def spec_from_structured_outputs(so: Optional[dict[str, Any]]) -> Optional[GrammarSpec]:
+    """vLLM's `structured_outputs` {json | regex | choice | grammar | json_object | structural_tag, exactly one;
+    disable_fallback, disable_any_whitespace, disable_additional_properties, whitespace_pattern} -> a spec.
+    grammar is GBNF-style EBNF (the ebnf kind); choice is the regex of its alternatives."""
+    if so is None:
+        return None
+    if not isinstance(so, dict):
+        raise ValueError("structured_outputs must be an object")
+    if unknown := sorted(set(so) - set(STRUCTURED_OUTPUTS_KINDS) - set(_STRUCTURED_OUTPUTS_OFF)):
+        raise ValueError(f"unknown field(s) in structured_outputs: {', '.join(unknown)}")
+    for name, off in _STRUCTURED_OUTPUTS_OFF.items():
+        if so.get(name) is not None and so[name] not in off:
+            raise ValueError(f"structured_outputs.{name} is not supported (only its default), got {so[name]!r}")
+    given = [k for k in STRUCTURED_OUTPUTS_KINDS if so.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise ValueError(f"structured_outputs needs exactly one of {', '.join(STRUCTURED_OUTPUTS_KINDS)}, got "
+                         f"{', '.join(given) or 'none'}")
+    kind, v = given[0], so[given[0]]
+    if kind == "json":
+        return GrammarSpec.from_json_schema(v)
+    if kind == "regex":
+        if not isinstance(v, str):
+            raise ValueError("structured_outputs.regex must be a string")
+        return GrammarSpec.from_regex(v)
+    if kind == "choice":
+        return GrammarSpec.from_regex(choice_regex(v, "structured_outputs.choice"))
+    if kind == "grammar":
+        return GrammarSpec.from_ebnf(v)
+    if kind == "json_object":
+        if v is not True:
+            raise ValueError("structured_outputs.json_object must be true")
+        return GrammarSpec.json_object()
+    return GrammarSpec.from_structural_tag(v)

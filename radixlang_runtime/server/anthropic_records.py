@@ -8,7 +8,9 @@ history are dropped); `tools` [{name, description, input_schema}] -> functions; 
 tool {name} / none -> auto / required / a named function / none (any and tool are enforced by grammar as in
 chat), disable_parallel_tool_use -> parallel_tool_calls false; stop_sequences -> stop; top_k as is;
 `output_config` {format: {type: json_schema, schema}} -> response_format json_schema (grammar-enforced),
-{effort} -> the template variable reasoning_effort (chat_render.template_kwargs).
+{effort} -> the template variable reasoning_effort (chat_render.template_kwargs). A final assistant turn
+of text is a prefill: the reply continues it (continue_final_message) and holds only the new text; as in
+Anthropic's API, that text may not end in whitespace.
 Refused by name: image / document / other blocks (a text model), server tools, `thinking` (the server's
 --reasoning-parser decides thinking blocks), and the other fields Anthropic has and this server does not.
 """
@@ -52,6 +54,7 @@ class MessagesRequest:
     chat_template_kwargs: Optional[dict] = None
     response_format: Optional[dict] = None  # output_config.format
     reasoning_effort: Optional[str] = None  # output_config.effort
+    prefill: bool = False  # the final message is an assistant's text, which the reply continues
 
     def chat_body(self) -> dict[str, Any]:
         """The /v1/chat/completions body this request runs as (one choice)."""
@@ -63,6 +66,8 @@ class MessagesRequest:
                      "reasoning_effort"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
+        if self.prefill:
+            body["continue_final_message"] = True
         return body
 
 
@@ -102,7 +107,17 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
     stream = body.get("stream")
     return MessagesRequest(model, messages, max_tokens, tools, choice, parallel, stops, sampling,
                            False if stream is None else need_bool(stream, "stream"), body.get("chat_template_kwargs"),
-                           *_output_config(body.get("output_config")))
+                           *_output_config(body.get("output_config")), prefill=_prefill(messages))
+
+
+def _prefill(messages: list[dict]) -> bool:
+    """Whether the final message is an assistant's text for the reply to continue (Anthropic's prefill)."""
+    last = messages[-1]
+    if last["role"] != "assistant" or last.get("tool_calls"):
+        return False
+    if last["content"] != last["content"].rstrip():
+        raise FieldError("messages", "messages: final assistant content cannot end with trailing whitespace")
+    return True
 
 
 def _output_config(config: Any) -> tuple[Optional[dict], Optional[str]]:

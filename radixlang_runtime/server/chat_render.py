@@ -9,6 +9,10 @@ TypeError there), as the JSON text the client sent; a tool turn keeps its `tool_
 Tools (OpenAI's `tools` list) are passed as `tools=`; the request's
 `chat_template_kwargs` (vLLM / SGLang: e.g. Qwen3's {"enable_thinking": false}) and `reasoning_effort` (as a
 variable of that name) become template variables (template_kwargs).
+How the prompt ends (TurnEnd, turn_end): a new assistant turn opened (the default), or with
+`continue_final_message` (vLLM / SGLang) the final message left open, so the output continues its text (an
+assistant prefill: Anthropic's final assistant turn means the same); `add_generation_prompt` false renders the
+messages as they are.
 A template that cannot show tools or a tool history: a ChatML one (the embedded SmolLM2's GGUF template
 renders only role + content) is replaced, for that request, by CHATML_TOOLS_TEMPLATE; any other is a
 400 asking for --chat-template.
@@ -20,12 +24,13 @@ the template's own text.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import jinja2
 
 from radixlang_runtime.chat_tools_template import CHATML_TOOLS_TEMPLATE, template_with_tools  # noqa: F401
-from radixlang_runtime.protocol.limits import FieldError, show
+from radixlang_runtime.protocol.limits import FieldError, need_bool, show
 from radixlang_runtime.prompt_encoder import Span
 from radixlang_runtime.server.http_common import BadRequest
 
@@ -118,6 +123,42 @@ def template_for(tokenizer: Any, chat_template: Optional[str], tools: bool, tool
                               "with --chat-template naming one that does")
 
 
+@dataclass(frozen=True)
+class TurnEnd:
+    """Where the rendered prompt stops: after an opened assistant turn (add_generation_prompt), inside the final
+    message (continue_final_message: the output continues its text), or after the messages as they are."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+OPEN_TURN = TurnEnd()
+CONTINUE_FINAL = TurnEnd(add_generation_prompt=False, continue_final_message=True)
+
+
+def turn_end(body: dict) -> TurnEnd:
+    """A body's `add_generation_prompt` (default true) and `continue_final_message` (default false; when true,
+    add_generation_prompt defaults to false, and both true is a 400 as in vLLM)."""
+    cont = body.get("continue_final_message")
+    cont = False if cont is None else need_bool(cont, "continue_final_message")
+    gen = body.get("add_generation_prompt")
+    gen = (not cont) if gen is None else need_bool(gen, "add_generation_prompt")
+    if cont and gen:
+        raise FieldError("continue_final_message", "continue_final_message and add_generation_prompt cannot both "
+                                                   "be true (the final message is continued, no new turn opened)")
+    return TurnEnd(gen, cont)
+
+
+def continued_text(messages: Any) -> str:
+    """The text of the final message, which a continue_final_message render leaves open (a 400 when that
+    message holds tool calls: a call cannot be continued as text)."""
+    last = clean_messages(messages)[0][-1]
+    if last.get("tool_calls"):
+        where = f"messages[{len(messages) - 1}]"
+        raise FieldError(where, f"continue_final_message cannot continue {where}: it holds tool calls")
+    return last["content"]
+
+
 # apply_chat_template's own parameters and the variables it sets: not a chat_template_kwargs key
 _RESERVED_KWARGS = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
                     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
@@ -143,38 +184,46 @@ def template_kwargs(body: dict) -> dict[str, Any]:
     return dict(kwargs)
 
 
-def _render(tokenizer: Any, clean: list[dict], template: Optional[str], extra: dict) -> str:
+def _render(tokenizer: Any, clean: list[dict], template: Optional[str], extra: dict, turn: TurnEnd) -> str:
     try:
-        return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True,
+        return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=turn.add_generation_prompt,
+                                             continue_final_message=turn.continue_final_message,
                                              chat_template=template, **extra)
     except jinja2.TemplateError as e:  # e.g. a template that raises on the order of roles
         raise BadRequest(f"the chat template refused these messages: {e}") from None
+    except ValueError as e:  # continue_final_message: a template that does not show the final text as sent
+        if not turn.continue_final_message:
+            raise
+        raise FieldError("continue_final_message", f"the final message cannot be continued with this chat "
+                                                   f"template: {e}") from None
 
 
-def _apply(tokenizer: Any, messages: Any, template: Optional[str], extra: dict,
+def _apply(tokenizer: Any, messages: Any, template: Optional[str], extra: dict, turn: TurnEnd,
            edit: Callable[[list[dict]], list[dict]] = lambda clean: clean) -> str:
     """The raw messages, checked (edit: a change to the checked ones), rendered: tool calls' arguments as an
     object, or, where the template joins one to a string (TypeError), as JSON text."""
     clean, tool_history = clean_messages(messages)
     try:
         try:
-            return _render(tokenizer, edit(clean), template, extra)
+            return _render(tokenizer, edit(clean), template, extra, turn)
         except TypeError:
             if not tool_history:
                 raise
-        return _render(tokenizer, edit(clean_messages(messages, text_arguments=True)[0]), template, extra)
+        return _render(tokenizer, edit(clean_messages(messages, text_arguments=True)[0]), template, extra, turn)
     except TypeError as e:
         raise BadRequest(f"the chat template refused these messages: {e}") from None
 
 
 def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
                 tools: Optional[list[dict]] = None,
-                variables: Optional[dict[str, Any]] = None) -> tuple[str, Optional[str]]:
+                variables: Optional[dict[str, Any]] = None, turn: TurnEnd = OPEN_TURN) -> tuple[str, Optional[str]]:
     """-> (prompt text, the template used: None when the tokenizer's own). variables: template_kwargs'."""
     _, tool_history = clean_messages(messages)
+    if turn.continue_final_message:
+        continued_text(messages)
     template = template_for(tokenizer, chat_template, bool(tools), tool_history)
     extra = {**(variables or {}), **({"tools": tools} if tools else {})}
-    return _apply(tokenizer, messages, template, extra), template
+    return _apply(tokenizer, messages, template, extra, turn), template
 
 
 def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents: list[str]) -> Optional[list[Span]]:
@@ -202,7 +251,8 @@ def content_spans(text: str, skeleton: str, marks: list[Optional[str]], contents
 
 
 def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], text: str,
-                       special_text_in: Callable[[str], Optional[str]], **extra: Any) -> Optional[list[Span]]:
+                       special_text_in: Callable[[str], Optional[str]], turn: TurnEnd = OPEN_TURN,
+                       **extra: Any) -> Optional[list[Span]]:
     """The messages' content spans in `text` (render_chat's output for them with `template` and the same
     apply_chat_template keywords `extra`) when some content holds special-token text (special_text_in,
     PromptEncoder's), else None (nothing to keep as text). The spans come from a second render with a mark
@@ -213,7 +263,7 @@ def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], t
     if not any(found):
         return None
     marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
-    skeleton = _apply(tokenizer, messages, template, extra,
+    skeleton = _apply(tokenizer, messages, template, extra, turn,
                       lambda ms: [dict(m, content=k) if k else m for m, k in zip(ms, marks)])
     spans = content_spans(text, skeleton, marks, [m["content"] for m in clean])
     if spans is None:

@@ -19,7 +19,7 @@ from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
 from radixlang_runtime.protocol.results import Cumulative, LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
-from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, render_chat
+from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, continued_text, render_chat
 from radixlang_runtime.server.http_common import ServerState, final_result
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_tokens, split_whole
 from radixlang_runtime.server.openai_records import (COMPLETION_MAX_TOKENS, ChatRequest, CompletionRequest,
@@ -93,8 +93,8 @@ def chat_prompt_ids(state: ServerState, req: ChatRequest, tools: ToolPlan) -> tu
     tm = state.tm
     variables = dict(req.template_vars)
     text, template = render_chat(tm.tokenizer, req.messages, state.args.chat_template, tools.tools or None,
-                                 variables)
-    spans = chat_content_spans(tm.tokenizer, req.messages, template, text, tm.encoder.special_text_in,
+                                 variables, req.turn)
+    spans = chat_content_spans(tm.tokenizer, req.messages, template, text, tm.encoder.special_text_in, req.turn,
                                **variables, **({"tools": tools.tools} if tools.tools else {}))
     return tm.encode_chat(text, spans), template
 
@@ -109,6 +109,8 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     tm = state.tm
     think = req.think
     ids, template = chat_prompt_ids(state, req, req.tools)
+    if think is not None and req.turn.continue_final_message:  # the split goes on from the prefilled text
+        think = dataclasses.replace(think, prefix=continued_text(req.messages))
     tools = with_parser(req.tools, state.args.tool_call_parser,
                         template if template is not None else getattr(tm.tokenizer, "chat_template", None))
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)

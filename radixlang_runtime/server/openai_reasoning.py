@@ -9,6 +9,9 @@ inside the reasoning) and applied here; a hit aborts the runtime request (finish
 stream_reasoning false: the reasoning is held and sent in one delta once it ends.
 usage.completion_tokens_details.reasoning_tokens: the output tokens up to and including the end of the
 reasoning (reasoning_tokens: prefix decodes, binary search).
+A request that continues its final assistant message (continue_final_message) has that text as the plan's
+`prefix`: each parser reads it before the output, so the output's split follows from where the prefill left
+off (inside the reasoning or after it); the prefix itself is not sent again.
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ class ReasoningPlan:
     parser: type[ReasoningParser]
     stops: list[str] = field(default_factory=list)  # applied to the content (taken from the runtime's params)
     stream_reasoning: bool = True
+    prefix: str = ""  # the continued assistant text, read by each parser before the output
+
+    def fresh(self) -> ReasoningParser:
+        """A parser that has read the prefix (its split discarded: the client sent that text)."""
+        p = self.parser()
+        if self.prefix:
+            p.feed(self.prefix)
+        return p
 
     def stream(self) -> "ReasoningStream":
-        return ReasoningStream(self.parser(), self.stops)
+        return ReasoningStream(self.fresh(), self.stops)
 
     def regex_prefix(self) -> str:
         """Before a forced tool call: the reasoning block the format allows (no `<` inside it)."""
@@ -88,16 +99,16 @@ def split_whole(plan: ReasoningPlan, text: str) -> tuple[Split, bool]:
 def reasoning_tokens(plan: ReasoningPlan, output_ids: list[int], decode: Callable[[list[int]], str]) -> int:
     """How many output tokens it takes to leave the reasoning (all of them while still inside; 0 without
     reasoning). Leaving is monotone in the prefix length: a binary search over prefix decodes."""
-    whole = plan.parser()
+    whole = plan.fresh()
     whole.feed(decode(output_ids))
-    if whole.state == "content" and not _entered(plan, decode(output_ids)):
+    if whole.state == "content" and not _entered(plan, plan.prefix + decode(output_ids)):
         return 0
     if whole.in_reasoning:
         return len(output_ids)
     lo, hi = 1, len(output_ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        p = plan.parser()
+        p = plan.fresh()
         p.feed(decode(output_ids[:mid]))
         if p.in_reasoning:
             lo = mid + 1

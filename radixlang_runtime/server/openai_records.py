@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, Optional, Union
 
-from radixlang_runtime.constrained.spec import spec_from_response_format
+from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_format, spec_from_structured_outputs
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap
 from radixlang_runtime.protocol.limits import MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.protocol.pooling_input import prompts_of
-from radixlang_runtime.server.chat_render import template_kwargs
+from radixlang_runtime.server.chat_render import TurnEnd, template_kwargs, turn_end
 from radixlang_runtime.server.http_common import BadRequest, ServerState
 from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan
@@ -30,8 +30,9 @@ from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
               "no_stop_trim", "regex", "json_schema", "ebnf")
+VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output")  # vLLM's names: a grammar, no_stop_trim
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
-                    "min_tokens", "response_format", "logit_bias", *EXTENSIONS)
+                    "min_tokens", "response_format", "logit_bias", *EXTENSIONS, *VLLM_FIELDS)
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
 # Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
 OFF_VALUES: dict[str, tuple] = {
@@ -46,6 +47,7 @@ ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/chat/completions": {*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                              "tool_choice", "parallel_tool_calls", "separate_reasoning", "stream_reasoning",
                              "chat_template_kwargs", "reasoning_effort",  # chat_render.template_kwargs
+                             "add_generation_prompt", "continue_final_message",  # chat_render.turn_end
                              *HINT_VALUES, *(set(OFF_VALUES) - {"best_of", "suffix"})},
 }
 MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
@@ -89,6 +91,7 @@ class ChatRequest:
     messages: Any  # checked while rendered (chat_render.py: roles, content parts)
     tools: ToolPlan  # tools / tool_choice / parallel_tool_calls (its parser set by the intake)
     template_vars: Mapping[str, Any]  # chat_template_kwargs + reasoning_effort
+    turn: TurnEnd  # add_generation_prompt / continue_final_message
     think: Optional[ReasoningPlan]  # --reasoning-parser's split (None: off, or separate_reasoning false)
     logprobs: bool
     top_logprobs: Optional[int]
@@ -101,8 +104,11 @@ def _opt(body: dict, name: str, default: Any) -> Any:
 
 def sampling_fields(body: dict) -> tuple[dict[str, Any], Optional[int]]:
     """OpenAI sampling fields -> (native sampling_params without max_new_tokens, the max tokens asked or None).
-    Fields whose names differ are checked here under their OpenAI names; SamplingParams checks the rest."""
-    spec = spec_from_response_format(body.get("response_format"))  # ValueError (400) naming the problem
+    Fields whose names differ are checked here under their OpenAI (or vLLM) names; SamplingParams checks the
+    rest. A constraint comes from one of response_format, structured_outputs, regex / json_schema / ebnf."""
+    specs = [(name, spec) for name, spec in (
+        ("response_format", spec_from_response_format(body.get("response_format"))),  # ValueError (400) naming it
+        ("structured_outputs", _field_spec(body, "structured_outputs"))) if spec is not None]
     max_tokens, name = body.get("max_completion_tokens"), "max_completion_tokens"
     if max_tokens is None:
         max_tokens, name = body.get("max_tokens"), "max_tokens"
@@ -119,11 +125,26 @@ def sampling_fields(body: dict) -> tuple[dict[str, Any], Optional[int]]:
     for ext in EXTENSIONS:
         if body.get(ext) is not None:
             sp[ext] = body[ext]
-    if spec is not None:  # json_object / json_schema: the same grammar path as native json_schema
-        if any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
-            raise BadRequest("pass either response_format or regex / json_schema / ebnf, not both")
+    for field_name, spec in specs:  # the same grammar path as the native fields
+        if len(specs) > 1 or any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
+            raise FieldError(field_name, f"pass one of response_format, structured_outputs or regex / json_schema / "
+                                         f"ebnf, not {field_name} with another")
         sp[spec.kind] = spec.source
+    if body.get("include_stop_str_in_output") is not None:
+        keep = need_bool(body["include_stop_str_in_output"], "include_stop_str_in_output")
+        if body.get("no_stop_trim") is not None and body["no_stop_trim"] != keep:
+            raise FieldError("include_stop_str_in_output", "include_stop_str_in_output and no_stop_trim disagree "
+                                                           "(the same switch under vLLM's and SGLang's names)")
+        sp["no_stop_trim"] = keep
     return sp, None if max_tokens is None else need_int(max_tokens, name, 0)
+
+
+def _field_spec(body: dict, name: str) -> Optional[GrammarSpec]:
+    """structured_outputs -> its GrammarSpec, a ValueError as a FieldError naming the field."""
+    try:
+        return spec_from_structured_outputs(body.get(name))
+    except ValueError as e:
+        raise FieldError(name, str(e)) from None
 
 
 def lora_of_model(state: ServerState, model: Any) -> int:
@@ -188,4 +209,4 @@ def parse_chat(state: ServerState, body: Any) -> ChatRequest:
     if top and not want_lp:
         raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
     return ChatRequest(options, body.get("messages"), check_tools(body), MappingProxyType(template_kwargs(body)),
-                       reasoning_plan(state.args.reasoning_parser, body), want_lp, top)
+                       turn_end(body), reasoning_plan(state.args.reasoning_parser, body), want_lp, top)

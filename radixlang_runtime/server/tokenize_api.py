@@ -1,9 +1,10 @@
 """/tokenize and /detokenize (also under /v1/): the served tokenizer over HTTP, in vLLM's and SGLang's shapes.
 
 POST /tokenize {"prompt": str | [str, ...], "add_special_tokens": true} or {"messages": [...],
-"add_generation_prompt": true, "add_special_tokens": false, "chat_template_kwargs": {...}} (rendered through
-the chat template as /v1/chat/completions renders it) -> {"tokens", "count", "max_model_len"} (+ "token_strs"
-with "return_token_strs": true); a list of prompts (SGLang) answers lists of tokens and counts.
+"add_generation_prompt": true, "continue_final_message": false, "add_special_tokens": false,
+"chat_template_kwargs": {...}} (rendered through the chat template as /v1/chat/completions renders it)
+-> {"tokens", "count", "max_model_len"} (+ "token_strs" with "return_token_strs": true); a list of prompts
+(SGLang) answers lists of tokens and counts.
 POST /detokenize {"tokens": [int, ...] | [[int, ...], ...], "skip_special_tokens": false} -> {"prompt", "text"}
 (vLLM names the text `prompt`, SGLang `text`: both are sent). Fields are strict: an unknown one is a 400
 naming it; `model` must be the served one (or "default"). Tokenizing runs on an intake thread.
@@ -17,12 +18,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.protocol.limits import MAX_BATCH, FieldError, need_bool, need_int_list, need_str, show
-from radixlang_runtime.server.chat_render import render_chat, template_kwargs
+from radixlang_runtime.server.chat_render import render_chat, template_kwargs, turn_end
 from radixlang_runtime.server.http_common import BadRequest, ServerState, read_json
 from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound
 
 _TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                    "chat_template_kwargs", "reasoning_effort", "return_token_strs"}
+                    "continue_final_message", "chat_template_kwargs", "reasoning_effort", "return_token_strs"}
 _DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
 router = APIRouter()
@@ -50,12 +51,11 @@ def tokenize_body(state: ServerState, body: dict) -> dict[str, Any]:
     if ("prompt" in body) == ("messages" in body):
         raise BadRequest("tokenize needs either \"prompt\" or \"messages\" (one of them)")
     if "messages" in body:
-        text, _ = render_chat(tok, body["messages"], state.args.chat_template, None, template_kwargs(body))
-        if not _flag(body, "add_generation_prompt", True):
-            raise FieldError("add_generation_prompt", "add_generation_prompt false is not supported")
+        text, _ = render_chat(tok, body["messages"], state.args.chat_template, None, template_kwargs(body),
+                              turn_end(body))
         prompts, special, many = [text], _flag(body, "add_special_tokens", False), False
     else:
-        for name in ("add_generation_prompt", "chat_template_kwargs", "reasoning_effort"):
+        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "reasoning_effort"):
             if body.get(name) is not None:
                 raise FieldError(name, f"{name} applies to \"messages\" only")
         p = body["prompt"]

@@ -124,3 +124,48 @@ def test_context_free_grammars_compile_on_a_default_server(client, oai):
                                       temperature=0, response_format=tag)
     assert isinstance(out.choices[0].message.content, str)  # compiled (outlines alone answers 400 naming it)
     assert_idle_and_whole(client)
+
+
+def test_vllm_structured_outputs_and_include_stop_str(oai, client):
+    """vLLM's structured_outputs (json / regex / choice / grammar / json_object) constrain as the native fields do
+    (the same greedy text as regex / json_schema / ebnf), on chat and completions; include_stop_str_in_output is
+    no_stop_trim; conflicting or unsupported forms answer 400 naming the field."""
+    from grammars import ARITH_EBNF
+
+    msgs = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+
+    def chat(**extra) -> str:
+        return oai.chat.completions.create(model="default", messages=msgs, max_tokens=48, temperature=0,
+                                           extra_body=extra).choices[0].message.content
+
+    choices = ["yes!", "no (surely)", "a.b|c"]  # regex metacharacters: each choice is literal
+    got = chat(structured_outputs={"choice": choices})
+    assert got in choices
+    assert got == chat(regex="(?:yes!|no \\(surely\\)|a\\.b\\|c)")
+    got = chat(structured_outputs={"json": PERSON})
+    jsonschema.validate(json.loads(got), PERSON)
+    assert got == chat(json_schema=json.dumps(PERSON))
+    assert chat(structured_outputs={"regex": "[0-9]{3}"}) == chat(regex="[0-9]{3}")
+    assert re.fullmatch("[0-9]{3}", chat(structured_outputs={"regex": "[0-9]{3}"}))
+    assert chat(structured_outputs={"grammar": ARITH_EBNF}) == chat(ebnf=ARITH_EBNF)
+    assert isinstance(json.loads(chat(structured_outputs={"json_object": True})), dict)
+    text = oai.completions.create(model="default", prompt="Sky color:", max_tokens=5, temperature=0,
+                                  extra_body={"structured_outputs": {"choice": ["blue", "red"]}}).choices[0].text
+    assert text in ("blue", "red")
+
+    plain = chat(stop=["."])
+    kept = chat(stop=["."], include_stop_str_in_output=True)
+    assert kept == chat(stop=["."], no_stop_trim=True) == plain + "."
+    for bad, named in (({"structured_outputs": {"choice": ["a"], "regex": "b"}}, "exactly one"),
+                       ({"structured_outputs": {}}, "exactly one"),
+                       ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+                       ({"structured_outputs": {"choice": ["a"], "disable_any_whitespace": True}},
+                        "disable_any_whitespace"),
+                       ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+                        "not response_format with another"),
+                       ({"structured_outputs": {"choice": ["a"]}, "regex": "x"}, "not structured_outputs"),
+                       ({"structured_outputs": {"nope": 1}}, "nope"),
+                       ({"include_stop_str_in_output": True, "no_stop_trim": False}, "disagree")):
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, **bad})
+        assert r.status_code == 400 and named in r.json()["error"]["message"], (bad, r.text)
+    assert_idle_and_whole(client)

@@ -241,3 +241,42 @@ def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(client, sd
                        ({"reasoning_effort": "extreme"}, "reasoning_effort")):
         r = client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1, **bad})
         assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+
+
+def test_a_final_assistant_turn_is_continued(client, sdk, tokenizer):
+    """Assistant prefill: continue_final_message (vLLM / SGLang) on the chat route and /tokenize, and Anthropic's
+    final assistant turn, render the prompt up to the final message's text (no end of turn, no new turn) and reply
+    with the continuation only: the same greedy text as /generate from those ids."""
+    prefill = [*HI, {"role": "assistant", "content": "Hi! My name"}]
+    open_ids = tokenizer.encode("<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\nHi! My name",
+                                add_special_tokens=False)
+    assert client.post("/tokenize", json={"messages": prefill, "continue_final_message": True}).json()["tokens"] == \
+        open_ids
+    native = client.post("/generate", json={"input_ids": open_ids, "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0}}).json()["text"]
+    assert native  # a continuation, compared below
+    c = chat(client, prefill, max_tokens=6, continue_final_message=True)
+    assert c["choices"][0]["message"]["content"] == native
+    assert c["usage"]["prompt_tokens"] == len(open_ids)
+    m = sdk.messages.create(model="default", max_tokens=6, messages=prefill, extra_body=GREEDY)
+    assert m.content[0].text == native and m.usage.input_tokens + m.usage.cache_read_input_tokens == len(open_ids)
+    assert sdk.messages.count_tokens(model="default", messages=prefill).input_tokens == len(open_ids)
+
+    closed = tokenizer.encode("<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\nHi! My name<|im_end|>\n",
+                              add_special_tokens=False)
+    for kw, ids in (({"add_generation_prompt": False}, closed),
+                    ({}, closed + tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))):
+        assert client.post("/tokenize", json={"messages": prefill, **kw}).json()["tokens"] == ids, kw
+        assert chat(client, prefill, max_tokens=1, **kw)["usage"]["prompt_tokens"] == len(ids), kw
+
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    for body, named in (({"messages": prefill, "continue_final_message": True, "add_generation_prompt": True},
+                         "cannot both be true"),
+                        ({"messages": [*HI, call], "continue_final_message": True}, "holds tool calls"),
+                        ({"messages": prefill, "continue_final_message": "yes"}, "continue_final_message")):
+        for route in ("/v1/chat/completions", "/tokenize"):
+            r = client.post(route, json={**body, **({"max_tokens": 1} if route.startswith("/v1") else {})})
+            assert r.status_code == 400 and named in r.json()["error"]["message"], (route, r.text)
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        sdk.messages.create(model="default", max_tokens=4, messages=[*HI, {"role": "assistant", "content": "Hi "}])

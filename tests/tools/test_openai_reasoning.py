@@ -1,7 +1,8 @@
 """--reasoning-parser on a real server (the embedded model, `qwen3` format). The 135M model does not
 think unprompted, so a `regex` forces a `<think>...</think>` block; the same greedy request on /generate
 gives the raw text, and the chat route's reply must be the parser's split of it (stop strings and tool
-calls applied to the content only), streamed or not."""
+calls applied to the content only), streamed or not; a continued assistant prefill is split from where it
+left off."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def raw(server):
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
     from radixlang_runtime.server.chat_render import render_chat
 
-    def run(regex: str, messages=ASK, tools=None, max_tokens=64) -> str:
-        prompt = render_chat(tok, messages, None, tools)[0]
+    def run(regex: str, messages=ASK, tools=None, max_tokens=64, turn=None) -> str:
+        prompt = render_chat(tok, messages, None, tools, None, *([turn] if turn else []))[0]
         r = httpx.post(server.url + "/generate", timeout=120, json={"text": prompt, "sampling_params": {
             "temperature": 0, "max_new_tokens": max_tokens, "regex": regex}})
         return r.json()["text"]
@@ -140,3 +141,27 @@ def test_a_forced_call_may_follow_reasoning(oai):
     m = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and m.tool_calls[0].function.name == "get_weather"
     assert "<tool_call>" not in (m.reasoning_content or "")
+
+
+def test_a_continued_prefill_is_split_from_where_it_left_off(oai, raw):
+    """continue_final_message with a prefill that opened the reasoning: the parser reads the prefill first, so
+    the rest of the reasoning is reasoning_content and the answer the content (read alone, the output does not
+    open with <think> and would all be content)."""
+    from radixlang_runtime.server.chat_render import CONTINUE_FINAL
+
+    prefill = [*ASK, {"role": "assistant", "content": "<think>\nabout the"}]
+    rest = r"[a-z ]{2,24}\n</think>\n\n[A-Z][a-z]{1,8} [a-z ,]{2,24}\."
+    text = raw(rest, messages=prefill, turn=CONTINUE_FINAL)
+    p = get_reasoning_parser("qwen3")()
+    p.feed("<think>\nabout the")
+    want = p.feed(text)
+    want += p.finish()
+    assert want.reasoning and want.content and "</think>" not in want.content
+    assert get_reasoning_parser("qwen3").parse(text).content == text  # what an unprimed parser would answer
+    req = dict(model="default", messages=prefill, temperature=0, max_tokens=64,
+               extra_body={"regex": rest, "continue_final_message": True})
+    m = oai.chat.completions.create(**req).choices[0].message
+    assert (m.reasoning_content, m.content) == (want.reasoning, want.content)
+    reasoning, content, _, finish, use = streamed(oai, **req)
+    assert (reasoning, content, finish) == (want.reasoning, want.content, "stop")
+    assert 0 < use.completion_tokens_details.reasoning_tokens < use.completion_tokens
