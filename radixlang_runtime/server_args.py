@@ -101,6 +101,11 @@ class ServerArgs:
     max_prefill_tokens: Optional[int] = None  # None: 16384 on GPU, 4096 on CPU (see resolve_for_device)
     chunked_prefill_size: Optional[int] = None  # -1 disables chunking; None: 8192 on GPU, 4096 on CPU
     schedule_policy: str = "lpm"
+    # SGLang's names: a request's `priority` orders the waiting queue (higher values first, or lower with
+    # schedule_low_priority_values_first) and retracts running requests it outranks by at least the threshold
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     disable_radix_cache: bool = False
     # --- hierarchical KV cache (mem/hicache.py): SGLang's names; L2 = a disk directory, L3 = Redis ---
     enable_hierarchical_cache: bool = False
@@ -217,6 +222,13 @@ class ServerArgs:
              "chunked_prefill_size must be -1 (off) or >= page_size")
         need(self.schedule_policy in ("lpm", "fcfs", "dfs-weight"),
              f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
+        need(self.priority_scheduling_preemption_threshold >= 0,
+             f"priority_scheduling_preemption_threshold must be >= 0; got "
+             f"{self.priority_scheduling_preemption_threshold}")
+        need(self.enable_priority_scheduling or (not self.schedule_low_priority_values_first and
+                                                 self.priority_scheduling_preemption_threshold == 10),
+             "schedule_low_priority_values_first and priority_scheduling_preemption_threshold apply with "
+             "enable_priority_scheduling only")
         need(not (self.enable_overlap_schedule and self.disable_overlap_schedule),
              "enable_overlap_schedule and disable_overlap_schedule contradict each other: pick one")
         need(self.attention_backend in ("auto", "torch", "triton"),

@@ -72,6 +72,12 @@ HELP: dict[str, str] = {
     "chunked_prefill_size": "longest prefill chunk of one request, -1: no chunking (default: 4096 on CPU, "
                             "8192 on GPU)",
     "schedule_policy": "waiting-queue order: lpm = longest cached prefix first",
+    "enable_priority_scheduling": "requests' `priority` orders the waiting queue before the policy, and a waiting "
+                                  "request retracts running ones it outranks by the threshold",
+    "schedule_low_priority_values_first": "with priority scheduling: lower `priority` values first (vLLM's "
+                                          "order; default: higher first, SGLang's)",
+    "priority_scheduling_preemption_threshold": "how far a waiting request's priority must exceed a running "
+                                                "one's to retract it (default 10)",
     "disable_radix_cache": "no prefix sharing (every prompt computed whole)",
     "enable_hierarchical_cache": "disk (L2) and Redis (L3) tiers under the radix tree",
     "hicache_size": "GB of the L2 disk tier (0: no L2; then L3 must be on)",
@@ -189,6 +195,8 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--block-size": "use --page-size (vLLM's name)",
     "--enable-prefix-caching": "prefix caching is always on (--disable-radix-cache turns it off)",
     "--no-enable-prefix-caching": "use --disable-radix-cache",
+    "--scheduling-policy": "use --schedule-policy; vLLM's `priority` policy is --enable-priority-scheduling "
+                           "--schedule-low-priority-values-first",
     "--enable-chunked-prefill": "chunked prefill is always on (--chunked-prefill-size -1 turns it off)",
     "--seed": "use --random-seed",
     "--revision": "models are read from a local path; check out the revision into a directory",

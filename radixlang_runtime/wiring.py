@@ -25,6 +25,7 @@ from radixlang_runtime.speculative.drafter import ROW_COST, NgramConfig, NgramDr
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.overlap import OverlapSchedule, overlap_off_reason
+from radixlang_runtime.scheduler.policy import PriorityRule
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixlang_runtime.scheduler.state_cache import StateCache
 from radixlang_runtime.server_args import ServerArgs
@@ -68,6 +69,9 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
             new_token_ratio_decay=args.new_token_ratio_decay, schedule_policy=args.schedule_policy,
             enable_mixed_chunk=args.enable_mixed_chunk, debug_check_integrity=args.debug_check_integrity,
             max_loras_per_batch=args.max_loras_per_batch,
+            priority=PriorityRule(args.schedule_low_priority_values_first,
+                                  args.priority_scheduling_preemption_threshold)
+            if args.enable_priority_scheduling else None,
         ),
         runner,
         KVManager(allocator, TableManager(sizes.table_rows), radix,
@@ -313,7 +317,8 @@ def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
                          grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
                          disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding,
                          disaggregation_prefill_peers=parse_peers(runner.args.disaggregation_prefill_peers),
-                         lora_adapters=tuple(s.name for s in parse_lora_paths(runner.args.lora_paths)))
+                         lora_adapters=tuple(s.name for s in parse_lora_paths(runner.args.lora_paths)),
+                         priority_scheduling=runner.args.enable_priority_scheduling)
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:
@@ -325,7 +330,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting) + (1 if s.chunked_req else 0),
         "prefill_tokens_computed": s.admission.prefill_tokens_computed,
         "prefill_tokens_cached": s.admission.prefill_tokens_cached,
-        "num_retractions": s.num_retracted_total, "forward_steps": s.forward_steps,
+        "num_retractions": s.num_retracted_total, "num_priority_preemptions": s.num_preempted_total,
+        "forward_steps": s.forward_steps,
         "readmit_tokens": dict(s.admission.readmit_tokens),  # retracted requests: kept / swapped / recomputed
         "new_token_ratio": s.new_token_ratio,
         **kv.pin_stats(),  # pinned_slots (distinct slots the prefix pins lock), num_pins

@@ -78,19 +78,20 @@ class GenerateRequest:
     bootstrap: Optional[Bootstrap] = None  # PD only
     pooling: Optional[PoolSpec] = None  # a pooling request (pooling_input.py): max_new_tokens 0, a vector back
     lora_id: int = 0  # the LoRA adapter (lora_spec.py; 0: the base model)
+    priority: int = 0  # --enable-priority-scheduling's rank input (parse_priority)
 
     def to_message(self) -> TokenizedGenerateReq:
         """The scheduler's message (the one place it is assembled)."""
         lp = self.logprob or LogprobRequest()
         return TokenizedGenerateReq(self.rid, list(self.input_ids), copy.copy(self.sampling), self.stream,
                                     self.logprob is not None, lp.start, lp.top_num, self.bootstrap, self.pooling,
-                                    self.lora_id)
+                                    self.lora_id, self.priority)
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
             limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
-            is_list: bool = False, lora_id: Union[int, list[int]] = 0) -> list[GenerateRequest]:
+            is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict, check_request), then n
     requests with the rid rule above, each built whole. sampling / rids: one entry per prompt. bootstrap (PD):
     one prompt given as one (is_list False), n == 1. lora_id: the adapter of every request, or one per prompt
@@ -116,7 +117,7 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
             k = len(out)
             lid = lora_id if not isinstance(lora_id, list) else lora_id[k] if k < len(lora_id) else 0
             out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap,
-                                       lora_id=lid))
+                                       lora_id=lid, priority=priority))
     if isinstance(lora_id, list) and len(lora_id) != len(out):
         raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
                                       f"{len(lora_id)} names for {len(out)} requests")
@@ -172,7 +173,7 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
                          logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: Any,
                          encode: Encode, limits: RuntimeLimits, stream: bool = False,
                          bootstrap: Optional[Bootstrap] = None,
-                         lora_id: Union[int, list[int]] = 0) -> tuple[list[GenerateRequest], bool]:
+                         lora_id: Union[int, list[int]] = 0, priority: int = 0) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
     list input or n > 1)."""
     prompts, is_list = _prompts(text, input_ids, encode)
@@ -187,7 +188,7 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
     out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list,
-                  lora_id=lora_id)
+                  lora_id=lora_id, priority=priority)
     return out, is_list or len(out) > 1
 
 
@@ -203,8 +204,19 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tup
                                          body.get("rid"), body.get("return_logprob", False),
                                          body.get("logprob_start_len"), body.get("top_logprobs_num"),
                                          body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap,
-                                         lora_id)
+                                         lora_id, parse_priority(body.get("priority"), limits))
     return reqs, is_list
+
+
+def parse_priority(priority: Any, limits: RuntimeLimits) -> int:
+    """SGLang's / vLLM's `priority` (an integer; None: 0) -> the request's priority; a 400 naming it on a server
+    without --enable-priority-scheduling (which would not honour it)."""
+    if priority is None:
+        return 0
+    value = need_int(priority, "priority", -(2**31), 2**31 - 1)
+    if not limits.priority_scheduling:
+        raise FieldError("priority", "priority needs a server started with --enable-priority-scheduling")
+    return value
 
 
 def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[int]]:
@@ -217,11 +229,12 @@ def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[in
 
 def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,
                     limits: RuntimeLimits, base_rid: str, stream: bool,
-                    bootstrap: Optional[Bootstrap] = None, lora_id: int = 0) -> list[GenerateRequest]:
+                    bootstrap: Optional[Bootstrap] = None, lora_id: int = 0,
+                    priority: int = 0) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests."""
     if len(prompts) * n > MAX_BATCH:
         raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
     sp = {**sampling, "n": n}
     return fan_out(prompts, [sp] * len(prompts), [None] * len(prompts), logprob_of, limits, stream, "prompt",
-                   base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id)
+                   base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority)

@@ -124,6 +124,7 @@ class RuntimeLimits:
     is_embedding: bool = False  # a pooling model (--is-embedding): only pooling requests (pooling_input.py)
     disaggregation_prefill_peers: tuple = ()  # PD decode: the (host, port) bootstraps it may name (empty: any)
     lora_adapters: tuple[str, ...] = ()  # the LoRA adapters' names in id order (lora_spec.py: id = index + 1)
+    priority_scheduling: bool = False  # --enable-priority-scheduling: requests may carry a `priority`
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",

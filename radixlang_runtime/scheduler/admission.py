@@ -73,7 +73,7 @@ class PrefillAdmission:
         # LoRA adapters already in the running batch (max_loras_per_batch bounds the distinct ones)
         self._loras = {r.lora_id for r in [*running, *([chunked_req] if chunked_req else [])] if r.lora_id}
         if waiting:  # once per attempt: cache-aware policies re-match every waiting request
-            waiting = order_waiting(waiting, cfg.schedule_policy, kv.radix)
+            waiting = order_waiting(waiting, cfg.schedule_policy, kv.radix, cfg.priority)
         proceed = True
         if chunked_req is not None:
             if waiting and cfg.chunked_prefill_size > 0:

@@ -7,7 +7,8 @@ PrefillAdder admits requests in queue order while every budget holds:
 - rem_chunk_tokens: the most one request may prefill in one step (--chunked-prefill-size); a longer
   prompt is truncated to a chunk and continues next step (at most one chunked request at a time);
 - free request-table rows and --max-running-requests.
-order_waiting sorts the queue first (--schedule-policy).
+order_waiting sorts the queue first (--schedule-policy; under --enable-priority-scheduling, by PriorityRule.rank
+before the policy's order).
 """
 
 from __future__ import annotations
@@ -46,8 +47,16 @@ def prefill_target_len(req: Req) -> int:
     return req.seq_len - 1 if req.output_ids else req.seq_len
 
 
-def order_waiting(waiting: list[Req], policy: str, radix: Union[RadixCache, NullPrefixCache]) -> list[Req]:
-    """The queue in the order admission tries it.
+def order_waiting(waiting: list[Req], policy: str, radix: Union[RadixCache, NullPrefixCache],
+                  priority: Optional[PriorityRule] = None) -> list[Req]:
+    """The queue in the order admission tries it: by priority first when a rule is given (a stable sort, so
+    the policy's order holds among equals), then the policy's."""
+    ordered = _policy_order(waiting, policy, radix)
+    return sorted(ordered, key=priority.rank) if priority is not None else ordered
+
+
+def _policy_order(waiting: list[Req], policy: str, radix: Union[RadixCache, NullPrefixCache]) -> list[Req]:
+    """The queue in the policy's order.
 
     fcfs: arrival order. lpm: longest cached prefix first (stable, so ties stay fcfs); shared
     prefixes are then reused before LRU eviction can take them. dfs-weight: requests grouped by the
@@ -93,6 +102,23 @@ def _dfs_weight(waiting: list[Req], nodes: dict[int, TreeNode], root: TreeNode) 
         kids = sorted((c for c in node.children.values() if weight[id(c)]), key=lambda c: weight[id(c)])
         stack.extend((c, False) for c in kids)  # heaviest last: popped first
     return out
+
+
+@dataclass(frozen=True)
+class PriorityRule:
+    """--enable-priority-scheduling (SGLang's flags): a request's `priority` ranks it in the waiting queue, higher
+    values first (low_values_first: lower first, vLLM's order); a waiting request whose priority exceeds a running
+    one's by more than preemption_threshold may retract it (Scheduler._preempt_for)."""
+
+    low_values_first: bool = False
+    preemption_threshold: int = 10
+
+    def rank(self, req: Req) -> int:
+        """Smaller runs first."""
+        return req.priority if self.low_values_first else -req.priority
+
+    def may_preempt(self, waiting: Req, running: Req) -> bool:
+        return self.rank(running) - self.rank(waiting) > self.preemption_threshold
 
 
 @dataclass

@@ -29,6 +29,7 @@ from radixlang_runtime.speculative.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.overlap import OverlapSchedule
+from radixlang_runtime.scheduler.policy import PriorityRule
 from radixlang_runtime.scheduler.mask_gate import IDLE_MASK_WAIT_S, LATE_MASK_WAIT, MaskGate
 from radixlang_runtime.scheduler.request import Req, pending_ids, pending_len
 from radixlang_runtime.scheduler.stop_check import check_finished
@@ -55,6 +56,7 @@ class SchedulerConfig:
     enable_mixed_chunk: bool = False  # decode steps ride along in prefill batches
     debug_check_integrity: bool = False
     max_loras_per_batch: int = 8  # distinct LoRA adapters among the running requests (the base not counted)
+    priority: Optional[PriorityRule] = None  # --enable-priority-scheduling (None: off)
 
 
 class Scheduler:
@@ -77,6 +79,7 @@ class Scheduler:
         self._to_abort: set[str] = set()
         self.new_token_ratio = cfg.new_token_ratio_init
         self.num_retracted_total = 0
+        self.num_preempted_total = 0  # of those, retracted for a waiting request of higher priority
         self.forward_steps = 0
         self.admission = PrefillAdmission(cfg, kv)  # prefill batches; prefill_tokens_computed / _cached counts
         self._decode_owed = False  # a chunk just ran while requests were decoding: decode next
@@ -243,10 +246,34 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
-        plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
-        self.waiting, self.chunked_req = plan.waiting, plan.chunked_req
-        self._failed_at_admission += plan.failed
-        return plan.batch
+        while True:
+            plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
+            self.waiting, self.chunked_req = plan.waiting, plan.chunked_req
+            self._failed_at_admission += plan.failed
+            if plan.batch is not None or not self._preempt_for_head():
+                return plan.batch
+
+    def _preempt_for_head(self) -> bool:
+        """Priority scheduling: when nothing was admitted because a budget that running requests hold (KV, rows,
+        running slots) refused the head of the queue, retract the running request it outranks most (lowest rank,
+        then the most tokens left, then the newest), as retract_decode does (its outputs kept). Whether one was
+        retracted (each call retracts at most one, so the caller's loop ends)."""
+        rule = self.cfg.priority
+        if rule is None or not self.waiting or not self.running or \
+                self.admission.last_stop_reason not in ("kv_tokens", "rows", "max_running"):
+            return False
+        head = next((r for r in self.waiting if not r.finished), None)
+        if head is None or not any(rule.may_preempt(head, r) for r in self.running):
+            return False
+        if self.overlap is not None:  # the step in flight applied first (it may finish requests)
+            self.overlap.drain()
+        victims = [r for r in self.running if rule.may_preempt(head, r)]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda r: (rule.rank(r), r.remaining_new_tokens, r.created_at))
+        self._retract(victim)
+        self.num_preempted_total += 1
+        return True
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
@@ -285,17 +312,21 @@ class Scheduler:
         while self.running and need() > self.kv.available_size():
             if len(self.running) == 1:
                 raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
-            victim = max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at))
-            self.running.remove(victim)
-            self.drafts.drop_ngram([victim])
-            self.kv.swap_out(victim)
-            self._release(victim)
-            victim.num_retractions += 1
-            self.num_retracted_total += 1
-            self.waiting.insert(0, victim)
+            self._retract(max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at)))
             retracted = True
         if retracted:
             self.new_token_ratio = self.cfg.new_token_ratio_init
+
+    def _retract(self, victim: Req) -> None:
+        """A running request back to the front of the waiting queue, its outputs kept and its K/V given to the
+        radix cache (and, with the tiers, swapped out)."""
+        self.running.remove(victim)
+        self.drafts.drop_ngram([victim])
+        self.kv.swap_out(victim)
+        self._release(victim)
+        victim.num_retractions += 1
+        self.num_retracted_total += 1
+        self.waiting.insert(0, victim)
 
     # ------------------------------------------------------------------ results
     def _process_batch_result(self, batch: ScheduleBatch, result: StepResult) -> list[Req]:

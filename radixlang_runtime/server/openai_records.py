@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Union
 
 from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_format, spec_from_structured_outputs
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
-from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap
+from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
 from radixlang_runtime.protocol.limits import MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.protocol.pooling_input import prompts_of
 from radixlang_runtime.server.chat_render import TurnEnd, template_kwargs, turn_end
@@ -40,7 +40,7 @@ OFF_VALUES: dict[str, tuple] = {
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", *_SAMPLING_FIELDS, *_INFORMATIONAL,
+_COMMON = {"model", "n", "stream", "stream_options", "priority", *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
@@ -70,6 +70,7 @@ class OpenAIOptions:
     bootstrap: Optional[Bootstrap]  # PD: the router's fields
     sampling: Mapping[str, Any]  # native sampling_params names (SamplingParams validates values), no max_new_tokens
     max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the route's default
+    priority: int = 0  # --enable-priority-scheduling (generate_input.parse_priority)
 
     def sampling_params(self, default_max_tokens: int, **extra: Any) -> dict[str, Any]:
         """The native sampling_params of every choice (a fresh dict; the record stays as parsed)."""
@@ -188,7 +189,8 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     limits = state.tm.limits
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
     sampling, max_tokens = sampling_fields(body)
-    return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens)
+    return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
+                         parse_priority(body.get("priority"), limits))
 
 
 def _top(body: dict, name: str) -> Optional[int]:

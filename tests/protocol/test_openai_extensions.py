@@ -121,3 +121,18 @@ def test_choice_regex_matches_each_choice_and_nothing_else(choices):
     for other in ("", "x", choices[0] + "z", "y" + choices[-1], "\\d" if "\\d" not in choices else "5"):
         assert not re.fullmatch(rx, other), (rx, other)
     GrammarSpec.from_regex(rx)  # the runtime's own check takes it
+
+
+def test_priority_is_taken_only_where_the_server_schedules_by_it():
+    from radixlang_runtime.protocol.generate_input import parse_priority
+    from radixlang_runtime.protocol.limits import RuntimeLimits
+
+    on, off = RuntimeLimits(4096, 100, 4096, priority_scheduling=True), RuntimeLimits(4096, 100, 4096)
+    assert parse_priority(None, off) == parse_priority(None, on) == 0
+    assert parse_priority(-7, on) == -7
+    with pytest.raises(FieldError, match="--enable-priority-scheduling"):
+        parse_priority(1, off)
+    for bad in ("1", 1.0, False, 2**31):
+        with pytest.raises(FieldError) as e:
+            parse_priority(bad, on)
+        assert e.value.param == "priority"
