@@ -5,7 +5,8 @@ Parsing is the whole check: fields are strict (ROUTE_FIELDS: an unknown one answ
 the runtime cannot honour yet (best_of, suffix, functions, ...: OFF_VALUES) answer 400 unless null or off,
 informational ones (user, metadata, store) are taken and change nothing, as do the hints the SDKs send by
 default (verbosity, reasoning_effort: openai_hints.py); a `model` other than the served name, "default" or a
-LoRA adapter ("<served>:<adapter>" or the adapter's bare name, lora_spec.py) is ModelNotFound (404). Every
+LoRA adapter ("<served>:<adapter>" or the adapter's bare name, lora_spec.py) is ModelNotFound (404); SGLang's
+`lora_path` names an adapter too. Every
 error is a FieldError / BadRequest naming the field (HTTP 400 in OpenAI's error shape). The records are
 frozen; the intake (openai_intake.py) reads them and never the body again.
 """
@@ -18,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Optional, Union
 
 from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_format, spec_from_structured_outputs
-from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of_model
+from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
 from radixlang_runtime.protocol.limits import MAX_N, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.protocol.pooling_input import prompts_of
@@ -40,7 +41,7 @@ OFF_VALUES: dict[str, tuple] = {
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", "priority", *_SAMPLING_FIELDS, *_INFORMATIONAL,
+_COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
@@ -148,14 +149,25 @@ def _field_spec(body: dict, name: str) -> Optional[GrammarSpec]:
         raise FieldError(name, str(e)) from None
 
 
-def lora_of_model(state: ServerState, model: Any) -> int:
-    """The LoRA adapter an OpenAI `model` names ("<served>:<adapter>" or the adapter's bare name; lora_spec.py):
-    its id, 0 for the base model; an unknown adapter is ModelNotFound (404) naming it."""
+def lora_of_model(state: ServerState, model: Any, lora_path: Any = None) -> int:
+    """The LoRA adapter an OpenAI `model` names ("<served>:<adapter>" or the adapter's bare name; lora_spec.py),
+    or SGLang's `lora_path` (an adapter's name) when given: its id, 0 for the base model; an unknown adapter is
+    ModelNotFound (404) naming it in `model`, a 400 in `lora_path` (as on /generate), and a `model` naming another
+    adapter than `lora_path` a 400."""
+    adapters = state.tm.limits.lora_adapters
     try:
-        got = lora_id_of_model(model, state.served_model_name, state.tm.limits.lora_adapters)
+        got = lora_id_of_model(model, state.served_model_name, adapters) or 0
     except LoraNotFound as e:
         raise ModelNotFound(str(e)) from e
-    return got or 0
+    if lora_path is None:
+        return got
+    try:
+        named = lora_id_of(need_str(lora_path, "lora_path"), adapters)
+    except LoraNotFound as e:
+        raise FieldError("lora_path", str(e)) from None
+    if got and got != named:
+        raise FieldError("lora_path", f"lora_path {lora_path!r} and model {model!r} name different adapters")
+    return named
 
 
 def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
@@ -172,7 +184,7 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
             raise FieldError(name, f"{name} is not supported{allowed}, got {show(v)}")
     check_hints(body)  # verbosity, reasoning_effort, prompt_cache_retention: documented no-ops (openai_hints.py)
     model = body.get("model")
-    lora_id = lora_of_model(state, model)
+    lora_id = lora_of_model(state, model, body.get("lora_path"))
     if model is not None and need_str(model, "model") not in (state.served_model_name, *MODEL_ALIASES) \
             and lora_id == 0:
         raise ModelNotFound(f"The model {show(model)} does not exist: this server serves "

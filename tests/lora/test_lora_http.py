@@ -113,3 +113,26 @@ def test_one_batch_of_the_base_and_both_adapters(server):
     outs = [o["output_ids"] for o in r.json()]
     assert outs == [want[n or ""][tuple(PROMPT)] for n in names]
     assert len({tuple(o) for o in outs}) == 3
+
+
+def test_sglang_lora_path_on_the_openai_routes(server):
+    """SGLang's `lora_path` in an OpenAI body runs that adapter, as `model` naming it does; a `model` naming
+    another adapter, or an unknown adapter, is a 400 naming lora_path."""
+    srv, want = server
+    base = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+    for name in ("alpha", "beta"):
+        by_path = client.completions.create(model=base, prompt=PROMPT, max_tokens=12, temperature=0,
+                                            extra_body={"lora_path": name}).choices[0].text
+        by_model = client.completions.create(model=f"{base}:{name}", prompt=PROMPT, max_tokens=12,
+                                             temperature=0).choices[0].text
+        assert by_path == by_model
+    same = client.completions.create(model="alpha", prompt=PROMPT, max_tokens=4, temperature=0,
+                                     extra_body={"lora_path": "alpha"})
+    assert same.choices[0].text
+    for model, path, named in (("beta", "alpha", "different adapters"), (base, "gamma", "'gamma'"),
+                               (base, 3, "lora_path")):
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "lora_path": path})
+        assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == "lora_path"
