@@ -66,6 +66,9 @@ class ServerArgs:
     # /v1/chat/completions: <think>...</think> -> message.reasoning_content (SGLang's names: deepseek-r1, qwen3);
     # None: the output is all content
     reasoning_parser: Optional[str] = None
+    # SGLang's name: the OpenAI-shaped routes' defaults for unset sampling fields: "model" = generation_config.json's
+    # (protocol/sampling_defaults.py), "openai" = the API's own
+    sampling_defaults: str = "model"
     # /v1/responses: the responses kept for previous_response_id and GET / DELETE (server/responses_store.py)
     responses_store_max_entries: int = 4096
     responses_store_max_bytes: int = 256 << 20
@@ -222,6 +225,8 @@ class ServerArgs:
              "chunked_prefill_size must be -1 (off) or >= page_size")
         need(self.schedule_policy in ("lpm", "fcfs", "dfs-weight"),
              f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
+        need(self.sampling_defaults in ("model", "openai"),
+             f"sampling_defaults must be model or openai; got {self.sampling_defaults!r}")
         need(self.priority_scheduling_preemption_threshold >= 0,
              f"priority_scheduling_preemption_threshold must be >= 0; got "
              f"{self.priority_scheduling_preemption_threshold}")

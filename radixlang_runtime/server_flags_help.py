@@ -40,6 +40,9 @@ HELP: dict[str, str] = {
                         "template's markup",
     "reasoning_parser": "split <think>...</think> (gpt-oss: the harmony analysis channel) into reasoning_content "
                         "(SGLang's names); default: all content",
+    "sampling_defaults": "the OpenAI and Anthropic routes' defaults for sampling fields a request leaves unset: "
+                         "model = the model's generation_config.json (temperature, top_p, top_k, min_p, "
+                         "repetition_penalty), openai = the API's own",
     "frontend_port": "the DSL's ZeroMQ link, on --host: 0 = a free port, N = port N, -1 = no link. "
                      "/get_model_info reports the port; RuntimeEndpoint(http URL) finds it there",
     "dashboard_show_text": "label the live view's radix nodes with their text (off: sizes only)",
@@ -163,6 +166,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tool_call_parser": ("hermes", "qwen25", "llama3", "mistral", "pythonic", "qwen3_coder", "deepseekv3",
                          "deepseekv31", "kimi_k2", "glm45", "gpt-oss"),
     "reasoning_parser": ("deepseek-r1", "qwen3", "gpt-oss"),
+    "sampling_defaults": ("model", "openai"),
     "load_balance_method": ("cache_aware", "round_robin", "shortest_queue"),
     "schedule_policy": ("lpm", "fcfs", "dfs-weight"),
     "hicache_write_policy": ("write_back", "write_through"),
@@ -195,6 +199,8 @@ FOREIGN_FLAGS: dict[str, str] = {
     "--block-size": "use --page-size (vLLM's name)",
     "--enable-prefix-caching": "prefix caching is always on (--disable-radix-cache turns it off)",
     "--no-enable-prefix-caching": "use --disable-radix-cache",
+    "--generation-config": "use --sampling-defaults model (the default: generation_config.json's sampling fields) "
+                           "or openai (vLLM's --generation-config vllm)",
     "--scheduling-policy": "use --schedule-policy; vLLM's `priority` policy is --enable-priority-scheduling "
                            "--schedule-low-priority-values-first",
     "--enable-chunked-prefill": "chunked prefill is always on (--chunked-prefill-size -1 turns it off)",

@@ -318,7 +318,19 @@ def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
                          disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding,
                          disaggregation_prefill_peers=parse_peers(runner.args.disaggregation_prefill_peers),
                          lora_adapters=tuple(s.name for s in parse_lora_paths(runner.args.lora_paths)),
-                         priority_scheduling=runner.args.enable_priority_scheduling)
+                         priority_scheduling=runner.args.enable_priority_scheduling,
+                         sampling_defaults=tuple(model_sampling_defaults(runner).items()))
+
+
+def model_sampling_defaults(runner: Any) -> dict[str, Any]:
+    """--sampling-defaults model: generation_config.json's sampling fields (logged once they apply)."""
+    from radixlang_runtime.protocol.sampling_defaults import sampling_defaults
+
+    found = sampling_defaults(runner.model_dir, runner.args.sampling_defaults)
+    if found:
+        logger.info("sampling defaults from the model's generation_config.json (--sampling-defaults openai turns "
+                    "them off): %s", found)
+    return found
 
 
 def scheduler_stats(s: Scheduler) -> dict[str, Any]:

@@ -125,6 +125,8 @@ class RuntimeLimits:
     disaggregation_prefill_peers: tuple = ()  # PD decode: the (host, port) bootstraps it may name (empty: any)
     lora_adapters: tuple[str, ...] = ()  # the LoRA adapters' names in id order (lora_spec.py: id = index + 1)
     priority_scheduling: bool = False  # --enable-priority-scheduling: requests may carry a `priority`
+    # the OpenAI-shaped routes' defaults for unset sampling fields, (name, value) pairs (sampling_defaults.py)
+    sampling_defaults: tuple = ()
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",

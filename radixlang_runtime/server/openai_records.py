@@ -104,10 +104,13 @@ def _opt(body: dict, name: str, default: Any) -> Any:
     return default if v is None else v
 
 
-def sampling_fields(body: dict) -> tuple[dict[str, Any], Optional[int]]:
+def sampling_fields(body: dict, defaults: Mapping[str, Any] = MappingProxyType({})) -> tuple[dict[str, Any],
+                                                                                             Optional[int]]:
     """OpenAI sampling fields -> (native sampling_params without max_new_tokens, the max tokens asked or None).
     Fields whose names differ are checked here under their OpenAI (or vLLM) names; SamplingParams checks the
-    rest. A constraint comes from one of response_format, structured_outputs, regex / json_schema / ebnf."""
+    rest. A constraint comes from one of response_format, structured_outputs, regex / json_schema / ebnf.
+    defaults: what an unset temperature / top_p / top_k / min_p / repetition_penalty takes (--sampling-defaults
+    model: the model's generation_config.json; else the API's own)."""
     specs = [(name, spec) for name, spec in (
         ("response_format", spec_from_response_format(body.get("response_format"))),  # ValueError (400) naming it
         ("structured_outputs", _field_spec(body, "structured_outputs"))) if spec is not None]
@@ -116,8 +119,8 @@ def sampling_fields(body: dict) -> tuple[dict[str, Any], Optional[int]]:
         max_tokens, name = body.get("max_tokens"), "max_tokens"
     sp: dict[str, Any] = {
         "min_new_tokens": need_int(_opt(body, "min_tokens", 0), "min_tokens", 0),
-        "temperature": _opt(body, "temperature", 1.0),
-        "top_p": _opt(body, "top_p", 1.0),
+        "temperature": _opt(body, "temperature", defaults.get("temperature", 1.0)),
+        "top_p": _opt(body, "top_p", defaults.get("top_p", 1.0)),
         "presence_penalty": _opt(body, "presence_penalty", 0.0),
         "frequency_penalty": _opt(body, "frequency_penalty", 0.0),
         "stop": body.get("stop"),
@@ -127,6 +130,8 @@ def sampling_fields(body: dict) -> tuple[dict[str, Any], Optional[int]]:
     for ext in EXTENSIONS:
         if body.get(ext) is not None:
             sp[ext] = body[ext]
+        elif ext in defaults:  # top_k, min_p, repetition_penalty
+            sp[ext] = defaults[ext]
     for field_name, spec in specs:  # the same grammar path as the native fields
         if len(specs) > 1 or any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
             raise FieldError(field_name, f"pass one of response_format, structured_outputs or regex / json_schema / "
@@ -200,7 +205,7 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     include_usage = need_bool(_opt(so, "include_usage", False), "stream_options.include_usage")
     limits = state.tm.limits
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
-    sampling, max_tokens = sampling_fields(body)
+    sampling, max_tokens = sampling_fields(body, dict(limits.sampling_defaults))
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits))
 
