@@ -175,6 +175,7 @@ def test_penalties_change_a_repetitive_continuation(engine):
     ({"prompt": "hi", "sampling_params": {"stop_regex": [""]}}, "stop_regex must be"),
     ({"prompt": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({}, "exactly one"),
+    ({"prompt": "hi", "priority": 1}, "--enable-priority-scheduling"),
 ])
 def test_bad_input_raises_value_error(engine, kwargs, match):
     with pytest.raises(ValueError, match=match):
