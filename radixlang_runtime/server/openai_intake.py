@@ -78,12 +78,14 @@ def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> C
     """A completions request -> its choices (prompts tokenized). On an intake thread."""
     tm = state.tm
     given = req.prompts  # echo: a text prompt comes back as written (no BOS)
-    prompts = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
+    whole = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
+    prompts = [req.options.truncated(p) for p in whole]
     sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS)
     choices = Choices.build(state, prompts, req.options, sampling, req.logprobs, req.echo, rid)
     texts = None
-    if req.echo:  # after the requests checked the ids
-        texts = given if all(isinstance(p, str) for p in given) else [tm.tokenizer.decode(p) for p in prompts]
+    if req.echo:  # after the requests checked the ids; a truncated prompt comes back as what ran
+        texts = [g if isinstance(g, str) and p is w else tm.tokenizer.decode(p)
+                 for g, p, w in zip(given, prompts, whole)]
     return CompletionIntake(choices, texts, req.logprobs)
 
 
@@ -109,6 +111,7 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     tm = state.tm
     think = req.think
     ids, template = chat_prompt_ids(state, req, req.tools)
+    ids = req.options.truncated(ids)
     if think is not None and req.turn.continue_final_message:  # the split goes on from the prefilled text
         think = dataclasses.replace(think, prefix=continued_text(req.messages))
     tools = with_parser(req.tools, state.args.tool_call_parser,

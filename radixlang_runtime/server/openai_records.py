@@ -41,7 +41,8 @@ OFF_VALUES: dict[str, tuple] = {
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", *_SAMPLING_FIELDS, *_INFORMATIONAL,
+_COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens",
+           *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
     "/v1/completions": {*_COMMON, "prompt", "echo", "logprobs", "best_of", "suffix"},
@@ -72,6 +73,12 @@ class OpenAIOptions:
     sampling: Mapping[str, Any]  # native sampling_params names (SamplingParams validates values), no max_new_tokens
     max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the route's default
     priority: int = 0  # --enable-priority-scheduling (generate_input.parse_priority)
+    truncate_prompt_tokens: Optional[int] = None  # vLLM's: keep the prompt's last k tokens (None: all)
+
+    def truncated(self, ids: list[int]) -> list[int]:
+        """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
+        k = self.truncate_prompt_tokens
+        return ids if k is None or len(ids) <= k else ids[len(ids) - k:]
 
     def sampling_params(self, default_max_tokens: int, **extra: Any) -> dict[str, Any]:
         """The native sampling_params of every choice (a fresh dict; the record stays as parsed)."""
@@ -207,7 +214,19 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
     sampling, max_tokens = sampling_fields(body, dict(limits.sampling_defaults))
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
-                         parse_priority(body.get("priority"), limits))
+                         parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len))
+
+
+def _truncation(body: dict, context_len: int) -> Optional[int]:
+    """vLLM's truncate_prompt_tokens: k >= 1 keeps the last k prompt tokens, -1 the last context-length ones."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return None
+    k = need_int(k, "truncate_prompt_tokens", -1, context_len)
+    if k == 0:
+        raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the context length) or a "
+                                                   "number of tokens >= 1, got 0")
+    return context_len if k == -1 else k
 
 
 def _top(body: dict, name: str) -> Optional[int]:

@@ -180,6 +180,35 @@ def test_chat_route_serves_the_template_ids(tiny, server, content):
     assert out["choices"][0]["message"]["content"] == want
 
 
+def test_truncate_prompt_tokens_keeps_the_last_ids(tiny, server):
+    """vLLM's truncate_prompt_tokens: the prompt's last k ids run (completions: echo shows them; chat: of the
+    rendered template), greedy output equal to transformers' on those ids; -1 is the context length, 0 a 400."""
+    _, model, tok = tiny
+    ids = tok(TEXT + " and the capital of Italy is").input_ids
+    k = 5
+    want = tok.decode(hf_greedy(model, ids[-k:], NEW), skip_special_tokens=True)
+    comp = httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "prompt": TEXT + " and the capital of Italy is", "max_tokens": NEW, "min_tokens": NEW, "temperature": 0,
+        "truncate_prompt_tokens": k, "echo": True}).json()
+    assert comp["usage"]["prompt_tokens"] == k
+    assert comp["choices"][0]["text"] == tok.decode(ids[-k:]) + want
+    whole = httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "prompt": TEXT, "max_tokens": 1, "truncate_prompt_tokens": -1}).json()
+    assert whole["usage"]["prompt_tokens"] == len(tok(TEXT).input_ids)
+    messages = [{"role": "user", "content": TEXT}]
+    cids = chat_ids(tok, messages)
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "messages": messages, "max_tokens": NEW, "min_tokens": NEW, "temperature": 0,
+        "truncate_prompt_tokens": 4}).json()
+    assert chat["usage"]["prompt_tokens"] == 4
+    assert chat["choices"][0]["message"]["content"] == tok.decode(hf_greedy(model, cids[-4:], NEW),
+                                                                  skip_special_tokens=True)
+    for bad in (0, -2, "5", 10**6):
+        r = httpx.post(server.url + "/v1/completions", timeout=30, json={
+            "prompt": TEXT, "max_tokens": 1, "truncate_prompt_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+
+
 def write_bos_gguf(path: str, model) -> None:
     """The tiny model as a GGUF carrying the embedded BPE vocabulary, `tokenizer.ggml.add_bos_token` true."""
     from gguf_tiny import write_gguf
