@@ -30,29 +30,36 @@ from radixlang_runtime.server.openai_records import parse_chat, parse_completion
 from radixlang_runtime.server.openai_tools import ToolStream
 
 
-def completion_logprobs(meta: dict, echo: bool, text_offset0: int = 0) -> dict:
-    """meta_info entries -> OpenAI completions `logprobs` (tokens, token_logprobs, top_logprobs, text_offset)."""
+def _token(e: list, token_ids: bool) -> str:
+    """A logprob entry's token as the reply names it: its text, or "token_id:N" (vLLM's
+    return_tokens_as_token_ids: every token identifiable, a piece of a multi-byte character included)."""
+    return f"token_id:{e[1]}" if token_ids else e[2]
+
+
+def completion_logprobs(meta: dict, echo: bool, text_offset0: int = 0, token_ids: bool = False) -> dict:
+    """meta_info entries -> OpenAI completions `logprobs` (tokens, token_logprobs, top_logprobs, text_offset);
+    text_offset counts the tokens' text either way."""
     entries = meta.get("output_token_logprobs", [])
     tops = meta.get("output_top_logprobs") or [None] * len(entries)
     if echo and "input_token_logprobs" in meta:
         entries = meta["input_token_logprobs"] + entries
         tops = (meta.get("input_top_logprobs") or [None] * len(meta["input_token_logprobs"])) + tops
-    tokens = [e[2] for e in entries]
     offsets, pos = [], text_offset0
-    for t in tokens:
+    for e in entries:
         offsets.append(pos)
-        pos += len(t)
-    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": [None if row is None else {e[2]: e[0] for e in row} for row in tops],
+        pos += len(e[2])
+    return {"tokens": [_token(e, token_ids) for e in entries], "token_logprobs": [e[0] for e in entries],
+            "top_logprobs": [None if row is None else {_token(e, token_ids): e[0] for e in row} for row in tops],
             "text_offset": offsets}
 
 
-def chat_logprobs(meta: dict, with_top: bool) -> dict:
+def chat_logprobs(meta: dict, with_top: bool, token_ids: bool = False) -> dict:
     entries = meta.get("output_token_logprobs", [])
     tops = meta.get("output_top_logprobs") or [[] for _ in entries]
 
     def item(e: list) -> dict:
-        return {"token": e[2], "logprob": e[0], "bytes": list(e[2].encode())}
+        token = _token(e, token_ids)
+        return {"token": token, "logprob": e[0], "bytes": list(token.encode())}
 
     return {"content": [{**item(e), "top_logprobs": [item(x) for x in row] if with_top else []}
                         for e, row in zip(entries, tops)]}
@@ -99,7 +106,8 @@ async def completions(request: Request) -> Response:
     return JSONResponse({
         "id": reply.rid, "object": "text_completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": i, "text": (texts[i // n] if texts else "") + o["text"],
-                     "logprobs": completion_logprobs(o["meta_info"], texts is not None) if top is not None else None,
+                     "logprobs": completion_logprobs(o["meta_info"], texts is not None, token_ids=intake.token_ids)
+                     if top is not None else None,
                      "finish_reason": finish_reason(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
         "usage": sum_usage(outs, n),
     })
@@ -122,7 +130,8 @@ async def _stream_completion(intake: CompletionIntake, reply: Reply, n: int,
         fin = finish_reason(out["meta_info"]["finish_reason"])
         if fin is not None:
             finals[i] = out
-        lp = completion_logprobs(out["meta_info"], False) if intake.logprobs is not None else None
+        lp = completion_logprobs(out["meta_info"], False, token_ids=intake.token_ids) \
+            if intake.logprobs is not None else None
         if delta or fin is not None or (lp and lp["tokens"]):
             yield chunk(i, delta, fin, lp)
     if include_usage:
@@ -151,7 +160,8 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse({
         "id": reply.rid, "object": "chat.completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": i, "message": message,
-                     "logprobs": chat_logprobs(o["meta_info"], bool(intake.top_logprobs)) if intake.logprobs else None,
+                     "logprobs": chat_logprobs(o["meta_info"], bool(intake.top_logprobs), intake.token_ids)
+                     if intake.logprobs else None,
                      "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
         "usage": sum_usage(outs, n, think, state.tm.tokenizer.decode),
     })
@@ -209,7 +219,7 @@ async def _stream_chat(intake: ChatIntake, reply: Reply, n: int, include_usage: 
         if c.final is not None:  # cut by a stop string (its abort's last snapshot)
             continue
         c.ids += out["output_ids"]
-        lp = chat_logprobs(out["meta_info"], bool(intake.top_logprobs)) if intake.logprobs else None
+        lp = chat_logprobs(out["meta_info"], bool(intake.top_logprobs), intake.token_ids) if intake.logprobs else None
         deltas, fin = _chat_deltas(intake, c, out["text"], finish_reason(out["meta_info"]["finish_reason"]),
                                    lambda: choices.tm.abort(choices.reqs[i].rid))
         if lp and lp["content"] and not deltas:

@@ -63,6 +63,7 @@ class CompletionIntake:
     choices: Choices
     echo_texts: Optional[list[str]]  # the prompts as text when echo
     logprobs: Optional[int]
+    token_ids: bool = False  # logprobs name tokens "token_id:N" (return_tokens_as_token_ids)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class ChatIntake:
     think: Optional[ReasoningPlan]  # None: no reasoning split
     logprobs: bool
     top_logprobs: Optional[int]
+    token_ids: bool = False  # logprobs name tokens "token_id:N" (return_tokens_as_token_ids)
 
 
 def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> CompletionIntake:
@@ -86,7 +88,7 @@ def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> C
     if req.echo:  # after the requests checked the ids; a truncated prompt comes back as what ran
         texts = [g if isinstance(g, str) and p is w else tm.tokenizer.decode(p)
                  for g, p, w in zip(given, prompts, whole)]
-    return CompletionIntake(choices, texts, req.logprobs)
+    return CompletionIntake(choices, texts, req.logprobs, req.options.token_ids_in_logprobs)
 
 
 def chat_prompt_ids(state: ServerState, req: ChatRequest, tools: ToolPlan) -> tuple[list[int], Optional[str]]:
@@ -136,7 +138,7 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
         sampling["stop"] = None
     choices = Choices.build(state, [ids], req.options, sampling, (req.top_logprobs or 0) if req.logprobs else None,
                             rid=rid)
-    return ChatIntake(choices, tools, think, req.logprobs, req.top_logprobs)
+    return ChatIntake(choices, tools, think, req.logprobs, req.top_logprobs, req.options.token_ids_in_logprobs)
 
 
 def finish_reason(reason: Optional[dict]) -> Optional[str]:

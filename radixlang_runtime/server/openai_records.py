@@ -42,6 +42,7 @@ OFF_VALUES: dict[str, tuple] = {
     "service_tier": ("auto", "default"),
 }
 _COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens",
+           "return_tokens_as_token_ids",
            *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
@@ -74,6 +75,7 @@ class OpenAIOptions:
     max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the route's default
     priority: int = 0  # --enable-priority-scheduling (generate_input.parse_priority)
     truncate_prompt_tokens: Optional[int] = None  # vLLM's: keep the prompt's last k tokens (None: all)
+    token_ids_in_logprobs: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -214,7 +216,8 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
     sampling, max_tokens = sampling_fields(body, dict(limits.sampling_defaults))
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
-                         parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len))
+                         parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
+                         need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"))
 
 
 def _truncation(body: dict, context_len: int) -> Optional[int]:

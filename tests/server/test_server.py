@@ -301,7 +301,7 @@ def test_openai_completions_n_stop_seed(oai, engine_fp32):
     assert streamed == r.choices[0].text
 
 
-def test_openai_logprobs(oai):
+def test_openai_logprobs(oai, client):
     r = oai.completions.create(model="default", prompt="Two plus two is", max_tokens=4, temperature=0, logprobs=2,
                                extra_body={"min_tokens": 4})
     lp = r.choices[0].logprobs
@@ -315,6 +315,21 @@ def test_openai_logprobs(oai):
     content = c.choices[0].logprobs.content
     assert len(content) == c.usage.completion_tokens and all(len(x.top_logprobs) == 3 for x in content)
     assert all(x.logprob <= 0 and x.top_logprobs[0].logprob >= x.logprob - 1e-6 for x in content)
+    # vLLM's return_tokens_as_token_ids: the same entries, each token named "token_id:N" (N its id)
+    ids = oai.completions.create(model="default", prompt="Two plus two is", max_tokens=4, temperature=0, logprobs=2,
+                                 extra_body={"min_tokens": 4, "return_tokens_as_token_ids": True}).choices[0]
+    native = client.post("/generate", json={
+        "text": "Two plus two is", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 4,
+                                                        "temperature": 0}}).json()
+    assert ids.logprobs.tokens == [f"token_id:{t}" for t in native["output_ids"]]
+    assert ids.logprobs.token_logprobs == lp.token_logprobs and ids.text == r.choices[0].text
+    assert all(k.startswith("token_id:") for top in ids.logprobs.top_logprobs for k in top)
+    cid = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                      temperature=0, logprobs=True, top_logprobs=3,
+                                      extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs.content
+    assert [x.logprob for x in cid] == [x.logprob for x in content]
+    assert all(x.token.startswith("token_id:") and x.bytes == list(x.token.encode()) for x in cid)
+    assert all(t.token.startswith("token_id:") for x in cid for t in x.top_logprobs)
 
 
 def test_openai_errors_are_exceptions_with_messages(oai):
