@@ -3,7 +3,8 @@
 A body is parsed once into its typed request (openai_records.py: every check, every error naming its field),
 turned into runtime requests on an intake thread (openai_intake.py: the chat template, tokenizing, tools,
 the reasoning split), then answered whole or streamed. Streams send text deltas (the tokenizer manager's
-own), then an optional usage chunk (`stream_options.include_usage`), then `data: [DONE]`; a chat stream keeps
+own), then an optional usage chunk (`stream_options.include_usage`; with vLLM's `continuous_usage_stats` every
+chunk also carries its choice's usage so far), then `data: [DONE]`; a chat stream keeps
 one ChatChoiceStream record per choice. response_format json_schema / json_object (and the regex /
 json_schema extensions) constrain the output through the grammar backend. Logprobs are the model's raw
 log_softmax (before temperature), in OpenAI's shapes for completions and chat. Chat `tools` / `tool_choice`
@@ -23,10 +24,11 @@ from fastapi.responses import JSONResponse, Response
 from radixlang_runtime.server.client_watch import unless_client_gone
 from radixlang_runtime.server.http_common import (SSE_DONE, ServerState, client_gone_counter, guard_stream, merged,
                                                   read_json, sse, stream_response)
-from radixlang_runtime.server.openai_intake import (ChatIntake, CompletionIntake, chat_intake, completion_intake,
-                                                    finish_reason, sum_usage, think_message, until_stops)
+from radixlang_runtime.server.openai_intake import (ChatIntake, Choices, CompletionIntake, chat_intake,
+                                                    completion_intake, finish_reason, sum_usage, think_message,
+                                                    until_stops)
 from radixlang_runtime.server.openai_reasoning import ReasoningStream
-from radixlang_runtime.server.openai_records import parse_chat, parse_completion
+from radixlang_runtime.server.openai_records import OpenAIOptions, parse_chat, parse_completion
 from radixlang_runtime.server.openai_tools import ToolStream
 
 
@@ -100,7 +102,7 @@ async def completions(request: Request) -> Response:
     intake = await state.tm.run_intake(completion_intake, state, req, reply.rid, size=len(await request.body()))
     n = req.options.n
     if req.options.stream:
-        return stream_response(guard_stream(_stream_completion(intake, reply, n, req.options.include_usage)))
+        return stream_response(guard_stream(_stream_completion(intake, reply, n, req.options)))
     outs = await unless_client_gone(request, intake.choices.finals(), client_gone_counter(state))
     texts, top = intake.echo_texts, intake.logprobs
     return JSONResponse({
@@ -113,14 +115,27 @@ async def completions(request: Request) -> Response:
     })
 
 
+def running_usage(choices: Choices) -> Callable[[int, Optional[dict]], dict]:
+    """Per chunk (continuous_usage_stats): choice i's usage so far; out: its latest snapshot (None: none yet)."""
+    def of(i: int, out: Optional[dict]) -> dict:
+        meta = out["meta_info"] if out is not None else {}
+        prompt = meta.get("prompt_tokens", len(choices.reqs[i].input_ids))
+        completion = meta.get("completion_tokens", 0)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return of
+
+
 async def _stream_completion(intake: CompletionIntake, reply: Reply, n: int,
-                             include_usage: bool) -> AsyncIterator[bytes]:
+                             options: OpenAIOptions) -> AsyncIterator[bytes]:
     choices = intake.choices
     finals: list[Optional[dict]] = [None] * len(choices.reqs)
+    usage_of = running_usage(choices)
 
-    def chunk(i: int, text: str, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
-        return sse({"id": reply.rid, "object": "text_completion", "created": reply.created, "model": reply.model,
-                    "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
+    def chunk(i: int, text: str, finish: Optional[str], lp: Optional[dict] = None,
+              out: Optional[dict] = None) -> bytes:
+        body = {"id": reply.rid, "object": "text_completion", "created": reply.created, "model": reply.model,
+                "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]}
+        return sse({**body, "usage": usage_of(i, out)} if options.continuous_usage else body)
 
     if intake.echo_texts:
         for i in range(len(choices.reqs)):
@@ -133,8 +148,8 @@ async def _stream_completion(intake: CompletionIntake, reply: Reply, n: int,
         lp = completion_logprobs(out["meta_info"], False, token_ids=intake.token_ids) \
             if intake.logprobs is not None else None
         if delta or fin is not None or (lp and lp["tokens"]):
-            yield chunk(i, delta, fin, lp)
-    if include_usage:
+            yield chunk(i, delta, fin, lp, out)
+    if options.include_usage:
         yield sse({"id": reply.rid, "object": "text_completion", "created": reply.created, "model": reply.model,
                    "choices": [], "usage": sum_usage([f for f in finals if f], n)})
     yield SSE_DONE
@@ -149,7 +164,7 @@ async def chat_completions(request: Request) -> Response:
     intake = await state.tm.run_intake(chat_intake, state, req, reply.rid, size=len(await request.body()))
     n = req.options.n
     if req.options.stream:
-        return stream_response(guard_stream(_stream_chat(intake, reply, n, req.options.include_usage)))
+        return stream_response(guard_stream(_stream_chat(intake, reply, n, req.options)))
     think, tools = intake.think, intake.tools
     if think is None:
         outs = await unless_client_gone(request, intake.choices.finals(), client_gone_counter(state))
@@ -202,13 +217,15 @@ def _chat_deltas(intake: ChatIntake, c: ChatChoiceStream, delta: str, fin: Optio
     return deltas, fin
 
 
-async def _stream_chat(intake: ChatIntake, reply: Reply, n: int, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream_chat(intake: ChatIntake, reply: Reply, n: int, options: OpenAIOptions) -> AsyncIterator[bytes]:
     choices = intake.choices
+    usage_of = running_usage(choices)
+    last: list[Optional[dict]] = [None] * len(choices.reqs)  # each choice's latest snapshot
 
     def chunk(i: int, delta: dict, finish: Optional[str], lp: Optional[dict] = None) -> bytes:
-        return sse({"id": reply.rid, "object": "chat.completion.chunk", "created": reply.created,
-                    "model": reply.model,
-                    "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+        body = {"id": reply.rid, "object": "chat.completion.chunk", "created": reply.created, "model": reply.model,
+                "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+        return sse({**body, "usage": usage_of(i, last[i])} if options.continuous_usage else body)
 
     state = [ChatChoiceStream(intake.tools.stream(), intake.think.stream() if intake.think else None)
              for _ in choices.reqs]
@@ -218,6 +235,7 @@ async def _stream_chat(intake: ChatIntake, reply: Reply, n: int, include_usage: 
         c = state[i]
         if c.final is not None:  # cut by a stop string (its abort's last snapshot)
             continue
+        last[i] = out
         c.ids += out["output_ids"]
         lp = chat_logprobs(out["meta_info"], bool(intake.top_logprobs), intake.token_ids) if intake.logprobs else None
         deltas, fin = _chat_deltas(intake, c, out["text"], finish_reason(out["meta_info"]["finish_reason"]),
@@ -229,7 +247,7 @@ async def _stream_chat(intake: ChatIntake, reply: Reply, n: int, include_usage: 
         if fin is not None:
             c.final = {**out, "output_ids": c.ids}
             yield chunk(i, {}, fin)
-    if include_usage:
+    if options.include_usage:
         usage = sum_usage([c.final for c in state if c.final], n, intake.think, choices.tm.tokenizer.decode)
         yield sse({"id": reply.rid, "object": "chat.completion.chunk", "created": reply.created,
                    "model": reply.model, "choices": [], "usage": usage})

@@ -76,6 +76,8 @@ class OpenAIOptions:
     priority: int = 0  # --enable-priority-scheduling (generate_input.parse_priority)
     truncate_prompt_tokens: Optional[int] = None  # vLLM's: keep the prompt's last k tokens (None: all)
     token_ids_in_logprobs: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage
+    continuous_usage: bool = False
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -208,16 +210,19 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     so = _opt(body, "stream_options", {})
     if not isinstance(so, dict):
         raise FieldError("stream_options", "stream_options must be an object")
-    if unknown := sorted(set(so) - {"include_usage"}):
+    if unknown := sorted(set(so) - {"include_usage", "continuous_usage_stats"}):
         raise FieldError("stream_options",
                          f"unknown field(s) in stream_options: {', '.join(show(u, 40) for u in unknown)}")
     include_usage = need_bool(_opt(so, "include_usage", False), "stream_options.include_usage")
+    continuous = include_usage and need_bool(_opt(so, "continuous_usage_stats", False),
+                                             "stream_options.continuous_usage_stats")
     limits = state.tm.limits
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
     sampling, max_tokens = sampling_fields(body, dict(limits.sampling_defaults))
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
-                         need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"))
+                         need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
+                         continuous)
 
 
 def _truncation(body: dict, context_len: int) -> Optional[int]:

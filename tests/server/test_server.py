@@ -276,6 +276,19 @@ def test_openai_chat_and_stream(oai, engine_fp32, hf_greedy):
     assert text == r.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+    # vLLM's continuous_usage_stats: every chunk carries the usage so far, growing to the final figures
+    every = list(oai.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0,
+                                             stream=True, extra_body={"min_tokens": 16}, stream_options={
+                                                 "include_usage": True, "continuous_usage_stats": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in every if c.choices) == text
+    used = [c.usage.completion_tokens for c in every]
+    assert used[0] == 0 and used == sorted(used) and used[-1] == 16
+    assert all(c.usage.prompt_tokens == len(ids) and c.usage.total_tokens == len(ids) + c.usage.completion_tokens
+               for c in every)
+    plain = [c for c in oai.completions.create(model="default", prompt="1, 2, 3,", max_tokens=6, temperature=0,
+                                               stream=True, extra_body={"min_tokens": 6}, stream_options={
+                                                   "include_usage": True, "continuous_usage_stats": True})]
+    assert all(c.usage is not None for c in plain) and plain[-1].usage.completion_tokens == 6
     # The same conversation again: the prompt comes from the radix cache.
     r2 = oai.chat.completions.create(model="default", messages=messages, max_tokens=4, temperature=0)
     assert r2.usage.prompt_tokens_details.cached_tokens >= 16
