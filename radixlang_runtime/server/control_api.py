@@ -1,4 +1,4 @@
-"""The control router: /health, /health_generate, /server_info (+ /get_server_info), /flush_cache,
+"""The control router: /health (+ /ping), /health_generate, /version, /server_info (+ /get_server_info), /flush_cache,
 /pin_prefix, /unpin_prefix, /abort_request, and /metrics (its own router: mounted with --enable-metrics).
 Top-level handlers over the service layer (services.py), as the DSL's ZeroMQ frontend calls it too.
 """
@@ -19,12 +19,14 @@ from radixlang_runtime.protocol.pooling_input import pooling_requests
 from radixlang_runtime.server import services
 from radixlang_runtime.server.generate_api import server_state
 from radixlang_runtime.server.http_common import HTTP_PIN_TTL_S, BadRequest, error_response, final_result, read_json
+from radixlang_runtime.version import __version__
 
 router = APIRouter()
 metrics_router = APIRouter()
 
 
 @router.get("/health")
+@router.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for the same check
 async def health(request: Request) -> Response:
     state = server_state(request)
     if (why := await state.tm.health()) is not None:  # dead, draining, or a scheduler stuck with work waiting
@@ -46,6 +48,12 @@ async def health_generate(request: Request) -> Response:
     except Exception as e:
         return error_response(503, f"generation failed: {e}")
     return Response(status_code=200)
+
+
+@router.get("/version")
+async def version() -> dict:
+    """vLLM's /version: the server's version."""
+    return {"version": __version__}
 
 
 @router.get("/server_info")

@@ -26,7 +26,7 @@ from radixlang_runtime.pooling import PoolingConfig
 from radixlang_runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-OPEN_ROUTES = ("/health", "/health_generate", "/dashboard")  # no key here (/dashboard checks its own)
+OPEN_ROUTES = ("/health", "/health_generate", "/ping", "/dashboard")  # no key here (/dashboard checks its own)
 METRICS_ROUTE = "/metrics"  # behind the key too, unless --metrics-no-auth (scrapers on a private network)
 
 

@@ -136,6 +136,8 @@ def _pair_intake(parse: Any, state: ServerState, body: Any, base_rid: str) -> An
 
 
 @router.post("/v1/rerank")
+@router.post("/rerank")  # vLLM serves the same answer under these names too
+@router.post("/v2/rerank")
 async def rerank(request: Request) -> JSONResponse:
     state, body = await _body(request)
     call, top_n, with_docs = await state.tm.run_intake(_pair_intake, parse_rerank_body, state, body,
@@ -149,6 +151,7 @@ async def rerank(request: Request) -> JSONResponse:
 
 
 @router.post("/v1/score")
+@router.post("/score")
 async def score(request: Request) -> JSONResponse:
     state, body = await _body(request)
     call = await state.tm.run_intake(_pair_intake, parse_score_body, state, body, f"score-{uuid.uuid4().hex}",

@@ -293,6 +293,12 @@ def test_rerank_and_score_equal_transformers_yes_no(reranker):
     score = httpx.post(server.url + "/v1/score", json={"model": "default", "text_1": query, "text_2": docs}).json()
     assert [s["index"] for s in score["data"]] == [0, 1, 2, 3]
     assert [s["score"] for s in score["data"]] == pytest.approx(ref, abs=1e-4)
+    for alias in ("/rerank", "/v2/rerank"):  # vLLM's other names: the same answer
+        again = httpx.post(server.url + alias, json={"query": query, "documents": docs}).json()["results"]
+        assert [r["index"] for r in again] == order, alias
+        assert [r["relevance_score"] for r in again] == pytest.approx([ref[i] for i in order], abs=1e-4)
+    again = httpx.post(server.url + "/score", json={"text_1": query, "text_2": docs}).json()["data"]
+    assert [s["score"] for s in again] == pytest.approx(ref, abs=1e-4)
 
 
 @pytest.mark.parametrize("route, body, param", [

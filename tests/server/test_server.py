@@ -88,6 +88,8 @@ def test_info_and_control_routes(client, server):
         graphs = info["stats"]["cuda_graph"]  # decode under CUDA graphs: off on the CPU, the reason named
         assert graphs["mode"] == "off" and graphs["reason"].startswith("device cpu") and not info["disable_cuda_graph"]
     assert client.get("/health").status_code == 200
+    assert client.get("/ping").status_code == client.post("/ping").status_code == 200  # vLLM's name
+    assert client.get("/version").json() == {"version": info["version"]}
     assert client.get("/health_generate").status_code == 200
     assert client.post("/concate_and_append_request", json={"src_rids": ["a"], "dst_rid": "b"}).json() == {}
     client.post("/generate", json={"text": "cache me " * 10, "sampling_params": {"max_new_tokens": 1}})

@@ -65,7 +65,7 @@ def test_metrics_needs_the_key_unless_metrics_no_auth():
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     r = client.get("/metrics", headers=auth)
     assert r.status_code == 200 and "radixlang:num_client_disconnects_total" in r.text
-    assert client.get("/health").status_code == 200  # the probes stay open
+    assert client.get("/health").status_code == client.get("/ping").status_code == 200  # the probes stay open
     open_client, _ = _client(api_key=KEY, metrics_no_auth=True)
     assert open_client.get("/metrics").status_code == 200
     assert open_client.get("/server_info").status_code == 401  # only /metrics opens
