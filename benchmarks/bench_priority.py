@@ -6,7 +6,8 @@ Each round starts one server per mode (the modes interleaved A B A B ... against
 --background long requests at once (each --background-tokens tokens, ignore_eos), then after --lead seconds one
 urgent request every --gap seconds (--urgent of them, --urgent-tokens each). Reported per mode, medians over the
 rounds: the urgent requests' time to first token (median and p90) and end-to-end time, the background batch's
-wall time (what the retractions cost it), and the retractions the server counted.
+wall time (what the retractions cost it), and the retractions the server counted (per round also how the
+retracted requests' K/V came back: kept in the radix cache, swapped in, or recomputed).
 
     python benchmarks/bench_priority.py --rounds 3
     python benchmarks/bench_priority.py --rounds 3 --max-running-requests 4 --background 12
@@ -124,7 +125,8 @@ def run_round(mode: str, args: argparse.Namespace) -> dict:
         ttft = [f for f, _ in urgent]
         return {"mode": mode, "ttft_p50": statistics.median(ttft), "ttft_p90": percentile(ttft, 0.9),
                 "e2e_p50": statistics.median([e for _, e in urgent]), "batch_wall": batch_wall,
-                "retractions": stats["num_retractions"], "elapsed": time.perf_counter() - t0}
+                "retractions": stats["num_retractions"], "readmit_tokens": stats["readmit_tokens"],
+                "elapsed": time.perf_counter() - t0}
     finally:
         srv.stop()
 
