@@ -25,7 +25,7 @@ from radixlang_runtime.protocol.generate_input import parse_generate_input, pars
 from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.protocol.messages import AbortReq, TokenizedGenerateReq
-from radixlang_runtime.model.loader.resolve import resolve_model_dir, served_name
+from radixlang_runtime.model.loader.resolve import cache_root, resolve_model_dir, served_name
 from radixlang_runtime.model.executor.runner import ModelRunner
 from radixlang_runtime.prompt_encoder import PromptEncoder
 from radixlang_runtime.protocol.results import Cumulative, LogprobRequest, ResultBuilder
@@ -43,7 +43,7 @@ SamplingArg = Union[dict[str, Any], list[dict[str, Any]], None]
 
 class Engine:
     def __init__(self, model_path: Optional[str] = None, **server_args: Any):
-        from radixlang_runtime.model.loader.tokenizer import load_tokenizer
+        from radixlang_runtime.model.loader.tokenizer import load_remembered
 
         self.server_args: ServerArgs = server_args_from_kwargs(model_path, **server_args)
         args = self.server_args
@@ -61,7 +61,7 @@ class Engine:
             self._tp_procs = spawn_tp_workers(args, list(range(1, args.tp_size)))
         self.model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
         self.served_model_name = args.served_model_name or served_name(args.model_path)
-        self.tokenizer = load_tokenizer(args.tokenizer_path or self.model_dir)
+        self.tokenizer = load_remembered(args.tokenizer_path or self.model_dir, cache_root())
         self._encoder = PromptEncoder(self.tokenizer)
         self._detok = IncrementalDetokenizer(self.tokenizer)
         try:

@@ -83,8 +83,8 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
     bind_to_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s")
     try:
-        from radixlang_runtime.model.loader.resolve import resolve_model_dir
-        from radixlang_runtime.model.loader.tokenizer import class_ref, load_tokenizer
+        from radixlang_runtime.model.loader.resolve import cache_root, resolve_model_dir
+        from radixlang_runtime.model.loader.tokenizer import class_ref, load_remembered
         from radixlang_runtime.wiring import (build_scheduler, make_disagg_role, runtime_limits,
                                                           scheduler_stats)
 
@@ -93,7 +93,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
         set_cpu_threads(args)  # this process is one of several model processes on the node
         t0 = time.perf_counter()
         model_dir = resolve_model_dir(args.model_path, args.model_cache_dir)
-        tokenizer = load_tokenizer(args.tokenizer_path or model_dir)
+        tokenizer = load_remembered(args.tokenizer_path or model_dir, cache_root())
         scheduler = build_scheduler(args, model_dir, tokenizer)
         pd_link = make_disagg_role(args, scheduler)  # PD: the bootstrap socket / the prefills' links
         loop = RequestLoop(scheduler, ZmqIO(ipc, replica), args.stream_interval, stats=scheduler_stats)

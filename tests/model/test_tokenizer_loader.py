@@ -79,3 +79,45 @@ def test_a_class_outside_transformers_is_refused(tokenizer_dir):
 
     Local.__module__ = "transformers_modules.tiny.tokenization_tiny"
     assert class_ref(Local()) is None
+
+
+def test_a_remembered_class_skips_autotokenizer_until_the_files_change(tokenizer_dir, tmp_path, monkeypatch, caplog):
+    """load_remembered: the first load resolves through AutoTokenizer and remembers the class; the next load of
+    the same files uses it (AutoTokenizer not called); a changed file, a damaged record or an unwritable cache
+    falls back to AutoTokenizer, with the same tokenizer each time."""
+    import os
+
+    import transformers
+
+    from radixlang_runtime.model.loader.tokenizer import load_remembered
+
+    real = transformers.AutoTokenizer.from_pretrained
+    calls: list[str] = []
+
+    def counted(path, *a, **kw):
+        calls.append(path)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counted)
+    want = real(tokenizer_dir)
+    cache = tmp_path / "cache"
+    _same(load_remembered(tokenizer_dir, str(cache)), want)
+    assert len(calls) == 1
+    records = list((cache / "tokenizer_classes").iterdir())
+    assert len(records) == 1 and json.loads(records[0].read_text())["class"] == class_ref(want)
+    _same(load_remembered(tokenizer_dir, str(cache)), want)
+    assert len(calls) == 1  # remembered
+    cfg = os.path.join(tokenizer_dir, "tokenizer_config.json")
+    os.utime(cfg, ns=(os.stat(cfg).st_atime_ns, os.stat(cfg).st_mtime_ns + 10**9))  # the files changed: a new key
+    _same(load_remembered(tokenizer_dir, str(cache)), want)
+    assert len(calls) == 2 and len(list((cache / "tokenizer_classes").iterdir())) == 2
+    for record in (cache / "tokenizer_classes").iterdir():
+        record.write_text('{"class": "transformers.nowhere:Nothing"}')  # damaged: resolved again, with a warning
+    _same(load_remembered(tokenizer_dir, str(cache)), want)
+    assert len(calls) == 3 and "resolving it again" in caplog.text
+    _same(load_remembered(tokenizer_dir, str(cache)), want)  # the record was written anew
+    assert len(calls) == 3
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a cache root that is a file: nothing can be written under it
+    _same(load_remembered(tokenizer_dir, str(blocked)), want)
+    assert len(calls) == 4
