@@ -31,7 +31,8 @@ def check_disaggregation_args(args: Any) -> None:
     # tp_size > 1 and nnodes > 1 work (rank 0 moves every rank's K/V heads: model/executor/tp_kv.py)
     for name, on in (("dp_size > 1", args.dp_size > 1), ("speculative_algorithm", bool(args.speculative_algorithm)),
                      ("enable_hierarchical_cache", args.enable_hierarchical_cache),
-                     ("enable_priority_scheduling", args.enable_priority_scheduling)):
+                     ("enable_priority_scheduling", args.enable_priority_scheduling),
+                     ("max_queued_requests", args.max_queued_requests is not None)):
         if on:
             raise ValueError(f"{name} with disaggregation_mode {mode} is not implemented")
 

@@ -109,6 +109,7 @@ class ServerArgs:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     priority_scheduling_preemption_threshold: int = 10
+    max_queued_requests: Optional[int] = None  # SGLang's: the waiting queue's cap (a full queue answers 503)
     disable_radix_cache: bool = False
     # --- hierarchical KV cache (mem/hicache.py): SGLang's names; L2 = a disk directory, L3 = Redis ---
     enable_hierarchical_cache: bool = False
@@ -227,6 +228,8 @@ class ServerArgs:
              f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
         need(self.sampling_defaults in ("model", "openai"),
              f"sampling_defaults must be model or openai; got {self.sampling_defaults!r}")
+        need(self.max_queued_requests is None or self.max_queued_requests >= 1,
+             f"max_queued_requests must be >= 1; got {self.max_queued_requests}")
         need(self.priority_scheduling_preemption_threshold >= 0,
              f"priority_scheduling_preemption_threshold must be >= 0; got "
              f"{self.priority_scheduling_preemption_threshold}")

@@ -79,6 +79,9 @@ HELP: dict[str, str] = {
                                   "request retracts running ones it outranks by the threshold",
     "schedule_low_priority_values_first": "with priority scheduling: lower `priority` values first (vLLM's "
                                           "order; default: higher first, SGLang's)",
+    "max_queued_requests": "the most requests that may wait for admission (waiting or compiling their grammar); "
+                           "past it a new request answers 503, or, under priority scheduling, one of higher "
+                           "priority drops the lowest waiting one (default: no cap)",
     "priority_scheduling_preemption_threshold": "how far a waiting request's priority must exceed a running "
                                                 "one's to retract it (default 10)",
     "disable_radix_cache": "no prefix sharing (every prompt computed whole)",

@@ -72,6 +72,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
             priority=PriorityRule(args.schedule_low_priority_values_first,
                                   args.priority_scheduling_preemption_threshold)
             if args.enable_priority_scheduling else None,
+            max_queued_requests=args.max_queued_requests,
         ),
         runner,
         KVManager(allocator, TableManager(sizes.table_rows), radix,

@@ -108,7 +108,7 @@ def _dfs_weight(waiting: list[Req], nodes: dict[int, TreeNode], root: TreeNode) 
 class PriorityRule:
     """--enable-priority-scheduling (SGLang's flags): a request's `priority` ranks it in the waiting queue, higher
     values first (low_values_first: lower first, vLLM's order); a waiting request whose priority exceeds a running
-    one's by more than preemption_threshold may retract it (Scheduler._preempt_for)."""
+    one's by more than preemption_threshold may retract it (Scheduler._preempt_for_head)."""
 
     low_values_first: bool = False
     preemption_threshold: int = 10

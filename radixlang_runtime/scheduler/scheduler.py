@@ -57,6 +57,7 @@ class SchedulerConfig:
     debug_check_integrity: bool = False
     max_loras_per_batch: int = 8  # distinct LoRA adapters among the running requests (the base not counted)
     priority: Optional[PriorityRule] = None  # --enable-priority-scheduling (None: off)
+    max_queued_requests: Optional[int] = None  # --max-queued-requests: waiting + compiling requests (None: no cap)
 
 
 class Scheduler:
@@ -86,15 +87,42 @@ class Scheduler:
         # (phase, batch size, tokens) of recent steps, for debugging and tests of step order.
         self.recent_batches: deque[tuple[str, int, int]] = deque(maxlen=1024)
         self.pd: Optional[DisaggRole] = None  # prefill-decode disaggregation (wiring.make_disagg_role)
-        self._failed_at_admission: list[Req] = []  # requests admission ended (their adapter could not be read)
+        self._failed_at_admission: list[Req] = []  # ended before running (adapter unreadable, queue full)
         self.overlap: Optional[OverlapSchedule] = None  # the overlap schedule (scheduler/overlap.py), when on
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
+        if not self._room_in_queue(req):
+            return
         if req.sampling.constrained and self.grammar is not None:
             self.grammar.add(req)  # joins `waiting` once its grammar compiled (step polls)
         else:
             self._enqueue([req])
+
+    def _room_in_queue(self, req: Req) -> bool:
+        """--max-queued-requests (SGLang's): with the queue (waiting and compiling requests) full, a new request
+        is refused (HTTP 503), unless under priority scheduling it outranks a waiting one: then the lowest-ranked
+        waiting request (the newest of those) is dropped for it (503 too). Whether req may queue."""
+        cap = self.cfg.max_queued_requests
+        pending = self.grammar.pending if self.grammar is not None else []
+        if cap is None or len(self.waiting) + len(pending) < cap:
+            return True
+        rule = self.cfg.priority
+        lowest = max(self.waiting, key=lambda r: (rule.rank(r), r.created_at)) \
+            if rule is not None and self.waiting else None
+        if lowest is not None and rule.rank(req) < rule.rank(lowest):
+            self.waiting.remove(lowest)
+            self._refuse(lowest, f"dropped from the full waiting queue (--max-queued-requests {cap}) for a request "
+                                 "of higher priority")
+            return True
+        self._refuse(req, f"the waiting queue is full (--max-queued-requests {cap}); retry later")
+        return False
+
+    def _refuse(self, req: Req, message: str) -> None:
+        """End a request that holds nothing (queued, not running) with HTTP 503; the next step reports it."""
+        req.error, req.error_status = message, 503
+        req.finish({"type": "abort", "message": message})
+        self._failed_at_admission.append(req)
 
     def _enqueue(self, reqs: list[Req]) -> None:
         """New requests (grammar ready) queue for prefill; on a decode server they wait for their K/V instead

@@ -87,6 +87,8 @@ def test_the_chat_template_is_a_template_or_an_existing_file(tmp_path):
     ({"disaggregation_mode": "decode", "speculative_algorithm": "NGRAM"}, "speculative_algorithm with disagg"),
     ({"disaggregation_mode": "prefill", "enable_hierarchical_cache": True}, "enable_hierarchical_cache with disagg"),
     ({"disaggregation_mode": "prefill", "dp_size": 2}, "dp_size > 1 with disaggregation_mode prefill"),
+    ({"disaggregation_mode": "decode", "enable_priority_scheduling": True}, "enable_priority_scheduling with disagg"),
+    ({"disaggregation_mode": "prefill", "max_queued_requests": 8}, "max_queued_requests with disaggregation"),
 ])
 def test_disaggregation_flags_refused_by_name(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
@@ -105,3 +107,21 @@ def test_disaggregation_flags_parse_and_default_the_bootstrap_port():
         ("prefill", 8998, 5.0)
     assert parse(["--disaggregation-mode", "decode"]).disaggregation_bootstrap_port is None
     assert parse([]).disaggregation_mode == "null"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"max_queued_requests": 0}, "max_queued_requests must be >= 1"),
+    ({"priority_scheduling_preemption_threshold": -1}, "priority_scheduling_preemption_threshold must be >= 0"),
+    ({"schedule_low_priority_values_first": True}, "apply with enable_priority_scheduling only"),
+    ({"priority_scheduling_preemption_threshold": 3}, "apply with enable_priority_scheduling only"),
+    ({"sampling_defaults": "vllm"}, "sampling_defaults must be model or openai"),
+])
+def test_scheduling_and_sampling_flags_refused_by_name(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        ServerArgs(**kwargs)
+    a = parse(["--enable-priority-scheduling", "--schedule-low-priority-values-first",
+               "--priority-scheduling-preemption-threshold", "0", "--max-queued-requests", "4",
+               "--sampling-defaults", "openai"])
+    assert (a.enable_priority_scheduling, a.schedule_low_priority_values_first,
+            a.priority_scheduling_preemption_threshold, a.max_queued_requests, a.sampling_defaults) == \
+        (True, True, 0, 4, "openai")

@@ -1,8 +1,9 @@
 """Priority scheduling on a real server (--enable-priority-scheduling, one running request at a time, float32):
 a long low-priority request streams; a request within the preemption threshold of it waits, one past it retracts
 it; the finish order follows the priorities, the retracted request's greedy text is the one it has alone, the
-counters say so and the allocator is whole. `priority` on native and OpenAI bodies, and a 400 naming it where
-the server runs without priority scheduling."""
+counters say so and the allocator is whole. With the waiting queue at --max-queued-requests, a new request answers
+503 unless it outranks a waiting one, which it then drops (503 to that one). `priority` on native and OpenAI
+bodies, and a 400 naming it where the server runs without priority scheduling."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from server_utils import FP32_FLAGS, ServerProcess, assert_idle_and_whole, share
 @pytest.fixture(scope="module")
 def server():
     srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--max-running-requests", "1",
-                        "--enable-priority-scheduling", "--debug-check-integrity")
+                        "--enable-priority-scheduling", "--max-queued-requests", "2", "--debug-check-integrity")
     yield srv
     assert srv.stop() in (0, 143), srv.tail()
 
@@ -39,7 +40,7 @@ def test_a_higher_priority_request_retracts_the_running_one(server):
         with lock:
             done.append((name, r.json()))
 
-    low = body("Once upon a time", 160, 0)
+    low = body("Once upon a time", 100, 0)
     with httpx.Client(base_url=server.url, timeout=120) as c:
         alone = c.post("/generate", json=low).json()
         before = stats(c)["num_priority_preemptions"]
@@ -66,9 +67,46 @@ def test_a_higher_priority_request_retracts_the_running_one(server):
         assert [name for name, _ in done] == ["high", "near", "low"]
         out = dict(done)
         assert out["low"]["meta_info"]["num_retractions"] == 1
-        assert out["low"]["text"] == alone["text"] and out["low"]["meta_info"]["completion_tokens"] == 160
+        assert out["low"]["text"] == alone["text"] and out["low"]["meta_info"]["completion_tokens"] == 100
         assert out["near"]["meta_info"]["num_retractions"] == out["high"]["meta_info"]["num_retractions"] == 0
         assert stats(c)["num_priority_preemptions"] == before + 1
+        assert_idle_and_whole(c)
+
+
+def test_a_full_queue_answers_503_or_drops_the_lowest_for_a_higher_one(server):
+    results: dict[str, httpx.Response] = {}
+
+    def post(name: str, b: dict) -> None:
+        results[name] = httpx.post(server.url + "/generate", json=b, timeout=120)
+
+    def waiting(c, n: int) -> None:
+        deadline = time.time() + 30
+        while stats(c)["num_waiting_reqs"] < n:
+            assert time.time() < deadline
+            time.sleep(0.02)
+
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        with c.stream("POST", "/generate", json={**body("Once upon a time", 120, 0), "stream": True}) as s:
+            lines = s.iter_lines()  # kept: a dropped iterator closes the stream, which aborts the request
+            next(line for line in lines if line.startswith("data: "))  # it runs: the one slot is taken
+            threads = []
+            for k, (name, p) in enumerate((("a", 5), ("b", 5))):  # 5 is within the threshold of 0: they wait
+                threads.append(threading.Thread(target=post, args=(name, body(f"Text {name}", 4, p))))
+                threads[-1].start()
+                waiting(c, k + 1)
+            full = c.post("/generate", json=body("Text c", 4, 5))  # the queue holds 2: refused
+            assert full.status_code == 503 and "--max-queued-requests 2" in full.json()["error"]["message"]
+            chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                        "max_tokens": 2, "priority": 5})
+            assert chat.status_code == 503 and chat.json()["error"]["code"] == 503
+            threads.append(threading.Thread(target=post, args=("d", body("Text d", 4, 9))))  # drops b (newest)
+            threads[-1].start()
+            for t in threads:
+                t.join(120)
+            for _ in lines:
+                pass
+        assert results["a"].status_code == results["d"].status_code == 200
+        assert results["b"].status_code == 503 and "higher priority" in results["b"].json()["error"]["message"]
         assert_idle_and_whole(c)
 
 
