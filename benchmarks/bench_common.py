@@ -1,9 +1,18 @@
-"""Helpers the benchmarks share: run a measurement in its own process, and percentiles."""
+"""Helpers the benchmarks share: run a measurement in its own process, a server (or router) child process that is
+up once its /health answers, and percentiles."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
-from typing import Any, Callable
+import os
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout the benchmarks belong to
 
 
 def in_child(target: Callable[..., None], *args: Any) -> Any:
@@ -24,3 +33,44 @@ def percentile(xs: list[float], q: float) -> float:
         return 0.0
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+class Proc:
+    """A child process (server or router) with its log; `up` waits (bounded) for /health."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, cores: Optional[list[int]] = None):
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        if cores:
+            cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
+            env["OMP_NUM_THREADS"] = str(len(cores))
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench_{name}_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def up(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
+                                   f"log {self.log.name}:\n{self.tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not healthy after {timeout} s; log {self.log.name}:\n{self.tail()}")
+
+    def tail(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

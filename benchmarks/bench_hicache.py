@@ -1,5 +1,5 @@
 """Hierarchical KV cache (--enable-hierarchical-cache): what the tiers under the radix tree buy, measured against
-issue 32's two criteria (the default run, about 10 minutes on an idle 2-core CPU with the embedded model).
+two criteria (the default run, about 10 minutes on an idle 2-core CPU with the embedded model).
 
 Agent (criterion: hit rate >= 0.9 of a roomy pool's, throughput >= 2x the same pool without tiers, medians of 3):
 S sessions x T turns over one shared system prompt (greedy, EOS ignored); a turn's prompt = system + the
@@ -7,12 +7,12 @@ session's whole history (its earlier user messages and replies) + a new user mes
 every session's next turn together. Settings, each in its own child process: the pool sized to a quarter of
 the working set without tiers, the same pool with L2 (a temp disk directory), and a roomy pool. Reported: wall
 time (median of --runs; throughput ratio = the no-tiers wall / the L2 wall, same work), prompt tokens computed,
-hit rate (prompt tokens not computed / all). The issue's workload is 64 sessions x 8 turns over 2,000 tokens;
+hit rate (prompt tokens not computed / all). The full workload is 64 sessions x 8 turns over 2,000 tokens;
 this script runs 12 sessions x 8 turns (64-token user messages, 16-token replies) over 2,000 tokens: 3/16 as
 many sessions, so that the no-tiers setting (which recomputes every history every turn) fits the time. The
 pool is a quarter of the working set or, when that is larger, the system prompt plus one whole session (+64):
 here 2,704 tokens, 0.28 of 9,680. --sessions / --turns change the workload (the time grows with sessions x
-turns^2 without tiers); `--part agent --sessions 64` is the issue's workload itself (figures and timing:
+turns^2 without tiers); `--part agent --sessions 64` is the full workload itself (figures and timing:
 docs/PERFORMANCE.md; the quarter pool batches ~13 sessions' decode there, at 12 sessions one or two).
 Restart (criterion: a 4,000-token system prompt's TTFT after a restart >= 10x faster than cold, from L2 and from
 L3 each): TTFT (max_new_tokens 1, after a 16-token warm-up) of a fresh Engine without tiers (cold, the prompt
@@ -47,7 +47,7 @@ FULL = dict(sessions=12, turns=8, system_len=2000, user_len=64, new_tokens=16, r
             swap_reqs=16, swap_prompt=512, swap_new=256)
 QUICK = dict(sessions=4, turns=2, system_len=256, user_len=32, new_tokens=4, restart_len=512, runs=1,
              swap_reqs=8, swap_prompt=64, swap_new=128)
-ISSUE = "issue 32's workload: 64 sessions x 8 turns over a 2,000-token system prompt"
+FULL_WORKLOAD = "the full workload: 64 sessions x 8 turns over a 2,000-token system prompt"
 
 
 def make_workload(sessions: int, system_len: int, user_len: int, seed: int = 0):
@@ -161,7 +161,7 @@ def main() -> None:
             work[name] = getattr(a, name)
     began = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="bench_hicache_")
-    print(f"workload: {work}\n  ({ISSUE}; this run: {work['sessions']} sessions x {work['turns']} turns over "
+    print(f"workload: {work}\n  ({FULL_WORKLOAD}; this run: {work['sessions']} sessions x {work['turns']} turns over "
           f"{work['system_len']} tokens, restart prompt {work['restart_len']} tokens, medians of {work['runs']})",
           flush=True)
     try:
@@ -175,7 +175,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if verdicts:
-        print("\nissue 32 criteria (this run):")
+        print("\ncriteria (this run):")
         for line in verdicts:
             print("  " + line)
     print(f"total {time.perf_counter() - began:.0f} s", flush=True)

@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--peers-dir", default=None, help="the peer scripts (default: ../shared/peers next to the repo)")
     ap.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="vLLM-CPU's dtype: float32 is what it runs on a CPU without AVX512-BF16 (with "
-                         "RADIXLANG_CPU_MASK=avx512_bf16 for ours: the issue's second table)")
+                         "RADIXLANG_CPU_MASK=avx512_bf16 for ours: the second table)")
     ap.add_argument("--masks", default="",
                     help="with a .gguf --model-path and --peers llamacpp: comma list of RADIXLANG_CPU_MASK values "
                          "radixlang runs under ('' = none; ',avx512_bf16' = without and with the mask)")

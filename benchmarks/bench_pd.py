@@ -10,7 +10,7 @@ once while --long-tokens-token prompts (random ids, no cache hits) arrive every 
 (--long-max-tokens output tokens each) for as long as the streams run, --max-arrivals at most (a server that
 prefills first would otherwise starve the streams for good once arrivals outpace its prefill).
 Reported, medians of --runs runs: ITL p50 / p99 / max of the streams (no arrivals, arrivals), the p99 ratio
-arrivals / no arrivals (issue 33: under PD it stays within 1.5x), how many long prompts got their first token
+arrivals / no arrivals (under PD it stays within 1.5x), how many long prompts got their first token
 while the streams ran (overlap: the events the streams could see; p99 sees a stall only when stalled ITLs are
 >= 1% of the samples, max sees any), TTFT p50 / p99 of the long prompts, output tokens/s and long prompts/s of
 the arrivals phase. Defaults: 4 streams of 1,024 tokens (~20 s), 2,000-token prompts every 2 s, 8 at most:
@@ -31,11 +31,8 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from typing import Optional
 
 import httpx
 
@@ -43,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from bench_common import percentile  # noqa: E402
+from bench_common import Proc, percentile  # noqa: E402
 from bench_serving import one_request  # noqa: E402
 
 
@@ -51,47 +48,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Proc:
-    """A child process (server or router) with its log; `up` waits (bounded) for /health."""
-
-    def __init__(self, name: str, cmd: list[str], port: int, cores: Optional[list[int]] = None):
-        self.name, self.url = name, f"http://127.0.0.1:{port}"
-        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        if cores:
-            cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
-            env["OMP_NUM_THREADS"] = str(len(cores))
-        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench_pd_{name}_", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-
-    def up(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
-                                   f"log {self.log.name}:\n{self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not healthy after {timeout} s; log {self.log.name}:\n{self.tail()}")
-
-    def tail(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()[-3000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def server_cmd(port: int, args: argparse.Namespace, *extra: str) -> list[str]:

@@ -33,7 +33,7 @@ def peer_workloads(peers_dir: str) -> dict[str, dict]:
 # peer -> [(row name, workload, script, extra args, RESULT field)]. W1: output tok/s; W2: decode tok/s
 # (tokens 2..256 over their time); W3: wall seconds with the peer's prefix reuse on / off.
 def peer_runs(vllm_dtype: str = "bfloat16") -> dict[str, list]:
-    """The rows each peer runs; vllm_dtype float32 is vLLM-CPU on a CPU without AVX512-BF16 (the issue's
+    """The rows each peer runs; vllm_dtype float32 is vLLM-CPU on a CPU without AVX512-BF16 (the
     second table: ours under RADIXLANG_CPU_MASK=avx512_bf16 runs float32 there too)."""
     v = "vllm-" + {"bfloat16": "bf16", "float32": "fp32"}[vllm_dtype]
     return {

@@ -20,16 +20,14 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import percentile  # noqa: E402
+from bench_common import Proc, percentile  # noqa: E402
 
 START_TIMEOUT_S = 600
 MODES = ("priority", "arrival")
@@ -41,37 +39,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    def __init__(self, flags: list[str]):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile("w+")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, "PYTHONPATH": f"{root}:{os.path.join(root, 'kernels')}"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "radixlang_runtime.launch_server", "--port",
-                                      str(self.port), *flags], cwd=root, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        t0 = time.perf_counter()
-        while True:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log.read()[-3000:]}")
-            if time.perf_counter() - t0 > START_TIMEOUT_S:
-                raise RuntimeError(f"no /health 200 within {START_TIMEOUT_S} s")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def _server(flags: list[str]) -> Proc:
+    port = _free_port()
+    srv = Proc("priority", [sys.executable, "-m", "radixlang_runtime.launch_server", "--port", str(port), *flags],
+               port)
+    srv.up(START_TIMEOUT_S)
+    return srv
 
 
 def _body(text: str, tokens: int, priority: int | None) -> dict:
@@ -98,7 +71,7 @@ def run_round(mode: str, args: argparse.Namespace) -> dict:
     flags = ["--max-running-requests", str(args.max_running_requests), *args.server_flags]
     if mode == "priority":
         flags += ["--enable-priority-scheduling", "--priority-scheduling-preemption-threshold", "0"]
-    srv = Server(flags)
+    srv = _server(flags)
     try:
         low, high = (0, 1) if mode == "priority" else (None, None)
         background: list = []

@@ -1,5 +1,5 @@
 """llama.cpp's prompt-lookup speculation (llama-cpp-python's LlamaPromptLookupDecoding) on given token ids,
-for bench_spec.py --llamacpp (issue 31 (e)). Runs in the peers' venv (../shared/peers/build_llamacpp.sh): it
+for bench_spec.py --llamacpp. Runs in the peers' venv (../shared/peers/build_llamacpp.sh): it
 imports llama_cpp and the standard library only.
 
 Input (a JSON file): {"workloads": {name: [token ids]}, "new_tokens": N}. For each workload, lookup off and on,

@@ -1,4 +1,4 @@
-"""User-supplied patterns never stall the scheduler (issue 27).
+"""User-supplied patterns never stall the scheduler.
 
 Unit: stop_regex runs in RE2 (linear time): hostile patterns scan a full 256-token window fast; what RE2
 refuses (backreferences, look-around) and the per-request limits answer ValueError naming the field;
@@ -135,7 +135,7 @@ def test_no_fallback_to_a_backtracking_engine(monkeypatch):
 
 
 def old_python_re_scan(out: list[int], patterns: list[str], detokenize) -> tuple[str, int] | None:
-    """The stop_regex check this file's issue replaced (Python `re`, kept as the reference)."""
+    """The stop_regex check the runtime replaced (Python `re`, kept as the reference)."""
     tail, newest_from = _newest_text(out, STOP_REGEX_WINDOW, detokenize)
     newest_from = newest_from or 0
     best = None
@@ -159,7 +159,7 @@ def first_stop_step(tokens: list[str], check, patterns, min_new: int):
 
 
 def test_the_cpu_cap_stops_the_backtracking_scan_it_guards_against():
-    """The bound above can fail: the scan this file's issue replaced (Python's `re`) runs into the cap."""
+    """The bound above can fail: the scan the runtime replaced (Python's `re`) runs into the cap."""
     tokens = windows()["a's"]
     with pytest.raises(CpuCapExceeded):
         with cpu_cap(0.5):

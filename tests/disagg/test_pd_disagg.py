@@ -22,7 +22,7 @@ from server_utils import assert_idle_and_whole
 # The shared servers start in the first PD file's fixture: on a loaded 2-core machine that alone can take minutes.
 pytestmark = pytest.mark.timeout(1800)
 
-# The acceptance run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs 8 (each kind of body once).
+# The full run is 64 (RADIXLANG_PD_PARITY_N=64); the suite runs 8 (each kind of body once).
 PARITY_N = int(os.environ.get("RADIXLANG_PD_PARITY_N", "8"))
 T = 600  # client bound per request (a loaded machine; grammars compile on first use)
 IDLE_S = 120  # bound on a server going idle after its requests answered (a loaded machine)

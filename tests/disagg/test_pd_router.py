@@ -318,7 +318,7 @@ def test_decode_killed_inside_an_event_relays_whole_events_only(fresh):
 
 def test_client_gone_before_the_first_chunk_releases_the_load(fresh):
     """A client that leaves while the router waits for the decode's stream headers: once the decode answers,
-    nothing is relayed, and the decode's and the prefill's load counts go back to 0 (issue 33)."""
+    nothing is relayed, and the decode's and the prefill's load counts go back to 0."""
     router, prefills, decodes = fresh
     for d in decodes:
         d.mode = "hold"  # no headers until released

@@ -1,4 +1,4 @@
-"""Swap-on-retract (issue 32 item 3): retract_decode swaps a retracted request's whole records out to the
+"""Swap-on-retract: retract_decode swaps a retracted request's whole records out to the
 hicache tiers; readmission keeps what L1 still holds, loads what the tiers hold, recomputes the rest.
 The scheduler runs on FakeRunner (tests/fakes.py), whose slots hold (position, token, history hash): a
 swapped-in record with foreign or stale K/V fails its checks. Then once on the real model (float32)."""

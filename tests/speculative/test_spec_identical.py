@@ -1,4 +1,4 @@
-"""Issue 31's exactness criterion on the real model: 64 greedy requests (copy-heavy and free, stop strings, a
+"""Speculation is exact on the real model: 64 greedy requests (copy-heavy and free, stop strings, a
 regex-constrained share, logprobs) give the same tokens with NGRAM speculation as without it — in float32, and
 in the deterministic mode (float32, batch-invariant numerics) on a pool tight enough that decode retracts."""
 
