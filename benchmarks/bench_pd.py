@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import time
@@ -40,14 +39,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from bench_common import Proc, percentile  # noqa: E402
+from bench_common import Proc, free_port, percentile  # noqa: E402
 from bench_serving import one_request  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_cmd(port: int, args: argparse.Namespace, *extra: str) -> list[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import threading
@@ -27,20 +26,15 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import Proc, percentile  # noqa: E402
+from bench_common import Proc, free_port, percentile  # noqa: E402
 
 START_TIMEOUT_S = 600
 MODES = ("priority", "arrival")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _server(flags: list[str]) -> Proc:
-    port = _free_port()
+    port = free_port()
     srv = Proc("priority", [sys.executable, "-m", "radixlang_runtime.launch_server", "--port", str(port), *flags],
                port)
     srv.up(START_TIMEOUT_S)

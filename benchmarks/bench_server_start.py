@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,18 +23,16 @@ import time
 import httpx
 import psutil
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import free_port  # noqa: E402
+
 START_TIMEOUT_S = 600
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_once(tree: str, flags: list[str]) -> dict:
     """One start of the server in `tree`: wall and process-tree CPU seconds until /health answers 200."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": ".:kernels"}
     load = os.getloadavg()[0]
     with tempfile.TemporaryFile("w+") as log:

@@ -212,6 +212,9 @@ class ServerArgs:
         from radixlang_runtime.cuda_graph_args import check_cuda_graph_args  # no torch
 
         check_cuda_graph_args(self)
+        from radixlang_runtime.scheduling_args import check_scheduling_args  # no torch
+
+        check_scheduling_args(self)
 
     def _check_values(self) -> None:
         """Each field's own values: choices and ranges."""
@@ -224,21 +227,8 @@ class ServerArgs:
         need(self.max_prefill_tokens is None or self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
         need(self.chunked_prefill_size in (None, -1) or self.chunked_prefill_size >= (self.page_size or 1),
              "chunked_prefill_size must be -1 (off) or >= page_size")
-        need(self.schedule_policy in ("lpm", "fcfs", "dfs-weight"),
-             f"schedule_policy must be lpm, fcfs or dfs-weight; got {self.schedule_policy!r}")
         need(self.sampling_defaults in ("model", "openai"),
              f"sampling_defaults must be model or openai; got {self.sampling_defaults!r}")
-        need(self.max_queued_requests is None or self.max_queued_requests >= 1,
-             f"max_queued_requests must be >= 1; got {self.max_queued_requests}")
-        need(self.priority_scheduling_preemption_threshold >= 0,
-             f"priority_scheduling_preemption_threshold must be >= 0; got "
-             f"{self.priority_scheduling_preemption_threshold}")
-        need(self.enable_priority_scheduling or (not self.schedule_low_priority_values_first and
-                                                 self.priority_scheduling_preemption_threshold == 10),
-             "schedule_low_priority_values_first and priority_scheduling_preemption_threshold apply with "
-             "enable_priority_scheduling only")
-        need(not (self.enable_overlap_schedule and self.disable_overlap_schedule),
-             "enable_overlap_schedule and disable_overlap_schedule contradict each other: pick one")
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("auto", "outlines", "xgrammar", "llguidance", "none"),
@@ -292,8 +282,6 @@ class ServerArgs:
         """Sizes, ports, timeouts and the request-facing limits."""
         need(self.max_total_tokens is None or self.max_total_tokens >= (self.page_size or 1),
              "max_total_tokens must be >= page_size")
-        need(self.max_running_requests is None or self.max_running_requests >= 1,
-             "max_running_requests must be >= 1")
         need(self.max_mamba_cache_size is None or self.max_mamba_cache_size >= 1, "max_mamba_cache_size must be >= 1")
         need(self.mem_fraction_static is None or 0.0 < self.mem_fraction_static < 1.0,
              "mem_fraction_static must be in (0, 1)")
@@ -310,8 +298,6 @@ class ServerArgs:
              "(0: nothing is stored), responses_store_ttl > 0")
         need(not self.metrics_no_auth or (self.enable_metrics and self.api_key),
              "metrics_no_auth needs enable_metrics and api_key (without a key /metrics is open anyway)")
-        need(0.0 <= self.new_token_ratio_min <= self.new_token_ratio_init <= 1.0,
-             "need 0 <= new_token_ratio_min <= new_token_ratio_init <= 1")
 
     def _check_hicache(self) -> None:
         """Refuse hicache settings the runtime would not honour, by name."""

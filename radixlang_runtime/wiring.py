@@ -25,7 +25,7 @@ from radixlang_runtime.speculative.drafter import ROW_COST, NgramConfig, NgramDr
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.overlap import OverlapSchedule, overlap_off_reason
-from radixlang_runtime.scheduler.policy import PriorityRule
+from radixlang_runtime.scheduler.preemption import PriorityRule
 from radixlang_runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from radixlang_runtime.scheduler.state_cache import StateCache
 from radixlang_runtime.server_args import ServerArgs

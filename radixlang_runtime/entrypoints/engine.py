@@ -92,7 +92,7 @@ class Engine:
         default 0) and output_token_logprobs (+ *_top_logprobs with top_logprobs_num), as the
         native protocol does; entries are [logprob, token_id, text | None]. lora_path: the name of a
         --lora-paths adapter every request of the call runs (None: the base model), or one name (or None)
-        per prompt. priority: every request's, with --enable-priority-scheduling (policy.PriorityRule)."""
+        per prompt. priority: every request's, with --enable-priority-scheduling (preemption.PriorityRule)."""
         reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid,
                                          (return_logprob, logprob_start_len, top_logprobs_num), lora_path, priority)
         lp_text = return_text_in_logprobs

@@ -52,7 +52,7 @@ class TokenizedGenerateReq:
     # a prefill-only request returning a pooled vector (pooling.PoolSpec)
     pooling: Any = _record("radixlang_runtime.pooling:PoolSpec", default=None)
     lora_id: int = 0  # the LoRA adapter it runs (lora_spec.py; 0: the base model)
-    priority: int = 0  # its place in the waiting queue under --enable-priority-scheduling (policy.PriorityRule)
+    priority: int = 0  # its place in the waiting queue under --enable-priority-scheduling (preemption.PriorityRule)
 
 
 @dataclass

@@ -7,8 +7,8 @@ PrefillAdder admits requests in queue order while every budget holds:
 - rem_chunk_tokens: the most one request may prefill in one step (--chunked-prefill-size); a longer
   prompt is truncated to a chunk and continues next step (at most one chunked request at a time);
 - free request-table rows and --max-running-requests.
-order_waiting sorts the queue first (--schedule-policy; under --enable-priority-scheduling, by PriorityRule.rank
-before the policy's order).
+order_waiting sorts the queue first (--schedule-policy; under --enable-priority-scheduling, by
+preemption.PriorityRule.rank before the policy's order).
 """
 
 from __future__ import annotations
@@ -16,16 +16,19 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from radixlang_runtime.mem.allocator import slots_spanned
 from radixlang_runtime.mem.null_cache import NullPrefixCache
 from radixlang_runtime.mem.radix_cache import RadixCache, TreeNode
 from radixlang_runtime.scheduler.request import Req
+from radixlang_runtime.scheduling_args import SCHEDULE_POLICIES
+
+if TYPE_CHECKING:
+    from radixlang_runtime.scheduler.preemption import PriorityRule
 
 CLIP_MAX_NEW_TOKENS = 4096  # a request's decode reservation never counts more than this
 LPM_MAX_QUEUE = 128  # past this many waiting requests, cache-aware ordering costs more than it saves: fcfs
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
 class AddResult(enum.Enum):
@@ -102,23 +105,6 @@ def _dfs_weight(waiting: list[Req], nodes: dict[int, TreeNode], root: TreeNode) 
         kids = sorted((c for c in node.children.values() if weight[id(c)]), key=lambda c: weight[id(c)])
         stack.extend((c, False) for c in kids)  # heaviest last: popped first
     return out
-
-
-@dataclass(frozen=True)
-class PriorityRule:
-    """--enable-priority-scheduling (SGLang's flags): a request's `priority` ranks it in the waiting queue, higher
-    values first (low_values_first: lower first, vLLM's order); a waiting request whose priority exceeds a running
-    one's by more than preemption_threshold may retract it (Scheduler._preempt_for_head)."""
-
-    low_values_first: bool = False
-    preemption_threshold: int = 10
-
-    def rank(self, req: Req) -> int:
-        """Smaller runs first."""
-        return req.priority if self.low_values_first else -req.priority
-
-    def may_preempt(self, waiting: Req, running: Req) -> bool:
-        return self.rank(running) - self.rank(waiting) > self.preemption_threshold
 
 
 @dataclass

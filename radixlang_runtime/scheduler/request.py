@@ -79,7 +79,7 @@ class Req:
     num_retractions: int = 0
     bootstrap: Optional[Bootstrap] = None  # PD: the prefill's socket and the room, from the router's fields
     lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
-    priority: int = 0  # --enable-priority-scheduling: its rank in the waiting queue (policy.PriorityRule)
+    priority: int = 0  # --enable-priority-scheduling: its rank in the waiting queue (preemption.PriorityRule)
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: Optional[float] = None  # first admission to a prefill batch

@@ -5,7 +5,8 @@ otherwise one decode step over every running request) -> `runner.forward(batch.m
 its StepResult: append sampled (and accepted draft) tokens, finish requests, hand their KV to the radix
 cache. The runner is anything with `forward(ModelBatch) -> StepResult` (model/executor/step_io.py: one token per
 request with a SampleSpec), so tests drive this class with a fake runner and no torch. Slot ownership
-lives in KVManager, drafts (n-gram, jump-forward) in Drafts. With prefill-decode disaggregation a
+lives in KVManager, drafts (n-gram, jump-forward) in Drafts, retractions and a full queue's refusals in
+preemption.py. With prefill-decode disaggregation a
 DisaggRole (disagg/prefill.py or disagg/decode.py, set as `self.pd` by the wiring) holds the requests
 between the two servers: the hooks below hand them over and take them back.
 """
@@ -29,7 +30,7 @@ from radixlang_runtime.speculative.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.overlap import OverlapSchedule
-from radixlang_runtime.scheduler.policy import PriorityRule
+from radixlang_runtime.scheduler.preemption import PriorityRule, ensure_decode_memory, preempt_for_head, room_in_queue
 from radixlang_runtime.scheduler.mask_gate import IDLE_MASK_WAIT_S, LATE_MASK_WAIT, MaskGate
 from radixlang_runtime.scheduler.request import Req, pending_ids, pending_len
 from radixlang_runtime.scheduler.stop_check import check_finished
@@ -92,37 +93,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ intake
     def add_request(self, req: Req) -> None:
-        if not self._room_in_queue(req):
+        if not room_in_queue(self, req):
             return
         if req.sampling.constrained and self.grammar is not None:
             self.grammar.add(req)  # joins `waiting` once its grammar compiled (step polls)
         else:
             self._enqueue([req])
-
-    def _room_in_queue(self, req: Req) -> bool:
-        """--max-queued-requests (SGLang's): with the queue (waiting and compiling requests) full, a new request
-        is refused (HTTP 503), unless under priority scheduling it outranks a waiting one: then the lowest-ranked
-        waiting request (the newest of those) is dropped for it (503 too). Whether req may queue."""
-        cap = self.cfg.max_queued_requests
-        pending = self.grammar.pending if self.grammar is not None else []
-        if cap is None or len(self.waiting) + len(pending) < cap:
-            return True
-        rule = self.cfg.priority
-        lowest = max(self.waiting, key=lambda r: (rule.rank(r), r.created_at)) \
-            if rule is not None and self.waiting else None
-        if lowest is not None and rule.rank(req) < rule.rank(lowest):
-            self.waiting.remove(lowest)
-            self._refuse(lowest, f"dropped from the full waiting queue (--max-queued-requests {cap}) for a request "
-                                 "of higher priority")
-            return True
-        self._refuse(req, f"the waiting queue is full (--max-queued-requests {cap}); retry later")
-        return False
-
-    def _refuse(self, req: Req, message: str) -> None:
-        """End a request that holds nothing (queued, not running) with HTTP 503; the next step reports it."""
-        req.error, req.error_status = message, 503
-        req.finish({"type": "abort", "message": message})
-        self._failed_at_admission.append(req)
 
     def _enqueue(self, reqs: list[Req]) -> None:
         """New requests (grammar ready) queue for prefill; on a decode server they wait for their K/V instead
@@ -278,35 +254,13 @@ class Scheduler:
             plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
             self.waiting, self.chunked_req = plan.waiting, plan.chunked_req
             self._failed_at_admission += plan.failed
-            if plan.batch is not None or not self._preempt_for_head():
+            if plan.batch is not None or not preempt_for_head(self):
                 return plan.batch
-
-    def _preempt_for_head(self) -> bool:
-        """Priority scheduling: when nothing was admitted because a budget that running requests hold (KV, rows,
-        running slots) refused the head of the queue, retract the running request it outranks most (lowest rank,
-        then the most tokens left, then the newest), as retract_decode does (its outputs kept). Whether one was
-        retracted (each call retracts at most one, so the caller's loop ends)."""
-        rule = self.cfg.priority
-        if rule is None or not self.waiting or not self.running or \
-                self.admission.last_stop_reason not in ("kv_tokens", "rows", "max_running"):
-            return False
-        head = next((r for r in self.waiting if not r.finished), None)
-        if head is None or not any(rule.may_preempt(head, r) for r in self.running):
-            return False
-        if self.overlap is not None:  # the step in flight applied first (it may finish requests)
-            self.overlap.drain()
-        victims = [r for r in self.running if rule.may_preempt(head, r)]
-        if not victims:
-            return False
-        victim = max(victims, key=lambda r: (rule.rank(r), r.remaining_new_tokens, r.created_at))
-        self._retract(victim)
-        self.num_preempted_total += 1
-        return True
 
     # ------------------------------------------------------------------ decode
     def _get_decode_batch(self) -> ScheduleBatch:
         self.drafts.gate(self.running)
-        self._ensure_decode_memory()
+        ensure_decode_memory(self)
         reqs = [r for r in self.running if not r.mask_pending]  # the others wait for their mask (mask_gate.py)
         prefix_lens = [r.kv_len for r in reqs]
         extend_ids = [pending_ids(r) + r.draft for r in reqs]  # the last sampled token (+ a draft to verify)
@@ -319,42 +273,6 @@ class Scheduler:
         return ScheduleBatch(phase, reqs, prefix_lens, extend_ids, out_locs, [True] * len(reqs),
                              rewrite_rows=take_dirty_rows(reqs), decode_from=0,
                              draft_lens=[len(r.draft) for r in reqs] if phase == "mixed" else [])
-
-    def _ensure_decode_memory(self) -> None:
-        """retract_decode: while the next step's slots don't fit, send requests back to waiting.
-
-        The retracted request keeps its output ids; its KV goes into the radix cache (and, with the
-        hierarchical cache, its whole records are swapped out to the tiers); on readmission what L1
-        still holds is reused, what the tiers hold is loaded, the rest recomputed (admission counts
-        each: readmit_tokens), so its greedy output is unchanged. The victim is the one with the most
-        tokens still to decode (ties: the newest), as in SGLang.
-        """
-        def need() -> int:
-            return sum(self.allocator.slots_needed(r.kv_len, pending_len(r) + len(r.draft)) for r in self.running)
-
-        retracted = False
-        if need() > self.kv.available_size():  # speculation never costs a retraction: drafts go first
-            self.drafts.drop_ngram(self.running)
-            if self.overlap is not None:  # the step in flight applied first (it may finish requests)
-                self.overlap.drain()
-        while self.running and need() > self.kv.available_size():
-            if len(self.running) == 1:
-                raise RuntimeError("KV pool too small to decode a single request; raise --max-total-tokens")
-            self._retract(max(self.running, key=lambda r: (r.remaining_new_tokens, r.created_at)))
-            retracted = True
-        if retracted:
-            self.new_token_ratio = self.cfg.new_token_ratio_init
-
-    def _retract(self, victim: Req) -> None:
-        """A running request back to the front of the waiting queue, its outputs kept and its K/V given to the
-        radix cache (and, with the tiers, swapped out)."""
-        self.running.remove(victim)
-        self.drafts.drop_ngram([victim])
-        self.kv.swap_out(victim)
-        self._release(victim)
-        victim.num_retractions += 1
-        self.num_retracted_total += 1
-        self.waiting.insert(0, victim)
 
     # ------------------------------------------------------------------ results
     def _process_batch_result(self, batch: ScheduleBatch, result: StepResult) -> list[Req]:

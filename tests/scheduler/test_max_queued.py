@@ -7,7 +7,7 @@ from __future__ import annotations
 from fakes import expected_output
 from scheduler_utils import assert_whole, drain, make, req
 
-from radixlang_runtime.scheduler.policy import PriorityRule
+from radixlang_runtime.scheduler.preemption import PriorityRule
 
 
 def with_priority(r, priority: int):

@@ -1,4 +1,4 @@
-"""Priority scheduling (--enable-priority-scheduling: policy.PriorityRule, Scheduler._preempt_for_head) over the
+"""Priority scheduling (--enable-priority-scheduling: preemption.PriorityRule and preempt_for_head) over the
 FakeRunner: the waiting queue runs by priority (higher first, or lower with low_values_first; the policy's order
 among equals), a waiting request retracts the running ones it outranks by more than the threshold (when a budget
 they hold refused it: running slots or KV), never others; every request's output is what it would be alone
@@ -12,7 +12,7 @@ from fakes import expected_output
 from scheduler_utils import assert_whole, drain, make, req
 
 from radixlang_runtime.scheduler.overlap import OverlapSchedule
-from radixlang_runtime.scheduler.policy import PriorityRule
+from radixlang_runtime.scheduler.preemption import PriorityRule
 
 
 def scheduler(rule: PriorityRule, overlap: bool = False, **make_kw):

@@ -282,7 +282,7 @@ def test_openai_chat_and_stream(oai, engine_fp32, hf_greedy):
     every = list(oai.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0,
                                              stream=True, extra_body={"min_tokens": 16}, stream_options={
                                                  "include_usage": True, "continuous_usage_stats": True}))
-    assert "".join(c.choices[0].delta.content or "" for c in every if c.choices) == text
+    assert "".join(c.choices[0].delta.content for c in every if c.choices and c.choices[0].delta.content) == text
     used = [c.usage.completion_tokens for c in every]
     assert used[0] == 0 and used == sorted(used) and used[-1] == 16
     assert all(c.usage.prompt_tokens == len(ids) and c.usage.total_tokens == len(ids) + c.usage.completion_tokens
