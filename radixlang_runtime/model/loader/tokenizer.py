@@ -1,7 +1,7 @@
 """Loading a model's tokenizer in each server process.
 
 transformers' `AutoTokenizer` picks the tokenizer's class from the model's files, and to do so imports its whole
-auto machinery (every model family's import table, the config classes, torch): 2-3 s of CPU in each process
+auto machinery (every model family's import table, the config classes, torch) in each process
 that calls it. The scheduler resolves the class once (`load_tokenizer(path)`); the HTTP process and the
 detokenizer receive its `class_ref` and call that class's `from_pretrained` with the same path, which is what
 `AutoTokenizer.from_pretrained` itself ends in. A class from a checkpoint's own code (trust_remote_code) has no
@@ -9,7 +9,7 @@ importable name outside transformers' dynamic-module cache: those processes go t
 
 The scheduler remembers the class it resolved (`load_remembered`): a small record under the cache root, keyed by
 the tokenizer directory's path, the names, sizes and modification times of its files and transformers' version,
-so the next start of the same files loads the class directly (about 1 s sooner). Any change to those files or to
+so the next start of the same files loads the class directly (docs/PERFORMANCE.md). Any change to those files or to
 transformers is a new key; a record that cannot be read or used falls back to AutoTokenizer.
 """
 
