@@ -312,15 +312,21 @@ def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -
     return tuple(sorted(eos))
 
 
-def runtime_limits(scheduler: Scheduler) -> RuntimeLimits:
+def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
+    from radixlang_runtime.protocol.thinking_budget import ThinkingMarkers
+
     runner = scheduler.runner
+    markers = ThinkingMarkers.of_parser(runner.args.reasoning_parser, tokenizer)
     return RuntimeLimits(runner.sizes.context_len, runner.cfg.vocab_size, runner.sizes.num_slots,
                          grammar=scheduler.grammar is not None, grammar_backend=scheduler.runner.args.grammar_backend,
                          disaggregation_mode=runner.args.disaggregation_mode, is_embedding=runner.args.is_embedding,
                          disaggregation_prefill_peers=parse_peers(runner.args.disaggregation_prefill_peers),
                          lora_adapters=tuple(s.name for s in parse_lora_paths(runner.args.lora_paths)),
                          priority_scheduling=runner.args.enable_priority_scheduling,
-                         sampling_defaults=tuple(model_sampling_defaults(runner).items()))
+                         sampling_defaults=tuple(model_sampling_defaults(runner).items()),
+                         reasoning_parser=runner.args.reasoning_parser or "",
+                         thinking_markers=markers.to_wire() if markers is not None else (),
+                         speculative=runner.args.speculative_algorithm is not None)
 
 
 def model_sampling_defaults(runner: Any) -> dict[str, Any]:

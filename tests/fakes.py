@@ -73,7 +73,8 @@ class FakeRunner:
                 a += 1
             if draft:
                 result.accepted[i] = a
-            result.next_token_ids.append(self.next_fn(fill + draft[:a]))
+            forced = spec.forced  # a spent thinking budget's end marker (the Sampler's override)
+            result.next_token_ids.append(forced if forced is not None else self.next_fn(fill + draft[:a]))
         return result
 
 

@@ -71,7 +71,7 @@ class Engine:
             raise
         self.scheduler: Scheduler = self._loop.scheduler
         self.runner: ModelRunner = self.scheduler.runner
-        self.limits = runtime_limits(self.scheduler)
+        self.limits = runtime_limits(self.scheduler, self.tokenizer)
         self.context_len = self.limits.context_len
         self.vocab_size = self.limits.vocab_size
 

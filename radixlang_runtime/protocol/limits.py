@@ -127,6 +127,9 @@ class RuntimeLimits:
     priority_scheduling: bool = False  # --enable-priority-scheduling: requests may carry a `priority`
     # the OpenAI-shaped routes' defaults for unset sampling fields, (name, value) pairs (sampling_defaults.py)
     sampling_defaults: tuple = ()
+    reasoning_parser: str = ""  # --reasoning-parser ("": none)
+    thinking_markers: tuple = ()  # its markers' token ids, ThinkingMarkers.to_wire (empty: none; thinking_budget.py)
+    speculative: bool = False  # --speculative-algorithm is set
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",
@@ -159,3 +162,7 @@ def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, i
         from radixlang_runtime.constrained.backends import refuse_unsupported
 
         refuse_unsupported(limits.grammar_backend, sp.grammar_kind)  # ebnf on outlines: a 400 naming both
+    if sp.thinking_token_budget is not None:
+        from radixlang_runtime.protocol.thinking_budget import request_budget
+
+        sp.thinking = request_budget(ids, sp.thinking_token_budget, sp.constrained, limits)

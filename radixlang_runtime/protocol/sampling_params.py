@@ -12,8 +12,8 @@ from radixlang_runtime.protocol.sampling_fields import REQUEST_FIELDS
 from radixlang_runtime.protocol.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
-_NOT_REQUEST_FIELDS = frozenset({"grammar"})  # from_dict refuses them (built by normalize)
-_NOT_WIRE_FIELDS = frozenset({"n", "grammar"})
+_NOT_REQUEST_FIELDS = frozenset({"grammar", "thinking"})  # from_dict refuses them (built on intake)
+_NOT_WIRE_FIELDS = frozenset({"n", "grammar", "thinking"})
 
 
 @dataclass
@@ -43,9 +43,14 @@ class SamplingParams:
     # token id -> bias added to its logit before any sampling step (greedy too); JSON keys are decimal
     # strings ("123"), normalized to ints; biases finite in [-100, 100] (OpenAI's range).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's: at most this many output tokens inside the reasoning block, then its end marker is forced
+    # (protocol/thinking_budget.py; needs --reasoning-parser)
+    thinking_token_budget: Optional[int] = None
     # Not a request field: the GrammarSpec normalize() built from regex / json_schema (None: unconstrained).
     # It travels with the request (GrammarSpec.to_wire) so no later stage builds it again.
     grammar: Any = field(default=None, compare=False, repr=False)
+    # Not a request field: the ThinkingBudget the intake planned from thinking_token_budget (check_request).
+    thinking: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
@@ -68,6 +73,7 @@ class SamplingParams:
         requests by the sender), the grammar spec as GrammarSpec.to_wire (built once, at intake)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_WIRE_FIELDS}
         d["grammar"] = self.grammar.to_wire() if self.grammar is not None else None
+        d["thinking"] = self.thinking.to_wire() if self.thinking is not None else None
         return d
 
     @classmethod
@@ -76,7 +82,12 @@ class SamplingParams:
         nothing is checked or compiled again. An unknown field is a TypeError."""
         d = dict(d)
         grammar = d.pop("grammar", None)
+        thinking = d.pop("thinking", None)
         sp = cls(**d)
+        if thinking is not None:
+            from radixlang_runtime.protocol.thinking_budget import ThinkingBudget
+
+            sp.thinking = ThinkingBudget.from_wire(thinking)
         if grammar is not None:
             from radixlang_runtime.constrained.spec import GrammarSpec
 
@@ -158,6 +169,8 @@ class SamplingParams:
                                  f"{', '.join(grammars)}")
         if self.sampling_seed is not None:
             need_int(self.sampling_seed, "sampling_seed")
+        if self.thinking_token_budget is not None:
+            need_int(self.thinking_token_budget, "thinking_token_budget", 0)
         self.logit_bias = normalize_logit_bias(self.logit_bias)
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")

@@ -77,4 +77,6 @@ class ScheduleBatch:
         states = [] if req.grammar is None else list(req.draft_states) if req.draft_states else [req.grammar]
         # a token a step in flight samples: a copy ending in its placeholder, which the forward thread fills in
         out = req.output_ids if req.future is None else req.output_ids + [future_token(req.future[1])]
-        return SampleSpec(req.sampling, req.input_ids, out, draft, states, req.return_logprob, req.top_logprobs_num)
+        forced = req.think.forced(req.output_ids) if req.think is not None and req.future is None else None
+        return SampleSpec(req.sampling, req.input_ids, out, draft, states, req.return_logprob, req.top_logprobs_num,
+                          forced)

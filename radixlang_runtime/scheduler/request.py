@@ -19,6 +19,7 @@ from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
 from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
 from radixlang_runtime.protocol.sampling_params import SamplingParams
+from radixlang_runtime.scheduler.thinking_budget import BudgetTracker
 
 
 @dataclass
@@ -80,11 +81,22 @@ class Req:
     bootstrap: Optional[Bootstrap] = None  # PD: the prefill's socket and the room, from the router's fields
     lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
     priority: int = 0  # --enable-priority-scheduling: its rank in the waiting queue (preemption.PriorityRule)
+    # thinking_token_budget: the tracker forcing the reasoning's end marker (None: no budget)
+    think: Optional[BudgetTracker] = None
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: Optional[float] = None  # first admission to a prefill batch
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.sampling.thinking is not None and self.think is None:
+            self.think = BudgetTracker(self.sampling.thinking)
+
+    @property
+    def thinking_active(self) -> bool:
+        """A budget may still force its next token: that token depends on the one before."""
+        return self.think is not None and self.think.active
 
     @property
     def fill_ids(self) -> list[int]:

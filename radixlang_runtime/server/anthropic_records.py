@@ -8,11 +8,15 @@ history are dropped); `tools` [{name, description, input_schema}] -> functions; 
 tool {name} / none -> auto / required / a named function / none (any and tool are enforced by grammar as in
 chat), disable_parallel_tool_use -> parallel_tool_calls false; stop_sequences -> stop; top_k as is;
 `output_config` {format: {type: json_schema, schema}} -> response_format json_schema (grammar-enforced),
-{effort} -> the template variable reasoning_effort (chat_render.template_kwargs). A final assistant turn
-of text is a prefill: the reply continues it (continue_final_message) and holds only the new text; as in
-Anthropic's API, that text may not end in whitespace.
-Refused by name: image / document / other blocks (a text model), server tools, `thinking` (the server's
---reasoning-parser decides thinking blocks), and the other fields Anthropic has and this server does not.
+{effort} -> the template variable reasoning_effort (chat_render.template_kwargs); `thinking` {type: enabled,
+budget_tokens} -> thinking_token_budget (the reasoning's end is forced when it is spent; Anthropic's bounds:
+budget_tokens >= 1024 and < max_tokens) and the template variable enable_thinking true, {type: disabled} ->
+enable_thinking false (a template that ignores it thinks all the same), each unless chat_template_kwargs sets
+enable_thinking. A final assistant turn of text is a prefill: the reply continues it
+(continue_final_message) and holds only the new text; as in Anthropic's API, that text may not end in
+whitespace.
+Refused by name: image / document / other blocks (a text model), server tools, and the other fields
+Anthropic has and this server does not.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from radixlang_runtime.protocol.limits import FieldError, need_bool, need_int, n
 
 # Known fields of each route (others: 400 naming them). Informational ones change no output.
 _INFORMATIONAL = ("metadata", "service_tier", "cache_control")  # cache_control: the radix cache caches anyway
-_NOT_SUPPORTED = ("thinking", "container", "mcp_servers", "context_management")
+_NOT_SUPPORTED = ("container", "mcp_servers", "context_management")
 MESSAGES_FIELDS = {"model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
-                   "temperature", "top_p", "top_k", "stream", "chat_template_kwargs", "output_config",
+                   "temperature", "top_p", "top_k", "stream", "chat_template_kwargs", "output_config", "thinking",
                    *_INFORMATIONAL,
                    *_NOT_SUPPORTED}
 COUNT_TOKENS_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "chat_template_kwargs",
-                       "output_config", "cache_control", *_NOT_SUPPORTED}
+                       "output_config", "cache_control", "thinking", *_NOT_SUPPORTED}
+MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
 _REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload", "server_tool_use",
                    "web_search_tool_result")
 _BLOCK_KEYS = {"text": {"type", "text", "cache_control", "citations"},
@@ -55,6 +60,7 @@ class MessagesRequest:
     response_format: Optional[dict] = None  # output_config.format
     reasoning_effort: Optional[str] = None  # output_config.effort
     prefill: bool = False  # the final message is an assistant's text, which the reply continues
+    thinking_budget: Optional[int] = None  # thinking.budget_tokens (type enabled)
 
     def chat_body(self) -> dict[str, Any]:
         """The /v1/chat/completions body this request runs as (one choice)."""
@@ -68,6 +74,8 @@ class MessagesRequest:
                 body[name] = getattr(self, name)
         if self.prefill:
             body["continue_final_message"] = True
+        if self.thinking_budget is not None:
+            body["thinking_token_budget"] = self.thinking_budget
         return body
 
 
@@ -81,8 +89,7 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
                                      f"{', '.join(show(u, 40) for u in unknown)})")
     for name in _NOT_SUPPORTED:
         if body.get(name) is not None:
-            why = " (thinking blocks come from the server's --reasoning-parser)" if name == "thinking" else ""
-            raise FieldError(name, f"{name} is not supported by this server{why}")
+            raise FieldError(name, f"{name} is not supported by this server")
     model = body.get("model")
     if model is None:
         raise FieldError("model", "model: Field required")
@@ -105,9 +112,36 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
                                            "non-empty strings")
     sampling = {k: body[k] for k in ("temperature", "top_p", "top_k") if body.get(k) is not None}
     stream = body.get("stream")
+    budget, template_vars = _thinking(body.get("thinking"), max_tokens, body.get("chat_template_kwargs"))
     return MessagesRequest(model, messages, max_tokens, tools, choice, parallel, stops, sampling,
-                           False if stream is None else need_bool(stream, "stream"), body.get("chat_template_kwargs"),
-                           *_output_config(body.get("output_config")), prefill=_prefill(messages))
+                           False if stream is None else need_bool(stream, "stream"), template_vars,
+                           *_output_config(body.get("output_config")), prefill=_prefill(messages),
+                           thinking_budget=budget)
+
+
+def _thinking(config: Any, max_tokens: Optional[int], template_vars: Any) -> tuple[Optional[int], Any]:
+    """thinking -> (thinking_token_budget or None, chat_template_kwargs with enable_thinking set unless given)."""
+    if config is None:
+        return None, template_vars
+    if not isinstance(config, dict) or config.get("type") not in ("enabled", "disabled"):
+        raise FieldError("thinking", f"thinking must be {{\"type\": \"enabled\", \"budget_tokens\": N}} or "
+                                     f"{{\"type\": \"disabled\"}}, got {show(config)}")
+    enabled = config["type"] == "enabled"
+    if extra := sorted(set(config) - ({"type", "budget_tokens"} if enabled else {"type"})):
+        raise FieldError("thinking", f"thinking.{extra[0]}: Extra inputs are not permitted")
+    budget = None
+    if enabled:
+        if config.get("budget_tokens") is None:
+            raise FieldError("thinking", "thinking.enabled.budget_tokens: Field required")
+        budget = need_int(config["budget_tokens"], "thinking.budget_tokens", MIN_THINKING_BUDGET)
+        if max_tokens is not None and max_tokens <= budget:
+            raise FieldError("max_tokens", f"`max_tokens` must be greater than `thinking.budget_tokens` "
+                                           f"({max_tokens} <= {budget})")
+    if template_vars is None:
+        template_vars = {}
+    if isinstance(template_vars, dict) and "enable_thinking" not in template_vars:
+        template_vars = {**template_vars, "enable_thinking": enabled}
+    return budget, template_vars
 
 
 def _prefill(messages: list[dict]) -> bool:

@@ -31,7 +31,8 @@ from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
               "no_stop_trim", "regex", "json_schema", "ebnf")
-VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output")  # vLLM's names: a grammar, no_stop_trim
+VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output",  # vLLM's names: a grammar, no_stop_trim
+               "thinking_token_budget")
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
                     "min_tokens", "response_format", "logit_bias", *EXTENSIONS, *VLLM_FIELDS)
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
@@ -154,6 +155,8 @@ def sampling_fields(body: dict, defaults: Mapping[str, Any] = MappingProxyType({
             raise FieldError("include_stop_str_in_output", "include_stop_str_in_output and no_stop_trim disagree "
                                                            "(the same switch under vLLM's and SGLang's names)")
         sp["no_stop_trim"] = keep
+    if body.get("thinking_token_budget") is not None:  # SamplingParams checks it (and the intake plans it)
+        sp["thinking_token_budget"] = body["thinking_token_budget"]
     return sp, None if max_tokens is None else need_int(max_tokens, name, 0)
 
 

@@ -100,7 +100,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, ready: Connection, re
         runner = scheduler.runner
         ready.send({
             "status": "ready", "model_dir": model_dir, "tokenizer_class": class_ref(tokenizer),
-            "limits": dataclasses.asdict(runtime_limits(scheduler)),
+            "limits": dataclasses.asdict(runtime_limits(scheduler, tokenizer)),
             "resolved_args": dataclasses.asdict(runner.args), "dtype": str(runner.dtype).replace("torch.", ""),
             "device": str(runner.device), "load_seconds": time.perf_counter() - t0,
             "pooling": runner.pooling.to_dict() if runner.pooling is not None else None,

@@ -67,11 +67,30 @@ def test_blocks_tools_and_choice_translate_to_the_chat_request():
     ({"system": 3}, "system"),
     ({"output_config": {"format": {"type": "regex"}}}, "output_config.format"),
     ({"container": "c"}, "container"),
+    ({"thinking": {"type": "adaptive"}}, "thinking must be"),
+    ({"thinking": {"type": "enabled"}}, "budget_tokens: Field required"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1023}, "max_tokens": 4096}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1024}, "must be greater than"),
+    ({"thinking": {"type": "disabled", "budget_tokens": 1024}}, "thinking.budget_tokens: Extra inputs"),
 ])
 def test_bad_fields_are_named(patch, named):
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "q"}], **patch}
     with pytest.raises((FieldError, ValueError), match=named):
         parse_messages_request({k: v for k, v in body.items() if v is not None})
+
+
+def test_thinking_becomes_a_budget_and_the_enable_thinking_template_variable():
+    def body(**kw) -> dict:
+        return parse_messages_request({"model": "m", "max_tokens": 2048, "messages": [{"role": "user", "content": "q"}],
+                                       **kw}).chat_body()
+
+    on = body(thinking={"type": "enabled", "budget_tokens": 1500})
+    assert on["thinking_token_budget"] == 1500 and on["chat_template_kwargs"] == {"enable_thinking": True}
+    off = body(thinking={"type": "disabled"}, chat_template_kwargs={"x": 1})
+    assert "thinking_token_budget" not in off and off["chat_template_kwargs"] == {"x": 1, "enable_thinking": False}
+    mine = body(thinking={"type": "disabled"}, chat_template_kwargs={"enable_thinking": True})
+    assert mine["chat_template_kwargs"] == {"enable_thinking": True}  # the client's own variable wins
+    assert "chat_template_kwargs" not in body() and "thinking_token_budget" not in body()
 
 
 def test_count_tokens_takes_no_max_tokens_and_refuses_stream():

@@ -5,7 +5,8 @@ per-row parameter tensors). Order, as in SGLang: suppress EOS/stop ids before mi
 penalties -> logit_bias (added to the penalized logits, so +100 / -100 force / ban a token whatever the
 penalties did; a token the grammar mask or min_new_tokens set to -inf stays -inf) -> greedy rows take
 argmax -> the rest: temperature, softmax, top-k / top-p / min-p on the sorted distribution, then an
-exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from p. A seeded
+exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from p -> a forced row (SampleSpec.forced)
+takes its token whatever was drawn. A seeded
 request draws its noise from a generator keyed by (seed, step), so its tokens do not depend on what
 else is in the batch.
 """
@@ -35,11 +36,19 @@ class Sampler:
         self._apply_logit_bias(logits, reqs)
         greedy = [r.sampling.is_greedy for r in reqs]
         if all(greedy):
-            return logits.argmax(dim=-1).tolist()
+            return self._force(logits.argmax(dim=-1).tolist(), reqs)
         out = logits.argmax(dim=-1)
         rows = [i for i, g in enumerate(greedy) if not g]
         out[rows] = self._sample_rows(logits[rows], [reqs[i] for i in rows])
-        return out.tolist()
+        return self._force(out.tolist(), reqs)
+
+    @staticmethod
+    def _force(tokens: list[int], reqs: list[SampleSpec]) -> list[int]:
+        """A row whose token is decided (SampleSpec.forced: a spent thinking budget) takes it."""
+        for i, r in enumerate(reqs):
+            if r.forced is not None:
+                tokens[i] = r.forced
+        return tokens
 
     # ------------------------------------------------------------------ logits processing
     def _suppress_stop_tokens(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> None:

@@ -34,6 +34,7 @@ class SampleSpec:
     grammar_states: list[Any] = field(default_factory=list)
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    forced: Optional[int] = None  # the token this sample must be (a spent thinking budget's end marker)
 
     @property
     def constrained(self) -> bool:
