@@ -31,7 +31,8 @@ from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
               "no_stop_trim", "regex", "json_schema", "ebnf")
-VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output")  # vLLM's names: a grammar, no_stop_trim
+# vLLM's names: a grammar, no_stop_trim; allowed_token_ids and bad_words pass as the native fields of those names
+VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output", "allowed_token_ids", "bad_words")
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
                     "min_tokens", "response_format", "logit_bias", *EXTENSIONS, *VLLM_FIELDS)
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
@@ -138,6 +139,9 @@ def sampling_fields(body: dict, defaults: Mapping[str, Any] = MappingProxyType({
         "sampling_seed": None if body.get("seed") is None else need_int(body["seed"], "seed"),
         "logit_bias": body.get("logit_bias"),  # {"token id": bias}: SamplingParams checks it (param logit_bias)
     }
+    for name in ("allowed_token_ids", "bad_words"):  # SamplingParams checks them (param: the field)
+        if body.get(name) is not None:
+            sp[name] = body[name]
     for ext in EXTENSIONS:
         if body.get(ext) is not None:
             sp[ext] = body[ext]
