@@ -104,3 +104,10 @@ def test_bad_values_are_400_naming_the_field(client, field, value, message):
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == field
         assert message in r.json()["error"]["message"]
+
+
+def test_the_engine_takes_both_fields_as_the_server_does(client, engine):
+    fields = {"allowed_token_ids": generate(client)[2:] + [13, 279], "bad_words": ["the"]}
+    got = engine.generate(PROMPT, {**GREEDY, **fields})["output_ids"]
+    assert got == generate(client, **fields)
+    assert set(got) <= set(fields["allowed_token_ids"])
