@@ -67,6 +67,10 @@ class PromptEncoder:
             pos = end
         return self._with_prefix(ids + self._plain(text[pos:]))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Text -> ids without special tokens (sampling_params bad_words, as vLLM tokenizes them)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def _plain(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 

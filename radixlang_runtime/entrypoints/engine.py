@@ -226,7 +226,8 @@ class Engine:
         lora_id = parse_lora_path(lora_path, self.limits)
         reqs, is_list = parse_generate_input(prompt, input_ids, sampling_params, rid, return_logprob, start,
                                              top_num, False, self._encode, self.limits, lora_id=lora_id,
-                                             priority=parse_priority(priority, self.limits))
+                                             priority=parse_priority(priority, self.limits),
+                                             encode_words=self._encoder.encode_plain)
         return [r.to_message() for r in reqs], is_list
 
     def _encode(self, text: str) -> list[int]:

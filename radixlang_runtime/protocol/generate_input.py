@@ -91,8 +91,10 @@ class GenerateRequest:
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
             limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
-            is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0) -> list[GenerateRequest]:
-    """Per prompt: its sampling_params dict validated (SamplingParams.from_dict, check_request), then n
+            is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0,
+            encode_words: Optional[Encode] = None) -> list[GenerateRequest]:
+    """Per prompt: its sampling_params dict validated (SamplingParams.from_dict; bad_words tokenized with
+    encode_words, the tokenizer's encode without special tokens: None refuses them; check_request), then n
     requests with the rid rule above, each built whole. sampling / rids: one entry per prompt. bootstrap (PD):
     one prompt given as one (is_list False), n == 1. lora_id: the adapter of every request, or one per prompt
     (a list: then each prompt is one request, n = 1)."""
@@ -106,6 +108,7 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
         if not isinstance(sp_dict, (dict, type(None))):
             raise FieldError("sampling_params", "sampling_params must be an object")
         sp = SamplingParams.from_dict(sp_dict)
+        sp.tokenize_bad_words(encode_words)
         if len(out) + sp.n > MAX_BATCH:
             raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} requests per body, got "
                                   f"{len(prompts)} prompts x n={sp.n}")
@@ -173,9 +176,10 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
                          logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: Any,
                          encode: Encode, limits: RuntimeLimits, stream: bool = False,
                          bootstrap: Optional[Bootstrap] = None,
-                         lora_id: Union[int, list[int]] = 0, priority: int = 0) -> tuple[list[GenerateRequest], bool]:
+                         lora_id: Union[int, list[int]] = 0, priority: int = 0,
+                         encode_words: Optional[Encode] = None) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
-    list input or n > 1)."""
+    list input or n > 1). encode_words: fan_out's (bad_words)."""
     prompts, is_list = _prompts(text, input_ids, encode)
     sps = _listify(sampling_params, len(prompts), "sampling_params")
     rids = _listify(rid, len(prompts), "rid")
@@ -188,13 +192,14 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
     out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list,
-                  lora_id=lora_id, priority=priority)
+                  lora_id=lora_id, priority=priority, encode_words=encode_words)
     return out, is_list or len(out) > 1
 
 
-def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tuple[list[GenerateRequest], bool]:
+def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits,
+                        encode_words: Optional[Encode] = None) -> tuple[list[GenerateRequest], bool]:
     """A native /generate JSON body (HTTP, the DSL's ZeroMQ frontend) -> (requests, whether a list answers).
-    Tokenizes: servers run it on an intake thread."""
+    Tokenizes (encode: prompts; encode_words: bad_words): servers run it on an intake thread."""
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     stream = need_bool(body.get("stream", False), "stream")
@@ -204,7 +209,7 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits) -> tup
                                          body.get("rid"), body.get("return_logprob", False),
                                          body.get("logprob_start_len"), body.get("top_logprobs_num"),
                                          body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap,
-                                         lora_id, parse_priority(body.get("priority"), limits))
+                                         lora_id, parse_priority(body.get("priority"), limits), encode_words)
     return reqs, is_list
 
 
@@ -230,11 +235,12 @@ def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[in
 def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,
                     limits: RuntimeLimits, base_rid: str, stream: bool,
                     bootstrap: Optional[Bootstrap] = None, lora_id: int = 0,
-                    priority: int = 0) -> list[GenerateRequest]:
+                    priority: int = 0, encode_words: Optional[Encode] = None) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests."""
     if len(prompts) * n > MAX_BATCH:
         raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
     sp = {**sampling, "n": n}
     return fan_out(prompts, [sp] * len(prompts), [None] * len(prompts), logprob_of, limits, stream, "prompt",
-                   base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority)
+                   base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority,
+                   encode_words=encode_words)

@@ -30,6 +30,8 @@ MAX_PIN_TTL_S = 86400.0  # a prefix pin's longest ttl_s (a day): a pin cannot bl
 MAX_STOP_STRINGS = 16  # entries of `stop` (their length and stop_regex's limits: stop_regex.py)
 MAX_STOP_TOKEN_IDS = 1024  # entries of `stop_token_ids`
 MAX_LOGIT_BIAS = 1024  # entries of `logit_bias` (OpenAI's chat API takes up to 300)
+MAX_ALLOWED_TOKEN_IDS = 1 << 20  # entries of `allowed_token_ids` (beyond any vocabulary)
+MAX_BAD_WORDS = 128  # entries of `bad_words`
 
 
 class FieldError(ValueError):

@@ -6,5 +6,5 @@ REQUEST_FIELDS: frozenset[str] = frozenset({
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
     "presence_penalty", "repetition_penalty", "stop", "stop_token_ids", "stop_regex", "ignore_eos",
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n", "regex", "json_schema", "ebnf",
-    "structural_tag", "sampling_seed", "logit_bias", "thinking_token_budget",
+    "structural_tag", "sampling_seed", "logit_bias", "allowed_token_ids", "bad_words", "thinking_token_budget",
 })

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
-from radixlang_runtime.protocol.limits import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError,
-                                      need_bool, need_float, need_int, need_int_list, need_str, show)
+from radixlang_runtime.protocol.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_N,
+                                               MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, FieldError, need_bool,
+                                               need_float, need_int, need_int_list, need_str, show)
 from radixlang_runtime.protocol.sampling_fields import REQUEST_FIELDS
 from radixlang_runtime.protocol.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
-_NOT_REQUEST_FIELDS = frozenset({"grammar", "thinking"})  # from_dict refuses them (built on intake)
+_NOT_REQUEST_FIELDS = frozenset({"grammar", "bad_words_ids", "thinking"})  # from_dict refuses them (built on intake)
 _NOT_WIRE_FIELDS = frozenset({"n", "grammar", "thinking"})
 
 
@@ -46,6 +47,13 @@ class SamplingParams:
     # vLLM's: at most this many output tokens inside the reasoning block, then its end marker is forced
     # (protocol/thinking_budget.py; needs --reasoning-parser)
     thinking_token_budget: Optional[int] = None
+    # vLLM's: only these token ids may be sampled (greedy too); None: any. Non-empty, in the vocabulary.
+    allowed_token_ids: Optional[list[int]] = None
+    # vLLM's: words never generated. Tokenized once on intake (tokenize_bad_words) into bad_words_ids.
+    bad_words: list[str] = field(default_factory=list)
+    # Not a request field: bad_words' token sequences (tokenize_bad_words); the sampler bans a sequence's last
+    # token whenever the output ends with the rest of it. None: no bad words.
+    bad_words_ids: Optional[list[list[int]]] = None
     # Not a request field: the GrammarSpec normalize() built from regex / json_schema (None: unconstrained).
     # It travels with the request (GrammarSpec.to_wire) so no later stage builds it again.
     grammar: Any = field(default=None, compare=False, repr=False)
@@ -172,6 +180,14 @@ class SamplingParams:
         if self.thinking_token_budget is not None:
             need_int(self.thinking_token_budget, "thinking_token_budget", 0)
         self.logit_bias = normalize_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            try:
+                need_int_list(self.allowed_token_ids, "allowed_token_ids", 0, max_len=MAX_ALLOWED_TOKEN_IDS)
+            except FieldError as e:  # param: the field itself, not one entry
+                raise FieldError("allowed_token_ids", str(e)) from None
+            if not self.allowed_token_ids:  # vLLM: "allowed_token_ids is not None and empty!"
+                raise FieldError("allowed_token_ids", "allowed_token_ids must not be empty (leave it out: any token)")
+        self.bad_words = normalize_bad_words(self.bad_words)
         need(isinstance(self.stop_regex, list) and all(isinstance(r, str) and r for r in self.stop_regex),
              "stop_regex must be a non-empty string or a list of them")
         check_stops(self.stop_strs, self.stop_regex)  # limits, RE2 compile: ValueError naming them (HTTP 400)
@@ -189,6 +205,34 @@ class SamplingParams:
         bad = sorted(t for t in self.logit_bias if not 0 <= t < vocab_size)
         if bad:
             raise FieldError("logit_bias", f"logit_bias keys must be token ids in [0, {vocab_size}), got {show(bad)}")
+        bad = sorted({t for t in self.allowed_token_ids or () if t >= vocab_size})
+        if bad:  # vLLM: "allowed_token_ids contains out-of-vocab token id!"
+            raise FieldError("allowed_token_ids", f"allowed_token_ids contains out-of-vocab token ids (the "
+                                                  f"vocabulary is [0, {vocab_size})): {show(bad)}")
+        bad = sorted({t for ids in self.bad_words_ids or () for t in ids if not 0 <= t < vocab_size})
+        if bad:
+            raise FieldError("bad_words", f"bad_words tokenize to ids outside the model's vocabulary "
+                                          f"[0, {vocab_size}): {show(bad)}")
+
+    def tokenize_bad_words(self, encode: Optional[Callable[[str], list[int]]]) -> None:
+        """bad_words -> bad_words_ids, as vLLM's SamplingParams.update_from_tokenizer: each word (its leading
+        whitespace stripped) encoded without special tokens; then with a leading space too, kept where that
+        gives a sequence of the same length starting with another token (the word inside a text). encode: the
+        tokenizer's plain encode; None (no tokenizer) refuses bad_words."""
+        if not self.bad_words:
+            return
+        if encode is None:
+            raise FieldError("bad_words", "bad_words needs the tokenizer (this engine runs without one)")
+        out: list[list[int]] = []
+        for word in self.bad_words:
+            ids = encode(word.lstrip())
+            if not ids:
+                raise FieldError("bad_words", f"bad_words entry {show(word)} tokenizes to no tokens")
+            out.append(ids)
+            spaced = encode(" " + word.lstrip())
+            if spaced and spaced[0] != ids[0] and len(spaced) == len(ids):
+                out.append(spaced)
+        self.bad_words_ids = out
 
 
 def normalize_logit_bias(value: Any) -> dict[int, float]:
@@ -212,6 +256,22 @@ def normalize_logit_bias(value: Any) -> dict[int, float]:
         except FieldError as e:  # param: the field itself (OpenAI names `logit_bias`, not one entry)
             raise FieldError("logit_bias", str(e)) from None
     return out
+
+
+def normalize_bad_words(value: Any) -> list[str]:
+    """A list of non-blank strings (at most MAX_BAD_WORDS); FieldError naming bad_words otherwise."""
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise FieldError("bad_words", f"bad_words must be a list of strings, got {show(value)}")
+    if len(value) > MAX_BAD_WORDS:
+        raise FieldError("bad_words", f"bad_words may hold at most {MAX_BAD_WORDS} words, got {len(value)}")
+    for i, w in enumerate(value):
+        try:
+            need_str(w, f"bad_words[{i}]")
+        except FieldError as e:  # param: the field itself, not one entry
+            raise FieldError("bad_words", str(e)) from None
+        if not w.strip():
+            raise FieldError("bad_words", f"bad_words entries must not be empty or blank, got {show(w)}")
+    return value
 
 
 def stop_token(finish_reason: Optional[dict[str, Any]], no_stop_trim: bool) -> Optional[int]:

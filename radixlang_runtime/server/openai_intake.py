@@ -48,7 +48,8 @@ class Choices:
         state.tm.lifecycle.admit()
         reqs = openai_requests(prompts, sampling, req_options.n, logprob_of, state.tm.limits,
                                rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
-                               lora_id=req_options.lora_id, priority=req_options.priority)
+                               lora_id=req_options.lora_id, priority=req_options.priority,
+                               encode_words=state.tm.encode_words)
         return cls(state, reqs)
 
     def streams(self) -> list[AsyncIterator[dict]]:

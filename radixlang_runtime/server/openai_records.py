@@ -31,7 +31,9 @@ from radixlang_runtime.server.openai_tools import ToolPlan, check_tools
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "skip_special_tokens",
               "no_stop_trim", "regex", "json_schema", "ebnf")
-VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output",  # vLLM's names: a grammar, no_stop_trim
+# vLLM's names: a grammar, no_stop_trim; allowed_token_ids, bad_words and thinking_token_budget pass as the native
+# fields of those names
+VLLM_FIELDS = ("structured_outputs", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
                "thinking_token_budget")
 _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed", "max_tokens",
                     "min_tokens", "response_format", "logit_bias", *EXTENSIONS, *VLLM_FIELDS)
@@ -139,6 +141,9 @@ def sampling_fields(body: dict, defaults: Mapping[str, Any] = MappingProxyType({
         "sampling_seed": None if body.get("seed") is None else need_int(body["seed"], "seed"),
         "logit_bias": body.get("logit_bias"),  # {"token id": bias}: SamplingParams checks it (param logit_bias)
     }
+    for name in ("allowed_token_ids", "bad_words", "thinking_token_budget"):  # SamplingParams checks them
+        if body.get(name) is not None:
+            sp[name] = body[name]
     for ext in EXTENSIONS:
         if body.get(ext) is not None:
             sp[ext] = body[ext]
@@ -155,8 +160,6 @@ def sampling_fields(body: dict, defaults: Mapping[str, Any] = MappingProxyType({
             raise FieldError("include_stop_str_in_output", "include_stop_str_in_output and no_stop_trim disagree "
                                                            "(the same switch under vLLM's and SGLang's names)")
         sp["no_stop_trim"] = keep
-    if body.get("thinking_token_budget") is not None:  # SamplingParams checks it (and the intake plans it)
-        sp["thinking_token_budget"] = body["thinking_token_budget"]
     return sp, None if max_tokens is None else need_int(max_tokens, name, 0)
 
 

@@ -34,7 +34,8 @@ async def intake_generate(state: ServerState, body: Any) -> tuple[list[GenerateR
     """A native /generate body -> (its requests, whether a list answers), parsed on an intake thread (the
     event loop never tokenizes) by the one intake (generate_input.parse_generate_body)."""
     tm = state.tm
-    return await tm.run_intake(parse_generate_body, body, tm.encode_text, tm.limits, size=input_size(body))
+    return await tm.run_intake(parse_generate_body, body, tm.encode_text, tm.limits, tm.encode_words,
+                                size=input_size(body))
 
 
 def generate_streams(state: ServerState, reqs: list[GenerateRequest]) -> list[AsyncIterator[dict]]:

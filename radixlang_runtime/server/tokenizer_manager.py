@@ -105,6 +105,10 @@ class TokenizerManager:
         inside run_intake, never on the event loop)."""
         return self.encoder.encode(text)
 
+    def encode_words(self, text: str) -> list[int]:
+        """Tokenize a word without special tokens (sampling_params bad_words; blocking, as encode_text)."""
+        return self.encoder.encode_plain(text)
+
     def encode_chat(self, text: str, content_spans: Optional[list[Span]]) -> list[int]:
         """Tokenize a rendered chat prompt (content spans: special-token text there stays text)."""
         return self.encoder.encode_chat(text, content_spans)

@@ -22,7 +22,7 @@ def encode(text: str) -> list[int]:
 
 
 def body(**kw) -> tuple[list[GenerateRequest], bool]:
-    return parse_generate_body(kw, encode, LIMITS)
+    return parse_generate_body(kw, encode, LIMITS, encode)
 
 
 def test_native_rids_follow_one_rule():
@@ -74,6 +74,7 @@ def test_bad_input_is_named_at_the_intake():
     {"max_new_tokens": 5, "temperature": 0.7, "stop": ["\n", "END"], "stop_regex": r"\d{3}", "logit_bias": {"7": -2},
      "sampling_seed": 11, "stop_token_ids": [3]},
     {"max_new_tokens": 4, "regex": r"\p{L}+ [0-9]{2}"},
+    {"max_new_tokens": 4, "allowed_token_ids": [5, 9], "bad_words": ["ab", " c"]},
     {"max_new_tokens": 4, "json_schema": '{"type": "object", "properties": {"a": {"type": "integer"}}}'},
 ])
 def test_the_scheduler_message_round_trips_trusted(sp, monkeypatch):
@@ -100,6 +101,19 @@ def test_the_scheduler_message_round_trips_trusted(sp, monkeypatch):
     assert got.grammar == req.sampling.grammar and (got.grammar is None) == (not req.sampling.constrained)
     if got.grammar is not None:
         assert got.grammar.compile_text == req.sampling.grammar.compile_text and got.grammar.key
+
+
+def test_bad_words_are_tokenized_once_at_the_intake():
+    (req,), _ = body(input_ids=[1], sampling_params={"bad_words": ["ab", " c"]})
+    # "ab" -> [97, 98], " ab" -> [32, 97, 98] (another length: dropped); "c" -> [99], " c" -> [32, 99] (dropped)
+    assert req.sampling.bad_words_ids == [[97, 98], [99]]
+    assert m.decode(m.encode(req.to_message())).sampling_params.bad_words_ids == [[97, 98], [99]]
+    with pytest.raises(ValueError, match="needs the tokenizer") as e:  # an entrance without a word encoder
+        parse_generate_body({"input_ids": [1], "sampling_params": {"bad_words": ["ab"]}}, encode, LIMITS)
+    assert e.value.param == "bad_words"
+    with pytest.raises(ValueError, match="allowed_token_ids contains out-of-vocab") as e:
+        body(input_ids=[1], sampling_params={"allowed_token_ids": [1, 100]})
+    assert e.value.param == "allowed_token_ids"
 
 
 def test_fan_out_assigns_from_a_base():

@@ -11,25 +11,30 @@ agrees with costs one forward pass instead of len(draft) + 1.
 Output logprobs: the picked row's token, as for any sampled token; an n-gram draft (unconstrained request)
 also gets its accepted tokens' logprobs, each from its own row (StepLogprobs.draft_vals / draft_top: what
 decoding them one by one gives); jump-forward's accepted tokens (constrained) get none here.
-Limits (stated, not hidden): penalties, min_new_tokens and a seeded request's noise see the output as
-it was before the step on every row of its draft.
+allowed_token_ids hold on every row as on any. A request with bad_words samples row j with its own output
+(the output before the step + draft[:j]: _row_output), so a draft never carries a banned word through (its
+penalties, min_new_tokens and seeded noise see that output too).
+Limits (stated, not hidden): otherwise penalties, min_new_tokens and a seeded request's noise see the output
+as it was before the step on every row of its draft.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from radixlang_runtime.model.executor.logprobs import fill_output_logprobs
 from radixlang_runtime.model.executor.sampler import Sampler
-from radixlang_runtime.model.executor.step_io import ModelBatch, StepLogprobs, StepResult
+from radixlang_runtime.model.executor.step_io import ModelBatch, SampleSpec, StepLogprobs, StepResult
 
 
 def sample_step(batch: ModelBatch, sample_idx: list[int], counts: list[int], logits: torch.Tensor,
                 sampler: Sampler, result: StepResult) -> None:
     """logits [sum(counts), V] float32 (edited in place). Sets result.next_token_ids (one per sampled
     request), result.accepted (request index -> accepted draft tokens) and output logprobs."""
-    row_specs = [batch.samples[i] for i, n in zip(sample_idx, counts) for _ in range(n)]
     row_pos = [j for n in counts for j in range(n)]  # position of each row inside its request's draft
+    row_specs = [_row_output(batch.samples[i], j) for i, n in zip(sample_idx, counts) for j in range(n)]
     constrained = [r for r, spec in enumerate(row_specs) if spec.constrained]
     if constrained:  # one batched mask [C, V]; logprobs and every sampler see the masked distribution
         from radixlang_runtime.constrained.mask import mask_logits
@@ -59,6 +64,14 @@ def sample_step(batch: ModelBatch, sample_idx: list[int], counts: list[int], log
         lsm = lsm_rows[[where[picks[k]] for k in want]]
         fill_output_logprobs(result, batch, sample_idx, want, lsm, next_ids)
         _draft_logprobs(result, batch, sample_idx, want, starts, lsm_rows, where)
+
+
+def _row_output(spec: SampleSpec, j: int) -> SampleSpec:
+    """The spec row j of a request samples with: for bad_words past row 0, its output is the output before the
+    step + draft[:j] (what decoding token by token would have seen there); else the request's own spec."""
+    if j == 0 or not spec.sampling.bad_words_ids:
+        return spec
+    return dataclasses.replace(spec, output_ids=spec.output_ids + spec.draft[:j])
 
 
 def _draft_logprobs(result: StepResult, batch: ModelBatch, sample_idx: list[int], want: list[int],

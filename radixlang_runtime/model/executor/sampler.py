@@ -1,19 +1,21 @@
 """Batched sampling over the requests of one step.
 
 All vocabulary work is torch ops over [B, V]; Python loops only run over requests (building the
-per-row parameter tensors). Order, as in SGLang: suppress EOS/stop ids before min_new_tokens ->
-penalties -> logit_bias (added to the penalized logits, so +100 / -100 force / ban a token whatever the
-penalties did; a token the grammar mask or min_new_tokens set to -inf stays -inf) -> greedy rows take
+per-row parameter tensors). Order: suppress EOS/stop ids before min_new_tokens -> the token masks
+(allowed_token_ids: every other token -inf; bad_words: a word's last token -inf where the output ends with
+the rest of it), before penalties and bias as in vLLM -> penalties -> logit_bias (added to the penalized
+logits, so +100 / -100 force / ban a token whatever the penalties did; a token the grammar mask,
+min_new_tokens or a token mask set to -inf stays -inf) -> greedy rows take
 argmax -> the rest: temperature, softmax, top-k / top-p / min-p on the sorted distribution, then an
 exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from p -> a forced row (SampleSpec.forced)
 takes its token whatever was drawn. A seeded
 request draws its noise from a generator keyed by (seed, step), so its tokens do not depend on what
-else is in the batch.
+else is in the batch. The stop-id suppression, the masks and logit_bias are one mechanism: a scatter of
+(row, token) pairs over the batch (_scatter).
 """
-
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 
@@ -30,6 +32,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> list[int]:
         """logits [B, V] float32 (modified in place) -> one token id per request."""
         self._suppress_stop_tokens(logits, reqs)
+        self._apply_allowed_tokens(logits, reqs)
+        self._apply_bad_words(logits, reqs)
         pen_rows = [i for i, r in enumerate(reqs) if r.sampling.has_penalties]
         if pen_rows:
             self._apply_penalties(logits, [reqs[i] for i in pen_rows], pen_rows)
@@ -51,6 +55,16 @@ class Sampler:
         return tokens
 
     # ------------------------------------------------------------------ logits processing
+    @staticmethod
+    def _scatter(t: torch.Tensor, rows: list[int], cols: list[int], vals: Union[list[float], float, bool],
+                 accumulate: bool = False) -> None:
+        """t[rows[k], cols[k]] = vals[k] (+= with accumulate; one value: every pair): one index_put_ over the
+        batch. Token ids are checked against the vocabulary on intake (SamplingParams.check_vocab)."""
+        if rows:
+            dev = t.device
+            t.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                         torch.tensor(vals, dtype=t.dtype, device=dev), accumulate=accumulate)
+
     def _suppress_stop_tokens(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
         rows, cols = [], []
         for i, r in enumerate(reqs):
@@ -60,13 +74,11 @@ class Sampler:
                 ids = set(sp.stop_token_ids) | set(self.eos_token_ids)
                 rows.extend([i] * len(ids))
                 cols.extend(ids)
-        if rows:
-            logits[rows, cols] = float("-inf")
+        self._scatter(logits, rows, cols, float("-inf"))
 
-    @staticmethod
-    def _apply_logit_bias(logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
-        """logits[i, t] += reqs[i].sampling.logit_bias[t]: one scatter over the batch (ids checked against
-        the vocabulary on intake, SamplingParams.check_vocab)."""
+    @classmethod
+    def _apply_logit_bias(cls, logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
+        """logits[i, t] += reqs[i].sampling.logit_bias[t]."""
         rows: list[int] = []
         cols: list[int] = []
         vals: list[float] = []
@@ -76,10 +88,39 @@ class Sampler:
                 rows.extend([i] * len(bias))
                 cols.extend(bias.keys())
                 vals.extend(bias.values())
-        if rows:
-            dev = logits.device
-            logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-                              torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
+        cls._scatter(logits, rows, cols, vals, accumulate=True)
+
+    @classmethod
+    def _apply_allowed_tokens(cls, logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
+        """Rows with allowed_token_ids: every other token -inf (a keep mask scattered over those rows)."""
+        rows = [i for i, r in enumerate(reqs) if r.sampling.allowed_token_ids is not None]
+        if not rows:
+            return
+        keep_rows: list[int] = []
+        keep_cols: list[int] = []
+        for j, i in enumerate(rows):
+            ids = reqs[i].sampling.allowed_token_ids
+            keep_rows.extend([j] * len(ids))
+            keep_cols.extend(ids)
+        keep = torch.zeros(len(rows), logits.shape[1], dtype=torch.bool, device=logits.device)
+        cls._scatter(keep, keep_rows, keep_cols, True)
+        idx = torch.tensor(rows, device=logits.device)
+        logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
+
+    @classmethod
+    def _apply_bad_words(cls, logits: torch.Tensor, reqs: list[SampleSpec]) -> None:
+        """bad_words (as vLLM's apply_bad_words): a word's last token -inf when the output so far ends with
+        the word's other tokens (a one-token word: always)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, r in enumerate(reqs):
+            out = r.output_ids
+            for word in r.sampling.bad_words_ids or ():
+                k = len(word) - 1
+                if k <= len(out) and (k == 0 or out[-k:] == word[:-1]):
+                    rows.append(i)
+                    cols.append(word[-1])
+        cls._scatter(logits, rows, cols, float("-inf"))
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[SampleSpec], rows: list[int]) -> None:
         V, dev = self.vocab_size, logits.device
