@@ -235,12 +235,15 @@ def parse_lora_path(lora_path: Any, limits: RuntimeLimits) -> Union[int, list[in
 def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, logprob_of: LogprobOf,
                     limits: RuntimeLimits, base_rid: str, stream: bool,
                     bootstrap: Optional[Bootstrap] = None, lora_id: int = 0,
-                    priority: int = 0, encode_words: Optional[Encode] = None) -> list[GenerateRequest]:
+                    priority: int = 0, encode_words: Optional[Encode] = None,
+                    own_rid: bool = False) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
-    choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests."""
+    choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests. own_rid:
+    base_rid is the client's (SGLang's `rid`): a single choice runs as base_rid itself."""
     if len(prompts) * n > MAX_BATCH:
         raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} choices, got {len(prompts)} x {n}")
     sp = {**sampling, "n": n}
-    return fan_out(prompts, [sp] * len(prompts), [None] * len(prompts), logprob_of, limits, stream, "prompt",
+    rids = [base_rid] if own_rid and len(prompts) * n == 1 else [None] * len(prompts)
+    return fan_out(prompts, [sp] * len(prompts), rids, logprob_of, limits, stream, "prompt",
                    base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority,
                    encode_words=encode_words)

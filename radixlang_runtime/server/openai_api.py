@@ -89,8 +89,9 @@ class Reply:
     model: str
 
 
-def _reply(state: ServerState, prefix: str) -> Reply:
-    return Reply(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), state.served_model_name)
+def _reply(state: ServerState, prefix: str, rid: Optional[str]) -> Reply:
+    """rid: SGLang's request field (the response's id), else `prefix-hex`."""
+    return Reply(rid or f"{prefix}-{uuid.uuid4().hex}", int(time.time()), state.served_model_name)
 
 
 # ------------------------------------------------------------------ completions
@@ -98,7 +99,7 @@ def _reply(state: ServerState, prefix: str) -> Reply:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_completion(state, await read_json(request))
-    reply = _reply(state, "cmpl")
+    reply = _reply(state, "cmpl", req.options.rid)
     intake = await state.tm.run_intake(completion_intake, state, req, reply.rid, size=len(await request.body()))
     n = req.options.n
     if req.options.stream:
@@ -160,7 +161,7 @@ async def _stream_completion(intake: CompletionIntake, reply: Reply, n: int,
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_chat(state, await read_json(request))
-    reply = _reply(state, "chatcmpl")
+    reply = _reply(state, "chatcmpl", req.options.rid)
     intake = await state.tm.run_intake(chat_intake, state, req, reply.rid, size=len(await request.body()))
     n = req.options.n
     if req.options.stream:

@@ -48,8 +48,11 @@ class Choices:
         state.tm.lifecycle.admit()
         reqs = openai_requests(prompts, sampling, req_options.n, logprob_of, state.tm.limits,
                                rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
+                               own_rid=req_options.rid is not None,
                                lora_id=req_options.lora_id, priority=req_options.priority,
                                encode_words=state.tm.encode_words)
+        if req_options.rid is not None and (taken := [r.rid for r in reqs if r.rid in state.tm.states]):
+            raise FieldError("rid", f"request id {taken[0]!r} is already in use")
         return cls(state, reqs)
 
     def streams(self) -> list[AsyncIterator[dict]]:

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Union
 from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_format, spec_from_structured_outputs
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
-from radixlang_runtime.protocol.limits import MAX_N, FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.limits import MAX_N, MAX_RID_LEN, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.protocol.pooling_input import prompts_of
 from radixlang_runtime.server.chat_render import TurnEnd, template_kwargs, turn_end
 from radixlang_runtime.server.http_common import BadRequest, ServerState
@@ -44,7 +44,7 @@ OFF_VALUES: dict[str, tuple] = {
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
-_COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens",
+_COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens", "rid",
            "return_tokens_as_token_ids",
            *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
@@ -81,6 +81,9 @@ class OpenAIOptions:
     token_ids_in_logprobs: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     # vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage
     continuous_usage: bool = False
+    # SGLang's `rid`: the response's id and the runtime request id of a single choice (/abort_request names it);
+    # several choices run as f"{rid}-{index}"
+    rid: Optional[str] = None
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -228,7 +231,15 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
-                         continuous)
+                         continuous, _rid(body.get("rid")))
+
+
+def _rid(rid: Any) -> Optional[str]:
+    if rid is None:
+        return None
+    if not need_str(rid, "rid", MAX_RID_LEN):
+        raise FieldError("rid", "rid must be a non-empty string")
+    return rid
 
 
 def _truncation(body: dict, context_len: int) -> Optional[int]:
