@@ -42,7 +42,7 @@ OFF_VALUES: dict[str, tuple] = {
     "service_tier": ("auto", "default"),
 }
 _COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens",
-           "return_tokens_as_token_ids",
+           "return_tokens_as_token_ids", "prompt_logprobs",
            *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
@@ -78,6 +78,8 @@ class OpenAIOptions:
     token_ids_in_logprobs: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     # vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage
     continuous_usage: bool = False
+    # vLLM's prompt_logprobs: per prompt token its logprob and rank plus this many top alternatives (None: off)
+    prompt_logprobs: Optional[int] = None
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -222,7 +224,23 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
-                         continuous)
+                         continuous, _prompt_logprobs(body, stream))
+
+
+def _prompt_logprobs(body: dict, stream: bool) -> Optional[int]:
+    """vLLM's prompt_logprobs: k in [0, MAX_LOGPROBS] top alternatives besides each prompt token; not with
+    stream (vLLM refuses it there too), nor vLLM's -1 (the whole vocabulary)."""
+    k = body.get("prompt_logprobs")
+    if k is None:
+        return None
+    if k == -1 and type(k) is int:
+        raise FieldError("prompt_logprobs", f"prompt_logprobs -1 (the whole vocabulary) is not supported: ask for "
+                                            f"0 to {MAX_LOGPROBS} alternatives per prompt token")
+    k = need_int(k, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if stream:
+        raise FieldError("prompt_logprobs", "prompt_logprobs is not available with stream: true (the prompt's "
+                                            "logprobs come with the whole answer)")
+    return k
 
 
 def _truncation(body: dict, context_len: int) -> Optional[int]:
