@@ -303,6 +303,7 @@ class DecodeRole:
         if req.return_logprob:
             req.input_logprobs = list(msg.input_logprobs or [])
             req.input_top_logprobs = list(msg.input_top or [])
+            req.input_ranks = list(msg.input_ranks or [])
         if msg.first_token is None:  # max_new_tokens 0: nothing to decode
             req.finish({"type": "length", "length": 0})
             return None
@@ -323,7 +324,8 @@ class DecodeRole:
             return f"first token {msg.first_token} is outside the vocabulary (size {self.vocab_size})"
         if msg.cached_len > n:
             return f"cached_len {msg.cached_len} exceeds the prompt's {n} tokens"
-        if req.return_logprob and any(v is not None and len(v) > n for v in (msg.input_logprobs, msg.input_top)):
+        if req.return_logprob and any(v is not None and len(v) > n
+                                      for v in (msg.input_logprobs, msg.input_top, msg.input_ranks)):
             return f"more input logprobs than the prompt's {n} tokens"
         return None
 

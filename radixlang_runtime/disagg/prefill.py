@@ -188,7 +188,7 @@ class PrefillRole:
                     req.output_logprobs[0] if lp and req.output_logprobs else None,
                     req.output_top_logprobs[0] if lp and req.output_top_logprobs else None,
                     req.input_logprobs if lp else None, req.input_top_logprobs if lp else None,
-                    self.adapters.identity(req.lora_id) or ""))
+                    self.adapters.identity(req.lora_id) or "", req.input_ranks if lp else None))
                 h.sent_done, h.since = True, now  # the ack's bound starts now
         if why is None:
             return None

@@ -98,7 +98,8 @@ def shape_problem(msg: Any) -> Optional[str]:
     elif isinstance(msg, PDDone):
         ok = (msg.first_token is None or _int(msg.first_token)) and _int(msg.cached_len) \
             and (msg.output_logprob is None or isinstance(msg.output_logprob, (int, float))) \
-            and all(v is None or isinstance(v, list) for v in (msg.output_top, msg.input_logprobs, msg.input_top)) \
+            and all(v is None or isinstance(v, list) for v in (msg.output_top, msg.input_logprobs, msg.input_top,
+                                                            msg.input_ranks)) \
             and _identity(msg.adapter)
     elif isinstance(msg, (PDFail, PDCancel)):
         ok = isinstance(msg.message, str)

@@ -3,7 +3,9 @@
 An entry is the triple [logprob | None, token_id, token_text | None] (text only with
 return_text_in_logprobs); a top-logprob row is a list of such triples. Input entries cover tokens
 logprob_start_len + 1 .. L - 1; with logprob_start_len == 0 a [None, token 0, ...] entry leads (and a
-None top row), so entry i then belongs to token i.
+None top row), so entry i then belongs to token i. Asked for (the OpenAI routes' prompt_logprobs),
+input_token_ranks runs alongside input_token_logprobs: each token's rank in the vocabulary (1: the
+model's top choice), None where its entry's logprob is.
 """
 
 from __future__ import annotations
@@ -37,15 +39,20 @@ def top_rows(rows: list, decode: Decode) -> list:
 
 
 def input_meta(input_ids: list[int], start: int, vals: list[float], tops: list, top_num: int,
-               decode: Decode) -> dict[str, list]:
+               decode: Decode, ranks: Optional[list[int]] = None) -> dict[str, list]:
+    """ranks: the tokens' ranks, aligned with vals (None: no input_token_ranks)."""
     toks = entries(vals, input_ids[start + 1 : start + 1 + len(vals)], decode)
     top = top_rows(tops, decode) if top_num else []
+    lead: list = []
     if start == 0:
         toks = [[None, input_ids[0], decode(input_ids[0]) if decode else None]] + toks
         top = [None] + top if top_num else []
+        lead = [None]
     out = {"input_token_logprobs": toks}
     if top_num:
         out["input_top_logprobs"] = top
+    if ranks is not None:
+        out["input_token_ranks"] = lead + list(ranks)
     return out
 
 

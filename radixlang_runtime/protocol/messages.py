@@ -197,6 +197,7 @@ class ReqProgress:
     output_logprobs: Optional[list[float]] = None
     output_top_logprobs: Optional[list] = None
     embedding: Optional[list[float]] = None  # a pooling request's result, in its final record (pooling.py)
+    input_ranks: Optional[list[int]] = None  # each input_logprobs token's rank in the vocabulary (1: the top)
 
 
 @dataclass
@@ -308,6 +309,7 @@ class PDDone:
     input_logprobs: Optional[list[float]] = None
     input_top: Optional[list] = None
     adapter: str = ""  # the identity of the LoRA adapter the K/V was computed under ("" the base)
+    input_ranks: Optional[list] = None  # the prompt tokens' ranks, aligned with input_logprobs
 
 
 @dataclass

@@ -28,6 +28,7 @@ class LogprobRequest:
     start: int = 0
     top_num: int = 0
     with_text: bool = False
+    ranks: bool = False  # meta_info input_token_ranks too (logprob_format.input_meta)
 
 
 @dataclass
@@ -44,6 +45,7 @@ class ResultBuilder:
     # logprobs received so far (non-streaming requests return them whole at the end)
     in_vals: list = field(default_factory=list)
     in_top: list = field(default_factory=list)
+    in_ranks: list = field(default_factory=list)
     out_vals: list = field(default_factory=list)
     out_top: list = field(default_factory=list)
     out_ids: list = field(default_factory=list)  # non-streaming with logprobs: the ids they align with
@@ -81,10 +83,13 @@ class ResultBuilder:
         decode = self.token_text if lp.with_text else None
         if p.input_logprobs is not None:
             self.in_vals, self.in_top = p.input_logprobs, p.input_top_logprobs or []
+            self.in_ranks = p.input_ranks or []
+        ranks = self.in_ranks if lp.ranks else None
         out_vals, out_top = p.output_logprobs or [], p.output_top_logprobs or []
         if self.stream:
             if not self.input_emitted:
-                meta.update(input_meta(self.input_ids, lp.start, self.in_vals, self.in_top, lp.top_num, decode))
+                meta.update(input_meta(self.input_ids, lp.start, self.in_vals, self.in_top, lp.top_num, decode,
+                                       ranks))
                 self.input_emitted = True
             meta.update(output_meta(out_vals, p.new_ids, out_top, lp.top_num, decode))
             meta["output_token_logprobs_length"] = self.output_len
@@ -92,7 +97,8 @@ class ResultBuilder:
             self.out_vals += out_vals
             self.out_top += out_top
             self.out_ids += p.new_ids
-            meta.update(input_meta(self.input_ids, lp.start, self.in_vals, self.in_top, lp.top_num, decode))
+            meta.update(input_meta(self.input_ids, lp.start, self.in_vals, self.in_top, lp.top_num, decode,
+                                   ranks))
             meta.update(output_meta(self.out_vals, self.out_ids, self.out_top, lp.top_num, decode))
 
 

@@ -210,7 +210,8 @@ def token_record(req: Req, sent_len: int, first: bool) -> ReqTokenOut:
         input_top_logprobs=req.input_top_logprobs if top and first else None,
         output_logprobs=req.output_logprobs[sent_len:n] if lp else None,
         output_top_logprobs=req.output_top_logprobs[sent_len:n] if top else None,
-        embedding=req.pooled.result() if req.pooled is not None and req.finished else None)
+        embedding=req.pooled.result() if req.pooled is not None and req.finished else None,
+        input_ranks=req.input_ranks if lp and first else None)
     sp = req.sampling
     consts = ReqConsts(skip_special_tokens=sp.skip_special_tokens,
                        spaces_between_special_tokens=sp.spaces_between_special_tokens,

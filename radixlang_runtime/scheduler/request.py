@@ -49,6 +49,7 @@ class Req:
     top_logprobs_num: int = 0
     input_logprobs: list[float] = field(default_factory=list)  # of tokens logprob_start_len+1 .. L-1
     input_top_logprobs: list[list[list]] = field(default_factory=list)  # per position: [[logprob, id], ...]
+    input_ranks: list[int] = field(default_factory=list)  # the prompt tokens' ranks (as input_logprobs)
     output_logprobs: list[float] = field(default_factory=list)  # one per output token
     output_top_logprobs: list[list[list]] = field(default_factory=list)
     # --- constrained decoding (scheduler/grammar_queue.py) ---

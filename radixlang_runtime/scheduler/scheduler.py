@@ -285,6 +285,7 @@ class Scheduler:
             if lp is not None:
                 req.input_logprobs += lp.input_vals
                 req.input_top_logprobs += lp.input_top
+                req.input_ranks += lp.input_ranks
             if i in result.pooled:  # a pooling request's part (the sum of this chunk's rows for mean)
                 req.pooled.add(result.pooled[i], len(batch.extend_ids[i]))
             if not decoding and req is self.chunked_req:

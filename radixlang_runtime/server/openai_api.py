@@ -7,8 +7,9 @@ own), then an optional usage chunk (`stream_options.include_usage`; with vLLM's 
 chunk also carries its choice's usage so far), then `data: [DONE]`; a chat stream keeps
 one ChatChoiceStream record per choice. response_format json_schema / json_object (and the regex /
 json_schema extensions) constrain the output through the grammar backend. Logprobs are the model's raw
-log_softmax (before temperature), in OpenAI's shapes for completions and chat. Chat `tools` / `tool_choice`
-/ `parallel_tool_calls`: openai_tools.py; messages and the chat template: chat_render.py.
+log_softmax (before temperature), in OpenAI's shapes for completions and chat (openai_logprobs.py), and
+vLLM's prompt_logprobs (not streamed): per choice on completions, once on the chat response. Chat `tools` /
+`tool_choice` / `parallel_tool_calls`: openai_tools.py; messages and the chat template: chat_render.py.
 """
 
 from __future__ import annotations
@@ -27,44 +28,10 @@ from radixlang_runtime.server.http_common import (SSE_DONE, ServerState, client_
 from radixlang_runtime.server.openai_intake import (ChatIntake, Choices, CompletionIntake, chat_intake,
                                                     completion_intake, finish_reason, sum_usage, think_message,
                                                     until_stops)
+from radixlang_runtime.server.openai_logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from radixlang_runtime.server.openai_reasoning import ReasoningStream
 from radixlang_runtime.server.openai_records import OpenAIOptions, parse_chat, parse_completion
 from radixlang_runtime.server.openai_tools import ToolStream
-
-
-def _token(e: list, token_ids: bool) -> str:
-    """A logprob entry's token as the reply names it: its text, or "token_id:N" (vLLM's
-    return_tokens_as_token_ids: every token identifiable, a piece of a multi-byte character included)."""
-    return f"token_id:{e[1]}" if token_ids else e[2]
-
-
-def completion_logprobs(meta: dict, echo: bool, text_offset0: int = 0, token_ids: bool = False) -> dict:
-    """meta_info entries -> OpenAI completions `logprobs` (tokens, token_logprobs, top_logprobs, text_offset);
-    text_offset counts the tokens' text either way."""
-    entries = meta.get("output_token_logprobs", [])
-    tops = meta.get("output_top_logprobs") or [None] * len(entries)
-    if echo and "input_token_logprobs" in meta:
-        entries = meta["input_token_logprobs"] + entries
-        tops = (meta.get("input_top_logprobs") or [None] * len(meta["input_token_logprobs"])) + tops
-    offsets, pos = [], text_offset0
-    for e in entries:
-        offsets.append(pos)
-        pos += len(e[2])
-    return {"tokens": [_token(e, token_ids) for e in entries], "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": [None if row is None else {_token(e, token_ids): e[0] for e in row} for row in tops],
-            "text_offset": offsets}
-
-
-def chat_logprobs(meta: dict, with_top: bool, token_ids: bool = False) -> dict:
-    entries = meta.get("output_token_logprobs", [])
-    tops = meta.get("output_top_logprobs") or [[] for _ in entries]
-
-    def item(e: list) -> dict:
-        token = _token(e, token_ids)
-        return {"token": token, "logprob": e[0], "bytes": list(token.encode())}
-
-    return {"content": [{**item(e), "top_logprobs": [item(x) for x in row] if with_top else []}
-                        for e, row in zip(entries, tops)]}
 
 
 router = APIRouter()  # top-level handlers; the ServerState is the app's (request.app.state.server)
@@ -105,15 +72,16 @@ async def completions(request: Request) -> Response:
     if req.options.stream:
         return stream_response(guard_stream(_stream_completion(intake, reply, n, req.options)))
     outs = await unless_client_gone(request, intake.choices.finals(), client_gone_counter(state))
-    texts, top = intake.echo_texts, intake.logprobs
-    return JSONResponse({
-        "id": reply.rid, "object": "text_completion", "created": reply.created, "model": reply.model,
-        "choices": [{"index": i, "text": (texts[i // n] if texts else "") + o["text"],
-                     "logprobs": completion_logprobs(o["meta_info"], texts is not None, token_ids=intake.token_ids)
-                     if top is not None else None,
-                     "finish_reason": finish_reason(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)],
-        "usage": sum_usage(outs, n),
-    })
+    texts, top, prompt_top = intake.echo_texts, intake.logprobs, req.options.prompt_logprobs
+    choices = [{"index": i, "text": (texts[i // n] if texts else "") + o["text"],
+                "logprobs": completion_logprobs(o["meta_info"], texts is not None, token_ids=intake.token_ids,
+                                                top=top) if top is not None else None,
+                "finish_reason": finish_reason(o["meta_info"]["finish_reason"])} for i, o in enumerate(outs)]
+    if prompt_top is not None:
+        for c, o in zip(choices, outs):
+            c["prompt_logprobs"] = prompt_logprobs(o["meta_info"], prompt_top)
+    return JSONResponse({"id": reply.rid, "object": "text_completion", "created": reply.created,
+                         "model": reply.model, "choices": choices, "usage": sum_usage(outs, n)})
 
 
 def running_usage(choices: Choices) -> Callable[[int, Optional[dict]], dict]:
@@ -146,7 +114,7 @@ async def _stream_completion(intake: CompletionIntake, reply: Reply, n: int,
         fin = finish_reason(out["meta_info"]["finish_reason"])
         if fin is not None:
             finals[i] = out
-        lp = completion_logprobs(out["meta_info"], False, token_ids=intake.token_ids) \
+        lp = completion_logprobs(out["meta_info"], False, token_ids=intake.token_ids, top=intake.logprobs) \
             if intake.logprobs is not None else None
         if delta or fin is not None or (lp and lp["tokens"]):
             yield chunk(i, delta, fin, lp, out)
@@ -173,13 +141,15 @@ async def chat_completions(request: Request) -> Response:
     else:
         outs = await unless_client_gone(request, until_stops(intake.choices, think), client_gone_counter(state))
         replies = [think_message(tools, think, o) for o in outs]
+    prompt_top = req.options.prompt_logprobs
     return JSONResponse({
         "id": reply.rid, "object": "chat.completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": i, "message": message,
-                     "logprobs": chat_logprobs(o["meta_info"], bool(intake.top_logprobs), intake.token_ids)
+                     "logprobs": chat_logprobs(o["meta_info"], intake.top_logprobs, intake.token_ids)
                      if intake.logprobs else None,
                      "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
         "usage": sum_usage(outs, n, think, state.tm.tokenizer.decode),
+        **({"prompt_logprobs": prompt_logprobs(outs[0]["meta_info"], prompt_top)} if prompt_top is not None else {}),
     })
 
 
@@ -238,7 +208,7 @@ async def _stream_chat(intake: ChatIntake, reply: Reply, n: int, options: OpenAI
             continue
         last[i] = out
         c.ids += out["output_ids"]
-        lp = chat_logprobs(out["meta_info"], bool(intake.top_logprobs), intake.token_ids) if intake.logprobs else None
+        lp = chat_logprobs(out["meta_info"], intake.top_logprobs, intake.token_ids) if intake.logprobs else None
         deltas, fin = _chat_deltas(intake, c, out["text"], finish_reason(out["meta_info"]["finish_reason"]),
                                    lambda: choices.tm.abort(choices.reqs[i].rid))
         if lp and lp["content"] and not deltas:

@@ -37,13 +37,19 @@ class Choices:
     @classmethod
     def build(cls, state: ServerState, prompts: list[list[int]], req_options: OpenAIOptions, sampling: dict,
               top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None) -> "Choices":
-        """prompts x n requests, validated up front (openai_requests); admission first (503 before any work)."""
+        """prompts x n requests, validated up front (openai_requests); admission first (503 before any work).
+        One logprob request serves top_logprobs (output; the prompt's too with echo) and prompt_logprobs: the
+        larger top count, each reply cutting its rows to its own."""
+        prompt_top = req_options.prompt_logprobs
+
         def logprob_of(_i: int, ids: list[int]) -> Optional[LogprobRequest]:
-            if top_logprobs is None:
+            if top_logprobs is None and prompt_top is None:
                 return None
-            # without echo only output logprobs: start at the last prompt position
-            start, top = normalize_logprob_args(len(ids), True, 0 if echo else len(ids) - 1, top_logprobs)
-            return LogprobRequest(start, top, with_text=True)
+            # without echo or prompt_logprobs only output logprobs: start at the last prompt position
+            whole = echo or prompt_top is not None
+            start, top = normalize_logprob_args(len(ids), True, 0 if whole else len(ids) - 1,
+                                                max(top_logprobs or 0, prompt_top or 0))
+            return LogprobRequest(start, top, with_text=True, ranks=prompt_top is not None)
 
         state.tm.lifecycle.admit()
         reqs = openai_requests(prompts, sampling, req_options.n, logprob_of, state.tm.limits,
@@ -177,12 +183,14 @@ async def until_stops(choices: Choices, think: ReasoningPlan) -> list[dict]:
 
 async def until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:
     """One streamed choice read until it finishes or its content reaches a stop string (then aborted):
-    the last snapshot, its output logprob deltas joined, meta_info["cut"] set when a stop cut it."""
+    the last snapshot, its output logprob deltas joined and the input ones (sent once, first) kept,
+    meta_info["cut"] set when a stop cut it."""
     rs, last, lps = think.stream(), None, {"output_token_logprobs": [], "output_top_logprobs": []}
-    whole = Cumulative()
+    whole, inputs = Cumulative(), {}
     try:
         async for out in gen:
             whole.add(out)
+            inputs.update({k: v for k, v in out["meta_info"].items() if k.startswith("input_")})  # the first's
             for k, v in lps.items():
                 v += out["meta_info"].get(k) or []
             last = out
@@ -191,7 +199,8 @@ async def until_stop(gen: AsyncIterator[dict], think: ReasoningPlan) -> dict:
                 break
     finally:
         await gen.aclose()  # aborts the request when it has not finished
-    meta = {**last["meta_info"], **{k: v for k, v in lps.items() if k in last["meta_info"]}, "cut": rs.stopped}
+    meta = {**last["meta_info"], **inputs, **{k: v for k, v in lps.items() if k in last["meta_info"]},
+            "cut": rs.stopped}
     return {**whole.snapshot(last), "meta_info": meta}
 
 

@@ -45,7 +45,7 @@ OFF_VALUES: dict[str, tuple] = {
     "service_tier": ("auto", "default"),
 }
 _COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens", "rid",
-           "return_tokens_as_token_ids",
+           "return_tokens_as_token_ids", "prompt_logprobs",
            *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
@@ -84,6 +84,8 @@ class OpenAIOptions:
     # SGLang's `rid`: the response's id and the runtime request id of a single choice (/abort_request names it);
     # several choices run as f"{rid}-{index}"
     rid: Optional[str] = None
+    # vLLM's prompt_logprobs: per prompt token its logprob and rank plus this many top alternatives (None: off)
+    prompt_logprobs: Optional[int] = None
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -231,7 +233,7 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
-                         continuous, _rid(body.get("rid")))
+                         continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream))
 
 
 def _rid(rid: Any) -> Optional[str]:
@@ -240,6 +242,22 @@ def _rid(rid: Any) -> Optional[str]:
     if not need_str(rid, "rid", MAX_RID_LEN):
         raise FieldError("rid", "rid must be a non-empty string")
     return rid
+
+
+def _prompt_logprobs(body: dict, stream: bool) -> Optional[int]:
+    """vLLM's prompt_logprobs: k in [0, MAX_LOGPROBS] top alternatives besides each prompt token; not with
+    stream (vLLM refuses it there too), nor vLLM's -1 (the whole vocabulary)."""
+    k = body.get("prompt_logprobs")
+    if k is None:
+        return None
+    if k == -1 and type(k) is int:
+        raise FieldError("prompt_logprobs", f"prompt_logprobs -1 (the whole vocabulary) is not supported: ask for "
+                                            f"0 to {MAX_LOGPROBS} alternatives per prompt token")
+    k = need_int(k, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if stream:
+        raise FieldError("prompt_logprobs", "prompt_logprobs is not available with stream: true (the prompt's "
+                                            "logprobs come with the whole answer)")
+    return k
 
 
 def _truncation(body: dict, context_len: int) -> Optional[int]:

@@ -74,6 +74,14 @@ def test_input_logprobs_come_back(pd):
     entries = r.json()["meta_info"]["input_token_logprobs"]
     assert [e[1] for e in entries] == PROMPTS[2]  # entry i belongs to prompt token i
     assert entries[0][0] is None and all(isinstance(e[0], float) for e in entries[1:])
+    # vLLM's prompt_logprobs: the prompt tokens' ranks travel with their logprobs (PDDone)
+    c = httpx.post(router.url + "/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 1, "prompt_logprobs": 0},
+                   timeout=T)
+    assert c.status_code == 200, c.text
+    plp = c.json()["choices"][0]["prompt_logprobs"]
+    assert plp[0] is None and [list(d) for d in plp[1:]] == [[str(t)] for t in PROMPTS[2][1:]]
+    assert [d[str(t)]["logprob"] for d, t in zip(plp[1:], PROMPTS[2][1:])] == [e[0] for e in entries[1:]]
+    assert all(type(d[str(t)]["rank"]) is int and d[str(t)]["rank"] >= 1 for d, t in zip(plp[1:], PROMPTS[2][1:]))
 
 
 def test_decode_killed_mid_stream_fails_it_and_the_other_serves(pd):

@@ -6,6 +6,9 @@
 Positions: logit position i predicts token i + 1. A request asks for positions logprob_start_len ..
 L - 2 of its prompt (L = prompt length); position L - 1 predicts the first output token, which is an
 output logprob. With chunked prefill a step covers only some of those positions.
+
+A prompt token's rank is 1 + the number of vocabulary entries with a strictly larger logprob at its
+position (1: the model's top choice; ties share the best rank), as vLLM's prompt_logprobs report it.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ def fill_input_logprobs(result: StepResult, batch: ModelBatch, plans: list[Input
         for a in range(0, len(plan.rows), ROWS_PER_CHUNK):
             b = min(a + ROWS_PER_CHUNK, len(plan.rows))
             lsm = torch.log_softmax(logits[off + a : off + b], dim=-1)  # [r, V]
-            out.input_vals += lsm.gather(1, targets[a:b, None]).squeeze(1).tolist()
+            picked = lsm.gather(1, targets[a:b, None])  # [r, 1]
+            out.input_vals += picked.squeeze(1).tolist()
+            out.input_ranks += ((lsm > picked).sum(dim=-1) + 1).tolist()
             if k:
                 out.input_top += _top(lsm, k)
         off += len(plan.rows)

@@ -95,6 +95,7 @@ class StepLogprobs:
 
     input_vals: list[float] = field(default_factory=list)  # next-token logprobs of this step's prompt positions
     input_top: list[list[list]] = field(default_factory=list)  # per position [[logprob, id], ...] (top_logprobs_num)
+    input_ranks: list[int] = field(default_factory=list)  # per position: the prompt token's rank in the vocabulary
     output_val: Optional[float] = None  # logprob of the sampled token
     output_top: Optional[list[list]] = None
     # An n-gram draft's accepted tokens (unconstrained requests): the logprob of draft[j] at its row j, in order
