@@ -313,7 +313,7 @@ def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -
 
 
 def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
-    from radixlang_runtime.protocol.thinking_budget import ThinkingMarkers
+    from radixlang_runtime.protocol.reasoning_watch import ThinkingMarkers
 
     runner = scheduler.runner
     markers = ThinkingMarkers.of_parser(runner.args.reasoning_parser, tokenizer)

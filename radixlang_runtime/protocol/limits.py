@@ -130,14 +130,15 @@ class RuntimeLimits:
     # the OpenAI-shaped routes' defaults for unset sampling fields, (name, value) pairs (sampling_defaults.py)
     sampling_defaults: tuple = ()
     reasoning_parser: str = ""  # --reasoning-parser ("": none)
-    thinking_markers: tuple = ()  # its markers' token ids, ThinkingMarkers.to_wire (empty: none; thinking_budget.py)
+    thinking_markers: tuple = ()  # its markers' token ids, ThinkingMarkers.to_wire (empty: none; reasoning_watch.py)
     speculative: bool = False  # --speculative-algorithm is set
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",
-                  pooling: bool = False) -> None:
+                  pooling: bool = False, reasoning_grammar: bool = False) -> None:
     """ids_name: the request field the ids came from (OpenAI's `prompt`), for the error; pooling: a pooling
-    request (the only kind a --is-embedding server runs)."""
+    request (the only kind a --is-embedding server runs); reasoning_grammar: the request's grammar constrains
+    the answer after the reasoning block (a chat request's own grammar: reasoning_watch.py)."""
     if limits.is_embedding and not pooling:
         raise ValueError("this server runs a pooling model (--is-embedding): it serves /v1/embeddings and /encode, "
                          "not text generation")
@@ -164,7 +165,7 @@ def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, i
         from radixlang_runtime.constrained.backends import refuse_unsupported
 
         refuse_unsupported(limits.grammar_backend, sp.grammar_kind)  # ebnf on outlines: a 400 naming both
-    if sp.thinking_token_budget is not None:
-        from radixlang_runtime.protocol.thinking_budget import request_budget
+    if limits.thinking_markers or sp.thinking_token_budget is not None:
+        from radixlang_runtime.protocol.reasoning_watch import request_watch
 
-        sp.thinking = request_budget(ids, sp.thinking_token_budget, sp.constrained, limits)
+        sp.reasoning_watch = request_watch(ids, sp.thinking_token_budget, sp.constrained, reasoning_grammar, limits)

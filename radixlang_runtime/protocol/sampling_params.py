@@ -13,8 +13,9 @@ from radixlang_runtime.protocol.sampling_fields import REQUEST_FIELDS
 from radixlang_runtime.protocol.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
-_NOT_REQUEST_FIELDS = frozenset({"grammar", "bad_words_ids", "thinking"})  # from_dict refuses them (built on intake)
-_NOT_WIRE_FIELDS = frozenset({"n", "grammar", "thinking"})
+# from_dict refuses them (built on intake)
+_NOT_REQUEST_FIELDS = frozenset({"grammar", "bad_words_ids", "reasoning_watch"})
+_NOT_WIRE_FIELDS = frozenset({"n", "grammar", "reasoning_watch"})
 
 
 @dataclass
@@ -45,7 +46,7 @@ class SamplingParams:
     # strings ("123"), normalized to ints; biases finite in [-100, 100] (OpenAI's range).
     logit_bias: dict[int, float] = field(default_factory=dict)
     # vLLM's: at most this many output tokens inside the reasoning block, then its end marker is forced
-    # (protocol/thinking_budget.py; needs --reasoning-parser)
+    # (protocol/reasoning_watch.py; needs --reasoning-parser)
     thinking_token_budget: Optional[int] = None
     # vLLM's: only these token ids may be sampled (greedy too); None: any. Non-empty, in the vocabulary.
     allowed_token_ids: Optional[list[int]] = None
@@ -57,8 +58,9 @@ class SamplingParams:
     # Not a request field: the GrammarSpec normalize() built from regex / json_schema (None: unconstrained).
     # It travels with the request (GrammarSpec.to_wire) so no later stage builds it again.
     grammar: Any = field(default=None, compare=False, repr=False)
-    # Not a request field: the ThinkingBudget the intake planned from thinking_token_budget (check_request).
-    thinking: Any = field(default=None, compare=False, repr=False)
+    # Not a request field: the ReasoningWatch the intake planned (check_request): a thinking budget, a grammar
+    # held until the reasoning ends. None: nothing watched.
+    reasoning_watch: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
@@ -81,7 +83,7 @@ class SamplingParams:
         requests by the sender), the grammar spec as GrammarSpec.to_wire (built once, at intake)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_WIRE_FIELDS}
         d["grammar"] = self.grammar.to_wire() if self.grammar is not None else None
-        d["thinking"] = self.thinking.to_wire() if self.thinking is not None else None
+        d["reasoning_watch"] = self.reasoning_watch.to_wire() if self.reasoning_watch is not None else None
         return d
 
     @classmethod
@@ -90,12 +92,12 @@ class SamplingParams:
         nothing is checked or compiled again. An unknown field is a TypeError."""
         d = dict(d)
         grammar = d.pop("grammar", None)
-        thinking = d.pop("thinking", None)
+        watch = d.pop("reasoning_watch", None)
         sp = cls(**d)
-        if thinking is not None:
-            from radixlang_runtime.protocol.thinking_budget import ThinkingBudget
+        if watch is not None:
+            from radixlang_runtime.protocol.reasoning_watch import ReasoningWatch
 
-            sp.thinking = ThinkingBudget.from_wire(thinking)
+            sp.reasoning_watch = ReasoningWatch.from_wire(watch)
         if grammar is not None:
             from radixlang_runtime.constrained.spec import GrammarSpec
 

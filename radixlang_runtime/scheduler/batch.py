@@ -77,6 +77,9 @@ class ScheduleBatch:
         states = [] if req.grammar is None else list(req.draft_states) if req.draft_states else [req.grammar]
         # a token a step in flight samples: a copy ending in its placeholder, which the forward thread fills in
         out = req.output_ids if req.future is None else req.output_ids + [future_token(req.future[1])]
-        forced = req.think.forced(req.output_ids) if req.think is not None and req.future is None else None
+        forced = also = None
+        if req.watch is not None and req.future is None:  # a watched request never overlaps (overlap.py)
+            forced = req.watch.forced(req.output_ids)
+            also = req.watch.also_allowed(req.output_ids) if states else None
         return SampleSpec(req.sampling, req.input_ids, out, draft, states, req.return_logprob, req.top_logprobs_num,
-                          forced)
+                          forced, also)

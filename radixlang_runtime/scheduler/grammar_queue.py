@@ -82,7 +82,12 @@ class GrammarQueue:
                 if req.grammar is None:
                     sp = req.sampling
                     finish = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.end_ids))
-                    req.grammar = GrammarState(h.grammar, finish, budget=self.compiler.guard.new_budget())
+                    state = GrammarState(h.grammar, finish, budget=self.compiler.guard.new_budget())
+                    if req.watch is not None and req.watch.holds_grammar(req.output_ids):
+                        req.grammar_held = state  # the output begins inside the reasoning: no mask yet
+                        ready.append(req)
+                        continue
+                    req.grammar = state
                 try:
                     if not self.collect(req, 0.0):
                         still.append(req)

@@ -11,7 +11,7 @@ strings, EOS and max_new_tokens give exactly the outputs of the schedule without
 Steps run without overlap (the step in flight is applied first, then the plain Scheduler step) whenever the
 one-step lag is not safe: an abort is pending; a constrained request is queued, compiling or running (its
 mask needs its grammar advanced by the token before; jump-forward drafts); a thinking budget may force a
-request's next token (Req.thinking_active); the next decode would retract a
+request's next token or move its grammar (Req.watch_active); the next decode would retract a
 request; the step in flight holds a prompt's non-final chunk. Whole configurations that run without overlap
 (`overlap_off_reason`): speculative decoding, PD disaggregation, hybrid state snapshots, LoRA, tensor
 parallelism, the hierarchical cache.
@@ -111,7 +111,7 @@ class OverlapSchedule:
         s = self.s
         if s._to_abort or (self.inflight is not None and self.inflight.chunk):
             return False
-        if any(r.thinking_active for r in s.running) or any(r.thinking_active for r in s.waiting):
+        if any(r.watch_active for r in s.running) or any(r.watch_active for r in s.waiting):
             return False
         if s.grammar is None:
             return True

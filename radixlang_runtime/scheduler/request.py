@@ -19,7 +19,7 @@ from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
 from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
 from radixlang_runtime.protocol.sampling_params import SamplingParams
-from radixlang_runtime.scheduler.thinking_budget import BudgetTracker
+from radixlang_runtime.scheduler.reasoning_watch import WatchTracker
 
 
 @dataclass
@@ -82,8 +82,10 @@ class Req:
     bootstrap: Optional[Bootstrap] = None  # PD: the prefill's socket and the room, from the router's fields
     lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
     priority: int = 0  # --enable-priority-scheduling: its rank in the waiting queue (preemption.PriorityRule)
-    # thinking_token_budget: the tracker forcing the reasoning's end marker (None: no budget)
-    think: Optional[BudgetTracker] = None
+    # the reasoning watch (scheduler/reasoning_watch.py: a thinking budget, a grammar held until the reasoning
+    # ends; None: nothing watched), and the compiled grammar while it is held (req.grammar is None then)
+    watch: Optional[WatchTracker] = None
+    grammar_held: Any = None
     # --- timing ---
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: Optional[float] = None  # first admission to a prefill batch
@@ -91,13 +93,13 @@ class Req:
     finished_at: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.sampling.thinking is not None and self.think is None:
-            self.think = BudgetTracker(self.sampling.thinking)
+        if self.sampling.reasoning_watch is not None and self.watch is None:
+            self.watch = WatchTracker(self.sampling.reasoning_watch)
 
     @property
-    def thinking_active(self) -> bool:
-        """A budget may still force its next token: that token depends on the one before."""
-        return self.think is not None and self.think.active
+    def watch_active(self) -> bool:
+        """Its reasoning watch may still force a token or move its grammar: that depends on the token before."""
+        return self.watch is not None and self.watch.active
 
     @property
     def fill_ids(self) -> list[int]:

@@ -339,7 +339,9 @@ class Scheduler:
                 req.finish({"type": "abort", "message": str(e)})
 
     def _after_sample_checked(self, req: Req) -> None:
-        if req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
+        if req.watch is not None and req.watch.plan.hold_grammar and self._move_grammar(req):
+            pass  # the token opened or closed the reasoning block: it is not the grammar's
+        elif req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
             # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
         self._check_finished(req)
@@ -348,6 +350,19 @@ class Scheduler:
             self.masks.hold(req)  # its must-finish check and draft once the mask is known (mask_gate.py)
             return
         self.drafts.propose(req, len(self.running))
+
+    @staticmethod
+    def _move_grammar(req: Req) -> bool:
+        """A grammar held until the reasoning ends (scheduler/reasoning_watch.py): held when the token opened the
+        block, given back when it closed it (True: the token moved it); grammar_held holds it meanwhile."""
+        held = req.watch.holds_grammar(req.output_ids)
+        if held and req.grammar is not None:
+            req.grammar_held, req.grammar = req.grammar, None
+            return True
+        if not held and req.grammar_held is not None:
+            req.grammar, req.grammar_held = req.grammar_held, None
+            return True
+        return False
 
     def _settle_masks(self, reqs: list[Req], until: float) -> list[Req]:
         """MaskGate.settle; the requests it ended leave `running` with their slots released."""

@@ -36,7 +36,8 @@ class Choices:
 
     @classmethod
     def build(cls, state: ServerState, prompts: list[list[int]], req_options: OpenAIOptions, sampling: dict,
-              top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None) -> "Choices":
+              top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None,
+              reasoning_grammar: bool = False) -> "Choices":
         """prompts x n requests, validated up front (openai_requests); admission first (503 before any work).
         One logprob request serves top_logprobs (output; the prompt's too with echo) and prompt_logprobs: the
         larger top count, each reply cutting its rows to its own."""
@@ -56,7 +57,7 @@ class Choices:
                                rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
                                own_rid=req_options.rid is not None,
                                lora_id=req_options.lora_id, priority=req_options.priority,
-                               encode_words=state.tm.encode_words)
+                               encode_words=state.tm.encode_words, reasoning_grammar=reasoning_grammar)
         if req_options.rid is not None and (taken := [r.rid for r in reqs if r.rid in state.tm.states]):
             raise FieldError("rid", f"request id {taken[0]!r} is already in use")
         return cls(state, reqs)
@@ -146,8 +147,10 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     if think is not None and sampling.get("stop") is not None:  # applied to the content, not by the runtime
         think = dataclasses.replace(think, stops=_content_stops(sampling))
         sampling["stop"] = None
+    # the client's grammar constrains the answer: it waits for the reasoning's end (a forced call's regex
+    # already holds the reasoning block)
     choices = Choices.build(state, [ids], req.options, sampling, (req.top_logprobs or 0) if req.logprobs else None,
-                            rid=rid)
+                            rid=rid, reasoning_grammar=think is not None and tools.forced is None)
     return ChatIntake(choices, tools, think, req.logprobs, req.top_logprobs, req.options.token_ids_in_logprobs)
 
 

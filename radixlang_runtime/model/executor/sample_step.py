@@ -3,7 +3,8 @@ jump-forward drafts — the part of ModelRunner.forward after the logits.
 
 Rows: sampled request k owns n_k = draft_len + 1 consecutive logits rows (its last extend positions).
 Row j of a request with a draft is the distribution after draft[:j]: it is masked with the grammar
-state at that point (SampleSpec.grammar_states[j]) and sampled like any row. Verification walks the rows:
+state at that point (SampleSpec.grammar_states[j]; SampleSpec.also_allowed keeps one more token: a
+reasoning block's opening) and sampled like any row. Verification walks the rows:
 draft[j] is accepted while the token sampled at row j equals it; the first row whose sample differs
 (or the last row) gives the request's next token. So a request emits exactly what token-by-token
 decoding would (greedy: the same tokens; sampling: the same distribution), and a draft the model
@@ -41,7 +42,11 @@ def sample_step(batch: ModelBatch, sample_idx: list[int], counts: list[int], log
 
         states = [row_specs[r].grammar_states[min(row_pos[r], len(row_specs[r].grammar_states) - 1)]
                   for r in constrained]
+        extra = [(r, row_specs[r].also_allowed) for r in constrained if row_specs[r].also_allowed is not None]
+        kept = logits[[r for r, _ in extra], [t for _, t in extra]].clone() if extra else None
         mask_logits(logits, constrained, states)
+        if extra:  # a token the grammar does not allow but the request may take (a reasoning block's opening)
+            logits[[r for r, _ in extra], [t for _, t in extra]] = kept
     want_rows = [r for r, spec in enumerate(row_specs) if spec.return_logprob]
     lsm_rows = torch.log_softmax(logits[want_rows], dim=-1) if want_rows else None  # before the sampler edits
     tokens = sampler.sample(logits, row_specs)

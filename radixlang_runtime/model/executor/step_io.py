@@ -35,6 +35,7 @@ class SampleSpec:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     forced: Optional[int] = None  # the token this sample must be (a spent thinking budget's end marker)
+    also_allowed: Optional[int] = None  # a token its grammar mask lets through too (a reasoning block's opening)
 
     @property
     def constrained(self) -> bool:

@@ -1,10 +1,12 @@
-"""A thinking-token budget on a real server (the embedded model, float32, `--reasoning-parser deepseek-r1`, so
-every output starts inside the reasoning block; with the overlap schedule on): a budget of B gives the model's
+"""The reasoning watch on a real server (the embedded model, float32, `--reasoning-parser deepseek-r1`, so every
+output starts inside the reasoning block; with the overlap schedule on). A thinking budget of B gives the model's
 first B greedy tokens, then the end marker `</think>` as the tokenizer encodes it, then the greedy continuation
 of that text (each checked token for token against /generate without a budget); the chat route splits that
 output into reasoning and content, streamed or not; concurrent requests with and without budgets answer as
-alone; a budget that is never spent changes nothing; Anthropic's `thinking` runs the same budget; what cannot
-be honoured is a 400 naming the field."""
+alone; a budget that is never spent changes nothing; Anthropic's `thinking` runs the same budget. A chat
+request's grammar (response_format) waits for the reasoning's end: with a budget the answer after the forced
+marker is the schema's JSON (token for token what /generate's grammar gives from there), without one the
+unclosed reasoning runs unconstrained. What cannot be honoured is a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -117,10 +119,35 @@ def test_anthropic_thinking_runs_the_same_budget(server):
                             thinking={"type": "enabled", "budget_tokens": 100})
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+
+def test_a_chat_grammar_waits_for_the_reasoning_to_end(server, prompt, end_ids):
+    body = {"messages": ASK, "temperature": 0, "max_tokens": 40, "response_format": JSON_FORMAT,
+            "thinking_token_budget": 5}
+    out = post(server, "/v1/chat/completions", body).json()
+    msg = out["choices"][0]["message"]
+    assert json.loads(msg["content"]).keys() == {"name"}
+    head = generate(server, prompt, 5)["output_ids"] + end_ids  # unconstrained reasoning, the forced marker
+    answer = generate(server, prompt + head, 40 - len(head), json_schema=json.dumps(PERSON))
+    assert msg["content"] == answer["text"]
+    assert msg["reasoning_content"] == DeepSeekR1Parser.parse(generate(server, prompt, 5)["text"]).reasoning
+    raw = generate(server, prompt, 40, thinking_token_budget=5, json_schema=json.dumps(PERSON))
+    assert raw["output_ids"] == head + answer["output_ids"]  # /generate: a budget holds its grammar too
+
+
+def test_an_unclosed_reasoning_runs_unconstrained(server, prompt):
+    body = {"messages": ASK, "temperature": 0, "max_tokens": 12, "response_format": JSON_FORMAT}
+    msg = post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    free = generate(server, prompt, 12)["text"]
+    assert not free.lstrip().startswith("{")  # the grammar would have made it JSON (the test could fail)
+    assert (msg["reasoning_content"], msg["content"]) == (DeepSeekR1Parser.parse(free).reasoning, "")
+
+
 @pytest.mark.parametrize("extra,named", [
     ({"thinking_token_budget": -1}, "thinking_token_budget"),
     ({"thinking_token_budget": "5"}, "thinking_token_budget"),
-    ({"thinking_token_budget": 5, "regex": "[a-z]+"}, "cannot be combined with a grammar"),
 ])
 def test_what_cannot_be_honoured_is_a_400(server, extra, named):
     r = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **extra})

@@ -1,0 +1,128 @@
+"""The reasoning block's watch, the intake's side (torch-free): the markers as token ids, and one request's plan
+(ReasoningWatch) for the two things the scheduler does at the block's edges.
+
+- A thinking-token budget (vLLM's `thinking_token_budget`, Anthropic's `thinking.budget_tokens`): at most that
+  many output tokens inside the block, then its end marker is forced.
+- A grammar held until the block ends (structured outputs with reasoning, as SGLang and vLLM do it): a chat
+  request's response_format / structured_outputs / regex constrains the answer, not the reasoning. A request
+  with a budget holds its grammar too (the forced marker must not meet a grammar).
+
+The server's --reasoning-parser names the markers (`<think>` / `</think>`); ThinkingMarkers holds them as the
+tokenizer encodes them, once, at start. Where the output begins (plan_watch, from the prompt's ids):
+  inside    the prompt's last start marker comes after its last end marker (a template or an assistant prefill
+            opened the block), or the prompt holds neither and the parser's output starts inside (deepseek-r1);
+  may_open  the prompt holds neither, the parser's output does not start inside (qwen3): the model may open
+            the block with its first tokens (a grammar then allows the start marker as the first token, which
+            takes a one-token marker: with a longer one the grammar applies from the first token);
+  outside   the prompt closed a block (a template's thinking switched off): no reasoning is watched.
+Matching is on token ids (one special token each in the reasoning models' tokenizers). gpt-oss's harmony
+channels have no such pair: a budget is refused there by name, and grammars apply from the first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from radixlang_runtime.protocol.limits import FieldError
+
+BUDGET_FIELD = "thinking_token_budget"
+INSIDE, MAY_OPEN, OUTSIDE = "inside", "may_open", "outside"
+
+
+@dataclass(frozen=True)
+class ThinkingMarkers:
+    start: tuple[int, ...]  # the start marker's token ids
+    end: tuple[int, ...]
+    starts_inside: bool  # the parser's output begins inside the block when the prompt holds no marker
+
+    @classmethod
+    def of_parser(cls, parser_name: Optional[str], tokenizer: Any) -> Optional["ThinkingMarkers"]:
+        """The markers of --reasoning-parser as `tokenizer` encodes them; None without a parser, or for one
+        without a start / end marker pair (gpt-oss)."""
+        if parser_name is None:
+            return None
+        from radixlang_runtime.reasoning_parser import HarmonyParser, get_reasoning_parser
+
+        parser = get_reasoning_parser(parser_name)
+        if issubclass(parser, HarmonyParser):
+            return None
+
+        def ids(text: str) -> tuple[int, ...]:
+            return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+        return cls(ids(parser.start), ids(parser.end), parser.starts_inside)
+
+    def to_wire(self) -> tuple:
+        return (list(self.start), list(self.end), self.starts_inside)
+
+    @classmethod
+    def from_wire(cls, w: Any) -> Optional["ThinkingMarkers"]:
+        return cls(tuple(w[0]), tuple(w[1]), bool(w[2])) if w else None
+
+
+@dataclass(frozen=True)
+class ReasoningWatch:
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    begins: str  # INSIDE | MAY_OPEN | OUTSIDE: where the output begins
+    budget: Optional[int] = None  # output tokens inside the block before `end` is forced (None: no budget)
+    hold_grammar: bool = False  # the request's grammar waits for the block's end
+
+    def to_wire(self) -> list:
+        return [list(self.start), list(self.end), self.begins, self.budget, self.hold_grammar]
+
+    @classmethod
+    def from_wire(cls, w: list) -> "ReasoningWatch":
+        return cls(tuple(w[0]), tuple(w[1]), str(w[2]), None if w[3] is None else int(w[3]), bool(w[4]))
+
+
+def _last_at(ids: list[int], marker: tuple[int, ...]) -> int:
+    """Where the last occurrence of marker in ids starts (-1: none)."""
+    n = len(marker)
+    if not n:
+        return -1
+    for i in range(len(ids) - n, -1, -1):
+        if ids[i] == marker[0] and tuple(ids[i:i + n]) == marker:
+            return i
+    return -1
+
+
+def plan_watch(prompt_ids: list[int], markers: ThinkingMarkers, budget: Optional[int] = None,
+               hold_grammar: bool = False) -> ReasoningWatch:
+    """The watch of a request with this prompt."""
+    s, e = _last_at(prompt_ids, markers.start), _last_at(prompt_ids, markers.end)
+    if s >= 0 or e >= 0:
+        begins = INSIDE if s > e else OUTSIDE
+    elif markers.starts_inside:
+        begins = INSIDE
+    else:
+        begins = MAY_OPEN
+    if begins == MAY_OPEN and hold_grammar and len(markers.start) != 1:
+        begins = OUTSIDE  # a grammar cannot let a partial marker through: it applies from the first token
+    return ReasoningWatch(markers.start, markers.end, begins, budget, hold_grammar)
+
+
+def request_watch(prompt_ids: list[int], budget: Optional[int], constrained: bool, reasoning_grammar: bool,
+                  limits: Any) -> Optional[ReasoningWatch]:
+    """The watch of a request on a server with these RuntimeLimits (reasoning_parser, thinking_markers,
+    speculative), None when nothing is watched. reasoning_grammar: the request's grammar constrains the answer
+    after the reasoning (a chat request's own grammar). FieldError naming thinking_token_budget where a budget
+    cannot be honoured."""
+    markers = ThinkingMarkers.from_wire(limits.thinking_markers)
+    usable = markers is not None and bool(markers.start) and bool(markers.end)
+    if budget is not None:
+        if markers is None:
+            why = (f"--reasoning-parser {limits.reasoning_parser} has no start / end marker pair"
+                   if limits.reasoning_parser else "the server runs without --reasoning-parser (it names the markers)")
+            raise FieldError(BUDGET_FIELD, f"{BUDGET_FIELD} is not supported: {why}")
+        if not usable:
+            raise FieldError(BUDGET_FIELD, f"{BUDGET_FIELD} is not supported: the tokenizer encodes a reasoning "
+                                           f"marker as no tokens")
+        if limits.speculative:
+            raise FieldError(BUDGET_FIELD, f"{BUDGET_FIELD} is not supported with speculative decoding")
+    # a grammar waits for the block's end on a chat request, and always beside a budget (the forced marker)
+    hold = constrained and (reasoning_grammar or budget is not None) and usable and not limits.speculative
+    if budget is None and not hold:
+        return None
+    return plan_watch(prompt_ids, markers, budget, hold)
