@@ -44,10 +44,10 @@ def raw(server):
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
     from radixlang_runtime.server.chat_render import render_chat
 
-    def run(regex: str, messages=ASK, tools=None, max_tokens=64, turn=None) -> str:
+    def run(regex: str, messages=ASK, tools=None, max_tokens=64, turn=None, **sp) -> str:
         prompt = render_chat(tok, messages, None, tools, None, *([turn] if turn else []))[0]
         r = httpx.post(server.url + "/generate", timeout=120, json={"text": prompt, "sampling_params": {
-            "temperature": 0, "max_new_tokens": max_tokens, "regex": regex}})
+            "temperature": 0, "max_new_tokens": max_tokens, "regex": regex, **sp}})
         return r.json()["text"]
 
     return run
@@ -146,12 +146,13 @@ def test_a_forced_call_may_follow_reasoning(oai):
 def test_a_continued_prefill_is_split_from_where_it_left_off(oai, raw):
     """continue_final_message with a prefill that opened the reasoning: the parser reads the prefill first, so
     the rest of the reasoning is reasoning_content and the answer the content (read alone, the output does not
-    open with <think> and would all be content)."""
+    open with <think> and would all be content). The request's grammar waits for the reasoning's end, which a
+    thinking budget forces (the model does not close it unprompted)."""
     from radixlang_runtime.server.chat_render import CONTINUE_FINAL
 
     prefill = [*ASK, {"role": "assistant", "content": "<think>\nabout the"}]
-    rest = r"[a-z ]{2,24}\n</think>\n\n[A-Z][a-z]{1,8} [a-z ,]{2,24}\."
-    text = raw(rest, messages=prefill, turn=CONTINUE_FINAL)
+    rest = r"[A-Z][a-z]{1,8} [a-z ,]{2,24}\."  # the answer's grammar
+    text = raw(rest, messages=prefill, turn=CONTINUE_FINAL, thinking_token_budget=4)
     p = get_reasoning_parser("qwen3")()
     p.feed("<think>\nabout the")
     want = p.feed(text)
@@ -159,7 +160,7 @@ def test_a_continued_prefill_is_split_from_where_it_left_off(oai, raw):
     assert want.reasoning and want.content and "</think>" not in want.content
     assert get_reasoning_parser("qwen3").parse(text).content == text  # what an unprimed parser would answer
     req = dict(model="default", messages=prefill, temperature=0, max_tokens=64,
-               extra_body={"regex": rest, "continue_final_message": True})
+               extra_body={"regex": rest, "continue_final_message": True, "thinking_token_budget": 4})
     m = oai.chat.completions.create(**req).choices[0].message
     assert (m.reasoning_content, m.content) == (want.reasoning, want.content)
     reasoning, content, _, finish, use = streamed(oai, **req)
