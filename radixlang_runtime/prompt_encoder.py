@@ -71,6 +71,11 @@ class PromptEncoder:
         """Text -> ids without special tokens (sampling_params bad_words, as vLLM tokenizes them)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_literal(self, text: str) -> list[int]:
+        """Text -> ids without special tokens, its special-token text as text (fill-in-the-middle's prefix and
+        suffix: fim_templates.py)."""
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True) if text else []
+
     def _plain(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 

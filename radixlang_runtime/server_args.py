@@ -66,6 +66,8 @@ class ServerArgs:
     # /v1/chat/completions: <think>...</think> -> message.reasoning_content (SGLang's names: deepseek-r1, qwen3);
     # None: the output is all content
     reasoning_parser: Optional[str] = None
+    # /v1/completions `suffix`: the FIM layout (SGLang's names, fim_templates.py); None: told from the tokenizer
+    completion_template: Optional[str] = None
     # SGLang's name: the OpenAI-shaped routes' defaults for unset sampling fields: "model" = generation_config.json's
     # (protocol/sampling_defaults.py), "openai" = the API's own
     sampling_defaults: str = "model"
@@ -215,6 +217,8 @@ class ServerArgs:
         from radixlang_runtime.scheduling_args import check_scheduling_args  # no torch
 
         check_scheduling_args(self)
+        from radixlang_runtime.fim_templates import check_completion_template_arg  # no torch
+        check_completion_template_arg(self.completion_template)
 
     def _check_values(self) -> None:
         """Each field's own values: choices and ranges."""

@@ -40,6 +40,8 @@ HELP: dict[str, str] = {
                         "template's markup",
     "reasoning_parser": "split <think>...</think> (gpt-oss: the harmony analysis channel) into reasoning_content "
                         "(SGLang's names); default: all content",
+    "completion_template": "the fill-in-the-middle token layout /v1/completions builds a `suffix` request's prompt "
+                           "with (SGLang's names); default: told from the tokenizer's tokens",
     "sampling_defaults": "the OpenAI and Anthropic routes' defaults for sampling fields a request leaves unset: "
                          "model = the model's generation_config.json (temperature, top_p, top_k, min_p, "
                          "repetition_penalty), openai = the API's own",
@@ -169,6 +171,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tool_call_parser": ("hermes", "qwen25", "llama3", "mistral", "pythonic", "qwen3_coder", "deepseekv3",
                          "deepseekv31", "kimi_k2", "glm45", "gpt-oss"),
     "reasoning_parser": ("deepseek-r1", "qwen3", "gpt-oss"),
+    "completion_template": ("star_coder", "qwen_coder", "deepseek_coder"),
     "sampling_defaults": ("model", "openai"),
     "load_balance_method": ("cache_aware", "round_robin", "shortest_queue"),
     "schedule_policy": ("lpm", "fcfs", "dfs-weight"),

@@ -213,6 +213,7 @@ class Supervisor:
         return detok, dir_w, r
 
     def _server_state(self, ipc: Any, model_dir: str, tokenizer_class: Optional[str], info: dict) -> "ServerState":
+        from radixlang_runtime.fim_templates import completion_fim
         from radixlang_runtime.protocol.limits import RuntimeLimits
         from radixlang_runtime.model.loader.resolve import served_name
         from radixlang_runtime.model.loader.tokenizer import load_tokenizer
@@ -230,8 +231,12 @@ class Supervisor:
                               health_stall_timeout=args.health_stall_timeout)
         resolved = ServerArgs(**info.pop("resolved_args"))
         pooling = info.pop("pooling")
+        try:  # /v1/completions suffix: the named template's markers, or the one the tokenizer's tokens tell (logged)
+            fim = completion_fim(args.completion_template, tokenizer) if pooling is None else None
+        except ValueError as e:
+            raise RuntimeError(str(e)) from None
         return ServerState(resolved, tm, model_dir, name, info, self.child_pids,
-                           pooling=PoolingConfig.from_dict(pooling) if pooling is not None else None)
+                           pooling=PoolingConfig.from_dict(pooling) if pooling is not None else None, fim=fim)
 
     # ------------------------------------------------------------------ serving
     def _serve_http(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from radixlang_runtime.fim_templates import FimPrompt
 from radixlang_runtime.protocol.limits import (MAX_JSON_DEPTH, MAX_PIN_TTL_S, FieldError, need_float, need_int_list,
                                                need_str, show)
 from radixlang_runtime.protocol.results import Cumulative
@@ -49,6 +50,8 @@ class ServerState:
     frontend: Any = None  # the DSL's ZeroMQ link (frontend_zmq.FrontendServer) while it serves, else None
     flag_template: Optional[str] = None  # --chat-template's text (create_app reads it once), else None
     pooling: Optional[PoolingConfig] = None  # --is-embedding: the model's pooling (pooling.py), else None
+    # /v1/completions suffix: the fill-in-the-middle template (--completion-template or told from the tokenizer)
+    fim: Optional[FimPrompt] = None
 
 
 def client_gone_counter(state: ServerState) -> Callable[[], None]:

@@ -91,7 +91,12 @@ def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> C
     """A completions request -> its choices (prompts tokenized). On an intake thread."""
     tm = state.tm
     given = req.prompts  # echo: a text prompt comes back as written (no BOS)
-    whole = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
+    if req.suffix is not None:  # fill-in-the-middle: markers as ids, the texts plain (fim_templates.py)
+        enc = tm.encoder
+        suffix = enc.encode_literal(req.suffix)
+        whole = [state.fim.prompt_ids(enc.encode_literal(p), suffix, enc.prefix_ids) for p in given]
+    else:
+        whole = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
     prompts = [req.options.truncated(p) for p in whole]
     sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS)
     choices = Choices.build(state, prompts, req.options, sampling, req.logprobs, req.echo, rid)

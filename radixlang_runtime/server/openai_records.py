@@ -2,11 +2,12 @@
 ChatRequest (/v1/chat/completions; also what /v1/responses and /v1/messages translate into).
 
 Parsing is the whole check: fields are strict (ROUTE_FIELDS: an unknown one answers 400 naming it), options
-the runtime cannot honour yet (best_of, suffix, functions, ...: OFF_VALUES) answer 400 unless null or off,
+the runtime cannot honour yet (best_of, functions, ...: OFF_VALUES) answer 400 unless null or off,
 informational ones (user, metadata, store) are taken and change nothing, as do the hints the SDKs send by
 default (verbosity, reasoning_effort: openai_hints.py); a `model` other than the served name, "default" or a
 LoRA adapter ("<served>:<adapter>" or the adapter's bare name, lora_spec.py) is ModelNotFound (404); SGLang's
-`lora_path` names an adapter too. Every
+`lora_path` names an adapter too. A completion's `suffix` (fill-in-the-middle) needs the server's FIM template
+(fim_templates.py), a text prompt, and neither echo nor truncate_prompt_tokens. Every
 error is a FieldError / BadRequest naming the field (HTTP 400 in OpenAI's error shape). The records are
 frozen; the intake (openai_intake.py) reads them and never the body again.
 """
@@ -19,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Optional, Union
 
 from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_format, spec_from_structured_outputs
+from radixlang_runtime.fim_templates import no_fim_message
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
 from radixlang_runtime.protocol.limits import MAX_N, MAX_RID_LEN, FieldError, need_bool, need_int, need_str, show
@@ -40,7 +42,7 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penal
 _INFORMATIONAL = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key")  # taken; change no output
 # Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
 OFF_VALUES: dict[str, tuple] = {
-    "best_of": (1,), "suffix": ("",), "functions": ([],), "function_call": ("none", "auto"),
+    "best_of": (1,), "functions": ([],), "function_call": ("none", "auto"),
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
     "service_tier": ("auto", "default"),
 }
@@ -54,7 +56,7 @@ ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
                              "tool_choice", "parallel_tool_calls", "separate_reasoning", "stream_reasoning",
                              "chat_template_kwargs", "reasoning_effort",  # chat_render.template_kwargs
                              "add_generation_prompt", "continue_final_message",  # chat_render.turn_end
-                             *HINT_VALUES, *(set(OFF_VALUES) - {"best_of", "suffix"})},
+                             *HINT_VALUES, *(set(OFF_VALUES) - {"best_of"})},
 }
 MODEL_ALIASES = ("default",)  # besides the served model name; a missing `model` is taken too
 MAX_LOGPROBS = 20  # OpenAI's cap of logprobs (completions) / top_logprobs (chat)
@@ -104,6 +106,7 @@ class CompletionRequest:
     prompts: tuple[Union[str, list[int]], ...]  # one per prompt: its text or its token ids
     echo: bool
     logprobs: Optional[int]  # top logprobs per token (0..MAX_LOGPROBS); None: none
+    suffix: Optional[str] = None  # fill-in-the-middle: the text after the middle (None: absent or "")
 
 
 @dataclass(frozen=True)
@@ -280,7 +283,26 @@ def _top(body: dict, name: str) -> Optional[int]:
 def parse_completion(state: ServerState, body: Any) -> CompletionRequest:
     options = _options(state, body, "/v1/completions")
     prompts = tuple(prompts_of(body.get("prompt"), "prompt"))  # the one parser of OpenAI's input forms
-    return CompletionRequest(options, prompts, need_bool(_opt(body, "echo", False), "echo"), _top(body, "logprobs"))
+    echo = need_bool(_opt(body, "echo", False), "echo")
+    suffix = need_str(_opt(body, "suffix", ""), "suffix") or None
+    if suffix is not None:
+        _check_fill_in_middle(state, prompts, echo, options)
+    return CompletionRequest(options, prompts, echo, _top(body, "logprobs"), suffix)
+
+
+def _check_fill_in_middle(state: ServerState, prompts: tuple, echo: bool, options: OpenAIOptions) -> None:
+    """A non-empty suffix: the server has a FIM template, the prompts are text, no echo (OpenAI refuses it with a
+    suffix: the reply is only the middle), no truncate_prompt_tokens (it would cut the template's markers)."""
+    if state.fim is None:
+        raise FieldError("suffix", no_fim_message(state.tm.tokenizer))
+    if echo:
+        raise FieldError("echo", "echo is not supported with suffix (fill-in-the-middle answers only the middle)")
+    if any(not isinstance(p, str) for p in prompts):
+        raise FieldError("suffix", "suffix needs a text prompt (the prefix): token-id prompts are not taken with "
+                                   "suffix; send the prefix as text")
+    if options.truncate_prompt_tokens is not None:
+        raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens is not supported with suffix (cutting "
+                                                   "the fill-in-the-middle prompt would drop its markers)")
 
 
 def parse_chat(state: ServerState, body: Any) -> ChatRequest:

@@ -123,7 +123,7 @@ REGRESSIONS = {
     "stop_token_ids_true": ("/generate", j({"text": "a", "sampling_params": {**SP, "stop_token_ids": [True]}}), 400,
                             "stop_token_ids[0]"),
     "best_of_2": ("/v1/completions", j({**CMPL, "best_of": 2}), 400, "best_of"),
-    "suffix": ("/v1/completions", j({**CMPL, "suffix": "!"}), 400, "suffix"),
+    "suffix_no_fim_tokens": ("/v1/completions", j({**CMPL, "suffix": "!"}), 400, "suffix"),
     "logit_bias_101": ("/v1/chat/completions", j({**CHAT, "logit_bias": {"42": 101}}), 400, "logit_bias"),
     "logit_bias_id": ("/v1/completions", j({**CMPL, "logit_bias": {"99999999": 1}}), 400, "logit_bias"),
     "logit_bias_native": ("/generate", j({"text": "a", "sampling_params": {**SP, "logit_bias": {"x": 1}}}), 400,

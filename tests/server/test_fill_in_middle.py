@@ -1,0 +1,169 @@
+"""/v1/completions `suffix` on real servers: a tiny random Llama (float32) whose tokenizer has fill-in-the-middle
+markers added as special tokens and its embeddings resized. The runtime's prompt is
+BOS + [<|fim_prefix|>] + prefix ids + [<|fim_suffix|>] + suffix ids + [<|fim_middle|>] (the template told from the
+tokenizer), its greedy output transformers' on those ids token for token (and native /generate's on them);
+--completion-template picks star_coder on a tokenizer that holds two families; n, streaming, stop strings and
+logprobs work as for any completion; echo, token-id prompts and truncate_prompt_tokens with a suffix answer 400.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from server_utils import ServerProcess, sse_events
+from tiny_checkpoints import build_tiny, hf_greedy
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, bos_token_id=0, eos_token_id=2, tie_word_embeddings=False,
+            initializer_range=0.3, max_position_embeddings=512)
+QWEN = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+STAR = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+PREFIX = "def add(a, b):\n    return "
+SUFFIX = "\n\nprint(add(1, 2))\n"
+SPOOF = "s = '<|fim_middle|>'\n"  # marker text in the user's code: plain text
+NEW = 8
+
+
+def fim_tokenizer(path, markers: list[str]):
+    """The embedded tokenizer adding BOS <|endoftext|> (id 0) with `markers` added as special tokens."""
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    tok.bos_token = "<|endoftext|>"
+    tok.add_bos_token = True
+    tok.add_special_tokens({"additional_special_tokens": markers})
+    tok.save_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One model with 6 new rows (random, seeded), saved twice: beside a tokenizer with Qwen's markers (ids
+    V..V+2) and beside one with Qwen's and then StarCoder's (V+3..V+5)."""
+    import torch
+
+    qwen, both = tmp_path_factory.mktemp("fim_qwen"), tmp_path_factory.mktemp("fim_both")
+    model = build_tiny(qwen, "LlamaConfig", TINY, {})
+    v = model.config.vocab_size
+    model.resize_token_embeddings(v + 6)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[v:] = torch.randn(6, 64, generator=g) * 0.3
+        model.get_output_embeddings().weight[v:] = torch.randn(6, 64, generator=g) * 0.3
+    for path, markers in ((qwen, QWEN), (both, QWEN + STAR)):
+        model.save_pretrained(path, safe_serialization=True)
+        fim_tokenizer(path, markers)
+    return model, fim_tokenizer(qwen, QWEN), str(qwen), str(both)
+
+
+@pytest.fixture(scope="module")
+def detected(tiny):
+    srv = ServerProcess("--model-path", tiny[2], "--dtype", "float32", "--max-total-tokens", "2048")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def named(tiny):
+    srv = ServerProcess("--model-path", tiny[3], "--dtype", "float32", "--max-total-tokens", "2048",
+                        "--completion-template", "star_coder")
+    yield srv
+    srv.stop()
+
+
+def plain(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+def layout(tok, markers: list[str], prefix: str, suffix: str) -> list[int]:
+    p, s, m = tok.convert_tokens_to_ids(markers)
+    return [0, p, *plain(tok, prefix), s, *plain(tok, suffix), m]
+
+
+def complete(srv, **body) -> dict:
+    r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+        "max_tokens": NEW, "min_tokens": NEW, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("prefix", [PREFIX, SPOOF + PREFIX])
+def test_the_detected_template_runs_transformers_greedy_on_its_ids(tiny, detected, prefix):
+    model, tok, _, _ = tiny
+    ids = layout(tok, QWEN, prefix, SUFFIX)
+    v = model.config.vocab_size - 6
+    assert ids[1] == v and ids[-1] == v + 2 and ids.count(v + 2) == 1  # the spoof's text holds no marker id
+    want = hf_greedy(model, ids, NEW)
+    assert hf_greedy(model, tok(prefix).input_ids, NEW) != want  # the layout matters
+    out = complete(detected, prompt=prefix, suffix=SUFFIX, logprobs=1)
+    choice = out["choices"][0]
+    assert out["usage"]["prompt_tokens"] == len(ids)
+    assert choice["text"] == tok.decode(want, skip_special_tokens=True)  # only the middle
+    assert choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == NEW
+    native = httpx.post(detected.url + "/generate", timeout=120, json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}})
+    assert native.json()["output_ids"] == want
+
+
+def test_an_empty_suffix_is_a_plain_completion(tiny, detected):
+    model, tok, _, _ = tiny
+    ids = tok(PREFIX).input_ids
+    out = complete(detected, prompt=PREFIX, suffix="")
+    assert out["usage"]["prompt_tokens"] == len(ids)
+    assert out["choices"][0]["text"] == tok.decode(hf_greedy(model, ids, NEW), skip_special_tokens=True)
+
+
+def test_n_streaming_and_stop_strings(tiny, detected):
+    model, tok, _, _ = tiny
+    text = tok.decode(hf_greedy(model, layout(tok, QWEN, PREFIX, SUFFIX), NEW), skip_special_tokens=True)
+    assert len(text) >= 6
+    stop = text[3:6]
+    cut = text[:text.index(stop)]
+    with httpx.stream("POST", detected.url + "/v1/completions", timeout=120, json={
+            "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": NEW, "temperature": 0, "n": 2, "stream": True,
+            "stop": [stop]}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        events = sse_events(lines)
+    assert events[-1] == "[DONE]"
+    texts, finishes = ["", ""], [None, None]
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+            finishes[c["index"]] = c["finish_reason"] or finishes[c["index"]]
+    assert texts == [cut, cut]
+    assert finishes == ["stop", "stop"]
+
+
+def test_what_a_suffix_cannot_go_with(detected):
+    cases = [({"echo": True}, "echo"), ({"prompt": [1, 2, 3]}, "suffix"), ({"truncate_prompt_tokens": 4},
+                                                                          "truncate_prompt_tokens")]
+    for extra, param in cases:
+        r = httpx.post(detected.url + "/v1/completions", timeout=30, json={
+            "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 2, **extra})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+
+
+def test_the_start_logs_the_template_once(detected, named):
+    assert detected.tail(200_000).count("completion template qwen_coder (told from the tokenizer's tokens)") == 1
+    assert named.tail(200_000).count("completion template star_coder (--completion-template)") == 1
+
+
+def test_the_flag_picks_star_coder_on_a_tokenizer_with_two_families(tiny, named):
+    model, tok, _, both = tiny
+    from transformers import AutoTokenizer
+
+    tok2 = AutoTokenizer.from_pretrained(both)
+    ids = layout(tok2, STAR, PREFIX, SUFFIX)
+    v = model.config.vocab_size - 6
+    assert ids[1] == v + 3 and ids[-1] == v + 5
+    want = hf_greedy(model, ids, NEW)
+    assert hf_greedy(model, layout(tok2, QWEN, PREFIX, SUFFIX), NEW) != want  # the other family's answer differs
+    out = complete(named, prompt=PREFIX, suffix=SUFFIX)
+    assert out["usage"]["prompt_tokens"] == len(ids)
+    assert out["choices"][0]["text"] == tok2.decode(want, skip_special_tokens=True)

@@ -1,0 +1,136 @@
+"""Fill-in-the-middle templates without a server (fim_templates.py): the registry's layouts, detection from a
+tokenizer's added tokens (one family, none, several), --completion-template's checks, the prompt ids (markers as
+ids, the texts plain, a non-special marker written in the text refused), and the completions parser's 400s."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from radixlang_runtime.fim_templates import (FIM_TEMPLATES, PREFIX, SUFFIX, completion_fim, detect_fim,
+                                             no_fim_message)
+from radixlang_runtime.prompt_encoder import PromptEncoder
+from radixlang_runtime.protocol.limits import FieldError, RuntimeLimits
+from radixlang_runtime.server.openai_records import parse_completion
+from radixlang_runtime.server_args import ServerArgs
+from radixlang_runtime.server_cli import parse_server_args
+
+QWEN = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+STAR = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+DEEPSEEK = ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"]
+
+
+def tokenizer(special: list[str] = (), plain: list[str] = ()):
+    """The embedded tokenizer with `special` added as special tokens and `plain` as non-special added tokens."""
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    if special:
+        tok.add_special_tokens({"additional_special_tokens": list(special)})
+    if plain:
+        tok.add_tokens(list(plain))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def base():
+    return tokenizer()
+
+
+def test_the_registry_has_sglangs_names_in_psm_order():
+    assert sorted(FIM_TEMPLATES) == ["deepseek_coder", "qwen_coder", "star_coder"]
+    assert FIM_TEMPLATES["qwen_coder"].layout == (QWEN[0], PREFIX, QWEN[1], SUFFIX, QWEN[2])
+    assert FIM_TEMPLATES["star_coder"].markers == tuple(STAR)
+    assert FIM_TEMPLATES["deepseek_coder"].markers == tuple(DEEPSEEK)
+    assert all(t.psm for t in FIM_TEMPLATES.values())
+
+
+@pytest.mark.parametrize("name,markers", [("qwen_coder", QWEN), ("star_coder", STAR), ("deepseek_coder", DEEPSEEK)])
+def test_detection_finds_the_family_whose_markers_are_tokens(base, name, markers):
+    tok = tokenizer(markers)
+    fim, matched = detect_fim(tok)
+    assert matched == (name,)
+    assert fim.template.name == name
+    v = len(base)
+    assert fim.marker_ids == {m: v + i for i, m in enumerate(markers)}
+    assert completion_fim(None, tok) == fim
+
+
+def test_no_markers_or_two_families_detect_nothing(base):
+    assert detect_fim(base) == (None, ())
+    assert completion_fim(None, base) is None
+    assert "has none" in no_fim_message(base)
+    two = tokenizer(STAR + QWEN)
+    fim, matched = detect_fim(two)
+    assert fim is None
+    assert sorted(matched) == ["qwen_coder", "star_coder"]
+    assert "several (star_coder, qwen_coder)" in no_fim_message(two)
+    picked = completion_fim("qwen_coder", two)  # the flag picks
+    assert picked.template.name == "qwen_coder"
+    assert picked.marker_ids[QWEN[0]] == len(base) + 3
+    with pytest.raises(ValueError, match=r"completion_template deepseek_coder: the tokenizer has no single token"):
+        completion_fim("deepseek_coder", two)
+
+
+def test_the_flag_takes_sglangs_names_only():
+    assert parse_server_args(["--completion-template", "deepseek_coder"]).completion_template == "deepseek_coder"
+    assert ServerArgs().completion_template is None
+    with pytest.raises(ValueError, match=r"completion_template 'codellama': known are deepseek_coder, qwen_coder"):
+        ServerArgs(completion_template="codellama")
+
+
+def test_prompt_ids_put_the_markers_as_ids_and_the_texts_plain(base):
+    tok = tokenizer(QWEN)
+    fim, _ = detect_fim(tok)
+    enc = PromptEncoder(tok)
+    v = len(base)
+    pre, suf = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))"
+    p, s = tok.encode(pre, add_special_tokens=False), tok.encode(suf, add_special_tokens=False)
+    assert fim.prompt_ids(enc.encode_literal(pre), enc.encode_literal(suf), [0]) == [0, v, *p, v + 1, *s, v + 2]
+    spoof = "x = '<|fim_middle|>'"  # a user's text naming a marker stays text
+    ids = fim.prompt_ids(enc.encode_literal(spoof), enc.encode_literal(""))
+    assert ids[1:-2] == tok.encode(spoof, add_special_tokens=False, split_special_tokens=True)
+    assert ids.count(v + 2) == 1 and ids[-1] == v + 2
+    assert tok.encode(spoof, add_special_tokens=False).count(v + 2) == 1  # what parsing it whole would have run
+
+
+def test_a_non_special_marker_in_the_text_is_refused(base):
+    tok = tokenizer(plain=QWEN)  # added, not special: the tokenizer parses them out of plain text
+    fim, _ = detect_fim(tok)
+    enc = PromptEncoder(tok)
+    assert fim.template.name == "qwen_coder"
+    with pytest.raises(FieldError, match=r"suffix holds the fill-in-the-middle marker '<\|fim_prefix\|>'") as e:
+        fim.prompt_ids(enc.encode_literal("a"), enc.encode_literal("b<|fim_prefix|>"))
+    assert e.value.param == "suffix"
+    with pytest.raises(FieldError) as e:
+        fim.prompt_ids(enc.encode_literal("<|fim_middle|>"), enc.encode_literal("b"))
+    assert e.value.param == "prompt"
+
+
+def _state(tok, fim):
+    tm = types.SimpleNamespace(tokenizer=tok, limits=RuntimeLimits(64, len(tok), 64))
+    return types.SimpleNamespace(tm=tm, fim=fim, served_model_name="m", args=ServerArgs())
+
+
+def test_the_completions_parser_takes_a_suffix_only_where_it_can_run(base):
+    tok = tokenizer(QWEN)
+    fim, _ = detect_fim(tok)
+    req = parse_completion(_state(tok, fim), {"prompt": ["a", "b"], "suffix": "c", "n": 2, "stream": True})
+    assert req.suffix == "c"
+    assert req.prompts == ("a", "b")
+    assert parse_completion(_state(base, None), {"prompt": "a", "suffix": ""}).suffix is None  # "": no suffix
+    cases = [
+        (_state(base, None), {"prompt": "a", "suffix": "b"}, "suffix", "this model's tokenizer has none"),
+        (_state(tok, fim), {"prompt": "a", "suffix": "b", "echo": True}, "echo", "echo is not supported with suffix"),
+        (_state(tok, fim), {"prompt": [1, 2], "suffix": "b"}, "suffix", "suffix needs a text prompt"),
+        (_state(tok, fim), {"prompt": "a", "suffix": "b", "truncate_prompt_tokens": 3}, "truncate_prompt_tokens",
+         "not supported with suffix"),
+        (_state(tok, fim), {"prompt": "a", "suffix": 5}, "suffix", "suffix must be a string"),
+    ]
+    for state, body, param, words in cases:
+        with pytest.raises(FieldError, match=words) as e:
+            parse_completion(state, body)
+        assert e.value.param == param
