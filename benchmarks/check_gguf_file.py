@@ -18,19 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import free_port  # noqa: E402
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
            "Water boils at a temperature of", "The three primary colors are", "import numpy as np\n"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_bytes(pid: int) -> int:
@@ -41,7 +37,7 @@ def _rss_bytes(pid: int) -> int:
 def _serve_greedy(path: str, prompts: list[list[int]], new: int, dtype: str) -> tuple[list[list[int]], dict]:
     import httpx
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "radixlang_runtime.launch_server", "--model-path", path,
                              "--dtype", dtype, "--port", str(port)], stdout=subprocess.DEVNULL,
