@@ -148,7 +148,10 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
             raise FieldError("tool_choice", "a forced tool_choice cannot be combined with response_format, regex, "
                                             "json_schema or ebnf")
         call = forced_call_regex(tools, template == CHATML_TOOLS_TEMPLATE)
-        sampling["regex"] = (think.regex_prefix() if think else "") + call  # the call after the reasoning
+        # the call after the reasoning: the regex allows the block, unless a budget holds the grammar until the
+        # block ends (reasoning_watch.py)
+        held = sampling.get("thinking_token_budget") is not None
+        sampling["regex"] = (think.regex_prefix() if think and not held else "") + call
     if think is not None and sampling.get("stop") is not None:  # applied to the content, not by the runtime
         think = dataclasses.replace(think, stops=_content_stops(sampling))
         sampling["stop"] = None

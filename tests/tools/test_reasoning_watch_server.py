@@ -159,3 +159,18 @@ def test_a_server_without_a_reasoning_parser_refuses_a_budget():
     srv = shared_server(*FP32_FLAGS)
     r = post(srv, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 4, "thinking_token_budget": 3}})
     assert r.status_code == 400 and "without --reasoning-parser" in r.json()["error"]["message"], r.text
+
+
+def test_a_forced_tool_call_after_a_budgeted_reasoning(server):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}}}]
+    body = {"messages": ASK, "temperature": 0, "max_tokens": 60, "tools": tools, "tool_choice": "required",
+            "thinking_token_budget": 3}
+    out = post(server, "/v1/chat/completions", body).json()
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", out
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]).keys() == {"city"}
+    free = post(server, "/v1/chat/completions", {**body, "tool_choice": "auto", "max_tokens": 6}).json()
+    reasoning = free["choices"][0]["message"]["reasoning_content"]  # the budget's tokens, unconstrained
+    assert reasoning and choice["message"]["reasoning_content"] == reasoning
