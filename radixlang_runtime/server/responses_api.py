@@ -4,7 +4,8 @@ A request (responses_request.py) runs as the chat completion it maps to: the cha
 (openai_intake.chat_intake: template, tools and tool_choice by grammar, reasoning split, sampling), its
 finals / reasoning cut, its usage. `previous_response_id` prepends the stored conversation of that
 response (responses_store.py), rendered first so the chain's earlier turns are a cached prefix. The
-reply is a response object or, with `stream: true`, its typed events (responses_output.py). Errors
+reply is a response object or, with `stream: true`, its typed events (responses_output.py): the reasoning
+as its summary and sealed, the output's logprobs, as the request's OutputShape and `include` ask. Errors
 are OpenAI's shape (http_common.error_response): 400 naming the field, 404 naming an unknown id.
 """
 
@@ -18,11 +19,10 @@ from fastapi.responses import JSONResponse, Response
 
 from radixlang_runtime.server.http_common import (ServerState, error_response, guard_stream, read_json,
                                                   stream_response)
-from radixlang_runtime.server.openai_intake import (Choices, chat_intake, finish_reason, sum_usage, think_message,
-                                                    until_stop)
+from radixlang_runtime.server.openai_intake import (ChatIntake, chat_intake, finish_reason, sum_usage,
+                                                    think_message, until_stop)
+from radixlang_runtime.server.openai_logprobs import chat_logprobs
 from radixlang_runtime.server.openai_records import parse_chat
-from radixlang_runtime.server.openai_reasoning import ReasoningPlan
-from radixlang_runtime.server.openai_tools import ToolPlan
 from radixlang_runtime.server.responses_output import (ResponseEvents, conversation_turn, new_id, output_items,
                                                        response_object, response_usage, status_of)
 from radixlang_runtime.server.responses_request import ResponsesRequest, parse_responses_body
@@ -65,7 +65,7 @@ async def create_response(request: Request) -> Response:
     skeleton = response_object(rid, int(time.time()), state.served_model_name, req.echo, "in_progress", [], None)
     keep = _Keeper(store, req, history)
     if req.stream:
-        return stream_response(guard_stream(_stream(choices, plan, think, skeleton, keep)))
+        return stream_response(guard_stream(_stream(intake, ResponseEvents(skeleton, req.shape), keep)))
     if think is None:
         outs = await choices.finals()
         message, finish = plan.message(outs[0]["text"], finish_reason(outs[0]["meta_info"]["finish_reason"]))
@@ -74,8 +74,9 @@ async def create_response(request: Request) -> Response:
         message, finish = think_message(plan, think, outs[0])
     status, incomplete = status_of(finish)
     usage = response_usage(sum_usage(outs, 1, think, state.tm.tokenizer.decode))
-    final = response_object(rid, skeleton["created_at"], skeleton["model"], req.echo, status, output_items(message),
-                            usage, incomplete)
+    lps = _logprobs(intake, outs[0])
+    final = response_object(rid, skeleton["created_at"], skeleton["model"], req.echo, status,
+                            output_items(message, req.shape, lps), usage, incomplete)
     keep(final)
     return JSONResponse(final)
 
@@ -91,11 +92,15 @@ class _Keeper:
             self.store.put(final["id"], final, self.history + self.req.messages + conversation_turn(final["output"]))
 
 
-async def _stream(choices: Choices, plan: ToolPlan, think: Optional[ReasoningPlan], skeleton: dict,
-                  keep: _Keeper) -> AsyncIterator[bytes]:
+def _logprobs(intake: ChatIntake, out: dict) -> list[dict]:
+    """The output's (or a snapshot's) tokens' logprobs as chat's logprobs.content entries ([] unless asked)."""
+    return chat_logprobs(out["meta_info"], intake.top_logprobs)["content"] if intake.logprobs else []
+
+
+async def _stream(intake: ChatIntake, events: ResponseEvents, keep: _Keeper) -> AsyncIterator[bytes]:
     """The one choice's snapshots through the reasoning split and the tool-call parser (as the chat stream),
     as Responses events."""
-    events = ResponseEvents(skeleton)
+    choices, plan, think = intake.choices, intake.tools, intake.think
     for e in events.start():
         yield e
     gen = choices.streams()[0]
@@ -107,6 +112,7 @@ async def _stream(choices: Choices, plan: ToolPlan, think: Optional[ReasoningPla
         async for out in gen:
             ids += out["output_ids"]
             fin = finish_reason(out["meta_info"]["finish_reason"])
+            events.add_logprobs(_logprobs(intake, out))
             delta = out["text"]
             chunks: list[bytes] = []
             if rs is not None:

@@ -7,15 +7,27 @@ the chat path's stream deltas into the event sequence the openai SDK's `response
 response.created, response.in_progress, per item output_item.added, (content_part.added, text deltas,
 text done, content_part.done) or function_call_arguments.delta / .done, output_item.done, then
 response.completed (response.incomplete when max_output_tokens cut it); each with its sequence_number.
+OutputShape adds what the request asked for: the reasoning text as the reasoning item's `summary` too
+(streamed with the reasoning_summary_part / reasoning_summary_text events beside the reasoning_text ones),
+its `encrypted_content` (responses_sealed.py), the output_text part's `logprobs` (chat's logprobs.content
+entries, the same shape; streamed: each text delta carries those of the tokens since the one before).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixlang_runtime.server.http_common import sse
+from radixlang_runtime.server.responses_sealed import seal_reasoning
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    summary: bool = False  # reasoning.summary: the reasoning text is the reasoning item's summary
+    sealed: bool = False  # include reasoning.encrypted_content
 
 
 def new_id(prefix: str) -> str:
@@ -51,13 +63,18 @@ def _message_item(text: str, status: str = "completed", item_id: Optional[str] =
             "content": [_text_part(text)] if text is not None else []}
 
 
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: Optional[list] = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def _reasoning_item(text: str, status: str = "completed", item_id: Optional[str] = None) -> dict:
-    return {"id": item_id or new_id("rs"), "type": "reasoning", "summary": [], "status": status,
+def _reasoning_item(text: str, status: str = "completed", item_id: Optional[str] = None,
+                    shape: OutputShape = OutputShape()) -> dict:
+    item = {"id": item_id or new_id("rs"), "type": "reasoning", "status": status,
+            "summary": [{"type": "summary_text", "text": text}] if shape.summary and text is not None else [],
             "content": [{"type": "reasoning_text", "text": text}] if text is not None else []}
+    if shape.sealed and text is not None:
+        item["encrypted_content"] = seal_reasoning(text)
+    return item
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str = "completed",
@@ -66,14 +83,15 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
             "arguments": arguments, "status": status}
 
 
-def output_items(message: dict) -> list[dict]:
-    """A finished chat message -> the response's output items."""
+def output_items(message: dict, shape: OutputShape = OutputShape(), logprobs: Optional[list] = None) -> list[dict]:
+    """A finished chat message (and its chat logprobs.content entries) -> the response's output items."""
     items = []
     if message.get("reasoning_content"):
-        items.append(_reasoning_item(message["reasoning_content"]))
+        items.append(_reasoning_item(message["reasoning_content"], shape=shape))
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append(_message_item(message.get("content") or ""))
+        items[-1]["content"][0]["logprobs"] = logprobs or []
     items += [_call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
     return items
 
@@ -92,11 +110,13 @@ def conversation_turn(output: list[dict]) -> list[dict]:
 class ResponseEvents:
     """One streamed response: chat deltas in, SSE events out (bytes); `output` holds the finished items."""
 
-    def __init__(self, skeleton: dict):
+    def __init__(self, skeleton: dict, shape: OutputShape = OutputShape()):
         self.skeleton = skeleton  # the response object while in progress (output / usage filled at the end)
+        self.shape = shape
         self.seq = 0
         self.output: list[dict] = []
         self.open: Optional[dict] = None  # the item being streamed
+        self.logprobs: list[dict] = []  # the tokens' logprobs not yet sent with a text delta
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -118,16 +138,31 @@ class ResponseEvents:
         return out
 
     def reasoning(self, delta: str) -> list[bytes]:
-        out = [] if self.open and self.open["type"] == "reasoning" else \
-            self.close() + self._begin(_reasoning_item(None, "in_progress"), {"type": "reasoning_text", "text": ""})
+        out = []
+        if not (self.open and self.open["type"] == "reasoning"):
+            out = self.close() + self._begin(_reasoning_item(None, "in_progress"), {"type": "reasoning_text",
+                                                                                   "text": ""})
+            if self.shape.summary:
+                out.append(self._event("response.reasoning_summary_part.added", summary_index=0,
+                                       part={"type": "summary_text", "text": ""}, **self._where()))
         self.open["_text"] = self.open.get("_text", "") + delta
-        return out + [self._event("response.reasoning_text.delta", content_index=0, delta=delta, **self._where())]
+        out.append(self._event("response.reasoning_text.delta", content_index=0, delta=delta, **self._where()))
+        if self.shape.summary:
+            out.append(self._event("response.reasoning_summary_text.delta", summary_index=0, delta=delta,
+                                   **self._where()))
+        return out
+
+    def add_logprobs(self, entries: list[dict]) -> None:
+        """A snapshot's tokens' logprobs (chat's logprobs.content entries): sent with the next text delta."""
+        self.logprobs += entries
 
     def text(self, delta: str) -> list[bytes]:
         out = [] if self.open and self.open["type"] == "message" else \
             self.close() + self._begin(_message_item(None, "in_progress"), _text_part(""))
         self.open["_text"] = self.open.get("_text", "") + delta
-        return out + [self._event("response.output_text.delta", content_index=0, delta=delta, logprobs=[],
+        sent, self.logprobs = self.logprobs, []
+        self.open["_logprobs"] = self.open.get("_logprobs", []) + sent
+        return out + [self._event("response.output_text.delta", content_index=0, delta=delta, logprobs=sent,
                                   **self._where())]
 
     def call(self, delta: dict) -> list[bytes]:
@@ -156,15 +191,21 @@ class ResponseEvents:
         where = {"item_id": item["id"], "output_index": len(self.output)}
         out = []
         if item["type"] == "message":
-            part = _text_part(text)
-            out += [self._event("response.output_text.done", content_index=0, text=text, logprobs=[], **where),
+            lps, self.logprobs = item.pop("_logprobs", []) + self.logprobs, []
+            part = _text_part(text, lps)
+            out += [self._event("response.output_text.done", content_index=0, text=text, logprobs=lps, **where),
                     self._event("response.content_part.done", content_index=0, part=part, **where)]
-            item = _message_item(text, item_id=item["id"])
+            item = {**_message_item(text, item_id=item["id"]), "content": [part]}
         elif item["type"] == "reasoning":
             part = {"type": "reasoning_text", "text": text}
             out += [self._event("response.reasoning_text.done", content_index=0, text=text, **where),
                     self._event("response.content_part.done", content_index=0, part=part, **where)]
-            item = _reasoning_item(text, item_id=item["id"])
+            if self.shape.summary:
+                summary = {"type": "summary_text", "text": text}
+                out += [self._event("response.reasoning_summary_text.done", summary_index=0, text=text, **where),
+                        self._event("response.reasoning_summary_part.done", summary_index=0, part=summary,
+                                    **where)]
+            item = _reasoning_item(text, item_id=item["id"], shape=self.shape)
         else:
             out.append(self._event("response.function_call_arguments.done", arguments=text, name=item["name"], **where))
             item = _call_item(item["call_id"], item["name"], text, item_id=item["id"])

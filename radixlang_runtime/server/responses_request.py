@@ -7,6 +7,11 @@ chat path's mechanisms run unchanged: chat_render (the template), openai_tools (
 the tool-call parser), openai_reasoning, openai_records (one parse, as a chat body's).
 Each field is honoured, a documented no-op (openai_hints.py, RESPONSES_FIELDS' comments) or refused by
 name (400 naming it) unless null / at the value that leaves it off (_OFF_VALUES).
+What the output items carry besides (OutputShape): `reasoning.summary` (the reasoning text as the reasoning
+item's summary: no model summarizes it), `include` "reasoning.encrypted_content" (the reasoning sealed:
+responses_sealed.py; an input reasoning item's is opened again onto the assistant turn it precedes, as that
+message's `reasoning_content`, which the chat path's rendering leaves out) and "message.output_text.logprobs"
+(the chat body's logprobs / top_logprobs, onto the output_text part).
 """
 
 from __future__ import annotations
@@ -18,18 +23,24 @@ from typing import Any, Optional
 from radixlang_runtime.protocol.limits import FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.server.http_common import BadRequest
 from radixlang_runtime.server.openai_hints import check_hint
+from radixlang_runtime.server.openai_records import MAX_LOGPROBS
+from radixlang_runtime.server.responses_output import OutputShape
+from radixlang_runtime.server.responses_sealed import open_reasoning
 
 MAX_METADATA_KEYS = 16  # OpenAI's limits on `metadata`
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 MAX_RESPONSE_ID = 128
 # Not implemented: taken only null or at the value that leaves them off, else 400 naming them.
 _OFF_VALUES: dict[str, tuple] = {
-    "background": (False,), "truncation": ("disabled",), "include": ([],), "conversation": (), "prompt": (),
-    "max_tool_calls": (), "top_logprobs": (0,), "context_management": (), "prompt_cache_options": (),
-    "moderation": (), "service_tier": ("auto", "default"),
+    "background": (False,), "truncation": ("disabled",), "conversation": (), "prompt": (), "max_tool_calls": (),
+    "context_management": (), "prompt_cache_options": (), "moderation": (), "service_tier": ("auto", "default"),
 }
 _HONOURED = ("model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "temperature",
-             "top_p", "parallel_tool_calls", "previous_response_id", "store", "stream", "stream_options", "reasoning")
+             "top_p", "parallel_tool_calls", "previous_response_id", "store", "stream", "stream_options", "reasoning",
+             "include", "top_logprobs")
+ENCRYPTED_REASONING, OUTPUT_LOGPROBS = "reasoning.encrypted_content", "message.output_text.logprobs"
+INCLUDES = (ENCRYPTED_REASONING, OUTPUT_LOGPROBS)  # the `include` values served
+SUMMARIES = ("auto", "concise", "detailed")  # reasoning.summary: each is the reasoning text itself; "none": off
 _INFORMATIONAL = ("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention")
 RESPONSES_FIELDS = {*_HONOURED, *_INFORMATIONAL, *_OFF_VALUES}
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
@@ -46,6 +57,7 @@ class ResponsesRequest:
     store: bool
     stream: bool
     echo: dict = field(default_factory=dict)  # the fields the response object repeats
+    shape: OutputShape = field(default_factory=OutputShape)  # what the output items carry besides
 
     def with_history(self, history: list[dict]) -> dict:
         """The chat body over [instructions] + the chain so far + this input (the chain first: its rendered
@@ -84,7 +96,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         raise FieldError("stream_options", f"stream_options takes only include_obfuscation, got {show(so)}")
     if so.get("include_obfuscation") is not None:  # a side-channel padding field: none is sent, the text is the same
         need_bool(so["include_obfuscation"], "stream_options.include_obfuscation")
-    _check_reasoning(body.get("reasoning"))
+    summary = _check_reasoning(body.get("reasoning"))
+    include = _include(body.get("include"))
     check_hint("prompt_cache_retention", body.get("prompt_cache_retention"))
     for name in ("user", "safety_identifier", "prompt_cache_key"):
         if body.get(name) is not None:
@@ -99,6 +112,9 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = need_int(body["max_output_tokens"], "max_output_tokens", 1)
+    top = _top_logprobs(body.get("top_logprobs"), include)
+    if OUTPUT_LOGPROBS in include:  # the chat reply's logprobs, in Responses' shape on the output_text part
+        chat.update(logprobs=True, top_logprobs=top)
     text = _text_config(body.get("text"))
     if text.get("format") is not None:
         chat["response_format"] = _response_format(text["format"])
@@ -108,10 +124,12 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
             "temperature": _opt(body, "temperature", 1.0), "top_p": _opt(body, "top_p", 1.0),
             "max_output_tokens": body.get("max_output_tokens"),
             "parallel_tool_calls": _opt(body, "parallel_tool_calls", True), "previous_response_id": prev,
-            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": summary},
+            "top_logprobs": body.get("top_logprobs"),
             "truncation": "disabled", "background": False, "service_tier": "default",
             "prompt_cache_key": body.get("prompt_cache_key"), "safety_identifier": body.get("safety_identifier")}
-    return ResponsesRequest(chat, input_messages(body["input"]), instructions, prev, store, stream, echo)
+    shape = OutputShape(summary not in (None, "none"), ENCRYPTED_REASONING in include)
+    return ResponsesRequest(chat, input_messages(body["input"]), instructions, prev, store, stream, echo, shape)
 
 
 def _opt(body: dict, name: str, default: Any) -> Any:
@@ -127,19 +145,35 @@ def _list(v: Any, name: str) -> list:
     return v
 
 
-def _check_reasoning(r: Any) -> None:
+def _check_reasoning(r: Any) -> Optional[str]:
     """reasoning.effort: a documented no-op (openai_hints); context: earlier turns' reasoning is never rendered
-    (current_turn); a summary or another mode is refused (none is made here)."""
+    (current_turn); summary (or the older generate_summary): one of SUMMARIES or "none" -> returned; another
+    mode is refused."""
     if r is None:
-        return
+        return None
     if not isinstance(r, dict) or set(r) - {"effort", "summary", "generate_summary", "context", "mode"}:
-        raise FieldError("reasoning", f"reasoning takes effort, context and mode (summary: null), got {show(r)}")
+        raise FieldError("reasoning", f"reasoning takes effort, summary, context and mode, got {show(r)}")
     check_hint("reasoning_effort", r.get("effort"), "reasoning.effort")
-    for k, off in (("summary", ()), ("generate_summary", ()), ("context", ("auto", "current_turn")),
-                   ("mode", ("standard",))):
+    for k, off in (("summary", (*SUMMARIES, "none")), ("generate_summary", (*SUMMARIES, "none")),
+                   ("context", ("auto", "current_turn")), ("mode", ("standard",))):
         if r.get(k) is not None and r[k] not in off:
-            allowed = f" (only {' or '.join(off)})" if off else ""
-            raise FieldError(f"reasoning.{k}", f"reasoning.{k} is not supported{allowed}, got {show(r[k])}")
+            raise FieldError(f"reasoning.{k}", f"reasoning.{k} must be one of {', '.join(off)}, got {show(r[k])}")
+    return r.get("summary") if r.get("summary") is not None else r.get("generate_summary")
+
+
+def _include(v: Any) -> frozenset:
+    names = _list(v, "include")
+    if bad := [n for n in names if n not in INCLUDES]:
+        raise FieldError("include", f"include takes {', '.join(INCLUDES)} here, got {show(bad[0])}")
+    return frozenset(names)
+
+
+def _top_logprobs(v: Any, include: frozenset) -> int:
+    top = 0 if v is None else need_int(v, "top_logprobs", 0, MAX_LOGPROBS)
+    if top and OUTPUT_LOGPROBS not in include:
+        raise FieldError("top_logprobs", f"top_logprobs needs include [\"{OUTPUT_LOGPROBS}\"] (the logprobs come "
+                                         "on the output_text parts)")
+    return top
 
 
 def _metadata(m: Any) -> Optional[dict]:
@@ -202,14 +236,16 @@ def _response_format(f: Any) -> dict:
 
 def input_messages(items: Any) -> list[dict]:
     """`input` (a string or items) -> chat messages: messages by role, function_call items joined onto the
-    assistant turn before them, function_call_output as `tool` messages; reasoning items are dropped (chat
-    templates leave earlier reasoning out)."""
+    assistant turn before them, function_call_output as `tool` messages; a reasoning item is not rendered
+    (chat templates leave earlier reasoning out): its `encrypted_content`, opened, becomes the
+    `reasoning_content` of the assistant turn after it (a token this server did not seal: 400 naming it)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise FieldError("input", "input must be a string or a non-empty list of input items")
     out: list[dict] = []
     names: dict[str, str] = {}  # call_id -> function name
+    thought: Optional[str] = None  # an opened reasoning item's text, for the next assistant turn
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -219,6 +255,8 @@ def input_messages(items: Any) -> list[dict]:
             if item.get("role") not in _ROLES:
                 raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}")
             out.append({"role": item["role"], "content": _content(item.get("content"), f"{where}.content")})
+            if item["role"] == "assistant" and thought is not None:
+                out[-1]["reasoning_content"], thought = thought, None
         elif kind == "function_call":
             call = _call(item, where)
             names[call["id"]] = call["function"]["name"]
@@ -226,13 +264,21 @@ def input_messages(items: Any) -> list[dict]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if thought is not None:
+                out[-1]["reasoning_content"], thought = thought, None
         elif kind == "function_call_output":
             call_id = need_str(item.get("call_id"), f"{where}.call_id")
             msg = {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), f"{where}.output")}
             if call_id in names:
                 msg["name"] = names[call_id]
             out.append(msg)
-        elif kind != "reasoning":
+        elif kind == "reasoning":
+            if item.get("encrypted_content") is not None:
+                thought = open_reasoning(item["encrypted_content"])
+                if thought is None:
+                    raise FieldError(f"{where}.encrypted_content", f"{where}.encrypted_content was not sealed by "
+                                     "this server process (changed, from another server, or from before a restart)")
+        else:
             raise FieldError(where, f"{where}: input item type {show(kind)} is not supported (message, function_call, "
                                     "function_call_output, reasoning)")
     return out

@@ -166,10 +166,12 @@ def test_retrieve_delete_and_store_false(oai, client):
 
 
 def test_the_fields_the_sdks_send_by_default_are_taken(oai):
-    """The Agents SDK's default model settings: verbosity and a reasoning effort (and include: [])."""
+    """The Agents SDK's default model settings: verbosity and a reasoning effort (and include: []); a
+    summary asked of a server without --reasoning-parser: no reasoning item."""
     r = oai.responses.create(model="default", input="Say hi.", max_output_tokens=4, text={"verbosity": "low"},
-                             reasoning={"effort": "none"}, include=[], prompt_cache_key="k", user="u")
-    assert r.status in ("completed", "incomplete") and r.user == "u"
+                             reasoning={"effort": "none", "summary": "detailed"}, include=[], prompt_cache_key="k",
+                             user="u")
+    assert r.status in ("completed", "incomplete") and r.user == "u" and [o.type for o in r.output] == ["message"]
     chat = oai.chat.completions.create(model="default", max_tokens=4, verbosity="low", reasoning_effort="none",
                                        store=False, messages=[{"role": "user", "content": "Say hi."}])
     assert chat.choices[0].message.content
@@ -177,6 +179,33 @@ def test_the_fields_the_sdks_send_by_default_are_taken(oai):
         oai.chat.completions.create(model="default", max_tokens=4, verbosity="loud",
                                     messages=[{"role": "user", "content": "x"}])
     assert e.value.body["param"] == "verbosity"
+
+
+def _lp(entries) -> list[tuple]:
+    return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in entries]
+
+
+def test_output_text_logprobs_are_the_chat_routes(oai):
+    """include message.output_text.logprobs with top_logprobs: the chat route's logprobs for the same greedy
+    request, on the output_text part (streamed: on the text deltas, and whole on the done events)."""
+    kwargs = dict(model="default", input="Name a color.", max_output_tokens=5, temperature=0,
+                  include=["message.output_text.logprobs"], top_logprobs=2)
+    r = oai.responses.create(**kwargs)
+    chat = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "Name a color."}],
+                                       max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    part = r.output[0].content[0]
+    want = _lp(chat.choices[0].logprobs.content)
+    assert _lp(part.logprobs) == want and len(want) == r.usage.output_tokens
+    assert all(len(top) == 2 for _, _, top in want) and r.top_logprobs == 2
+    assert [e.bytes for e in part.logprobs] == [list(e.token.encode()) for e in part.logprobs]
+    with oai.responses.stream(**kwargs) as stream:
+        events = list(stream)
+    final = events[-1].response  # response.incomplete: cut by max_output_tokens
+    sent = [lp for e in events if e.type == "response.output_text.delta" for lp in _lp(e.logprobs)]
+    done = [e for e in events if e.type == "response.output_text.done"]
+    assert sent == want[:len(sent)] and len(sent) >= len(want) - 1 and _lp(done[0].logprobs) == want
+    assert _lp(final.output[0].content[0].logprobs) == want
+    assert oai.responses.create(**{**kwargs, "include": [], "top_logprobs": 0}).output[0].content[0].logprobs == []
 
 
 @pytest.mark.parametrize("body, status, param", [
@@ -192,6 +221,10 @@ def test_the_fields_the_sdks_send_by_default_are_taken(oai):
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "not json"}]}, 400,
      "input[0].arguments"),
     ({"input": "x", "temperature": -1}, 400, "temperature"),
+    ({"input": "x", "include": ["file_search_call.results"]}, 400, "include"),
+    ({"input": "x", "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "e30="}]}, 400, "input[0].encrypted_content"),
     ([1, 2], 400, "JSON object"),
 ])
 def test_bad_input_answers_4xx_in_openai_shape(client, body, status, param):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from radixlang_runtime.protocol.limits import FieldError
-from radixlang_runtime.server.responses_output import ResponseEvents, conversation_turn, output_items
+from radixlang_runtime.server.responses_output import OutputShape, ResponseEvents, conversation_turn, output_items
 from radixlang_runtime.server.responses_request import input_messages, parse_responses_body
 from radixlang_runtime.server.responses_store import ResponseNotFound, ResponsesStore
 
@@ -87,8 +87,14 @@ def test_input_items_become_chat_messages():
     ({"input": "x", "frobnicate": 1}, "frobnicate"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
-    ({"input": "x", "reasoning": {"effort": "none", "summary": "auto"}}, "reasoning.summary"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include"),
+    ({"input": "x", "include": "reasoning.encrypted_content"}, "include"),
+    ({"input": "x", "reasoning": {"effort": "none", "summary": "long"}}, "reasoning.summary"),
+    ({"input": "x", "reasoning": {"generate_summary": True}}, "reasoning.generate_summary"),
+    ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
+    ({"input": "x", "top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "bm90IG91cnM="}]},
+     "input[0].encrypted_content"),
     ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"input": "x", "text": {"verbosity": "loud"}}, "text.verbosity"),
     ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format"),
@@ -140,6 +146,55 @@ def test_output_items_of_a_message_with_reasoning_and_calls():
     items = output_items({"role": "assistant", "content": None, "reasoning_content": "think", "tool_calls": [call]})
     assert [i["type"] for i in items] == ["reasoning", "function_call"]
     assert items[0]["content"] == [{"type": "reasoning_text", "text": "think"}]
+
+
+def test_sealed_reasoning_opens_onto_the_assistant_turn_after_it():
+    items = output_items({"role": "assistant", "content": "Paris.", "reasoning_content": "capital of France"},
+                         OutputShape(summary=True, sealed=True))
+    rs = items[0]
+    assert rs["summary"] == [{"type": "summary_text", "text": "capital of France"}] == \
+        [{**p, "type": "summary_text"} for p in rs["content"]]
+    back = [{"role": "user", "content": "Capital?"}, {k: v for k, v in rs.items() if k != "content"}, items[1],
+            {"role": "user", "content": "And Spain?"}]
+    assert input_messages(back) == [
+        {"role": "user", "content": "Capital?"},
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "capital of France"},
+        {"role": "user", "content": "And Spain?"}]
+    sealed = rs["encrypted_content"]
+    for changed in (sealed[:-4] + ("AAAA" if sealed[-4:] != "AAAA" else "BBBB"), sealed[:40], sealed + "x" * 4):
+        with pytest.raises(FieldError) as e:
+            input_messages([{**back[1], "encrypted_content": changed}])
+        assert e.value.param == "input[0].encrypted_content"
+    plain = output_items({"role": "assistant", "content": "Paris.", "reasoning_content": "capital of France"})
+    assert plain[0]["summary"] == [] and "encrypted_content" not in plain[0]
+
+
+def test_event_sequence_for_a_summarized_reasoning_then_text_with_logprobs():
+    ev = ResponseEvents({"id": "resp_x", "object": "response"}, OutputShape(summary=True, sealed=True))
+    lp = [{"token": t, "logprob": -1.0, "bytes": list(t.encode()), "top_logprobs": []} for t in ("a", "b", "c")]
+    ev.add_logprobs(lp[:1])
+    chunks = ev.start() + ev.reasoning("thin") + ev.reasoning("king")
+    ev.add_logprobs(lp[1:2])
+    chunks += ev.text("Hi")
+    ev.add_logprobs(lp[2:])  # a last token without text (the end of the turn)
+    tail, final = ev.finish({"input_tokens": 1}, "stop")
+    events = _events(chunks + tail)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.reasoning_summary_part.added", "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert [e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta"] == ["thin", "king"]
+    assert events[12]["part"] == {"type": "summary_text", "text": "thinking"}
+    assert events[16]["logprobs"] == lp[:2] and events[17]["logprobs"] == lp
+    rs, msg = final["output"]
+    assert rs["summary"] == [{"type": "summary_text", "text": "thinking"}] and rs["encrypted_content"]
+    assert input_messages([rs, msg])[0]["reasoning_content"] == "thinking"
+    assert msg["content"][0]["logprobs"] == lp and msg["content"][0]["text"] == "Hi"
 
 
 def test_a_chain_renders_each_turn_as_a_prefix_of_the_next():
