@@ -41,7 +41,9 @@ _HONOURED = ("model", "input", "instructions", "tools", "tool_choice", "text", "
 ENCRYPTED_REASONING, OUTPUT_LOGPROBS = "reasoning.encrypted_content", "message.output_text.logprobs"
 INCLUDES = (ENCRYPTED_REASONING, OUTPUT_LOGPROBS)  # the `include` values served
 SUMMARIES = ("auto", "concise", "detailed")  # reasoning.summary: each is the reasoning text itself; "none": off
-_INFORMATIONAL = ("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention")
+# client_metadata: Codex's trace context (an object), taken and never echoed
+_INFORMATIONAL = ("metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+                  "client_metadata")
 RESPONSES_FIELDS = {*_HONOURED, *_INFORMATIONAL, *_OFF_VALUES}
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")  # content parts read as text
@@ -103,6 +105,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         if body.get(name) is not None:
             need_str(body[name], name)
     metadata = _metadata(body.get("metadata"))
+    if body.get("client_metadata") is not None and not isinstance(body["client_metadata"], dict):
+        raise FieldError("client_metadata", f"client_metadata must be an object, got {show(body['client_metadata'])}")
     tools = [_tool(t, i) for i, t in enumerate(_list(body.get("tools"), "tools"))]
     chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls")
                             if body.get(k) is not None}

@@ -220,3 +220,15 @@ def test_a_chain_renders_each_turn_as_a_prefix_of_the_next():
                 reply["tool_calls"] = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
             history.append(reply)
             prev = text + reply["content"]
+
+
+def test_the_sealing_key_is_kept_for_the_next_start(tmp_path):
+    from radixlang_runtime.server.responses_sealed import machine_key
+
+    path = tmp_path / "keys" / "seal.key"
+    first = machine_key(str(path))
+    assert len(first) == 32 and machine_key(str(path)) == first  # a restarted server reads it back
+    assert path.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "a_file").write_text("")
+    alone = machine_key(str(tmp_path / "a_file" / "seal.key"))  # cannot be written (root too): this process's own
+    assert len(alone) == 32 and alone != first and machine_key(str(tmp_path / "a_file" / "seal.key")) != alone
