@@ -81,6 +81,10 @@ KEYED_FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--api-key", 
 
 # The float32 server of the embedded model that read-only modules share (test_openai_agents, test_regex_bombs).
 FP32_FLAGS = ("--dtype", "float32", "--max-total-tokens", "8192")
+# The float32 deepseek-r1 reasoning server (every output starts inside the reasoning block) that the reasoning
+# watch and Responses reasoning modules share; the overlap schedule on, so watched requests step one by one.
+R1_FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--reasoning-parser", "deepseek-r1",
+            "--enable-overlap-schedule")
 
 _SHARED: dict[tuple, ServerProcess] = {}
 

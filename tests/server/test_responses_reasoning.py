@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from server_utils import ServerProcess
+from server_utils import R1_FLAGS, shared_server
 
 ASK = "What is the capital of France?"
 REASONING = {"effort": "medium", "summary": "auto"}
@@ -20,9 +20,7 @@ REASONING = {"effort": "medium", "summary": "auto"}
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--reasoning-parser", "deepseek-r1", "--max-total-tokens", "4096")
-    yield srv
-    assert srv.stop() in (0, 143), srv.tail()
+    return shared_server(*R1_FLAGS)
 
 
 @pytest.fixture(scope="module")

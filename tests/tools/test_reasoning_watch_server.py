@@ -18,17 +18,14 @@ import httpx
 import pytest
 
 from radixlang_runtime.reasoning_parser import DeepSeekR1Parser
-from server_utils import FP32_FLAGS, ServerProcess, assert_idle_and_whole, shared_server
+from server_utils import FP32_FLAGS, R1_FLAGS, assert_idle_and_whole, shared_server
 
 ASK = [{"role": "user", "content": "Write a long story about a dragon who learns to paint."}]
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--reasoning-parser", "deepseek-r1",
-                        "--enable-overlap-schedule")
-    yield srv
-    assert srv.stop() in (0, 143), srv.tail()
+    return shared_server(*R1_FLAGS)
 
 
 def post(srv, path: str, body: dict) -> httpx.Response:
