@@ -30,7 +30,8 @@ def test_a_budget_and_its_held_grammar_in_process(engine_r1, engine_fp32):
     greedy = {"temperature": 0}
     head = engine_fp32.generate(input_ids=ids, sampling_params={**greedy, "max_new_tokens": 4})["output_ids"] + end
     tail = engine_fp32.generate(input_ids=ids + head, sampling_params={**greedy, "max_new_tokens": 16 - len(head)})
-    got = engine_r1.generate(input_ids=ids, sampling_params={**greedy, "max_new_tokens": 16, "thinking_token_budget": 4})
+    got = engine_r1.generate(input_ids=ids, sampling_params={**greedy, "max_new_tokens": 16,
+                                                             "thinking_token_budget": 4})
     assert got["output_ids"] == head + tail["output_ids"]
     answer = engine_fp32.generate(input_ids=ids + head, sampling_params={
         **greedy, "max_new_tokens": 16, "json_schema": SCHEMA})
