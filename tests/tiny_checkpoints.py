@@ -12,9 +12,9 @@ from typing import Optional
 REFERENCE_ATTENTION = "eager"
 
 
-def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional[dict] = None):
+def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional[dict] = None, seed: int = 0):
     """transformers' `cls_name` config (the embedded tokenizer's vocabulary, `tiny` overridden by `kwargs`)
-    with seeded random float32 weights, saved with the tokenizer to tmp_path; returns the eval-mode model."""
+    with random float32 weights drawn from `seed`, saved with the tokenizer to tmp_path; returns the eval-mode model."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,7 +23,7 @@ def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional
 
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **{**tiny, **kwargs})
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION).eval()
     model.save_pretrained(tmp_path, safe_serialization=True, **(save or {}))
     tok.save_pretrained(tmp_path)

@@ -72,6 +72,7 @@ class Engine:
         self.scheduler: Scheduler = self._loop.scheduler
         self.runner: ModelRunner = self.scheduler.runner
         self.limits = runtime_limits(self.scheduler, self.tokenizer)
+        self.weight_version = "default"  # SGLang's name for the weights served; an update may set it
         self.context_len = self.limits.context_len
         self.vocab_size = self.limits.vocab_size
 
@@ -150,6 +151,52 @@ class Engine:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"LoRA adapter {lora_name!r} still has requests after {timeout} s")
             time.sleep(0.02)
+
+    def _update_weights(self, update, what: str, weight_version: Optional[str], timeout: float) -> tuple[bool, str]:
+        """Run update(runner) once the scheduler is idle (scheduler/weight_sync.py), then flush the prefix cache."""
+        from radixlang_runtime.scheduler.weight_sync import BUSY, apply_weight_update
+
+        deadline = time.monotonic() + timeout
+        while True:
+            ok, message = self._loop.call(lambda s: apply_weight_update(s, update, what))
+            if message != BUSY or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        if ok and weight_version is not None:
+            self.weight_version = weight_version
+        return ok, message
+
+    def update_weights_from_disk(self, model_path: str, load_format: Optional[str] = None,
+                                 weight_version: Optional[str] = None, timeout: float = 600.0) -> tuple[bool, str, int]:
+        """SGLang's: replace the served weights with model_path's checkpoint (same config, same tensor names and
+        shapes; model/executor/weight_update.py) once the running requests have ended; (success, message,
+        num_paused_requests). A refusal names why and leaves the old weights in place."""
+        from radixlang_runtime.model.executor.weight_update import update_from_disk
+
+        ok, message = self._update_weights(lambda r: update_from_disk(r, model_path, load_format), model_path,
+                                           weight_version, timeout)
+        return ok, message, 0
+
+    def update_weights_from_tensor(self, named_tensors: list, load_format: Optional[str] = None,
+                                   flush_cache: bool = True, weight_version: Optional[str] = None,
+                                   timeout: float = 600.0) -> tuple[bool, str]:
+        """SGLang's, in process: named_tensors is a list of (checkpoint name, torch.Tensor) holding every tensor
+        of the served checkpoint; (success, message). The prefix cache is always flushed."""
+        from radixlang_runtime.model.executor.weight_update import update_from_tensors
+
+        if load_format not in (None, "auto"):
+            return False, f"load_format {load_format!r} is not supported for tensors (None)"
+        if not flush_cache:
+            return False, "flush_cache False is not supported: the prefix cache holds the old weights' K/V"
+        named = list(named_tensors)
+        return self._update_weights(lambda r: update_from_tensors(r, named), "tensors", weight_version, timeout)
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """A served parameter by its checkpoint name: its first truncate_size entries along dim 0 as float lists
+        (model/executor/weight_read.py); ValueError naming it when there is none."""
+        from radixlang_runtime.model.executor.weight_read import weights_by_name
+
+        return self._loop.call(lambda s: weights_by_name(s.runner, name, truncate_size))
 
     def abort_request(self, rid: str) -> None:
         """End request rid wherever it is (queued, prefilling, decoding): finish_reason {"type": "abort"}."""

@@ -148,6 +148,39 @@ class UnloadLoraOut:
 
 
 @dataclass
+class UpdateWeightsReq:
+    """Replace the served weights with model_path's checkpoint (model/executor/weight_update.py); only while
+    the scheduler is idle, then the prefix cache is flushed."""
+
+    req_id: str
+    model_path: str
+    load_format: Optional[str] = None
+
+
+@dataclass
+class UpdateWeightsOut:
+    req_id: str
+    success: bool
+    message: str
+
+
+@dataclass
+class GetWeightsReq:
+    """A served parameter by its checkpoint name, its first truncate_size entries along dim 0."""
+
+    req_id: str
+    name: str
+    truncate_size: int = 100
+
+
+@dataclass
+class GetWeightsOut:
+    req_id: str
+    values: Optional[list] = None  # None: refused (error says why)
+    error: Optional[str] = None
+
+
+@dataclass
 class ErrorOut:
     """These requests ended with an error; they are finished. status: 500 an internal fault, 400 the
     request's own (a grammar that does not compile)."""
@@ -350,7 +383,8 @@ class PDPong:
 PD_MESSAGES = (PDRegister, PDKVChunk, PDDone, PDAck, PDCancel, PDFail, PDPing, PDPong)
 MESSAGES = (TokenizedGenerateReq, TokenizedBatchReq, AbortReq, FlushCacheReq, FlushCacheOut, GetStatsReq, StatsOut,
             ErrorOut, BatchTokenIDOut, BatchStrOut, PinPrefixReq, PinPrefixOut, UnpinPrefixReq, UnpinPrefixOut,
-            SchedulerHeartbeat, LoadLoraReq, LoadLoraOut, UnloadLoraReq, UnloadLoraOut, *PD_MESSAGES)
+            SchedulerHeartbeat, LoadLoraReq, LoadLoraOut, UnloadLoraReq, UnloadLoraOut, UpdateWeightsReq,
+            UpdateWeightsOut, GetWeightsReq, GetWeightsOut, *PD_MESSAGES)
 FRONTEND_MESSAGES = (FrontendReq, FrontendOut)  # the DSL's ZeroMQ link (tests/dsl/test_dsl_messages.py)
 _BY_NAME = {cls.__name__: cls for cls in MESSAGES + FRONTEND_MESSAGES}
 RECORDS = (ReqConsts, ReqProgress, ReqTokenOut, ReqStrOut, Bootstrap)  # nested inside messages, never sent alone

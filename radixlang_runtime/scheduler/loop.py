@@ -29,7 +29,8 @@ from radixlang_runtime.utils.faults import FatalFault
 from radixlang_runtime.protocol.messages import (AbortReq, BatchTokenIDOut, FlushCacheOut, FlushCacheReq, GetStatsReq,
                                         PinPrefixOut, PinPrefixReq, ReqConsts, ReqProgress, ReqTokenOut, StatsOut,
                                         TokenizedBatchReq, TokenizedGenerateReq, UnpinPrefixOut, UnpinPrefixReq,
-                                        LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq)
+                                        LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq, GetWeightsOut,
+                                        GetWeightsReq, UpdateWeightsOut, UpdateWeightsReq)
 from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -159,6 +160,21 @@ class RequestLoop:
                 self.io.send_control(LoadLoraOut(msg.req_id, 0, str(e)))
         elif isinstance(msg, UnloadLoraReq):
             self.io.send_control(UnloadLoraOut(msg.req_id, self.scheduler.drop_lora_if_unused(msg.lora_id)))
+        elif isinstance(msg, UpdateWeightsReq):
+            from radixlang_runtime.model.executor.weight_update import update_from_disk
+            from radixlang_runtime.scheduler.weight_sync import apply_weight_update
+
+            ok, message = apply_weight_update(
+                self.scheduler, lambda r: update_from_disk(r, msg.model_path, msg.load_format), msg.model_path)
+            self.io.send_control(UpdateWeightsOut(msg.req_id, ok, message))
+        elif isinstance(msg, GetWeightsReq):
+            from radixlang_runtime.model.executor.weight_read import weights_by_name
+
+            try:
+                self.io.send_control(GetWeightsOut(msg.req_id, weights_by_name(self.scheduler.runner, msg.name,
+                                                                               msg.truncate_size)))
+            except ValueError as e:  # an unknown name or an unreadable layout is answered, never fatal
+                self.io.send_control(GetWeightsOut(msg.req_id, None, str(e)))
         elif isinstance(msg, UnpinPrefixReq):
             self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id, msg.owner)))
         elif isinstance(msg, Call):

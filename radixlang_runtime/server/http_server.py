@@ -39,6 +39,7 @@ from radixlang_runtime.server.responses_api import router as responses_router
 from radixlang_runtime.server.tokenize_api import router as tokenize_router
 from radixlang_runtime.server.pooling_api import router as pooling_router
 from radixlang_runtime.server.tokenizer_manager import RuntimeUnavailable
+from radixlang_runtime.server.weights_api import router as weights_router
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
     for router in (native_router, control_router, openai_router, responses_router, pooling_router, dashboard_router,
-                   anthropic_router, tokenize_router, lora_router):
+                   anthropic_router, tokenize_router, lora_router, weights_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)

@@ -70,12 +70,13 @@ def model_info(state: ServerState) -> dict[str, Any]:
             "max_context_length": tm.limits.context_len,
             # --chat-template, else the model's own: the DSL renders roles with it
             "chat_template": state.flag_template or getattr(tm.tokenizer, "chat_template", None),
-            "frontend_port": frontend_port(state)}
+            "frontend_port": frontend_port(state), "weight_version": tm.weight_gate.weight_version}
 
 
 async def server_info(state: ServerState) -> dict[str, Any]:
     stats = await state.tm.get_stats()
     return {**state.args.to_public_dict(), **state.info, "version": __version__, "stats": stats,
+            "weight_version": state.tm.weight_gate.weight_version,
             "pids": {"server": os.getpid(), **state.child_pids},
             "frontend_port": frontend_port(state),  # the bound port (the flag's 0 picks one), None: no link
             "frontend": state.frontend.stats() if state.frontend else None}

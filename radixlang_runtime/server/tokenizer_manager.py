@@ -35,13 +35,15 @@ from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import RuntimeLimits
 from radixlang_runtime.prompt_encoder import PromptEncoder, Span
 from radixlang_runtime.lora_spec import lora_id_of
-from radixlang_runtime.protocol.messages import LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq
+from radixlang_runtime.protocol.messages import (GetWeightsOut, LoadLoraOut, LoadLoraReq, UnloadLoraOut,
+                                                 UnloadLoraReq, UpdateWeightsOut)
 from radixlang_runtime.protocol.messages import (AbortReq, BatchStrOut, ErrorOut, FlushCacheOut, FlushCacheReq,
                                                  GetStatsReq, PinPrefixOut, PinPrefixReq, SchedulerHeartbeat, StatsOut,
                                                  TokenizedBatchReq, UnpinPrefixOut, UnpinPrefixReq, decode, encode)
 from radixlang_runtime.protocol.results import ResultBuilder
 from radixlang_runtime.speculative.accept_stats import merge_accept_stats
 from radixlang_runtime.server.ipc import IpcPaths
+from radixlang_runtime.server.weight_updates import WeightGate
 from radixlang_runtime.server.hicache_metrics import merge_counters, merge_hicache_stats
 from radixlang_runtime.server.lifecycle import (SHUTTING_DOWN, Lifecycle, RequestUnavailable, RuntimeUnavailable,
                                                 ShuttingDown)
@@ -91,6 +93,7 @@ class TokenizerManager:
         self.recv.bind(ipc.tokenizer_in)
         self.states: dict[str, ReqState] = {}
         self._control: dict[str, asyncio.Future] = {}
+        self.weight_gate = WeightGate()  # closed while the weights are replaced (weight_updates.py)
         self.lifecycle = Lifecycle(num_replicas, health_stall_timeout)
         self._task: Optional[asyncio.Task] = None
         self._intake_pool = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="intake")
@@ -160,6 +163,7 @@ class TokenizerManager:
         if sent:
             state = self.states[rid]
         else:
+            await self.weight_gate.wait()  # a weight update runs: start on the new weights
             if rid in self.states:
                 raise ValueError(f"request id {rid!r} is already in use")
             state = ReqState(ResultBuilder(rid, input_ids, req.stream, req.logprob, self._token_text))
@@ -303,7 +307,8 @@ class TokenizerManager:
                 self.lifecycle.on_heartbeat(msg.replica)
             elif isinstance(msg, BatchStrOut):
                 self._on_batch(msg)
-            elif isinstance(msg, (FlushCacheOut, StatsOut, PinPrefixOut, UnpinPrefixOut, LoadLoraOut, UnloadLoraOut)):
+            elif isinstance(msg, (FlushCacheOut, StatsOut, PinPrefixOut, UnpinPrefixOut, LoadLoraOut, UnloadLoraOut,
+                                  UpdateWeightsOut, GetWeightsOut)):
                 fut = self._control.get(msg.req_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
