@@ -175,6 +175,9 @@ class RequestLoop:
                                                                                msg.truncate_size)))
             except ValueError as e:  # an unknown name or an unreadable layout is answered, never fatal
                 self.io.send_control(GetWeightsOut(msg.req_id, None, str(e)))
+            except Exception as e:  # noqa: BLE001 - a layout the reader does not know: answered, never fatal
+                logger.exception("get_weights_by_name %r failed", msg.name)
+                self.io.send_control(GetWeightsOut(msg.req_id, None, f"{type(e).__name__}: {e}"))
         elif isinstance(msg, UnpinPrefixReq):
             self.io.send_control(UnpinPrefixOut(msg.req_id, self.scheduler.kv.unpin(msg.pin_id, msg.owner)))
         elif isinstance(msg, Call):

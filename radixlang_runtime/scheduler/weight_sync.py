@@ -24,7 +24,8 @@ def drop_stale_cache(scheduler) -> None:
 
 def apply_weight_update(scheduler, update: Callable[[Any], int], what: str) -> tuple[bool, str]:
     """update(runner) -> tensors copied, run between two steps; (success, message). A refusal (ValueError,
-    OSError) leaves the weights and the cache as they were; BUSY while any request is in the scheduler."""
+    OSError) leaves the weights and the cache as they were, and so does any other failure of the loader (answered
+    with its type, never fatal to the loop); BUSY while any request is in the scheduler."""
     if not scheduler.is_idle:
         return False, BUSY
     try:
@@ -32,6 +33,9 @@ def apply_weight_update(scheduler, update: Callable[[Any], int], what: str) -> t
     except (ValueError, OSError) as e:
         logger.warning("weight update from %s refused: %s", what, e)
         return False, f"Failed to update weights: {e}"
+    except Exception as e:  # noqa: BLE001 - a checkpoint the loader chokes on: answered, the loop goes on
+        logger.exception("weight update from %s failed", what)
+        return False, f"Failed to update weights: {type(e).__name__}: {e}"
     drop_stale_cache(scheduler)
     logger.info("weights updated from %s (%d tensors); prefix cache flushed", what, n)
     return True, "Succeeded to update model weights."
