@@ -47,13 +47,18 @@ def _shared_servers():
     assert not bad, "\n".join(bad)
 
 
-@pytest.fixture(scope="session")
-def engine_fp32():
+def running_engine(**kw):
+    """A fixture's body: an Engine with these ServerArgs, shut down after (`yield from running_engine(...)`)."""
     from radixlang_runtime import Engine
 
-    eng = Engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True)
+    eng = Engine(**kw)
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_fp32():
+    yield from running_engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True)
 
 
 @pytest.fixture(scope="session")

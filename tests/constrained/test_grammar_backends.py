@@ -5,6 +5,8 @@ with a reference parser (lark), jump-forward on and off give identical text with
 
 from __future__ import annotations
 
+from conftest import running_engine
+
 import json
 
 import jsonschema
@@ -204,11 +206,7 @@ def chat(q: str) -> str:
 
 @pytest.fixture(scope="module")
 def xg_engine():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=4096, grammar_backend="xgrammar")
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=4096, grammar_backend="xgrammar")
 
 
 def set_jump_forward(engine, on: bool) -> None:

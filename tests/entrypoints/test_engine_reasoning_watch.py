@@ -10,18 +10,15 @@ import json
 
 import pytest
 
-from conftest import PROMPTS, assert_whole
+from conftest import PROMPTS, assert_whole, running_engine
 
 SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
 
 
 @pytest.fixture(scope="module")
 def engine_r1():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=4096, debug_check_integrity=True, reasoning_parser="deepseek-r1")
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=4096, debug_check_integrity=True,
+                              reasoning_parser="deepseek-r1")
 
 
 def test_a_budget_and_its_held_grammar_in_process(engine_r1, engine_fp32):

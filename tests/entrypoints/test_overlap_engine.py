@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import PROMPTS, assert_whole
+from conftest import PROMPTS, assert_whole, running_engine
 
 
 @pytest.fixture(scope="module")
 def engine_overlap():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True, enable_overlap_schedule=True)
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True,
+                              enable_overlap_schedule=True)
 
 
 def mixed_params(stop_text: str, stop_id: int) -> list[dict]:

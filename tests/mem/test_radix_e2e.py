@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from conftest import assert_whole
+from conftest import assert_whole, running_engine
 
 PARAGRAPH = ("The museum's east wing holds maps drawn by sailors who crossed the northern sea before the age of "
              "steam; each chart records currents, harbours and the names of the captains who trusted them. ")
@@ -25,12 +25,8 @@ def with_question(engine, prefix: list[int], question: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def engine_nocache():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=4096, page_size=1, disable_radix_cache=True,
-                 debug_check_integrity=True)
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=4096, page_size=1, disable_radix_cache=True,
+                              debug_check_integrity=True)
 
 
 def test_second_request_reuses_a_500_token_prefix(engine, engine_nocache, hf_greedy):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import assert_whole, wait_idle
+from conftest import assert_whole, running_engine, wait_idle
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -47,11 +47,8 @@ def test_memory_pressure_retracts_and_loses_nothing(page_size, roomy_outputs):
 
 @pytest.fixture(scope="module")
 def engine_chunked():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=8192, chunked_prefill_size=256, debug_check_integrity=True)
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=8192, chunked_prefill_size=256,
+                              debug_check_integrity=True)
 
 
 def long_prompt(n: int = 3000, seed: int = 3) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import PROMPTS, assert_whole
+from conftest import PROMPTS, assert_whole, running_engine
 from radixlang_kernels.cpu_caps import detect
 
 ITEMS = ["apple", "banana", "cherry", "date", "fig", "grape", "kiwi", "lemon", "mango", "olive", "pear", "plum"]
@@ -62,11 +62,8 @@ def assert_same(got: list[dict], want: list[dict], exact_logprobs: bool) -> None
 
 @pytest.fixture(scope="module")
 def spec_engine_64():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True, speculative_algorithm="NGRAM")
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True,
+                              speculative_algorithm="NGRAM")
 
 
 def test_float32_identical_with_ngram(engine, spec_engine_64):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from browser_utils import browser, chromium
+from conftest import running_engine
 from radixlang_runtime.mem.radix_cache import RadixCache
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.speculative.drafter import (MATCH_CAP, ROW_COST, MatchAgreement, NgramConfig, NgramDrafter,
@@ -217,12 +218,8 @@ PROMPTS = [COPY, "The capital of France is", "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 
 
 @pytest.fixture(scope="module")
 def spec_engine():
-    from radixlang_runtime import Engine
-
-    eng = Engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True, speculative_algorithm="NGRAM",
-                 speculative_disable_by_batch_size=0)
-    yield eng
-    eng.shutdown()
+    yield from running_engine(dtype="float32", max_total_tokens=8192, debug_check_integrity=True,
+                              speculative_algorithm="NGRAM", speculative_disable_by_batch_size=0)
 
 
 def test_engine_greedy_identical_with_ngram(engine, spec_engine):
