@@ -38,8 +38,9 @@ HELP: dict[str, str] = {
                      "it and /get_model_info reports it (DSL programs render roles with it)",
     "tool_call_parser": "the tool-call format of the output (SGLang's names); default: told from the chat "
                         "template's markup",
-    "reasoning_parser": "split <think>...</think> (gpt-oss: the harmony analysis channel) into reasoning_content "
-                        "(SGLang's names); default: all content",
+    "reasoning_parser": "split the reasoning block (<think>...</think>, [THINK]...[/THINK], <seed:think>..., gpt-oss: "
+                        "the harmony analysis channel) into reasoning_content (SGLang's names, vLLM's as aliases); "
+                        "default: all content",
     "completion_template": "the fill-in-the-middle token layout /v1/completions builds a `suffix` request's prompt "
                            "with (SGLang's names); default: told from the tokenizer's tokens",
     "sampling_defaults": "the OpenAI and Anthropic routes' defaults for sampling fields a request leaves unset: "
@@ -170,7 +171,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "tool_call_parser": ("hermes", "qwen25", "llama3", "mistral", "pythonic", "qwen3_coder", "deepseekv3",
                          "deepseekv31", "kimi_k2", "glm45", "gpt-oss"),
-    "reasoning_parser": ("deepseek-r1", "qwen3", "gpt-oss"),
+    # SGLang's names, then vLLM's aliases (reasoning_parser.ALIASES)
+    "reasoning_parser": ("deepseek-r1", "qwen3", "deepseek-v3", "qwen3-thinking", "glm45", "kimi", "kimi_k2",
+                         "minimax", "step3", "step3p5", "mistral", "interns1", "mimo", "poolside_v1", "gpt-oss",
+                         "deepseek_r1", "deepseek_v3", "minimax_m2", "seed_oss", "openai_gptoss"),
     "completion_template": ("star_coder", "qwen_coder", "deepseek_coder"),
     "sampling_defaults": ("model", "openai"),
     "load_balance_method": ("cache_aware", "round_robin", "shortest_queue"),

@@ -7,8 +7,9 @@
   request's response_format / structured_outputs / regex constrains the answer, not the reasoning. A request
   with a budget holds its grammar too (the forced marker must not meet a grammar).
 
-The server's --reasoning-parser names the markers (`<think>` / `</think>`); ThinkingMarkers holds them as the
-tokenizer encodes them, once, at start. Where the output begins (plan_watch, from the prompt's ids):
+The server's --reasoning-parser names the markers (`<think>` / `</think>`, `[THINK]` / `[/THINK]`, ...);
+ThinkingMarkers holds them as the tokenizer encodes them, once, at start. Where the output begins (prompt_begins,
+from the prompt's ids; the chat route's reasoning split begins from the same decision, openai_reasoning.py):
   inside    the prompt's last start marker comes after its last end marker (a template or an assistant prefill
             opened the block), or the prompt holds neither and the parser's output starts inside (deepseek-r1);
   may_open  the prompt holds neither, the parser's output does not start inside (qwen3): the model may open
@@ -25,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixlang_runtime.protocol.limits import FieldError
+from radixlang_runtime.reasoning_machine import INSIDE, MAY_OPEN, OUTSIDE
 
+__all__ = ["BUDGET_FIELD", "INSIDE", "MAY_OPEN", "OUTSIDE", "ReasoningWatch", "ThinkingMarkers", "plan_watch",
+           "prompt_begins", "request_watch"]
 BUDGET_FIELD = "thinking_token_budget"
-INSIDE, MAY_OPEN, OUTSIDE = "inside", "may_open", "outside"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class ThinkingMarkers:
     start: tuple[int, ...]  # the start marker's token ids
     end: tuple[int, ...]
     starts_inside: bool  # the parser's output begins inside the block when the prompt holds no marker
+    special: bool = False  # a marker is a special token: the chat split needs skip_special_tokens false to see it
 
     @classmethod
     def of_parser(cls, parser_name: Optional[str], tokenizer: Any) -> Optional["ThinkingMarkers"]:
@@ -51,14 +55,17 @@ class ThinkingMarkers:
         def ids(text: str) -> tuple[int, ...]:
             return tuple(tokenizer.encode(text, add_special_tokens=False))
 
-        return cls(ids(parser.start), ids(parser.end), parser.starts_inside)
+        start, end = ids(parser.start), ids(parser.end)
+        special = tokenizer.decode([*start, *end], skip_special_tokens=True) != \
+            tokenizer.decode([*start, *end], skip_special_tokens=False)
+        return cls(start, end, parser.starts_inside, special)
 
     def to_wire(self) -> tuple:
-        return (list(self.start), list(self.end), self.starts_inside)
+        return (list(self.start), list(self.end), self.starts_inside, self.special)
 
     @classmethod
     def from_wire(cls, w: Any) -> Optional["ThinkingMarkers"]:
-        return cls(tuple(w[0]), tuple(w[1]), bool(w[2])) if w else None
+        return cls(tuple(w[0]), tuple(w[1]), bool(w[2]), len(w) > 3 and bool(w[3])) if w else None
 
 
 @dataclass(frozen=True)
@@ -88,16 +95,18 @@ def _last_at(ids: list[int], marker: tuple[int, ...]) -> int:
     return -1
 
 
+def prompt_begins(prompt_ids: list[int], markers: ThinkingMarkers) -> str:
+    """Where the output after this prompt begins: INSIDE | MAY_OPEN | OUTSIDE."""
+    s, e = _last_at(prompt_ids, markers.start), _last_at(prompt_ids, markers.end)
+    if s >= 0 or e >= 0:
+        return INSIDE if s > e else OUTSIDE
+    return INSIDE if markers.starts_inside else MAY_OPEN
+
+
 def plan_watch(prompt_ids: list[int], markers: ThinkingMarkers, budget: Optional[int] = None,
                hold_grammar: bool = False) -> ReasoningWatch:
     """The watch of a request with this prompt."""
-    s, e = _last_at(prompt_ids, markers.start), _last_at(prompt_ids, markers.end)
-    if s >= 0 or e >= 0:
-        begins = INSIDE if s > e else OUTSIDE
-    elif markers.starts_inside:
-        begins = INSIDE
-    else:
-        begins = MAY_OPEN
+    begins = prompt_begins(prompt_ids, markers)
     if begins == MAY_OPEN and hold_grammar and len(markers.start) != 1:
         begins = OUTSIDE  # a grammar cannot let a partial marker through: it applies from the first token
     return ReasoningWatch(markers.start, markers.end, begins, budget, hold_grammar)

@@ -17,6 +17,7 @@ from typing import AsyncIterator, Callable, Optional
 from radixlang_runtime.protocol.generate_input import GenerateRequest, openai_requests
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
+from radixlang_runtime.protocol.reasoning_watch import ThinkingMarkers, prompt_begins
 from radixlang_runtime.protocol.results import Cumulative, LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, continued_text, render_chat
@@ -130,13 +131,18 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     think = req.think
     ids, template = chat_prompt_ids(state, req, req.tools)
     ids = req.options.truncated(ids)
+    markers = ThinkingMarkers.from_wire(tm.limits.thinking_markers)
+    if think is not None and markers is not None:
+        # the split begins where the scheduler's watch has the output begin: decided by the prompt's ids
+        think = dataclasses.replace(think, begins=prompt_begins(ids, markers))
     if think is not None and req.turn.continue_final_message:  # the split goes on from the prefilled text
         think = dataclasses.replace(think, prefix=continued_text(req.messages))
     tools = with_parser(req.tools, state.args.tool_call_parser,
                         template if template is not None else getattr(tm.tokenizer, "chat_template", None))
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
     extra: dict = {}
-    keeps_special = any(p is not None and p.keeps_special_tokens for p in (tools.parser, think and think.parser))
+    keeps_special = any(p is not None and p.keeps_special_tokens for p in (tools.parser, think and think.parser)) \
+        or (think is not None and markers is not None and markers.special)
     if keeps_special and "skip_special_tokens" not in req.options.sampling:
         extra["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>)
     sampling = req.options.sampling_params(max(room, 0), **extra)

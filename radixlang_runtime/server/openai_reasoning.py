@@ -9,18 +9,23 @@ inside the reasoning) and applied here; a hit aborts the runtime request (finish
 stream_reasoning false: the reasoning is held and sent in one delta once it ends.
 usage.completion_tokens_details.reasoning_tokens: the output tokens up to and including the end of the
 reasoning (reasoning_tokens: prefix decodes, binary search).
-A request that continues its final assistant message (continue_final_message) has that text as the plan's
-`prefix`: each parser reads it before the output, so the output's split follows from where the prefill left
-off (inside the reasoning or after it); the prefix itself is not sent again.
+Where the split begins (the plan's `begins`: inside, may_open or outside the block) is decided once per request
+from the rendered prompt's token ids, as the scheduler's reasoning watch decides it (reasoning_watch.prompt_begins:
+a template that opened the block, or closed it, or neither: the parser's default); gpt-oss's harmony has no
+marker pair and begins as its format says. A request that continues its final assistant message
+(continue_final_message) also has that text as the plan's `prefix`: each parser reads it before the output,
+so the output's split follows from where the prefill left off; the prefix itself is not sent again.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from radixlang_runtime.protocol.limits import need_bool
-from radixlang_runtime.reasoning_parser import ReasoningParser, Split, get_reasoning_parser
+from radixlang_runtime.reasoning_machine import THINK
+from radixlang_runtime.reasoning_parser import INSIDE, OUTSIDE, ReasoningParser, Split, get_reasoning_parser
 
 
 @dataclass
@@ -29,23 +34,31 @@ class ReasoningPlan:
     stops: list[str] = field(default_factory=list)  # applied to the content (taken from the runtime's params)
     stream_reasoning: bool = True
     prefix: str = ""  # the continued assistant text, read by each parser before the output
+    begins: Optional[str] = None  # INSIDE | MAY_OPEN | OUTSIDE, from the prompt (None: the parser's default)
 
     def fresh(self) -> ReasoningParser:
-        """A parser that has read the prefix (its split discarded: the client sent that text)."""
-        p = self.parser()
+        """A parser that has read the prefix (its split discarded: the client sent that text); `thought` then
+        says whether the output begins inside the reasoning."""
+        p = self.parser(self.begins)
         if self.prefix:
             p.feed(self.prefix)
+            p.thought = p.state == THINK
         return p
 
     def stream(self) -> "ReasoningStream":
         return ReasoningStream(self.fresh(), self.stops)
 
     def regex_prefix(self) -> str:
-        """Before a forced tool call: the reasoning block the format allows (no `<` inside it)."""
+        """Before a forced tool call: the reasoning block the format allows where the output begins (none
+        outside the block; inside it, no first character of the end marker)."""
         if self.parser.forced_prefix is not None:  # a format of its own (gpt-oss: the analysis message)
             return rf"(?:{self.parser.forced_prefix})?"
-        block = r"[^<]*</think>\n{0,2}"
-        return rf"(?:<think>)?{block}" if self.parser.starts_inside else rf"(?:<think>{block})?"
+        p = self.parser(self.begins)
+        if p.begins == OUTSIDE:
+            return ""
+        start, end = re.escape(p.start), re.escape(p.end)
+        block = rf"[^{re.escape(p.end[0])}]*{end}\n{{0,2}}"
+        return rf"(?:{start})?{block}" if p.begins == INSIDE else rf"(?:{start}{block})?"
 
 
 def reasoning_plan(parser_name: Optional[str], body: dict) -> Optional[ReasoningPlan]:
@@ -101,7 +114,7 @@ def reasoning_tokens(plan: ReasoningPlan, output_ids: list[int], decode: Callabl
     reasoning). Leaving is monotone in the prefix length: a binary search over prefix decodes."""
     whole = plan.fresh()
     whole.feed(decode(output_ids))
-    if whole.state == "content" and not _entered(plan, plan.prefix + decode(output_ids)):
+    if not whole.thought:
         return 0
     if whole.in_reasoning:
         return len(output_ids)
@@ -116,7 +129,3 @@ def reasoning_tokens(plan: ReasoningPlan, output_ids: list[int], decode: Callabl
             hi = mid
     return lo
 
-
-def _entered(plan: ReasoningPlan, text: str) -> bool:
-    return plan.parser.parse(text).reasoning != "" or plan.parser.starts_inside or \
-        text.lstrip().startswith(plan.parser.start)
