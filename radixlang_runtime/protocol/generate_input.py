@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from radixlang_runtime.protocol.bootstrap_peers import Bootstrap, check_host
+from radixlang_runtime.protocol.reasoning_watch import ChatWatch
 from radixlang_runtime.protocol.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request,
                                                need_bool, need_int, need_str, show)
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
@@ -92,10 +93,10 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
             limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
             is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0,
-            encode_words: Optional[Encode] = None, reasoning_grammar: bool = False) -> list[GenerateRequest]:
+            encode_words: Optional[Encode] = None, chat_watch: Optional[ChatWatch] = None) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict; bad_words tokenized with
     encode_words, the tokenizer's encode without special tokens: None refuses them; check_request, with
-    reasoning_grammar: a grammar held until the reasoning ends), then n
+    chat_watch: the chat route's reasoning decisions), then n
     requests with the rid rule above, each built whole. sampling / rids: one entry per prompt. bootstrap (PD):
     one prompt given as one (is_list False), n == 1. lora_id: the adapter of every request, or one per prompt
     (a list: then each prompt is one request, n = 1)."""
@@ -113,7 +114,7 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
         if len(out) + sp.n > MAX_BATCH:
             raise FieldError("n", f"prompts x n must be at most {MAX_BATCH} requests per body, got "
                                   f"{len(prompts)} prompts x n={sp.n}")
-        check_request(ids, sp, limits, ids_name, reasoning_grammar=reasoning_grammar)
+        check_request(ids, sp, limits, ids_name, chat_watch=chat_watch)
         if bootstrap is not None and sp.n != 1:
             raise FieldError("n", f"n > 1 is not supported with prefill-decode disaggregation (got n={sp.n})")
         lp = logprob_of(i, ids)
@@ -237,7 +238,7 @@ def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, 
                     limits: RuntimeLimits, base_rid: str, stream: bool,
                     bootstrap: Optional[Bootstrap] = None, lora_id: int = 0,
                     priority: int = 0, encode_words: Optional[Encode] = None,
-                    own_rid: bool = False, reasoning_grammar: bool = False) -> list[GenerateRequest]:
+                    own_rid: bool = False, chat_watch: Optional[ChatWatch] = None) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests. own_rid:
     base_rid is the client's (SGLang's `rid`): a single choice runs as base_rid itself."""
@@ -247,4 +248,4 @@ def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, 
     rids = [base_rid] if own_rid and len(prompts) * n == 1 else [None] * len(prompts)
     return fan_out(prompts, [sp] * len(prompts), rids, logprob_of, limits, stream, "prompt",
                    base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority,
-                   encode_words=encode_words, reasoning_grammar=reasoning_grammar)
+                   encode_words=encode_words, chat_watch=chat_watch)

@@ -135,10 +135,10 @@ class RuntimeLimits:
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",
-                  pooling: bool = False, reasoning_grammar: bool = False) -> None:
+                  pooling: bool = False, chat_watch: Any = None) -> None:
     """ids_name: the request field the ids came from (OpenAI's `prompt`), for the error; pooling: a pooling
-    request (the only kind a --is-embedding server runs); reasoning_grammar: the request's grammar constrains
-    the answer after the reasoning block (a chat request's own grammar: reasoning_watch.py)."""
+    request (the only kind a --is-embedding server runs); chat_watch: a chat request's ChatWatch (its grammar
+    held until the reasoning ends, where its output begins: reasoning_watch.py)."""
     if limits.is_embedding and not pooling:
         raise ValueError("this server runs a pooling model (--is-embedding): it serves /v1/embeddings and /encode, "
                          "not text generation")
@@ -168,4 +168,4 @@ def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, i
     if limits.thinking_markers or sp.thinking_token_budget is not None:
         from radixlang_runtime.protocol.reasoning_watch import request_watch
 
-        sp.reasoning_watch = request_watch(ids, sp.thinking_token_budget, sp.constrained, reasoning_grammar, limits)
+        sp.reasoning_watch = request_watch(ids, sp.thinking_token_budget, sp.constrained, chat_watch, limits)

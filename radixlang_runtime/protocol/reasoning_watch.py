@@ -9,13 +9,17 @@
 
 The server's --reasoning-parser names the markers (`<think>` / `</think>`, `[THINK]` / `[/THINK]`, ...);
 ThinkingMarkers holds them as the tokenizer encodes them, once, at start. Where the output begins (prompt_begins,
-from the prompt's ids; the chat route's reasoning split begins from the same decision, openai_reasoning.py):
-  inside    the prompt's last start marker comes after its last end marker (a template or an assistant prefill
-            opened the block), or the prompt holds neither and the parser's output starts inside (deepseek-r1);
-  may_open  the prompt holds neither, the parser's output does not start inside (qwen3): the model may open
+from the prompt's ids; the chat route's reasoning split begins from the same decision, openai_reasoning.py) is
+read from the prompt's tail only: a marker counts when at most `reach` tokens follow it (GENERATION_TAIL: the
+generation prompt's own markup after it, as templates write `<think>\n` or `</think>\n\n`; the chat route adds
+a continued assistant message's tokens). Earlier markers belong to the history (a tool loop's past reasoning,
+a system prompt that describes the format) and decide nothing.
+  inside    the tail's last marker is a start marker (a template or an assistant prefill opened the block), or
+            the tail holds none and the parser's output starts inside (deepseek-r1);
+  may_open  the tail holds none, the parser's output does not start inside (qwen3): the model may open
             the block with its first tokens (a grammar then allows the start marker as the first token, which
             takes a one-token marker: with a longer one the grammar applies from the first token);
-  outside   the prompt closed a block (a template's thinking switched off): no reasoning is watched.
+  outside   the tail's last marker is an end marker (a template's thinking switched off): nothing is watched.
 Matching is on token ids (one special token each in the reasoning models' tokenizers). gpt-oss's harmony
 channels have no such pair: a budget is refused there by name, and grammars apply from the first token.
 """
@@ -28,9 +32,10 @@ from typing import Any, Optional
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.reasoning_machine import INSIDE, MAY_OPEN, OUTSIDE
 
-__all__ = ["BUDGET_FIELD", "INSIDE", "MAY_OPEN", "OUTSIDE", "ReasoningWatch", "ThinkingMarkers", "plan_watch",
-           "prompt_begins", "request_watch"]
+__all__ = ["BUDGET_FIELD", "GENERATION_TAIL", "INSIDE", "MAY_OPEN", "OUTSIDE", "ChatWatch", "ReasoningWatch",
+           "ThinkingMarkers", "plan_watch", "prompt_begins", "request_watch"]
 BUDGET_FIELD = "thinking_token_budget"
+GENERATION_TAIL = 8  # tokens that may follow a marker the generation prompt placed (its newlines, a space)
 
 
 @dataclass(frozen=True)
@@ -95,29 +100,39 @@ def _last_at(ids: list[int], marker: tuple[int, ...]) -> int:
     return -1
 
 
-def prompt_begins(prompt_ids: list[int], markers: ThinkingMarkers) -> str:
-    """Where the output after this prompt begins: INSIDE | MAY_OPEN | OUTSIDE."""
-    s, e = _last_at(prompt_ids, markers.start), _last_at(prompt_ids, markers.end)
+@dataclass(frozen=True)
+class ChatWatch:
+    """What the chat route tells the watch of its request (None elsewhere: a native request)."""
+
+    hold_grammar: bool  # the request's own grammar constrains the answer after the reasoning
+    begins: str  # where its output begins, decided once with its continued message (prompt_begins)
+
+
+def prompt_begins(prompt_ids: list[int], markers: ThinkingMarkers, reach: int = GENERATION_TAIL) -> str:
+    """Where the output after this prompt begins: INSIDE | MAY_OPEN | OUTSIDE, from the markers among the last
+    `reach` tokens (and the marker ending there)."""
+    tail = prompt_ids[max(0, len(prompt_ids) - reach - max(len(markers.start), len(markers.end))):]
+    s, e = _last_at(tail, markers.start), _last_at(tail, markers.end)
     if s >= 0 or e >= 0:
         return INSIDE if s > e else OUTSIDE
     return INSIDE if markers.starts_inside else MAY_OPEN
 
 
 def plan_watch(prompt_ids: list[int], markers: ThinkingMarkers, budget: Optional[int] = None,
-               hold_grammar: bool = False) -> ReasoningWatch:
-    """The watch of a request with this prompt."""
-    begins = prompt_begins(prompt_ids, markers)
+               hold_grammar: bool = False, begins: Optional[str] = None) -> ReasoningWatch:
+    """The watch of a request with this prompt (begins: decided by the caller; None: prompt_begins)."""
+    begins = begins or prompt_begins(prompt_ids, markers)
     if begins == MAY_OPEN and hold_grammar and len(markers.start) != 1:
         begins = OUTSIDE  # a grammar cannot let a partial marker through: it applies from the first token
     return ReasoningWatch(markers.start, markers.end, begins, budget, hold_grammar)
 
 
-def request_watch(prompt_ids: list[int], budget: Optional[int], constrained: bool, reasoning_grammar: bool,
+def request_watch(prompt_ids: list[int], budget: Optional[int], constrained: bool, chat: Optional[ChatWatch],
                   limits: Any) -> Optional[ReasoningWatch]:
     """The watch of a request on a server with these RuntimeLimits (reasoning_parser, thinking_markers,
-    speculative), None when nothing is watched. reasoning_grammar: the request's grammar constrains the answer
-    after the reasoning (a chat request's own grammar). FieldError naming thinking_token_budget where a budget
-    cannot be honoured."""
+    speculative), None when nothing is watched. chat: what the chat route decided (its own grammar constrains
+    the answer; where its output begins). FieldError naming thinking_token_budget where a budget cannot be
+    honoured."""
     markers = ThinkingMarkers.from_wire(limits.thinking_markers)
     usable = markers is not None and bool(markers.start) and bool(markers.end)
     if budget is not None:
@@ -131,7 +146,8 @@ def request_watch(prompt_ids: list[int], budget: Optional[int], constrained: boo
         if limits.speculative:
             raise FieldError(BUDGET_FIELD, f"{BUDGET_FIELD} is not supported with speculative decoding")
     # a grammar waits for the block's end on a chat request, and always beside a budget (the forced marker)
-    hold = constrained and (reasoning_grammar or budget is not None) and usable and not limits.speculative
+    held_by_chat = chat is not None and chat.hold_grammar
+    hold = constrained and (held_by_chat or budget is not None) and usable and not limits.speculative
     if budget is None and not hold:
         return None
-    return plan_watch(prompt_ids, markers, budget, hold)
+    return plan_watch(prompt_ids, markers, budget, hold, chat.begins if chat is not None else None)

@@ -17,7 +17,7 @@ from typing import AsyncIterator, Callable, Optional
 from radixlang_runtime.protocol.generate_input import GenerateRequest, openai_requests
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
-from radixlang_runtime.protocol.reasoning_watch import ThinkingMarkers, prompt_begins
+from radixlang_runtime.protocol.reasoning_watch import GENERATION_TAIL, ChatWatch, ThinkingMarkers, prompt_begins
 from radixlang_runtime.protocol.results import Cumulative, LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, continued_text, render_chat
@@ -38,7 +38,7 @@ class Choices:
     @classmethod
     def build(cls, state: ServerState, prompts: list[list[int]], req_options: OpenAIOptions, sampling: dict,
               top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None,
-              reasoning_grammar: bool = False) -> "Choices":
+              chat_watch: Optional[ChatWatch] = None) -> "Choices":
         """prompts x n requests, validated up front (openai_requests); admission first (503 before any work).
         One logprob request serves top_logprobs (output; the prompt's too with echo) and prompt_logprobs: the
         larger top count, each reply cutting its rows to its own."""
@@ -58,7 +58,7 @@ class Choices:
                                rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
                                own_rid=req_options.rid is not None,
                                lora_id=req_options.lora_id, priority=req_options.priority,
-                               encode_words=state.tm.encode_words, reasoning_grammar=reasoning_grammar)
+                               encode_words=state.tm.encode_words, chat_watch=chat_watch)
         if req_options.rid is not None and (taken := [r.rid for r in reqs if r.rid in state.tm.states]):
             raise FieldError("rid", f"request id {taken[0]!r} is already in use")
         return cls(state, reqs)
@@ -132,11 +132,14 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     ids, template = chat_prompt_ids(state, req, req.tools)
     ids = req.options.truncated(ids)
     markers = ThinkingMarkers.from_wire(tm.limits.thinking_markers)
-    if think is not None and markers is not None:
-        # the split begins where the scheduler's watch has the output begin: decided by the prompt's ids
-        think = dataclasses.replace(think, begins=prompt_begins(ids, markers))
-    if think is not None and req.turn.continue_final_message:  # the split goes on from the prefilled text
-        think = dataclasses.replace(think, prefix=continued_text(req.messages))
+    prefix = continued_text(req.messages) if req.turn.continue_final_message else ""
+    begins = None
+    if markers is not None:  # from the prompt's tail: the generation prompt's markup and a continued message
+        begins = prompt_begins(ids, markers, GENERATION_TAIL + (len(tm.encode_text(prefix)) + 1 if prefix else 0))
+    if think is not None and begins is not None:  # the split begins where the scheduler's watch does
+        think = dataclasses.replace(think, begins=begins)
+    if think is not None and prefix:  # the split goes on from the prefilled text
+        think = dataclasses.replace(think, prefix=prefix)
     tools = with_parser(req.tools, state.args.tool_call_parser,
                         template if template is not None else getattr(tm.tokenizer, "chat_template", None))
     room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
@@ -163,8 +166,9 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
         sampling["stop"] = None
     # the client's grammar constrains the answer: it waits for the reasoning's end (a forced call's regex
     # already holds the reasoning block)
+    watch = ChatWatch(think is not None and tools.forced is None, begins) if begins is not None else None
     choices = Choices.build(state, [ids], req.options, sampling, (req.top_logprobs or 0) if req.logprobs else None,
-                            rid=rid, reasoning_grammar=think is not None and tools.forced is None)
+                            rid=rid, chat_watch=watch)
     return ChatIntake(choices, tools, think, req.logprobs, req.top_logprobs, req.options.token_ids_in_logprobs)
 
 

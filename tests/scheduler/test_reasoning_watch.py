@@ -19,8 +19,8 @@ from radixlang_runtime.constrained.step_guard import StepGuard, StepLimits, char
 from radixlang_runtime.model.executor.sampler import Sampler
 from radixlang_runtime.model.executor.step_io import SampleSpec
 from radixlang_runtime.protocol.limits import FieldError, RuntimeLimits
-from radixlang_runtime.protocol.reasoning_watch import (INSIDE, MAY_OPEN, OUTSIDE, ReasoningWatch, ThinkingMarkers,
-                                                        plan_watch, request_watch)
+from radixlang_runtime.protocol.reasoning_watch import (INSIDE, MAY_OPEN, OUTSIDE, ChatWatch, ReasoningWatch,
+                                                        ThinkingMarkers, plan_watch, request_watch)
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.overlap import OverlapSchedule
@@ -45,6 +45,8 @@ def test_the_plan_reads_the_prompts_last_marker():
     assert begins([1, *START, 5, *END, 6], inside_parser) == OUTSIDE  # a template switched thinking off
     assert begins([*START, *END, 7, *START]) == INSIDE
     assert begins([200, 5, 201]) == MAY_OPEN  # the ids apart are not the marker
+    assert begins([*START, 9, *END, *range(30)]) == MAY_OPEN  # markers in the history decide nothing
+    assert begins([*END, *range(5), *START, *range(8)]) == INSIDE  # the generation prompt's own markup
     assert begins([1, 2, 3], hold=True) == OUTSIDE  # a grammar cannot let a two-token marker through
     assert begins([1, 2, 3], ThinkingMarkers((200,), END, False), hold=True) == MAY_OPEN
 
@@ -111,18 +113,20 @@ def limits(**kw) -> RuntimeLimits:
 
 
 def test_what_the_intake_plans_and_refuses_by_name():
-    assert request_watch([1, *START], 5, False, False, limits()) == ReasoningWatch(START, END, INSIDE, 5)
-    assert request_watch([1, *START], 5, True, False, limits()).hold_grammar  # a budget holds the grammar
-    assert request_watch([1, *START], None, True, True, limits()) == ReasoningWatch(START, END, INSIDE, None, True)
-    assert request_watch([1, *START], None, True, False, limits()) is None  # /generate's grammar: from the start
-    assert request_watch([1, *START], None, False, True, limits()) is None  # nothing to hold
-    assert request_watch([1, *START], None, True, True, limits(speculative=True)) is None
+    chat = ChatWatch(True, INSIDE)
+    assert request_watch([1, *START], 5, False, None, limits()) == ReasoningWatch(START, END, INSIDE, 5)
+    assert request_watch([1, *START], 5, True, None, limits()).hold_grammar  # a budget holds the grammar
+    assert request_watch([1, *START], None, True, chat, limits()) == ReasoningWatch(START, END, INSIDE, None, True)
+    assert request_watch([1, *START], None, True, None, limits()) is None  # /generate's grammar: from the start
+    assert request_watch([1, *START], None, False, chat, limits()) is None  # nothing to hold
+    assert request_watch([1, *START], None, True, chat, limits(speculative=True)) is None
+    assert request_watch([1, 2], 3, False, ChatWatch(False, INSIDE), limits()).begins == INSIDE  # the chat decides
     cases = [(limits(reasoning_parser="", thinking_markers=()), "without --reasoning-parser"),
              (limits(reasoning_parser="gpt-oss", thinking_markers=()), "gpt-oss has no start / end marker"),
              (limits(speculative=True), "speculative decoding")]
     for lim, why in cases:
         with pytest.raises(FieldError, match=why) as e:
-            request_watch([1], 5, False, False, lim)
+            request_watch([1], 5, False, None, lim)
         assert e.value.param == "thinking_token_budget"
     with pytest.raises(ValueError, match="thinking_token_budget"):
         SamplingParams.from_dict({"thinking_token_budget": -1})

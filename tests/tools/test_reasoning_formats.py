@@ -166,6 +166,10 @@ PROMPTS = [  # (what the template put after the generation prompt, where the out
     ("<think>\n", INSIDE),  # Qwen3-2507 Thinking, DeepSeek V3.1 thinking
     ("<think>\n\n</think>\n\n", OUTSIDE),  # Qwen3 with enable_thinking false
     ("</think>", OUTSIDE),  # DeepSeek V3.1 without thinking
+    # a tool loop's earlier reasoning in the history (Qwen3 shows it after the last user turn): not this turn's
+    ("<think>\nweather needed\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+     "{\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny, 21 C\n"
+     "</tool_response><|im_end|>\n<|im_start|>assistant\n", MAY_OPEN),
 ]
 
 
