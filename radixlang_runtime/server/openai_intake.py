@@ -147,7 +147,8 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     keeps_special = any(p is not None and p.keeps_special_tokens for p in (tools.parser, think and think.parser)) \
         or (think is not None and markers is not None and markers.special)
     if keeps_special and "skip_special_tokens" not in req.options.sampling:
-        extra["skip_special_tokens"] = False  # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>)
+        # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>, [THINK], a model's <think>)
+        extra["skip_special_tokens"] = False
     sampling = req.options.sampling_params(max(room, 0), **extra)
     if tools.forced is not None:  # tool_choice required / a named function: the output is a call
         if not tm.limits.grammar:
