@@ -40,6 +40,10 @@ def checkpoints(tmp_path_factory):
     assert want["a"] != want["b"]  # the seeds give other tokens: every comparison below can fail
     with torch.no_grad():
         b_params = {k: v.clone() for k, v in b.state_dict().items()}
+        names = sorted(b_params)
+        a.load_state_dict({k: b_params[k] for k in names[: len(names) // 2]}, strict=False)  # A with half of B
+    want["half"] = hf_greedy(a, PROMPT, NEW)
+    assert want["half"] not in (want["a"], want["b"])
     return root, want, b_params
 
 
@@ -105,12 +109,20 @@ def test_engine_update_from_tensor(checkpoints):
     root, want, b_params = checkpoints
     with Engine(str(root / "a"), dtype="float32", max_total_tokens=1024) as eng:
         assert eng.generate(input_ids=PROMPT, sampling_params=SP)["output_ids"] == want["a"]
-        missing = [(k, v) for k, v in b_params.items() if k != "model.norm.weight"]
-        ok, message = eng.update_weights_from_tensor(missing)
-        assert ok is False
-        assert "model.norm.weight" in message
+        for bad, named in (("model.layers.9.mlp.up_proj.weight", [("model.layers.9.mlp.up_proj.weight",
+                                                                   b_params["model.norm.weight"])]),
+                           ("model.norm.weight [32]", [("model.norm.weight", b_params["model.norm.weight"][:32])])):
+            ok, message = eng.update_weights_from_tensor(named)
+            assert ok is False and bad in message, message
         assert eng.generate(input_ids=PROMPT, sampling_params=SP)["output_ids"] == want["a"]
-        ok, message = eng.update_weights_from_tensor(list(b_params.items()), weight_version="b")
+        # two buckets, as RL trainers send them: after the first, A with those tensors of B's
+        names = sorted(b_params)
+        first = [(k, b_params[k]) for k in names[: len(names) // 2]]
+        ok, message = eng.update_weights_from_tensor(first)
+        assert ok is True, message
+        assert eng.generate(input_ids=PROMPT, sampling_params=SP)["output_ids"] == want["half"]
+        ok, message = eng.update_weights_from_tensor([(k, b_params[k]) for k in names[len(names) // 2:]],
+                                                     weight_version="b")
         assert ok is True, message
         assert eng.weight_version == "b"
         out = eng.generate(input_ids=PROMPT, sampling_params=SP)

@@ -7,7 +7,8 @@ served model's tensor of the same name, in place: CUDA graphs, the fused decode 
 linears keep their storage. Everything is read and checked before the first copy, so a refused update leaves the
 old weights untouched:
 - config.json must equal the served one in every field the model reads (torch_dtype aside: weights are cast);
-- the checkpoint must hold exactly the served checkpoint's tensor names, each of the same shape;
+- a checkpoint on disk must hold exactly the served checkpoint's tensor names, each of the same shape; tensors
+  in process may be a bucket of them (the others keep their served values, read back: weight_read.py);
 - layouts that are not a plain float load (a GGUF file, a pre-quantized checkpoint, tensor-parallel shards,
   the transformers implementation, LoRA-wrapped projections, a draft model) are refused by name.
 The twin holds one more copy of the weights while the update runs.
@@ -16,7 +17,7 @@ The twin holds one more copy of the weights while the update runs.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -28,26 +29,34 @@ LOAD_FORMATS = (None, "auto", "safetensors")
 
 
 class TensorSource:
-    """In-memory (name, tensor) pairs read the way SafetensorsDir reads a checkpoint."""
+    """In-memory (name, tensor) pairs read the way SafetensorsDir reads a checkpoint. With `rest` (a bucket of a
+    larger update, as RL trainers send them): the served checkpoint's other names read through rest(name), the
+    values the served model holds now, so a twin built from it differs from the served model only where given."""
 
-    def __init__(self, named: Iterable[tuple[str, torch.Tensor]]):
+    def __init__(self, named: Iterable[tuple[str, torch.Tensor]], rest: Optional[Callable[[str], torch.Tensor]] = None,
+                 names: Iterable[str] = ()):
         self.tensors: dict[str, torch.Tensor] = {}
         for name, t in named:
             if not isinstance(name, str) or not isinstance(t, torch.Tensor):
                 raise ValueError("named_tensors must be (name, torch.Tensor) pairs")
             self.tensors[name] = t.detach()
+        self.given = list(self.tensors)
+        self.rest = rest
+        self.names = list(dict.fromkeys([*self.given, *names]))
 
     def __contains__(self, name: str) -> bool:
-        return name in self.tensors
+        return name in self.tensors or (self.rest is not None and name in self.names)
 
     def keys(self) -> list[str]:
-        return list(self.tensors)
+        return list(self.names)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors[name].shape)
 
     def get(self, name: str, rows: Range = None, cols: Range = None) -> torch.Tensor:
         t = self.tensors.get(name)
+        if t is None and self.rest is not None and name in self.names:
+            t = self.tensors[name] = self.rest(name).detach()  # read once: a fused parameter reads each part
         if t is None:
             raise ValueError(f"checkpoint is missing {name}")
         if rows is not None:
@@ -186,7 +195,21 @@ def update_from_disk(runner, model_path: str, load_format: Optional[str] = None)
 
 
 def update_from_tensors(runner, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-    """Replace the served weights with named_tensors: every tensor of the served checkpoint, by its
-    checkpoint name; returns how many model tensors were copied."""
-    source = TensorSource(named_tensors)
-    return _apply(runner, source, {n: source.shape(n) for n in source.keys()})
+    """Replace the served weights named in named_tensors (checkpoint names: all of them, or a bucket of them as
+    RL trainers send one after another; the others keep the values served now, read back with read_weight);
+    returns how many model tensors were copied."""
+    from radixlang_runtime.model.executor.weight_read import read_weight
+
+    if why := refusal(runner):
+        raise ValueError(why)
+    served = _served_shapes(runner)
+    source = TensorSource(named_tensors, lambda name: read_weight(runner, name), served)
+    given = {n: source.shape(n) for n in source.given}
+    if not given:
+        raise ValueError("named_tensors is empty")
+    check_names({n: s for n, s in served.items() if n in given}, given)  # known names, the served shapes
+    twin = build_twin(runner, source)
+    try:
+        return copy_into(runner.model, twin)
+    finally:
+        del twin
