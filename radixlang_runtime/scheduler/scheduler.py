@@ -339,9 +339,9 @@ class Scheduler:
                 req.finish({"type": "abort", "message": str(e)})
 
     def _after_sample_checked(self, req: Req) -> None:
-        if req.watch is not None and req.watch.plan.hold_grammar and self._move_grammar(req):
-            pass  # the token opened or closed the reasoning block: it is not the grammar's
-        elif req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
+        # a token that opened or closed the reasoning block moved the grammar: it is not the grammar's
+        moved = req.watch is not None and req.watch.plan.hold_grammar and self._move_grammar(req)
+        if not moved and req.grammar is not None and not self.grammar.advance(req, req.output_ids[-1]):
             # the mask makes this a bug, not bad input
             raise RuntimeError(f"request {req.rid}: the grammar refused sampled token {req.output_ids[-1]}")
         self._check_finished(req)

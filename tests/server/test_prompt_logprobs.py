@@ -61,9 +61,11 @@ def _assert_same_as_native(plp: list, ids: list[int], meta: dict, top: int) -> N
         assert tid == ids[i] and next(iter(d)) == str(tid)
         assert d[str(tid)]["logprob"] == value and d[str(tid)]["decoded_token"] == text
         assert set(d) == {str(tid)} | {str(t) for _, t, _ in rows[i]} and len(rows[i]) == top
-        for rank, (v, t, s) in enumerate(rows[i], 1):
+        for v, t, s in rows[i]:
             assert d[str(t)]["logprob"] == v and d[str(t)]["decoded_token"] == s
-            assert t == tid or d[str(t)]["rank"] == rank
+        # an alternative's rank is its place in the top row (the prompt token's own rank: _assert_matches_transformers)
+        alternatives = [(rank, t) for rank, (_, t, _) in enumerate(rows[i], 1) if t != tid]
+        assert [d[str(t)]["rank"] for _, t in alternatives] == [rank for rank, _ in alternatives]
 
 
 def _assert_matches_transformers(plp: list, ids: list[int], ref) -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from radixlang_runtime.protocol.reasoning_watch import INSIDE, MAY_OPEN, OUTSIDE, ThinkingMarkers, prompt_begins
 from radixlang_runtime.reasoning_parser import ALIASES, REASONING_PARSERS, HarmonyParser, Split, get_reasoning_parser
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_tokens
+from reasoning_utils import stream
 
 K2_CALL = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{}"
            "<|tool_call_end|><|tool_calls_section_end|>")
@@ -69,21 +70,12 @@ CASES = [  # (parser, where the prompt left it (None: the class's default), outp
 ]
 
 
-def stream(name: str, begins, pieces: list[str]) -> Split:
-    p = get_reasoning_parser(name)(begins)
-    out = Split()
-    for piece in pieces:
-        out += p.feed(piece)
-    out += p.finish()
-    return out
-
-
 @pytest.mark.parametrize("name,begins,text,reasoning,content", CASES)
 def test_whole_and_streamed_in_every_two_piece_and_one_char_chunking(name, begins, text, reasoning, content):
     assert get_reasoning_parser(name).parse(text, begins) == Split(reasoning, content)
-    assert stream(name, begins, list(text)) == Split(reasoning, content)
+    assert stream(name, list(text), begins) == Split(reasoning, content)
     for cut in range(len(text) + 1):
-        assert stream(name, begins, [text[:cut], text[cut:]]) == Split(reasoning, content), cut
+        assert stream(name, [text[:cut], text[cut:]], begins) == Split(reasoning, content), cut
 
 
 PAIRS = sorted({cls for cls in REASONING_PARSERS.values() if not issubclass(cls, HarmonyParser)}, key=lambda c: c.name)
@@ -97,7 +89,7 @@ def test_streamed_equals_whole_in_any_chunking(cls, begins, data):
     text = "".join(parts)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    assert stream(cls.name, begins, pieces) == cls.parse(text, begins)
+    assert stream(cls.name, pieces, begins) == cls.parse(text, begins)
 
 
 def test_names_aliases_and_the_flag_s_choices():

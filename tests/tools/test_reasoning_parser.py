@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from radixlang_runtime.reasoning_parser import Split, get_reasoning_parser
+from reasoning_utils import stream
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_plan, reasoning_tokens, split_whole
 
 CASES = [  # (parser, output, reasoning, content)
@@ -48,15 +49,6 @@ CASES += [
     ("gpt-oss", "No harmony here <|", "", "No harmony here <|"),
     ("gpt-oss", "<|chan", "", "<|chan"),  # a partial marker at the very end is text
 ]
-
-
-def stream(name: str, pieces: list[str]) -> Split:
-    p = get_reasoning_parser(name)()
-    out = Split()
-    for piece in pieces:
-        out += p.feed(piece)
-    out += p.finish()
-    return out
 
 
 @pytest.mark.parametrize("name,text,reasoning,content", CASES)
