@@ -3,10 +3,11 @@
 The request is checked field by field (a FieldError naming it: HTTP 400 in Anthropic's error shape) and
 translated into the chat request the OpenAI route runs (chat_body): `system` (a string or text blocks) is
 the first system message; content blocks map to chat messages (`text` -> content, an assistant's `tool_use`
--> tool_calls, a user's `tool_result` -> a `tool` message, `thinking` / `redacted_thinking` in the
-history are dropped); `tools` [{name, description, input_schema}] -> functions; `tool_choice` auto / any /
-tool {name} / none -> auto / required / a named function / none (any and tool are enforced by grammar as in
-chat), disable_parallel_tool_use -> parallel_tool_calls false; stop_sequences -> stop; top_k as is;
+-> tool_calls, a user's `tool_result` -> a `tool` message, an assistant's `thinking` -> its
+`reasoning_content` (the template decides whether to show it), `redacted_thinking` is dropped); `tools`
+[{name, description, input_schema}] -> functions; `tool_choice` auto / any / tool {name} / none -> auto /
+required / a named function / none (any and tool are enforced by grammar as in chat),
+disable_parallel_tool_use -> parallel_tool_calls false; stop_sequences -> stop; top_k as is;
 `output_config` {format: {type: json_schema, schema}} -> response_format json_schema (grammar-enforced),
 {effort} -> the template variable reasoning_effort (chat_render.template_kwargs); `thinking` {type: enabled,
 budget_tokens} -> thinking_token_budget (the reasoning's end is forced when it is spent; Anthropic's bounds:
@@ -41,7 +42,9 @@ _REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload", "se
                    "web_search_tool_result")
 _BLOCK_KEYS = {"text": {"type", "text", "cache_control", "citations"},
                "tool_use": {"type", "id", "name", "input", "cache_control"},
-               "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"}}
+               "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+               "thinking": {"type", "thinking", "signature", "cache_control"},
+               "redacted_thinking": {"type", "data", "cache_control"}}
 MAX_STOP_SEQUENCES = 16
 
 
@@ -245,12 +248,14 @@ def _user(blocks: list, where: str) -> list[dict]:
 
 
 def _assistant(blocks: list, where: str) -> list[dict]:
-    texts, calls = [], []
+    texts, calls, thoughts = [], [], []
     for j, b in enumerate(blocks):
         at = f"{where}[{j}]"
         kind = _block_type(b, at)
         if kind == "text":
             texts.append(b["text"])
+        elif kind == "thinking":
+            thoughts.append(need_str(b.get("thinking"), f"{at}.thinking"))
         elif kind == "tool_use":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or \
                     not isinstance(b.get("input"), dict):
@@ -262,6 +267,8 @@ def _assistant(blocks: list, where: str) -> list[dict]:
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
+    if thoughts:
+        msg["reasoning_content"] = "".join(thoughts)
     return [msg]
 
 

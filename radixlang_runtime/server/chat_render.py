@@ -2,6 +2,8 @@
 
 Messages are checked once: roles system / developer (rendered as system) / user / assistant / tool;
 content a string or text parts (an assistant turn with tool_calls may have none); an assistant's
+`reasoning_content` (or vLLM's `reasoning`) reaches the template as `reasoning_content` (Qwen3's and
+others' templates show the current turn's reasoning between its tool calls from it); its
 `tool_calls` [{id, type: "function", function: {name, arguments: JSON text}}] reach the template with
 arguments as an object (what most templates expect: `arguments | tojson`, GLM-4.5's `arguments.items()`), or,
 for a template that joins them to its text with `+` (DeepSeek V3 / R1 / V3.1's own: an object raises
@@ -74,6 +76,18 @@ def _tool_calls(calls: Any, where: str, text_arguments: bool = False) -> list[di
     return out
 
 
+def _reasoning(m: dict, where: str) -> Optional[str]:
+    """An assistant turn's reasoning: `reasoning_content` (SGLang, DeepSeek) or `reasoning` (vLLM), null or a
+    string; both set must agree."""
+    given = {k: m[k] for k in ("reasoning_content", "reasoning") if m.get(k) is not None}
+    for key, value in given.items():
+        if not isinstance(value, str):
+            raise FieldError(f"{where}.{key}", f"{where}.{key} must be a string or null, got {show(value)}")
+    if len(set(given.values())) > 1:
+        raise FieldError(f"{where}.reasoning", f"{where}.reasoning and {where}.reasoning_content differ: send one")
+    return next(iter(given.values()), None)
+
+
 def clean_messages(messages: Any, text_arguments: bool = False) -> tuple[list[dict], bool]:
     """-> (messages for the template, whether they hold tool calls or tool results). text_arguments: tool
     calls' arguments as JSON text, not an object."""
@@ -91,6 +105,8 @@ def clean_messages(messages: Any, text_arguments: bool = False) -> tuple[list[di
         if calls is not None:
             msg["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls", text_arguments)
             tool_history = True
+        if role == "assistant" and (thought := _reasoning(m, where)) is not None:
+            msg["reasoning_content"] = thought
         if role == "tool":
             tool_history = True
             if not isinstance(m.get("tool_call_id"), str):

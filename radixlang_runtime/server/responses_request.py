@@ -10,7 +10,7 @@ name (400 naming it) unless null / at the value that leaves it off (_OFF_VALUES)
 What the output items carry besides (OutputShape): `reasoning.summary` (the reasoning text as the reasoning
 item's summary: no model summarizes it), `include` "reasoning.encrypted_content" (the reasoning sealed:
 responses_sealed.py; an input reasoning item's is opened again onto the assistant turn it precedes, as that
-message's `reasoning_content`, which the chat path's rendering leaves out) and "message.output_text.logprobs"
+message's `reasoning_content`, which the template may show) and "message.output_text.logprobs"
 (the chat body's logprobs / top_logprobs, onto the output_text part).
 """
 
@@ -240,9 +240,9 @@ def _response_format(f: Any) -> dict:
 
 def input_messages(items: Any) -> list[dict]:
     """`input` (a string or items) -> chat messages: messages by role, function_call items joined onto the
-    assistant turn before them, function_call_output as `tool` messages; a reasoning item is not rendered
-    (chat templates leave earlier reasoning out): its `encrypted_content`, opened, becomes the
-    `reasoning_content` of the assistant turn after it (a token this server did not seal: 400 naming it)."""
+    assistant turn before them, function_call_output as `tool` messages; a reasoning item's text (its
+    `encrypted_content` opened, a token this server did not seal a 400 naming it; else its `content`
+    reasoning_text parts) becomes the `reasoning_content` of the assistant turn after it, for the template."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
@@ -282,10 +282,20 @@ def input_messages(items: Any) -> list[dict]:
                 if thought is None:
                     raise FieldError(f"{where}.encrypted_content", f"{where}.encrypted_content was not sealed by "
                                      "this server process (changed, from another server, or from before a restart)")
+            elif item.get("content") is not None:
+                thought = _reasoning_text(item["content"], f"{where}.content")
         else:
             raise FieldError(where, f"{where}: input item type {show(kind)} is not supported (message, function_call, "
                                     "function_call_output, reasoning)")
     return out
+
+
+def _reasoning_text(parts: Any, where: str) -> Optional[str]:
+    """A reasoning item's `content` [{type: reasoning_text, text}] -> its text (None when empty)."""
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == "reasoning_text" and
+                                              isinstance(p.get("text"), str) for p in parts):
+        raise FieldError(where, f"{where} must be a list of {{\"type\": \"reasoning_text\", \"text\"}} parts")
+    return "".join(p["text"] for p in parts) or None
 
 
 def _call(item: dict, where: str) -> dict:

@@ -39,7 +39,8 @@ def test_blocks_tools_and_choice_translate_to_the_chat_request():
     assert body["messages"] == [
         {"role": "system", "content": "AB"}, {"role": "user", "content": "q"},
         {"role": "assistant", "content": "t", "tool_calls": [
-            {"id": "tu1", "type": "function", "function": {"name": "f", "arguments": '{"city": "x"}'}}]},
+            {"id": "tu1", "type": "function", "function": {"name": "f", "arguments": '{"city": "x"}'}}],
+         "reasoning_content": "hm"},
         {"role": "tool", "tool_call_id": "tu1", "content": "ok"}, {"role": "user", "content": "next"}]
     assert body["tools"] == [{"type": "function", "function": {"name": "f", "description": "d", "parameters": CITY}}]
     assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
@@ -72,6 +73,10 @@ def test_blocks_tools_and_choice_translate_to_the_chat_request():
     ({"thinking": {"type": "enabled", "budget_tokens": 1023}, "max_tokens": 4096}, "thinking.budget_tokens"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1024}, "must be greater than"),
     ({"thinking": {"type": "disabled", "budget_tokens": 1024}}, "thinking.budget_tokens: Extra inputs"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": 3}]}]}, "thinking"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "x": 1}]}]},
+     r"\.x: Extra inputs"),
+    ({"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "t"}]}]}, "user turn"),
 ])
 def test_bad_fields_are_named(patch, named):
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "q"}], **patch}

@@ -92,7 +92,7 @@ def test_encrypted_reasoning_sent_back_as_codex_does(server):
         nxt = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And of Spain?"}]}
         with_item = _run(client, _codex_body([user, back, msg, nxt]))
         without = _run(client, _codex_body([user, msg, nxt]))
-        # taken, not rendered (the template leaves earlier reasoning out): the same prompt, the same answer
+        # taken onto the assistant turn; the embedded model's template does not show reasoning: the same prompt
         assert with_item["usage"]["input_tokens"] == without["usage"]["input_tokens"]
         assert [(o["type"], o.get("content")) for o in with_item["output"]] == \
             [(o["type"], o.get("content")) for o in without["output"]]
