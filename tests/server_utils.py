@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,7 +41,10 @@ class ServerProcess:
 
     def _start(self, flags: tuple, timeout: float, new_session: bool) -> bool:
         """True once /health answers 200; False if the process exited first."""
+        named = {f.rsplit(":", 1)[1] for f in flags if isinstance(f, str) and re.fullmatch(r"[\w.\-]+:\d+", f)}
         self.port = free_port()
+        while str(self.port) in named:  # never a port the flags name (--dist-init-addr HOST:PORT)
+            self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixlang_runtime.launch_server", "--port", str(self.port), *flags]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ),
