@@ -3,7 +3,8 @@
 Messages are checked once: roles system / developer (rendered as system) / user / assistant / tool;
 content a string or text parts (an assistant turn with tool_calls may have none); an assistant's
 `reasoning_content` (or vLLM's `reasoning`) reaches the template as `reasoning_content` (Qwen3's and
-others' templates show the current turn's reasoning between its tool calls from it); its
+others' templates show the current turn's reasoning between its tool calls from it), and as `thinking` where the
+template reads that (gpt-oss's); its
 `tool_calls` [{id, type: "function", function: {name, arguments: JSON text}}] reach the template with
 arguments as an object (what most templates expect: `arguments | tojson`, GLM-4.5's `arguments.items()`), or,
 for a template that joins them to its text with `+` (DeepSeek V3 / R1 / V3.1's own: an object raises
@@ -26,6 +27,7 @@ the template's own text.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -214,10 +216,30 @@ def _render(tokenizer: Any, clean: list[dict], template: Optional[str], extra: d
                                                    f"template: {e}") from None
 
 
+_READS_THINKING = re.compile(r"\.thinking\b|\[['\"]thinking['\"]\]")
+
+
+def _as_thinking(clean: list[dict]) -> list[dict]:
+    """For a template that reads an assistant turn's reasoning as `thinking` (gpt-oss's harmony template, which
+    refuses a tool-call turn with both content and thinking): the reasoning as `thinking`; such a turn's content
+    (a commentary preamble) gives way to it, as llama.cpp does."""
+    out = []
+    for m in clean:
+        if m.get("reasoning_content") is not None:
+            m = {**m, "thinking": m["reasoning_content"]}
+            if m.get("tool_calls"):
+                m["content"] = ""
+        out.append(m)
+    return out
+
+
 def _apply(tokenizer: Any, messages: Any, template: Optional[str], extra: dict, turn: TurnEnd,
            edit: Callable[[list[dict]], list[dict]] = lambda clean: clean) -> str:
     """The raw messages, checked (edit: a change to the checked ones), rendered: tool calls' arguments as an
     object, or, where the template joins one to a string (TypeError), as JSON text."""
+    active = template if template is not None else getattr(tokenizer, "chat_template", None)
+    if isinstance(active, str) and _READS_THINKING.search(active):
+        edit = (lambda first: lambda ms: _as_thinking(first(ms)))(edit)
     clean, tool_history = clean_messages(messages)
     try:
         try:

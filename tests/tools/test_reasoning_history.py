@@ -32,6 +32,14 @@ EVERY_TURN = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
     "{% if m.reasoning_content is string %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
     "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# gpt-oss's rule: a tool-call turn's analysis from `thinking` (or its content), never both
+HARMONY_RULE = (
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+    "{% if m.content and m.thinking %}{{ raise_exception('Cannot pass both content and thinking') }}{% endif %}"
+    "{% if m.thinking or m.content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking or m.content }}"
+    "<|end|>{% endif %}<|start|>assistant to=functions.{{ m.tool_calls[0].function.name }}<|call|>"
+    "{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}")
 THOUGHT = "the user wants a city"
 
 
@@ -77,6 +85,15 @@ def test_both_fields_agreeing_and_null_are_taken(tok):
     both = render_chat(tok, loop({"reasoning_content": THOUGHT, "reasoning": THOUGHT}), CURRENT_TURN, None, {})[0]
     assert both == render_chat(tok, loop({"reasoning_content": THOUGHT}), CURRENT_TURN, None, {})[0]
     assert "<think>" not in render_chat(tok, loop({"reasoning_content": None}), CURRENT_TURN, None, {})[0]
+
+
+def test_a_template_that_reads_thinking_gets_the_reasoning_there(tok):
+    text = render_chat(tok, loop({"reasoning_content": THOUGHT}), HARMONY_RULE, None, {})[0]
+    # the reasoning is the analysis; the turn's content (a preamble) gives way to it rather than a refusal
+    assert f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant to=functions.lookup" in text
+    assert "Looking it up." not in text
+    plain = render_chat(tok, loop({}), HARMONY_RULE, None, {})[0]
+    assert "analysis<|message|>Looking it up.<|end|>" in plain
 
 
 def test_anthropic_thinking_blocks_become_the_turns_reasoning(tok):
