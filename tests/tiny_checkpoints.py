@@ -120,3 +120,17 @@ GRANITE_CASES = {
                                                       "tie_word_embeddings": True,
                                                       "layer_types": ["attention", "mamba", "mamba", "attention"]}),
 }
+
+# Nemotron-H (Mamba2 hybrid of single-mixer blocks): Mamba2, attention, relu^2 MLP and MoE blocks
+NEMOTRON_TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, bos_token_id=1,
+                     eos_token_id=2, initializer_range=0.3, max_position_embeddings=512, mamba_num_heads=8,
+                     mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=16,
+                     intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     moe_shared_expert_intermediate_size=24, n_group=2, topk_group=1, routed_scaling_factor=2.5)
+NEMOTRON_CASES = {
+    "nemotron_h": ("NemotronHConfig", {"layers_block_type": [
+        "linear_attention", "full_attention", "mlp", "linear_attention", "moe"]}),
+    # the MoE through latent projections; biases on the MLPs and the Mamba2 projections; one group of B / C
+    "nemotron_h_latent": ("NemotronHConfig", {"layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"],
+                                             "moe_latent_size": 40, "mlp_bias": True, "use_bias": True, "n_groups": 1}),
+}

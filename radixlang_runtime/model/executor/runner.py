@@ -131,8 +131,8 @@ class ModelRunner:
         if cfg.linear_attn is not None:  # what a recurrent state allows (model/executor/hybrid_args.py)
             self.args = args = check_hybrid_args(args, cfg)
         elif args.max_mamba_cache_size is not None:
-            raise ValueError(f"max_mamba_cache_size applies to hybrid models (Qwen3-Next, Qwen3.5, Granite 4.0-H); "
-                             f"{cfg.architecture} keeps no recurrent state")
+            raise ValueError("max_mamba_cache_size applies to hybrid models (Qwen3-Next, Qwen3.5, Granite 4.0-H, "
+                             f"Nemotron-H); {cfg.architecture} keeps no recurrent state")
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,

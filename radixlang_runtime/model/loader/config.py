@@ -66,6 +66,8 @@ class ModelConfig:
     quant: Optional[Any] = None  # quantization_config's spec (model/prequant/); None: float weights
     # Gemma 4: the last kv_shared_layers layers read an earlier layer's K/V and have no pool plane of their own
     kv_shared_layers: int = 0
+    # layers with neither K/V nor a recurrent state (Nemotron-H's MLP and MoE blocks: a block is one mixer)
+    kv_free_layers: int = 0
 
     def kv_entry(self, kv_heads: int) -> tuple[int, int, Optional[int]]:
         """(heads, head_dim, v_view) of a token's KV-pool entry (mem/kv_pool.KVPool): kv_heads K and V heads of
@@ -99,7 +101,7 @@ class ModelConfig:
         """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead; KV-shared
         layers read their source layer's)."""
         return (self.num_hidden_layers - (self.linear_attn.num_linear if self.linear_attn else 0)
-                - self.kv_shared_layers)
+                - self.kv_shared_layers - self.kv_free_layers)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""
