@@ -82,3 +82,19 @@ def test_config_reads_the_pattern_and_the_layer_types():
 def test_config_fields_not_honoured_are_refused_by_name(over, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig.from_dict(config(**over))
+
+
+def test_bfloat16_runs_with_the_cpu_kernels(tmp_path):
+    """bfloat16: packed linears and the C norms around the Mamba2 and MoE blocks (the router in float32); a state
+    hit there too."""
+    from radixlang_runtime import Engine
+
+    cls_name, kwargs = CASES["nemotron_h"]
+    build_tiny(tmp_path, cls_name, TINY, kwargs)
+    with Engine(str(tmp_path), dtype="bfloat16", max_total_tokens=1024, page_size=4, chunked_prefill_size=32,
+                debug_check_integrity=True) as eng:
+        out = eng.generate(input_ids=LONG, sampling_params=SP)
+        again = eng.generate(input_ids=LONG + out["output_ids"] + [9, 9], sampling_params=SP)
+        eng.check_integrity()
+    assert len(out["output_ids"]) == len(again["output_ids"]) == NEW
+    assert again["meta_info"]["cached_tokens"] == FINISHED
