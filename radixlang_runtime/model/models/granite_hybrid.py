@@ -23,6 +23,7 @@ from torch import nn
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.parallel import Reduce, Shard, make_shard
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.layers.hybrid_attention import HybridAttention
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
 from radixlang_runtime.model.layers.mamba2_spec import parse_mamba2
 from radixlang_runtime.model.layers.mlp import MLP
@@ -87,28 +88,6 @@ def parse_granite_hybrid(cfg: dict) -> ModelConfig:
                                linear_attn=parse_mamba2(cfg, ARCH, tuple(t in _MAMBA for t in types)))
 
 
-class GraniteAttention(nn.Module):
-    """Softmax attention over the paged KV pool: fused q/k/v, rope or none, o_proj; the backend scales the
-    scores by attention_multiplier (ModelConfig.attn_scale)."""
-
-    def __init__(self, cfg: ModelConfig, kv_layer: int, backend: AttentionBackend, shard: Shard, rope: bool):
-        super().__init__()
-        self.kv_layer = kv_layer  # this layer's index in the KV pool (attention layers only)
-        self.h, self.hkv, self.d = shard.q_count, shard.kv_count, cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.attention_bias)
-        self.backend, self.rope = backend, rope
-
-    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        T, h, hkv, d = x.shape[0], self.h, self.hkv, self.d
-        qkv = self.qkv_proj(x)
-        qk = qkv[:, : (h + hkv) * d].view(T, h + hkv, d)
-        v = qkv[:, (h + hkv) * d:].view(T, hkv, d)
-        if self.rope:
-            qk = Rotary.apply(qk, fb.rope_cos_sin)
-        return self.o_proj(self.backend.forward(qk[:, :h], qk[:, h:], v.contiguous(), self.kv_layer, fb))
-
-
 class GraniteLayer(nn.Module):
     """Norm, the mixer (Mamba2 or attention), norm, feed-forward; each output times residual_multiplier
     (DecoderLayer's contract: the returned output is added to the residual by the next norm)."""
@@ -145,7 +124,7 @@ class GraniteMoeHybridForCausalLM(MoEForCausalLM):
         layers = []
         for i, mamba in enumerate(spec.linear_layers):
             mixer = (Mamba2Mixer(spec, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i)) if mamba
-                     else GraniteAttention(cfg, i - spec.index_of(i), backend, shard, opts.rope))
+                     else HybridAttention(cfg, i - spec.index_of(i), backend, shard, opts.rope))
             layers.append(GraniteLayer(mixer, self.make_mlp(cfg, i, shard, reduce), cfg))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -194,8 +173,7 @@ class GraniteMoeHybridForCausalLM(MoEForCausalLM):
 
     def _load_mamba(self, src: str, dst: str, tensors: SafetensorsDir, put: Callable) -> None:
         take, spec = tensors.get, self.cfg.linear_attn
-        names = ["in_proj", "out_proj"]
-        for p in names:
+        for p in ("in_proj", "out_proj"):
             for suffix in ("weight", "bias") if spec.proj_bias else ("weight",):
                 put(dst + f"{p}.{suffix}", take(src + f"{p}.{suffix}"))
         put(dst + "conv_weight", take(src + "conv1d.weight").squeeze(1))  # [C, 1, K] -> [C, K]

@@ -26,6 +26,7 @@ from torch import nn
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.parallel import Reduce, Shard, make_shard
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
+from radixlang_runtime.model.layers.hybrid_attention import HybridAttention
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
 from radixlang_runtime.model.layers.mamba2_spec import Mamba2Spec, make_mamba2
 from radixlang_runtime.model.layers.moe import grouped_experts
@@ -34,7 +35,6 @@ from radixlang_runtime.model.layers.rms_norm import RMSNorm
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
-from radixlang_runtime.model.models.granite_hybrid import GraniteAttention
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
 ARCH = "NemotronHForCausalLM"
@@ -198,7 +198,7 @@ class NemotronHForCausalLM(LlamaForCausalLM):
                 mixer = Mamba2Mixer(spec, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i))
             elif kind == "full_attention":
                 kv_layer = opts.layer_types[:i].count("full_attention")  # its plane in the KV pool
-                mixer = GraniteAttention(cfg, kv_layer, backend, shard, rope=False)
+                mixer = HybridAttention(cfg, kv_layer, backend, shard, rope=False)
             elif kind == "mlp":
                 mixer = Relu2MLP(cfg.hidden_size, cfg.intermediate_size, opts.mlp_bias)
             else:
@@ -248,7 +248,7 @@ class NemotronHForCausalLM(LlamaForCausalLM):
                 put(dst + "conv_bias", take(src + "conv1d.bias"))
             for p in ("dt_bias", "A_log", "D", "norm.weight"):
                 put(dst + p, take(src + p))
-        elif isinstance(m, GraniteAttention):
+        elif isinstance(m, HybridAttention):
             put(dst + "qkv_proj.weight", [take(src + f"{p}_proj.weight") for p in "qkv"])
             put(dst + "o_proj.weight", take(src + "o_proj.weight"))
         elif isinstance(m, Relu2MLP):
