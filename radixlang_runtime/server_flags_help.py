@@ -71,8 +71,9 @@ HELP: dict[str, str] = {
     "kv_cache_budget_bytes": "CPU: bytes for the KV pool (default: from free memory)",
     "page_size": "tokens per KV page (default: 16 on CPU, 1 on GPU)",
     "max_running_requests": "most requests decoding at once (default: from the pool)",
-    "max_mamba_cache_size": "hybrid models (Qwen3-Next, Qwen3.5): recurrent-state slots, one per running request, "
-                            "taken from the memory budget (default: max_running_requests, else 32)",
+    "max_mamba_cache_size": "hybrid models (Qwen3-Next, Qwen3.5, Granite 4.0-H, Nemotron-H): recurrent-state slots, "
+                            "one per running request, taken from the memory budget (default: max_running_requests, "
+                            "else 32)",
     # scheduling
     "max_prefill_tokens": "most prompt tokens in one prefill batch (default: 4096 on CPU, 16384 on GPU)",
     "chunked_prefill_size": "longest prefill chunk of one request, -1: no chunking (default: 4096 on CPU, "

@@ -99,3 +99,38 @@ HYBRID_CASES = {
     "qwen3_5": ("Qwen3_5TextConfig", {"intermediate_size": 96, "layer_types": [
         "linear_attention", "full_attention", "linear_attention", "full_attention"]}),
 }
+
+# Granite 4.0-H (Mamba2 hybrid): Mamba2 layers of 8 heads x 16 (2 groups of B / C, chunks of 16 tokens), one
+# attention layer; Granite's multipliers away from 1
+GRANITE_TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    bos_token_id=1, eos_token_id=2, initializer_range=0.3, max_position_embeddings=512,
+                    mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=16,
+                    layer_types=["mamba", "attention", "mamba", "mamba"], embedding_multiplier=2.0,
+                    residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0, intermediate_size=32,
+                    shared_intermediate_size=48)
+GRANITE_CASES = {
+    # MoE (4 experts, top 2) beside the shared MLP; attention without positions
+    "granite_moe_nope": ("GraniteMoeHybridConfig", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                                    "position_embedding_type": "nope"}),
+    # the shared MLP alone; rope; biases on the attention and Mamba2 projections, none on the convolution; one
+    # group of B / C; tied embeddings
+    "granite_dense_rope": ("GraniteMoeHybridConfig", {"num_local_experts": 0, "position_embedding_type": "rope",
+                                                      "attention_bias": True, "mamba_proj_bias": True,
+                                                      "mamba_conv_bias": False, "mamba_n_groups": 1,
+                                                      "tie_word_embeddings": True,
+                                                      "layer_types": ["attention", "mamba", "mamba", "attention"]}),
+}
+
+# Nemotron-H (Mamba2 hybrid of single-mixer blocks): Mamba2, attention, relu^2 MLP and MoE blocks
+NEMOTRON_TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, bos_token_id=1,
+                     eos_token_id=2, initializer_range=0.3, max_position_embeddings=512, mamba_num_heads=8,
+                     mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=16,
+                     intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     moe_shared_expert_intermediate_size=24, n_group=2, topk_group=1, routed_scaling_factor=2.5)
+NEMOTRON_CASES = {
+    "nemotron_h": ("NemotronHConfig", {"layers_block_type": [
+        "linear_attention", "full_attention", "mlp", "linear_attention", "moe"]}),
+    # the MoE through latent projections; biases on the MLPs and the Mamba2 projections; one group of B / C
+    "nemotron_h_latent": ("NemotronHConfig", {"layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"],
+                                             "moe_latent_size": 40, "mlp_bias": True, "use_bias": True, "n_groups": 1}),
+}

@@ -1,6 +1,6 @@
-"""State pool: the recurrent state of hybrid models' linear-attention layers (model/layers/gated_deltanet.py), beside
-the KV pool. Per state slot and per linear layer: the DeltaNet matrix [Hv, Dk, Dv] (float32, as the
-reference keeps it) and the convolution window [conv_dim, K - 1] (the model dtype).
+"""State pool: the recurrent state of hybrid models' recurrent layers (model/layers/gated_deltanet.py, mamba2.py),
+beside the KV pool. Per state slot and per recurrent layer: the state matrix (the DeltaNet's [Hv, Dk, Dv],
+Mamba2's [heads, head_dim, d_state]; float32) and the convolution window [conv_dim, K - 1] (the model dtype).
 
 Slot s < rows is the state of the request in request-table row s: a row is allocated and freed with its
 request (admission; finish, abort, retraction: scheduler/kv_manager.KVManager.release), so the state follows

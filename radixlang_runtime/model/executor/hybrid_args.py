@@ -1,4 +1,4 @@
-"""What serving a hybrid model (linear-attention layers with a recurrent state: model/layers/gated_deltanet.py) allows.
+"""What serving a hybrid model (recurrent layers with a state: model/layers/gated_deltanet.py, mamba2.py) allows.
 
 A recurrent state cannot take tokens back once they are folded into it, so what runs tokens and then takes some
 back keeps the state after each of them: a verify step (jump-forward's forced tokens of constrained decoding,

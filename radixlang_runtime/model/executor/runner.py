@@ -131,8 +131,8 @@ class ModelRunner:
         if cfg.linear_attn is not None:  # what a recurrent state allows (model/executor/hybrid_args.py)
             self.args = args = check_hybrid_args(args, cfg)
         elif args.max_mamba_cache_size is not None:
-            raise ValueError(f"max_mamba_cache_size applies to hybrid models (Qwen3-Next, Qwen3.5); {cfg.architecture} "
-                             "keeps no recurrent state")
+            raise ValueError("max_mamba_cache_size applies to hybrid models (Qwen3-Next, Qwen3.5, Granite 4.0-H, "
+                             f"Nemotron-H); {cfg.architecture} keeps no recurrent state")
         self.context_len = args.context_length or cfg.max_position_embeddings
         cfg.check_context_len(self.context_len)  # a family's math that holds only up to some context
         self.shard = make_shard(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
@@ -205,11 +205,12 @@ class ModelRunner:
                                                  extend_attention="mla-expanded:torch")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
-        if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py
-            if args.attention_backend == "triton":
+        if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py, mamba2.py (torch only)
+            if args.attention_backend == "triton" and hasattr(model, "use_triton_kernels"):
                 model.use_triton_kernels()
-            c = any(getattr(m, "use_cpu_kernel", False) for m in model.modules() if isinstance(m, GatedDeltaNet))
-            decode = f"c:{detect().isa}" if c else "triton" if args.attention_backend == "triton" else "torch"
+            deltanets = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+            c = any(m.use_cpu_kernel for m in deltanets)
+            decode = f"c:{detect().isa}" if c else "triton" if any(m.use_triton for m in deltanets) else "torch"
             prefill = {"torch": "torch:chunked", "triton": "triton:recurrent"}.get(decode, f"{decode}:recurrent")
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear_attention=f"decode {decode}, prefill {prefill}")
         if hasattr(backend, "configure"):

@@ -32,6 +32,7 @@ from torch import nn
 from radixlang_kernels import gdn_ops
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
+from radixlang_runtime.model.layers.recurrent_steps import decode_saves, extend_requests
 
 CHUNK = 64
 
@@ -144,35 +145,18 @@ class GatedDeltaNet(nn.Module):
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         pool = fb.state_pool
         ssm, conv = pool.ssm[self.state_index], pool.conv[self.state_index]  # [slots, ...] each
-        if fb.is_decode:
-            o = self._decode(mixed, g, beta, ssm, conv, fb)
-        else:
-            outs, spans = [], []
-            start = 0
-            for i, (slot, n, fresh) in enumerate(zip(fb.state_slots_cpu, fb.extend_lens_cpu, fb.state_fresh)):
-                rows = slice(start, start + n)
-                save = fb.state_saves.get(i)
-                if fb.state_verify is not None and i in fb.state_verify.first:  # after the others, batched
-                    spans.append((i, start, n))
-                    outs.append(i)
-                    start += n
-                    continue
-                if save is None or save[0] == n:
-                    outs.append(self._extend_one(mixed[rows], g[rows], beta[rows], ssm, conv, slot, fresh))
-                else:  # the state after the first `off` tokens is saved: two pieces
-                    off = save[0]
-                    outs.append(self._extend_one(mixed[rows][:off], g[rows][:off], beta[rows][:off], ssm, conv,
-                                                 slot, fresh))
-                    self._save(ssm, conv, slot, save[1])
-                    outs.append(self._extend_one(mixed[rows][off:], g[rows][off:], beta[rows][off:], ssm, conv,
-                                                 slot, False))
-                if save is not None and save[0] == n:
-                    self._save(ssm, conv, slot, save[1])
-                start += n
-            if spans:
-                verified = self._verify(mixed, g, beta, ssm, conv, fb, spans)
-                outs = [verified[x] if isinstance(x, int) else x for x in outs]
-            o = torch.cat(outs)  # [T, H, Dv]
+
+        def rule(rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            return self._rule(mixed[rows], g[rows], beta[rows], ssm, conv, slots)
+
+        def extend(rows: slice, slot: int, fresh: bool) -> torch.Tensor:
+            return self._extend_one(mixed[rows], g[rows], beta[rows], ssm, conv, slot, fresh)
+
+        if fb.is_decode:  # one token of each request from its slot's state; page-boundary rows save theirs
+            o = self._rule(mixed, g, beta, ssm, conv, fb.state_slots)
+            decode_saves(fb, ssm, conv)
+        else:  # [T, H, Dv]: saves and verify steps as recurrent_steps.py walks them
+            o = extend_requests(fb, extend, rule, self.state_index, ssm, conv)
         if self.deterministic:
             o = gdn_ops.gdn_gated_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight,
                                        self.norm.eps).to(x.dtype)
@@ -180,15 +164,6 @@ class GatedDeltaNet(nn.Module):
             o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
         out = self.out_proj(o.reshape(T, self.value_dim))
         return out if self.reduce is None else self.reduce(out)
-
-    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor, conv: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
-        """One token of each request from its slot's state, written back in place; rows ending on a page boundary
-        save their state (scheduler/state_cache.py). Returns o [B, Hv, Dv] float32."""
-        o = self._rule(mixed, g, beta, ssm, conv, fb.state_slots)
-        for i, (_, snapshot) in fb.state_saves.items():
-            self._save(ssm, conv, fb.state_slots_cpu[i], snapshot)
-        return o
 
     def _rule(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor, conv: torch.Tensor,
               slots: torch.Tensor) -> torch.Tensor:
@@ -208,30 +183,6 @@ class GatedDeltaNet(nn.Module):
             o, new = recurrent_step(q / self.dk ** 0.5, k, v, g, beta.float(), ssm[slots])
             ssm[slots] = new
         return o
-
-    def _verify(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm: torch.Tensor,
-                conv: torch.Tensor, fb: ForwardBatch, spans: list[tuple[int, int, int]]) -> dict[int, torch.Tensor]:
-        """Verifying requests (request index, first row, k + 1 rows): their tokens position by position with the
-        decode rule, the rows of one position batched, the state after each kept in fb.state_verify
-        (mem/verify_states.py) and a planned save taken where its offset is reached. -> index: o [k + 1, Hv, Dv]."""
-        verify, outs = fb.state_verify, {i: [] for i, _, _ in spans}
-        for j in range(max(n for _, _, n in spans)):
-            live = [(i, start) for i, start, n in spans if n > j]
-            rows = torch.tensor([start + j for _, start in live], dtype=torch.int64, device=mixed.device)
-            slots = fb.state_slots[[i for i, _ in live]]
-            o = self._rule(mixed[rows], g[rows], beta[rows], ssm, conv, slots)
-            verify.put(self.state_index, [verify.first[i] + j for i, _ in live], ssm[slots], conv[slots])
-            for k, (i, _) in enumerate(live):
-                outs[i].append(o[k])
-                save = fb.state_saves.get(i)
-                if save is not None and save[0] == j + 1:
-                    self._save(ssm, conv, fb.state_slots_cpu[i], save[1])
-        return {i: torch.stack(o) for i, o in outs.items()}
-
-    @staticmethod
-    def _save(ssm: torch.Tensor, conv: torch.Tensor, slot: int, snapshot: int) -> None:
-        ssm[snapshot] = ssm[slot]
-        conv[snapshot] = conv[slot]
 
     def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Convolved channels [N, C] -> q, k [N, Hv, Dk] (normalised, heads repeated to Hv), v [N, Hv, Dv], all

@@ -10,21 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from radixlang_runtime.model.layers.recurrent_spec import RecurrentSpec
+
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 @dataclass(frozen=True)
-class LinearAttnSpec:
-    linear_layers: tuple[bool, ...]  # per layer: Gated DeltaNet (True) or full attention (False)
+class LinearAttnSpec(RecurrentSpec):
+    """linear_layers: per layer, Gated DeltaNet (True) or full attention (False)."""
+
     num_k_heads: int  # linear_num_key_heads
     num_v_heads: int  # linear_num_value_heads (a multiple of num_k_heads)
     k_head_dim: int  # linear_key_head_dim
     v_head_dim: int  # linear_value_head_dim
     conv_kernel: int  # linear_conv_kernel_dim: the causal depthwise convolution's width
-
-    @property
-    def num_linear(self) -> int:
-        return sum(self.linear_layers)
 
     @property
     def conv_dim(self) -> int:
@@ -53,10 +52,6 @@ class LinearAttnSpec:
         key_dim = self.num_k_heads * self.k_head_dim
         return (range(rank * kd, (rank + 1) * kd), range(key_dim + rank * kd, key_dim + (rank + 1) * kd),
                 range(2 * key_dim + rank * vd, 2 * key_dim + (rank + 1) * vd))
-
-    def index_of(self, layer: int) -> int:
-        """Layer `layer`'s index among the linear layers (its state's index in the state pool)."""
-        return sum(self.linear_layers[:layer])
 
 
 def parse_linear_attn(cfg: dict, arch: str) -> LinearAttnSpec:

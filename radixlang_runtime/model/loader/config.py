@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixlang_runtime.model.layers.mla_spec import MLASpec
-from radixlang_runtime.model.layers.linear_attn_spec import LinearAttnSpec
 from radixlang_runtime.model.layers.moe_spec import MoESpec
+from radixlang_runtime.model.layers.recurrent_spec import RecurrentSpec
 from radixlang_runtime.model.prequant import parse_quant_config
 from radixlang_runtime.model.layers.rope_spec import RopeSpec, parse_rope
 
@@ -60,11 +60,14 @@ class ModelConfig:
     family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
     attention_sinks: bool = False  # gpt-oss: a learned logit per query head in every softmax (AttentionBackend)
     mla: Optional[MLASpec] = None  # DeepSeek V2 / V3: multi-head latent attention (the pool's latent layout)
-    # hybrid models (Qwen3-Next, Qwen3.5): which layers are Gated DeltaNet, their sizes; None: attention only
-    linear_attn: Optional[LinearAttnSpec] = None
+    # hybrid models: which layers keep a recurrent state, their sizes (LinearAttnSpec: Qwen3-Next, Qwen3.5's Gated
+    # DeltaNet; Mamba2Spec: Granite 4.0-H's Mamba2); None: attention only
+    linear_attn: Optional[RecurrentSpec] = None
     quant: Optional[Any] = None  # quantization_config's spec (model/prequant/); None: float weights
     # Gemma 4: the last kv_shared_layers layers read an earlier layer's K/V and have no pool plane of their own
     kv_shared_layers: int = 0
+    # layers with neither K/V nor a recurrent state (Nemotron-H's MLP and MoE blocks: a block is one mixer)
+    kv_free_layers: int = 0
 
     def kv_entry(self, kv_heads: int) -> tuple[int, int, Optional[int]]:
         """(heads, head_dim, v_view) of a token's KV-pool entry (mem/kv_pool.KVPool): kv_heads K and V heads of
@@ -98,7 +101,7 @@ class ModelConfig:
         """Layers with K/V in the pool (a hybrid model's linear-attention layers keep a state instead; KV-shared
         layers read their source layer's)."""
         return (self.num_hidden_layers - (self.linear_attn.num_linear if self.linear_attn else 0)
-                - self.kv_shared_layers)
+                - self.kv_shared_layers - self.kv_free_layers)
 
     def check_context_len(self, context_len: int) -> None:
         """A family whose math holds only up to some context (max_context) refuses a longer one by name."""

@@ -12,8 +12,8 @@ from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
-                                            llama4, llama_family, mixtral, olmoe, phi3, qwen3_next, qwen_moe,
-                                            transformers_fallback)
+                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, olmoe, phi3,
+                                            qwen3_next, qwen_moe, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ _FAMILIES = (
     ModelFamily("Qwen3_5ForCausalLM", qwen3_next.parse_qwen3_5, qwen3_next.HybridForCausalLM),
     ModelFamily("Qwen3_5ForConditionalGeneration", qwen3_next.refuse_conditional_generation,
                 qwen3_next.HybridForCausalLM),
+    # hybrid: Mamba2 layers with a recurrent state beside softmax attention (Granite 4.0-H, Nemotron-H)
+    ModelFamily("GraniteMoeHybridForCausalLM", granite_hybrid.parse_granite_hybrid,
+                granite_hybrid.GraniteMoeHybridForCausalLM),
+    ModelFamily("NemotronHForCausalLM", nemotron_h.parse_nemotron_h, nemotron_h.NemotronHForCausalLM),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
