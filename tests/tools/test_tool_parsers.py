@@ -242,6 +242,16 @@ def test_registry_and_template_detection():
     assert detect_parser(None) is None
 
 
+def test_the_flag_offers_every_parser_and_each_alias_is_its_formats_class():
+    from radixlang_runtime.server_flags_help import CHOICES
+    from radixlang_runtime.tool_parsers import ALIASES
+
+    assert set(CHOICES["tool_call_parser"]) == set(PARSERS)
+    for alias, name in ALIASES.items():
+        assert get_parser(alias) is get_parser(name)
+        assert alias != name
+
+
 # ------------------------------------------------------------------------------------ properties
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
