@@ -172,7 +172,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # SGLang's names, then vLLM's aliases (tool_parsers.ALIASES)
     "tool_call_parser": ("hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "qwen3_coder", "seed_oss",
                          "deepseekv3", "deepseekv31", "deepseekv32", "kimi_k2", "glm45", "glm47", "minimax-m2",
-                         "gpt-oss", "minimax_m2", "deepseek_v32"),
+                         "step3", "gpt-oss", "minimax_m2", "deepseek_v32"),
     # SGLang's names, then vLLM's aliases (reasoning_parser.ALIASES)
     "reasoning_parser": ("deepseek-r1", "qwen3", "deepseek-v3", "qwen3-thinking", "glm45", "kimi", "kimi_k2",
                          "minimax", "step3", "step3p5", "mistral", "interns1", "mimo", "poolside_v1", "gpt-oss",

@@ -18,6 +18,7 @@ from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
 from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser, SeedOssParser
+from radixlang_runtime.tool_parsers.step3 import Step3Parser
 
 PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
@@ -25,7 +26,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "qwen3_coder": Qwen3CoderParser, "deepseekv3": DeepSeekV3Parser, "deepseekv31": DeepSeekV31Parser,
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
     "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
-    "seed_oss": SeedOssParser,
+    "seed_oss": SeedOssParser, "step3": Step3Parser,
 }
 ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32"}  # vLLM's names where they differ
 PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
@@ -36,7 +37,7 @@ PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 # its own block; GLM-4.7 writes GLM-4.5's tags back to back; DeepSeek V3.2's template builds its tags from a
 # `｜DSML｜` variable, so only that token is looked for.
 _TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<minimax:tool_call>",), "minimax-m2"),
-                   (("｜DSML｜",), "deepseekv32"),
+                   (("｜DSML｜",), "deepseekv32"), (("<steptml:invoke",), "step3"),
                    (("<function=", "<parameter="), "qwen3_coder"), (("</arg_key><arg_value>",), "glm47"),
                    (("<arg_key>",), "glm45"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),

@@ -1,7 +1,8 @@
-"""The `<invoke name="F">` layout MiniMax-M2 and DeepSeek V3.2 share: a group holds calls, each call named
+"""The `<invoke name="F">` layout MiniMax-M2, DeepSeek V3.2 and Step3 share: a group holds calls, each call named
 parameters (or, where the format allows it, one JSON object), text around a group is content:
-  OPEN (INVOKE F">  (PARAM KEY">VALUE PARAM_END)*  INVOKE_END)+ CLOSE
-CLOSE may be missing at the very end (the model stopped on it). The formats differ in their tags and in how a
+  OPEN (CALL_OPEN INVOKE F">  (PARAM KEY">VALUE PARAM_END)*  INVOKE_END CALL_CLOSE)+ CLOSE
+(CALL_OPEN / CALL_CLOSE: Step3's special tokens around each call; whitespace between the pieces.) CLOSE may be
+missing at the very end (the model stopped on it). The formats differ in their tags and in how a
 parameter's key text and value read (qwen3_coder.ParamFields); a call streams one parameter at a time. No torch."""
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Invokes:
     param: str  # up to a parameter's key
     param_end: str
     json_body: bool = False  # a call's arguments may be one JSON object instead of parameters
+    call_open: str = ""  # before a call's INVOKE
+    call_close: str = ""  # after its INVOKE_END
 
 
 def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str, final: bool) -> GroupScan:
@@ -41,8 +44,14 @@ def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str
         st, j = expect(text, i, m.close, final)
         if st == COMPLETE and calls:
             return GroupScan(calls, DONE, j)
-        if st == OPEN and calls and not text.startswith(m.invoke[:len(text) - i], i):
+        first = m.call_open or m.invoke
+        if st == OPEN and calls and not text.startswith(first[:len(text) - i], i):
             return GroupScan(calls, OPEN, j)
+        if m.call_open:
+            st, i = expect(text, i, m.call_open, final)
+            if st != COMPLETE:
+                return GroupScan(calls, st, i)
+            i = skip_ws(text, i)
         st, j = expect(text, i, m.invoke, final)
         if st != COMPLETE:
             return GroupScan(calls, st, j)
@@ -60,6 +69,8 @@ def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str
         else:
             st, end = xml_params(parser, text, body, final, name, calls,
                                  (m.param, NAME_END, "", m.param_end, m.invoke_end), fields=fields)
+        if st == COMPLETE and m.call_close:
+            st, end = expect(text, skip_ws(text, end), m.call_close, final)
         if st != COMPLETE:
             return GroupScan(calls, st, end)
         i = state[0] = end

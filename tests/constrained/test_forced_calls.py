@@ -19,10 +19,13 @@ from server_utils import ServerProcess
 from tiny_checkpoints import build_tiny
 
 FORMATS = ["hermes", "llama3", "mistral", "pythonic", "glm45", "qwen3_coder"]  # qwen25 / qwen are hermes' class
-XML_FORMATS = ["glm45", "qwen3_coder", "glm47", "seed_oss", "minimax-m2"]
-INLINE_VALUES = ("seed_oss", "minimax-m2")  # a value's newlines on each side are layout (its text is inline)
+XML_FORMATS = ["glm45", "qwen3_coder", "glm47", "seed_oss", "minimax-m2", "step3"]
+EDGE_LAYOUT = {"seed_oss": "\n", "minimax-m2": "\n", "step3": None}  # what the parser strips off a value's ends
 CALL_MARK = {"glm45": "<tool_call>", "glm47": "<tool_call>", "qwen3_coder": "<tool_call>",
-             "seed_oss": "<seed:tool_call>", "minimax-m2": "<invoke "}  # one per call
+             "seed_oss": "<seed:tool_call>", "minimax-m2": "<invoke ", "step3": "<steptml:invoke "}  # one per call
+STEP3_CALL = ('<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="{}">\n{}</steptml:invoke>'
+              "<｜tool_call_end｜>")
+STEP3_PARAM = '<steptml:parameter name="{}">{}</steptml:parameter>\n'
 DSML = "｜DSML｜"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
@@ -74,6 +77,10 @@ TWO_CALLS = {
     "minimax-m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
                   '<parameter name="metric">true</parameter>\n<parameter name="unit">null</parameter>\n</invoke>\n'
                   '<invoke name="now">\n</invoke>\n</minimax:tool_call>',
+    "step3": "<｜tool_calls_begin｜>\n" + STEP3_CALL.format("get_weather", STEP3_PARAM.format("city", "Paris")
+                                                         + STEP3_PARAM.format("metric", "true")
+                                                         + STEP3_PARAM.format("unit", "null"))
+             + "\n" + STEP3_CALL.format("now", "") + "\n<｜tool_calls_end｜>",
     # DeepSeek V3.2: forced calls write each call's arguments as one JSON object
     "deepseekv32": f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n{{"city": "Paris", "metric": true, '
                    f'"unit": null}}\n</{DSML}invoke>\n<{DSML}invoke name="now">\n{{}}\n</{DSML}invoke>\n'
@@ -105,11 +112,15 @@ ONE_CALL = {
     "minimax-m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo</parameter>\n'
                   '<parameter name="days">2</parameter>\n<parameter name="unit">"c"</parameter>\n</invoke>\n'
                   '</minimax:tool_call>',
+    "step3": "<｜tool_calls_begin｜>\n" + STEP3_CALL.format("get_weather", STEP3_PARAM.format("city", "Oslo")
+                                                         + STEP3_PARAM.format("days", "2")
+                                                         + STEP3_PARAM.format("unit", '"c"'))
+             + "\n<｜tool_calls_end｜>",
     "deepseekv32": f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n{{"city": "Oslo", "days": 2, '
                    f'"unit": "c"}}\n</{DSML}invoke>\n</{DSML}function_calls>',
 }
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
-                 "deepseekv32"]  # unit checks only
+                 "deepseekv32", "step3"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
@@ -229,6 +240,10 @@ def _xml_call(fmt: str, name: str, args: dict, props: dict) -> str:
         return (f'<minimax:tool_call>\n<invoke name="{name}">\n' + "".join(
             f'<parameter name="{k}">{show(k, v)}</parameter>\n' for k, v in args.items())
             + "</invoke>\n</minimax:tool_call>")
+    if fmt == "step3":
+        return ("<｜tool_calls_begin｜>\n" + STEP3_CALL.format(name, "".join(STEP3_PARAM.format(k, show(k, v))
+                                                                          for k, v in args.items()))
+                + "\n<｜tool_calls_end｜>")
     if fmt == "glm47":
         return (f"<tool_call>{name}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{show(k, v)}</arg_value>"
                                                for k, v in args.items()) + "</tool_call>")
@@ -249,8 +264,8 @@ def test_xml_forced_regex_types_each_value_as_the_parser_reads(fmt):
         text = _xml_call(fmt, "plan_trip", args, props)
         assert regex.fullmatch(text), text
         (call,) = get_parser(fmt).parse(text, schemas=schemas).calls
-        if fmt in INLINE_VALUES:
-            args = {k: v.strip("\n") if isinstance(v, str) else v for k, v in args.items()}
+        if fmt in EDGE_LAYOUT:
+            args = {k: v.strip(EDGE_LAYOUT[fmt]) if isinstance(v, str) else v for k, v in args.items()}
         assert (call.name, json.loads(call.arguments)) == ("plan_trip", args)
         jsonschema.validate(args, schemas["plan_trip"], format_checker=jsonschema.FormatChecker())
     base = TRIP_ARGS[1]
@@ -267,7 +282,7 @@ def test_xml_forced_regex_types_each_value_as_the_parser_reads(fmt):
     assert taken(city="far too long a name") is False
     assert not regex.fullmatch(_xml_call(fmt, "plan_trip", {"days": 3, "city": "Rome", "mode": "train"}, props))
     text = _xml_call(fmt, "plan_trip", TRIP_ARGS[0], props)  # the layout around a value is fixed
-    close = "</arg_value>" if fmt.startswith("glm") else "</parameter>"
+    close = {"glm45": "</arg_value>", "glm47": "</arg_value>", "step3": "</steptml:parameter>"}.get(fmt, "</parameter>")
     assert (close + "\n" in text) == (fmt != "glm47")  # GLM-4.7 writes the tags back to back
     assert not regex.fullmatch(text.replace(close, close + "\n", 1))
     if fmt != "glm47":

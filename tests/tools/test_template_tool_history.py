@@ -37,7 +37,7 @@ READS_OBJECT = (
     "{%- for k, v in t.function.arguments.items() %}{{ '\\n<arg_key>' + k + '</arg_key>\\n<arg_value>' }}"
     "{{ v if v is string else v | tojson }}</arg_value>{% endfor %}{{ '\\n</tool_call>' }}{% endfor -%}"
     "{%- endfor -%}")
-# GLM-4.7's, MiniMax-M2's and Seed-OSS's layouts: each argument from the object, like GLM-4.5's
+# GLM-4.7's, MiniMax-M2's, Seed-OSS's and Step3's layouts: each argument from the object, like GLM-4.5's
 _VALUE = "{{ v if v is string else v | tojson }}"
 READS_OBJECT_AS = {
     "glm47": "{%- for m in messages -%}{%- for t in m.tool_calls or [] -%}{{ '<tool_call>' + t.function.name }}"
@@ -53,6 +53,11 @@ READS_OBJECT_AS = {
                 "{%- for k, v in t.function.arguments.items() %}{{ '<parameter=' + k + '>' }}" + _VALUE
                 + "{{ '</parameter>\\n' }}{% endfor %}{{ '</function>\\n</seed:tool_call>' }}{% endfor -%}"
                 "{%- endfor -%}",
+    "step3": "{%- for m in messages -%}{%- if m.tool_calls %}<｜tool_calls_begin｜>{%- for t in m.tool_calls %}"
+             "{{ '<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"' + t.function.name + '\">' }}"
+             "{%- for k, v in t.function.arguments.items() %}{{ '<steptml:parameter name=\"' + k + '\">' }}" + _VALUE
+             + "</steptml:parameter>{% endfor %}</steptml:invoke><｜tool_call_end｜>{% endfor %}<｜tool_calls_end｜>"
+             "{% endif -%}{%- endfor -%}",
 }
 # Kimi K2's layout: a call's id is its header, a result names the id it answers
 ID_HEADERS = (

@@ -22,6 +22,8 @@ SCHEMAS = {"get_weather": WEATHER, "write_file": WRITE, "now": {"type": "object"
 
 MM_CALL = '<invoke name="get_weather">\n<parameter name="city">{}</parameter>\n</invoke>\n'
 DSML = "｜DSML｜"
+STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"{}\">\n{}</steptml:invoke>"
+             "<｜tool_call_end｜>")
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
 # (format, output, expected content, expected [(name, arguments)])
 CASES = [
@@ -106,6 +108,11 @@ CASES = [
                     f"<{DSML}parameter name=\"hours\" string=\"false\">[8, 20]</{DSML}parameter>\n"
                     f"</{DSML}invoke>\n<{DSML}invoke name=\"now\">\n</{DSML}invoke>\n</{DSML}function_calls>",
      "Let me check.", [("get_weather", {"city": "Hangzhou", "days": 2, "zip": "0150", "hours": [8, 20]}), ("now", {})]),
+    ("step3", "Checking.<｜tool_calls_begin｜>\n" + STEP_CALL.format(
+        "get_weather", "<steptml:parameter name=\"city\"> New York </steptml:parameter>\n<steptml:parameter "
+        "name=\"days\">3</steptml:parameter>\n<steptml:parameter name=\"hours\">[7]</steptml:parameter>\n")
+     + "\n" + STEP_CALL.format("now", "") + "\n<｜tool_calls_end｜>", "Checking.",
+     [("get_weather", {"city": "New York", "days": 3, "hours": [7]}), ("now", {})]),
     # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
                     "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
@@ -130,6 +137,10 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
                    "</minimax:tool_call>"),
     ("minimax-m2", "<minimax:tool_call>\n<invoke name=\"rm_rf\">\n</invoke>\n</minimax:tool_call>"),
     ("minimax-m2", "<minimax:tool_call>\n</minimax:tool_call>"),
+    ("step3", "<｜tool_calls_begin｜>\n<｜tool_call_begin｜>code<｜tool_sep｜><steptml:invoke name=\"now\">\n"
+              "</steptml:invoke><｜tool_call_end｜>\n<｜tool_calls_end｜>"),  # only `function` calls
+    ("step3", "<｜tool_calls_begin｜>\n" + STEP_CALL.format("get_weather", "<steptml:parameter name=\"city\">Oslo")
+     + "\n<｜tool_calls_end｜>"),
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n<{DSML}parameter name=\"city\">"
                     f"Paris</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}function_calls>"),  # no string="..."
 ]
@@ -191,7 +202,7 @@ def test_malformed_calls_stay_text(case):
 
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
-                                 "glm47", "minimax-m2", "deepseekv32"])
+                                 "glm47", "minimax-m2", "deepseekv32", "step3"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -241,6 +252,7 @@ def test_template_detection():
                          "<arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>") == "glm47"
     assert detect_parser("{{- '<minimax:tool_call>' + '\\n' }}{{- '<invoke name=\"' + tool_call.name + '\">' }}") \
         == "minimax-m2"
+    assert detect_parser("'<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"' + name") == "step3"
     assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '<' + dsml_token + 'function_calls>' }}") \
         == "deepseekv32"
 
@@ -308,6 +320,10 @@ def _xml(fmt: str, calls: list) -> str:
         return "<minimax:tool_call>\n" + "".join(f'<invoke name="{n}">\n' + "".join(
             f'<parameter name="{k}">{show(v)}</parameter>\n' for k, v in a.items()) + "</invoke>\n"
             for n, a in calls) + "</minimax:tool_call>"
+    if fmt == "step3":
+        return "<｜tool_calls_begin｜>\n" + "\n".join(STEP_CALL.format(n, "".join(
+            f'<steptml:parameter name="{k}">{show(v)}</steptml:parameter>\n' for k, v in a.items()))
+            for n, a in calls) + "\n<｜tool_calls_end｜>"
     if fmt == "deepseekv32":
         return f"<{DSML}function_calls>\n" + "".join(f'<{DSML}invoke name="{n}">\n' + "".join(
             f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{show(v)}</{DSML}parameter>\n'
@@ -318,13 +334,14 @@ def _xml(fmt: str, calls: list) -> str:
 
 
 @settings(max_examples=120, deadline=None)
-@given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32"]),
+@given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3"]),
        calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]), data=st.data())
 def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
     """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32: but for
-    newlines of layout on each side, which a value cannot start or end with here; minimax-m2: but for `null`,
-    None in any type), integers and lists by the schema's types."""
-    calls = [(n, {k: v.strip("\n") if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
+    newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace there;
+    minimax-m2: but for `null`, None in any type), integers and lists by the schema's types."""
+    edge = " \t\n\r\x0b\x0c" if fmt == "step3" else "\n"
+    calls = [(n, {k: v.strip(edge) if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
     if fmt == "minimax-m2":
         calls = [(n, {k: None if isinstance(v, str) and v.lower() == "null" else v for k, v in a.items()})
                  for n, a in calls]

@@ -263,7 +263,7 @@ _calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
                   min_size=1, max_size=3)
 
 
-XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2"}  # test_tool_formats.py
+XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3"}  # test_tool_formats.py
 
 
 def _render(fmt: str, calls: list, style: int) -> str:
