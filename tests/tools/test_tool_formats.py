@@ -280,6 +280,21 @@ def test_minimax_values_follow_the_schema_as_sglang_reads_them():
     assert calls_of(got) == [("f", {k: v}) for k, _, v in values]
 
 
+def test_dsml_string_flags_say_text_or_json():
+    """`string="true"`: the text as written (digits stay a string); `"false"`: JSON, or the text where it is not
+    JSON (SGLang's fallback)."""
+    def param(key: str, flag: str, raw: str) -> str:
+        return f'<{DSML}parameter name="{key}" string="{flag}">{raw}</{DSML}parameter>\n'
+
+    text = (f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n' + param("zip", "true", "007")
+            + param("days", "false", "7") + param("hours", "false", "[1, 2]") + param("city", "false", "Oslo, N")
+            + param("unit", "false", "null") + param("lat", "true", " 1.5 ")
+            + f"</{DSML}invoke>\n</{DSML}function_calls>")
+    got = get_parser("deepseekv32").parse(text, TOOL_NAMES, schemas=SCHEMAS)
+    assert calls_of(got) == [("get_weather", {"zip": "007", "days": 7, "hours": [1, 2], "city": "Oslo, N",
+                                              "unit": None, "lat": " 1.5 "})]
+
+
 def test_a_dsml_json_body_that_breaks_stays_text():
     """DeepSeek V3.2's JSON-object body commits at its `{` (a stream has sent the call, the documented limit);
     parse() sees the break and leaves the whole group as text."""
