@@ -6,11 +6,11 @@ renders them and parses the output with the server's tool-call parser (--tool-ca
 the chat template's markup implies, tool_parsers.detect_parser). "required" and a named function
 (`{"type": "function", "function": {"name"}}`) constrain the output with a regex (forced_call_regex:
 the layout the parser states once, ToolParser.call_syntax, around the parameters schema as a regex: JSON
-arguments, Python keyword arguments for pythonic, or XML parameters for qwen3_coder / glm45: a string-typed
-value as text without `<`, others as JSON), so the reply is a valid call of those functions in every format
-(hermes' one-call-per-block and the embedded model's list form, llama3, mistral, pythonic, the XML and
-special-token formats), for parameter schemas without combinators / $ref (their regexes are built in this
-process: the keywords that can blow a regex up are refused by name).
+arguments, Python keyword arguments for pythonic, or XML parameters for qwen3_coder / seed_oss / glm45 / glm47 /
+minimax-m2: a string-typed value as text without `<`, others as JSON), so the reply is a valid call of those
+functions in every format (hermes' one-call-per-block and the embedded model's list form, llama3, mistral,
+pythonic, the XML and special-token formats), for parameter schemas without combinators / $ref (their regexes
+are built in this process: the keywords that can blow a regex up are refused by name).
 A reply with calls is
 `message.tool_calls` (content: the text outside the markup, or null) and finish_reason "tool_calls"
 (a reply cut by max_tokens keeps "length"); `parallel_tool_calls: false` keeps the first call only.

@@ -8,26 +8,38 @@ from typing import Optional
 from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax, Event, ParseResult, Text, ToolCall,
                                                  ToolParser, collect, openai_delta)
 from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
-from radixlang_runtime.tool_parsers.glm45 import Glm45Parser
+from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser
+from radixlang_runtime.tool_parsers.glm45 import Glm45Parser, Glm47Parser
 from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
 from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
+from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
-from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser
+from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser, SeedOssParser
+from radixlang_runtime.tool_parsers.step3 import Step3Parser
 
 PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
     "llama3": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser,
     "qwen3_coder": Qwen3CoderParser, "deepseekv3": DeepSeekV3Parser, "deepseekv31": DeepSeekV31Parser,
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
+    "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
+    "seed_oss": SeedOssParser, "step3": Step3Parser,
 }
+ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32"}  # vLLM's names where they differ
+PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 
 # (texts that all appear in a chat template, the parser they imply), first match wins. Kimi K2's first template
 # declares tools (`tool_declare`) but writes no call markup; gpt-oss's writes the recipient `to=` and
-# `functions.NAME` as separate strings, so neither is looked for whole.
-_TEMPLATE_HINTS = ((("<function=", "<parameter="), "qwen3_coder"), (("<arg_key>",), "glm45"),
+# `functions.NAME` as separate strings, so neither is looked for whole. Seed-OSS writes Qwen3-Coder's tags inside
+# its own block; GLM-4.7 writes GLM-4.5's tags back to back; DeepSeek V3.2's template builds its tags from a
+# `｜DSML｜` variable, so only that token is looked for.
+_TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<minimax:tool_call>",), "minimax-m2"),
+                   (("｜DSML｜",), "deepseekv32"), (("<steptml:invoke",), "step3"),
+                   (("<function=", "<parameter="), "qwen3_coder"), (("</arg_key><arg_value>",), "glm47"),
+                   (("<arg_key>",), "glm45"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),
                    (("<|python_start|>",), "pythonic"), (("<|python_tag|>",), "llama3"),
                    (("<｜tool▁sep｜>", "```json"), "deepseekv3"), (("<｜tool▁sep｜>",), "deepseekv31"),
@@ -50,5 +62,5 @@ def detect_parser(chat_template: Optional[str]) -> Optional[str]:
     return None
 
 
-__all__ = ["PARSERS", "get_parser", "detect_parser", "ToolParser", "ToolCall", "ParseResult", "Event", "Text",
-           "CallStart", "CallArgs", "CallSyntax", "collect", "openai_delta"]
+__all__ = ["PARSERS", "ALIASES", "get_parser", "detect_parser", "ToolParser", "ToolCall", "ParseResult", "Event",
+           "Text", "CallStart", "CallArgs", "CallSyntax", "collect", "openai_delta"]

@@ -1,5 +1,7 @@
 """GLM-4.5 / 4.6 tool calls: XML, one `<tool_call>` block a call, text around them is content:
   <tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n...</tool_call>
+GLM-4.7 / GLM-5 (`glm47`) write the same tags with no whitespace between them, calls back to back:
+  <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call><tool_call>...
 The chat template writes strings as they are and other values as JSON; a value becomes the JSON value the
 tool's parameters schema types it as (markup.typed_value). Arguments stream one parameter at a time; the
 closing tag may be missing at the very end (the model stopped on <|observation|>). A forced tool_choice
@@ -44,3 +46,10 @@ class Glm45Parser(ToolParser):
         if st == COMPLETE:
             return GroupScan(calls, DONE, end)
         return GroupScan(calls, st, end)
+
+
+class Glm47Parser(Glm45Parser):
+    """GLM-4.7's layout: both read the same markup (whitespace between the tags is optional); a forced call
+    writes this one's, the tags back to back."""
+    name = "glm47"
+    syntax = CallSyntax("", "", "", START, "", END, args="xml", param=(KEY, KEY_END + VALUE, VALUE_END))

@@ -57,6 +57,18 @@ def known(parser: ToolParser, name: str) -> bool:
 
 
 # ---------------------------------------------------------------------- typed parameter values (XML formats)
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)  # NaN / Infinity are not JSON
+
+
+def read_json(raw: str) -> Any:
+    """raw read as JSON (NaN / Infinity refused), else the class ValueError (None is a value)."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except ValueError:
+        return ValueError
+
+
 def _loose(raw: str) -> Any:
     """A value with no usable schema type: JSON, else a Python literal, else the text itself."""
     try:

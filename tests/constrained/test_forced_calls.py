@@ -19,7 +19,14 @@ from server_utils import ServerProcess
 from tiny_checkpoints import build_tiny
 
 FORMATS = ["hermes", "llama3", "mistral", "pythonic", "glm45", "qwen3_coder"]  # qwen25 / qwen are hermes' class
-XML_FORMATS = ["glm45", "qwen3_coder"]
+XML_FORMATS = ["glm45", "qwen3_coder", "glm47", "seed_oss", "minimax-m2", "step3"]
+EDGE_LAYOUT = {"seed_oss": "\n", "minimax-m2": "\n", "step3": None}  # what the parser strips off a value's ends
+CALL_MARK = {"glm45": "<tool_call>", "glm47": "<tool_call>", "qwen3_coder": "<tool_call>",
+             "seed_oss": "<seed:tool_call>", "minimax-m2": "<invoke ", "step3": "<steptml:invoke "}  # one per call
+STEP3_CALL = ('<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="{}">\n{}</steptml:invoke>'
+              "<｜tool_call_end｜>")
+STEP3_PARAM = '<steptml:parameter name="{}">{}</steptml:parameter>\n'
+DSML = "｜DSML｜"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                      "days": {"type": "integer", "minimum": 1, "maximum": 7},
@@ -61,6 +68,23 @@ TWO_CALLS = {
     "qwen3_coder": '<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=metric>\n'
                    'true\n</parameter>\n<parameter=unit>\nnull\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n'
                    '<function=now>\n</function>\n</tool_call>',
+    "glm47": '<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>metric</arg_key>'
+             '<arg_value>true</arg_value><arg_key>unit</arg_key><arg_value>null</arg_value></tool_call>'
+             '<tool_call>now</tool_call>',
+    "seed_oss": '<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n<parameter=metric>true'
+                '</parameter>\n<parameter=unit>null</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n'
+                '<function=now>\n</function>\n</seed:tool_call>',
+    "minimax-m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+                  '<parameter name="metric">true</parameter>\n<parameter name="unit">null</parameter>\n</invoke>\n'
+                  '<invoke name="now">\n</invoke>\n</minimax:tool_call>',
+    "step3": "<｜tool_calls_begin｜>\n" + STEP3_CALL.format("get_weather", STEP3_PARAM.format("city", "Paris")
+                                                         + STEP3_PARAM.format("metric", "true")
+                                                         + STEP3_PARAM.format("unit", "null"))
+             + "\n" + STEP3_CALL.format("now", "") + "\n<｜tool_calls_end｜>",
+    # DeepSeek V3.2: forced calls write each call's arguments as one JSON object
+    "deepseekv32": f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n{{"city": "Paris", "metric": true, '
+                   f'"unit": null}}\n</{DSML}invoke>\n<{DSML}invoke name="now">\n{{}}\n</{DSML}invoke>\n'
+                   f"</{DSML}function_calls>",
 }
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
@@ -81,8 +105,22 @@ ONE_CALL = {
              '<arg_value>2</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>"c"</arg_value>\n</tool_call>',
     "qwen3_coder": '<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n'
                    '</parameter>\n<parameter=unit>\n"c"\n</parameter>\n</function>\n</tool_call>',
+    "glm47": '<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>days</arg_key>'
+             '<arg_value>2</arg_value><arg_key>unit</arg_key><arg_value>"c"</arg_value></tool_call>',
+    "seed_oss": '<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo</parameter>\n<parameter=days>2'
+                '</parameter>\n<parameter=unit>"c"</parameter>\n</function>\n</seed:tool_call>',
+    "minimax-m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo</parameter>\n'
+                  '<parameter name="days">2</parameter>\n<parameter name="unit">"c"</parameter>\n</invoke>\n'
+                  '</minimax:tool_call>',
+    "step3": "<｜tool_calls_begin｜>\n" + STEP3_CALL.format("get_weather", STEP3_PARAM.format("city", "Oslo")
+                                                         + STEP3_PARAM.format("days", "2")
+                                                         + STEP3_PARAM.format("unit", '"c"'))
+             + "\n<｜tool_calls_end｜>",
+    "deepseekv32": f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n{{"city": "Oslo", "days": 2, '
+                   f'"unit": "c"}}\n</{DSML}invoke>\n</{DSML}function_calls>',
 }
-REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"]  # unit checks only
+REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
+                 "deepseekv32", "step3"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
@@ -116,7 +154,7 @@ def test_forced_regex_allows_what_the_parser_reads(fmt):
         ("get_weather", {"city": "Oslo", "days": 2, "unit": "c"})]
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "deepseekv32"])
 def test_a_forced_call_with_hostile_parameter_names_is_a_valid_call(fmt):
     """Property names with quotes, backslashes and control characters: the forced grammar (every backend)
     writes JSON the parser reads as a call whose arguments validate."""
@@ -194,6 +232,21 @@ def _xml_call(fmt: str, name: str, args: dict, props: dict) -> str:
     if fmt == "qwen3_coder":
         return (f"<tool_call>\n<function={name}>\n" + "".join(f"<parameter={k}>\n{show(k, v)}\n</parameter>\n"
                                                              for k, v in args.items()) + "</function>\n</tool_call>")
+    if fmt == "seed_oss":
+        return (f"<seed:tool_call>\n<function={name}>\n" + "".join(f"<parameter={k}>{show(k, v)}</parameter>\n"
+                                                                  for k, v in args.items())
+                + "</function>\n</seed:tool_call>")
+    if fmt == "minimax-m2":
+        return (f'<minimax:tool_call>\n<invoke name="{name}">\n' + "".join(
+            f'<parameter name="{k}">{show(k, v)}</parameter>\n' for k, v in args.items())
+            + "</invoke>\n</minimax:tool_call>")
+    if fmt == "step3":
+        return ("<｜tool_calls_begin｜>\n" + STEP3_CALL.format(name, "".join(STEP3_PARAM.format(k, show(k, v))
+                                                                          for k, v in args.items()))
+                + "\n<｜tool_calls_end｜>")
+    if fmt == "glm47":
+        return (f"<tool_call>{name}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{show(k, v)}</arg_value>"
+                                               for k, v in args.items()) + "</tool_call>")
     return (f"<tool_call>{name}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{show(k, v)}</arg_value>\n"
                                               for k, v in args.items()) + "</tool_call>")
 
@@ -211,6 +264,8 @@ def test_xml_forced_regex_types_each_value_as_the_parser_reads(fmt):
         text = _xml_call(fmt, "plan_trip", args, props)
         assert regex.fullmatch(text), text
         (call,) = get_parser(fmt).parse(text, schemas=schemas).calls
+        if fmt in EDGE_LAYOUT:
+            args = {k: v.strip(EDGE_LAYOUT[fmt]) if isinstance(v, str) else v for k, v in args.items()}
         assert (call.name, json.loads(call.arguments)) == ("plan_trip", args)
         jsonschema.validate(args, schemas["plan_trip"], format_checker=jsonschema.FormatChecker())
     base = TRIP_ARGS[1]
@@ -227,9 +282,13 @@ def test_xml_forced_regex_types_each_value_as_the_parser_reads(fmt):
     assert taken(city="far too long a name") is False
     assert not regex.fullmatch(_xml_call(fmt, "plan_trip", {"days": 3, "city": "Rome", "mode": "train"}, props))
     text = _xml_call(fmt, "plan_trip", TRIP_ARGS[0], props)  # the layout around a value is fixed
-    assert not regex.fullmatch(text.replace("</arg_value>\n", "</arg_value>", 1).replace("\n</parameter>",
-                                                                                         "</parameter>", 1))
-    assert not regex.fullmatch(text.replace("\n", "\n\n", 1))
+    close = {"glm45": "</arg_value>", "glm47": "</arg_value>", "step3": "</steptml:parameter>"}.get(fmt, "</parameter>")
+    assert (close + "\n" in text) == (fmt != "glm47")  # GLM-4.7 writes the tags back to back
+    assert not regex.fullmatch(text.replace(close, close + "\n", 1))
+    if fmt != "glm47":
+        assert not regex.fullmatch(text.replace(close + "\n", close, 1))
+    if fmt == "qwen3_coder":
+        assert not regex.fullmatch(text.replace("\n</parameter>", "</parameter>", 1))
 
 
 @pytest.mark.parametrize("fmt", XML_FORMATS)
@@ -251,7 +310,7 @@ def test_what_an_xml_forced_grammar_writes_is_a_valid_call(fmt):
         for _ in range(6):
             text = sample(g, vocab, rng).decode("utf-8")
             calls = get_parser(fmt).parse(text, schemas=schemas).calls
-            assert len(calls) == text.count("<tool_call>") >= 1, (backend, text)
+            assert len(calls) == text.count(CALL_MARK[fmt]) >= 1, (backend, text)
             for c in calls:
                 jsonschema.validate(json.loads(c.arguments), schemas[c.name],
                                     format_checker=jsonschema.FormatChecker())

@@ -37,6 +37,28 @@ READS_OBJECT = (
     "{%- for k, v in t.function.arguments.items() %}{{ '\\n<arg_key>' + k + '</arg_key>\\n<arg_value>' }}"
     "{{ v if v is string else v | tojson }}</arg_value>{% endfor %}{{ '\\n</tool_call>' }}{% endfor -%}"
     "{%- endfor -%}")
+# GLM-4.7's, MiniMax-M2's, Seed-OSS's and Step3's layouts: each argument from the object, like GLM-4.5's
+_VALUE = "{{ v if v is string else v | tojson }}"
+READS_OBJECT_AS = {
+    "glm47": "{%- for m in messages -%}{%- for t in m.tool_calls or [] -%}{{ '<tool_call>' + t.function.name }}"
+             "{%- for k, v in t.function.arguments.items() %}<arg_key>{{ k }}</arg_key><arg_value>" + _VALUE
+             + "</arg_value>{% endfor %}</tool_call>{% endfor -%}{%- endfor -%}",
+    "minimax-m2": "{%- for m in messages -%}{%- if m.tool_calls %}{{ '<minimax:tool_call>\\n' }}"
+                  "{%- for t in m.tool_calls %}{{ '<invoke name=\"' + t.function.name + '\">\\n' }}"
+                  "{%- for k, v in t.function.arguments.items() %}{{ '<parameter name=\"' + k + '\">' }}" + _VALUE
+                  + "{{ '</parameter>\\n' }}{% endfor %}{{ '</invoke>\\n' }}{% endfor %}</minimax:tool_call>"
+                  "{% endif -%}{%- endfor -%}",
+    "seed_oss": "{%- for m in messages -%}{%- for t in m.tool_calls or [] -%}"
+                "{{ '<seed:tool_call>\\n<function=' + t.function.name + '>\\n' }}"
+                "{%- for k, v in t.function.arguments.items() %}{{ '<parameter=' + k + '>' }}" + _VALUE
+                + "{{ '</parameter>\\n' }}{% endfor %}{{ '</function>\\n</seed:tool_call>' }}{% endfor -%}"
+                "{%- endfor -%}",
+    "step3": "{%- for m in messages -%}{%- if m.tool_calls %}<｜tool_calls_begin｜>{%- for t in m.tool_calls %}"
+             "{{ '<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"' + t.function.name + '\">' }}"
+             "{%- for k, v in t.function.arguments.items() %}{{ '<steptml:parameter name=\"' + k + '\">' }}" + _VALUE
+             + "</steptml:parameter>{% endfor %}</steptml:invoke><｜tool_call_end｜>{% endfor %}<｜tool_calls_end｜>"
+             "{% endif -%}{%- endfor -%}",
+}
 # Kimi K2's layout: a call's id is its header, a result names the id it answers
 ID_HEADERS = (
     "{%- for m in messages -%}"
@@ -85,6 +107,19 @@ def test_a_template_that_reads_arguments_as_an_object_gets_one(tok):
                     "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>")
     got = get_parser("glm45").parse(text, schemas={"get_weather": TOOLS[0]["function"]["parameters"]}).calls
     assert [(c.name, json.loads(c.arguments)) for c in got] == [("get_weather", {"city": "Paris", "days": 2})]
+
+
+@pytest.mark.parametrize("fmt", sorted(READS_OBJECT_AS))
+def test_a_history_in_an_object_reading_layout_reads_back_as_its_calls(tok, fmt):
+    """The layouts whose templates iterate the arguments object: a rendered history is what the format's parser
+    reads back as the same calls (a call with no arguments included)."""
+    text, _ = render_chat(tok, history([("call_a", "get_weather", ARGS), ("call_b", "now", "{}")]),
+                          READS_OBJECT_AS[fmt])
+    assert "Paris" in text and "now" in text
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    got = get_parser(fmt).parse(text, schemas=schemas)
+    assert got.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in got.calls] == [("get_weather", json.loads(ARGS)), ("now", {})]
 
 
 def test_a_template_type_error_is_a_bad_request(tok):

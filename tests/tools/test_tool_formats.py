@@ -1,4 +1,5 @@
-"""The tool-call formats of Qwen3-Coder, DeepSeek V3 / V3.1, Kimi K2, GLM-4.5 and gpt-oss (harmony), on
+"""The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2, Kimi K2, GLM-4.5 / 4.7, MiniMax-M2
+and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -19,6 +20,10 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": 
 WRITE = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}
 SCHEMAS = {"get_weather": WEATHER, "write_file": WRITE, "now": {"type": "object", "properties": {}}}
 
+MM_CALL = '<invoke name="get_weather">\n<parameter name="city">{}</parameter>\n</invoke>\n'
+DSML = "｜DSML｜"
+STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"{}\">\n{}</steptml:invoke>"
+             "<｜tool_call_end｜>")
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
 # (format, output, expected content, expected [(name, arguments)])
 CASES = [
@@ -70,6 +75,48 @@ CASES = [
                 "<|call|>", "", [("get_weather", {"city": "Oslo"})]),
     ("gpt-oss", "<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>final"
                 "<|message|>Hello! How can I help?<|return|>", "Hello! How can I help?", []),
+    ("seed_oss", "Reading it.\n<seed:tool_call>\n<function=write_file>\n<parameter=path>src/a.py</parameter>\n"
+                 "<parameter=content>\ndef f():\n    return 1\n\n</parameter>\n</function>\n</seed:tool_call>\n"
+                 "<seed:tool_call>\n<function=get_weather>\n<parameter=days>3</parameter>\n<parameter=zip>0150"
+                 "</parameter>\n<parameter=hours>[1, 2]</parameter>\n</function>\n</seed:tool_call>", "Reading it.",
+     [("write_file", {"path": "src/a.py", "content": "def f():\n    return 1\n"}),
+      ("get_weather", {"days": 3, "zip": "0150", "hours": [1, 2]})]),
+    ("seed_oss", "<seed:tool_call>\n<function=now>\n</function>\n</seed:tool_call>", "", [("now", {})]),
+    # GLM-4.7: the tags back to back, calls too
+    ("glm47", "Let me look that up.<tool_call>get_weather<arg_key>city</arg_key><arg_value>北京</arg_value>"
+              "<arg_key>days</arg_key><arg_value>2</arg_value><arg_key>metric</arg_key><arg_value>false</arg_value>"
+              "</tool_call><tool_call>now</tool_call>", "Let me look that up.",
+     [("get_weather", {"city": "北京", "days": 2, "metric": False}), ("now", {})]),
+    ("glm47", "<tool_call>get_weather<arg_key>unit</arg_key><arg_value>null</arg_value>", "",
+     [("get_weather", {"unit": None})]),  # stopped on <|observation|>
+    ("minimax-m2", "I'll check both cities.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+                   "<parameter name=\"city\">San Francisco</parameter>\n<parameter name=\"days\">3</parameter>\n"
+                   "<parameter name=\"metric\">true</parameter>\n<parameter name=\"lat\">37.5</parameter>\n"
+                   "<parameter name=\"hours\">[9, 12]</parameter>\n<parameter name=\"zip\">94103</parameter>\n"
+                   "</invoke>\n" + MM_CALL.format("Tokyo") + "</minimax:tool_call>", "I'll check both cities.",
+     [("get_weather", {"city": "San Francisco", "days": 3, "metric": True, "lat": 37.5, "hours": [9, 12],
+                       "zip": "94103"}), ("get_weather", {"city": "Tokyo"})]),
+    ("minimax-m2", "<minimax:tool_call>\n<invoke name=\"write_file\">\n<parameter name=\"path\">a.html</parameter>\n"
+                   "<parameter name=\"content\">\n<p>\"hi\"</p>\n\n</parameter>\n</invoke>\n<invoke name=\"now\">\n"
+                   "</invoke>\n</minimax:tool_call>", "",
+     [("write_file", {"path": "a.html", "content": "<p>\"hi\"</p>"}), ("now", {})]),
+    ("minimax-m2", 'Plain <invoke name="x"> text.', 'Plain <invoke name="x"> text.', []),
+    ("deepseekv32", f"Let me check.\n\n<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
+                    f"<{DSML}parameter name=\"city\" string=\"true\">Hangzhou</{DSML}parameter>\n"
+                    f"<{DSML}parameter name=\"days\" string=\"false\">2</{DSML}parameter>\n"
+                    f"<{DSML}parameter name=\"zip\" string=\"true\">0150</{DSML}parameter>\n"
+                    f"<{DSML}parameter name=\"hours\" string=\"false\">[8, 20]</{DSML}parameter>\n"
+                    f"</{DSML}invoke>\n<{DSML}invoke name=\"now\">\n</{DSML}invoke>\n</{DSML}function_calls>",
+     "Let me check.", [("get_weather", {"city": "Hangzhou", "days": 2, "zip": "0150", "hours": [8, 20]}), ("now", {})]),
+    ("step3", "Checking.<｜tool_calls_begin｜>\n" + STEP_CALL.format(
+        "get_weather", "<steptml:parameter name=\"city\"> New York </steptml:parameter>\n<steptml:parameter "
+        "name=\"days\">3</steptml:parameter>\n<steptml:parameter name=\"hours\">[7]</steptml:parameter>\n")
+     + "\n" + STEP_CALL.format("now", "") + "\n<｜tool_calls_end｜>", "Checking.",
+     [("get_weather", {"city": "New York", "days": 3, "hours": [7]}), ("now", {})]),
+    # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
+    ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
+                    "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
+     [("get_weather", {"city": "Paris", "days": 2})]),
 ]
 MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break shows before a call commits)
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>"),
@@ -83,6 +130,19 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
     ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather"
                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"),
     ("gpt-oss", "<|channel|>commentary to=browser.search <|constrain|>json<|message|>{\"q\": \"x\"}<|call|>"),
+    ("seed_oss", "<seed:tool_call>\n<function=unknown_fn>\n</function>\n</seed:tool_call>"),
+    ("seed_oss", "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Oslo\n</function>\n</seed:tool_call>"),
+    ("glm47", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</tool_call>"),
+    ("minimax-m2", "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</invoke>\n"
+                   "</minimax:tool_call>"),
+    ("minimax-m2", "<minimax:tool_call>\n<invoke name=\"rm_rf\">\n</invoke>\n</minimax:tool_call>"),
+    ("minimax-m2", "<minimax:tool_call>\n</minimax:tool_call>"),
+    ("step3", "<｜tool_calls_begin｜>\n<｜tool_call_begin｜>code<｜tool_sep｜><steptml:invoke name=\"now\">\n"
+              "</steptml:invoke><｜tool_call_end｜>\n<｜tool_calls_end｜>"),  # only `function` calls
+    ("step3", "<｜tool_calls_begin｜>\n" + STEP_CALL.format("get_weather", "<steptml:parameter name=\"city\">Oslo")
+     + "\n<｜tool_calls_end｜>"),
+    ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n<{DSML}parameter name=\"city\">"
+                    f"Paris</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}function_calls>"),  # no string="..."
 ]
 TOOL_NAMES = {"get_weather", "write_file", "now"}
 
@@ -141,7 +201,8 @@ def test_malformed_calls_stay_text(case):
     assert got.content == text.strip()
 
 
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"])
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
+                                 "glm47", "minimax-m2", "deepseekv32", "step3"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -185,6 +246,64 @@ def test_template_detection():
     assert detect_parser("{% if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>") \
         == "kimi_k2"
     assert detect_parser("{% if tools %}<tool_call>{{ t }}</tool_call>{% endif %}") == "hermes"
+    # Seed-OSS writes Qwen3-Coder's tags in its own block; GLM-4.7 writes GLM-4.5's tags back to back
+    assert detect_parser("{{ '<seed:tool_call>\\n<function=' + name + '>\\n' }}<parameter=") == "seed_oss"
+    assert detect_parser("{{- '<tool_call>' + tc.name -}}{% for k, v in _args.items() %}<arg_key>{{ k }}</arg_key>"
+                         "<arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>") == "glm47"
+    assert detect_parser("{{- '<minimax:tool_call>' + '\\n' }}{{- '<invoke name=\"' + tool_call.name + '\">' }}") \
+        == "minimax-m2"
+    assert detect_parser("'<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"' + name") == "step3"
+    assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '<' + dsml_token + 'function_calls>' }}") \
+        == "deepseekv32"
+
+
+def test_vllm_names_are_aliases():
+    assert get_parser("minimax_m2") is get_parser("minimax-m2")
+    assert get_parser("deepseek_v32") is get_parser("deepseekv32")
+
+
+def test_minimax_values_follow_the_schema_as_sglang_reads_them():
+    """MiniMax-M2: newlines around a value are layout; `null` is None; an enum member is itself whether
+    written as text or JSON; integer before number before boolean; a whole number is an integer; booleans
+    also read from yes / no / 1 / 0; no schema: text."""
+    schema = {"type": "object", "properties": {
+        "n": {"type": "number"}, "i": {"type": ["integer", "string"]}, "b": {"type": "boolean"},
+        "e": {"enum": ["c", "f", None]}, "o": {"type": "object"}, "s": {"type": "string"},
+        "a": {"anyOf": [{"type": "array"}, {"type": "null"}]}}}
+    values = [("n", "2.0", 2), ("n", "-1.5", -1.5), ("n", "NaN", "NaN"), ("i", "7", 7), ("i", "seven", "seven"),
+              ("b", "yes", True), ("b", "0", False), ("e", "c", "c"), ("e", '"f"', "f"), ("e", "null", None),
+              ("o", '{"k": [1]}', {"k": [1]}), ("o", "{bad", "{bad"), ("s", "\n 42 \n\n", " 42 "), ("s", "NULL", None),
+              ("a", "[1, 2]", [1, 2]), ("x", "[1, 2]", "[1, 2]")]
+    text = "<minimax:tool_call>\n" + "".join(f'<invoke name="f">\n<parameter name="{k}">{raw}</parameter>\n</invoke>\n'
+                                              for k, raw, _ in values) + "</minimax:tool_call>"
+    got = get_parser("minimax-m2").parse(text, schemas={"f": schema})
+    assert calls_of(got) == [("f", {k: v}) for k, _, v in values]
+
+
+def test_dsml_string_flags_say_text_or_json():
+    """`string="true"`: the text as written (digits stay a string); `"false"`: JSON, or the text where it is not
+    JSON (SGLang's fallback)."""
+    def param(key: str, flag: str, raw: str) -> str:
+        return f'<{DSML}parameter name="{key}" string="{flag}">{raw}</{DSML}parameter>\n'
+
+    text = (f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n' + param("zip", "true", "007")
+            + param("days", "false", "7") + param("hours", "false", "[1, 2]") + param("city", "false", "Oslo, N")
+            + param("unit", "false", "null") + param("lat", "true", " 1.5 ")
+            + f"</{DSML}invoke>\n</{DSML}function_calls>")
+    got = get_parser("deepseekv32").parse(text, TOOL_NAMES, schemas=SCHEMAS)
+    assert calls_of(got) == [("get_weather", {"zip": "007", "days": 7, "hours": [1, 2], "city": "Oslo, N",
+                                              "unit": None, "lat": " 1.5 "})]
+
+
+def test_a_dsml_json_body_that_breaks_stays_text():
+    """DeepSeek V3.2's JSON-object body commits at its `{` (a stream has sent the call, the documented limit);
+    parse() sees the break and leaves the whole group as text."""
+    text = (f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n{{"city": "Paris",}}\n</{DSML}invoke>\n'
+            f"</{DSML}function_calls>")
+    got = get_parser("deepseekv32").parse(text, TOOL_NAMES)
+    assert got.calls == [] and got.content == text
+    assert [e.name for e in stream("deepseekv32", text, list(range(1, len(text)))) if isinstance(e, CallStart)] \
+        == ["get_weather"]
 
 
 
@@ -205,18 +324,42 @@ def _xml(fmt: str, calls: list) -> str:
         return "\n".join("<tool_call>\n<function=" + n + ">\n" + "".join(
             f"<parameter={k}>\n{show(v)}\n</parameter>\n" for k, v in a.items()) + "</function>\n</tool_call>"
             for n, a in calls)
+    if fmt == "seed_oss":
+        return "\n".join("<seed:tool_call>\n<function=" + n + ">\n" + "".join(
+            f"<parameter={k}>{show(v)}</parameter>\n" for k, v in a.items()) + "</function>\n</seed:tool_call>"
+            for n, a in calls)
+    if fmt == "glm47":
+        return "".join("<tool_call>" + n + "".join(f"<arg_key>{k}</arg_key><arg_value>{show(v)}</arg_value>"
+                                                   for k, v in a.items()) + "</tool_call>" for n, a in calls)
+    if fmt == "minimax-m2":
+        return "<minimax:tool_call>\n" + "".join(f'<invoke name="{n}">\n' + "".join(
+            f'<parameter name="{k}">{show(v)}</parameter>\n' for k, v in a.items()) + "</invoke>\n"
+            for n, a in calls) + "</minimax:tool_call>"
+    if fmt == "step3":
+        return "<｜tool_calls_begin｜>\n" + "\n".join(STEP_CALL.format(n, "".join(
+            f'<steptml:parameter name="{k}">{show(v)}</steptml:parameter>\n' for k, v in a.items()))
+            for n, a in calls) + "\n<｜tool_calls_end｜>"
+    if fmt == "deepseekv32":
+        return f"<{DSML}function_calls>\n" + "".join(f'<{DSML}invoke name="{n}">\n' + "".join(
+            f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{show(v)}</{DSML}parameter>\n'
+            for k, v in a.items()) + f"</{DSML}invoke>\n" for n, a in calls) + f"</{DSML}function_calls>"
     return "\n".join("<tool_call>" + n + "\n" + "".join(
         f"<arg_key>{k}</arg_key>\n<arg_value>{show(v)}</arg_value>\n" for k, v in a.items()) + "</tool_call>"
         for n, a in calls)
 
 
 @settings(max_examples=120, deadline=None)
-@given(fmt=st.sampled_from(["qwen3_coder", "glm45"]), calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]),
-       data=st.data())
+@given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3"]),
+       calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]), data=st.data())
 def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
-    """String parameters come back exactly as written (qwen3_coder: but for one newline of layout on each
-    side, which a value cannot start or end with here), integers and lists by the schema's types."""
-    calls = [(n, {k: v.strip("\n") if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
+    """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32: but for
+    newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace there;
+    minimax-m2: but for `null`, None in any type), integers and lists by the schema's types."""
+    edge = " \t\n\r\x0b\x0c" if fmt == "step3" else "\n"
+    calls = [(n, {k: v.strip(edge) if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
+    if fmt == "minimax-m2":
+        calls = [(n, {k: None if isinstance(v, str) and v.lower() == "null" else v for k, v in a.items()})
+                 for n, a in calls]
     schemas = {"get_weather": WEATHER, "write_file": WEATHER}
     text = lead + _xml(fmt, calls)
     got = get_parser(fmt).parse(text, schemas=schemas)

@@ -242,6 +242,16 @@ def test_registry_and_template_detection():
     assert detect_parser(None) is None
 
 
+def test_the_flag_offers_every_parser_and_each_alias_is_its_formats_class():
+    from radixlang_runtime.server_flags_help import CHOICES
+    from radixlang_runtime.tool_parsers import ALIASES
+
+    assert set(CHOICES["tool_call_parser"]) == set(PARSERS)
+    for alias, name in ALIASES.items():
+        assert get_parser(alias) is get_parser(name)
+        assert alias != name
+
+
 # ------------------------------------------------------------------------------------ properties
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
@@ -251,6 +261,9 @@ _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.
 _calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
                             st.dictionaries(st.from_regex(r"[a-z_]{1,6}", fullmatch=True), _values, max_size=3)),
                   min_size=1, max_size=3)
+
+
+XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3"}  # test_tool_formats.py
 
 
 def _render(fmt: str, calls: list, style: int) -> str:
@@ -267,7 +280,7 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
     if fmt == "mistral":
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
-    if fmt in ("deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss"):  # the layout each model writes
+    if fmt in ("deepseekv3", "deepseekv31", "deepseekv32", "deepseek_v32", "kimi_k2", "gpt-oss"):  # each model's layout
         syn = get_parser(fmt).syntax
         return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
                                        + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
@@ -275,7 +288,7 @@ def _render(fmt: str, calls: list, style: int) -> str:
 
 
 @settings(max_examples=150, deadline=None)
-@given(fmt=st.sampled_from(sorted(set(PARSERS) - {"qwen25", "qwen", "qwen3_coder", "glm45"})), calls=_calls,
+@given(fmt=st.sampled_from(sorted(set(PARSERS) - {"qwen25", "qwen", *XML_ARGS})), calls=_calls,
        style=st.integers(0, 5), lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
 def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
     if fmt in ("llama3", "pythonic"):

@@ -1,0 +1,50 @@
+"""DeepSeek V3.2 tool calls: DSML markup (`｜DSML｜` inside each tag), text before the group is content:
+  <｜DSML｜function_calls>\\n<｜DSML｜invoke name="NAME">\\n
+  <｜DSML｜parameter name="KEY" string="true">TEXT</｜DSML｜parameter>\\n
+  <｜DSML｜parameter name="KEY" string="false">JSON</｜DSML｜parameter>\\n...</｜DSML｜invoke>\\n...
+  </｜DSML｜function_calls>
+`string="true"`: the value is the text as written; `"false"`: JSON (text that is not JSON stays text, as
+SGLang reads it). A call's body may instead be one JSON object of its arguments (SGLang reads that too); a
+forced tool_choice writes that form, the arguments schema as JSON. No torch."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from radixlang_runtime.tool_parsers.base import CallSyntax, GroupScan, ToolParser
+from radixlang_runtime.tool_parsers.invoke import NAME_END, Invokes, parse_invokes
+from radixlang_runtime.tool_parsers.markup import read_json
+from radixlang_runtime.tool_parsers.qwen3_coder import ParamFields
+
+DSML = "｜DSML｜"
+START, END = f"<{DSML}function_calls>", f"</{DSML}function_calls>"
+INVOKE, INVOKE_END = f'<{DSML}invoke name="', f"</{DSML}invoke>"
+PARAM, PARAM_END = f'<{DSML}parameter name="', f"</{DSML}parameter>"
+_KEY = re.compile(r'([^\s<>"]+)"\s+string="(true|false)')  # the text before `">`
+
+
+class DsmlFields(ParamFields):
+    """A key's text is `KEY" string="true|false`: the flag says whether the value is text or JSON."""
+
+    def key(self, text: str) -> Optional[tuple[str, str]]:
+        m = _KEY.fullmatch(text)
+        return (m.group(1), m.group(2)) if m else None
+
+    def value(self, parser: ToolParser, name: str, key: str, flag: str, raw: str) -> Any:
+        if flag == "true":
+            return raw
+        value = read_json(raw)
+        return raw if value is ValueError else value
+
+
+class DeepSeekV32Parser(ToolParser):
+    name = "deepseekv32"
+    markers = (START,)
+    keeps_special_tokens = True
+    invokes = Invokes(START, END, INVOKE, INVOKE_END, PARAM, PARAM_END, json_body=True)
+    syntax = CallSyntax(START + "\n", "", END, INVOKE, NAME_END + "\n", "\n" + INVOKE_END + "\n")
+    fields = DsmlFields()
+
+    def parse_group(self, text: str, final: bool) -> GroupScan:
+        return parse_invokes(self, self.invokes, self.fields, text, final)

@@ -1,0 +1,77 @@
+"""The `<invoke name="F">` layout MiniMax-M2, DeepSeek V3.2 and Step3 share: a group holds calls, each call named
+parameters (or, where the format allows it, one JSON object), text around a group is content:
+  OPEN (CALL_OPEN INVOKE F">  (PARAM KEY">VALUE PARAM_END)*  INVOKE_END CALL_CLOSE)+ CLOSE
+(CALL_OPEN / CALL_CLOSE: Step3's special tokens around each call; whitespace between the pieces.) CLOSE may be
+missing at the very end (the model stopped on it). The formats differ in their tags and in how a
+parameter's key text and value read (qwen3_coder.ParamFields); a call streams one parameter at a time. No torch."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, GroupScan, ToolParser
+from radixlang_runtime.tool_parsers.json_scan import COMPLETE, skip_ws
+from radixlang_runtime.tool_parsers.markup import expect, json_args_at, known, read_until
+from radixlang_runtime.tool_parsers.qwen3_coder import ParamFields, xml_params
+
+_NAME = re.compile(r'[^\s<>"]+')
+NAME_END = '">'  # ends a call's name and a parameter's key
+
+
+@dataclass(frozen=True)
+class Invokes:
+    open: str
+    close: str
+    invoke: str  # up to the call's name: `<invoke name="`
+    invoke_end: str
+    param: str  # up to a parameter's key
+    param_end: str
+    json_body: bool = False  # a call's arguments may be one JSON object instead of parameters
+    call_open: str = ""  # before a call's INVOKE
+    call_close: str = ""  # after its INVOKE_END
+
+
+def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str, final: bool) -> GroupScan:
+    """text starts at m.open: its calls, then m.close. The complete calls are kept (the parser's scanner cache)
+    and the next delta resumes after them: a streamed group costs linear time."""
+    state = parser._scanners.setdefault(("invokes", 0), [len(m.open), []])  # [resume index, complete calls]
+    i, calls = state[0], list(state[1])
+    while True:
+        i = skip_ws(text, i)
+        if calls and i == len(text):
+            return GroupScan(calls, DONE if final else OPEN, i)
+        st, j = expect(text, i, m.close, final)
+        if st == COMPLETE and calls:
+            return GroupScan(calls, DONE, j)
+        first = m.call_open or m.invoke
+        if st == OPEN and calls and not text.startswith(first[:len(text) - i], i):
+            return GroupScan(calls, OPEN, j)
+        if m.call_open:
+            st, i = expect(text, i, m.call_open, final)
+            if st != COMPLETE:
+                return GroupScan(calls, st, i)
+            i = skip_ws(text, i)
+        st, j = expect(text, i, m.invoke, final)
+        if st != COMPLETE:
+            return GroupScan(calls, st, j)
+        st, k = read_until(text, j, NAME_END, final)
+        if st != COMPLETE:
+            return GroupScan(calls, st, k)
+        name = text[j:k]
+        if not _NAME.fullmatch(name) or not known(parser, name):
+            return GroupScan(calls, INVALID, j)
+        body = skip_ws(text, k + len(NAME_END))
+        if m.json_body and text.startswith("{", body):
+            st, end = json_args_at(parser, text, body, final, name, calls)
+            if st == COMPLETE:
+                st, end = expect(text, skip_ws(text, end), m.invoke_end, final)
+        else:
+            st, end = xml_params(parser, text, body, final, name, calls,
+                                 (m.param, NAME_END, "", m.param_end, m.invoke_end), fields=fields)
+        if st == COMPLETE and m.call_close:
+            st, end = expect(text, skip_ws(text, end), m.call_close, final)
+        if st != COMPLETE:
+            return GroupScan(calls, st, end)
+        i = state[0] = end
+        state[1] = list(calls)
