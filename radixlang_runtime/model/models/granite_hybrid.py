@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
-from radixlang_runtime.model.executor.parallel import Reduce, Shard, make_shard
+from radixlang_runtime.model.executor.parallel import Reduce, Shard
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.layers.hybrid_attention import HybridAttention
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
@@ -30,7 +30,6 @@ from radixlang_runtime.model.layers.mlp import MLP
 from radixlang_runtime.model.layers.moe import SparseMoE
 from radixlang_runtime.model.layers.moe_spec import parse_moe
 from radixlang_runtime.model.layers.rms_norm import RMSNorm
-from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
 from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
@@ -110,15 +109,7 @@ class GraniteMoeHybridForCausalLM(MoEForCausalLM):
     """LlamaForCausalLM's embedding, head and layer loop with Granite's multipliers. One rank: the Mamba2 layers
     refuse tensor parallelism by name (Mamba2Spec.split)."""
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
-                 shard: Shard | None = None, reduce: Reduce = None):
-        nn.Module.__init__(self)
-        self.cfg = cfg
-        self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                 cfg.intermediate_size, cfg.vocab_size)
-        self.reduce = reduce
-        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)
-        self.rotary = rotary
+    def make_layers(self, cfg: ModelConfig, backend: AttentionBackend, shard: Shard, reduce: Reduce) -> list[nn.Module]:
         spec = cfg.linear_attn.split(shard.size)
         opts: GraniteOptions = cfg.family_options
         layers = []
@@ -126,11 +117,7 @@ class GraniteMoeHybridForCausalLM(MoEForCausalLM):
             mixer = (Mamba2Mixer(spec, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i)) if mamba
                      else HybridAttention(cfg, i - spec.index_of(i), backend, shard, opts.rope))
             layers.append(GraniteLayer(mixer, self.make_mlp(cfg, i, shard, reduce), cfg))
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
-        self.head: nn.Module | None = None
-        self.fused_decode = None  # decode_layer.c runs Llama's layer shape only
+        return layers
 
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:

@@ -115,13 +115,16 @@ class LlamaForCausalLM(nn.Module):
         self.reduce = reduce
         self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)  # this rank's vocab rows
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, shard, reduce, self.make_mlp(cfg, i, shard, reduce),
-                                                 self.make_attention(cfg, i, shard, reduce))
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.make_layers(cfg, backend, shard, reduce))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
         self.head: nn.Module | None = None  # set by pack_for_cpu: a packed copy of the output projection
         self.fused_decode = None  # model/fused_decode.FusedDecode, set by the runner where it applies
+
+    def make_layers(self, cfg: ModelConfig, backend: AttentionBackend, shard: Shard, reduce: Reduce) -> list[nn.Module]:
+        """The decoder's layers (a family whose layers are not Llama's overrides this: the hybrid models)."""
+        return [DecoderLayer(cfg, i, backend, shard, reduce, self.make_mlp(cfg, i, shard, reduce),
+                             self.make_attention(cfg, i, shard, reduce)) for i in range(cfg.num_hidden_layers)]
 
     @staticmethod
     def make_mlp(cfg: ModelConfig, layer_id: int, shard: Shard, reduce: Reduce) -> nn.Module:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
-from radixlang_runtime.model.executor.parallel import Reduce, Shard, make_shard
+from radixlang_runtime.model.executor.parallel import Reduce, Shard
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.layers.hybrid_attention import HybridAttention
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
@@ -32,7 +32,6 @@ from radixlang_runtime.model.layers.mamba2_spec import Mamba2Spec, make_mamba2
 from radixlang_runtime.model.layers.moe import grouped_experts
 from radixlang_runtime.model.layers.moe_routing import RoutingSpec, check_routing, route_grouped
 from radixlang_runtime.model.layers.rms_norm import RMSNorm
-from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
@@ -182,15 +181,7 @@ class NemotronHForCausalLM(LlamaForCausalLM):
     """LlamaForCausalLM's embedding, head and layer loop over Nemotron-H's blocks. One rank: the Mamba2 layers
     refuse tensor parallelism by name (Mamba2Spec.split)."""
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
-                 shard: Shard | None = None, reduce: Reduce = None):
-        nn.Module.__init__(self)
-        self.cfg = cfg
-        self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                 cfg.intermediate_size, cfg.vocab_size)
-        self.reduce = reduce
-        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)
-        self.rotary = rotary
+    def make_layers(self, cfg: ModelConfig, backend: AttentionBackend, shard: Shard, reduce: Reduce) -> list[nn.Module]:
         spec, opts = cfg.linear_attn.split(shard.size), cfg.family_options
         layers = []
         for i, kind in enumerate(opts.layer_types):
@@ -204,11 +195,7 @@ class NemotronHForCausalLM(LlamaForCausalLM):
             else:
                 mixer = Relu2MoE(cfg.hidden_size, opts)
             layers.append(NemotronBlock(mixer, cfg, kind in ("linear_attention", "full_attention")))
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
-        self.head: nn.Module | None = None
-        self.fused_decode = None  # decode_layer.c runs Llama's layer shape only
+        return layers
 
     def enable_deterministic(self) -> None:
         raise ValueError(f"{ARCH}'s Mamba2 layers have no batch-invariant kernels")

@@ -29,7 +29,7 @@ from radixlang_runtime.model.models.llama import MLP, Reduce, RMSNorm, param_set
 from radixlang_runtime.model.layers.moe import SparseMoE
 from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 from radixlang_runtime.model.layers.moe_spec import parse_moe, qwen_sparse_layers
-from radixlang_runtime.model.executor.parallel import Shard, make_shard
+from radixlang_runtime.model.executor.parallel import Shard
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 
@@ -131,15 +131,7 @@ class HybridForCausalLM(MoEForCausalLM):
     Tensor parallel: full attention and the feed-forward split as Llama's, each Gated DeltaNet its heads
     (GatedDeltaNet), every mixer's and feed-forward's output summed over the ranks by `reduce`."""
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
-                 shard: Shard | None = None, reduce: Reduce = None):
-        nn.Module.__init__(self)
-        self.cfg = cfg
-        self.shard = shard = shard or make_shard(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                 cfg.intermediate_size, cfg.vocab_size)
-        self.reduce = reduce
-        self.embed_tokens = nn.Embedding(shard.vocab_count, cfg.hidden_size)
-        self.rotary = rotary
+    def make_layers(self, cfg: ModelConfig, backend: AttentionBackend, shard: Shard, reduce: Reduce) -> list[nn.Module]:
         spec = cfg.linear_attn
         part = spec.split(shard.size)  # this rank's linear-attention heads
         layers = []
@@ -147,11 +139,7 @@ class HybridForCausalLM(MoEForCausalLM):
             mixer = (GatedDeltaNet(part, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i), reduce) if linear
                      else GatedAttention(cfg, i - spec.index_of(i), backend, shard, reduce))
             layers.append(HybridDecoderLayer(mixer, self.make_mlp(cfg, i, shard, reduce), cfg))
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, shard.vocab_count, bias=False)
-        self.head: nn.Module | None = None
-        self.fused_decode = None  # decode_layer.c runs Llama's layer shape only
+        return layers
 
     def enable_cpu_ops(self) -> None:
         """The CPU C kernels: the norms and activations (LlamaForCausalLM's), and Gated DeltaNet's decode."""
