@@ -12,6 +12,19 @@ from typing import Optional
 REFERENCE_ATTENTION = "eager"
 
 
+_BUILT: dict = {}
+
+
+def built_tiny(name: str, cases: dict, tiny: dict, tmp_path_factory):
+    """(directory, transformers model) of cases[name] = (config class, overrides) over `tiny`, built once per
+    pytest run (module-scoped fixtures of several modules share it)."""
+    if name not in _BUILT:
+        path = tmp_path_factory.mktemp(name)
+        cls_name, kwargs = cases[name]
+        _BUILT[name] = (path, build_tiny(path, cls_name, tiny, kwargs))
+    return _BUILT[name]
+
+
 def build_tiny(tmp_path, cls_name: str, tiny: dict, kwargs: dict, save: Optional[dict] = None, seed: int = 0):
     """transformers' `cls_name` config (the embedded tokenizer's vocabulary, `tiny` overridden by `kwargs`)
     with random float32 weights drawn from `seed`, saved with the tokenizer to tmp_path; returns the eval-mode model."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixlang_runtime.model.loader.config import ModelConfig
-from tiny_checkpoints import GRANITE_CASES as CASES, GRANITE_TINY as TINY, build_tiny, hf_greedy
+from tiny_checkpoints import GRANITE_CASES as CASES, GRANITE_TINY as TINY, build_tiny, built_tiny, hf_greedy
 
 NEW = 6
 LONG = list(range(300, 400))  # 100 tokens: four prefill chunks of 32
@@ -21,15 +21,8 @@ FINISHED = (len(LONG) + NEW - 1) // 4 * 4  # page 4: where a finished first turn
 ENGINE = dict(dtype="float32", max_total_tokens=1024, page_size=4, chunked_prefill_size=32,
               debug_check_integrity=True)
 
-_BUILT: dict = {}
-
-
 def _tiny(name, tmp_path_factory):
-    if name not in _BUILT:
-        path = tmp_path_factory.mktemp(name)
-        cls_name, kwargs = CASES[name]
-        _BUILT[name] = (path, build_tiny(path, cls_name, TINY, kwargs))
-    return _BUILT[name]
+    return built_tiny(name, CASES, TINY, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -12,7 +12,7 @@ import torch
 
 from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
-from tiny_checkpoints import HYBRID_CASES as CASES, HYBRID_TINY as TINY, build_tiny, hf_greedy
+from tiny_checkpoints import HYBRID_CASES as CASES, HYBRID_TINY as TINY, build_tiny, built_tiny, hf_greedy
 
 NEW = 6
 LONG = list(range(300, 400))  # 100 tokens: four prefill chunks of 32
@@ -21,15 +21,8 @@ SP = {"max_new_tokens": NEW, "min_new_tokens": NEW, "temperature": 0}
 FINISHED = (len(LONG) + NEW - 1) // 4 * 4  # page 4: where a finished first turn on LONG leaves its state
 
 
-_BUILT: dict = {}
-
-
 def _tiny(name, tmp_path_factory):
-    if name not in _BUILT:
-        path = tmp_path_factory.mktemp(name)
-        cls_name, kwargs = CASES[name]
-        _BUILT[name] = (path, build_tiny(path, cls_name, TINY, kwargs))
-    return _BUILT[name]
+    return built_tiny(name, CASES, TINY, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
