@@ -1,9 +1,10 @@
 """SmolLM3 (SmolLM3ForCausalLM: the Llama decoder with NoPE layers) end to end: tiny random checkpoints written by
 transformers with the NoPE layers away from the default every-fourth position, served in float32 greedy token for
 token against transformers (a batch, chunked prefill, a pool tight enough to retract, a radix-cache hit; with
-use_sliding_window, the NoPE layer slides); the fused decode layer bit-identical to the modules on NoPE layers; a
-smollm3 GGUF laid out as llama.cpp's converter writes it, served on dense and block linears; what is not honoured
-refused by name. Run under RADIXLANG_CPU_MASK=cc too: the torch rotary path instead of rope_store.c."""
+use_sliding_window, the NoPE layer slides), on the Triton backend too; the fused decode layer bit-identical to the
+modules on NoPE layers; a smollm3 GGUF laid out as llama.cpp's converter writes it, served on dense and block
+linears; what is not honoured refused by name. Run under RADIXLANG_CPU_MASK=cc too: the torch rotary path instead
+of rope_store.c."""
 
 from __future__ import annotations
 
@@ -38,6 +39,29 @@ def test_smollm3_matches_transformers(name, tmp_path):
     assert parsed.layer_rope == tuple(bool(r) for r in kwargs["no_rope_layers"])
     window = kwargs.get("sliding_window", 0)
     assert parsed.layer_windows == (tuple(window * (1 - r) for r in kwargs["no_rope_layers"]) if window else ())
+
+
+def test_smollm3_on_the_triton_backend_matches_transformers(tmp_path):
+    """The Triton kernels (interpreted on CPU) attend over what the model rotated, or did not: NoPE on layer 1, the
+    sliding NoPE layer 2 past its window, chunked prefill and a radix-cache hit."""
+    pytest.importorskip("triton")
+    from radixlang_runtime import Engine
+    from test_model_families import LONG_PROMPTS
+
+    model = build_tiny(tmp_path, "SmolLM3Config", SMOL, {
+        "max_position_embeddings": 256, "no_rope_layers": [1, 0, 0, 1], "use_sliding_window": True,
+        "sliding_window": 8, "layer_types": ["full_attention", "full_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": PLAIN})
+    prompts, new = LONG_PROMPTS[1:4:2], 10
+    want = [hf_greedy(model, p, new) for p in prompts]
+    sp = {"max_new_tokens": new, "min_new_tokens": new, "temperature": 0}
+    with Engine(str(tmp_path), dtype="float32", attention_backend="triton", max_total_tokens=512,
+                chunked_prefill_size=16, page_size=1, debug_check_integrity=True) as eng:
+        outs = eng.generate(input_ids=prompts, sampling_params=sp)
+        again = eng.generate(input_ids=prompts[1] + [5, 6, 7], sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == want
+    assert again["meta_info"]["cached_tokens"] >= len(prompts[1])
+    assert again["output_ids"] == hf_greedy(model, prompts[1] + [5, 6, 7], new)
 
 
 @pytest.mark.parametrize("kw", [dict(dtype="float32"), dict(dtype="bfloat16", quantization="int8")],
