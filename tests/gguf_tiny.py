@@ -1,6 +1,6 @@
 """Tiny GGUF files for the converter's tests, written with gguf.GGUFWriter from a tiny transformers model the way
-llama.cpp's convert_hf_to_gguf.py lays them out: its tensor names, llama's q / k rows permuted, MoE experts
-stacked per layer ([E, I, hidden]), Phi-3's fused qkv / gate_up kept, Gemma's norms stored as 1 + w under its
+llama.cpp's convert_hf_to_gguf.py lays them out: its tensor names, llama's (and smollm3's) q / k rows permuted, MoE
+experts stacked per layer ([E, I, hidden]), Phi-3's fused qkv / gate_up kept, Gemma's norms stored as 1 + w under its
 pre / post norm names, and each weight in a chosen block type."""
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def gguf_tensors(state: dict, arch: str, heads: int, kv_heads: int) -> dict[str,
             continue
         if rest == "mlp.shared_expert_gate.weight":
             w = w.reshape(-1)  # llama.cpp stores it as [hidden]
-        if arch == "llama" and rest == "self_attn.q_proj.weight":
+        if arch in ("llama", "smollm3") and rest == "self_attn.q_proj.weight":  # SmolLM3Model is a LlamaModel
             w = permute(w, heads)
-        elif arch == "llama" and rest == "self_attn.k_proj.weight":
+        elif arch in ("llama", "smollm3") and rest == "self_attn.k_proj.weight":
             w = permute(w, kv_heads)
         out[f"blk.{layer}.{names[rest]}"] = w
     return out

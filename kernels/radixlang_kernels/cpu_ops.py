@@ -215,19 +215,21 @@ def add_rms_norm(x: Optional[torch.Tensor], residual: torch.Tensor, weight: torc
     return out
 
 
-def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, D: int,
+def rope_store(qkv: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], H: int, Hkv: int, D: int,
                out_loc: Optional[torch.Tensor] = None, k_pool: Optional[torch.Tensor] = None,
                v_pool: Optional[torch.Tensor] = None) -> None:
     """In place: neox rope on the q and k heads of qkv [T, (H + 2 Hkv) D] (rows contiguous, any row stride),
     as Rotary.apply rounds it; then, with out_loc [T] int64 and pools [Hkv, N, D], each row's k and v heads
-    into the pools (KVPool.store). cos [T, D], sin [T, D / 2] contiguous (Rotary.cos_sin); one dtype,
-    bf16 or float32 (rope_store.c)."""
+    into the pools (KVPool.store). cos [T, D], sin [T, D / 2] contiguous (Rotary.cos_sin); both None: no
+    rotary (a NoPE layer), the store only. One dtype, bf16 or float32 (rope_store.c)."""
     T = qkv.shape[0]
-    assert qkv.stride(1) == 1 and cos.is_contiguous() and sin.is_contiguous()
-    assert qkv.shape[1] >= (H + 2 * Hkv) * D and cos.dtype == sin.dtype == qkv.dtype
+    assert qkv.stride(1) == 1 and qkv.shape[1] >= (H + 2 * Hkv) * D
+    assert (cos is None) == (sin is None)
+    if cos is not None:
+        assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == sin.dtype == qkv.dtype
     fn = _lib.rope_store_bf16 if qkv.dtype == torch.bfloat16 else _lib.rope_store_f32
     N = 0 if k_pool is None else k_pool.shape[1]
-    fn(qkv.data_ptr(), T, qkv.stride(0), H, Hkv, D, cos.data_ptr(), sin.data_ptr(), opt_ptr(out_loc),
+    fn(qkv.data_ptr(), T, qkv.stride(0), H, Hkv, D, opt_ptr(cos), opt_ptr(sin), opt_ptr(out_loc),
        opt_ptr(k_pool), opt_ptr(v_pool), N)
 
 

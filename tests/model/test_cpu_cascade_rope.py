@@ -1,8 +1,8 @@
 """The C kernels as the runtime drives them: cascade attention on groups found by the runtime's planner
 (model/layers/attention/cascade.py plan_cascade, CascadePlan) and rope_store against the runtime's Rotary.apply +
-KVPool.store, against radixlang_kernels/reference.py, once per instruction set this machine has (the `isa`
-fixture), in bf16 and float32 (the kernels alone: kernels/tests/). Skipped where no
-compiler exists."""
+KVPool.store (and without tables: a NoPE layer's store only), against radixlang_kernels/reference.py, once per
+instruction set this machine has (the `isa` fixture), in bf16 and float32 (the kernels alone: kernels/tests/).
+Skipped where no compiler exists."""
 
 from __future__ import annotations
 
@@ -181,5 +181,24 @@ def test_rope_store_is_bit_identical_to_rotary_and_store(isa, dtype, T, H, hkv, 
     got = got.view(T, H + 2 * hkv, D)
     assert torch.equal(got[:, : H + hkv], want)
     assert torch.equal(got[:, H + hkv :], heads[:, H + hkv :])  # v untouched
+    assert torch.equal(pools[1].k_buffers[0], pools[0].k_buffers[0])
+    assert torch.equal(pools[1].v_buffers[0], pools[0].v_buffers[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T", [3, 80])
+def test_rope_store_without_tables_only_stores(isa, dtype, T):
+    """A NoPE layer's call (no cos / sin): q and k stay as they are, k and v go into the pool (KVPool.store)."""
+    from radixlang_runtime.mem.kv_pool import KVPool
+
+    H, hkv, D = 4, 2, 32
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(T, (H + 2 * hkv) * D, generator=g).to(dtype)
+    heads = qkv.view(T, H + 2 * hkv, D).clone()
+    slots = torch.randperm(200, generator=g)[:T]
+    pools = [KVPool(200, 1, hkv, D, dtype, torch.device("cpu"), 1, 8) for _ in range(2)]
+    pools[0].store(0, slots, heads[:, H : H + hkv], heads[:, H + hkv :])
+    cpu_ops.rope_store(qkv, None, None, H, hkv, D, slots, pools[1].k_buffers[0], pools[1].v_buffers[0])
+    assert torch.equal(qkv.view(T, H + 2 * hkv, D), heads)
     assert torch.equal(pools[1].k_buffers[0], pools[0].k_buffers[0])
     assert torch.equal(pools[1].v_buffers[0], pools[0].v_buffers[0])

@@ -4,7 +4,8 @@
  * once the weights stream at the memory's rate (docs/PERFORMANCE.md#fused-decode-layer).
  *
  *   x  = rms_norm(residual += h) * in_norm          (h == NULL on the first layer: no add)
- *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]  (rope_store.c)
+ *   qkv = x @ Wqkv.T (+ bias);  q, k = rope(q, k);  K/V of each row -> the pool at out_loc[m]  (rope_store.c;
+ *        a NoPE layer, W->nope: no rope, the store only)
  *   a  = paged_decode(q, pool, req_to_token, req_rows, seq_lens) @ Wo.T
  *        (with cascade groups: first the groups' shared parts by the extend kernel into the prior, then
  *        paged_decode over each request's own part from k_begin, merged with it: attention/cascade.py;
@@ -110,11 +111,12 @@ static int decode_layer(const decode_layer_weights *W, const decode_step *S, voi
     else
         add_rms_norm_f32(residual, h, W->in_norm, (float *)x, M, hid, S->eps);
     if ((rc = run_linear(&W->qkv, x, qkv, M, bf16))) goto done;
+    const void *cos = W->nope ? NULL : S->cos, *sin = W->nope ? NULL : S->sin; /* a NoPE layer: the store only */
     if (bf16)
-        rope_store_bf16((uint16_t *)qkv, M, qkv_n, S->H, S->Hkv, D, S->cos, S->sin, S->out_loc,
-                        S->k_pools[W->layer], S->v_pools[W->layer], S->slots);
+        rope_store_bf16((uint16_t *)qkv, M, qkv_n, S->H, S->Hkv, D, cos, sin, S->out_loc, S->k_pools[W->layer],
+                        S->v_pools[W->layer], S->slots);
     else
-        rope_store_f32((float *)qkv, M, qkv_n, S->H, S->Hkv, D, S->cos, S->sin, S->out_loc, S->k_pools[W->layer],
+        rope_store_f32((float *)qkv, M, qkv_n, S->H, S->Hkv, D, cos, sin, S->out_loc, S->k_pools[W->layer],
                        S->v_pools[W->layer], S->slots);
     for (int64_t m = 0; m < M; m++) memcpy(q + m * S->H * D * el, qkv + m * qkv_n * el, S->H * D * el);
     const void *kp = S->k_pools[W->layer], *vp = S->v_pools[W->layer];

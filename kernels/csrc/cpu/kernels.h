@@ -30,6 +30,7 @@ typedef struct {
     const void *in_norm, *post_norm; /* [hidden] like x */
     int64_t layer;                   /* index into the step's pools */
     int64_t window;                  /* sliding window > 0: attend from the step's win_begin, no groups */
+    int64_t nope;                    /* 1: a NoPE layer (no rotary on q and k; the K/V store only) */
 } decode_layer_weights;
 
 /* decode_layer.c: what every layer of one decode step shares */

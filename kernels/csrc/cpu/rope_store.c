@@ -6,6 +6,7 @@
  *
  *   qkv     [T, (H + 2 Hkv) D]  q heads, k heads, v heads per row (row stride row_stride elements)
  *   cos     [T, D], sin [T, D / 2]  the rows' positions' tables (Rotary.cos_sin), element type as qkv
+ *           (both NULL: no rotary, a NoPE layer's store only)
  *   out_loc [T] pool slot of each row; k_pool, v_pool [Hkv, N, D] (all three NULL: rope only)
  *
  * Invariant: the result is bit-identical to Rotary.apply: x * cos rounded to the element type, then the
@@ -20,8 +21,8 @@
     const int64_t h = D / 2, el = (int64_t)sizeof(ELEM);                                                    \
     _Pragma("omp parallel for schedule(static) if (T >= 64)") for (int64_t t = 0; t < T; t++) {             \
         ELEM *row = qkv + t * row_stride;                                                                   \
-        const ELEM *c = cos + t * D, *s = sin + t * h;                                                      \
-        for (int64_t hd = 0; hd < H + Hkv; hd++) {                                                          \
+        const ELEM *c = cos ? cos + t * D : NULL, *s = sin ? sin + t * h : NULL;                            \
+        for (int64_t hd = 0; hd < (c ? H + Hkv : 0); hd++) {                                                \
             ELEM *p = row + hd * D;                                                                         \
             for (int64_t i = 0; i < h; i++) {                                                               \
                 const float x1 = TO_F32(p[i]), x2 = TO_F32(p[h + i]), si = TO_F32(s[i]);                    \

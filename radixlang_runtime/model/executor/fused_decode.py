@@ -11,7 +11,8 @@ float32, one rank, no q/k norm or clip_qkv, dense MLPs (no MoE block), every lin
 (DENSE_MAX_M, MAX_ANY_M where every linear's tiles take any M, or the GGUF linears' fused_max_m), and the
 attention backend's C decode
 (with or without cascade groups; not the deterministic row mode; sliding windows as the backend applies
-them, one window value; no attention sinks).
+them, one window value; no attention sinks). NoPE layers (ModelConfig.layer_rope) skip the rotary there as in
+the modules.
 Then the result is bit-identical to the module path (tests/test_fused_decode.py); otherwise `applies` is
 False and the modules run.
 """
@@ -128,8 +129,9 @@ class FusedDecode:
         a0 = model.layers[0].self_attn
         if len(a0.backend.distinct_windows) > 1 or a0.backend.sinks:  # the step carries one win_begin;
             return None  # decode_layer.c has no attention sinks (gpt-oss): the modules run
-        for w in weights:
+        for w, layer in zip(weights, model.layers):
             w.window = a0.backend.window(w.layer)
+            w.nope = int(not getattr(layer.self_attn, "rope", True))  # a NoPE layer: rope_store.c's store only
         dims = (model.cfg.hidden_size, a0.h, a0.hkv, a0.d, model.layers[0].mlp.inter)
         return FusedDecode(list(model.layers), weights, dtype, dims, model.cfg.rms_norm_eps, a0.backend.scale,
                            max_batch)

@@ -57,6 +57,9 @@ class ModelConfig:
     # per layer: chunked local attention c > 0 (Llama 4: the query at position p sees keys at [p - p % c, p]) or
     # 0 (as layer_windows says); () when no layer is chunked. Every attention path the model runs on honours it.
     layer_chunks: tuple[int, ...] = ()
+    # per layer: False on a NoPE layer (no rotary on q and k: Llama 4, SmolLM3; every attention path and the fused
+    # decode layer honour it), True where RoPE applies; () when every layer rotates
+    layer_rope: tuple[bool, ...] = ()
     family_options: Optional[Any] = None  # a family's own parsed per-layer choices (models/llama4.Llama4Layers)
     attention_sinks: bool = False  # gpt-oss: a learned logit per query head in every softmax (AttentionBackend)
     mla: Optional[MLASpec] = None  # DeepSeek V2 / V3: multi-head latent attention (the pool's latent layout)
@@ -154,6 +157,21 @@ def layer_windows(cfg: dict, arch: str, sliding_window: Optional[int],
     if int(sliding_window) <= 0:
         raise ValueError(f"sliding_window {sliding_window!r} must be a positive number of positions ({arch})")
     return tuple(int(sliding_window) if t == "sliding_attention" else 0 for t in types)
+
+
+def no_rope_layers(cfg: dict, arch: str, default_interval: int = 4) -> tuple[bool, ...]:
+    """Each layer's RoPE flag from no_rope_layers (1: the layer rotates, 0: a NoPE layer; transformers reads its
+    first num_hidden_layers entries), else every no_rope_layer_interval-th layer a NoPE one (Llama 4, SmolLM3)."""
+    layers = cfg["num_hidden_layers"]
+    flags = cfg.get("no_rope_layers")
+    if not flags:
+        interval = cfg.get("no_rope_layer_interval", default_interval)
+        if not isinstance(interval, int) or interval <= 0:
+            raise ValueError(f"no_rope_layer_interval {interval!r} must be a positive number of layers ({arch})")
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) < layers:
+        raise ValueError(f"no_rope_layers has {len(flags)} entries for {layers} layers ({arch})")
+    return tuple(bool(f) for f in flags[:layers])
 
 
 def base_config(cfg: dict, arch: str, *, attention_bias: bool, qk_norm: bool,

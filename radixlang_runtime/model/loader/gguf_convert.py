@@ -4,8 +4,8 @@ The `gguf` package reads and dequantizes the tensors (BLOCK_TYPES: F32 / F16 / B
 Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; others refused by name) to float32; the runtime then
 serves a .gguf on its blocks by default (gguf_blocks below, model/layers/gguf_block_linear.py). Architectures:
 gguf_families.ARCHS (what each adds to the llama mapping below is there). llama.cpp's converter permutes
-the rows of Llama's q/k projections (interleaved rotary pairs); we undo that so the
-weights are the HF layout our model (and transformers) expects. The result is written atomically into
+the rows of Llama's (and SmolLM3's: its LlamaModel subclass) q/k projections (interleaved rotary pairs); we
+undo that so the weights are the HF layout our model (and transformers) expects. The result is written atomically into
 a cache directory keyed by the GGUF file's identity, so the second start skips all of this.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 
 from radixlang_runtime.model.loader.gguf_family import unread_block
-from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE,
+from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE, PERMUTED_QK,
                                                           ROPE_TENSORS, family_config, join_experts, layer_names,
                                                           refuse_unknown_keys, tensor_rope)
 
@@ -164,7 +164,7 @@ def gguf_to_hf_config(reader) -> dict:
 def gguf_state_dict(reader, config: dict) -> dict[str, np.ndarray]:
     """Dequantized float32 tensors under HF names."""
     arch = _field(reader, "general.architecture")
-    permute_qk = config["model_type"] == "llama"
+    permute_qk = config["model_type"] in PERMUTED_QK
     out = {}
     for t in reader.tensors:
         if t.name in ROPE_TENSORS or unread_block(FAMILIES.get(arch), t.name, config):  # rope: config.json's
@@ -193,7 +193,7 @@ def gguf_blocks(gguf_path: str, config: dict,
 
     reader = gguf.GGUFReader(gguf_path)
     arch = _field(reader, "general.architecture")
-    permute_qk = config["model_type"] == "llama"
+    permute_qk = config["model_type"] in PERMUTED_QK
     out = {}
     for t in reader.tensors:
         fmt = t.tensor_type.name

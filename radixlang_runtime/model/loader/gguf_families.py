@@ -9,6 +9,9 @@ config.json fields, its tensor names, and RoPE scaling stored as tensors. No tor
   longrope from rope_factors_{short,long}.
 - llama: rope_freqs (llama.cpp's per-dimension divisors of Llama 3.x's llama3 scaling) -> rope_type llama3,
   the parameters found by reproducing the tensor (any parameters that reproduce it give the same RoPE).
+- smollm3: llama's tensors (q / k rows permuted the same way); its NoPE layers have no key: llama.cpp's graph
+  skips the rotary on every fourth layer (n_no_rope_layer_step 4), written as no_rope_layers. No sliding window
+  (llama.cpp reads none for smollm3: the key is refused).
 - gemma2 / gemma3: llama.cpp stores every RMSNorm weight as 1 + w (NORM_PLUS_ONE: we subtract 1, and the Gemma
   model adds it back: the file's 1 + w again, exactly in float32 wherever 1 + w >= 0.5); pre + post
   norms (post_attention_norm, ffn_norm = pre-feed-forward, post_ffw_norm); the layer pattern from
@@ -37,11 +40,13 @@ FAMILIES: dict[str, GGUFFamily] = {f.arch: f for f in (gguf_deepseek2.FAMILY, gg
                                                   gguf_llama4.FAMILY, gguf_qwen3next.FAMILY)}
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
          "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
-         "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+         "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}  # where they differ
 ARCHS.update({f.arch: f.hf_arch for f in FAMILIES.values()})
 HF_MODEL_TYPES.update({f.arch: f.model_type for f in FAMILIES.values()})
 NORM_PLUS_ONE = ("gemma2", "gemma3")  # llama.cpp wrote 1 + w for every *norm.weight
+PERMUTED_QK = ("llama", "smollm3")  # model types whose q / k rows llama.cpp's converter permuted (LlamaModel)
+_SMOLLM3_NOPE_STEP = 4  # llama.cpp's smollm3 graph: every fourth layer has no rotary (no GGUF key says otherwise)
 # the `{arch}.` keys every architecture reads (gguf_convert.gguf_to_hf_config; rope.scaling.*: gguf_rope_fields)
 KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
         "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
@@ -126,6 +131,8 @@ def _family_fields(arch: str, a: Callable, names: set[str], base: dict) -> dict:
     if arch == "phi3":
         window = a("attention.sliding_window")
         return {"sliding_window": None if window is None else int(window)}
+    if arch == "smollm3":
+        return {"no_rope_layers": [int((i + 1) % _SMOLLM3_NOPE_STEP != 0) for i in range(layers)]}
     return {}
 
 

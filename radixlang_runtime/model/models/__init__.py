@@ -28,6 +28,7 @@ _FAMILIES = (
     ModelFamily("MistralForCausalLM", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen2ForCausalLM", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen3ForCausalLM", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
+    ModelFamily("SmolLM3ForCausalLM", llama_family.parse_smollm3, llama_family.LlamaForCausalLM),
     ModelFamily("Phi3ForCausalLM", phi3.parse_phi3, phi3.Phi3ForCausalLM),
     ModelFamily("MixtralForCausalLM", mixtral.parse_mixtral, mixtral.MoEForCausalLM),
     ModelFamily("Qwen2MoeForCausalLM", qwen_moe.parse_qwen2_moe, qwen_moe.MoEForCausalLM),

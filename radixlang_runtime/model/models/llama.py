@@ -1,4 +1,4 @@
-"""Llama-family decoder written for the paged KV pool (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3).
+"""Llama-family decoder written for the paged KV pool (Llama 2/3, SmolLM2, SmolLM3, Mistral, Qwen2, Qwen3).
 
 Tokens of all requests in a step are flattened into one [T] axis; attention is the only place that
 knows about requests, through the backend and the ForwardBatch. q/k/v and gate/up are fused into one
@@ -59,6 +59,7 @@ class Attention(nn.Module):
         self.backend = backend
         self.reduce = reduce
         self.use_cpu_kernel = False  # CPU C kernels: rope + K/V store in one pass (cpu_ops.rope_store)
+        self.rope = not cfg.layer_rope or cfg.layer_rope[layer_id]  # False: a NoPE layer (no rotary)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -74,14 +75,15 @@ class Attention(nn.Module):
         head_norm = self.q_norm is not None and not self.norm_whole
         if self.use_cpu_kernel and not head_norm and pool.k_buffers[self.layer_id].dtype == qkv.dtype:
             # Rotary.apply's rounding in place on qkv (qk is a view of it), then k, v into the pool
-            cos, sin = fb.rope_cos_sin
+            cos, sin = fb.rope_cos_sin if self.rope else (None, None)  # a NoPE layer: the store only
             cpu_ops.rope_store(qkv, cos, sin, self.h, self.hkv, self.d, fb.out_loc,
                                    pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id])
             o = self.backend.attend(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
         else:
             if head_norm:
                 qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
-            qk = Rotary.apply(qk, fb.rope_cos_sin)  # one pass over q and k: [T, H + Hkv, D]
+            # one pass over q and k: [T, H + Hkv, D]
+            qk = Rotary.apply(qk, fb.rope_cos_sin) if self.rope else qk.contiguous()
             o = self.backend.forward(qk[:, : self.h], qk[:, self.h :], v, self.layer_id, fb)  # [T, H D]
         out = self.o_proj(o)  # [T, hidden]: this rank's heads' share
         return out if self.reduce is None else self.reduce(out)

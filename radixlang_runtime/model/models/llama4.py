@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
-from radixlang_runtime.model.loader.config import ModelConfig, base_config
+from radixlang_runtime.model.loader.config import ModelConfig, base_config, no_rope_layers
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, Reduce
 from radixlang_runtime.model.layers.moe import SparseMoE, grouped_experts
@@ -52,7 +52,6 @@ _DEFAULTS = {"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 819
 class Llama4Layers:
     """The per-layer choices of a Llama 4 text config (ModelConfig.family_options)."""
 
-    rope: tuple[bool, ...]  # layer i applies RoPE (no_rope_layers[i] == 1) or is a NoPE layer
     qk_norm: bool  # use_qk_norm: L2 norm of q and k heads on the RoPE layers
     temperature_tuning: bool  # attn_temperature_tuning on the NoPE layers
     floor_scale: float
@@ -85,10 +84,7 @@ def _parse(cfg: dict, arch: str) -> ModelConfig:
     layers = cfg["num_hidden_layers"]
     if cfg.get("attention_bias"):
         raise ValueError(f"attention_bias true is not supported ({arch}: projections without bias)")
-    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % int(cfg.get("no_rope_layer_interval", 4)) != 0)
-                                            for i in range(layers)]
-    if len(no_rope) != layers:
-        raise ValueError(f"no_rope_layers has {len(no_rope)} entries for {layers} layers ({arch})")
+    no_rope = no_rope_layers(cfg, arch)  # per layer: True applies RoPE
     chunk = cfg.get("attention_chunk_size", 8192)
     types = cfg.get("layer_types") or ["chunked_attention" if r and chunk is not None else "full_attention"
                                        for r in no_rope]
@@ -111,10 +107,10 @@ def _parse(cfg: dict, arch: str) -> ModelConfig:
                     shared_intermediate_size=int(cfg["intermediate_size"]),
                     sparse_layers=tuple(experts > 0 and i in set(moe_layers) for i in range(layers)),
                     block="feed_forward")
-    l4 = Llama4Layers(rope=tuple(bool(r) for r in no_rope), qk_norm=bool(cfg.get("use_qk_norm", True)),
+    l4 = Llama4Layers(qk_norm=bool(cfg.get("use_qk_norm", True)),
                       temperature_tuning=bool(cfg.get("attn_temperature_tuning", True)),
                       floor_scale=float(cfg.get("floor_scale", 8192)), attn_scale=float(cfg.get("attn_scale", 0.1)))
-    return dataclasses.replace(out, moe=moe, layer_chunks=chunks if any(chunks) else (),
+    return dataclasses.replace(out, moe=moe, layer_chunks=chunks if any(chunks) else (), layer_rope=no_rope,
                                family_options=l4)
 
 
@@ -123,8 +119,7 @@ class Llama4Attention(Attention):
 
     def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce):
         super().__init__(cfg, layer_id, backend, shard, reduce)
-        l4: Llama4Layers = cfg.family_options
-        self.rope = l4.rope[layer_id]
+        l4: Llama4Layers = cfg.family_options  # self.rope: Attention's, from ModelConfig.layer_rope
         self.l2_norm = l4.qk_norm and self.rope
         self.tuning = l4.temperature_tuning and not self.rope
         self.floor_scale, self.attn_scale, self.eps = l4.floor_scale, l4.attn_scale, cfg.rms_norm_eps
