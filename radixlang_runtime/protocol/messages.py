@@ -53,6 +53,8 @@ class TokenizedGenerateReq:
     pooling: Any = _record("radixlang_runtime.pooling:PoolSpec", default=None)
     lora_id: int = 0  # the LoRA adapter it runs (lora_spec.py; 0: the base model)
     priority: int = 0  # its place in the waiting queue under --enable-priority-scheduling (preemption.PriorityRule)
+    cache_salt: Optional[str] = None  # its prefix cache namespace (request_extras.py; None: the shared one)
+    return_hidden_states: bool = False  # meta_info.hidden_states (scheduler/hidden_states.py)
 
 
 @dataclass
