@@ -233,6 +233,8 @@ class ReqProgress:
     output_top_logprobs: Optional[list] = None
     embedding: Optional[list[float]] = None  # a pooling request's result, in its final record (pooling.py)
     input_ranks: Optional[list[int]] = None  # each input_logprobs token's rank in the vocabulary (1: the top)
+    # return_hidden_states, in the final record: [prompt rows, then a row per generated token but the last]
+    hidden_states: Optional[list] = None
 
 
 @dataclass

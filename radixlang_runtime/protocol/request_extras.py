@@ -43,13 +43,19 @@ def parse_return_hidden_states(value: Any, limits: RuntimeLimits) -> bool:
     return True
 
 
-def parse_extras(body: dict, limits: RuntimeLimits, extra_key: bool = False) -> RequestExtras:
+def parse_extras(body: dict, limits: RuntimeLimits, extra_key: bool = False,
+                 stream_hidden: bool = True) -> RequestExtras:
     """The fields of a body; extra_key: the native body, where SGLang's name for the salt is taken too (both
-    given must agree)."""
+    given must agree); stream_hidden false: a streamed request's return_hidden_states is refused (the OpenAI
+    routes return them on the non-streamed reply only)."""
     salt = parse_cache_salt(body.get("cache_salt"))
     if extra_key and body.get("extra_key") is not None:
         key = parse_cache_salt(body["extra_key"], "extra_key")
         if salt is not None and key != salt:
             raise FieldError("extra_key", "extra_key and cache_salt name the same thing: give one (or equal values)")
         salt = key
-    return RequestExtras(salt, parse_return_hidden_states(body.get("return_hidden_states"), limits))
+    hidden = parse_return_hidden_states(body.get("return_hidden_states"), limits)
+    if hidden and not stream_hidden:
+        raise FieldError("return_hidden_states", "return_hidden_states is returned on non-streamed replies of this "
+                                                 "route only (stream: false; /generate streams them)")
+    return RequestExtras(salt, hidden)

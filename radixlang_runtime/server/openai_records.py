@@ -238,7 +238,8 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
-                         continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream), parse_extras(body, limits))
+                         continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream),
+                         parse_extras(body, limits, stream_hidden=not stream))
 
 
 def _rid(rid: Any) -> Optional[str]:
