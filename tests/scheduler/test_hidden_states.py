@@ -4,6 +4,8 @@ in SGLang's shape; the step's rows planned per requesting request; settings it i
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from radixlang_runtime.scheduler.batch import ScheduleBatch
 from radixlang_runtime.scheduler.hidden_states import hidden_states_out, keep_hidden
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.server_args import ServerArgs
+from scheduler_utils import assert_whole, drain, make, req
 
 
 def row(p: int) -> list[float]:
@@ -72,3 +75,22 @@ def test_settings_it_is_not_served_with_are_refused(kwargs, needle):
     with pytest.raises(ValueError, match=f"enable_return_hidden_states with {needle}"):
         ServerArgs(enable_return_hidden_states=True, **kwargs)
     ServerArgs(**kwargs)  # fine without the flag
+
+
+@pytest.mark.parametrize("asks", [False, True])
+def test_a_burst_sharing_a_prefix_waits_a_round_only_when_the_cache_serves_it(asks):
+    """Without hidden states the sharers wait for the first one's prefix (then read it from the cache); a request
+    returning hidden states computes its whole prompt anyway, so it is admitted at once and reads nothing."""
+    sched, _ = make(page_size=16, max_prefill=4096)
+    prefix = req("p", 40, 0).input_ids
+    reqs = []
+    for i in range(3):
+        r = req(f"s{i}", 10, 2, seed=i + 1)
+        reqs.append(dataclasses.replace(r, input_ids=prefix + r.input_ids, return_hidden_states=asks))
+    for r in reqs:
+        sched.add_request(r)
+    sched.step()
+    assert [r.admitted_at is not None for r in reqs] == [True, asks, asks]
+    drain(sched)
+    assert [r.cached_len for r in reqs] == ([0, 0, 0] if asks else [0, 32, 32])
+    assert_whole(sched)
