@@ -198,26 +198,26 @@ class ServerArgs:
     cuda_graph_bs: Optional[list[int]] = None  # the buckets captured (None: 1, 2, 4, 8, 12, 16, 24, ... max)
     cuda_graph_emulate: bool = False  # CPU: the graph path (buckets, padding, static buffers) run eagerly
 
+    # --- request outputs (output_args.py): SGLang's names ---
+    enable_return_hidden_states: bool = False  # requests may ask return_hidden_states (meta_info.hidden_states)
+
     def __post_init__(self) -> None:
         self._check_values()
         self._check_parallelism()
         self._check_limits()
         self._check_speculative()
         self._check_hicache()
-        from radixlang_runtime.disagg_args import check_disaggregation_args  # no torch
-        from radixlang_runtime.lora_spec import check_lora_args  # no torch
-        from radixlang_runtime.pooling import check_pooling_args  # no torch
+        from radixlang_runtime.cuda_graph_args import check_cuda_graph_args  # the grouped checks: no torch
+        from radixlang_runtime.disagg_args import check_disaggregation_args
+        from radixlang_runtime.fim_templates import check_completion_template_arg
+        from radixlang_runtime.lora_spec import check_lora_args
+        from radixlang_runtime.output_args import check_output_args
+        from radixlang_runtime.pooling import check_pooling_args
+        from radixlang_runtime.scheduling_args import check_scheduling_args
 
-        check_disaggregation_args(self)
-        check_pooling_args(self)
-        check_lora_args(self)
-        from radixlang_runtime.cuda_graph_args import check_cuda_graph_args  # no torch
-
-        check_cuda_graph_args(self)
-        from radixlang_runtime.scheduling_args import check_scheduling_args  # no torch
-
-        check_scheduling_args(self)
-        from radixlang_runtime.fim_templates import check_completion_template_arg  # no torch
+        for check in (check_disaggregation_args, check_pooling_args, check_lora_args, check_cuda_graph_args,
+                      check_scheduling_args, check_output_args):
+            check(self)
         check_completion_template_arg(self.completion_template)
 
     def _check_values(self) -> None:

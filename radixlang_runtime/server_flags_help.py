@@ -163,6 +163,10 @@ HELP: dict[str, str] = {
                      "from 16 up to --cuda-graph-max-bs)",
     "cuda_graph_emulate": "on the CPU: run decode through the graph path (the same buckets, padding and static "
                           "buffers) with an eager forward in place of the replay",
+    # request outputs
+    "enable_return_hidden_states": "requests may ask `return_hidden_states`: meta_info.hidden_states holds the "
+                                   "final layer's hidden states (after the final norm) of the prompt and of each "
+                                   "generated token but the last; not with speculative decoding or PD",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -326,7 +326,8 @@ def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
                          sampling_defaults=tuple(model_sampling_defaults(runner).items()),
                          reasoning_parser=runner.args.reasoning_parser or "",
                          thinking_markers=markers.to_wire() if markers is not None else (),
-                         speculative=runner.args.speculative_algorithm is not None)
+                         speculative=runner.args.speculative_algorithm is not None,
+                         hidden_states=runner.args.enable_return_hidden_states)
 
 
 def model_sampling_defaults(runner: Any) -> dict[str, Any]:

@@ -89,6 +89,10 @@ FP32_FLAGS = ("--dtype", "float32", "--max-total-tokens", "8192")
 # watch and Responses reasoning modules share; the overlap schedule on, so watched requests step one by one.
 R1_FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--reasoning-parser", "deepseek-r1",
             "--enable-overlap-schedule")
+# The server the cache_salt and return_hidden_states modules share: the overlap schedule on, and prefill chunks of
+# two pages, so a prompt of a few dozen tokens prefills in several chunks.
+HIDDEN_FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--enable-overlap-schedule",
+                "--chunked-prefill-size", "32", "--enable-return-hidden-states", "--debug-check-integrity")
 
 _SHARED: dict[tuple, ServerProcess] = {}
 

@@ -46,7 +46,8 @@ class EngineBackend(NativeBackend):
         return dict(prompt=body.get("text"), input_ids=body.get("input_ids"),
                     sampling_params=body.get("sampling_params"), return_logprob=bool(body.get("return_logprob")),
                     logprob_start_len=body.get("logprob_start_len"), top_logprobs_num=body.get("top_logprobs_num") or 0,
-                    return_text_in_logprobs=bool(body.get("return_text_in_logprobs")), rid=body.get("rid"))
+                    return_text_in_logprobs=bool(body.get("return_text_in_logprobs")), rid=body.get("rid"),
+                    cache_salt=body.get("cache_salt"))
 
     def _call(self, body: dict) -> Any:
         pump = _Pump(lambda: iter([self.engine.generate(**self._kwargs(body))]), self.timeout)

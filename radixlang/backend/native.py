@@ -32,6 +32,9 @@ class NativeBackend(BaseBackend):
     support_concate_and_append = False
     # whether _call_stream's events carry text deltas (the ZeroMQ link) or the whole text so far (HTTP /generate)
     stream_text_deltas = False
+    # the runtime's cache_salt (docs/HTTP_API.md): set on a backend, every request it sends reads and writes the
+    # prefix cache in that salt's namespace only; it pins no prefix then (a pin names the shared namespace's)
+    cache_salt: Optional[str] = None
 
     def __init__(self, chat_template_name: Optional[str] = None):
         super().__init__()
@@ -65,6 +68,8 @@ class NativeBackend(BaseBackend):
             skip_special_tokens=global_config.skip_special_tokens_in_output,
             spaces_between_special_tokens=global_config.spaces_between_special_tokens_in_out)}
         body.update(params.logprob_kwargs())
+        if self.cache_salt is not None:
+            body["cache_salt"] = self.cache_salt
         if stream:
             body["stream"] = True
         return body
@@ -87,14 +92,18 @@ class NativeBackend(BaseBackend):
             pos += len(delta)
             yield delta, event["meta_info"]
 
+    def _send(self, body: dict) -> Any:
+        """_call with the backend's cache_salt."""
+        return self._call(body if self.cache_salt is None else {**body, "cache_salt": self.cache_salt})
+
     def cache_prefix(self, prefix: str) -> None:
-        self._call({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+        self._send({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
 
     def pin_prefix(self, prefix: str) -> Optional[Any]:
         """Prefill the prefix, then pin it (a pin locks only what is cached). A runtime without pins
         (404) gets the prefill alone from then on; the pin's id is the handle."""
         self.cache_prefix(prefix)
-        if self._pin_supported:
+        if self._pin_supported and self.cache_salt is None:
             try:
                 return self._control("pin_prefix", {"text": prefix})["pin_id"]
             except BackendError as e:
@@ -119,11 +128,11 @@ class NativeBackend(BaseBackend):
     # ------------------------------------------------------------------ select
     def select(self, text: str, choices: List[str], temperature: float,
                choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
-        prompt_len = (self._call({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
+        prompt_len = (self._send({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
                       if text else 0)
         start = max(prompt_len - 2, 0)
         texts = ([text] if text else []) + [text + c for c in choices]
-        objs = self._call({"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+        objs = self._send({"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
         prompt_entries = objs[0]["meta_info"]["input_token_logprobs"] if text else []
         results = objs[1:] if text else objs
@@ -142,7 +151,7 @@ class NativeBackend(BaseBackend):
         scored = [i for i, x in enumerate(ids) if x]
         out: List[List[Any]] = [[] for _ in ids]
         if scored:
-            objs = self._call({"input_ids": [ids[i] for i in scored], "sampling_params": {"max_new_tokens": 0},
+            objs = self._send({"input_ids": [ids[i] for i in scored], "sampling_params": {"max_new_tokens": 0},
                                "return_logprob": True, "logprob_start_len": 0})
             for i, obj in zip(scored, objs if isinstance(objs, list) else [objs]):
                 out[i] = obj["meta_info"]["input_token_logprobs"]

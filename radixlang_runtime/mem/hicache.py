@@ -19,9 +19,10 @@ scheduler/kv_manager.py calls it at three points:
   a record the tiers lost ends the load there and the rest is recomputed. With preemption_mode "recompute"
   (--preemption-mode recompute) nothing is swapped out at retraction: the readmission recomputes what L1
   lost, except what eviction's own backup happened to store.
-Ids are radix keys: a LoRA adapter's requests pass their ids moved into the adapter's range
-(radix_cache.NAMESPACE_SHIFT); their records are keyed from a root whose fingerprint names the adapter by its
-content (`adapter_identity(lora_id)`, keys.adapter_identity), the token ids without the shift.
+Ids are radix keys: a LoRA adapter's or a cache_salt's requests pass their ids moved into that namespace's range
+(mem/cache_namespace.py); their records are keyed from a root whose fingerprint names the adapter by its
+content (`adapter_identity(lora_id)`, keys.adapter_identity) and the salt by its digest, the token ids without
+the shift.
 A record holds `record_tokens` tokens (a multiple of the page size, >= 32: one file per few tokens
 would cost more than it saves); a prompt's tail shorter than a record is never stored.
 Faults are misses (tiers/disk.py, tiers/redis_tier.py): outputs stay correct, no request fails.
@@ -39,7 +40,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
-from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT, TOKEN_MASK
+from radixlang_runtime.mem.cache_namespace import TOKEN_MASK, salt_hex, split_namespace
 from radixlang_runtime.mem.tier_costs import TierCosts
 from radixlang_runtime.mem.tiers.disk import DiskTier
 from radixlang_runtime.mem.tiers.keys import KVFingerprint, chain_keys, state_key
@@ -53,6 +54,7 @@ LOAD_POLICIES = ("faster", "always")
 PREEMPTION_MODES = ("swap", "recompute")  # vLLM's --preemption-mode values
 MISS_MEMO_S = 1.0
 L3_BATCH = 16  # records per Redis MGET
+ROOTS_KEPT = 4096  # namespaces' chain roots memoized (one per adapter and cache_salt seen)
 
 
 def record_tokens_for(page_size: int, at_least: int = 32) -> int:
@@ -122,7 +124,8 @@ class HiCache:
         self.root = fingerprint.digest()
         self.fingerprint = fingerprint
         self.adapter_identity = adapter_identity
-        self._roots: dict[int, Optional[bytes]] = {0: self.root}  # per adapter id (ids are never reused)
+        # per adapter id (ids are never reused) and salt: (lora_id, salt key) -> root (cleared past ROOTS_KEPT)
+        self._roots: dict[tuple[int, int], Optional[bytes]] = {(0, 0): self.root}
         self.port = port
         self.l2, self.l3 = l2, l3
         self.writer = TierWriter(cfg.max_queued)
@@ -152,17 +155,21 @@ class HiCache:
 
     # ------------------------------------------------------------------ keys
     def _keys(self, ids: list[int]) -> Optional[list[bytes]]:
-        """The record keys of radix keys ids (one namespace: the base or one adapter); None when the adapter
-        has no identity here (unloaded before its first record)."""
-        ns = ids[0] >> NAMESPACE_SHIFT if ids else 0
+        """The record keys of radix keys ids (one namespace: the base or one adapter, with or without a salt:
+        mem/cache_namespace.py); None when the adapter has no identity here (unloaded before its first record).
+        A salted namespace's root names the salt's digest, so its records are never another salt's."""
+        ns = split_namespace(ids[0]) if ids else (0, 0)
         if ns not in self._roots:
-            ident = self.adapter_identity(ns) if self.adapter_identity is not None else None
-            self._roots[ns] = None if ident is None else dataclasses.replace(self.fingerprint,
-                                                                             adapter=ident).digest()
+            lora, salt = ns
+            ident = "" if not lora else self.adapter_identity(lora) if self.adapter_identity is not None else None
+            if len(self._roots) > ROOTS_KEPT:
+                self._roots = {(0, 0): self.root}
+            self._roots[ns] = None if ident is None else dataclasses.replace(
+                self.fingerprint, adapter=ident, salt=salt_hex(salt)).digest()
         root = self._roots[ns]
         if root is None:
             return None
-        return chain_keys(root, ids if ns == 0 else [i & TOKEN_MASK for i in ids], self.cfg.record_tokens)
+        return chain_keys(root, ids if ns == (0, 0) else [i & TOKEN_MASK for i in ids], self.cfg.record_tokens)
 
     # ------------------------------------------------------------------ writes
     def _lacking(self, key: bytes) -> list:

@@ -20,11 +20,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional
 
-
-# Namespaces of keys: a LoRA adapter's requests key their prefixes as token id + lora_id << NAMESPACE_SHIFT
-# (scheduler/request.Req.cache_ids), above any vocabulary id, so adapters and the base never share a node.
-NAMESPACE_SHIFT = 40
-TOKEN_MASK = (1 << NAMESPACE_SHIFT) - 1
+# Namespaces of keys (a LoRA adapter, a cache_salt): mem/cache_namespace.py; re-exported for the tree's users
+from radixlang_runtime.mem.cache_namespace import NAMESPACE_SHIFT, TOKEN_MASK  # noqa: F401
 
 
 @dataclass(eq=False)

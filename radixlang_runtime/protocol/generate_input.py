@@ -31,7 +31,9 @@ from radixlang_runtime.protocol.limits import (MAX_BATCH, MAX_RID_LEN, FieldErro
                                                need_bool, need_int, need_str, show)
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
 from radixlang_runtime.lora_spec import lora_id_of
+from radixlang_runtime.mem.cache_namespace import namespaced, salt_key
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq
+from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
 from radixlang_runtime.pooling import PoolSpec
 from radixlang_runtime.protocol.results import LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
@@ -80,20 +82,29 @@ class GenerateRequest:
     pooling: Optional[PoolSpec] = None  # a pooling request (pooling_input.py): max_new_tokens 0, a vector back
     lora_id: int = 0  # the LoRA adapter (lora_spec.py; 0: the base model)
     priority: int = 0  # --enable-priority-scheduling's rank input (parse_priority)
+    extras: RequestExtras = RequestExtras()  # cache_salt, return_hidden_states (request_extras.py)
+
+    @property
+    def prefix_key(self) -> list[int]:
+        """Its prompt as the placement trees key it: in its prefix cache namespace (mem/cache_namespace.py), so
+        a salted prompt follows only the same salt's prompts."""
+        return namespaced(self.input_ids, self.lora_id, salt_key(self.extras.cache_salt))
 
     def to_message(self) -> TokenizedGenerateReq:
         """The scheduler's message (the one place it is assembled)."""
         lp = self.logprob or LogprobRequest()
         return TokenizedGenerateReq(self.rid, list(self.input_ids), copy.copy(self.sampling), self.stream,
                                     self.logprob is not None, lp.start, lp.top_num, self.bootstrap, self.pooling,
-                                    self.lora_id, self.priority)
+                                    self.lora_id, self.priority, self.extras.cache_salt,
+                                    self.extras.return_hidden_states)
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
             limits: RuntimeLimits, stream: bool = False, ids_name: str = "input_ids",
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
             is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0,
-            encode_words: Optional[Encode] = None, chat_watch: Optional[ChatWatch] = None) -> list[GenerateRequest]:
+            encode_words: Optional[Encode] = None, chat_watch: Optional[ChatWatch] = None,
+            extras: RequestExtras = RequestExtras()) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict; bad_words tokenized with
     encode_words, the tokenizer's encode without special tokens: None refuses them; check_request, with
     chat_watch: the chat route's reasoning decisions), then n
@@ -122,7 +133,7 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
             k = len(out)
             lid = lora_id if not isinstance(lora_id, list) else lora_id[k] if k < len(lora_id) else 0
             out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap,
-                                       lora_id=lid, priority=priority))
+                                       lora_id=lid, priority=priority, extras=extras))
     if isinstance(lora_id, list) and len(lora_id) != len(out):
         raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
                                       f"{len(lora_id)} names for {len(out)} requests")
@@ -179,7 +190,8 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
                          encode: Encode, limits: RuntimeLimits, stream: bool = False,
                          bootstrap: Optional[Bootstrap] = None,
                          lora_id: Union[int, list[int]] = 0, priority: int = 0,
-                         encode_words: Optional[Encode] = None) -> tuple[list[GenerateRequest], bool]:
+                         encode_words: Optional[Encode] = None,
+                         extras: RequestExtras = RequestExtras()) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
     list input or n > 1). encode_words: fan_out's (bad_words)."""
     prompts, is_list = _prompts(text, input_ids, encode)
@@ -194,7 +206,7 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
     out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list,
-                  lora_id=lora_id, priority=priority, encode_words=encode_words)
+                  lora_id=lora_id, priority=priority, encode_words=encode_words, extras=extras)
     return out, is_list or len(out) > 1
 
 
@@ -211,7 +223,8 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits,
                                          body.get("rid"), body.get("return_logprob", False),
                                          body.get("logprob_start_len"), body.get("top_logprobs_num"),
                                          body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap,
-                                         lora_id, parse_priority(body.get("priority"), limits), encode_words)
+                                         lora_id, parse_priority(body.get("priority"), limits), encode_words,
+                                         parse_extras(body, limits, extra_key=True))
     return reqs, is_list
 
 
@@ -238,7 +251,8 @@ def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, 
                     limits: RuntimeLimits, base_rid: str, stream: bool,
                     bootstrap: Optional[Bootstrap] = None, lora_id: int = 0,
                     priority: int = 0, encode_words: Optional[Encode] = None,
-                    own_rid: bool = False, chat_watch: Optional[ChatWatch] = None) -> list[GenerateRequest]:
+                    own_rid: bool = False, chat_watch: Optional[ChatWatch] = None,
+                    extras: RequestExtras = RequestExtras()) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests. own_rid:
     base_rid is the client's (SGLang's `rid`): a single choice runs as base_rid itself."""
@@ -248,4 +262,4 @@ def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, 
     rids = [base_rid] if own_rid and len(prompts) * n == 1 else [None] * len(prompts)
     return fan_out(prompts, [sp] * len(prompts), rids, logprob_of, limits, stream, "prompt",
                    base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority,
-                   encode_words=encode_words, chat_watch=chat_watch)
+                   encode_words=encode_words, chat_watch=chat_watch, extras=extras)

@@ -132,6 +132,7 @@ class RuntimeLimits:
     reasoning_parser: str = ""  # --reasoning-parser ("": none)
     thinking_markers: tuple = ()  # its markers' token ids, ThinkingMarkers.to_wire (empty: none; reasoning_watch.py)
     speculative: bool = False  # --speculative-algorithm is set
+    hidden_states: bool = False  # --enable-return-hidden-states: requests may ask return_hidden_states
 
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",

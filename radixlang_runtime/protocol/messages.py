@@ -53,6 +53,8 @@ class TokenizedGenerateReq:
     pooling: Any = _record("radixlang_runtime.pooling:PoolSpec", default=None)
     lora_id: int = 0  # the LoRA adapter it runs (lora_spec.py; 0: the base model)
     priority: int = 0  # its place in the waiting queue under --enable-priority-scheduling (preemption.PriorityRule)
+    cache_salt: Optional[str] = None  # its prefix cache namespace (request_extras.py; None: the shared one)
+    return_hidden_states: bool = False  # meta_info.hidden_states (scheduler/hidden_states.py)
 
 
 @dataclass
@@ -231,6 +233,8 @@ class ReqProgress:
     output_top_logprobs: Optional[list] = None
     embedding: Optional[list[float]] = None  # a pooling request's result, in its final record (pooling.py)
     input_ranks: Optional[list[int]] = None  # each input_logprobs token's rank in the vocabulary (1: the top)
+    # return_hidden_states, in the final record: [prompt rows, then a row per generated token but the last]
+    hidden_states: Optional[list] = None
 
 
 @dataclass

@@ -71,6 +71,8 @@ class ResultBuilder:
         }
         if self.logprob is not None and p.output_logprobs is not None:
             self._logprob_meta(p, meta)
+        if p.hidden_states is not None:  # return_hidden_states (scheduler/hidden_states.py), the final record
+            meta["hidden_states"] = p.hidden_states
         out = {"text": rec.text, "output_ids": new_ids, "meta_info": meta}
         if p.embedding is not None:  # a pooling request's vector (its final record)
             out["embedding"] = p.embedding

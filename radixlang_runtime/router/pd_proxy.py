@@ -25,6 +25,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Opti
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from radixlang_runtime.mem.cache_namespace import namespaced, salt_key
 from radixlang_runtime.router.config import RouterArgs
 from radixlang_runtime.router.health import HealthMonitor
 from radixlang_runtime.router.instances import Group, Instance, NoInstance, Ticket, UpstreamError
@@ -66,17 +67,21 @@ def check_pd_body(path: str, body: Any) -> None:
 
 def routing_key(path: str, body: dict) -> list[int]:
     """The cache_aware key: the prompt's UTF-8 bytes (chat: its messages as JSON, so shared leading turns
-    share a prefix), or its token ids when it gives ids; [] when there is neither."""
+    share a prefix), or its token ids when it gives ids; [] when there is neither. A request's cache_salt
+    (SGLang's extra_key on /generate) moves the key into the salt's namespace (mem/cache_namespace.py): a salted
+    prompt follows only the same salt's prompts (the workers check the field; a bad one is left to them)."""
     if path == "/generate":
         prompt = body.get("text", body.get("input_ids"))
     elif path == "/v1/completions":
         prompt = body.get("prompt")
     else:
         prompt = json.dumps(body.get("messages"), ensure_ascii=False)
+    salt = body.get("cache_salt", body.get("extra_key") if path == "/generate" else None)
+    salt_ns = salt_key(salt) if isinstance(salt, str) and salt else 0
     if isinstance(prompt, str):
-        return list(prompt.encode("utf-8", "backslashreplace"))
+        return namespaced(list(prompt.encode("utf-8", "backslashreplace")), salt=salt_ns)
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return prompt
+        return namespaced(prompt, salt=salt_ns)
     return []
 
 

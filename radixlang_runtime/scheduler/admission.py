@@ -161,7 +161,8 @@ class PrefillAdmission:
             if batch_tree is not None:
                 ids = req.cache_ids[:target]
                 shared = batch_tree.match_prefix(ids)
-                if self._worth_waiting(shared.length, req.kv_len):
+                # a request returning hidden states computes its whole prompt: waiting gains it nothing
+                if self._worth_waiting(shared.length, req.kv_len) and not req.return_hidden_states:
                     kv.unmatch(req)
                     adder.rem_total_tokens += locked
                     if kv.states is not None and self._split_sharer(adder, shared.slots[-1], shared.length):

@@ -63,7 +63,9 @@ class ScheduleBatch:
                             for i, r in enumerate(self.reqs)],
             pools=self._pool_steps() if self.decode_from and any(r.pooled is not None for r in self.reqs) else [],
             lora_ids=[r.lora_id for r in self.reqs] if any(r.lora_id for r in self.reqs) else [],
-            state_loads=self.state_loads, state_saves=self.state_saves)
+            state_loads=self.state_loads, state_saves=self.state_saves,
+            hidden_states=[r.return_hidden_states for r in self.reqs]
+            if any(r.return_hidden_states for r in self.reqs) else [])
 
     def _pool_steps(self) -> list:
         """Each pooling request's PoolStep (final: its prompt's last position runs in this step)."""

@@ -98,6 +98,8 @@ class KVManager:
             limit = min(limit, req.logprob_start_len)
         if req.pooled is not None and req.pooled.spec.needs_all_positions:  # mean / cls read every position
             limit = 0
+        if req.return_hidden_states:  # only the positions whose hidden states it holds (hidden_states.py)
+            limit = min(limit, len(req.hidden_rows))
         m = self.radix.match_prefix(req.cache_ids[:limit])
         if self.states is not None:
             full, m = m, self.states.truncate_match(m)

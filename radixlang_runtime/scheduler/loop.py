@@ -32,6 +32,7 @@ from radixlang_runtime.protocol.messages import (AbortReq, BatchTokenIDOut, Flus
                                         LoadLoraOut, LoadLoraReq, UnloadLoraOut, UnloadLoraReq, GetWeightsOut,
                                         GetWeightsReq, UpdateWeightsOut, UpdateWeightsReq)
 from radixlang_runtime.pooling import PooledSum
+from radixlang_runtime.scheduler.hidden_states import hidden_states_out
 from radixlang_runtime.scheduler.request import Req
 from radixlang_runtime.scheduler.scheduler import Scheduler
 
@@ -132,7 +133,7 @@ class RequestLoop:
                 rid=msg.rid, input_ids=msg.input_ids, sampling=msg.sampling_params, return_logprob=msg.return_logprob,
                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
                 bootstrap=msg.bootstrap, pooled=PooledSum(msg.pooling) if msg.pooling else None, lora_id=msg.lora_id,
-                priority=msg.priority))
+                priority=msg.priority, cache_salt=msg.cache_salt, return_hidden_states=msg.return_hidden_states))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
@@ -230,7 +231,8 @@ def token_record(req: Req, sent_len: int, first: bool) -> ReqTokenOut:
         output_logprobs=req.output_logprobs[sent_len:n] if lp else None,
         output_top_logprobs=req.output_top_logprobs[sent_len:n] if top else None,
         embedding=req.pooled.result() if req.pooled is not None and req.finished else None,
-        input_ranks=req.input_ranks if lp and first else None)
+        input_ranks=req.input_ranks if lp and first else None,
+        hidden_states=hidden_states_out(req) if req.finished else None)
     sp = req.sampling
     consts = ReqConsts(skip_special_tokens=sp.skip_special_tokens,
                        spaces_between_special_tokens=sp.spaces_between_special_tokens,

@@ -209,5 +209,6 @@ def drop_finished(batch: ScheduleBatch, result: StepResult) -> tuple[ScheduleBat
     out = StepResult(next_token_ids=[token_of[i] for i in keep if batch.sample[i]],
                      accepted={new_index[i]: a for i, a in result.accepted.items() if i in new_index},
                      logprobs={new_index[i]: lp for i, lp in result.logprobs.items() if i in new_index},
-                     pooled={new_index[i]: p for i, p in result.pooled.items() if i in new_index})
+                     pooled={new_index[i]: p for i, p in result.pooled.items() if i in new_index},
+                     hidden={new_index[i]: h for i, h in result.hidden.items() if i in new_index})
     return sub, out

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.protocol.bootstrap_peers import Bootstrap
-from radixlang_runtime.mem.radix_cache import NAMESPACE_SHIFT
+from radixlang_runtime.mem.cache_namespace import namespaced, salt_key
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.scheduler.reasoning_watch import WatchTracker
 
@@ -52,6 +52,9 @@ class Req:
     input_ranks: list[int] = field(default_factory=list)  # the prompt tokens' ranks (as input_logprobs)
     output_logprobs: list[float] = field(default_factory=list)  # one per output token
     output_top_logprobs: list[list[list]] = field(default_factory=list)
+    # --- return_hidden_states (scheduler/hidden_states.py): the final norm's output per position, from 0 ---
+    return_hidden_states: bool = False
+    hidden_rows: list[list[float]] = field(default_factory=list)  # row p: the hidden state at position p
     # --- constrained decoding (scheduler/grammar_queue.py) ---
     grammar: Any = None  # GrammarState once the grammar compiled; its position matches output_ids
     grammar_handle: Any = None  # GrammarHandle while the grammar compiles
@@ -81,6 +84,8 @@ class Req:
     num_retractions: int = 0
     bootstrap: Optional[Bootstrap] = None  # PD: the prefill's socket and the room, from the router's fields
     lora_id: int = 0  # the LoRA adapter it runs (0: the base model); its radix keys: cache_ids
+    cache_salt: Optional[str] = None  # its prefix cache namespace besides the adapter (None: the shared one)
+    salt_key: int = field(default=0, init=False)  # cache_salt's number (mem/cache_namespace.salt_key)
     priority: int = 0  # --enable-priority-scheduling: its rank in the waiting queue (preemption.PriorityRule)
     # the reasoning watch (scheduler/reasoning_watch.py: a thinking budget, a grammar held until the reasoning
     # ends; None: nothing watched), and the compiled grammar while it is held (req.grammar is None then)
@@ -93,6 +98,7 @@ class Req:
     finished_at: Optional[float] = None
 
     def __post_init__(self) -> None:
+        self.salt_key = salt_key(self.cache_salt)  # mem/cache_namespace.py
         if self.sampling.reasoning_watch is not None and self.watch is None:
             self.watch = WatchTracker(self.sampling.reasoning_watch)
 
@@ -107,13 +113,10 @@ class Req:
 
     @property
     def cache_ids(self) -> list[int]:
-        """fill_ids as the radix cache keys them: under a LoRA adapter every id is moved into the adapter's own
-        range (id + (lora_id << NAMESPACE_SHIFT), mem/radix_cache.py), so its prefixes never match the base's or
-        another adapter's."""
-        if not self.lora_id:
-            return self.fill_ids
-        off = self.lora_id << NAMESPACE_SHIFT
-        return [t + off for t in self.fill_ids]
+        """fill_ids as the radix cache keys them: under a LoRA adapter or a cache_salt every id is moved into
+        that namespace's range (mem/cache_namespace.py), so its prefixes never match the base's, another
+        adapter's or another salt's."""
+        return namespaced(self.fill_ids, self.lora_id, self.salt_key)
 
     @property
     def seq_len(self) -> int:

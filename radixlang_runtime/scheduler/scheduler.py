@@ -28,6 +28,7 @@ from radixlang_runtime.scheduler.disagg_role import DisaggRole
 from radixlang_runtime.speculative.drafter import NgramDrafter
 from radixlang_runtime.speculative.drafts import Drafts
 from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
+from radixlang_runtime.scheduler.hidden_states import keep_hidden
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.overlap import OverlapSchedule
 from radixlang_runtime.scheduler.preemption import PriorityRule, ensure_decode_memory, preempt_for_head, room_in_queue
@@ -288,6 +289,8 @@ class Scheduler:
                 req.input_ranks += lp.input_ranks
             if i in result.pooled:  # a pooling request's part (the sum of this chunk's rows for mean)
                 req.pooled.add(result.pooled[i], len(batch.extend_ids[i]))
+            if i in result.hidden:  # return_hidden_states: this step's rows, kept by position
+                keep_hidden(req, batch, i, result)
             if not decoding and req is self.chunked_req:
                 self.kv.cache_unfinished(req)  # more chunks to go; what is done can be shared already
                 if self.pd is not None:

@@ -80,8 +80,18 @@ async def completions(request: Request) -> Response:
     if prompt_top is not None:
         for c, o in zip(choices, outs):
             c["prompt_logprobs"] = prompt_logprobs(o["meta_info"], prompt_top)
+    with_hidden_states(choices, outs, req.options)
     return JSONResponse({"id": reply.rid, "object": "text_completion", "created": reply.created,
                          "model": reply.model, "choices": choices, "usage": sum_usage(outs, n)})
+
+
+def with_hidden_states(choices: list[dict], outs: list[dict], options: OpenAIOptions) -> None:
+    """return_hidden_states (SGLang's OpenAI field): each choice's `hidden_states` is the last row of its
+    meta_info.hidden_states, the last generated token's input to the head but one ([] when only the prompt ran)."""
+    if options.extras.return_hidden_states:
+        for c, o in zip(choices, outs):
+            rows = o["meta_info"]["hidden_states"]
+            c["hidden_states"] = rows[-1] if len(rows) > 1 else []
 
 
 def running_usage(choices: Choices) -> Callable[[int, Optional[dict]], dict]:
@@ -142,12 +152,14 @@ async def chat_completions(request: Request) -> Response:
         outs = await unless_client_gone(request, until_stops(intake.choices, think), client_gone_counter(state))
         replies = [think_message(tools, think, o) for o in outs]
     prompt_top = req.options.prompt_logprobs
+    choices = [{"index": i, "message": message,
+                "logprobs": chat_logprobs(o["meta_info"], intake.top_logprobs, intake.token_ids)
+                if intake.logprobs else None,
+                "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))]
+    with_hidden_states(choices, outs, req.options)
     return JSONResponse({
         "id": reply.rid, "object": "chat.completion", "created": reply.created, "model": reply.model,
-        "choices": [{"index": i, "message": message,
-                     "logprobs": chat_logprobs(o["meta_info"], intake.top_logprobs, intake.token_ids)
-                     if intake.logprobs else None,
-                     "finish_reason": finish} for i, (o, (message, finish)) in enumerate(zip(outs, replies))],
+        "choices": choices,
         "usage": sum_usage(outs, n, think, state.tm.tokenizer.decode),
         **({"prompt_logprobs": prompt_logprobs(outs[0]["meta_info"], prompt_top)} if prompt_top is not None else {}),
     })

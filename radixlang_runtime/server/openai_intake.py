@@ -57,7 +57,7 @@ class Choices:
         reqs = openai_requests(prompts, sampling, req_options.n, logprob_of, state.tm.limits,
                                rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
                                own_rid=req_options.rid is not None,
-                               lora_id=req_options.lora_id, priority=req_options.priority,
+                               lora_id=req_options.lora_id, priority=req_options.priority, extras=req_options.extras,
                                encode_words=state.tm.encode_words, chat_watch=chat_watch)
         if req_options.rid is not None and (taken := [r.rid for r in reqs if r.rid in state.tm.states]):
             raise FieldError("rid", f"request id {taken[0]!r} is already in use")

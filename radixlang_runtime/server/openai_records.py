@@ -25,6 +25,7 @@ from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_mod
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
 from radixlang_runtime.protocol.limits import MAX_N, MAX_RID_LEN, FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.protocol.pooling_input import prompts_of
+from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
 from radixlang_runtime.server.chat_render import TurnEnd, template_kwargs, turn_end
 from radixlang_runtime.server.http_common import BadRequest, ServerState
 from radixlang_runtime.server.openai_hints import HINT_VALUES, check_hints
@@ -47,7 +48,7 @@ OFF_VALUES: dict[str, tuple] = {
     "service_tier": ("auto", "default"),
 }
 _COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens", "rid",
-           "return_tokens_as_token_ids", "prompt_logprobs",
+           "return_tokens_as_token_ids", "prompt_logprobs", "cache_salt", "return_hidden_states",
            *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
 ROUTE_FIELDS = {  # every field a route knows; any other answers 400 naming it
@@ -88,6 +89,7 @@ class OpenAIOptions:
     rid: Optional[str] = None
     # vLLM's prompt_logprobs: per prompt token its logprob and rank plus this many top alternatives (None: off)
     prompt_logprobs: Optional[int] = None
+    extras: RequestExtras = RequestExtras()  # cache_salt, SGLang's return_hidden_states (request_extras.py)
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -236,7 +238,8 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
-                         continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream))
+                         continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream),
+                         parse_extras(body, limits, stream_hidden=not stream))
 
 
 def _rid(rid: Any) -> Optional[str]:

@@ -37,7 +37,7 @@ _OFF_VALUES: dict[str, tuple] = {
 }
 _HONOURED = ("model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "temperature",
              "top_p", "parallel_tool_calls", "previous_response_id", "store", "stream", "stream_options", "reasoning",
-             "include", "top_logprobs")
+             "include", "top_logprobs", "cache_salt")  # cache_salt: checked by the chat route it runs as
 ENCRYPTED_REASONING, OUTPUT_LOGPROBS = "reasoning.encrypted_content", "message.output_text.logprobs"
 INCLUDES = (ENCRYPTED_REASONING, OUTPUT_LOGPROBS)  # the `include` values served
 SUMMARIES = ("auto", "concise", "detailed")  # reasoning.summary: each is the reasoning text itself; "none": off
@@ -108,7 +108,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
     if body.get("client_metadata") is not None and not isinstance(body["client_metadata"], dict):
         raise FieldError("client_metadata", f"client_metadata must be an object, got {show(body['client_metadata'])}")
     tools = [_tool(t, i) for i, t in enumerate(_list(body.get("tools"), "tools"))]
-    chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls")
+    chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls", "cache_salt")
                             if body.get(k) is not None}
     if tools:
         chat["tools"] = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools]

@@ -151,7 +151,7 @@ class TokenizerManager:
         for req in reqs:
             self.states[req.rid] = ReqState(ResultBuilder(req.rid, req.input_ids, req.stream, req.logprob,
                                                           self._token_text))
-            replica = self.placement.route(req.rid, req.input_ids) if self.placement else 0
+            replica = self.placement.route(req.rid, req.prefix_key) if self.placement else 0
             per_replica.setdefault(replica, []).append(req.to_message())
         for replica, msgs in per_replica.items():
             self.to_replicas[replica].send(encode(TokenizedBatchReq(msgs)))  # PUSH: queued, never blocks here
@@ -170,7 +170,7 @@ class TokenizerManager:
             self.states[rid] = state
         try:
             if not sent:
-                replica = self.placement.route(rid, input_ids) if self.placement else 0
+                replica = self.placement.route(rid, req.prefix_key) if self.placement else 0
                 await self.to_replicas[replica].send(encode(req.to_message()))
             while True:
                 out = await state.queue.get()

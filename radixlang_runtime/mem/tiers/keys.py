@@ -6,7 +6,8 @@ H(key(i) || ids of record i). So a key names the record's tokens *and* everythin
 depends on the whole prefix), and the fingerprint (model weights, dtype, page and record sizes, KV
 shape, TP rank, adapter) keeps one model from ever reading another's KV. Under a LoRA adapter the fingerprint's
 `adapter` is the adapter's content hash (adapter_identity), so a prefix computed under one adapter is never
-served to another, nor to the base, also across restarts that number the adapters differently. The model part
+served to another, nor to the base, also across restarts that number the adapters differently; a request's
+cache_salt puts the salt's digest in `salt`, so its records are only ever read under the same salt. The model part
 is a content hash of the weight files (weights_digest.py) with config.json's bytes: equal names and sizes are
 not enough.
 """
@@ -39,9 +40,13 @@ class KVFingerprint:
     tp_size: int = 1
     quantization: str = ""
     adapter: str = ""  # a LoRA adapter's identity (its content hash) when one is applied to the K/V
+    salt: str = ""  # a cache_salt's digest (mem/cache_namespace.salt_hex) when the records are that salt's
 
     def digest(self) -> bytes:
-        text = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
+        fields = asdict(self)
+        if not self.salt:  # unsalted records keep the keys they had before salts existed
+            del fields["salt"]
+        text = json.dumps({**fields, "format": FORMAT_VERSION}, sort_keys=True)
         return hashlib.blake2b(text.encode(), digest_size=KEY_BYTES).digest()
 
     def record_bytes(self, itemsize: int) -> int:

@@ -22,7 +22,7 @@ from radixlang_runtime.mem import kv_memory
 from radixlang_runtime.mem.kv_pool import KVPool
 from radixlang_runtime.mem.state_pool import StatePool, StateShape
 from radixlang_runtime.mem.verify_states import VerifyKeep, VerifyStates
-from radixlang_kernels import cpu_ops, quant_ops
+from radixlang_kernels import cpu_ops
 from radixlang_runtime.model.executor.device import gguf_blocks_dtype, resolve_device, resolve_dtype
 from radixlang_runtime.model.executor import deterministic, memory
 from radixlang_runtime.model.layers.attention import create_attention_backend
@@ -31,7 +31,7 @@ from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.fused_decode import FusedDecode
 from radixlang_runtime.model.executor.graph_runner import graph_off_reason, start_graphs
-from radixlang_runtime.model.loader.gguf_mode import resolve_quantization
+from radixlang_runtime.model.loader.gguf_mode import gguf_file_blocks, resolve_quantization
 from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, state_slots
 from radixlang_runtime.model.executor.linear_paths import quantized_linear_paths
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
@@ -45,6 +45,7 @@ from radixlang_runtime.model.loader.lora_registry import LoraRegistry
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
+from radixlang_runtime.model.executor.hidden_step import fill_hidden, hidden_rows, plan_hidden
 from radixlang_runtime.model.executor.parallel import TPGroup, head_split, make_shard
 from radixlang_runtime.model.prequant.linear import swap_linears
 from radixlang_runtime.model.prequant.load import prequant_paths, prequant_tensors
@@ -157,9 +158,11 @@ class ModelRunner:
         model.load_hf_state_dict(tensors)
         # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
         self.pools_hidden = type(model).forward is LlamaForCausalLM.forward
-        if args.is_embedding and not self.pools_hidden:
-            raise ValueError(f"--is-embedding is not implemented for {cfg.architecture} ({cfg.model_impl} "
-                             "implementation): pooled hidden states are served for the Llama-family decoders")
+        for flag, on in (("--is-embedding", args.is_embedding),
+                         ("--enable-return-hidden-states", args.enable_return_hidden_states)):
+            if on and not self.pools_hidden:
+                raise ValueError(f"{flag} is not implemented for {cfg.architecture} ({cfg.model_impl} "
+                                 "implementation): hidden states are served for the Llama-family decoders")
         if quant != args.quantization:
             self.args = args = args.replace(quantization=quant)
         return model
@@ -177,8 +180,9 @@ class ModelRunner:
         if args.quantization == "int8":
             logger.info("int8 weight-only quantized %d linear weights", model.quantize_int8())
         elif args.quantization == "gguf":
-            logger.info("%d linear weights run on the GGUF file's blocks",
-                        model.use_gguf_blocks(self._gguf_blocks(args)))
+            blocks = gguf_file_blocks(self.model_dir, self.tp is not None)
+            self.gguf_types = sorted({fmt for _, fmt in blocks.values()})
+            logger.info("%d linear weights run on the GGUF file's blocks", model.use_gguf_blocks(blocks))
         # the deterministic mode takes tiles only where they serve every batch size (their rows are then
         # batch-invariant by construction: gemv_dense.c), never beside oneDNN's GEMM for larger batches
         tiles = packed and dense_tiles_available(self.device, self.dtype) and (
@@ -277,25 +281,6 @@ class ModelRunner:
             raise ValueError("loading a LoRA adapter needs enable_lora")
         return self.loras.register(name, path, set(busy))
 
-    def _gguf_blocks(self, args: ServerArgs) -> dict:
-        """--quantization gguf: the blocks (every quant_ops.GGUF_TYPES type) of the .gguf the model was converted
-        from (the embedded one when no --model-path; a directory this runtime converted knows its source)."""
-        import json
-        import os
-
-        from radixlang_runtime.model.loader.gguf_convert import gguf_blocks, gguf_source
-
-        path = gguf_source(self.model_dir)
-        if path is None:
-            raise ValueError(f"--quantization gguf runs on a .gguf file's blocks; model {self.model_dir!r} was "
-                             "not converted from one")
-        if self.tp is not None:
-            raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
-        with open(os.path.join(self.model_dir, "config.json")) as f:
-            blocks = gguf_blocks(path, json.load(f), tuple(quant_ops.GGUF_TYPES))
-        self.gguf_types = sorted({fmt for _, fmt in blocks.values()})
-        return blocks
-
     def _kv_slots(self) -> int:
         a, cfg = self.args, self.cfg
         ps = a.page_size
@@ -375,11 +360,12 @@ class ModelRunner:
         if pool is not None:
             rows += pool.logit_rows  # token_logits read the head's logits at their last row
         step = mirrored = self._step_inputs(batch, rows)
-        if pool is not None:
-            step.hidden_rows = pool.hidden_rows
-        elif self.state_pool is not None:  # a draft's rows keep their states for the rollback (verify_step.py)
+        wanted = plan_hidden(batch, ends)  # return_hidden_states: after pooling's rows
+        step.hidden_rows = (pool.hidden_rows if pool is not None else []) + hidden_rows(wanted)
+        # a hybrid model: a draft's rows keep their states for the rollback (verify_step.py)
+        if pool is None and self.state_pool is not None:
             step.state_verify = state_verify_rows(batch, sample_idx, counts)
-        elif not plans and batch.phase != "decode":
+        elif pool is None and not plans and batch.phase != "decode":
             step = verify_as_decode(step, batch, counts)
         if self.tp is not None:
             self.tp.broadcast_obj(step)
@@ -390,6 +376,8 @@ class ModelRunner:
             fill_input_logprobs(result, batch, plans, logits[S:L])
         if pool is not None:
             fill_pooled(result, pool, hidden, logits[L:])
+        if wanted:
+            fill_hidden(result, wanted, hidden[len(pool.hidden_rows) if pool is not None else 0:])
         if S:  # none: non-final chunks and prefill-only requests
             sample_step(batch, sample_idx, counts, logits[:S], self.sampler, result)
         if step.state_verify:  # each verifying request's state := the state after its last kept position

@@ -80,6 +80,7 @@ class ModelBatch:
     # offset in its extend ids, snapshot slot): the state after that many of its tokens is saved there
     state_loads: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int, int]] = field(default_factory=list)
+    hidden_states: list[bool] = field(default_factory=list)  # [B] return_hidden_states (executor/hidden_step.py)
 
     @property
     def batch_size(self) -> int:
@@ -114,3 +115,5 @@ class StepResult:
     # request index -> its pooled part (executor/pooling_step.py): a hidden state (mean: the sum of this step's rows)
     # or token_logits' logits, float32 values as a list
     pooled: dict[int, list[float]] = field(default_factory=dict)
+    # request index -> the final norm's output at each of its rows this step (return_hidden_states), float32
+    hidden: dict[int, list[list[float]]] = field(default_factory=dict)

@@ -26,3 +26,21 @@ def resolve_quantization(args: Any, model_dir: str, model_cls: Any, device_type:
               and not args.enable_deterministic_inference
               and getattr(model_cls, "use_gguf_blocks", None) is LlamaForCausalLM.use_gguf_blocks)
     return "gguf" if served else None
+
+
+def gguf_file_blocks(model_dir: str, tensor_parallel: bool) -> dict:
+    """--quantization gguf: the blocks (every quant_ops.GGUF_TYPES type) of the .gguf the model was converted
+    from (the embedded one when no --model-path; a directory this runtime converted knows its source)."""
+    import json
+
+    from radixlang_kernels import quant_ops
+    from radixlang_runtime.model.loader.gguf_convert import gguf_blocks, gguf_source
+
+    path = gguf_source(model_dir)
+    if path is None:
+        raise ValueError(f"--quantization gguf runs on a .gguf file's blocks; model {model_dir!r} was "
+                         "not converted from one")
+    if tensor_parallel:
+        raise ValueError("--quantization gguf is not implemented with tensor parallelism (use tp_size 1)")
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return gguf_blocks(path, json.load(f), tuple(quant_ops.GGUF_TYPES))
