@@ -72,6 +72,15 @@ def test_phi3_longrope_past_its_original_window_is_refused(tmp_path):
         Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)  # context 128
 
 
+def test_a_llama_attention_output_bias_is_refused_by_name(tmp_path):
+    """transformers' Llama with attention_bias true biases o_proj too: refused at load, not dropped."""
+    from radixlang_runtime import Engine
+
+    build_tiny(tmp_path, "LlamaConfig", TINY, {"attention_bias": True})
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.o_proj\.bias: an attention output bias"):
+        Engine(str(tmp_path), dtype="float32", max_total_tokens=1024)
+
+
 BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256}
 

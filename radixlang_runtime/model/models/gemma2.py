@@ -41,6 +41,9 @@ class GemmaTensors:
     def __init__(self, tensors: SafetensorsDir):
         self.tensors = tensors
 
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
     def get(self, name: str, rows=None, cols=None) -> torch.Tensor:
         t = self.tensors.get(name, rows=rows, cols=cols)
         return 1.0 + t.float() if name.endswith("norm.weight") else t

@@ -68,6 +68,8 @@ class GptOssForCausalLM(MoEForCausalLM):
         for i, layer in enumerate(self.layers):
             layer.self_attn = GptOssAttention(cfg, i, backend, self.shard, reduce)
 
+    reads_o_proj_bias = True
+
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
         super().load_hf_state_dict(tensors)
         for layer in self.layers:  # the backend reads each layer's sinks from here on

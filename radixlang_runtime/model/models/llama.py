@@ -108,6 +108,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    reads_o_proj_bias = False  # a family whose attention has an output bias reads it (load_layer_extras)
+
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
                  shard: Shard | None = None, reduce: Reduce = None):
         super().__init__()
@@ -277,6 +279,9 @@ class LlamaForCausalLM(nn.Module):
                     take(a + "q_proj.bias", rows=q_rows), take(a + "k_proj.bias", rows=kv_rows),
                     take(a + "v_proj.bias", rows=kv_rows)])
             put(dst + "self_attn.o_proj.weight", take(a + "o_proj.weight", cols=q_rows))
+            if not self.reads_o_proj_bias and a + "o_proj.bias" in tensors:  # Llama's attention_bias true
+                raise ValueError(f"{a}o_proj.bias: an attention output bias is not supported ({cfg.architecture} "
+                                 "here biases q / k / v only)")
             if cfg.qk_norm or cfg.qk_norm_whole:  # whole: one rank only (Attention refuses tp_size > 1)
                 put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
                 put(dst + "self_attn.k_norm.weight", take(a + "k_norm.weight"))

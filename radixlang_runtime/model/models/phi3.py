@@ -32,6 +32,11 @@ class FusedPhi3Tensors:
                       "v": ("self_attn.qkv_proj", q + kv, kv), "gate": ("mlp.gate_up_proj", 0, inter),
                       "up": ("mlp.gate_up_proj", inter, inter)}
 
+    def __contains__(self, name: str) -> bool:
+        m = _SPLIT.fullmatch(name)
+        return name in self.tensors if m is None else f"{m.group(1)}{self.parts[m.group(3) or m.group(4)][0]}.weight" \
+            in self.tensors
+
     def get(self, name: str, rows: Range = None, cols: Range = None) -> torch.Tensor:
         m = _SPLIT.fullmatch(name)
         if m is None:
