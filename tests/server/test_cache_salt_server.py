@@ -26,12 +26,12 @@ def client():
 
 
 def fresh_prompt() -> str:
-    """A prompt no other request of the session sent (its first tokens differ), long enough for whole pages."""
+    """A prompt no other request of the test run sent (its first tokens differ), long enough for whole pages."""
     return f"Note {uuid.uuid4().hex}. {STORY}"
 
 
 def fresh_salts(n: int) -> list[str]:
-    """Salts no other request of the session used (a chat template's shared head is cached per salt too)."""
+    """Salts no other request of the test run used (a chat template's shared head is cached per salt too)."""
     return [uuid.uuid4().hex for _ in range(n)]
 
 
