@@ -1,14 +1,17 @@
-"""GGUF files of the natively served MoE architectures (deepseek2, glm4moe, gpt-oss, llama4, qwen3next) written from a
-tiny transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from gguf-py's own map
-(gguf.get_tensor_name_map, which the converter uses), experts stacked per layer, DeepSeek's kv_b_proj split into
-attn_k_b (transposed) / attn_v_b, and the metadata keys each converter class writes (gguf.Keys through GGUFWriter's
-add_*). The names and reshapes come from gguf-py and the converter, not from the loader's tables."""
+"""GGUF files of the natively served architectures (deepseek2, glm4moe, gpt-oss, granitehybrid, llama4, qwen3next)
+written from a tiny transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from
+gguf-py's own map (gguf.get_tensor_name_map, which the converter uses), experts stacked per layer, DeepSeek's
+kv_b_proj split into attn_k_b (transposed) / attn_v_b, the Mamba2 hybrids' changes (gguf_llamacpp_mamba2.py), and
+the metadata keys each converter class writes (gguf.Keys through GGUFWriter's add_*). The names and reshapes come
+from gguf-py and the converter, not from the loader's tables."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
 import numpy as np
+
+from gguf_llamacpp_mamba2 import granitehybrid_keys, granitehybrid_modify
 
 
 def _hf_tensors(state: dict, arch: str) -> dict[str, np.ndarray]:
@@ -201,6 +204,7 @@ ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
                   if n.endswith("kv_b_proj.weight") else {n: w}),
     "glm4moe": ("GLM4_MOE", glm4moe_keys, None),
+    "granitehybrid": ("GRANITE_HYBRID", granitehybrid_keys, granitehybrid_modify),
     "gpt-oss": ("GPT_OSS", gpt_oss_keys, gpt_oss_modify),
     "llama4": ("LLAMA4", llama4_keys, llama4_modify),
     "qwen3next": ("QWEN3NEXT", qwen3next_keys, qwen3next_modify),

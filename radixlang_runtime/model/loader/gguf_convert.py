@@ -20,7 +20,7 @@ import tempfile
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import unread_block
+from radixlang_runtime.model.loader.gguf_family import kv_heads, unread_block
 from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE,
                                                           ROPE_TENSORS, family_config, join_experts, layer_names,
                                                           refuse_unknown_keys, tensor_rope)
@@ -146,7 +146,7 @@ def gguf_to_hf_config(reader) -> dict:
         "intermediate_size": int(a("feed_forward_length", a("expert_feed_forward_length"))),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
+        "num_key_value_heads": kv_heads(a("attention.head_count_kv"), heads, arch, FAMILIES.get(arch)),
         "head_dim": head_dim,
         "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(a("rope.freq_base", 10000.0)),

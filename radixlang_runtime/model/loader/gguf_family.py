@@ -1,6 +1,6 @@
-"""GGUFFamily: what one GGUF architecture served by its own native model (deepseek2, glm4moe, gpt-oss, llama4,
-qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF architecture, the `{arch}.` keys it reads, its
-tensor names, its config.json and the tensor reshapes that undo llama.cpp's converter. No torch."""
+"""GGUFFamily: what one GGUF architecture served by its own native model (deepseek2, glm4moe, gpt-oss, granitehybrid,
+llama4, qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF architecture, the `{arch}.` keys it
+reads, its tensor names, its config.json and the tensor reshapes that undo llama.cpp's converter. No torch."""
 
 from __future__ import annotations
 
@@ -26,6 +26,25 @@ class GGUFFamily:
     head_dims: bool = False  # attention.key_length / value_length are the family's (no shared equality check)
     rope_scaling_keys: tuple[str, ...] = ()  # rope.scaling.* keys the family reads itself
     extra_blocks: bool = False  # blk.N past num_hidden_layers (multi-token prediction layers) are left unread
+    recurrent_kv: bool = False  # attention.head_count_kv may be per layer with 0 on a layer without attention
+
+
+def kv_heads(value, heads: int, arch: str, family: Optional[GGUFFamily]) -> int:
+    """attention.head_count_kv (absent: `heads`) as config.json's num_key_value_heads. A per-layer array must
+    give every attention layer the same count; a 0 entry (a recurrent layer, llama.cpp's hybrids) only where
+    the family reads the layer pattern from it. ValueError names what is not honoured."""
+    if value is None:
+        return heads
+    if not isinstance(value, list):
+        return int(value)
+    counts = sorted({int(v) for v in value} - {0})
+    if 0 in {int(v) for v in value} and not (family and family.recurrent_kv):
+        raise ValueError(f"GGUF {arch}.attention.head_count_kv with 0 entries (layers without attention) is not "
+                         "supported")
+    if len(counts) > 1:
+        raise ValueError(f"GGUF {arch}.attention.head_count_kv per layer {counts} is not supported (one count "
+                         "for every attention layer)")
+    return counts[0] if counts else heads
 
 
 def unread_block(family: Optional[GGUFFamily], name: str, config: dict) -> bool:
