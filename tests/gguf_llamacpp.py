@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from gguf_llamacpp_mamba2 import granitehybrid_keys, granitehybrid_modify
+from gguf_llamacpp_mamba2 import granitehybrid_keys, granitehybrid_modify, nemotron_h_keys, nemotron_h_modify
 
 
 def _hf_tensors(state: dict, arch: str) -> dict[str, np.ndarray]:
@@ -207,6 +207,8 @@ ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "granitehybrid": ("GRANITE_HYBRID", granitehybrid_keys, granitehybrid_modify),
     "gpt-oss": ("GPT_OSS", gpt_oss_keys, gpt_oss_modify),
     "llama4": ("LLAMA4", llama4_keys, llama4_modify),
+    "nemotron_h": ("NEMOTRON_H", nemotron_h_keys, nemotron_h_modify),
+    "nemotron_h_moe": ("NEMOTRON_H_MOE", nemotron_h_keys, nemotron_h_modify),
     "qwen3next": ("QWEN3NEXT", qwen3next_keys, qwen3next_modify),
 }
 # the converter adds the prediction layers to block_count (their tensors follow the decoder's blocks)
@@ -251,8 +253,10 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(getattr(cfg, "intermediate_size_mlp", cfg.intermediate_size))
     w.add_head_count(cfg.num_attention_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(getattr(cfg, "rms_norm_eps", None) or cfg.layer_norm_epsilon)  # Nemotron-H: the latter
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if "rope_theta" in rope:
+        w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

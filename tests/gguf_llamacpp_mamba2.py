@@ -1,6 +1,7 @@
 """What llama.cpp's convert_hf_to_gguf.py does to the Mamba2 hybrids' checkpoints, for gguf_llamacpp.py: the metadata
 keys (set_gguf_parameters) and the per-tensor changes (filter_tensors / modify_tensors) of GraniteHybridModel
-(with Mamba2Model's and GraniteMoeModel's). The tensor names come from gguf-py's map, as in the converter."""
+(with Mamba2Model's and GraniteMoeModel's) and NemotronHModel. The tensor names come from gguf-py's map, as in the
+converter."""
 
 from __future__ import annotations
 
@@ -71,5 +72,76 @@ def granitehybrid_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return {name: permute(w, cfg.num_attention_heads)}
     if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return {name: permute(w, cfg.num_key_value_heads)}
+    return {name: w}
+
+
+_NEMOTRON_PATTERN = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-",
+                     "moe": "E"}
+
+
+def nemotron_h_keys(w, cfg) -> None:
+    """NemotronHModel.set_gguf_parameters on GraniteHybridModel's: the Mamba2 sizes (inner = mamba_num_heads x
+    mamba_head_dim), KV heads per layer (0 off the attention blocks), no rope (finetuned false, context 2 ** 20),
+    the head size, the feed-forward width per layer (0 off the MLP / MoE blocks); a file with experts (the
+    hub config names num_experts_per_tok) is nemotron_h_moe, with the MoE's keys; both epsilon keys (the hub
+    config's rms_norm_eps and layer_norm_epsilon)."""
+    types = [_NEMOTRON_PATTERN[t] for t in cfg.layers_block_type]
+    moe = "E" in types
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_state_size(cfg.ssm_state_size)
+    w.add_ssm_group_count(cfg.n_groups)
+    w.add_ssm_inner_size(cfg.mamba_num_heads * cfg.mamba_head_dim)
+    w.add_ssm_time_step_rank(cfg.mamba_num_heads)
+    w.add_head_count_kv([cfg.num_key_value_heads if t == "*" else 0 for t in types])
+    w.add_rope_scaling_finetuned(False)
+    w.add_context_length(2 ** 20)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    ff = cfg.moe_intermediate_size if moe else cfg.intermediate_size
+    w.add_feed_forward_length([ff if t == ("E" if moe else "-") else 0 for t in types])
+    if not moe:
+        return
+    w.add_expert_count(cfg.n_routed_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_group_count(cfg.n_group)
+    w.add_expert_group_used_count(cfg.topk_group)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_feed_forward_length(cfg.moe_shared_expert_intermediate_size)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_expert_weights_norm(cfg.norm_topk_prob)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    if cfg.moe_latent_size is not None:
+        w.add_moe_latent_size(cfg.moe_latent_size)
+
+
+def nemotron_h_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """The hub checkpoint's backbone.* names from transformers 5's model.*, then NemotronHModel / Mamba2Model's
+    changes (dt_bias renamed, conv1d squeezed, A = -exp(A_log) and D as [H, 1], the norm [groups, inner /
+    groups]), the experts stacked per layer (ffn_up_exps / ffn_down_exps), the correction bias renamed, and the
+    attention blocks' q / k permutation (undo_permute)."""
+    name = "backbone." + name[len("model."):] if name.startswith("model.") else name
+    layer = name.split(".")[2] if name.startswith("backbone.layers.") else None
+    if name.endswith("mixer.experts.up_proj"):
+        return {f"blk.{layer}.ffn_up_exps.weight": w}
+    if name.endswith("mixer.experts.down_proj"):
+        return {f"blk.{layer}.ffn_down_exps.weight": w}
+    if name.endswith("e_score_correction_bias"):
+        return {name.replace("e_score_correction_bias", "e_score_correction.bias"): w}
+    if name.endswith(".dt_bias"):
+        return {name.replace(".dt_bias", ".dt_proj.bias"): w}
+    if "conv1d" in name:
+        return {name: np.ascontiguousarray(w.squeeze())}
+    if name.endswith(".A_log"):
+        return {name: (-np.exp(w.astype(np.float64))).astype(np.float32).reshape(-1, 1)}
+    if name.endswith("mixer.D"):
+        return {name: w.reshape(-1, 1)}
+    if name.endswith("mixer.norm.weight"):
+        return {name: w.reshape(cfg.n_groups, -1)}
+    if name.endswith("q_proj.weight"):
+        return {name: permute(w, cfg.num_attention_heads)}
+    if name.endswith("k_proj.weight"):
         return {name: permute(w, cfg.num_key_value_heads)}
     return {name: w}

@@ -1,9 +1,9 @@
-"""GGUF files of the Mamba2 hybrids (llama.cpp's granitehybrid) end to end: a tiny transformers checkpoint written as
-llama.cpp's converter writes it (tests/gguf_llamacpp.py, gguf_llamacpp_mamba2.py), converted by gguf_convert: the
-same tensors back under transformers' names, and, served by the Engine in float32 with prefill chunks shorter than
-the prompt, transformers' greedy tokens on the weights the file holds, token for token (F32, and Q8_0 where the
-rows allow it); a continuation of a finished request starts from its state snapshot. Metadata the converter does
-not honour is refused by name."""
+"""GGUF files of the Mamba2 hybrids (llama.cpp's granitehybrid, nemotron_h, nemotron_h_moe) end to end: a tiny
+transformers checkpoint written as llama.cpp's converter writes it (tests/gguf_llamacpp.py, gguf_llamacpp_mamba2.py),
+converted by gguf_convert: the same tensors back under transformers' names, and, served by the Engine in float32 with
+prefill chunks shorter than the prompt, transformers' greedy tokens on the weights the file holds, token for token
+(F32, and Q8_0 where the rows allow it); a continuation of a finished request starts from its state snapshot.
+Metadata the converter does not honour is refused by name."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gguf import ExpertGatingFuncType
 
 from gguf_llamacpp import write_llamacpp_gguf
 from gguf_tiny import convert_tiny
-from tiny_checkpoints import GRANITE_CASES, GRANITE_TINY, build_tiny, hf_greedy
+from tiny_checkpoints import GRANITE_CASES, GRANITE_TINY, NEMOTRON_TINY, build_tiny, hf_greedy
 
 NEW = 6
 LONG = list(range(300, 400))  # 100 tokens: four prefill chunks of 32
@@ -27,6 +27,8 @@ ENGINE = dict(dtype="float32", max_total_tokens=1024, page_size=4, chunked_prefi
 Q8 = ("ssm_in.weight", "ssm_out.weight", "attn_q.weight", "attn_output.weight", "ffn_gate_exps.weight",
       "ffn_down_exps.weight", "ffn_up_shexp.weight")
 
+NEMOTRON_DENSE = {"layers_block_type": ["linear_attention", "full_attention", "mlp", "linear_attention", "mlp"],
+                  "mlp_bias": True}
 # name -> (gguf arch, tiny checkpoint case, its tiny config, GGUF keys beyond the converter's, tensors in Q8_0)
 CASES = {
     # MoE beside the shared expert, attention without positions (what the converter writes for a hybrid)
@@ -36,6 +38,14 @@ CASES = {
     # rope.scaling.finetuned says so (the converter writes false for every hybrid)
     "granite_dense_rope": ("granitehybrid", GRANITE_CASES["granite_dense_rope"], GRANITE_TINY,
                            {"rope_scaling_finetuned": True}, ()),
+    # Mamba2, attention and relu^2 MLP blocks (with biases), two groups of B / C
+    "nemotron_h": ("nemotron_h", ("NemotronHConfig", NEMOTRON_DENSE), NEMOTRON_TINY, {}, ()),
+    "nemotron_h_q8_0": ("nemotron_h", ("NemotronHConfig", NEMOTRON_DENSE), NEMOTRON_TINY, {},
+                        ("ssm_in.weight", "ssm_out.weight", "attn_q.weight", "attn_output.weight", "ffn_up.weight")),
+    # Nemotron 3's layout: Mamba2, attention and MoE blocks, the experts through latent projections
+    "nemotron_h_moe": ("nemotron_h_moe", ("NemotronHConfig", {
+        "layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "moe_latent_size": 40}),
+        NEMOTRON_TINY, {}, ()),
 }
 
 
@@ -43,10 +53,26 @@ def _write(name: str, tmp_path, extra: dict | None = None):
     arch, (cls_name, kwargs), tiny, keys, quantized = CASES[name]
     hf_dir = tmp_path / "hf"
     model = build_tiny(hf_dir, cls_name, tiny, kwargs)
+    _randomise_zeros(model)
     kinds = {f"blk.{i}.{s}": "Q8_0" for i in range(model.config.num_hidden_layers) for s in quantized}
     written = write_llamacpp_gguf(str(tmp_path / "m.gguf"), arch, model.config, model.state_dict(), kinds=kinds,
                                   extra={**keys, **(extra or {})})
     return model, hf_dir, written, quantized
+
+
+def _randomise_zeros(model) -> None:
+    """transformers initialises some tensors to zeros (Nemotron-H's correction bias): random values make their
+    layout count."""
+    import torch
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if not p.any():
+                p.normal_(0.0, 0.1)
+        for m in model.modules():
+            if getattr(m, "e_score_correction_bias", None) is not None and not m.e_score_correction_bias.any():
+                m.e_score_correction_bias.normal_(0.0, 0.5)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -64,8 +90,11 @@ def test_gguf_mamba2_hybrid_round_trip_and_parity(name, tmp_path):
     with open(tmp_path / "conv" / "config.json") as f:
         config = json.load(f)
     assert config["architectures"] == model.config.architectures
-    assert config["layer_types"] == [t.replace("linear_attention", "mamba").replace("full_attention", "attention")
-                                     for t in model.config.layer_types]
+    if config["model_type"] == "nemotron_h":
+        assert config["layers_block_type"] == model.config.layers_block_type
+    else:
+        assert config["layer_types"] == [t.replace("linear_attention", "mamba").replace("full_attention", "attention")
+                                         for t in model.config.layer_types]
     for k, v in state.items():
         if not quantized and k.endswith("A_log"):  # -exp and back
             np.testing.assert_allclose(got[k], v.numpy(), rtol=1e-6, atol=1e-6, err_msg=k)
@@ -119,6 +148,12 @@ REFUSED = {
     "kv_entries": ("granite_moe", {"head_count_kv": [0, 2, 0]}, "head_count_kv has 3 entries for 4 layers"),
     "gating": ("granite_moe", {"expert_gating_func": ExpertGatingFuncType.SIGMOID},
                "GGUF key 'granitehybrid.expert_gating_func' is not supported"),
+    "nemotron_softmax": ("nemotron_h_moe", {"expert_gating_func": ExpertGatingFuncType.SOFTMAX},
+                         "nemotron_h_moe.expert_gating_func 1 is not supported"),
+    "nemotron_dense_experts": ("nemotron_h", {"expert_count": 4},
+                               "GGUF key 'nemotron_h.expert_count' is not supported"),
+    "nemotron_widths": ("nemotron_h", {"feed_forward_length": [0, 0, 48, 0, 32]},
+                        r"nemotron_h.feed_forward_length per layer \[32, 48\] is not supported"),
 }
 
 

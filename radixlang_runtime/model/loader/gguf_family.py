@@ -26,25 +26,27 @@ class GGUFFamily:
     head_dims: bool = False  # attention.key_length / value_length are the family's (no shared equality check)
     rope_scaling_keys: tuple[str, ...] = ()  # rope.scaling.* keys the family reads itself
     extra_blocks: bool = False  # blk.N past num_hidden_layers (multi-token prediction layers) are left unread
-    recurrent_kv: bool = False  # attention.head_count_kv may be per layer with 0 on a layer without attention
+    # attention.head_count_kv / feed_forward_length may be per layer, 0 on a layer without attention / a
+    # feed-forward (llama.cpp's hybrids): the family reads the layer pattern from them
+    per_layer: bool = False
 
 
-def kv_heads(value, heads: int, arch: str, family: Optional[GGUFFamily]) -> int:
-    """attention.head_count_kv (absent: `heads`) as config.json's num_key_value_heads. A per-layer array must
-    give every attention layer the same count; a 0 entry (a recurrent layer, llama.cpp's hybrids) only where
-    the family reads the layer pattern from it. ValueError names what is not honoured."""
+def per_layer_count(key: str, value, default: int, arch: str, family: Optional[GGUFFamily]) -> int:
+    """A count that llama.cpp may write per layer (attention.head_count_kv, feed_forward_length; absent:
+    `default`) as config.json's one number: a per-layer array must give every layer that has one the same
+    count, and has 0 entries only where the family reads the layer pattern from it. ValueError names what is
+    not honoured."""
     if value is None:
-        return heads
+        return default
     if not isinstance(value, list):
         return int(value)
     counts = sorted({int(v) for v in value} - {0})
-    if 0 in {int(v) for v in value} and not (family and family.recurrent_kv):
-        raise ValueError(f"GGUF {arch}.attention.head_count_kv with 0 entries (layers without attention) is not "
-                         "supported")
+    if len(counts) < len(value) and not (family and family.per_layer):
+        raise ValueError(f"GGUF {arch}.{key} with 0 entries (layers without one) is not supported")
     if len(counts) > 1:
-        raise ValueError(f"GGUF {arch}.attention.head_count_kv per layer {counts} is not supported (one count "
-                         "for every attention layer)")
-    return counts[0] if counts else heads
+        raise ValueError(f"GGUF {arch}.{key} per layer {counts} is not supported (one count for every layer "
+                         "that has one)")
+    return counts[0] if counts else default
 
 
 def unread_block(family: Optional[GGUFFamily], name: str, config: dict) -> bool:

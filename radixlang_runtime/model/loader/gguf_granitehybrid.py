@@ -100,4 +100,4 @@ def _tensors(out: dict, config: dict) -> None:
 
 
 FAMILY = GGUFFamily(arch="granitehybrid", hf_arch="GraniteMoeHybridForCausalLM", model_type="granitemoehybrid",
-                    keys=KEYS, layer_names=LAYER_NAMES, config=_config, tensors=_tensors, recurrent_kv=True)
+                    keys=KEYS, layer_names=LAYER_NAMES, config=_config, tensors=_tensors, per_layer=True)
