@@ -152,6 +152,11 @@ REFUSED = {
                          "nemotron_h_moe.expert_gating_func 1 is not supported"),
     "nemotron_dense_experts": ("nemotron_h", {"expert_count": 4},
                                "GGUF key 'nemotron_h.expert_count' is not supported"),
+    # what llama.cpp's converter writes when transformers' config defaults make a dense checkpoint look MoE: the
+    # MLP blocks count as Mamba2
+    "nemotron_pattern": ("nemotron_h", {"feed_forward_length": [0, 0, 0, 0, 0]},
+                         "GGUF nemotron_h: blk.2 has no ssm_in.weight but its per-layer counts make it a "
+                         "linear_attention block"),
     "nemotron_widths": ("nemotron_h", {"feed_forward_length": [0, 0, 48, 0, 32]},
                         r"nemotron_h.feed_forward_length per layer \[32, 48\] is not supported"),
 }

@@ -72,3 +72,12 @@ def stacked_experts(names: dict[str, str]) -> dict[str, str]:
     gguf_families.join_experts)."""
     return {"ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj",
             "ffn_up_exps.weight": "mlp.experts.up_proj", "ffn_down_exps.weight": "mlp.experts.down_proj", **names}
+
+
+def check_blocks(arch: str, types: list[str], names: set, needs: dict[str, str]) -> None:
+    """Each layer holds the tensor its type needs (`needs`: layer type -> blk suffix): a pattern read from
+    per-layer counts that does not describe the file's tensors (llama.cpp could not load it either) is refused
+    naming the first block that contradicts it."""
+    for i, t in enumerate(types):
+        if t in needs and f"blk.{i}.{needs[t]}" not in names:
+            raise ValueError(f"GGUF {arch}: blk.{i} has no {needs[t]} but its per-layer counts make it a {t} block")

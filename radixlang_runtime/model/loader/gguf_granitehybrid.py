@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import GGUFFamily
+from radixlang_runtime.model.loader.gguf_family import GGUFFamily, check_blocks
 
 KEYS = ("expert_count", "expert_used_count", "expert_shared_feed_forward_length", "attention.scale",
         "embedding_scale", "residual_scale", "logit_scale", "ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
@@ -54,6 +54,7 @@ def _config(a, names: set, base: dict) -> dict:
         raise ValueError(f"GGUF granitehybrid.attention.head_count_kv has {len(per_layer)} entries for {layers} "
                          "layers")
     types = ["attention" if n else "mamba" for n in per_layer]
+    check_blocks("granitehybrid", types, names, {"mamba": "ssm_in.weight", "attention": "attn_q.weight"})
     heads, inner = int(a("ssm.time_step_rank")), int(a("ssm.inner_size"))
     if inner % heads:
         raise ValueError(f"GGUF granitehybrid.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {heads}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import GGUFFamily
+from radixlang_runtime.model.loader.gguf_family import GGUFFamily, check_blocks
 
 _SIGMOID = 2  # gguf.ExpertGatingFuncType
 KEYS = ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
@@ -63,6 +63,8 @@ def _config(a, names: set, base: dict, moe: bool) -> dict:
     kv = _per_layer(a, "attention.head_count_kv", layers, base["num_key_value_heads"])
     ff = _per_layer(a, "feed_forward_length", layers, base["intermediate_size"])
     types = ["full_attention" if k else ("moe" if moe else "mlp") if f else "linear_attention" for k, f in zip(kv, ff)]
+    check_blocks(arch, types, names, {"linear_attention": "ssm_in.weight", "full_attention": "attn_q.weight",
+                                      "mlp": "ffn_up.weight", "moe": "ffn_up_exps.weight"})
     heads, inner = int(a("ssm.time_step_rank")), int(a("ssm.inner_size"))
     if inner % heads:
         raise ValueError(f"GGUF {arch}.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {heads}")
