@@ -1,6 +1,7 @@
 """GGUFFamily: what one GGUF architecture served by its own native model (deepseek2, glm4moe, gpt-oss, granitehybrid,
-llama4, qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF architecture, the `{arch}.` keys it
-reads, its tensor names, its config.json and the tensor reshapes that undo llama.cpp's converter. No torch."""
+llama4, nemotron_h / nemotron_h_moe, qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF
+architecture, the `{arch}.` keys it reads, its tensor names, its config.json and the tensor reshapes that undo
+llama.cpp's converter. No torch."""
 
 from __future__ import annotations
 
