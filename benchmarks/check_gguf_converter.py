@@ -1,5 +1,6 @@
 """llama.cpp's own converter against the GGUF loader: a tiny random transformers checkpoint per natively served
-architecture (deepseek2 as V3 and as V2-Lite, glm4moe, gpt-oss, llama4, qwen3next) converted by llama.cpp's
+architecture (deepseek2 as V3 and as V2-Lite, glm4moe, gpt-oss, granitehybrid, llama4, nemotron_h_moe, qwen3next)
+converted by llama.cpp's
 convert_hf_to_gguf.py (--outtype f32), served by the Engine from the .gguf path (the whole path: config,
 tensors and tokenizer read from the file, float32), greedy tokens compared token for token with transformers
 on the checkpoint.
@@ -9,7 +10,9 @@ on the checkpoint.
 LLAMA_CPP_DIR holds convert_hf_to_gguf.py and gguf-py (a llama.cpp checkout, or llama-cpp-python's sdist's
 vendor/llama.cpp). The checkpoints carry the embedded model's tokenizer: GLM's vocabulary step (which needs
 GLM's own special tokens) is replaced by the converter's GPT-2 one, nothing else of the converter is changed;
-Qwen3-Next's with --no-mtp (its converter otherwise requires the prediction layers the tiny checkpoint lacks).
+Qwen3-Next's with --no-mtp (its converter otherwise requires the prediction layers the tiny checkpoint lacks);
+the Mamba2 hybrids' config.json names the layer types as their hub configs do (mamba / attention: the converter
+reads those names, transformers 5 saves linear_attention / full_attention).
 Not part of CI (tests/model/test_gguf_native_families.py writes the same layout with gguf-py in CI).
 Exit status 1 when a case differs.
 """
@@ -17,6 +20,7 @@ Exit status 1 when a case differs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -50,8 +54,23 @@ CASES = {  # name -> (transformers config class, kwargs: what the hub configs of
                                           linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                                           linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
                                           moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+    "granitehybrid": ("GraniteMoeHybridConfig", dict(num_hidden_layers=4, num_key_value_heads=2, mamba_n_heads=8,
+                                                     mamba_d_state=16, mamba_n_groups=2, mamba_chunk_size=16,
+                                                     layer_types=["mamba", "attention", "mamba", "mamba"],
+                                                     embedding_multiplier=2.0, residual_multiplier=0.5,
+                                                     attention_multiplier=0.2, logits_scaling=3.0,
+                                                     intermediate_size=32, shared_intermediate_size=48,
+                                                     num_local_experts=4, num_experts_per_tok=2,
+                                                     position_embedding_type="nope")),
+    "nemotron_h_moe": ("NemotronHConfig", dict(num_key_value_heads=2, head_dim=16, mamba_num_heads=8, mamba_head_dim=16,
+                                               ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=16,
+                                               n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                               moe_shared_expert_intermediate_size=24, n_group=2, topk_group=1,
+                                               routed_scaling_factor=2.5, moe_latent_size=40,
+                                               layers_block_type=["mamba", "moe", "attention", "moe"])),
 }
 NO_MTP = {"qwen3next": ["--no-mtp"]}
+HUB_TYPES = {"linear_attention": "mamba", "full_attention": "attention"}  # the Mamba2 hybrids' hub names
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]
 NEW = 8
 # runs the converter unchanged but for GLM's vocabulary step (the tiny checkpoints carry a GPT-2 style tokenizer)
@@ -81,6 +100,13 @@ def _tiny(path: str, cls_name: str, kwargs: dict):
                 p.normal_(0.0, 0.3)
     model.save_pretrained(path)
     tok.save_pretrained(path)
+    with open(os.path.join(path, "config.json")) as f:
+        saved = json.load(f)
+    for key in ("layer_types", "layers_block_type"):
+        if cls_name in ("GraniteMoeHybridConfig", "NemotronHConfig") and key in saved:
+            saved[key] = [HUB_TYPES.get(t, t) for t in saved[key]]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(saved, f)
     return model
 
 

@@ -1,14 +1,17 @@
-"""GGUF files of the natively served MoE architectures (deepseek2, glm4moe, gpt-oss, llama4, qwen3next) written from a
-tiny transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from gguf-py's own map
-(gguf.get_tensor_name_map, which the converter uses), experts stacked per layer, DeepSeek's kv_b_proj split into
-attn_k_b (transposed) / attn_v_b, and the metadata keys each converter class writes (gguf.Keys through GGUFWriter's
-add_*). The names and reshapes come from gguf-py and the converter, not from the loader's tables."""
+"""GGUF files of the natively served architectures (deepseek2, glm4moe, gpt-oss, granitehybrid, llama4, qwen3next)
+written from a tiny transformers model the way llama.cpp's convert_hf_to_gguf.py writes them: tensor names from
+gguf-py's own map (gguf.get_tensor_name_map, which the converter uses), experts stacked per layer, DeepSeek's
+kv_b_proj split into attn_k_b (transposed) / attn_v_b, the Mamba2 hybrids' changes (gguf_llamacpp_mamba2.py), and
+the metadata keys each converter class writes (gguf.Keys through GGUFWriter's add_*). The names and reshapes come
+from gguf-py and the converter, not from the loader's tables."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
 import numpy as np
+
+from gguf_llamacpp_mamba2 import granitehybrid_keys, granitehybrid_modify, nemotron_h_keys, nemotron_h_modify
 
 
 def _hf_tensors(state: dict, arch: str) -> dict[str, np.ndarray]:
@@ -201,8 +204,11 @@ ARCHS: dict[str, tuple[str, Callable, Optional[Callable]]] = {
     "deepseek2": ("DEEPSEEK2", deepseek2_keys, lambda n, w, cfg: deepseek2_split_kv_b(n, w, cfg)
                   if n.endswith("kv_b_proj.weight") else {n: w}),
     "glm4moe": ("GLM4_MOE", glm4moe_keys, None),
+    "granitehybrid": ("GRANITE_HYBRID", granitehybrid_keys, granitehybrid_modify),
     "gpt-oss": ("GPT_OSS", gpt_oss_keys, gpt_oss_modify),
     "llama4": ("LLAMA4", llama4_keys, llama4_modify),
+    "nemotron_h": ("NEMOTRON_H", nemotron_h_keys, nemotron_h_modify),
+    "nemotron_h_moe": ("NEMOTRON_H_MOE", nemotron_h_keys, nemotron_h_modify),
     "qwen3next": ("QWEN3NEXT", qwen3next_keys, qwen3next_modify),
 }
 # the converter adds the prediction layers to block_count (their tensors follow the decoder's blocks)
@@ -247,8 +253,10 @@ def write_llamacpp_gguf(path: str, arch: str, cfg, state: dict, kinds: Optional[
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(getattr(cfg, "intermediate_size_mlp", cfg.intermediate_size))
     w.add_head_count(cfg.num_attention_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(getattr(cfg, "rms_norm_eps", None) or cfg.layer_norm_epsilon)  # Nemotron-H: the latter
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if "rope_theta" in rope:
+        w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

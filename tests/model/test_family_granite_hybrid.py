@@ -3,7 +3,8 @@ served by the Engine in float32 with prefill chunks shorter than the prompt, gre
 transformers' generate: one prompt alone, a batch of prompts of different lengths, a request extending a
 finished one (its finish snapshot) and another continuation of the first prompt (its prompt-end snapshot), a
 one-token prompt, a pool tight enough to retract, NGRAM drafts verified and rolled back; the state pool whole
-after each; the Mamba2 forms against transformers' torch reference; what is not honoured refused by name."""
+after each; the same through a real HTTP server; the Mamba2 forms against transformers' torch reference; what is
+not honoured refused by name."""
 
 from __future__ import annotations
 
@@ -188,3 +189,34 @@ def test_bfloat16_runs_with_the_cpu_kernels(tiny_moe):
         eng.check_integrity()
     assert len(out["output_ids"]) == len(again["output_ids"]) == NEW
     assert again["meta_info"]["cached_tokens"] == FINISHED
+
+
+def test_http_server_continues_from_the_state_snapshot(tiny_moe):
+    """A real launch_server process: /generate, a continuation from the finished request's snapshot, a chat
+    completion through the template; /server_info shows every request slot free and the pool as sized."""
+    import httpx
+
+    from server_utils import ServerProcess
+
+    path, model = tiny_moe
+    srv = ServerProcess("--model-path", str(path), "--dtype", "float32", "--max-total-tokens", "1024",
+                        "--page-size", "4", "--chunked-prefill-size", "32", "--max-mamba-cache-size", "12")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as client:
+            first = client.post("/generate", json={"input_ids": LONG, "sampling_params": SP}).json()
+            extended = LONG + first["output_ids"] + [40, 41, 42]
+            second = client.post("/generate", json={"input_ids": extended, "sampling_params": SP}).json()
+            chat = client.post("/v1/chat/completions", json={
+                "model": "default", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": NEW,
+                "temperature": 0})
+            info = client.get("/server_info").json()
+    finally:
+        srv.stop()
+    assert first["output_ids"] == hf_greedy(model, LONG, NEW)
+    assert second["output_ids"] == hf_greedy(model, extended, NEW)
+    assert second["meta_info"]["cached_tokens"] == FINISHED
+    assert chat.status_code == 200
+    assert chat.json()["usage"]["completion_tokens"] == NEW
+    pool = info["stats"]["state_pool"]
+    assert (pool["state_slots"], pool["snapshot_slots"], pool["request_slots_in_use"]) == (12, 9, 0)
+    assert pool["snapshot_hits"] >= 1 and pool["state_pool_bytes"] == 12 * pool["state_bytes_per_slot"]

@@ -20,7 +20,7 @@ import tempfile
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import unread_block
+from radixlang_runtime.model.loader.gguf_family import per_layer_count, unread_block
 from radixlang_runtime.model.loader.gguf_families import (ARCHS, FAMILIES, HF_MODEL_TYPES, NORM_PLUS_ONE, PERMUTED_QK,
                                                           ROPE_TENSORS, family_config, join_experts, layer_names,
                                                           refuse_unknown_keys, tensor_rope)
@@ -138,15 +138,18 @@ def gguf_to_hf_config(reader) -> dict:
     vocab = int(a("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", []))))
     head_dim = int(a("attention.key_length", hidden // heads))
     layers = int(a("block_count"))
+    family = FAMILIES.get(arch)
     return family_config(arch, a, names, {
         "architectures": [ARCHS[arch]],
         "model_type": HF_MODEL_TYPES.get(arch, arch),
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(a("feed_forward_length", a("expert_feed_forward_length"))),
+        "intermediate_size": per_layer_count("feed_forward_length", a("feed_forward_length"),
+                                             a("expert_feed_forward_length"), arch, family),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
+        "num_key_value_heads": per_layer_count("attention.head_count_kv", a("attention.head_count_kv"), heads, arch,
+                                               family),
         "head_dim": head_dim,
         "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(a("rope.freq_base", 10000.0)),

@@ -33,11 +33,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from radixlang_runtime.model.loader import gguf_deepseek2, gguf_glm4moe, gguf_gpt_oss, gguf_llama4, gguf_qwen3next
+from radixlang_runtime.model.loader import (gguf_deepseek2, gguf_glm4moe, gguf_gpt_oss, gguf_granitehybrid, gguf_llama4,
+                                            gguf_nemotron_h, gguf_qwen3next)
 from radixlang_runtime.model.loader.gguf_family import GGUFFamily
 
 FAMILIES: dict[str, GGUFFamily] = {f.arch: f for f in (gguf_deepseek2.FAMILY, gguf_glm4moe.FAMILY, gguf_gpt_oss.FAMILY,
-                                                  gguf_llama4.FAMILY, gguf_qwen3next.FAMILY)}
+                                                  gguf_granitehybrid.FAMILY, gguf_llama4.FAMILY,
+                                                  gguf_nemotron_h.FAMILY, gguf_nemotron_h.MOE_FAMILY,
+                                                  gguf_qwen3next.FAMILY)}
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
          "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
          "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}

@@ -1,6 +1,7 @@
-"""GGUFFamily: what one GGUF architecture served by its own native model (deepseek2, glm4moe, gpt-oss, llama4,
-qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF architecture, the `{arch}.` keys it reads, its
-tensor names, its config.json and the tensor reshapes that undo llama.cpp's converter. No torch."""
+"""GGUFFamily: what one GGUF architecture served by its own native model (deepseek2, glm4moe, gpt-oss, granitehybrid,
+llama4, nemotron_h / nemotron_h_moe, qwen3next) adds to the shared llama mapping (gguf_convert.py): its HF
+architecture, the `{arch}.` keys it reads, its tensor names, its config.json and the tensor reshapes that undo
+llama.cpp's converter. No torch."""
 
 from __future__ import annotations
 
@@ -26,6 +27,27 @@ class GGUFFamily:
     head_dims: bool = False  # attention.key_length / value_length are the family's (no shared equality check)
     rope_scaling_keys: tuple[str, ...] = ()  # rope.scaling.* keys the family reads itself
     extra_blocks: bool = False  # blk.N past num_hidden_layers (multi-token prediction layers) are left unread
+    # attention.head_count_kv / feed_forward_length may be per layer, 0 on a layer without attention / a
+    # feed-forward (llama.cpp's hybrids): the family reads the layer pattern from them
+    per_layer: bool = False
+
+
+def per_layer_count(key: str, value, default: int, arch: str, family: Optional[GGUFFamily]) -> int:
+    """A count that llama.cpp may write per layer (attention.head_count_kv, feed_forward_length; absent:
+    `default`) as config.json's one number: a per-layer array must give every layer that has one the same
+    count, and has 0 entries only where the family reads the layer pattern from it. ValueError names what is
+    not honoured."""
+    if value is None:
+        return default
+    if not isinstance(value, list):
+        return int(value)
+    counts = sorted({int(v) for v in value} - {0})
+    if len(counts) < len(value) and not (family and family.per_layer):
+        raise ValueError(f"GGUF {arch}.{key} with 0 entries (layers without one) is not supported")
+    if len(counts) > 1:
+        raise ValueError(f"GGUF {arch}.{key} per layer {counts} is not supported (one count for every layer "
+                         "that has one)")
+    return counts[0] if counts else default
 
 
 def unread_block(family: Optional[GGUFFamily], name: str, config: dict) -> bool:
@@ -51,3 +73,12 @@ def stacked_experts(names: dict[str, str]) -> dict[str, str]:
     gguf_families.join_experts)."""
     return {"ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj",
             "ffn_up_exps.weight": "mlp.experts.up_proj", "ffn_down_exps.weight": "mlp.experts.down_proj", **names}
+
+
+def check_blocks(arch: str, types: list[str], names: set, needs: dict[str, str]) -> None:
+    """Each layer holds the tensor its type needs (`needs`: layer type -> blk suffix): a pattern read from
+    per-layer counts that does not describe the file's tensors (llama.cpp could not load it either) is refused
+    naming the first block that contradicts it."""
+    for i, t in enumerate(types):
+        if t in needs and f"blk.{i}.{needs[t]}" not in names:
+            raise ValueError(f"GGUF {arch}: blk.{i} has no {needs[t]} but its per-layer counts make it a {t} block")
