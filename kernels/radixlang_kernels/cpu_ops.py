@@ -11,7 +11,7 @@ csrc/cpu/kernels.h through op_table.OpTable (its signature typed from that heade
 - dense_gemv (gemv_dense.c): weight-streaming linears for decode-sized batches, with the tiles they read
   (the quantized ones: quant_ops.py);
 - lora_shrink, lora_expand (lora_sgmv.c): LoRA deltas over row segments with per-segment adapters;
-- the Gated DeltaNet's entry points (gated_deltanet.c) are wrapped in gdn_ops.py;
+- the Gated DeltaNet's entry points (gated_deltanet.c) are wrapped in gdn_ops.py, Mamba2's (mamba2.c) in mamba2_ops.py;
 - decode_layer (decode_layer.c): a whole decoder layer of a decode-sized batch in one call, described by
   the header's structs (DecodeLinear, DecodeLayerWeights, DecodeStep).
 bf16 and float32 throughout. Which operation runs where is decided once per model by `plan()`: a kernel
@@ -74,7 +74,9 @@ class CpuPaths:
     norm: str
     activation: str
     linear: str
-    linear_attention: str = "none"  # hybrid models' Gated DeltaNet: "decode c:<isa>, prefill c:<isa>:recurrent"
+    # hybrid models' recurrent layers: "decode c:<isa>, prefill c:<isa>:recurrent" (Gated DeltaNet), "decode c:<isa>,
+    # prefill torch:chunked" (Mamba2)
+    linear_attention: str = "none"
     decode_layer: str = "modules"  # "c:<isa> (M <= n)": decode-sized steps in one call per layer (fused_decode.py)
 
     def to_dict(self) -> dict:

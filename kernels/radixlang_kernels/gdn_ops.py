@@ -5,9 +5,11 @@ The library must be loaded (the callers choose these paths only then)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from radixlang_kernels.cpu_ops import check_status, loaded
+from radixlang_kernels.cpu_ops import check_status, loaded, opt_ptr
 from radixlang_kernels.op_table import OpTable
 
 
@@ -18,17 +20,23 @@ def _table() -> OpTable:
     return lib
 
 
-def gdn_conv_update(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Gated DeltaNet's causal depthwise convolution, one new row per request (gated_deltanet.c): x [B, C] (rows may
-    be strided), conv [N, C, K - 1] (one layer's windows, contiguous) updated in place at slots [B] int64, weight
-    [C, K]; all bf16 or all float32 -> silu(convolution) [B, C] float32 (bf16: rounded as torch's bf16 ops)."""
+def gdn_conv_update(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The causal depthwise convolution of the Gated DeltaNet and the Mamba2 mixer, one new row per request
+    (gated_deltanet.c): x [B, C] (rows may be strided), conv [N, C, K - 1] (one layer's windows, contiguous) updated
+    in place at slots [B] int64, weight [C, K], bias [C] or None; all bf16 or all float32 -> silu(convolution)
+    [B, C] float32 (bf16: rounded as torch's bf16 ops)."""
     B, C = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
+    assert conv.dtype == weight.dtype == x.dtype
+    if bias is not None:
+        assert bias.dtype == x.dtype
+        bias = bias.contiguous()
     out = torch.empty(B, C, dtype=torch.float32)
     name = "gdn_conv_update_bf16" if x.dtype == torch.bfloat16 else "gdn_conv_update_f32"
     rc = getattr(_table(), name)(x.data_ptr(), x.stride(0), conv.data_ptr(), weight.contiguous().data_ptr(),
-                             slots.data_ptr(), B, C, weight.shape[1], conv.shape[0], out.data_ptr())
+                                 opt_ptr(bias), slots.data_ptr(), B, C, weight.shape[1], conv.shape[0], out.data_ptr())
     check_status(rc, name)
     return out
 

@@ -9,6 +9,7 @@ chunk c > 0 (chunked local attention, Llama 4): only positions [p - p % c, p].
 sinks [H] (attention sinks, gpt-oss): each head's logit joins every row's softmax and weighs no value.
 prefix_attention_ref: the shared part of cascade attention (kernels/prefix_attention.py).
 gdn_decode_ref: a Gated DeltaNet decode step (csrc/cpu/gated_deltanet.c).
+mamba2_decode_ref: a Mamba2 decode step (csrc/cpu/mamba2.c).
 """
 
 from __future__ import annotations
@@ -124,3 +125,25 @@ def gdn_decode_ref(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, g:
     mixed = F.silu(F.conv1d(window, weight.unsqueeze(1), groups=C))[..., -1].float()
     o, state[slots] = gdn_rule_ref(mixed, g, beta, state[slots], num_k_heads)
     return o
+
+
+def mamba2_decode_ref(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      dt: torch.Tensor, dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
+                      slots: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Mamba2 decode in torch ops, as the runtime's torch path (model/layers/mamba2.py: transformers' causal conv1d
+    update and mamba2 selective state update) computes it: x [B, C] (x, B, C channels), conv [N, C, K - 1], weight
+    [C, K], bias [C] or None (one dtype); dt [B, H], dt_bias [H] raw; A, D [H] float32; state [N, H, P, Nst] float32;
+    conv and state updated in place at slots -> y [B, H, P] float32."""
+    B, C = x.shape
+    _, H, P, Nst = state.shape
+    window = torch.cat([conv[slots], x.unsqueeze(-1)], dim=-1)  # [B, C, K]
+    conv[slots] = window[..., 1:]
+    xbc = F.silu(F.conv1d(window, weight.unsqueeze(1), bias, groups=C))[..., -1].float()
+    xs, Bm, Cm = xbc.split([H * P, n_groups * Nst, n_groups * Nst], dim=-1)
+    Bm = Bm.reshape(B, n_groups, Nst).repeat_interleave(H // n_groups, dim=1)
+    Cm = Cm.reshape(B, n_groups, Nst).repeat_interleave(H // n_groups, dim=1)
+    xs = xs.reshape(B, H, P)
+    d = F.softplus(dt + dt_bias).float()[..., None, None]  # [B, H, 1, 1]
+    s = state[slots] * torch.exp(d * A[:, None, None]) + (d * Bm[:, :, None, :]) * xs[..., None]
+    state[slots] = s
+    return (s @ Cm[..., None]).squeeze(-1) + xs * D[:, None]

@@ -2,15 +2,16 @@
 served by the Engine in float32 with prefill chunks shorter than the prompt, greedy token for token against
 transformers' generate: one prompt alone, a batch of prompts of different lengths, a request extending a
 finished one (its finish snapshot) and another continuation of the first prompt (its prompt-end snapshot), a
-one-token prompt, a pool tight enough to retract, NGRAM drafts verified and rolled back; the state pool whole
-after each; the same through a real HTTP server; the Mamba2 forms against transformers' torch reference; what is
-not honoured refused by name."""
+one-token prompt, a pool tight enough to retract, NGRAM drafts verified and rolled back, the torch decode path
+beside the C kernels'; the state pool whole after each; the same through a real HTTP server; the Mamba2 forms
+against transformers' torch reference; what is not honoured refused by name."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
 from tiny_checkpoints import GRANITE_CASES as CASES, GRANITE_TINY as TINY, build_tiny, built_tiny, hf_greedy
 
@@ -63,7 +64,30 @@ def test_greedy_matches_transformers_and_prefixes_hit_state_snapshots(tiny):
     pool = stats["state_pool"]
     assert pool["snapshot_hits"] >= 2 and pool["request_slots_in_use"] == 0
     assert pool["linear_layers"] == sum(t in ("mamba", "linear_attention") for t in model.config.layer_types)
-    assert stats["cpu"]["paths"]["linear_attention"] == "decode torch, prefill torch:chunked"
+    # decode through mamba2.c where the kernels build (kernels/tests/test_mamba2.py), else torch ops
+    decode = "torch" if detect().compiler is None else f"c:{detect().isa}"
+    assert stats["cpu"]["paths"]["linear_attention"] == f"decode {decode}, prefill torch:chunked"
+
+
+def test_the_torch_decode_path_matches_transformers_too(tiny_moe, monkeypatch):
+    """The Mamba2 decode without the C kernels (their fallback: torch ops over gathered states), a finish snapshot
+    hit included."""
+    from radixlang_runtime import Engine
+    from radixlang_runtime.model.models.granite_hybrid import GraniteMoeHybridForCausalLM
+    from radixlang_runtime.model.models.llama import LlamaForCausalLM
+
+    monkeypatch.setattr(GraniteMoeHybridForCausalLM, "enable_cpu_ops", LlamaForCausalLM.enable_cpu_ops)
+    path, model = tiny_moe
+    with Engine(str(path), **ENGINE) as eng:
+        first = eng.generate(input_ids=LONG, sampling_params=SP)
+        extended = LONG + first["output_ids"] + [11, 12]
+        again = eng.generate(input_ids=extended, sampling_params=SP)
+        eng.check_integrity()
+        paths = eng.get_stats()["cpu"]["paths"]
+    assert paths["linear_attention"] == "decode torch, prefill torch:chunked"
+    assert first["output_ids"] == hf_greedy(model, LONG, NEW)
+    assert again["output_ids"] == hf_greedy(model, extended, NEW)
+    assert again["meta_info"]["cached_tokens"] == FINISHED
 
 
 def test_a_tight_pool_retracts_and_recomputes_the_state(tiny_moe):

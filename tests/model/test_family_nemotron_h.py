@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixlang_kernels.cpu_caps import detect
 from radixlang_runtime.model.loader.config import ModelConfig
 from tiny_checkpoints import NEMOTRON_CASES as CASES, NEMOTRON_TINY as TINY, build_tiny, hf_greedy
 
@@ -47,9 +48,12 @@ def test_greedy_matches_transformers_and_prefixes_hit_state_snapshots(tiny):
         one = eng.generate(input_ids=[7], sampling_params=SP)
         assert one["output_ids"] == hf_greedy(model, [7], NEW)
         eng.check_integrity()
-        pool = eng.get_stats()["state_pool"]
+        stats = eng.get_stats()
+    pool = stats["state_pool"]
     assert pool["snapshot_hits"] >= 2 and pool["request_slots_in_use"] == 0
     assert pool["linear_layers"] == model.config.layers_block_type.count("linear_attention")
+    decode = "torch" if detect().compiler is None else f"c:{detect().isa}"  # mamba2.c where the kernels build
+    assert stats["cpu"]["paths"]["linear_attention"] == f"decode {decode}, prefill torch:chunked"
 
 
 def config(**over) -> dict:

@@ -2,10 +2,11 @@
  * Gated DeltaNet decode (Qwen3-Next, Qwen3.5 linear-attention layers): one token of a batch, the recurrent states
  * read and written in place at their slots of one layer's state pool.
  *
- * gdn_conv_update_{f32,bf16}: the causal depthwise convolution of width K over the new row.
- *   x [B, C] (row stride xs), conv [N, C, K - 1] (per slot the last K - 1 inputs, oldest first), w [C, K],
- *   slots [B] int64 -> out [B, C] float32 = silu(w[c] . (conv[slot, c], x[b, c])), and conv[slot] shifted by one
- *   with x[b] appended. The bf16 entry rounds the sum and the SiLU to bf16 as torch's bf16 conv1d and silu do.
+ * gdn_conv_update_{f32,bf16}: the causal depthwise convolution of width K over the new row (the Mamba2 mixer's
+ *   too). x [B, C] (row stride xs), conv [N, C, K - 1] (per slot the last K - 1 inputs, oldest first), w [C, K],
+ *   bias [C] or NULL, slots [B] int64 -> out [B, C] float32 = silu(w[c] . (conv[slot, c], x[b, c]) + bias[c]),
+ *   and conv[slot] shifted by one with x[b] appended. The bf16 entry rounds the biased sum and the SiLU to bf16
+ *   as torch's bf16 conv1d and silu do.
  * gdn_decode_f32: the gated delta rule. qkv [B, *] float32 (row stride qs): the convolved q [Hk, Dk], k [Hk, Dk],
  *   v [Hv, Dv] channels; g, beta [B, Hv] float32; state [N, Hv, Dk, Dv] float32; value head h reads key head
  *   h / (Hv / Hk). Per (row b, head h), S = state[slots[b], h]:
@@ -159,9 +160,10 @@ static inline float gdn_at(const void *p, int64_t i, int bf16) {
 
 /* one channel's output over its window win [K] (oldest first): decode and prefill share it, so a token's
  * output does not depend on which of them computed it */
-static inline float gdn_conv_dot(const float *win, const void *w, int64_t c, int64_t K, int bf16) {
+static inline float gdn_conv_dot(const float *win, const void *w, const void *bias, int64_t c, int64_t K, int bf16) {
     float y = 0.0f;
     for (int64_t i = 0; i < K; i++) y += gdn_at(w, c * K + i, bf16) * win[i];
+    if (bias) y += gdn_at(bias, c, bf16);
     return bf16 ? bf16_to_f32(f32_to_bf16(gdn_silu(bf16_to_f32(f32_to_bf16(y))))) : gdn_silu(y);
 }
 
@@ -174,8 +176,8 @@ static inline void gdn_window_store(void *conv, int64_t s, const float *win, int
     }
 }
 
-static int gdn_conv(const void *x, int64_t xs, void *conv, const void *w, const int64_t *slots, int64_t B,
-                    int64_t C, int64_t K, int64_t N, int bf16, float *out) {
+static int gdn_conv(const void *x, int64_t xs, void *conv, const void *w, const void *bias, const int64_t *slots,
+                    int64_t B, int64_t C, int64_t K, int64_t N, int bf16, float *out) {
     if (K < 2 || K > 16) return -1;
     for (int64_t b = 0; b < B; b++)
         if (slots[b] < 0 || slots[b] >= N) return -1;
@@ -186,7 +188,7 @@ static int gdn_conv(const void *x, int64_t xs, void *conv, const void *w, const 
         float win[16];
         for (int64_t i = 0; i < W; i++) win[i] = gdn_at(conv, s + i, bf16);
         win[W] = gdn_at(x, b * xs + c, bf16);
-        out[t] = gdn_conv_dot(win, w, c, K, bf16);
+        out[t] = gdn_conv_dot(win, w, bias, c, K, bf16);
         gdn_window_store(conv, s, win + 1, W, bf16);
     }
     return 0;
@@ -208,7 +210,7 @@ static int gdn_conv_segments(const void *x, int64_t xs, void *conv, const void *
         for (int64_t i = 0; i < W; i++) win[i] = gdn_at(conv, s + i, bf16);
         for (int64_t i = starts[r]; i < starts[r] + lens[r]; i++) {
             win[W] = gdn_at(x, i * xs + c, bf16);
-            out[i * C + c] = gdn_conv_dot(win, w, c, K, bf16);
+            out[i * C + c] = gdn_conv_dot(win, w, NULL, c, K, bf16);
             for (int64_t j = 0; j < W; j++) win[j] = win[j + 1];
         }
         gdn_window_store(conv, s, win, W, bf16);
@@ -257,12 +259,12 @@ void sigmoid_mul_f32(float *x, const float *gate, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * (1.0f / (1.0f + expf(-gate[i])));
 }
 
-int gdn_conv_update_f32(const float *x, int64_t xs, float *conv, const float *w, const int64_t *slots, int64_t B,
-                        int64_t C, int64_t K, int64_t N, float *out) {
-    return gdn_conv(x, xs, conv, w, slots, B, C, K, N, 0, out);
+int gdn_conv_update_f32(const float *x, int64_t xs, float *conv, const float *w, const float *bias,
+                        const int64_t *slots, int64_t B, int64_t C, int64_t K, int64_t N, float *out) {
+    return gdn_conv(x, xs, conv, w, bias, slots, B, C, K, N, 0, out);
 }
 
-int gdn_conv_update_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const int64_t *slots,
-                         int64_t B, int64_t C, int64_t K, int64_t N, float *out) {
-    return gdn_conv(x, xs, conv, w, slots, B, C, K, N, 1, out);
+int gdn_conv_update_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const uint16_t *bias,
+                         const int64_t *slots, int64_t B, int64_t C, int64_t K, int64_t N, float *out) {
+    return gdn_conv(x, xs, conv, w, bias, slots, B, C, K, N, 1, out);
 }

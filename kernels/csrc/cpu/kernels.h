@@ -141,10 +141,10 @@ int extend_causal_f32(const float *q, int64_t q_stride, const float *k, int64_t 
 /* gated_deltanet.c: Gated DeltaNet decode over one layer's state pool, states in place at their slots: the causal
  * conv update (out float32 = silu of the window's convolution) and the gated delta rule (qkv float32 rows), for
  * one row per request (decode) or token after token over segments of rows (prefill) */
-int gdn_conv_update_f32(const float *x, int64_t xs, float *conv, const float *w, const int64_t *slots, int64_t B,
-                        int64_t C, int64_t K, int64_t N, float *out);
-int gdn_conv_update_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const int64_t *slots,
-                         int64_t B, int64_t C, int64_t K, int64_t N, float *out);
+int gdn_conv_update_f32(const float *x, int64_t xs, float *conv, const float *w, const float *bias,
+                        const int64_t *slots, int64_t B, int64_t C, int64_t K, int64_t N, float *out);
+int gdn_conv_update_bf16(const uint16_t *x, int64_t xs, uint16_t *conv, const uint16_t *w, const uint16_t *bias,
+                         const int64_t *slots, int64_t B, int64_t C, int64_t K, int64_t N, float *out);
 int gdn_decode_f32(const float *qkv, int64_t qs, const float *g, const float *beta, float *state,
                    const int64_t *slots, int64_t B, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int64_t N,
                    float *out);
@@ -164,6 +164,15 @@ void gdn_gates_f32(const float *a, const float *b, const float *A_log, const flo
 void gdn_gated_norm_f32(const float *x, const float *z, const float *w, int64_t R, int64_t D, float eps,
                         float *out);
 void sigmoid_mul_f32(float *x, const float *gate, int64_t n);
+
+/* mamba2.c: Mamba2 decode over one layer's state pool, states in place at their slots: dt's softplus, the SSD
+ * recurrence and the D skip for one row per request (xbc: gdn_conv_update's float32 output; dt, dt_bias raw) */
+int mamba2_decode_f32(const float *xbc, int64_t xs, const float *dt, int64_t ds, const float *dt_bias, const float *A,
+                      const float *D, float *state, const int64_t *slots, int64_t B, int64_t H, int64_t P, int64_t G,
+                      int64_t Nst, int64_t N, float *out);
+int mamba2_decode_bf16(const float *xbc, int64_t xs, const uint16_t *dt, int64_t ds, const uint16_t *dt_bias,
+                       const float *A, const float *D, float *state, const int64_t *slots, int64_t B, int64_t H,
+                       int64_t P, int64_t G, int64_t Nst, int64_t N, float *out);
 
 /* rope_store.c: neox rope on qkv's q and k heads in place, then (out_loc non-NULL) k and v into the pools */
 void rope_store_bf16(uint16_t *qkv, int64_t T, int64_t row_stride, int64_t H, int64_t Hkv, int64_t D,

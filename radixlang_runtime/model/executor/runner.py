@@ -38,6 +38,7 @@ from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
+from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
 from radixlang_runtime.model.executor.logprobs import fill_input_logprobs, plan_input_logprobs
 from radixlang_runtime.model.layers.lora_linear import LoraModel
 from radixlang_runtime.model.layers.lora_triton import triton_lora_ready
@@ -209,13 +210,16 @@ class ModelRunner:
                                                  extend_attention="mla-expanded:torch")
         if self.cpu_paths.c_norm_act:
             model.enable_cpu_ops()
-        if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py, mamba2.py (torch only)
+        if cfg.linear_attn is not None and native:  # model/layers/gated_deltanet.py, mamba2.py
             if args.attention_backend == "triton" and hasattr(model, "use_triton_kernels"):
                 model.use_triton_kernels()
-            deltanets = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
-            c = any(m.use_cpu_kernel for m in deltanets)
-            decode = f"c:{detect().isa}" if c else "triton" if any(m.use_triton for m in deltanets) else "torch"
+            mixers = [m for m in model.modules() if isinstance(m, (GatedDeltaNet, Mamba2Mixer))]
+            triton = any(isinstance(m, GatedDeltaNet) and m.use_triton for m in mixers)
+            c = any(m.use_cpu_kernel for m in mixers)
+            decode = f"c:{detect().isa}" if c else "triton" if triton else "torch"
             prefill = {"torch": "torch:chunked", "triton": "triton:recurrent"}.get(decode, f"{decode}:recurrent")
+            if any(isinstance(m, Mamba2Mixer) for m in mixers):  # Mamba2's extend: the torch chunked scan
+                prefill = "torch:chunked"
             self.cpu_paths = dataclasses.replace(self.cpu_paths, linear_attention=f"decode {decode}, prefill {prefill}")
         if hasattr(backend, "configure"):
             backend.configure(self.cpu_paths)

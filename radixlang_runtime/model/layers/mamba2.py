@@ -12,7 +12,11 @@ convolution's last K - 1 inputs in its state slot. Decode runs the recurrence on
 states at their slots; an extend runs the chunked (SSD) form of transformers' mamba2_chunk_scan over the
 request's tokens, from its slot's state (zeros when fresh, a snapshot on a prefix-cache hit), and writes the
 state after its last token back. Where states are saved and how a verify step keeps them is
-recurrent_steps.py's, shared with the Gated DeltaNet.
+recurrent_steps.py's, shared with the Gated DeltaNet. On CPU with the kernel library (use_cpu_kernel) the decode
+rule is two C calls reading and writing the states in place at their slots: the convolution's update
+(radixlang_kernels gdn_ops.gdn_conv_update, the Gated DeltaNet's, with the conv bias) and dt's softplus with the
+recurrence and the D skip (mamba2_ops.mamba2_decode); else torch ops over gathered copies. The gated norm and the
+projections are torch's either way.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlang_kernels import gdn_ops, mamba2_ops
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.layers.mamba2_spec import Mamba2Spec
 from radixlang_runtime.model.layers.recurrent_steps import decode_saves, extend_requests
@@ -116,6 +121,7 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.h))
         self.norm = GroupGatedRMSNorm(self.inner, self.g, eps)
         self.out_proj = nn.Linear(self.inner, hidden_size, bias=spec.proj_bias)
+        self.use_cpu_kernel = False  # decode through mamba2.c (enable_cpu_ops of the Mamba2 families)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
@@ -156,6 +162,10 @@ class Mamba2Mixer(nn.Module):
               slots: torch.Tensor) -> torch.Tensor:
         """The decode rule: one token of each row [n, C] from the state at slots[b], written back in place.
         Returns y [n, H, P] float32."""
+        if self.use_cpu_kernel:
+            xbc = gdn_ops.gdn_conv_update(xbc, conv, self.conv_weight, slots, self.conv_bias)  # [n, C] float32
+            return mamba2_ops.mamba2_decode(xbc, dt, self.dt_bias, -torch.exp(self.A_log.float()), self.D, ssm, slots,
+                                            self.g)
         window = torch.cat([conv[slots], xbc.unsqueeze(-1)], dim=-1)  # [n, C, K]
         conv[slots] = window[..., 1:]
         x, dt, B, C, A = self._ssm_inputs(self._conv(window)[..., -1], dt)

@@ -129,6 +129,13 @@ class GraniteMoeHybridForCausalLM(MoEForCausalLM):
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return super().head_logits(x) / self.cfg.family_options.logits_scaling
 
+    def enable_cpu_ops(self) -> None:
+        """The CPU C kernels: the norms and activations (LlamaForCausalLM's), and Mamba2's decode (mamba2.c)."""
+        super().enable_cpu_ops()
+        for m in self.modules():
+            if isinstance(m, Mamba2Mixer):
+                m.use_cpu_kernel = True
+
     def enable_deterministic(self) -> None:
         raise ValueError(f"{ARCH}'s Mamba2 layers have no batch-invariant kernels")
 

@@ -197,6 +197,13 @@ class NemotronHForCausalLM(LlamaForCausalLM):
             layers.append(NemotronBlock(mixer, cfg, kind in ("linear_attention", "full_attention")))
         return layers
 
+    def enable_cpu_ops(self) -> None:
+        """The CPU C kernels: the norms and activations (LlamaForCausalLM's), and Mamba2's decode (mamba2.c)."""
+        super().enable_cpu_ops()
+        for m in self.modules():
+            if isinstance(m, Mamba2Mixer):
+                m.use_cpu_kernel = True
+
     def enable_deterministic(self) -> None:
         raise ValueError(f"{ARCH}'s Mamba2 layers have no batch-invariant kernels")
 
