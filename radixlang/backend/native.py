@@ -92,12 +92,12 @@ class NativeBackend(BaseBackend):
             pos += len(delta)
             yield delta, event["meta_info"]
 
-    def _send(self, body: dict) -> Any:
+    def _call_salted(self, body: dict) -> Any:
         """_call with the backend's cache_salt."""
         return self._call(body if self.cache_salt is None else {**body, "cache_salt": self.cache_salt})
 
     def cache_prefix(self, prefix: str) -> None:
-        self._send({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+        self._call_salted({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
 
     def pin_prefix(self, prefix: str) -> Optional[Any]:
         """Prefill the prefix, then pin it (a pin locks only what is cached). A runtime without pins
@@ -128,11 +128,11 @@ class NativeBackend(BaseBackend):
     # ------------------------------------------------------------------ select
     def select(self, text: str, choices: List[str], temperature: float,
                choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
-        prompt_len = (self._send({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
-                      if text else 0)
+        prompt_len = (self._call_salted({"text": text, "sampling_params": {"max_new_tokens": 0}})
+                      ["meta_info"]["prompt_tokens"] if text else 0)
         start = max(prompt_len - 2, 0)
         texts = ([text] if text else []) + [text + c for c in choices]
-        objs = self._send({"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+        objs = self._call_salted({"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
         prompt_entries = objs[0]["meta_info"]["input_token_logprobs"] if text else []
         results = objs[1:] if text else objs
@@ -151,7 +151,7 @@ class NativeBackend(BaseBackend):
         scored = [i for i, x in enumerate(ids) if x]
         out: List[List[Any]] = [[] for _ in ids]
         if scored:
-            objs = self._send({"input_ids": [ids[i] for i in scored], "sampling_params": {"max_new_tokens": 0},
+            objs = self._call_salted({"input_ids": [ids[i] for i in scored], "sampling_params": {"max_new_tokens": 0},
                                "return_logprob": True, "logprob_start_len": 0})
             for i, obj in zip(scored, objs if isinstance(objs, list) else [objs]):
                 out[i] = obj["meta_info"]["input_token_logprobs"]

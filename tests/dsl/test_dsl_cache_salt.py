@@ -26,3 +26,26 @@ def test_a_salted_backend_shares_the_cache_within_its_salt(engine_fp32):
     cached = [r.get_meta_info("rest")["cached_tokens"] for r in runs]
     assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0, cached
     assert len({r["rest"] for r in runs}) == 1
+
+
+@sgl.function
+def pick(s, opening):
+    s += opening + sgl.gen("rest", max_tokens=4, temperature=0)
+    s += " It was bound for the " + sgl.select("place", choices=["market", "coast"])
+
+
+def test_a_salted_http_backend_selects_and_generates_within_its_salt():
+    """The HTTP link (HttpBackend): gen and select's scoring calls carry the salt too."""
+    from radixlang.backend.http import HttpBackend
+    from server_utils import FP32_FLAGS, shared_server
+
+    url = shared_server(*FP32_FLAGS).url
+    opening = f"Log {uuid.uuid4().hex}: the caravan left the oasis before dawn, loaded with salt and dates."
+    salted, other = HttpBackend(url), HttpBackend(url)
+    salted.cache_salt, other.cache_salt = uuid.uuid4().hex, uuid.uuid4().hex
+    runs = [pick.run(opening=opening, backend=b) for b in (salted, salted, other)]
+    for r in runs:
+        r.sync()
+    cached = [r.get_meta_info("rest")["cached_tokens"] for r in runs]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0, cached
+    assert len({(r["place"], r["rest"]) for r in runs}) == 1
