@@ -32,6 +32,7 @@ from radixlang_runtime.model.layers.moe_spec import parse_moe
 from radixlang_runtime.model.layers.rms_norm import RMSNorm
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
+from radixlang_runtime.model.models.mamba2_hybrid import Mamba2Hybrid
 from radixlang_runtime.model.models.moe_decoder import MoEForCausalLM
 
 ARCH = "GraniteMoeHybridForCausalLM"
@@ -105,7 +106,7 @@ class GraniteLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm.add_forward(a, residual)) * self.scale
 
 
-class GraniteMoeHybridForCausalLM(MoEForCausalLM):
+class GraniteMoeHybridForCausalLM(Mamba2Hybrid, MoEForCausalLM):
     """LlamaForCausalLM's embedding, head and layer loop with Granite's multipliers. One rank: the Mamba2 layers
     refuse tensor parallelism by name (Mamba2Spec.split)."""
 
@@ -128,19 +129,6 @@ class GraniteMoeHybridForCausalLM(MoEForCausalLM):
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return super().head_logits(x) / self.cfg.family_options.logits_scaling
-
-    def enable_cpu_ops(self) -> None:
-        """The CPU C kernels: the norms and activations (LlamaForCausalLM's), and Mamba2's decode (mamba2.c)."""
-        super().enable_cpu_ops()
-        for m in self.modules():
-            if isinstance(m, Mamba2Mixer):
-                m.use_cpu_kernel = True
-
-    def enable_deterministic(self) -> None:
-        raise ValueError(f"{ARCH}'s Mamba2 layers have no batch-invariant kernels")
-
-    def use_gguf_blocks(self, blocks: dict) -> int:
-        raise ValueError(f"--quantization gguf is not supported for {ARCH} (hybrid Mamba2)")
 
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
         own, done, put = param_setter(self)

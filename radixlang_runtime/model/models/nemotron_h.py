@@ -34,6 +34,7 @@ from radixlang_runtime.model.layers.moe_routing import RoutingSpec, check_routin
 from radixlang_runtime.model.layers.rms_norm import RMSNorm
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
+from radixlang_runtime.model.models.mamba2_hybrid import Mamba2Hybrid
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
 ARCH = "NemotronHForCausalLM"
@@ -177,7 +178,7 @@ class NemotronBlock(nn.Module):
         return self.mixer(x, fb) if self.takes_batch else self.mixer(x)
 
 
-class NemotronHForCausalLM(LlamaForCausalLM):
+class NemotronHForCausalLM(Mamba2Hybrid, LlamaForCausalLM):
     """LlamaForCausalLM's embedding, head and layer loop over Nemotron-H's blocks. One rank: the Mamba2 layers
     refuse tensor parallelism by name (Mamba2Spec.split)."""
 
@@ -196,19 +197,6 @@ class NemotronHForCausalLM(LlamaForCausalLM):
                 mixer = Relu2MoE(cfg.hidden_size, opts)
             layers.append(NemotronBlock(mixer, cfg, kind in ("linear_attention", "full_attention")))
         return layers
-
-    def enable_cpu_ops(self) -> None:
-        """The CPU C kernels: the norms and activations (LlamaForCausalLM's), and Mamba2's decode (mamba2.c)."""
-        super().enable_cpu_ops()
-        for m in self.modules():
-            if isinstance(m, Mamba2Mixer):
-                m.use_cpu_kernel = True
-
-    def enable_deterministic(self) -> None:
-        raise ValueError(f"{ARCH}'s Mamba2 layers have no batch-invariant kernels")
-
-    def use_gguf_blocks(self, blocks: dict) -> int:
-        raise ValueError(f"--quantization gguf is not supported for {ARCH} (hybrid Mamba2)")
 
     def load_hf_state_dict(self, tensors: SafetensorsDir) -> None:
         own, done, put = param_setter(self)
