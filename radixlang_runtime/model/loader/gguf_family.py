@@ -82,3 +82,25 @@ def check_blocks(arch: str, types: list[str], names: set, needs: dict[str, str])
     for i, t in enumerate(types):
         if t in needs and f"blk.{i}.{needs[t]}" not in names:
             raise ValueError(f"GGUF {arch}: blk.{i} has no {needs[t]} but its per-layer counts make it a {t} block")
+
+
+def undo_mamba2_hybrid(out: dict, config: dict, attn: str, mamba: str) -> None:
+    """What llama.cpp's converter did to a Mamba2 hybrid's tensors, undone in place: the q / k rows (and biases)
+    under `attn` unpermuted; under `mamba`, A (stored as -exp(A_log)) -> A_log, D and the grouped norm ([H, 1] /
+    [G, n]) flattened, the squeezed conv1d [C, K] -> [C, 1, K]."""
+    import numpy as np
+
+    from radixlang_runtime.model.loader.gguf_convert import unpermute_rotary_rows  # (it imports the families)
+
+    for name in list(out):
+        w = out[name]
+        if name.endswith((attn + "q_proj.weight", attn + "q_proj.bias")):
+            out[name] = unpermute_rotary_rows(w, config["num_attention_heads"])
+        elif name.endswith((attn + "k_proj.weight", attn + "k_proj.bias")):
+            out[name] = unpermute_rotary_rows(w, config["num_key_value_heads"])
+        elif name.endswith(mamba + "A_log"):
+            out[name] = np.log(-w.astype(np.float64)).astype(np.float32).reshape(-1)
+        elif name.endswith((mamba + "D", mamba + "norm.weight")):
+            out[name] = w.reshape(-1)
+        elif name.endswith(mamba + "conv1d.weight"):
+            out[name] = w.reshape(w.shape[0], 1, -1)

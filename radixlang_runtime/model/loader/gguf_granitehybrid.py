@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import GGUFFamily, check_blocks
+from radixlang_runtime.model.loader.gguf_family import GGUFFamily, check_blocks, undo_mamba2_hybrid
 
 KEYS = ("expert_count", "expert_used_count", "expert_shared_feed_forward_length", "attention.scale",
         "embedding_scale", "residual_scale", "logit_scale", "ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
@@ -80,20 +80,7 @@ def _tensors(out: dict, config: dict) -> None:
     """q / k rows unpermuted, ssm_a -> A_log, D / A [H, 1] -> [H], conv1d [C, K] -> [C, 1, K], the grouped norm
     flattened, gate / up joined (gate rows first): the shared MLP's input_linear, the experts' gate_up_proj;
     in place."""
-    from radixlang_runtime.model.loader.gguf_convert import unpermute_rotary_rows  # (it imports this module)
-
-    for name in list(out):
-        w = out[name]
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-            out[name] = unpermute_rotary_rows(w, config["num_attention_heads"])
-        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            out[name] = unpermute_rotary_rows(w, config["num_key_value_heads"])
-        elif name.endswith(_M + "A_log"):
-            out[name] = np.log(-w.astype(np.float64)).astype(np.float32).reshape(-1)
-        elif name.endswith((_M + "D", _M + "norm.weight")):
-            out[name] = w.reshape(-1)
-        elif name.endswith(_M + "conv1d.weight"):
-            out[name] = w.reshape(w.shape[0], 1, -1)
+    undo_mamba2_hybrid(out, config, "self_attn.", _M)
     for gate in [n for n in out if n.endswith((_SH + "gate", _MOE + "experts.gate"))]:
         p = gate[: -len("gate")]
         joined = np.concatenate([out.pop(gate), out.pop(p + "up")], axis=-2)

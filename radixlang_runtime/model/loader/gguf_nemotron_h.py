@@ -22,9 +22,8 @@ The converted directory carries transformers 5's names (model.embeddings, model.
 
 from __future__ import annotations
 
-import numpy as np
 
-from radixlang_runtime.model.loader.gguf_family import GGUFFamily, check_blocks
+from radixlang_runtime.model.loader.gguf_family import GGUFFamily, check_blocks, undo_mamba2_hybrid
 
 _SIGMOID = 2  # gguf.ExpertGatingFuncType
 KEYS = ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
@@ -104,22 +103,9 @@ def _config(a, names: set, base: dict, moe: bool) -> dict:
 def _tensors(out: dict, config: dict) -> None:
     """The global names, q / k rows unpermuted, ssm_a -> A_log, D / A [H, 1] -> [H], conv1d [C, K] -> [C, 1, K],
     the grouped norm flattened; in place."""
-    from radixlang_runtime.model.loader.gguf_convert import unpermute_rotary_rows  # (it imports this module)
-
     out["model.embeddings.weight"] = out.pop("model.embed_tokens.weight")
     out["model.norm_f.weight"] = out.pop("model.norm.weight")
-    for name in list(out):
-        w = out[name]
-        if name.endswith(_X + "q_proj.weight"):
-            out[name] = unpermute_rotary_rows(w, config["num_attention_heads"])
-        elif name.endswith(_X + "k_proj.weight"):
-            out[name] = unpermute_rotary_rows(w, config["num_key_value_heads"])
-        elif name.endswith(_X + "A_log"):
-            out[name] = np.log(-w.astype(np.float64)).astype(np.float32).reshape(-1)
-        elif name.endswith((_X + "D", _X + "norm.weight")):
-            out[name] = w.reshape(-1)
-        elif name.endswith(_X + "conv1d.weight"):
-            out[name] = w.reshape(w.shape[0], 1, -1)
+    undo_mamba2_hybrid(out, config, _X, _X)
 
 
 FAMILY = GGUFFamily(arch="nemotron_h", hf_arch="NemotronHForCausalLM", model_type="nemotron_h", keys=KEYS,
