@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.parallel import Reduce, Shard
+from radixlang_runtime.model.layers.hybrid_layer import HybridDecoderLayer
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.layers.hybrid_attention import HybridAttention
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
@@ -29,7 +29,6 @@ from radixlang_runtime.model.layers.mamba2_spec import parse_mamba2
 from radixlang_runtime.model.layers.mlp import MLP
 from radixlang_runtime.model.layers.moe import SparseMoE
 from radixlang_runtime.model.layers.moe_spec import parse_moe
-from radixlang_runtime.model.layers.rms_norm import RMSNorm
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.loader.weights import SafetensorsDir, param_setter
 from radixlang_runtime.model.models.mamba2_hybrid import Mamba2Hybrid
@@ -88,24 +87,6 @@ def parse_granite_hybrid(cfg: dict) -> ModelConfig:
                                linear_attn=parse_mamba2(cfg, ARCH, tuple(t in _MAMBA for t in types)))
 
 
-class GraniteLayer(nn.Module):
-    """Norm, the mixer (Mamba2 or attention), norm, feed-forward; each output times residual_multiplier
-    (DecoderLayer's contract: the returned output is added to the residual by the next norm)."""
-
-    def __init__(self, mixer: nn.Module, mlp: nn.Module, cfg: ModelConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mixer = mixer
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = mlp
-        self.scale = cfg.family_options.residual_multiplier
-
-    def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        x = self.input_layernorm(residual) if h is None else self.input_layernorm.add_forward(h, residual)
-        a = self.mixer(x, fb) * self.scale
-        return self.mlp(self.post_attention_layernorm.add_forward(a, residual)) * self.scale
-
-
 class GraniteMoeHybridForCausalLM(Mamba2Hybrid, MoEForCausalLM):
     """LlamaForCausalLM's embedding, head and layer loop with Granite's multipliers. One rank: the Mamba2 layers
     refuse tensor parallelism by name (Mamba2Spec.split)."""
@@ -117,7 +98,8 @@ class GraniteMoeHybridForCausalLM(Mamba2Hybrid, MoEForCausalLM):
         for i, mamba in enumerate(spec.linear_layers):
             mixer = (Mamba2Mixer(spec, cfg.hidden_size, cfg.rms_norm_eps, spec.index_of(i)) if mamba
                      else HybridAttention(cfg, i - spec.index_of(i), backend, shard, opts.rope))
-            layers.append(GraniteLayer(mixer, self.make_mlp(cfg, i, shard, reduce), cfg))
+            mlp = self.make_mlp(cfg, i, shard, reduce)
+            layers.append(HybridDecoderLayer(mixer, mlp, cfg, scale=opts.residual_multiplier))
         return layers
 
     @staticmethod

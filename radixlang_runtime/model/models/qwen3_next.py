@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from radixlang_kernels import gdn_ops
+from radixlang_runtime.model.layers.hybrid_layer import HybridDecoderLayer
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig, base_config
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
@@ -108,22 +109,6 @@ class GatedAttention(nn.Module):
         gated = gdn_ops.sigmoid_mul(o, gate).to(o.dtype) if self.deterministic else o * torch.sigmoid(gate)
         out = self.o_proj(gated)
         return out if self.reduce is None else self.reduce(out)
-
-
-class HybridDecoderLayer(nn.Module):
-    """Norm, the token mixer (Gated DeltaNet or gated attention), norm, feed-forward; DecoderLayer's contract."""
-
-    def __init__(self, mixer: nn.Module, mlp: nn.Module, cfg: ModelConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mixer = mixer
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = mlp
-
-    def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        x = self.input_layernorm(residual) if h is None else self.input_layernorm.add_forward(h, residual)
-        a = self.mixer(x, fb)
-        return self.mlp(self.post_attention_layernorm.add_forward(a, residual))
 
 
 class HybridForCausalLM(MoEForCausalLM):
