@@ -38,6 +38,22 @@ def granitehybrid_keys(w, cfg) -> None:
         w.add_context_length(2 ** 20)
 
 
+def _mamba2_layout(name: str, w: np.ndarray, prefix: str, groups: int) -> dict[str, np.ndarray] | None:
+    """A Mamba2 tensor as llama.cpp's Mamba2Model writes it (None: not one): dt_bias as dt_proj.bias, the conv1d
+    squeezed, A_log as A = -exp(A_log) [H, 1], D [H, 1], the norm [groups, n]."""
+    if name.endswith(".dt_bias"):
+        return {name.replace(".dt_bias", ".dt_proj.bias"): w}
+    if "conv1d" in name:
+        return {name: np.ascontiguousarray(w.squeeze())}
+    if name.endswith(".A_log"):
+        return {name: (-np.exp(w.astype(np.float64))).astype(np.float32).reshape(-1, 1)}
+    if name.endswith(prefix + "D"):
+        return {name: w.reshape(-1, 1)}
+    if name.endswith(prefix + "norm.weight"):
+        return {name: w.reshape(groups, -1)}
+    return None
+
+
 def granitehybrid_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
     """The hub checkpoint's names (block_sparse_moe.input_linear / output_linear / router.layer) from transformers
     5's, then GraniteMoeModel.modify_tensors (input_linear split into gate / up rows), Mamba2Model's (dt_bias
@@ -59,16 +75,8 @@ def granitehybrid_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]
         return {f"blk.{layer}.ffn_gate{kind}.weight": gate, f"blk.{layer}.ffn_up{kind}.weight": up}
     if name.endswith("shared_mlp.output_linear.weight") and not cfg.num_local_experts:
         return {f"blk.{layer}.ffn_down.weight": w}
-    if name.endswith(".dt_bias"):
-        return {name.replace(".dt_bias", ".dt_proj.bias"): w}
-    if "conv1d" in name:
-        return {name: np.ascontiguousarray(w.squeeze())}
-    if name.endswith(".A_log"):
-        return {name: (-np.exp(w.astype(np.float64))).astype(np.float32).reshape(-1, 1)}
-    if name.endswith("mamba.D"):
-        return {name: w.reshape(-1, 1)}
-    if name.endswith("mamba.norm.weight"):
-        return {name: w.reshape(cfg.mamba_n_groups, -1)}
+    if (mamba := _mamba2_layout(name, w, "mamba.", cfg.mamba_n_groups)) is not None:
+        return mamba
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return {name: permute(w, cfg.num_attention_heads)}
     if name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -130,16 +138,8 @@ def nemotron_h_modify(name: str, w: np.ndarray, cfg) -> dict[str, np.ndarray]:
         return {f"blk.{layer}.ffn_down_exps.weight": w}
     if name.endswith("e_score_correction_bias"):
         return {name.replace("e_score_correction_bias", "e_score_correction.bias"): w}
-    if name.endswith(".dt_bias"):
-        return {name.replace(".dt_bias", ".dt_proj.bias"): w}
-    if "conv1d" in name:
-        return {name: np.ascontiguousarray(w.squeeze())}
-    if name.endswith(".A_log"):
-        return {name: (-np.exp(w.astype(np.float64))).astype(np.float32).reshape(-1, 1)}
-    if name.endswith("mixer.D"):
-        return {name: w.reshape(-1, 1)}
-    if name.endswith("mixer.norm.weight"):
-        return {name: w.reshape(cfg.n_groups, -1)}
+    if (mamba := _mamba2_layout(name, w, "mixer.", cfg.n_groups)) is not None:
+        return mamba
     if name.endswith("q_proj.weight"):
         return {name: permute(w, cfg.num_attention_heads)}
     if name.endswith("k_proj.weight"):
