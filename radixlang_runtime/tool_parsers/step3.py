@@ -2,8 +2,9 @@
   <｜tool_calls_begin｜>\\n<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="NAME">\\n
   <steptml:parameter name="KEY">VALUE</steptml:parameter>\\n...</steptml:invoke><｜tool_call_end｜>\\n...
   <｜tool_calls_end｜>
-A value's surrounding whitespace is layout (SGLang strips it); the rest becomes the JSON value the tool's
-parameters schema types it as (markup.typed_value). A forced tool_choice writes that layout with the schema's
+A value's surrounding ASCII whitespace is layout (SGLang strips it; other characters str.strip() would take,
+such as \\x1f, stay); the rest becomes the JSON value the tool's parameters schema types it as
+(markup.typed_value). A forced tool_choice writes that layout with the schema's
 properties in order, a string parameter's value as text without `<`, others as JSON. No torch."""
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ START, END = "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>"
 CALL_OPEN, CALL_CLOSE = "<｜tool_call_begin｜>function<｜tool_sep｜>", "<｜tool_call_end｜>"
 INVOKE, INVOKE_END = '<steptml:invoke name="', "</steptml:invoke>"
 PARAM, PARAM_END = '<steptml:parameter name="', "</steptml:parameter>"
+LAYOUT = " \t\n\r\x0b\x0c"
 
 
 class StrippedFields(ParamFields):
     def value(self, parser: ToolParser, name: str, key: str, flag: str, raw: str) -> Any:
-        return typed_value(raw.strip(), param_schema(parser, name, key))
+        return typed_value(raw.strip(LAYOUT), param_schema(parser, name, key))
 
 
 class Step3Parser(ToolParser):
