@@ -10,7 +10,8 @@ response.completed (response.incomplete when max_output_tokens cut it); each wit
 OutputShape adds what the request asked for: the reasoning text as the reasoning item's `summary` too
 (streamed with the reasoning_summary_part / reasoning_summary_text events beside the reasoning_text ones),
 its `encrypted_content` (responses_sealed.py), the output_text part's `logprobs` (chat's logprobs.content
-entries, the same shape; streamed: each text delta carries those of the tokens since the one before).
+entries, the same shape; streamed: each text delta carries those of the tokens since the one before, and
+the tokens after the last one an empty delta before output_text.done, so the deltas carry each once).
 """
 
 from __future__ import annotations
@@ -183,15 +184,18 @@ class ResponseEvents:
         return self.text(delta["content"]) if delta.get("content") else []
 
     def close(self) -> list[bytes]:
-        """Ends the open item: its done events, the item kept in output."""
+        """Ends the open item: its done events, the item kept in output. A message's tokens no text delta has
+        carried yet (the turn's last ones, whose text is empty or was held back) first go out on one more
+        output_text.delta with an empty `delta`, as the chat stream sends them on an empty content delta."""
+        pending = self.logprobs and self.open is not None and self.open["type"] == "message"
+        out = self.text("") if pending else []
         item, self.open = self.open, None
         if item is None:
             return []
         text = item.pop("_text", "")
         where = {"item_id": item["id"], "output_index": len(self.output)}
-        out = []
         if item["type"] == "message":
-            lps, self.logprobs = item.pop("_logprobs", []) + self.logprobs, []
+            lps = item.pop("_logprobs", [])
             part = _text_part(text, lps)
             out += [self._event("response.output_text.done", content_index=0, text=text, logprobs=lps, **where),
                     self._event("response.content_part.done", content_index=0, part=part, **where)]
@@ -215,7 +219,8 @@ class ResponseEvents:
     def finish(self, usage: dict, finish: Optional[str]) -> tuple[list[bytes], dict]:
         """The last events (response.completed / .incomplete) and the final response object."""
         out = self.close()
-        if not self.output:  # an empty reply is still one message
+        if not any(o["type"] in ("message", "function_call") for o in self.output):
+            # as output_items: a reply without text or calls (empty, or only reasoning) is still one message
             out += self._begin(_message_item(None, "in_progress"), _text_part("")) + self.close()
         status, incomplete = status_of(finish)
         final = {**self.skeleton, "status": status, "incomplete_details": incomplete, "output": self.output,

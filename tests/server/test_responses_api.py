@@ -185,26 +185,30 @@ def _lp(entries) -> list[tuple]:
     return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in entries]
 
 
-def test_output_text_logprobs_are_the_chat_routes(oai):
+@pytest.mark.parametrize("ask, tokens, status", [("Name a color.", 5, "incomplete"),  # cut by max_output_tokens
+                                                 ("What is 2+2?", 30, "completed")])  # ends on <|im_end|>
+def test_output_text_logprobs_are_the_chat_routes(oai, ask, tokens, status):
     """include message.output_text.logprobs with top_logprobs: the chat route's logprobs for the same greedy
-    request, on the output_text part (streamed: on the text deltas, and whole on the done events)."""
-    kwargs = dict(model="default", input="Name a color.", max_output_tokens=5, temperature=0,
+    request, on the output_text part; streamed, the text deltas carry each token once (the end-of-turn token,
+    whose text is empty, on an empty delta) and the done events all of them."""
+    kwargs = dict(model="default", input=ask, max_output_tokens=tokens, temperature=0,
                   include=["message.output_text.logprobs"], top_logprobs=2)
     r = oai.responses.create(**kwargs)
-    chat = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "Name a color."}],
-                                       max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    chat = oai.chat.completions.create(model="default", messages=[{"role": "user", "content": ask}],
+                                       max_tokens=tokens, temperature=0, logprobs=True, top_logprobs=2)
     part = r.output[0].content[0]
     want = _lp(chat.choices[0].logprobs.content)
-    assert _lp(part.logprobs) == want and len(want) == r.usage.output_tokens
+    assert _lp(part.logprobs) == want and len(want) == r.usage.output_tokens and r.status == status
     assert all(len(top) == 2 for _, _, top in want) and r.top_logprobs == 2
     assert [e.bytes for e in part.logprobs] == [list(e.token.encode()) for e in part.logprobs]
     with oai.responses.stream(**kwargs) as stream:
         events = list(stream)
-    final = events[-1].response  # response.incomplete: cut by max_output_tokens
-    sent = [lp for e in events if e.type == "response.output_text.delta" for lp in _lp(e.logprobs)]
+    final = events[-1].response
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
     done = [e for e in events if e.type == "response.output_text.done"]
-    assert sent == want[:len(sent)] and len(sent) >= len(want) - 1 and _lp(done[0].logprobs) == want
-    assert _lp(final.output[0].content[0].logprobs) == want
+    assert [lp for e in deltas for lp in _lp(e.logprobs)] == want and _lp(done[0].logprobs) == want
+    assert "".join(e.delta for e in deltas) == done[0].text == r.output_text
+    assert _lp(final.output[0].content[0].logprobs) == want and final.status == status
     assert oai.responses.create(**{**kwargs, "include": [], "top_logprobs": 0}).output[0].content[0].logprobs == []
 
 

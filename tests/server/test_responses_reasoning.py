@@ -63,6 +63,25 @@ def test_the_summary_is_the_chat_routes_reasoning(oai, chat_reasoning):
     assert plain.output[0].content[0].text == chat_reasoning
 
 
+def test_logprobs_of_a_reply_of_only_reasoning_streamed_as_created(oai):
+    """The whole cut-off reply is reasoning: the create's output is the reasoning item and an empty message
+    whose output_text part carries every token's logprobs; the stream ends on the same output, its text deltas
+    carrying those logprobs once each."""
+    kwargs = dict(model="default", input=ASK, max_output_tokens=8, temperature=0,
+                  include=["message.output_text.logprobs"], top_logprobs=1)
+    r = oai.responses.create(**kwargs)
+    lp = [(e.token, e.logprob) for e in r.output[-1].content[0].logprobs]
+    assert [o.type for o in r.output] == ["reasoning", "message"] and len(lp) == r.usage.output_tokens == 8
+    with oai.responses.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    sent = [(x.token, x.logprob) for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    done = [[(x.token, x.logprob) for x in e.logprobs] for e in events if e.type == "response.output_text.done"]
+    assert sent == lp and done == [lp]
+    assert [o.type for o in final.output] == ["reasoning", "message"] and final.output_text == r.output_text == ""
+    assert [(x.token, x.logprob) for x in final.output[-1].content[0].logprobs] == lp
+
+
 def _codex_body(items: list[dict]) -> dict:
     """The request Codex's Responses client sends: stream, store false, the encrypted reasoning included."""
     return {"model": "default", "instructions": "Be brief.", "input": items, "tools": [], "tool_choice": "auto",

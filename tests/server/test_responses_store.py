@@ -186,15 +186,64 @@ def test_event_sequence_for_a_summarized_reasoning_then_text_with_logprobs():
         "response.reasoning_summary_text.delta", "response.reasoning_text.done", "response.content_part.done",
         "response.reasoning_summary_text.done", "response.reasoning_summary_part.done", "response.output_item.done",
         "response.output_item.added", "response.content_part.added", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.completed"]
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
     assert [e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta"] == ["thin", "king"]
     assert events[12]["part"] == {"type": "summary_text", "text": "thinking"}
-    assert events[16]["logprobs"] == lp[:2] and events[17]["logprobs"] == lp
+    # the last token goes out on an empty delta: the deltas carry each token once, the done event all
+    assert (events[16]["delta"], events[16]["logprobs"]) == ("Hi", lp[:2])
+    assert (events[17]["delta"], events[17]["logprobs"]) == ("", lp[2:]) and events[18]["logprobs"] == lp
     rs, msg = final["output"]
     assert rs["summary"] == [{"type": "summary_text", "text": "thinking"}] and rs["encrypted_content"]
     assert input_messages([rs, msg])[0]["reasoning_content"] == "thinking"
     assert msg["content"][0]["logprobs"] == lp and msg["content"][0]["text"] == "Hi"
+
+
+def _lps(*tokens: str) -> list[dict]:
+    return [{"token": t, "logprob": -1.0, "bytes": list(t.encode()), "top_logprobs": []} for t in tokens]
+
+
+def _sent(events: list[dict]) -> list[dict]:
+    return [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+
+
+def test_logprobs_after_the_last_text_delta_are_sent_before_the_next_item():
+    ev = ResponseEvents({"id": "resp_x", "object": "response"})
+    lp = _lps("a", "b", "<call>")
+    ev.add_logprobs(lp[:1])
+    chunks = ev.start() + ev.text("a")
+    ev.add_logprobs(lp[1:2])  # its text held back, then no more text: a call starts
+    chunks += ev.chat_delta({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                             "function": {"name": "f", "arguments": "{}"}}]})
+    tail, final = ev.finish({"input_tokens": 1}, "tool_calls")
+    events = _events(chunks + tail)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.output_text.done") == kinds.index("response.output_text.delta") + 2
+    assert _sent(events) == lp[:2] == final["output"][0]["content"][0]["logprobs"]
+    assert [o["type"] for o in final["output"]] == ["message", "function_call"]
+
+
+def test_a_reply_of_only_reasoning_streams_a_message_with_its_logprobs():
+    """As output_items does for the same message: the reasoning item, then an empty message carrying every
+    token's logprobs (an empty delta, then the done events)."""
+    lp = _lps("th", "ink")
+    ev = ResponseEvents({"id": "resp_x", "object": "response"})
+    ev.add_logprobs(lp[:1])
+    chunks = ev.start() + ev.reasoning("th")
+    ev.add_logprobs(lp[1:])
+    tail, final = ev.finish({"input_tokens": 1}, "length")
+    events = _events(chunks + tail)
+    items = output_items({"role": "assistant", "content": None, "reasoning_content": "think"}, logprobs=lp)
+    assert [o["type"] for o in final["output"]] == [o["type"] for o in items] == ["reasoning", "message"]
+    assert final["output"][1]["content"] == items[1]["content"] == [
+        {"type": "output_text", "text": "", "annotations": [], "logprobs": lp}]
+    assert _sent(events) == lp and [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == [""]
+    assert [e["logprobs"] for e in events if e["type"] == "response.output_text.done"] == [lp]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # without logprobs asked no empty delta: the message's added / done events only
+    ev = ResponseEvents({"id": "resp_y", "object": "response"})
+    events = _events(ev.start() + ev.reasoning("th") + ev.finish({"input_tokens": 1}, "length")[0])
+    assert "response.output_text.delta" not in [e["type"] for e in events]
 
 
 def test_a_chain_renders_each_turn_as_a_prefix_of_the_next():
