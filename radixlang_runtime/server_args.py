@@ -69,8 +69,9 @@ class ServerArgs:
     # /v1/completions `suffix`: the FIM layout (SGLang's names, fim_templates.py); None: told from the tokenizer
     completion_template: Optional[str] = None
     # SGLang's name: the OpenAI-shaped routes' defaults for unset sampling fields: "model" = generation_config.json's
-    # (protocol/sampling_defaults.py), "openai" = the API's own
+    # (protocol/sampling_defaults.py), "openai" = the API's own; override_generation_config (vLLM's): a JSON object
     sampling_defaults: str = "model"
+    override_generation_config: Optional[str] = None  # of generation_config fields merged over the file's (or a dict)
     # /v1/responses: the responses kept for previous_response_id and GET / DELETE (server/responses_store.py)
     responses_store_max_entries: int = 4096
     responses_store_max_bytes: int = 256 << 20
@@ -213,10 +214,11 @@ class ServerArgs:
         from radixlang_runtime.lora_spec import check_lora_args
         from radixlang_runtime.output_args import check_output_args
         from radixlang_runtime.pooling import check_pooling_args
+        from radixlang_runtime.protocol.sampling_defaults import check_sampling_defaults_args
         from radixlang_runtime.scheduling_args import check_scheduling_args
 
         for check in (check_disaggregation_args, check_pooling_args, check_lora_args, check_cuda_graph_args,
-                      check_scheduling_args, check_output_args):
+                      check_scheduling_args, check_output_args, check_sampling_defaults_args):
             check(self)
         check_completion_template_arg(self.completion_template)
 
@@ -231,8 +233,6 @@ class ServerArgs:
         need(self.max_prefill_tokens is None or self.max_prefill_tokens >= 1, "max_prefill_tokens must be >= 1")
         need(self.chunked_prefill_size in (None, -1) or self.chunked_prefill_size >= (self.page_size or 1),
              "chunked_prefill_size must be -1 (off) or >= page_size")
-        need(self.sampling_defaults in ("model", "openai"),
-             f"sampling_defaults must be model or openai; got {self.sampling_defaults!r}")
         need(self.attention_backend in ("auto", "torch", "triton"),
              f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         need(self.grammar_backend in ("auto", "outlines", "xgrammar", "llguidance", "none"),

@@ -45,7 +45,10 @@ HELP: dict[str, str] = {
                            "with (SGLang's names); default: told from the tokenizer's tokens",
     "sampling_defaults": "the OpenAI and Anthropic routes' defaults for sampling fields a request leaves unset: "
                          "model = the model's generation_config.json (temperature, top_p, top_k, min_p, "
-                         "repetition_penalty), openai = the API's own",
+                         "repetition_penalty, max_new_tokens as the default max_tokens), openai = the API's own",
+    "override_generation_config": "a JSON object of those fields merged over generation_config.json's (with either "
+                                  "--sampling-defaults), e.g. '{\"temperature\": 0.5, \"max_new_tokens\": 64}'; "
+                                  "null drops the file's value",
     "frontend_port": "the DSL's ZeroMQ link, on --host: 0 = a free port, N = port N, -1 = no link. "
                      "/get_model_info reports the port; RuntimeEndpoint(http URL) finds it there",
     "dashboard_show_text": "label the live view's radix nodes with their text (off: sizes only)",

@@ -331,13 +331,15 @@ def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
 
 
 def model_sampling_defaults(runner: Any) -> dict[str, Any]:
-    """--sampling-defaults model: generation_config.json's sampling fields (logged once they apply)."""
+    """--sampling-defaults model: generation_config.json's sampling fields, --override-generation-config merged
+    over them (logged once they apply)."""
     from radixlang_runtime.protocol.sampling_defaults import sampling_defaults
 
-    found = sampling_defaults(runner.model_dir, runner.args.sampling_defaults)
+    args = runner.args
+    found = sampling_defaults(runner.model_dir, args.sampling_defaults, args.override_generation_config)
     if found:
-        logger.info("sampling defaults from the model's generation_config.json (--sampling-defaults openai turns "
-                    "them off): %s", found)
+        logger.info("sampling defaults from the model's generation_config.json and --override-generation-config "
+                    "(--sampling-defaults openai leaves the file out): %s", found)
     return found
 
 

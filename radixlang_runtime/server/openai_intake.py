@@ -99,7 +99,8 @@ def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> C
     else:
         whole = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
     prompts = [req.options.truncated(p) for p in whole]
-    sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS)
+    room = min(tm.limits.context_len, tm.limits.num_slots) - max(map(len, prompts), default=0)
+    sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS, room)
     choices = Choices.build(state, prompts, req.options, sampling, req.logprobs, req.echo, rid)
     texts = None
     if req.echo:  # after the requests checked the ids; a truncated prompt comes back as what ran
@@ -149,7 +150,7 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     if keeps_special and "skip_special_tokens" not in req.options.sampling:
         # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>, [THINK], a model's <think>)
         extra["skip_special_tokens"] = False
-    sampling = req.options.sampling_params(max(room, 0), **extra)
+    sampling = req.options.sampling_params(max(room, 0), room, **extra)
     if tools.forced is not None:  # tool_choice required / a named function: the output is a call
         if not tm.limits.grammar:
             raise FieldError("tool_choice", f"tool_choice {tools.forced!r} constrains the output to a call: it "

@@ -78,7 +78,7 @@ class OpenAIOptions:
     lora_id: int  # the adapter `model` names (0: the base model)
     bootstrap: Optional[Bootstrap]  # PD: the router's fields
     sampling: Mapping[str, Any]  # native sampling_params names (SamplingParams validates values), no max_new_tokens
-    max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the route's default
+    max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the model's default, else the route's
     priority: int = 0  # --enable-priority-scheduling (generate_input.parse_priority)
     truncate_prompt_tokens: Optional[int] = None  # vLLM's: keep the prompt's last k tokens (None: all)
     token_ids_in_logprobs: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
@@ -90,15 +90,22 @@ class OpenAIOptions:
     # vLLM's prompt_logprobs: per prompt token its logprob and rank plus this many top alternatives (None: off)
     prompt_logprobs: Optional[int] = None
     extras: RequestExtras = RequestExtras()  # cache_salt, SGLang's return_hidden_states (request_extras.py)
+    # the model's default max tokens (--sampling-defaults model: generation_config.json's max_new_tokens, or
+    # --override-generation-config's); None: the route's default
+    model_max_tokens: Optional[int] = None
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
         k = self.truncate_prompt_tokens
         return ids if k is None or len(ids) <= k else ids[len(ids) - k:]
 
-    def sampling_params(self, default_max_tokens: int, **extra: Any) -> dict[str, Any]:
-        """The native sampling_params of every choice (a fresh dict; the record stays as parsed)."""
-        mt = self.max_tokens if self.max_tokens is not None else default_max_tokens
+    def sampling_params(self, default_max_tokens: int, room: int, **extra: Any) -> dict[str, Any]:
+        """The native sampling_params of every choice (a fresh dict; the record stays as parsed). max_new_tokens:
+        the request's own, else the model's default capped at room (what the context and the KV pool leave after
+        the prompt), else the route's default_max_tokens."""
+        mt = self.max_tokens
+        if mt is None:
+            mt = default_max_tokens if self.model_max_tokens is None else min(self.model_max_tokens, max(room, 0))
         return {**self.sampling, "max_new_tokens": mt, **extra}
 
 
@@ -234,12 +241,13 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
                                              "stream_options.continuous_usage_stats")
     limits = state.tm.limits
     bootstrap = parse_bootstrap(body, limits.disaggregation_mode, limits.disaggregation_prefill_peers)
-    sampling, max_tokens = sampling_fields(body, dict(limits.sampling_defaults))
+    defaults = dict(limits.sampling_defaults)
+    sampling, max_tokens = sampling_fields(body, defaults)
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
                          continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream),
-                         parse_extras(body, limits, stream_hidden=not stream))
+                         parse_extras(body, limits, stream_hidden=not stream), defaults.get("max_new_tokens"))
 
 
 def _rid(rid: Any) -> Optional[str]:

@@ -115,6 +115,7 @@ def test_disaggregation_flags_parse_and_default_the_bootstrap_port():
     ({"schedule_low_priority_values_first": True}, "apply with enable_priority_scheduling only"),
     ({"priority_scheduling_preemption_threshold": 3}, "apply with enable_priority_scheduling only"),
     ({"sampling_defaults": "vllm"}, "sampling_defaults must be model or openai"),
+    ({"override_generation_config": '{"seed": 1}'}, "--override-generation-config: unknown key"),
 ])
 def test_scheduling_and_sampling_flags_refused_by_name(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -125,3 +126,12 @@ def test_scheduling_and_sampling_flags_refused_by_name(kwargs, needle):
     assert (a.enable_priority_scheduling, a.schedule_low_priority_values_first,
             a.priority_scheduling_preemption_threshold, a.max_queued_requests, a.sampling_defaults) == \
         (True, True, 0, 4, "openai")
+
+
+def test_override_generation_config_flag(capsys):
+    raw = '{"temperature": 0.5, "max_new_tokens": 64}'
+    assert parse(["--override-generation-config", raw]).override_generation_config == raw
+    assert parse([]).override_generation_config is None
+    with pytest.raises(SystemExit):
+        parse(["--override-generation-config", '{"max_new_tokens": -1}'])
+    assert "--override-generation-config: max_new_tokens must be an integer >= 1" in capsys.readouterr().err

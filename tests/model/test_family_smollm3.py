@@ -3,8 +3,8 @@ transformers with the NoPE layers away from the default every-fourth position, s
 token against transformers (a batch, chunked prefill, a pool tight enough to retract, a radix-cache hit; with
 use_sliding_window, the NoPE layer slides), on the Triton backend too; the fused decode layer bit-identical to the
 modules on NoPE layers; a smollm3 GGUF laid out as llama.cpp's converter writes it, served on dense and block
-linears; what is not honoured refused by name. Run under RADIXLANG_CPU_MASK=cc too: the torch rotary path instead
-of rope_store.c."""
+linears; a bare SmolLM3Model pooled under --is-embedding; what is not honoured refused by name. Run under
+RADIXLANG_CPU_MASK=cc too: the torch rotary path instead of rope_store.c."""
 
 from __future__ import annotations
 
@@ -100,6 +100,29 @@ def test_fused_decode_on_nope_layers_is_bit_identical_to_the_modules(kw, tmp_pat
 
 PROMPTS = [list(range(300, 320)), [5, 77, 1200, 9, 4000, 31]]
 NEW = 10
+
+
+def test_bare_smollm3_model_pools_its_final_hidden_states(tmp_path):
+    """A bare SmolLM3Model checkpoint (no LM head, tensors without the `model.` prefix, as sentence-transformers
+    saves it) serves --is-embedding on the same decoder: each prompt's last-token final hidden state, L2-normalized,
+    as transformers' SmolLM3Model computes it with the NoPE layer off the default interval."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime import Engine
+
+    model = build_tiny(tmp_path / "lm", "SmolLM3Config", SMOL, {"no_rope_layers": NOPE_1, "rope_parameters": PLAIN})
+    model.model.save_pretrained(tmp_path / "bare", safe_serialization=True)
+    AutoTokenizer.from_pretrained(tmp_path / "lm").save_pretrained(tmp_path / "bare")
+    parsed = ModelConfig.from_dir(str(tmp_path / "bare"))
+    assert parsed.model_impl == "native" and parsed.layer_rope == tuple(bool(r) for r in NOPE_1)
+    with torch.no_grad():
+        want = [torch.nn.functional.normalize(model.model(torch.tensor([p])).last_hidden_state[0, -1], dim=0)
+                for p in PROMPTS]
+    with Engine(str(tmp_path / "bare"), is_embedding=True, dtype="float32", max_total_tokens=1024) as eng:
+        got = [torch.tensor(eng.encode(input_ids=p)["embedding"]) for p in PROMPTS]
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-4), (g - w).abs().max().item()
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 

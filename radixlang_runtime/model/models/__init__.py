@@ -59,6 +59,7 @@ _FAMILIES = (
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen2Model", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen3Model", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
+    ModelFamily("SmolLM3Model", llama_family.parse_smollm3, llama_family.LlamaForCausalLM),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)
