@@ -10,7 +10,13 @@ field) rather than run with a marker the user wrote.
 
 The template is --completion-template NAME (SGLang's names) or, unset, told once at start from the tokenizer:
 the template whose markers are all single added tokens of its vocabulary. A tokenizer with the markers of
-several templates gets none (the flag picks). Torch-free.
+several templates gets none (the flag picks).
+
+llama.cpp's /infill (server/infill_api.py) may send other files as context (`input_extra`): where the template's
+family has a file separator token (Qwen2.5-Coder's `<|file_sep|>`, StarCoder2's `<file_sep>`) and the tokenizer
+holds it as one added token, each chunk is laid out before the template as the separator, its file name and a
+newline, then its text (the file part of the repo-level layout those models were trained on; BOS stays first).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ PREFIX, SUFFIX = "{prefix}", "{suffix}"  # the layout's two text slots; every ot
 class FimTemplate:
     name: str
     layout: tuple[str, ...]  # markers and the two slots in prompt order; the model writes after the last
+    file_sep: Optional[str] = None  # the family's repo-level file separator token (None: it has none)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -43,9 +50,10 @@ class FimTemplate:
 
 FIM_TEMPLATES: dict[str, FimTemplate] = {t.name: t for t in (
     # StarCoder / StarCoder2 / SmolLM / SantaCoder
-    FimTemplate("star_coder", ("<fim_prefix>", PREFIX, "<fim_suffix>", SUFFIX, "<fim_middle>")),
+    FimTemplate("star_coder", ("<fim_prefix>", PREFIX, "<fim_suffix>", SUFFIX, "<fim_middle>"), "<file_sep>"),
     # Qwen2.5-Coder / Qwen3-Coder
-    FimTemplate("qwen_coder", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>")),
+    FimTemplate("qwen_coder", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>"),
+                "<|file_sep|>"),
     # DeepSeek-Coder (v1 and V2): begin, the prefix, the hole, the suffix, end
     FimTemplate("deepseek_coder", ("<｜fim▁begin｜>", PREFIX, "<｜fim▁hole｜>", SUFFIX, "<｜fim▁end｜>")),
 )}
@@ -59,24 +67,55 @@ def check_completion_template_arg(name: Optional[str]) -> None:
 
 @dataclass(frozen=True)
 class FimPrompt:
-    """A template resolved against the served tokenizer: each marker's id."""
+    """A template resolved against the served tokenizer: each marker's id, and the file separator's (None: the
+    family or the tokenizer has none)."""
 
     template: FimTemplate
     marker_ids: Mapping[str, int]
+    file_sep_id: Optional[int] = None
 
-    def prompt_ids(self, prefix: Sequence[int], suffix: Sequence[int], bos: Sequence[int] = ()) -> list[int]:
-        """bos + the layout with the prefix's and the suffix's plain-text ids in their slots. A marker id in
-        either text (an added non-special marker the tokenizer parsed out of it) is a FieldError naming the
-        field (`prompt` for the prefix, `suffix`)."""
-        for field, part in (("prompt", prefix), ("suffix", suffix)):
-            found = next((m for m, i in self.marker_ids.items() if i in part), None)
-            if found is not None:
-                raise FieldError(field, f"{field} holds the fill-in-the-middle marker {found!r}, a token of this "
-                                        "model's tokenizer that its text cannot be told apart from")
-        out = list(bos)
+    def check_text(self, field: str, ids: Sequence[int], with_sep: bool = False) -> None:
+        """A FieldError naming `field` when a text's ids hold a marker id (an added non-special marker the
+        tokenizer parsed out of it), or the file separator's with_sep."""
+        marks = {**self.marker_ids, **({self.template.file_sep: self.file_sep_id} if with_sep else {})}
+        found = next((m for m, i in marks.items() if i is not None and i in ids), None)
+        if found is not None:
+            raise FieldError(field, f"{field} holds the fill-in-the-middle marker {found!r}, a token of this "
+                                    "model's tokenizer that its text cannot be told apart from")
+
+    def extra_ids(self, chunks: Sequence[tuple[Sequence[int], Sequence[int]]], field: str = "input_extra") -> list[int]:
+        """Context files (each (its name and a newline, its text) as plain-text ids) -> the separator, the name
+        and the text per chunk. A FieldError naming `field` when the template has no file separator."""
+        if self.file_sep_id is None:
+            raise FieldError(field, f"{field} needs a file separator token and this model's fill-in-the-middle "
+                                    f"template {self.template.name} has none in its tokenizer"
+                                    + (f" (its token {self.template.file_sep!r})" if self.template.file_sep else "")
+                                    + f": send the context inside the prefix, or leave {field} out")
+        out: list[int] = []
+        for name, text in chunks:
+            self.check_text(field, name, True)
+            self.check_text(field, text, True)
+            out += [self.file_sep_id, *name, *text]
+        return out
+
+    def prompt_ids(self, prefix: Sequence[int], suffix: Sequence[int], bos: Sequence[int] = (),
+                   names: tuple[str, str] = ("prompt", "suffix"), extra: Sequence[int] = ()) -> list[int]:
+        """bos + extra (extra_ids' layout) + the layout with the prefix's and the suffix's plain-text ids in
+        their slots. A marker id in either text is a FieldError naming its field (names: the prefix's and the
+        suffix's fields); with extra, the file separator's too."""
+        for field, part in zip(names, (prefix, suffix)):
+            self.check_text(field, part, bool(extra))
+        out = [*bos, *extra]
         for piece in self.template.layout:
             out += prefix if piece == PREFIX else suffix if piece == SUFFIX else [self.marker_ids[piece]]
         return out
+
+    def encoded(self, enc: Any, prefix: str, suffix: str, bos: bool = True,
+                names: tuple[str, str] = ("prompt", "suffix")) -> list[int]:
+        """prompt_ids of two texts, tokenized plain by a PromptEncoder; bos: the BOS its normal prompt starts
+        with."""
+        return self.prompt_ids(enc.encode_literal(prefix), enc.encode_literal(suffix),
+                               enc.prefix_ids if bos else (), names)
 
 
 def marker_id(tokenizer: Any, text: str) -> Optional[int]:
@@ -88,7 +127,7 @@ def _resolved(tokenizer: Any, template: FimTemplate) -> Optional[FimPrompt]:
     ids = {m: marker_id(tokenizer, m) for m in template.markers}
     if any(i is None for i in ids.values()):
         return None
-    return FimPrompt(template, ids)
+    return FimPrompt(template, ids, marker_id(tokenizer, template.file_sep) if template.file_sep else None)
 
 
 def detect_fim(tokenizer: Any) -> tuple[Optional[FimPrompt], tuple[str, ...]]:

@@ -1,7 +1,7 @@
 """The HTTP app: routers per protocol, each a module of top-level handlers over services.py: native
 (generate_api.py, PROTOCOL.md), control (control_api.py, /metrics), OpenAI (openai_api.py), pooling
 (pooling_api.py: embeddings, /encode, rerank, score), dashboard, Anthropic (anthropic_api.py: its error shape by
-anthropic_errors.py), /tokenize + /detokenize (tokenize_api.py).
+anthropic_errors.py), /tokenize + /detokenize (tokenize_api.py), llama.cpp's /infill (infill_api.py).
 
 Bodies are parsed by hand, not by pydantic models, so that every malformed request gets the
 documented 400 `{"error": {"message": ...}}` naming the problem (FastAPI's default would be a 422
@@ -31,6 +31,7 @@ from radixlang_runtime.server.dashboard import router as dashboard_router
 from radixlang_runtime.server.generate_api import router as native_router
 from radixlang_runtime.server.http_common import (METRICS_ROUTE, OPEN_ROUTES, BodyTooLarge, ServerState,
                                                   chat_template_text, error_response)
+from radixlang_runtime.server.infill_api import router as infill_router
 from radixlang_runtime.server.lora_api import router as lora_router
 from radixlang_runtime.server.lifecycle import RequestUnavailable, ShuttingDown
 from radixlang_runtime.server.openai_records import ModelNotFound
@@ -55,7 +56,7 @@ def create_app(state: ServerState, lifespan: Optional[Callable] = None) -> FastA
     for kind, handler in _ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
     for router in (native_router, control_router, openai_router, responses_router, pooling_router, dashboard_router,
-                   anthropic_router, tokenize_router, lora_router, weights_router):
+                   anthropic_router, tokenize_router, infill_router, lora_router, weights_router):
         app.include_router(router)
     if state.args.enable_metrics and state.tm.metrics is not None:
         app.include_router(metrics_router)

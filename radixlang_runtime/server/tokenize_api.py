@@ -4,7 +4,9 @@ POST /tokenize {"prompt": str | [str, ...], "add_special_tokens": true} or {"mes
 "add_generation_prompt": true, "continue_final_message": false, "add_special_tokens": false,
 "chat_template_kwargs": {...}} (rendered through the chat template as /v1/chat/completions renders it)
 -> {"tokens", "count", "max_model_len"} (+ "token_strs" with "return_token_strs": true); a list of prompts
-(SGLang) answers lists of tokens and counts.
+(SGLang) answers lists of tokens and counts. A non-empty `suffix` beside a text `prompt` answers the
+fill-in-the-middle prompt /v1/completions runs for that prompt and suffix (fim_templates.FimPrompt; without
+add_special_tokens no BOS); on a model without a fill-in-the-middle template it is the same 400 as there.
 POST /detokenize {"tokens": [int, ...] | [[int, ...], ...], "skip_special_tokens": false} -> {"prompt", "text"}
 (vLLM names the text `prompt`, SGLang `text`: both are sent). Fields are strict: an unknown one is a 400
 naming it; `model` must be the served one (or "default"). Tokenizing runs on an intake thread.
@@ -17,13 +19,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixlang_runtime.fim_templates import no_fim_message
 from radixlang_runtime.protocol.limits import MAX_BATCH, FieldError, need_bool, need_int_list, need_str, show
 from radixlang_runtime.server.chat_render import render_chat, template_kwargs, turn_end
 from radixlang_runtime.server.http_common import BadRequest, ServerState, read_json
 from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound
 
 _TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                    "continue_final_message", "chat_template_kwargs", "reasoning_effort", "return_token_strs"}
+                    "continue_final_message", "chat_template_kwargs", "reasoning_effort", "return_token_strs",
+                    "suffix"}
 _DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
 router = APIRouter()
@@ -50,7 +54,10 @@ def tokenize_body(state: ServerState, body: dict) -> dict[str, Any]:
     tok = state.tm.tokenizer
     if ("prompt" in body) == ("messages" in body):
         raise BadRequest("tokenize needs either \"prompt\" or \"messages\" (one of them)")
+    suffix = "" if body.get("suffix") is None else need_str(body["suffix"], "suffix")
     if "messages" in body:
+        if suffix:
+            raise FieldError("suffix", "suffix applies to \"prompt\" only")
         text, _ = render_chat(tok, body["messages"], state.args.chat_template, None, template_kwargs(body),
                               turn_end(body))
         prompts, special, many = [text], _flag(body, "add_special_tokens", False), False
@@ -64,7 +71,12 @@ def tokenize_body(state: ServerState, body: dict) -> dict[str, Any]:
         if not prompts or len(prompts) > MAX_BATCH or not all(isinstance(x, str) for x in prompts):
             raise FieldError("prompt", f"prompt must be a string or a list of 1 to {MAX_BATCH} strings")
         special = _flag(body, "add_special_tokens", True)
-    ids = [tok.encode(t, add_special_tokens=special) for t in prompts]
+    if suffix:
+        if state.fim is None:
+            raise FieldError("suffix", no_fim_message(tok))
+        ids = [state.fim.encoded(state.tm.encoder, t, suffix, special) for t in prompts]
+    else:
+        ids = [tok.encode(t, add_special_tokens=special) for t in prompts]
     out: dict[str, Any] = {"tokens": ids if many else ids[0], "count": [len(i) for i in ids] if many else len(ids[0]),
                            "max_model_len": state.tm.limits.context_len}
     if _flag(body, "return_token_strs", False):

@@ -124,6 +124,8 @@ REGRESSIONS = {
                             "stop_token_ids[0]"),
     "best_of_2": ("/v1/completions", j({**CMPL, "best_of": 2}), 400, "best_of"),
     "suffix_no_fim_tokens": ("/v1/completions", j({**CMPL, "suffix": "!"}), 400, "suffix"),
+    "infill_no_fim_tokens": ("/infill", j({"input_prefix": "a", "input_suffix": "b"}), 400, "suffix needs"),
+    "tokenize_suffix_no_fim_tokens": ("/tokenize", j({"prompt": "a", "suffix": "b"}), 400, "suffix needs"),
     "logit_bias_101": ("/v1/chat/completions", j({**CHAT, "logit_bias": {"42": 101}}), 400, "logit_bias"),
     "logit_bias_id": ("/v1/completions", j({**CMPL, "logit_bias": {"99999999": 1}}), 400, "logit_bias"),
     "logit_bias_native": ("/generate", j({"text": "a", "sampling_params": {**SP, "logit_bias": {"x": 1}}}), 400,

@@ -4,6 +4,10 @@ BOS + [<|fim_prefix|>] + prefix ids + [<|fim_suffix|>] + suffix ids + [<|fim_mid
 tokenizer), its greedy output transformers' on those ids token for token (and native /generate's on them);
 --completion-template picks star_coder on a tokenizer that holds two families; n, streaming, stop strings and
 logprobs work as for any completion; echo, token-id prompts and truncate_prompt_tokens with a suffix answer 400.
+llama.cpp's /infill on the same servers: its greedy middle is the completion's for the same prefix and suffix,
+`prompt` runs after the prefix, `input_extra` chunks go before the template behind the file separator token
+(Qwen's added one, StarCoder2's in the embedded vocabulary), streaming and stop words in llama.cpp's shape, and
+/tokenize with a `suffix` answers the ids the completion runs.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, bos_token_id=0, eos_token_id=2, tie_word_embeddings=False,
             initializer_range=0.3, max_position_embeddings=512)
 QWEN = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+SEP = "<|file_sep|>"  # Qwen's file separator: on the first tokenizer only
 STAR = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 PREFIX = "def add(a, b):\n    return "
 SUFFIX = "\n\nprint(add(1, 2))\n"
 SPOOF = "s = '<|fim_middle|>'\n"  # marker text in the user's code: plain text
 NEW = 8
+ROWS = 6  # the embedding rows added for the markers
 
 
 def fim_tokenizer(path, markers: list[str]):
@@ -41,22 +47,22 @@ def fim_tokenizer(path, markers: list[str]):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """One model with 6 new rows (random, seeded), saved twice: beside a tokenizer with Qwen's markers (ids
-    V..V+2) and beside one with Qwen's and then StarCoder's (V+3..V+5)."""
+    """One model with ROWS new rows (random, seeded), saved twice: beside a tokenizer with Qwen's markers (ids
+    V..V+2) and its file separator (V+3), and beside one with Qwen's and then StarCoder's markers (V+3..V+5)."""
     import torch
 
     qwen, both = tmp_path_factory.mktemp("fim_qwen"), tmp_path_factory.mktemp("fim_both")
     model = build_tiny(qwen, "LlamaConfig", TINY, {})
     v = model.config.vocab_size
-    model.resize_token_embeddings(v + 6)
+    model.resize_token_embeddings(v + ROWS)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        model.get_input_embeddings().weight[v:] = torch.randn(6, 64, generator=g) * 0.3
-        model.get_output_embeddings().weight[v:] = torch.randn(6, 64, generator=g) * 0.3
-    for path, markers in ((qwen, QWEN), (both, QWEN + STAR)):
+        model.get_input_embeddings().weight[v:] = torch.randn(ROWS, 64, generator=g) * 0.3
+        model.get_output_embeddings().weight[v:] = torch.randn(ROWS, 64, generator=g) * 0.3
+    for path, markers in ((qwen, QWEN + [SEP]), (both, QWEN + STAR)):
         model.save_pretrained(path, safe_serialization=True)
         fim_tokenizer(path, markers)
-    return model, fim_tokenizer(qwen, QWEN), str(qwen), str(both)
+    return model, fim_tokenizer(qwen, QWEN + [SEP]), str(qwen), str(both)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +100,7 @@ def complete(srv, **body) -> dict:
 def test_the_detected_template_runs_transformers_greedy_on_its_ids(tiny, detected, prefix):
     model, tok, _, _ = tiny
     ids = layout(tok, QWEN, prefix, SUFFIX)
-    v = model.config.vocab_size - 6
+    v = model.config.vocab_size - ROWS
     assert ids[1] == v and ids[-1] == v + 2 and ids.count(v + 2) == 1  # the spoof's text holds no marker id
     want = hf_greedy(model, ids, NEW)
     assert hf_greedy(model, tok(prefix).input_ids, NEW) != want  # the layout matters
@@ -160,10 +166,93 @@ def test_the_flag_picks_star_coder_on_a_tokenizer_with_two_families(tiny, named)
 
     tok2 = AutoTokenizer.from_pretrained(both)
     ids = layout(tok2, STAR, PREFIX, SUFFIX)
-    v = model.config.vocab_size - 6
+    v = model.config.vocab_size - ROWS
     assert ids[1] == v + 3 and ids[-1] == v + 5
     want = hf_greedy(model, ids, NEW)
     assert hf_greedy(model, layout(tok2, QWEN, PREFIX, SUFFIX), NEW) != want  # the other family's answer differs
     out = complete(named, prompt=PREFIX, suffix=SUFFIX)
     assert out["usage"]["prompt_tokens"] == len(ids)
     assert out["choices"][0]["text"] == tok2.decode(want, skip_special_tokens=True)
+
+
+# ------------------------------------------------------------------ llama.cpp's /infill
+def infill(srv, **body) -> dict:
+    r = httpx.post(srv.url + "/infill", timeout=120, json={"n_predict": NEW, "temperature": 0, "ignore_eos": True,
+                                                           **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_infill_answers_the_completions_middle_token_for_token(tiny, detected):
+    model, tok, _, _ = tiny
+    ids = layout(tok, QWEN, PREFIX, SUFFIX)
+    want = hf_greedy(model, ids, NEW)
+    out = infill(detected, input_prefix=PREFIX, input_suffix=SUFFIX)
+    text = tok.decode(want, skip_special_tokens=True)
+    assert out["content"] == text
+    assert complete(detected, prompt=PREFIX, suffix=SUFFIX, ignore_eos=True)["choices"][0]["text"] == text
+    assert out["tokens_predicted"] == NEW and out["tokens_evaluated"] == len(ids)
+    assert out["stop"] is True and out["stop_type"] == "limit" and out["truncated"] is False
+    tokenized = httpx.post(detected.url + "/tokenize", timeout=30, json={"prompt": PREFIX, "suffix": SUFFIX}).json()
+    assert tokenized["tokens"] == ids  # the ids the completion runs
+
+
+def test_infill_prompt_follows_the_prefix_and_extra_chunks_lead(tiny, detected):
+    model, tok, _, _ = tiny
+    v = model.config.vocab_size - ROWS
+    head, typed = PREFIX[:10], PREFIX[10:]
+    ids = layout(tok, QWEN, PREFIX, SUFFIX)
+    typed_ids = [*ids[:2], *plain(tok, head), *plain(tok, typed), *ids[2 + len(plain(tok, PREFIX)):]]
+    out = infill(detected, input_prefix=head, prompt=typed, input_suffix=SUFFIX)
+    assert out["tokens_evaluated"] == len(typed_ids)
+    assert out["content"] == tok.decode(hf_greedy(model, typed_ids, NEW), skip_special_tokens=True)
+    chunks = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}, {"text": "X = 1\n"}]
+    extra_ids = [0, v + 3, *plain(tok, "util.py\n"), *plain(tok, chunks[0]["text"]), v + 3, *plain(tok, "tmp\n"),
+                 *plain(tok, chunks[1]["text"]), *ids[1:]]
+    want = hf_greedy(model, extra_ids, NEW)
+    assert want != hf_greedy(model, ids, NEW)  # the context matters
+    out = infill(detected, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=chunks)
+    assert out["tokens_evaluated"] == len(extra_ids)
+    assert out["content"] == tok.decode(want, skip_special_tokens=True)
+
+
+def test_infill_streams_and_stops_at_a_word(tiny, detected):
+    model, tok, _, _ = tiny
+    text = tok.decode(hf_greedy(model, layout(tok, QWEN, PREFIX, SUFFIX), NEW), skip_special_tokens=True)
+    stop = text[3:6]
+    with httpx.stream("POST", detected.url + "/infill", timeout=120, json={
+            "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": NEW, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stop": [stop]}) as r:
+        assert r.status_code == 200
+        events = sse_events(r.iter_lines())
+    assert "".join(e["content"] for e in events) == text[:text.index(stop)]
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1]["stop_type"] == "word" and events[-1]["stopping_word"] == stop
+    whole = infill(detected, input_prefix=PREFIX, input_suffix=SUFFIX, stop=[stop])
+    assert whole["content"] == text[:text.index(stop)] and whole["stop_type"] == "word"
+
+
+def test_infill_refuses_by_field(detected):
+    cases = [({"input_prefix": 5}, "input_prefix"), ({"input_extra": "x"}, "input_extra"),
+             ({"input_extra": [{"text": "a", "path": "b"}]}, "input_extra"), ({"n_indent": 4}, "n_indent"),
+             ({"stream": "yes"}, "stream"), ({"n_predict": -2}, "n_predict"), ({"repeat_penalty": 0}, "repeat_penalty"),
+             ({"input_extra": [{"text": "<|file_sep|>"}]}, None)]  # special text stays text: runs
+    for body, param in cases:
+        r = httpx.post(detected.url + "/infill", timeout=60, json={
+            "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 1, **body})
+        assert r.status_code == (200 if param is None else 400), (body, r.text)
+        if param is not None:
+            assert r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_star_coders_file_separator_is_the_embedded_vocabularys(tiny, named):
+    """The embedded tokenizer holds StarCoder2's <file_sep> (id 5): the named template lays chunks out with it."""
+    model, _, _, both = tiny
+    from transformers import AutoTokenizer
+
+    tok2 = AutoTokenizer.from_pretrained(both)
+    assert tok2.convert_tokens_to_ids("<file_sep>") == 5
+    ids = [0, 5, *plain(tok2, "a.py\n"), *plain(tok2, "X = 1\n"), *layout(tok2, STAR, PREFIX, SUFFIX)[1:]]
+    out = infill(named, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=[{"filename": "a.py", "text": "X = 1\n"}])
+    assert out["tokens_evaluated"] == len(ids)
+    assert out["content"] == tok2.decode(hf_greedy(model, ids, NEW), skip_special_tokens=True)

@@ -1,6 +1,8 @@
 """Fill-in-the-middle templates without a server (fim_templates.py): the registry's layouts, detection from a
 tokenizer's added tokens (one family, none, several), --completion-template's checks, the prompt ids (markers as
-ids, the texts plain, a non-special marker written in the text refused), and the completions parser's 400s."""
+ids, the texts plain, a non-special marker written in the text refused), the completions parser's 400s, and
+llama.cpp's /infill without a server: its parser, its prompt (input_extra chunks behind the file separator, refused
+by name without one) and /tokenize with a suffix."""
 
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ from radixlang_runtime.fim_templates import (FIM_TEMPLATES, PREFIX, SUFFIX, comp
                                              no_fim_message)
 from radixlang_runtime.prompt_encoder import PromptEncoder
 from radixlang_runtime.protocol.limits import FieldError, RuntimeLimits
+from radixlang_runtime.server.http_common import BadRequest
+from radixlang_runtime.server.infill_api import infill_ids, parse_infill
 from radixlang_runtime.server.openai_records import parse_completion
+from radixlang_runtime.server.tokenize_api import tokenize_body
 from radixlang_runtime.server_args import ServerArgs
 from radixlang_runtime.server_cli import parse_server_args
 
 QWEN = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 STAR = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 DEEPSEEK = ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"]
+SEP = "<|file_sep|>"
 
 
 def tokenizer(special: list[str] = (), plain: list[str] = ()):
@@ -111,7 +117,7 @@ def test_a_non_special_marker_in_the_text_is_refused(base):
 
 
 def _state(tok, fim):
-    tm = types.SimpleNamespace(tokenizer=tok, limits=RuntimeLimits(64, len(tok), 64))
+    tm = types.SimpleNamespace(tokenizer=tok, limits=RuntimeLimits(64, len(tok), 64), encoder=PromptEncoder(tok))
     return types.SimpleNamespace(tm=tm, fim=fim, served_model_name="m", args=ServerArgs())
 
 
@@ -134,3 +140,87 @@ def test_the_completions_parser_takes_a_suffix_only_where_it_can_run(base):
         with pytest.raises(FieldError, match=words) as e:
             parse_completion(state, body)
         assert e.value.param == param
+
+
+def test_extra_chunks_go_behind_the_file_separator(base):
+    tok = tokenizer(QWEN + [SEP])
+    fim, _ = detect_fim(tok)
+    v = len(base)
+    assert fim.file_sep_id == v + 3
+    enc = PromptEncoder(tok)
+    name, text = enc.encode_literal("a.py\n"), enc.encode_literal("X = 1\n")
+    assert fim.extra_ids([(name, text), ([], [])]) == [v + 3, *name, *text, v + 3]
+    ids = fim.prompt_ids(enc.encode_literal("p"), enc.encode_literal("s"), [0], extra=[v + 3, *name, *text])
+    assert ids[:2 + len(name) + len(text)] == [0, v + 3, *name, *text] and ids[-1] == v + 2
+    assert detect_fim(tokenizer(QWEN))[0].file_sep_id is None
+    assert completion_fim("star_coder", tokenizer(STAR)).file_sep_id == 5  # the embedded vocabulary's <file_sep>
+
+
+def test_extra_chunks_are_refused_without_a_file_separator():
+    for markers, name in ((QWEN, "qwen_coder"), (DEEPSEEK, "deepseek_coder")):
+        fim, _ = detect_fim(tokenizer(markers))
+        with pytest.raises(FieldError, match=f"input_extra needs a file separator token .* {name} has none") as e:
+            fim.extra_ids([([1], [2])])
+        assert e.value.param == "input_extra"
+    plain_sep = tokenizer(QWEN, plain=[SEP])  # a non-special separator the tokenizer parses out of text
+    fim, _ = detect_fim(plain_sep)
+    enc = PromptEncoder(plain_sep)
+    with pytest.raises(FieldError, match=r"input_extra holds the fill-in-the-middle marker '<\|file_sep\|>'"):
+        fim.extra_ids([(enc.encode_literal("a\n"), enc.encode_literal("x" + SEP))])
+    extra = fim.extra_ids([(enc.encode_literal("a\n"), enc.encode_literal("x"))])
+    with pytest.raises(FieldError) as e:  # with chunks the separator is a marker of the prefix too
+        fim.prompt_ids(enc.encode_literal(SEP), [], names=("input_prefix", "input_suffix"), extra=extra)
+    assert e.value.param == "input_prefix"
+
+
+def test_the_infill_parser_takes_llama_cpps_fields(base):
+    tok = tokenizer(QWEN + [SEP])
+    fim, _ = detect_fim(tok)
+    state = _state(tok, fim)
+    req = parse_infill(state, {"input_prefix": "a", "input_suffix": "b", "prompt": "c", "n_predict": -1, "seed": -1,
+                               "repeat_penalty": 1.1, "top_k": 5, "stop": ["\n"], "cache_prompt": True,
+                               "input_extra": [{"filename": "f.py", "text": "t"}, {"text": "u"}]})
+    assert (req.prefix, req.suffix, req.prompt, req.max_tokens) == ("a", "b", "c", None)
+    assert req.extra == (("f.py", "t"), ("tmp", "u"))
+    assert req.options.sampling["repetition_penalty"] == 1.1 and req.options.sampling["top_k"] == 5
+    assert req.options.sampling["sampling_seed"] is None and req.options.sampling["stop"] == ["\n"]
+    assert parse_infill(state, {"n_predict": 3}).max_tokens == 3
+    with pytest.raises(BadRequest, match="suffix needs fill-in-the-middle tokens") as e:
+        parse_infill(_state(base, None), {"input_prefix": "a"})
+    assert str(e.value) == no_fim_message(base)
+    enc = PromptEncoder(tok)
+    v = len(base)
+    ids = infill_ids(state, req)
+    chunks = [v + 3, *enc.encode_literal("f.py\n"), *enc.encode_literal("t"), v + 3, *enc.encode_literal("tmp\n"),
+              *enc.encode_literal("u")]
+    assert ids == [*enc.prefix_ids, *chunks, v, *enc.encode_literal("a"), *enc.encode_literal("c"), v + 1,
+                   *enc.encode_literal("b"), v + 2]
+
+
+def test_the_infill_parts_name_their_field():
+    tok = tokenizer(plain=QWEN + [SEP])  # added, not special: parsed out of plain text
+    fim, _ = detect_fim(tok)
+    state = _state(tok, fim)
+    for body, param in (({"prompt": "<|fim_prefix|>"}, "prompt"), ({"input_prefix": "<|fim_middle|>"}, "input_prefix"),
+                        ({"input_suffix": "<|fim_suffix|>"}, "input_suffix"),
+                        ({"input_extra": [{"filename": SEP, "text": ""}]}, "input_extra")):
+        with pytest.raises(FieldError) as e:
+            infill_ids(state, parse_infill(state, body))
+        assert e.value.param == param
+
+
+def test_tokenize_with_a_suffix_answers_the_completions_ids(base):
+    tok = tokenizer(QWEN)
+    fim, _ = detect_fim(tok)
+    state = _state(tok, fim)
+    enc = PromptEncoder(tok)
+    want = fim.prompt_ids(enc.encode_literal("a"), enc.encode_literal("b"), enc.prefix_ids)
+    assert tokenize_body(state, {"prompt": "a", "suffix": "b"})["tokens"] == want
+    assert tokenize_body(state, {"prompt": ["a"], "suffix": "b", "add_special_tokens": False})["tokens"] == [
+        fim.prompt_ids(enc.encode_literal("a"), enc.encode_literal("b"))]
+    assert tokenize_body(state, {"prompt": "a", "suffix": ""})["tokens"] == tok.encode("a")
+    with pytest.raises(FieldError, match="this model's tokenizer has none") as e:
+        tokenize_body(_state(base, None), {"prompt": "a", "suffix": "b"})
+    assert e.value.param == "suffix"
+    with pytest.raises(FieldError, match="suffix applies to \"prompt\" only"):
+        tokenize_body(state, {"messages": [{"role": "user", "content": "a"}], "suffix": "b"})

@@ -1,0 +1,162 @@
+"""llama.cpp server's /infill: code infilling with the served model's fill-in-the-middle template.
+
+POST /infill {"input_prefix": str, "input_suffix": str, "input_extra": [{"filename": str, "text": str}, ...],
+"prompt": str, "n_predict": int, sampling fields, "stream": bool}. The prompt is the one /v1/completions runs
+for a `suffix` (fim_templates.FimPrompt: BOS, the template's markers as ids, the texts plain), with llama.cpp's
+two additions: `prompt` is tokenized after the prefix (the text already typed at the cursor), and each
+`input_extra` chunk goes before the template as the file separator token, its file name and a newline, then its
+text (a template without a file separator token in the tokenizer refuses input_extra by name). It runs as one
+completion through the OpenAI path's choices (openai_intake.Choices).
+
+Sampling takes llama.cpp's names: n_predict (-1 or absent: until the end token or the context is full),
+temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, stop, seed (-1: random),
+ignore_eos; unset ones take the server's defaults, as /v1/completions does. cache_prompt is taken and changes
+nothing (the radix cache always reuses a cached prefix). Fields are strict: any other answers 400 naming it.
+
+The answer is llama.cpp's /infill shape, the fields this server can fill: index, content (the middle), stop,
+model, tokens_predicted, tokens_evaluated, tokens_cached, stop_type ("eos", "word", "limit"), stopping_word,
+truncated (always false: the prompt is never cut). With stream: true each `data:` event carries the next
+content with stop false, the last one stop true and the rest of the fields (no [DONE], as llama.cpp).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixlang_runtime.fim_templates import no_fim_message
+from radixlang_runtime.protocol.limits import MAX_BATCH, FieldError, need_bool, need_float, need_int, need_str, show
+from radixlang_runtime.server.client_watch import unless_client_gone
+from radixlang_runtime.server.http_common import (BadRequest, ServerState, client_gone_counter, guard_stream,
+                                                  merged, read_json, sse, stream_response)
+from radixlang_runtime.server.openai_intake import Choices
+from radixlang_runtime.server.openai_records import OpenAIOptions, sampling_fields
+
+# fields whose name and meaning are the same in llama.cpp and OpenAI (openai_records.sampling_fields checks them)
+_SHARED = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty", "stop", "seed",
+           "ignore_eos")
+INFILL_FIELDS = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "repeat_penalty", "stream",
+                 "cache_prompt", *_SHARED}
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...]  # (filename, text) per context chunk
+    prompt: str  # llama.cpp's text after the prefix
+    options: OpenAIOptions
+    max_tokens: Optional[int]  # n_predict (None: until the end token or the context is full)
+
+
+def _text(body: dict, name: str) -> str:
+    v = body.get(name)
+    return "" if v is None else need_str(v, name)
+
+
+def _extra(value: Any) -> tuple[tuple[str, str], ...]:
+    """input_extra: a list of {"filename", "text"} objects (filename "tmp" when absent, as llama.cpp)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_BATCH:
+        raise FieldError("input_extra", f"input_extra must be a list of at most {MAX_BATCH} {{\"filename\", "
+                                        f"\"text\"}} objects, got {show(value)}")
+    out = []
+    for i, chunk in enumerate(value):
+        if not isinstance(chunk, dict) or set(chunk) - {"filename", "text"}:
+            raise FieldError("input_extra", f"input_extra[{i}] must be an object with \"filename\" and \"text\", "
+                                            f"got {show(chunk)}")
+        name = chunk.get("filename")
+        out.append(("tmp" if name is None else need_str(name, f"input_extra[{i}].filename"),
+                    need_str(chunk.get("text", ""), f"input_extra[{i}].text")))
+    return tuple(out)
+
+
+def parse_infill(state: ServerState, body: Any) -> InfillRequest:
+    """A /infill body -> its request: known fields only, each checked under its own name."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if unknown := sorted(set(body) - INFILL_FIELDS):
+        raise FieldError(unknown[0], f"unknown field(s) for /infill: {', '.join(show(u, 40) for u in unknown)}")
+    if state.fim is None:
+        raise BadRequest(no_fim_message(state.tm.tokenizer))
+    if body.get("cache_prompt") is not None:
+        need_bool(body["cache_prompt"], "cache_prompt")
+    shared = {k: body[k] for k in _SHARED if body.get(k) is not None}
+    if shared.get("seed") == -1 and type(shared["seed"]) is int:  # llama.cpp's random seed
+        del shared["seed"]
+    sampling, _ = sampling_fields(shared, dict(state.tm.limits.sampling_defaults))
+    if body.get("repeat_penalty") is not None:
+        sampling["repetition_penalty"] = need_float(body["repeat_penalty"], "repeat_penalty", 0.0, 2.0)
+        if sampling["repetition_penalty"] <= 0:
+            raise FieldError("repeat_penalty", f"repeat_penalty must be in (0, 2], got {body['repeat_penalty']}")
+    n = body.get("n_predict")
+    n = None if n is None else need_int(n, "n_predict", -1)
+    stream = False if body.get("stream") is None else need_bool(body["stream"], "stream")
+    options = OpenAIOptions(1, stream, False, 0, None, MappingProxyType(sampling), None)
+    return InfillRequest(_text(body, "input_prefix"), _text(body, "input_suffix"), _extra(body.get("input_extra")),
+                         _text(body, "prompt"), options, None if n == -1 else n)
+
+
+def infill_ids(state: ServerState, req: InfillRequest) -> list[int]:
+    """The prompt ids: BOS, the context chunks, the template with the prefix (then the prompt) and the suffix."""
+    fim, enc = state.fim, state.tm.encoder
+    extra = fim.extra_ids([(enc.encode_literal(name + "\n"), enc.encode_literal(text))
+                           for name, text in req.extra]) if req.extra else []
+    typed = enc.encode_literal(req.prompt)
+    fim.check_text("prompt", typed, bool(extra))
+    prefix = enc.encode_literal(req.prefix)
+    return fim.prompt_ids(prefix + typed, enc.encode_literal(req.suffix), enc.prefix_ids,
+                          ("input_prefix", "input_suffix"), extra)
+
+
+def infill_intake(state: ServerState, req: InfillRequest, rid: str) -> Choices:
+    """The request's one choice (its prompt tokenized). On an intake thread."""
+    ids = infill_ids(state, req)
+    limits = state.tm.limits
+    room = max(min(limits.context_len, limits.num_slots) - len(ids), 0)
+    sampling = req.options.sampling_params(room if req.max_tokens is None else req.max_tokens)
+    return Choices.build(state, [ids], req.options, sampling, rid=rid)
+
+
+def stop_fields(reason: Optional[dict]) -> dict:
+    """The runtime's finish_reason -> llama.cpp's stop_type and stopping_word."""
+    kind = (reason or {}).get("type")
+    matched = (reason or {}).get("matched")
+    if kind == "stop" and isinstance(matched, str):
+        return {"stop_type": "word", "stopping_word": matched}
+    return {"stop_type": {"stop": "eos", "length": "limit"}.get(kind, "none"), "stopping_word": ""}
+
+
+def final_fields(state: ServerState, meta: dict) -> dict:
+    """What the last answer carries besides its content."""
+    return {"model": state.served_model_name, "tokens_predicted": meta["completion_tokens"],
+            "tokens_evaluated": meta["prompt_tokens"], "tokens_cached": meta["cached_tokens"], "truncated": False,
+            **stop_fields(meta["finish_reason"])}
+
+
+@router.post("/infill")
+async def infill(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req = parse_infill(state, await read_json(request))
+    choices = await state.tm.run_intake(infill_intake, state, req, uuid.uuid4().hex, size=len(await request.body()))
+    if req.options.stream:
+        return stream_response(guard_stream(_stream(state, choices)))
+    out = (await unless_client_gone(request, choices.finals(), client_gone_counter(state)))[0]
+    return JSONResponse({"index": 0, "content": out["text"], "stop": True, **final_fields(state, out["meta_info"])})
+
+
+async def _stream(state: ServerState, choices: Choices) -> AsyncIterator[bytes]:
+    async for _, out in merged(choices.streams()):  # leaving early closes the stream, aborting the request
+        meta = out["meta_info"]
+        if meta["finish_reason"] is not None:
+            yield sse({"index": 0, "content": out["text"], "stop": True, **final_fields(state, meta)})
+        elif out["text"]:
+            yield sse({"index": 0, "content": out["text"], "stop": False})
