@@ -7,6 +7,8 @@
 # instead of freezing the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Property tests draw the same examples on every machine (tests/conftest.py); unset it to explore fresh ones.
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE-repeatable}"
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q --durations=25 tests kernels/tests "$@"

@@ -1,4 +1,4 @@
-"""Shared fixtures. The real-model fixtures load the embedded SmolLM2 once per session."""
+"""Shared fixtures. The real-model fixtures load the embedded SmolLM2 once per test run."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from hypothesis import settings
 
 from radixlang_kernels.testing import interpret_triton_without_gpu, isas, use_isa_library
 
@@ -16,6 +17,12 @@ interpret_triton_without_gpu()
 # would make which drafts run (and so "some draft was accepted" assertions) depend on timing. The suite pins it
 # to the prior; tests/speculative/test_spec_cost.py checks the measured mode with synthetic timings.
 os.environ.setdefault("RADIXLANG_SPEC_STEP_COST", "fixed")
+
+# Property tests: scripts/test.sh (and so CI) runs the "repeatable" profile, each test's examples drawn from a seed
+# fixed by the test itself, so a run that passed here passes there; a plain pytest run draws fresh examples (the
+# default profile), which is how new failing cases are found (`--hypothesis-seed N` repeats one such run).
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "default")
 
 
 def wait_idle(engine, timeout: float = 30.0) -> None:
