@@ -1,27 +1,34 @@
 """llama.cpp server's /infill: code infilling with the served model's fill-in-the-middle template.
 
-POST /infill {"input_prefix": str, "input_suffix": str, "input_extra": [{"filename": str, "text": str}, ...],
-"prompt": str, "n_predict": int, sampling fields, "stream": bool}. The prompt is the one /v1/completions runs
-for a `suffix` (fim_templates.FimPrompt: BOS, the template's markers as ids, the texts plain), with llama.cpp's
-two additions: `prompt` is tokenized after the prefix (the text already typed at the cursor), and each
-`input_extra` chunk goes before the template as the file separator token, its file name and a newline, then its
-text (a template without a file separator token in the tokenizer refuses input_extra by name). It runs as one
-completion through the OpenAI path's choices (openai_intake.Choices).
+POST /infill {"input_prefix": str, "input_suffix": str, "input_extra": [{"filename": str, "text": str, "time": any},
+...], "prompt": str, "n_predict": int, sampling fields, "stream": bool, llama.cpp's limits and response_fields}.
+The prompt is the one /v1/completions runs for a `suffix` (fim_templates.FimPrompt: BOS, the template's markers
+as ids, the texts plain), with llama.cpp's two additions: `prompt` is tokenized after the prefix (the text
+already typed at the cursor), and each `input_extra` chunk goes before the template as the file separator token,
+its file name and a newline, then its text (a template without a file separator token in the tokenizer refuses
+input_extra by name; a chunk's time is the client's bookkeeping, taken whatever it holds, as llama.cpp). It runs
+as one completion through the OpenAI path's choices (openai_intake.Choices).
 
 Sampling takes llama.cpp's names: n_predict (-1 or absent: until the end token or the context is full),
 temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, stop, seed (-1: random),
 ignore_eos; unset ones take the server's defaults, as /v1/completions does. cache_prompt is taken and changes
-nothing (the radix cache always reuses a cached prefix). Fields are strict: any other answers 400 naming it.
+nothing (the radix cache always reuses a cached prefix). samplers, penalty_last_n, response_fields, n_indent,
+t_max_prompt_ms and t_max_predict_ms are infill_fields.py's; the three limits run on the route's side of the
+stream (infill_stops.py: reaching one stops reading, which aborts the request). Fields are strict: any other
+answers 400 naming it.
 
 The answer is llama.cpp's /infill shape, the fields this server can fill: index, content (the middle), stop,
 model, tokens_predicted, tokens_evaluated, tokens_cached, stop_type ("eos", "word", "limit"), stopping_word,
-truncated (always false: the prompt is never cut). With stream: true each `data:` event carries the next
-content with stop false, the last one stop true and the rest of the fields (no [DONE], as llama.cpp).
+truncated (always false: the prompt is never cut), timings (infill_stops.py), cut to response_fields' paths.
+With stream: true each `data:` event carries the next content with stop false, the last one stop true and the
+rest of the fields (no [DONE], as llama.cpp). Both run the request as a stream, which the limits need.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
+from contextlib import aclosing
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, AsyncIterator, Optional
@@ -33,7 +40,10 @@ from radixlang_runtime.fim_templates import no_fim_message
 from radixlang_runtime.protocol.limits import MAX_BATCH, FieldError, need_bool, need_float, need_int, need_str, show
 from radixlang_runtime.server.client_watch import unless_client_gone
 from radixlang_runtime.server.http_common import (BadRequest, ServerState, client_gone_counter, guard_stream,
-                                                  merged, read_json, sse, stream_response)
+                                                  read_json, sse, stream_response)
+from radixlang_runtime.server.infill_fields import (LLAMA_FIELDS, apply_penalty_last_n, apply_samplers, limits,
+                                                    pick, response_fields)
+from radixlang_runtime.server.infill_stops import InfillStops
 from radixlang_runtime.server.openai_intake import Choices
 from radixlang_runtime.server.openai_records import OpenAIOptions, sampling_fields
 
@@ -41,7 +51,7 @@ from radixlang_runtime.server.openai_records import OpenAIOptions, sampling_fiel
 _SHARED = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty", "stop", "seed",
            "ignore_eos")
 INFILL_FIELDS = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "repeat_penalty", "stream",
-                 "cache_prompt", *_SHARED}
+                 "cache_prompt", *_SHARED, *LLAMA_FIELDS}
 
 router = APIRouter()
 
@@ -54,6 +64,8 @@ class InfillRequest:
     prompt: str  # llama.cpp's text after the prefix
     options: OpenAIOptions
     max_tokens: Optional[int]  # n_predict (None: until the end token or the context is full)
+    limits: MappingProxyType  # n_indent, t_max_prompt_ms, t_max_predict_ms (0: off)
+    fields: Optional[tuple[str, ...]]  # response_fields (None: the whole answer)
 
 
 def _text(body: dict, name: str) -> str:
@@ -62,7 +74,8 @@ def _text(body: dict, name: str) -> str:
 
 
 def _extra(value: Any) -> tuple[tuple[str, str], ...]:
-    """input_extra: a list of {"filename", "text"} objects (filename "tmp" when absent, as llama.cpp)."""
+    """input_extra: a list of {"filename", "text", "time"} objects (filename "tmp" when absent, as llama.cpp;
+    time is the client's bookkeeping, which llama.cpp does not read either: any value is taken)."""
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > MAX_BATCH:
@@ -70,7 +83,7 @@ def _extra(value: Any) -> tuple[tuple[str, str], ...]:
                                         f"\"text\"}} objects, got {show(value)}")
     out = []
     for i, chunk in enumerate(value):
-        if not isinstance(chunk, dict) or set(chunk) - {"filename", "text"}:
+        if not isinstance(chunk, dict) or set(chunk) - {"filename", "text", "time"}:
             raise FieldError("input_extra", f"input_extra[{i}] must be an object with \"filename\" and \"text\", "
                                             f"got {show(chunk)}")
         name = chunk.get("filename")
@@ -97,12 +110,15 @@ def parse_infill(state: ServerState, body: Any) -> InfillRequest:
         sampling["repetition_penalty"] = need_float(body["repeat_penalty"], "repeat_penalty", 0.0, 2.0)
         if sampling["repetition_penalty"] <= 0:
             raise FieldError("repeat_penalty", f"repeat_penalty must be in (0, 2], got {body['repeat_penalty']}")
+    apply_samplers(body.get("samplers"), body, sampling)
+    apply_penalty_last_n(body.get("penalty_last_n"), body, sampling)
     n = body.get("n_predict")
     n = None if n is None else need_int(n, "n_predict", -1)
     stream = False if body.get("stream") is None else need_bool(body["stream"], "stream")
     options = OpenAIOptions(1, stream, False, 0, None, MappingProxyType(sampling), None)
     return InfillRequest(_text(body, "input_prefix"), _text(body, "input_suffix"), _extra(body.get("input_extra")),
-                         _text(body, "prompt"), options, None if n == -1 else n)
+                         _text(body, "prompt"), options, None if n == -1 else n, MappingProxyType(limits(body)),
+                         response_fields(body.get("response_fields")))
 
 
 def infill_ids(state: ServerState, req: InfillRequest) -> list[int]:
@@ -122,7 +138,7 @@ def infill_intake(state: ServerState, req: InfillRequest, rid: str) -> Choices:
     ids = infill_ids(state, req)
     limits = state.tm.limits
     room = max(min(limits.context_len, limits.num_slots) - len(ids), 0)
-    sampling = req.options.sampling_params(room if req.max_tokens is None else req.max_tokens)
+    sampling = req.options.sampling_params(room if req.max_tokens is None else req.max_tokens, room)
     return Choices.build(state, [ids], req.options, sampling, rid=rid)
 
 
@@ -135,11 +151,33 @@ def stop_fields(reason: Optional[dict]) -> dict:
     return {"stop_type": {"stop": "eos", "length": "limit"}.get(kind, "none"), "stopping_word": ""}
 
 
-def final_fields(state: ServerState, meta: dict) -> dict:
+def final_fields(state: ServerState, meta: dict, stops: InfillStops) -> dict:
     """What the last answer carries besides its content."""
     return {"model": state.served_model_name, "tokens_predicted": meta["completion_tokens"],
             "tokens_evaluated": meta["prompt_tokens"], "tokens_cached": meta["cached_tokens"], "truncated": False,
-            **stop_fields(meta["finish_reason"])}
+            **({"stop_type": "limit", "stopping_word": ""} if stops.stopped else stop_fields(meta["finish_reason"])),
+            "timings": stops.timings(meta["prompt_tokens"], meta["cached_tokens"], meta["completion_tokens"])}
+
+
+def _stops(req: InfillRequest) -> InfillStops:
+    return InfillStops(req.limits["n_indent"], req.limits["t_max_predict_ms"], req.limits["t_max_prompt_ms"],
+                       time.perf_counter())
+
+
+async def _run(gen: AsyncIterator[dict], stops: InfillStops) -> AsyncIterator[tuple[str, Optional[dict]]]:
+    """The request's stream `gen` -> (text to send, None) while it runs, then (the rest, its last meta_info)
+    once it finished or a limit ended it; leaving closes the stream, which aborts a request still running."""
+    try:
+        async for out in gen:
+            meta = out["meta_info"]
+            stopped = stops.feed(out["text"], len(out["output_ids"]), time.perf_counter(),
+                                 out.get("text_trim", 0))
+            if stopped or meta["finish_reason"] is not None:
+                yield stops.ready(True), meta
+                return
+            yield stops.ready(False), None
+    finally:
+        await gen.aclose()
 
 
 @router.post("/infill")
@@ -147,16 +185,29 @@ async def infill(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_infill(state, await read_json(request))
     choices = await state.tm.run_intake(infill_intake, state, req, uuid.uuid4().hex, size=len(await request.body()))
+    stops = _stops(req)
+    gen = choices.streams()[0]  # before any header goes out: a refused request is a plain 503
     if req.options.stream:
-        return stream_response(guard_stream(_stream(state, choices)))
-    out = (await unless_client_gone(request, choices.finals(), client_gone_counter(state)))[0]
-    return JSONResponse({"index": 0, "content": out["text"], "stop": True, **final_fields(state, out["meta_info"])})
+        return stream_response(guard_stream(_stream(state, req, gen, stops)))
+
+    async def whole() -> dict:
+        async with aclosing(_run(gen, stops)) as run:
+            async for _, meta in run:
+                if meta is not None:
+                    return meta
+        raise RuntimeError("the request's stream ended without a final record")
+
+    meta = await unless_client_gone(request, whole(), client_gone_counter(state))
+    answer = {"index": 0, "content": stops.text, "stop": True, **final_fields(state, meta, stops)}
+    return JSONResponse(pick(answer, req.fields))
 
 
-async def _stream(state: ServerState, choices: Choices) -> AsyncIterator[bytes]:
-    async for _, out in merged(choices.streams()):  # leaving early closes the stream, aborting the request
-        meta = out["meta_info"]
-        if meta["finish_reason"] is not None:
-            yield sse({"index": 0, "content": out["text"], "stop": True, **final_fields(state, meta)})
-        elif out["text"]:
-            yield sse({"index": 0, "content": out["text"], "stop": False})
+async def _stream(state: ServerState, req: InfillRequest, gen: AsyncIterator[dict],
+                  stops: InfillStops) -> AsyncIterator[bytes]:
+    async with aclosing(_run(gen, stops)) as run:  # a client gone closes the request's stream too
+        async for text, meta in run:
+            if meta is not None:
+                yield sse(pick({"index": 0, "content": text, "stop": True, **final_fields(state, meta, stops)},
+                               req.fields))
+            elif text:
+                yield sse({"index": 0, "content": text, "stop": False})

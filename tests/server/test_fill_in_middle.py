@@ -7,7 +7,10 @@ logprobs work as for any completion; echo, token-id prompts and truncate_prompt_
 llama.cpp's /infill on the same servers: its greedy middle is the completion's for the same prefix and suffix,
 `prompt` runs after the prefix, `input_extra` chunks go before the template behind the file separator token
 (Qwen's added one, StarCoder2's in the embedded vocabulary), streaming and stop words in llama.cpp's shape, and
-/tokenize with a `suffix` answers the ids the completion runs.
+/tokenize with a `suffix` answers the ids the completion runs. llama.vim's request: its body taken but for
+llama.cpp's infill sampler (refused by name), response_fields cutting the answer to the paths asked, n_indent
+cutting a dedented line of the greedy middle, t_max_predict_ms and t_max_prompt_ms ending it early, each early
+end leaving the KV pool whole.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server_utils import ServerProcess, sse_events
+from radixlang_runtime.server.infill_stops import indent_cut
+from server_utils import ServerProcess, assert_idle_and_whole, sse_events
 from tiny_checkpoints import build_tiny, hf_greedy
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -234,7 +238,9 @@ def test_infill_streams_and_stops_at_a_word(tiny, detected):
 
 def test_infill_refuses_by_field(detected):
     cases = [({"input_prefix": 5}, "input_prefix"), ({"input_extra": "x"}, "input_extra"),
-             ({"input_extra": [{"text": "a", "path": "b"}]}, "input_extra"), ({"n_indent": 4}, "n_indent"),
+             ({"input_extra": [{"text": "a", "path": "b"}]}, "input_extra"), ({"n_indent": "4"}, "n_indent"),
+             ({"samplers": ["top_k", "infill"]}, "samplers"), ({"penalty_last_n": 64}, "penalty_last_n"),
+             ({"response_fields": "content"}, "response_fields"), ({"t_max_predict_ms": 1.5}, "t_max_predict_ms"),
              ({"stream": "yes"}, "stream"), ({"n_predict": -2}, "n_predict"), ({"repeat_penalty": 0}, "repeat_penalty"),
              ({"input_extra": [{"text": "<|file_sep|>"}]}, None)]  # special text stays text: runs
     for body, param in cases:
@@ -256,3 +262,80 @@ def test_star_coders_file_separator_is_the_embedded_vocabularys(tiny, named):
     out = infill(named, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=[{"filename": "a.py", "text": "X = 1\n"}])
     assert out["tokens_evaluated"] == len(ids)
     assert out["content"] == tok2.decode(hf_greedy(model, ids, NEW), skip_special_tokens=True)
+
+
+# ------------------------------------------------------------------ llama.vim's request
+DEDENT = "    xdef(1=x("  # a prefix whose greedy middle starts a line after a newline, indented by spaces
+LONG = 160
+LLAMA_VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                    "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                    "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+
+
+def llama_vim_body(**change) -> dict:
+    """llama.vim's /infill body, field for field (the older penalty_last_n too)."""
+    return {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "",
+            "input_extra": [{"text": "X = 1\n", "time": [1733, 5000], "filename": "a.py"},
+                            {"text": "Y = 2\n", "time": 1733.5, "filename": "b.py"}],
+            "n_predict": NEW, "n_indent": 0, "top_k": 40, "top_p": 0.99, "stream": False,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 60_000,
+            "t_max_predict_ms": 60_000, "response_fields": LLAMA_VIM_FIELDS, "penalty_last_n": 0, **change}
+
+
+def test_llama_vims_request(detected):
+    r = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "samplers" and "infill" in r.json()["error"]["message"]
+    r = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body(samplers=["top_k", "top_p"]))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert sorted(out) == sorted(LLAMA_VIM_FIELDS)  # only the paths asked, under their paths
+    assert isinstance(out["content"], str) and out["truncated"] is False
+    n, ms = out["timings/predicted_n"], out["timings/predicted_ms"]
+    assert 1 <= n <= NEW and ms > 0 and out["timings/predicted_per_second"] == pytest.approx(1e3 * n / ms)
+    assert out["timings/prompt_ms"] > 0 and 0 < out["timings/prompt_n"]
+    assert out["timings/prompt_per_token_ms"] == pytest.approx(out["timings/prompt_ms"] / out["timings/prompt_n"])
+    again = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body(
+        samplers=["top_k", "top_p"], response_fields=["tokens_cached", "timings/prompt_n", "timings/none"])).json()
+    assert set(again) == {"tokens_cached", "timings/prompt_n"}  # a path naming nothing is left out
+    assert again["tokens_cached"] > 0 and again["timings/prompt_n"] < out["timings/prompt_n"]  # the cached prefix
+
+
+def greedy_text(tiny, prefix: str, n: int) -> str:
+    model, tok, _, _ = tiny
+    return tok.decode(hf_greedy(model, layout(tok, QWEN, prefix, SUFFIX), n), skip_special_tokens=True)
+
+
+def test_n_indent_cuts_a_dedented_line(tiny, detected):
+    text = greedy_text(tiny, DEDENT, NEW * 3)
+    line = text[text.index("\n") + 1:]
+    indent = len(line) - len(line.lstrip(" \t"))
+    cut = indent_cut(text, indent + 1)
+    assert cut is not None and indent_cut(text, indent) is None
+    body = dict(input_prefix=DEDENT, input_suffix=SUFFIX, n_predict=NEW * 3)
+    out = infill(detected, n_indent=indent + 1, **body)
+    assert out["content"] == text[:cut] and out["stop_type"] == "limit"
+    assert out["tokens_predicted"] < NEW * 3  # stopped early: the request was aborted
+    assert infill(detected, n_indent=indent, **body)["content"] == text  # indented enough: the whole middle
+    with httpx.stream("POST", detected.url + "/infill", timeout=120, json={
+            "n_predict": NEW * 3, "temperature": 0, "ignore_eos": True, "stream": True, "n_indent": indent + 1,
+            "input_prefix": DEDENT, "input_suffix": SUFFIX}) as r:
+        assert r.status_code == 200
+        events = sse_events(r.iter_lines())
+    assert "".join(e["content"] for e in events) == text[:cut]  # the cut line never went out
+    assert events[-1]["stop"] is True and events[-1]["stop_type"] == "limit"
+    with httpx.Client(base_url=detected.url, timeout=60) as client:
+        assert_idle_and_whole(client)
+
+
+def test_time_limits_end_the_middle_early(tiny, detected):
+    text = greedy_text(tiny, DEDENT, LONG)
+    body = dict(input_prefix=DEDENT, input_suffix=SUFFIX, n_predict=LONG)
+    out = infill(detected, t_max_predict_ms=1, **body)
+    assert out["stop_type"] == "limit" and out["tokens_predicted"] < LONG
+    assert "\n" in out["content"] and text.startswith(out["content"])
+    assert infill(detected, t_max_predict_ms=600_000, **body)["tokens_predicted"] == LONG
+    late = infill(detected, t_max_prompt_ms=1, response_fields=["content", "stop_type", "timings/prompt_ms"], **body)
+    assert late["content"] == "" and late["stop_type"] == "limit" and late["timings/prompt_ms"] > 1
+    with httpx.Client(base_url=detected.url, timeout=60) as client:
+        assert_idle_and_whole(client)
