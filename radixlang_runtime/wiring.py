@@ -48,6 +48,11 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     sizes = runner.sizes
     eos = end_token_ids(model_dir, runner.cfg.eos_token_ids, tokenizer)
     runner.sampler.eos_token_ids = list(eos)  # the min_new_tokens mask and the finish check agree
+    if tokenizer is not None:  # infill sampling's token pieces, built on its first row
+        from radixlang_runtime.constrained.vocab import token_byte_table
+        from radixlang_runtime.model.executor.infill_sampling import InfillStage
+
+        runner.sampler.infill = InfillStage(lambda: token_byte_table(tokenizer, runner.cfg.vocab_size))
     grammar = None
     if args.grammar_backend != "none":
         backend = args.grammar_backend

@@ -152,16 +152,30 @@ def vocab_from_tokenizer(tokenizer: Any, logits_width: Optional[int] = None,
     eos_token_id: default the transformers tokenizer's eos_token_id (required for a raw Tokenizer).
     """
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    if not hasattr(backend, "get_added_tokens_decoder"):
-        raise TypeError("constrained decoding needs a fast (tokenizers-backed) tokenizer")
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    table = token_byte_table(tokenizer, logits_width, eos_token_id)
     if eos_token_id is None:
         raise ValueError("eos_token_id is required for this tokenizer")
+
+    def encode(text: str) -> list[int]:
+        return backend.encode(text, add_special_tokens=False).ids
+
+    return TokenVocab(table, eos_token_id, encode)
+
+
+def token_byte_table(tokenizer: Any, logits_width: Optional[int] = None,
+                     eos_token_id: Optional[int] = None) -> list[Optional[bytes]]:
+    """The bytes each token id writes, one entry per logits column: None for special tokens, eos_token_id and
+    ids the tokenizer lacks. TypeError for a tokenizer without a fast (tokenizers) backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    if not hasattr(backend, "get_added_tokens_decoder"):
+        raise TypeError("constrained decoding needs a fast (tokenizers-backed) tokenizer")
     vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
     added = backend.get_added_tokens_decoder()
     special = {i for i, t in added.items() if t.special} | set(getattr(tokenizer, "all_special_ids", []) or [])
-    special.add(eos_token_id)
+    if eos_token_id is not None:
+        special.add(eos_token_id)
     width = logits_width if logits_width is not None else max(vocab.values()) + 1
     family = _family(backend, vocab)
     table: list[Optional[bytes]] = [None] * width
@@ -170,8 +184,4 @@ def vocab_from_tokenizer(tokenizer: Any, logits_width: Optional[int] = None,
             continue
         b = s.encode("utf-8") if i in added else token_str_to_bytes(s, family)
         table[i] = b or None
-
-    def encode(text: str) -> list[int]:
-        return backend.encode(text, add_special_tokens=False).ids
-
-    return TokenVocab(table, eos_token_id, encode)
+    return table

@@ -7,4 +7,5 @@ REQUEST_FIELDS: frozenset[str] = frozenset({
     "presence_penalty", "repetition_penalty", "stop", "stop_token_ids", "stop_regex", "ignore_eos",
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n", "regex", "json_schema", "ebnf",
     "structural_tag", "sampling_seed", "logit_bias", "allowed_token_ids", "bad_words", "thinking_token_budget",
+    "infill",
 })

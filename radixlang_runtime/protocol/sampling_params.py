@@ -13,6 +13,7 @@ from radixlang_runtime.protocol.sampling_fields import REQUEST_FIELDS
 from radixlang_runtime.protocol.stop_regex import StopRegex, check_stops, compile_stop_regex
 
 GREEDY_EPS = 1e-6  # temperature below this is greedy
+INFILL_MAX_TOP_K = 1024  # infill's candidates are the top_k tokens: at most this many per row
 # from_dict refuses them (built on intake)
 _NOT_REQUEST_FIELDS = frozenset({"grammar", "bad_words_ids", "reasoning_watch"})
 _NOT_WIRE_FIELDS = frozenset({"n", "grammar", "reasoning_watch"})
@@ -52,6 +53,10 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     # vLLM's: words never generated. Tokenized once on intake (tokenize_bad_words) into bad_words_ids.
     bad_words: list[str] = field(default_factory=list)
+    # llama.cpp's infill sampler after top-k / top-p / min-p (model/executor/infill_sampling.py): it ends the
+    # middle where end tokens weigh enough, merges tokens whose text starts another's, drops unlikely text
+    # tokens. Needs top_k in [1, INFILL_MAX_TOP_K] (its candidates).
+    infill: bool = False
     # Not a request field: bad_words' token sequences (tokenize_bad_words); the sampler bans a sequence's last
     # token whenever the output ends with the rest of it. None: no bad words.
     bad_words_ids: Optional[list[list[int]]] = None
@@ -151,7 +156,7 @@ class SamplingParams:
         self.n = need_int(self.n, "n", 1, MAX_N)
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
             setattr(self, name, need_float(getattr(self, name), name))
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "infill"):
             need_bool(getattr(self, name), name)
         need(self.min_new_tokens <= self.max_new_tokens,
              f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}")
@@ -159,6 +164,9 @@ class SamplingParams:
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
         need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        if self.infill and not 1 <= self.top_k <= INFILL_MAX_TOP_K:
+            raise FieldError("top_k", f"infill runs over the top_k candidates: top_k must be in [1, "
+                                      f"{INFILL_MAX_TOP_K}] with it, got {self.top_k}")
         need(-2.0 <= self.frequency_penalty <= 2.0,
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         need(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")

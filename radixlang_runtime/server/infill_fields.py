@@ -8,7 +8,9 @@ penalty_last_n, each checked under its own name and honoured or refused (400 nam
   order, temperature then top_k, top_p and min_p on the same sorted distribution (model/executor/sampler.py),
   so a list is taken when it names only those stages, in that order; a stage it leaves out runs neutral (top_k
   off, top_p 1, min_p 0, temperature 1, as llama.cpp's chain without it), and setting the left-out stage's
-  field with another value is refused. "infill" (llama.cpp's infill sampler) and every other stage are refused.
+  field with another value is refused. "infill" (llama.cpp's infill sampler) may close the list, after top_k:
+  it sets SamplingParams.infill (model/executor/infill_sampling.py), which runs over top_k's candidates (top_k up
+  to SamplingParams' INFILL_MAX_TOP_K, else 400 naming top_k). Every other stage is refused.
 - penalty_last_n: 0 turns the penalties off (refused with a penalty set to another value); -1, the whole
   context, is the repeat penalty's scope here (prompt and output) but not the presence and frequency penalties'
   (the output only), so it is taken only while those are unset or 0. Other windows are refused.
@@ -24,6 +26,7 @@ LIMIT_FIELDS = ("n_indent", "t_max_prompt_ms", "t_max_predict_ms")
 LLAMA_FIELDS = {*LIMIT_FIELDS, "response_fields", "samplers", "penalty_last_n"}
 SERVER_ORDER = ("temperature", "top_k", "top_p", "min_p")  # the stages the server's sampler runs, in its order
 NEUTRAL = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
+INFILL = "infill"  # llama.cpp's infill sampler: last in the list, after the server's stages
 _MAX_PATHS = 64
 
 
@@ -70,15 +73,23 @@ def apply_samplers(value: Any, body: dict, sampling: dict) -> None:
         return
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise FieldError("samplers", f"samplers must be a list of stage names, got {show(value)}")
-    if bad := [s for s in value if s not in SERVER_ORDER]:
-        why = " (llama.cpp's infill sampler is not implemented)" if bad[0] == "infill" else ""
-        raise FieldError("samplers", f"samplers stage {show(bad[0], 40)} is not run by this server{why}; it runs "
-                                     f"{', '.join(SERVER_ORDER)} in that order")
-    if len(set(value)) != len(value) or sorted(value, key=SERVER_ORDER.index) != value:
+    infill = bool(value) and value[-1] == INFILL
+    stages = value[:-1] if infill else value
+    if INFILL in stages:
+        raise FieldError("samplers", f"samplers {show(value)}: {INFILL} runs last, after the server's stages")
+    if bad := [s for s in stages if s not in SERVER_ORDER]:
+        raise FieldError("samplers", f"samplers stage {show(bad[0], 40)} is not run by this server; it runs "
+                                     f"{', '.join(SERVER_ORDER)} in that order, then {INFILL}")
+    if len(set(stages)) != len(stages) or sorted(stages, key=SERVER_ORDER.index) != stages:
         raise FieldError("samplers", f"samplers {show(value)} must name each stage once in the server's order: "
-                                     f"{', '.join(SERVER_ORDER)}")
+                                     f"{', '.join(SERVER_ORDER)}, then {INFILL}")
+    if infill:
+        if "top_k" not in stages:
+            raise FieldError("samplers", f"samplers {show(value)}: {INFILL} runs over top_k's candidates, so it needs "
+                                         "top_k before it")
+        sampling["infill"] = True
     for stage in SERVER_ORDER:
-        if stage in value:
+        if stage in stages:
             continue
         if body.get(stage) is not None and body[stage] != NEUTRAL[stage]:
             raise FieldError("samplers", f"samplers leaves out {stage} but {stage} is set to {show(body[stage])}")

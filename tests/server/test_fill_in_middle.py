@@ -7,10 +7,10 @@ logprobs work as for any completion; echo, token-id prompts and truncate_prompt_
 llama.cpp's /infill on the same servers: its greedy middle is the completion's for the same prefix and suffix,
 `prompt` runs after the prefix, `input_extra` chunks go before the template behind the file separator token
 (Qwen's added one, StarCoder2's in the embedded vocabulary), streaming and stop words in llama.cpp's shape, and
-/tokenize with a `suffix` answers the ids the completion runs. llama.vim's request: its body taken but for
-llama.cpp's infill sampler (refused by name), response_fields cutting the answer to the paths asked, n_indent
-cutting a dedented line of the greedy middle, t_max_predict_ms and t_max_prompt_ms ending it early, each early
-end leaving the KV pool whole.
+/tokenize with a `suffix` answers the ids the completion runs. llama.vim's request: its body taken whole, llama.cpp's
+infill sampler deciding the middle where the candidates leave it no choice, response_fields cutting the answer to
+the paths asked, n_indent cutting a dedented line of the greedy middle, t_max_predict_ms and t_max_prompt_ms ending
+it early, each early end leaving the KV pool whole.
 """
 
 from __future__ import annotations
@@ -239,7 +239,8 @@ def test_infill_streams_and_stops_at_a_word(tiny, detected):
 def test_infill_refuses_by_field(detected):
     cases = [({"input_prefix": 5}, "input_prefix"), ({"input_extra": "x"}, "input_extra"),
              ({"input_extra": [{"text": "a", "path": "b"}]}, "input_extra"), ({"n_indent": "4"}, "n_indent"),
-             ({"samplers": ["top_k", "infill"]}, "samplers"), ({"penalty_last_n": 64}, "penalty_last_n"),
+             ({"samplers": ["top_p", "infill"]}, "samplers"), ({"penalty_last_n": 64}, "penalty_last_n"),
+             ({"samplers": ["top_k", "infill"], "top_k": 5000}, "top_k"),
              ({"response_fields": "content"}, "response_fields"), ({"t_max_predict_ms": 1.5}, "t_max_predict_ms"),
              ({"stream": "yes"}, "stream"), ({"n_predict": -2}, "n_predict"), ({"repeat_penalty": 0}, "repeat_penalty"),
              ({"input_extra": [{"text": "<|file_sep|>"}]}, None)]  # special text stays text: runs
@@ -283,10 +284,7 @@ def llama_vim_body(**change) -> dict:
 
 
 def test_llama_vims_request(detected):
-    r = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body())
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == "samplers" and "infill" in r.json()["error"]["message"]
-    r = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body(samplers=["top_k", "top_p"]))
+    r = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body())  # samplers ending in "infill"
     assert r.status_code == 200, r.text
     out = r.json()
     assert sorted(out) == sorted(LLAMA_VIM_FIELDS)  # only the paths asked, under their paths
@@ -296,9 +294,53 @@ def test_llama_vims_request(detected):
     assert out["timings/prompt_ms"] > 0 and 0 < out["timings/prompt_n"]
     assert out["timings/prompt_per_token_ms"] == pytest.approx(out["timings/prompt_ms"] / out["timings/prompt_n"])
     again = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body(
-        samplers=["top_k", "top_p"], response_fields=["tokens_cached", "timings/prompt_n", "timings/none"])).json()
+        seed=3, response_fields=["tokens_cached", "timings/prompt_n", "timings/none"])).json()
     assert set(again) == {"tokens_cached", "timings/prompt_n"}  # a path naming nothing is left out
     assert again["tokens_cached"] > 0 and again["timings/prompt_n"] < out["timings/prompt_n"]  # the cached prefix
+
+
+def infill_verdict(tiny, prefix: str):
+    """What the infill stage keeps of the first step's candidates under llama.vim's top_k 40 / top_p 0.99 (the
+    server's top_p over the whole distribution), from transformers' logits: None where the middle must end."""
+    import torch
+
+    from radixlang_runtime.constrained.vocab import token_byte_table
+    from radixlang_runtime.model.executor.infill_sampling import infill_filter
+
+    model, tok, _, _ = tiny
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([layout(tok, QWEN, prefix, SUFFIX)])).logits[0, -1].float(), -1)
+    ps, order = probs.sort(descending=True)
+    ps, order = ps[:40], order[:40]
+    kept = ((ps.cumsum(0) - ps) <= 0.99).tolist()
+    ids = [t for t, k in zip(order.tolist(), kept) if k]
+    table = token_byte_table(tok, len(probs))
+    return infill_filter(ids, [p for p, k in zip(ps.tolist(), kept) if k], lambda t: table[t] or b"",
+                         {2}.__contains__)
+
+
+def test_the_infill_stage_decides_the_middle(tiny, detected):
+    """The tiny model spreads its first step thin: for PREFIX no text token reaches a fifth of the top 40, so
+    the stage ends the middle at once whatever the seed; for "import " one token stays, so it is the middle's
+    first token whatever the seed. Without the stage the same seeds draw other things."""
+    _, tok, _, _ = tiny
+
+    def middle(prefix: str, samplers: list[str], seed: int, n: int) -> dict:
+        r = httpx.post(detected.url + "/infill", timeout=120, json={
+            "input_prefix": prefix, "input_suffix": SUFFIX, "n_predict": n, "top_k": 40, "top_p": 0.99,
+            "samplers": samplers, "seed": seed})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert infill_verdict(tiny, PREFIX) is None
+    kept = infill_verdict(tiny, "import ")
+    assert kept is not None and len(kept) == 1
+    ended = [middle(PREFIX, ["top_k", "top_p", "infill"], seed, NEW) for seed in range(5)]
+    assert all(out["content"] == "" and out["stop_type"] == "eos" for out in ended), ended
+    assert any(middle(PREFIX, ["top_k", "top_p"], seed, NEW)["content"] for seed in range(5))
+    first = {middle("import ", ["top_k", "top_p", "infill"], seed, 1)["content"] for seed in range(5)}
+    assert first == {tok.decode(kept)}
+    assert len({middle("import ", ["top_k", "top_p"], seed, 1)["content"] for seed in range(5)}) > 1
 
 
 def greedy_text(tiny, prefix: str, n: int) -> str:

@@ -44,8 +44,20 @@ def test_samplers_set_left_out_stages_neutral():
     assert sampling == {"min_p": 0.0}
 
 
+def test_infill_closes_the_list():
+    """llama.vim's list: temperature and min_p neutral, top_k and top_p as sent, the infill stage on."""
+    sampling = {"temperature": 0.7, "top_k": 40, "top_p": 0.99, "min_p": 0.05}
+    apply_samplers(["top_k", "top_p", "infill"], {"top_k": 40, "top_p": 0.99}, sampling)
+    assert sampling == {"temperature": 1.0, "top_k": 40, "top_p": 0.99, "min_p": 0.0, "infill": True}
+    sampling = {}
+    apply_samplers(["top_k", "top_p"], {}, sampling)
+    assert "infill" not in sampling
+
+
 @pytest.mark.parametrize("samplers, body, words", [
-    (["top_k", "top_p", "infill"], {}, "infill sampler"),
+    (["top_p", "infill"], {}, "needs top_k before it"),
+    (["infill", "top_k"], {}, "infill runs last"),
+    (["top_k", "infill", "infill"], {}, "infill runs last"),
     (["top_k", "dry"], {}, "'dry'"),
     (["top_p", "top_k"], {}, "order"),
     (["top_k", "top_k"], {}, "order"),

@@ -1,17 +1,17 @@
 """Batched sampling over the requests of one step.
 
 All vocabulary work is torch ops over [B, V]; Python loops only run over requests (building the
-per-row parameter tensors). Order: suppress EOS/stop ids before min_new_tokens -> the token masks
-(allowed_token_ids: every other token -inf; bad_words: a word's last token -inf where the output ends with
-the rest of it), before penalties and bias as in vLLM -> penalties -> logit_bias (added to the penalized
-logits, so +100 / -100 force / ban a token whatever the penalties did; a token the grammar mask,
-min_new_tokens or a token mask set to -inf stays -inf) -> greedy rows take
-argmax -> the rest: temperature, softmax, top-k / top-p / min-p on the sorted distribution, then an
-exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from p -> a forced row (SampleSpec.forced)
-takes its token whatever was drawn. A seeded
-request draws its noise from a generator keyed by (seed, step), so its tokens do not depend on what
-else is in the batch. The stop-id suppression, the masks and logit_bias are one mechanism: a scatter of
-(row, token) pairs over the batch (_scatter).
+per-row parameter tensors) and, for the rows with infill, over their top_k candidates. Order: suppress EOS/stop
+ids before min_new_tokens -> the token masks (allowed_token_ids: every other token -inf; bad_words: a word's last
+token -inf where the output ends with the rest of it), before penalties and bias as in vLLM -> penalties ->
+logit_bias (added to the penalized logits, so +100 / -100 force / ban a token whatever the penalties did; a token
+the grammar mask, min_new_tokens or a token mask set to -inf stays -inf) -> greedy rows take argmax -> the rest:
+temperature, softmax, top-k / top-p / min-p on the sorted distribution, llama.cpp's infill stage on the rows that
+ask for it (infill_sampling.py), then an exponential-race draw (argmax p / E, E ~ Exp(1)), which is a sample from
+p -> a forced row (SampleSpec.forced) takes its token whatever was drawn. A seeded request draws its noise from a
+generator keyed by (seed, step), so its tokens do not depend on what else is in the batch. The stop-id
+suppression, the masks and logit_bias are one mechanism: a scatter of (row, token) pairs over the batch
+(_scatter).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Sequence, Union
 
 import torch
 
+from radixlang_runtime.model.executor.infill_sampling import InfillStage
 from radixlang_runtime.model.executor.step_io import SampleSpec
 
 
@@ -28,6 +29,7 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.infill = InfillStage()  # the runner's owner gives it the tokenizer's pieces (wiring.py)
 
     def sample(self, logits: torch.Tensor, reqs: list[SampleSpec]) -> list[int]:
         """logits [B, V] float32 (modified in place) -> one token id per request."""
@@ -171,11 +173,25 @@ class Sampler:
             drop |= probs < m * probs[:, :1]
             drop[:, 0] = False  # the most likely token always survives
             probs = probs.masked_fill(drop, 0.0)
+        ends = self._apply_infill(probs, order, reqs) if needs_sort else {}
         noise = self._exponential_noise(reqs, probs.shape[1], dev)
         choice = (probs / noise).argmax(dim=-1)  # [b]
         if needs_sort:
             choice = order.gather(1, choice[:, None]).squeeze(1)
+        for j, token in ends.items():
+            choice[j] = token
         return choice
+
+    def _apply_infill(self, probs: torch.Tensor, order: torch.Tensor, reqs: list[SampleSpec]) -> dict[int, int]:
+        """llama.cpp's infill stage on the rows with SamplingParams.infill (their top_k >= 1: sorted here) ->
+        {row: end token} for the rows it ends. A row still short of min_new_tokens skips it (it could end)."""
+        rows = [j for j, r in enumerate(reqs) if r.sampling.infill and r.sampling.top_k > 0
+                and len(r.output_ids) >= r.sampling.min_new_tokens]
+        if not rows:
+            return {}
+        ends = [set(self.eos_token_ids) | set(r.sampling.stop_token_ids) for r in reqs]
+        end_token = self.eos_token_ids[0] if self.eos_token_ids else min(ends[rows[0]], default=0)
+        return self.infill.apply(probs, order, rows, [r.sampling.top_k for r in reqs], ends, end_token)
 
     def _exponential_noise(self, reqs: list[SampleSpec], V: int, dev: torch.device) -> torch.Tensor:
         noise = torch.empty(len(reqs), V, device=dev).exponential_(generator=self.generator)
