@@ -134,6 +134,10 @@ class RuntimeLimits:
     speculative: bool = False  # --speculative-algorithm is set
     hidden_states: bool = False  # --enable-return-hidden-states: requests may ask return_hidden_states
 
+    def room_after(self, prompt_len: int) -> int:
+        """The tokens a prompt of this length leaves to generate: within the context and the KV pool (>= 0)."""
+        return max(min(self.context_len, self.num_slots) - prompt_len, 0)
+
 
 def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, ids_name: str = "input_ids",
                   pooling: bool = False, chat_watch: Any = None) -> None:

@@ -62,8 +62,7 @@ class InfillRequest:
     suffix: str
     extra: tuple[tuple[str, str], ...]  # (filename, text) per context chunk
     prompt: str  # llama.cpp's text after the prefix
-    options: OpenAIOptions
-    max_tokens: Optional[int]  # n_predict (None: until the end token or the context is full)
+    options: OpenAIOptions  # max_tokens: n_predict (None: until the end token or the context is full)
     limits: MappingProxyType  # n_indent, t_max_prompt_ms, t_max_predict_ms (0: off)
     fields: Optional[tuple[str, ...]]  # response_fields (None: the whole answer)
 
@@ -115,9 +114,9 @@ def parse_infill(state: ServerState, body: Any) -> InfillRequest:
     n = body.get("n_predict")
     n = None if n is None else need_int(n, "n_predict", -1)
     stream = False if body.get("stream") is None else need_bool(body["stream"], "stream")
-    options = OpenAIOptions(1, stream, False, 0, None, MappingProxyType(sampling), None)
+    options = OpenAIOptions(1, stream, False, 0, None, MappingProxyType(sampling), None if n == -1 else n)
     return InfillRequest(_text(body, "input_prefix"), _text(body, "input_suffix"), _extra(body.get("input_extra")),
-                         _text(body, "prompt"), options, None if n == -1 else n, MappingProxyType(limits(body)),
+                         _text(body, "prompt"), options, MappingProxyType(limits(body)),
                          response_fields(body.get("response_fields")))
 
 
@@ -136,9 +135,8 @@ def infill_ids(state: ServerState, req: InfillRequest) -> list[int]:
 def infill_intake(state: ServerState, req: InfillRequest, rid: str) -> Choices:
     """The request's one choice (its prompt tokenized). On an intake thread."""
     ids = infill_ids(state, req)
-    limits = state.tm.limits
-    room = max(min(limits.context_len, limits.num_slots) - len(ids), 0)
-    sampling = req.options.sampling_params(room if req.max_tokens is None else req.max_tokens, room)
+    room = state.tm.limits.room_after(len(ids))
+    sampling = req.options.sampling_params(room, room)
     return Choices.build(state, [ids], req.options, sampling, rid=rid)
 
 

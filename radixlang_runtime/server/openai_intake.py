@@ -99,7 +99,7 @@ def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> C
     else:
         whole = [tm.encode_text(p) if isinstance(p, str) else list(p) for p in given]
     prompts = [req.options.truncated(p) for p in whole]
-    room = min(tm.limits.context_len, tm.limits.num_slots) - max(map(len, prompts), default=0)
+    room = tm.limits.room_after(max(map(len, prompts), default=0))  # the longest prompt's
     sampling = req.options.sampling_params(COMPLETION_MAX_TOKENS, room)
     choices = Choices.build(state, prompts, req.options, sampling, req.logprobs, req.echo, rid)
     texts = None
@@ -143,14 +143,14 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
         think = dataclasses.replace(think, prefix=prefix)
     tools = with_parser(req.tools, state.args.tool_call_parser,
                         template if template is not None else getattr(tm.tokenizer, "chat_template", None))
-    room = min(tm.limits.context_len, tm.limits.num_slots) - len(ids)
+    room = tm.limits.room_after(len(ids))
     extra: dict = {}
     keeps_special = any(p is not None and p.keeps_special_tokens for p in (tools.parser, think and think.parser)) \
         or (think is not None and markers is not None and markers.special)
     if keeps_special and "skip_special_tokens" not in req.options.sampling:
         # the markup is special tokens ([TOOL_CALLS], <|python_tag|>, <|channel|>, [THINK], a model's <think>)
         extra["skip_special_tokens"] = False
-    sampling = req.options.sampling_params(max(room, 0), room, **extra)
+    sampling = req.options.sampling_params(room, room, **extra)
     if tools.forced is not None:  # tool_choice required / a named function: the output is a call
         if not tm.limits.grammar:
             raise FieldError("tool_choice", f"tool_choice {tools.forced!r} constrains the output to a call: it "

@@ -105,7 +105,7 @@ class OpenAIOptions:
         the prompt), else the route's default_max_tokens."""
         mt = self.max_tokens
         if mt is None:
-            mt = default_max_tokens if self.model_max_tokens is None else min(self.model_max_tokens, max(room, 0))
+            mt = default_max_tokens if self.model_max_tokens is None else min(self.model_max_tokens, room)
         return {**self.sampling, "max_new_tokens": mt, **extra}
 
 

@@ -180,11 +180,11 @@ def test_the_infill_parser_takes_llama_cpps_fields(base):
     req = parse_infill(state, {"input_prefix": "a", "input_suffix": "b", "prompt": "c", "n_predict": -1, "seed": -1,
                                "repeat_penalty": 1.1, "top_k": 5, "stop": ["\n"], "cache_prompt": True,
                                "input_extra": [{"filename": "f.py", "text": "t"}, {"text": "u"}]})
-    assert (req.prefix, req.suffix, req.prompt, req.max_tokens) == ("a", "b", "c", None)
+    assert (req.prefix, req.suffix, req.prompt, req.options.max_tokens) == ("a", "b", "c", None)
     assert req.extra == (("f.py", "t"), ("tmp", "u"))
     assert req.options.sampling["repetition_penalty"] == 1.1 and req.options.sampling["top_k"] == 5
     assert req.options.sampling["sampling_seed"] is None and req.options.sampling["stop"] == ["\n"]
-    assert parse_infill(state, {"n_predict": 3}).max_tokens == 3
+    assert parse_infill(state, {"n_predict": 3}).options.max_tokens == 3
     with pytest.raises(BadRequest, match="suffix needs fill-in-the-middle tokens") as e:
         parse_infill(_state(base, None), {"input_prefix": "a"})
     assert str(e.value) == no_fim_message(base)
