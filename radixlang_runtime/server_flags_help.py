@@ -48,7 +48,8 @@ HELP: dict[str, str] = {
                          "repetition_penalty, max_new_tokens as the default max_tokens), openai = the API's own",
     "override_generation_config": "a JSON object of those fields merged over generation_config.json's (with either "
                                   "--sampling-defaults), e.g. '{\"temperature\": 0.5, \"max_new_tokens\": 64}'; "
-                                  "null drops the file's value",
+                                  "null drops the file's value; its max_new_tokens also lowers a request's larger "
+                                  "max tokens to it, as vLLM's does",
     "frontend_port": "the DSL's ZeroMQ link, on --host: 0 = a free port, N = port N, -1 = no link. "
                      "/get_model_info reports the port; RuntimeEndpoint(http URL) finds it there",
     "dashboard_show_text": "label the live view's radix nodes with their text (off: sizes only)",

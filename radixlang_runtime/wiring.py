@@ -319,6 +319,7 @@ def end_token_ids(model_dir: str, config_eos: tuple[int, ...], tokenizer: Any) -
 
 def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
     from radixlang_runtime.protocol.reasoning_watch import ThinkingMarkers
+    from radixlang_runtime.protocol.sampling_defaults import max_tokens_cap
 
     runner = scheduler.runner
     markers = ThinkingMarkers.of_parser(runner.args.reasoning_parser, tokenizer)
@@ -332,7 +333,8 @@ def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
                          reasoning_parser=runner.args.reasoning_parser or "",
                          thinking_markers=markers.to_wire() if markers is not None else (),
                          speculative=runner.args.speculative_algorithm is not None,
-                         hidden_states=runner.args.enable_return_hidden_states)
+                         hidden_states=runner.args.enable_return_hidden_states,
+                         max_tokens_cap=max_tokens_cap(runner.args.override_generation_config))
 
 
 def model_sampling_defaults(runner: Any) -> dict[str, Any]:

@@ -18,11 +18,11 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import Any, Iterator, Optional, Union
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from radixlang_runtime.detokenize import IncrementalDetokenizer
 from radixlang_runtime.protocol.generate_input import parse_generate_input, parse_lora_path, parse_priority
-from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
 from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.protocol.messages import AbortReq, TokenizedGenerateReq
@@ -87,8 +87,8 @@ class Engine:
                  stream: bool = False, rid: Union[str, list[str], None] = None, return_logprob: bool = False,
                  logprob_start_len: Union[int, list[int], None] = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, lora_path: Union[str, list, None] = None,
-                 priority: Optional[int] = None, cache_salt: Optional[str] = None,
-                 return_hidden_states: bool = False) -> Any:
+                 priority: Optional[int] = None, cache_salt: Union[str, list[Optional[str]], None] = None,
+                 return_hidden_states: Union[bool, list[bool]] = False) -> Any:
         """Returns a dict (single prompt), a list of dicts (list input), or a generator of chunks.
 
         return_logprob adds meta_info input_token_logprobs (from logit position logprob_start_len,
@@ -96,9 +96,10 @@ class Engine:
         native protocol does; entries are [logprob, token_id, text | None]. lora_path: the name of a
         --lora-paths adapter every request of the call runs (None: the base model), or one name (or None)
         per prompt. priority: every request's, with --enable-priority-scheduling (preemption.PriorityRule).
-        cache_salt: the prefix cache namespace of every request of the call (None: the shared one);
-        return_hidden_states: meta_info hidden_states, with enable_return_hidden_states (request_extras.py)."""
-        extras = parse_extras({"cache_salt": cache_salt, "return_hidden_states": return_hidden_states}, self.limits)
+        cache_salt: the prefix cache namespace of the call's requests (None: the shared one); return_hidden_states:
+        meta_info hidden_states, with enable_return_hidden_states; each one value, or a list of one per prompt of a
+        list of prompts (request_extras.prompt_extras)."""
+        extras = {"cache_salt": cache_salt, "return_hidden_states": return_hidden_states}
         reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid,
                                          (return_logprob, logprob_start_len, top_logprobs_num), lora_path, priority,
                                          extras)
@@ -274,7 +275,7 @@ class Engine:
                    logprob: tuple[bool, Any, Any] = (False, None, 0),
                    lora_path: Union[str, list, None] = None,
                    priority: Optional[int] = None,
-                   extras: RequestExtras = RequestExtras()) -> tuple[list[TokenizedGenerateReq], bool]:
+                   extras: Mapping[str, Any] = MappingProxyType({})) -> tuple[list[TokenizedGenerateReq], bool]:
         """The one intake (generate_input.py, the server's too): one message per sample."""
         return_logprob, start, top_num = logprob
         lora_id = parse_lora_path(lora_path, self.limits)

@@ -23,17 +23,18 @@ import copy
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Union
 
 from radixlang_runtime.protocol.bootstrap_peers import Bootstrap, check_host
 from radixlang_runtime.protocol.reasoning_watch import ChatWatch
 from radixlang_runtime.protocol.limits import (MAX_BATCH, MAX_RID_LEN, FieldError, RuntimeLimits, check_request,
-                                               need_bool, need_int, need_str, show)
+                                               need_bool, need_int, need_str, per_prompt, show)
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
 from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.cache_namespace import namespaced, salt_key
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq
-from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
+from radixlang_runtime.protocol.request_extras import RequestExtras, prompt_extras
 from radixlang_runtime.pooling import PoolSpec
 from radixlang_runtime.protocol.results import LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
@@ -104,13 +105,14 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
             is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0,
             encode_words: Optional[Encode] = None, chat_watch: Optional[ChatWatch] = None,
-            extras: RequestExtras = RequestExtras()) -> list[GenerateRequest]:
+            extras: Union[RequestExtras, list[RequestExtras]] = RequestExtras()) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict; bad_words tokenized with
     encode_words, the tokenizer's encode without special tokens: None refuses them; check_request, with
     chat_watch: the chat route's reasoning decisions), then n
     requests with the rid rule above, each built whole. sampling / rids: one entry per prompt. bootstrap (PD):
     one prompt given as one (is_list False), n == 1. lora_id: the adapter of every request, or one per prompt
-    (a list: then each prompt is one request, n = 1)."""
+    (a list: then each prompt is one request, n = 1). extras: every request's, or one per prompt (a list: shared by
+    the prompt's n samples)."""
     if bootstrap is not None and (is_list or len(prompts) != 1):
         raise FieldError(ids_name, f"batch input (a list of prompts) is not supported with prefill-decode "
                                    f"disaggregation (disaggregation_mode {limits.disaggregation_mode})")
@@ -129,11 +131,12 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
         if bootstrap is not None and sp.n != 1:
             raise FieldError("n", f"n > 1 is not supported with prefill-decode disaggregation (got n={sp.n})")
         lp = logprob_of(i, ids)
+        ex = extras[i] if isinstance(extras, list) else extras
         for j in range(sp.n):
             k = len(out)
             lid = lora_id if not isinstance(lora_id, list) else lora_id[k] if k < len(lora_id) else 0
             out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap,
-                                       lora_id=lid, priority=priority, extras=extras))
+                                       lora_id=lid, priority=priority, extras=ex))
     if isinstance(lora_id, list) and len(lora_id) != len(out):
         raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
                                       f"{len(lora_id)} names for {len(out)} requests")
@@ -151,14 +154,6 @@ def check_unique_rids(reqs: list[GenerateRequest]) -> None:
     counts = Counter(r.rid for r in reqs)
     if dupes := sorted(r for r, c in counts.items() if c > 1):
         raise FieldError("rid", f"duplicate rid(s): {show(dupes)}")
-
-
-def _listify(value: Any, n: int, name: str) -> list:
-    if isinstance(value, list):
-        if len(value) != n:
-            raise FieldError(name, f"{name} has {len(value)} entries for {n} prompts")
-        return value
-    return [value] * n
 
 
 def _prompts(text: Any, input_ids: Any, encode: Encode) -> tuple[list[list[int]], bool]:
@@ -191,13 +186,15 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
                          bootstrap: Optional[Bootstrap] = None,
                          lora_id: Union[int, list[int]] = 0, priority: int = 0,
                          encode_words: Optional[Encode] = None,
-                         extras: RequestExtras = RequestExtras()) -> tuple[list[GenerateRequest], bool]:
+                         extras: Mapping[str, Any] = MappingProxyType({})) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
-    list input or n > 1). encode_words: fan_out's (bad_words)."""
+    list input or n > 1). encode_words: fan_out's (bad_words). extras: the cache_salt / extra_key /
+    return_hidden_states fields as given (request_extras.prompt_extras: one value, or one per prompt)."""
     prompts, is_list = _prompts(text, input_ids, encode)
-    sps = _listify(sampling_params, len(prompts), "sampling_params")
-    rids = _listify(rid, len(prompts), "rid")
-    starts = _listify(logprob_start_len, len(prompts), "logprob_start_len")
+    sps = per_prompt(sampling_params, len(prompts), "sampling_params")
+    rids = per_prompt(rid, len(prompts), "rid")
+    starts = per_prompt(logprob_start_len, len(prompts), "logprob_start_len")
+    per_extras = prompt_extras(extras, limits, len(prompts), is_list)
     need_bool(return_logprob, "return_logprob")
     with_text = return_text_in_logprobs is not None and need_bool(return_text_in_logprobs, "return_text_in_logprobs")
 
@@ -206,7 +203,7 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
     out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list,
-                  lora_id=lora_id, priority=priority, encode_words=encode_words, extras=extras)
+                  lora_id=lora_id, priority=priority, encode_words=encode_words, extras=per_extras)
     return out, is_list or len(out) > 1
 
 
@@ -224,7 +221,7 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits,
                                          body.get("logprob_start_len"), body.get("top_logprobs_num"),
                                          body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap,
                                          lora_id, parse_priority(body.get("priority"), limits), encode_words,
-                                         parse_extras(body, limits, extra_key=True))
+                                         body)
     return reqs, is_list
 
 

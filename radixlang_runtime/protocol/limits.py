@@ -115,6 +115,16 @@ def need_int_list(value: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MA
     return value
 
 
+def per_prompt(value: Any, prompts: int, name: str) -> list:
+    """A field of a batch body given once for every prompt or as a list of one entry per prompt -> one entry per
+    prompt; a list of another length is a FieldError naming the field and both lengths."""
+    if isinstance(value, list):
+        if len(value) != prompts:
+            raise FieldError(name, f"{name} has {len(value)} entries for {prompts} prompts")
+        return value
+    return [value] * prompts
+
+
 @dataclass(frozen=True)
 class RuntimeLimits:
     context_len: int
@@ -133,6 +143,9 @@ class RuntimeLimits:
     thinking_markers: tuple = ()  # its markers' token ids, ThinkingMarkers.to_wire (empty: none; reasoning_watch.py)
     speculative: bool = False  # --speculative-algorithm is set
     hidden_states: bool = False  # --enable-return-hidden-states: requests may ask return_hidden_states
+    # --override-generation-config's max_new_tokens: the OpenAI-shaped routes' ceiling on max tokens, a request's
+    # own count included (vLLM's override_max_tokens; sampling_defaults.max_tokens_cap); None: no ceiling
+    max_tokens_cap: Optional[int] = None
 
     def room_after(self, prompt_len: int) -> int:
         """The tokens a prompt of this length leaves to generate: within the context and the KV pool (>= 0)."""

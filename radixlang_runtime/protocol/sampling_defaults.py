@@ -2,7 +2,10 @@
 and max_new_tokens, which the OpenAI-shaped routes (chat, completions, and through the chat route Responses and
 Anthropic Messages) use where a request leaves the field unset (SGLang's `--sampling-defaults model`, its default;
 vLLM's `--generation-config auto`). max_new_tokens stands in for an unset max_tokens / max_completion_tokens
-(Responses' max_output_tokens), as vLLM takes it. `--sampling-defaults openai` keeps the API's own defaults
+(Responses' max_output_tokens), as vLLM takes it; the file's value leaves a request's own count alone, while
+`--override-generation-config`'s max_new_tokens is also a ceiling that lowers a request's larger count
+(max_tokens_cap: vLLM's override_max_tokens under --generation-config auto / vllm, on chat, completions and
+Responses). `--sampling-defaults openai` keeps the API's own defaults
 (temperature 1, top_p 1, no top_k / min_p / repetition penalty, max_tokens what the route gives).
 `--override-generation-config` (vLLM's flag: a JSON object of those fields) is merged over the file's values, with
 or without the file and in either mode; a null there drops the file's value. Native /generate, the DSL and the
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 
@@ -88,6 +91,12 @@ def _checked(values: dict[str, Any], prefix: str, advice: str) -> dict[str, Any]
     except ValueError as e:
         raise ValueError(f"{prefix}{e}{advice}") from None
     return out
+
+
+def max_tokens_cap(override: Any) -> Optional[int]:
+    """--override-generation-config's max_new_tokens (None: unset or null): the most tokens a request of the
+    OpenAI-shaped routes runs, whatever max tokens it asks for."""
+    return parse_override(override).get("max_new_tokens")
 
 
 def check_sampling_defaults_args(args: Any) -> None:

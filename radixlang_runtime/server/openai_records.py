@@ -93,6 +93,9 @@ class OpenAIOptions:
     # the model's default max tokens (--sampling-defaults model: generation_config.json's max_new_tokens, or
     # --override-generation-config's); None: the route's default
     model_max_tokens: Optional[int] = None
+    # --override-generation-config's max_new_tokens: the most tokens any choice runs, its own max tokens included
+    # (RuntimeLimits.max_tokens_cap); None: no ceiling
+    max_tokens_cap: Optional[int] = None
 
     def truncated(self, ids: list[int]) -> list[int]:
         """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
@@ -102,10 +105,13 @@ class OpenAIOptions:
     def sampling_params(self, default_max_tokens: int, room: int, **extra: Any) -> dict[str, Any]:
         """The native sampling_params of every choice (a fresh dict; the record stays as parsed). max_new_tokens:
         the request's own, else the model's default capped at room (what the context and the KV pool leave after
-        the prompt), else the route's default_max_tokens."""
+        the prompt), else the route's default_max_tokens; then at most max_tokens_cap (vLLM's get_max_tokens:
+        the override's max_new_tokens lowers a larger count, the request's own too)."""
         mt = self.max_tokens
         if mt is None:
             mt = default_max_tokens if self.model_max_tokens is None else min(self.model_max_tokens, room)
+        if self.max_tokens_cap is not None:
+            mt = min(mt, self.max_tokens_cap)
         return {**self.sampling, "max_new_tokens": mt, **extra}
 
 
@@ -247,7 +253,8 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
                          parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
                          continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream),
-                         parse_extras(body, limits, stream_hidden=not stream), defaults.get("max_new_tokens"))
+                         parse_extras(body, limits, stream_hidden=not stream), defaults.get("max_new_tokens"),
+                         limits.max_tokens_cap)
 
 
 def _rid(rid: Any) -> Optional[str]:

@@ -21,7 +21,7 @@ from radixlang_runtime.mem.tiers.disk import DiskTier
 from radixlang_runtime.mem.tiers.keys import FORMAT_VERSION, KEY_BYTES
 from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import FieldError, RuntimeLimits
-from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
+from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras, prompt_extras
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from radixlang_runtime.router.pd_proxy import routing_key
 from radixlang_runtime.scheduler.kv_manager import KVManager
@@ -132,12 +132,16 @@ def test_dp_placement_key_is_the_request_namespace():
 ])
 def test_bad_salts_are_refused_by_name(body, field):
     with pytest.raises(FieldError) as e:
-        parse_extras(body, LIMITS, extra_key=True)
+        prompt_extras(body, LIMITS, 1, is_list=False)
     assert e.value.param == field
+    if field == "cache_salt":  # the OpenAI routes' single value is checked alike
+        with pytest.raises(FieldError) as e:
+            parse_extras(body, LIMITS)
+        assert e.value.param == field
 
 
 def test_extra_key_is_the_salt_on_the_native_body():
-    assert parse_extras({"extra_key": "k"}, LIMITS, extra_key=True).cache_salt == "k"
-    assert parse_extras({"extra_key": "k", "cache_salt": "k"}, LIMITS, extra_key=True).cache_salt == "k"
+    assert prompt_extras({"extra_key": "k"}, LIMITS, 1, False) == [RequestExtras("k")]
+    assert prompt_extras({"extra_key": "k", "cache_salt": "k"}, LIMITS, 1, False) == [RequestExtras("k")]
     with pytest.raises(FieldError):
         parse_extras({"return_hidden_states": True}, LIMITS)  # the server runs without the flag

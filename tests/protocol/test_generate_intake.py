@@ -1,6 +1,7 @@
-"""The one intake (generate_input.py): n fan-out and rid rules in one place, the same for the native body,
-the Engine's arguments and the OpenAI routes; the scheduler's message carries the validated parameters and
-the ready grammar spec, decoded trusted on arrival (no from_dict, no spec built again). No model, no torch."""
+"""The one intake (generate_input.py): n fan-out, rid rules and per-prompt extras (cache_salt, return_hidden_states)
+in one place, the same for the native body, the Engine's arguments and the OpenAI routes; the scheduler's message
+carries the validated parameters and the ready grammar spec, decoded trusted on arrival (no from_dict, no spec
+built again). No model, no torch."""
 
 from __future__ import annotations
 
@@ -114,6 +115,56 @@ def test_bad_words_are_tokenized_once_at_the_intake():
     with pytest.raises(ValueError, match="allowed_token_ids contains out-of-vocab") as e:
         body(input_ids=[1], sampling_params={"allowed_token_ids": [1, 100]})
     assert e.value.param == "allowed_token_ids"
+
+
+HIDDEN = RuntimeLimits(context_len=256, vocab_size=100, num_slots=4096, hidden_states=True)
+
+
+def test_each_prompt_carries_its_own_salt_and_hidden_states_flag():
+    reqs, as_list = parse_generate_body({"text": ["ab", "ab", "cd"], "sampling_params": {"n": 2},
+                                         "cache_salt": ["s1", "s2", None], "return_hidden_states": [True, False, True]},
+                                        encode, HIDDEN)
+    assert as_list
+    msgs = [m.decode(m.encode(r.to_message())) for r in reqs]  # prompt * n + sample: a prompt's samples share them
+    assert [x.cache_salt for x in msgs] == ["s1", "s1", "s2", "s2", None, None]
+    assert [x.return_hidden_states for x in msgs] == [True, True, False, False, True, True]
+    assert reqs[0].prefix_key == reqs[1].prefix_key != reqs[2].prefix_key  # one prompt, two namespaces
+    one, _ = parse_generate_body({"text": ["ab", "cd"], "extra_key": "k", "return_hidden_states": True}, encode,
+                                 HIDDEN)  # a single value is every prompt's
+    assert [(r.extras.cache_salt, r.extras.return_hidden_states) for r in one] == [("k", True), ("k", True)]
+    both, _ = parse_generate_body({"input_ids": [[1], [2]], "extra_key": ["a", "b"], "cache_salt": ["a", None]},
+                                  encode, HIDDEN)  # SGLang's name beside vLLM's: they agree where both are given
+    assert [r.extras.cache_salt for r in both] == ["a", "b"]
+    engine, _ = parse_generate_input(["ab", "cd"], None, None, None, False, None, None, None, encode, HIDDEN,
+                                     extras={"cache_salt": ["x", "y"], "return_hidden_states": [False, True]})
+    assert [(r.extras.cache_salt, r.extras.return_hidden_states) for r in engine] == [("x", False), ("y", True)]
+
+
+@pytest.mark.parametrize("fields,param,needle", [
+    ({"cache_salt": ["a", "b", "c"]}, "cache_salt", "cache_salt has 3 entries for 2 prompts"),
+    ({"extra_key": ["a"]}, "extra_key", "extra_key has 1 entries for 2 prompts"),
+    ({"return_hidden_states": [True]}, "return_hidden_states", "return_hidden_states has 1 entries for 2 prompts"),
+    ({"cache_salt": ["a", 7]}, "cache_salt[1]", "cache_salt\\[1\\] must be a string"),
+    ({"cache_salt": ["", "a"]}, "cache_salt[0]", "cache_salt\\[0\\] must be a non-empty string"),
+    ({"cache_salt": ["a", ["b"]]}, "cache_salt[1]", "must be a string"),
+    ({"extra_key": ["a", "b"], "cache_salt": ["a", "c"]}, "extra_key[1]", "extra_key\\[1\\] and cache_salt\\[1\\]"),
+    ({"return_hidden_states": [True, "yes"]}, "return_hidden_states[1]", "must be a boolean"),
+    ({"cache_salt": {"0": "a"}}, "cache_salt", "must be a string"),
+])
+def test_per_prompt_extras_are_refused_by_name(fields, param, needle):
+    with pytest.raises(ValueError, match=needle) as e:
+        parse_generate_body({"text": ["ab", "cd"], **fields}, encode, HIDDEN)
+    assert e.value.param == param
+
+
+def test_a_list_needs_a_list_of_prompts_and_the_flag():
+    for name, value in (("cache_salt", ["a"]), ("return_hidden_states", [True]), ("extra_key", ["a"])):
+        with pytest.raises(ValueError, match=f"{name} as a list gives one value per prompt") as e:
+            parse_generate_body({"text": "ab", "sampling_params": {"n": 2}, name: value}, encode, HIDDEN)
+        assert e.value.param == name
+    with pytest.raises(ValueError, match="--enable-return-hidden-states") as e:  # the server runs without it
+        body(text=["ab", "cd"], return_hidden_states=[False, True])
+    assert e.value.param == "return_hidden_states[1]"
 
 
 def test_fan_out_assigns_from_a_base():

@@ -1,7 +1,9 @@
 """cache_salt on a real server (the embedded model, float32, the overlap schedule, chunked prefill): a prompt sent
 twice under one salt is served from the prefix cache the second time; under another salt (SGLang's `extra_key`
-on /generate) or none it is computed again; the outputs are the same whichever way; native, chat, completions
-and Responses take the field, and a bad one is a 400 naming it. The allocator is whole after."""
+on /generate) or none it is computed again; the outputs are the same whichever way; a /generate batch takes one
+salt per prompt (a list), so two equal prompts of one body share the cache only under equal salts; native, chat,
+completions and Responses take the field, and a bad one (a list's wrong length or element, a list on the OpenAI
+routes) is a 400 naming it. The allocator is whole after."""
 
 from __future__ import annotations
 
@@ -57,6 +59,38 @@ def test_generate_reuses_the_cache_only_within_a_salt(client):
     assert plain_again["meta_info"]["cached_tokens"] > prompt_tokens // 2  # the unsalted namespace shares as before
     assert {o["text"] for o in (first, again, other, plain, plain_again)} == {first["text"]}
     assert_idle_and_whole(client)
+
+
+def generate_batch(client, texts: list[str], **fields) -> list[dict]:
+    r = client.post("/generate", json={"text": texts, "sampling_params": GREEDY, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_batch_salts_each_prompt_on_its_own(client):
+    text, (a, b) = fresh_prompt(), fresh_salts(2)
+    first = generate(client, text, cache_salt=a)
+    prompt_tokens = first["meta_info"]["prompt_tokens"]
+    apart = generate_batch(client, [text, text], cache_salt=[a, b])  # one body, two namespaces
+    assert apart[0]["meta_info"]["cached_tokens"] > prompt_tokens // 2
+    assert apart[1]["meta_info"]["cached_tokens"] == 0
+    shared = generate_batch(client, [text, text], extra_key=[b, b])  # SGLang's name; b's prefix is cached now
+    assert all(o["meta_info"]["cached_tokens"] > prompt_tokens // 2 for o in shared)
+    other = generate_batch(client, [text], cache_salt=fresh_salts(1), sampling_params={**GREEDY, "n": 2})
+    assert len(other) == 2 and other[0]["meta_info"]["prompt_tokens"] == prompt_tokens
+    assert {o["text"] for o in (first, *apart, *shared, *other)} == {first["text"]}
+    assert_idle_and_whole(client)
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"cache_salt": ["a", "b", "c"]}, "cache_salt"), ({"extra_key": ["a"]}, "extra_key"),
+    ({"cache_salt": ["a", 7]}, "cache_salt[1]"), ({"cache_salt": ["a", ""]}, "cache_salt[1]"),
+    ({"extra_key": ["a", "b"], "cache_salt": ["a", "c"]}, "extra_key[1]"),
+])
+def test_a_bad_salt_list_is_a_400_naming_it(client, fields, param):
+    r = client.post("/generate", json={"text": ["Hi", "Ho"], "sampling_params": GREEDY, **fields})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
 
 
 def test_openai_routes_take_the_salt(client):

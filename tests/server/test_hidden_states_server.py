@@ -2,7 +2,8 @@
 chunks of 32 tokens): meta_info.hidden_states is SGLang's shape (the prompt's rows, then one row per generated
 token but the last) and equals transformers' final-norm output over the same tokens; the head on those rows gives
 the greedy tokens the server sampled; the rows do not come from the prefix cache; requests batched beside one
-that asks are unchanged; streaming /generate carries them in its final event; the OpenAI routes give each choice
+that asks are unchanged; a /generate batch takes one flag per prompt (a list) and returns them for the prompts
+that asked only; streaming /generate carries them in its final event; the OpenAI routes give each choice
 the last row; a bad value or a streamed OpenAI request is a 400 naming the field, and a server without the flag
 refuses the field naming the flag."""
 
@@ -76,6 +77,29 @@ def test_requests_batched_beside_are_unchanged(client):
         assert h["output_ids"] == a["output_ids"] == p["output_ids"]
         assert "hidden_states" not in p["meta_info"] and "hidden_states" not in a["meta_info"]
         assert len(h["meta_info"]["hidden_states"]) == N
+    assert_idle_and_whole(client)
+
+
+def test_a_batch_returns_them_for_the_prompts_that_asked(client):
+    prompts = [f"{PROMPT} Part {k}." for k in range(3)]
+    r = client.post("/generate", json={"text": prompts, "sampling_params": {**GREEDY, "n": 2},
+                                       "return_hidden_states": [True, False, True]})
+    assert r.status_code == 200, r.text
+    outs = r.json()
+    assert len(outs) == 6  # prompt * n + sample: a prompt's samples share its flag
+    assert ["hidden_states" in o["meta_info"] for o in outs] == [True, True, False, False, True, True]
+    for k in (0, 1, 4, 5):
+        assert len(outs[k]["meta_info"]["hidden_states"]) == N
+    alone = generate(client, prompts[2], return_hidden_states=True)
+    torch.testing.assert_close(rows_of(outs[4]["meta_info"]["hidden_states"]),
+                               rows_of(alone["meta_info"]["hidden_states"]), rtol=1e-3, atol=1e-3)
+    bad = client.post("/generate", json={"text": prompts, "sampling_params": GREEDY,
+                                         "return_hidden_states": [True, False]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "return_hidden_states", bad.text
+    assert "has 2 entries for 3 prompts" in bad.json()["error"]["message"]
+    bad = client.post("/generate", json={"text": prompts, "sampling_params": GREEDY,
+                                         "return_hidden_states": [True, 1, False]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "return_hidden_states[1]", bad.text
     assert_idle_and_whole(client)
 
 

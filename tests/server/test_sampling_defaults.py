@@ -5,7 +5,8 @@ the flag), then a real server on a tiny random Llama whose generation_config.jso
 7: the OpenAI and Anthropic routes sample greedily where a request leaves the fields unset (the same text under any
 seed, equal to temperature 0), a request's own top_k wins, native /generate keeps its own defaults, a request
 without max_tokens stops at max_new_tokens (chat, completions, Responses) while one with max_tokens runs to it;
-a second server on the same directory with the override's max_new_tokens stops there instead."""
+a second server on the same directory with the override's max_new_tokens stops there instead, and lowers a
+request's larger max tokens to it on those routes too (vLLM's get_max_tokens), while /generate runs as sent."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import anthropic
 import httpx
 import pytest
 
-from radixlang_runtime.protocol.sampling_defaults import parse_override, sampling_defaults
+from radixlang_runtime.protocol.sampling_defaults import max_tokens_cap, parse_override, sampling_defaults
+from radixlang_runtime.server.openai_records import OpenAIOptions
 from radixlang_runtime.server_args import ServerArgs
 from server_utils import ServerProcess, assert_idle_and_whole
 from tiny_checkpoints import build_tiny
@@ -69,6 +71,24 @@ def test_override_merges_over_the_file(tmp_path):
     greedy = write(tmp_path / "b", {"do_sample": False, "top_p": 0.9})
     assert sampling_defaults(greedy, override='{"temperature": 0.7}') == {"temperature": 0.7}
     assert parse_override(None) == {} and parse_override("{}") == {}
+
+
+def test_only_the_override_caps_a_requests_own_max_tokens():
+    """vLLM's get_max_tokens: min(the request's count or the default, the room, the override's max_new_tokens)."""
+    assert max_tokens_cap(None) is None and max_tokens_cap('{"temperature": 0.5}') is None
+    assert max_tokens_cap('{"max_new_tokens": 8}') == 8 and max_tokens_cap('{"max_new_tokens": null}') is None
+
+    def max_new(asked, model_default, cap, route_default=16, room=50) -> int:
+        opts = OpenAIOptions(1, False, False, 0, None, {}, asked, model_max_tokens=model_default, max_tokens_cap=cap)
+        return opts.sampling_params(route_default, room)["max_new_tokens"]
+
+    assert max_new(20, 99, None) == 20  # the file's value is a default only: a request's own count stands
+    assert max_new(None, 99, None) == 50  # ... within the room
+    assert max_new(None, None, None) == 16  # no model default: the route's
+    assert max_new(20, 8, 8) == 8  # the override's lowers a larger count
+    assert max_new(3, 8, 8) == 3  # and leaves a smaller one
+    assert max_new(None, None, 8) == 8 and max_new(None, None, 8, route_default=4) == 4
+    assert max_new(None, 8, 8, room=5) == 5
 
 
 @pytest.mark.parametrize("raw,needle", [
@@ -161,7 +181,19 @@ def test_override_wins_over_the_file(server, overridden):
     with httpx.Client(base_url=overridden.url, timeout=120) as c:
         out = _chat(c)
         assert (out["choices"][0]["finish_reason"], out["usage"]["completion_tokens"]) == ("length", 5)
-        assert _chat(c, max_tokens=9)["usage"]["completion_tokens"] == 9
+        for field in ("max_tokens", "max_completion_tokens"):  # a larger count of the request's own is lowered
+            capped = _chat(c, **{field: 9})
+            assert (capped["choices"][0]["finish_reason"], capped["usage"]["completion_tokens"]) == ("length", 5)
+        assert _chat(c, max_tokens=3)["usage"]["completion_tokens"] == 3  # a smaller one stands
+        r = c.post("/v1/completions", json={"prompt": "Once", "ignore_eos": True, "max_tokens": 12})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 5
+        r = c.post("/v1/responses", json={"input": HI, "max_output_tokens": 12})
+        assert r.status_code == 200, r.text
+        assert (r.json()["status"], r.json()["usage"]["output_tokens"]) == ("incomplete", 5)
+        native = c.post("/generate", json={"text": "Once", "sampling_params": {"max_new_tokens": 9,
+                                                                                "ignore_eos": True}})
+        assert native.json()["meta_info"]["completion_tokens"] == 9  # /generate takes its sampling params as sent
         assert_idle_and_whole(c)
     with httpx.Client(base_url=server.url, timeout=120) as c:  # the file's top_k 1 still applies: greedy alike
         same = _chat(c, max_tokens=5)["choices"][0]["message"]["content"]
