@@ -13,6 +13,7 @@ from radixlang_runtime.tool_parsers.glm45 import Glm45Parser, Glm47Parser
 from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
 from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
+from radixlang_runtime.tool_parsers.lfm2 import Lfm2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
 from radixlang_runtime.tool_parsers.minimax_m3 import MiniMaxM3Parser
@@ -28,7 +29,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
     "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
-    "minimax-m3": MiniMaxM3Parser,
+    "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`

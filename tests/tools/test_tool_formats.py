@@ -1,5 +1,5 @@
 """The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
-MiniMax-M2 / M3 and gpt-oss (harmony), on
+MiniMax-M2 / M3, LFM2 and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -141,6 +141,13 @@ CASES = [
                    f"{NS}<content>x = \"<b>\"\n{NS}</content>\n{NS}</invoke>", "",
      [("write_file", {"path": "a.py", "content": "x = \"<b>\"\n"})]),
     ("minimax-m3", 'Plain ]<]minimax <invoke name="now"> text.', 'Plain ]<]minimax <invoke name="now"> text.', []),
+    # LFM2: a Python list of calls in its special tokens, a JSON list, or one call without the list
+    ("lfm2", "Checking.<|tool_call_start|>[get_weather(city=\"Paris\", days=2, hours=[9, 12]), now()]"
+             "<|tool_call_end|>Done.", "Checking.Done.",
+     [("get_weather", {"city": "Paris", "days": 2, "hours": [9, 12]}), ("now", {})]),
+    ("lfm2", "<|tool_call_start|>[{\"name\": \"get_weather\", \"arguments\": {\"metric\": true}}, {\"name\": \"now\", "
+             "\"arguments\": {}}]<|tool_call_end|>", "", [("get_weather", {"metric": True}), ("now", {})]),
+    ("lfm2", "<|tool_call_start|>now()", "", [("now", {})]),  # stopped on <|tool_call_end|>
     # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
                     "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
@@ -177,6 +184,8 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<city>Oslo{NS}</town>{NS}</invoke>\n"
                    f"{NS}</tool_call>"),  # mismatched close tag
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"rm_rf\">{NS}</invoke>\n{NS}</tool_call>"),
+    ("lfm2", "<|tool_call_start|>[rm_rf(path=\"/\")]<|tool_call_end|>"),
+    ("lfm2", "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>"),  # not a literal
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<hours>7{NS}<item>1{NS}</item>"
                    f"{NS}</hours>{NS}</invoke>\n{NS}</tool_call>"),  # text beside nested tags
 ]
@@ -238,7 +247,8 @@ def test_malformed_calls_stay_text(case):
 
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
-                                 "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3"])
+                                 "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
+                                 "lfm2"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""

@@ -285,7 +285,11 @@ def _render(fmt: str, calls: list, style: int) -> str:
         syn = get_parser(fmt).syntax
         return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
                                        + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
-    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+    python = "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+    if fmt == "lfm2":  # the Python list, or the JSON one, in its special tokens
+        return "<|tool_call_start|>" + ("[" + ", ".join(map(dump, objs)) + "]" if style % 2 else python) \
+            + "<|tool_call_end|>"
+    return python
 
 
 @settings(max_examples=150, deadline=None)
