@@ -8,13 +8,15 @@ from typing import Optional
 from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax, Event, ParseResult, Text, ToolCall,
                                                  ToolParser, collect, openai_delta)
 from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
-from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser
+from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser, DeepSeekV4Parser
 from radixlang_runtime.tool_parsers.glm45 import Glm45Parser, Glm47Parser
 from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
 from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
+from radixlang_runtime.tool_parsers.lfm2 import Lfm2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
+from radixlang_runtime.tool_parsers.minimax_m3 import MiniMaxM3Parser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
 from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser, SeedOssParser
@@ -26,18 +28,25 @@ PARSERS: dict[str, type[ToolParser]] = {
     "qwen3_coder": Qwen3CoderParser, "deepseekv3": DeepSeekV3Parser, "deepseekv31": DeepSeekV31Parser,
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
     "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
-    "seed_oss": SeedOssParser, "step3": Step3Parser,
+    "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
+    "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser,
 }
-ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32"}  # vLLM's names where they differ
+# vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
+# `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`
+# (Llama 3.1's JSON) and `openai` (gpt-oss)
+ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32", "deepseek_v4": "deepseekv4",
+           "minimax_m3": "minimax-m3", "glm": "glm45", "step3p5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
+           "llama3_json": "llama3", "llama4_json": "llama3", "openai": "gpt-oss"}
 PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 
 # (texts that all appear in a chat template, the parser they imply), first match wins. Kimi K2's first template
 # declares tools (`tool_declare`) but writes no call markup; gpt-oss's writes the recipient `to=` and
 # `functions.NAME` as separate strings, so neither is looked for whole. Seed-OSS writes Qwen3-Coder's tags inside
 # its own block; GLM-4.7 writes GLM-4.5's tags back to back; DeepSeek V3.2's template builds its tags from a
-# `｜DSML｜` variable, so only that token is looked for.
+# `｜DSML｜` variable, so only that token is looked for (V4's writes `tool_calls>` after it).
 _TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<minimax:tool_call>",), "minimax-m2"),
-                   (("｜DSML｜",), "deepseekv32"), (("<steptml:invoke",), "step3"),
+                   (("｜DSML｜", "tool_calls>"), "deepseekv4"), (("｜DSML｜",), "deepseekv32"),
+                   (("<steptml:invoke",), "step3"),
                    (("<function=", "<parameter="), "qwen3_coder"), (("</arg_key><arg_value>",), "glm47"),
                    (("<arg_key>",), "glm45"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),

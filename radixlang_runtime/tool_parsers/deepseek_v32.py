@@ -5,7 +5,10 @@
   </｜DSML｜function_calls>
 `string="true"`: the value is the text as written; `"false"`: JSON (text that is not JSON stays text, as
 SGLang reads it). A call's body may instead be one JSON object of its arguments (SGLang reads that too); a
-forced tool_choice writes that form, the arguments schema as JSON. No torch."""
+forced tool_choice writes that form, the arguments schema as JSON. The model sometimes writes its `invoke`
+blocks without the wrapper (untagged): such a run of calls is read the same way, ending at the first text
+that is not a call; a call with no arguments may close itself (`<｜DSML｜invoke name="NAME"/>`), as SGLang
+reads both. DeepSeek V4 writes the same calls in a `<｜DSML｜tool_calls>` wrapper. No torch."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ DSML = "｜DSML｜"
 START, END = f"<{DSML}function_calls>", f"</{DSML}function_calls>"
 INVOKE, INVOKE_END = f'<{DSML}invoke name="', f"</{DSML}invoke>"
 PARAM, PARAM_END = f'<{DSML}parameter name="', f"</{DSML}parameter>"
+V4_START, V4_END = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
 _KEY = re.compile(r'([^\s<>"]+)"\s+string="(true|false)')  # the text before `">`
 
 
@@ -38,13 +42,28 @@ class DsmlFields(ParamFields):
         return raw if value is ValueError else value
 
 
+def _invokes(start: str, end: str) -> Invokes:
+    return Invokes(start, end, INVOKE, INVOKE_END, PARAM, PARAM_END, json_body=True, self_close=True)
+
+
 class DeepSeekV32Parser(ToolParser):
     name = "deepseekv32"
-    markers = (START,)
+    markers = (START, INVOKE)  # a group in its wrapper, or untagged calls
     keeps_special_tokens = True
-    invokes = Invokes(START, END, INVOKE, INVOKE_END, PARAM, PARAM_END, json_body=True)
+    invokes = _invokes(START, END)
+    untagged = _invokes("", "")
     syntax = CallSyntax(START + "\n", "", END, INVOKE, NAME_END + "\n", "\n" + INVOKE_END + "\n")
     fields = DsmlFields()
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
-        return parse_invokes(self, self.invokes, self.fields, text, final)
+        wrapped = text.startswith(self.invokes.open)
+        return parse_invokes(self, self.invokes if wrapped else self.untagged, self.fields, text, final)
+
+
+class DeepSeekV4Parser(DeepSeekV32Parser):
+    """DeepSeek V4: V3.2's calls in a `<｜DSML｜tool_calls>` wrapper (vLLM's deepseek_v4, SGLang's deepseekv4)."""
+
+    name = "deepseekv4"
+    markers = (V4_START, INVOKE)
+    invokes = _invokes(V4_START, V4_END)
+    syntax = CallSyntax(V4_START + "\n", "", V4_END, INVOKE, NAME_END + "\n", "\n" + INVOKE_END + "\n")

@@ -98,23 +98,31 @@ class PythonicParser(ToolParser):
             return GroupScan(calls, INVALID if final else OPEN, len(text))
         if text[i] != "[":
             return GroupScan(calls, INVALID, i)
+        status, end = self.call_list(text, i, final, calls)
+        if status != COMPLETE:
+            return GroupScan(calls, status, end)
+        j = skip_ws(text, end)
+        if text.startswith(PY_END, j):
+            return GroupScan(calls, DONE, j + len(PY_END))
+        if not final and PY_END.startswith(text[j:]):  # <|python_end|> may follow
+            return GroupScan(calls, OPEN, len(text))
+        return GroupScan(calls, DONE, end)
+
+    def call_list(self, text: str, i: int, final: bool, calls: list[CallScan]) -> tuple[str, int]:
+        """`[f(k=v), g()]` at text[i] == "[" -> (COMPLETE, one past "]") / (OPEN, len) / (INVALID, index); each
+        call is appended once its name and "(" are read."""
         i += 1
         while True:
             status, end = self._call(text, skip_ws(text, i), final, calls)
             if status != COMPLETE:
-                return GroupScan(calls, status, end)
+                return status, end
             k = skip_ws(text, end)
             if k >= len(text):
-                return GroupScan(calls, INVALID if final else OPEN, len(text))
+                return (INVALID if final else OPEN), len(text)
             if text[k] == "]":
-                j = skip_ws(text, k + 1)
-                if text.startswith(PY_END, j):
-                    return GroupScan(calls, DONE, j + len(PY_END))
-                if not final and PY_END.startswith(text[j:]):  # <|python_end|> may follow
-                    return GroupScan(calls, OPEN, len(text))
-                return GroupScan(calls, DONE, k + 1)
+                return COMPLETE, k + 1
             if text[k] != ",":
-                return GroupScan(calls, INVALID, k)
+                return INVALID, k
             i = k + 1
 
     def _call(self, text: str, j: int, final: bool, calls: list[CallScan]) -> tuple[str, int]:

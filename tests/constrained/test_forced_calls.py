@@ -86,6 +86,8 @@ TWO_CALLS = {
                    f'"unit": null}}\n</{DSML}invoke>\n<{DSML}invoke name="now">\n{{}}\n</{DSML}invoke>\n'
                    f"</{DSML}function_calls>",
 }
+TWO_CALLS["deepseekv4"] = TWO_CALLS["deepseekv32"].replace("function_calls>", "tool_calls>")  # V4's wrapper
+TWO_CALLS["lfm2"] = "<|tool_call_start|>" + TWO_CALLS["pythonic"] + "<|tool_call_end|>"  # its special tokens
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
               '</tool_call>',
@@ -119,8 +121,10 @@ ONE_CALL = {
     "deepseekv32": f'<{DSML}function_calls>\n<{DSML}invoke name="get_weather">\n{{"city": "Oslo", "days": 2, '
                    f'"unit": "c"}}\n</{DSML}invoke>\n</{DSML}function_calls>',
 }
+ONE_CALL["deepseekv4"] = ONE_CALL["deepseekv32"].replace("function_calls>", "tool_calls>")
+ONE_CALL["lfm2"] = "<|tool_call_start|>" + ONE_CALL["pythonic"] + "<|tool_call_end|>"
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
-                 "deepseekv32", "step3"]  # unit checks only
+                 "deepseekv32", "step3", "deepseekv4", "lfm2"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):

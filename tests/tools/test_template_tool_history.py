@@ -37,7 +37,8 @@ READS_OBJECT = (
     "{%- for k, v in t.function.arguments.items() %}{{ '\\n<arg_key>' + k + '</arg_key>\\n<arg_value>' }}"
     "{{ v if v is string else v | tojson }}</arg_value>{% endfor %}{{ '\\n</tool_call>' }}{% endfor -%}"
     "{%- endfor -%}")
-# GLM-4.7's, MiniMax-M2's, Seed-OSS's and Step3's layouts: each argument from the object, like GLM-4.5's
+# GLM-4.7's, MiniMax-M2 / M3's, Seed-OSS's, Step3's and DeepSeek V4's layouts: each argument from the object,
+# like GLM-4.5's
 _VALUE = "{{ v if v is string else v | tojson }}"
 READS_OBJECT_AS = {
     "glm47": "{%- for m in messages -%}{%- for t in m.tool_calls or [] -%}{{ '<tool_call>' + t.function.name }}"
@@ -58,6 +59,18 @@ READS_OBJECT_AS = {
              "{%- for k, v in t.function.arguments.items() %}{{ '<steptml:parameter name=\"' + k + '\">' }}" + _VALUE
              + "</steptml:parameter>{% endfor %}</steptml:invoke><｜tool_call_end｜>{% endfor %}<｜tool_calls_end｜>"
              "{% endif -%}{%- endfor -%}",
+    "minimax-m3": "{%- set ns = ']<]minimax[>[' -%}{%- for m in messages -%}{%- if m.tool_calls %}"
+                  "{{ ns + '<tool_call>\\n' }}{%- for t in m.tool_calls %}{{ ns + '<invoke name=\"' + t.function.name"
+                  " + '\">' }}{%- for k, v in t.function.arguments.items() %}{{ ns + '<' + k + '>' }}" + _VALUE
+                  + "{{ ns + '</' + k + '>' }}{% endfor %}{{ ns + '</invoke>\\n' }}{% endfor %}"
+                  "{{ ns + '</tool_call>' }}{% endif -%}{%- endfor -%}",
+    "deepseekv4": "{%- set dsml = '｜DSML｜' -%}{%- for m in messages -%}{%- if m.tool_calls %}"
+                  "{{ '<' + dsml + 'tool_calls>\\n' }}{%- for t in m.tool_calls %}"
+                  "{{ '<' + dsml + 'invoke name=\"' + t.function.name + '\">\\n' }}"
+                  "{%- for k, v in t.function.arguments.items() %}{{ '<' + dsml + 'parameter name=\"' + k"
+                  " + '\" string=\"' + ('true' if v is string else 'false') + '\">' }}" + _VALUE
+                  + "{{ '</' + dsml + 'parameter>\\n' }}{% endfor %}{{ '</' + dsml + 'invoke>\\n' }}{% endfor %}"
+                  "{{ '</' + dsml + 'tool_calls>' }}{% endif -%}{%- endfor -%}",
 }
 # Kimi K2's layout: a call's id is its header, a result names the id it answers
 ID_HEADERS = (

@@ -1,5 +1,5 @@
-"""The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2, Kimi K2, GLM-4.5 / 4.7, MiniMax-M2
-and gpt-oss (harmony), on
+"""The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
+MiniMax-M2 / M3, LFM2 and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -24,6 +24,7 @@ MM_CALL = '<invoke name="get_weather">\n<parameter name="city">{}</parameter>\n<
 DSML = "｜DSML｜"
 STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"{}\">\n{}</steptml:invoke>"
              "<｜tool_call_end｜>")
+NS = "]<]minimax[>["  # MiniMax-M3's namespace token, before every tag
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
 # (format, output, expected content, expected [(name, arguments)])
 CASES = [
@@ -113,6 +114,40 @@ CASES = [
         "name=\"days\">3</steptml:parameter>\n<steptml:parameter name=\"hours\">[7]</steptml:parameter>\n")
      + "\n" + STEP_CALL.format("now", "") + "\n<｜tool_calls_end｜>", "Checking.",
      [("get_weather", {"city": "New York", "days": 3, "hours": [7]}), ("now", {})]),
+    # untagged: the invoke blocks without their wrapper, text before and after them
+    ("deepseekv32", f"Let me check.\n\n<{DSML}invoke name=\"get_weather\">\n"
+                    f"<{DSML}parameter name=\"city\" string=\"true\">Oslo</{DSML}parameter>\n</{DSML}invoke>\n"
+                    f"<{DSML}invoke name=\"now\">\n</{DSML}invoke>\nDone.", "Let me check.Done.",
+     [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    # untagged calls end at the first text that is not a call (here the start of one, cut off)
+    ("deepseekv32", f"<{DSML}invoke name=\"now\">\n</{DSML}invoke>\n<{DSML}inv", f"<{DSML}inv", [("now", {})]),
+    # DeepSeek V4: V3.2's calls in <｜DSML｜tool_calls>; a call with no arguments closes itself
+    ("deepseekv4", f"On it.\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\"get_weather\">\n"
+                   f"<{DSML}parameter name=\"city\" string=\"true\">Lima</{DSML}parameter>\n"
+                   f"<{DSML}parameter name=\"hours\" string=\"false\">[6]</{DSML}parameter>\n</{DSML}invoke>\n"
+                   f"<{DSML}invoke name=\"now\"/>\n</{DSML}tool_calls>", "On it.",
+     [("get_weather", {"city": "Lima", "hours": [6]}), ("now", {})]),
+    ("deepseekv4", f"<{DSML}invoke name=\"now\"/>\n<{DSML}invoke name=\"get_weather\">\n{{\"days\": 1}}\n"
+                   f"</{DSML}invoke>", "", [("now", {}), ("get_weather", {"days": 1})]),
+    # MiniMax-M3: a parameter is a tag named by its key; arrays as <item> tags, objects as nested tags
+    ("minimax-m3", f"Checking both.\n{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<city>San Francisco"
+                   f"{NS}</city>{NS}<days>3{NS}</days>{NS}<metric>yes{NS}</metric>{NS}<lat>37.50{NS}</lat>{NS}<hours>"
+                   f"{NS}<item>9{NS}</item>{NS}<item>12{NS}</item>{NS}</hours>{NS}<zip>94103{NS}</zip>{NS}<unit>"
+                   f"NULL{NS}</unit>{NS}</invoke>\n{NS}<invoke name=\"now\">{NS}</invoke>\n{NS}</tool_call>",
+     "Checking both.", [("get_weather", {"city": "San Francisco", "days": 3, "metric": True, "lat": 37.5,
+                                         "hours": [9, 12], "zip": "94103", "unit": None}), ("now", {})]),
+    # whitespace between the namespace token and a tag; stopped before the group's close tag
+    ("minimax-m3", f"{NS}\n<tool_call>\n{NS} <invoke name=\"write_file\">\n{NS}<path>a.py{NS}</path>\n"
+                   f"{NS}<content>x = \"<b>\"\n{NS}</content>\n{NS}</invoke>", "",
+     [("write_file", {"path": "a.py", "content": "x = \"<b>\"\n"})]),
+    ("minimax-m3", 'Plain ]<]minimax <invoke name="now"> text.', 'Plain ]<]minimax <invoke name="now"> text.', []),
+    # LFM2: a Python list of calls in its special tokens, a JSON list, or one call without the list
+    ("lfm2", "Checking.<|tool_call_start|>[get_weather(city=\"Paris\", days=2, hours=[9, 12]), now()]"
+             "<|tool_call_end|>Done.", "Checking.Done.",
+     [("get_weather", {"city": "Paris", "days": 2, "hours": [9, 12]}), ("now", {})]),
+    ("lfm2", "<|tool_call_start|>[{\"name\": \"get_weather\", \"arguments\": {\"metric\": true}}, {\"name\": \"now\", "
+             "\"arguments\": {}}]<|tool_call_end|>", "", [("get_weather", {"metric": True}), ("now", {})]),
+    ("lfm2", "<|tool_call_start|>now()", "", [("now", {})]),  # stopped on <|tool_call_end|>
     # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
                     "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
@@ -143,6 +178,16 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
      + "\n<｜tool_calls_end｜>"),
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n<{DSML}parameter name=\"city\">"
                     f"Paris</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}function_calls>"),  # no string="..."
+    ("deepseekv32", f"<{DSML}invoke name=\"get_weather\">\n<{DSML}parameter name=\"city\" string=\"true\">Oslo"
+                    f"</{DSML}invoke>"),  # untagged, the parameter unclosed
+    ("deepseekv4", f"<{DSML}invoke name=\"rm_rf\"/>"),
+    ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<city>Oslo{NS}</town>{NS}</invoke>\n"
+                   f"{NS}</tool_call>"),  # mismatched close tag
+    ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"rm_rf\">{NS}</invoke>\n{NS}</tool_call>"),
+    ("lfm2", "<|tool_call_start|>[rm_rf(path=\"/\")]<|tool_call_end|>"),
+    ("lfm2", "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>"),  # not a literal
+    ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<hours>7{NS}<item>1{NS}</item>"
+                   f"{NS}</hours>{NS}</invoke>\n{NS}</tool_call>"),  # text beside nested tags
 ]
 TOOL_NAMES = {"get_weather", "write_file", "now"}
 
@@ -202,7 +247,8 @@ def test_malformed_calls_stay_text(case):
 
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
-                                 "glm47", "minimax-m2", "deepseekv32", "step3"])
+                                 "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
+                                 "lfm2"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -212,7 +258,7 @@ def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     assert len(pieces) >= 2
     for e in events:
         if not isinstance(e, (CallStart, CallArgs)):
-            assert "<" not in e.text and "｜" not in e.text, e
+            assert "<" not in e.text and "｜" not in e.text and "]" not in e.text, e
 
 
 def test_xml_values_follow_the_schema_types_and_read_loosely_without_one():
@@ -255,11 +301,19 @@ def test_template_detection():
     assert detect_parser("'<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"' + name") == "step3"
     assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '<' + dsml_token + 'function_calls>' }}") \
         == "deepseekv32"
+    assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '\\n\\n<' + dsml_token + 'tool_calls>\\n' }}") \
+        == "deepseekv4"
 
 
 def test_vllm_names_are_aliases():
     assert get_parser("minimax_m2") is get_parser("minimax-m2")
     assert get_parser("deepseek_v32") is get_parser("deepseekv32")
+    assert get_parser("deepseek_v4") is get_parser("deepseekv4")
+    assert get_parser("minimax_m3") is get_parser("minimax-m3")
+    # names SGLang or vLLM give a format here under another name
+    assert get_parser("step3p5") is get_parser("qwen3_xml") is get_parser("qwen3_coder")
+    assert get_parser("glm") is get_parser("glm45") and get_parser("openai") is get_parser("gpt-oss")
+    assert get_parser("llama3_json") is get_parser("llama4_json") is get_parser("llama3")
 
 
 def test_minimax_values_follow_the_schema_as_sglang_reads_them():
@@ -339,29 +393,44 @@ def _xml(fmt: str, calls: list) -> str:
         return "<｜tool_calls_begin｜>\n" + "\n".join(STEP_CALL.format(n, "".join(
             f'<steptml:parameter name="{k}">{show(v)}</steptml:parameter>\n' for k, v in a.items()))
             for n, a in calls) + "\n<｜tool_calls_end｜>"
-    if fmt == "deepseekv32":
-        return f"<{DSML}function_calls>\n" + "".join(f'<{DSML}invoke name="{n}">\n' + "".join(
+    if fmt in ("deepseekv32", "deepseekv4", "dsml-untagged"):
+        wrapper = {"deepseekv32": "function_calls", "deepseekv4": "tool_calls"}.get(fmt)
+        body = "".join(f'<{DSML}invoke name="{n}">\n' + "".join(
             f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{show(v)}</{DSML}parameter>\n'
-            for k, v in a.items()) + f"</{DSML}invoke>\n" for n, a in calls) + f"</{DSML}function_calls>"
+            for k, v in a.items()) + f"</{DSML}invoke>\n" for n, a in calls)
+        return f"<{DSML}{wrapper}>\n{body}</{DSML}{wrapper}>" if wrapper else body
+    if fmt == "minimax-m3":  # as MiniMax-M3's renderer writes calls: lists as <item> tags
+        def m3(v):
+            if isinstance(v, list):
+                return "".join(f"{NS}<item>{m3(x)}{NS}</item>" for x in v)
+            return show(v)
+
+        return f"{NS}<tool_call>\n" + "".join(f'{NS}<invoke name="{n}">' + "".join(
+            f"{NS}<{k}>{m3(v)}{NS}</{k}>" for k, v in a.items()) + f"{NS}</invoke>\n" for n, a in calls) \
+            + f"{NS}</tool_call>"
     return "\n".join("<tool_call>" + n + "\n" + "".join(
         f"<arg_key>{k}</arg_key>\n<arg_value>{show(v)}</arg_value>\n" for k, v in a.items()) + "</tool_call>"
         for n, a in calls)
 
 
 @settings(max_examples=120, deadline=None)
-@given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3"]),
+@given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3",
+                            "deepseekv4", "dsml-untagged", "minimax-m3"]),
        calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]), data=st.data())
 def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
-    """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32: but for
-    newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace there;
-    minimax-m2: but for `null`, None in any type), integers and lists by the schema's types."""
-    edge = " \t\n\r\x0b\x0c" if fmt == "step3" else "\n"
+    """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32 / v4: but
+    for newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace
+    there; minimax-m2: but for `null`, None in any type; minimax-m3: whole), integers and lists by the schema's
+    types. dsml-untagged: DeepSeek's invoke blocks without a wrapper, read by both DSML parsers."""
+    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": ""}.get(fmt, "\n")
     calls = [(n, {k: v.strip(edge) if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
     if fmt == "minimax-m2":
         calls = [(n, {k: None if isinstance(v, str) and v.lower() == "null" else v for k, v in a.items()})
                  for n, a in calls]
     schemas = {"get_weather": WEATHER, "write_file": WEATHER}
     text = lead + _xml(fmt, calls)
+    if fmt == "dsml-untagged":
+        fmt = data.draw(st.sampled_from(["deepseekv32", "deepseekv4"]))
     got = get_parser(fmt).parse(text, schemas=schemas)
     assert calls_of(got) == calls
     assert got.content == lead.strip()

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from radixlang_runtime.tool_parsers import (PARSERS, CallArgs, CallStart, Text, collect, detect_parser, get_parser,
-                                            openai_delta)
+from radixlang_runtime.tool_parsers import (ALIASES, PARSERS, CallArgs, CallStart, Text, collect, detect_parser,
+                                            get_parser, openai_delta)
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, JsonScanner, scan_json
 
 QWEN_PARALLEL = (
@@ -244,7 +244,6 @@ def test_registry_and_template_detection():
 
 def test_the_flag_offers_every_parser_and_each_alias_is_its_formats_class():
     from radixlang_runtime.server_flags_help import CHOICES
-    from radixlang_runtime.tool_parsers import ALIASES
 
     assert set(CHOICES["tool_call_parser"]) == set(PARSERS)
     for alias, name in ALIASES.items():
@@ -263,7 +262,8 @@ _calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
                   min_size=1, max_size=3)
 
 
-XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3"}  # test_tool_formats.py
+XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3", "minimax-m3",
+            "minimax_m3"}  # test_tool_formats.py
 
 
 def _render(fmt: str, calls: list, style: int) -> str:
@@ -280,15 +280,20 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
     if fmt == "mistral":
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
-    if fmt in ("deepseekv3", "deepseekv31", "deepseekv32", "deepseek_v32", "kimi_k2", "gpt-oss"):  # each model's layout
+    if fmt in ("deepseekv3", "deepseekv31", "deepseekv32", "deepseek_v32", "deepseekv4", "deepseek_v4", "kimi_k2",
+               "gpt-oss"):  # each model's layout
         syn = get_parser(fmt).syntax
         return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
                                        + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
-    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+    python = "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+    if fmt == "lfm2":  # the Python list, or the JSON one, in its special tokens
+        return "<|tool_call_start|>" + ("[" + ", ".join(map(dump, objs)) + "]" if style % 2 else python) \
+            + "<|tool_call_end|>"
+    return python
 
 
 @settings(max_examples=150, deadline=None)
-@given(fmt=st.sampled_from(sorted(set(PARSERS) - {"qwen25", "qwen", *XML_ARGS})), calls=_calls,
+@given(fmt=st.sampled_from(sorted(set(PARSERS) - set(ALIASES) - {"qwen25", "qwen", *XML_ARGS})), calls=_calls,
        style=st.integers(0, 5), lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
 def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
     if fmt in ("llama3", "pythonic"):
