@@ -5,8 +5,11 @@
   picks last-token / mean / CLS; config_sentence_transformers.json's default prompt; sentence_bert_config.json's
   max_seq_length), else vLLM's default for a decoder (last token, L2-normalized). A module or setting whose math is
   not implemented (Dense, max / weighted-mean pooling, lower-casing, ...) is refused by name.
+- A sequence classifier's directory (classifier.py: *ForSequenceClassification) pools the last token through its
+  score head: PoolingConfig.labels (id2label) and .activation say how its logits become probabilities.
 - PoolSpec: what one request asks the scheduler for (travels in TokenizedGenerateReq.pooling): a pooled hidden
-  state (last / mean / cls) or, for rerankers, the logits of a few tokens at the last position (token_logits).
+  state (last / mean / cls), for rerankers the logits of a few tokens at the last position (token_logits), or for
+  a classifier its score head's logits at the last position (classify).
 - finish_embedding: the edge's last steps (Matryoshka truncation, then L2 normalization, as vLLM orders them).
 Torch-free.
 """
@@ -19,8 +22,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixlang_runtime.classifier import classifier_activation, classifier_architecture, classifier_labels
+
 HIDDEN_MODES = ("last", "mean", "cls")  # a pooled final hidden state
-POOL_MODES = (*HIDDEN_MODES, "token_logits")  # token_logits: logits of token_ids at the last position
+# token_logits: logits of token_ids at the last position; classify: the score head's logits at the last position
+POOL_MODES = (*HIDDEN_MODES, "token_logits", "classify")
 
 # modules.json types by class name (sentence-transformers < 6: sentence_transformers.models.X; 6:
 # sentence_transformers.base.modules.transformer.Transformer, ...pooling.Pooling, ...normalize.Normalize)
@@ -57,7 +63,9 @@ class PoolSpec:
 class PoolingConfig:
     mode: str = "last"  # last | mean | cls
     normalize: bool = True
-    source: str = "default"  # "sentence-transformers": read from its modules; "default": vLLM's decoder default
+    # "sentence-transformers": read from its modules; "default": vLLM's decoder default; "classifier": a
+    # *ForSequenceClassification checkpoint (classifier.py)
+    source: str = "default"
     # Matryoshka-trained (config.json or config_sentence_transformers.json: is_matryoshka / matryoshka_dimensions):
     # `dimensions` may truncate; matryoshka_dimensions, when given, lists the sizes allowed
     matryoshka: bool = False
@@ -68,16 +76,23 @@ class PoolingConfig:
     # one user message through the tokenizer's chat template (no generation prompt), then tokenized
     chat_template: bool = False
     hidden_size: int = 0
+    labels: tuple[str, ...] = ()  # a classifier's labels by index (id2label); (): an embedding model
+    activation: str = ""  # a classifier's logits -> probs: classifier.ACTIVATIONS
+
+    @property
+    def classifies(self) -> bool:
+        return bool(self.labels)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "normalize": self.normalize, "source": self.source, "matryoshka": self.matryoshka,
                 "matryoshka_dimensions": list(self.matryoshka_dimensions), "max_seq_length": self.max_seq_length,
                 "default_prompt": self.default_prompt, "hidden_size": self.hidden_size,
-                "chat_template": self.chat_template}
+                "chat_template": self.chat_template, "labels": list(self.labels), "activation": self.activation}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "PoolingConfig":
-        return PoolingConfig(**{**d, "matryoshka_dimensions": tuple(d.get("matryoshka_dimensions") or ())})
+        return PoolingConfig(**{**d, "matryoshka_dimensions": tuple(d.get("matryoshka_dimensions") or ()),
+                                "labels": tuple(d.get("labels") or ())})
 
 
 def _load(path: str) -> Any:
@@ -99,6 +114,10 @@ def read_pooling_config(model_dir: str) -> PoolingConfig:
     """The directory's pooling (see the module docstring); ValueError names what is not implemented."""
     cfg = _load(os.path.join(model_dir, "config.json"))
     hidden = int(cfg.get("hidden_size") or 0)
+    if classifier_architecture(cfg) is not None:  # the score head on the last token, never normalized
+        labels = classifier_labels(cfg)
+        return PoolingConfig(mode="last", normalize=False, source="classifier", hidden_size=hidden, labels=labels,
+                             activation=classifier_activation(cfg, len(labels)))
     st_path = os.path.join(model_dir, "config_sentence_transformers.json")
     st_cfg = _load(st_path) if os.path.isfile(st_path) else {}
     matryoshka, dims = _matryoshka(cfg, st_cfg)
@@ -217,7 +236,8 @@ def check_pooling_args(args: Any) -> None:
         for name, off in (("speculative_algorithm", None), ("disaggregation_mode", "null"),
                           ("quantization", None)):
             if getattr(args, name) != off:
-                raise ValueError(f"{name} {getattr(args, name)!r} is not implemented with --is-embedding")
+                raise ValueError(f"{name} {getattr(args, name)!r} is not implemented with a pooling model "
+                                 "(--is-embedding, or a sequence classifier's checkpoint)")
     tokens = args.classifier_from_token.split(",")
     if len(tokens) != 2 or not all(tokens):
         raise ValueError(f"classifier_from_token must be two tokens 'false,true' (e.g. no,yes); got "

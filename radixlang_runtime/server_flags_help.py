@@ -21,7 +21,8 @@ HELP: dict[str, str] = {
     "trust_remote_code": "load a checkpoint's own modeling code (config.json auto_map) into the transformers "
                          "fallback; without it such a checkpoint is refused",
     "is_embedding": "serve a pooling model: /v1/embeddings, /encode, /v1/rerank, /v1/score (generation refused); "
-                    "a sentence-transformers directory's pooling and normalization are read from it",
+                    "a sentence-transformers directory's pooling and normalization are read from it; a "
+                    "*ForSequenceClassification checkpoint is a pooling model (/classify) without this flag too",
     "rerank_template": "the reranker's prompt with {query}, {document}, {instruction} (default: Qwen3-Reranker's)",
     "rerank_instruction": "the reranker prompt's {instruction}",
     "classifier_from_token": "the reranker's false and true tokens, scored at the prompt's last position",

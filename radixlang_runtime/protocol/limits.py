@@ -158,8 +158,9 @@ def check_request(ids: list[int], sp: "SamplingParams", limits: RuntimeLimits, i
     request (the only kind a --is-embedding server runs); chat_watch: a chat request's ChatWatch (its grammar
     held until the reasoning ends, where its output begins: reasoning_watch.py)."""
     if limits.is_embedding and not pooling:
-        raise ValueError("this server runs a pooling model (--is-embedding): it serves /v1/embeddings and /encode, "
-                         "not text generation")
+        raise ValueError("this server runs a pooling model (--is-embedding, or a sequence classifier): it serves "
+                         "the pooling routes (/v1/embeddings, /encode, /classify, /v1/score, /v1/rerank), not text "
+                         "generation")
     if not ids:
         raise ValueError("the prompt is empty (no tokens)")
     # The length first: it bounds the per-token check below by the context length.

@@ -1,8 +1,10 @@
-"""The intake of pooling calls (torch-free): /v1/embeddings, /encode, /v1/rerank, /v1/score bodies -> typed calls
-whose requests are prefill-only GenerateRequests (max_new_tokens 0) carrying a PoolSpec (pooling.py).
+"""The intake of pooling calls (torch-free): /v1/embeddings, /encode, /classify, /v1/rerank, /v1/score bodies ->
+typed calls whose requests are prefill-only GenerateRequests (max_new_tokens 0) carrying a PoolSpec (pooling.py).
 
-Inputs: OpenAI's `input` (a string, a list of strings, a token array, a list of token arrays), SGLang's /encode
-`text` / `input_ids`, rerank's query + documents, score's text_1 / text_2. Each prompt is checked like a generate
+Inputs: OpenAI's `input` (a string, a list of strings, a token array, a list of token arrays; /classify takes
+the same, with vLLM's truncate_prompt_tokens), SGLang's /encode `text` / `input_ids`, rerank's query + documents,
+score's text_1 / text_2. A sequence classifier (PoolingConfig.labels) answers /classify, and scores rerank /
+score pairs as a cross-encoder when it has one label. Each prompt is checked like a generate
 prompt (limits.check_request: empty, too long for the context or the pool, ids outside the vocabulary) and against
 the model's max_seq_length (sentence-transformers truncates there; this server refuses instead). Every problem
 raises FieldError / ValueError naming it (HTTP 400).
@@ -11,7 +13,7 @@ raises FieldError / ValueError naming it (HTTP 400).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import (MAX_BATCH, FieldError, RuntimeLimits, check_request, need_bool, need_int,
@@ -20,6 +22,7 @@ from radixlang_runtime.pooling import PoolingConfig, PoolSpec, check_dimensions
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 
 Encode = Callable[[str], list[int]]
+PairEncode = Callable[[str, str], list[int]]  # a cross-encoder's (query, document) -> one prompt's ids
 Prompt = Any  # a string, or a list of token ids
 
 ENCODING_FORMATS = ("float", "base64")
@@ -27,6 +30,7 @@ EMBEDDING_FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
 ENCODE_FIELDS = {"text", "input_ids", "rid"}
 RERANK_FIELDS = {"model", "query", "documents", "top_n", "return_documents", "user"}
 SCORE_FIELDS = {"model", "text_1", "text_2", "user"}
+CLASSIFY_FIELDS = {"model", "input", "truncate_prompt_tokens", "user"}
 # Qwen3-Reranker's prompt (--rerank-template replaces it): {instruction}, {query}, {document}
 QWEN3_RERANK_TEMPLATE = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
@@ -52,6 +56,7 @@ class PairCall:
     pairs: list[tuple[int, int]]  # (left index, right index) into the texts each request stands for
     documents: list[str]  # rerank: the documents as given (return_documents)
     by_reranker: bool  # True: one request per pair, score = P(yes); False: embeddings, score = cosine
+    by_classifier: bool = False  # one request per pair, score = the one-label classifier's sigmoid(logit)
 
 
 def refuse_unknown(body: Any, known: set[str], route: str) -> dict:
@@ -80,8 +85,10 @@ def prompts_of(value: Any, name: str) -> list[Prompt]:
 
 
 def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, base_rid: str,
-                     name: str, max_len: Optional[int] = None) -> list[GenerateRequest]:
-    """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`."""
+                     name: str, max_len: Optional[int] = None, keep_last: Optional[int] = None
+                     ) -> list[GenerateRequest]:
+    """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`; keep_last: only a prompt's last
+    keep_last tokens are kept (vLLM's truncate_prompt_tokens)."""
     if limits.disaggregation_mode != "null":
         raise ValueError(f"{name}: pooling requests are not implemented with prefill-decode disaggregation "
                          f"(disaggregation_mode {limits.disaggregation_mode})")
@@ -99,6 +106,8 @@ def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limi
             raise FieldError(where, f"{where} must be a string or a token array, got {show(p)}")
         if not ids:
             raise FieldError(where, f"{where} is empty (no tokens)")
+        if keep_last is not None:
+            ids = ids[-keep_last:]
         check_request(ids, sp, limits, where, pooling=True)
         if max_len is not None and len(ids) > max_len:
             raise FieldError(where, f"{where} has {len(ids)} tokens; the model's max_seq_length is {max_len} "
@@ -111,6 +120,9 @@ def _embed_spec(cfg: Optional[PoolingConfig], route: str) -> PoolingConfig:
     if cfg is None:
         raise ValueError(f"{route} needs a pooling model: start the server with --is-embedding (this one serves "
                          "text generation)")
+    if cfg.classifies:
+        raise ValueError(f"{route} needs an embedding model: this server runs a sequence classifier, which serves "
+                         "/classify (and /v1/score, /v1/rerank with one label)")
     return cfg
 
 
@@ -193,9 +205,27 @@ class Reranker:
                 .replace("{document}", document))
 
 
+@dataclass(frozen=True)
+class CrossEncoder:
+    """A one-label classifier's pair prompt: the tokenizer's (text, text_pair) encoding, as vLLM's cross-encoder
+    path builds it."""
+
+    encode_pair: PairEncode
+
+
+PairModel = Union[Reranker, CrossEncoder]  # what scores a pair in one request (else: the cosine of embeddings)
+
+
 def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]], cfg: Optional[PoolingConfig],
-                reranker: Optional[Reranker], encode: Encode, encode_plain: Encode, limits: RuntimeLimits,
+                reranker: Optional[PairModel], encode: Encode, encode_plain: Encode, limits: RuntimeLimits,
                 base_rid: str, name: str) -> PairCall:
+    if cfg is not None and cfg.classifies:  # a cross-encoder: one request per pair through the score head
+        if len(cfg.labels) != 1 or not isinstance(reranker, CrossEncoder):
+            raise ValueError(f"scoring pairs needs a classifier with one label (num_labels 1: a cross-encoder); "
+                             f"this one has {len(cfg.labels)}: use /classify")
+        prompts = [reranker.encode_pair(queries[q], docs[d]) for q, d in pairs]
+        reqs = pooling_requests(prompts, PoolSpec("classify"), encode_plain, limits, base_rid, name)
+        return PairCall(reqs, pairs, docs, by_reranker=False, by_classifier=True)
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
         reqs = pooling_requests(texts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, name,
@@ -219,7 +249,7 @@ def _text_list(value: Any, name: str) -> list[str]:
     return [need_str(t, f"{name}[{i}]") for i, t in enumerate(texts)]
 
 
-def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[Reranker], encode: Encode,
+def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
                       encode_plain: Encode, limits: RuntimeLimits, base_rid: str) -> tuple[PairCall, int, bool]:
     """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents -> (call, top_n, return docs)."""
     body = refuse_unknown(body, RERANK_FIELDS, "/v1/rerank")
@@ -235,7 +265,7 @@ def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optiona
     return call, min(top_n, len(docs)), ret
 
 
-def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[Reranker], encode: Encode,
+def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
                      encode_plain: Encode, limits: RuntimeLimits, base_rid: str) -> PairCall:
     """/v1/score (vLLM): text_1 and text_2, 1 x N (text_1 one string) or N x N (zipped)."""
     body = refuse_unknown(body, SCORE_FIELDS, "/v1/score")
@@ -248,3 +278,27 @@ def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional
         raise FieldError("text_2", f"text_1 has {len(left)} texts and text_2 {len(right)}: give one text_1, or as "
                                    "many as text_2")
     return _pairs_call(left, right, pairs, cfg, reranker, encode, encode_plain, limits, base_rid, "text_2")
+
+
+def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
+                        base_rid: str) -> EmbeddingCall:
+    """/classify (vLLM): input (OpenAI's forms), truncate_prompt_tokens (keep the last k tokens; -1: the context
+    length), user."""
+    body = refuse_unknown(body, CLASSIFY_FIELDS, "/classify")
+    if cfg is None or not cfg.classifies:
+        raise ValueError("/classify needs a sequence classifier (a *ForSequenceClassification checkpoint); this "
+                         f"server runs {'text generation' if cfg is None else 'an embedding model'}")
+    if "input" not in body:
+        raise FieldError("input", "input is required")
+    keep = body.get("truncate_prompt_tokens")
+    if keep is not None:
+        keep = need_int(keep, "truncate_prompt_tokens", -1, limits.context_len)
+        if keep == 0:
+            raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the context length) or "
+                                                       f"in [1, {limits.context_len}], got 0")
+        keep = limits.context_len if keep == -1 else keep
+    if body.get("user") is not None:
+        need_str(body["user"], "user")
+    prompts = prompts_of(body["input"], "input")
+    return EmbeddingCall(pooling_requests(prompts, PoolSpec("classify"), encode, limits, base_rid, "input",
+                                          keep_last=keep))

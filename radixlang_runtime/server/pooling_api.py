@@ -1,12 +1,15 @@
-"""Pooling routes: /v1/embeddings (OpenAI), /encode (SGLang), /v1/rerank (Jina / Cohere shape, as vLLM), /v1/score
-(vLLM). Bodies are parsed on an intake thread by pooling_input.py; a call's requests go to the scheduler as one
-message (TokenizerManager.generate_batch: one prefill batch where the budgets allow). Errors answer in the one
-error shape (http_common.error_response: OpenAI's), a refused body never reaches the scheduler.
+"""Pooling routes: /v1/embeddings (OpenAI), /encode (SGLang), /classify (vLLM; /v1/classify as SGLang names it),
+/v1/rerank (Jina / Cohere shape, as vLLM), /v1/score (vLLM). Bodies are parsed on an intake thread by
+pooling_input.py; a call's requests go to the scheduler as one message (TokenizerManager.generate_batch: one
+prefill batch where the budgets allow). Errors answer in the one error shape (http_common.error_response:
+OpenAI's), a refused body never reaches the scheduler.
 
 A --is-embedding server embeds; rerank / score there are the cosine similarity of the embeddings. A generation
 server answers /v1/embeddings and /encode with 400 naming --is-embedding (vLLM refuses them on a generative model
 too), and scores rerank / score with its logits: P(true) over --classifier-from-token at the last position of
---rerank-template (a decoder reranker such as Qwen3-Reranker).
+--rerank-template (a decoder reranker such as Qwen3-Reranker). A sequence classifier (classifier.py) answers
+/classify, and rerank / score with its sigmoid when it has one label (a cross-encoder); the embedding routes
+answer it with 400, as /classify answers every other server.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from radixlang_runtime.protocol.limits import need_str, show
+from radixlang_runtime.classifier import classify_probs, cross_encoder_score
 from radixlang_runtime.pooling import finish_embedding, softmax_last
-from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, PairCall, Reranker, embedding_encoder,
-                                             parse_embeddings_body, parse_encode_body, parse_rerank_body,
-                                             parse_score_body)
+from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, CrossEncoder, PairCall, Reranker,
+                                                      embedding_encoder, parse_classify_body, parse_embeddings_body,
+                                                      parse_encode_body, parse_rerank_body, parse_score_body)
 from radixlang_runtime.server.http_common import ServerState, final_result, read_json
 from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound
 
@@ -116,8 +120,11 @@ async def encode(request: Request) -> JSONResponse:
 
 
 async def _scores(state: ServerState, call: PairCall) -> tuple[list[float], list[dict]]:
-    """One score per pair: P(true) of the reranker, or the cosine of the two embeddings."""
+    """One score per pair: the cross-encoder's sigmoid, P(true) of the reranker, or the cosine of the two
+    embeddings."""
     outs = await _run(state, call.reqs)
+    if call.by_classifier:
+        return [cross_encoder_score(_vector(o)) for o in outs], outs
     if call.by_reranker:
         return [softmax_last(_vector(o)) for o in outs], outs
     vecs = [finish_embedding(_vector(o), True) for o in outs]
@@ -130,7 +137,9 @@ def _plain_encoder(state: ServerState):
 
 def _pair_intake(parse: Any, state: ServerState, body: Any, base_rid: str) -> Any:
     """rerank / score bodies on an intake thread (the reranker's tokens are looked up there too)."""
-    reranker = _reranker(state) if state.pooling is None else None
+    tok = state.tm.tokenizer
+    reranker = (_reranker(state) if state.pooling is None else
+                CrossEncoder(lambda q, d: tok(q, text_pair=d)["input_ids"]) if state.pooling.classifies else None)
     return parse(body, state.pooling, reranker, _encode_with_specials(state), _plain_encoder(state), state.tm.limits,
                  base_rid)
 
@@ -160,3 +169,21 @@ async def score(request: Request) -> JSONResponse:
     return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                          "model": state.served_model_name, "usage": _usage(outs),
                          "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]})
+
+
+@router.post("/classify")
+@router.post("/v1/classify")  # SGLang's name for the same route
+async def classify(request: Request) -> JSONResponse:
+    state, body = await _body(request)
+    tm = state.tm
+    call = await tm.run_intake(parse_classify_body, body, state.pooling, _encode_with_specials(state), tm.limits,
+                               f"classify-{uuid.uuid4().hex}", size=len(await request.body()))
+    outs = await _run(state, call.reqs)
+    labels, data = state.pooling.labels, []
+    for i, out in enumerate(outs):
+        probs = classify_probs(_vector(out), state.pooling.activation)
+        best = max(range(len(probs)), key=probs.__getitem__)  # the first of equal maxima, as argmax
+        data.append({"index": i, "label": labels[best], "probs": probs, "num_classes": len(probs)})
+    return JSONResponse({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                         "model": state.served_model_name, "data": data,
+                         "usage": {**_usage(outs), "completion_tokens": 0, "prompt_tokens_details": None}})

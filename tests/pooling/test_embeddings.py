@@ -7,7 +7,8 @@ SDK and sentence-transformers as the reference (float32).
 - a tiny Qwen3 (bare Qwen3Model checkpoint, no chat template, mean Pooling -> Normalize, Matryoshka) with chunked
   prefill: mean over the chunks, `dimensions`, cosine rerank / score;
 - a tiny Qwen3ForCausalLM generation server: /v1/rerank and /v1/score equal transformers' P(yes) over (no, yes) at
-  the last position of the Qwen3-Reranker prompt; /v1/embeddings answers 400 naming --is-embedding.
+  the last position of the Qwen3-Reranker prompt; /v1/embeddings answers 400 naming --is-embedding, /classify
+  (there and on the embedding server) 400 naming a sequence classifier.
 After each server's scenarios its KV pool is whole.
 """
 
@@ -198,6 +199,8 @@ def test_sdk_error_and_generation_refused(last_model):
         _sdk(server).embeddings.create(model="another-model", input="x")
     r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 400 and "--is-embedding" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/classify", json={"input": "x"})
+    assert r.status_code == 400 and "sequence classifier" in r.json()["error"]["message"]
     assert httpx.get(server.url + "/get_model_info").json()["is_generation"] is False
     assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200  # a pooling request there
     assert_idle_and_whole(httpx.Client(base_url=server.url))
@@ -309,6 +312,7 @@ def test_rerank_and_score_equal_transformers_yes_no(reranker):
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "text_3": "e"}, "text_3"),
     ("/v1/embeddings", {"input": "x"}, None),
     ("/encode", {"text": "x"}, None),
+    ("/classify", {"input": "x"}, None),
 ])
 def test_reranker_server_bad_input_is_400(reranker, route, body, param):
     _, _, server = reranker
@@ -317,6 +321,8 @@ def test_reranker_server_bad_input_is_400(reranker, route, body, param):
     assert r.json()["error"]["param"] == param
     if route in ("/v1/embeddings", "/encode"):
         assert "--is-embedding" in r.json()["error"]["message"]
+    if route == "/classify":
+        assert "sequence classifier" in r.json()["error"]["message"]
 
 
 def test_reranker_server_still_generates_and_is_whole(reranker):

@@ -125,6 +125,8 @@ class ModelRunner:
         tensors = SafetensorsDir(model_dir)
         if cfg.quant is not None:  # a pre-quantized checkpoint: loaded on its exact values (model/prequant/)
             tensors = prequant_tensors(cfg.quant, tensors, args, tp)
+        if cfg.num_labels and not args.is_embedding:  # a sequence classifier is a pooling model (vLLM's runner auto)
+            self.args = args = args.replace(is_embedding=True)
         # --is-embedding: the directory's pooling (refused by name where not implemented); a bare encoder
         # checkpoint (transformers' *Model: no lm_head) ties the head it never uses for embeddings
         self.pooling = read_pooling_config(model_dir) if args.is_embedding else None
@@ -379,7 +381,7 @@ class ModelRunner:
         if plans:
             fill_input_logprobs(result, batch, plans, logits[S:L])
         if pool is not None:
-            fill_pooled(result, pool, hidden, logits[L:])
+            fill_pooled(result, pool, hidden, logits[L:], getattr(self.model, "classify_logits", None))
         if wanted:
             fill_hidden(result, wanted, hidden[len(pool.hidden_rows) if pool is not None else 0:])
         if S:  # none: non-final chunks and prefill-only requests

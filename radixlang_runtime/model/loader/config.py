@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from radixlang_runtime.classifier import classifier_architecture
 from radixlang_runtime.model.layers.mla_spec import MLASpec
 from radixlang_runtime.model.layers.moe_spec import MoESpec
 from radixlang_runtime.model.layers.recurrent_spec import RecurrentSpec
@@ -67,6 +68,7 @@ class ModelConfig:
     # DeltaNet; Mamba2Spec: Granite 4.0-H's Mamba2); None: attention only
     linear_attn: Optional[RecurrentSpec] = None
     quant: Optional[Any] = None  # quantization_config's spec (model/prequant/); None: float weights
+    num_labels: int = 0  # a sequence classifier's score head rows (models/sequence_classifier.py); 0: an LM head
     # Gemma 4: the last kv_shared_layers layers read an earlier layer's K/V and have no pool plane of their own
     kv_shared_layers: int = 0
     # layers with neither K/V nor a recurrent state (Nemotron-H's MLP and MoE blocks: a block is one mixer)
@@ -121,6 +123,9 @@ class ModelConfig:
 
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         family = family_for(archs[0], model_impl)
+        if family is TRANSFORMERS and classifier_architecture(cfg) is not None:  # refuses one not served too
+            raise ValueError(f"{archs[0]} runs on the native decoder only: --model-impl {model_impl} is not "
+                             "implemented for sequence classifiers")
         if family is TRANSFORMERS:
             return family.parse(cfg, path, trust_remote_code)
         return family.parse(cfg)

@@ -13,7 +13,7 @@ from typing import Callable
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
                                             granite_hybrid, llama4, llama_family, mixtral, nemotron_h, olmoe, phi3,
-                                            qwen3_next, qwen_moe, transformers_fallback)
+                                            qwen3_next, qwen_moe, sequence_classifier, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,13 @@ _FAMILIES = (
     ModelFamily("Qwen2Model", llama_family.parse_qwen2, llama_family.LlamaForCausalLM),
     ModelFamily("Qwen3Model", llama_family.parse_qwen3, llama_family.LlamaForCausalLM),
     ModelFamily("SmolLM3Model", llama_family.parse_smollm3, llama_family.LlamaForCausalLM),
+    # sequence classifiers: the decoder plus its score head on the last token (pooling models: /classify)
+    ModelFamily("LlamaForSequenceClassification", sequence_classifier.parse_llama_classifier,
+                sequence_classifier.SequenceClassifier),
+    ModelFamily("Qwen2ForSequenceClassification", sequence_classifier.parse_qwen2_classifier,
+                sequence_classifier.SequenceClassifier),
+    ModelFamily("Qwen3ForSequenceClassification", sequence_classifier.parse_qwen3_classifier,
+                sequence_classifier.SequenceClassifier),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)
