@@ -85,8 +85,9 @@ HELP: dict[str, str] = {
     "chunked_prefill_size": "longest prefill chunk of one request, -1: no chunking (default: 4096 on CPU, "
                             "8192 on GPU)",
     "schedule_policy": "waiting-queue order: lpm = longest cached prefix first",
-    "enable_priority_scheduling": "requests' `priority` orders the waiting queue before the policy, and a waiting "
-                                  "request retracts running ones it outranks by the threshold",
+    "enable_priority_scheduling": "requests' `priority` orders the waiting queue before the policy, a waiting "
+                                  "request retracts running ones it outranks by the threshold, and a prompt mid-way "
+                                  "through chunked prefill yields to one that outranks it",
     "schedule_low_priority_values_first": "with priority scheduling: lower `priority` values first (vLLM's "
                                           "order; default: higher first, SGLang's)",
     "max_queued_requests": "the most requests that may wait for admission (waiting or compiling their grammar); "

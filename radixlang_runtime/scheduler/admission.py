@@ -5,7 +5,8 @@ returns what changed (PrefillPlan).
 Order: waiting requests are sorted by the policy (policy.order_waiting), each first gets its cached prefix
 (locked); PrefillAdder's budgets (KV, input tokens, chunk, rows, running requests) decide; a refused
 request gives its prefix back, and admission stops at the first request a budget refuses. A prompt
-mid-way through chunked prefill continues first, after arrivals that fit whole in half a chunk.
+mid-way through chunked prefill continues first, after arrivals that fit whole in half a chunk (under priority
+scheduling a waiting request that outranks it has sent it back to the queue before: preemption.yield_chunk_for_head).
 """
 
 from __future__ import annotations
@@ -170,11 +171,11 @@ class PrefillAdmission:
                     continue
             res = adder.add_one(req, holds_row=False)
             if adder.admitted and adder.admitted[-1].req is req:
-                if not req.output_ids:  # first admission (a retracted request keeps its first figures)
-                    req.cached_len = req.kv_len
-                    req.admitted_at = req.admitted_at or time.perf_counter()
-                else:
+                if req.output_ids:  # a retracted request keeps its first figures
                     self._note_readmission(req, target)
+                elif req.admitted_at is None:  # first admission (not a prompt that yielded mid-way: preemption.py)
+                    req.cached_len = req.kv_len
+                    req.admitted_at = time.perf_counter()
                 self.prefill_tokens_cached += req.kv_len
                 if req.lora_id:
                     self._loras.add(req.lora_id)

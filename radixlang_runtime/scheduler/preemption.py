@@ -4,7 +4,9 @@
   the most tokens still to decode (ties: the newest, as SGLang) goes back to the front of the waiting queue.
 - Priority scheduling (--enable-priority-scheduling, PriorityRule): when a budget that running requests hold
   refused the head of the queue, the running request it outranks most by more than the threshold is retracted
-  (preempt_for_head).
+  (preempt_for_head). A prompt mid-way through chunked prefill that a waiting request outranks (by rank alone, as
+  the queue orders them) goes back to the queue before the next prefill, so priority decides who gets the next
+  prefill budget (yield_chunk_for_head).
 - --max-queued-requests (room_in_queue): a full queue refuses a new request with HTTP 503, or under priority
   scheduling drops its lowest-ranked waiting request for one that outranks it.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixlang_runtime.pooling import PooledSum
 from radixlang_runtime.scheduler.request import Req, pending_len
 
 if TYPE_CHECKING:
@@ -44,9 +47,12 @@ class PriorityRule:
 
 
 def retract(s: "Scheduler", victim: Req) -> None:
-    """A running request back to the front of the waiting queue, its outputs kept and its K/V given to the radix
-    cache (and, with the tiers, swapped out)."""
-    s.running.remove(victim)
+    """A running request (or the prompt mid-way through chunked prefill) back to the front of the waiting queue, its
+    outputs kept and its K/V given to the radix cache (and, with the tiers, swapped out)."""
+    if victim is s.chunked_req:
+        s.chunked_req = None
+    else:
+        s.running.remove(victim)
     s.drafts.drop_ngram([victim])
     s.kv.swap_out(victim)
     s._release(victim)
@@ -94,6 +100,35 @@ def preempt_for_head(s: "Scheduler") -> bool:
     retract(s, max(victims, key=lambda r: (rule.rank(r), r.remaining_new_tokens, r.created_at)))
     s.num_preempted_total += 1
     return True
+
+
+def yield_chunk_for_head(s: "Scheduler") -> bool:
+    """Priority scheduling, before a prefill admission: the prompt mid-way through chunked prefill gives up its place
+    when a waiting request outranks it. Rank alone decides, as between waiting requests (the preemption threshold
+    guards decoding requests; this one has no token yet). Its computed pages go into the radix cache (retract), it
+    queues by its rank and resumes from the prefix the cache still holds then. Whether it yielded."""
+    rule, req = s.cfg.priority, s.chunked_req
+    if rule is None or req is None or not any(rule.rank(w) < rule.rank(req) for w in s.waiting if not w.finished):
+        return False
+    if s.overlap is not None:  # the step in flight applied first (it may hold the prompt's last chunk)
+        s.overlap.drain()
+        if s.chunked_req is not req:
+            return False
+    forget_prompt_results(req)
+    retract(s, req)
+    s.num_preempted_total += 1
+    return True
+
+
+def forget_prompt_results(req: Req) -> None:
+    """What a prompt's chunks returned that its readmission computes again: input logprobs (kv_manager.match stops
+    at logprob_start_len, so every position they cover runs again) and the pooled sum (mean and cls compute the
+    whole prompt again; last keeps only its final chunk's part)."""
+    req.input_logprobs.clear()
+    req.input_top_logprobs.clear()
+    req.input_ranks.clear()
+    if req.pooled is not None:
+        req.pooled = PooledSum(req.pooled.spec)
 
 
 def room_in_queue(s: "Scheduler", req: Req) -> bool:

@@ -31,7 +31,8 @@ from radixlang_runtime.scheduler.grammar_queue import GrammarQueue
 from radixlang_runtime.scheduler.hidden_states import keep_hidden
 from radixlang_runtime.scheduler.kv_manager import KVManager
 from radixlang_runtime.scheduler.overlap import OverlapSchedule
-from radixlang_runtime.scheduler.preemption import PriorityRule, ensure_decode_memory, preempt_for_head, room_in_queue
+from radixlang_runtime.scheduler.preemption import PriorityRule, ensure_decode_memory, preempt_for_head, \
+    room_in_queue, yield_chunk_for_head
 from radixlang_runtime.scheduler.mask_gate import IDLE_MASK_WAIT_S, LATE_MASK_WAIT, MaskGate
 from radixlang_runtime.scheduler.request import Req, pending_ids, pending_len
 from radixlang_runtime.scheduler.stop_check import check_finished
@@ -82,7 +83,7 @@ class Scheduler:
         self._to_abort: set[str] = set()
         self.new_token_ratio = cfg.new_token_ratio_init
         self.num_retracted_total = 0
-        self.num_preempted_total = 0  # of those, retracted for a waiting request of higher priority
+        self.num_preempted_total = 0  # of those, for a waiting request of higher priority (preemption.py)
         self.forward_steps = 0
         self.admission = PrefillAdmission(cfg, kv)  # prefill batches; prefill_tokens_computed / _cached counts
         self._decode_owed = False  # a chunk just ran while requests were decoding: decode next
@@ -251,6 +252,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def _get_new_prefill_batch(self) -> Optional[ScheduleBatch]:
+        yield_chunk_for_head(self)
         while True:
             plan = self.admission.plan(self.waiting, self.running, self.chunked_req, self.new_token_ratio)
             self.waiting, self.chunked_req = plan.waiting, plan.chunked_req

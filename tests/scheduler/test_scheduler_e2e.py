@@ -1,4 +1,5 @@
-"""The scheduler on the real model: memory pressure (retraction), chunked prefill, abort mid-chunk."""
+"""The scheduler on the real model: memory pressure (retraction), chunked prefill, abort mid-chunk, a chunked prompt
+yielding its prefill to one of higher priority."""
 
 from __future__ import annotations
 
@@ -121,3 +122,34 @@ def test_chunked_prefill_returns_every_input_logprob(engine_chunked, engine_fp32
     assert len(chunked) == len(whole) == 700 and chunked[0][0] is None
     assert [t for _, t, _ in chunked] == prompt
     assert max(abs(a[0] - b[0]) for a, b in zip(chunked[1:], whole[1:])) < 2e-4
+
+
+def test_a_higher_priority_prompt_takes_the_next_chunk_and_both_keep_their_tokens():
+    """--enable-priority-scheduling: a prompt of higher priority that arrives while a long one is being chunked runs
+    its prefill next; the long one resumes from its cached chunks (none computed twice) and both have the tokens
+    they have alone."""
+    from radixlang_runtime import Engine
+
+    low_ids, high_ids = long_prompt(400, seed=6), long_prompt(100, seed=7)
+    sp = {**GREEDY, "max_new_tokens": 6}
+    with Engine(dtype="float32", max_total_tokens=2048, chunked_prefill_size=32, enable_priority_scheduling=True,
+                debug_check_integrity=True) as eng:
+        alone = [eng.generate(input_ids=ids, sampling_params=sp)["output_ids"] for ids in (low_ids, high_ids)]
+        assert eng.flush_cache()
+        computed = eng.get_stats()["prefill_tokens_computed"]
+        out: dict = {}
+        th = threading.Thread(target=lambda: out.update(
+            low=eng.generate(input_ids=low_ids, rid="low", priority=0, sampling_params=sp)))
+        th.start()
+        deadline = time.time() + 60
+        while not eng._loop.call(lambda s: s.chunked_req is not None and s.chunked_req.rid == "low"):
+            assert time.time() < deadline, "the long prompt never started its chunks"
+            time.sleep(0.005)
+        high = eng.generate(input_ids=high_ids, rid="high", priority=1, sampling_params=sp)
+        th.join(120)
+        assert not th.is_alive()
+        stats = eng.get_stats()
+        assert stats["num_priority_preemptions"] == 1 and out["low"]["meta_info"]["num_retractions"] == 1
+        assert [out["low"]["output_ids"], high["output_ids"]] == alone
+        assert stats["prefill_tokens_computed"] - computed == 400 + 100
+        assert_whole(eng)
