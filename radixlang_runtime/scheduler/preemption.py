@@ -108,7 +108,8 @@ def yield_chunk_for_head(s: "Scheduler") -> bool:
     guards decoding requests; this one has no token yet). Its computed pages go into the radix cache (retract), it
     queues by its rank and resumes from the prefix the cache still holds then. Whether it yielded."""
     rule, req = s.cfg.priority, s.chunked_req
-    if rule is None or req is None or not any(rule.rank(w) < rule.rank(req) for w in s.waiting if not w.finished):
+    if rule is None or req is None or not any(rule.rank(w) < rule.rank(req) and _adapter_fits(s, w)
+                                              for w in s.waiting if not w.finished):
         return False
     if s.overlap is not None:  # the step in flight applied first (it may hold the prompt's last chunk)
         s.overlap.drain()
@@ -118,6 +119,13 @@ def yield_chunk_for_head(s: "Scheduler") -> bool:
     retract(s, req)
     s.num_preempted_total += 1
     return True
+
+
+def _adapter_fits(s: "Scheduler", w: Req) -> bool:
+    """Whether w's LoRA adapter leaves it admissible next to the running requests (max_loras_per_batch): one
+    that must wait for an adapter slot would not take the chunk, and the prompt would yield every step."""
+    active = {r.lora_id for r in s.running if r.lora_id}
+    return not w.lora_id or w.lora_id in active or len(active) < s.cfg.max_loras_per_batch
 
 
 def forget_prompt_results(req: Req) -> None:

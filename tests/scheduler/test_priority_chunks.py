@@ -179,3 +179,26 @@ def test_forgetting_a_prompts_results_restarts_its_pooled_sum():
     forget_prompt_results(r)
     assert r.pooled.vec is None and r.pooled.rows == 0 and r.pooled.spec.mode == "mean"
     assert r.input_logprobs == [] and r.input_ranks == []
+
+
+@pytest.mark.parametrize("adapter, yields", [(2, False), (1, True)])
+def test_an_arrival_waiting_for_an_adapter_slot_takes_no_chunk(adapter, yields):
+    """max_loras_per_batch 1 with adapter 1 decoding: an outranking arrival on adapter 2 could not run, so the
+    chunked prompt keeps its chunks (else it would yield and come back every step); on adapter 1 it can."""
+    sched, _ = scheduler(PriorityRule())
+    sched.cfg.max_loras_per_batch = 1
+    busy = req("busy", 40, 120)
+    busy.lora_id = 1
+    sched.add_request(busy)
+    sched.step()
+    low = ranked(req("low", 400, 6), 0, False)
+    chunk_until(sched, low, 2 * CHUNK)
+    high = ranked(req("high", 100, 6), 5, False)
+    high.lora_id = adapter
+    sched.add_request(high)
+    sched.step()
+    sched.step()  # busy decodes between chunks: one of the two steps is a prefill
+    assert (sched.chunked_req is low) is not yields
+    assert sched.num_preempted_total == int(yields)
+    assert_solo_outputs(sched, [busy, low, high])
+    assert sched.num_preempted_total == int(yields)
