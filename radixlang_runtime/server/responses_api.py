@@ -62,7 +62,8 @@ async def create_response(request: Request) -> Response:
     rid = new_id("resp")
     intake = await state.tm.run_intake(chat_intake, state, chat, rid, size=len(await request.body()))
     choices, plan, think = intake.choices, intake.tools, intake.think
-    skeleton = response_object(rid, int(time.time()), state.served_model_name, req.echo, "in_progress", [], None)
+    echo = req.echo_ran(choices.reqs[0].sampling.max_new_tokens)
+    skeleton = response_object(rid, int(time.time()), state.served_model_name, echo, "in_progress", [], None)
     keep = _Keeper(store, req, history)
     if req.stream:
         return stream_response(guard_stream(_stream(intake, ResponseEvents(skeleton, req.shape), keep)))
@@ -75,7 +76,7 @@ async def create_response(request: Request) -> Response:
     status, incomplete = status_of(finish)
     usage = response_usage(sum_usage(outs, 1, think, state.tm.tokenizer.decode))
     lps = _logprobs(intake, outs[0])
-    final = response_object(rid, skeleton["created_at"], skeleton["model"], req.echo, status,
+    final = response_object(rid, skeleton["created_at"], skeleton["model"], echo, status,
                             output_items(message, req.shape, lps), usage, incomplete)
     keep(final)
     return JSONResponse(final)

@@ -67,6 +67,13 @@ class ResponsesRequest:
         system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
         return {**self.chat_body, "messages": system + history + self.messages}
 
+    def echo_ran(self, max_new_tokens: int) -> dict:
+        """The echo with a given max_output_tokens as the request runs it (lowered by the room after the prompt
+        or by --override-generation-config's max_new_tokens), as vLLM repeats its sampling params' count."""
+        if self.echo.get("max_output_tokens") is None:
+            return self.echo
+        return {**self.echo, "max_output_tokens": max_new_tokens}
+
 
 def _check_off(body: dict) -> None:
     for name, off in _OFF_VALUES.items():

@@ -47,6 +47,7 @@ def test_plain_create_matches_chat_completions(oai):
     chat = oai.chat.completions.create(model="default", max_tokens=12, temperature=0, messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}])
     assert r.id.startswith("resp_") and r.object == "response" and r.metadata == {"run": "a"}
+    assert r.max_output_tokens == 12 and r.temperature == 0
     assert [o.type for o in r.output] == ["message"]
     assert r.output_text == chat.choices[0].message.content and r.output_text
     assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")

@@ -191,6 +191,7 @@ def test_override_wins_over_the_file(server, overridden):
         r = c.post("/v1/responses", json={"input": HI, "max_output_tokens": 12})
         assert r.status_code == 200, r.text
         assert (r.json()["status"], r.json()["usage"]["output_tokens"]) == ("incomplete", 5)
+        assert r.json()["max_output_tokens"] == 5  # the count it ran with, as vLLM repeats it
         native = c.post("/generate", json={"text": "Once", "sampling_params": {"max_new_tokens": 9,
                                                                                 "ignore_eos": True}})
         assert native.json()["meta_info"]["completion_tokens"] == 9  # /generate takes its sampling params as sent
