@@ -9,6 +9,7 @@ from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax
                                                  ToolParser, collect, openai_delta)
 from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser, DeepSeekV4Parser
+from radixlang_runtime.tool_parsers.gemma4 import Gemma4Parser
 from radixlang_runtime.tool_parsers.glm45 import Glm45Parser, Glm47Parser
 from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
@@ -29,7 +30,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
     "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
-    "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser,
+    "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`
@@ -46,7 +47,7 @@ PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 # `｜DSML｜` variable, so only that token is looked for (V4's writes `tool_calls>` after it).
 _TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<minimax:tool_call>",), "minimax-m2"),
                    (("｜DSML｜", "tool_calls>"), "deepseekv4"), (("｜DSML｜",), "deepseekv32"),
-                   (("<steptml:invoke",), "step3"),
+                   (("<steptml:invoke",), "step3"), (("<|tool_call>",), "gemma4"),
                    (("<function=", "<parameter="), "qwen3_coder"), (("</arg_key><arg_value>",), "glm47"),
                    (("<arg_key>",), "glm45"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),

@@ -1,5 +1,5 @@
 """The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
-MiniMax-M2 / M3, LFM2 and gpt-oss (harmony), on
+MiniMax-M2 / M3, LFM2, Gemma 4 and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -25,6 +25,7 @@ DSML = "｜DSML｜"
 STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"{}\">\n{}</steptml:invoke>"
              "<｜tool_call_end｜>")
 NS = "]<]minimax[>["  # MiniMax-M3's namespace token, before every tag
+Q = '<|"|>'  # Gemma 4's string delimiter token
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
 # (format, output, expected content, expected [(name, arguments)])
 CASES = [
@@ -148,6 +149,17 @@ CASES = [
     ("lfm2", "<|tool_call_start|>[{\"name\": \"get_weather\", \"arguments\": {\"metric\": true}}, {\"name\": \"now\", "
              "\"arguments\": {}}]<|tool_call_end|>", "", [("get_weather", {"metric": True}), ("now", {})]),
     ("lfm2", "<|tool_call_start|>now()", "", [("now", {})]),  # stopped on <|tool_call_end|>
+    # Gemma 4: one call per token pair, bare keys, strings between <|"|> tokens, nested objects and arrays
+    ("gemma4", f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris, {{FR}}{Q},days:2,hours:[9,12],metric:true,"
+               f"unit:null}}<tool_call|><|tool_call>call:now{{}}<tool_call|>Done.", "Checking.Done.",
+     [("get_weather", {"city": "Paris, {FR}", "days": 2, "hours": [9, 12], "metric": True, "unit": None}),
+      ("now", {})]),
+    ("gemma4", f"<|tool_call>call:write_file{{path:{Q}a.py{Q},content:{Q}x = {{\"k\": [1]}}\n{Q}}}", "",
+     [("write_file", {"path": "a.py", "content": "x = {\"k\": [1]}\n"})]),  # stopped on <tool_call|>
+    ("gemma4", f"<|tool_call>call:get_weather{{lat:-1.5e2, zip:{{{Q}a b{Q}:[{Q}x{Q},None,{{n:1}}]}},unit:c}}"
+               "<tool_call|>", "", [("get_weather", {"lat": -150.0, "zip": {"a b": ["x", None, {"n": 1}]},
+                                                      "unit": "c"})]),
+    ("gemma4", "Plain call:now{} and <|tool text.", "Plain call:now{} and <|tool text.", []),
     # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
                     "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
@@ -185,6 +197,9 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
                    f"{NS}</tool_call>"),  # mismatched close tag
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"rm_rf\">{NS}</invoke>\n{NS}</tool_call>"),
     ("lfm2", "<|tool_call_start|>[rm_rf(path=\"/\")]<|tool_call_end|>"),
+    ("gemma4", "<|tool_call>call:rm_rf{path:<|\"|>/<|\"|>}<tool_call|>"),
+    ("gemma4", "<|tool_call>call:get_weather{hours:[1,2}<tool_call|>"),  # unbalanced
+    ("gemma4", "<|tool_call>get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>"),  # no call:
     ("lfm2", "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>"),  # not a literal
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<hours>7{NS}<item>1{NS}</item>"
                    f"{NS}</hours>{NS}</invoke>\n{NS}</tool_call>"),  # text beside nested tags
@@ -248,7 +263,7 @@ def test_malformed_calls_stay_text(case):
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
                                  "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
-                                 "lfm2"])
+                                 "lfm2", "gemma4"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -303,6 +318,7 @@ def test_template_detection():
         == "deepseekv32"
     assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '\\n\\n<' + dsml_token + 'tool_calls>\\n' }}") \
         == "deepseekv4"
+    assert detect_parser("{{- '<|tool_call>call:' + function['name'] + '{' -}}") == "gemma4"
 
 
 def test_vllm_names_are_aliases():
@@ -314,6 +330,17 @@ def test_vllm_names_are_aliases():
     assert get_parser("step3p5") is get_parser("qwen3_xml") is get_parser("qwen3_coder")
     assert get_parser("glm") is get_parser("glm45") and get_parser("openai") is get_parser("gpt-oss")
     assert get_parser("llama3_json") is get_parser("llama4_json") is get_parser("llama3")
+
+
+@pytest.mark.parametrize("fmt", ["minimax-m3", "gemma4"])
+def test_a_format_with_no_call_syntax_refuses_a_forced_tool_choice(fmt):
+    from radixlang_runtime.protocol.limits import FieldError
+    from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, with_parser
+
+    plan = with_parser(check_tools({"tools": [{"type": "function", "function": {"name": "f"}}],
+                                    "tool_choice": {"type": "function", "function": {"name": "f"}}}), fmt, None)
+    with pytest.raises(FieldError, match=f"not supported with the {fmt} tool-call format"):
+        forced_call_regex(plan, False)
 
 
 def test_minimax_values_follow_the_schema_as_sglang_reads_them():
@@ -359,6 +386,15 @@ def test_a_dsml_json_body_that_breaks_stays_text():
     assert [e.name for e in stream("deepseekv32", text, list(range(1, len(text)))) if isinstance(e, CallStart)] \
         == ["get_weather"]
 
+
+
+def test_a_gemma4_key_written_twice_stays_text():
+    """A stream has sent the call at its first key (the documented limit); parse() leaves the whole call as text."""
+    text = f"<|tool_call>call:get_weather{{city:{Q}Oslo{Q},city:{Q}Paris{Q}}}<tool_call|>"
+    got = get_parser("gemma4").parse(text, TOOL_NAMES)
+    assert got.calls == [] and got.content == text
+    assert [e.name for e in stream("gemma4", text, list(range(1, len(text)))) if isinstance(e, CallStart)] \
+        == ["get_weather"]
 
 
 # ------------------------------------------------------------------------------------ properties

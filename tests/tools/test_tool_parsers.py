@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -285,6 +286,19 @@ def _render(fmt: str, calls: list, style: int) -> str:
         syn = get_parser(fmt).syntax
         return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
                                        + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
+    if fmt == "gemma4":  # bare keys where they read as one, strings between <|"|> tokens
+        def g4(v):
+            if isinstance(v, str):
+                return f'<|"|>{v}<|"|>'
+            if isinstance(v, list):
+                return "[" + ",".join(map(g4, v)) + "]"
+            if isinstance(v, dict):
+                return "{" + ",".join((k if re.fullmatch(r"\w+", k) else g4(k)) + ":" + g4(x) for k, x in v.items()) \
+                    + "}"
+            return json.dumps(v)
+
+        sep = " " if style % 2 else ""
+        return sep.join(f"<|tool_call>call:{n}" + g4(a) + "<tool_call|>" for n, a in calls)
     python = "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
     if fmt == "lfm2":  # the Python list, or the JSON one, in its special tokens
         return "<|tool_call_start|>" + ("[" + ", ".join(map(dump, objs)) + "]" if style % 2 else python) \
