@@ -60,6 +60,16 @@ CASES = [
       ("get_time", {})]),
     ("pythonic", "<|python_start|>[lookup(q='a, b) c')]<|python_end|>", "", [("lookup", {"q": "a, b) c"})]),
     ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
+    # Granite 3.0's token, 3.1's string, or the bare list, at the output's start
+    ("granite", '<|tool_call|>[{"name": "get_current_weather", "arguments": {"city": "Boston", "unit": "c"}}, '
+                '{"name": "now", "arguments": {}}]', "",
+     [("get_current_weather", {"city": "Boston", "unit": "c"}), ("now", {})]),
+    ("granite", '<tool_call> [{"name": "f", "arguments": {"a": [1]}}]', "", [("f", {"a": [1]})]),
+    ("granite", '[{"name": "f", "arguments": {}}]', "", [("f", {})]),
+    ("granite", 'Sure: [{"name": "f", "arguments": {}}]', 'Sure: [{"name": "f", "arguments": {}}]', []),
+    # Granite 4.0 writes Hermes' blocks
+    ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
+     [("f", {"a": 1})]),
 ]
 # tool markup that is broken: parse() leaves each whole as text. Early: the break shows before the call
 # commits (a stream agrees); late: after (a stream has sent the call: the documented limit).
@@ -70,6 +80,7 @@ MALFORMED_EARLY = [
     ("mistral", '[TOOL_CALLS] {"name": "f", "arguments": {}}'),
     ("pythonic", "[f(1)]"),
     ("pythonic", "[f(a=open('x'))]"),
+    ("granite", '<|tool_call|>{"name": "f", "arguments": {}}'),  # not a list
 ]
 MALFORMED_LATE = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
@@ -281,6 +292,8 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
     if fmt == "mistral":
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
+    if fmt == "granite":  # the token, the string, or nothing before the list
+        return ("<|tool_call|>", "<tool_call>", "")[style % 3] + "[" + ", ".join(map(dump, objs)) + "]"
     if fmt in ("deepseekv3", "deepseekv31", "deepseekv32", "deepseek_v32", "deepseekv4", "deepseek_v4", "kimi_k2",
                "gpt-oss"):  # each model's layout
         syn = get_parser(fmt).syntax
@@ -310,7 +323,7 @@ def _render(fmt: str, calls: list, style: int) -> str:
 @given(fmt=st.sampled_from(sorted(set(PARSERS) - set(ALIASES) - {"qwen25", "qwen", *XML_ARGS})), calls=_calls,
        style=st.integers(0, 5), lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
 def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
-    if fmt in ("llama3", "pythonic"):
+    if fmt in ("llama3", "pythonic", "granite"):
         lead = ""  # these formats take calls only at the output's start
     text = lead + _render(fmt, calls, style)
     got = get_parser(fmt).parse(text)
