@@ -89,6 +89,7 @@ TWO_CALLS = {
 TWO_CALLS["deepseekv4"] = TWO_CALLS["deepseekv32"].replace("function_calls>", "tool_calls>")  # V4's wrapper
 TWO_CALLS["lfm2"] = "<|tool_call_start|>" + TWO_CALLS["pythonic"] + "<|tool_call_end|>"  # its special tokens
 TWO_CALLS["granite"] = TWO_CALLS["mistral"].replace("[TOOL_CALLS]", "<|tool_call|>")  # Granite 3.0's token
+TWO_CALLS["phi4_mini_json"] = TWO_CALLS["mistral"].replace("[TOOL_CALLS]", "functools")
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
               '</tool_call>',
@@ -125,8 +126,10 @@ ONE_CALL = {
 ONE_CALL["deepseekv4"] = ONE_CALL["deepseekv32"].replace("function_calls>", "tool_calls>")
 ONE_CALL["lfm2"] = "<|tool_call_start|>" + ONE_CALL["pythonic"] + "<|tool_call_end|>"
 ONE_CALL["granite"] = ONE_CALL["mistral"].replace("[TOOL_CALLS]", "<|tool_call|>")
+ONE_CALL["phi4_mini_json"] = ONE_CALL["mistral"].replace("[TOOL_CALLS]", "functools")
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
-                 "deepseekv32", "step3", "deepseekv4", "lfm2", "granite"]  # unit checks only
+                 "deepseekv32", "step3", "deepseekv4", "lfm2", "granite",
+                 "phi4_mini_json"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):

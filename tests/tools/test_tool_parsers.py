@@ -67,6 +67,11 @@ CASES = [
     ("granite", '<tool_call> [{"name": "f", "arguments": {"a": [1]}}]', "", [("f", {"a": [1]})]),
     ("granite", '[{"name": "f", "arguments": {}}]', "", [("f", {})]),
     ("granite", 'Sure: [{"name": "f", "arguments": {}}]', 'Sure: [{"name": "f", "arguments": {}}]', []),
+    # Phi-4-mini: anywhere in the output; "parameters" read as "arguments"
+    ("phi4_mini_json", 'I will check. functools[{"name": "get_weather", "arguments": {"city": "Rome"}}, '
+                       '{"name": "now", "parameters": {}}]', "I will check.",
+     [("get_weather", {"city": "Rome"}), ("now", {})]),
+    ("phi4_mini_json", "from functools import partial", "from functools import partial", []),
     # Granite 4.0 writes Hermes' blocks
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
@@ -81,6 +86,7 @@ MALFORMED_EARLY = [
     ("pythonic", "[f(1)]"),
     ("pythonic", "[f(a=open('x'))]"),
     ("granite", '<|tool_call|>{"name": "f", "arguments": {}}'),  # not a list
+    ("phi4_mini_json", 'functools[{"name": "f", "arguments": [1]}]'),
 ]
 MALFORMED_LATE = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
@@ -292,6 +298,8 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
     if fmt == "mistral":
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
+    if fmt == "phi4_mini_json":
+        return "functools[" + ", ".join(map(dump, objs)) + "]"
     if fmt == "granite":  # the token, the string, or nothing before the list
         return ("<|tool_call|>", "<tool_call>", "")[style % 3] + "[" + ", ".join(map(dump, objs)) + "]"
     if fmt in ("deepseekv3", "deepseekv31", "deepseekv32", "deepseek_v32", "deepseekv4", "deepseek_v4", "kimi_k2",
