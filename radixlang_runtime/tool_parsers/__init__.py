@@ -20,6 +20,7 @@ from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
 from radixlang_runtime.tool_parsers.minimax_m3 import MiniMaxM3Parser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
+from radixlang_runtime.tool_parsers.olmo3 import Olmo3Parser
 from radixlang_runtime.tool_parsers.phi4_mini import Phi4MiniJsonParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
 from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser, SeedOssParser
@@ -33,7 +34,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
     "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
-    "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser,
+    "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`

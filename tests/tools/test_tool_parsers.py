@@ -72,6 +72,11 @@ CASES = [
                        '{"name": "now", "parameters": {}}]', "I will check.",
      [("get_weather", {"city": "Rome"}), ("now", {})]),
     ("phi4_mini_json", "from functools import partial", "from functools import partial", []),
+    # Olmo 3: a call a line in <function_calls>; JSON's true / false / null as values too
+    ("olmo3", 'Let me check.\n<function_calls>\nget_weather(city="Paris", metric=true, unit=null, days=[1, 2])\n'
+              "now()\n</function_calls>", "Let me check.",
+     [("get_weather", {"city": "Paris", "metric": True, "unit": None, "days": [1, 2]}), ("now", {})]),
+    ("olmo3", "<function_calls>\nlookup(q='a\\nb', strict=False)", "", [("lookup", {"q": "a\nb", "strict": False})]),
     # Granite 4.0 writes Hermes' blocks
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
@@ -87,6 +92,7 @@ MALFORMED_EARLY = [
     ("pythonic", "[f(a=open('x'))]"),
     ("granite", '<|tool_call|>{"name": "f", "arguments": {}}'),  # not a list
     ("phi4_mini_json", 'functools[{"name": "f", "arguments": [1]}]'),
+    ("olmo3", "<function_calls>\nf(a=nil)\n</function_calls>"),  # not a literal
 ]
 MALFORMED_LATE = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
@@ -95,6 +101,7 @@ MALFORMED_LATE = [
     ("llama3", '{"name": "f", "parameters": {"a": NaN}}'),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {}} {"name": "g", "arguments": {}}]'),
     ("pythonic", "[f(a=1, a=2)]"),
+    ("olmo3", "<function_calls>\nf(a=1) g()\n</function_calls>"),  # two calls on one line
 ]
 MALFORMED = MALFORMED_EARLY + MALFORMED_LATE
 
@@ -131,9 +138,9 @@ def test_parse_recorded_outputs(case):
     assert len({c.id for c in got.calls}) == len(got.calls)
 
 
-@pytest.mark.parametrize("case", [i for i, c in enumerate(CASES) if c[0] != "pythonic"])
+@pytest.mark.parametrize("case", [i for i, c in enumerate(CASES) if c[0] not in ("pythonic", "olmo3")])
 def test_json_formats_keep_the_models_argument_text(case):
-    """JSON formats pass the model's own arguments text on byte for byte (pythonic converts to JSON)."""
+    """JSON formats pass the model's own arguments text on byte for byte (pythonic / olmo3 convert to JSON)."""
     fmt, text, _, calls = CASES[case]
     got = get_parser(fmt).parse(text)
     assert len(got.calls) == len(calls)
@@ -298,6 +305,12 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
     if fmt == "mistral":
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
+    if fmt == "olmo3":  # a call a line; JSON's true / false / null for such values half the time
+        def olmo(v):
+            return json.dumps(v) if style % 2 and (v is None or isinstance(v, bool)) else repr(v)
+
+        return "<function_calls>\n" + "\n".join(f"{n}(" + ", ".join(f"{k}={olmo(v)}" for k, v in a.items()) + ")"
+                                                 for n, a in calls) + "\n</function_calls>"
     if fmt == "phi4_mini_json":
         return "functools[" + ", ".join(map(dump, objs)) + "]"
     if fmt == "granite":  # the token, the string, or nothing before the list
