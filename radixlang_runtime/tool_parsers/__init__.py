@@ -25,6 +25,7 @@ from radixlang_runtime.tool_parsers.phi4_mini import Phi4MiniJsonParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
 from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser, SeedOssParser
 from radixlang_runtime.tool_parsers.step3 import Step3Parser
+from radixlang_runtime.tool_parsers.xlam import XlamParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
@@ -35,6 +36,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
     "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
     "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
+    "xlam": XlamParser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`

@@ -77,6 +77,12 @@ CASES = [
               "now()\n</function_calls>", "Let me check.",
      [("get_weather", {"city": "Paris", "metric": True, "unit": None, "days": [1, 2]}), ("now", {})]),
     ("olmo3", "<function_calls>\nlookup(q='a\\nb', strict=False)", "", [("lookup", {"q": "a\nb", "strict": False})]),
+    # xLAM: the whole output, or a fenced / tagged list anywhere
+    ("xlam", '[{"name": "get_weather", "arguments": {"city": "Lima"}}, {"name": "now", "arguments": {}}]', "",
+     [("get_weather", {"city": "Lima"}), ("now", {})]),
+    ("xlam", 'Calling it.\n```json\n[{"name": "now", "arguments": {}}]\n```', "Calling it.", [("now", {})]),
+    ("xlam", 'Sure. <tool_call>[{"name": "f", "arguments": {"a": 1}}]</tool_call>', "Sure.", [("f", {"a": 1})]),
+    ("xlam", "```python\nprint([1])\n```", "```python\nprint([1])\n```", []),
     # Granite 4.0 writes Hermes' blocks
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
@@ -93,6 +99,7 @@ MALFORMED_EARLY = [
     ("granite", '<|tool_call|>{"name": "f", "arguments": {}}'),  # not a list
     ("phi4_mini_json", 'functools[{"name": "f", "arguments": [1]}]'),
     ("olmo3", "<function_calls>\nf(a=nil)\n</function_calls>"),  # not a literal
+    ("xlam", '```json\n{"name": "f", "arguments": {}}\n```'),  # not a list
 ]
 MALFORMED_LATE = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
@@ -311,6 +318,9 @@ def _render(fmt: str, calls: list, style: int) -> str:
 
         return "<function_calls>\n" + "\n".join(f"{n}(" + ", ".join(f"{k}={olmo(v)}" for k, v in a.items()) + ")"
                                                  for n, a in calls) + "\n</function_calls>"
+    if fmt == "xlam":  # the bare list, or in a fence, a block or after [TOOL_CALLS]
+        body = "[" + ", ".join(map(dump, objs)) + "]"
+        return ("{}", "```json\n{}\n```", "<tool_call>{}</tool_call>", "[TOOL_CALLS]{}")[style % 4].format(body)
     if fmt == "phi4_mini_json":
         return "functools[" + ", ".join(map(dump, objs)) + "]"
     if fmt == "granite":  # the token, the string, or nothing before the list
@@ -344,7 +354,7 @@ def _render(fmt: str, calls: list, style: int) -> str:
 @given(fmt=st.sampled_from(sorted(set(PARSERS) - set(ALIASES) - {"qwen25", "qwen", *XML_ARGS})), calls=_calls,
        style=st.integers(0, 5), lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
 def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
-    if fmt in ("llama3", "pythonic", "granite"):
+    if fmt in ("llama3", "pythonic", "granite") or (fmt == "xlam" and style % 4 == 0):
         lead = ""  # these formats take calls only at the output's start
     text = lead + _render(fmt, calls, style)
     got = get_parser(fmt).parse(text)
