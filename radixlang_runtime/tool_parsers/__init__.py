@@ -15,6 +15,7 @@ from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.granite import GraniteParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
 from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
+from radixlang_runtime.tool_parsers.kimi_k3 import KimiK3Parser
 from radixlang_runtime.tool_parsers.lfm2 import Lfm2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
@@ -36,7 +37,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
     "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
     "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
-    "xlam": XlamParser,
+    "xlam": XlamParser, "kimi_k3": KimiK3Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`

@@ -1,5 +1,5 @@
 """The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
-MiniMax-M2 / M3, LFM2, Gemma 4 and gpt-oss (harmony), on
+MiniMax-M2 / M3, LFM2, Gemma 4, Kimi K3 and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -26,6 +26,8 @@ STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke nam
              "<｜tool_call_end｜>")
 NS = "]<]minimax[>["  # MiniMax-M3's namespace token, before every tag
 Q = '<|"|>'  # Gemma 4's string delimiter token
+K3_CALL = "<|open|>call tool=\"{}\" index=\"{}\"<|sep|>{}<|close|>call<|sep|>"
+K3_ARG = "<|open|>argument key=\"{}\" type=\"{}\"<|sep|>{}<|close|>argument<|sep|>"
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
 # (format, output, expected content, expected [(name, arguments)])
 CASES = [
@@ -160,6 +162,18 @@ CASES = [
                "<tool_call|>", "", [("get_weather", {"lat": -150.0, "zip": {"a b": ["x", None, {"n": 1}]},
                                                       "unit": "c"})]),
     ("gemma4", "Plain call:now{} and <|tool text.", "Plain call:now{} and <|tool text.", []),
+    # Kimi K3: the reply in its response channel, the calls in the tools channel (values typed by their tag)
+    ("kimi_k3", "<|open|>response<|sep|>Checking both.<|close|>response<|sep|><|open|>tools<|sep|>"
+                + K3_CALL.format("get_weather", 1, K3_ARG.format("city", "string", "\nSan Francisco ")
+                                 + K3_ARG.format("days", "integer", "3") + K3_ARG.format("hours", "array", "[9, 12]")
+                                 + K3_ARG.format("zip", "string", "007"))
+                + K3_CALL.format("now", 2, "") + "<|close|>tools<|sep|>", "Checking both.",
+     [("get_weather", {"city": "\nSan Francisco ", "days": 3, "hours": [9, 12], "zip": "007"}), ("now", {})]),
+    ("kimi_k3", "Done<|close|>response<|sep|><|open|>tools<|sep|>"  # the response opener in the prompt
+                + K3_CALL.format("write_file", 1, K3_ARG.format("path", "string", "a &amp; b.py")
+                                 + K3_ARG.format("content", "string", "x = {\"k\": 1}\n")), "Done",
+     [("write_file", {"path": "a &amp; b.py", "content": "x = {\"k\": 1}\n"})]),  # stopped on the tools close
+    ("kimi_k3", "Plain <|open|>call text.", "Plain <|open|>call text.", []),
     # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
                     "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
@@ -198,6 +212,9 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"rm_rf\">{NS}</invoke>\n{NS}</tool_call>"),
     ("lfm2", "<|tool_call_start|>[rm_rf(path=\"/\")]<|tool_call_end|>"),
     ("gemma4", "<|tool_call>call:rm_rf{path:<|\"|>/<|\"|>}<tool_call|>"),
+    ("kimi_k3", "<|open|>tools<|sep|>" + K3_CALL.format("rm_rf", 1, "") + "<|close|>tools<|sep|>"),
+    ("kimi_k3", "<|open|>tools<|sep|>" + K3_CALL.format("get_weather", 1, "<|open|>argument type=\"string\"<|sep|>x"
+                                                      "<|close|>argument<|sep|>") + "<|close|>tools<|sep|>"),  # no key
     ("gemma4", "<|tool_call>call:get_weather{hours:[1,2}<tool_call|>"),  # unbalanced
     ("gemma4", "<|tool_call>get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>"),  # no call:
     ("lfm2", "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>"),  # not a literal
@@ -263,7 +280,7 @@ def test_malformed_calls_stay_text(case):
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
                                  "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
-                                 "lfm2", "gemma4"])
+                                 "lfm2", "gemma4", "kimi_k3"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -332,7 +349,7 @@ def test_vllm_names_are_aliases():
     assert get_parser("llama3_json") is get_parser("llama4_json") is get_parser("llama3")
 
 
-@pytest.mark.parametrize("fmt", ["minimax-m3", "gemma4"])
+@pytest.mark.parametrize("fmt", ["minimax-m3", "gemma4", "kimi_k3"])
 def test_a_format_with_no_call_syntax_refuses_a_forced_tool_choice(fmt):
     from radixlang_runtime.protocol.limits import FieldError
     from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, with_parser
@@ -435,6 +452,11 @@ def _xml(fmt: str, calls: list) -> str:
             f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{show(v)}</{DSML}parameter>\n'
             for k, v in a.items()) + f"</{DSML}invoke>\n" for n, a in calls)
         return f"<{DSML}{wrapper}>\n{body}</{DSML}{wrapper}>" if wrapper else body
+    if fmt == "kimi_k3":  # each value tagged with its JSON type
+        kinds = {str: "string", int: "integer", list: "array"}
+        return "<|open|>tools<|sep|>" + "".join(K3_CALL.format(n, i + 1, "".join(
+            K3_ARG.format(k, kinds[type(v)], show(v)) for k, v in a.items())) for i, (n, a) in enumerate(calls)) \
+            + "<|close|>tools<|sep|>"
     if fmt == "minimax-m3":  # as MiniMax-M3's renderer writes calls: lists as <item> tags
         def m3(v):
             if isinstance(v, list):
@@ -451,14 +473,15 @@ def _xml(fmt: str, calls: list) -> str:
 
 @settings(max_examples=120, deadline=None)
 @given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3",
-                            "deepseekv4", "dsml-untagged", "minimax-m3"]),
+                            "deepseekv4", "dsml-untagged", "minimax-m3", "kimi_k3"]),
        calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]), data=st.data())
 def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
     """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32 / v4: but
     for newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace
-    there; minimax-m2: but for `null`, None in any type; minimax-m3: whole), integers and lists by the schema's
-    types. dsml-untagged: DeepSeek's invoke blocks without a wrapper, read by both DSML parsers."""
-    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": ""}.get(fmt, "\n")
+    there; minimax-m2: but for `null`, None in any type; minimax-m3 / kimi_k3: whole), integers and lists by the
+    schema's types (kimi_k3: by their type tag). dsml-untagged: DeepSeek's invoke blocks without a wrapper, read
+    by both DSML parsers."""
+    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": "", "kimi_k3": ""}.get(fmt, "\n")
     calls = [(n, {k: v.strip(edge) if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
     if fmt == "minimax-m2":
         calls = [(n, {k: None if isinstance(v, str) and v.lower() == "null" else v for k, v in a.items()})

@@ -295,7 +295,7 @@ _calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
 
 
 XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3", "minimax-m3",
-            "minimax_m3"}  # test_tool_formats.py
+            "minimax_m3", "kimi_k3"}  # test_tool_formats.py
 
 
 def _render(fmt: str, calls: list, style: int) -> str:
