@@ -14,6 +14,8 @@ from radixlang_runtime.tool_parsers.glm45 import Glm45Parser, Glm47Parser
 from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
 from radixlang_runtime.tool_parsers.granite import GraniteParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
+from radixlang_runtime.tool_parsers.internlm import InternlmParser
+from radixlang_runtime.tool_parsers.jamba import JambaParser
 from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
 from radixlang_runtime.tool_parsers.kimi_k3 import KimiK3Parser
 from radixlang_runtime.tool_parsers.lfm2 import Lfm2Parser
@@ -37,15 +39,16 @@ PARSERS: dict[str, type[ToolParser]] = {
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
     "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
     "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
-    "xlam": XlamParser, "kimi_k3": KimiK3Parser,
+    "xlam": XlamParser, "kimi_k3": KimiK3Parser, "jamba": JambaParser, "internlm": InternlmParser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`
-# (Llama 3.1's JSON), `openai` (gpt-oss) and `granite4` (Granite 4.0 writes Hermes' blocks)
+# (Llama 3.1's JSON), `openai` (gpt-oss), `granite4` (Granite 4.0 writes Hermes' blocks) and `hunyuan_a13b`
+# (Hunyuan-A13B writes Jamba's group)
 ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32", "deepseek_v4": "deepseekv4",
            "minimax_m3": "minimax-m3", "glm": "glm45", "step3p5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
            "llama3_json": "llama3", "llama4_json": "llama3", "openai": "gpt-oss",
-           "granite4": "hermes"}
+           "granite4": "hermes", "hunyuan_a13b": "jamba"}
 PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 
 # (texts that all appear in a chat template, the parser they imply), first match wins. Kimi K2's first template

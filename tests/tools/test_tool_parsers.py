@@ -83,6 +83,15 @@ CASES = [
     ("xlam", 'Calling it.\n```json\n[{"name": "now", "arguments": {}}]\n```', "Calling it.", [("now", {})]),
     ("xlam", 'Sure. <tool_call>[{"name": "f", "arguments": {"a": 1}}]</tool_call>', "Sure.", [("f", {"a": 1})]),
     ("xlam", "```python\nprint([1])\n```", "```python\nprint([1])\n```", []),
+    # Jamba (and Hunyuan-A13B): a JSON list in <tool_calls>; InternLM2: one object a block
+    ("jamba", 'Checking. <tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "now", '
+              '"arguments": {}}]</tool_calls>', "Checking.", [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    ("hunyuan_a13b", '<tool_calls>[{"name": "f", "arguments": {"a": [1]}}]</tool_calls>', "", [("f", {"a": [1]})]),
+    ("internlm", 'Sure.<|action_start|><|plugin|>\n{"name": "get_weather", "parameters": {"city": "Tokyo"}}'
+                 '<|action_end|>', "Sure.", [("get_weather", {"city": "Tokyo"})]),
+    ("internlm", '<|action_start|> <|plugin|>\n{"name": "f", "arguments": {"a": 1}}<|action_end|>'
+                 '<|action_start|> <|plugin|>\n{"name": "g", "parameters": {}}<|action_end|>', "",
+     [("f", {"a": 1}), ("g", {})]),
     # Granite 4.0 writes Hermes' blocks
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
@@ -99,6 +108,8 @@ MALFORMED_EARLY = [
     ("granite", '<|tool_call|>{"name": "f", "arguments": {}}'),  # not a list
     ("phi4_mini_json", 'functools[{"name": "f", "arguments": [1]}]'),
     ("olmo3", "<function_calls>\nf(a=nil)\n</function_calls>"),  # not a literal
+    ("jamba", '<tool_calls>{"name": "f", "arguments": {}}</tool_calls>'),  # not a list
+    ("internlm", '<|action_start|><|interpreter|>\nprint(1)<|action_end|>'),  # not a plugin call
     ("xlam", '```json\n{"name": "f", "arguments": {}}\n```'),  # not a list
 ]
 MALFORMED_LATE = [
@@ -321,6 +332,11 @@ def _render(fmt: str, calls: list, style: int) -> str:
     if fmt == "xlam":  # the bare list, or in a fence, a block or after [TOOL_CALLS]
         body = "[" + ", ".join(map(dump, objs)) + "]"
         return ("{}", "```json\n{}\n```", "<tool_call>{}</tool_call>", "[TOOL_CALLS]{}")[style % 4].format(body)
+    if fmt == "jamba":
+        return "<tool_calls>[" + ", ".join(map(dump, objs)) + "]</tool_calls>"
+    if fmt == "internlm":  # with or without a space between the tokens (vLLM / SGLang)
+        plugin = "<|action_start|>" + " " * (style % 2) + "<|plugin|>\n"
+        return "".join(plugin + dump(o) + "<|action_end|>" for o in objs)
     if fmt == "phi4_mini_json":
         return "functools[" + ", ".join(map(dump, objs)) + "]"
     if fmt == "granite":  # the token, the string, or nothing before the list
