@@ -184,8 +184,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
                          "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4", "kimi_k2", "glm45", "glm47",
                          "minimax-m2", "minimax-m3", "step3", "gpt-oss", "minimax_m2", "deepseek_v32", "deepseek_v4",
                          "lfm2", "gemma4", "granite", "phi4_mini_json", "olmo3", "xlam", "kimi_k3", "jamba",
-                         "internlm", "granite4", "hunyuan_a13b", "minimax_m3", "glm", "step3p5", "qwen3_xml",
-                         "llama3_json", "llama4_json", "openai"),
+                         "internlm", "cohere_command4", "granite4", "hunyuan_a13b", "minimax_m3", "glm", "step3p5",
+                         "qwen3_xml", "llama3_json", "llama4_json", "openai"),
     # SGLang's names, then vLLM's aliases (reasoning_parser.ALIASES)
     "reasoning_parser": ("deepseek-r1", "qwen3", "deepseek-v3", "qwen3-thinking", "glm45", "kimi", "kimi_k2",
                          "minimax", "step3", "step3p5", "mistral", "interns1", "mimo", "poolside_v1", "gpt-oss",

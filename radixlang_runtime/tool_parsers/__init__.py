@@ -7,6 +7,7 @@ from typing import Optional
 
 from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax, Event, ParseResult, Text, ToolCall,
                                                  ToolParser, collect, openai_delta)
+from radixlang_runtime.tool_parsers.cohere_command4 import CohereCommand4Parser
 from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser, DeepSeekV4Parser
 from radixlang_runtime.tool_parsers.gemma4 import Gemma4Parser
@@ -40,6 +41,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
     "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
     "xlam": XlamParser, "kimi_k3": KimiK3Parser, "jamba": JambaParser, "internlm": InternlmParser,
+    "cohere_command4": CohereCommand4Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`

@@ -92,6 +92,8 @@ TWO_CALLS["granite"] = TWO_CALLS["mistral"].replace("[TOOL_CALLS]", "<|tool_call
 TWO_CALLS["phi4_mini_json"] = TWO_CALLS["mistral"].replace("[TOOL_CALLS]", "functools")
 TWO_CALLS["xlam"] = TWO_CALLS["mistral"].removeprefix("[TOOL_CALLS]")  # the bare list
 TWO_CALLS["jamba"] = "<tool_calls>" + TWO_CALLS["xlam"] + "</tool_calls>"
+TWO_CALLS["cohere_command4"] = "<|START_ACTION|>" + TWO_CALLS["xlam"].replace(
+    '{"name": ', '{"tool_call_id": "0", "tool_name": ').replace('"arguments"', '"parameters"') + "<|END_ACTION|>"
 TWO_CALLS["internlm"] = "<|action_start|><|plugin|>\n" + TWO_CALLS["llama3"].replace(
     "; ", "<|action_end|><|action_start|><|plugin|>\n") + "<|action_end|>"  # llama3's objects, a block each
 TWO_CALLS["olmo3"] = "<function_calls>\n" + TWO_CALLS["pythonic"][1:-1].replace("), ", ")\n") + "\n</function_calls>"
@@ -134,11 +136,14 @@ ONE_CALL["granite"] = ONE_CALL["mistral"].replace("[TOOL_CALLS]", "<|tool_call|>
 ONE_CALL["phi4_mini_json"] = ONE_CALL["mistral"].replace("[TOOL_CALLS]", "functools")
 ONE_CALL["xlam"] = ONE_CALL["mistral"].removeprefix("[TOOL_CALLS]")
 ONE_CALL["jamba"] = "<tool_calls>" + ONE_CALL["xlam"] + "</tool_calls>"
+ONE_CALL["cohere_command4"] = "<|START_ACTION|>" + ONE_CALL["xlam"].replace(
+    '{"name": ', '{"tool_call_id": "0", "tool_name": ').replace('"arguments"', '"parameters"') + "<|END_ACTION|>"
 ONE_CALL["internlm"] = "<|action_start|><|plugin|>\n" + ONE_CALL["llama3"] + "<|action_end|>"
 ONE_CALL["olmo3"] = "<function_calls>\n" + ONE_CALL["pythonic"][1:-1] + "\n</function_calls>"
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
                  "deepseekv32", "step3", "deepseekv4", "lfm2", "granite",
-                 "phi4_mini_json", "olmo3", "xlam", "jamba", "internlm"]  # unit checks only
+                 "phi4_mini_json", "olmo3", "xlam", "jamba", "internlm",
+                 "cohere_command4"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):

@@ -92,6 +92,13 @@ CASES = [
     ("internlm", '<|action_start|> <|plugin|>\n{"name": "f", "arguments": {"a": 1}}<|action_end|>'
                  '<|action_start|> <|plugin|>\n{"name": "g", "parameters": {}}<|action_end|>', "",
      [("f", {"a": 1}), ("g", {})]),
+    # Cohere Command 4: the list in its action tokens, "tool_name" for the name, the model's id dropped
+    ("cohere_command4", 'Checking.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                        '"parameters": {"city": "Oslo"}},\n    {"tool_call_id": "1", "tool_name": "now", '
+                        '"parameters": {}}\n]<|END_ACTION|>', "Checking.",
+     [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    ("cohere_command4", '<|START_ACTION|>{"tool_name": "f", "parameters": {"a": 1}}<|END_ACTION|>', "",
+     [("f", {"a": 1})]),
     # Granite 4.0 writes Hermes' blocks
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
@@ -109,6 +116,7 @@ MALFORMED_EARLY = [
     ("phi4_mini_json", 'functools[{"name": "f", "arguments": [1]}]'),
     ("olmo3", "<function_calls>\nf(a=nil)\n</function_calls>"),  # not a literal
     ("jamba", '<tool_calls>{"name": "f", "arguments": {}}</tool_calls>'),  # not a list
+    ("cohere_command4", '<|START_ACTION|>[{"tool_call_id": "0", "name": "f", "parameters": {}}]<|END_ACTION|>'),
     ("internlm", '<|action_start|><|interpreter|>\nprint(1)<|action_end|>'),  # not a plugin call
     ("xlam", '```json\n{"name": "f", "arguments": {}}\n```'),  # not a list
 ]
@@ -332,6 +340,9 @@ def _render(fmt: str, calls: list, style: int) -> str:
     if fmt == "xlam":  # the bare list, or in a fence, a block or after [TOOL_CALLS]
         body = "[" + ", ".join(map(dump, objs)) + "]"
         return ("{}", "```json\n{}\n```", "<tool_call>{}</tool_call>", "[TOOL_CALLS]{}")[style % 4].format(body)
+    if fmt == "cohere_command4":  # as its template writes the calls: numbered, "tool_name"
+        return "<|START_ACTION|>[" + ", ".join(dump({"tool_call_id": str(i), "tool_name": n, "parameters": a})
+                                                for i, (n, a) in enumerate(calls)) + "]<|END_ACTION|>"
     if fmt == "jamba":
         return "<tool_calls>[" + ", ".join(map(dump, objs)) + "]</tool_calls>"
     if fmt == "internlm":  # with or without a space between the tokens (vLLM / SGLang)
