@@ -158,9 +158,6 @@ CASES = [
       ("now", {})]),
     ("gemma4", f"<|tool_call>call:write_file{{path:{Q}a.py{Q},content:{Q}x = {{\"k\": [1]}}\n{Q}}}", "",
      [("write_file", {"path": "a.py", "content": "x = {\"k\": [1]}\n"})]),  # stopped on <tool_call|>
-    ("gemma4", f"<|tool_call>call:get_weather{{lat:-1.5e2, zip:{{{Q}a b{Q}:[{Q}x{Q},None,{{n:1}}]}},unit:c}}"
-               "<tool_call|>", "", [("get_weather", {"lat": -150.0, "zip": {"a b": ["x", None, {"n": 1}]},
-                                                      "unit": "c"})]),
     ("gemma4", "Plain call:now{} and <|tool text.", "Plain call:now{} and <|tool text.", []),
     # Kimi K3: the reply in its response channel, the calls in the tools channel (values typed by their tag)
     ("kimi_k3", "<|open|>response<|sep|>Checking both.<|close|>response<|sep|><|open|>tools<|sep|>"
@@ -349,17 +346,6 @@ def test_vllm_names_are_aliases():
     assert get_parser("llama3_json") is get_parser("llama4_json") is get_parser("llama3")
 
 
-@pytest.mark.parametrize("fmt", ["minimax-m3", "gemma4", "kimi_k3"])
-def test_a_format_with_no_call_syntax_refuses_a_forced_tool_choice(fmt):
-    from radixlang_runtime.protocol.limits import FieldError
-    from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, with_parser
-
-    plan = with_parser(check_tools({"tools": [{"type": "function", "function": {"name": "f"}}],
-                                    "tool_choice": {"type": "function", "function": {"name": "f"}}}), fmt, None)
-    with pytest.raises(FieldError, match=f"not supported with the {fmt} tool-call format"):
-        forced_call_regex(plan, False)
-
-
 def test_minimax_values_follow_the_schema_as_sglang_reads_them():
     """MiniMax-M2: newlines around a value are layout; `null` is None; an enum member is itself whether
     written as text or JSON; integer before number before boolean; a whole number is an integer; booleans
@@ -401,16 +387,6 @@ def test_a_dsml_json_body_that_breaks_stays_text():
     got = get_parser("deepseekv32").parse(text, TOOL_NAMES)
     assert got.calls == [] and got.content == text
     assert [e.name for e in stream("deepseekv32", text, list(range(1, len(text)))) if isinstance(e, CallStart)] \
-        == ["get_weather"]
-
-
-
-def test_a_gemma4_key_written_twice_stays_text():
-    """A stream has sent the call at its first key (the documented limit); parse() leaves the whole call as text."""
-    text = f"<|tool_call>call:get_weather{{city:{Q}Oslo{Q},city:{Q}Paris{Q}}}<tool_call|>"
-    got = get_parser("gemma4").parse(text, TOOL_NAMES)
-    assert got.calls == [] and got.content == text
-    assert [e.name for e in stream("gemma4", text, list(range(1, len(text)))) if isinstance(e, CallStart)] \
         == ["get_weather"]
 
 
