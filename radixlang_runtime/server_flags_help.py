@@ -38,8 +38,8 @@ HELP: dict[str, str] = {
     "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders with "
                      "it and /get_model_info reports it (DSL programs render roles with it)",
     "tool_call_parser": "the tool-call format of the output (SGLang's names; vLLM's as aliases: minimax_m2, "
-                        "minimax_m3, deepseek_v32, deepseek_v4, qwen3_xml, llama3_json, llama4_json, openai); "
-                        "default: told from the chat template's markup",
+                        "minimax_m3, deepseek_v32, deepseek_v4, qwen3_xml, llama3_json, llama4_json, openai, "
+                        "granite4, hunyuan_a13b); default: told from the chat template's markup",
     "reasoning_parser": "split the reasoning block (<think>...</think>, [THINK]...[/THINK], <seed:think>..., gpt-oss: "
                         "the harmony analysis channel) into reasoning_content (SGLang's names, vLLM's as aliases); "
                         "default: all content",
@@ -185,7 +185,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tool_call_parser": ("hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "qwen3_coder", "seed_oss",
                          "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4", "kimi_k2", "glm45", "glm47",
                          "minimax-m2", "minimax-m3", "step3", "gpt-oss", "minimax_m2", "deepseek_v32", "deepseek_v4",
-                         "lfm2", "minimax_m3", "glm", "step3p5", "qwen3_xml", "llama3_json", "llama4_json", "openai"),
+                         "lfm2", "gemma4", "granite", "phi4_mini_json", "olmo3", "xlam", "kimi_k3", "jamba",
+                         "internlm", "cohere_command4", "granite4", "hunyuan_a13b", "minimax_m3", "glm", "step3p5",
+                         "qwen3_xml", "llama3_json", "llama4_json", "openai"),
     # SGLang's names, then vLLM's aliases (reasoning_parser.ALIASES)
     "reasoning_parser": ("deepseek-r1", "qwen3", "deepseek-v3", "qwen3-thinking", "glm45", "kimi", "kimi_k2",
                          "minimax", "step3", "step3p5", "mistral", "interns1", "mimo", "poolside_v1", "gpt-oss",

@@ -7,20 +7,29 @@ from typing import Optional
 
 from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax, Event, ParseResult, Text, ToolCall,
                                                  ToolParser, collect, openai_delta)
+from radixlang_runtime.tool_parsers.cohere_command4 import CohereCommand4Parser
 from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser, DeepSeekV4Parser
+from radixlang_runtime.tool_parsers.gemma4 import Gemma4Parser
 from radixlang_runtime.tool_parsers.glm45 import Glm45Parser, Glm47Parser
 from radixlang_runtime.tool_parsers.gpt_oss import GptOssParser
+from radixlang_runtime.tool_parsers.granite import GraniteParser
 from radixlang_runtime.tool_parsers.hermes import HermesParser
+from radixlang_runtime.tool_parsers.internlm import InternlmParser
+from radixlang_runtime.tool_parsers.jamba import JambaParser
 from radixlang_runtime.tool_parsers.kimi_k2 import KimiK2Parser
+from radixlang_runtime.tool_parsers.kimi_k3 import KimiK3Parser
 from radixlang_runtime.tool_parsers.lfm2 import Lfm2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
 from radixlang_runtime.tool_parsers.minimax_m3 import MiniMaxM3Parser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
+from radixlang_runtime.tool_parsers.olmo3 import Olmo3Parser
+from radixlang_runtime.tool_parsers.phi4_mini import Phi4MiniJsonParser
 from radixlang_runtime.tool_parsers.pythonic import PythonicParser
 from radixlang_runtime.tool_parsers.qwen3_coder import Qwen3CoderParser, SeedOssParser
 from radixlang_runtime.tool_parsers.step3 import Step3Parser
+from radixlang_runtime.tool_parsers.xlam import XlamParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser, "qwen25": HermesParser, "qwen": HermesParser,
@@ -29,14 +38,19 @@ PARSERS: dict[str, type[ToolParser]] = {
     "kimi_k2": KimiK2Parser, "glm45": Glm45Parser, "gpt-oss": GptOssParser,
     "glm47": Glm47Parser, "minimax-m2": MiniMaxM2Parser, "deepseekv32": DeepSeekV32Parser,
     "seed_oss": SeedOssParser, "step3": Step3Parser, "deepseekv4": DeepSeekV4Parser,
-    "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser,
+    "minimax-m3": MiniMaxM3Parser, "lfm2": Lfm2Parser, "gemma4": Gemma4Parser,
+    "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
+    "xlam": XlamParser, "kimi_k3": KimiK3Parser, "jamba": JambaParser, "internlm": InternlmParser,
+    "cohere_command4": CohereCommand4Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`
-# (Llama 3.1's JSON) and `openai` (gpt-oss)
+# (Llama 3.1's JSON), `openai` (gpt-oss), `granite4` (Granite 4.0 writes Hermes' blocks) and `hunyuan_a13b`
+# (Hunyuan-A13B writes Jamba's group)
 ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32", "deepseek_v4": "deepseekv4",
            "minimax_m3": "minimax-m3", "glm": "glm45", "step3p5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
-           "llama3_json": "llama3", "llama4_json": "llama3", "openai": "gpt-oss"}
+           "llama3_json": "llama3", "llama4_json": "llama3", "openai": "gpt-oss",
+           "granite4": "hermes", "hunyuan_a13b": "jamba"}
 PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 
 # (texts that all appear in a chat template, the parser they imply), first match wins. Kimi K2's first template
@@ -46,7 +60,7 @@ PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 # `｜DSML｜` variable, so only that token is looked for (V4's writes `tool_calls>` after it).
 _TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<minimax:tool_call>",), "minimax-m2"),
                    (("｜DSML｜", "tool_calls>"), "deepseekv4"), (("｜DSML｜",), "deepseekv32"),
-                   (("<steptml:invoke",), "step3"),
+                   (("<steptml:invoke",), "step3"), (("<|tool_call>",), "gemma4"),
                    (("<function=", "<parameter="), "qwen3_coder"), (("</arg_key><arg_value>",), "glm47"),
                    (("<arg_key>",), "glm45"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),

@@ -256,16 +256,17 @@ class ToolParser:
 
 
 # ---------------------------------------------------------------------- shared pieces of formats
-def call_from_object(text: str, scan: JsonScan, final: bool,
-                     names: Optional[set[str]]) -> tuple[str, Optional[CallScan]]:
-    """A `{"name": ..., "arguments" | "parameters": {...}}` object -> (COMPLETE | PARTIAL | INVALID, the call
-    once committed). Streaming commits when "name" is the first member, complete, and the arguments
-    object has begun right after it; other key orders wait for the whole object."""
+def call_from_object(text: str, scan: JsonScan, final: bool, names: Optional[set[str]],
+                     name_key: str = "name") -> tuple[str, Optional[CallScan]]:
+    """A `{"name": ..., "arguments" | "parameters": {...}}` object (name_key: the name's member, Cohere's
+    "tool_name") -> (COMPLETE | PARTIAL | INVALID, the call once committed). Streaming commits when the name
+    is the first member, complete, and the arguments object has begun right after it; other key orders wait
+    for the whole object."""
     if scan.status == INVALID or (scan.start < len(text) and text[scan.start] != "{"):
         return INVALID, None
     if scan.status == COMPLETE:
         obj = json.loads(text[scan.start:scan.end])
-        name = obj.get("name")
+        name = obj.get(name_key)
         args = [m for m in scan.members if m.key in ARG_KEYS]
         if not isinstance(name, str) or len(args) > 1 or (names is not None and name not in names):
             return INVALID, None
@@ -275,7 +276,7 @@ def call_from_object(text: str, scan: JsonScan, final: bool,
     if final:
         return INVALID, None  # cut off
     ms = scan.members
-    if len(ms) < 2 or ms[0].key != "name" or ms[0].end is None or ms[1].key not in ARG_KEYS or ms[1].start < 0:
+    if len(ms) < 2 or ms[0].key != name_key or ms[0].end is None or ms[1].key not in ARG_KEYS or ms[1].start < 0:
         return PARTIAL, None
     name = json.loads(text[ms[0].start:ms[0].end])
     if not isinstance(name, str) or (names is not None and name not in names) or text[ms[1].start] != "{":
@@ -284,13 +285,13 @@ def call_from_object(text: str, scan: JsonScan, final: bool,
 
 
 def call_object_at(text: str, i: int, final: bool, names: Optional[set[str]], calls: list[CallScan],
-                   scan_at: Callable[[str, int], JsonScan] = scan_json) -> tuple[str, int]:
+                   scan_at: Callable[[str, int], JsonScan] = scan_json, name_key: str = "name") -> tuple[str, int]:
     """One call object at text[i:] appended to calls once committed -> (COMPLETE, its end) or
     (OPEN, len) or (INVALID, index). scan_at: ToolParser.scan_at while streaming."""
     scan = scan_at(text, i)
     if scan.start >= len(text):
         return (INVALID if final else OPEN), len(text)
-    status, call = call_from_object(text, scan, final, names)
+    status, call = call_from_object(text, scan, final, names, name_key)
     if call is not None:
         calls.append(call)
     if status == INVALID:
@@ -299,13 +300,13 @@ def call_object_at(text: str, i: int, final: bool, names: Optional[set[str]], ca
 
 
 def call_array_at(text: str, i: int, final: bool, names: Optional[set[str]], calls: list[CallScan],
-                  scan_at: Callable[[str, int], JsonScan] = scan_json) -> tuple[str, int]:
+                  scan_at: Callable[[str, int], JsonScan] = scan_json, name_key: str = "name") -> tuple[str, int]:
     """A JSON array of call objects at text[i] == "[" -> (COMPLETE, one past "]") / (OPEN, len) / (INVALID, index)."""
     j = skip_ws(text, i + 1)
     if j < len(text) and text[j] == "]":
         return COMPLETE, j + 1
     while True:
-        status, end = call_object_at(text, j, final, names, calls, scan_at)
+        status, end = call_object_at(text, j, final, names, calls, scan_at, name_key)
         if status != COMPLETE:
             return status, end
         k = skip_ws(text, end)

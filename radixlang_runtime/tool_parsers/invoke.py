@@ -4,8 +4,10 @@ parameters (or, where the format allows it, one JSON object), text around a grou
 (CALL_OPEN / CALL_CLOSE: Step3's special tokens around each call; whitespace between the pieces.) CLOSE may be
 missing at the very end (the model stopped on it). An untagged group (OPEN and CLOSE empty: DeepSeek's calls
 written without their wrapper) is a run of calls that ends at the first text that is not one. Where the format
-allows it, a call with no arguments may close itself: `INVOKE F"/>`. The formats differ in their tags and in how a
-parameter's key text and value read (qwen3_coder.ParamFields); a call streams one parameter at a time. No torch."""
+allows it, a call with no arguments may close itself: `INVOKE F"/>`. Kimi K3 writes a call's header and a
+parameter's key as attributes up to a separator token (Invokes.header_end / key_end). The formats differ in their tags
+and in how a call's header, a parameter's key text and value read (qwen3_coder.ParamFields); a call streams one
+parameter at a time. No torch."""
 
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ class Invokes:
     call_open: str = ""  # before a call's INVOKE
     call_close: str = ""  # after its INVOKE_END
     self_close: bool = False  # `INVOKE F"/>` is a call with no arguments
+    header_end: str = ""  # set: a call's header is attributes up to it, read by ParamFields.call_name
+    key_end: str = NAME_END  # ends a parameter's key text
 
 
 def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str, final: bool) -> GroupScan:
@@ -63,17 +67,17 @@ def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str
         st, j = expect(text, i, m.invoke, final)
         if st != COMPLETE:
             return GroupScan(calls, st, j)
-        st, k = read_until(text, j, '"', final)
+        st, k = read_until(text, j, m.header_end or '"', final)
         if st != COMPLETE:
             return GroupScan(calls, st, k)
-        name = text[j:k]
-        if not _NAME.fullmatch(name) or not known(parser, name):
+        name = fields.call_name(text[j:k]) if m.header_end else text[j:k]
+        if name is None or not _NAME.fullmatch(name) or not known(parser, name):
             return GroupScan(calls, INVALID, j)
-        st, body = _name_end(text, k, final, m.self_close)
+        st, body = (COMPLETE, k + len(m.header_end)) if m.header_end else _name_end(text, k, final, m.self_close)
         if st != COMPLETE:
             return GroupScan(calls, st, body)
         body = skip_ws(text, body)
-        if text.startswith(SELF_CLOSE, k):
+        if m.self_close and text.startswith(SELF_CLOSE, k):
             calls.append(CallScan(name, "{}", True))
             st, end = COMPLETE, k + len(SELF_CLOSE)
         elif m.json_body and text.startswith("{", body):
@@ -82,7 +86,7 @@ def parse_invokes(parser: ToolParser, m: Invokes, fields: ParamFields, text: str
                 st, end = expect(text, skip_ws(text, end), m.invoke_end, final)
         else:
             st, end = xml_params(parser, text, body, final, name, calls,
-                                 (m.param, NAME_END, "", m.param_end, m.invoke_end), fields=fields)
+                                 (m.param, m.key_end, "", m.param_end, m.invoke_end), fields=fields)
         if st == COMPLETE and m.call_close:
             st, end = expect(text, skip_ws(text, end), m.call_close, final)
         if st != COMPLETE:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from radixlang_runtime.tool_parsers.base import DONE, INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, PARTIAL, skip_ws
@@ -19,6 +19,7 @@ PY_START, PY_END = "<|python_start|>", "<|python_end|>"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _KEYWORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=")
 _OPEN, _CLOSE = "([{", ")]}"
+_JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
 class _ValueScanner:
@@ -63,10 +64,10 @@ class _ValueScanner:
         self.i, self.quote = i, quote
         return PARTIAL, len(text)
 
-    def value(self, text: str) -> tuple[bool, Any]:
+    def value(self, text: str, json_names: bool = False) -> tuple[bool, Any]:
         if self._value is None:
             assert self.done is not None and self.done[0] == COMPLETE
-            self._value = _literal(text[self.pos:self.done[1]])
+            self._value = _literal(text[self.pos:self.done[1]], json_names)
         return self._value
 
 
@@ -75,9 +76,22 @@ def _arguments(items: list[tuple[str, Any]], complete: bool) -> str:
     return "{" + body + ("}" if complete else "")
 
 
-def _literal(src: str) -> tuple[bool, Any]:
+class _JsonNames(ast.NodeTransformer):
+    """`true` / `false` / `null` as the constants they name in JSON."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in _JSON_NAMES:
+            return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
+        return node
+
+
+def _literal(src: str, json_names: bool = False) -> tuple[bool, Any]:
+    """A Python literal's value (json_names: `true` / `false` / `null` read too) -> (ok, value)."""
     try:
-        value = ast.literal_eval(src.strip())
+        tree: Any = src.strip()
+        if json_names:
+            tree = _JsonNames().visit(ast.parse(tree, mode="eval"))
+        value = ast.literal_eval(tree)
         json.dumps(value)  # sets, bytes, complex numbers have no JSON form
         return True, value
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -86,6 +100,7 @@ def _literal(src: str) -> tuple[bool, Any]:
 
 class PythonicParser(ToolParser):
     name = "pythonic"
+    json_names: ClassVar[bool] = False  # values may also be JSON's true / false / null (Olmo 3)
     syntax = CallSyntax("[", ", ", "]", "", "(", ")", args="python")
 
     def find_group(self, text: str) -> tuple[int, int]:
@@ -156,7 +171,7 @@ class PythonicParser(ToolParser):
             status, end = scanner.scan(text)
             if status == PARTIAL:
                 return undecided
-            ok, value = scanner.value(text) if status == COMPLETE else (False, None)
+            ok, value = scanner.value(text, self.json_names) if status == COMPLETE else (False, None)
             if not ok or any(kw.group(1) == k2 for k2, _ in items):
                 return INVALID, kw.end()
             items.append((kw.group(1), value))

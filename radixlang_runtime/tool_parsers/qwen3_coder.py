@@ -35,6 +35,14 @@ class ParamFields:
     def value(self, parser: ToolParser, name: str, key: str, flag: str, raw: str) -> Any:
         return typed_value(raw, param_schema(parser, name, key))
 
+    def layout(self, raw: str) -> str:
+        """A value's text as written -> the value's text (one newline on each side is layout)."""
+        return _strip_layout(raw)
+
+    def call_name(self, header: str) -> Optional[str]:
+        """A call header's text (formats whose header is attributes, Invokes.header_end) -> its name or None."""
+        return None
+
 
 TYPED = ParamFields()  # keys as they are, values typed by the schema (markup.typed_value)
 
@@ -100,7 +108,7 @@ def _xml_param(parser: ToolParser, text: str, p: int, final: bool, name: str,
     st, r = read_until(text, q, v_end, final, NO_LIMIT)
     if st != COMPLETE:
         return st, r, None
-    raw = text[q:r] if v_open else _strip_layout(text[q:r])
+    raw = text[q:r] if v_open else fields.layout(text[q:r])
     value = fields.value(parser, name, key, flag, raw)
     return COMPLETE, r, (key, arguments_json([(key, value)], True)[1:-1], r + len(v_end))
 

@@ -88,6 +88,15 @@ TWO_CALLS = {
 }
 TWO_CALLS["deepseekv4"] = TWO_CALLS["deepseekv32"].replace("function_calls>", "tool_calls>")  # V4's wrapper
 TWO_CALLS["lfm2"] = "<|tool_call_start|>" + TWO_CALLS["pythonic"] + "<|tool_call_end|>"  # its special tokens
+TWO_CALLS["granite"] = TWO_CALLS["mistral"].replace("[TOOL_CALLS]", "<|tool_call|>")  # Granite 3.0's token
+TWO_CALLS["phi4_mini_json"] = TWO_CALLS["mistral"].replace("[TOOL_CALLS]", "functools")
+TWO_CALLS["xlam"] = TWO_CALLS["mistral"].removeprefix("[TOOL_CALLS]")  # the bare list
+TWO_CALLS["jamba"] = "<tool_calls>" + TWO_CALLS["xlam"] + "</tool_calls>"
+TWO_CALLS["cohere_command4"] = "<|START_ACTION|>" + TWO_CALLS["xlam"].replace(
+    '{"name": ', '{"tool_call_id": "0", "tool_name": ').replace('"arguments"', '"parameters"') + "<|END_ACTION|>"
+TWO_CALLS["internlm"] = "<|action_start|><|plugin|>\n" + TWO_CALLS["llama3"].replace(
+    "; ", "<|action_end|><|action_start|><|plugin|>\n") + "<|action_end|>"  # llama3's objects, a block each
+TWO_CALLS["olmo3"] = "<function_calls>\n" + TWO_CALLS["pythonic"][1:-1].replace("), ", ")\n") + "\n</function_calls>"
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
               '</tool_call>',
@@ -123,8 +132,18 @@ ONE_CALL = {
 }
 ONE_CALL["deepseekv4"] = ONE_CALL["deepseekv32"].replace("function_calls>", "tool_calls>")
 ONE_CALL["lfm2"] = "<|tool_call_start|>" + ONE_CALL["pythonic"] + "<|tool_call_end|>"
+ONE_CALL["granite"] = ONE_CALL["mistral"].replace("[TOOL_CALLS]", "<|tool_call|>")
+ONE_CALL["phi4_mini_json"] = ONE_CALL["mistral"].replace("[TOOL_CALLS]", "functools")
+ONE_CALL["xlam"] = ONE_CALL["mistral"].removeprefix("[TOOL_CALLS]")
+ONE_CALL["jamba"] = "<tool_calls>" + ONE_CALL["xlam"] + "</tool_calls>"
+ONE_CALL["cohere_command4"] = "<|START_ACTION|>" + ONE_CALL["xlam"].replace(
+    '{"name": ', '{"tool_call_id": "0", "tool_name": ').replace('"arguments"', '"parameters"') + "<|END_ACTION|>"
+ONE_CALL["internlm"] = "<|action_start|><|plugin|>\n" + ONE_CALL["llama3"] + "<|action_end|>"
+ONE_CALL["olmo3"] = "<function_calls>\n" + ONE_CALL["pythonic"][1:-1] + "\n</function_calls>"
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
-                 "deepseekv32", "step3", "deepseekv4", "lfm2"]  # unit checks only
+                 "deepseekv32", "step3", "deepseekv4", "lfm2", "granite",
+                 "phi4_mini_json", "olmo3", "xlam", "jamba", "internlm",
+                 "cohere_command4"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):

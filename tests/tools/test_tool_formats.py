@@ -1,5 +1,5 @@
 """The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
-MiniMax-M2 / M3, LFM2 and gpt-oss (harmony), on
+MiniMax-M2 / M3, LFM2, Gemma 4, Kimi K3 and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -25,6 +25,9 @@ DSML = "｜DSML｜"
 STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"{}\">\n{}</steptml:invoke>"
              "<｜tool_call_end｜>")
 NS = "]<]minimax[>["  # MiniMax-M3's namespace token, before every tag
+Q = '<|"|>'  # Gemma 4's string delimiter token
+K3_CALL = "<|open|>call tool=\"{}\" index=\"{}\"<|sep|>{}<|close|>call<|sep|>"
+K3_ARG = "<|open|>argument key=\"{}\" type=\"{}\"<|sep|>{}<|close|>argument<|sep|>"
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
 # (format, output, expected content, expected [(name, arguments)])
 CASES = [
@@ -148,6 +151,26 @@ CASES = [
     ("lfm2", "<|tool_call_start|>[{\"name\": \"get_weather\", \"arguments\": {\"metric\": true}}, {\"name\": \"now\", "
              "\"arguments\": {}}]<|tool_call_end|>", "", [("get_weather", {"metric": True}), ("now", {})]),
     ("lfm2", "<|tool_call_start|>now()", "", [("now", {})]),  # stopped on <|tool_call_end|>
+    # Gemma 4: one call per token pair, bare keys, strings between <|"|> tokens, nested objects and arrays
+    ("gemma4", f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris, {{FR}}{Q},days:2,hours:[9,12],metric:true,"
+               f"unit:null}}<tool_call|><|tool_call>call:now{{}}<tool_call|>Done.", "Checking.Done.",
+     [("get_weather", {"city": "Paris, {FR}", "days": 2, "hours": [9, 12], "metric": True, "unit": None}),
+      ("now", {})]),
+    ("gemma4", f"<|tool_call>call:write_file{{path:{Q}a.py{Q},content:{Q}x = {{\"k\": [1]}}\n{Q}}}", "",
+     [("write_file", {"path": "a.py", "content": "x = {\"k\": [1]}\n"})]),  # stopped on <tool_call|>
+    ("gemma4", "Plain call:now{} and <|tool text.", "Plain call:now{} and <|tool text.", []),
+    # Kimi K3: the reply in its response channel, the calls in the tools channel (values typed by their tag)
+    ("kimi_k3", "<|open|>response<|sep|>Checking both.<|close|>response<|sep|><|open|>tools<|sep|>"
+                + K3_CALL.format("get_weather", 1, K3_ARG.format("city", "string", "\nSan Francisco ")
+                                 + K3_ARG.format("days", "integer", "3") + K3_ARG.format("hours", "array", "[9, 12]")
+                                 + K3_ARG.format("zip", "string", "007"))
+                + K3_CALL.format("now", 2, "") + "<|close|>tools<|sep|>", "Checking both.",
+     [("get_weather", {"city": "\nSan Francisco ", "days": 3, "hours": [9, 12], "zip": "007"}), ("now", {})]),
+    ("kimi_k3", "Done<|close|>response<|sep|><|open|>tools<|sep|>"  # the response opener in the prompt
+                + K3_CALL.format("write_file", 1, K3_ARG.format("path", "string", "a &amp; b.py")
+                                 + K3_ARG.format("content", "string", "x = {\"k\": 1}\n")), "Done",
+     [("write_file", {"path": "a &amp; b.py", "content": "x = {\"k\": 1}\n"})]),  # stopped on the tools close
+    ("kimi_k3", "Plain <|open|>call text.", "Plain <|open|>call text.", []),
     # a call's arguments as one JSON object (SGLang reads this form too; forced calls write it)
     ("deepseekv32", f"<{DSML}function_calls>\n<{DSML}invoke name=\"get_weather\">\n"
                     "{\"city\": \"Paris\", \"days\": 2}\n" f"</{DSML}invoke>\n</{DSML}function_calls>", "",
@@ -185,6 +208,12 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
                    f"{NS}</tool_call>"),  # mismatched close tag
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"rm_rf\">{NS}</invoke>\n{NS}</tool_call>"),
     ("lfm2", "<|tool_call_start|>[rm_rf(path=\"/\")]<|tool_call_end|>"),
+    ("gemma4", "<|tool_call>call:rm_rf{path:<|\"|>/<|\"|>}<tool_call|>"),
+    ("kimi_k3", "<|open|>tools<|sep|>" + K3_CALL.format("rm_rf", 1, "") + "<|close|>tools<|sep|>"),
+    ("kimi_k3", "<|open|>tools<|sep|>" + K3_CALL.format("get_weather", 1, "<|open|>argument type=\"string\"<|sep|>x"
+                                                      "<|close|>argument<|sep|>") + "<|close|>tools<|sep|>"),  # no key
+    ("gemma4", "<|tool_call>call:get_weather{hours:[1,2}<tool_call|>"),  # unbalanced
+    ("gemma4", "<|tool_call>get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>"),  # no call:
     ("lfm2", "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>"),  # not a literal
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<hours>7{NS}<item>1{NS}</item>"
                    f"{NS}</hours>{NS}</invoke>\n{NS}</tool_call>"),  # text beside nested tags
@@ -248,7 +277,7 @@ def test_malformed_calls_stay_text(case):
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
                                  "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
-                                 "lfm2"])
+                                 "lfm2", "gemma4", "kimi_k3"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -303,6 +332,7 @@ def test_template_detection():
         == "deepseekv32"
     assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '\\n\\n<' + dsml_token + 'tool_calls>\\n' }}") \
         == "deepseekv4"
+    assert detect_parser("{{- '<|tool_call>call:' + function['name'] + '{' -}}") == "gemma4"
 
 
 def test_vllm_names_are_aliases():
@@ -360,7 +390,6 @@ def test_a_dsml_json_body_that_breaks_stays_text():
         == ["get_weather"]
 
 
-
 # ------------------------------------------------------------------------------------ properties
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
@@ -399,6 +428,11 @@ def _xml(fmt: str, calls: list) -> str:
             f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{show(v)}</{DSML}parameter>\n'
             for k, v in a.items()) + f"</{DSML}invoke>\n" for n, a in calls)
         return f"<{DSML}{wrapper}>\n{body}</{DSML}{wrapper}>" if wrapper else body
+    if fmt == "kimi_k3":  # each value tagged with its JSON type
+        kinds = {str: "string", int: "integer", list: "array"}
+        return "<|open|>tools<|sep|>" + "".join(K3_CALL.format(n, i + 1, "".join(
+            K3_ARG.format(k, kinds[type(v)], show(v)) for k, v in a.items())) for i, (n, a) in enumerate(calls)) \
+            + "<|close|>tools<|sep|>"
     if fmt == "minimax-m3":  # as MiniMax-M3's renderer writes calls: lists as <item> tags
         def m3(v):
             if isinstance(v, list):
@@ -415,14 +449,15 @@ def _xml(fmt: str, calls: list) -> str:
 
 @settings(max_examples=120, deadline=None)
 @given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3",
-                            "deepseekv4", "dsml-untagged", "minimax-m3"]),
+                            "deepseekv4", "dsml-untagged", "minimax-m3", "kimi_k3"]),
        calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]), data=st.data())
 def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
     """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32 / v4: but
     for newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace
-    there; minimax-m2: but for `null`, None in any type; minimax-m3: whole), integers and lists by the schema's
-    types. dsml-untagged: DeepSeek's invoke blocks without a wrapper, read by both DSML parsers."""
-    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": ""}.get(fmt, "\n")
+    there; minimax-m2: but for `null`, None in any type; minimax-m3 / kimi_k3: whole), integers and lists by the
+    schema's types (kimi_k3: by their type tag). dsml-untagged: DeepSeek's invoke blocks without a wrapper, read
+    by both DSML parsers."""
+    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": "", "kimi_k3": ""}.get(fmt, "\n")
     calls = [(n, {k: v.strip(edge) if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
     if fmt == "minimax-m2":
         calls = [(n, {k: None if isinstance(v, str) and v.lower() == "null" else v for k, v in a.items()})

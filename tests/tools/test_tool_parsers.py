@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -59,6 +60,48 @@ CASES = [
       ("get_time", {})]),
     ("pythonic", "<|python_start|>[lookup(q='a, b) c')]<|python_end|>", "", [("lookup", {"q": "a, b) c"})]),
     ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
+    # Granite 3.0's token, 3.1's string, or the bare list, at the output's start
+    ("granite", '<|tool_call|>[{"name": "get_current_weather", "arguments": {"city": "Boston", "unit": "c"}}, '
+                '{"name": "now", "arguments": {}}]', "",
+     [("get_current_weather", {"city": "Boston", "unit": "c"}), ("now", {})]),
+    ("granite", '<tool_call> [{"name": "f", "arguments": {"a": [1]}}]', "", [("f", {"a": [1]})]),
+    ("granite", '[{"name": "f", "arguments": {}}]', "", [("f", {})]),
+    ("granite", 'Sure: [{"name": "f", "arguments": {}}]', 'Sure: [{"name": "f", "arguments": {}}]', []),
+    # Phi-4-mini: anywhere in the output; "parameters" read as "arguments"
+    ("phi4_mini_json", 'I will check. functools[{"name": "get_weather", "arguments": {"city": "Rome"}}, '
+                       '{"name": "now", "parameters": {}}]', "I will check.",
+     [("get_weather", {"city": "Rome"}), ("now", {})]),
+    ("phi4_mini_json", "from functools import partial", "from functools import partial", []),
+    # Olmo 3: a call a line in <function_calls>; JSON's true / false / null as values too
+    ("olmo3", 'Let me check.\n<function_calls>\nget_weather(city="Paris", metric=true, unit=null, days=[1, 2])\n'
+              "now()\n</function_calls>", "Let me check.",
+     [("get_weather", {"city": "Paris", "metric": True, "unit": None, "days": [1, 2]}), ("now", {})]),
+    ("olmo3", "<function_calls>\nlookup(q='a\\nb', strict=False)", "", [("lookup", {"q": "a\nb", "strict": False})]),
+    # xLAM: the whole output, or a fenced / tagged list anywhere
+    ("xlam", '[{"name": "get_weather", "arguments": {"city": "Lima"}}, {"name": "now", "arguments": {}}]', "",
+     [("get_weather", {"city": "Lima"}), ("now", {})]),
+    ("xlam", 'Calling it.\n```json\n[{"name": "now", "arguments": {}}]\n```', "Calling it.", [("now", {})]),
+    ("xlam", 'Sure. <tool_call>[{"name": "f", "arguments": {"a": 1}}]</tool_call>', "Sure.", [("f", {"a": 1})]),
+    ("xlam", "```python\nprint([1])\n```", "```python\nprint([1])\n```", []),
+    # Jamba (and Hunyuan-A13B): a JSON list in <tool_calls>; InternLM2: one object a block
+    ("jamba", 'Checking. <tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "now", '
+              '"arguments": {}}]</tool_calls>', "Checking.", [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    ("hunyuan_a13b", '<tool_calls>[{"name": "f", "arguments": {"a": [1]}}]</tool_calls>', "", [("f", {"a": [1]})]),
+    ("internlm", 'Sure.<|action_start|><|plugin|>\n{"name": "get_weather", "parameters": {"city": "Tokyo"}}'
+                 '<|action_end|>', "Sure.", [("get_weather", {"city": "Tokyo"})]),
+    ("internlm", '<|action_start|> <|plugin|>\n{"name": "f", "arguments": {"a": 1}}<|action_end|>'
+                 '<|action_start|> <|plugin|>\n{"name": "g", "parameters": {}}<|action_end|>', "",
+     [("f", {"a": 1}), ("g", {})]),
+    # Cohere Command 4: the list in its action tokens, "tool_name" for the name, the model's id dropped
+    ("cohere_command4", 'Checking.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                        '"parameters": {"city": "Oslo"}},\n    {"tool_call_id": "1", "tool_name": "now", '
+                        '"parameters": {}}\n]<|END_ACTION|>', "Checking.",
+     [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    ("cohere_command4", '<|START_ACTION|>{"tool_name": "f", "parameters": {"a": 1}}<|END_ACTION|>', "",
+     [("f", {"a": 1})]),
+    # Granite 4.0 writes Hermes' blocks
+    ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
+     [("f", {"a": 1})]),
 ]
 # tool markup that is broken: parse() leaves each whole as text. Early: the break shows before the call
 # commits (a stream agrees); late: after (a stream has sent the call: the documented limit).
@@ -69,6 +112,13 @@ MALFORMED_EARLY = [
     ("mistral", '[TOOL_CALLS] {"name": "f", "arguments": {}}'),
     ("pythonic", "[f(1)]"),
     ("pythonic", "[f(a=open('x'))]"),
+    ("granite", '<|tool_call|>{"name": "f", "arguments": {}}'),  # not a list
+    ("phi4_mini_json", 'functools[{"name": "f", "arguments": [1]}]'),
+    ("olmo3", "<function_calls>\nf(a=nil)\n</function_calls>"),  # not a literal
+    ("jamba", '<tool_calls>{"name": "f", "arguments": {}}</tool_calls>'),  # not a list
+    ("cohere_command4", '<|START_ACTION|>[{"tool_call_id": "0", "name": "f", "parameters": {}}]<|END_ACTION|>'),
+    ("internlm", '<|action_start|><|interpreter|>\nprint(1)<|action_end|>'),  # not a plugin call
+    ("xlam", '```json\n{"name": "f", "arguments": {}}\n```'),  # not a list
 ]
 MALFORMED_LATE = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
@@ -77,6 +127,7 @@ MALFORMED_LATE = [
     ("llama3", '{"name": "f", "parameters": {"a": NaN}}'),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {}} {"name": "g", "arguments": {}}]'),
     ("pythonic", "[f(a=1, a=2)]"),
+    ("olmo3", "<function_calls>\nf(a=1) g()\n</function_calls>"),  # two calls on one line
 ]
 MALFORMED = MALFORMED_EARLY + MALFORMED_LATE
 
@@ -113,9 +164,9 @@ def test_parse_recorded_outputs(case):
     assert len({c.id for c in got.calls}) == len(got.calls)
 
 
-@pytest.mark.parametrize("case", [i for i, c in enumerate(CASES) if c[0] != "pythonic"])
+@pytest.mark.parametrize("case", [i for i, c in enumerate(CASES) if c[0] not in ("pythonic", "olmo3")])
 def test_json_formats_keep_the_models_argument_text(case):
-    """JSON formats pass the model's own arguments text on byte for byte (pythonic converts to JSON)."""
+    """JSON formats pass the model's own arguments text on byte for byte (pythonic / olmo3 convert to JSON)."""
     fmt, text, _, calls = CASES[case]
     got = get_parser(fmt).parse(text)
     assert len(got.calls) == len(calls)
@@ -263,7 +314,7 @@ _calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
 
 
 XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3", "minimax-m3",
-            "minimax_m3"}  # test_tool_formats.py
+            "minimax_m3", "kimi_k3"}  # test_tool_formats.py
 
 
 def _render(fmt: str, calls: list, style: int) -> str:
@@ -280,11 +331,45 @@ def _render(fmt: str, calls: list, style: int) -> str:
         return ("<|python_tag|>" if style % 2 else "") + "; ".join(map(dump, objs))
     if fmt == "mistral":
         return "[TOOL_CALLS] [" + ", ".join(map(dump, objs)) + "]"
+    if fmt == "olmo3":  # a call a line; JSON's true / false / null for such values half the time
+        def olmo(v):
+            return json.dumps(v) if style % 2 and (v is None or isinstance(v, bool)) else repr(v)
+
+        return "<function_calls>\n" + "\n".join(f"{n}(" + ", ".join(f"{k}={olmo(v)}" for k, v in a.items()) + ")"
+                                                 for n, a in calls) + "\n</function_calls>"
+    if fmt == "xlam":  # the bare list, or in a fence, a block or after [TOOL_CALLS]
+        body = "[" + ", ".join(map(dump, objs)) + "]"
+        return ("{}", "```json\n{}\n```", "<tool_call>{}</tool_call>", "[TOOL_CALLS]{}")[style % 4].format(body)
+    if fmt == "cohere_command4":  # as its template writes the calls: numbered, "tool_name"
+        return "<|START_ACTION|>[" + ", ".join(dump({"tool_call_id": str(i), "tool_name": n, "parameters": a})
+                                                for i, (n, a) in enumerate(calls)) + "]<|END_ACTION|>"
+    if fmt == "jamba":
+        return "<tool_calls>[" + ", ".join(map(dump, objs)) + "]</tool_calls>"
+    if fmt == "internlm":  # with or without a space between the tokens (vLLM / SGLang)
+        plugin = "<|action_start|>" + " " * (style % 2) + "<|plugin|>\n"
+        return "".join(plugin + dump(o) + "<|action_end|>" for o in objs)
+    if fmt == "phi4_mini_json":
+        return "functools[" + ", ".join(map(dump, objs)) + "]"
+    if fmt == "granite":  # the token, the string, or nothing before the list
+        return ("<|tool_call|>", "<tool_call>", "")[style % 3] + "[" + ", ".join(map(dump, objs)) + "]"
     if fmt in ("deepseekv3", "deepseekv31", "deepseekv32", "deepseek_v32", "deepseekv4", "deepseek_v4", "kimi_k2",
                "gpt-oss"):  # each model's layout
         syn = get_parser(fmt).syntax
         return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
                                        + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
+    if fmt == "gemma4":  # bare keys where they read as one, strings between <|"|> tokens
+        def g4(v):
+            if isinstance(v, str):
+                return f'<|"|>{v}<|"|>'
+            if isinstance(v, list):
+                return "[" + ",".join(map(g4, v)) + "]"
+            if isinstance(v, dict):
+                return "{" + ",".join((k if re.fullmatch(r"\w+", k) else g4(k)) + ":" + g4(x) for k, x in v.items()) \
+                    + "}"
+            return json.dumps(v)
+
+        sep = " " if style % 2 else ""
+        return sep.join(f"<|tool_call>call:{n}" + g4(a) + "<tool_call|>" for n, a in calls)
     python = "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
     if fmt == "lfm2":  # the Python list, or the JSON one, in its special tokens
         return "<|tool_call_start|>" + ("[" + ", ".join(map(dump, objs)) + "]" if style % 2 else python) \
@@ -296,7 +381,7 @@ def _render(fmt: str, calls: list, style: int) -> str:
 @given(fmt=st.sampled_from(sorted(set(PARSERS) - set(ALIASES) - {"qwen25", "qwen", *XML_ARGS})), calls=_calls,
        style=st.integers(0, 5), lead=st.sampled_from(["", "Sure, calling now.\n"]), data=st.data())
 def test_any_rendered_calls_parse_back_and_stream_the_same(fmt, calls, style, lead, data):
-    if fmt in ("llama3", "pythonic"):
+    if fmt in ("llama3", "pythonic", "granite") or (fmt == "xlam" and style % 4 == 0):
         lead = ""  # these formats take calls only at the output's start
     text = lead + _render(fmt, calls, style)
     got = get_parser(fmt).parse(text)
