@@ -14,9 +14,11 @@ several templates gets none (the flag picks).
 
 llama.cpp's /infill (server/infill_api.py) may send other files as context (`input_extra`): where the template's
 family has a file separator token (Qwen2.5-Coder's `<|file_sep|>`, StarCoder2's `<file_sep>`) and the tokenizer
-holds it as one added token, each chunk is laid out before the template as the separator, its file name and a
-newline, then its text (the file part of the repo-level layout those models were trained on; BOS stays first).
-Torch-free.
+holds it as one added token, the chunks are laid out before the template in the repo-level layout those models were
+trained on, as llama.cpp's format_infill writes it: the family's repo-name token (`<|repo_name|>`, `<repo_name>`;
+left out where the tokenizer lacks it) and a project-name line, then per chunk the separator, its file name and a
+newline, then its text, then the separator and the current file's name line (llama.cpp's placeholders
+"myproject\n" and "filename\n": infill_api.py writes them). BOS stays first. Torch-free.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class FimTemplate:
     name: str
     layout: tuple[str, ...]  # markers and the two slots in prompt order; the model writes after the last
     file_sep: Optional[str] = None  # the family's repo-level file separator token (None: it has none)
+    repo_name: Optional[str] = None  # the family's repo-level repository-name token (None: it has none)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -50,10 +53,11 @@ class FimTemplate:
 
 FIM_TEMPLATES: dict[str, FimTemplate] = {t.name: t for t in (
     # StarCoder / StarCoder2 / SmolLM / SantaCoder
-    FimTemplate("star_coder", ("<fim_prefix>", PREFIX, "<fim_suffix>", SUFFIX, "<fim_middle>"), "<file_sep>"),
+    FimTemplate("star_coder", ("<fim_prefix>", PREFIX, "<fim_suffix>", SUFFIX, "<fim_middle>"), "<file_sep>",
+                "<repo_name>"),
     # Qwen2.5-Coder / Qwen3-Coder
     FimTemplate("qwen_coder", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>"),
-                "<|file_sep|>"),
+                "<|file_sep|>", "<|repo_name|>"),
     # DeepSeek-Coder (v1 and V2): begin, the prefix, the hole, the suffix, end
     FimTemplate("deepseek_coder", ("<｜fim▁begin｜>", PREFIX, "<｜fim▁hole｜>", SUFFIX, "<｜fim▁end｜>")),
 )}
@@ -67,36 +71,42 @@ def check_completion_template_arg(name: Optional[str]) -> None:
 
 @dataclass(frozen=True)
 class FimPrompt:
-    """A template resolved against the served tokenizer: each marker's id, and the file separator's (None: the
-    family or the tokenizer has none)."""
+    """A template resolved against the served tokenizer: each marker's id, and the file separator's and the
+    repository name's (None: the family or the tokenizer has none)."""
 
     template: FimTemplate
     marker_ids: Mapping[str, int]
     file_sep_id: Optional[int] = None
+    repo_name_id: Optional[int] = None
 
     def check_text(self, field: str, ids: Sequence[int], with_sep: bool = False) -> None:
         """A FieldError naming `field` when a text's ids hold a marker id (an added non-special marker the
-        tokenizer parsed out of it), or the file separator's with_sep."""
-        marks = {**self.marker_ids, **({self.template.file_sep: self.file_sep_id} if with_sep else {})}
+        tokenizer parsed out of it), or the file separator's or the repository name's with_sep."""
+        marks = dict(self.marker_ids)
+        if with_sep:
+            marks.update({self.template.file_sep: self.file_sep_id, self.template.repo_name: self.repo_name_id})
         found = next((m for m, i in marks.items() if i is not None and i in ids), None)
         if found is not None:
             raise FieldError(field, f"{field} holds the fill-in-the-middle marker {found!r}, a token of this "
                                     "model's tokenizer that its text cannot be told apart from")
 
-    def extra_ids(self, chunks: Sequence[tuple[Sequence[int], Sequence[int]]], field: str = "input_extra") -> list[int]:
-        """Context files (each (its name and a newline, its text) as plain-text ids) -> the separator, the name
-        and the text per chunk. A FieldError naming `field` when the template has no file separator."""
+    def extra_ids(self, chunks: Sequence[tuple[Sequence[int], Sequence[int]]], field: str = "input_extra",
+                  repo: Sequence[int] = (), current: Sequence[int] = ()) -> list[int]:
+        """Context files (each (its name and a newline, its text) as plain-text ids) -> the repo-level layout:
+        the repository-name token and `repo` (the project's name line; both left out where the tokenizer has no
+        such token), the separator, the name and the text per chunk, then the separator and `current` (the
+        current file's name line). A FieldError naming `field` when the template has no file separator."""
         if self.file_sep_id is None:
             raise FieldError(field, f"{field} needs a file separator token and this model's fill-in-the-middle "
                                     f"template {self.template.name} has none in its tokenizer"
                                     + (f" (its token {self.template.file_sep!r})" if self.template.file_sep else "")
                                     + f": send the context inside the prefix, or leave {field} out")
-        out: list[int] = []
+        out: list[int] = [] if self.repo_name_id is None else [self.repo_name_id, *repo]
         for name, text in chunks:
             self.check_text(field, name, True)
             self.check_text(field, text, True)
             out += [self.file_sep_id, *name, *text]
-        return out
+        return out + [self.file_sep_id, *current]
 
     def prompt_ids(self, prefix: Sequence[int], suffix: Sequence[int], bos: Sequence[int] = (),
                    names: tuple[str, str] = ("prompt", "suffix"), extra: Sequence[int] = ()) -> list[int]:
@@ -127,7 +137,10 @@ def _resolved(tokenizer: Any, template: FimTemplate) -> Optional[FimPrompt]:
     ids = {m: marker_id(tokenizer, m) for m in template.markers}
     if any(i is None for i in ids.values()):
         return None
-    return FimPrompt(template, ids, marker_id(tokenizer, template.file_sep) if template.file_sep else None)
+    def token(text: Optional[str]) -> Optional[int]:
+        return marker_id(tokenizer, text) if text else None
+
+    return FimPrompt(template, ids, token(template.file_sep), token(template.repo_name))
 
 
 def detect_fim(tokenizer: Any) -> tuple[Optional[FimPrompt], tuple[str, ...]]:

@@ -42,6 +42,8 @@ class ResultBuilder:
     finished: bool = False
     created: float = field(default_factory=time.perf_counter)
     last_token_at: Optional[float] = None
+    queue_time: float = 0.0  # the latest record's (meta_info queue_time)
+    cached_tokens: int = 0  # the latest record's
     # logprobs received so far (non-streaming requests return them whole at the end)
     in_vals: list = field(default_factory=list)
     in_top: list = field(default_factory=list)
@@ -60,10 +62,13 @@ class ResultBuilder:
             self.last_token_at = now
         fin = p.finished_reason
         self.finished = fin is not None
+        self.queue_time, self.cached_tokens = p.queue_time, p.cached_tokens
         meta = {
             "id": self.rid, "finish_reason": fin, "prompt_tokens": len(self.input_ids),
             "completion_tokens": p.completion_tokens, "cached_tokens": p.cached_tokens,
             "num_retractions": p.num_retractions, "e2e_latency": now - self.created,
+            # seconds from arrival at the scheduler to its first admission to a prefill (0 until admitted)
+            "queue_time": p.queue_time,
             # constrained decoding: tokens jump-forward appended, and forward passes
             "forced_tokens": p.forced_tokens, "forward_passes": p.forward_passes,
             # n-gram speculation: draft tokens verified, and accepted

@@ -3,25 +3,36 @@
 POST /infill {"input_prefix": str, "input_suffix": str, "input_extra": [{"filename": str, "text": str, "time": any},
 ...], "prompt": str, "n_predict": int, sampling fields, "stream": bool, llama.cpp's limits and response_fields}.
 The prompt is the one /v1/completions runs for a `suffix` (fim_templates.FimPrompt: BOS, the template's markers
-as ids, the texts plain), with llama.cpp's two additions: `prompt` is tokenized after the prefix (the text
-already typed at the cursor), and each `input_extra` chunk goes before the template as the file separator token,
-its file name and a newline, then its text (a template without a file separator token in the tokenizer refuses
-input_extra by name; a chunk's time is the client's bookkeeping, taken whatever it holds, as llama.cpp). It runs
-as one completion through the OpenAI path's choices (openai_intake.Choices).
+as ids, the texts plain), with llama.cpp's additions (its format_infill): `prompt` is tokenized after the prefix
+(the text already typed at the cursor), and `input_extra` goes before the template in the repo-level layout: the
+repository-name token and llama.cpp's project line "myproject\n" (where the tokenizer has that token), then per
+chunk the file separator token, its file name and a newline, then its text, then the separator and llama.cpp's
+current-file line "filename\n" (a template without a file separator token in the tokenizer refuses input_extra
+by name; a chunk's time is the client's bookkeeping, taken whatever it holds, as llama.cpp). Without input_extra
+none of it is written, so the prompt is the completion's. It runs as one completion through the OpenAI path's
+choices (openai_intake.Choices).
+
+Cut to fit, as llama.cpp's format_infill (fit): with n_batch the longest prefill chunk of one request
+(--chunked-prefill-size, else --max-prefill-tokens; at most the context) and n_ctx the context a request may fill,
+the prefix keeps its last 3 * (n_batch // 4) tokens (nearest the cursor), the suffix its first
+n_batch // 4 - 2 - (the prompt's tokens), and the input_extra layout its last n_ctx - n_batch - 2 * n_predict
+(n_predict unset: 0), dropping the oldest chunks (and the project line) first; the prompt is never cut. A prompt
+still past the context is refused as any other.
 
 Sampling takes llama.cpp's names: n_predict (-1 or absent: until the end token or the context is full),
 temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, stop, seed (-1: random),
 ignore_eos; unset ones take the server's defaults, as /v1/completions does. cache_prompt is taken and changes
 nothing (the radix cache always reuses a cached prefix). samplers, penalty_last_n, response_fields, n_indent,
 t_max_prompt_ms and t_max_predict_ms are infill_fields.py's; the three limits run on the route's side of the
-stream (infill_stops.py: reaching one stops reading, which aborts the request). Fields are strict: any other
-answers 400 naming it.
+stream (infill_stops.py: reaching one ends the request as finished with a "length" finish reason, its memory freed,
+and stops reading). Fields are strict: any other answers 400 naming it.
 
 The answer is llama.cpp's /infill shape, the fields this server can fill: index, content (the middle), stop,
 model, tokens_predicted, tokens_evaluated, tokens_cached, stop_type ("eos", "word", "limit"), stopping_word,
-truncated (always false: the prompt is never cut), timings (infill_stops.py), cut to response_fields' paths.
-With stream: true each `data:` event carries the next content with stop false, the last one stop true and the
-rest of the fields (no [DONE], as llama.cpp). Both run the request as a stream, which the limits need.
+truncated (always false, as llama.cpp's: the cut to fit is no truncation), timings (infill_stops.py), cut to
+response_fields' paths. With stream: true each `data:` event carries the next content with stop false, the last
+one stop true and the rest of the fields (no [DONE], as llama.cpp). Both run the request as a stream, which the
+limits need.
 """
 
 from __future__ import annotations
@@ -54,6 +65,10 @@ INFILL_FIELDS = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_pre
                  "cache_prompt", *_SHARED, *LLAMA_FIELDS}
 
 router = APIRouter()
+# llama.cpp's placeholders in the repo-level layout: the project's name after the repository-name token, and the
+# current file's name after the last file separator (format_infill's "myproject\n" and "filename\n")
+REPO_LINE, FILE_LINE = "myproject\n", "filename\n"
+LIMIT_FINISH = {"type": "length"}  # a route-side limit's finish reason: stop_type "limit", as the runtime's length
 
 
 @dataclass(frozen=True)
@@ -120,16 +135,42 @@ def parse_infill(state: ServerState, body: Any) -> InfillRequest:
                          response_fields(body.get("response_fields")))
 
 
+def fit_sizes(state: ServerState) -> tuple[int, int]:
+    """(n_batch, n_ctx) for llama.cpp's cut: the context a request may fill (the context length within the KV
+    pool, as RuntimeLimits.room_after) and the longest prefill chunk of one request (--chunked-prefill-size; with
+    chunking off, --max-prefill-tokens), at most the context."""
+    limits, args = state.tm.limits, state.args
+    n_ctx = min(limits.context_len, limits.num_slots)
+    chunk = args.chunked_prefill_size
+    n_batch = chunk if chunk is not None and chunk > 0 else args.max_prefill_tokens or n_ctx
+    return min(n_batch, n_ctx), n_ctx
+
+
+def fit(prefix: list[int], suffix: list[int], typed: int, extra: list[int], n_batch: int, n_ctx: int,
+        n_predict: int) -> tuple[list[int], list[int], list[int]]:
+    """llama.cpp's format_infill cut (typed: the prompt's token count, never cut): the prefix's last
+    3 * (n_batch // 4) tokens (nearest the cursor), the suffix's first n_batch // 4 - 2 - typed, and the context
+    layout's last n_ctx - n_batch - 2 * n_predict (its newest chunks, the first one possibly cut inside)."""
+    quarter = n_batch // 4
+    keep_prefix = min(len(prefix), 3 * quarter)
+    keep_extra = min(len(extra), max(0, n_ctx - n_batch - 2 * n_predict))
+    return (prefix[len(prefix) - keep_prefix:], suffix[:max(0, quarter - (2 + typed))],
+            extra[len(extra) - keep_extra:])
+
+
 def infill_ids(state: ServerState, req: InfillRequest) -> list[int]:
-    """The prompt ids: BOS, the context chunks, the template with the prefix (then the prompt) and the suffix."""
+    """The prompt ids: BOS, the context chunks' layout, the template with the prefix (then the prompt) and the
+    suffix, each part cut to llama.cpp's sizes (fit)."""
     fim, enc = state.fim, state.tm.encoder
-    extra = fim.extra_ids([(enc.encode_literal(name + "\n"), enc.encode_literal(text))
-                           for name, text in req.extra]) if req.extra else []
+    extra = []
+    if req.extra:
+        extra = fim.extra_ids([(enc.encode_literal(name + "\n"), enc.encode_literal(text)) for name, text in req.extra],
+                              repo=enc.encode_literal(REPO_LINE), current=enc.encode_literal(FILE_LINE))
     typed = enc.encode_literal(req.prompt)
     fim.check_text("prompt", typed, bool(extra))
-    prefix = enc.encode_literal(req.prefix)
-    return fim.prompt_ids(prefix + typed, enc.encode_literal(req.suffix), enc.prefix_ids,
-                          ("input_prefix", "input_suffix"), extra)
+    prefix, suffix, extra = fit(enc.encode_literal(req.prefix), enc.encode_literal(req.suffix), len(typed), extra,
+                                *fit_sizes(state), req.options.max_tokens or 0)
+    return fim.prompt_ids(prefix + typed, suffix, enc.prefix_ids, ("input_prefix", "input_suffix"), extra)
 
 
 def infill_intake(state: ServerState, req: InfillRequest, rid: str) -> Choices:
@@ -162,14 +203,18 @@ def _stops(req: InfillRequest) -> InfillStops:
                        time.perf_counter())
 
 
-async def _run(gen: AsyncIterator[dict], stops: InfillStops) -> AsyncIterator[tuple[str, Optional[dict]]]:
-    """The request's stream `gen` -> (text to send, None) while it runs, then (the rest, its last meta_info)
-    once it finished or a limit ended it; leaving closes the stream, which aborts a request still running."""
+async def _run(state: ServerState, rid: str, gen: AsyncIterator[dict],
+               stops: InfillStops) -> AsyncIterator[tuple[str, Optional[dict]]]:
+    """The request's stream `gen` (request id rid) -> (text to send, None) while it runs, then (the rest, its last
+    meta_info) once it finished or a limit ended it (the request ended as finished, LIMIT_FINISH: end_early);
+    leaving closes the stream, which aborts a request still running (a client gone: counted as abandoned)."""
     try:
         async for out in gen:
             meta = out["meta_info"]
             stopped = stops.feed(out["text"], len(out["output_ids"]), time.perf_counter(),
-                                 out.get("text_trim", 0))
+                                 out.get("text_trim", 0), meta.get("queue_time", 0.0))
+            if stopped and meta["finish_reason"] is None:
+                state.tm.end_early(rid, LIMIT_FINISH)
             if stopped or meta["finish_reason"] is not None:
                 yield stops.ready(True), meta
                 return
@@ -184,12 +229,12 @@ async def infill(request: Request) -> Response:
     req = parse_infill(state, await read_json(request))
     choices = await state.tm.run_intake(infill_intake, state, req, uuid.uuid4().hex, size=len(await request.body()))
     stops = _stops(req)
-    gen = choices.streams()[0]  # before any header goes out: a refused request is a plain 503
+    gen, rid = choices.streams()[0], choices.reqs[0].rid  # before any header goes out: a refused request is a 503
     if req.options.stream:
-        return stream_response(guard_stream(_stream(state, req, gen, stops)))
+        return stream_response(guard_stream(_stream(state, req, rid, gen, stops)))
 
     async def whole() -> dict:
-        async with aclosing(_run(gen, stops)) as run:
+        async with aclosing(_run(state, rid, gen, stops)) as run:
             async for _, meta in run:
                 if meta is not None:
                     return meta
@@ -200,9 +245,9 @@ async def infill(request: Request) -> Response:
     return JSONResponse(pick(answer, req.fields))
 
 
-async def _stream(state: ServerState, req: InfillRequest, gen: AsyncIterator[dict],
+async def _stream(state: ServerState, req: InfillRequest, rid: str, gen: AsyncIterator[dict],
                   stops: InfillStops) -> AsyncIterator[bytes]:
-    async with aclosing(_run(gen, stops)) as run:  # a client gone closes the request's stream too
+    async with aclosing(_run(state, rid, gen, stops)) as run:  # a client gone closes the request's stream too
         async for text, meta in run:
             if meta is not None:
                 yield sse(pick({"index": 0, "content": text, "stop": True, **final_fields(state, meta, stops)},

@@ -1,8 +1,9 @@
 """llama.cpp's /infill limits that the route applies to one request's stream of text, and its timings.
 
-The runtime streams the middle's text; the route folds it here and, when a limit is reached, stops reading,
-which closes the stream and aborts the request (tokenizer_manager frees its memory), answering stop_type
-"limit" as llama.cpp does:
+The runtime streams the middle's text; the route folds it here and, when a limit is reached, ends the request
+(TokenizerManager.end_early: the scheduler aborts it, its memory freed, and /metrics counts it as a finished
+request with finish reason "length", not as an abort) and stops reading, answering stop_type "limit" as
+llama.cpp does:
 
 - n_indent: each line the model starts after a newline (the first line continues the cursor's and is never
   checked) must be indented by at least n_indent spaces or tabs once it holds another character; a line
@@ -10,17 +11,21 @@ which closes the stream and aborts the request (tokenizer_manager frees its memo
   and the indentation stay). A blank line is never cut.
 - t_max_predict_ms: once the text holds a newline, the answer ends when more than this has passed since the
   first token arrived.
-- t_max_prompt_ms: when the first token arrives later than this after the request went to the runtime, the
-  answer ends with empty content (the check is at the first token: a prefill is never interrupted).
+- t_max_prompt_ms: when the prompt's time (prompt_ms below) is above this at the first token, the answer ends
+  with empty content (the check is at the first token: a prefill is never interrupted).
 
 While streaming, only the decided text goes out: with n_indent set, a started line's indentation is held back
 until the line shows whether it is cut, so the streamed text is always the non-streamed answer's.
 
 Timings, llama.cpp's `timings` object from what the route sees (route-side wall clock, milliseconds):
-prompt_ms is from handing the request to the runtime to its first token (queueing, prefill and the first
-token's sampling), prompt_n the prompt tokens not read from the prefix cache; predicted_ms is from the first
-token to the last, predicted_n the tokens generated. The per-token and per-second rates divide those (0 where
-a count or a time is 0).
+prompt_ms is from the request's prefill start to its first token (prefill and the first token's sampling), as
+llama.cpp's, which starts its clock when a slot begins the prompt: the time from handing the request to the
+runtime to its first token, less the scheduler's queue time (meta_info queue_time: arrival at the scheduler to
+the first admission to a prefill batch), so the waiting queue is not in it; the hops between the processes and a
+request's wait for the scheduler's current step to end before it is read (at most one step) still are.
+prompt_n is the prompt tokens not read from the prefix cache; predicted_ms is from the first token to the last,
+predicted_n the tokens generated. The per-token and per-second rates divide those (0 where a count or a time is
+0).
 """
 
 from __future__ import annotations
@@ -77,15 +82,18 @@ class InfillStops:
     text: str = ""
     first_at: Optional[float] = None
     last_at: Optional[float] = None
+    prompt_s: float = 0.0  # the prompt's time: first_at - started less the queue time (seconds)
     stopped: bool = False  # a limit here ended the answer
     sent: int = field(default=0)  # how much of the text has been streamed
 
-    def feed(self, delta: str, new_tokens: int, now: float, trim: int = 0) -> bool:
-        """Take the runtime's next text (trim: the last characters so far a stop string cut, results.py);
-        True when a limit ends the answer here (the text cut as llama.cpp)."""
+    def feed(self, delta: str, new_tokens: int, now: float, trim: int = 0, queue_time: float = 0.0) -> bool:
+        """Take the runtime's next text (trim: the last characters so far a stop string cut, results.py;
+        queue_time: its meta_info queue_time, seconds); True when a limit ends the answer here (the text cut as
+        llama.cpp)."""
         if new_tokens and self.first_at is None:
             self.first_at = now
-            if self.t_max_prompt_ms and (now - self.started) * 1e3 > self.t_max_prompt_ms:
+            self.prompt_s = max(now - self.started - queue_time, 0.0)
+            if self.t_max_prompt_ms and self.prompt_s * 1e3 > self.t_max_prompt_ms:
                 self.stopped = True
                 return True
         if new_tokens:
@@ -110,7 +118,7 @@ class InfillStops:
         return out
 
     def timings(self, prompt_tokens: int, cached_tokens: int, predicted: int) -> dict:
-        prompt_ms = 0.0 if self.first_at is None else (self.first_at - self.started) * 1e3
+        prompt_ms = self.prompt_s * 1e3
         predicted_ms = 0.0 if self.first_at is None else ((self.last_at or self.first_at) - self.first_at) * 1e3
         prompt_n = max(prompt_tokens - cached_tokens, 0)
         p_tok, p_sec = _rate(prompt_n, prompt_ms)

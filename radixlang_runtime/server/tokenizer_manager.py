@@ -195,6 +195,22 @@ class TokenizerManager:
             if self.placement:
                 self.placement.finish(rid)
 
+    def end_early(self, rid: str, finish_reason: dict) -> None:
+        """A route ends a request in flight on a rule of its own (llama.cpp's /infill limits, infill_stops.py):
+        the scheduler aborts it (its memory freed) and it counts as finished with finish_reason (/metrics: a
+        finished request, aborted only for type "abort"), not as abandoned. Its handler closes its stream next
+        (records still arriving meanwhile are dropped). Nothing for a request that already ended."""
+        st = self.states.get(rid)
+        if st is None or st.finished:
+            return
+        res = st.result
+        res.finished = True
+        self.abort(rid)
+        self.live.on_finish()
+        if self.metrics:
+            self.metrics.on_finish(time.perf_counter() - res.created, res.queue_time, len(res.input_ids),
+                                   res.cached_tokens, finish_reason.get("type") == "abort")
+
     def abort(self, rid: str) -> None:
         """Queue an abort (no await: this also runs while a cancelled handler unwinds)."""
         replica = self.placement.replica_of(rid) if self.placement else 0
@@ -323,7 +339,7 @@ class TokenizerManager:
         now = time.perf_counter()
         for rec in msg.reqs:
             st = self.states.get(rec.rid)
-            if st is None:  # aborted by its handler meanwhile
+            if st is None or st.finished:  # aborted by its handler meanwhile, or ended early (end_early)
                 continue
             res = st.result
             last = res.last_token_at

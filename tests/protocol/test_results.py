@@ -25,6 +25,8 @@ def test_snapshots_are_deltas_with_the_meta_info_clients_know():
     assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 3 and meta["cached_tokens"] == 2
     assert (meta["forced_tokens"], meta["forward_passes"]) == (1, 2)
     assert (meta["spec_draft_tokens"], meta["spec_accepted_tokens"]) == (4, 3)
+    assert meta["queue_time"] == 0.5 and one["meta_info"]["queue_time"] == 0.0  # 0 until admitted
+    assert (b.queue_time, b.cached_tokens) == (0.5, 2)  # the latest record's, for TokenizerManager.end_early
     assert meta["finish_reason"] == {"type": "length", "length": 3} and b.finished
     assert one["meta_info"]["finish_reason"] is None and "text_trim" not in two
 

@@ -5,15 +5,22 @@ tokenizer), its greedy output transformers' on those ids token for token (and na
 --completion-template picks star_coder on a tokenizer that holds two families; n, streaming, stop strings and
 logprobs work as for any completion; echo, token-id prompts and truncate_prompt_tokens with a suffix answer 400.
 llama.cpp's /infill on the same servers: its greedy middle is the completion's for the same prefix and suffix,
-`prompt` runs after the prefix, `input_extra` chunks go before the template behind the file separator token
-(Qwen's added one, StarCoder2's in the embedded vocabulary), streaming and stop words in llama.cpp's shape, and
-/tokenize with a `suffix` answers the ids the completion runs. llama.vim's request: its body taken whole, llama.cpp's
-infill sampler deciding the middle where the candidates leave it no choice, response_fields cutting the answer to
-the paths asked, n_indent cutting a dedented line of the greedy middle, t_max_predict_ms and t_max_prompt_ms ending
-it early, each early end leaving the KV pool whole.
+`prompt` runs after the prefix, `input_extra` chunks go before the template in the repo-level layout (the
+repository-name token and llama.cpp's project line, each chunk behind the file separator token, the current file's
+line: Qwen's added tokens, StarCoder2's in the embedded vocabulary), streaming and stop words in llama.cpp's shape,
+/tokenize with a `suffix` answers the ids the completion runs, and on a server whose prefill chunk is 64 tokens a
+long prefix, suffix and context are cut to llama.cpp's sizes (short ones whole). llama.vim's request: its body
+taken whole, llama.cpp's infill sampler deciding the middle where the candidates leave it no choice,
+response_fields cutting the answer to the paths asked, n_indent cutting a dedented line of the greedy middle,
+t_max_predict_ms and t_max_prompt_ms ending it early, each early end leaving the KV pool whole and counted in
+/metrics as a finished request, not an aborted one; timings' prompt_ms leaves out the time the request queued
+behind another.
 """
 
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -27,6 +34,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             initializer_range=0.3, max_position_embeddings=512)
 QWEN = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 SEP = "<|file_sep|>"  # Qwen's file separator: on the first tokenizer only
+REPO = "<|repo_name|>"  # Qwen's repository name: on the first tokenizer only
 STAR = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 PREFIX = "def add(a, b):\n    return "
 SUFFIX = "\n\nprint(add(1, 2))\n"
@@ -52,7 +60,8 @@ def fim_tokenizer(path, markers: list[str]):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """One model with ROWS new rows (random, seeded), saved twice: beside a tokenizer with Qwen's markers (ids
-    V..V+2) and its file separator (V+3), and beside one with Qwen's and then StarCoder's markers (V+3..V+5)."""
+    V..V+2), its file separator (V+3) and repository name (V+4), and beside one with Qwen's and then StarCoder's
+    markers (V+3..V+5)."""
     import torch
 
     qwen, both = tmp_path_factory.mktemp("fim_qwen"), tmp_path_factory.mktemp("fim_both")
@@ -63,15 +72,18 @@ def tiny(tmp_path_factory):
     with torch.no_grad():
         model.get_input_embeddings().weight[v:] = torch.randn(ROWS, 64, generator=g) * 0.3
         model.get_output_embeddings().weight[v:] = torch.randn(ROWS, 64, generator=g) * 0.3
-    for path, markers in ((qwen, QWEN + [SEP]), (both, QWEN + STAR)):
+    for path, markers in ((qwen, QWEN + [SEP, REPO]), (both, QWEN + STAR)):
         model.save_pretrained(path, safe_serialization=True)
         fim_tokenizer(path, markers)
-    return model, fim_tokenizer(qwen, QWEN + [SEP]), str(qwen), str(both)
+    return model, fim_tokenizer(qwen, QWEN + [SEP, REPO]), str(qwen), str(both)
 
 
 @pytest.fixture(scope="module")
 def detected(tiny):
-    srv = ServerProcess("--model-path", tiny[2], "--dtype", "float32", "--max-total-tokens", "2048")
+    """--chunked-prefill-size 128 (llama.cpp's n_batch for /infill's cut) leaves input_extra 512 - 128 - 2 * n_predict
+    tokens of the 512-token context (the default chunk, cut to the whole context, would leave it none)."""
+    srv = ServerProcess("--model-path", tiny[2], "--dtype", "float32", "--max-total-tokens", "2048",
+                        "--chunked-prefill-size", "128")
     yield srv
     srv.stop()
 
@@ -79,7 +91,17 @@ def detected(tiny):
 @pytest.fixture(scope="module")
 def named(tiny):
     srv = ServerProcess("--model-path", tiny[3], "--dtype", "float32", "--max-total-tokens", "2048",
-                        "--completion-template", "star_coder")
+                        "--completion-template", "star_coder", "--chunked-prefill-size", "128")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def small(tiny):
+    """The first model again, its prefill chunk 64 tokens (what plays llama.cpp's n_batch), one request running at a
+    time (the next one queues), and /metrics."""
+    srv = ServerProcess("--model-path", tiny[2], "--dtype", "float32", "--max-total-tokens", "2048",
+                        "--chunked-prefill-size", "64", "--max-running-requests", "1", "--enable-metrics")
     yield srv
     srv.stop()
 
@@ -211,8 +233,9 @@ def test_infill_prompt_follows_the_prefix_and_extra_chunks_lead(tiny, detected):
     assert out["tokens_evaluated"] == len(typed_ids)
     assert out["content"] == tok.decode(hf_greedy(model, typed_ids, NEW), skip_special_tokens=True)
     chunks = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}, {"text": "X = 1\n"}]
-    extra_ids = [0, v + 3, *plain(tok, "util.py\n"), *plain(tok, chunks[0]["text"]), v + 3, *plain(tok, "tmp\n"),
-                 *plain(tok, chunks[1]["text"]), *ids[1:]]
+    extra_ids = [0, v + 4, *plain(tok, "myproject\n"), v + 3, *plain(tok, "util.py\n"), *plain(tok, chunks[0]["text"]),
+                 v + 3, *plain(tok, "tmp\n"), *plain(tok, chunks[1]["text"]), v + 3, *plain(tok, "filename\n"),
+                 *ids[1:]]
     want = hf_greedy(model, extra_ids, NEW)
     assert want != hf_greedy(model, ids, NEW)  # the context matters
     out = infill(detected, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=chunks)
@@ -253,13 +276,15 @@ def test_infill_refuses_by_field(detected):
 
 
 def test_star_coders_file_separator_is_the_embedded_vocabularys(tiny, named):
-    """The embedded tokenizer holds StarCoder2's <file_sep> (id 5): the named template lays chunks out with it."""
+    """The embedded tokenizer holds StarCoder2's <repo_name> (id 3) and <file_sep> (id 5): the named template lays
+    chunks out with them."""
     model, _, _, both = tiny
     from transformers import AutoTokenizer
 
     tok2 = AutoTokenizer.from_pretrained(both)
-    assert tok2.convert_tokens_to_ids("<file_sep>") == 5
-    ids = [0, 5, *plain(tok2, "a.py\n"), *plain(tok2, "X = 1\n"), *layout(tok2, STAR, PREFIX, SUFFIX)[1:]]
+    assert tok2.convert_tokens_to_ids(["<repo_name>", "<file_sep>"]) == [3, 5]
+    ids = [0, 3, *plain(tok2, "myproject\n"), 5, *plain(tok2, "a.py\n"), *plain(tok2, "X = 1\n"), 5,
+           *plain(tok2, "filename\n"), *layout(tok2, STAR, PREFIX, SUFFIX)[1:]]
     out = infill(named, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=[{"filename": "a.py", "text": "X = 1\n"}])
     assert out["tokens_evaluated"] == len(ids)
     assert out["content"] == tok2.decode(hf_greedy(model, ids, NEW), skip_special_tokens=True)
@@ -289,14 +314,18 @@ def test_llama_vims_request(detected):
     out = r.json()
     assert sorted(out) == sorted(LLAMA_VIM_FIELDS)  # only the paths asked, under their paths
     assert isinstance(out["content"], str) and out["truncated"] is False
-    n, ms = out["timings/predicted_n"], out["timings/predicted_ms"]
-    assert 1 <= n <= NEW and ms > 0 and out["timings/predicted_per_second"] == pytest.approx(1e3 * n / ms)
+    assert 1 <= out["timings/predicted_n"] <= NEW  # the infill stage may end the tiny model's middle at once
     assert out["timings/prompt_ms"] > 0 and 0 < out["timings/prompt_n"]
     assert out["timings/prompt_per_token_ms"] == pytest.approx(out["timings/prompt_ms"] / out["timings/prompt_n"])
     again = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body(
         seed=3, response_fields=["tokens_cached", "timings/prompt_n", "timings/none"])).json()
     assert set(again) == {"tokens_cached", "timings/prompt_n"}  # a path naming nothing is left out
     assert again["tokens_cached"] > 0 and again["timings/prompt_n"] < out["timings/prompt_n"]  # the cached prefix
+    drawn = httpx.post(detected.url + "/infill", timeout=120, json=llama_vim_body(
+        samplers=["top_k", "top_p"], ignore_eos=True, seed=1)).json()  # a whole middle, NEW tokens
+    n, ms = drawn["timings/predicted_n"], drawn["timings/predicted_ms"]
+    assert n == NEW and ms > 0 and drawn["timings/predicted_per_second"] == pytest.approx(1e3 * n / ms)
+    assert drawn["timings/predicted_per_token_ms"] == pytest.approx(ms / n)
 
 
 def infill_verdict(tiny, prefix: str):
@@ -381,3 +410,76 @@ def test_time_limits_end_the_middle_early(tiny, detected):
     assert late["content"] == "" and late["stop_type"] == "limit" and late["timings/prompt_ms"] > 1
     with httpx.Client(base_url=detected.url, timeout=60) as client:
         assert_idle_and_whole(client)
+
+
+# ------------------------------------------------------------------ llama.cpp's sizes, /metrics, the prompt's time
+def test_a_long_infill_is_cut_to_llama_cpps_sizes(tiny, small):
+    """n_batch 64 and a 512-token context, n_predict 8: the prefix's last 48 tokens, the suffix's first 64 / 4 - 2,
+    the context layout's last 512 - 64 - 2 * 8 (its oldest tokens, the project line first, go); short ones whole."""
+    model, tok, _, _ = tiny
+    v = model.config.vocab_size - ROWS
+    assert httpx.get(small.url + "/server_info", timeout=30).json()["chunked_prefill_size"] == 64
+    assert httpx.get(small.url + "/get_model_info", timeout=30).json()["max_context_length"] == 512
+    pre, suf = "a = b + c\n" * 40, "d = e * f\n" * 40
+    chunks = [{"filename": f"m{i}.py", "text": f"def f{i}(x):\n    return x + {i}\n" * 8} for i in range(6)]
+    extra = [v + 4, *plain(tok, "myproject\n")]
+    for c in chunks:
+        extra += [v + 3, *plain(tok, c["filename"] + "\n"), *plain(tok, c["text"])]
+    extra += [v + 3, *plain(tok, "filename\n")]
+    p, s = plain(tok, pre), plain(tok, suf)
+    assert len(p) > 48 and len(s) > 14 and len(extra) > 432
+    ids = [0, *extra[-432:], v, *p[-48:], v + 1, *s[:14], v + 2]
+    out = infill(small, input_prefix=pre, input_suffix=suf, input_extra=chunks)
+    assert out["tokens_evaluated"] == len(ids) == 1 + 432 + 1 + 48 + 1 + 14 + 1
+    assert out["content"] == tok.decode(hf_greedy(model, ids, NEW), skip_special_tokens=True)
+    assert out["truncated"] is False  # as llama.cpp: the cut is no truncation
+    short = infill(small, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=chunks[:1])
+    short_ids = [0, v + 4, *plain(tok, "myproject\n"), v + 3, *plain(tok, "m0.py\n"), *plain(tok, chunks[0]["text"]),
+                 v + 3, *plain(tok, "filename\n"), *layout(tok, QWEN, PREFIX, SUFFIX)[1:]]
+    assert short["tokens_evaluated"] == len(short_ids)
+    assert short["content"] == tok.decode(hf_greedy(model, short_ids, NEW), skip_special_tokens=True)
+
+
+def metric(srv, name: str) -> float:
+    for line in httpx.get(srv.url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_limits_early_end_is_a_finished_request_not_an_abort(tiny, small):
+    counts = ("radixlang:num_requests_total", "radixlang:num_aborted_requests_total")
+    before = [metric(small, name) for name in counts]
+    text = greedy_text(tiny, DEDENT, NEW * 3)
+    line = text[text.index("\n") + 1:]
+    indent = len(line) - len(line.lstrip(" \t"))
+    out = infill(small, n_indent=indent + 1, input_prefix=DEDENT, input_suffix=SUFFIX, n_predict=NEW * 3)
+    assert out["stop_type"] == "limit" and out["tokens_predicted"] < NEW * 3
+    with httpx.stream("POST", small.url + "/infill", timeout=120, json={
+            "input_prefix": DEDENT, "input_suffix": SUFFIX, "n_predict": LONG, "temperature": 0, "ignore_eos": True,
+            "stream": True, "t_max_predict_ms": 1}) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1]["stop_type"] == "limit" and events[-1]["tokens_predicted"] < LONG
+    assert [metric(small, name) for name in counts] == [before[0] + 2, before[1]]
+    with httpx.Client(base_url=small.url, timeout=60) as client:
+        assert_idle_and_whole(client)  # ended early all the same: its memory freed
+    assert [metric(small, name) for name in counts] == [before[0] + 2, before[1]]  # counted once
+
+
+def test_prompt_ms_leaves_the_queue_out(small):
+    """One request runs at a time: an infill sent while another decodes waits for it to end, which its
+    prompt_ms (from the prefill's start) leaves out, as llama.cpp's does."""
+    blocker = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 480, "min_new_tokens": 480,
+                                                                 "temperature": 0}}
+    with httpx.stream("POST", small.url + "/generate", timeout=120, json=blocker) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # it runs: the one running slot is taken
+        sent = time.perf_counter()
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(infill, small, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=1)
+            for _ in lines:
+                pass
+            waited = time.perf_counter() - sent
+            out = queued.result()
+    assert waited > 0.1, f"the blocker ended {waited:.2f} s after the infill was sent: too soon to queue it"
+    assert 0 < out["timings"]["prompt_ms"] < waited * 1e3 / 3, (out["timings"], waited)

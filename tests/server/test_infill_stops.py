@@ -1,6 +1,6 @@
 """llama.cpp's /infill limits on the route's side (server/infill_stops.py): n_indent's cut, the held-back
 indentation while streaming, t_max_predict_ms after a newline, t_max_prompt_ms at the first token, a stop
-string's trim, and the timings from the route's clock."""
+string's trim, and the timings from the route's clock, the runtime's queue time left out of the prompt's."""
 
 from __future__ import annotations
 
@@ -85,3 +85,21 @@ def test_timings():
     assert t["predicted_per_token_ms"] == pytest.approx(250) and t["predicted_per_second"] == pytest.approx(4)
     empty = InfillStops(started=1.0).timings(5, 5, 0)
     assert empty["prompt_n"] == 0 and empty["prompt_per_second"] == 0.0 and empty["predicted_ms"] == 0.0
+
+
+def test_the_queue_time_is_not_the_prompts():
+    """prompt_ms runs from the prefill's start (the hand-off plus the runtime's queue time) to the first token, and
+    t_max_prompt_ms times the same span: a request that queued long but prefilled fast is within it."""
+    s = InfillStops(t_max_prompt_ms=50, started=10.0)
+    assert s.feed("a", 1, 12.03, queue_time=2.0) is False  # 2.03 s after the hand-off, 2 s of it queued
+    s.feed("b", 1, 12.53, queue_time=2.0)
+    t = s.timings(prompt_tokens=13, cached_tokens=10, predicted=2)
+    assert t["prompt_ms"] == pytest.approx(30) and t["prompt_per_token_ms"] == pytest.approx(10)
+    assert t["predicted_ms"] == pytest.approx(500)  # from the first token: the queue is before it
+    s = InfillStops(t_max_prompt_ms=50, started=10.0)
+    assert s.feed("a", 1, 12.06, queue_time=2.0) is True  # 60 ms past the queue
+    assert s.timings(13, 10, 1)["prompt_ms"] == pytest.approx(60)
+    late = InfillStops(started=10.0)
+    late.feed("", 0, 11.0, queue_time=0.5)  # no token yet: nothing is timed
+    late.feed("a", 1, 11.2, queue_time=0.5)
+    assert late.timings(3, 0, 1)["prompt_ms"] == pytest.approx(700)
