@@ -191,6 +191,19 @@ class ToolParser:
         """scan_json(text, i), continued from the last call with the same start (text only grew since)."""
         return self.scanner(i, JsonScanner).scan(text)
 
+    def call_array_group(self, text: str, i: int, tag: str, final: bool) -> GroupScan:
+        """A group whose body at i is a JSON array of call objects, then `tag` (closing; "" for none): the part the
+        JSON-list formats share after their own opening."""
+        calls: list[CallScan] = []
+        if i >= len(text):
+            return GroupScan(calls, INVALID if final else OPEN, len(text))
+        if text[i] != "[":
+            return GroupScan(calls, INVALID, i)
+        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
+        if status == INVALID or status == OPEN:
+            return GroupScan(calls, status, end)
+        return closing(text, end, tag, final, calls)
+
     def scanner(self, i: int, kind: Callable[[int], Any]) -> Any:
         """The scanner of the value starting at _buf[i] (made by kind(i) the first time)."""
         found = self._scanners.get(i)

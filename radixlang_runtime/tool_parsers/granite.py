@@ -6,8 +6,7 @@ A forced tool_choice writes the token form. Granite 4.0 writes Hermes' `<tool_ca
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
-    call_array_at, closing
+from radixlang_runtime.tool_parsers.base import OPEN, CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 from radixlang_runtime.tool_parsers.llama3 import start_only_group
 
@@ -23,16 +22,10 @@ class GraniteParser(ToolParser):
         return start_only_group(self, text, (BOT_TOKEN, BOT_STRING, "["))
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
-        calls: list[CallScan] = []
         i = 0
         for bot in (BOT_TOKEN, BOT_STRING):  # vLLM strips the token, then the string
             if text.startswith(bot, i):
                 i = skip_ws(text, i + len(bot))
-        if i >= len(text) or (not final and BOT_STRING.startswith(text[i:])):
-            return GroupScan(calls, INVALID if final else OPEN, len(text))
-        if text[i] != "[":
-            return GroupScan(calls, INVALID, i)
-        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
-        if status == INVALID or status == OPEN:
-            return GroupScan(calls, status, end)
-        return closing(text, end, "", final, calls)
+        if i < len(text) and not final and BOT_STRING.startswith(text[i:]):
+            return GroupScan([], OPEN, len(text))
+        return self.call_array_group(text, i, "", final)

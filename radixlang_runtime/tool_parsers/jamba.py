@@ -5,8 +5,7 @@ the list in its tokens. No torch."""
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
-    call_array_at, closing
+from radixlang_runtime.tool_parsers.base import CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 
 START, END = "<tool_calls>", "</tool_calls>"
@@ -19,13 +18,5 @@ class JambaParser(ToolParser):
     syntax = CallSyntax(START + "[", ", ", "]" + END, '{"name": "', '", "arguments": ', "}")
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
-        calls: list[CallScan] = []
         i = skip_ws(text, len(START))
-        if i >= len(text):
-            return GroupScan(calls, INVALID if final else OPEN, len(text))
-        if text[i] != "[":
-            return GroupScan(calls, INVALID, i)
-        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
-        if status == INVALID or status == OPEN:
-            return GroupScan(calls, status, end)
-        return closing(text, end, END, final, calls)
+        return self.call_array_group(text, i, END, final)

@@ -4,8 +4,7 @@
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
-    call_array_at, closing
+from radixlang_runtime.tool_parsers.base import CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 
 START = "[TOOL_CALLS]"
@@ -18,13 +17,5 @@ class MistralParser(ToolParser):
     syntax = CallSyntax(START + "[", ", ", "]", '{"name": "', '", "arguments": ', "}")
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
-        calls: list[CallScan] = []
         i = skip_ws(text, len(START))
-        if i >= len(text):
-            return GroupScan(calls, INVALID if final else OPEN, len(text))
-        if text[i] != "[":
-            return GroupScan(calls, INVALID, i)
-        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
-        if status == INVALID or status == OPEN:
-            return GroupScan(calls, status, end)
-        return closing(text, end, "", final, calls)
+        return self.call_array_group(text, i, "", final)

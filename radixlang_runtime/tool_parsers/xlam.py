@@ -5,8 +5,7 @@ tool_choice writes the bare list. No torch."""
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
-    call_array_at, closing
+from radixlang_runtime.tool_parsers.base import OPEN, CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, skip_ws
 from radixlang_runtime.tool_parsers.llama3 import start_only_group
 from radixlang_runtime.tool_parsers.markup import expect
@@ -26,24 +25,16 @@ class XlamParser(ToolParser):
         return ToolParser.find_group(self, text)
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
-        calls: list[CallScan] = []
         close, i = "", 0
         if text.startswith(FENCE):
             close, i = FENCE, len(FENCE)
             st, j = expect(text, i, "json", final)
             if st == OPEN:
-                return GroupScan(calls, OPEN, j)
+                return GroupScan([], OPEN, j)
             i = j if st == COMPLETE else i
         elif text.startswith(BLOCK):
             close, i = BLOCK_END, len(BLOCK)
         elif text.startswith(TOOL_CALLS):
             i = len(TOOL_CALLS)
         i = skip_ws(text, i)
-        if i >= len(text):
-            return GroupScan(calls, INVALID if final else OPEN, len(text))
-        if text[i] != "[":
-            return GroupScan(calls, INVALID, i)
-        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
-        if status == INVALID or status == OPEN:
-            return GroupScan(calls, status, end)
-        return closing(text, end, close, final, calls)
+        return self.call_array_group(text, i, close, final)
