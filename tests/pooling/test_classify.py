@@ -7,6 +7,8 @@ checkpoints saved by transformers in the test, transformers' logits as the refer
 - Llama, one label (a reward model), with --is-embedding: probs are sigmoid(logit); /v1/score and /v1/rerank
   score (query, document) pairs as a cross-encoder, sigmoid of the logit of the tokenizer's pair encoding;
 - Qwen2, two labels, problem_type multi_label_classification: a sigmoid per label.
+vLLM's fields: chat `messages` classify the template's tokens, use_activation false answers the logits (and the
+cross-encoder's raw logit on /v1/score), truncate_prompt_tokens on rerank keeps each pair's last tokens.
 After each server's scenarios its KV pool is whole.
 """
 

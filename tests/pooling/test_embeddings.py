@@ -9,6 +9,9 @@ SDK and sentence-transformers as the reference (float32).
 - a tiny Qwen3ForCausalLM generation server: /v1/rerank and /v1/score equal transformers' P(yes) over (no, yes) at
   the last position of the Qwen3-Reranker prompt; /v1/embeddings answers 400 naming --is-embedding, /classify
   (there and on the embedding server) 400 naming a sequence classifier.
+vLLM's pooling fields: chat `messages` equal the template's tokens embedded, truncate_prompt_tokens keeps the last
+tokens, use_activation false is the pooled vector before Normalize (the raw yes - no logit for the reranker),
+request_id names the answer, base64 float16 / big-endian; each bad value answers 400 naming its field.
 After each server's scenarios its KV pool is whole.
 """
 
