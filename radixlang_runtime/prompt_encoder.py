@@ -58,14 +58,28 @@ class PromptEncoder:
     def encode_chat(self, text: str, content_spans: Optional[Sequence[Span]] = None) -> list[int]:
         """A rendered chat prompt -> ids: the template's markers as control tokens, the content spans'
         special-token text as plain text; the tokenizer's BOS unless the template wrote it."""
+        return self._with_prefix(self._chat_body(text, content_spans))
+
+    def encode_rendered(self, text: str, content_spans: Optional[Sequence[Span]], add_special_tokens: bool
+                        ) -> list[int]:
+        """A rendered chat prompt as vLLM's pooling chat requests tokenize it (HF `tokenizer(text,
+        add_special_tokens=...)`): the text alone, or with the tokenizer's added tokens (BOS / EOS) around it even
+        where the template wrote its own; content spans as in encode_chat."""
+        if not add_special_tokens:
+            return self._chat_body(text, content_spans)
+        if self._whole and not content_spans:
+            return self.tokenizer.encode(text)
+        return self.prefix_ids + self._chat_body(text, content_spans) + self.suffix_ids
+
+    def _chat_body(self, text: str, content_spans: Optional[Sequence[Span]]) -> list[int]:
         if not content_spans:
-            return self._with_prefix(self._plain(text))
+            return self._plain(text)
         ids, pos = [], 0
         for start, end in content_spans:
             ids += self._plain(text[pos:start])
             ids += self.tokenizer.encode(text[start:end], add_special_tokens=False, split_special_tokens=True)
             pos = end
-        return self._with_prefix(ids + self._plain(text[pos:]))
+        return ids + self._plain(text[pos:])
 
     def encode_plain(self, text: str) -> list[int]:
         """Text -> ids without special tokens (sampling_params bad_words, as vLLM tokenizes them)."""

@@ -101,6 +101,18 @@ def need_str(value: Any, name: str, max_len: Optional[int] = None) -> str:
     return value
 
 
+def parse_truncation(value: Any, context_len: int) -> Optional[int]:
+    """vLLM's truncate_prompt_tokens (generation and pooling routes): k >= 1 keeps the last k prompt tokens, -1 the
+    last context-length ones; None: not set."""
+    if value is None:
+        return None
+    k = need_int(value, "truncate_prompt_tokens", -1, context_len)
+    if k == 0:
+        raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the context length) or a "
+                                                   f"number of tokens in [1, {context_len}], got 0")
+    return context_len if k == -1 else k
+
+
 def need_int_list(value: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX,
                   max_len: Optional[int] = None) -> list[int]:
     """A list of ints in [lo, hi] (no bools), at most max_len entries."""

@@ -1,9 +1,10 @@
 """The intake of pooling calls (torch-free): /v1/embeddings, /encode, /classify, /v1/rerank, /v1/score bodies ->
 typed calls whose requests are prefill-only GenerateRequests (max_new_tokens 0) carrying a PoolSpec (pooling.py).
 
-Inputs: OpenAI's `input` (a string, a list of strings, a token array, a list of token arrays; /classify takes
-the same, with vLLM's truncate_prompt_tokens), SGLang's /encode `text` / `input_ids`, rerank's query + documents,
-score's text_1 / text_2. A sequence classifier (PoolingConfig.labels) answers /classify, and scores rerank /
+Inputs: OpenAI's `input` (a string, a list of strings, a token array, a list of token arrays) or vLLM's chat
+`messages` (/v1/embeddings, /classify), SGLang's /encode `text` / `input_ids`, rerank's query + documents, score's
+text_1 / text_2; vLLM's shared fields (truncate_prompt_tokens, use_activation, priority, request_id, ...) are
+pooling_fields.py's. A sequence classifier (PoolingConfig.labels) answers /classify, and scores rerank /
 score pairs as a cross-encoder when it has one label. Each prompt is checked like a generate
 prompt (limits.check_request: empty, too long for the context or the pool, ids outside the vocabulary) and against
 the model's max_seq_length (sentence-transformers truncates there; this server refuses instead). Every problem
@@ -19,18 +20,23 @@ from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import (MAX_BATCH, FieldError, RuntimeLimits, check_request, need_bool, need_int,
                                                need_str, show)
 from radixlang_runtime.pooling import PoolingConfig, PoolSpec, check_dimensions
+from radixlang_runtime.protocol.pooling_fields import (COMMON_FIELDS, PROMPT_FIELDS, PoolingOptions, pooling_options,
+                                                       refuse_unknown)
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 
 Encode = Callable[[str], list[int]]
 PairEncode = Callable[[str, str], list[int]]  # a cross-encoder's (query, document) -> one prompt's ids
+ChatEncode = Callable[[dict, bool], list[int]]  # a body's messages (and chat fields), add_special_tokens -> ids
 Prompt = Any  # a string, or a list of token ids
 
 ENCODING_FORMATS = ("float", "base64")
-EMBEDDING_FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
+EMBED_DTYPES = {"float32": "f", "float16": "e"}  # vLLM's embed_dtype -> struct format (base64's element type)
+ENDIANNESS = {"native": "=", "little": "<", "big": ">"}
+EMBEDDING_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS, "encoding_format", "dimensions", "embed_dtype", "endianness"}
 ENCODE_FIELDS = {"text", "input_ids", "rid"}
-RERANK_FIELDS = {"model", "query", "documents", "top_n", "return_documents", "user"}
-SCORE_FIELDS = {"model", "text_1", "text_2", "user"}
-CLASSIFY_FIELDS = {"model", "input", "truncate_prompt_tokens", "user"}
+RERANK_FIELDS = {*COMMON_FIELDS, "query", "documents", "top_n", "return_documents"}
+SCORE_FIELDS = {*COMMON_FIELDS, "text_1", "text_2"}
+CLASSIFY_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS}
 # Qwen3-Reranker's prompt (--rerank-template replaces it): {instruction}, {query}, {document}
 QWEN3_RERANK_TEMPLATE = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
@@ -40,11 +46,22 @@ QWEN3_RERANK_TEMPLATE = (
 
 
 @dataclass(frozen=True)
+class PromptEncoders:
+    """How a pooling route's prompts become ids (server/pooling_api.py builds them; blocking: intake thread)."""
+
+    text: Encode  # a text with the model's special tokens (embedding_encoder)
+    bare: Encode  # a text without special tokens (add_special_tokens false)
+    chat: ChatEncode  # vLLM's chat form: the messages through the chat template, as the generation routes render
+
+
+@dataclass(frozen=True)
 class EmbeddingCall:
     reqs: list[GenerateRequest]  # one per input, index = input position
     encoding_format: str = "float"
     dimensions: Optional[int] = None
     as_list: bool = True  # /encode: whether the input was a list (a list answers)
+    options: PoolingOptions = PoolingOptions("")  # rid, use_activation
+    pack: str = "<f"  # base64: struct byte order + element type (endianness, embed_dtype)
 
 
 @dataclass(frozen=True)
@@ -57,14 +74,7 @@ class PairCall:
     documents: list[str]  # rerank: the documents as given (return_documents)
     by_reranker: bool  # True: one request per pair, score = P(yes); False: embeddings, score = cosine
     by_classifier: bool = False  # one request per pair, score = the one-label classifier's sigmoid(logit)
-
-
-def refuse_unknown(body: Any, known: set[str], route: str) -> dict:
-    if not isinstance(body, dict):
-        raise FieldError("body", "the body must be a JSON object")
-    if unknown := sorted(set(body) - known):
-        raise FieldError(unknown[0], f"unknown field(s) for {route}: {', '.join(show(u, 40) for u in unknown)}")
-    return body
+    options: PoolingOptions = PoolingOptions("")  # rid, use_activation (False: the raw logit)
 
 
 def prompts_of(value: Any, name: str) -> list[Prompt]:
@@ -85,7 +95,7 @@ def prompts_of(value: Any, name: str) -> list[Prompt]:
 
 
 def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, base_rid: str,
-                     name: str, max_len: Optional[int] = None, keep_last: Optional[int] = None
+                     name: str, max_len: Optional[int] = None, keep_last: Optional[int] = None, priority: int = 0
                      ) -> list[GenerateRequest]:
     """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`; keep_last: only a prompt's last
     keep_last tokens are kept (vLLM's truncate_prompt_tokens)."""
@@ -112,7 +122,7 @@ def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limi
         if max_len is not None and len(ids) > max_len:
             raise FieldError(where, f"{where} has {len(ids)} tokens; the model's max_seq_length is {max_len} "
                                     "(sentence_bert_config.json)")
-        out.append(GenerateRequest(f"{base_rid}-{i}", list(ids), sp, index=i, pooling=spec))
+        out.append(GenerateRequest(f"{base_rid}-{i}", list(ids), sp, index=i, pooling=spec, priority=priority))
     return out
 
 
@@ -143,28 +153,47 @@ def _embed_encoder(cfg: PoolingConfig, encode: Encode) -> Encode:
     return (lambda t: encode(cfg.default_prompt + t)) if cfg.default_prompt else encode
 
 
-def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
-                          base_rid: str) -> EmbeddingCall:
-    """/v1/embeddings (OpenAI): input, encoding_format float | base64, dimensions (Matryoshka models only)."""
+def _prompts(body: dict, opts: PoolingOptions, enc: PromptEncoders) -> tuple[list[Prompt], Encode, str]:
+    """A body's prompts (its `input`, or its `messages` rendered as one prompt), the encoder of its texts, and the
+    field they came from."""
+    if opts.chat:
+        return [enc.chat(body, opts.add_special_tokens)], enc.bare, "messages"
+    return prompts_of(body["input"], "input"), enc.text if opts.add_special_tokens else enc.bare, "input"
+
+
+def _choice(body: dict, name: str, choices: Any, default: str) -> str:
+    value = body.get(name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise FieldError(name, f"{name} must be one of {', '.join(choices)}, got {show(value)}")
+    return value
+
+
+def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEncoders, limits: RuntimeLimits,
+                          prefix: str = "embd") -> EmbeddingCall:
+    """/v1/embeddings (OpenAI, vLLM's completion and chat forms): input or messages, encoding_format float | base64
+    (embed_dtype float32 | float16, endianness), dimensions (Matryoshka models only), pooling_fields' fields."""
     body = refuse_unknown(body, EMBEDDING_FIELDS, "/v1/embeddings")
     cfg = _embed_spec(cfg, "/v1/embeddings")
-    if "input" not in body:
-        raise FieldError("input", "input is required")
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ENCODING_FORMATS:
-        raise FieldError("encoding_format", f"encoding_format must be float or base64, got {show(fmt)}")
+    opts = pooling_options(body, limits, prefix, prompts=True)
+    fmt = _choice(body, "encoding_format", ENCODING_FORMATS, "float")
+    pack = (ENDIANNESS[_choice(body, "endianness", tuple(ENDIANNESS), "native")]
+            + EMBED_DTYPES[_choice(body, "embed_dtype", tuple(EMBED_DTYPES), "float32")])
     dims = body.get("dimensions")
     if dims is not None:
         try:
             check_dimensions(cfg, need_int(dims, "dimensions", 1))
         except ValueError as e:
             raise FieldError("dimensions", str(e)) from None
-    if body.get("user") is not None:
-        need_str(body["user"], "user")
-    prompts = prompts_of(body["input"], "input")
-    reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, "input",
-                            cfg.max_seq_length)
-    return EmbeddingCall(reqs, fmt, dims)
+    if cfg.chat_template and not opts.chat and not opts.add_special_tokens:
+        raise FieldError("add_special_tokens", "add_special_tokens false is not supported for this model: it renders "
+                                               "a text input through its chat template (sentence-transformers' "
+                                               "message modality); send messages or token arrays instead")
+    prompts, encode, name = _prompts(body, opts, enc)
+    reqs = pooling_requests(prompts, PoolSpec(cfg.mode), encode if opts.chat else _embed_encoder(cfg, encode), limits,
+                            opts.rid, name, cfg.max_seq_length, opts.keep_last, opts.priority)
+    return EmbeddingCall(reqs, fmt, dims, options=opts, pack=pack)
 
 
 def parse_encode_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
@@ -218,26 +247,27 @@ PairModel = Union[Reranker, CrossEncoder]  # what scores a pair in one request (
 
 def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]], cfg: Optional[PoolingConfig],
                 reranker: Optional[PairModel], encode: Encode, encode_plain: Encode, limits: RuntimeLimits,
-                base_rid: str, name: str) -> PairCall:
+                opts: PoolingOptions, name: str) -> PairCall:
+    def requests(prompts: list[Prompt], spec: PoolSpec, enc: Encode, max_len: Optional[int] = None) -> list:
+        return pooling_requests(prompts, spec, enc, limits, opts.rid, name, max_len, opts.keep_last, opts.priority)
+
     if cfg is not None and cfg.classifies:  # a cross-encoder: one request per pair through the score head
         if len(cfg.labels) != 1 or not isinstance(reranker, CrossEncoder):
             raise ValueError(f"scoring pairs needs a classifier with one label (num_labels 1: a cross-encoder); "
                              f"this one has {len(cfg.labels)}: use /classify")
         prompts = [reranker.encode_pair(queries[q], docs[d]) for q, d in pairs]
-        reqs = pooling_requests(prompts, PoolSpec("classify"), encode_plain, limits, base_rid, name)
-        return PairCall(reqs, pairs, docs, by_reranker=False, by_classifier=True)
+        reqs = requests(prompts, PoolSpec("classify"), encode_plain)
+        return PairCall(reqs, pairs, docs, by_reranker=False, by_classifier=True, options=opts)
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
-        reqs = pooling_requests(texts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base_rid, name,
-                                cfg.max_seq_length)
-        return PairCall(reqs, [(q, len(queries) + d) for q, d in pairs], docs, by_reranker=False)
+        reqs = requests(texts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), cfg.max_seq_length)
+        return PairCall(reqs, [(q, len(queries) + d) for q, d in pairs], docs, by_reranker=False, options=opts)
     if reranker is None:
         raise ValueError("this server has no reranker: a generation model needs --classifier-from-token tokens "
                          "that are single tokens of its vocabulary")
     prompts = [reranker.prompt(queries[q], docs[d]) for q, d in pairs]
-    reqs = pooling_requests(prompts, PoolSpec("token_logits", reranker.label_ids), encode_plain, limits, base_rid,
-                            name)
-    return PairCall(reqs, pairs, docs, by_reranker=True)
+    reqs = requests(prompts, PoolSpec("token_logits", reranker.label_ids), encode_plain)
+    return PairCall(reqs, pairs, docs, by_reranker=True, options=opts)
 
 
 def _text_list(value: Any, name: str) -> list[str]:
@@ -250,9 +280,12 @@ def _text_list(value: Any, name: str) -> list[str]:
 
 
 def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
-                      encode_plain: Encode, limits: RuntimeLimits, base_rid: str) -> tuple[PairCall, int, bool]:
-    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents -> (call, top_n, return docs)."""
+                      encode_plain: Encode, limits: RuntimeLimits, prefix: str = "rerank"
+                      ) -> tuple[PairCall, int, bool]:
+    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents, pooling_fields' fields ->
+    (call, top_n, return docs)."""
     body = refuse_unknown(body, RERANK_FIELDS, "/v1/rerank")
+    opts = pooling_options(body, limits, prefix)
     query = need_str(body.get("query"), "query")
     docs = body.get("documents")
     if isinstance(docs, list):
@@ -261,14 +294,15 @@ def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optiona
     top_n = need_int(body["top_n"], "top_n", 1) if body.get("top_n") is not None else len(docs)
     ret = need_bool(body.get("return_documents", True), "return_documents")
     call = _pairs_call([query], docs, [(0, d) for d in range(len(docs))], cfg, reranker, encode, encode_plain,
-                       limits, base_rid, "documents")
+                       limits, opts, "documents")
     return call, min(top_n, len(docs)), ret
 
 
 def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
-                     encode_plain: Encode, limits: RuntimeLimits, base_rid: str) -> PairCall:
-    """/v1/score (vLLM): text_1 and text_2, 1 x N (text_1 one string) or N x N (zipped)."""
+                     encode_plain: Encode, limits: RuntimeLimits, prefix: str = "score") -> PairCall:
+    """/v1/score (vLLM): text_1 and text_2, 1 x N (text_1 one string) or N x N (zipped), pooling_fields' fields."""
     body = refuse_unknown(body, SCORE_FIELDS, "/v1/score")
+    opts = pooling_options(body, limits, prefix)
     left, right = _text_list(body.get("text_1"), "text_1"), _text_list(body.get("text_2"), "text_2")
     if len(left) == 1:
         pairs = [(0, j) for j in range(len(right))]
@@ -277,28 +311,17 @@ def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional
     else:
         raise FieldError("text_2", f"text_1 has {len(left)} texts and text_2 {len(right)}: give one text_1, or as "
                                    "many as text_2")
-    return _pairs_call(left, right, pairs, cfg, reranker, encode, encode_plain, limits, base_rid, "text_2")
+    return _pairs_call(left, right, pairs, cfg, reranker, encode, encode_plain, limits, opts, "text_2")
 
 
-def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
-                        base_rid: str) -> EmbeddingCall:
-    """/classify (vLLM): input (OpenAI's forms), truncate_prompt_tokens (keep the last k tokens; -1: the context
-    length), user."""
+def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEncoders, limits: RuntimeLimits,
+                        prefix: str = "classify") -> EmbeddingCall:
+    """/classify (vLLM's completion and chat forms): input or messages, pooling_fields' fields."""
     body = refuse_unknown(body, CLASSIFY_FIELDS, "/classify")
     if cfg is None or not cfg.classifies:
         raise ValueError("/classify needs a sequence classifier (a *ForSequenceClassification checkpoint); this "
                          f"server runs {'text generation' if cfg is None else 'an embedding model'}")
-    if "input" not in body:
-        raise FieldError("input", "input is required")
-    keep = body.get("truncate_prompt_tokens")
-    if keep is not None:
-        keep = need_int(keep, "truncate_prompt_tokens", -1, limits.context_len)
-        if keep == 0:
-            raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the context length) or "
-                                                       f"in [1, {limits.context_len}], got 0")
-        keep = limits.context_len if keep == -1 else keep
-    if body.get("user") is not None:
-        need_str(body["user"], "user")
-    prompts = prompts_of(body["input"], "input")
-    return EmbeddingCall(pooling_requests(prompts, PoolSpec("classify"), encode, limits, base_rid, "input",
-                                          keep_last=keep))
+    opts = pooling_options(body, limits, prefix, prompts=True)
+    prompts, encode, name = _prompts(body, opts, enc)
+    return EmbeddingCall(pooling_requests(prompts, PoolSpec("classify"), encode, limits, opts.rid, name,
+                                          keep_last=opts.keep_last, priority=opts.priority), options=opts)

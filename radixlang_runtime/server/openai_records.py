@@ -23,7 +23,8 @@ from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_f
 from radixlang_runtime.fim_templates import no_fim_message
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
-from radixlang_runtime.protocol.limits import MAX_N, MAX_RID_LEN, FieldError, need_bool, need_int, need_str, show
+from radixlang_runtime.protocol.limits import (MAX_N, MAX_RID_LEN, FieldError, need_bool, need_int, need_str,
+                                               parse_truncation, show)
 from radixlang_runtime.protocol.pooling_input import prompts_of
 from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
 from radixlang_runtime.server.chat_render import TurnEnd, template_kwargs, turn_end
@@ -250,7 +251,8 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     defaults = dict(limits.sampling_defaults)
     sampling, max_tokens = sampling_fields(body, defaults)
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
-                         parse_priority(body.get("priority"), limits), _truncation(body, limits.context_len),
+                         parse_priority(body.get("priority"), limits),
+                         parse_truncation(body.get("truncate_prompt_tokens"), limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
                          continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream),
                          parse_extras(body, limits, stream_hidden=not stream), defaults.get("max_new_tokens"),
@@ -279,18 +281,6 @@ def _prompt_logprobs(body: dict, stream: bool) -> Optional[int]:
         raise FieldError("prompt_logprobs", "prompt_logprobs is not available with stream: true (the prompt's "
                                             "logprobs come with the whole answer)")
     return k
-
-
-def _truncation(body: dict, context_len: int) -> Optional[int]:
-    """vLLM's truncate_prompt_tokens: k >= 1 keeps the last k prompt tokens, -1 the last context-length ones."""
-    k = body.get("truncate_prompt_tokens")
-    if k is None:
-        return None
-    k = need_int(k, "truncate_prompt_tokens", -1, context_len)
-    if k == 0:
-        raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the context length) or a "
-                                                   "number of tokens >= 1, got 0")
-    return context_len if k == -1 else k
 
 
 def _top(body: dict, name: str) -> Optional[int]:

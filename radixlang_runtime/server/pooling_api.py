@@ -28,9 +28,11 @@ from fastapi.responses import JSONResponse
 from radixlang_runtime.protocol.limits import need_str, show
 from radixlang_runtime.classifier import classify_probs, cross_encoder_score
 from radixlang_runtime.pooling import finish_embedding, softmax_last
-from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, CrossEncoder, PairCall, Reranker,
-                                                      embedding_encoder, parse_classify_body, parse_embeddings_body,
-                                                      parse_encode_body, parse_rerank_body, parse_score_body)
+from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, CrossEncoder, PairCall, PromptEncoders,
+                                                      Reranker, embedding_encoder, parse_classify_body,
+                                                      parse_embeddings_body, parse_encode_body, parse_rerank_body,
+                                                      parse_score_body)
+from radixlang_runtime.server.chat_render import chat_content_spans, render_chat, template_kwargs, turn_end
 from radixlang_runtime.server.http_common import ServerState, final_result, read_json
 from radixlang_runtime.server.openai_records import MODEL_ALIASES, ModelNotFound
 
@@ -46,6 +48,25 @@ def _check_model(state: ServerState, body: Any) -> None:
 
 def _encode_with_specials(state: ServerState):
     return embedding_encoder(state.tm.tokenizer, state.pooling)
+
+
+def _chat_ids(state: ServerState, body: dict, add_special_tokens: bool) -> list[int]:
+    """vLLM's chat form of a pooling request: the messages rendered through the chat template as the generation
+    routes render them (chat_render), add_generation_prompt defaulting to false, then tokenized as the text is
+    (with the tokenizer's added tokens only for add_special_tokens)."""
+    tm = state.tm
+    gen = body.get("add_generation_prompt")
+    turn = turn_end({**body, "add_generation_prompt": False if gen is None else gen})
+    variables = template_kwargs(body)
+    text, template = render_chat(tm.tokenizer, body["messages"], state.args.chat_template, None, variables, turn)
+    spans = chat_content_spans(tm.tokenizer, body["messages"], template, text, tm.encoder.special_text_in, turn,
+                               **variables)
+    return tm.encoder.encode_rendered(text, spans, add_special_tokens)
+
+
+def _encoders(state: ServerState) -> PromptEncoders:
+    return PromptEncoders(_encode_with_specials(state), state.tm.encode_words,
+                          lambda body, add: _chat_ids(state, body, add))
 
 
 def _reranker(state: ServerState) -> Optional[Reranker]:
@@ -89,20 +110,26 @@ async def _body(request: Request) -> tuple[ServerState, Any]:
 async def embeddings(request: Request) -> JSONResponse:
     state, body = await _body(request)
     tm = state.tm
-    call = await tm.run_intake(parse_embeddings_body, body, state.pooling, _encode_with_specials(state), tm.limits,
-                               f"embd-{uuid.uuid4().hex}", size=len(await request.body()))
+    call = await tm.run_intake(parse_embeddings_body, body, state.pooling, _encoders(state), tm.limits,
+                               size=len(await request.body()))
     outs = await _run(state, call.reqs)
-    data = await tm.run_intake(_embedding_data, outs, state.pooling.normalize, call.dimensions,
-                               call.encoding_format, size=sum(len(o.get("embedding") or ()) for o in outs))
-    return JSONResponse({"object": "list", "data": data, "model": state.served_model_name, "usage": _usage(outs)})
+    act = call.options.use_activation
+    normalize = state.pooling.normalize if act is None else act
+    data = await tm.run_intake(_embedding_data, outs, normalize, call.dimensions, call.encoding_format, call.pack,
+                               size=sum(len(o.get("embedding") or ()) for o in outs))
+    return JSONResponse({"id": call.options.rid, "object": "list", "created": int(time.time()), "data": data,
+                         "model": state.served_model_name, "usage": _usage(outs)})
 
 
-def _embedding_data(outs: list[dict], normalize: bool, dimensions: Optional[int], fmt: str) -> list[dict]:
-    """OpenAI's data entries (on an intake thread: a batch of large vectors is real work)."""
+def _embedding_data(outs: list[dict], normalize: bool, dimensions: Optional[int], fmt: str, pack: str
+                    ) -> list[dict]:
+    """OpenAI's data entries (on an intake thread: a batch of large vectors is real work); base64: the vector
+    packed as `pack` (struct's byte order and element type: vLLM's endianness and embed_dtype)."""
     data = []
     for i, out in enumerate(outs):
         vec = finish_embedding(_vector(out), normalize, dimensions)
-        emb: Any = vec if fmt == "float" else base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode("ascii")
+        emb: Any = (vec if fmt == "float" else
+                    base64.b64encode(struct.pack(f"{pack[0]}{len(vec)}{pack[1]}", *vec)).decode("ascii"))
         data.append({"object": "embedding", "index": i, "embedding": emb})
     return data
 
@@ -121,12 +148,14 @@ async def encode(request: Request) -> JSONResponse:
 
 async def _scores(state: ServerState, call: PairCall) -> tuple[list[float], list[dict]]:
     """One score per pair: the cross-encoder's sigmoid, P(true) of the reranker, or the cosine of the two
-    embeddings."""
+    embeddings. use_activation false: the cross-encoder's logit, the reranker's logit(true) - logit(false) (the
+    logit whose sigmoid is P(true), as vLLM's converted reranker head gives it); a cosine is the same either way."""
     outs = await _run(state, call.reqs)
+    raw = call.options.use_activation is False
     if call.by_classifier:
-        return [cross_encoder_score(_vector(o)) for o in outs], outs
+        return [_vector(o)[0] if raw else cross_encoder_score(_vector(o)) for o in outs], outs
     if call.by_reranker:
-        return [softmax_last(_vector(o)) for o in outs], outs
+        return [_vector(o)[-1] - _vector(o)[0] if raw else softmax_last(_vector(o)) for o in outs], outs
     vecs = [finish_embedding(_vector(o), True) for o in outs]
     return [math.fsum(a * b for a, b in zip(vecs[i], vecs[j])) for i, j in call.pairs], outs
 
@@ -135,13 +164,12 @@ def _plain_encoder(state: ServerState):
     return state.tm.encode_text  # a rendered reranker prompt is the whole text: no special tokens added
 
 
-def _pair_intake(parse: Any, state: ServerState, body: Any, base_rid: str) -> Any:
+def _pair_intake(parse: Any, state: ServerState, body: Any) -> Any:
     """rerank / score bodies on an intake thread (the reranker's tokens are looked up there too)."""
     tok = state.tm.tokenizer
     reranker = (_reranker(state) if state.pooling is None else
                 CrossEncoder(lambda q, d: tok(q, text_pair=d)["input_ids"]) if state.pooling.classifies else None)
-    return parse(body, state.pooling, reranker, _encode_with_specials(state), _plain_encoder(state), state.tm.limits,
-                 base_rid)
+    return parse(body, state.pooling, reranker, _encode_with_specials(state), _plain_encoder(state), state.tm.limits)
 
 
 @router.post("/v1/rerank")
@@ -150,12 +178,12 @@ def _pair_intake(parse: Any, state: ServerState, body: Any, base_rid: str) -> An
 async def rerank(request: Request) -> JSONResponse:
     state, body = await _body(request)
     call, top_n, with_docs = await state.tm.run_intake(_pair_intake, parse_rerank_body, state, body,
-                                                       f"rerank-{uuid.uuid4().hex}", size=len(await request.body()))
+                                                       size=len(await request.body()))
     scores, outs = await _scores(state, call)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
     results = [{"index": i, "relevance_score": scores[i],
                 **({"document": {"text": call.documents[i]}} if with_docs else {})} for i in order]
-    return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": state.served_model_name,
+    return JSONResponse({"id": call.options.rid, "model": state.served_model_name,
                          "usage": _usage(outs), "results": results})
 
 
@@ -163,10 +191,9 @@ async def rerank(request: Request) -> JSONResponse:
 @router.post("/score")
 async def score(request: Request) -> JSONResponse:
     state, body = await _body(request)
-    call = await state.tm.run_intake(_pair_intake, parse_score_body, state, body, f"score-{uuid.uuid4().hex}",
-                                     size=len(await request.body()))
+    call = await state.tm.run_intake(_pair_intake, parse_score_body, state, body, size=len(await request.body()))
     scores, outs = await _scores(state, call)
-    return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+    return JSONResponse({"id": call.options.rid, "object": "list", "created": int(time.time()),
                          "model": state.served_model_name, "usage": _usage(outs),
                          "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]})
 
@@ -176,14 +203,16 @@ async def score(request: Request) -> JSONResponse:
 async def classify(request: Request) -> JSONResponse:
     state, body = await _body(request)
     tm = state.tm
-    call = await tm.run_intake(parse_classify_body, body, state.pooling, _encode_with_specials(state), tm.limits,
-                               f"classify-{uuid.uuid4().hex}", size=len(await request.body()))
+    call = await tm.run_intake(parse_classify_body, body, state.pooling, _encoders(state), tm.limits,
+                               size=len(await request.body()))
     outs = await _run(state, call.reqs)
     labels, data = state.pooling.labels, []
+    # use_activation false: the score head's logits as they are (vLLM's raw classify output)
+    activation = "identity" if call.options.use_activation is False else state.pooling.activation
     for i, out in enumerate(outs):
-        probs = classify_probs(_vector(out), state.pooling.activation)
+        probs = classify_probs(_vector(out), activation)
         best = max(range(len(probs)), key=probs.__getitem__)  # the first of equal maxima, as argmax
         data.append({"index": i, "label": labels[best], "probs": probs, "num_classes": len(probs)})
-    return JSONResponse({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+    return JSONResponse({"id": call.options.rid, "object": "list", "created": int(time.time()),
                          "model": state.served_model_name, "data": data,
                          "usage": {**_usage(outs), "completion_tokens": 0, "prompt_tokens_details": None}})

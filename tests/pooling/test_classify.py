@@ -7,6 +7,8 @@ checkpoints saved by transformers in the test, transformers' logits as the refer
 - Llama, one label (a reward model), with --is-embedding: probs are sigmoid(logit); /v1/score and /v1/rerank
   score (query, document) pairs as a cross-encoder, sigmoid of the logit of the tokenizer's pair encoding;
 - Qwen2, two labels, problem_type multi_label_classification: a sigmoid per label.
+vLLM's fields: chat `messages` classify the template's tokens, use_activation false answers the logits (and the
+cross-encoder's raw logit on /v1/score), truncate_prompt_tokens on rerank keeps each pair's last tokens.
 After each server's scenarios its KV pool is whole.
 """
 
@@ -127,6 +129,28 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(servers):
     assert whole["data"][0]["probs"] == pytest.approx(_expect_softmax(model, ids), abs=1e-4)
 
 
+def test_chat_messages_and_raw_logits(servers):
+    model, tok, server = servers["qwen3"]
+    turns = [{"role": "user", "content": TEXTS[1]}, {"role": "assistant", "content": "Noted."}]
+    for fields, kw in (({}, {"add_generation_prompt": False}),
+                       ({"add_generation_prompt": True}, {"add_generation_prompt": True}),
+                       ({"continue_final_message": True, "add_special_tokens": True},
+                        {"continue_final_message": True})):
+        ids = tok(tok.apply_chat_template(turns, tokenize=False, **kw), add_special_tokens=False)["input_ids"]
+        out = _classify(server, {"messages": turns, **fields, "request_id": "c1"})
+        assert out["data"][0]["probs"] == pytest.approx(_expect_softmax(model, ids), abs=1e-4), fields
+        assert out["usage"]["prompt_tokens"] == len(ids) and out["id"] == "classify-c1"
+    ids = tok(TEXTS[1])["input_ids"]
+    raw = _classify(server, {"input": TEXTS[1], "use_activation": False})["data"][0]
+    logits = _logits(model, ids).tolist()
+    assert raw["probs"] == pytest.approx(logits, abs=1e-4) and abs(sum(logits) - 1.0) > 0.01
+    assert raw["label"] == LABELS[max(range(3), key=logits.__getitem__)]
+    on = _classify(server, {"input": TEXTS[1], "use_activation": True})["data"][0]
+    assert on["probs"] == pytest.approx(_expect_softmax(model, ids), abs=1e-4)
+    bare = _classify(server, {"input": TEXTS[1], "add_special_tokens": False})
+    assert bare["usage"]["prompt_tokens"] == len(tok(TEXTS[1], add_special_tokens=False)["input_ids"])
+
+
 @pytest.mark.parametrize("body, param", [
     ({}, "input"),
     ({"input": ""}, "input"),
@@ -142,6 +166,12 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(servers):
     ({"input": "x", "truncate_prompt_tokens": "3"}, "truncate_prompt_tokens"),
     ({"input": "x", "user": 5}, "user"),
     ({"input": "x", "softmax": False}, "softmax"),  # unknown fields are refused by name
+    ({"input": "x", "use_activation": "false"}, "use_activation"),
+    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
+    ({"input": "x", "continue_final_message": True}, "continue_final_message"),
+    ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": 1}, "add_generation_prompt"),
+    ({"input": "x", "add_special_tokens": None, "priority": 3}, "priority"),  # no --enable-priority-scheduling
+    ({"input": "x", "dimensions": 2}, "dimensions"),  # an embeddings field
     ("x", "body"),
 ])
 def test_bad_classify_input_is_400(servers, body, param):
@@ -191,6 +221,14 @@ def test_one_label_scores_pairs_as_a_cross_encoder(servers):
     assert [r["relevance_score"] for r in out["results"]] == pytest.approx([ref[i] for i in order], abs=1e-4)
     n = sum(len(tok(query, text_pair=d)["input_ids"]) for d in docs)
     assert out["usage"]["prompt_tokens"] == n
+    logits = [_logits(model, tok(query, text_pair=d)["input_ids"]).item() for d in docs]
+    raw = httpx.post(server.url + "/v1/score", json={"text_1": query, "text_2": docs, "use_activation": False}).json()
+    assert [s["score"] for s in raw["data"]] == pytest.approx(logits, abs=1e-4)
+    cut = [_logits(model, tok(query, text_pair=d)["input_ids"][-4:]).sigmoid().item() for d in docs]
+    short = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "truncate_prompt_tokens": 4,
+                                                        "return_documents": False}).json()
+    assert {r["index"]: r["relevance_score"] for r in short["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
+    assert short["usage"]["prompt_tokens"] == 4 * len(docs)
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 

@@ -9,6 +9,9 @@ SDK and sentence-transformers as the reference (float32).
 - a tiny Qwen3ForCausalLM generation server: /v1/rerank and /v1/score equal transformers' P(yes) over (no, yes) at
   the last position of the Qwen3-Reranker prompt; /v1/embeddings answers 400 naming --is-embedding, /classify
   (there and on the embedding server) 400 naming a sequence classifier.
+vLLM's pooling fields: chat `messages` equal the template's tokens embedded, truncate_prompt_tokens keeps the last
+tokens, use_activation false is the pooled vector before Normalize (the raw yes - no logit for the reranker),
+request_id names the answer, base64 float16 / big-endian; each bad value answers 400 naming its field.
 After each server's scenarios its KV pool is whole.
 """
 
@@ -181,6 +184,25 @@ def test_one_call_is_one_prefill_batch(last_model):
     ({"input": "x", "dimensions": 16}, "dimensions"),  # not a Matryoshka model
     ({"input": "x", "truncate": True}, "truncate"),
     ({"input": [1, "a"]}, "input"),
+    ({}, "input"),
+    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
+    ({"input": "x", "add_generation_prompt": True}, "add_generation_prompt"),  # a chat field without messages
+    ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True,
+      "continue_final_message": True}, "continue_final_message"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tokenize": True}},
+     "chat_template_kwargs"),
+    ({"messages": [{"role": "user", "content": "x"}], "add_special_tokens": "yes"}, "add_special_tokens"),
+    ({"input": "x", "add_special_tokens": False}, "add_special_tokens"),  # the message-modality model
+    ({"input": "x", "normalize": False}, "normalize"),  # removed in vLLM: use_activation
+    ({"input": "x", "use_activation": "no"}, "use_activation"),
+    ({"input": "x", "priority": 1}, "priority"),  # no --enable-priority-scheduling
+    ({"input": "x", "request_id": 5}, "request_id"),
+    ({"input": "x", "request_id": ""}, "request_id"),
+    ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"input": "x", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
+    ({"input": "x", "embed_dtype": "bfloat16"}, "embed_dtype"),
+    ({"input": "x", "endianness": "middle"}, "endianness"),
+    ({"input": "x", "chat_template": "{{ x }}"}, "chat_template"),
 ])
 def test_bad_embedding_input_is_400(last_model, body, param):
     _, server = last_model
@@ -188,6 +210,56 @@ def test_bad_embedding_input_is_400(last_model, body, param):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+def test_chat_messages_are_rendered_through_the_template(last_model):
+    st, server = last_model
+    tok = st.tokenizer
+
+    def ids_of(messages, **kw) -> list[int]:
+        return tok(tok.apply_chat_template(messages, tokenize=False, **kw), add_special_tokens=False)["input_ids"]
+
+    def embed(body) -> dict:
+        r = httpx.post(server.url + "/v1/embeddings", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    one = [{"role": "user", "content": TEXTS[1]}]  # the message modality renders a text input the same way
+    got = embed({"messages": one, "request_id": "mine"})
+    assert _cos(got["data"][0]["embedding"], st.encode(TEXTS[1], convert_to_tensor=True)) >= 0.9999
+    assert got["id"] == "embd-mine" and got["usage"]["prompt_tokens"] == len(ids_of(one, add_generation_prompt=False))
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TEXTS[0]},
+             {"role": "assistant", "content": "Hi there"}]
+    for fields, kw in (({}, {"add_generation_prompt": False}),
+                       ({"add_generation_prompt": True}, {"add_generation_prompt": True}),
+                       ({"continue_final_message": True}, {"continue_final_message": True})):
+        ids = ids_of(turns, **kw)
+        chat = embed({"messages": turns, **fields, "chat_template_kwargs": {"unused_variable": 1}})
+        ref = embed({"input": ids})
+        assert chat["usage"]["prompt_tokens"] == len(ids), fields
+        assert _cos(chat["data"][0]["embedding"], ref["data"][0]["embedding"]) >= 0.9999, fields
+
+
+def test_truncate_prompt_tokens_and_request_id(last_model):
+    st, server = last_model
+    ids = st.tokenize([TEXTS[1]])["input_ids"][0].tolist()
+    out = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncate_prompt_tokens": 3,
+                                                          "user": "u", "request_id": "abc"}).json()
+    tail = httpx.post(server.url + "/v1/embeddings", json={"input": ids[-3:]}).json()
+    assert out["usage"]["prompt_tokens"] == 3 and out["id"] == "embd-abc" and isinstance(out["created"], int)
+    assert _cos(out["data"][0]["embedding"], tail["data"][0]["embedding"]) >= 0.9999
+    whole = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncate_prompt_tokens": -1}).json()
+    assert whole["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_base64_float16_big_endian(last_model):
+    _, server = last_model
+    floats = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[0]}).json()["data"][0]["embedding"]
+    out = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "base64",
+                                                          "embed_dtype": "float16", "endianness": "big"}).json()
+    raw = base64.b64decode(out["data"][0]["embedding"])
+    assert len(raw) == 2 * len(floats)
+    assert list(struct.unpack(f">{len(floats)}e", raw)) == pytest.approx(floats, abs=1e-3)
 
 
 def test_sdk_error_and_generation_refused(last_model):
@@ -246,6 +318,46 @@ def test_matryoshka_dimensions(mean_model):
     assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
 
 
+def _raw_mean(st, ids: list[int]):
+    """The mean of the final hidden states, before sentence-transformers' Normalize."""
+    import torch
+
+    with torch.no_grad():
+        return st[0].auto_model(input_ids=torch.tensor([ids])).last_hidden_state[0].double().mean(0)
+
+
+def test_use_activation_false_is_the_pooled_vector(mean_model):
+    st, server = mean_model
+    ids = st.tokenize([TEXTS[1]])["input_ids"][0].tolist()
+    raw = _raw_mean(st, ids)
+    assert abs(raw.norm().item() - 1.0) > 0.01  # normalization would change it
+    out = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "use_activation": False}).json()
+    assert out["data"][0]["embedding"] == pytest.approx(raw.tolist(), abs=1e-4)
+    cut = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "use_activation": False,
+                                                          "dimensions": 16}).json()
+    assert cut["data"][0]["embedding"] == pytest.approx(raw[:16].tolist(), abs=1e-4)
+    on = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "use_activation": True}).json()
+    assert on["data"][0]["embedding"] == pytest.approx((raw / raw.norm()).tolist(), abs=1e-4)
+    bare = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "add_special_tokens": False,
+                                                           "use_activation": False}).json()
+    plain = st.tokenizer(TEXTS[1], add_special_tokens=False)["input_ids"]
+    assert bare["usage"]["prompt_tokens"] == len(plain)
+    assert bare["data"][0]["embedding"] == pytest.approx(_raw_mean(st, plain).tolist(), abs=1e-4)
+
+
+def test_cosine_scores_truncate_each_text(mean_model):
+    import torch
+
+    st, server = mean_model
+    docs = [TEXTS[1], TEXTS[3]]
+    tail = [_raw_mean(st, st.tokenize([t])["input_ids"][0].tolist()[-2:]) for t in (TEXTS[0], *docs)]
+    cos = [torch.nn.functional.cosine_similarity(tail[0], d, dim=0).item() for d in tail[1:]]
+    out = httpx.post(server.url + "/v1/score", json={"text_1": TEXTS[0], "text_2": docs, "truncate_prompt_tokens": 2,
+                                                     "use_activation": False, "request_id": "s1"}).json()
+    assert [s["score"] for s in out["data"]] == pytest.approx(cos, abs=1e-4)
+    assert out["id"] == "score-s1" and out["usage"]["prompt_tokens"] == 6
+
+
 def test_embedding_server_scores_by_cosine(mean_model):
     st, server = mean_model
     docs = TEXTS[1:]
@@ -261,7 +373,9 @@ def test_embedding_server_scores_by_cosine(mean_model):
 
 
 # ------------------------------------------------------------------ decoder reranker on a generation server
-def _reference_scores(model, model_dir: str, query: str, docs: list[str]) -> list[float]:
+def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: bool = False,
+                      keep: int = 0) -> list[float]:
+    """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens."""
     import torch
     from transformers import AutoTokenizer
 
@@ -275,8 +389,9 @@ def _reference_scores(model, model_dir: str, query: str, docs: list[str]) -> lis
         prompt = (QWEN3_RERANK_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query)
                   .replace("{document}", doc))
         with torch.no_grad():
-            logits = model(torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])).logits[0, -1]
-        out.append(torch.softmax(logits[[no, yes]], dim=0)[1].item())
+            ids = tok(prompt, add_special_tokens=False)["input_ids"][-keep:]
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+        out.append((logits[yes] - logits[no]).item() if raw else torch.softmax(logits[[no, yes]], dim=0)[1].item())
     return out
 
 
@@ -304,7 +419,25 @@ def test_rerank_and_score_equal_transformers_yes_no(reranker):
     assert [s["score"] for s in again] == pytest.approx(ref, abs=1e-4)
 
 
+def test_rerank_raw_logits_and_truncation(reranker):
+    model, model_dir, server = reranker
+    query, docs = "what is the capital of France?", ["Paris is the capital of France.", "Bananas are yellow."]
+    raw = _reference_scores(model, model_dir, query, docs, raw=True)
+    score = httpx.post(server.url + "/v1/score", json={"text_1": query, "text_2": docs, "use_activation": False})
+    assert [s["score"] for s in score.json()["data"]] == pytest.approx(raw, abs=1e-4)
+    cut = _reference_scores(model, model_dir, query, docs, keep=20)
+    out = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "truncate_prompt_tokens": 20,
+                                                      "request_id": "r1"}).json()
+    assert out["id"] == "rerank-r1" and out["usage"]["prompt_tokens"] == 40
+    assert {r["index"]: r["relevance_score"] for r in out["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
+
+
 @pytest.mark.parametrize("route, body, param", [
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "use_activation": 0}, "use_activation"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "truncate_prompt_tokens": -3}, "truncate_prompt_tokens"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "priority": 2}, "priority"),
+    ("/v1/score", {"text_1": "a", "text_2": ["c"], "messages": []}, "messages"),  # no chat form for pairs
+    ("/v1/score", {"text_1": "a", "text_2": ["c"], "request_id": ["x"]}, "request_id"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
     ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
     ("/v1/rerank", {"documents": ["a"]}, "query"),
