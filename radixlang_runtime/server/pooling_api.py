@@ -161,7 +161,7 @@ async def _scores(state: ServerState, call: PairCall) -> tuple[list[float], list
 
 
 def _plain_encoder(state: ServerState):
-    return state.tm.encode_text  # a rendered reranker prompt is the whole text: no special tokens added
+    return state.tm.encode_text  # a rendered reranker prompt: the tokenizer's BOS where it adds one (never twice)
 
 
 def _pair_intake(parse: Any, state: ServerState, body: Any) -> Any:
