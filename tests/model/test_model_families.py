@@ -100,6 +100,11 @@ BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size":
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "rope_type 'mrope'"),
     ({"architectures": ["GPT2LMHeadModel"]}, "unsupported architecture 'GPT2LMHeadModel'"),
+    ({"architectures": ["Olmo2ForCausalLM"], "attention_bias": True}, "attention_bias true .*Olmo2ForCausalLM"),
+    ({"architectures": ["Olmo3ForCausalLM"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+     "rope_parameters entry 'rope_theta' .*Olmo3ForCausalLM"),
+    ({"architectures": ["Olmo3ForCausalLM"], "rope_scaling": {"rope_type": "mrope"}}, "rope_type 'mrope'"),
+    ({"architectures": ["Olmo3ForCausalLM"], "layer_types": ["full_attention"]}, "layer_types has 1 entries"),
 ])
 def test_unhonoured_fields_are_refused_by_name(extra, needle):
     cfg = {**BASE, **extra}
@@ -177,6 +182,20 @@ WINDOWED.update({
                                             "use_sliding_window": True, "sliding_window": 12,
                                             "max_window_layers": 2}, [{"layer_types": [FULL] * 3}]),
 })
+# OLMo 2 / 3: post-norms only, q / k normed over the whole projection; OLMo 3's sliding layers with a rope of their
+# own (yarn on the full ones). Served as the windowed families are (chunked prefill, retractions, a cache hit).
+OLMO3_ROPE = {"full_attention": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                 "rope_theta": 10000.0},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+OLMO = {
+    "olmo2": ("Olmo2Config", {"initializer_range": 0.1, "rope_theta": 10000.0},
+              [{"rope_parameters": {"rope_type": "default", "rope_theta": 100.0}}]),
+    "olmo3": ("Olmo3Config", {"num_hidden_layers": 4, "sliding_window": 8, "initializer_range": 0.1,
+                              "rope_parameters": OLMO3_ROPE},  # default layer_types: layer 3 full
+              [{"layer_types": [FULL] * 4}, {"sliding_window": 4096},
+               {"rope_parameters": {**OLMO3_ROPE, "sliding_attention": OLMO3_ROPE["full_attention"]}},
+               {"rope_parameters": {**OLMO3_ROPE, "full_attention": OLMO3_ROPE["sliding_attention"]}}]),
+}
 LONG_PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 26, 44, 31, 9))]
 
 
@@ -212,6 +231,42 @@ def assert_windowed_parity(tmp_path, cls_name: str, kwargs: dict, contrasts: lis
 @pytest.mark.parametrize("name", sorted(WINDOWED))
 def test_sliding_window_families_match_transformers(name, tmp_path):
     assert_windowed_parity(tmp_path, *WINDOWED[name])
+
+
+@pytest.mark.parametrize("name", sorted(OLMO))
+def test_olmo_families_match_transformers(name, tmp_path):
+    assert_windowed_parity(tmp_path, *OLMO[name])
+
+
+@pytest.mark.parametrize("cls_name,fused", [("Olmo2Config", False), ("LlamaConfig", True)])
+def test_olmo_steps_aside_from_the_fused_decode_layer(cls_name, fused, tmp_path):
+    """The whole-projection q / k norms and the post-norm layers run on the modules (the parity tests above
+    serve that path); a Llama of the same shape takes the fused decode layer (the check can fail)."""
+    from radixlang_runtime import Engine
+
+    build_tiny(tmp_path, cls_name, TINY, {"max_position_embeddings": 256})
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=256) as eng:
+        assert (eng.runner.model.fused_decode is not None) == fused, eng.runner.cpu_paths
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"rope_theta": 10000.0},  # the older keys: the full layers' theta; the sliding ones keep default_theta
+    {"rope_theta": 1000.0, "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+                                            "attention_factor": 1.2, "beta_fast": 32, "beta_slow": 1}},
+    {"rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}},
+    {"rope_parameters": OLMO3_ROPE},
+])
+def test_olmo3_rope_per_layer_type_as_transformers_builds_it(extra):
+    import transformers
+
+    hf = transformers.Olmo3Config(**{k: v for k, v in BASE.items() if k != "architectures"}, **extra)
+    cfg = ModelConfig.from_dict({**BASE, "architectures": ["Olmo3ForCausalLM"], **extra})
+    for spec, want in ((cfg.rope, hf.rope_parameters["full_attention"]),
+                       (cfg.rope_local, hf.rope_parameters["sliding_attention"])):
+        assert (spec.rope_type, spec.theta) == (want["rope_type"], want["rope_theta"])
+        assert spec.factor == want.get("factor")
+    assert cfg.layer_windows == tuple(4096 if t == "sliding_attention" else 0 for t in hf.layer_types)
 
 
 def test_phi3_su_is_longrope_and_fused_rows_map_to_llama_names():

@@ -12,8 +12,8 @@ from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
-                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, olmoe, phi3,
-                                            qwen3_next, qwen_moe, sequence_classifier, transformers_fallback)
+                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, olmo2, olmoe,
+                                            phi3, qwen3_next, qwen_moe, sequence_classifier, transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ _FAMILIES = (
     ModelFamily("Qwen2MoeForCausalLM", qwen_moe.parse_qwen2_moe, qwen_moe.MoEForCausalLM),
     ModelFamily("Qwen3MoeForCausalLM", qwen_moe.parse_qwen3_moe, qwen_moe.MoEForCausalLM),
     ModelFamily("OlmoeForCausalLM", olmoe.parse_olmoe, olmoe.MoEForCausalLM),
+    ModelFamily("Olmo2ForCausalLM", olmo2.parse_olmo2, olmo2.Olmo2ForCausalLM),
+    ModelFamily("Olmo3ForCausalLM", olmo2.parse_olmo3, olmo2.Olmo2ForCausalLM),
     ModelFamily("Gemma2ForCausalLM", gemma2.parse_gemma2, gemma2.Gemma2ForCausalLM),
     ModelFamily("Gemma3ForCausalLM", gemma3.parse_gemma3, gemma3.Gemma3ForCausalLM),
     ModelFamily("Gemma4ForCausalLM", gemma4_config.parse_gemma4, gemma4.Gemma4ForCausalLM),

@@ -109,6 +109,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     reads_o_proj_bias = False  # a family whose attention has an output bias reads it (load_layer_extras)
+    layer_norms = ("input_layernorm", "post_attention_layernorm")  # each layer's norms, checkpoint names
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, rotary: Rotary,
                  shard: Shard | None = None, reduce: Reduce = None):
@@ -286,8 +287,8 @@ class LlamaForCausalLM(nn.Module):
                 put(dst + "self_attn.q_norm.weight", take(a + "q_norm.weight"))
                 put(dst + "self_attn.k_norm.weight", take(a + "k_norm.weight"))
             self.load_mlp(i, tensors, put)
-            put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
-            put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
+            for norm in self.layer_norms:
+                put(f"{dst}{norm}.weight", take(f"{src}{norm}.weight"))
             self.load_layer_extras(i, tensors, put)
         missing = sorted(set(own) - done)
         if missing:
