@@ -173,7 +173,7 @@ class PrefillAdmission:
             if adder.admitted and adder.admitted[-1].req is req:
                 if req.output_ids:  # a retracted request keeps its first figures
                     self._note_readmission(req, target)
-                elif req.admitted_at is None:  # first admission (not a prompt that yielded mid-way: preemption.py)
+                elif not req.num_retractions:  # first admission (not a prompt that yielded mid-way: preemption.py)
                     req.cached_len = req.kv_len
                     req.admitted_at = time.perf_counter()
                 self.prefill_tokens_cached += req.kv_len
