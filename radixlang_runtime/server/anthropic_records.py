@@ -212,6 +212,9 @@ def _messages(messages: Any) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or set(m) - {"role", "content"}:
             raise FieldError(where, f"{where} must be {{\"role\": \"user\" | \"assistant\", \"content\"}}")
         content = m.get("content")
+        if content == [] and (m["role"] == "user" or i < len(messages) - 1):  # a turn of no message at all
+            raise FieldError(f"{where}.content", f"{where}.content: all messages must have non-empty content except "
+                                                 "for the optional final assistant message")
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
         elif isinstance(content, list):
@@ -228,7 +231,7 @@ def _user(blocks: list, where: str) -> list[dict]:
         at = f"{where}[{j}]"
         kind = _block_type(b, at)
         if kind == "text":
-            texts.append(b["text"])
+            texts.append(need_str(b.get("text"), f"{at}.text"))
         elif kind == "tool_result":
             if not isinstance(b.get("tool_use_id"), str):
                 raise FieldError(f"{at}.tool_use_id", f"{at}.tool_use_id must be a string (the tool_use's id)")
@@ -253,7 +256,7 @@ def _assistant(blocks: list, where: str) -> list[dict]:
         at = f"{where}[{j}]"
         kind = _block_type(b, at)
         if kind == "text":
-            texts.append(b["text"])
+            texts.append(need_str(b.get("text"), f"{at}.text"))
         elif kind == "thinking":
             thoughts.append(need_str(b.get("thinking"), f"{at}.thinking"))
         elif kind == "tool_use":

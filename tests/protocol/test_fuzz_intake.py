@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import threading
 import time
 import types
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fuzz_bodies import (AUTH, CASE_BOUND_S, FUZZ, SERVED, Tally, assert_idle_and_whole, assert_serves, check_case,
+                         client_addr, deep, either, hostile, ids, j, max_tokens, post_raw, texts)
 from server_utils import KEYED_FLAGS, KEYED_KEY, free_port, shared_server
 
 KEY = KEYED_KEY
-AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
 LIMIT = 32 << 20  # the default --max-request-body-bytes
-CASE_BOUND_S = 30.0  # generous (a loaded 2-core CI box); the bugs were hangs and 18 s stalls
-SERVED = "SmolLM2-135M-Instruct"
-FUZZ = settings(deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                                       HealthCheck.function_scoped_fixture])  # `tally` spans the examples on purpose
 
 
 @pytest.fixture(scope="module")
@@ -50,48 +45,7 @@ def client(server):
         yield c
 
 
-def client_addr(r: httpx.Response):
-    """The client side's (host, port) of the connection r came on; None once that socket is closed."""
-    try:
-        return r.extensions["network_stream"].get_extra_info("client_addr")
-    except OSError:
-        return None
-
-
-def post_raw(client: httpx.Client, path: str, body: bytes) -> tuple[httpx.Response, bytes, float]:
-    t0 = time.monotonic()
-    with client.stream("POST", path, content=body) as r:
-        addr = client_addr(r)
-        data = r.read()
-    r.addr = addr
-    return r, data, time.monotonic() - t0
-
-
-def assert_serves(client: httpx.Client) -> None:
-    r = client.post("/generate", json={"text": "Still there?", "sampling_params": {"max_new_tokens": 1}})
-    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 1, r.text
-
-
-def assert_idle_and_whole(client: httpx.Client, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        st_ = client.get("/server_info").json()["stats"]
-        if st_["num_running_reqs"] == 0 and st_["num_waiting_reqs"] == 0:
-            break
-        assert time.monotonic() < deadline, st_
-        time.sleep(0.05)
-    assert st_["free_slots"] + st_["cached_slots"] == st_["total_slots"], st_
-
-
 # ------------------------------------------------------------------------------ regressions
-def deep(levels: int) -> bytes:
-    return b"[" * levels + b"]" * levels
-
-
-def j(obj) -> bytes:
-    return json.dumps(obj).encode()
-
-
 SP = {"max_new_tokens": 2}
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 CMPL = {"model": "default", "prompt": "hi", "max_tokens": 2}
@@ -280,49 +234,6 @@ def test_an_unexpected_exception_answers_500_and_keeps_the_connection():
 
 
 # ------------------------------------------------------------------------------ fuzz
-RAW = "\x01raw{}\x01"  # placeholders json.dumps escapes; to_json writes the raw text in their place
-
-
-class Raw(str):
-    """A value written into the JSON text as-is (NaN, 1e400, deep nesting)."""
-
-
-EDGE_INTS = [0, 1, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, -(2**64), 10**30]
-EDGE_FLOATS = [0.0, -0.0, 5e-324, 1e-308, 1e308, -1e308, 1.5, math.nan, math.inf, -math.inf]
-ODD_STRINGS = ["", "no", "true", "1", "\ud800", "a\udfffb", "\x00", "nul\x00byte", "x" * 300, "é漢😀"]
-RAWS = [Raw("1e400"), Raw("-1e400"), Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), Raw(deep(65).decode()),
-        Raw(deep(3000).decode())]
-scalars = st.one_of(st.none(), st.booleans(), st.sampled_from(EDGE_INTS), st.integers(), st.sampled_from(EDGE_FLOATS),
-                    st.floats(), st.sampled_from(ODD_STRINGS), st.text(max_size=6), st.sampled_from(RAWS))
-hostile = st.recursive(scalars, lambda ch: st.lists(ch, max_size=3) | st.dictionaries(st.text(max_size=4), ch,
-                                                                                     max_size=3), max_leaves=6)
-# a token budget that is small or refused (never a valid big one: each case must stay quick)
-max_tokens = st.integers(0, 3) | hostile.filter(lambda v: v is not None and not (type(v) is int and 4 <= v <= 10**5))
-
-
-def either(valid: st.SearchStrategy) -> st.SearchStrategy:
-    return st.one_of(valid, valid, hostile)
-
-
-def to_json(body) -> bytes:
-    raws: list[str] = []
-
-    def swap(v):
-        if isinstance(v, Raw):
-            raws.append(str(v))
-            return RAW.format(len(raws) - 1)
-        if isinstance(v, list):
-            return [swap(x) for x in v]
-        if isinstance(v, dict):
-            return {k: swap(x) for k, x in v.items()}
-        return v
-
-    text = json.dumps(swap(body))  # ensure_ascii: surrogates and NULs travel as \u escapes
-    for i, raw in enumerate(raws):
-        text = text.replace(json.dumps(RAW.format(i)), raw, 1)
-    return text.encode()
-
-
 SAMPLING = {
     "min_new_tokens": st.integers(0, 2), "temperature": st.floats(0, 2), "top_p": st.floats(0.1, 1),
     "top_k": st.sampled_from([-1, 1, 5, 10**6]), "min_p": st.floats(0, 1), "frequency_penalty": st.floats(-2, 2),
@@ -335,8 +246,6 @@ SAMPLING = {
 # grammar fields only with values that are refused (a valid one would compile for seconds)
 GRAMMAR = {"regex": hostile.filter(lambda v: not isinstance(v, str)),
            "json_schema": hostile.filter(lambda v: not isinstance(v, str))}
-texts = st.text(max_size=12)
-ids = st.lists(st.integers(0, 1000), min_size=1, max_size=6)
 
 
 def _long_defaults(v) -> bool:
@@ -393,36 +302,6 @@ chat_body = st.fixed_dictionaries(
               "tool_choice": either(st.sampled_from(["none", "auto"]) | hostile),
               "parallel_tool_calls": either(st.booleans() | hostile),
               "max_completion_tokens": max_tokens})
-
-
-class Tally:
-    """Per fuzz test: cases seen, and when the last answer came (for the keep-alive check)."""
-
-    def __init__(self):
-        self.cases = 0
-        self.last: tuple[float, object, int] | None = None  # (time, client address, status)
-
-
-def check_case(client: httpx.Client, path: str, body, tally: Tally) -> None:
-    r, data, elapsed = post_raw(client, path, to_json(body))
-    assert r.status_code < 500, (r.status_code, data[:500], to_json(body)[:500])
-    assert elapsed < CASE_BOUND_S, (elapsed, to_json(body)[:500])
-    if r.status_code >= 400:
-        err = json.loads(data)["error"]
-        assert isinstance(err["message"], str) and err["message"] and err["code"] in (r.status_code, "model_not_found")
-    elif r.headers["content-type"].startswith("text/event-stream"):
-        events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]" and not any('"error"' in e[:10] for e in events), events[-3:]
-    else:
-        json.loads(data)
-    now = time.monotonic()
-    if tally.last is not None and now - elapsed - tally.last[0] < 1.0 and tally.last[2] != 413:
-        assert r.addr == tally.last[1], "a response closed the keep-alive connection"
-    tally.last = (now, r.addr, r.status_code)
-    assert client.get("/health").status_code == 200
-    tally.cases += 1
-    if tally.cases % 25 == 0:
-        assert_serves(client)
 
 
 @pytest.fixture
