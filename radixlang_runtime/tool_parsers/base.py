@@ -191,15 +191,18 @@ class ToolParser:
         """scan_json(text, i), continued from the last call with the same start (text only grew since)."""
         return self.scanner(i, JsonScanner).scan(text)
 
-    def call_array_group(self, text: str, i: int, tag: str, final: bool) -> GroupScan:
-        """A group whose body at i is a JSON array of call objects, then `tag` (closing; "" for none): the part the
-        JSON-list formats share after their own opening."""
+    def call_array_group(self, text: str, i: int, tag: str, final: bool, single: bool = False,
+                         name_key: str = "name") -> GroupScan:
+        """A group whose body at i is a JSON array of call objects (single: or one call object), then `tag`
+        (closing; "" for none): the part the JSON call formats share after their own opening. name_key: the
+        member holding a call's name."""
         calls: list[CallScan] = []
         if i >= len(text):
             return GroupScan(calls, INVALID if final else OPEN, len(text))
-        if text[i] != "[":
+        if text[i] != "[" and not single:
             return GroupScan(calls, INVALID, i)
-        status, end = call_array_at(text, i, final, self.tool_names, calls, self.scan_at)
+        at = call_array_at if text[i] == "[" else call_object_at
+        status, end = at(text, i, final, self.tool_names, calls, self.scan_at, name_key)
         if status == INVALID or status == OPEN:
             return GroupScan(calls, status, end)
         return closing(text, end, tag, final, calls)

@@ -5,8 +5,7 @@ function-calling data, Argilla's Synth-APIGen) puts a JSON list in one block:
 
 from __future__ import annotations
 
-from radixlang_runtime.tool_parsers.base import INVALID, OPEN, CallScan, CallSyntax, GroupScan, ToolParser, \
-    call_array_at, call_object_at, closing
+from radixlang_runtime.tool_parsers.base import CallSyntax, GroupScan, ToolParser
 from radixlang_runtime.tool_parsers.json_scan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
@@ -25,12 +24,4 @@ class HermesParser(ToolParser):
         return LIST if list_form else BLOCKS
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
-        calls: list[CallScan] = []
-        i = skip_ws(text, len(START))
-        if i >= len(text):
-            return GroupScan(calls, INVALID if final else OPEN, len(text))
-        at = call_array_at if text[i] == "[" else call_object_at
-        status, end = at(text, i, final, self.tool_names, calls, self.scan_at)
-        if status == INVALID or status == OPEN:
-            return GroupScan(calls, status, end)
-        return closing(text, end, END, final, calls)
+        return self.call_array_group(text, skip_ws(text, len(START)), END, final, single=True)
