@@ -72,8 +72,9 @@ class PairCall:
     reqs: list[GenerateRequest]
     pairs: list[tuple[int, int]]  # (left index, right index) into the texts each request stands for
     documents: list[str]  # rerank: the documents as given (return_documents)
-    by_reranker: bool  # True: one request per pair, score = P(yes); False: embeddings, score = cosine
-    by_classifier: bool = False  # one request per pair, score = the one-label classifier's sigmoid(logit)
+    # what scores a pair: "reranker" (one request per pair, P(yes)), "classifier" (one request per pair, the
+    # one-label classifier's sigmoid(logit)) or "cosine" (of the two texts' embeddings)
+    scorer: str
     options: PoolingOptions = PoolingOptions("")  # rid, use_activation (False: the raw logit)
 
 
@@ -257,17 +258,17 @@ def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]
                              f"this one has {len(cfg.labels)}: use /classify")
         prompts = [reranker.encode_pair(queries[q], docs[d]) for q, d in pairs]
         reqs = requests(prompts, PoolSpec("classify"), encode_plain)
-        return PairCall(reqs, pairs, docs, by_reranker=False, by_classifier=True, options=opts)
+        return PairCall(reqs, pairs, docs, "classifier", opts)
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
         reqs = requests(texts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), cfg.max_seq_length)
-        return PairCall(reqs, [(q, len(queries) + d) for q, d in pairs], docs, by_reranker=False, options=opts)
+        return PairCall(reqs, [(q, len(queries) + d) for q, d in pairs], docs, "cosine", opts)
     if reranker is None:
         raise ValueError("this server has no reranker: a generation model needs --classifier-from-token tokens "
                          "that are single tokens of its vocabulary")
     prompts = [reranker.prompt(queries[q], docs[d]) for q, d in pairs]
     reqs = requests(prompts, PoolSpec("token_logits", reranker.label_ids), encode_plain)
-    return PairCall(reqs, pairs, docs, by_reranker=True, options=opts)
+    return PairCall(reqs, pairs, docs, "reranker", opts)
 
 
 def _text_list(value: Any, name: str) -> list[str]:

@@ -139,8 +139,8 @@ def fit_sizes(state: ServerState) -> tuple[int, int]:
     """(n_batch, n_ctx) for llama.cpp's cut: the context a request may fill (the context length within the KV
     pool, as RuntimeLimits.room_after) and the longest prefill chunk of one request (--chunked-prefill-size; with
     chunking off, --max-prefill-tokens), at most the context."""
-    limits, args = state.tm.limits, state.args
-    n_ctx = min(limits.context_len, limits.num_slots)
+    args = state.args
+    n_ctx = state.tm.limits.room_after(0)
     chunk = args.chunked_prefill_size
     n_batch = chunk if chunk is not None and chunk > 0 else args.max_prefill_tokens or n_ctx
     return min(n_batch, n_ctx), n_ctx

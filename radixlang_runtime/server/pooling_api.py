@@ -152,9 +152,9 @@ async def _scores(state: ServerState, call: PairCall) -> tuple[list[float], list
     logit whose sigmoid is P(true), as vLLM's converted reranker head gives it); a cosine is the same either way."""
     outs = await _run(state, call.reqs)
     raw = call.options.use_activation is False
-    if call.by_classifier:
+    if call.scorer == "classifier":
         return [_vector(o)[0] if raw else cross_encoder_score(_vector(o)) for o in outs], outs
-    if call.by_reranker:
+    if call.scorer == "reranker":
         return [_vector(o)[-1] - _vector(o)[0] if raw else softmax_last(_vector(o)) for o in outs], outs
     vecs = [finish_embedding(_vector(o), True) for o in outs]
     return [math.fsum(a * b for a, b in zip(vecs[i], vecs[j])) for i, j in call.pairs], outs

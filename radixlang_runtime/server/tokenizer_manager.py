@@ -203,13 +203,9 @@ class TokenizerManager:
         st = self.states.get(rid)
         if st is None or st.finished:
             return
-        res = st.result
-        res.finished = True
+        st.result.finished = True
         self.abort(rid)
-        self.live.on_finish()
-        if self.metrics:
-            self.metrics.on_finish(time.perf_counter() - res.created, res.queue_time, len(res.input_ids),
-                                   res.cached_tokens, finish_reason.get("type") == "abort")
+        self._count_finish(st.result, time.perf_counter(), finish_reason)
 
     def abort(self, rid: str) -> None:
         """Queue an abort (no await: this also runs while a cancelled handler unwinds)."""
@@ -348,14 +344,19 @@ class TokenizerManager:
             new_ids, fin = p.new_ids, p.finished_reason
             if new_ids:
                 self.live.on_tokens(res.created, last, now, len(new_ids))
-            if fin is not None:
-                self.live.on_finish()
             if self.metrics and new_ids:
                 self.metrics.on_tokens(res.created, last, now, len(new_ids))
-            if fin is not None and self.metrics:
-                self.metrics.on_finish(now - res.created, p.queue_time, len(res.input_ids),
-                                       p.cached_tokens, fin.get("type") == "abort")
+            if fin is not None:
+                self._count_finish(res, now, fin)
             st.queue.put_nowait(snapshot)
+
+    def _count_finish(self, res: ResultBuilder, now: float, finish_reason: dict) -> None:
+        """A request ended (its latest record applied to res): the live view and /metrics count it, as aborted
+        only for a finish of type "abort"."""
+        self.live.on_finish()
+        if self.metrics:
+            self.metrics.on_finish(now - res.created, res.queue_time, len(res.input_ids), res.cached_tokens,
+                                   finish_reason.get("type") == "abort")
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

@@ -26,7 +26,8 @@ from torch import nn
 from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
-from radixlang_runtime.model.models.llama import MLP, DecoderLayer, LlamaForCausalLM, Reduce, RMSNorm
+from radixlang_runtime.model.models.llama import MLP, DecoderLayer, LlamaForCausalLM, Reduce, RMSNorm, \
+    attend_local_rope
 from radixlang_runtime.model.executor.parallel import Shard
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 
@@ -70,13 +71,8 @@ class GemmaDecoderLayer(DecoderLayer):
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         x = self.input_layernorm(residual) if h is None else self.input_layernorm.add_forward(h, residual)
-        glob = fb.rope_cos_sin
-        if self.local_rope:
-            fb.rope_cos_sin = fb.rope_cos_sin_local
-        try:
-            a = self.post_attention_layernorm(self.self_attn(x, fb))
-        finally:
-            fb.rope_cos_sin = glob
+        a = attend_local_rope(self.self_attn, x, fb) if self.local_rope else self.self_attn(x, fb)
+        a = self.post_attention_layernorm(a)
         return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm.add_forward(a, residual)))
 
 

@@ -89,6 +89,16 @@ class Attention(nn.Module):
         return out if self.reduce is None else self.reduce(out)
 
 
+def attend_local_rope(attn: nn.Module, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    """attn(x, fb) rotating with the sliding layers' own tables (fb.rope_cos_sin_local: Gemma 3's and OLMo 3's
+    sliding layers), the step's global tables back after it."""
+    glob, fb.rope_cos_sin = fb.rope_cos_sin, fb.rope_cos_sin_local
+    try:
+        return attn(x, fb)
+    finally:
+        fb.rope_cos_sin = glob
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, backend: AttentionBackend, shard: Shard, reduce: Reduce,
                  mlp: nn.Module, attn: Optional[nn.Module] = None):

@@ -28,7 +28,7 @@ from radixlang_runtime.model.layers.attention.base import AttentionBackend
 from radixlang_runtime.model.layers.rope_spec import parse_rope
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.loader.config import ModelConfig, base_config, layer_windows
-from radixlang_runtime.model.models.llama import Attention, LlamaForCausalLM, Reduce, RMSNorm
+from radixlang_runtime.model.models.llama import Attention, LlamaForCausalLM, Reduce, RMSNorm, attend_local_rope
 
 __all__ = ["Olmo2ForCausalLM", "parse_olmo2", "parse_olmo3"]
 
@@ -52,13 +52,7 @@ class PostNormDecoderLayer(nn.Module):
     def forward(self, h: Optional[torch.Tensor], residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         if h is not None:
             residual.add_(h)
-        glob = fb.rope_cos_sin
-        if self.local_rope:
-            fb.rope_cos_sin = fb.rope_cos_sin_local
-        try:
-            a = self.self_attn(residual, fb)  # [T, hidden]
-        finally:
-            fb.rope_cos_sin = glob
+        a = attend_local_rope(self.self_attn, residual, fb) if self.local_rope else self.self_attn(residual, fb)
         residual.add_(self.post_attention_layernorm(a))
         return self.post_feedforward_layernorm(self.mlp(residual))
 
