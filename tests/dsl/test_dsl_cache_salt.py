@@ -43,9 +43,10 @@ def test_a_salted_http_backend_selects_and_generates_within_its_salt():
     opening = f"Log {uuid.uuid4().hex}: the caravan left the oasis before dawn, loaded with salt and dates."
     salted, other = HttpBackend(url), HttpBackend(url)
     salted.cache_salt, other.cache_salt = uuid.uuid4().hex, uuid.uuid4().hex
-    runs = [pick.run(opening=opening, backend=b) for b in (salted, salted, other)]
-    for r in runs:
-        r.sync()
+    runs = []
+    for b in (salted, salted, other):  # one after the other, so the first salted run is the one that fills the cache
+        runs.append(pick.run(opening=opening, backend=b))
+        runs[-1].sync()
     cached = [r.get_meta_info("rest")["cached_tokens"] for r in runs]
     assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0, cached
     assert len({(r["place"], r["rest"]) for r in runs}) == 1
