@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from radixlang_runtime.classifier import without_trailing_pad
 from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import (MAX_BATCH, FieldError, RuntimeLimits, check_request, need_bool, need_int,
                                                need_str, show)
@@ -96,10 +97,11 @@ def prompts_of(value: Any, name: str) -> list[Prompt]:
 
 
 def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, base_rid: str,
-                     name: str, max_len: Optional[int] = None, keep_last: Optional[int] = None, priority: int = 0
-                     ) -> list[GenerateRequest]:
+                     name: str, max_len: Optional[int] = None, keep_last: Optional[int] = None, priority: int = 0,
+                     pad_id: Optional[int] = None) -> list[GenerateRequest]:
     """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`; keep_last: only a prompt's last
-    keep_last tokens are kept (vLLM's truncate_prompt_tokens)."""
+    keep_last tokens are kept (vLLM's truncate_prompt_tokens); pad_id: a classifier's pad token, its trailing
+    ones left out (classifier.without_trailing_pad)."""
     if limits.disaggregation_mode != "null":
         raise ValueError(f"{name}: pooling requests are not implemented with prefill-decode disaggregation "
                          f"(disaggregation_mode {limits.disaggregation_mode})")
@@ -119,6 +121,7 @@ def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limi
             raise FieldError(where, f"{where} is empty (no tokens)")
         if keep_last is not None:
             ids = ids[-keep_last:]
+        ids = without_trailing_pad(ids, pad_id)
         check_request(ids, sp, limits, where, pooling=True)
         if max_len is not None and len(ids) > max_len:
             raise FieldError(where, f"{where} has {len(ids)} tokens; the model's max_seq_length is {max_len} "
@@ -257,7 +260,8 @@ def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]
             raise ValueError(f"scoring pairs needs a classifier with one label (num_labels 1: a cross-encoder); "
                              f"this one has {len(cfg.labels)}: use /classify")
         prompts = [reranker.encode_pair(queries[q], docs[d]) for q, d in pairs]
-        reqs = requests(prompts, PoolSpec("classify"), encode_plain)
+        reqs = pooling_requests(prompts, PoolSpec("classify"), encode_plain, limits, opts.rid, name, None,
+                                opts.keep_last, opts.priority, cfg.pad_token_id)
         return PairCall(reqs, pairs, docs, "classifier", opts)
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
@@ -325,4 +329,5 @@ def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEnco
     opts = pooling_options(body, limits, prefix, prompts=True)
     prompts, encode, name = _prompts(body, opts, enc)
     return EmbeddingCall(pooling_requests(prompts, PoolSpec("classify"), encode, limits, opts.rid, name,
-                                          keep_last=opts.keep_last, priority=opts.priority), options=opts)
+                                          keep_last=opts.keep_last, priority=opts.priority,
+                                          pad_id=cfg.pad_token_id), options=opts)

@@ -27,6 +27,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--debug-check-integrity")
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "a", "Classifiers read the last token."]
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+PAD = 0  # the Qwen3 classifier's pad_token_id (<|endoftext|>)
 
 
 def _build(root, config_cls: str, model_cls: str, extra: dict):
@@ -58,7 +59,8 @@ def _logits(model, ids: list[int]):
 
 BUILDS = {
     "qwen3": ("Qwen3Config", "Qwen3ForSequenceClassification", {"id2label": LABELS,
-                                                                 "label2id": {v: k for k, v in LABELS.items()}},
+                                                                 "label2id": {v: k for k, v in LABELS.items()},
+                                                                 "pad_token_id": PAD},
               ()),
     "llama": ("LlamaConfig", "LlamaForSequenceClassification", {"num_labels": 1}, ("--is-embedding",)),
     "qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification",
@@ -95,6 +97,15 @@ def _expect_softmax(model, ids: list[int]) -> list[float]:
     return _logits(model, ids).softmax(-1).tolist()
 
 
+def _last_row_probs(model, ids: list[int]) -> list[float]:
+    """The score head on the last position whatever its token (what pooling literally the last token gives)."""
+    import torch
+
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([ids])).last_hidden_state[0, -1]
+        return model.score(hidden).double().softmax(-1).tolist()
+
+
 # ------------------------------------------------------------------ three labels: softmax
 def test_classify_equals_transformers_softmax(servers):
     model, tok, server = servers["qwen3"]
@@ -127,6 +138,19 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(servers):
     assert out["usage"]["prompt_tokens"] == 3
     whole = _classify(server, {"input": TEXTS[1], "truncate_prompt_tokens": -1})
     assert whole["data"][0]["probs"] == pytest.approx(_expect_softmax(model, ids), abs=1e-4)
+
+
+def test_trailing_pad_tokens_are_not_classified(servers):
+    """transformers pools the rightmost token that is not pad_token_id: trailing pads are left out, a pad inside
+    the prompt is read, a prompt of pads alone pools its first."""
+    model, tok, server = servers["qwen3"]
+    ids = tok(TEXTS[1])["input_ids"]
+    for prompt in (ids + [PAD, PAD], ids[:3] + [PAD] + ids[3:] + [PAD], [PAD, PAD, PAD]):
+        expect = _expect_softmax(model, prompt)  # transformers' own pooling of the padded prompt
+        got = _classify(server, {"input": prompt})["data"][0]["probs"]
+        assert got == pytest.approx(expect, abs=1e-4), prompt
+        assert max(abs(a - b) for a, b in zip(expect, _last_row_probs(model, prompt))) > 1e-3, prompt
+    assert _classify(server, {"input": ids + [PAD]})["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_chat_messages_and_raw_logits(servers):
