@@ -250,6 +250,30 @@ def test_truncate_prompt_tokens_and_request_id(last_model):
     assert _cos(out["data"][0]["embedding"], tail["data"][0]["embedding"]) >= 0.9999
     whole = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncate_prompt_tokens": -1}).json()
     assert whole["usage"]["prompt_tokens"] == len(ids)
+    right = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncate_prompt_tokens": 3,
+                                                            "truncation_side": "right"}).json()
+    head = httpx.post(server.url + "/v1/embeddings", json={"input": ids[:3]}).json()
+    assert right["usage"]["prompt_tokens"] == 3
+    assert _cos(right["data"][0]["embedding"], head["data"][0]["embedding"]) >= 0.9999
+    assert _cos(right["data"][0]["embedding"], tail["data"][0]["embedding"]) < 0.999  # not the last three
+    side_only = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncation_side": "right"}).json()
+    assert side_only["usage"]["prompt_tokens"] == len(ids)  # without truncate_prompt_tokens nothing is cut
+
+
+def test_a_salted_embedding_stays_out_of_the_shared_cache(last_model):
+    """cache_salt on a pooling route: a salted prompt's cached prefix is not found without the salt (/encode's
+    meta_info shows the cached tokens of the shared namespace)."""
+    import uuid
+
+    _, server = last_model
+    text = f"Salted {uuid.uuid4().hex}: the embedding of a prompt that only its own tenant may reuse."
+    salt = uuid.uuid4().hex
+    salted = httpx.post(server.url + "/v1/embeddings", json={"input": text, "cache_salt": salt})
+    assert salted.status_code == 200, salted.text
+    unsalted = httpx.post(server.url + "/encode", json={"text": text}).json()
+    assert unsalted["meta_info"]["cached_tokens"] == 0  # the salted prompt's prefix is not the shared cache's
+    again = httpx.post(server.url + "/encode", json={"text": text}).json()
+    assert again["meta_info"]["cached_tokens"] > 0
 
 
 def test_base64_float16_big_endian(last_model):
@@ -375,7 +399,8 @@ def test_embedding_server_scores_by_cosine(mean_model):
 # ------------------------------------------------------------------ decoder reranker on a generation server
 def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: bool = False,
                       keep: int = 0) -> list[float]:
-    """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens."""
+    """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens
+    (keep < 0: the first -keep tokens)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -389,7 +414,8 @@ def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: b
         prompt = (QWEN3_RERANK_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query)
                   .replace("{document}", doc))
         with torch.no_grad():
-            ids = tok(prompt, add_special_tokens=False)["input_ids"][-keep:]
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            ids = ids[:-keep] if keep < 0 else ids[-keep:]
             logits = model(torch.tensor([ids])).logits[0, -1].double()
         out.append((logits[yes] - logits[no]).item() if raw else torch.softmax(logits[[no, yes]], dim=0)[1].item())
     return out
@@ -417,6 +443,14 @@ def test_rerank_and_score_equal_transformers_yes_no(reranker):
         assert [r["relevance_score"] for r in again] == pytest.approx([ref[i] for i in order], abs=1e-4)
     again = httpx.post(server.url + "/score", json={"text_1": query, "text_2": docs}).json()["data"]
     assert [s["score"] for s in again] == pytest.approx(ref, abs=1e-4)
+    named = httpx.post(server.url + "/score", json={"queries": query, "documents": docs}).json()["data"]
+    assert [s["score"] for s in named] == pytest.approx(ref, abs=1e-4)  # vLLM's current names
+    zipped = httpx.post(server.url + "/v1/score", json={"queries": [query, query], "documents": docs}).json()["data"]
+    assert [s["score"] for s in zipped] == pytest.approx(ref, abs=1e-4)
+    top = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 0}).json()
+    assert len(top["results"]) == len(docs)  # top_n 0: every document, as vLLM
+    one = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs[1]}).json()["results"]
+    assert [r["relevance_score"] for r in one] == pytest.approx(ref[1:2], abs=1e-4)  # one document as a string
 
 
 def test_rerank_raw_logits_and_truncation(reranker):
@@ -430,6 +464,11 @@ def test_rerank_raw_logits_and_truncation(reranker):
                                                       "request_id": "r1"}).json()
     assert out["id"] == "rerank-r1" and out["usage"]["prompt_tokens"] == 40
     assert {r["index"]: r["relevance_score"] for r in out["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
+    first = _reference_scores(model, model_dir, query, docs, keep=-20)
+    assert max(abs(a - b) for a, b in zip(first, cut)) > 1e-3
+    out = httpx.post(server.url + "/v1/score", json={"queries": query, "documents": docs, "truncate_prompt_tokens": 20,
+                                                     "truncation_side": "right"}).json()
+    assert [s["score"] for s in out["data"]] == pytest.approx(first, abs=1e-4)
 
 
 @pytest.mark.parametrize("route, body, param", [
@@ -439,7 +478,12 @@ def test_rerank_raw_logits_and_truncation(reranker):
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "messages": []}, "messages"),  # no chat form for pairs
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "request_id": ["x"]}, "request_id"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "truncation_side": "middle"}, "truncation_side"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "cache_salt": ""}, "cache_salt"),
+    ("/v1/score", {"queries": "a", "text_2": ["c"]}, "text_1"),  # the current names or the older ones, not a mix
+    ("/v1/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents"),
+    ("/v1/score", {"documents": ["c"]}, "queries"),
     ("/v1/rerank", {"documents": ["a"]}, "query"),
     ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "text_3": "e"}, "text_3"),
