@@ -13,7 +13,7 @@ raises FieldError / ValueError naming it (HTTP 400).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
 from radixlang_runtime.classifier import without_trailing_pad
@@ -35,8 +35,8 @@ EMBED_DTYPES = {"float32": "f", "float16": "e"}  # vLLM's embed_dtype -> struct 
 ENDIANNESS = {"native": "=", "little": "<", "big": ">"}
 EMBEDDING_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS, "encoding_format", "dimensions", "embed_dtype", "endianness"}
 ENCODE_FIELDS = {"text", "input_ids", "rid"}
-RERANK_FIELDS = {*COMMON_FIELDS, "query", "documents", "top_n", "return_documents"}
-SCORE_FIELDS = {*COMMON_FIELDS, "queries", "documents", "text_1", "text_2"}
+RERANK_FIELDS = {*COMMON_FIELDS, "query", "documents", "top_n", "return_documents", "instruction"}
+SCORE_FIELDS = {*COMMON_FIELDS, "queries", "documents", "text_1", "text_2", "instruction"}
 SCORE_NAMES = (("queries", "documents"), ("text_1", "text_2"))  # vLLM's names for score's two sides, then its older
 CLASSIFY_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS}
 # Qwen3-Reranker's prompt (--rerank-template replaces it): {instruction}, {query}, {document}
@@ -277,6 +277,23 @@ def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]
     return PairCall(reqs, pairs, docs, "reranker", opts)
 
 
+def _instructed(body: dict, cfg: Optional[PoolingConfig], reranker: Optional[PairModel]) -> Optional[PairModel]:
+    """vLLM's per-request `instruction` on rerank / score: a decoder reranker's template takes it in place of
+    --rerank-instruction. Other scorers have no slot for it: a FieldError naming it."""
+    text = body.get("instruction")
+    if text is None:
+        return reranker
+    need_str(text, "instruction")
+    if cfg is not None or not isinstance(reranker, Reranker):
+        scorer = "no reranker" if cfg is None else "a cross-encoder" if cfg.classifies else "embeddings"
+        raise FieldError("instruction", "instruction needs a decoder reranker (its template's {instruction}); this "
+                                        f"server scores pairs with {scorer}")
+    if "{instruction}" not in reranker.template:
+        raise FieldError("instruction", "instruction needs an {instruction} placeholder in --rerank-template; "
+                                        "this server's template has none")
+    return replace(reranker, instruction=text)
+
+
 def _text_list(value: Any, name: str) -> list[str]:
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not texts:
@@ -289,8 +306,8 @@ def _text_list(value: Any, name: str) -> list[str]:
 def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
                       encode_plain: Encode, limits: RuntimeLimits, prefix: str = "rerank"
                       ) -> tuple[PairCall, int, bool]:
-    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents, pooling_fields' fields ->
-    (call, top_n, return docs)."""
+    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents, instruction, pooling_fields'
+    fields -> (call, top_n, return docs)."""
     body = refuse_unknown(body, RERANK_FIELDS, "/v1/rerank")
     opts = pooling_options(body, limits, prefix)
     query = need_str(body.get("query"), "query")
@@ -300,8 +317,8 @@ def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optiona
     docs = _text_list(docs, "documents")
     top_n = need_int(body["top_n"], "top_n", 0) if body.get("top_n") is not None else 0  # 0: every document
     ret = need_bool(body.get("return_documents", True), "return_documents")
-    call = _pairs_call([query], docs, [(0, d) for d in range(len(docs))], cfg, reranker, encode, encode_plain,
-                       limits, opts, "documents")
+    call = _pairs_call([query], docs, [(0, d) for d in range(len(docs))], cfg, _instructed(body, cfg, reranker),
+                       encode, encode_plain, limits, opts, "documents")
     return call, min(top_n or len(docs), len(docs)), ret
 
 
@@ -323,7 +340,8 @@ def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional
     else:
         raise FieldError(d_name, f"{q_name} has {len(left)} texts and {d_name} {len(right)}: give one of {q_name}, "
                                  f"or as many as {d_name}")
-    return _pairs_call(left, right, pairs, cfg, reranker, encode, encode_plain, limits, opts, d_name)
+    return _pairs_call(left, right, pairs, cfg, _instructed(body, cfg, reranker), encode, encode_plain, limits, opts,
+                       d_name)
 
 
 def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEncoders, limits: RuntimeLimits,

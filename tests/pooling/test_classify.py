@@ -253,6 +253,9 @@ def test_one_label_scores_pairs_as_a_cross_encoder(servers):
                                                         "return_documents": False}).json()
     assert {r["index"]: r["relevance_score"] for r in short["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
     assert short["usage"]["prompt_tokens"] == 4 * len(docs)
+    r = httpx.post(server.url + "/v1/score", json={"queries": query, "documents": docs, "instruction": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"  # no template slot for it
+    assert "cross-encoder" in r.json()["error"]["message"]
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 

@@ -393,14 +393,17 @@ def test_embedding_server_scores_by_cosine(mean_model):
     assert [r["relevance_score"] for r in out["results"]] == pytest.approx([cos[i] for i in best], abs=1e-4)
     score = httpx.post(server.url + "/v1/score", json={"text_1": TEXTS[0], "text_2": docs}).json()
     assert [s["score"] for s in score["data"]] == pytest.approx(cos, abs=1e-4)
+    r = httpx.post(server.url + "/v1/rerank", json={"query": TEXTS[0], "documents": docs, "instruction": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"  # cosine scores have no slot for it
+    assert "embeddings" in r.json()["error"]["message"]
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 
 # ------------------------------------------------------------------ decoder reranker on a generation server
 def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: bool = False,
-                      keep: int = 0) -> list[float]:
+                      keep: int = 0, instruction: str = "") -> list[float]:
     """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens
-    (keep < 0: the first -keep tokens)."""
+    (keep < 0: the first -keep tokens); instruction: the template's, else Qwen3-Reranker's default."""
     import torch
     from transformers import AutoTokenizer
 
@@ -408,7 +411,7 @@ def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: b
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     no, yes = tok.encode("no", add_special_tokens=False)[0], tok.encode("yes", add_special_tokens=False)[0]
-    instruction = "Given a web search query, retrieve relevant passages that answer the query"
+    instruction = instruction or "Given a web search query, retrieve relevant passages that answer the query"
     out = []
     for doc in docs:
         prompt = (QWEN3_RERANK_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query)
@@ -451,6 +454,15 @@ def test_rerank_and_score_equal_transformers_yes_no(reranker):
     assert len(top["results"]) == len(docs)  # top_n 0: every document, as vLLM
     one = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs[1]}).json()["results"]
     assert [r["relevance_score"] for r in one] == pytest.approx(ref[1:2], abs=1e-4)  # one document as a string
+    task = "Decide whether the passage names a city"
+    told = _reference_scores(model, model_dir, query, docs, instruction=task)
+    assert max(abs(a - b) for a, b in zip(told, ref)) > 1e-3  # the instruction reaches the prompt
+    for route, body in (("/v1/rerank", {"query": query, "documents": docs}), ("/v1/score", {"queries": query,
+                                                                                           "documents": docs})):
+        out = httpx.post(server.url + route, json={**body, "instruction": task}).json()
+        got = ([s["score"] for s in out["data"]] if route == "/v1/score" else
+               [r["relevance_score"] for r in sorted(out["results"], key=lambda r: r["index"])])
+        assert got == pytest.approx(told, abs=1e-4), route
 
 
 def test_rerank_raw_logits_and_truncation(reranker):
@@ -484,6 +496,8 @@ def test_rerank_raw_logits_and_truncation(reranker):
     ("/v1/score", {"queries": "a", "text_2": ["c"]}, "text_1"),  # the current names or the older ones, not a mix
     ("/v1/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents"),
     ("/v1/score", {"documents": ["c"]}, "queries"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "instruction": 3}, "instruction"),
+    ("/v1/score", {"queries": "q", "documents": ["a"], "max_tokens_per_doc": 8}, "max_tokens_per_doc"),
     ("/v1/rerank", {"documents": ["a"]}, "query"),
     ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "text_3": "e"}, "text_3"),
