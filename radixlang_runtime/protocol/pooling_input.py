@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
 from radixlang_runtime.classifier import without_trailing_pad
+from radixlang_runtime.protocol.embed_bytes import EMBED_DTYPES, ENDIANNESS
 from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import (MAX_BATCH, FieldError, RuntimeLimits, check_request, need_bool, need_int,
                                                need_str, show)
@@ -31,8 +32,6 @@ ChatEncode = Callable[[dict, bool], list[int]]  # a body's messages (and chat fi
 Prompt = Any  # a string, or a list of token ids
 
 ENCODING_FORMATS = ("float", "base64")
-EMBED_DTYPES = {"float32": "f", "float16": "e"}  # vLLM's embed_dtype -> struct format (base64's element type)
-ENDIANNESS = {"native": "=", "little": "<", "big": ">"}
 EMBEDDING_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS, "encoding_format", "dimensions", "embed_dtype", "endianness"}
 ENCODE_FIELDS = {"text", "input_ids", "rid"}
 RERANK_FIELDS = {*COMMON_FIELDS, "query", "documents", "top_n", "return_documents", "instruction"}
@@ -63,7 +62,8 @@ class EmbeddingCall:
     dimensions: Optional[int] = None
     as_list: bool = True  # /encode: whether the input was a list (a list answers)
     options: PoolingOptions = PoolingOptions("")  # rid, use_activation
-    pack: str = "<f"  # base64: struct byte order + element type (endianness, embed_dtype)
+    embed_dtype: str = "float32"  # base64's element type and byte order (embed_bytes.py)
+    endianness: str = "native"
 
 
 @dataclass(frozen=True)
@@ -179,13 +179,13 @@ def _choice(body: dict, name: str, choices: Any, default: str) -> str:
 def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEncoders, limits: RuntimeLimits,
                           prefix: str = "embd") -> EmbeddingCall:
     """/v1/embeddings (OpenAI, vLLM's completion and chat forms): input or messages, encoding_format float | base64
-    (embed_dtype float32 | float16, endianness), dimensions (Matryoshka models only), pooling_fields' fields."""
+    (embed_dtype and endianness: embed_bytes.py), dimensions (Matryoshka models only), pooling_fields' fields."""
     body = refuse_unknown(body, EMBEDDING_FIELDS, "/v1/embeddings")
     cfg = _embed_spec(cfg, "/v1/embeddings")
     opts = pooling_options(body, limits, prefix, prompts=True)
     fmt = _choice(body, "encoding_format", ENCODING_FORMATS, "float")
-    pack = (ENDIANNESS[_choice(body, "endianness", tuple(ENDIANNESS), "native")]
-            + EMBED_DTYPES[_choice(body, "embed_dtype", tuple(EMBED_DTYPES), "float32")])
+    dtype = _choice(body, "embed_dtype", EMBED_DTYPES, "float32")
+    endianness = _choice(body, "endianness", tuple(ENDIANNESS), "native")
     dims = body.get("dimensions")
     if dims is not None:
         try:
@@ -199,7 +199,7 @@ def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEn
     prompts, encode, name = _prompts(body, opts, enc)
     reqs = pooling_requests(prompts, PoolSpec(cfg.mode), encode if opts.chat else _embed_encoder(cfg, encode), limits,
                             name, opts, cfg.max_seq_length)
-    return EmbeddingCall(reqs, fmt, dims, options=opts, pack=pack)
+    return EmbeddingCall(reqs, fmt, dims, options=opts, embed_dtype=dtype, endianness=endianness)
 
 
 def parse_encode_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,

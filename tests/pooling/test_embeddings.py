@@ -200,7 +200,7 @@ def test_one_call_is_one_prefill_batch(last_model):
     ({"input": "x", "request_id": ""}, "request_id"),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"input": "x", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
-    ({"input": "x", "embed_dtype": "bfloat16"}, "embed_dtype"),
+    ({"input": "x", "embed_dtype": "float8"}, "embed_dtype"),
     ({"input": "x", "endianness": "middle"}, "endianness"),
     ({"input": "x", "chat_template": "{{ x }}"}, "chat_template"),
 ])
@@ -284,6 +284,18 @@ def test_base64_float16_big_endian(last_model):
     raw = base64.b64decode(out["data"][0]["embedding"])
     assert len(raw) == 2 * len(floats)
     assert list(struct.unpack(f">{len(floats)}e", raw)) == pytest.approx(floats, abs=1e-3)
+    import torch
+
+    ref = torch.tensor(floats, dtype=torch.float32)
+    for dtype, torch_dtype, order in (("bfloat16", torch.bfloat16, "little"), ("bfloat16", torch.bfloat16, "big"),
+                                      ("fp8_e4m3", torch.float8_e4m3fn, "native"),
+                                      ("fp8_e5m2", torch.float8_e5m2, "native")):
+        out = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "base64",
+                                                              "embed_dtype": dtype, "endianness": order}).json()
+        raw = base64.b64decode(out["data"][0]["embedding"])
+        want = ref.to(torch_dtype).view(torch.int16 if torch_dtype is torch.bfloat16 else torch.uint8).numpy()
+        want = want.astype(">i2" if order == "big" else "<i2") if torch_dtype is torch.bfloat16 else want
+        assert raw == want.tobytes(), (dtype, order)  # torch's cast, bit for bit
 
 
 def test_sdk_error_and_generation_refused(last_model):
