@@ -54,17 +54,18 @@ def test_unimplemented_settings_are_refused_by_name(extra, name):
 def test_architectures():
     assert classifier_architecture(_cfg()) == "Qwen3ForSequenceClassification"
     assert classifier_architecture(_cfg("Qwen3ForCausalLM")) is None
-    with pytest.raises(ValueError, match="MistralForSequenceClassification is not supported"):
-        classifier_architecture(_cfg("MistralForSequenceClassification"))
-    for arch, impl in (("MistralForSequenceClassification", "auto"), ("LlamaForSequenceClassification",
+    with pytest.raises(ValueError, match="Phi3ForSequenceClassification is not supported"):
+        classifier_architecture(_cfg("Phi3ForSequenceClassification"))
+    for arch, impl in (("Phi3ForSequenceClassification", "auto"), ("LlamaForSequenceClassification",
                                                                      "transformers")):
         with pytest.raises(ValueError, match=arch):
             ModelConfig.from_dict(_cfg(arch), impl)
 
 
 def test_model_config_names_the_classifier():
-    for arch in ("LlamaForSequenceClassification", "Qwen2ForSequenceClassification",
-                 "Qwen3ForSequenceClassification"):
+    for arch in ("LlamaForSequenceClassification", "MistralForSequenceClassification",
+                 "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
+                 "Gemma2ForSequenceClassification"):
         cfg = ModelConfig.from_dict(_cfg(arch, num_labels=3))
         assert cfg.architecture == arch and cfg.num_labels == 3
     assert ModelConfig.from_dict(_cfg("Qwen3ForCausalLM")).num_labels == 0

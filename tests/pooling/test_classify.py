@@ -6,7 +6,8 @@ checkpoints saved by transformers in the test, transformers' logits as the refer
   id2label; bad input answers 400 naming the field; generation and embedding routes refused; score refused;
 - Llama, one label (a reward model), with --is-embedding: probs are sigmoid(logit); /v1/score and /v1/rerank
   score (query, document) pairs as a cross-encoder, sigmoid of the logit of the tokenizer's pair encoding;
-- Qwen2, two labels, problem_type multi_label_classification: a sigmoid per label.
+- Qwen2, two labels, problem_type multi_label_classification: a sigmoid per label;
+- Gemma 2, two labels: its decoder (embedding scale, Gemma norms, soft-capped attention) under the score head.
 vLLM's fields: chat `messages` classify the template's tokens, use_activation false answers the logits (and the
 cross-encoder's raw logit on /v1/score), truncate_prompt_tokens on rerank keeps each pair's last tokens.
 After each server's scenarios its KV pool is whole.
@@ -65,6 +66,8 @@ BUILDS = {
     "llama": ("LlamaConfig", "LlamaForSequenceClassification", {"num_labels": 1}, ("--is-embedding",)),
     "qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification",
               {"num_labels": 2, "problem_type": "multi_label_classification"}, ()),
+    "gemma2": ("Gemma2Config", "Gemma2ForSequenceClassification", {"num_labels": 2, "query_pre_attn_scalar": 16,
+                                                                    "pad_token_id": PAD}, ()),
 }
 
 
@@ -256,6 +259,21 @@ def test_one_label_scores_pairs_as_a_cross_encoder(servers):
     r = httpx.post(server.url + "/v1/score", json={"queries": query, "documents": docs, "instruction": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"  # no template slot for it
     assert "cross-encoder" in r.json()["error"]["message"]
+    assert_idle_and_whole(httpx.Client(base_url=server.url))
+
+
+# ------------------------------------------------------------------ Gemma 2: its decoder under the score head
+def test_gemma2_classifier_equals_transformers(servers):
+    """Gemma 2's embedding scale, norms and soft-capped attention under the score head (no logit soft-capping)."""
+    model, tok, server = servers["gemma2"]
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    ref = [_expect_softmax(model, i) for i in ids]
+    assert max(max(p) - min(p) for p in ref) > 0.05
+    out = _classify(server, {"input": TEXTS})
+    assert [d["probs"] for d in out["data"]] == [pytest.approx(r, abs=1e-4) for r in ref]
+    assert [d["label"] for d in out["data"]] == [f"LABEL_{max(range(2), key=r.__getitem__)}" for r in ref]
+    padded = _classify(server, {"input": ids[1] + [PAD]})["data"][0]["probs"]
+    assert padded == pytest.approx(_expect_softmax(model, ids[1] + [PAD]), abs=1e-4)
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 
