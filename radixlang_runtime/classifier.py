@@ -4,6 +4,9 @@ how a classify result's probabilities come from its logits, as vLLM serves them 
 - A classifier is the native decoder plus `score` (Linear hidden -> num_labels, no bias) applied to the last
   token's final hidden state (models/sequence_classifier.py). Its checkpoint is served as a pooling model
   whether --is-embedding is given or not (vLLM's --runner auto picks its pooling runner from the architecture).
+- pad_token_id (config.json): transformers pools the rightmost token that is not the pad token, so a prompt
+  ending in pad tokens is classified without them (the decoder is causal: that row's state is the same either
+  way); vLLM pools the last token whatever it is.
 - labels: id2label by index (transformers saves id2label, num_labels is its length).
 - activation (vLLM's classify activation, aligned with transformers' loss for problem_type): softmax over the
   labels; sigmoid for one label or multi_label_classification; identity for regression.
@@ -17,8 +20,9 @@ import math
 from typing import Any, Optional
 
 SUFFIX = "ForSequenceClassification"
-CLASSIFIER_ARCHS = ("LlamaForSequenceClassification", "Qwen2ForSequenceClassification",
-                    "Qwen3ForSequenceClassification")
+CLASSIFIER_ARCHS = ("LlamaForSequenceClassification", "MistralForSequenceClassification",
+                    "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
+                    "Gemma2ForSequenceClassification")
 ACTIVATIONS = ("softmax", "sigmoid", "identity")
 _PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
 # the score activation a cross-encoder's config may name (sentence-transformers' CrossEncoder): only the default
@@ -68,6 +72,25 @@ def classifier_activation(cfg: dict, num_labels: int) -> str:
     if problem == "multi_label_classification" or num_labels == 1:
         return "sigmoid"
     return "softmax"
+
+
+def classifier_pad_id(cfg: dict) -> Optional[int]:
+    """config.json's pad_token_id (None: the last token is pooled whatever it is); ValueError for a non-integer."""
+    pad = cfg.get("pad_token_id")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 0):
+        raise ValueError(f"pad_token_id must be a token id (a non-negative integer) or null, got {pad!r}")
+    return pad
+
+
+def without_trailing_pad(ids: list[int], pad_id: Optional[int]) -> list[int]:
+    """The prompt up to the token transformers' classifier pools: the rightmost one that is not pad_id (a prompt of
+    nothing but pad tokens pools its first)."""
+    if pad_id is None:
+        return ids
+    end = len(ids)
+    while end > 1 and ids[end - 1] == pad_id:
+        end -= 1
+    return ids[:end]
 
 
 def _sigmoid(x: float) -> float:

@@ -12,13 +12,13 @@ The template is --completion-template NAME (SGLang's names) or, unset, told once
 the template whose markers are all single added tokens of its vocabulary. A tokenizer with the markers of
 several templates gets none (the flag picks).
 
-llama.cpp's /infill (server/infill_api.py) may send other files as context (`input_extra`): where the template's
-family has a file separator token (Qwen2.5-Coder's `<|file_sep|>`, StarCoder2's `<file_sep>`) and the tokenizer
-holds it as one added token, the chunks are laid out before the template in the repo-level layout those models were
-trained on, as llama.cpp's format_infill writes it: the family's repo-name token (`<|repo_name|>`, `<repo_name>`;
-left out where the tokenizer lacks it) and a project-name line, then per chunk the separator, its file name and a
-newline, then its text, then the separator and the current file's name line (llama.cpp's placeholders
-"myproject\n" and "filename\n": infill_api.py writes them). BOS stays first. Torch-free.
+llama.cpp's /infill (server/infill_api.py) lays out other files sent as context (`input_extra`) before the
+template in the repo-level layout those models were trained on, as llama.cpp's format_infill writes it: the
+family's repo-name token (`<|repo_name|>`, `<repo_name>`) and a project-name line where the tokenizer holds that
+token, then per chunk the file separator (Qwen2.5-Coder's `<|file_sep|>`, StarCoder2's `<file_sep>`), its file
+name and a newline, then its text, then the separator and the current file's name line (llama.cpp's placeholders
+"myproject\n" and "filename\n": infill_api.py writes them). A tokenizer without the separator gets each chunk
+after llama.cpp's text separator instead, and no current-file line. BOS stays first. Torch-free.
 """
 
 from __future__ import annotations
@@ -90,23 +90,19 @@ class FimPrompt:
             raise FieldError(field, f"{field} holds the fill-in-the-middle marker {found!r}, a token of this "
                                     "model's tokenizer that its text cannot be told apart from")
 
-    def extra_ids(self, chunks: Sequence[tuple[Sequence[int], Sequence[int]]], field: str = "input_extra",
-                  repo: Sequence[int] = (), current: Sequence[int] = ()) -> list[int]:
-        """Context files (each (its name and a newline, its text) as plain-text ids) -> the repo-level layout:
-        the repository-name token and `repo` (the project's name line; both left out where the tokenizer has no
-        such token), the separator, the name and the text per chunk, then the separator and `current` (the
-        current file's name line). A FieldError naming `field` when the template has no file separator."""
-        if self.file_sep_id is None:
-            raise FieldError(field, f"{field} needs a file separator token and this model's fill-in-the-middle "
-                                    f"template {self.template.name} has none in its tokenizer"
-                                    + (f" (its token {self.template.file_sep!r})" if self.template.file_sep else "")
-                                    + f": send the context inside the prefix, or leave {field} out")
+    def extra_ids(self, chunks: Sequence[tuple[Sequence[int], Sequence[int]]], repo: Sequence[int] = (),
+                  current: Sequence[int] = (), snippet: Sequence[int] = (), field: str = "input_extra") -> list[int]:
+        """llama.cpp's format_infill layout of the context files (each (its name and a newline, its text) as
+        plain-text ids): the repository-name token and `repo` (the project's name line) where the tokenizer has
+        that token; per chunk the file separator, its name and its text, or, where the tokenizer has no
+        separator, `snippet` (llama.cpp's text separator) and its text; then the separator and `current` (the
+        current file's name line) where it has one. A marker in a chunk is a FieldError naming `field`."""
         out: list[int] = [] if self.repo_name_id is None else [self.repo_name_id, *repo]
         for name, text in chunks:
             self.check_text(field, name, True)
             self.check_text(field, text, True)
-            out += [self.file_sep_id, *name, *text]
-        return out + [self.file_sep_id, *current]
+            out += [self.file_sep_id, *name, *text] if self.file_sep_id is not None else [*snippet, *text]
+        return out if self.file_sep_id is None else out + [self.file_sep_id, *current]
 
     def prompt_ids(self, prefix: Sequence[int], suffix: Sequence[int], bos: Sequence[int] = (),
                    names: tuple[str, str] = ("prompt", "suffix"), extra: Sequence[int] = ()) -> list[int]:

@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixlang_runtime.classifier import classifier_activation, classifier_architecture, classifier_labels
+from radixlang_runtime.classifier import (classifier_activation, classifier_architecture, classifier_labels,
+                                          classifier_pad_id)
 
 HIDDEN_MODES = ("last", "mean", "cls")  # a pooled final hidden state
 # token_logits: logits of token_ids at the last position; classify: the score head's logits at the last position
@@ -78,6 +79,7 @@ class PoolingConfig:
     hidden_size: int = 0
     labels: tuple[str, ...] = ()  # a classifier's labels by index (id2label); (): an embedding model
     activation: str = ""  # a classifier's logits -> probs: classifier.ACTIVATIONS
+    pad_token_id: Optional[int] = None  # a classifier's pad token: trailing ones are not classified (classifier.py)
 
     @property
     def classifies(self) -> bool:
@@ -87,7 +89,8 @@ class PoolingConfig:
         return {"mode": self.mode, "normalize": self.normalize, "source": self.source, "matryoshka": self.matryoshka,
                 "matryoshka_dimensions": list(self.matryoshka_dimensions), "max_seq_length": self.max_seq_length,
                 "default_prompt": self.default_prompt, "hidden_size": self.hidden_size,
-                "chat_template": self.chat_template, "labels": list(self.labels), "activation": self.activation}
+                "chat_template": self.chat_template, "labels": list(self.labels), "activation": self.activation,
+                "pad_token_id": self.pad_token_id}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "PoolingConfig":
@@ -117,7 +120,7 @@ def read_pooling_config(model_dir: str) -> PoolingConfig:
     if classifier_architecture(cfg) is not None:  # the score head on the last token, never normalized
         labels = classifier_labels(cfg)
         return PoolingConfig(mode="last", normalize=False, source="classifier", hidden_size=hidden, labels=labels,
-                             activation=classifier_activation(cfg, len(labels)))
+                             activation=classifier_activation(cfg, len(labels)), pad_token_id=classifier_pad_id(cfg))
     st_path = os.path.join(model_dir, "config_sentence_transformers.json")
     st_cfg = _load(st_path) if os.path.isfile(st_path) else {}
     matryoshka, dims = _matryoshka(cfg, st_cfg)

@@ -101,16 +101,39 @@ def need_str(value: Any, name: str, max_len: Optional[int] = None) -> str:
     return value
 
 
-def parse_truncation(value: Any, context_len: int) -> Optional[int]:
-    """vLLM's truncate_prompt_tokens (generation and pooling routes): k >= 1 keeps the last k prompt tokens, -1 the
-    last context-length ones; None: not set."""
+TRUNCATION_SIDES = ("left", "right")
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """vLLM's truncate_prompt_tokens with its truncation_side: a longer prompt keeps `keep` tokens, its last
+    ("left", the default: the start is cut) or its first ("right")."""
+
+    keep: int
+    side: str = "left"
+
+    def cut(self, ids: list[int]) -> list[int]:
+        if len(ids) <= self.keep:
+            return ids
+        return ids[len(ids) - self.keep:] if self.side == "left" else ids[:self.keep]
+
+
+def parse_truncation(body: dict, context_len: int) -> Optional[Truncation]:
+    """A body's truncate_prompt_tokens (generation and pooling routes): k >= 1 keeps k prompt tokens, -1 the
+    context length's worth; truncation_side picks which (left: the last, right: the first; it changes nothing
+    without truncate_prompt_tokens, as in vLLM). None: not set."""
+    side = body.get("truncation_side")
+    if side is not None and side not in TRUNCATION_SIDES:
+        raise FieldError("truncation_side", f"truncation_side must be \"left\" (keep the last tokens) or \"right\" "
+                                            f"(keep the first), got {show(side)}")
+    value = body.get("truncate_prompt_tokens")
     if value is None:
         return None
     k = need_int(value, "truncate_prompt_tokens", -1, context_len)
     if k == 0:
         raise FieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the context length) or a "
                                                    f"number of tokens in [1, {context_len}], got 0")
-    return context_len if k == -1 else k
+    return Truncation(context_len if k == -1 else k, side or "left")
 
 
 def need_int_list(value: Any, name: str, lo: int = INT64_MIN, hi: int = INT64_MAX,

@@ -2,9 +2,10 @@
 (torch-free; pooling_input.py builds the calls).
 
 - Every route: model, user, request_id (the call's id: its requests are f"{id}-{i}"), priority (as the generation
-  routes take it: generate_input.parse_priority), truncate_prompt_tokens (limits.parse_truncation: keep the last k
-  tokens), use_activation (None: the model's default; false: embeddings unnormalized, classify / score the raw
-  logits).
+  routes take it: generate_input.parse_priority), truncate_prompt_tokens and truncation_side
+  (limits.parse_truncation: keep the last k tokens, or the first), use_activation (None: the model's default;
+  false: embeddings unnormalized, classify / score the raw logits), cache_salt (request_extras.parse_cache_salt:
+  the prompts reuse cached prefixes only of the same salt).
 - /v1/embeddings and /classify take their prompts as `input` (vLLM's completion form, with add_special_tokens,
   default true) or as chat `messages` (its chat form: add_generation_prompt and continue_final_message default
   false, chat_template_kwargs, add_special_tokens default false), never both.
@@ -19,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixlang_runtime.protocol.generate_input import parse_priority
-from radixlang_runtime.protocol.limits import (MAX_RID_LEN, FieldError, RuntimeLimits, need_bool, need_str,
-                                               parse_truncation, show)
+from radixlang_runtime.protocol.request_extras import RequestExtras, parse_cache_salt
+from radixlang_runtime.protocol.limits import (MAX_RID_LEN, FieldError, RuntimeLimits, Truncation, need_bool,
+                                               need_str, parse_truncation, show)
 
-COMMON_FIELDS = {"model", "user", "request_id", "priority", "truncate_prompt_tokens", "use_activation"}
+COMMON_FIELDS = {"model", "user", "request_id", "priority", "truncate_prompt_tokens", "truncation_side",
+                 "use_activation", "cache_salt"}
 INPUT_FIELDS = {"input", "add_special_tokens"}
 CHAT_ONLY_FIELDS = {"messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 PROMPT_FIELDS = INPUT_FIELDS | CHAT_ONLY_FIELDS  # the prompt of /v1/embeddings and /classify
@@ -31,11 +34,12 @@ PROMPT_FIELDS = INPUT_FIELDS | CHAT_ONLY_FIELDS  # the prompt of /v1/embeddings 
 @dataclass(frozen=True)
 class PoolingOptions:
     rid: str  # the call's id (response `id`); request i is f"{rid}-{i}"
-    keep_last: Optional[int] = None  # truncate_prompt_tokens: keep a prompt's last keep_last tokens
+    truncation: Optional[Truncation] = None  # truncate_prompt_tokens, truncation_side
     use_activation: Optional[bool] = None  # None: the model's default
     priority: int = 0  # --enable-priority-scheduling's rank
     chat: bool = False  # the prompt is the body's `messages`
     add_special_tokens: bool = True  # input: tokenized with the model's special tokens; chat: added to the render
+    extras: RequestExtras = RequestExtras()  # cache_salt
 
 
 def refuse_unknown(body: Any, known: set[str], route: str) -> dict:
@@ -64,9 +68,10 @@ def pooling_options(body: dict, limits: RuntimeLimits, prefix: str, prompts: boo
         add = body.get("add_special_tokens")
         add = (not chat) if add is None else need_bool(add, "add_special_tokens")
     return PoolingOptions(f"{prefix}-{rid if rid is not None else uuid.uuid4().hex}",
-                          parse_truncation(body.get("truncate_prompt_tokens"), limits.context_len),
+                          parse_truncation(body, limits.context_len),
                           None if act is None else need_bool(act, "use_activation"),
-                          parse_priority(body.get("priority"), limits), chat, add)
+                          parse_priority(body.get("priority"), limits), chat, add,
+                          RequestExtras(cache_salt=parse_cache_salt(body.get("cache_salt"))))
 
 
 def _prompt_form(body: dict) -> bool:

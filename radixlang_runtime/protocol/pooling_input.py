@@ -13,9 +13,11 @@ raises FieldError / ValueError naming it (HTTP 400).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
+from radixlang_runtime.classifier import without_trailing_pad
+from radixlang_runtime.protocol.embed_bytes import EMBED_DTYPES, ENDIANNESS
 from radixlang_runtime.protocol.generate_input import GenerateRequest
 from radixlang_runtime.protocol.limits import (MAX_BATCH, FieldError, RuntimeLimits, check_request, need_bool, need_int,
                                                need_str, show)
@@ -30,12 +32,11 @@ ChatEncode = Callable[[dict, bool], list[int]]  # a body's messages (and chat fi
 Prompt = Any  # a string, or a list of token ids
 
 ENCODING_FORMATS = ("float", "base64")
-EMBED_DTYPES = {"float32": "f", "float16": "e"}  # vLLM's embed_dtype -> struct format (base64's element type)
-ENDIANNESS = {"native": "=", "little": "<", "big": ">"}
 EMBEDDING_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS, "encoding_format", "dimensions", "embed_dtype", "endianness"}
 ENCODE_FIELDS = {"text", "input_ids", "rid"}
-RERANK_FIELDS = {*COMMON_FIELDS, "query", "documents", "top_n", "return_documents"}
-SCORE_FIELDS = {*COMMON_FIELDS, "text_1", "text_2"}
+RERANK_FIELDS = {*COMMON_FIELDS, "query", "documents", "top_n", "return_documents", "instruction"}
+SCORE_FIELDS = {*COMMON_FIELDS, "queries", "documents", "text_1", "text_2", "instruction"}
+SCORE_NAMES = (("queries", "documents"), ("text_1", "text_2"))  # vLLM's names for score's two sides, then its older
 CLASSIFY_FIELDS = {*COMMON_FIELDS, *PROMPT_FIELDS}
 # Qwen3-Reranker's prompt (--rerank-template replaces it): {instruction}, {query}, {document}
 QWEN3_RERANK_TEMPLATE = (
@@ -61,7 +62,8 @@ class EmbeddingCall:
     dimensions: Optional[int] = None
     as_list: bool = True  # /encode: whether the input was a list (a list answers)
     options: PoolingOptions = PoolingOptions("")  # rid, use_activation
-    pack: str = "<f"  # base64: struct byte order + element type (endianness, embed_dtype)
+    embed_dtype: str = "float32"  # base64's element type and byte order (embed_bytes.py)
+    endianness: str = "native"
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,12 @@ def prompts_of(value: Any, name: str) -> list[Prompt]:
                            "(not a mix)")
 
 
-def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, base_rid: str,
-                     name: str, max_len: Optional[int] = None, keep_last: Optional[int] = None, priority: int = 0
+def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limits: RuntimeLimits, name: str,
+                     opts: PoolingOptions, max_len: Optional[int] = None, pad_id: Optional[int] = None
                      ) -> list[GenerateRequest]:
-    """Prefill-only requests rid f"{base_rid}-{i}"; strings tokenized by `encode`; keep_last: only a prompt's last
-    keep_last tokens are kept (vLLM's truncate_prompt_tokens)."""
+    """Prefill-only requests rid f"{opts.rid}-{i}"; strings tokenized by `encode`, cut by opts.truncation
+    (truncate_prompt_tokens, truncation_side), run at opts.priority in opts.extras' cache_salt; pad_id: a
+    classifier's pad token, its trailing ones left out (classifier.without_trailing_pad)."""
     if limits.disaggregation_mode != "null":
         raise ValueError(f"{name}: pooling requests are not implemented with prefill-decode disaggregation "
                          f"(disaggregation_mode {limits.disaggregation_mode})")
@@ -117,13 +120,15 @@ def pooling_requests(prompts: list[Prompt], spec: PoolSpec, encode: Encode, limi
             raise FieldError(where, f"{where} must be a string or a token array, got {show(p)}")
         if not ids:
             raise FieldError(where, f"{where} is empty (no tokens)")
-        if keep_last is not None:
-            ids = ids[-keep_last:]
+        if opts.truncation is not None:
+            ids = opts.truncation.cut(ids)
+        ids = without_trailing_pad(ids, pad_id)
         check_request(ids, sp, limits, where, pooling=True)
         if max_len is not None and len(ids) > max_len:
             raise FieldError(where, f"{where} has {len(ids)} tokens; the model's max_seq_length is {max_len} "
                                     "(sentence_bert_config.json)")
-        out.append(GenerateRequest(f"{base_rid}-{i}", list(ids), sp, index=i, pooling=spec, priority=priority))
+        out.append(GenerateRequest(f"{opts.rid}-{i}", list(ids), sp, index=i, pooling=spec, priority=opts.priority,
+                                   extras=opts.extras))
     return out
 
 
@@ -174,13 +179,13 @@ def _choice(body: dict, name: str, choices: Any, default: str) -> str:
 def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEncoders, limits: RuntimeLimits,
                           prefix: str = "embd") -> EmbeddingCall:
     """/v1/embeddings (OpenAI, vLLM's completion and chat forms): input or messages, encoding_format float | base64
-    (embed_dtype float32 | float16, endianness), dimensions (Matryoshka models only), pooling_fields' fields."""
+    (embed_dtype and endianness: embed_bytes.py), dimensions (Matryoshka models only), pooling_fields' fields."""
     body = refuse_unknown(body, EMBEDDING_FIELDS, "/v1/embeddings")
     cfg = _embed_spec(cfg, "/v1/embeddings")
     opts = pooling_options(body, limits, prefix, prompts=True)
     fmt = _choice(body, "encoding_format", ENCODING_FORMATS, "float")
-    pack = (ENDIANNESS[_choice(body, "endianness", tuple(ENDIANNESS), "native")]
-            + EMBED_DTYPES[_choice(body, "embed_dtype", tuple(EMBED_DTYPES), "float32")])
+    dtype = _choice(body, "embed_dtype", EMBED_DTYPES, "float32")
+    endianness = _choice(body, "endianness", tuple(ENDIANNESS), "native")
     dims = body.get("dimensions")
     if dims is not None:
         try:
@@ -193,8 +198,8 @@ def parse_embeddings_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEn
                                                "message modality); send messages or token arrays instead")
     prompts, encode, name = _prompts(body, opts, enc)
     reqs = pooling_requests(prompts, PoolSpec(cfg.mode), encode if opts.chat else _embed_encoder(cfg, encode), limits,
-                            opts.rid, name, cfg.max_seq_length, opts.keep_last, opts.priority)
-    return EmbeddingCall(reqs, fmt, dims, options=opts, pack=pack)
+                            name, opts, cfg.max_seq_length)
+    return EmbeddingCall(reqs, fmt, dims, options=opts, embed_dtype=dtype, endianness=endianness)
 
 
 def parse_encode_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, limits: RuntimeLimits,
@@ -215,8 +220,8 @@ def parse_encode_body(body: Any, cfg: Optional[PoolingConfig], encode: Encode, l
     as_list = isinstance(value, list) and (text is not None or isinstance(value[0], list))
     rid = body.get("rid")
     base = need_str(rid, "rid", 200) if rid is not None else base_rid
-    reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, base, name,
-                            cfg.max_seq_length)
+    reqs = pooling_requests(prompts, PoolSpec(cfg.mode), _embed_encoder(cfg, encode), limits, name,
+                            PoolingOptions(base), cfg.max_seq_length)
     return EmbeddingCall(reqs, as_list=as_list)
 
 
@@ -250,14 +255,15 @@ def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]
                 reranker: Optional[PairModel], encode: Encode, encode_plain: Encode, limits: RuntimeLimits,
                 opts: PoolingOptions, name: str) -> PairCall:
     def requests(prompts: list[Prompt], spec: PoolSpec, enc: Encode, max_len: Optional[int] = None) -> list:
-        return pooling_requests(prompts, spec, enc, limits, opts.rid, name, max_len, opts.keep_last, opts.priority)
+        return pooling_requests(prompts, spec, enc, limits, name, opts, max_len)
 
     if cfg is not None and cfg.classifies:  # a cross-encoder: one request per pair through the score head
         if len(cfg.labels) != 1 or not isinstance(reranker, CrossEncoder):
             raise ValueError(f"scoring pairs needs a classifier with one label (num_labels 1: a cross-encoder); "
                              f"this one has {len(cfg.labels)}: use /classify")
         prompts = [reranker.encode_pair(queries[q], docs[d]) for q, d in pairs]
-        reqs = requests(prompts, PoolSpec("classify"), encode_plain)
+        reqs = pooling_requests(prompts, PoolSpec("classify"), encode_plain, limits, name, opts,
+                                pad_id=cfg.pad_token_id)
         return PairCall(reqs, pairs, docs, "classifier", opts)
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
@@ -269,6 +275,23 @@ def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]
     prompts = [reranker.prompt(queries[q], docs[d]) for q, d in pairs]
     reqs = requests(prompts, PoolSpec("token_logits", reranker.label_ids), encode_plain)
     return PairCall(reqs, pairs, docs, "reranker", opts)
+
+
+def _instructed(body: dict, cfg: Optional[PoolingConfig], reranker: Optional[PairModel]) -> Optional[PairModel]:
+    """vLLM's per-request `instruction` on rerank / score: a decoder reranker's template takes it in place of
+    --rerank-instruction. Other scorers have no slot for it: a FieldError naming it."""
+    text = body.get("instruction")
+    if text is None:
+        return reranker
+    need_str(text, "instruction")
+    if cfg is not None or not isinstance(reranker, Reranker):
+        scorer = "no reranker" if cfg is None else "a cross-encoder" if cfg.classifies else "embeddings"
+        raise FieldError("instruction", "instruction needs a decoder reranker (its template's {instruction}); this "
+                                        f"server scores pairs with {scorer}")
+    if "{instruction}" not in reranker.template:
+        raise FieldError("instruction", "instruction needs an {instruction} placeholder in --rerank-template; "
+                                        "this server's template has none")
+    return replace(reranker, instruction=text)
 
 
 def _text_list(value: Any, name: str) -> list[str]:
@@ -283,36 +306,42 @@ def _text_list(value: Any, name: str) -> list[str]:
 def parse_rerank_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
                       encode_plain: Encode, limits: RuntimeLimits, prefix: str = "rerank"
                       ) -> tuple[PairCall, int, bool]:
-    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents, pooling_fields' fields ->
-    (call, top_n, return docs)."""
+    """/v1/rerank: query, documents (strings or {"text"}), top_n, return_documents, instruction, pooling_fields'
+    fields -> (call, top_n, return docs)."""
     body = refuse_unknown(body, RERANK_FIELDS, "/v1/rerank")
     opts = pooling_options(body, limits, prefix)
     query = need_str(body.get("query"), "query")
     docs = body.get("documents")
     if isinstance(docs, list):
         docs = [d.get("text") if isinstance(d, dict) and set(d) == {"text"} else d for d in docs]
-    docs = _text_list(docs, "documents") if isinstance(docs, list) else _text_list(None, "documents")
-    top_n = need_int(body["top_n"], "top_n", 1) if body.get("top_n") is not None else len(docs)
+    docs = _text_list(docs, "documents")
+    top_n = need_int(body["top_n"], "top_n", 0) if body.get("top_n") is not None else 0  # 0: every document
     ret = need_bool(body.get("return_documents", True), "return_documents")
-    call = _pairs_call([query], docs, [(0, d) for d in range(len(docs))], cfg, reranker, encode, encode_plain,
-                       limits, opts, "documents")
-    return call, min(top_n, len(docs)), ret
+    call = _pairs_call([query], docs, [(0, d) for d in range(len(docs))], cfg, _instructed(body, cfg, reranker),
+                       encode, encode_plain, limits, opts, "documents")
+    return call, min(top_n or len(docs), len(docs)), ret
 
 
 def parse_score_body(body: Any, cfg: Optional[PoolingConfig], reranker: Optional[PairModel], encode: Encode,
                      encode_plain: Encode, limits: RuntimeLimits, prefix: str = "score") -> PairCall:
-    """/v1/score (vLLM): text_1 and text_2, 1 x N (text_1 one string) or N x N (zipped), pooling_fields' fields."""
+    """/v1/score (vLLM): queries and documents (or their older names text_1 and text_2), 1 x N (one query) or
+    N x N (zipped), pooling_fields' fields."""
     body = refuse_unknown(body, SCORE_FIELDS, "/v1/score")
     opts = pooling_options(body, limits, prefix)
-    left, right = _text_list(body.get("text_1"), "text_1"), _text_list(body.get("text_2"), "text_2")
+    given = [names for names in SCORE_NAMES if any(body.get(n) is not None for n in names)]
+    if len(given) > 1:
+        raise FieldError("text_1", "pass queries and documents, or their older names text_1 and text_2, not both")
+    q_name, d_name = given[0] if given else SCORE_NAMES[0]
+    left, right = _text_list(body.get(q_name), q_name), _text_list(body.get(d_name), d_name)
     if len(left) == 1:
         pairs = [(0, j) for j in range(len(right))]
     elif len(left) == len(right):
         pairs = [(i, i) for i in range(len(left))]
     else:
-        raise FieldError("text_2", f"text_1 has {len(left)} texts and text_2 {len(right)}: give one text_1, or as "
-                                   "many as text_2")
-    return _pairs_call(left, right, pairs, cfg, reranker, encode, encode_plain, limits, opts, "text_2")
+        raise FieldError(d_name, f"{q_name} has {len(left)} texts and {d_name} {len(right)}: give one of {q_name}, "
+                                 f"or as many as {d_name}")
+    return _pairs_call(left, right, pairs, cfg, _instructed(body, cfg, reranker), encode, encode_plain, limits, opts,
+                       d_name)
 
 
 def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEncoders, limits: RuntimeLimits,
@@ -324,5 +353,5 @@ def parse_classify_body(body: Any, cfg: Optional[PoolingConfig], enc: PromptEnco
                          f"server runs {'text generation' if cfg is None else 'an embedding model'}")
     opts = pooling_options(body, limits, prefix, prompts=True)
     prompts, encode, name = _prompts(body, opts, enc)
-    return EmbeddingCall(pooling_requests(prompts, PoolSpec("classify"), encode, limits, opts.rid, name,
-                                          keep_last=opts.keep_last, priority=opts.priority), options=opts)
+    return EmbeddingCall(pooling_requests(prompts, PoolSpec("classify"), encode, limits, name, opts,
+                                          pad_id=cfg.pad_token_id), options=opts)

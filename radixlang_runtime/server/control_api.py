@@ -15,6 +15,7 @@ from radixlang_runtime.protocol.generate_input import fan_out
 from radixlang_runtime.protocol.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.mem.hicache import check_flush_tiers
 from radixlang_runtime.pooling import PoolSpec
+from radixlang_runtime.protocol.pooling_fields import PoolingOptions
 from radixlang_runtime.protocol.pooling_input import pooling_requests
 from radixlang_runtime.server import services
 from radixlang_runtime.server.generate_api import server_state
@@ -41,7 +42,8 @@ async def health_generate(request: Request) -> Response:
     tm = server_state(request).tm
     try:
         if tm.limits.is_embedding:  # a pooling model runs one prefill-only request instead
-            req = pooling_requests([[1]], PoolSpec("last"), tm.encode_text, tm.limits, uuid.uuid4().hex, "input_ids")[0]
+            req = pooling_requests([[1]], PoolSpec("last"), tm.encode_text, tm.limits, "input_ids",
+                                   PoolingOptions(uuid.uuid4().hex))[0]
         else:
             req = fan_out([[1]], [{"max_new_tokens": 1, "temperature": 0}], [None], lambda i, ids: None, tm.limits)[0]
         await asyncio.wait_for(final_result(tm.generate(req)), timeout=30)

@@ -7,10 +7,11 @@ as ids, the texts plain), with llama.cpp's additions (its format_infill): `promp
 (the text already typed at the cursor), and `input_extra` goes before the template in the repo-level layout: the
 repository-name token and llama.cpp's project line "myproject\n" (where the tokenizer has that token), then per
 chunk the file separator token, its file name and a newline, then its text, then the separator and llama.cpp's
-current-file line "filename\n" (a template without a file separator token in the tokenizer refuses input_extra
-by name; a chunk's time is the client's bookkeeping, taken whatever it holds, as llama.cpp). Without input_extra
-none of it is written, so the prompt is the completion's. It runs as one completion through the OpenAI path's
-choices (openai_intake.Choices).
+current-file line "filename\n" (a tokenizer without the separator token gets each chunk after llama.cpp's text
+separator "\n\n--- snippet ---\n\n" instead, and no current-file line; a chunk's time is the client's bookkeeping,
+taken whatever it holds, as llama.cpp). Without input_extra none of it is written, so the prompt is the
+completion's (llama.cpp writes the project and current-file lines there too). It runs as one completion through
+the OpenAI path's choices (openai_intake.Choices).
 
 Cut to fit, as llama.cpp's format_infill (fit): with n_batch the longest prefill chunk of one request
 (--chunked-prefill-size, else --max-prefill-tokens; at most the context) and n_ctx the context a request may fill,
@@ -68,6 +69,7 @@ router = APIRouter()
 # llama.cpp's placeholders in the repo-level layout: the project's name after the repository-name token, and the
 # current file's name after the last file separator (format_infill's "myproject\n" and "filename\n")
 REPO_LINE, FILE_LINE = "myproject\n", "filename\n"
+SNIPPET = "\n\n--- snippet ---\n\n"  # a chunk's separator where the tokenizer has no file separator token
 LIMIT_FINISH = {"type": "length"}  # a route-side limit's finish reason: stop_type "limit", as the runtime's length
 
 
@@ -165,7 +167,7 @@ def infill_ids(state: ServerState, req: InfillRequest) -> list[int]:
     extra = []
     if req.extra:
         extra = fim.extra_ids([(enc.encode_literal(name + "\n"), enc.encode_literal(text)) for name, text in req.extra],
-                              repo=enc.encode_literal(REPO_LINE), current=enc.encode_literal(FILE_LINE))
+                              enc.encode_literal(REPO_LINE), enc.encode_literal(FILE_LINE), enc.encode_literal(SNIPPET))
     typed = enc.encode_literal(req.prompt)
     fim.check_text("prompt", typed, bool(extra))
     prefix, suffix, extra = fit(enc.encode_literal(req.prefix), enc.encode_literal(req.suffix), len(typed), extra,

@@ -23,8 +23,8 @@ from radixlang_runtime.constrained.spec import GrammarSpec, spec_from_response_f
 from radixlang_runtime.fim_templates import no_fim_message
 from radixlang_runtime.lora_spec import LoraNotFound, lora_id_of, lora_id_of_model
 from radixlang_runtime.protocol.generate_input import BOOTSTRAP_FIELDS, Bootstrap, parse_bootstrap, parse_priority
-from radixlang_runtime.protocol.limits import (MAX_N, MAX_RID_LEN, FieldError, need_bool, need_int, need_str,
-                                               parse_truncation, show)
+from radixlang_runtime.protocol.limits import (MAX_N, MAX_RID_LEN, FieldError, Truncation, need_bool, need_int,
+                                               need_str, parse_truncation, show)
 from radixlang_runtime.protocol.pooling_input import prompts_of
 from radixlang_runtime.protocol.request_extras import RequestExtras, parse_extras
 from radixlang_runtime.server.chat_render import TurnEnd, template_kwargs, turn_end
@@ -49,6 +49,7 @@ OFF_VALUES: dict[str, tuple] = {
     "service_tier": ("auto", "default"),
 }
 _COMMON = {"model", "n", "stream", "stream_options", "priority", "lora_path", "truncate_prompt_tokens", "rid",
+           "truncation_side",
            "return_tokens_as_token_ids", "prompt_logprobs", "cache_salt", "return_hidden_states",
            *_SAMPLING_FIELDS, *_INFORMATIONAL,
            *BOOTSTRAP_FIELDS}  # PD: the router's fields (generate_input.parse_bootstrap)
@@ -81,7 +82,7 @@ class OpenAIOptions:
     sampling: Mapping[str, Any]  # native sampling_params names (SamplingParams validates values), no max_new_tokens
     max_tokens: Optional[int]  # max_completion_tokens / max_tokens; None: the model's default, else the route's
     priority: int = 0  # --enable-priority-scheduling (generate_input.parse_priority)
-    truncate_prompt_tokens: Optional[int] = None  # vLLM's: keep the prompt's last k tokens (None: all)
+    truncate_prompt_tokens: Optional[Truncation] = None  # vLLM's, with truncation_side (None: the whole prompt)
     token_ids_in_logprobs: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     # vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage
     continuous_usage: bool = False
@@ -99,9 +100,9 @@ class OpenAIOptions:
     max_tokens_cap: Optional[int] = None
 
     def truncated(self, ids: list[int]) -> list[int]:
-        """A tokenized prompt cut to its last truncate_prompt_tokens tokens (left truncation, as vLLM)."""
-        k = self.truncate_prompt_tokens
-        return ids if k is None or len(ids) <= k else ids[len(ids) - k:]
+        """A tokenized prompt cut to truncate_prompt_tokens tokens (its last unless truncation_side is right)."""
+        t = self.truncate_prompt_tokens
+        return ids if t is None else t.cut(ids)
 
     def sampling_params(self, default_max_tokens: int, room: int, **extra: Any) -> dict[str, Any]:
         """The native sampling_params of every choice (a fresh dict; the record stays as parsed). max_new_tokens:
@@ -252,7 +253,7 @@ def _options(state: ServerState, body: Any, route: str) -> OpenAIOptions:
     sampling, max_tokens = sampling_fields(body, defaults)
     return OpenAIOptions(n, stream, include_usage, lora_id, bootstrap, MappingProxyType(sampling), max_tokens,
                          parse_priority(body.get("priority"), limits),
-                         parse_truncation(body.get("truncate_prompt_tokens"), limits.context_len),
+                         parse_truncation(body, limits.context_len),
                          need_bool(_opt(body, "return_tokens_as_token_ids", False), "return_tokens_as_token_ids"),
                          continuous, _rid(body.get("rid")), _prompt_logprobs(body, stream),
                          parse_extras(body, limits, stream_hidden=not stream), defaults.get("max_new_tokens"),

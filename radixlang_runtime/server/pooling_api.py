@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-import struct
 import time
 import uuid
 from typing import Any, Optional
@@ -28,8 +27,9 @@ from fastapi.responses import JSONResponse
 from radixlang_runtime.protocol.limits import need_str, show
 from radixlang_runtime.classifier import classify_probs, cross_encoder_score
 from radixlang_runtime.pooling import finish_embedding, softmax_last
-from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, CrossEncoder, PairCall, PromptEncoders,
-                                                      Reranker, embedding_encoder, parse_classify_body,
+from radixlang_runtime.protocol.embed_bytes import embedding_bytes
+from radixlang_runtime.protocol.pooling_input import (QWEN3_RERANK_TEMPLATE, CrossEncoder, EmbeddingCall, PairCall,
+                                                      PromptEncoders, Reranker, embedding_encoder, parse_classify_body,
                                                       parse_embeddings_body, parse_encode_body, parse_rerank_body,
                                                       parse_score_body)
 from radixlang_runtime.server.chat_render import chat_content_spans, render_chat, template_kwargs, turn_end
@@ -115,21 +115,20 @@ async def embeddings(request: Request) -> JSONResponse:
     outs = await _run(state, call.reqs)
     act = call.options.use_activation
     normalize = state.pooling.normalize if act is None else act
-    data = await tm.run_intake(_embedding_data, outs, normalize, call.dimensions, call.encoding_format, call.pack,
-                               size=sum(len(o.get("embedding") or ()) for o in outs))
+    size = sum(len(o.get("embedding") or ()) for o in outs)
+    data = await tm.run_intake(_embedding_data, outs, normalize, call, size=size)
     return JSONResponse({"id": call.options.rid, "object": "list", "created": int(time.time()), "data": data,
                          "model": state.served_model_name, "usage": _usage(outs)})
 
 
-def _embedding_data(outs: list[dict], normalize: bool, dimensions: Optional[int], fmt: str, pack: str
-                    ) -> list[dict]:
-    """OpenAI's data entries (on an intake thread: a batch of large vectors is real work); base64: the vector
-    packed as `pack` (struct's byte order and element type: vLLM's endianness and embed_dtype)."""
+def _embedding_data(outs: list[dict], normalize: bool, call: EmbeddingCall) -> list[dict]:
+    """OpenAI's data entries (on an intake thread: a batch of large vectors is real work); base64: the vector's
+    bytes in the call's embed_dtype and endianness (embed_bytes.py)."""
     data = []
     for i, out in enumerate(outs):
-        vec = finish_embedding(_vector(out), normalize, dimensions)
-        emb: Any = (vec if fmt == "float" else
-                    base64.b64encode(struct.pack(f"{pack[0]}{len(vec)}{pack[1]}", *vec)).decode("ascii"))
+        vec = finish_embedding(_vector(out), normalize, call.dimensions)
+        emb: Any = (vec if call.encoding_format == "float" else base64.b64encode(
+            embedding_bytes(vec, call.embed_dtype, call.endianness)).decode("ascii"))
         data.append({"object": "embedding", "index": i, "embedding": emb})
     return data
 

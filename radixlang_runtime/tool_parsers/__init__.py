@@ -57,12 +57,19 @@ PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 # declares tools (`tool_declare`) but writes no call markup; gpt-oss's writes the recipient `to=` and
 # `functions.NAME` as separate strings, so neither is looked for whole. Seed-OSS writes Qwen3-Coder's tags inside
 # its own block; GLM-4.7 writes GLM-4.5's tags back to back; DeepSeek V3.2's template builds its tags from a
-# `｜DSML｜` variable, so only that token is looked for (V4's writes `tool_calls>` after it).
-_TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<minimax:tool_call>",), "minimax-m2"),
+# `｜DSML｜` variable, so only that token is looked for (V4's writes `tool_calls>` after it). Command R7B, Command A
+# and their successors write `<|START_ACTION|>` groups (cohere_command4's reading); FireFunction v2 writes
+# Phi-4-mini's `functools[` list. `<tool_calls>` alone is not looked for: Jamba, MiniMax-M1 and MiMo write different
+# groups in it.
+_TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("]<]minimax[>[",), "minimax-m3"),
+                   (("<minimax:tool_call>",), "minimax-m2"),
                    (("｜DSML｜", "tool_calls>"), "deepseekv4"), (("｜DSML｜",), "deepseekv32"),
                    (("<steptml:invoke",), "step3"), (("<|tool_call>",), "gemma4"),
                    (("<function=", "<parameter="), "qwen3_coder"), (("</arg_key><arg_value>",), "glm47"),
-                   (("<arg_key>",), "glm45"),
+                   (("<arg_key>",), "glm45"), (("<function_calls>",), "olmo3"),
+                   (("<|tool_call_start|>",), "lfm2"), (("<|tool_call|>",), "granite"),
+                   (("<|action_start|>", "<|plugin|>"), "internlm"), (("<|START_ACTION|>",), "cohere_command4"),
+                   (("<|open|>", "<|close|>", "<|sep|>"), "kimi_k3"), (("functools[",), "phi4_mini_json"),
                    (("<tool_call>",), "hermes"), (("[TOOL_CALLS]",), "mistral"),
                    (("<|python_start|>",), "pythonic"), (("<|python_tag|>",), "llama3"),
                    (("<｜tool▁sep｜>", "```json"), "deepseekv3"), (("<｜tool▁sep｜>",), "deepseekv31"),

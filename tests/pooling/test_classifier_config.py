@@ -8,7 +8,8 @@ import json
 import pytest
 
 from radixlang_runtime.classifier import (classifier_activation, classifier_architecture, classifier_labels,
-                                          classify_probs, cross_encoder_score)
+                                          classifier_pad_id, classify_probs, cross_encoder_score,
+                                          without_trailing_pad)
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.pooling import PoolingConfig, read_pooling_config
 
@@ -53,17 +54,18 @@ def test_unimplemented_settings_are_refused_by_name(extra, name):
 def test_architectures():
     assert classifier_architecture(_cfg()) == "Qwen3ForSequenceClassification"
     assert classifier_architecture(_cfg("Qwen3ForCausalLM")) is None
-    with pytest.raises(ValueError, match="MistralForSequenceClassification is not supported"):
-        classifier_architecture(_cfg("MistralForSequenceClassification"))
-    for arch, impl in (("MistralForSequenceClassification", "auto"), ("LlamaForSequenceClassification",
+    with pytest.raises(ValueError, match="Phi3ForSequenceClassification is not supported"):
+        classifier_architecture(_cfg("Phi3ForSequenceClassification"))
+    for arch, impl in (("Phi3ForSequenceClassification", "auto"), ("LlamaForSequenceClassification",
                                                                      "transformers")):
         with pytest.raises(ValueError, match=arch):
             ModelConfig.from_dict(_cfg(arch), impl)
 
 
 def test_model_config_names_the_classifier():
-    for arch in ("LlamaForSequenceClassification", "Qwen2ForSequenceClassification",
-                 "Qwen3ForSequenceClassification"):
+    for arch in ("LlamaForSequenceClassification", "MistralForSequenceClassification",
+                 "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
+                 "Gemma2ForSequenceClassification"):
         cfg = ModelConfig.from_dict(_cfg(arch, num_labels=3))
         assert cfg.architecture == arch and cfg.num_labels == 3
     assert ModelConfig.from_dict(_cfg("Qwen3ForCausalLM")).num_labels == 0
@@ -78,8 +80,23 @@ def test_pooling_config_of_a_classifier_directory(tmp_path):
     assert cfg.classifies and cfg.labels == ("neg", "pos") and cfg.activation == "softmax"
     assert cfg.mode == "last" and cfg.normalize is False and cfg.source == "classifier"
     assert PoolingConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert cfg.pad_token_id is None
+    (tmp_path / "config.json").write_text(json.dumps(_cfg(pad_token_id=7)))
+    padded = read_pooling_config(str(tmp_path))
+    assert padded.pad_token_id == 7 and PoolingConfig.from_dict(json.loads(json.dumps(padded.to_dict()))) == padded
     (tmp_path / "config.json").write_text(json.dumps(_cfg("Qwen3Model")))
     assert not read_pooling_config(str(tmp_path)).classifies
+
+
+def test_trailing_pad_tokens_are_cut_where_transformers_pools():
+    assert without_trailing_pad([5, 6, 0, 0], 0) == [5, 6]
+    assert without_trailing_pad([5, 0, 6, 0], 0) == [5, 0, 6]  # a pad inside the prompt is read
+    assert without_trailing_pad([0, 0, 0], 0) == [0]  # all pads: transformers pools position 0
+    assert without_trailing_pad([5, 6, 0], None) == [5, 6, 0]  # no pad token: the last token, whatever it is
+    assert classifier_pad_id(_cfg()) is None and classifier_pad_id(_cfg(pad_token_id=3)) == 3
+    for bad in ("3", -1, True, [3]):
+        with pytest.raises(ValueError, match="pad_token_id"):
+            classifier_pad_id(_cfg(pad_token_id=bad))
 
 
 def test_probabilities_equal_torch():

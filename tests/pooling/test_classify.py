@@ -6,7 +6,8 @@ checkpoints saved by transformers in the test, transformers' logits as the refer
   id2label; bad input answers 400 naming the field; generation and embedding routes refused; score refused;
 - Llama, one label (a reward model), with --is-embedding: probs are sigmoid(logit); /v1/score and /v1/rerank
   score (query, document) pairs as a cross-encoder, sigmoid of the logit of the tokenizer's pair encoding;
-- Qwen2, two labels, problem_type multi_label_classification: a sigmoid per label.
+- Qwen2, two labels, problem_type multi_label_classification: a sigmoid per label;
+- Gemma 2, two labels: its decoder (embedding scale, Gemma norms, soft-capped attention) under the score head.
 vLLM's fields: chat `messages` classify the template's tokens, use_activation false answers the logits (and the
 cross-encoder's raw logit on /v1/score), truncate_prompt_tokens on rerank keeps each pair's last tokens.
 After each server's scenarios its KV pool is whole.
@@ -27,6 +28,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 FLAGS = ("--dtype", "float32", "--max-total-tokens", "4096", "--debug-check-integrity")
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "a", "Classifiers read the last token."]
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+PAD = 0  # the Qwen3 classifier's pad_token_id (<|endoftext|>)
 
 
 def _build(root, config_cls: str, model_cls: str, extra: dict):
@@ -58,11 +60,14 @@ def _logits(model, ids: list[int]):
 
 BUILDS = {
     "qwen3": ("Qwen3Config", "Qwen3ForSequenceClassification", {"id2label": LABELS,
-                                                                 "label2id": {v: k for k, v in LABELS.items()}},
+                                                                 "label2id": {v: k for k, v in LABELS.items()},
+                                                                 "pad_token_id": PAD},
               ()),
     "llama": ("LlamaConfig", "LlamaForSequenceClassification", {"num_labels": 1}, ("--is-embedding",)),
     "qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification",
               {"num_labels": 2, "problem_type": "multi_label_classification"}, ()),
+    "gemma2": ("Gemma2Config", "Gemma2ForSequenceClassification", {"num_labels": 2, "query_pre_attn_scalar": 16,
+                                                                    "pad_token_id": PAD}, ()),
 }
 
 
@@ -93,6 +98,15 @@ def _classify(server, body: dict, route: str = "/classify") -> dict:
 
 def _expect_softmax(model, ids: list[int]) -> list[float]:
     return _logits(model, ids).softmax(-1).tolist()
+
+
+def _last_row_probs(model, ids: list[int]) -> list[float]:
+    """The score head on the last position whatever its token (what pooling literally the last token gives)."""
+    import torch
+
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([ids])).last_hidden_state[0, -1]
+        return model.score(hidden).double().softmax(-1).tolist()
 
 
 # ------------------------------------------------------------------ three labels: softmax
@@ -127,6 +141,19 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(servers):
     assert out["usage"]["prompt_tokens"] == 3
     whole = _classify(server, {"input": TEXTS[1], "truncate_prompt_tokens": -1})
     assert whole["data"][0]["probs"] == pytest.approx(_expect_softmax(model, ids), abs=1e-4)
+
+
+def test_trailing_pad_tokens_are_not_classified(servers):
+    """transformers pools the rightmost token that is not pad_token_id: trailing pads are left out, a pad inside
+    the prompt is read, a prompt of pads alone pools its first."""
+    model, tok, server = servers["qwen3"]
+    ids = tok(TEXTS[1])["input_ids"]
+    for prompt in (ids + [PAD, PAD], ids[:3] + [PAD] + ids[3:] + [PAD], [PAD, PAD, PAD]):
+        expect = _expect_softmax(model, prompt)  # transformers' own pooling of the padded prompt
+        got = _classify(server, {"input": prompt})["data"][0]["probs"]
+        assert got == pytest.approx(expect, abs=1e-4), prompt
+        assert max(abs(a - b) for a, b in zip(expect, _last_row_probs(model, prompt))) > 1e-3, prompt
+    assert _classify(server, {"input": ids + [PAD]})["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_chat_messages_and_raw_logits(servers):
@@ -229,6 +256,24 @@ def test_one_label_scores_pairs_as_a_cross_encoder(servers):
                                                         "return_documents": False}).json()
     assert {r["index"]: r["relevance_score"] for r in short["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
     assert short["usage"]["prompt_tokens"] == 4 * len(docs)
+    r = httpx.post(server.url + "/v1/score", json={"queries": query, "documents": docs, "instruction": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"  # no template slot for it
+    assert "cross-encoder" in r.json()["error"]["message"]
+    assert_idle_and_whole(httpx.Client(base_url=server.url))
+
+
+# ------------------------------------------------------------------ Gemma 2: its decoder under the score head
+def test_gemma2_classifier_equals_transformers(servers):
+    """Gemma 2's embedding scale, norms and soft-capped attention under the score head (no logit soft-capping)."""
+    model, tok, server = servers["gemma2"]
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    ref = [_expect_softmax(model, i) for i in ids]
+    assert max(max(p) - min(p) for p in ref) > 0.05
+    out = _classify(server, {"input": TEXTS})
+    assert [d["probs"] for d in out["data"]] == [pytest.approx(r, abs=1e-4) for r in ref]
+    assert [d["label"] for d in out["data"]] == [f"LABEL_{max(range(2), key=r.__getitem__)}" for r in ref]
+    padded = _classify(server, {"input": ids[1] + [PAD]})["data"][0]["probs"]
+    assert padded == pytest.approx(_expect_softmax(model, ids[1] + [PAD]), abs=1e-4)
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 

@@ -200,7 +200,7 @@ def test_one_call_is_one_prefill_batch(last_model):
     ({"input": "x", "request_id": ""}, "request_id"),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"input": "x", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
-    ({"input": "x", "embed_dtype": "bfloat16"}, "embed_dtype"),
+    ({"input": "x", "embed_dtype": "float8"}, "embed_dtype"),
     ({"input": "x", "endianness": "middle"}, "endianness"),
     ({"input": "x", "chat_template": "{{ x }}"}, "chat_template"),
 ])
@@ -250,6 +250,30 @@ def test_truncate_prompt_tokens_and_request_id(last_model):
     assert _cos(out["data"][0]["embedding"], tail["data"][0]["embedding"]) >= 0.9999
     whole = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncate_prompt_tokens": -1}).json()
     assert whole["usage"]["prompt_tokens"] == len(ids)
+    right = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncate_prompt_tokens": 3,
+                                                            "truncation_side": "right"}).json()
+    head = httpx.post(server.url + "/v1/embeddings", json={"input": ids[:3]}).json()
+    assert right["usage"]["prompt_tokens"] == 3
+    assert _cos(right["data"][0]["embedding"], head["data"][0]["embedding"]) >= 0.9999
+    assert _cos(right["data"][0]["embedding"], tail["data"][0]["embedding"]) < 0.999  # not the last three
+    side_only = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "truncation_side": "right"}).json()
+    assert side_only["usage"]["prompt_tokens"] == len(ids)  # without truncate_prompt_tokens nothing is cut
+
+
+def test_a_salted_embedding_stays_out_of_the_shared_cache(last_model):
+    """cache_salt on a pooling route: a salted prompt's cached prefix is not found without the salt (/encode's
+    meta_info shows the cached tokens of the shared namespace)."""
+    import uuid
+
+    _, server = last_model
+    text = f"Salted {uuid.uuid4().hex}: the embedding of a prompt that only its own tenant may reuse."
+    salt = uuid.uuid4().hex
+    salted = httpx.post(server.url + "/v1/embeddings", json={"input": text, "cache_salt": salt})
+    assert salted.status_code == 200, salted.text
+    unsalted = httpx.post(server.url + "/encode", json={"text": text}).json()
+    assert unsalted["meta_info"]["cached_tokens"] == 0  # the salted prompt's prefix is not the shared cache's
+    again = httpx.post(server.url + "/encode", json={"text": text}).json()
+    assert again["meta_info"]["cached_tokens"] > 0
 
 
 def test_base64_float16_big_endian(last_model):
@@ -260,6 +284,18 @@ def test_base64_float16_big_endian(last_model):
     raw = base64.b64decode(out["data"][0]["embedding"])
     assert len(raw) == 2 * len(floats)
     assert list(struct.unpack(f">{len(floats)}e", raw)) == pytest.approx(floats, abs=1e-3)
+    import torch
+
+    ref = torch.tensor(floats, dtype=torch.float32)
+    for dtype, torch_dtype, order in (("bfloat16", torch.bfloat16, "little"), ("bfloat16", torch.bfloat16, "big"),
+                                      ("fp8_e4m3", torch.float8_e4m3fn, "native"),
+                                      ("fp8_e5m2", torch.float8_e5m2, "native")):
+        out = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "base64",
+                                                              "embed_dtype": dtype, "endianness": order}).json()
+        raw = base64.b64decode(out["data"][0]["embedding"])
+        want = ref.to(torch_dtype).view(torch.int16 if torch_dtype is torch.bfloat16 else torch.uint8).numpy()
+        want = want.astype(">i2" if order == "big" else "<i2") if torch_dtype is torch.bfloat16 else want
+        assert raw == want.tobytes(), (dtype, order)  # torch's cast, bit for bit
 
 
 def test_sdk_error_and_generation_refused(last_model):
@@ -369,13 +405,17 @@ def test_embedding_server_scores_by_cosine(mean_model):
     assert [r["relevance_score"] for r in out["results"]] == pytest.approx([cos[i] for i in best], abs=1e-4)
     score = httpx.post(server.url + "/v1/score", json={"text_1": TEXTS[0], "text_2": docs}).json()
     assert [s["score"] for s in score["data"]] == pytest.approx(cos, abs=1e-4)
+    r = httpx.post(server.url + "/v1/rerank", json={"query": TEXTS[0], "documents": docs, "instruction": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"  # cosine scores have no slot for it
+    assert "embeddings" in r.json()["error"]["message"]
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 
 # ------------------------------------------------------------------ decoder reranker on a generation server
 def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: bool = False,
-                      keep: int = 0) -> list[float]:
-    """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens."""
+                      keep: int = 0, instruction: str = "") -> list[float]:
+    """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens
+    (keep < 0: the first -keep tokens); instruction: the template's, else Qwen3-Reranker's default."""
     import torch
     from transformers import AutoTokenizer
 
@@ -383,13 +423,14 @@ def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: b
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     no, yes = tok.encode("no", add_special_tokens=False)[0], tok.encode("yes", add_special_tokens=False)[0]
-    instruction = "Given a web search query, retrieve relevant passages that answer the query"
+    instruction = instruction or "Given a web search query, retrieve relevant passages that answer the query"
     out = []
     for doc in docs:
         prompt = (QWEN3_RERANK_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query)
                   .replace("{document}", doc))
         with torch.no_grad():
-            ids = tok(prompt, add_special_tokens=False)["input_ids"][-keep:]
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            ids = ids[:-keep] if keep < 0 else ids[-keep:]
             logits = model(torch.tensor([ids])).logits[0, -1].double()
         out.append((logits[yes] - logits[no]).item() if raw else torch.softmax(logits[[no, yes]], dim=0)[1].item())
     return out
@@ -417,6 +458,23 @@ def test_rerank_and_score_equal_transformers_yes_no(reranker):
         assert [r["relevance_score"] for r in again] == pytest.approx([ref[i] for i in order], abs=1e-4)
     again = httpx.post(server.url + "/score", json={"text_1": query, "text_2": docs}).json()["data"]
     assert [s["score"] for s in again] == pytest.approx(ref, abs=1e-4)
+    named = httpx.post(server.url + "/score", json={"queries": query, "documents": docs}).json()["data"]
+    assert [s["score"] for s in named] == pytest.approx(ref, abs=1e-4)  # vLLM's current names
+    zipped = httpx.post(server.url + "/v1/score", json={"queries": [query, query], "documents": docs}).json()["data"]
+    assert [s["score"] for s in zipped] == pytest.approx(ref, abs=1e-4)
+    top = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 0}).json()
+    assert len(top["results"]) == len(docs)  # top_n 0: every document, as vLLM
+    one = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs[1]}).json()["results"]
+    assert [r["relevance_score"] for r in one] == pytest.approx(ref[1:2], abs=1e-4)  # one document as a string
+    task = "Decide whether the passage names a city"
+    told = _reference_scores(model, model_dir, query, docs, instruction=task)
+    assert max(abs(a - b) for a, b in zip(told, ref)) > 1e-3  # the instruction reaches the prompt
+    for route, body in (("/v1/rerank", {"query": query, "documents": docs}), ("/v1/score", {"queries": query,
+                                                                                           "documents": docs})):
+        out = httpx.post(server.url + route, json={**body, "instruction": task}).json()
+        got = ([s["score"] for s in out["data"]] if route == "/v1/score" else
+               [r["relevance_score"] for r in sorted(out["results"], key=lambda r: r["index"])])
+        assert got == pytest.approx(told, abs=1e-4), route
 
 
 def test_rerank_raw_logits_and_truncation(reranker):
@@ -430,6 +488,11 @@ def test_rerank_raw_logits_and_truncation(reranker):
                                                       "request_id": "r1"}).json()
     assert out["id"] == "rerank-r1" and out["usage"]["prompt_tokens"] == 40
     assert {r["index"]: r["relevance_score"] for r in out["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
+    first = _reference_scores(model, model_dir, query, docs, keep=-20)
+    assert max(abs(a - b) for a, b in zip(first, cut)) > 1e-3
+    out = httpx.post(server.url + "/v1/score", json={"queries": query, "documents": docs, "truncate_prompt_tokens": 20,
+                                                     "truncation_side": "right"}).json()
+    assert [s["score"] for s in out["data"]] == pytest.approx(first, abs=1e-4)
 
 
 @pytest.mark.parametrize("route, body, param", [
@@ -439,7 +502,14 @@ def test_rerank_raw_logits_and_truncation(reranker):
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "messages": []}, "messages"),  # no chat form for pairs
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "request_id": ["x"]}, "request_id"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "truncation_side": "middle"}, "truncation_side"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "cache_salt": ""}, "cache_salt"),
+    ("/v1/score", {"queries": "a", "text_2": ["c"]}, "text_1"),  # the current names or the older ones, not a mix
+    ("/v1/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents"),
+    ("/v1/score", {"documents": ["c"]}, "queries"),
+    ("/v1/rerank", {"query": "q", "documents": ["a"], "instruction": 3}, "instruction"),
+    ("/v1/score", {"queries": "q", "documents": ["a"], "max_tokens_per_doc": 8}, "max_tokens_per_doc"),
     ("/v1/rerank", {"documents": ["a"]}, "query"),
     ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
     ("/v1/score", {"text_1": "a", "text_2": ["c"], "text_3": "e"}, "text_3"),

@@ -180,9 +180,10 @@ def test_chat_route_serves_the_template_ids(tiny, server, content):
     assert out["choices"][0]["message"]["content"] == want
 
 
-def test_truncate_prompt_tokens_keeps_the_last_ids(tiny, server):
+def test_truncate_prompt_tokens_keeps_the_last_ids_or_the_first(tiny, server):
     """vLLM's truncate_prompt_tokens: the prompt's last k ids run (completions: echo shows them; chat: of the
-    rendered template), greedy output equal to transformers' on those ids; -1 is the context length, 0 a 400."""
+    rendered template), greedy output equal to transformers' on those ids; truncation_side right keeps the first k;
+    -1 is the context length, 0 a 400."""
     _, model, tok = tiny
     ids = tok(TEXT + " and the capital of Italy is").input_ids
     k = 5
@@ -203,10 +204,18 @@ def test_truncate_prompt_tokens_keeps_the_last_ids(tiny, server):
     assert chat["usage"]["prompt_tokens"] == 4
     assert chat["choices"][0]["message"]["content"] == tok.decode(hf_greedy(model, cids[-4:], NEW),
                                                                   skip_special_tokens=True)
+    head = httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "prompt": TEXT + " and the capital of Italy is", "max_tokens": NEW, "min_tokens": NEW, "temperature": 0,
+        "truncate_prompt_tokens": k, "truncation_side": "right", "echo": True}).json()
+    assert head["choices"][0]["text"] == tok.decode(ids[:k]) + tok.decode(hf_greedy(model, ids[:k], NEW),
+                                                                            skip_special_tokens=True)
     for bad in (0, -2, "5", 10**6):
         r = httpx.post(server.url + "/v1/completions", timeout=30, json={
             "prompt": TEXT, "max_tokens": 1, "truncate_prompt_tokens": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "messages": messages, "max_tokens": 1, "truncate_prompt_tokens": 4, "truncation_side": "start"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncation_side", r.text
 
 
 def write_bos_gguf(path: str, model) -> None:

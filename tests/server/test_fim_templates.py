@@ -16,7 +16,8 @@ from radixlang_runtime.fim_templates import (FIM_TEMPLATES, PREFIX, SUFFIX, comp
 from radixlang_runtime.prompt_encoder import PromptEncoder
 from radixlang_runtime.protocol.limits import FieldError, RuntimeLimits
 from radixlang_runtime.server.http_common import BadRequest
-from radixlang_runtime.server.infill_api import FILE_LINE, REPO_LINE, fit, fit_sizes, infill_ids, parse_infill
+from radixlang_runtime.server.infill_api import FILE_LINE, REPO_LINE, SNIPPET, fit, fit_sizes, infill_ids, \
+    parse_infill
 from radixlang_runtime.server.openai_records import parse_completion
 from radixlang_runtime.server.tokenize_api import tokenize_body
 from radixlang_runtime.server_args import ServerArgs
@@ -178,12 +179,14 @@ def test_the_repository_name_line_leads_the_chunks(base):
         fim.extra_ids([(enc.encode_literal("a\n"), enc.encode_literal("x" + REPO))])
 
 
-def test_extra_chunks_are_refused_without_a_file_separator():
-    for markers, name in ((QWEN, "qwen_coder"), (DEEPSEEK, "deepseek_coder")):
+def test_extra_chunks_follow_llama_cpps_text_separator_without_a_file_separator():
+    """llama.cpp's format_infill without a file separator token: each chunk after the snippet separator's ids, no
+    file names, no current-file line."""
+    for markers in (QWEN, DEEPSEEK):
         fim, _ = detect_fim(tokenizer(markers))
-        with pytest.raises(FieldError, match=f"input_extra needs a file separator token .* {name} has none") as e:
-            fim.extra_ids([([1], [2])])
-        assert e.value.param == "input_extra"
+        assert fim.file_sep_id is None and fim.repo_name_id is None
+        assert fim.extra_ids([([1], [2]), ([3], [4, 5])], repo=[6], current=[7], snippet=[8, 9]) == [8, 9, 2, 8, 9,
+                                                                                                      4, 5]
     plain_sep = tokenizer(QWEN, plain=[SEP])  # a non-special separator the tokenizer parses out of text
     fim, _ = detect_fim(plain_sep)
     enc = PromptEncoder(plain_sep)
@@ -217,6 +220,13 @@ def test_the_infill_parser_takes_llama_cpps_fields(base):
               *enc.encode_literal("u"), v + 3, *enc.encode_literal("filename\n")]
     assert ids == [*enc.prefix_ids, *chunks, v, *enc.encode_literal("a"), *enc.encode_literal("c"), v + 1,
                    *enc.encode_literal("b"), v + 2]
+    plain_tok = tokenizer(QWEN)  # no file separator: llama.cpp's text separator before each chunk
+    plain_fim, _ = detect_fim(plain_tok)
+    lit = PromptEncoder(plain_tok).encode_literal
+    ids = infill_ids(_state(plain_tok, plain_fim, 4096, 4096, chunked_prefill_size=64), req)
+    assert ids == [*enc.prefix_ids, *lit(SNIPPET), *lit("t"), *lit(SNIPPET), *lit("u"), v, *lit("a"), *lit("c"),
+                   v + 1, *lit("b"), v + 2]
+    assert lit(SNIPPET) == lit("\n\n--- snippet ---\n\n") and len(lit(SNIPPET)) > 1
 
 
 def test_fit_cuts_as_llama_cpps_format_infill():

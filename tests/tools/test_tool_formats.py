@@ -333,6 +333,18 @@ def test_template_detection():
     assert detect_parser("{%- set dsml_token = '｜DSML｜' %}{{ '\\n\\n<' + dsml_token + 'tool_calls>\\n' }}") \
         == "deepseekv4"
     assert detect_parser("{{- '<|tool_call>call:' + function['name'] + '{' -}}") == "gemma4"
+    assert detect_parser("{{- ns_token + '<tool_call>' }}{%- set ns_token = ']<]minimax[>[' %}") == "minimax-m3"
+    assert detect_parser("List of tools: [{{ tools }}]{{ '<|tool_call_start|>' + calls + '<|tool_call_end|>' }}") \
+        == "lfm2"
+    # Granite 3.0's token; its 3.1 text form `<tool_call>` reads as Hermes' block
+    assert detect_parser("{%- elif thinking %}{{ '<|tool_call|>' + message.tool_calls | tojson }}") == "granite"
+    assert detect_parser("{{ '<|action_start|><|plugin|>\\n' + call | tojson + '<|action_end|>' }}") == "internlm"
+    assert detect_parser("<|END_THINKING|><|START_ACTION|>{{ tool_calls | tojson }}<|END_ACTION|>") \
+        == "cohere_command4"
+    assert detect_parser("{{ '<|open|>tools<|sep|>' }}{{ '<|close|>tools<|sep|>' }}") == "kimi_k3"
+    assert detect_parser("{{ ' functools[' + calls | tojson + ']' }}") == "phi4_mini_json"
+    assert detect_parser("{{ '<function_calls>\\n' + call + '\\n</function_calls>' }}") == "olmo3"
+    assert detect_parser("{{ '<tool_calls>' + calls + '</tool_calls>' }}") is None  # Jamba, MiniMax-M1, MiMo differ
 
 
 def test_vllm_names_are_aliases():

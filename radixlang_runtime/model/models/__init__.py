@@ -69,6 +69,10 @@ _FAMILIES = (
                 sequence_classifier.SequenceClassifier),
     ModelFamily("Qwen3ForSequenceClassification", sequence_classifier.parse_qwen3_classifier,
                 sequence_classifier.SequenceClassifier),
+    ModelFamily("MistralForSequenceClassification", sequence_classifier.parse_mistral_classifier,
+                sequence_classifier.SequenceClassifier),
+    ModelFamily("Gemma2ForSequenceClassification", sequence_classifier.parse_gemma2_classifier,
+                sequence_classifier.Gemma2SequenceClassifier),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)

@@ -1,7 +1,7 @@
-"""Llama / Qwen2 / Qwen3 *ForSequenceClassification: the native decoder (llama.py) plus transformers' `score`
-head (Linear hidden -> num_labels, no bias), which pooling's classify mode applies to the last token's final
-hidden state (executor/pooling_step.py). The LM head is the tied embedding, never used for classify (a
-classifier's checkpoint has no lm_head: the runner ties it as for any pooling model).
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 *ForSequenceClassification: the native decoder (llama.py,
+gemma2.py) plus transformers' `score` head (Linear hidden -> num_labels, no bias), which pooling's classify mode
+applies to the last token's final hidden state (executor/pooling_step.py). The LM head is the tied embedding,
+never used for classify (a classifier's checkpoint has no lm_head: the runner ties it as for any pooling model).
 
 The head's weight is a buffer, not a parameter: the decoder's loader covers every parameter it names, and the
 head stays a plain dense copy whatever packs or quantizes the decoder's linears. The label semantics (id2label,
@@ -19,10 +19,13 @@ from radixlang_runtime.classifier import classifier_labels
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.model.models import llama_family
+from radixlang_runtime.model.models.gemma2 import Gemma2ForCausalLM, parse_gemma2
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
 
-class SequenceClassifier(LlamaForCausalLM):
+class ScoreHead:
+    """The score head over a decoder class (a torch module listed after it in the bases)."""
+
     def __init__(self, cfg: ModelConfig, *a, **kw):
         super().__init__(cfg, *a, **kw)
         self.register_buffer("score_weight", torch.empty(cfg.num_labels, cfg.hidden_size))  # [num_labels, hidden]
@@ -45,6 +48,15 @@ class SequenceClassifier(LlamaForCausalLM):
         return F.linear(hidden.to(self.score_weight.dtype), self.score_weight).float()
 
 
+class SequenceClassifier(ScoreHead, LlamaForCausalLM):
+    """Llama, Mistral, Qwen2, Qwen3."""
+
+
+class Gemma2SequenceClassifier(ScoreHead, Gemma2ForCausalLM):
+    """Gemma 2 (Skywork-Reward-Gemma and other reward models): the score head reads the final norm's output; the
+    logit soft-capping is the LM head's, never the score's."""
+
+
 def _classifier(parse):
     def parse_classifier(cfg: dict) -> ModelConfig:
         arch = cfg["architectures"][0]
@@ -55,5 +67,7 @@ def _classifier(parse):
 
 
 parse_llama_classifier = _classifier(llama_family.parse_llama)
+parse_mistral_classifier = _classifier(llama_family.parse_mistral)
+parse_gemma2_classifier = _classifier(parse_gemma2)
 parse_qwen2_classifier = _classifier(llama_family.parse_qwen2)
 parse_qwen3_classifier = _classifier(llama_family.parse_qwen3)
