@@ -43,6 +43,7 @@ from radixlang_runtime.model.executor.logprobs import fill_input_logprobs, plan_
 from radixlang_runtime.model.layers.lora_linear import LoraModel
 from radixlang_runtime.model.layers.lora_triton import triton_lora_ready
 from radixlang_runtime.model.loader.lora_registry import LoraRegistry
+from radixlang_runtime.model.loader.meta_build import build_on_meta
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
@@ -155,9 +156,8 @@ class ModelRunner:
         quant = resolve_quantization(args, model_dir, model_cls, self.device.type)  # a .gguf's blocks by default
         self.dtype = gguf_blocks_dtype(args.dtype, self.dtype, self.device) if quant == "gguf" else self.dtype
         rotary = Rotary(cfg.rope, self.context_len, self.device, self.dtype)
-        with torch.device("meta"):
-            model = model_cls(cfg, backend, rotary, shard, tp.all_reduce if tp else None)
-        model = model.to(self.dtype).to_empty(device=self.device)  # cast on meta: no float32 copy to convert
+        model = build_on_meta(lambda: model_cls(cfg, backend, rotary, shard, tp.all_reduce if tp else None),
+                              self.dtype, self.device)
         model.load_hf_state_dict(tensors)
         # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
         self.pools_hidden = type(model).forward is LlamaForCausalLM.forward

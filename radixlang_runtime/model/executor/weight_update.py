@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from radixlang_runtime.model.loader.config import ModelConfig
+from radixlang_runtime.model.loader.meta_build import build_on_meta
 from radixlang_runtime.model.loader.weights import Range, SafetensorsDir
 from radixlang_runtime.model.models import family_for
 
@@ -133,10 +134,9 @@ def build_twin(runner, source: Any) -> torch.nn.Module:
 
     served, cfg = runner.model, runner.cfg
     model_cls = family_for(cfg.architecture, cfg.model_impl).model_class
-    with torch.device("meta"):  # the served backend and rotary: neither holds a module tensor
-        twin = model_cls(cfg, runner.backend, served.rotary, runner.shard,
-                         runner.tp.all_reduce if runner.tp else None)
-    twin = twin.to(runner.dtype).to_empty(device=runner.device)
+    # the served backend and rotary: neither holds a module tensor
+    twin = build_on_meta(lambda: model_cls(cfg, runner.backend, served.rotary, runner.shard,
+                                           runner.tp.all_reduce if runner.tp else None), runner.dtype, runner.device)
     twin.load_hf_state_dict(source)
     head = getattr(served, "head", None)
     if runner.args.quantization == "int8":

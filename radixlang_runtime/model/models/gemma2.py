@@ -96,8 +96,9 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         x = super().embed(ids)  # [T, hidden]; transformers rounds sqrt(hidden) to the weights' dtype first
         return x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
 
-    def forward(self, fb: ForwardBatch, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
-        logits = super().forward(fb, logit_rows)  # float32 [R, V]
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits, soft-capped (the forward stays Llama's: pooling reads final_hidden)."""
+        logits = super().head_logits(x)  # float32 [R, V]
         cap = self.cfg.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap
 
