@@ -3,8 +3,10 @@ made before load_hf_state_dict fills it (the runner's first load, a weight updat
 
 On the meta device torch's module initializers (nn.Linear's kaiming_uniform_, nn.Embedding's normal_) compute
 nothing, yet still run through torch's Python references, whose first call imports torch._dynamo: over a second
-of every start. Their values never exist (to_empty gives fresh storage, the checkpoint fills every parameter),
-so torch.nn.init's functions are skipped while the modules are built (a torch function mode: this thread only).
+of every start. Their values never exist (the storage is fresh, the checkpoint fills every parameter), so
+torch.nn.init's functions are skipped while the modules are built (a torch function mode: this thread only).
+Module.to_empty's empty_like on a meta tensor is such a reference too (its first call imports sympy through
+torch's symbolic shapes); torch.empty_strided, a factory, is not, and keeps each tensor's layout.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class _SkipInit(TorchFunctionMode):
 
 def build_on_meta(make: Callable[[], nn.Module], dtype: torch.dtype, device: torch.device) -> nn.Module:
     """make() on the meta device without initializers, cast to dtype there (no float32 copy to convert), then given
-    uninitialized storage on `device`."""
+    uninitialized storage on `device` (what Module.to_empty gives)."""
     with torch.device("meta"), _SkipInit():
         model = make()
-    return model.to(dtype).to_empty(device=device)
+    return model.to(dtype)._apply(lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device))
