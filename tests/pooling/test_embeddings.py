@@ -6,12 +6,11 @@ SDK and sentence-transformers as the reference (float32).
   /encode equal sentence-transformers' encode; bad input answers 400 in OpenAI's shape; one call is one prefill batch;
 - a tiny Qwen3 (bare Qwen3Model checkpoint, no chat template, mean Pooling -> Normalize, Matryoshka) with chunked
   prefill: mean over the chunks, `dimensions`, cosine rerank / score;
-- a tiny Qwen3ForCausalLM generation server: /v1/rerank and /v1/score equal transformers' P(yes) over (no, yes) at
-  the last position of the Qwen3-Reranker prompt; /v1/embeddings answers 400 naming --is-embedding, /classify
-  (there and on the embedding server) 400 naming a sequence classifier.
+/classify on the embedding server answers 400 naming a sequence classifier (a decoder reranker: test_reranker.py).
 vLLM's pooling fields: chat `messages` equal the template's tokens embedded, truncate_prompt_tokens keeps the last
-tokens, use_activation false is the pooled vector before Normalize (the raw yes - no logit for the reranker),
-request_id names the answer, base64 float16 / big-endian; each bad value answers 400 naming its field.
+tokens (or the first), use_activation false is the pooled vector before Normalize, request_id names the answer,
+cache_salt keeps a prompt out of the shared cache, base64 in every embed_dtype and byte order; each bad value
+answers 400 naming its field.
 After each server's scenarios its KV pool is whole.
 """
 
@@ -73,17 +72,11 @@ def _build_mean(root):
     return st, ("--model-path", str(root / "st"), "--is-embedding", "--chunked-prefill-size", "32", *FLAGS)
 
 
-def _build_reranker(root):
-    model = build_tiny(root, "Qwen3Config", {**TINY, "tie_word_embeddings": True}, {})
-    return (model, str(root)), ("--model-path", str(root), *FLAGS)
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """The three servers, started at once (a start is mostly one process's own work)."""
-    built = {name: fn(tmp_path_factory.mktemp(name)) for name, fn in
-             (("last", _build_last), ("mean", _build_mean), ("reranker", _build_reranker))}
-    with ThreadPoolExecutor(3) as pool:
+    """The two servers, started at once (a start is mostly one process's own work)."""
+    built = {name: fn(tmp_path_factory.mktemp(name)) for name, fn in (("last", _build_last), ("mean", _build_mean))}
+    with ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(ServerProcess, *flags) for name, (_, flags) in built.items()}
     procs = {name: f.result() for name, f in futures.items() if f.exception() is None}
     if len(procs) < len(futures):  # a failed start still stops the others
@@ -103,12 +96,6 @@ def last_model(servers):
 @pytest.fixture(scope="module")
 def mean_model(servers):
     return servers["mean"]
-
-
-@pytest.fixture(scope="module")
-def reranker(servers):
-    (model, model_dir), server = servers["reranker"]
-    return model, model_dir, server
 
 
 def _sdk(server) -> openai.OpenAI:
@@ -416,130 +403,4 @@ def test_embedding_server_scores_by_cosine(mean_model):
     r = httpx.post(server.url + "/v1/rerank", json={"query": TEXTS[0], "documents": docs, "instruction": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"  # cosine scores have no slot for it
     assert "embeddings" in r.json()["error"]["message"]
-    assert_idle_and_whole(httpx.Client(base_url=server.url))
-
-
-# ------------------------------------------------------------------ decoder reranker on a generation server
-def _reference_scores(model, model_dir: str, query: str, docs: list[str], raw: bool = False,
-                      keep: int = 0, instruction: str = "") -> list[float]:
-    """P(yes) over (no, yes) at the last position; raw: logit(yes) - logit(no); keep: only the last keep tokens
-    (keep < 0: the first -keep tokens); instruction: the template's, else Qwen3-Reranker's default."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from radixlang_runtime.protocol.pooling_input import QWEN3_RERANK_TEMPLATE
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    no, yes = tok.encode("no", add_special_tokens=False)[0], tok.encode("yes", add_special_tokens=False)[0]
-    instruction = instruction or "Given a web search query, retrieve relevant passages that answer the query"
-    out = []
-    for doc in docs:
-        prompt = (QWEN3_RERANK_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query)
-                  .replace("{document}", doc))
-        with torch.no_grad():
-            ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            ids = ids[:-keep] if keep < 0 else ids[-keep:]
-            logits = model(torch.tensor([ids])).logits[0, -1].double()
-        out.append((logits[yes] - logits[no]).item() if raw else torch.softmax(logits[[no, yes]], dim=0)[1].item())
-    return out
-
-
-def test_rerank_and_score_equal_transformers_yes_no(reranker):
-    model, model_dir, server = reranker
-    query, docs = "what is the capital of France?", ["Paris is the capital of France.", "Bananas are yellow.", "x",
-                                                     "{document} braces stay text"]
-    ref = _reference_scores(model, model_dir, query, docs)
-    out = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs}).json()
-    order = sorted(range(len(docs)), key=lambda i: -ref[i])
-    assert [r["index"] for r in out["results"]] == order
-    assert [r["relevance_score"] for r in out["results"]] == pytest.approx([ref[i] for i in order], abs=1e-4)
-    assert [r["document"]["text"] for r in out["results"]] == [docs[i] for i in order]
-    short = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 1,
-                                                        "return_documents": False}).json()
-    assert short["results"] == [{"index": order[0], "relevance_score": pytest.approx(ref[order[0]], abs=1e-4)}]
-    score = httpx.post(server.url + "/v1/score", json={"model": "default", "text_1": query, "text_2": docs}).json()
-    assert [s["index"] for s in score["data"]] == [0, 1, 2, 3]
-    assert [s["score"] for s in score["data"]] == pytest.approx(ref, abs=1e-4)
-    for alias in ("/rerank", "/v2/rerank"):  # vLLM's other names: the same answer
-        again = httpx.post(server.url + alias, json={"query": query, "documents": docs}).json()["results"]
-        assert [r["index"] for r in again] == order, alias
-        assert [r["relevance_score"] for r in again] == pytest.approx([ref[i] for i in order], abs=1e-4)
-    again = httpx.post(server.url + "/score", json={"text_1": query, "text_2": docs}).json()["data"]
-    assert [s["score"] for s in again] == pytest.approx(ref, abs=1e-4)
-    named = httpx.post(server.url + "/score", json={"queries": query, "documents": docs}).json()["data"]
-    assert [s["score"] for s in named] == pytest.approx(ref, abs=1e-4)  # vLLM's current names
-    zipped = httpx.post(server.url + "/v1/score", json={"queries": [query] * len(docs), "documents": docs}).json()
-    zipped = zipped["data"]
-    assert [s["score"] for s in zipped] == pytest.approx(ref, abs=1e-4)
-    top = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 0}).json()
-    assert len(top["results"]) == len(docs)  # top_n 0: every document, as vLLM
-    one = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs[1]}).json()["results"]
-    assert [r["relevance_score"] for r in one] == pytest.approx(ref[1:2], abs=1e-4)  # one document as a string
-    task = "Decide whether the passage names a city"
-    told = _reference_scores(model, model_dir, query, docs, instruction=task)
-    assert max(abs(a - b) for a, b in zip(told, ref)) > 1e-3  # the instruction reaches the prompt
-    for route, body in (("/v1/rerank", {"query": query, "documents": docs}), ("/v1/score", {"queries": query,
-                                                                                           "documents": docs})):
-        out = httpx.post(server.url + route, json={**body, "instruction": task}).json()
-        got = ([s["score"] for s in out["data"]] if route == "/v1/score" else
-               [r["relevance_score"] for r in sorted(out["results"], key=lambda r: r["index"])])
-        assert got == pytest.approx(told, abs=1e-4), route
-
-
-def test_rerank_raw_logits_and_truncation(reranker):
-    model, model_dir, server = reranker
-    query, docs = "what is the capital of France?", ["Paris is the capital of France.", "Bananas are yellow."]
-    raw = _reference_scores(model, model_dir, query, docs, raw=True)
-    score = httpx.post(server.url + "/v1/score", json={"text_1": query, "text_2": docs, "use_activation": False})
-    assert [s["score"] for s in score.json()["data"]] == pytest.approx(raw, abs=1e-4)
-    cut = _reference_scores(model, model_dir, query, docs, keep=20)
-    out = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": docs, "truncate_prompt_tokens": 20,
-                                                      "request_id": "r1"}).json()
-    assert out["id"] == "rerank-r1" and out["usage"]["prompt_tokens"] == 40
-    assert {r["index"]: r["relevance_score"] for r in out["results"]} == pytest.approx(dict(enumerate(cut)), abs=1e-4)
-    first = _reference_scores(model, model_dir, query, docs, keep=-20)
-    assert max(abs(a - b) for a, b in zip(first, cut)) > 1e-3
-    out = httpx.post(server.url + "/v1/score", json={"queries": query, "documents": docs, "truncate_prompt_tokens": 20,
-                                                     "truncation_side": "right"}).json()
-    assert [s["score"] for s in out["data"]] == pytest.approx(first, abs=1e-4)
-
-
-@pytest.mark.parametrize("route, body, param", [
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "use_activation": 0}, "use_activation"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "truncate_prompt_tokens": -3}, "truncate_prompt_tokens"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "priority": 2}, "priority"),
-    ("/v1/score", {"text_1": "a", "text_2": ["c"], "messages": []}, "messages"),  # no chat form for pairs
-    ("/v1/score", {"text_1": "a", "text_2": ["c"], "request_id": ["x"]}, "request_id"),
-    ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "truncation_side": "middle"}, "truncation_side"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "cache_salt": ""}, "cache_salt"),
-    ("/v1/score", {"queries": "a", "text_2": ["c"]}, "text_1"),  # the current names or the older ones, not a mix
-    ("/v1/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents"),
-    ("/v1/score", {"documents": ["c"]}, "queries"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "instruction": 3}, "instruction"),
-    ("/v1/score", {"queries": "q", "documents": ["a"], "max_tokens_per_doc": 8}, "max_tokens_per_doc"),
-    ("/v1/rerank", {"documents": ["a"]}, "query"),
-    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
-    ("/v1/score", {"text_1": "a", "text_2": ["c"], "text_3": "e"}, "text_3"),
-    ("/v1/embeddings", {"input": "x"}, None),
-    ("/encode", {"text": "x"}, None),
-    ("/classify", {"input": "x"}, None),
-])
-def test_reranker_server_bad_input_is_400(reranker, route, body, param):
-    _, _, server = reranker
-    r = httpx.post(server.url + route, json=body)
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
-    if route in ("/v1/embeddings", "/encode"):
-        assert "--is-embedding" in r.json()["error"]["message"]
-    if route == "/classify":
-        assert "sequence classifier" in r.json()["error"]["message"]
-
-
-def test_reranker_server_still_generates_and_is_whole(reranker):
-    _, _, server = reranker
-    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 3,
-                                                                                     "ignore_eos": True}})
-    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
     assert_idle_and_whole(httpx.Client(base_url=server.url))
