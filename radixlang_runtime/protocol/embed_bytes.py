@@ -3,8 +3,8 @@ fp8_e4m3 | fp8_e5m2 in `endianness` native | little | big (one-byte types have n
 
 Every cast rounds to nearest, ties to even, as torch casts: bfloat16 keeps a float32's upper half (NaN stays a
 quiet NaN); fp8_e4m3 is float8_e4m3fn (bias 7, three mantissa bits, largest 448, no infinity: a value that rounds
-past 448 is NaN), fp8_e5m2 is float8_e5m2 (bias 15, two mantissa bits, largest 57344; past it, infinity). Both fp8
-types have subnormals. NumPy, no torch.
+past 448, infinity included, saturates at 448, as torch 2.13 casts), fp8_e5m2 is float8_e5m2 (bias 15, two
+mantissa bits, largest 57344; past it, infinity). Both fp8 types have subnormals; NaN is 0x7F. NumPy, no torch.
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ def fp8_bits(x: np.ndarray, dtype: str) -> np.ndarray:
     bias, man, largest, past = _FP8[dtype]
     sign = np.signbit(x).astype(np.uint8) << np.uint8(7)
     a = np.abs(x.astype(np.float64))
-    finite = np.isfinite(a)
-    a = np.where(finite, a, 0.0)
+    a = np.where(np.isfinite(a), a, 0.0)  # inf / NaN: their own bits below
     low = 1 - bias  # the smallest normal exponent; below it the quantum stays 2 ** (low - man) (subnormals)
     e = np.maximum(np.floor(np.log2(np.where(a > 0, a, 1.0))), low)
     r = np.round(a / np.exp2(e - man)) * np.exp2(e - man)  # NumPy rounds half to even

@@ -254,16 +254,17 @@ PairModel = Union[Reranker, CrossEncoder]  # what scores a pair in one request (
 def _pairs_call(queries: list[str], docs: list[str], pairs: list[tuple[int, int]], cfg: Optional[PoolingConfig],
                 reranker: Optional[PairModel], encode: Encode, encode_plain: Encode, limits: RuntimeLimits,
                 opts: PoolingOptions, name: str) -> PairCall:
+    pad = cfg.pad_token_id if cfg is not None else None  # a classifier's (an embedding model has none)
+
     def requests(prompts: list[Prompt], spec: PoolSpec, enc: Encode, max_len: Optional[int] = None) -> list:
-        return pooling_requests(prompts, spec, enc, limits, name, opts, max_len)
+        return pooling_requests(prompts, spec, enc, limits, name, opts, max_len, pad)
 
     if cfg is not None and cfg.classifies:  # a cross-encoder: one request per pair through the score head
         if len(cfg.labels) != 1 or not isinstance(reranker, CrossEncoder):
             raise ValueError(f"scoring pairs needs a classifier with one label (num_labels 1: a cross-encoder); "
                              f"this one has {len(cfg.labels)}: use /classify")
         prompts = [reranker.encode_pair(queries[q], docs[d]) for q, d in pairs]
-        reqs = pooling_requests(prompts, PoolSpec("classify"), encode_plain, limits, name, opts,
-                                pad_id=cfg.pad_token_id)
+        reqs = requests(prompts, PoolSpec("classify"), encode_plain)
         return PairCall(reqs, pairs, docs, "classifier", opts)
     if cfg is not None:  # a pooling model: cosine similarity of the embeddings
         texts = queries + docs
