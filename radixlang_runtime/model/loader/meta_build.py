@@ -2,9 +2,10 @@
 made before load_hf_state_dict fills it (the runner's first load, a weight update's twin).
 
 On the meta device torch's module initializers (nn.Linear's kaiming_uniform_, nn.Embedding's normal_) compute
-nothing, yet still run through torch's Python references, whose first call imports torch._dynamo: over a second
-of every start. Their values never exist (the storage is fresh, the checkpoint fills every parameter), so
-torch.nn.init's functions are skipped while the modules are built (a torch function mode: this thread only).
+nothing, yet still run through torch's Python references, whose first call imports torch._dynamo on every start
+(docs/PERFORMANCE.md, "Server start"). Their values never exist (the storage is fresh, the checkpoint fills every
+parameter), so torch.nn.init's functions are skipped while the modules are built (a torch function mode: this
+thread only).
 Module.to_empty's empty_like on a meta tensor is such a reference too (its first call imports sympy through
 torch's symbolic shapes); torch.empty_strided, a factory, is not, and keeps each tensor's layout.
 """
