@@ -1,11 +1,11 @@
 """Build, cache and load the CPU kernel library; its entry points typed from the one header (torch-free).
 
-All csrc/cpu/*.c files compile once into one shared library for exactly the feature set cpu_caps.detect()
-allows (`kernel_cflags`, never -march=native), cached under $RADIXLANG_CACHE_DIR/kernels (default
-~/.cache/radixlang/kernels) with a key of the sources, the compiler, the flags and the CPU's features.
-Without a compiler (or with the mask word `cc`), or when the build fails, there is no library and every
-operation runs torch ops (cpu_ops.plan). The library links the same libgomp.so.1 torch already loaded, so
-both share one OpenMP thread pool.
+All csrc/cpu/*.c files compile once (an object each, as many at once as the process has CPUs) into one shared
+library for exactly the feature set cpu_caps.detect() allows (`kernel_cflags`, never -march=native), cached
+under $RADIXLANG_CACHE_DIR/kernels (default ~/.cache/radixlang/kernels) with a key of the sources, the
+compiler, the flags and the CPU's features. Without a compiler (or with the mask word `cc`), or when the build
+fails, there is no library and every operation runs torch ops (cpu_ops.plan). The library links the same
+libgomp.so.1 torch already loaded, so both share one OpenMP thread pool.
 
 OpTable: the loaded library with one attribute per prototype of csrc/cpu/kernels.h, typed by
 header.parse_header; each signature is written once, in the header.
@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
 from radixlang_kernels.cpu_caps import CpuCaps
@@ -96,6 +97,33 @@ def library_key(caps: CpuCaps, cc: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return subprocess.CompletedProcess(cmd, 1, "", str(e))
+
+
+def _compile(cc: str, flags: list[str], out: str) -> subprocess.CompletedProcess:
+    """Each source compiles to its own object, as many at once as this process may use CPUs; then one link."""
+    compile_flags = [f for f in flags if f != "-shared"]
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as objdir:
+        objs = [os.path.join(objdir, os.path.basename(src)[:-2] + ".o") for src in _SRCS]
+        cmds = [[cc, *compile_flags, "-c", src, "-o", obj] for src, obj in zip(_SRCS, objs)]
+        with ThreadPoolExecutor(max(1, min(_cpus(), len(cmds)))) as pool:
+            failed = [r for r in pool.map(_run, cmds) if r.returncode != 0]
+        if failed:
+            return failed[0]
+        return _run([cc, *flags, *objs, "-o", out, "-lm"])
+
+
 def build_library(caps: CpuCaps) -> Optional[OpTable]:
     """Compile (or reuse from the cache) the library for `caps`; None without a compiler or on failure.
     Tests build one per instruction set the machine has, to run every kernel path."""
@@ -108,11 +136,7 @@ def build_library(caps: CpuCaps) -> Optional[OpTable]:
         os.makedirs(_cache_dir(), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
         os.close(fd)
-        cmd = [caps.compiler, *build_flags(caps), *_SRCS, "-o", tmp, "-lm"]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            res = subprocess.CompletedProcess(cmd, 1, "", str(e))
+        res = _compile(caps.compiler, build_flags(caps), tmp)
         if res.returncode != 0:
             if os.path.exists(tmp):  # the compiler may have removed its failed output already
                 os.unlink(tmp)

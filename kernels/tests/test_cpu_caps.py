@@ -38,3 +38,25 @@ def test_library_key_changes_with_features():
     a = CpuCaps("x86_64", ZEN5, frozenset(), "cc")
     b = dataclasses.replace(a, features=apply_mask(ZEN5, parse_mask("avx512_bf16")))
     assert library_key(a, "cc") != library_key(b, "cc")
+
+
+def test_a_failed_build_leaves_no_library_and_no_objects(tmp_path, monkeypatch):
+    """A compiler that fails on one source while the others compile side by side (here it only writes their
+    objects): no library, and nothing left in the cache directory."""
+    from radixlang_kernels.op_table import build_library
+
+    wrapper = tmp_path / "cc-fails-on-gemv"
+    log = tmp_path / "calls"
+    wrapper.write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$*" in *" -c "*/gemv.c*) echo "gemv.c: error" >&2; exit 1;; esac
+while [ "$1" != "-o" ]; do shift; done
+: > "$2"
+""")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("RADIXLANG_CACHE_DIR", str(tmp_path / "cache"))
+    caps = CpuCaps("x86_64", frozenset(), frozenset(), str(wrapper))
+    assert build_library(caps) is None
+    calls = log.read_text().splitlines()
+    assert sum(" -c " in c for c in calls) == len(calls) >= 10  # an object per source; no link after a failure
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []

@@ -41,7 +41,9 @@ def paged_setup(prefix_lens, extend_lens, hkv, D, dtype, page_size, seed):
     return kb, vb, rt, rows
 
 
-CONFIGS = [(9, 3, 64), (32, 8, 128), (8, 2, 80)]
+# Llama-8B's heads on a GPU; interpreted, the same head size and GQA ratio over a quarter of the heads (the
+# interpreter's time grows with the grid, and more heads run the same program more times)
+CONFIGS = [(9, 3, 64), (32, 8, 128) if DEVICE == "cuda" else (8, 2, 128), (8, 2, 80)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -20,37 +20,47 @@ def _scenario(runner, row0: int, slot0: int, shared: int = 0):
     return decode_scenario(runner, PROMPTS, row0, slot0, shared=shared)
 
 
-@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"),
-                                dict(dtype="bfloat16", quantization="gguf"), dict(dtype="float32", quantization="gguf"),
-                                dict(dtype="bfloat16", quantization="int8")],
-                         ids=["bf16", "fp32", "gguf", "gguf-fp32", "int8"])
-@pytest.mark.parametrize("shared", [0, 100], ids=["own", "cascade"])
-def test_fused_decode_is_bit_identical_to_the_modules(kw, shared):
+KINDS = {"bf16": dict(dtype="bfloat16"), "fp32": dict(dtype="float32"),
+         "gguf": dict(dtype="bfloat16", quantization="gguf"), "gguf-fp32": dict(dtype="float32", quantization="gguf"),
+         "int8": dict(dtype="bfloat16", quantization="int8")}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def kind_engine(request):
+    """One engine per weight kind, shared by its cases (each case prefills rows and slots of its own)."""
     from radixlang_runtime import Engine
     from radixlang_runtime.model.layers.packed_linear import packing_available
 
+    kw = KINDS[request.param]
     if kw == dict(dtype="bfloat16") and not packing_available(torch.device("cpu"), torch.bfloat16):
         pytest.skip("bf16 dense linears are plain F.linear on this CPU (no oneDNN bf16): no decode kernel to fuse")
-
     with Engine(None, max_total_tokens=2048, **kw) as eng:
-        runner = eng.runner
-        model = runner.model
-        fused = model.fused_decode
-        assert fused is not None, runner.cpu_paths
-        assert runner.cpu_paths.decode_layer.startswith("c:")
-        calls = []
-        run = fused.run
-        fused.run = lambda residual, fb: (calls.append((fb.batch_size, fb.attn_meta.cascade is not None)),
-                                          run(residual, fb))[1]
+        yield eng
+
+
+@pytest.mark.parametrize("shared", [0, 100], ids=["own", "cascade"])
+def test_fused_decode_is_bit_identical_to_the_modules(kind_engine, shared):
+    runner = kind_engine.runner
+    model = runner.model
+    fused = model.fused_decode
+    assert fused is not None, runner.cpu_paths
+    assert runner.cpu_paths.decode_layer.startswith("c:")
+    calls = []
+    run = fused.run
+    fused.run = lambda residual, fb: (calls.append((fb.batch_size, fb.attn_meta.cascade is not None)),
+                                      run(residual, fb))[1]
+    try:
         with torch.inference_mode():
             got, got_kv = _scenario(runner, 0, 0, shared=shared)
             assert calls == [(3, shared > 0)] * 4  # every decode step (with cascade groups or not), no prefill
             model.fused_decode = None
             want, want_kv = _scenario(runner, 3, 1000, shared=shared)
-            model.fused_decode = fused
-        for step, (a, b) in enumerate(zip(got, want)):
-            assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
-        assert torch.equal(got_kv, want_kv)
+    finally:
+        model.fused_decode = fused
+        del fused.run  # the bound method again
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
+    assert torch.equal(got_kv, want_kv)
 
 
 def test_fused_decode_takes_cascade_groups_and_steps_aside_for_large_batches():

@@ -29,8 +29,8 @@ from radixlang_runtime.server_args import ServerArgs
 from server_utils import ServerProcess, alive, free_port, wait_gone
 
 DRAIN_S = 12  # --graceful-shutdown-timeout of the shared server
-STALL_TIMEOUT_S = 5  # --health-stall-timeout of the shared server
-STALL_S = 15  # an injected step of a "stall-" request sleeps this long, once
+STALL_TIMEOUT_S = 4  # --health-stall-timeout of the shared server
+STALL_S = 9  # an injected step of a "stall-" request sleeps this long, once
 # New tokens: the signal comes when every short stream is at most 4 tokens from its end (arrivals may
 # spread over a few steps), so the short requests finish inside the drain even on a loaded machine (a
 # few steps of 20 requests); a long one cannot (10 requests decoding 1,500 tokens each in 12 s is 1,250
