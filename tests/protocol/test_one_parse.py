@@ -70,37 +70,48 @@ def _counting_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory):
-    port = free_port()
-    with _counting_env(tmp_path_factory) as log:
-        srv = ServerProcess("--max-total-tokens", "4096", "--frontend-port", str(port))
-    srv.frontend = f"tcp://127.0.0.1:{port}"
-    yield srv, log
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def counted_pd(tmp_path_factory):
-    """launch_router --pd-disaggregation over one prefill and one decode (pd_servers' flags, a tiny checkpoint),
-    every process counting."""
+def started(tmp_path_factory):
+    """The counted server (the embedded model, its ZeroMQ link) and a prefill and a decode (pd_servers' flags, a
+    tiny checkpoint), all three started side by side (most of this module's time), then launch_router
+    --pd-disaggregation over the pair; every process counting, into one log (the tests run one at a time)."""
     d = tmp_path_factory.mktemp("tiny_llama_pd")
     pd = pd_servers.Cluster(str(d), build_tiny(d, "LlamaConfig", pd_servers.TINY, {}), free_port())
-    router = None
+    port = free_port()
+    srv = router = f_srv = None
     try:
         with _counting_env(tmp_path_factory) as log:
-            with ThreadPoolExecutor(2) as ex:  # side by side: most of this fixture's time
-                prefill, decode = ex.submit(pd.start_prefill), ex.submit(pd.start_decode, 0)
-                prefill, decode = prefill.result(), decode.result()
+            with ThreadPoolExecutor(3) as ex:
+                f_srv = ex.submit(ServerProcess, "--max-total-tokens", "4096", "--frontend-port", str(port))
+                f_prefill, f_decode = ex.submit(pd.start_prefill), ex.submit(pd.start_decode, 0)
+            srv = f_srv.result()
+            srv.frontend = f"tcp://127.0.0.1:{port}"
+            prefill, decode = f_prefill.result(), f_decode.result()
             router = RouterProcess("--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
                                    "--health-check-interval-secs", "0.2", "--health-check-timeout-secs", "60",
                                    "--request-timeout-secs", "600")
         wait_for(lambda: all(i["eligible"] for g in router.info()["groups"].values() for i in g["instances"]),
                  600, lambda: router.info())
-        yield router, prefill, decode, log
+        yield srv, router, prefill, decode, log
     finally:
         if router is not None:
             router.stop()
+        if srv is not None:
+            srv.stop()
+        elif f_srv is not None and f_srv.exception() is None:  # another start failed: this one is running
+            f_srv.result().stop()
         pd.stop()
+
+
+@pytest.fixture(scope="module")
+def counted(started):
+    srv, _, _, _, log = started
+    return srv, log
+
+
+@pytest.fixture(scope="module")
+def counted_pd(started):
+    _, router, prefill, decode, log = started
+    return router, prefill, decode, log
 
 
 def _calls(log) -> dict[str, int]:

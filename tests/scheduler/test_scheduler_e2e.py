@@ -17,9 +17,9 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 def pressure_workload() -> tuple[list[list[int]], list[dict]]:
     rng = random.Random(7)
     ids, sps = [], []
-    for _ in range(24):  # ~2,100 tokens of demand on a 512-token pool
+    for _ in range(12):  # ~900 tokens of demand on a 256-token pool
         ids.append([rng.randrange(100, 49000) for _ in range(rng.randrange(20, 101))])
-        sps.append({**GREEDY, "max_new_tokens": rng.randrange(8, 49)})
+        sps.append({**GREEDY, "max_new_tokens": rng.randrange(8, 25)})
     return ids, sps
 
 
@@ -35,7 +35,7 @@ def test_memory_pressure_retracts_and_loses_nothing(page_size, roomy_outputs):
 
     ids, sps = pressure_workload()
     # An optimistic decode reservation (new_token_ratio 0.05) admits more than fits: decode must retract.
-    with Engine(dtype="float32", max_total_tokens=512, page_size=page_size, new_token_ratio_init=0.05,
+    with Engine(dtype="float32", max_total_tokens=256, page_size=page_size, new_token_ratio_init=0.05,
                 new_token_ratio_min=0.05, debug_check_integrity=True) as eng:
         outs = eng.generate(input_ids=ids, sampling_params=sps)
         stats = eng.get_stats()
@@ -48,11 +48,11 @@ def test_memory_pressure_retracts_and_loses_nothing(page_size, roomy_outputs):
 
 @pytest.fixture(scope="module")
 def engine_chunked():
-    yield from running_engine(dtype="float32", max_total_tokens=8192, chunked_prefill_size=256,
+    yield from running_engine(dtype="float32", max_total_tokens=8192, chunked_prefill_size=128,
                               debug_check_integrity=True)
 
 
-def long_prompt(n: int = 3000, seed: int = 3) -> list[int]:
+def long_prompt(n: int = 1500, seed: int = 3) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(100, 49000) for _ in range(n)]
 
@@ -63,7 +63,7 @@ def test_chunked_prefill_matches_unchunked_and_decode_keeps_going(engine_chunked
     prompt = long_prompt()
     want = engine_fp32.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 8})
     ref_steps = engine_fp32._loop.call(lambda s: list(s.recent_batches))
-    assert ("extend", 1, 3000) in ref_steps[-8:]  # the reference prefilled in one pass
+    assert ("extend", 1, 1500) in ref_steps[-8:]  # the reference prefilled in one pass
 
     # The streamer decodes until it is aborted, not for a fixed count: how far it got before the long
     # prompt arrived depends on thread scheduling, so a fixed length could end it before the chunks.
@@ -91,8 +91,8 @@ def test_chunked_prefill_matches_unchunked_and_decode_keeps_going(engine_chunked
     assert streamer_meta["finish_reason"]["type"] == "abort"
     assert len(streamer_tokens) == streamer_meta["completion_tokens"] >= 8
 
-    chunks = [i for i, (p, t) in enumerate(phases) if p == "extend" and t == 256]
-    assert len(chunks) >= 11  # 3000 tokens / 256 (the last chunk is shorter)
+    chunks = [i for i, (p, t) in enumerate(phases) if p == "extend" and t == 128]
+    assert len(chunks) >= 11  # 1500 tokens / 128 (the last chunk is shorter)
     interleaved = sum("decode" in [p for p, _ in phases[a + 1 : b]] for a, b in zip(chunks, chunks[1:]))
     assert interleaved >= 8  # the stream stepped between chunks while it was still decoding
     assert_whole(eng)
