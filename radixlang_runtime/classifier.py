@@ -22,7 +22,7 @@ from typing import Any, Optional
 SUFFIX = "ForSequenceClassification"
 CLASSIFIER_ARCHS = ("LlamaForSequenceClassification", "MistralForSequenceClassification",
                     "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
-                    "Gemma2ForSequenceClassification")
+                    "Gemma2ForSequenceClassification", "Gemma3TextForSequenceClassification")
 ACTIVATIONS = ("softmax", "sigmoid", "identity")
 _PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
 # the score activation a cross-encoder's config may name (sentence-transformers' CrossEncoder): only the default

@@ -233,6 +233,28 @@ def test_sliding_window_families_match_transformers(name, tmp_path):
     assert_windowed_parity(tmp_path, *WINDOWED[name])
 
 
+def test_gemma3_returns_transformers_final_hidden_states(tmp_path):
+    """Gemma 3 sets its local rope tables where the hidden states are computed: --enable-return-hidden-states gives
+    transformers' final-norm output over a prompt past the sliding window (sliding and global layers, two ropes)."""
+    import torch
+
+    from radixlang_runtime import Engine
+
+    cls_name, kwargs, _ = WINDOWED["gemma3_b"]
+    model = build_tiny(tmp_path, cls_name, TINY, {"max_position_embeddings": 256, **kwargs})
+    ids = LONG_PROMPTS[3]
+    assert len(ids) > kwargs["sliding_window"]
+    sp = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+    with Engine(str(tmp_path), dtype="float32", max_total_tokens=512, enable_return_hidden_states=True) as eng:
+        out = eng.generate(input_ids=ids, sampling_params=sp, return_hidden_states=True)
+    hs = out["meta_info"]["hidden_states"]
+    got = torch.tensor([*hs[0], *hs[1:]])  # the prompt's rows, then one per generated token but the last
+    with torch.no_grad():
+        want = model.model(torch.tensor([ids + out["output_ids"][:-1]])).last_hidden_state[0]
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert out["output_ids"] == hf_greedy(model, ids, 3)
+
+
 @pytest.mark.parametrize("name", sorted(OLMO))
 def test_olmo_families_match_transformers(name, tmp_path):
     assert_windowed_parity(tmp_path, *OLMO[name])

@@ -68,12 +68,16 @@ BUILDS = {
               {"num_labels": 2, "problem_type": "multi_label_classification"}, ()),
     "gemma2": ("Gemma2Config", "Gemma2ForSequenceClassification", {"num_labels": 2, "query_pre_attn_scalar": 16,
                                                                     "pad_token_id": PAD}, ()),
+    # a sliding layer (a window of 4 positions: shorter than most TEXTS) under a global one, each its own rope
+    "gemma3": ("Gemma3TextConfig", "Gemma3TextForSequenceClassification",
+               {"num_labels": 3, "query_pre_attn_scalar": 16, "pad_token_id": PAD, "sliding_window": 4,
+                "layer_types": ["sliding_attention", "full_attention"]}, ()),
 }
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """The three servers, started at once; name -> (model, tokenizer, server)."""
+    """A server per build, started at once; name -> (model, tokenizer, server)."""
     built = {}
     for name, (config_cls, model_cls, extra, flags) in BUILDS.items():
         root = tmp_path_factory.mktemp(name)
@@ -278,6 +282,18 @@ def test_gemma2_classifier_equals_transformers(servers):
     assert [d["label"] for d in out["data"]] == [f"LABEL_{max(range(2), key=r.__getitem__)}" for r in ref]
     padded = _classify(server, {"input": ids[1] + [PAD]})["data"][0]["probs"]
     assert padded == pytest.approx(_expect_softmax(model, ids[1] + [PAD]), abs=1e-4)
+    assert_idle_and_whole(httpx.Client(base_url=server.url))
+
+
+def test_gemma3_text_classifier_equals_transformers(servers):
+    """Gemma 3's qk-norm, sliding and global layers with their two ropes, under the score head."""
+    model, tok, server = servers["gemma3"]
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    assert max(len(i) for i in ids) > 4  # past the sliding layer's window
+    ref = [_expect_softmax(model, i) for i in ids]
+    assert max(max(p) - min(p) for p in ref) > 0.05
+    out = _classify(server, {"input": TEXTS})
+    assert [d["probs"] for d in out["data"]] == [pytest.approx(r, abs=1e-4) for r in ref]
     assert_idle_and_whole(httpx.Client(base_url=server.url))
 
 

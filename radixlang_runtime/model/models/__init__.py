@@ -73,6 +73,8 @@ _FAMILIES = (
                 sequence_classifier.SequenceClassifier),
     ModelFamily("Gemma2ForSequenceClassification", sequence_classifier.parse_gemma2_classifier,
                 sequence_classifier.Gemma2SequenceClassifier),
+    ModelFamily("Gemma3TextForSequenceClassification", sequence_classifier.parse_gemma3_classifier,
+                sequence_classifier.Gemma3SequenceClassifier),
 )
 REGISTRY: dict[str, ModelFamily] = {f.architecture: f for f in _FAMILIES}
 SUPPORTED_ARCHS = tuple(REGISTRY)

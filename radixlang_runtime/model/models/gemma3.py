@@ -36,9 +36,9 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     def local_rope(self, layer_id: int) -> bool:
         return bool(self.cfg.layer_windows) and self.cfg.layer_windows[layer_id] > 0
 
-    def forward(self, fb: ForwardBatch, logit_rows=None):
+    def final_hidden(self, fb: ForwardBatch, rows=None):
         fb.rope_cos_sin_local = self.rotary_local.cos_sin(fb.positions)
-        return super().forward(fb, logit_rows)
+        return super().final_hidden(fb, rows)
 
 
 _GEMMA3_DEFAULTS = {"head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,

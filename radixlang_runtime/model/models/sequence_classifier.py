@@ -1,7 +1,8 @@
-"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 *ForSequenceClassification: the native decoder (llama.py,
-gemma2.py) plus transformers' `score` head (Linear hidden -> num_labels, no bias), which pooling's classify mode
-applies to the last token's final hidden state (executor/pooling_step.py). The LM head is the tied embedding,
-never used for classify (a classifier's checkpoint has no lm_head: the runner ties it as for any pooling model).
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 *ForSequenceClassification and Gemma3TextForSequenceClassification:
+the native decoder (llama.py, gemma2.py, gemma3.py) plus transformers' `score` head (Linear hidden -> num_labels,
+no bias), which pooling's classify mode applies to the last token's final hidden state (executor/pooling_step.py).
+The LM head is the tied embedding, never used for classify (a classifier's checkpoint has no lm_head: the runner
+ties it as for any pooling model).
 
 The head's weight is a buffer, not a parameter: the decoder's loader covers every parameter it names, and the
 head stays a plain dense copy whatever packs or quantizes the decoder's linears. The label semantics (id2label,
@@ -20,6 +21,7 @@ from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.model.models import llama_family
 from radixlang_runtime.model.models.gemma2 import Gemma2ForCausalLM, parse_gemma2
+from radixlang_runtime.model.models.gemma3 import Gemma3ForCausalLM, parse_gemma3
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 
 
@@ -57,6 +59,10 @@ class Gemma2SequenceClassifier(ScoreHead, Gemma2ForCausalLM):
     logit soft-capping is the LM head's, never the score's."""
 
 
+class Gemma3SequenceClassifier(ScoreHead, Gemma3ForCausalLM):
+    """Gemma 3 text (Gemma3TextForSequenceClassification): Gemma 2's head rule over Gemma 3's decoder."""
+
+
 def _classifier(parse):
     def parse_classifier(cfg: dict) -> ModelConfig:
         arch = cfg["architectures"][0]
@@ -69,5 +75,6 @@ def _classifier(parse):
 parse_llama_classifier = _classifier(llama_family.parse_llama)
 parse_mistral_classifier = _classifier(llama_family.parse_mistral)
 parse_gemma2_classifier = _classifier(parse_gemma2)
+parse_gemma3_classifier = _classifier(parse_gemma3)
 parse_qwen2_classifier = _classifier(llama_family.parse_qwen2)
 parse_qwen3_classifier = _classifier(llama_family.parse_qwen3)
