@@ -36,6 +36,26 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def interleaved_trees(trees: list[str], rounds: int, once: Callable[[str], dict], what: str) -> dict[str, dict]:
+    """once(tree) for every tree, `rounds` times interleaved (A B A B ...: a loaded machine's drift falls on each
+    tree alike); prints each run's wall / cpu / load and returns each tree's medians of them."""
+    import statistics
+
+    res: dict[str, list[dict]] = {t: [] for t in trees}
+    for r in range(rounds):
+        for t in trees:
+            m = once(t)
+            res[t].append(m)
+            label = f" ({m['label']})" if "label" in m else ""
+            print(f"round {r + 1} {t}{label}: wall {m['wall']:.1f} s, cpu {m['cpu']:.1f} s, load {m['load']:.1f}",
+                  flush=True)
+    print(f"\nmedians of {rounds} {what}")
+    med = {t: {k: statistics.median(m[k] for m in res[t]) for k in ("wall", "cpu", "load")} for t in trees}
+    for t, m in med.items():
+        print(f"{t}: wall {m['wall']:.1f} s, cpu {m['cpu']:.1f} s (load {m['load']:.1f})")
+    return med
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

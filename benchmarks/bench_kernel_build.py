@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import interleaved_trees  # noqa: E402
 
 BUILD = """
 import json, os, resource, time
@@ -42,7 +44,7 @@ def build_once(tree: str) -> dict:
     m = json.loads(out.stdout.strip().splitlines()[-1])
     if not m["ok"]:
         raise RuntimeError(f"{tree}: the kernels did not build:\n{out.stderr[-3000:]}")
-    return {**m, "load": load}
+    return {**m, "label": m["isa"], "load": load}
 
 
 def main() -> None:
@@ -51,18 +53,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="the trees build interleaved this many times")
     a = ap.parse_args()
     trees = [os.path.abspath(t) for t in a.trees.split(",")]
-    res: dict[str, list[dict]] = {t: [] for t in trees}
-    for r in range(a.rounds):
-        for t in trees:
-            m = build_once(t)
-            res[t].append(m)
-            print(f"round {r + 1} {t} ({m['isa']}): wall {m['wall']:.1f} s, cpu {m['cpu']:.1f} s, "
-                  f"load {m['load']:.1f}", flush=True)
-    print(f"\nmedians of {a.rounds} builds, {os.cpu_count()} CPUs")
-    for t in trees:
-        med = {k: statistics.median(m[k] for m in res[t]) for k in ("wall", "cpu", "load")}
-        print(f"{t}: wall {med['wall']:.1f} s, cpu {med['cpu']:.1f} s (load {med['load']:.1f})")
-
+    interleaved_trees(trees, a.rounds, build_once, f"builds, {os.cpu_count()} CPUs")
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import free_port  # noqa: E402
+from bench_common import free_port, interleaved_trees  # noqa: E402
 
 START_TIMEOUT_S = 600
 
@@ -72,17 +71,8 @@ def main() -> None:
     ap.add_argument("flags", nargs="*", help="server flags (after --), the same for every tree")
     a = ap.parse_args()
     trees = [os.path.abspath(t) for t in a.trees.split(",")]
-    res: dict[str, list[dict]] = {t: [] for t in trees}
-    for r in range(a.rounds):
-        for t in trees:
-            m = start_once(t, a.flags)
-            res[t].append(m)
-            print(f"round {r + 1} {t}: wall {m['wall']:.1f} s, cpu {m['cpu']:.1f} s, load {m['load']:.1f}", flush=True)
-    print(f"\nmedians of {a.rounds} starts, flags {' '.join(a.flags) or '(defaults)'}")
-    for t in trees:
-        med = {k: statistics.median(m[k] for m in res[t]) for k in ("wall", "cpu", "load")}
-        print(f"{t}: wall {med['wall']:.1f} s, cpu {med['cpu']:.1f} s (load {med['load']:.1f})")
-
+    interleaved_trees(trees, a.rounds, lambda t: start_once(t, a.flags),
+                      f"starts, flags {' '.join(a.flags) or '(defaults)'}")
 
 if __name__ == "__main__":
     main()
