@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -39,8 +40,6 @@ def percentile(xs: list[float], q: float) -> float:
 def interleaved_trees(trees: list[str], rounds: int, once: Callable[[str], dict], what: str) -> dict[str, dict]:
     """once(tree) for every tree, `rounds` times interleaved (A B A B ...: a loaded machine's drift falls on each
     tree alike); prints each run's wall / cpu / load and returns each tree's medians of them."""
-    import statistics
-
     res: dict[str, list[dict]] = {t: [] for t in trees}
     for r in range(rounds):
         for t in trees:

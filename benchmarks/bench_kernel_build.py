@@ -55,5 +55,6 @@ def main() -> None:
     trees = [os.path.abspath(t) for t in a.trees.split(",")]
     interleaved_trees(trees, a.rounds, build_once, f"builds, {os.cpu_count()} CPUs")
 
+
 if __name__ == "__main__":
     main()

@@ -74,5 +74,6 @@ def main() -> None:
     interleaved_trees(trees, a.rounds, lambda t: start_once(t, a.flags),
                       f"starts, flags {' '.join(a.flags) or '(defaults)'}")
 
+
 if __name__ == "__main__":
     main()

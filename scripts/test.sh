@@ -4,8 +4,8 @@
 # drive the model's kernels once more under the strongest capability mask (no AVX2/AVX-512, no C
 # compiler: every torch fallback runs, whatever this CPU is): token-for-token parity with transformers,
 # a cached prefix through the paged extend path, continuous batching, a fault in the forward, and the
-# kernels' planner and capability tests. Every test has a time limit (pytest-timeout, pyproject.toml): a hang fails one test
-# instead of freezing the run.
+# kernels' planner and capability tests. Every test has a time limit (pytest-timeout, pyproject.toml): a
+# hang fails one test instead of freezing the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Property tests draw the same examples on every machine (tests/conftest.py); unset it to explore fresh ones.

@@ -3,10 +3,9 @@ computes (the prefill's request answers 503 naming the unreachable decode, the p
 decode), a prefill killed while its decode waits for the K/V (the decode's request answers 503 within the
 heartbeat bound, its allocator is whole, a restarted prefill on the same bootstrap port serves the next
 request). Every killed server's processes are gone afterwards; only what a test kills is started again (the
-killed decode while the prefill's forward stalls). The
-servers stall the forward pass of requests "slow-*" (RADIXLANG_FAULT_INJECT, pd_servers.STALL_S) so that the
-kill lands mid-transfer; the transfer timeout is far above the client's, so an answer proves the heartbeat
-detected the dead peer."""
+killed decode starts again while the prefill's forward stalls). The servers stall the forward pass of requests
+"slow-*" (RADIXLANG_FAULT_INJECT, pd_servers.STALL_S) so that the kill lands mid-transfer; the transfer timeout
+is far above the client's, so an answer proves the heartbeat detected the dead peer."""
 
 from __future__ import annotations
 
