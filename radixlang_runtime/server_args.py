@@ -158,8 +158,8 @@ class ServerArgs:
     quantization: Optional[str] = None
     enable_deterministic_inference: bool = False  # batch-invariant numerics (model/executor/deterministic.py)
 
-    # --- speculative decoding (speculative/drafter.py): SGLang's names; NGRAM (prompt lookup) only ---
-    speculative_algorithm: Optional[str] = None  # NGRAM | None (off)
+    # --- speculative decoding (speculative_args.py, speculative/): SGLang's names ---
+    speculative_algorithm: Optional[str] = None  # NGRAM | STANDALONE | NEXTN (EAGLE) | None (off)
     speculative_num_draft_tokens: Optional[int] = None  # k: most draft tokens per step (NGRAM default 16)
     speculative_ngram_min_match_window_size: Optional[int] = None  # shortest suffix looked up (default 1)
     speculative_ngram_max_match_window_size: Optional[int] = None  # longest suffix looked up (default 6)
@@ -172,6 +172,9 @@ class ServerArgs:
     speculative_draft_model_path: Optional[str] = None
     speculative_num_steps: Optional[int] = None  # draft tokens proposed per step (STANDALONE default 3)
     speculative_draft_model_quantization: Optional[str] = None  # the draft's --quantization (gguf: its Q4_1 blocks)
+    # NEXTN (EAGLE without a draft path, as SGLang reads it for DeepSeek V3): the checkpoint's own
+    # multi-token-prediction layer drafts (speculative/nextn_draft.py); one chain: topk 1 only
+    speculative_eagle_topk: Optional[int] = None
 
     # --- prefill-decode disaggregation (radixlang_runtime/disagg/, docs/DISAGGREGATION.md): SGLang's names ---
     disaggregation_mode: str = "null"  # null (co-located) | prefill | decode
@@ -206,7 +209,6 @@ class ServerArgs:
         self._check_values()
         self._check_parallelism()
         self._check_limits()
-        self._check_speculative()
         self._check_hicache()
         from radixlang_runtime.cuda_graph_args import check_cuda_graph_args  # the grouped checks: no torch
         from radixlang_runtime.disagg_args import check_disaggregation_args
@@ -216,9 +218,10 @@ class ServerArgs:
         from radixlang_runtime.pooling import check_pooling_args
         from radixlang_runtime.protocol.sampling_defaults import check_sampling_defaults_args
         from radixlang_runtime.scheduling_args import check_scheduling_args
+        from radixlang_runtime.speculative_args import check_speculative_args
 
-        for check in (check_disaggregation_args, check_pooling_args, check_lora_args, check_cuda_graph_args,
-                      check_scheduling_args, check_output_args, check_sampling_defaults_args):
+        for check in (check_speculative_args, check_disaggregation_args, check_pooling_args, check_lora_args,
+                      check_cuda_graph_args, check_scheduling_args, check_output_args, check_sampling_defaults_args):
             check(self)
         check_completion_template_arg(self.completion_template)
 
@@ -389,57 +392,6 @@ class ServerArgs:
                                  "backend's L2 is bounded by hicache_size instead")
         return cfg
 
-    def _check_speculative(self) -> None:
-        """NGRAM or STANDALONE; flags without an algorithm (or of the other one) are refused by name."""
-        algo = self.speculative_algorithm
-        if algo is None:
-            given = [n for n in _SPEC_NGRAM_FIELDS + _SPEC_STANDALONE_FIELDS if getattr(self, n) is not None]
-            if given:
-                raise ValueError(f"{', '.join(given)} set without speculative_algorithm (NGRAM or STANDALONE): "
-                                 "refused, not ignored")
-            return
-        if algo not in ("NGRAM", "STANDALONE"):
-            raise ValueError(f"speculative_algorithm {algo!r} is not implemented; NGRAM (prompt lookup, no draft "
-                             "model) and STANDALONE (a draft model) are")
-        if algo == "STANDALONE":
-            self._check_standalone()
-            return
-        given = [n for n in _SPEC_STANDALONE_FIELDS if getattr(self, n) is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} set with speculative_algorithm NGRAM (STANDALONE's flags): refused")
-        k, lo, hi, cap = self.speculative_ngram_settings()
-        if not 1 <= k <= 64:
-            raise ValueError(f"speculative_num_draft_tokens must be in [1, 64]; got {k}")
-        if not 1 <= lo <= hi <= 32:
-            raise ValueError("need 1 <= speculative_ngram_min_match_window_size <= "
-                             f"speculative_ngram_max_match_window_size <= 32; got {lo}, {hi}")
-        if cap < 0:
-            raise ValueError(f"speculative_disable_by_batch_size must be >= 0 (0: no limit); got {cap}")
-
-    def _check_standalone(self) -> None:
-        if not self.speculative_draft_model_path:
-            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
-        ngram = [n for n in _SPEC_NGRAM_FIELDS[1:3] if getattr(self, n) is not None]
-        if ngram:
-            raise ValueError(f"{', '.join(ngram)} set with speculative_algorithm STANDALONE (NGRAM's flags): refused")
-        if self.tp_size > 1:
-            raise ValueError("speculative_algorithm STANDALONE with tp_size > 1 is not implemented")
-        if self.enable_hierarchical_cache:
-            raise ValueError("speculative_algorithm STANDALONE with enable_hierarchical_cache is not implemented "
-                             "(K/V loaded from a tier has no draft-model K/V)")
-        if self.speculative_draft_model_quantization not in (None, "int8", "gguf"):
-            raise ValueError("speculative_draft_model_quantization must be int8 or gguf; got "
-                             f"{self.speculative_draft_model_quantization!r}")
-        steps, _, cap = self.speculative_standalone_settings()
-        if not 1 <= steps <= 16:
-            raise ValueError(f"speculative_num_steps must be in [1, 16]; got {steps}")
-        n = self.speculative_num_draft_tokens
-        if n is not None and n != steps + 1:
-            raise ValueError(f"speculative_num_draft_tokens must be speculative_num_steps + 1 = {steps + 1} with "
-                             f"STANDALONE (one draft chain: the verified token + num_steps drafts); got {n}")
-        if cap < 0:
-            raise ValueError(f"speculative_disable_by_batch_size must be >= 0 (0: no limit); got {cap}")
-
     def speculative_standalone_settings(self) -> tuple[int, int, int]:
         """(num_steps, num_draft_tokens, batch size limit) with the STANDALONE defaults filled in: num_steps from
         itself, else num_draft_tokens - 1, else 3; no batch size limit unless given."""
@@ -486,10 +438,6 @@ class ServerArgs:
                 "disaggregation_secret": REDACTED if self.disaggregation_secret else None}
 
 
-_SPEC_NGRAM_FIELDS = ("speculative_num_draft_tokens", "speculative_ngram_min_match_window_size",
-                      "speculative_ngram_max_match_window_size", "speculative_disable_by_batch_size")
-_SPEC_STANDALONE_FIELDS = ("speculative_draft_model_path", "speculative_num_steps",
-                           "speculative_draft_model_quantization")
 def server_args_from_kwargs(model_path: Optional[str] = None, **kwargs) -> ServerArgs:
     """Engine(model_path=..., **server_args): unknown names raise a TypeError naming them."""
     known = {f.name for f in fields(ServerArgs)}

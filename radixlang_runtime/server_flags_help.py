@@ -130,14 +130,16 @@ HELP: dict[str, str] = {
                     "model path); none: dequantize a .gguf to float weights",
     "enable_deterministic_inference": "batch-invariant numerics: greedy output independent of batching",
     # speculative decoding
-    "speculative_algorithm": "NGRAM: prompt lookup; STANDALONE: a draft model",
+    "speculative_algorithm": "NGRAM: prompt lookup; STANDALONE: a draft model; NEXTN (or EAGLE without a draft "
+                             "path): the checkpoint's multi-token-prediction layer (DeepSeek V3, GLM-4.5)",
     "speculative_num_draft_tokens": "most draft tokens verified per step (NGRAM default 16)",
     "speculative_ngram_min_match_window_size": "shortest suffix looked up (default 1)",
     "speculative_ngram_max_match_window_size": "longest suffix looked up (default 6)",
     "speculative_disable_by_batch_size": "no drafts while more requests decode (default 0: no limit; the cost "
                                          "rule steps aside by itself)",
     "speculative_draft_model_path": "STANDALONE: the draft model (same tokenizer; a HF directory or a .gguf)",
-    "speculative_num_steps": "STANDALONE: draft tokens proposed per step (default 3)",
+    "speculative_num_steps": "STANDALONE / NEXTN: draft tokens proposed per step (default 3)",
+    "speculative_eagle_topk": "NEXTN: draft branches per step (1 only: one chain)",
     "speculative_draft_model_quantization": "STANDALONE: the draft's quantization (gguf: its own blocks)",
     # disaggregation
     "disaggregation_mode": "null: co-located; prefill or decode: one side of a disaggregated pair",
@@ -205,7 +207,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention_backend": ("auto", "torch", "triton"),
     "grammar_backend": ("auto", "outlines", "xgrammar", "llguidance", "none"),
     "quantization": ("int8", "gguf", "none"),
-    "speculative_algorithm": ("NGRAM", "STANDALONE"),
+    "speculative_algorithm": ("NGRAM", "STANDALONE", "NEXTN", "EAGLE"),
     "speculative_draft_model_quantization": ("gguf",),
     "disaggregation_mode": ("null", "prefill", "decode"),
     "disaggregation_transfer_backend": ("zmq",),

@@ -41,7 +41,7 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
     from radixlang_runtime.model.executor.tp_worker import make_group
 
     tp = make_group(args, 0) if args.tp_size > 1 else None
-    runner = ModelRunner(args, model_dir, tp, extra_kv=draft_kv_shape(args))
+    runner = ModelRunner(args, model_dir, tp, extra_kv=draft_kv_shape(args, model_dir))
     if tp is not None:
         tp.wait_all_loaded(peers_alive)
     args = runner.args  # "auto" sizes resolved for the device
@@ -84,8 +84,8 @@ def build_scheduler(args: ServerArgs, model_dir: str, tokenizer: Any,
                   hicache=make_hicache(args, runner, model_dir), states=states),
         detokenize=lambda ids: tokenizer.decode(ids),
         grammar=grammar,
-        drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm != "STANDALONE"
-        else make_model_drafter(args, runner, tokenizer, eos),
+        drafter=make_drafter(args, eos, sizes.context_len) if args.speculative_algorithm in (None, "NGRAM")
+        else make_model_drafter(args, runner, model_dir, tokenizer, eos),
     )
     if getattr(runner, "state_pool", None) is not None:  # hybrid models: a verify step keeps every position's state
         scheduler.drafts.max_draft = draft_cap(runner.state_pool)
@@ -242,9 +242,14 @@ def make_drafter(args: ServerArgs, eos: tuple[int, ...], context_len: int) -> Op
     return NgramDrafter(NgramConfig(k, lo, hi, cap, ROW_COST), eos, context_len)
 
 
-def draft_kv_shape(args: ServerArgs) -> Optional[dict]:
-    """STANDALONE: the draft's pool entry (ModelConfig.kv_pool_entry), so the target's pool sized from memory leaves
-    the draft's pool (as many slots) its share."""
+def draft_kv_shape(args: ServerArgs, model_dir: str) -> Optional[dict]:
+    """STANDALONE / NEXTN: the draft's pool entry (ModelConfig.kv_pool_entry), so the target's pool sized from memory
+    leaves the draft's pool (as many slots) its share."""
+    if args.speculative_algorithm == "NEXTN":
+        from radixlang_runtime.speculative.nextn_draft import nextn_config
+
+        cfg = nextn_config(model_dir)
+        return cfg.kv_pool_entry(0, cfg.num_key_value_heads)
     if args.speculative_algorithm != "STANDALONE":
         return None
     from radixlang_runtime.model.loader.config import ModelConfig
@@ -255,13 +260,23 @@ def draft_kv_shape(args: ServerArgs) -> Optional[dict]:
     return cfg.kv_pool_entry(0, cfg.num_key_value_heads)
 
 
-def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eos: tuple[int, ...]) -> Any:
+def make_model_drafter(args: ServerArgs, runner: ModelRunner, model_dir: str, tokenizer: Any,
+                       eos: tuple[int, ...]) -> Any:
     """STANDALONE: the draft model beside the target (its pool mirrors the target's; speculative/draft_model.py),
-    mirrored on the target's steps while drafting is on, and the scheduler's ModelDrafter proposing through it."""
+    mirrored on the target's steps while drafting is on; NEXTN: the checkpoint's multi-token-prediction layer
+    (speculative/nextn_draft.py), run behind every step. The scheduler's ModelDrafter proposes through either."""
     from radixlang_runtime.speculative.draft_model import DraftModel
     from radixlang_runtime.model.loader.resolve import resolve_model_dir
     from radixlang_runtime.speculative.model_drafter import ModelDraftConfig, ModelDrafter
 
+    steps, _, cap = args.speculative_standalone_settings()
+    if args.speculative_algorithm == "NEXTN":
+        from radixlang_runtime.speculative.nextn_draft import NextNDraft
+
+        if not runner.pools_hidden:
+            raise ValueError(f"speculative_algorithm NEXTN: {runner.cfg.architecture}'s hidden states are not served")
+        runner.draft_model = nextn = NextNDraft.build(args, runner, model_dir)
+        return ModelDrafter(ModelDraftConfig(steps, cap), nextn.propose, eos, runner.sizes.context_len, name="NEXTN")
     draft_dir = resolve_model_dir(args.speculative_draft_model_path)
     target_vocab = draft_vocab = None
     if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
@@ -269,9 +284,7 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, tokenizer: Any, eo
 
         target_vocab, draft_vocab = tokenizer.get_vocab(), load_tokenizer(draft_dir).get_vocab()
     draft = DraftModel.build(args, runner, draft_dir, target_vocab, draft_vocab)
-    runner.draft_mirror = draft.mirror
     runner.draft_model = draft
-    steps, _, cap = args.speculative_standalone_settings()
     return ModelDrafter(ModelDraftConfig(steps, cap), draft.propose, eos, runner.sizes.context_len, draft.set_active)
 
 
@@ -371,7 +384,8 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
         "spec_accept_length": s.drafts.drafter.accept_stats.to_dict() if s.drafts.drafter is not None else None,
         # the measured decode step cost per batch size regime (speculative/spec_cost.py); None without the rule
         "spec_step_cost": s.drafts.cost.to_dict() if s.drafts.cost is not None else None,
-        # STANDALONE: the draft model's mirrored / skipped (stepped aside) steps, positions caught up, proposals
+        # STANDALONE / NEXTN: the draft's counters (mirrored steps, proposals; STANDALONE's skipped steps, positions
+        # caught up and copied; NEXTN's positions run)
         "spec_draft_model": draft_model_stats(s),
         "hicache": kv.hicache.stats() if kv.hicache is not None else None,  # mem/hicache.py: tiers' hits, bytes
         "disaggregation": s.pd.stats() if s.pd is not None else None,  # disagg/: transferred_tokens, failures
@@ -394,12 +408,11 @@ def scheduler_stats(s: Scheduler) -> dict[str, Any]:
 
 
 def draft_model_stats(s: Scheduler) -> Optional[dict[str, int]]:
-    """STANDALONE's draft model counters (speculative/draft_model.py); None without a draft model."""
+    """The draft's counters (speculative/draft_model.py, nextn_draft.py); None without a draft model."""
     draft = getattr(s.runner, "draft_model", None)
     if draft is None:
         return None
-    return {"mirrored_steps": draft.steps, "skipped_steps": draft.skipped, "caught_up_tokens": draft.caught_up,
-            "copied_tokens": draft.copied, "proposals": getattr(s.drafts.drafter, "draft_calls", 0)}
+    return {**draft.stats(), "proposals": getattr(s.drafts.drafter, "draft_calls", 0)}
 
 
 def runner_paths(runner: Any) -> dict[str, Any]:

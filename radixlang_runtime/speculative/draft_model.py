@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 
 class DraftModel:
+    reads_hidden = False  # the target's hidden states: not read (ModelRunner.forward)
+
     def __init__(self, runner, target_slots: int, max_steps: int):
         self.runner = runner  # ModelRunner of the draft (its own pool: target_slots + scratch)
         self.target_slots = target_slots
@@ -92,6 +94,10 @@ class DraftModel:
                     runner.dtype, dargs.quantization, steps, runner.sizes.num_slots, scratch)
         return cls(runner, sizes.num_slots, steps)
 
+    def stats(self) -> dict:
+        return {"mirrored_steps": self.steps, "skipped_steps": self.skipped, "caught_up_tokens": self.caught_up,
+                "copied_tokens": self.copied}
+
     def set_active(self, on: bool) -> None:
         """Whether the next target steps are mirrored (the scheduler: drafting on / stepped aside)."""
         self.active = on
@@ -113,7 +119,7 @@ class DraftModel:
             self.row_len[row] = self._first_invalid(slots)
 
     @torch.inference_mode()
-    def mirror(self, step) -> None:
+    def mirror(self, step, hidden=None, result=None, sampled=None) -> None:
         """Run the draft over the target's step (same ids, slots, rows, rewrites) for the requests whose draft
         history is whole: its K/V at the same slots. The rest (all of them while drafting is off) are only
         marked: their slots invalid, their rows cut back to the step's prefix. The head runs on one row only."""

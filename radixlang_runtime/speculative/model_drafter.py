@@ -39,10 +39,9 @@ class ModelDraftConfig:
 
 
 class ModelDrafter:
-    name = "STANDALONE"  # --speculative-algorithm
-
     def __init__(self, cfg: ModelDraftConfig, propose: ProposeFn, eos_token_ids: tuple[int, ...], context_len: int,
-                 set_mirror: Optional[Callable[[bool], None]] = None):
+                 set_mirror: Optional[Callable[[bool], None]] = None, name: str = "STANDALONE"):
+        self.name = name  # --speculative-algorithm
         self.cfg = cfg
         self._propose = propose
         self._set_mirror = set_mirror  # DraftModel.set_active: mirror the coming steps or not

@@ -69,6 +69,8 @@ def graph_off_reason(runner: Any) -> Optional[str]:
     for reason, on in (("tensor parallelism", runner.tp is not None), ("a pooling model", args.is_embedding),
                        ("enable_lora", args.enable_lora), ("a hybrid model's recurrent state", cfg.linear_attn),
                        ("multi-head latent attention", cfg.mla),
+                       ("speculative_algorithm NEXTN (its draft reads every row's hidden state)",
+                        args.speculative_algorithm == "NEXTN"),
                        ("mixture-of-experts routing (its expert counts are read on the host)", cfg.moe),
                        ("model_impl transformers", cfg.model_impl != "native"),
                        ("attention_backend torch on CUDA", runner.device.type == "cuda"

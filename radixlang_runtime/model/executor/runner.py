@@ -260,7 +260,7 @@ class ModelRunner:
         seed = args.random_seed if args.random_seed is not None else 0
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, seed)
         self.verifying: Optional[VerifyStates] = None  # a hybrid model's verify step, until its keep_verified
-        self.draft_mirror = None  # STANDALONE: DraftModel.mirror, run on every step (speculative/draft_model.py)
+        self.draft_model = None  # STANDALONE's / NEXTN's draft (speculative/): its mirror runs after each step
 
     def _load_loras(self, model) -> LoraModel:
         """--enable-lora: every projection wrapped (after packing and the fused decode layer's build, which
@@ -368,6 +368,8 @@ class ModelRunner:
         step = mirrored = self._step_inputs(batch, rows)
         wanted = plan_hidden(batch, ends)  # return_hidden_states: after pooling's rows
         step.hidden_rows = (pool.hidden_rows if pool is not None else []) + hidden_rows(wanted)
+        if self.draft_model is not None and self.draft_model.reads_hidden:  # speculation: no pooling, no wanted
+            step.hidden_rows = list(range(len(step.input_ids)))
         # a hybrid model: a draft's rows keep their states for the rollback (verify_step.py)
         if pool is None and self.state_pool is not None:
             step.state_verify = state_verify_rows(batch, sample_idx, counts)
@@ -376,8 +378,6 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.broadcast_obj(step)
         logits, hidden = self._run(step, batch.phase == "decode")  # [R, V] fp32; [P, hidden] fp32 or None
-        if self.draft_mirror is not None:  # the extend form: the draft reuses its proposal's K/V by position
-            self.draft_mirror(mirrored)
         if plans:
             fill_input_logprobs(result, batch, plans, logits[S:L])
         if pool is not None:
@@ -388,6 +388,8 @@ class ModelRunner:
             sample_step(batch, sample_idx, counts, logits[:S], self.sampler, result)
         if step.state_verify:  # each verifying request's state := the state after its last kept position
             self.keep_verified(VerifyKeep(dict(result.accepted)))
+        if self.draft_model is not None:  # the extend form: STANDALONE reuses its proposal's K/V by position
+            self.draft_model.mirror(mirrored, hidden, result, sample_idx)
         return result
 
     def keep_verified(self, keep: VerifyKeep) -> None:
@@ -410,9 +412,10 @@ class ModelRunner:
             state_loads=list(batch.state_loads), state_saves=list(batch.state_saves))
 
     @torch.inference_mode()
-    def run_step(self, step: StepInputs) -> Optional[torch.Tensor]:
-        """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere)."""
-        return self._run(step)[0]
+    def run_step(self, step: StepInputs, with_hidden: bool = False):
+        """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere); with_hidden:
+        (logits, the final hidden states of step.hidden_rows)."""
+        return self._run(step) if with_hidden else self._run(step)[0]
 
     def _run(self, step: StepInputs, decode: bool = False) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """run_step's logits, and the final hidden states [P, hidden] (float32) of step.hidden_rows (None when

@@ -86,7 +86,7 @@ def refusal(runner) -> Optional[str]:
         return f"the transformers implementation ({cfg.architecture}) is not updated in place"
     if runner.lora is not None:
         return "a model served with --enable-lora (LoRA-wrapped projections) is not updated in place"
-    if runner.extra_kv is not None or runner.draft_mirror is not None:
+    if runner.extra_kv is not None or runner.draft_model is not None:
         return "a model served with a draft model is not updated in place"
     return None
 

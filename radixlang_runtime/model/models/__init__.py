@@ -12,8 +12,9 @@ from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
-                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, olmo2, olmoe,
-                                            phi3, qwen3_next, qwen_moe, sequence_classifier, transformers_fallback)
+                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, nextn, olmo2,
+                                            olmoe, phi3, qwen3_next, qwen_moe, sequence_classifier,
+                                            transformers_fallback)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ _FAMILIES = (
     ModelFamily("GraniteMoeHybridForCausalLM", granite_hybrid.parse_granite_hybrid,
                 granite_hybrid.GraniteMoeHybridForCausalLM),
     ModelFamily("NemotronHForCausalLM", nemotron_h.parse_nemotron_h, nemotron_h.NemotronHForCausalLM),
+    # the multi-token-prediction layer after the decoder, run alone: --speculative-algorithm NEXTN's draft
+    ModelFamily("DeepseekV3ForCausalLMNextN", nextn.nextn_parse(deepseek.parse_deepseek_v3,
+                                                                "DeepseekV3ForCausalLMNextN"), nextn.DeepseekNextN),
+    ModelFamily("Glm4MoeForCausalLMNextN", nextn.nextn_parse(glm4_moe.parse_glm4_moe, "Glm4MoeForCausalLMNextN"),
+                nextn.Glm4MoeNextN),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

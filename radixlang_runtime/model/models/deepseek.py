@@ -183,6 +183,7 @@ class DeepseekForCausalLM(MoEForCausalLM):
             self.load_mlp(i, tensors, put)
             put(dst + "input_layernorm.weight", take(src + "input_layernorm.weight"))
             put(dst + "post_attention_layernorm.weight", take(src + "post_attention_layernorm.weight"))
+            self.load_layer_extras(i, tensors, put)
             self.layers[i].self_attn.absorb()
         missing = sorted(set(own) - done)
         if missing:
