@@ -5,7 +5,8 @@ tokens as written (no escapes); objects `{k:v,...}` and arrays `[v,...]` nest; a
 true / false, null / none / nil (any case) as None, a JSON number, else the text itself (vLLM's and SGLang's
 gemma4 readings). A call's arguments stream one key at a time (a call commits at its first complete key,
 or its "}"); a key written twice is not a call. The close token may be missing at the very end. The value
-syntax has no CallSyntax, so tool_choice cannot force it. No torch."""
+syntax has no CallSyntax, so tool_choice cannot force it. FunctionGemma writes the same calls in other tokens
+(functiongemma.py). No torch."""
 
 from __future__ import annotations
 
@@ -28,25 +29,25 @@ _OPEN, _CLOSE = "{[", "}]"
 
 
 class _ValueScanner:
-    """A value from text[pos] to the first top-level `,` or `}`, read as the text grows (`<|"|>` strings are
-    opaque): scan(text) -> (COMPLETE, that index) / (PARTIAL, len) / (INVALID, index of an unbalanced
-    bracket); value(text) is its reading, computed once."""
+    """A value from text[pos] to the first top-level `,` or `}`, read as the text grows (strings between `quote`
+    tokens are opaque): scan(text) -> (COMPLETE, that index) / (PARTIAL, len) / (INVALID, index of an
+    unbalanced bracket); value(text) is its reading, computed once."""
 
-    def __init__(self, pos: int):
-        self.pos, self.i, self.depth, self.quoted = pos, pos, [], False
+    def __init__(self, pos: int, quote: str = QUOTE):
+        self.pos, self.i, self.depth, self.quoted, self.quote = pos, pos, [], False, quote
         self.done: Optional[tuple[str, int]] = None
         self._value: Optional[tuple[bool, Any]] = None
 
     def scan(self, text: str) -> tuple[str, int]:
         if self.done is not None:
             return self.done
-        i, depth = self.i, self.depth
+        i, depth, quote = self.i, self.depth, self.quote
         while i < len(text):
-            if text.startswith(QUOTE, i):
+            if text.startswith(quote, i):
                 self.quoted = not self.quoted
-                i += len(QUOTE)
+                i += len(quote)
                 continue
-            if text[i] == "<" and QUOTE.startswith(text[i:]):
+            if text[i] == quote[0] and quote.startswith(text[i:]):
                 break  # resume at a token cut in two
             c = text[i]
             if self.quoted:
@@ -72,21 +73,21 @@ class _ValueScanner:
             assert self.done is not None and self.done[0] == COMPLETE
             src = text[self.pos:self.done[1]]
             try:
-                value, end = read_value(src, 0)
+                value, end = read_value(src, 0, self.quote)
                 self._value = (skip_ws(src, end) == len(src), value)
             except (ValueError, RecursionError):
                 self._value = False, None
         return self._value
 
 
-def read_key(s: str, i: int) -> tuple[str, int]:
+def read_key(s: str, i: int, quote: str = QUOTE) -> tuple[str, int]:
     """A key and its ":" at s[i:] (whitespace first) -> (key, one past ":"); ValueError if malformed."""
     i = skip_ws(s, i)
-    if s.startswith(QUOTE, i):
-        j = s.find(QUOTE, i + len(QUOTE))
+    if s.startswith(quote, i):
+        j = s.find(quote, i + len(quote))
         if j < 0:
             raise ValueError(i)
-        key, k = s[i + len(QUOTE):j], j + len(QUOTE)
+        key, k = s[i + len(quote):j], j + len(quote)
     else:
         m = _KEY.match(s, i)
         if m is None:
@@ -98,15 +99,15 @@ def read_key(s: str, i: int) -> tuple[str, int]:
     return key, k + 1
 
 
-def read_value(s: str, i: int) -> tuple[Any, int]:
-    """One Gemma 4 value at s[i:] (whitespace first) -> (its JSON value, one past it); ValueError if
-    malformed (a key written twice included)."""
+def read_value(s: str, i: int, quote: str = QUOTE) -> tuple[Any, int]:
+    """One Gemma 4 value at s[i:] (whitespace first; strings between `quote` tokens) -> (its JSON value, one
+    past it); ValueError if malformed (a key written twice included)."""
     i = skip_ws(s, i)
-    if s.startswith(QUOTE, i):
-        j = s.find(QUOTE, i + len(QUOTE))
+    if s.startswith(quote, i):
+        j = s.find(quote, i + len(quote))
         if j < 0:
             raise ValueError(i)
-        return s[i + len(QUOTE):j], j + len(QUOTE)
+        return s[i + len(quote):j], j + len(quote)
     if s.startswith("{", i) or s.startswith("[", i):
         obj = s[i] == "{"
         out: Any = {} if obj else []
@@ -116,12 +117,12 @@ def read_value(s: str, i: int) -> tuple[Any, int]:
             return out, i + 1
         while True:
             if obj:
-                key, i = read_key(s, i)
+                key, i = read_key(s, i, quote)
                 if key in out:
                     raise ValueError(i)
-                out[key], i = read_value(s, i)
+                out[key], i = read_value(s, i, quote)
             else:
-                item, i = read_value(s, i)
+                item, i = read_value(s, i, quote)
                 out.append(item)
             i = skip_ws(s, i)
             if s.startswith(close, i):
@@ -131,7 +132,7 @@ def read_value(s: str, i: int) -> tuple[Any, int]:
             i += 1
     m = _BARE.match(s, i)
     raw = m.group().strip()
-    if not raw or QUOTE in raw:
+    if not raw or quote in raw:
         raise ValueError(i)
     return bare_value(raw), m.end()
 
@@ -150,14 +151,16 @@ def bare_value(raw: str) -> Any:
 
 class Gemma4Parser(ToolParser):
     name = "gemma4"
+    start, end, quote = START, END, QUOTE  # the call's tokens and the string delimiter (FunctionGemma's differ)
     markers = (START,)
     keeps_special_tokens = True
     syntax = None
 
     def parse_group(self, text: str, final: bool) -> GroupScan:
         calls: list[CallScan] = []
+        quote = self.quote
         undecided = GroupScan(calls, INVALID if final else OPEN, len(text))
-        st, i = expect(text, skip_ws(text, len(START)), "call:", final)
+        st, i = expect(text, skip_ws(text, len(self.start)), "call:", final)
         if st != COMPLETE:
             return GroupScan(calls, st, i)
         m = _NAME.match(text, i)
@@ -173,10 +176,10 @@ class Gemma4Parser(ToolParser):
         if text[p] != "}":
             while True:
                 try:
-                    key, q = read_key(text, p)
+                    key, q = read_key(text, p, quote)
                 except ValueError:
-                    return undecided if _key_pending(text, p, final) else GroupScan(calls, INVALID, p)
-                scanner = self.scanner(q, _ValueScanner)
+                    return undecided if _key_pending(text, p, final, quote) else GroupScan(calls, INVALID, p)
+                scanner = self.scanner(q, lambda pos: _ValueScanner(pos, quote))
                 status, end = scanner.scan(text)
                 if status == PARTIAL:
                     return undecided
@@ -197,19 +200,19 @@ class Gemma4Parser(ToolParser):
             call = CallScan(m.group(), "", False)
             calls.append(call)
         call.args, call.complete = arguments_json(items, True), True
-        return closing(text, p + 1, END, final, calls)
+        return closing(text, p + 1, self.end, final, calls)
 
 
-def _key_pending(text: str, p: int, final: bool) -> bool:
+def _key_pending(text: str, p: int, final: bool, quote: str) -> bool:
     """A key at text[p:] that the text so far has not finished (more text may complete it)."""
     if final:
         return False
     i = skip_ws(text, p)
     rest = text[i:]
-    if not rest or QUOTE.startswith(rest):
+    if not rest or quote.startswith(rest):
         return True
-    if rest.startswith(QUOTE):
-        j = text.find(QUOTE, i + len(QUOTE))
-        return j < 0 or skip_ws(text, j + len(QUOTE)) == len(text)
+    if rest.startswith(quote):
+        j = text.find(quote, i + len(quote))
+        return j < 0 or skip_ws(text, j + len(quote)) == len(text)
     m = _KEY.match(text, i)
     return m is not None and skip_ws(text, m.end()) == len(text)

@@ -97,6 +97,11 @@ TWO_CALLS["cohere_command4"] = "<|START_ACTION|>" + TWO_CALLS["xlam"].replace(
 TWO_CALLS["internlm"] = "<|action_start|><|plugin|>\n" + TWO_CALLS["llama3"].replace(
     "; ", "<|action_end|><|action_start|><|plugin|>\n") + "<|action_end|>"  # llama3's objects, a block each
 TWO_CALLS["olmo3"] = "<function_calls>\n" + TWO_CALLS["pythonic"][1:-1].replace("), ", ")\n") + "\n</function_calls>"
+TWO_CALLS["apertus"] = ('<|tools_prefix|>[{"get_weather": {"city": "Paris", "metric": true, "unit": null}}, '
+                        '{"now": {}}]<|tools_suffix|>')
+TWO_CALLS["longcat"] = TWO_CALLS["hermes"].replace("tool_call>", "longcat_tool_call>").replace(">\n<", "><")
+TWO_CALLS["gigachat3"] = "".join("<|message_sep|>\n\nfunction call<|role_sep|>\n" + line
+                                 for line in TWO_CALLS["hermes"].split("\n") if line.startswith("{"))
 ONE_CALL = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "unit": "c"}}\n'
               '</tool_call>',
@@ -140,10 +145,13 @@ ONE_CALL["cohere_command4"] = "<|START_ACTION|>" + ONE_CALL["xlam"].replace(
     '{"name": ', '{"tool_call_id": "0", "tool_name": ').replace('"arguments"', '"parameters"') + "<|END_ACTION|>"
 ONE_CALL["internlm"] = "<|action_start|><|plugin|>\n" + ONE_CALL["llama3"] + "<|action_end|>"
 ONE_CALL["olmo3"] = "<function_calls>\n" + ONE_CALL["pythonic"][1:-1] + "\n</function_calls>"
+ONE_CALL["apertus"] = '<|tools_prefix|>[{"get_weather": {"city": "Oslo", "days": 2, "unit": "c"}}]<|tools_suffix|>'
+ONE_CALL["longcat"] = ONE_CALL["hermes"].replace("tool_call>", "longcat_tool_call>")
+ONE_CALL["gigachat3"] = "<|message_sep|>\n\nfunction call<|role_sep|>\n" + ONE_CALL["hermes"].split("\n")[1]
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
                  "deepseekv32", "step3", "deepseekv4", "lfm2", "granite",
                  "phi4_mini_json", "olmo3", "xlam", "jamba", "internlm",
-                 "cohere_command4"]  # unit checks only
+                 "cohere_command4", "longcat", "gigachat3", "apertus"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):

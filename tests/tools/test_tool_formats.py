@@ -1,5 +1,5 @@
-"""The tool-call formats of Qwen3-Coder, Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
-MiniMax-M2 / M3, LFM2, Gemma 4, Kimi K3 and gpt-oss (harmony), on
+"""The tool-call formats of Qwen3-Coder (and MiMo), Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
+MiniMax-M2 / M3, LFM2, Gemma 4, FunctionGemma, Kimi K3 and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -26,6 +26,7 @@ STEP_CALL = ("<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke nam
              "<｜tool_call_end｜>")
 NS = "]<]minimax[>["  # MiniMax-M3's namespace token, before every tag
 Q = '<|"|>'  # Gemma 4's string delimiter token
+E = "<escape>"  # FunctionGemma's
 K3_CALL = "<|open|>call tool=\"{}\" index=\"{}\"<|sep|>{}<|close|>call<|sep|>"
 K3_ARG = "<|open|>argument key=\"{}\" type=\"{}\"<|sep|>{}<|close|>argument<|sep|>"
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{}\n```<｜tool▁call▁end｜>"
@@ -159,6 +160,17 @@ CASES = [
     ("gemma4", f"<|tool_call>call:write_file{{path:{Q}a.py{Q},content:{Q}x = {{\"k\": [1]}}\n{Q}}}", "",
      [("write_file", {"path": "a.py", "content": "x = {\"k\": [1]}\n"})]),  # stopped on <tool_call|>
     ("gemma4", "Plain call:now{} and <|tool text.", "Plain call:now{} and <|tool text.", []),
+    # FunctionGemma: Gemma 4's calls in its own tokens, strings between <escape> tokens
+    ("functiongemma", f"Checking.<start_function_call>call:get_weather{{city:{E}Paris, {{FR}}{E},days:2,hours:[9,12],"
+                      f"metric:true}}<end_function_call><start_function_call>call:now{{}}<end_function_call>Done.",
+     "Checking.Done.", [("get_weather", {"city": "Paris, {FR}", "days": 2, "hours": [9, 12], "metric": True}),
+                        ("now", {})]),
+    ("functiongemma", f"<start_function_call>call:write_file{{path:{E}a.py{E},content:{E}x = {{\"k\": [1]}}\n{E}}}",
+     "", [("write_file", {"path": "a.py", "content": "x = {\"k\": [1]}\n"})]),  # stopped on <end_function_call>
+    ("functiongemma", "Plain call:now{} and <start_function text.", "Plain call:now{} and <start_function text.", []),
+    # MiMo writes Qwen3-Coder's calls (its `mimo` name is an alias), values with no newlines around them
+    ("mimo", "<tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n<parameter=days>2</parameter>\n"
+             "</function>\n</tool_call>", "", [("get_weather", {"city": "Paris", "days": 2})]),
     # Kimi K3: the reply in its response channel, the calls in the tools channel (values typed by their tag)
     ("kimi_k3", "<|open|>response<|sep|>Checking both.<|close|>response<|sep|><|open|>tools<|sep|>"
                 + K3_CALL.format("get_weather", 1, K3_ARG.format("city", "string", "\nSan Francisco ")
@@ -214,6 +226,9 @@ MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break s
                                                       "<|close|>argument<|sep|>") + "<|close|>tools<|sep|>"),  # no key
     ("gemma4", "<|tool_call>call:get_weather{hours:[1,2}<tool_call|>"),  # unbalanced
     ("gemma4", "<|tool_call>get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>"),  # no call:
+    ("functiongemma", "<start_function_call>call:rm_rf{path:<escape>/<escape>}<end_function_call>"),
+    ("functiongemma", "<start_function_call>get_weather{city:<escape>Oslo<escape>}<end_function_call>"),  # no call:
+    ("functiongemma", "<start_function_call>call:get_weather{city:<escape>Oslo}<end_function_call>"),  # unclosed
     ("lfm2", "<|tool_call_start|>[get_weather(city=Paris)]<|tool_call_end|>"),  # not a literal
     ("minimax-m3", f"{NS}<tool_call>\n{NS}<invoke name=\"get_weather\">{NS}<hours>7{NS}<item>1{NS}</item>"
                    f"{NS}</hours>{NS}</invoke>\n{NS}</tool_call>"),  # text beside nested tags
@@ -277,7 +292,7 @@ def test_malformed_calls_stay_text(case):
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
                                  "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
-                                 "lfm2", "gemma4", "kimi_k3"])
+                                 "lfm2", "gemma4", "kimi_k3", "functiongemma"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -345,6 +360,10 @@ def test_template_detection():
     assert detect_parser("{{ ' functools[' + calls | tojson + ']' }}") == "phi4_mini_json"
     assert detect_parser("{{ '<function_calls>\\n' + call + '\\n</function_calls>' }}") == "olmo3"
     assert detect_parser("{{ '<tool_calls>' + calls + '</tool_calls>' }}") is None  # Jamba, MiniMax-M1, MiMo differ
+    assert detect_parser("{{- '<start_function_call>call:' + tool_call['name'] + '{' -}}") == "functiongemma"
+    assert detect_parser("{{ '<longcat_tool_call>\\n' + call | tojson + '\\n</longcat_tool_call>' }}") == "longcat"
+    assert detect_parser("{{ role + '<|role_sep|>\\n' + content + '<|message_sep|>\\n\\n' }}") == "gigachat3"
+    assert detect_parser("{{- '<|tools_prefix|>' + calls | tojson + '<|tools_suffix|>' -}}") == "apertus"
 
 
 def test_vllm_names_are_aliases():
@@ -356,6 +375,8 @@ def test_vllm_names_are_aliases():
     assert get_parser("step3p5") is get_parser("qwen3_xml") is get_parser("qwen3_coder")
     assert get_parser("glm") is get_parser("glm45") and get_parser("openai") is get_parser("gpt-oss")
     assert get_parser("llama3_json") is get_parser("llama4_json") is get_parser("llama3")
+    assert get_parser("ernie45") is get_parser("hermes") and get_parser("mimo") is get_parser("qwen3_coder")
+    assert get_parser("apertus2509") is get_parser("apertus")
 
 
 def test_minimax_values_follow_the_schema_as_sglang_reads_them():

@@ -1,6 +1,7 @@
 """Tool-call parsers on outputs written the way each model family writes them (from the formats'
 documentation: Qwen2.5 / Hermes 2 Pro, SmolLM2's function-calling data, Llama 3.1 JSON, Mistral,
-Llama 3.2 / 4 pythonic). Streaming in any chunking must add up to the non-streaming parse."""
+Llama 3.2 / 4 pythonic, LongCat-Flash, GigaChat 3, Apertus). Streaming in any chunking must add up to the non-streaming
+parse."""
 
 from __future__ import annotations
 
@@ -99,9 +100,29 @@ CASES = [
      [("get_weather", {"city": "Oslo"}), ("now", {})]),
     ("cohere_command4", '<|START_ACTION|>{"tool_name": "f", "parameters": {"a": 1}}<|END_ACTION|>', "",
      [("f", {"a": 1})]),
-    # Granite 4.0 writes Hermes' blocks
+    # Granite 4.0 writes Hermes' blocks, ERNIE-4.5 too (after its reasoning)
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
+    ("ernie45", 'I will check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Beijing"}}\n'
+                '</tool_call>\n', "I will check.", [("get_weather", {"city": "Beijing"})]),
+    # LongCat-Flash: Hermes' object in its own tags, blocks back to back; the close tag may be cut off
+    ("longcat", 'Let me check.\n<longcat_tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+                '</longcat_tool_call><longcat_tool_call>\n{"name": "now", "arguments": {}}\n</longcat_tool_call>',
+     "Let me check.", [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    ("longcat", '<longcat_tool_call>\n{"name": "f", "arguments": {"a": [1]}}\n', "", [("f", {"a": [1]})]),
+    ("longcat", "A <tool_call> and <longcat_tool_ stay text.", "A <tool_call> and <longcat_tool_ stay text.", []),
+    # GigaChat 3: the separator and the `function call` role, `</s>` after the object; 3.1's single token
+    ("gigachat3", "I'll remember that.<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"remember\", "
+                  '"arguments": {"action": "create", "content": {"short": true}}}</s>', "I'll remember that.",
+     [("remember", {"action": "create", "content": {"short": True}})]),
+    ("gigachat3", '<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "now", "arguments": {}}', "",
+     [("now", {})]),
+    ("gigachat3", 'Sure.<|function_call|>{"name": "f", "arguments": {"a": 1}}', "Sure.", [("f", {"a": 1})]),
+    ("gigachat3", "A function call is a request.", "A function call is a request.", []),
+    # Apertus: a list of {NAME: arguments} objects in its special tokens (or one object without the list)
+    ("apertus", 'I will check. <|tools_prefix|>[{"get_weather": {"city": "Paris", "days": [1, 2]}}, {"now": {}}]'
+                "<|tools_suffix|>", "I will check.", [("get_weather", {"city": "Paris", "days": [1, 2]}), ("now", {})]),
+    ("apertus", '<|tools_prefix|>{"f": {"a": {"b": null}}}', "", [("f", {"a": {"b": None}})]),
 ]
 # tool markup that is broken: parse() leaves each whole as text. Early: the break shows before the call
 # commits (a stream agrees); late: after (a stream has sent the call: the documented limit).
@@ -119,6 +140,11 @@ MALFORMED_EARLY = [
     ("cohere_command4", '<|START_ACTION|>[{"tool_call_id": "0", "name": "f", "parameters": {}}]<|END_ACTION|>'),
     ("internlm", '<|action_start|><|interpreter|>\nprint(1)<|action_end|>'),  # not a plugin call
     ("xlam", '```json\n{"name": "f", "arguments": {}}\n```'),  # not a list
+    ("longcat", '<longcat_tool_call>\n{"arguments": {"a": 1,}, "name": "f"}\n</longcat_tool_call>'),
+    ("gigachat3", "Done.<|message_sep|>\n\nassistant<|role_sep|>\nMore."),  # a message, not a call
+    ("gigachat3", '<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "f", "arguments": "a=1"}'),
+    ("apertus", '<|tools_prefix|>[{"f": [1]}]<|tools_suffix|>'),  # the arguments not an object
+    ("apertus", '<|tools_prefix|>[{"name": "f", "arguments": {}}]<|tools_suffix|>'),  # Hermes' object
 ]
 MALFORMED_LATE = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>'),  # trailing comma
@@ -128,6 +154,9 @@ MALFORMED_LATE = [
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {}} {"name": "g", "arguments": {}}]'),
     ("pythonic", "[f(a=1, a=2)]"),
     ("olmo3", "<function_calls>\nf(a=1) g()\n</function_calls>"),  # two calls on one line
+    ("longcat", '<longcat_tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'),  # the wrong close tag
+    ("gigachat3", '<|function_call|>{"name": "f", "arguments": {"a": tru}}'),
+    ("apertus", '<|tools_prefix|>[{"f": {"a": 1}, "g": {}}]<|tools_suffix|>'),  # two members in one object
 ]
 MALFORMED = MALFORMED_EARLY + MALFORMED_LATE
 
@@ -345,6 +374,13 @@ def _render(fmt: str, calls: list, style: int) -> str:
                                                 for i, (n, a) in enumerate(calls)) + "]<|END_ACTION|>"
     if fmt == "jamba":
         return "<tool_calls>[" + ", ".join(map(dump, objs)) + "]</tool_calls>"
+    if fmt == "apertus":  # {NAME: arguments} objects in a list
+        return "<|tools_prefix|>[" + ", ".join(dump({n: a}) for n, a in calls) + "]<|tools_suffix|>"
+    if fmt == "longcat":  # blocks back to back, or on their own lines
+        return ("" if style % 2 else "\n").join(f"<longcat_tool_call>\n{dump(o)}\n</longcat_tool_call>" for o in objs)
+    if fmt == "gigachat3":  # a call message each (3.0's separator and role, or 3.1's token), `</s>` or not after it
+        head = ("<|message_sep|>\n\nfunction call<|role_sep|>\n", "<|function_call|>")[style % 2]
+        return "".join(head + dump(o) + ("</s>" if style % 3 == 0 else "") for o in objs)
     if fmt == "internlm":  # with or without a space between the tokens (vLLM / SGLang)
         plugin = "<|action_start|>" + " " * (style % 2) + "<|plugin|>\n"
         return "".join(plugin + dump(o) + "<|action_end|>" for o in objs)
@@ -357,10 +393,12 @@ def _render(fmt: str, calls: list, style: int) -> str:
         syn = get_parser(fmt).syntax
         return syn.open + syn.sep.join(syn.call_open + n + (syn.index + str(i) if syn.index else "") + syn.name_close
                                        + dump(a) + syn.call_close for i, (n, a) in enumerate(calls)) + syn.close
-    if fmt == "gemma4":  # bare keys where they read as one, strings between <|"|> tokens
+    if fmt in ("gemma4", "functiongemma"):  # bare keys where they read as one, strings between quote tokens
+        parser = get_parser(fmt)
+
         def g4(v):
             if isinstance(v, str):
-                return f'<|"|>{v}<|"|>'
+                return parser.quote + v + parser.quote
             if isinstance(v, list):
                 return "[" + ",".join(map(g4, v)) + "]"
             if isinstance(v, dict):
@@ -369,7 +407,7 @@ def _render(fmt: str, calls: list, style: int) -> str:
             return json.dumps(v)
 
         sep = " " if style % 2 else ""
-        return sep.join(f"<|tool_call>call:{n}" + g4(a) + "<tool_call|>" for n, a in calls)
+        return sep.join(f"{parser.start}call:{n}" + g4(a) + parser.end for n, a in calls)
     python = "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
     if fmt == "lfm2":  # the Python list, or the JSON one, in its special tokens
         return "<|tool_call_start|>" + ("[" + ", ".join(map(dump, objs)) + "]" if style % 2 else python) \
