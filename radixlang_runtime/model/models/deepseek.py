@@ -5,9 +5,9 @@ latent attention (model/layers/mla_attention.py, the KV pool's latent layout) an
 The fields are those transformers' DeepseekV2Config / DeepseekV3Config and modeling code read, with their
 defaults. Fields of the original checkpoints' configs that transformers does not read are accepted where
 they change nothing (ep_size, aux_loss_alpha, seq_aux, num_nextn_predict_layers: the multi-token-prediction
-layers, which a plain forward never runs) and refused by name where the original code would compute
-something else (moe_layer_freq other than 1, a scoring_func / topk_method the architecture's router does not
-run, V2's norm_topk_prob true: transformers' V2 router never renormalises).
+layers, which a plain forward never runs; speculative NEXTN runs the first, models/nextn.py) and refused by name
+where the original code would compute something else (moe_layer_freq other than 1, a scoring_func / topk_method
+the architecture's router does not run, V2's norm_topk_prob true: transformers' V2 router never renormalises).
 """
 
 from __future__ import annotations

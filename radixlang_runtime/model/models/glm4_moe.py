@@ -3,7 +3,7 @@ head with use_qk_norm, partial rotary: neox halves of the leading partial_rotary
 config.json gives none, as transformers' Glm4MoeConfig) with DeepSeek V3's MoE blocks: the sigmoid router with
 e_score_correction_bias and grouped top-k (model/layers/moe_routing.py), shared experts, dense MLPs in the layers
 before first_k_dense_replace. The multi-token-prediction layer of the hub checkpoints (num_nextn_predict_layers)
-is not run by a plain forward; its tensors are left unread.
+is not run by a plain forward; its tensors are left unread (speculative NEXTN runs it: models/nextn.py).
 """
 
 from __future__ import annotations
