@@ -131,7 +131,8 @@ HELP: dict[str, str] = {
     "enable_deterministic_inference": "batch-invariant numerics: greedy output independent of batching",
     # speculative decoding
     "speculative_algorithm": "NGRAM: prompt lookup; STANDALONE: a draft model; NEXTN (or EAGLE without a draft "
-                             "path): the checkpoint's multi-token-prediction layer (DeepSeek V3, GLM-4.5)",
+                             "path): the checkpoint's multi-token-prediction layer (DeepSeek V3, GLM-4.5, "
+                             "Qwen3-Next, Qwen3.5)",
     "speculative_num_draft_tokens": "most draft tokens verified per step (NGRAM default 16)",
     "speculative_ngram_min_match_window_size": "shortest suffix looked up (default 1)",
     "speculative_ngram_max_match_window_size": "longest suffix looked up (default 6)",

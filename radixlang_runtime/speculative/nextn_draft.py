@@ -1,4 +1,5 @@
-"""NextNDraft: the draft of --speculative-algorithm NEXTN (SGLang's EAGLE on DeepSeek V3 / GLM-4.5; vLLM's MTP),
+"""NextNDraft: the draft of --speculative-algorithm NEXTN (SGLang's EAGLE / NEXTN on DeepSeek V3, GLM-4.5, Qwen3-Next
+and Qwen3.5; vLLM's MTP),
 the model side: the checkpoint's multi-token-prediction layer (model/models/nextn.py) as a second ModelRunner with
 its own one-layer KV pool, proposing through ModelDrafter like STANDALONE's draft model (docs/SPECULATIVE.md).
 
@@ -104,8 +105,8 @@ class NextNDraft:
         runner = NextNRunner(dargs, model_dir)
         if runner.sizes.num_slots < sizes.num_slots + scratch:
             raise RuntimeError("prediction layer pool smaller than the target's slots + scratch")  # rounding: a bug
-        logger.info("NEXTN draft: %s's multi-token-prediction layer (model.layers.%d), %d steps, pool %d slots "
-                    "(%d scratch)", runner.cfg.architecture, runner.cfg.family_options.index, steps,
+        logger.info("NEXTN draft: %s's multi-token-prediction layer (%s*), %d steps, pool %d slots "
+                    "(%d scratch)", runner.cfg.architecture, runner.cfg.family_options.layer, steps,
                     runner.sizes.num_slots, scratch)
         return cls(runner, target, steps)
 

@@ -15,24 +15,35 @@ import pytest
 import torch
 
 from radixlang_runtime.server_args import ServerArgs
+from tiny_checkpoints import HYBRID_CASES, HYBRID_TINY
 
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, bos_token_id=1, eos_token_id=2,
               tie_word_embeddings=False, initializer_range=0.3, max_position_embeddings=256, n_routed_experts=8,
               num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
               num_nextn_predict_layers=1)
-# name -> (transformers config class, its fields): DeepSeek V3 (multi-head latent attention) and GLM-4.5 (GQA with
-# partial rotary, q / k norms and biases), each with DeepSeek's MoE blocks
+# name -> (transformers config class, its fields, the reference's one-layer config, the checkpoint's layout):
+# DeepSeek V3 (multi-head latent attention) and GLM-4.5 (GQA with partial rotary, q / k norms and biases), each with
+# DeepSeek's MoE blocks, their layer at model.layers.3; Qwen3-Next (hybrid: Gated DeltaNet and gated attention, MoE
+# with a gated shared expert) and Qwen3.5 (its dense MLPs), the layer under mtp.* with zero-centred norms
 FAMILIES = {
-    "deepseek_v3": ("DeepseekV3Config", dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
-                                             q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
-                                             n_group=4, topk_group=2)),
-    "glm4_moe": ("Glm4MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, n_group=2,
-                                       topk_group=1, use_qk_norm=True, attention_bias=True)),
+    "deepseek_v3": ("DeepseekV3Config", {**COMMON, **dict(
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=12, n_group=4, topk_group=2)},
+        {"num_hidden_layers": 1, "first_k_dense_replace": 0}, "nextn"),
+    "glm4_moe": ("Glm4MoeConfig", {**COMMON, **dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, n_group=2, topk_group=1, use_qk_norm=True,
+        attention_bias=True)}, {"num_hidden_layers": 1, "first_k_dense_replace": 0}, "nextn"),
+    "qwen3_next": ("Qwen3NextConfig", {**HYBRID_TINY, **HYBRID_CASES["qwen3_next"][1], "tie_word_embeddings": False,
+                                       "mtp_num_hidden_layers": 1},
+                   {"num_hidden_layers": 1, "layer_types": ["full_attention"], "mlp_only_layers": []}, "mtp"),
+    "qwen3_5": ("Qwen3_5TextConfig", {**HYBRID_TINY, **HYBRID_CASES["qwen3_5"][1], "tie_word_embeddings": False,
+                                      "mtp_num_hidden_layers": 1},
+                {"num_hidden_layers": 1, "layer_types": ["full_attention"]}, "mtp"),
 }
 PROMPTS = [[(i * 131 + 7 * j) % 40000 + 100 for i in range(n)] for j, n in enumerate((20, 37, 44, 9, 26))]
 NEW = 24
-LAYER = COMMON["num_hidden_layers"]  # the prediction layer's index in the checkpoint
 TARGET_SCALE = 0.01
+SHRUNK = ("o_proj", "down", "out_proj")  # the blocks' output projections (attention, MLP / experts, DeltaNet)
 HIDDEN_MIX = 0.03
 
 
@@ -70,45 +81,55 @@ def tiny(request, tmp_path_factory):
 
     from tiny_checkpoints import REFERENCE_ATTENTION, build_tiny
 
-    cls_name, fields = FAMILIES[request.param]
+    cls_name, fields, one_layer, layout = FAMILIES[request.param]
     path = tmp_path_factory.mktemp(f"tiny_nextn_{request.param}")
-    model = build_tiny(path, cls_name, {**COMMON, **fields}, {})
+    model = build_tiny(path, cls_name, fields, {})
     torch.manual_seed(1)
     with torch.no_grad():
         for m in model.modules():  # a correction bias that moves the routing (transformers initialises zeros)
             if hasattr(m, "e_score_correction_bias"):
                 m.e_score_correction_bias.copy_(torch.randn_like(m.e_score_correction_bias) * 0.5)
         for name, p in model.named_parameters():  # blocks that mostly carry the token through: the next token
-            if "o_proj" in name or "down" in name:  # depends on the last one most, which the layer can learn
+            if any(k in name for k in SHRUNK):  # depends on the last one most, which the layer can learn
                 p.mul_(TARGET_SCALE)
     model.save_pretrained(path, safe_serialization=True)
-    # the layer: its own block (a MoE one), shrunk too, and the decoder's head: it proposes the token the decoder
-    # would write after the token it reads, so some drafts are accepted and some are not
-    cfg = getattr(transformers, cls_name)(**{**model.config.to_dict(), "num_hidden_layers": 1,
-                                             "first_k_dense_replace": 0})
+    # the layer: its own block (MoE), shrunk too, and the decoder's head: it proposes the token the decoder would
+    # write after the token it reads, so some drafts are accepted and some are not
+    cfg = getattr(transformers, cls_name)(**{**model.config.to_dict(), **one_layer})
     torch.manual_seed(2)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
                                                          attn_implementation=REFERENCE_ATTENTION).eval()
-    h = COMMON["hidden_size"]
+    h = fields["hidden_size"]
+    centred = layout == "mtp"  # zero-centred norms: the checkpoint holds w, the norm multiplies by 1 + w
     with torch.no_grad():
-        block = ref.model.layers[0]
-        for name, p in block.named_parameters():
-            if "o_proj" in name or "down" in name:
+        for name, p in ref.model.layers[0].named_parameters():
+            if any(k in name for k in SHRUNK):
                 p.mul_(TARGET_SCALE)
-        block.mlp.gate.e_score_correction_bias.copy_(torch.randn_like(block.mlp.gate.e_score_correction_bias))
+        for m in ref.modules():
+            if hasattr(m, "e_score_correction_bias"):
+                m.e_score_correction_bias.copy_(torch.randn_like(m.e_score_correction_bias))
         ref.lm_head.weight.copy_(model.lm_head.weight)
-        ref.model.norm.weight.copy_(1 + 0.02 * torch.randn(h))
-    extra = {"enorm": 1 + 0.02 * torch.randn(h), "hnorm": 1 + 0.1 * torch.randn(h),
+        ref.model.norm.weight.copy_(0.02 * torch.randn(h) + (0.0 if centred else 1.0))
+    extra = {"enorm": 1 + 0.02 * torch.randn(h), "hnorm": 1 + 0.1 * torch.randn(h),  # the multipliers
              "eh_proj": torch.cat([torch.eye(h) + 0.01 * torch.randn(h, h), HIDDEN_MIX * torch.randn(h, h)], dim=1)}
     tensors = load_file(str(path / "model.safetensors"))
-    own = f"model.layers.{LAYER}."
+    if layout == "nextn":
+        own = layer = f"model.layers.{fields['num_hidden_layers']}."
+        names = {"enorm": own + "enorm.weight", "hnorm": own + "hnorm.weight", "eh_proj": own + "eh_proj.weight",
+                 "norm": own + "shared_head.norm.weight"}
+        tensors[own + "shared_head.head.weight"] = ref.lm_head.weight.detach().clone()
+        tensors[own + "embed_tokens.weight"] = model.model.embed_tokens.weight.detach().clone()
+    else:
+        own, layer = "mtp.", "mtp.layers.0."
+        names = {"enorm": own + "pre_fc_norm_embedding.weight", "hnorm": own + "pre_fc_norm_hidden.weight",
+                 "eh_proj": own + "fc.weight", "norm": own + "norm.weight"}
     for name, t in ref.state_dict().items():
         if name.startswith("model.layers.0."):
-            tensors[own + name[len("model.layers.0."):]] = t.contiguous()
-    tensors.update({own + f"{k}.weight": v.contiguous() for k, v in extra.items()})
-    tensors[own + "shared_head.norm.weight"] = ref.model.norm.weight.detach().clone()
-    tensors[own + "shared_head.head.weight"] = ref.lm_head.weight.detach().clone()
-    tensors[own + "embed_tokens.weight"] = model.model.embed_tokens.weight.detach().clone()
+            tensors[layer + name[len("model.layers.0."):]] = t.contiguous()
+    for key in ("enorm", "hnorm"):
+        tensors[names[key]] = (extra[key] - 1 if centred else extra[key]).contiguous()
+    tensors[names["eh_proj"]] = extra["eh_proj"].contiguous()
+    tensors[names["norm"]] = ref.model.norm.weight.detach().clone()
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     return str(path), model, ref, extra
 
@@ -137,7 +158,7 @@ def test_layer_logits_equal_the_reference(tiny):
     path, model, ref, extra = tiny
     runner = NextNRunner(ServerArgs(model_path=path, dtype="float32", max_total_tokens=512, max_running_requests=2),
                          path)
-    assert runner.cfg.num_hidden_layers == 1 and runner.cfg.family_options.index == LAYER
+    assert runner.cfg.num_hidden_layers == 1 and runner.cfg.linear_attn is None
     seq = PROMPTS[1] + hf_greedy(model, PROMPTS[1], NEW)
     n = len(seq)
     with torch.no_grad():
@@ -223,8 +244,8 @@ def test_refused_without_a_prediction_layer(tmp_path):
     from radixlang_runtime import Engine
     from tiny_checkpoints import build_tiny
 
-    cls_name, fields = FAMILIES["deepseek_v3"]
-    build_tiny(tmp_path, cls_name, {**COMMON, **fields, "num_nextn_predict_layers": 0}, {})
+    cls_name, fields, _, _ = FAMILIES["deepseek_v3"]
+    build_tiny(tmp_path, cls_name, {**fields, "num_nextn_predict_layers": 0}, {})
     with pytest.raises(ValueError, match="num_nextn_predict_layers is 0"):
         Engine(str(tmp_path), dtype="float32", speculative_algorithm="NEXTN")
     llama = tmp_path / "llama"

@@ -62,6 +62,10 @@ _FAMILIES = (
                                                                 "DeepseekV3ForCausalLMNextN"), nextn.DeepseekNextN),
     ModelFamily("Glm4MoeForCausalLMNextN", nextn.nextn_parse(glm4_moe.parse_glm4_moe, "Glm4MoeForCausalLMNextN"),
                 nextn.Glm4MoeNextN),
+    ModelFamily("Qwen3NextForCausalLMMTP", nextn.mtp_parse(qwen3_next.parse_qwen3_next, "Qwen3NextForCausalLMMTP"),
+                nextn.HybridMTP),
+    ModelFamily("Qwen3_5ForCausalLMMTP", nextn.mtp_parse(qwen3_next.parse_qwen3_5, "Qwen3_5ForCausalLMMTP"),
+                nextn.HybridMTP),
     # bare decoders (no LM head: what sentence-transformers saves for embedding models; --is-embedding)
     ModelFamily("LlamaModel", llama_family.parse_llama, llama_family.LlamaForCausalLM),
     ModelFamily("MistralModel", llama_family.parse_mistral, llama_family.LlamaForCausalLM),

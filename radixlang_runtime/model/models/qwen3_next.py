@@ -179,6 +179,7 @@ class HybridForCausalLM(MoEForCausalLM):
             else:
                 self._load_attention(src + "self_attn.", dst + "mixer.", tensors, put, norm)
             self.load_mlp(i, tensors, put)
+            self.load_layer_extras(i, tensors, put)
         missing = sorted(set(own) - done)
         if missing:
             raise ValueError(f"parameters not loaded: {missing[:5]}")
