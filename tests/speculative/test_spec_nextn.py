@@ -253,3 +253,36 @@ def test_refused_without_a_prediction_layer(tmp_path):
                                           num_attention_heads=2, num_key_value_heads=1), {})
     with pytest.raises(ValueError, match="LlamaForCausalLM has no multi-token-prediction layer"):
         Engine(str(llama), dtype="float32", speculative_algorithm="NEXTN")
+
+
+@pytest.mark.parametrize("tiny", ["deepseek_v3"], indirect=True)
+def test_server_with_sglangs_eagle_flags(tiny):
+    """A real server started with SGLang's spelling for DeepSeek V3's MTP (EAGLE, one step, topk 1, two draft
+    tokens): transformers' greedy ids, the counters in meta_info and /metrics, NEXTN in /server_info."""
+    import httpx
+
+    from server_utils import ServerProcess
+    from tiny_checkpoints import hf_greedy
+
+    path, model, ref, extra = tiny
+    want = hf_greedy(model, PROMPTS[1], NEW)
+    drafted, accepted = _accepted(_predictions(model, ref, extra, PROMPTS[1] + want), PROMPTS[1] + want,
+                                  len(PROMPTS[1]), NEW)
+    srv = ServerProcess("--model-path", path, "--dtype", "float32", "--max-total-tokens", "2048", "--enable-metrics",
+                        "--debug-check-integrity", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            r = c.post("/generate", json={"input_ids": PROMPTS[1], "sampling_params": {
+                "temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["output_ids"] == want
+            assert (body["meta_info"]["spec_draft_tokens"], body["meta_info"]["spec_accepted_tokens"]) == (
+                drafted, accepted)
+            lines = c.get("/metrics").text.splitlines()
+            assert any(x.startswith("radixlang:spec_accept_length ") for x in lines)
+            info = c.get("/server_info").json()
+            assert info["speculative_algorithm"] == "NEXTN" and info["speculative_num_steps"] == 1
+    finally:
+        assert srv.stop() in (0, 143), srv.tail()
