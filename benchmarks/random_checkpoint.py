@@ -37,6 +37,15 @@ SHAPES = {
                                           moe_intermediate_size=512, n_shared_experts=1, n_group=1, topk_group=1,
                                           first_k_dense_replace=1, max_position_embeddings=4096,
                                           tie_word_embeddings=False)),
+    # the same with a multi-token-prediction layer (model.layers.4: a copy of layer 3's block, random projections;
+    # speculative NEXTN's draft: bench_nextn.py)
+    "deepseek_mtp": ("DeepseekV3Config", dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=4,
+                                              num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None,
+                                              kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32,
+                                              v_head_dim=64, n_routed_experts=8, num_experts_per_tok=2,
+                                              moe_intermediate_size=512, n_shared_experts=1, n_group=1,
+                                              topk_group=1, first_k_dense_replace=1, max_position_embeddings=4096,
+                                              tie_word_embeddings=False, num_nextn_predict_layers=1)),
     # Qwen3.5's hybrid layout at the small Llama's size: 6 Gated DeltaNet layers + 2 gated full-attention layers
     # (every 4th), linear heads 4 key / 8 value of 64 (docs/HYBRID_MODELS.md)
     "qwen3_5": ("Qwen3_5TextConfig", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
@@ -68,8 +77,32 @@ def build(name: str, out_dir: str) -> str:
     tmp = out_dir.rstrip("/") + ".tmp"
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    if fields.get("num_nextn_predict_layers"):
+        add_prediction_layer(tmp, fields["num_hidden_layers"], fields["hidden_size"])
     os.rename(tmp, out_dir)
     return out_dir
+
+
+def add_prediction_layer(path: str, n: int, hidden: int) -> None:
+    """model.layers.{n}: layer n - 1's block, enorm / hnorm / shared_head.norm at 1, a random eh_proj, the head and
+    the embedding as the decoder's (DeepSeek V3's names; models/nextn.py)."""
+    import glob
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if len(files) != 1:
+        raise ValueError(f"{path}: expected one safetensors file, found {len(files)}")
+    t = load_file(files[0])
+    own, last = f"model.layers.{n}.", f"model.layers.{n - 1}."
+    t.update({own + k[len(last):]: v.clone() for k, v in t.items() if k.startswith(last)})
+    ones = torch.ones(hidden, dtype=torch.bfloat16)
+    t.update({own + "enorm.weight": ones, own + "hnorm.weight": ones.clone(), own + "shared_head.norm.weight":
+              ones.clone(), own + "eh_proj.weight": (torch.randn(hidden, 2 * hidden) * 0.02).to(torch.bfloat16),
+              own + "shared_head.head.weight": t["lm_head.weight"].clone(),
+              own + "embed_tokens.weight": t["model.embed_tokens.weight"].clone()})
+    save_file(t, files[0], metadata={"format": "pt"})
 
 
 def main() -> None:

@@ -11,9 +11,10 @@ target, after sampling (ModelRunner.forward calls `mirror` with every row's hidd
   prefix's slots hold both) and freeing a slot frees both;
 - a chunk that samples nothing leaves its last position pending (row -> its hidden state) until the next chunk
   brings the token after it;
-- the last position of a request that sampled is the one whose output predicts the token after the new one: its
-  argmax is the first draft token, kept with the layer's own final hidden state for `propose`.
-propose() returns that first token and chains num_steps - 1 more decode steps of the same layer, each reading the
+- the last position of a request that sampled is the one whose output predicts the token after the new one: the
+  layer's final hidden state there is kept for `propose`, whose head gives the first draft token (a step where
+  drafting is stepped aside runs no head).
+propose() takes that first token and chains num_steps - 1 more decode steps of the same layer, each reading the
 previous step's hidden state (SGLang's and vLLM's chain), their K/V in scratch slots past the target's
 (target_slots + row * (max_steps - 1) + j); the verify step's mirror then recomputes those positions from the
 target's own hidden states.
@@ -71,8 +72,7 @@ class _Head:
 
     prefix: int  # the position of the request's newest token (its kv_len when it drafts)
     token: int  # that token
-    draft: int  # the layer's prediction of the token after it
-    hidden: torch.Tensor  # [hidden] the layer's final hidden state there (the chain's next input)
+    hidden: torch.Tensor  # [hidden] the layer's final hidden state at prefix - 1: the head gives the token after it
 
 
 class NextNDraft:
@@ -162,11 +162,9 @@ class NextNDraft:
             return
         phase = "decode" if all(n == 1 for n in lens) else "extend"
         out_rows = [r for _, _, _, r in heads]
-        logits, out = self._run(StepInputs(phase, ids, locs, rows, prefix, lens, rewrites, out_rows, out_rows),
-                                torch.cat(parts))
-        drafts = logits.argmax(dim=-1).tolist() if out_rows else []
-        for (row, pos, tok, _), d, h in zip(heads, drafts, out if out_rows else []):
-            self.heads[row] = _Head(pos, tok, d, h)
+        _, out = self._run(StepInputs(phase, ids, locs, rows, prefix, lens, rewrites, [], out_rows), torch.cat(parts))
+        for (row, pos, tok, _), h in zip(heads, out if out_rows else []):
+            self.heads[row] = _Head(pos, tok, h)
         self.steps += 1
         self.positions += len(ids)
 
@@ -180,14 +178,14 @@ class NextNDraft:
             raise ValueError(f"propose: k {k} > max_steps {self.max_steps}")
         self.proposals += 1
         out: list[list[int]] = [[] for _ in rows]
-        live = []
-        for b, (row, p, t) in enumerate(zip(rows, prefix_lens, last_tokens)):
-            head = self.heads.get(row)
-            if head is not None and head.prefix == p and head.token == t:
-                out[b].append(head.draft)
-                live.append(b)
-        hid = torch.stack([self.heads[rows[b]].hidden for b in live]) if live else None
-        for j in range(1, k if live else 0):
+        live = [b for b, (row, p, t) in enumerate(zip(rows, prefix_lens, last_tokens))
+                if (head := self.heads.get(row)) is not None and head.prefix == p and head.token == t]
+        if not live:
+            return out, 0.0
+        hid = torch.stack([self.heads[rows[b]].hidden for b in live])
+        for b, d in zip(live, self.runner.model.head_logits(hid.to(self.runner.dtype)).argmax(dim=-1).tolist()):
+            out[b].append(d)
+        for j in range(1, k):
             locs = [self.target_slots + rows[b] * (self.max_steps - 1) + j - 1 for b in live]
             step = StepInputs("decode", [out[b][-1] for b in live], locs, [rows[b] for b in live],
                               [prefix_lens[b] + j - 1 for b in live], [1] * len(live),
