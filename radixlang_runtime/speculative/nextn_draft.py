@@ -137,7 +137,7 @@ class NextNDraft:
                 run, nxt = x[1:keep] + [tokens[i]], None  # the new token
             else:  # no sample: the last position waits for the next chunk's first token
                 keep = n - 1
-                run, nxt = x[1:], (p + n - 1, hidden[start + n - 1])
+                run, nxt = x[1:], (p + n - 1, hidden[start + n - 1].clone())  # not a view of the whole step
             first, h = p, [hidden[start:start + keep]]
             waiting = self.pending.pop(row, None)
             if waiting is not None and waiting[0] == p - 1:
