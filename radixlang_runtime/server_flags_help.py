@@ -39,7 +39,8 @@ HELP: dict[str, str] = {
                      "it and /get_model_info reports it (DSL programs render roles with it)",
     "tool_call_parser": "the tool-call format of the output (SGLang's names; vLLM's as aliases: minimax_m2, "
                         "minimax_m3, deepseek_v32, deepseek_v4, qwen3_xml, llama3_json, llama4_json, openai, "
-                        "granite4, hunyuan_a13b, ernie45); default: told from the chat template's markup",
+                        "granite4, hunyuan_a13b, ernie45, cohere_command3); default: told from the chat template's "
+                        "markup",
     "reasoning_parser": "split the reasoning block (<think>...</think>, [THINK]...[/THINK], <seed:think>..., gpt-oss: "
                         "the harmony analysis channel) into reasoning_content (SGLang's names, vLLM's as aliases); "
                         "default: all content",
@@ -189,9 +190,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
                          "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4", "kimi_k2", "glm45", "glm47",
                          "minimax-m2", "minimax-m3", "step3", "gpt-oss", "minimax_m2", "deepseek_v32", "deepseek_v4",
                          "lfm2", "gemma4", "granite", "phi4_mini_json", "olmo3", "xlam", "kimi_k3", "jamba",
-                         "internlm", "cohere_command4", "gigachat3", "longcat", "functiongemma", "apertus", "granite4",
-                         "hunyuan_a13b", "minimax_m3", "glm", "step3p5", "qwen3_xml", "llama3_json", "llama4_json",
-                         "openai", "ernie45", "mimo", "apertus2509"),
+                         "internlm", "cohere_command4", "gigachat3", "longcat", "functiongemma", "apertus", "dots",
+                         "minicpm5", "granite4", "hunyuan_a13b", "minimax_m3", "glm", "step3p5", "qwen3_xml",
+                         "llama3_json", "llama4_json", "openai", "ernie45", "mimo", "apertus2509", "cohere_command3"),
     # SGLang's names, then vLLM's aliases (reasoning_parser.ALIASES)
     "reasoning_parser": ("deepseek-r1", "qwen3", "deepseek-v3", "qwen3-thinking", "glm45", "kimi", "kimi_k2",
                          "minimax", "step3", "step3p5", "mistral", "interns1", "mimo", "poolside_v1", "gpt-oss",

@@ -11,6 +11,7 @@ from radixlang_runtime.tool_parsers.base import (CallArgs, CallStart, CallSyntax
 from radixlang_runtime.tool_parsers.cohere_command4 import CohereCommand4Parser
 from radixlang_runtime.tool_parsers.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from radixlang_runtime.tool_parsers.deepseek_v32 import DeepSeekV32Parser, DeepSeekV4Parser
+from radixlang_runtime.tool_parsers.dots import DotsParser
 from radixlang_runtime.tool_parsers.functiongemma import FunctionGemmaParser
 from radixlang_runtime.tool_parsers.gemma4 import Gemma4Parser
 from radixlang_runtime.tool_parsers.gigachat3 import GigaChat3Parser
@@ -25,6 +26,7 @@ from radixlang_runtime.tool_parsers.kimi_k3 import KimiK3Parser
 from radixlang_runtime.tool_parsers.lfm2 import Lfm2Parser
 from radixlang_runtime.tool_parsers.llama3 import Llama3JsonParser
 from radixlang_runtime.tool_parsers.longcat import LongcatParser
+from radixlang_runtime.tool_parsers.minicpm5 import MiniCpm5Parser
 from radixlang_runtime.tool_parsers.minimax_m2 import MiniMaxM2Parser
 from radixlang_runtime.tool_parsers.minimax_m3 import MiniMaxM3Parser
 from radixlang_runtime.tool_parsers.mistral import MistralParser
@@ -46,18 +48,19 @@ PARSERS: dict[str, type[ToolParser]] = {
     "granite": GraniteParser, "phi4_mini_json": Phi4MiniJsonParser, "olmo3": Olmo3Parser,
     "xlam": XlamParser, "kimi_k3": KimiK3Parser, "jamba": JambaParser, "internlm": InternlmParser,
     "cohere_command4": CohereCommand4Parser, "gigachat3": GigaChat3Parser, "longcat": LongcatParser,
-    "functiongemma": FunctionGemmaParser, "apertus": ApertusParser,
+    "functiongemma": FunctionGemmaParser, "apertus": ApertusParser, "dots": DotsParser, "minicpm5": MiniCpm5Parser,
 }
 # vLLM's names where they differ, and the other names either gives a format here: SGLang's `glm` (GLM-4.5) and
 # `step3p5` (Step-3.5 writes Qwen3-Coder's calls), vLLM's `qwen3_xml` (Qwen3-Coder), `llama3_json` / `llama4_json`
 # (Llama 3.1's JSON), `openai` (gpt-oss), `granite4` (Granite 4.0 writes Hermes' blocks), `hunyuan_a13b`
 # (Hunyuan-A13B writes Jamba's group), `ernie45` (ERNIE-4.5 writes Hermes' blocks), SGLang's `mimo` (MiMo writes
-# Qwen3-Coder's calls) and its `apertus2509` (vLLM's `apertus`)
+# Qwen3-Coder's calls) and its `apertus2509` (vLLM's `apertus`), and vLLM's `cohere_command3` (Command A writes the
+# action block cohere_command4 reads)
 ALIASES = {"minimax_m2": "minimax-m2", "deepseek_v32": "deepseekv32", "deepseek_v4": "deepseekv4",
            "minimax_m3": "minimax-m3", "glm": "glm45", "step3p5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
            "llama3_json": "llama3", "llama4_json": "llama3", "openai": "gpt-oss",
            "granite4": "hermes", "hunyuan_a13b": "jamba", "ernie45": "hermes", "mimo": "qwen3_coder",
-           "apertus2509": "apertus"}
+           "apertus2509": "apertus", "cohere_command3": "cohere_command4"}
 PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 
 # (texts that all appear in a chat template, the parser they imply), first match wins. Kimi K2's first template
@@ -67,8 +70,9 @@ PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 # `｜DSML｜` variable, so only that token is looked for (V4's writes `tool_calls>` after it). Command R7B, Command A
 # and their successors write `<|START_ACTION|>` groups (cohere_command4's reading); FireFunction v2 writes
 # Phi-4-mini's `functools[` list. GigaChat 3's template is told by its two separator tokens. `<tool_calls>` alone is
-# not looked for: Jamba, MiniMax-M1 and MiMo write different groups in it.
+# not looked for: Jamba, MiniMax-M1 and MiMo write different groups in it; nor are MiniCPM's `<function name=` tags.
 _TEMPLATE_HINTS = ((("<seed:tool_call>",), "seed_oss"), (("<longcat_tool_call>",), "longcat"),
+                   (("<dots_function_call>",), "dots"),
                    (("]<]minimax[>[",), "minimax-m3"),
                    (("<minimax:tool_call>",), "minimax-m2"),
                    (("｜DSML｜", "tool_calls>"), "deepseekv4"), (("｜DSML｜",), "deepseekv32"),

@@ -69,7 +69,7 @@ def read_json(raw: str) -> Any:
         return ValueError
 
 
-def _loose(raw: str) -> Any:
+def loose_value(raw: str) -> Any:
     """A value with no usable schema type: JSON, else a Python literal, else the text itself."""
     try:
         return json.loads(raw)
@@ -92,7 +92,7 @@ def typed_value(raw: str, schema: Optional[dict]) -> Any:
     if "string" in kinds and not (raw == "null" and "null" in kinds):
         return raw
     if kind is None or raw == "null":
-        return _loose(raw)
+        return loose_value(raw)
     if raw in ("true", "True", "false", "False") and "boolean" in kinds:
         return raw.lower() == "true"
     for k, read in (("integer", int), ("number", float)):
@@ -103,7 +103,7 @@ def typed_value(raw: str, schema: Optional[dict]) -> Any:
                 pass
     if "number" in kinds or "integer" in kinds:
         return raw
-    return _loose(raw)
+    return loose_value(raw)
 
 
 def param_schema(parser: ToolParser, name: str, key: str) -> Optional[dict]:

@@ -19,10 +19,11 @@ from server_utils import ServerProcess
 from tiny_checkpoints import build_tiny
 
 FORMATS = ["hermes", "llama3", "mistral", "pythonic", "glm45", "qwen3_coder"]  # qwen25 / qwen are hermes' class
-XML_FORMATS = ["glm45", "qwen3_coder", "glm47", "seed_oss", "minimax-m2", "step3"]
-EDGE_LAYOUT = {"seed_oss": "\n", "minimax-m2": "\n", "step3": None}  # what the parser strips off a value's ends
+XML_FORMATS = ["glm45", "qwen3_coder", "glm47", "seed_oss", "minimax-m2", "step3", "dots"]
+EDGE_LAYOUT = {"seed_oss": "\n", "minimax-m2": "\n", "step3": None, "dots": None}  # what the parser strips off a value
 CALL_MARK = {"glm45": "<tool_call>", "glm47": "<tool_call>", "qwen3_coder": "<tool_call>",
-             "seed_oss": "<seed:tool_call>", "minimax-m2": "<invoke ", "step3": "<steptml:invoke "}  # one per call
+             "seed_oss": "<seed:tool_call>", "minimax-m2": "<invoke ", "step3": "<steptml:invoke ",
+             "dots": "<invoke "}  # one per call
 STEP3_CALL = ('<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="{}">\n{}</steptml:invoke>'
               "<｜tool_call_end｜>")
 STEP3_PARAM = '<steptml:parameter name="{}">{}</steptml:parameter>\n'
@@ -100,6 +101,7 @@ TWO_CALLS["olmo3"] = "<function_calls>\n" + TWO_CALLS["pythonic"][1:-1].replace(
 TWO_CALLS["apertus"] = ('<|tools_prefix|>[{"get_weather": {"city": "Paris", "metric": true, "unit": null}}, '
                         '{"now": {}}]<|tools_suffix|>')
 TWO_CALLS["longcat"] = TWO_CALLS["hermes"].replace("tool_call>", "longcat_tool_call>").replace(">\n<", "><")
+TWO_CALLS["dots"] = TWO_CALLS["minimax-m2"].replace("minimax:tool_call>", "dots_function_call>")
 TWO_CALLS["gigachat3"] = "".join("<|message_sep|>\n\nfunction call<|role_sep|>\n" + line
                                  for line in TWO_CALLS["hermes"].split("\n") if line.startswith("{"))
 ONE_CALL = {
@@ -147,11 +149,12 @@ ONE_CALL["internlm"] = "<|action_start|><|plugin|>\n" + ONE_CALL["llama3"] + "<|
 ONE_CALL["olmo3"] = "<function_calls>\n" + ONE_CALL["pythonic"][1:-1] + "\n</function_calls>"
 ONE_CALL["apertus"] = '<|tools_prefix|>[{"get_weather": {"city": "Oslo", "days": 2, "unit": "c"}}]<|tools_suffix|>'
 ONE_CALL["longcat"] = ONE_CALL["hermes"].replace("tool_call>", "longcat_tool_call>")
+ONE_CALL["dots"] = ONE_CALL["minimax-m2"].replace("minimax:tool_call>", "dots_function_call>")
 ONE_CALL["gigachat3"] = "<|message_sep|>\n\nfunction call<|role_sep|>\n" + ONE_CALL["hermes"].split("\n")[1]
 REGEX_FORMATS = [*FORMATS, "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "glm47", "seed_oss", "minimax-m2",
                  "deepseekv32", "step3", "deepseekv4", "lfm2", "granite",
                  "phi4_mini_json", "olmo3", "xlam", "jamba", "internlm",
-                 "cohere_command4", "longcat", "gigachat3", "apertus"]  # unit checks only
+                 "cohere_command4", "longcat", "gigachat3", "apertus", "dots"]  # unit checks only
 
 
 def _plan(fmt: str, choice, parallel: bool = True, tools=(WEATHER, NOW)):
@@ -267,10 +270,11 @@ def _xml_call(fmt: str, name: str, args: dict, props: dict) -> str:
         return (f"<seed:tool_call>\n<function={name}>\n" + "".join(f"<parameter={k}>{show(k, v)}</parameter>\n"
                                                                   for k, v in args.items())
                 + "</function>\n</seed:tool_call>")
-    if fmt == "minimax-m2":
-        return (f'<minimax:tool_call>\n<invoke name="{name}">\n' + "".join(
+    if fmt in ("minimax-m2", "dots"):
+        group = "minimax:tool_call" if fmt == "minimax-m2" else "dots_function_call"
+        return (f'<{group}>\n<invoke name="{name}">\n' + "".join(
             f'<parameter name="{k}">{show(k, v)}</parameter>\n' for k, v in args.items())
-            + "</invoke>\n</minimax:tool_call>")
+            + f"</invoke>\n</{group}>")
     if fmt == "step3":
         return ("<｜tool_calls_begin｜>\n" + STEP3_CALL.format(name, "".join(STEP3_PARAM.format(k, show(k, v))
                                                                           for k, v in args.items()))

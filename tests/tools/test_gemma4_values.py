@@ -53,7 +53,7 @@ def test_a_key_written_twice_stays_text():
     assert [e.name for e in events if isinstance(e, CallStart)] == ["f"]
 
 
-@pytest.mark.parametrize("fmt", ["minimax-m3", "gemma4", "kimi_k3", "functiongemma"])
+@pytest.mark.parametrize("fmt", ["minimax-m3", "gemma4", "kimi_k3", "functiongemma", "minicpm5"])
 def test_a_format_with_no_call_syntax_refuses_a_forced_tool_choice(fmt):
     from radixlang_runtime.protocol.limits import FieldError
     from radixlang_runtime.server.openai_tools import check_tools, forced_call_regex, with_parser

@@ -37,8 +37,8 @@ READS_OBJECT = (
     "{%- for k, v in t.function.arguments.items() %}{{ '\\n<arg_key>' + k + '</arg_key>\\n<arg_value>' }}"
     "{{ v if v is string else v | tojson }}</arg_value>{% endfor %}{{ '\\n</tool_call>' }}{% endfor -%}"
     "{%- endfor -%}")
-# GLM-4.7's, MiniMax-M2 / M3's, Seed-OSS's, Step3's, DeepSeek V4's, Gemma 4's and FunctionGemma's layouts: each
-# argument from the object, like GLM-4.5's
+# GLM-4.7's, MiniMax-M2 / M3's, Seed-OSS's, Step3's, DeepSeek V4's, Gemma 4's, FunctionGemma's, dots' and MiniCPM's
+# layouts: each argument from the object, like GLM-4.5's
 _VALUE = "{{ v if v is string else v | tojson }}"
 READS_OBJECT_AS = {
     "glm47": "{%- for m in messages -%}{%- for t in m.tool_calls or [] -%}{{ '<tool_call>' + t.function.name }}"
@@ -80,6 +80,14 @@ READS_OBJECT_AS = {
                      "{%- for k, v in t.function.arguments.items() %}{{ k + ':' }}"
                      "{{ '<escape>' + v + '<escape>' if v is string else v | tojson }}{{ ',' if not loop.last }}"
                      "{% endfor %}{{ '}<end_function_call>' }}{% endfor -%}{%- endfor -%}",
+    "dots": "{%- for m in messages if m.tool_calls -%}{{ '<dots_function_call>\\n' }}{%- for t in m.tool_calls -%}"
+            "{{ '<invoke name=\"' + t.function.name + '\">\\n' }}{%- for k, v in t.function.arguments.items() %}"
+            "{{ '<parameter name=\"' + k + '\">' }}" + _VALUE + "{{ '</parameter>\\n' }}{% endfor %}"
+            "{{ '</invoke>\\n' }}{% endfor %}{{ '</dots_function_call>' }}{%- endfor -%}",
+    "minicpm5": "{%- for m in messages -%}{%- for t in m.tool_calls or [] -%}"
+                "{{ '<function name=\"' + t.function.name + '\">' }}{%- for k, v in t.function.arguments.items() %}"
+                "{{ '<param name=\"' + k + '\">' }}" + _VALUE + "{{ '</param>' }}{% endfor %}{{ '</function>' }}"
+                "{% endfor -%}{%- endfor -%}",
 }
 # Kimi K2's layout: a call's id is its header, a result names the id it answers
 ID_HEADERS = (

@@ -1,5 +1,5 @@
 """The tool-call formats of Qwen3-Coder (and MiMo), Seed-OSS, DeepSeek V3 / V3.1 / V3.2 / V4, Kimi K2, GLM-4.5 / 4.7,
-MiniMax-M2 / M3, LFM2, Gemma 4, FunctionGemma, Kimi K3 and gpt-oss (harmony), on
+MiniMax-M2 / M3, LFM2, Gemma 4, FunctionGemma, Kimi K3, dots, MiniCPM and gpt-oss (harmony), on
 outputs written exactly as those models emit them (their chat templates' markup and SGLang's / vLLM's
 recorded samples). A stream cut anywhere (every split in two, one character at a time, random chunkings)
 adds up to the whole-text parse; broken markup stays text."""
@@ -169,6 +169,30 @@ CASES = [
      "", [("write_file", {"path": "a.py", "content": "x = {\"k\": [1]}\n"})]),  # stopped on <end_function_call>
     ("functiongemma", "Plain call:now{} and <start_function text.", "Plain call:now{} and <start_function text.", []),
     # MiMo writes Qwen3-Coder's calls (its `mimo` name is an alias), values with no newlines around them
+    # dots: MiniMax-M2's invokes in its own group, values stripped and typed by the schema; groups back to back,
+    # a group's body may be one JSON call object; the close tag may be cut off
+    ("dots", "I'll check both.\n<dots_function_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">"
+             "San Francisco</parameter>\n<parameter name=\"days\">3</parameter>\n<parameter name=\"metric\">true"
+             "</parameter>\n<parameter name=\"lat\">37.0</parameter>\n<parameter name=\"hours\">[9, 12]</parameter>\n"
+             "<parameter name=\"zip\">\n 94103 \n</parameter>\n<parameter name=\"unit\">NULL</parameter>\n</invoke>\n"
+             "<invoke name=\"now\">\n</invoke>\n</dots_function_call>", "I'll check both.",
+     [("get_weather", {"city": "San Francisco", "days": 3, "metric": True, "lat": 37, "hours": [9, 12],
+                       "zip": "94103", "unit": None}), ("now", {})]),
+    ("dots", "<dots_function_call>\n<invoke name=\"write_file\">\n<parameter name=\"path\">a.py</parameter>\n"
+             "<parameter name=\"content\">print(\"<dots>\")\n</parameter>\n</invoke>\n</dots_function_call>\n"
+             "<dots_function_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n", "",
+     [("write_file", {"path": "a.py", "content": "print(\"<dots>\")"}), ("get_weather", {"city": "Oslo"})]),
+    ("dots", "Plain <invoke name=\"now\"> and <dots_function text.",
+     "Plain <invoke name=\"now\"> and <dots_function text.", []),
+    # MiniCPM: a <function> element a call, back to back; quotes either way, CDATA as written, XML entities read
+    ("minicpm5", "Let me check.<function name=\"get_weather\"><param name=\"city\">北京</param><param name=\"days\">"
+                 "2</param><param name=\"hours\">[8, 20]</param></function><function name=\"now\"></function>",
+     "Let me check.", [("get_weather", {"city": "北京", "days": 2, "hours": [8, 20]}), ("now", {})]),
+    ("minicpm5", "<function name='write_file'>\n<param name=\"path\">a &amp; b.py</param>\n<param name='content'>"
+                 "<![CDATA[if a < b:\n    pass &amp;]]></param>\n</function>", "",
+     [("write_file", {"path": "a & b.py", "content": "if a < b:\n    pass &amp;"})]),
+    ("minicpm5", "Plain <function=now> and <functions> and <function text.",
+     "Plain <function=now> and <functions> and <function text.", []),
     ("mimo", "<tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n<parameter=days>2</parameter>\n"
              "</function>\n</tool_call>", "", [("get_weather", {"city": "Paris", "days": 2})]),
     # Kimi K3: the reply in its response channel, the calls in the tools channel (values typed by their tag)
@@ -189,6 +213,16 @@ CASES = [
      [("get_weather", {"city": "Paris", "days": 2})]),
 ]
 MALFORMED = [  # parse() leaves each whole as text (a stream agrees: the break shows before a call commits)
+    ("dots", "<dots_function_call>\n<invoke name=\"rm_rf\">\n</invoke>\n</dots_function_call>"),
+    ("dots", "<dots_function_call>\n{\"name\": \"get_weather\", \"arguments\": \"city=Oslo\"}\n</dots_function_call>"),
+    ("dots", "<dots_function_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</invoke>\n"
+             "</dots_function_call>"),  # the value not closed
+    ("minicpm5", "<function name=\"get_weather\"><param name=\"town\">Oslo</param></function>"),  # not in the schema
+    ("minicpm5", "<function name=\"get_weather\"><param name=\"city\">A</param><param name=\"city\">B</param>"
+                 "</function>"),  # twice
+    ("minicpm5", "<function name=\"get_weather\"><param name=\"city\">Oslo</param>"),  # cut off
+    ("minicpm5", "<function><param name=\"city\">Oslo</param></function>"),  # no name
+    ("minicpm5", "<function name=\"rm_rf\"></function>"),
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>"),
     ("qwen3_coder", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"),
     ("qwen3_coder", "<tool_call>\n<function=unknown_fn>\n</function>\n</tool_call>"),
@@ -292,7 +326,7 @@ def test_malformed_calls_stay_text(case):
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45", "deepseekv3", "deepseekv31", "kimi_k2", "gpt-oss", "seed_oss",
                                  "glm47", "minimax-m2", "deepseekv32", "step3", "deepseekv4", "minimax-m3",
-                                 "lfm2", "gemma4", "kimi_k3", "functiongemma"])
+                                 "lfm2", "gemma4", "kimi_k3", "functiongemma", "dots"])
 def test_arguments_stream_in_pieces_and_markup_is_held_back(fmt):
     """Fed a character at a time, a call's arguments arrive in several pieces, and no content delta holds
     any part of the markup."""
@@ -364,6 +398,7 @@ def test_template_detection():
     assert detect_parser("{{ '<longcat_tool_call>\\n' + call | tojson + '\\n</longcat_tool_call>' }}") == "longcat"
     assert detect_parser("{{ role + '<|role_sep|>\\n' + content + '<|message_sep|>\\n\\n' }}") == "gigachat3"
     assert detect_parser("{{- '<|tools_prefix|>' + calls | tojson + '<|tools_suffix|>' -}}") == "apertus"
+    assert detect_parser("{{- '<dots_function_call>\\n<invoke name=\"' + tc.name + '\">' }}") == "dots"
 
 
 def test_vllm_names_are_aliases():
@@ -377,6 +412,7 @@ def test_vllm_names_are_aliases():
     assert get_parser("llama3_json") is get_parser("llama4_json") is get_parser("llama3")
     assert get_parser("ernie45") is get_parser("hermes") and get_parser("mimo") is get_parser("qwen3_coder")
     assert get_parser("apertus2509") is get_parser("apertus")
+    assert get_parser("cohere_command3") is get_parser("cohere_command4")  # Command A's action block
 
 
 def test_minimax_values_follow_the_schema_as_sglang_reads_them():
@@ -466,6 +502,15 @@ def _xml(fmt: str, calls: list) -> str:
         return "<|open|>tools<|sep|>" + "".join(K3_CALL.format(n, i + 1, "".join(
             K3_ARG.format(k, kinds[type(v)], show(v)) for k, v in a.items())) for i, (n, a) in enumerate(calls)) \
             + "<|close|>tools<|sep|>"
+    if fmt == "dots":  # a group, or a group a call
+        calls_xml = [f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{show(v)}</parameter>\n'
+                                                         for k, v in a.items()) + "</invoke>\n" for n, a in calls]
+        return "<dots_function_call>\n" + "".join(calls_xml) + "</dots_function_call>" if len(calls) % 2 else \
+            "\n".join(f"<dots_function_call>\n{c}</dots_function_call>" for c in calls_xml)
+    if fmt == "minicpm5":  # as an XML writer escapes text: `&` as `&amp;`
+        return "".join(f'<function name="{n}">' + "".join(
+            f'<param name="{k}">{show(v).replace("&", "&amp;")}</param>' for k, v in a.items()) + "</function>"
+            for n, a in calls)
     if fmt == "minimax-m3":  # as MiniMax-M3's renderer writes calls: lists as <item> tags
         def m3(v):
             if isinstance(v, list):
@@ -482,17 +527,17 @@ def _xml(fmt: str, calls: list) -> str:
 
 @settings(max_examples=120, deadline=None)
 @given(fmt=st.sampled_from(["qwen3_coder", "glm45", "seed_oss", "glm47", "minimax-m2", "deepseekv32", "step3",
-                            "deepseekv4", "dsml-untagged", "minimax-m3", "kimi_k3"]),
+                            "deepseekv4", "dsml-untagged", "minimax-m3", "kimi_k3", "dots", "minicpm5"]),
        calls=_xml_calls, lead=st.sampled_from(["", "Calling.\n"]), data=st.data())
 def test_any_xml_calls_read_back_typed_and_stream_the_same(fmt, calls, lead, data):
     """String parameters come back exactly as written (qwen3_coder, seed_oss, minimax-m2, deepseekv32 / v4: but
     for newlines of layout on each side, which a value cannot start or end with here; step3: any whitespace
-    there; minimax-m2: but for `null`, None in any type; minimax-m3 / kimi_k3: whole), integers and lists by the
-    schema's types (kimi_k3: by their type tag). dsml-untagged: DeepSeek's invoke blocks without a wrapper, read
-    by both DSML parsers."""
-    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": "", "kimi_k3": ""}.get(fmt, "\n")
+    there; dots / minicpm5: any whitespace there (Python's); minimax-m2 / dots: but for `null`, None in any type;
+    minimax-m3 / kimi_k3: whole), integers and lists by the schema's types (kimi_k3: by their type tag).
+    dsml-untagged: DeepSeek's invoke blocks without a wrapper, read by both DSML parsers."""
+    edge = {"step3": " \t\n\r\x0b\x0c", "minimax-m3": "", "kimi_k3": "", "dots": None, "minicpm5": None}.get(fmt, "\n")
     calls = [(n, {k: v.strip(edge) if isinstance(v, str) else v for k, v in a.items()}) for n, a in calls]
-    if fmt == "minimax-m2":
+    if fmt in ("minimax-m2", "dots"):
         calls = [(n, {k: None if isinstance(v, str) and v.lower() == "null" else v for k, v in a.items()})
                  for n, a in calls]
     schemas = {"get_weather": WEATHER, "write_file": WEATHER}

@@ -1,7 +1,7 @@
 """Tool-call parsers on outputs written the way each model family writes them (from the formats'
 documentation: Qwen2.5 / Hermes 2 Pro, SmolLM2's function-calling data, Llama 3.1 JSON, Mistral,
-Llama 3.2 / 4 pythonic, LongCat-Flash, GigaChat 3, Apertus). Streaming in any chunking must add up to the non-streaming
-parse."""
+Llama 3.2 / 4 pythonic, LongCat-Flash, GigaChat 3, Apertus, Cohere Command A). Streaming in any chunking must add
+up to the non-streaming parse."""
 
 from __future__ import annotations
 
@@ -100,6 +100,10 @@ CASES = [
      [("get_weather", {"city": "Oslo"}), ("now", {})]),
     ("cohere_command4", '<|START_ACTION|>{"tool_name": "f", "parameters": {"a": 1}}<|END_ACTION|>', "",
      [("f", {"a": 1})]),
+    # Command A (vLLM's cohere_command3): the same action block, as its template writes it after the reply's text
+    ("cohere_command3", 'I will look that up.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": '
+                        '"get_weather", "parameters": {"city": "Oslo", "days": 2}}\n]<|END_ACTION|>',
+     "I will look that up.", [("get_weather", {"city": "Oslo", "days": 2})]),
     # Granite 4.0 writes Hermes' blocks, ERNIE-4.5 too (after its reasoning)
     ("granite4", 'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "Checking.",
      [("f", {"a": 1})]),
@@ -138,6 +142,8 @@ MALFORMED_EARLY = [
     ("olmo3", "<function_calls>\nf(a=nil)\n</function_calls>"),  # not a literal
     ("jamba", '<tool_calls>{"name": "f", "arguments": {}}</tool_calls>'),  # not a list
     ("cohere_command4", '<|START_ACTION|>[{"tool_call_id": "0", "name": "f", "parameters": {}}]<|END_ACTION|>'),
+    ("cohere_command3", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": "a=1"}]'
+                        '<|END_ACTION|>'),  # the parameters not an object
     ("internlm", '<|action_start|><|interpreter|>\nprint(1)<|action_end|>'),  # not a plugin call
     ("xlam", '```json\n{"name": "f", "arguments": {}}\n```'),  # not a list
     ("longcat", '<longcat_tool_call>\n{"arguments": {"a": 1,}, "name": "f"}\n</longcat_tool_call>'),
@@ -343,7 +349,7 @@ _calls = st.lists(st.tuples(st.sampled_from(["get_weather", "f", "lookup_2"]),
 
 
 XML_ARGS = {"qwen3_coder", "seed_oss", "glm45", "glm47", "minimax-m2", "minimax_m2", "step3", "minimax-m3",
-            "minimax_m3", "kimi_k3"}  # test_tool_formats.py
+            "minimax_m3", "kimi_k3", "dots", "minicpm5"}  # test_tool_formats.py
 
 
 def _render(fmt: str, calls: list, style: int) -> str:
