@@ -14,6 +14,7 @@ import pytest
 from radixlang_runtime.tool_parsers import (ALIASES, PARSERS, CallArgs, CallStart, Text, collect, detect_parser,
                                             get_parser, openai_delta)
 from radixlang_runtime.tool_parsers.json_scan import COMPLETE, INVALID, PARTIAL, JsonScanner, scan_json
+from tool_format_cases import calls_of, stream as stream_in
 
 QWEN_PARALLEL = (
     "<tool_call>\n"
@@ -167,17 +168,9 @@ MALFORMED_LATE = [
 MALFORMED = MALFORMED_EARLY + MALFORMED_LATE
 
 
-def calls_of(result) -> list[tuple[str, dict]]:
-    return [(c.name, json.loads(c.arguments)) for c in result.calls]
-
-
 def stream(fmt: str, text: str, cuts: list[int], tool_names=None) -> list:
-    p = get_parser(fmt)(tool_names)
-    events, prev = [], 0
-    for c in [*cuts, len(text)]:
-        events += p.feed(text[prev:c])
-        prev = c
-    return events + p.finish()
+    """Without schemas: every value read as the parser reads an untyped one."""
+    return stream_in(fmt, text, cuts, tool_names, schemas=None)
 
 
 def chunkings(text: str, seed: int) -> list[list[int]]:

@@ -270,8 +270,9 @@ def calls_of(result) -> list[tuple[str, dict]]:
     return [(c.name, json.loads(c.arguments)) for c in result.calls]
 
 
-def stream(fmt: str, text: str, cuts: list[int]) -> list:
-    p = get_parser(fmt)(TOOL_NAMES, schemas=SCHEMAS)
+def stream(fmt: str, text: str, cuts: list[int], tool_names=TOOL_NAMES, schemas=SCHEMAS) -> list:
+    """A parser's events for `text` fed in the pieces `cuts` makes, then finished."""
+    p = get_parser(fmt)(tool_names, schemas=schemas)
     events, prev = [], 0
     for c in [*cuts, len(text)]:
         events += p.feed(text[prev:c])
