@@ -1,5 +1,5 @@
 """Recorded outputs of the tool-call formats (written exactly as the models emit them: their chat templates' markup
-and SGLang's / vLLM's recorded samples), the malformed ones that must stay text, and the stream helpers the format
+and SGLang's / vLLM's recorded samples), the malformed ones that must stay text, and the stream functions the format
 tests share (tests/tools/test_tool_formats.py)."""
 
 from __future__ import annotations
