@@ -66,6 +66,23 @@ class NextNRunner(ModelRunner):
         return tensors
 
 
+def share_decoder_weights(runner: ModelRunner, target: ModelRunner) -> list[str]:
+    """The layer's embedding and head replaced by the decoder's modules where its checkpoint holds the same values
+    (the hub checkpoints' copies are; model/models/nextn.py) and both run them alike (float weights, one dtype):
+    one copy of each in memory. Returns what was shared."""
+    d, t = runner.model, target.model
+    if target.args.quantization is not None or target.cfg.quant is not None or runner.dtype != target.dtype:
+        return []
+    shared = []
+    if d.same_embedding and type(d.embed_tokens) is type(t.embed_tokens):
+        d.embed_tokens = t.embed_tokens
+        shared.append("embedding")
+    if d.same_head and type(d.head) is type(t.head) and type(d.lm_head) is type(t.lm_head):
+        d.head, d.lm_head = t.head, t.lm_head
+        shared.append("head")
+    return shared
+
+
 @dataclass
 class _Head:
     """A row's next proposal, left by the mirror of its last step."""
@@ -105,9 +122,10 @@ class NextNDraft:
         runner = NextNRunner(dargs, model_dir)
         if runner.sizes.num_slots < sizes.num_slots + scratch:
             raise RuntimeError("prediction layer pool smaller than the target's slots + scratch")  # rounding: a bug
-        logger.info("NEXTN draft: %s's multi-token-prediction layer (%s*), %d steps, pool %d slots "
-                    "(%d scratch)", runner.cfg.architecture, runner.cfg.family_options.layer, steps,
-                    runner.sizes.num_slots, scratch)
+        shared = share_decoder_weights(runner, target)
+        logger.info("NEXTN draft: %s's multi-token-prediction layer (%s*), %d steps, pool %d slots (%d scratch); "
+                    "the decoder's own %s", runner.cfg.architecture, runner.cfg.family_options.layer, steps,
+                    runner.sizes.num_slots, scratch, " and ".join(shared) or "nothing")
         return cls(runner, target, steps)
 
     def _run(self, step: StepInputs, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

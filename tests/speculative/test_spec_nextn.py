@@ -215,6 +215,11 @@ def test_one_step_drafts_are_the_layers_predictions(tiny):
         assert again["output_ids"] == want[2] and again["meta_info"]["cached_tokens"] > 0
         stats = eng.get_stats()["spec_draft_model"]
         assert stats["mirrored_steps"] > 0 and stats["proposals"] > 0
+        # the layer's embedding and head are the decoder's modules (its checkpoint's copies are equal to them)
+        assert eng._loop.call(lambda s: (s.runner.draft_model.runner.model.embed_tokens is s.runner.model.embed_tokens,
+                                         s.runner.draft_model.runner.model.head is s.runner.model.head,
+                                         s.runner.draft_model.runner.model.lm_head is s.runner.model.lm_head)) == (
+            True, True, True)
         assert_whole(eng)
 
 
@@ -286,3 +291,26 @@ def test_server_with_sglangs_eagle_flags(tiny):
             assert info["speculative_algorithm"] == "NEXTN" and info["speculative_num_steps"] == 1
     finally:
         assert srv.stop() in (0, 143), srv.tail()
+
+
+def test_a_layer_copy_that_differs_is_not_shared():
+    """NextNTensors: an own copy equal to the decoder's tensor is shared, one that differs (or the decoder's own
+    name) is read as it is."""
+    from radixlang_runtime.model.models.nextn import NextNLayer, NextNTensors
+
+    class Tensors(dict):
+        path = "/x"
+
+        def get(self, name, rows=None, cols=None):
+            return self[name]
+
+    head = torch.arange(6.0).reshape(2, 3)
+    own = "model.layers.3."
+    same = NextNTensors(Tensors({"lm_head.weight": head, own + "shared_head.head.weight": head.clone(),
+                                 "model.embed_tokens.weight": head}), NextNLayer(own, own))
+    assert same.same_as_decoder("lm_head.weight") and same.same_as_decoder("model.embed_tokens.weight")
+    other = NextNTensors(Tensors({"lm_head.weight": head, own + "shared_head.head.weight": head + 1}),
+                        NextNLayer(own, own))
+    assert not other.same_as_decoder("lm_head.weight")
+    assert torch.equal(other.get("lm_head.weight"), head + 1)  # the layer reads its own head
+

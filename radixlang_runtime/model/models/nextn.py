@@ -114,6 +114,12 @@ class NextNTensors:
     def __contains__(self, name: str) -> bool:
         return self._name(name) in self.tensors
 
+    def same_as_decoder(self, name: str) -> bool:
+        """Whether the layer's `name` (lm_head.weight, model.embed_tokens.weight) holds the decoder's values: read
+        from the decoder's own tensor, or a copy equal to it."""
+        own = self._names[name]
+        return own == name or (name in self.tensors and torch.equal(self.tensors.get(own), self.tensors.get(name)))
+
     def get(self, name: str, rows=None, cols=None) -> torch.Tensor:
         return self.tensors.get(self._name(name), rows=rows, cols=cols)
 
@@ -145,10 +151,14 @@ class NextNModel:
 
     def load_hf_state_dict(self, tensors) -> None:
         self._checkpoint = tensors
+        view = NextNTensors(tensors, self.cfg.family_options)
         try:
-            super().load_hf_state_dict(NextNTensors(tensors, self.cfg.family_options))
+            super().load_hf_state_dict(view)
         finally:
             del self._checkpoint
+        # what the draft may take from the decoder instead of its own copy (NextNDraft.share_decoder_weights)
+        self.same_embedding = view.same_as_decoder("model.embed_tokens.weight")
+        self.same_head = self.same_embedding if self.lm_head is None else view.same_as_decoder("lm_head.weight")
 
     def load_layer_extras(self, i: int, tensors, put) -> None:
         super().load_layer_extras(i, tensors, put)
