@@ -314,3 +314,34 @@ def test_a_layer_copy_that_differs_is_not_shared():
     assert not other.same_as_decoder("lm_head.weight")
     assert torch.equal(other.get("lm_head.weight"), head + 1)  # the layer reads its own head
 
+
+
+@pytest.mark.parametrize("tiny", ["glm4_moe"], indirect=True)
+def test_mixed_steps_logprobs_and_a_constrained_request_as_without_it(tiny):
+    """Prefill chunks mixed with decodes (--enable-mixed-chunk), input and output logprobs, a regex request (drafted
+    by its grammar, never by the layer) beside drafted ones: ids and logprobs as without speculation; KV whole."""
+    from conftest import assert_whole
+    from radixlang_runtime import Engine
+
+    path = tiny[0]
+    sp = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+    kw = {"return_logprob": True, "logprob_start_len": 3, "top_logprobs_num": 2}
+    common = dict(max_total_tokens=2048, chunked_prefill_size=16, enable_mixed_chunk=True)
+    with Engine(path, dtype="float32", debug_check_integrity=True, **common) as off:
+        want = off.generate(input_ids=PROMPTS, sampling_params=sp, **kw)
+    with _engine(path, speculative_num_steps=2, **common) as eng:
+        got = eng.generate(input_ids=PROMPTS, sampling_params=sp, **kw)
+        for a, b in zip(want, got):
+            assert b["output_ids"] == a["output_ids"]
+            for key in ("input_token_logprobs", "output_token_logprobs"):
+                la, lb = a["meta_info"][key], b["meta_info"][key]
+                assert [t for _, t, _ in lb] == [t for _, t, _ in la]
+                assert [v for v, _, _ in lb] == pytest.approx([v for v, _, _ in la], abs=1e-4)
+        assert sum(o["meta_info"]["spec_draft_tokens"] for o in got) > 0
+        regex = {"temperature": 0, "max_new_tokens": 12, "regex": "(yes|no), [0-9]{3}"}
+        texts = eng.generate(input_ids=[PROMPTS[0], PROMPTS[3]], sampling_params=[regex, sp])
+        assert texts[0]["meta_info"]["spec_draft_tokens"] == 0  # the layer never drafts for a constrained request
+        with Engine(path, dtype="float32", **common) as off:
+            alone = off.generate(input_ids=[PROMPTS[0], PROMPTS[3]], sampling_params=[regex, sp])
+        assert [o["output_ids"] for o in texts] == [o["output_ids"] for o in alone]
+        assert_whole(eng)
