@@ -392,9 +392,9 @@ class ServerArgs:
                                  "backend's L2 is bounded by hicache_size instead")
         return cfg
 
-    def speculative_standalone_settings(self) -> tuple[int, int, int]:
-        """(num_steps, num_draft_tokens, batch size limit) with the STANDALONE defaults filled in: num_steps from
-        itself, else num_draft_tokens - 1, else 3; no batch size limit unless given."""
+    def speculative_chain_settings(self) -> tuple[int, int, int]:
+        """STANDALONE's and NEXTN's draft chain: (num_steps, num_draft_tokens, batch size limit) with the defaults
+        filled in: num_steps from itself, else num_draft_tokens - 1, else 3; no batch size limit unless given."""
         steps = self.speculative_num_steps
         if steps is None:
             steps = self.speculative_num_draft_tokens - 1 if self.speculative_num_draft_tokens is not None else 3

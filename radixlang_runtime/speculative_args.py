@@ -49,7 +49,7 @@ def check_speculative_args(args: Any) -> None:
         _check_standalone(args)
     else:
         _check_nextn(args)
-    steps, _, cap = args.speculative_standalone_settings()
+    steps, _, cap = args.speculative_chain_settings()
     if not 1 <= steps <= 16:
         raise ValueError(f"speculative_num_steps must be in [1, 16]; got {steps}")
     n = args.speculative_num_draft_tokens

@@ -269,7 +269,7 @@ def make_model_drafter(args: ServerArgs, runner: ModelRunner, model_dir: str, to
     from radixlang_runtime.model.loader.resolve import resolve_model_dir
     from radixlang_runtime.speculative.model_drafter import ModelDraftConfig, ModelDrafter
 
-    steps, _, cap = args.speculative_standalone_settings()
+    steps, _, cap = args.speculative_chain_settings()
     if args.speculative_algorithm == "NEXTN":
         from radixlang_runtime.speculative.nextn_draft import NextNDraft
 

@@ -65,7 +65,7 @@ class DraftModel:
         A draft whose vocabulary differs from the target's is refused by name (verification compares ids)."""
         from radixlang_runtime.model.executor.runner import ModelRunner
 
-        steps = args.speculative_standalone_settings()[0]
+        steps = args.speculative_chain_settings()[0]
         sizes = target.sizes
         ps = args.page_size
         scratch = -(-sizes.table_rows * steps // ps) * ps

@@ -110,7 +110,7 @@ class NextNDraft:
     def build(cls, args: ServerArgs, target: ModelRunner, model_dir: str) -> "NextNDraft":
         """The prediction layer's runner beside `target`: same device, dtype, page size, table rows and context;
         pool = the target's slots + a scratch run of num_steps - 1 per table row."""
-        steps = args.speculative_standalone_settings()[0]
+        steps = args.speculative_chain_settings()[0]
         sizes, ps = target.sizes, args.page_size
         scratch = -(-sizes.table_rows * (steps - 1) // ps) * ps
         dargs = args.replace(

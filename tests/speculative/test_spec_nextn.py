@@ -66,7 +66,7 @@ def test_flags_refused_by_name():
     args = ServerArgs(model_path="/m", speculative_algorithm="EAGLE", speculative_draft_model_path="/m",
                       speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=2)
     assert args.speculative_algorithm == "NEXTN" and args.speculative_draft_model_path is None
-    assert args.speculative_standalone_settings() == (1, 2, 0)
+    assert args.speculative_chain_settings() == (1, 2, 0)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -41,8 +41,8 @@ def test_flags_refused_by_name():
     with pytest.raises(ValueError, match="speculative_num_steps must be in"):
         ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF, speculative_num_steps=0)
     base = ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path=GGUF)
-    assert base.speculative_standalone_settings() == (3, 4, 0)
-    assert base.replace(speculative_num_draft_tokens=6).speculative_standalone_settings() == (5, 6, 0)
+    assert base.speculative_chain_settings() == (3, 4, 0)
+    assert base.replace(speculative_num_draft_tokens=6).speculative_chain_settings() == (5, 6, 0)
 
 
 # ---------------------------------------------------------------------------------------------- tiny checkpoints

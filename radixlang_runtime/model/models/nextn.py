@@ -98,7 +98,7 @@ class NextNTensors:
         self.tensors = tensors
         self.path = tensors.path
         self._layer = where.layer
-        own = where.module
+        self._module = own = where.module
         self._names = {"model.norm.weight": own + ("norm.weight" if where.centred else "shared_head.norm.weight")}
         for name, alt in (("lm_head.weight", own + "shared_head.head.weight"),
                           ("model.embed_tokens.weight", own + "embed_tokens.weight")):
@@ -113,6 +113,10 @@ class NextNTensors:
 
     def __contains__(self, name: str) -> bool:
         return self._name(name) in self.tensors
+
+    def own(self, name: str) -> torch.Tensor:
+        """The layer's own tensor `name` (after NextNLayer.module: its projections and norms)."""
+        return self.tensors.get(self._module + name)
 
     def same_as_decoder(self, name: str) -> bool:
         """Whether the layer's `name` (lm_head.weight, model.embed_tokens.weight) holds the decoder's values: read
@@ -150,22 +154,18 @@ class NextNModel:
     extra_names = {"enorm": "enorm.weight", "hnorm": "hnorm.weight", "eh_proj": "eh_proj.weight"}
 
     def load_hf_state_dict(self, tensors) -> None:
-        self._checkpoint = tensors
         view = NextNTensors(tensors, self.cfg.family_options)
-        try:
-            super().load_hf_state_dict(view)
-        finally:
-            del self._checkpoint
+        super().load_hf_state_dict(view)
         # what the draft may take from the decoder instead of its own copy (NextNDraft.share_decoder_weights)
         self.same_embedding = view.same_as_decoder("model.embed_tokens.weight")
         self.same_head = self.same_embedding if self.lm_head is None else view.same_as_decoder("lm_head.weight")
 
     def load_layer_extras(self, i: int, tensors, put) -> None:
         super().load_layer_extras(i, tensors, put)
-        where = self.cfg.family_options
+        centred = self.cfg.family_options.centred
         for param, name in self.extra_names.items():
-            w = self._checkpoint.get(where.module + name)
-            put(param + ".weight", 1.0 + w.float() if where.centred and param != "eh_proj" else w)
+            w = tensors.own(name)  # tensors: the NextNTensors view load_hf_state_dict hands the decoder's loader
+            put(param + ".weight", 1.0 + w.float() if centred and param != "eh_proj" else w)
 
     def use_gguf_blocks(self, blocks: dict) -> int:
         raise ValueError("the prediction layer runs on float weights (its checkpoint's safetensors)")
