@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from radixlang.errors import ProgramError
 from radixlang.global_config import global_config
+from radixlang.images import image_data
 from radixlang.ir import (SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
                           SglImage, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, SglSeparateReasoning,
                           SglVarScopeBegin, SglVarScopeEnd, SglVideo, produced_names)
@@ -43,6 +44,7 @@ class StreamExecutor:
         self.stream = stream
         self.chat_template = chat_template or backend.get_chat_template()
         self.text_ = ""
+        self.images_: list[str] = []  # the images of text_'s placeholders, in order (radixlang/images.py)
         self.messages_: list[dict] = []
         self.variables: dict[Any, Any] = {}
         self.meta_info: dict[Any, Any] = {}
@@ -204,6 +206,7 @@ class StreamExecutor:
             c.variables = dict(self.variables)
             c.meta_info = dict(self.meta_info)
             c.text_ = self.text_
+            c.images_ = list(self.images_)
             c.messages_ = list(self.messages_)
             c.cur_role, c.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
             c.fork_start_text_pos = len(self.text_)
@@ -263,14 +266,20 @@ class StreamExecutor:
             self._update("", {x.name: self.text_[start:]})
         elif isinstance(x, SglCommitLazy):
             if self.text_:
-                self.backend.cache_prefix(self.text_)
+                self.backend.cache_prefix(self.text_, self.images_)
         elif isinstance(x, SglConcateAndAppend):
             self._concate_and_append(x.states)
         elif isinstance(x, SglSeparateReasoning):
             self._separate_reasoning(x)
-        elif isinstance(x, (SglImage, SglVideo)):
-            raise ValueError(f"{self.backend.get_model_name()} is a text-only model: sgl.image / sgl.video "
-                             "inputs are not supported")
+        elif isinstance(x, SglImage):
+            token = self.backend.image_token()
+            if token is None:
+                raise ValueError(f"{self.backend.get_model_name()} is a text-only model: sgl.image inputs are not "
+                                 "supported")
+            self.images_.append(image_data(x.path))
+            self._fill(token)
+        elif isinstance(x, SglVideo):
+            raise ValueError(f"sgl.video inputs are not supported ({self.backend.get_model_name()})")
         else:
             raise TypeError(f"unknown expression {x!r}")
 
@@ -284,7 +293,7 @@ class StreamExecutor:
             self._gen_tools(expr, params)
             return
         if not self.stream:
-            comp, meta = self.backend.generate(self.text_, params)
+            comp, meta = self.backend.generate(self.text_, params, self.images_)
             with self.cond:
                 self.meta_info[name] = meta
             self._update(comp[0] if isinstance(comp, list) else comp, {name: comp})
@@ -294,7 +303,7 @@ class StreamExecutor:
         with self.cond:
             self.variables[name] = ""
             self.stream_chunks[name] = []
-        for delta, meta in self.backend.generate_stream(self.text_, params):
+        for delta, meta in self.backend.generate_stream(self.text_, params, self.images_):
             with self.cond:
                 self.meta_info[name] = meta
                 self.stream_chunks[name].append((delta, meta))
@@ -313,14 +322,14 @@ class StreamExecutor:
         prompt, parser, list_form = req.render(info.get("chat_template"), self.messages_)
         prompt += self.text_[self.cur_role_begin_pos:]  # what the assistant turn holds already
         params.regex = req.forced_regex(parser, list_form)
-        comp, meta = self.backend.generate(prompt, params)
+        comp, meta = self.backend.generate(prompt, params, self.images_)
         calls, content = req.read(comp, parser)
         with self.cond:
             self.meta_info[name] = meta
         self._update(comp, {name: calls[0] if calls else content, f"{name}_tool_calls": calls})
 
     def _select(self, expr: SglSelect) -> None:
-        d = self.backend.select(self.text_, expr.choices, expr.temperature, expr.choices_method)
+        d = self.backend.select(self.text_, expr.choices, expr.temperature, expr.choices_method, self.images_)
         if expr.name is not None:
             with self.cond:
                 self.meta_info[expr.name] = d.meta_info

@@ -60,6 +60,9 @@ class ServerArgs:
     log_requests: bool = False
     log_level: str = "info"
     chat_template: Optional[str] = None
+    # images given as local files (file:// or a path) are read only under this directory (vLLM's flag); None: refused
+    allowed_local_media_path: Optional[str] = None
+    allowed_media_domains: Optional[list[str]] = None  # http(s) images only from these hosts (vLLM's); None: any
     # /v1/chat/completions with tools: the output's tool-call format (SGLang's names: hermes, qwen25, llama3,
     # mistral, pythonic); None: told from the chat template's markup (tool_parsers.detect_parser)
     tool_call_parser: Optional[str] = None
@@ -300,6 +303,8 @@ class ServerArgs:
              or os.path.isfile(self.chat_template),
              f"chat_template must be a Jinja template or the path of a file holding one; got {self.chat_template!r}")
         need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
+        need(self.allowed_local_media_path is None or os.path.isdir(self.allowed_local_media_path),
+             f"allowed_local_media_path must be a directory; got {self.allowed_local_media_path!r}")
         need(self.responses_store_max_entries >= 0 and self.responses_store_max_bytes >= 0
              and self.responses_store_ttl > 0, "responses_store_max_entries / _max_bytes must be >= 0 "
              "(0: nothing is stored), responses_store_ttl > 0")

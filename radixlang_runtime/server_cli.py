@@ -35,7 +35,7 @@ def sections() -> list[tuple[str, list[str]]]:
     return groups
 
 
-LIST_FIELDS = ("lora_paths",)  # one or more values after the flag
+LIST_FIELDS = ("lora_paths", "allowed_media_domains")  # one or more values after the flag
 INT_LIST_FIELDS = ("cuda_graph_bs",)  # one or more integers after the flag
 
 

@@ -37,6 +37,10 @@ HELP: dict[str, str] = {
     "log_level": "the log level",
     "chat_template": "a Jinja chat template, or the path of a file holding one: the OpenAI chat route renders with "
                      "it and /get_model_info reports it (DSL programs render roles with it)",
+    "allowed_local_media_path": "images given as local files (file:// URLs or paths) are read from this directory "
+                                "only (default: refused)",
+    "allowed_media_domains": "images given as http(s) URLs are fetched from these host names only, redirects "
+                             "included (default: any host)",
     "tool_call_parser": "the tool-call format of the output (SGLang's names; vLLM's as aliases: minimax_m2, "
                         "minimax_m3, deepseek_v32, deepseek_v4, qwen3_xml, llama3_json, llama4_json, openai, "
                         "granite4, hunyuan_a13b, ernie45, cohere_command3); default: told from the chat template's "

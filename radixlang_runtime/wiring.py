@@ -347,7 +347,17 @@ def runtime_limits(scheduler: Scheduler, tokenizer: Any) -> RuntimeLimits:
                          thinking_markers=markers.to_wire() if markers is not None else (),
                          speculative=runner.args.speculative_algorithm is not None,
                          hidden_states=runner.args.enable_return_hidden_states,
-                         max_tokens_cap=max_tokens_cap(runner.args.override_generation_config))
+                         max_tokens_cap=max_tokens_cap(runner.args.override_generation_config),
+                         **image_limits(runner.cfg.vision))
+
+
+def image_limits(vision: Any) -> dict[str, Any]:
+    """RuntimeLimits' image fields for a model's VisionSpec (multimodal/vision_spec.py; None: text only)."""
+    if vision is None:
+        return {}
+    size = int(vision.tower.get("image_size", 224))
+    return {"image_token_id": vision.image_token_id, "image_tokens": vision.tokens,
+            "image_shape": (int(vision.tower.get("num_channels", 3)), size, size)}
 
 
 def model_sampling_defaults(runner: Any) -> dict[str, Any]:

@@ -47,7 +47,7 @@ class EngineBackend(NativeBackend):
                     sampling_params=body.get("sampling_params"), return_logprob=bool(body.get("return_logprob")),
                     logprob_start_len=body.get("logprob_start_len"), top_logprobs_num=body.get("top_logprobs_num") or 0,
                     return_text_in_logprobs=bool(body.get("return_text_in_logprobs")), rid=body.get("rid"),
-                    cache_salt=body.get("cache_salt"))
+                    cache_salt=body.get("cache_salt"), image_data=body.get("image_data"))
 
     def _call(self, body: dict) -> Any:
         pump = _Pump(lambda: iter([self.engine.generate(**self._kwargs(body))]), self.timeout)
@@ -71,7 +71,7 @@ class EngineBackend(NativeBackend):
             return {"model_path": getattr(e, "model_dir", None),
                     "served_model_name": getattr(e, "served_model_name", None),
                     "chat_template": getattr(getattr(e, "tokenizer", None), "chat_template", None),
-                    "is_generation": True}
+                    "is_generation": True, "image_token": getattr(e, "image_token", None)}
         if method == "server_info":
             args = e.server_args.to_dict() if hasattr(e, "server_args") else {}
             return {**args, "stats": e.get_stats(), "link": "in-process"}

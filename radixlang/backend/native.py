@@ -12,7 +12,7 @@ bare prompt's (so a healed boundary token counts, a repeated last token does not
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Sequence
 
 from radixlang.backend.base import BaseBackend
 from radixlang.chat_template import pick_chat_template
@@ -63,7 +63,11 @@ class NativeBackend(BaseBackend):
     def get_model_name(self) -> str:
         return str(self.model_info.get("model_path") or self.model_info.get("served_model_name") or "the model")
 
-    def generate_body(self, text: str, params: SglSamplingParams, stream: bool = False) -> dict:
+    def image_token(self) -> Optional[str]:
+        return self.model_info.get("image_token")
+
+    def generate_body(self, text: str, params: SglSamplingParams, stream: bool = False,
+                      images: Sequence[str] = ()) -> dict:
         body: dict = {"text": text, "sampling_params": params.to_runtime_kwargs(
             skip_special_tokens=global_config.skip_special_tokens_in_output,
             spaces_between_special_tokens=global_config.spaces_between_special_tokens_in_out)}
@@ -72,17 +76,20 @@ class NativeBackend(BaseBackend):
             body["cache_salt"] = self.cache_salt
         if stream:
             body["stream"] = True
+        if images:
+            body["image_data"] = list(images)
         return body
 
-    def generate(self, text: str, params: SglSamplingParams) -> tuple[Any, Any]:
-        obj = self._call(self.generate_body(text, params))
+    def generate(self, text: str, params: SglSamplingParams, images: Sequence[str] = ()) -> tuple[Any, Any]:
+        obj = self._call(self.generate_body(text, params, images=images))
         if isinstance(obj, list):  # n > 1
             return [o["text"] for o in obj], [o["meta_info"] for o in obj]
         return obj["text"], obj["meta_info"]
 
-    def generate_stream(self, text: str, params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
+    def generate_stream(self, text: str, params: SglSamplingParams,
+                        images: Sequence[str] = ()) -> Iterator[tuple[str, dict]]:
         pos = 0
-        for event in self._call_stream(self.generate_body(text, params, stream=True)):
+        for event in self._call_stream(self.generate_body(text, params, stream=True, images=images)):
             if "error" in event:
                 err = event["error"]
                 raise BackendError(f"the stream failed: {err.get('message', err) if isinstance(err, dict) else err}")
@@ -96,8 +103,9 @@ class NativeBackend(BaseBackend):
         """_call with the backend's cache_salt."""
         return self._call(body if self.cache_salt is None else {**body, "cache_salt": self.cache_salt})
 
-    def cache_prefix(self, prefix: str) -> None:
-        self._call_salted({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+    def cache_prefix(self, prefix: str, images: Sequence[str] = ()) -> None:
+        self._call_salted({"text": prefix, "sampling_params": {"max_new_tokens": 0},
+                           **({"image_data": list(images)} if images else {})})
 
     def pin_prefix(self, prefix: str) -> Optional[Any]:
         """Prefill the prefix, then pin it (a pin locks only what is cached). A runtime without pins
@@ -127,13 +135,15 @@ class NativeBackend(BaseBackend):
 
     # ------------------------------------------------------------------ select
     def select(self, text: str, choices: List[str], temperature: float,
-               choices_method: ChoicesSamplingMethod) -> ChoicesDecision:
-        prompt_len = (self._call_salted({"text": text, "sampling_params": {"max_new_tokens": 0}})
+               choices_method: ChoicesSamplingMethod, images: Sequence[str] = ()) -> ChoicesDecision:
+        pics = {"image_data": list(images)} if images else {}
+        prompt_len = (self._call_salted({"text": text, "sampling_params": {"max_new_tokens": 0}, **pics})
                       ["meta_info"]["prompt_tokens"] if text else 0)
         start = max(prompt_len - 2, 0)
         texts = ([text] if text else []) + [text + c for c in choices]
         objs = self._call_salted({"text": texts, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                           "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start})
+                                  "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start,
+                                  **({"image_data": [list(images)] * len(texts)} if images else {})})
         prompt_entries = objs[0]["meta_info"]["input_token_logprobs"] if text else []
         results = objs[1:] if text else objs
         inputs = [choice_entries(prompt_entries, r["meta_info"]["input_token_logprobs"]) for r in results]

@@ -30,6 +30,7 @@ from radixlang_runtime.model.loader.resolve import cache_root, resolve_model_dir
 from radixlang_runtime.model.executor.runner import ModelRunner
 from radixlang_runtime.prompt_encoder import PromptEncoder
 from radixlang_runtime.protocol.results import Cumulative, LogprobRequest, ResultBuilder
+from radixlang_runtime.multimodal.image_prep import image_prep, image_token_text
 from radixlang_runtime.wiring import build_scheduler, runtime_limits, scheduler_stats
 from radixlang_runtime.scheduler.loop_thread import ThreadedLoop
 from radixlang_runtime.scheduler.scheduler import Scheduler
@@ -76,6 +77,10 @@ class Engine:
         self.weight_version = "default"  # SGLang's name for the weights served; an update may set it
         self.context_len = self.limits.context_len
         self.vocab_size = self.limits.vocab_size
+        # None: the model takes no images. In process, the caller's own files are its images to name
+        local = args if args.allowed_local_media_path else args.replace(allowed_local_media_path="/")
+        self._images = image_prep(self.model_dir, self.limits, local)
+        self.image_token = image_token_text(self.tokenizer, self.limits)  # what sgl.image writes (None: no images)
 
     def _build_scheduler(self, args: ServerArgs) -> Scheduler:
         """Runs on the scheduler thread: every torch op of the engine happens there."""
@@ -88,7 +93,7 @@ class Engine:
                  logprob_start_len: Union[int, list[int], None] = None, top_logprobs_num: int = 0,
                  return_text_in_logprobs: bool = False, lora_path: Union[str, list, None] = None,
                  priority: Optional[int] = None, cache_salt: Union[str, list[Optional[str]], None] = None,
-                 return_hidden_states: Union[bool, list[bool]] = False) -> Any:
+                 return_hidden_states: Union[bool, list[bool]] = False, image_data: Any = None) -> Any:
         """Returns a dict (single prompt), a list of dicts (list input), or a generator of chunks.
 
         return_logprob adds meta_info input_token_logprobs (from logit position logprob_start_len,
@@ -98,11 +103,12 @@ class Engine:
         per prompt. priority: every request's, with --enable-priority-scheduling (preemption.PriorityRule).
         cache_salt: the prefix cache namespace of the call's requests (None: the shared one); return_hidden_states:
         meta_info hidden_states, with enable_return_hidden_states; each one value, or a list of one per prompt of a
-        list of prompts (request_extras.prompt_extras)."""
+        list of prompts (request_extras.prompt_extras). image_data: SGLang's, for a model that takes images (an
+        image or a list of them per prompt: a path, a URL, a data URL or base64; generate_input._prompt_images)."""
         extras = {"cache_salt": cache_salt, "return_hidden_states": return_hidden_states}
         reqs, is_batch = self._make_reqs(prompt, sampling_params, input_ids, rid,
                                          (return_logprob, logprob_start_len, top_logprobs_num), lora_path, priority,
-                                         extras)
+                                         extras, image_data)
         lp_text = return_text_in_logprobs
         if stream:
             if is_batch or len(reqs) != 1:
@@ -275,14 +281,17 @@ class Engine:
                    logprob: tuple[bool, Any, Any] = (False, None, 0),
                    lora_path: Union[str, list, None] = None,
                    priority: Optional[int] = None,
-                   extras: Mapping[str, Any] = MappingProxyType({})) -> tuple[list[TokenizedGenerateReq], bool]:
+                   extras: Mapping[str, Any] = MappingProxyType({}),
+                   image_data: Any = None) -> tuple[list[TokenizedGenerateReq], bool]:
         """The one intake (generate_input.py, the server's too): one message per sample."""
         return_logprob, start, top_num = logprob
         lora_id = parse_lora_path(lora_path, self.limits)
         reqs, is_list = parse_generate_input(prompt, input_ids, sampling_params, rid, return_logprob, start,
                                              top_num, False, self._encode, self.limits, lora_id=lora_id,
                                              priority=parse_priority(priority, self.limits),
-                                             encode_words=self._encoder.encode_plain, extras=extras)
+                                             encode_words=self._encoder.encode_plain, extras=extras,
+                                             image_data=image_data,
+                                             attach=self._images.attach if self._images is not None else None)
         return [r.to_message() for r in reqs], is_list
 
     def _encode(self, text: str) -> list[int]:

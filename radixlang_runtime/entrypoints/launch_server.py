@@ -214,6 +214,7 @@ class Supervisor:
 
     def _server_state(self, ipc: Any, model_dir: str, tokenizer_class: Optional[str], info: dict) -> "ServerState":
         from radixlang_runtime.fim_templates import completion_fim
+        from radixlang_runtime.multimodal.image_prep import image_prep
         from radixlang_runtime.protocol.limits import RuntimeLimits
         from radixlang_runtime.model.loader.resolve import served_name
         from radixlang_runtime.model.loader.tokenizer import load_tokenizer
@@ -226,9 +227,11 @@ class Supervisor:
         name = args.served_model_name or served_name(args.model_path)
         tokenizer = load_tokenizer(args.tokenizer_path or model_dir, tokenizer_class)
         metrics = ServerMetrics(name) if args.enable_metrics else None
-        tm = TokenizerManager(ipc, tokenizer, RuntimeLimits(**info.pop("limits")), metrics,
+        limits = RuntimeLimits(**info.pop("limits"))
+        tm = TokenizerManager(ipc, tokenizer, limits, metrics,
                               num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
-                              health_stall_timeout=args.health_stall_timeout)
+                              health_stall_timeout=args.health_stall_timeout,
+                              images=image_prep(model_dir, limits, args))
         resolved = ServerArgs(**info.pop("resolved_args"))
         pooling = info.pop("pooling")
         try:  # /v1/completions suffix: the named template's markers, or the one the tokenizer's tokens tell (logged)

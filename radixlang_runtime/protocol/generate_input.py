@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -33,6 +33,7 @@ from radixlang_runtime.protocol.limits import (MAX_BATCH, MAX_RID_LEN, FieldErro
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
 from radixlang_runtime.lora_spec import lora_id_of
 from radixlang_runtime.mem.cache_namespace import namespaced, salt_key
+from radixlang_runtime.protocol.image_input import ImageInput, with_pads
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq
 from radixlang_runtime.protocol.request_extras import RequestExtras, prompt_extras
 from radixlang_runtime.pooling import PoolSpec
@@ -40,6 +41,8 @@ from radixlang_runtime.protocol.results import LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 
 Encode = Callable[[str], list[int]]
+# (a prompt's ids, its image references, the field's name) -> (ids with their placeholders expanded, ImageInputs)
+Attach = Callable[[list[int], list, str], tuple[list[int], list[ImageInput]]]
 # (prompt index, its token ids) -> the prompt's logprob request (None: no logprobs)
 LogprobOf = Callable[[int, list[int]], Optional[LogprobRequest]]
 
@@ -84,20 +87,21 @@ class GenerateRequest:
     lora_id: int = 0  # the LoRA adapter (lora_spec.py; 0: the base model)
     priority: int = 0  # --enable-priority-scheduling's rank input (parse_priority)
     extras: RequestExtras = RequestExtras()  # cache_salt, return_hidden_states (request_extras.py)
+    images: list[ImageInput] = field(default_factory=list)  # its images, at their expanded placeholders
 
     @property
     def prefix_key(self) -> list[int]:
         """Its prompt as the placement trees key it: in its prefix cache namespace (mem/cache_namespace.py), so
-        a salted prompt follows only the same salt's prompts."""
-        return namespaced(self.input_ids, self.lora_id, salt_key(self.extras.cache_salt))
+        a salted prompt follows only the same salt's prompts; images as their pad ids."""
+        return namespaced(with_pads(self.input_ids, self.images), self.lora_id, salt_key(self.extras.cache_salt))
 
     def to_message(self) -> TokenizedGenerateReq:
-        """The scheduler's message (the one place it is assembled)."""
+        """The scheduler's message (the one place it is assembled): images' positions hold their pad ids."""
         lp = self.logprob or LogprobRequest()
-        return TokenizedGenerateReq(self.rid, list(self.input_ids), copy.copy(self.sampling), self.stream,
-                                    self.logprob is not None, lp.start, lp.top_num, self.bootstrap, self.pooling,
-                                    self.lora_id, self.priority, self.extras.cache_salt,
-                                    self.extras.return_hidden_states)
+        return TokenizedGenerateReq(self.rid, with_pads(list(self.input_ids), self.images), copy.copy(self.sampling),
+                                    self.stream, self.logprob is not None, lp.start, lp.top_num, self.bootstrap,
+                                    self.pooling, self.lora_id, self.priority, self.extras.cache_salt,
+                                    self.extras.return_hidden_states, list(self.images))
 
 
 def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[str]], logprob_of: LogprobOf,
@@ -105,14 +109,15 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
             base_rid: Optional[str] = None, bootstrap: Optional[Bootstrap] = None,
             is_list: bool = False, lora_id: Union[int, list[int]] = 0, priority: int = 0,
             encode_words: Optional[Encode] = None, chat_watch: Optional[ChatWatch] = None,
-            extras: Union[RequestExtras, list[RequestExtras]] = RequestExtras()) -> list[GenerateRequest]:
+            extras: Union[RequestExtras, list[RequestExtras]] = RequestExtras(),
+            images: Optional[list[list[ImageInput]]] = None) -> list[GenerateRequest]:
     """Per prompt: its sampling_params dict validated (SamplingParams.from_dict; bad_words tokenized with
     encode_words, the tokenizer's encode without special tokens: None refuses them; check_request, with
     chat_watch: the chat route's reasoning decisions), then n
     requests with the rid rule above, each built whole. sampling / rids: one entry per prompt. bootstrap (PD):
     one prompt given as one (is_list False), n == 1. lora_id: the adapter of every request, or one per prompt
     (a list: then each prompt is one request, n = 1). extras: every request's, or one per prompt (a list: shared by
-    the prompt's n samples)."""
+    the prompt's n samples). images: each prompt's images (multimodal/image_prep.py), or None: none."""
     if bootstrap is not None and (is_list or len(prompts) != 1):
         raise FieldError(ids_name, f"batch input (a list of prompts) is not supported with prefill-decode "
                                    f"disaggregation (disaggregation_mode {limits.disaggregation_mode})")
@@ -131,17 +136,35 @@ def fan_out(prompts: list[list[int]], sampling: list[Any], rids: list[Optional[s
         if bootstrap is not None and sp.n != 1:
             raise FieldError("n", f"n > 1 is not supported with prefill-decode disaggregation (got n={sp.n})")
         lp = logprob_of(i, ids)
+        pics = images[i] if images else []
+        if pics and lp is not None and lp.start < pics[-1].end:
+            raise FieldError("logprob_start_len", f"prompt logprobs over image positions are not served: start at "
+                                                  f"or after position {pics[-1].end}, where the last image ends")
         ex = extras[i] if isinstance(extras, list) else extras
         for j in range(sp.n):
             k = len(out)
             lid = lora_id if not isinstance(lora_id, list) else lora_id[k] if k < len(lora_id) else 0
             out.append(GenerateRequest(_rid(rid, j, sp.n, base_rid, k), list(ids), sp, lp, stream, k, bootstrap,
-                                       lora_id=lid, priority=priority, extras=ex))
+                                       lora_id=lid, priority=priority, extras=ex, images=pics))
     if isinstance(lora_id, list) and len(lora_id) != len(out):
         raise FieldError("lora_path", f"lora_path as a list names one adapter per prompt (with n = 1): got "
                                       f"{len(lora_id)} names for {len(out)} requests")
     check_unique_rids(out)
     return out
+
+
+def _prompt_images(image_data: Any, n: int, is_list: bool) -> list[list]:
+    """image_data -> each prompt's image references: with a list of prompts, one entry per prompt (an image, a
+    list of them, or null); else the prompt's image or list of images."""
+    def one(d: Any) -> list:
+        return [] if d is None else list(d) if isinstance(d, list) else [d]
+
+    if not is_list:
+        return [one(image_data)]
+    if not isinstance(image_data, list) or len(image_data) != n:
+        raise FieldError("image_data", f"with {n} prompts, image_data must be a list of {n} entries (an image, a "
+                                       "list of images, or null each)")
+    return [one(d) for d in image_data]
 
 
 def _rid(rid: Optional[str], sample: int, n: int, base: Optional[str], index: int) -> str:
@@ -186,11 +209,22 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
                          bootstrap: Optional[Bootstrap] = None,
                          lora_id: Union[int, list[int]] = 0, priority: int = 0,
                          encode_words: Optional[Encode] = None,
-                         extras: Mapping[str, Any] = MappingProxyType({})) -> tuple[list[GenerateRequest], bool]:
+                         extras: Mapping[str, Any] = MappingProxyType({}), image_data: Any = None,
+                         attach: Optional[Attach] = None) -> tuple[list[GenerateRequest], bool]:
     """The native inputs (SGLang's GenerateReqInput fields) -> (requests, whether the answer is a list:
     list input or n > 1). encode_words: fan_out's (bad_words). extras: the cache_salt / extra_key /
-    return_hidden_states fields as given (request_extras.prompt_extras: one value, or one per prompt)."""
+    return_hidden_states fields as given (request_extras.prompt_extras: one value, or one per prompt).
+    image_data: SGLang's (an image or a list of them; with a list of prompts, one such entry per prompt), placed
+    by attach (multimodal/image_prep.ImagePrep.attach; None: the model takes no images)."""
     prompts, is_list = _prompts(text, input_ids, encode)
+    images = None
+    if image_data is not None:
+        if attach is None:
+            raise FieldError("image_data", "image_data needs a model that takes images; this one takes text only")
+        images = []
+        for i, refs in enumerate(_prompt_images(image_data, len(prompts), is_list)):
+            prompts[i], pics = attach(prompts[i], refs, f"image_data[{i}]" if is_list else "image_data")
+            images.append(pics)
     sps = per_prompt(sampling_params, len(prompts), "sampling_params")
     rids = per_prompt(rid, len(prompts), "rid")
     starts = per_prompt(logprob_start_len, len(prompts), "logprob_start_len")
@@ -203,14 +237,15 @@ def parse_generate_input(text: Any, input_ids: Any, sampling_params: Any, rid: A
         return LogprobRequest(k, top, with_text) if return_logprob else None
 
     out = fan_out(prompts, sps, rids, logprob_of, limits, stream, bootstrap=bootstrap, is_list=is_list,
-                  lora_id=lora_id, priority=priority, encode_words=encode_words, extras=per_extras)
+                  lora_id=lora_id, priority=priority, encode_words=encode_words, extras=per_extras, images=images)
     return out, is_list or len(out) > 1
 
 
-def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits,
-                        encode_words: Optional[Encode] = None) -> tuple[list[GenerateRequest], bool]:
+def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits, encode_words: Optional[Encode] = None,
+                        attach: Optional[Attach] = None) -> tuple[list[GenerateRequest], bool]:
     """A native /generate JSON body (HTTP, the DSL's ZeroMQ frontend) -> (requests, whether a list answers).
-    Tokenizes (encode: prompts; encode_words: bad_words): servers run it on an intake thread."""
+    Tokenizes (encode: prompts; encode_words: bad_words) and reads images (attach): servers run it on an intake
+    thread."""
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     stream = need_bool(body.get("stream", False), "stream")
@@ -221,7 +256,7 @@ def parse_generate_body(body: Any, encode: Encode, limits: RuntimeLimits,
                                          body.get("logprob_start_len"), body.get("top_logprobs_num"),
                                          body.get("return_text_in_logprobs"), encode, limits, stream, bootstrap,
                                          lora_id, parse_priority(body.get("priority"), limits), encode_words,
-                                         body)
+                                         body, body.get("image_data"), attach)
     return reqs, is_list
 
 
@@ -249,7 +284,8 @@ def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, 
                     bootstrap: Optional[Bootstrap] = None, lora_id: int = 0,
                     priority: int = 0, encode_words: Optional[Encode] = None,
                     own_rid: bool = False, chat_watch: Optional[ChatWatch] = None,
-                    extras: RequestExtras = RequestExtras()) -> list[GenerateRequest]:
+                    extras: RequestExtras = RequestExtras(),
+                    images: Optional[list[list[ImageInput]]] = None) -> list[GenerateRequest]:
     """An OpenAI call after rendering (prompts tokenized, fields mapped to native sampling names) -> its
     choices: prompts x n requests rid f"{base_rid}-{index}", the same validation as native requests. own_rid:
     base_rid is the client's (SGLang's `rid`): a single choice runs as base_rid itself."""
@@ -259,4 +295,4 @@ def openai_requests(prompts: list[list[int]], sampling: dict[str, Any], n: int, 
     rids = [base_rid] if own_rid and len(prompts) * n == 1 else [None] * len(prompts)
     return fan_out(prompts, [sp] * len(prompts), rids, logprob_of, limits, stream, "prompt",
                    base_rid, bootstrap, is_list=len(prompts) > 1, lora_id=lora_id, priority=priority,
-                   encode_words=encode_words, chat_watch=chat_watch, extras=extras)
+                   encode_words=encode_words, chat_watch=chat_watch, extras=extras, images=images)

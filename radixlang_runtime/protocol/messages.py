@@ -55,6 +55,8 @@ class TokenizedGenerateReq:
     priority: int = 0  # its place in the waiting queue under --enable-priority-scheduling (preemption.PriorityRule)
     cache_salt: Optional[str] = None  # its prefix cache namespace (request_extras.py; None: the shared one)
     return_hidden_states: bool = False  # meta_info.hidden_states (scheduler/hidden_states.py)
+    # its images (input_ids hold their pad ids at their positions: protocol/image_input.py)
+    images: list = _record("radixlang_runtime.protocol.image_input:ImageInput", many=True, default_factory=list)
 
 
 @dataclass

@@ -133,7 +133,8 @@ class RequestLoop:
                 rid=msg.rid, input_ids=msg.input_ids, sampling=msg.sampling_params, return_logprob=msg.return_logprob,
                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
                 bootstrap=msg.bootstrap, pooled=PooledSum(msg.pooling) if msg.pooling else None, lora_id=msg.lora_id,
-                priority=msg.priority, cache_salt=msg.cache_salt, return_hidden_states=msg.return_hidden_states))
+                priority=msg.priority, cache_salt=msg.cache_salt, return_hidden_states=msg.return_hidden_states,
+                images=msg.images))
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):

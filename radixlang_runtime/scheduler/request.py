@@ -87,6 +87,7 @@ class Req:
     cache_salt: Optional[str] = None  # its prefix cache namespace besides the adapter (None: the shared one)
     salt_key: int = field(default=0, init=False)  # cache_salt's number (mem/cache_namespace.salt_key)
     priority: int = 0  # --enable-priority-scheduling: its rank in the waiting queue (preemption.PriorityRule)
+    images: list = field(default_factory=list)  # its ImageInputs (input_ids: their pad ids at their positions)
     # the reasoning watch (scheduler/reasoning_watch.py: a thinking budget, a grammar held until the reasoning
     # ends; None: nothing watched), and the compiled grammar while it is held (req.grammar is None then)
     watch: Optional[WatchTracker] = None

@@ -88,7 +88,7 @@ async def count_tokens(request: Request) -> Response:
 def _count(state: ServerState, req: MessagesRequest) -> int:
     """The prompt /v1/messages renders for this request, in tokens (on an intake thread)."""
     chat = parse_chat(state, req.chat_body())
-    ids, _ = chat_prompt_ids(state, chat, chat.tools)
+    ids, _, _ = chat_prompt_ids(state, chat, chat.tools)
     return len(ids)
 
 

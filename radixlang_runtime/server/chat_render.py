@@ -29,26 +29,25 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import jinja2
 
 from radixlang_runtime.chat_tools_template import CHATML_TOOLS_TEMPLATE, template_with_tools  # noqa: F401
 from radixlang_runtime.protocol.limits import FieldError, need_bool, show
+from radixlang_runtime.server.chat_images import content_parts, image_refs, plain_text
 from radixlang_runtime.prompt_encoder import Span
 from radixlang_runtime.server.http_common import BadRequest
 
 
-def _text(content: Any, where: str, optional: bool = False) -> Optional[str]:
+def _text(content: Any, where: str, optional: bool = False) -> Union[str, list, None]:
+    """A message's content: a string, or parts (text parts alone are joined; with an image: chat_images.py)."""
     if content is None and optional:
         return None
-    if isinstance(content, list):  # content parts: only text is supported
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise FieldError(where, "only text content parts are supported")
-        return "".join(p["text"] for p in content)
+    if isinstance(content, list):
+        return content_parts(content, where)
     if not isinstance(content, str):
-        raise FieldError(where, "message content must be a string or a list of text parts")
+        raise FieldError(where, "message content must be a string or a list of content parts")
     return content
 
 
@@ -174,7 +173,7 @@ def continued_text(messages: Any) -> str:
     if last.get("tool_calls"):
         where = f"messages[{len(messages) - 1}]"
         raise FieldError(where, f"continue_final_message cannot continue {where}: it holds tool calls")
-    return last["content"]
+    return plain_text(last["content"])
 
 
 # apply_chat_template's own parameters and the variables it sets: not a chat_template_kwargs key
@@ -254,9 +253,14 @@ def _apply(tokenizer: Any, messages: Any, template: Optional[str], extra: dict, 
 
 def render_chat(tokenizer: Any, messages: Any, chat_template: Optional[str],
                 tools: Optional[list[dict]] = None,
-                variables: Optional[dict[str, Any]] = None, turn: TurnEnd = OPEN_TURN) -> tuple[str, Optional[str]]:
-    """-> (prompt text, the template used: None when the tokenizer's own). variables: template_kwargs'."""
+                variables: Optional[dict[str, Any]] = None, turn: TurnEnd = OPEN_TURN,
+                images: bool = False) -> tuple[str, Optional[str]]:
+    """-> (prompt text, the template used: None when the tokenizer's own). variables: template_kwargs'. images:
+    the route serves image parts (the model takes images); else they are a 400."""
     _, tool_history = clean_messages(messages)
+    if not images and image_refs(messages):
+        raise FieldError("messages", "image content parts need a model that takes images; this route or model "
+                                     "takes text only")
     if turn.continue_final_message:
         continued_text(messages)
     template = template_for(tokenizer, chat_template, bool(tools), tool_history)
@@ -297,9 +301,12 @@ def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], t
     in place of each content; a template whose output does not show where they are is a 400 naming the
     message."""
     clean, _ = clean_messages(messages)
-    found = [special_text_in(m["content"]) for m in clean]
+    found = [special_text_in(plain_text(m["content"])) for m in clean]
     if not any(found):
         return None
+    if parted := [i for i, (m, f) in enumerate(zip(clean, found)) if f and isinstance(m["content"], list)]:
+        raise FieldError(f"messages[{parted[0]}].content", f"messages[{parted[0]}].content holds special-token text "
+                                                           "beside an image, which is not kept as plain text")
     marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
     skeleton = _apply(tokenizer, messages, template, extra, turn,
                       lambda ms: [dict(m, content=k) if k else m for m, k in zip(ms, marks)])

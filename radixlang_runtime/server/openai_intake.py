@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Optional
 
 from radixlang_runtime.protocol.generate_input import GenerateRequest, openai_requests
+from radixlang_runtime.protocol.image_input import ImageInput
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.logprob_format import normalize_logprob_args
 from radixlang_runtime.protocol.reasoning_watch import GENERATION_TAIL, ChatWatch, ThinkingMarkers, prompt_begins
 from radixlang_runtime.protocol.results import Cumulative, LogprobRequest
 from radixlang_runtime.protocol.sampling_params import SamplingParams
+from radixlang_runtime.server.chat_images import image_refs
 from radixlang_runtime.server.chat_render import CHATML_TOOLS_TEMPLATE, chat_content_spans, continued_text, render_chat
 from radixlang_runtime.server.http_common import ServerState, final_result
 from radixlang_runtime.server.openai_reasoning import ReasoningPlan, reasoning_tokens, split_whole
@@ -38,7 +40,7 @@ class Choices:
     @classmethod
     def build(cls, state: ServerState, prompts: list[list[int]], req_options: OpenAIOptions, sampling: dict,
               top_logprobs: Optional[int] = None, echo: bool = False, rid: Optional[str] = None,
-              chat_watch: Optional[ChatWatch] = None) -> "Choices":
+              chat_watch: Optional[ChatWatch] = None, images: Optional[list] = None) -> "Choices":
         """prompts x n requests, validated up front (openai_requests); admission first (503 before any work).
         One logprob request serves top_logprobs (output; the prompt's too with echo) and prompt_logprobs: the
         larger top count, each reply cutting its rows to its own."""
@@ -58,7 +60,7 @@ class Choices:
                                rid or uuid.uuid4().hex, stream=False, bootstrap=req_options.bootstrap,
                                own_rid=req_options.rid is not None,
                                lora_id=req_options.lora_id, priority=req_options.priority, extras=req_options.extras,
-                               encode_words=state.tm.encode_words, chat_watch=chat_watch)
+                               encode_words=state.tm.encode_words, chat_watch=chat_watch, images=images)
         if req_options.rid is not None and (taken := [r.rid for r in reqs if r.rid in state.tm.states]):
             raise FieldError("rid", f"request id {taken[0]!r} is already in use")
         return cls(state, reqs)
@@ -109,16 +111,23 @@ def completion_intake(state: ServerState, req: CompletionRequest, rid: str) -> C
     return CompletionIntake(choices, texts, req.logprobs, req.options.token_ids_in_logprobs)
 
 
-def chat_prompt_ids(state: ServerState, req: ChatRequest, tools: ToolPlan) -> tuple[list[int], Optional[str]]:
+def chat_prompt_ids(state: ServerState, req: ChatRequest,
+                    tools: ToolPlan) -> tuple[list[int], Optional[str], list[ImageInput]]:
     """A chat request's messages rendered with its template variables and tools, then tokenized as the template
-    wants (content's special-token text kept as text) -> (prompt ids, the template used). On an intake thread."""
+    wants (content's special-token text kept as text) -> (prompt ids, the template used, its images, whose
+    placeholders the ids hold expanded). On an intake thread."""
     tm = state.tm
     variables = dict(req.template_vars)
     text, template = render_chat(tm.tokenizer, req.messages, state.args.chat_template, tools.tools or None,
-                                 variables, req.turn)
+                                 variables, req.turn, images=tm.images is not None)
     spans = chat_content_spans(tm.tokenizer, req.messages, template, text, tm.encoder.special_text_in, req.turn,
                                **variables, **({"tools": tools.tools} if tools.tools else {}))
-    return tm.encode_chat(text, spans), template
+    ids = tm.encode_chat(text, spans)
+    refs = image_refs(req.messages) if tm.images is not None else []
+    if not refs:
+        return ids, template, []
+    ids, images = tm.images.attach(ids, refs, "messages")
+    return ids, template, images
 
 
 def _content_stops(sampling: dict) -> list[str]:
@@ -130,7 +139,9 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     """A chat request -> its choices, its tools plan with its parser, its reasoning plan. On an intake thread."""
     tm = state.tm
     think = req.think
-    ids, template = chat_prompt_ids(state, req, req.tools)
+    ids, template, images = chat_prompt_ids(state, req, req.tools)
+    if images and len(req.options.truncated(ids)) != len(ids):
+        raise FieldError("truncate_prompt_tokens", "a prompt with images is not truncated")
     ids = req.options.truncated(ids)
     markers = ThinkingMarkers.from_wire(tm.limits.thinking_markers)
     prefix = continued_text(req.messages) if req.turn.continue_final_message else ""
@@ -170,7 +181,7 @@ def chat_intake(state: ServerState, req: ChatRequest, rid: str) -> ChatIntake:
     # already holds the reasoning block)
     watch = ChatWatch(think is not None and tools.forced is None, begins) if begins is not None else None
     choices = Choices.build(state, [ids], req.options, sampling, (req.top_logprobs or 0) if req.logprobs else None,
-                            rid=rid, chat_watch=watch)
+                            rid=rid, chat_watch=watch, images=[images] if images else None)
     return ChatIntake(choices, tools, think, req.logprobs, req.top_logprobs, req.options.token_ids_in_logprobs)
 
 

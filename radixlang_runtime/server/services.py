@@ -14,6 +14,7 @@ import os
 from typing import Any, AsyncIterator, Optional
 
 from radixlang_runtime.version import __version__
+from radixlang_runtime.multimodal.image_prep import image_token_text
 from radixlang_runtime.protocol.generate_input import GenerateRequest, parse_generate_body
 from radixlang_runtime.protocol.limits import MAX_RID_LEN, need_str
 from radixlang_runtime.server.http_common import BadRequest, ServerState, final_result, merged, parse_pin_body
@@ -35,7 +36,7 @@ async def intake_generate(state: ServerState, body: Any) -> tuple[list[GenerateR
     event loop never tokenizes) by the one intake (generate_input.parse_generate_body)."""
     tm = state.tm
     return await tm.run_intake(parse_generate_body, body, tm.encode_text, tm.limits, tm.encode_words,
-                                size=input_size(body))
+                                tm.images.attach if tm.images is not None else None, size=input_size(body))
 
 
 def generate_streams(state: ServerState, reqs: list[GenerateRequest]) -> list[AsyncIterator[dict]]:
@@ -70,7 +71,8 @@ def model_info(state: ServerState) -> dict[str, Any]:
             "max_context_length": tm.limits.context_len,
             # --chat-template, else the model's own: the DSL renders roles with it
             "chat_template": state.flag_template or getattr(tm.tokenizer, "chat_template", None),
-            "frontend_port": frontend_port(state), "weight_version": tm.weight_gate.weight_version}
+            "frontend_port": frontend_port(state), "weight_version": tm.weight_gate.weight_version,
+            "image_token": image_token_text(tm.tokenizer, tm.limits)}  # the DSL's sgl.image writes it
 
 
 async def server_info(state: ServerState) -> dict[str, Any]:

@@ -75,8 +75,11 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, ipc: IpcPaths, tokenizer: Any, limits: RuntimeLimits, metrics: Optional[ServerMetrics],
-                 num_replicas: int = 1, load_balance_method: str = "cache_aware", health_stall_timeout: float = 30.0):
+                 num_replicas: int = 1, load_balance_method: str = "cache_aware", health_stall_timeout: float = 30.0,
+                 images: Any = None):
+        """images: the model's multimodal/image_prep.ImagePrep (None: it takes no images)."""
         self.tokenizer = tokenizer
+        self.images = images
         self.encoder = PromptEncoder(tokenizer)
         self.limits = limits
         self.metrics = metrics

@@ -38,6 +38,10 @@ class ForwardBatch:
     # a decode step under the graph path (executor/graph_runner.py): the bound on seq_lens that sizes the kernels'
     # grids in place of max(seq_lens_cpu) (no host sync, the same launch at every replay), cascade off; 0: eager
     graph_max_len: int = 0
+    # images (executor/image_step.py): the flattened rows that are image positions and their embeddings [M, hidden],
+    # which replace the embedding lookup there (models/llama.py)
+    image_rows: Optional[torch.Tensor] = None
+    image_embeds: Optional[torch.Tensor] = None
 
     @property
     def is_decode(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -36,6 +36,7 @@ from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, stat
 from radixlang_runtime.model.executor.linear_paths import quantized_linear_paths
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
+from radixlang_runtime.model.models.llava import LlavaTextTensors
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
@@ -47,6 +48,7 @@ from radixlang_runtime.model.loader.meta_build import build_on_meta
 from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
+from radixlang_runtime.model.executor.image_step import image_features, plan_images
 from radixlang_runtime.model.executor.hidden_step import fill_hidden, hidden_rows, plan_hidden
 from radixlang_runtime.model.executor.parallel import TPGroup, head_split, make_shard
 from radixlang_runtime.model.prequant.linear import swap_linears
@@ -55,6 +57,7 @@ from radixlang_runtime.model.loader.weights import SafetensorsDir
 from radixlang_runtime.pooling import read_pooling_config
 from radixlang_runtime.model.executor.sampler import Sampler
 from radixlang_runtime.model.executor.step_io import ModelBatch, StepResult
+from radixlang_runtime.model.executor.step_inputs import StepInputs, step_inputs
 from radixlang_runtime.model.executor.verify_step import state_verify_rows, verify_as_decode
 from radixlang_runtime.server_args import ServerArgs
 
@@ -67,25 +70,6 @@ class RunnerSizes:
     num_slots: int
     table_rows: int
     context_len: int
-
-
-@dataclass
-class StepInputs:
-    """One forward pass, as plain data (what rank 0 broadcasts). B requests, T = sum(extend_lens) tokens."""
-
-    phase: str  # "extend" | "decode"
-    input_ids: list[int]  # [T]
-    out_loc: list[int]  # [T] slots the new K/V go to
-    req_rows: list[int]  # [B] rows of req_to_token
-    prefix_lens: list[int]  # [B]
-    extend_lens: list[int]  # [B]
-    rewrites: list[tuple[int, list[int]]]  # (table row, slots of its cached prefix) to write first
-    logit_rows: list[int]  # [R] flattened token rows the head runs on
-    hidden_rows: list[int] = field(default_factory=list)  # [P] rows whose final hidden states pooling reads
-    lora_ids: list[int] = dataclasses.field(default_factory=list)  # [B] adapter ids (0: base); []: all base
-    state_loads: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: ModelBatch.state_loads
-    state_saves: list[tuple[int, int, int]] = field(default_factory=list)  # ModelBatch.state_saves
-    state_verify: list[int] = field(default_factory=list)  # hybrid: requests verifying a draft (verify_step.py)
 
 
 class ModelRunner:
@@ -124,6 +108,8 @@ class ModelRunner:
         args, model_dir, tp = self.args, self.model_dir, self.tp
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl, args.trust_remote_code)
         tensors = SafetensorsDir(model_dir)
+        if cfg.vision is not None:  # the decoder reads the text model's tensors under a causal LM's names
+            tensors = LlavaTextTensors(tensors)
         if cfg.quant is not None:  # a pre-quantized checkpoint: loaded on its exact values (model/prequant/)
             tensors = prequant_tensors(cfg.quant, tensors, args, tp)
         if cfg.num_labels and not args.is_embedding:  # a sequence classifier is a pooling model (vLLM's runner auto)
@@ -159,6 +145,7 @@ class ModelRunner:
         model = build_on_meta(lambda: model_cls(cfg, backend, rotary, shard, tp.all_reduce if tp else None),
                               self.dtype, self.device)
         model.load_hf_state_dict(tensors)
+        self.images = image_features(cfg, args, tp, tensors, self.dtype, self.device)  # None: text only
         # pooled hidden states: families whose forward is Llama's (final_hidden is its first half)
         self.pools_hidden = type(model).forward is LlamaForCausalLM.forward
         for flag, on in (("--is-embedding", args.is_embedding),
@@ -365,7 +352,7 @@ class ModelRunner:
         L = len(rows)
         if pool is not None:
             rows += pool.logit_rows  # token_logits read the head's logits at their last row
-        step = mirrored = self._step_inputs(batch, rows)
+        step = mirrored = step_inputs(batch, rows)
         wanted = plan_hidden(batch, ends)  # return_hidden_states: after pooling's rows
         step.hidden_rows = (pool.hidden_rows if pool is not None else []) + hidden_rows(wanted)
         if self.draft_model is not None and self.draft_model.reads_hidden:  # speculation: no pooling, no wanted
@@ -375,6 +362,7 @@ class ModelRunner:
             step.state_verify = state_verify_rows(batch, sample_idx, counts)
         elif pool is None and not plans and batch.phase != "decode":
             step = verify_as_decode(step, batch, counts)
+        step.images = plan_images(batch) if batch.images else []
         if self.tp is not None:
             self.tp.broadcast_obj(step)
         logits, hidden = self._run(step, batch.phase == "decode")  # [R, V] fp32; [P, hidden] fp32 or None
@@ -400,17 +388,6 @@ class ModelRunner:
         verifying, self.verifying = self.verifying, None
         verifying.keep(self.state_pool, keep.accepted)
 
-    @staticmethod
-    def _step_inputs(batch: ModelBatch, logit_rows: list[int]) -> StepInputs:
-        return StepInputs(
-            phase="decode" if batch.phase == "decode" else "extend",
-            input_ids=list(itertools.chain.from_iterable(batch.extend_ids)),
-            out_loc=list(itertools.chain.from_iterable(batch.out_locs)),
-            req_rows=list(batch.table_rows), prefix_lens=list(batch.prefix_lens),
-            extend_lens=[len(x) for x in batch.extend_ids], rewrites=batch.rewrites, logit_rows=logit_rows,
-            lora_ids=list(batch.lora_ids) if any(batch.lora_ids) else [],
-            state_loads=list(batch.state_loads), state_saves=list(batch.state_saves))
-
     @torch.inference_mode()
     def run_step(self, step: StepInputs, with_hidden: bool = False):
         """The model on one step: float32 logits [R, V] (tensor parallel: on rank 0; None elsewhere); with_hidden:
@@ -425,6 +402,8 @@ class ModelRunner:
             return self.graphs.run(step), None
         fb = self._build_forward_batch(step)
         self.backend.init_forward_metadata(fb)
+        if step.images:
+            self.images.place(fb, step.images)
         hidden = None
         if step.lora_ids:  # some request runs an adapter (else the base path, unchanged)
             self.loras.touch(step.lora_ids)

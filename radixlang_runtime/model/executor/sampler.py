@@ -128,12 +128,12 @@ class Sampler:
         V, dev = self.vocab_size, logits.device
         b = len(reqs)
 
-        def padded(seqs: list[list[int]]) -> torch.Tensor:  # [b, L] ids, V = padding
+        def padded(seqs: list[list[int]]) -> torch.Tensor:  # [b, L] ids, V = padding (and an image's pad ids)
             L = max(1, max(len(s) for s in seqs))
             t = torch.full((b, L), V, dtype=torch.int64)
             for j, s in enumerate(seqs):
                 if s:
-                    t[j, : len(s)] = torch.tensor(s, dtype=torch.int64)
+                    t[j, : len(s)] = torch.tensor(s, dtype=torch.int64).clamp_(max=V)
             return t.to(dev)
 
         sub = logits[rows]  # [b, V]

@@ -37,6 +37,10 @@ class SafetensorsDir:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def names(self) -> list[str]:
+        """Every tensor's name."""
+        return list(self._where)
+
     def get(self, name: str, rows: Range = None, cols: Range = None) -> torch.Tensor:
         """The tensor `name`, or its rows [a, b) (dim 0) and/or columns [a, b) (dim 1)."""
         where = self._where.get(name)

@@ -12,8 +12,8 @@ from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
-                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, nextn, olmo2,
-                                            olmoe, phi3, qwen3_next, qwen_moe, sequence_classifier,
+                                            granite_hybrid, llama4, llama_family, llava, mixtral, nemotron_h, nextn,
+                                            olmo2, olmoe, phi3, qwen3_next, qwen_moe, sequence_classifier,
                                             transformers_fallback)
 
 
@@ -44,6 +44,8 @@ _FAMILIES = (
                 gemma4.Gemma4ForCausalLM),  # its text model
     ModelFamily("Llama4ForCausalLM", llama4.parse_llama4, llama4.Llama4ForCausalLM),
     ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
+    # a vision tower and projector beside the text model (multimodal/): images as input embeddings
+    ModelFamily("LlavaForConditionalGeneration", llava.parse_llava_model, llama_family.LlamaForCausalLM),
     ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),
     ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
     ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),

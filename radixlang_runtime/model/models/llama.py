@@ -165,6 +165,8 @@ class LlamaForCausalLM(nn.Module):
         """The final norm's output [R, hidden] for the rows `rows` of the flattened tokens (all T when None):
         what the head reads, and what pooling models pool (transformers' last_hidden_state)."""
         residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
+        if fb.image_rows is not None:  # image positions: the vision encoder's features (executor/image_step.py)
+            residual[fb.image_rows] = fb.image_embeds.to(residual.dtype)
         fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
         if self.fused_decode is not None and not fb.has_lora and self.fused_decode.applies(fb):
             h = self.fused_decode.run(residual, fb)  # the same kernels, one C call per layer

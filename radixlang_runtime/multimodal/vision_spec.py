@@ -1,0 +1,95 @@
+"""VisionSpec: what a LLaVA-style checkpoint's config.json says about its images (torch-free: the server's intake
+and the runner both read it).
+
+LlavaForConditionalGeneration (transformers' LlavaConfig): a vision tower (`vision_config`: CLIP or SigLIP) whose
+hidden states at `vision_feature_layer` (an index, or a list of them concatenated), less the CLS position under
+`vision_feature_select_strategy` "default", pass a two-layer projector (`projector_hidden_act`,
+`multimodal_projector_bias`) into the text model's embedding space. An image is one `image_token_index` token in
+the prompt, expanded to `tokens` positions whose embeddings are the projected features. Fields that change that
+math and are not implemented are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+# vision towers whose module transformers builds from vision_config alone and whose output is one feature per
+# patch (plus CLIP's CLS position) at a fixed image size
+VISION_TOWERS = ("clip_vision_model", "siglip_vision_model")
+PROJECTOR_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
+TEXT_MODELS = ("llama", "mistral", "qwen2")  # text_config.model_type -> the native family that runs it
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """One checkpoint's image path, parsed once."""
+
+    architecture: str  # config.json's architectures[0]
+    image_token_id: int  # the prompt's placeholder token (one per image before expansion)
+    tokens: int  # positions one image fills (its projected features)
+    tower: dict  # vision_config as written (transformers builds the tower from it)
+    feature_layers: tuple[int, ...]  # hidden-state indices read (concatenated when several)
+    drop_cls: bool  # vision_feature_select_strategy "default": the CLS position is dropped
+    projector_act: str
+    projector_bias: bool
+
+    @property
+    def tower_type(self) -> str:
+        return self.tower["model_type"]
+
+
+def parse_llava(cfg: dict) -> VisionSpec:
+    """config.json of a LlavaForConditionalGeneration -> its VisionSpec (ValueError names a field not honoured)."""
+    arch = "LlavaForConditionalGeneration"
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, dict):
+        raise ValueError(f"{arch}: config.json has no vision_config")
+    tower = vision.get("model_type", "clip_vision_model")
+    if tower not in VISION_TOWERS:
+        raise ValueError(f"vision_config.model_type {tower!r} is not supported ({arch}: {', '.join(VISION_TOWERS)})")
+    vision = {**vision, "model_type": tower}
+    token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
+    strategy = cfg.get("vision_feature_select_strategy", "default")
+    if strategy not in ("default", "full"):
+        raise ValueError(f"vision_feature_select_strategy {strategy!r} is not supported ({arch}: default or full)")
+    layers = _feature_layers(cfg.get("vision_feature_layer", -2), arch)
+    act = cfg.get("projector_hidden_act", "gelu")
+    if act not in PROJECTOR_ACTS:
+        raise ValueError(f"projector_hidden_act {act!r} is not supported ({arch}: {', '.join(PROJECTOR_ACTS)})")
+    for key in ("image_grid_pinpoints", "spatial_merge_size", "multimodal_projector_layers"):
+        if cfg.get(key) is not None:
+            raise ValueError(f"{key} is not supported ({arch}: one fixed-size crop per image)")
+    size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 32 if tower == "clip_vision_model"
+                                                                                  else 16))
+    if size % patch:
+        raise ValueError(f"vision_config.image_size {size} is not a multiple of its patch_size {patch} ({arch})")
+    cls = tower == "clip_vision_model"  # SigLIP has no CLS position
+    tokens = (size // patch) ** 2 + (cls and strategy == "full")
+    return VisionSpec(arch, int(token), tokens, vision, layers, cls and strategy == "default", act,
+                      bool(cfg.get("multimodal_projector_bias", True)))
+
+
+def _feature_layers(value: Union[int, list, Any], arch: str) -> tuple[int, ...]:
+    layers = [value] if isinstance(value, int) else value
+    if not isinstance(layers, list) or not layers or not all(isinstance(x, int) for x in layers):
+        raise ValueError(f"vision_feature_layer {value!r} must be an index or a list of them ({arch})")
+    return tuple(layers)
+
+
+def text_config(cfg: dict) -> dict:
+    """The text model's config.json fields (text_config; the top level's tie_word_embeddings where text_config
+    leaves it unset, as transformers reads it) for the native family of its model_type."""
+    arch = "LlavaForConditionalGeneration"
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"{arch}: config.json has no text_config")
+    kind = text.get("model_type", "llama")
+    if kind not in TEXT_MODELS:
+        raise ValueError(f"text_config.model_type {kind!r} is not supported ({arch}: {', '.join(TEXT_MODELS)})")
+    out = dict(text)
+    if "tie_word_embeddings" not in out and "tie_word_embeddings" in cfg:
+        out["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    if cfg.get("quantization_config") is not None:
+        raise ValueError(f"quantization_config is not supported ({arch}: float checkpoints)")
+    return out

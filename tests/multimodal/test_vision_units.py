@@ -1,0 +1,175 @@
+"""The image path's parts without a server: the config's refusals, the vision encoder against transformers'
+get_image_features for each tower / strategy / feature-layer choice, the in-process Engine's greedy ids against
+transformers (SigLIP tower, Qwen2 text, an image split across prefill chunks and encoded once), the placeholders'
+expansion, the wire record, and the image sources' rules (data URLs, hosts, redirects)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+
+import pytest
+import torch
+
+from radixlang_runtime.multimodal.image_prep import ImagePrep
+from radixlang_runtime.multimodal.image_source import ImageSources
+from radixlang_runtime.multimodal.vision_spec import parse_llava
+from radixlang_runtime.protocol.image_input import PAD_BASE, ImageInput, is_pad, pixel_digest, with_pads
+from radixlang_runtime.protocol.limits import FieldError
+from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
+from radixlang_runtime.protocol.sampling_params import SamplingParams
+from vision_checkpoints import build_tiny_llava, hf_llava_greedy, png
+
+LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "image_token_index": 5,
+         "text_config": {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
+                         "num_attention_heads": 4, "intermediate_size": 128},
+         "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "image_size": 28, "patch_size": 7}}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"vision_config": {"model_type": "pixtral", "image_size": 28, "patch_size": 7}}, "vision_config.model_type"),
+    ({"vision_feature_select_strategy": "cls"}, "vision_feature_select_strategy"),
+    ({"projector_hidden_act": "tanh"}, "projector_hidden_act"),
+    ({"image_grid_pinpoints": [[336, 672]]}, "image_grid_pinpoints"),
+    ({"vision_feature_layer": "last"}, "vision_feature_layer"),
+    ({"vision_config": {"model_type": "clip_vision_model", "image_size": 30, "patch_size": 7}}, "image_size"),
+])
+def test_llava_config_refusals(change, words):
+    with pytest.raises(ValueError, match=words):
+        parse_llava({**LLAVA, **change})
+
+
+def test_llava_text_model_refusals():
+    from radixlang_runtime.model.loader.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(LLAVA)
+    assert cfg.architecture == "LlavaForConditionalGeneration" and cfg.vision.tokens == 16
+    with pytest.raises(ValueError, match="text_config.model_type"):
+        ModelConfig.from_dict({**LLAVA, "text_config": {**LLAVA["text_config"], "model_type": "gemma"}})
+    with pytest.raises(ValueError, match="outside the text model's vocabulary"):
+        ModelConfig.from_dict({**LLAVA, "image_token_index": 100})
+    with pytest.raises(ValueError, match="quantization_config"):
+        ModelConfig.from_dict({**LLAVA, "quantization_config": {"quant_method": "awq"}})
+
+
+@pytest.mark.parametrize("tower, text, strategy, layer", [
+    ("clip", "llama", "default", -2), ("clip", "llama", "full", [-2, -1]), ("siglip", "qwen2", "full", [-1, -3])])
+def test_encoder_matches_transformers(tmp_path, tower, text, strategy, layer):
+    from radixlang_runtime.model.loader.config import ModelConfig
+    from radixlang_runtime.model.loader.weights import SafetensorsDir
+    from radixlang_runtime.model.models.llava import vision_prefixes
+    from radixlang_runtime.multimodal.vision_encoder import VisionEncoder
+
+    model, _, _ = build_tiny_llava(tmp_path, tower, text, strategy, layer)
+    spec = ModelConfig.from_dir(str(tmp_path)).vision
+    tensors = SafetensorsDir(str(tmp_path))
+    enc = VisionEncoder(spec, tensors, vision_prefixes(tensors), torch.float32, torch.device("cpu"))
+    pixels = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        want = model.get_image_features(pixels, vision_feature_layer=layer,
+                                        vision_feature_select_strategy=strategy).pooler_output
+    got = enc.features(pixels)
+    assert got.shape == (2, spec.tokens, 64) and spec.tokens == 16 + (tower == "clip" and strategy == "full")
+    torch.testing.assert_close(got, torch.stack(list(want)), rtol=1e-5, atol=1e-5)
+
+
+def test_engine_greedy_with_a_split_image(tmp_path):
+    from radixlang_runtime.entrypoints.engine import Engine
+
+    model, processor, image_id = build_tiny_llava(tmp_path, "siglip", "qwen2", "full", -1)
+    (tmp_path / "a.png").write_bytes(png(3))
+    text = "A question first, then the image: <image> and after it some more words to read."
+    engine = Engine(str(tmp_path), dtype="float32", chunked_prefill_size=16, max_total_tokens=1024)
+    try:
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        k = ids.index(image_id)
+        assert k % 16 > 0, "the image starts inside a chunk, so two chunks share it"
+        full = ids[:k] + [image_id] * 16 + ids[k + 1:]
+        want = hf_llava_greedy(model, processor, full, [png(3)], 8)
+        sp = {"max_new_tokens": 8, "temperature": 0}
+        out = engine.generate(text, sp, image_data=str(tmp_path / "a.png"))
+        assert out["output_ids"] == want
+        assert engine.runner.images.encoded == 1
+        penalized = engine.generate(text, {**sp, "repetition_penalty": 1.3}, image_data=png_b64(3))
+        assert len(penalized["output_ids"]) == 8
+        assert engine.runner.images.encoded == 1  # the same pixels: kept, not encoded again
+    finally:
+        engine.shutdown()
+
+
+def png_b64(k: int) -> str:
+    return base64.b64encode(png(k)).decode()
+
+
+def _prep(tokens: int = 4) -> ImagePrep:
+    prep = ImagePrep.__new__(ImagePrep)
+    prep.token_id, prep.tokens, prep.shape = 9, tokens, [3, 2, 2]
+    prep.sources = ImageSources()
+    prep._pixels = lambda data, where: (bytes(48), [3, 2, 2])
+    return prep
+
+
+@pytest.mark.parametrize("ids, slots", [
+    ([1, 9, 2], [(1, 1)]), ([9, 9, 9, 9, 2], [(0, 4)]), ([9, 9, 1, 9], [(0, 1), (1, 1), (3, 1)]),
+    ([9] * 8, [(0, 4), (4, 4)]), ([1, 2], [])])
+def test_placeholders(ids, slots):
+    assert _prep()._placeholders(ids) == slots
+
+
+def test_attach_expands_and_counts():
+    prep = _prep()
+    ids, images = prep.attach([1, 9, 2, 9, 9, 9, 9, 3], ["AAAA", "AAAA"], "image_data")
+    assert ids == [1, 9, 9, 9, 9, 2, 9, 9, 9, 9, 3]
+    assert [(im.offset, im.length) for im in images] == [(1, 4), (6, 4)]
+    with pytest.raises(FieldError, match="1 image placeholder"):
+        prep.attach([1, 9, 2], ["AAAA", "AAAA"], "image_data")
+
+
+def test_image_input_wire_and_pads():
+    a = ImageInput(3, 5, pixel_digest(bytes(48), [3, 2, 2]), bytes(48), [3, 2, 2])
+    b = ImageInput(3, 5, pixel_digest(bytes(47) + b"\1", [3, 2, 2]), bytes(47) + b"\1", [3, 2, 2])
+    assert all(is_pad(t) and t >= PAD_BASE for t in a.pad_ids()) and len(set(a.pad_ids())) == 5
+    assert a.pad_ids() != b.pad_ids()
+    assert with_pads(list(range(10)), [a])[:3] == [0, 1, 2] and with_pads(list(range(10)), [a])[3:8] == a.pad_ids()
+    msg = TokenizedGenerateReq("r", with_pads(list(range(10)), [a]), SamplingParams(), images=[a])
+    back = decode(encode(msg))
+    assert back.images == [a] and back.input_ids == msg.input_ids
+    with pytest.raises(ValueError, match="malformed"):
+        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2]])
+
+
+def test_sources_rules(tmp_path):
+    src = ImageSources()
+    assert src.read("data:image/png;base64," + png_b64(0), "x") == png(0)
+    for bad, words in (("data:image/png,abc", "base64"), ("%%%", "base64"), ("ftp://h/x.png", "base64"),
+                       (str(tmp_path / "a.png"), "--allowed-local-media-path"), (5, "must be")):
+        with pytest.raises(FieldError, match=words):
+            src.read(bad, "x")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            if self.path == "/hop":
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/a.png")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(png(0))
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert ImageSources(allowed_domains=("127.0.0.1",)).read(base + "/a.png", "x") == png(0)
+        assert ImageSources().read(base + "/hop", "x") == png(0)
+        with pytest.raises(FieldError, match="not in --allowed-media-domains"):
+            ImageSources(allowed_domains=("example.org",)).read(base + "/a.png", "x")
+        with pytest.raises(FieldError, match="'localhost' is not in --allowed-media-domains"):
+            ImageSources(allowed_domains=("127.0.0.1",)).read(base + "/hop", "x")
+    finally:
+        server.shutdown()
