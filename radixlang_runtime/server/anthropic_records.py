@@ -16,8 +16,9 @@ enable_thinking false (a template that ignores it thinks all the same), each unl
 enable_thinking. A final assistant turn of text is a prefill: the reply continues it
 (continue_final_message) and holds only the new text; as in Anthropic's API, that text may not end in
 whitespace.
-Refused by name: image / document / other blocks (a text model), server tools, and the other fields
-Anthropic has and this server does not.
+A user turn's image blocks (base64 or url sources) reach the chat route as image_url parts (a model that takes
+images: docs/IMAGES.md; a text model refuses them there). Refused by name: document and other blocks, server
+tools, and the other fields Anthropic has and this server does not.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ MESSAGES_FIELDS = {"model", "max_tokens", "messages", "system", "tools", "tool_c
 COUNT_TOKENS_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "chat_template_kwargs",
                        "output_config", "cache_control", "thinking", *_NOT_SUPPORTED}
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
-_REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload", "server_tool_use",
+_REFUSED_BLOCKS = ("document", "search_result", "container_upload", "server_tool_use",
                    "web_search_tool_result")
 _BLOCK_KEYS = {"text": {"type", "text", "cache_control", "citations"},
+               "image": {"type", "source", "cache_control"},
                "tool_use": {"type", "id", "name", "input", "cache_control"},
                "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
                "thinking": {"type", "thinking", "signature", "cache_control"},
@@ -195,8 +197,8 @@ def _block_type(b: Any, where: str) -> str:
     kind = b.get("type") if isinstance(b, dict) else None
     if kind in _REFUSED_BLOCKS:
         raise FieldError(where, f"{where}: {kind} content blocks are not supported by this server (text only)")
-    if kind not in ("text", "tool_use", "tool_result", "thinking", "redacted_thinking"):
-        raise FieldError(where, f"{where}: unknown content block type {show(kind, 40)} (text, tool_use, "
+    if kind not in ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"):
+        raise FieldError(where, f"{where}: unknown content block type {show(kind, 40)} (text, image, tool_use, "
                                 "tool_result, thinking)")
     if extra := sorted(set(b) - _BLOCK_KEYS.get(kind, set(b))):
         raise FieldError(where, f"{where}.{extra[0]}: Extra inputs are not permitted")
@@ -224,14 +226,28 @@ def _messages(messages: Any) -> list[dict]:
     return out
 
 
+def _image_url(source: Any, where: str) -> str:
+    """An image block's source -> the URL a chat image_url part takes (a data URL for base64 data)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        return f"data:{source['media_type']};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise FieldError(where, f"{where}: an image source must be {{\"type\": \"base64\", \"media_type\", \"data\"}} or "
+                            f"{{\"type\": \"url\", \"url\"}}, got {show(kind, 40)}")
+
+
 def _user(blocks: list, where: str) -> list[dict]:
-    """A user turn's blocks -> a `tool` message per tool_result, then one user message with its text."""
+    """A user turn's blocks -> a `tool` message per tool_result, then one user message with its text (with an
+    image block: chat content parts, the images as image_url parts)."""
     out, texts = [], []
     for j, b in enumerate(blocks):
         at = f"{where}[{j}]"
         kind = _block_type(b, at)
         if kind == "text":
-            texts.append(need_str(b.get("text"), f"{at}.text"))
+            texts.append({"type": "text", "text": need_str(b.get("text"), f"{at}.text")})
+        elif kind == "image":
+            texts.append({"type": "image_url", "image_url": {"url": _image_url(b.get("source"), f"{at}.source")}})
         elif kind == "tool_result":
             if not isinstance(b.get("tool_use_id"), str):
                 raise FieldError(f"{at}.tool_use_id", f"{at}.tool_use_id must be a string (the tool_use's id)")
@@ -246,7 +262,8 @@ def _user(blocks: list, where: str) -> list[dict]:
         else:
             raise FieldError(at, f"{at}: a user turn holds text and tool_result blocks, not {kind}")
     if texts:
-        out.append({"role": "user", "content": "".join(texts)})
+        plain = all(p["type"] == "text" for p in texts)
+        out.append({"role": "user", "content": "".join(p["text"] for p in texts) if plain else texts})
     return out
 
 

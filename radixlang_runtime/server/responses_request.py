@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from radixlang_runtime.protocol.limits import FieldError, need_bool, need_int, need_str, show
 from radixlang_runtime.server.http_common import BadRequest
@@ -265,7 +265,8 @@ def input_messages(items: Any) -> list[dict]:
         if kind == "message":
             if item.get("role") not in _ROLES:
                 raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}")
-            out.append({"role": item["role"], "content": _content(item.get("content"), f"{where}.content")})
+            out.append({"role": item["role"], "content": _content(item.get("content"), f"{where}.content",
+                                                                  images=item["role"] == "user")})
             if item["role"] == "assistant" and thought is not None:
                 out[-1]["reasoning_content"], thought = thought, None
         elif kind == "function_call":
@@ -318,17 +319,28 @@ def _call(item: dict, where: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def _content(content: Any, where: str) -> str:
+def _content(content: Any, where: str, images: bool = False) -> Union[str, list]:
+    """A message's content -> its text, or (images: a message that may hold input_image parts, and does) chat
+    content parts with the images as image_url parts (server/chat_images.py)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise FieldError(where, f"{where} must be a string or a list of text parts")
-    texts = []
+    parts = []
     for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
         key = "refusal" if kind == "refusal" else "text"
+        if images and kind == "input_image":
+            if not isinstance(p.get("image_url"), str):
+                raise FieldError(f"{where}[{j}]", f"{where}[{j}]: an input_image needs image_url (a URL or a data "
+                                                  "URL); file_id is not supported")
+            parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
+            continue
         if kind not in _TEXT_PARTS or not isinstance(p.get(key), str):
             raise FieldError(f"{where}[{j}]", f"{where}[{j}]: content part type {show(kind)} is not supported (only "
-                                              "input_text / output_text with a string `text`)")
-        texts.append(p[key])
-    return "".join(texts)
+                                              "input_text / output_text with a string `text`"
+                                              f"{', input_image' if images else ''})")
+        parts.append({"type": "text", "text": p[key]})
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts

@@ -93,6 +93,26 @@ def test_chat_image_url_equals_transformers(llava, client):
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == llava["tok"].decode(want)
 
 
+def test_anthropic_and_responses_images(llava, client):
+    import anthropic
+
+    text = llava["tok"].apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}], tokenize=False,
+        add_generation_prompt=True)
+    want = llava["tok"].decode(reference(llava, prompt_ids(llava, text), [1]))
+    sdk = anthropic.Anthropic(base_url=llava["srv"].url, api_key="none")
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png(1)).decode()}}
+    reply = sdk.messages.create(model="default", max_tokens=N, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}])
+    assert reply.content[0].text == want
+    oai = openai.OpenAI(base_url=llava["srv"].url + "/v1", api_key="none")
+    resp = oai.responses.create(model="default", max_output_tokens=N, temperature=0, store=False, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(1)},
+                                     {"type": "input_text", "text": QUESTION}]}])
+    assert resp.output_text == want
+
+
 def test_generate_image_data_forms_equal_transformers(llava, client):
     text = f"<image>\n{QUESTION}"
     ids = prompt_ids(llava, text)
@@ -236,4 +256,12 @@ def test_text_model_refuses_images():
         messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(0)}},
                                                  {"type": "text", "text": "hi"}]}]
         r = c.post("/v1/chat/completions", json={"model": "default", "messages": messages, "max_tokens": 2})
+        assert r.status_code == 400 and "image" in r.text, r.text
+        block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(png(0)).decode()}}
+        r = c.post("/v1/messages", json={"model": "default", "max_tokens": 2, "messages": [
+            {"role": "user", "content": [block, {"type": "text", "text": "hi"}]}]})
+        assert r.status_code == 400 and r.json()["type"] == "error" and "image" in r.text, r.text
+        r = c.post("/v1/responses", json={"model": "default", "max_output_tokens": 2, "input": [
+            {"role": "user", "content": [{"type": "input_image", "image_url": data_url(0)}]}]})
         assert r.status_code == 400 and "image" in r.text, r.text
