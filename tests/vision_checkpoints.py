@@ -1,6 +1,8 @@
-"""Tiny random LLaVA checkpoints made by transformers inside a test: the embedded tokenizer with an `<image>` token
-and a chat template that writes it for image parts, a CLIP or SigLIP tower, an image processor, random float32
-weights; and transformers' own greedy output on them with pixel values (the reference of tests/multimodal/)."""
+"""Tiny random vision checkpoints made by transformers inside a test: LLaVA (the embedded tokenizer with an
+`<image>` token and a chat template that writes it for image parts, a CLIP or SigLIP tower) and Mistral3 (`[IMG]`,
+`[IMG_BREAK]`, `[IMG_END]`, a Pixtral tower at each image's own size), each with its image processor and random
+float32 weights; and transformers' own greedy output on them with pixel values (the reference of
+tests/multimodal/)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ VISION_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, nu
 # llava-hf's layout: each image part is "<image>\n" before the message's text
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
                  "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-                 "{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>\n{% endif %}{% endfor %}"
+                 "{% for p in m['content'] %}{% if p['type'] == 'image' %}IMAGE{% endif %}{% endfor %}"
                  "{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}"
                  "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -32,7 +34,7 @@ def build_tiny_llava(path, tower: str = "clip", text: str = "llama", strategy: s
 
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = CHAT_TEMPLATE.replace("IMAGE", IMAGE_TOKEN + "\n")
     image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
     text_cfg = (transformers.Qwen2Config if text == "qwen2" else transformers.LlamaConfig)(
         vocab_size=len(tok), **TEXT_TINY)
@@ -51,6 +53,82 @@ def build_tiny_llava(path, tower: str = "clip", text: str = "llama", strategy: s
     tok.save_pretrained(path)
     processor.save_pretrained(path)
     return model, processor, image_id
+
+
+GRID_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+PIXTRAL_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                    image_size=56, patch_size=7)
+
+
+def build_tiny_mistral3(path, seed: int = 0):
+    """A Mistral3ForConditionalGeneration (Pixtral tower, merge 2: a 14-pixel grid step, images up to 56 pixels)
+    saved to path; returns (the eval-mode float32 model, its image processor, the [IMG] / [IMG_BREAK] / [IMG_END]
+    ids)."""
+    import json
+
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": list(GRID_TOKENS)})
+    tok.chat_template = CHAT_TEMPLATE.replace("IMAGE", "[IMG]")
+    ids = tuple(tok.convert_tokens_to_ids(t) for t in GRID_TOKENS)
+    text_cfg = transformers.MistralConfig(vocab_size=len(tok), sliding_window=None, **TEXT_TINY)
+    cfg = transformers.Mistral3Config(text_config=text_cfg,
+                                      vision_config=transformers.PixtralVisionConfig(**PIXTRAL_TINY),
+                                      image_token_index=ids[0], spatial_merge_size=2, vision_feature_layer=-1,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = transformers.Mistral3ForConditionalGeneration(cfg).to(torch.float32).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    processor = transformers.PixtralImageProcessor(size={"longest_edge": 56}, patch_size={"height": 7, "width": 7})
+    processor.save_pretrained(path)
+    with open(f"{path}/processor_config.json", "w") as f:
+        json.dump({"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]",
+                   "patch_size": 7, "spatial_merge_size": 2, "processor_class": "PixtralProcessor"}, f)
+    return model, processor, ids
+
+
+def hf_mistral3_greedy(model, processor, grid: tuple, ids: list[int], images: list[bytes],
+                       n: int) -> tuple[list[int], list]:
+    """(transformers' n greedy tokens after ids, whose [IMG] placeholders are expanded here to each image's grid,
+    the expanded prompt). grid: the [IMG] / [IMG_BREAK] / [IMG_END] ids."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    img_id, brk, end = grid
+    arrs, sizes, prompt, k = [], [], [], 0
+    for t in ids:
+        if t != img_id:
+            prompt.append(t)
+            continue
+        out = processor(images=Image.open(io.BytesIO(images[k])).convert("RGB"), return_tensors="np",
+                        patch_size={"height": 14, "width": 14})
+        arr = out["pixel_values"][0]
+        rows, cols = arr.shape[1] // 14, arr.shape[2] // 14
+        span = ([img_id] * cols + [brk]) * rows
+        span[-1] = end
+        prompt += span
+        arrs.append(arr)
+        sizes.append(arr.shape[1:])
+        k += 1
+    extra = {}
+    if arrs:
+        h, w = max(s[0] for s in sizes), max(s[1] for s in sizes)
+        padded = np.zeros((len(arrs), 3, h, w), dtype=np.float32)
+        for j, a in enumerate(arrs):
+            padded[j, :, :a.shape[1], :a.shape[2]] = a
+        extra = {"pixel_values": torch.from_numpy(padded), "image_sizes": torch.tensor(sizes)}
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), **extra,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=n,
+                             min_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=2)
+    return out[0, len(prompt):].tolist(), prompt
 
 
 def png(seed: int, size: tuple[int, int] = (40, 34)) -> bytes:

@@ -79,7 +79,7 @@ class Engine:
         self.vocab_size = self.limits.vocab_size
         # None: the model takes no images. In process, the caller's own files are its images to name
         local = args if args.allowed_local_media_path else args.replace(allowed_local_media_path="/")
-        self._images = image_prep(self.model_dir, self.limits, local)
+        self._images = image_prep(self.model_dir, self.limits, local, self.tokenizer)
         self.image_token = image_token_text(self.tokenizer, self.limits)  # what sgl.image writes (None: no images)
 
     def _build_scheduler(self, args: ServerArgs) -> Scheduler:

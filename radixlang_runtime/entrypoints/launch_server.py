@@ -231,7 +231,7 @@ class Supervisor:
         tm = TokenizerManager(ipc, tokenizer, limits, metrics,
                               num_replicas=args.dp_size, load_balance_method=args.load_balance_method,
                               health_stall_timeout=args.health_stall_timeout,
-                              images=image_prep(model_dir, limits, args))
+                              images=image_prep(model_dir, limits, args, tokenizer))
         resolved = ServerArgs(**info.pop("resolved_args"))
         pooling = info.pop("pooling")
         try:  # /v1/completions suffix: the named template's markers, or the one the tokenizer's tokens tell (logged)

@@ -1,10 +1,12 @@
 """VisionEncoder: pixels -> the text model's input embeddings at an image's placeholder positions.
 
-The tower is transformers' own module for vision_config (CLIP's or SigLIP's vision transformer: it runs once per
-image, eager, beside the decoder); the projector (two linears around an activation) is this file's. Both hold
-the checkpoint's exact values, in the runner's dtype. features(pixels) is transformers' LlavaModel.
-get_image_features: the tower's hidden states at the spec's layers (concatenated), the CLS position dropped
-under the "default" strategy, then the projector.
+The tower is transformers' own module for vision_config (CLIP's, SigLIP's or Pixtral's vision transformer: it
+runs once per image, eager, beside the decoder); the projector is this file's. Both hold the checkpoint's exact
+values, in the runner's dtype. features(pixels) is transformers' get_image_features:
+- LLaVA: the tower's hidden states at the spec's layers (concatenated), the CLS position dropped under the
+  "default" strategy, then linear_1 / act / linear_2;
+- Mistral3: Pixtral's hidden states at the image's own size, an RMSNorm, each merge x merge block of patches
+  merged by a learned linear (row-major over the merged grid), then linear_1 / act / linear_2.
 """
 
 from __future__ import annotations
@@ -19,18 +21,29 @@ _ACTS = {"gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="t
          "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "relu": F.relu, "silu": F.silu}
 
 
-def _tower(spec: VisionSpec) -> nn.Module:
-    """transformers' vision model for the spec's vision_config, built without initializing its weights."""
-    from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
+def _tower(spec: VisionSpec, device: torch.device) -> nn.Module:
+    """transformers' vision model for the spec's vision_config, its weights left uninitialized (they are loaded)."""
+    import transformers
+    from transformers.initialization import no_init_weights
 
-    cfg_cls, model_cls = ((CLIPVisionConfig, CLIPVisionModel) if spec.tower_type == "clip_vision_model"
-                          else (SiglipVisionConfig, SiglipVisionModel))
+    names = {"clip_vision_model": "CLIPVision", "siglip_vision_model": "SiglipVision", "pixtral": "PixtralVision"}
+    kind = names[spec.tower_type]
     fields = {k: v for k, v in spec.tower.items() if k != "model_type"}
     if spec.tower_type == "siglip_vision_model":
         fields["vision_use_head"] = False  # its pooled output is not read: only the hidden states
-    cfg = cfg_cls(**fields)
-    with torch.device("meta"):
-        return model_cls(cfg)
+    cfg = getattr(transformers, kind + "Config")(**fields)
+    with no_init_weights(), torch.device(device):
+        return getattr(transformers, kind + "Model")(cfg)
+
+
+def _linear(tensors, name: str, bias: bool, dtype: torch.dtype, device: torch.device) -> nn.Linear:
+    w = tensors.get(name + ".weight")
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=device, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        if bias:
+            lin.bias.copy_(tensors.get(name + ".bias"))
+    return lin
 
 
 class VisionEncoder(nn.Module):
@@ -40,7 +53,7 @@ class VisionEncoder(nn.Module):
         super().__init__()
         self.spec = spec
         tower, projector = prefixes
-        self.tower = _tower(spec).to_empty(device=device)
+        self.tower = _tower(spec, device)
         state = {}
         names = set(tensors.names())
         for key in self.tower.state_dict():
@@ -49,32 +62,43 @@ class VisionEncoder(nn.Module):
                 raise ValueError(f"{spec.architecture}: the checkpoint is missing {tower}{key}")
             state[key] = tensors.get(found)
         self.tower.load_state_dict(state, strict=True)
-        # its non-persistent buffer, which to_empty left unset
-        emb = getattr(self.tower, "vision_model", self.tower).embeddings
-        emb.position_ids = torch.arange(emb.num_positions, device=device).expand((1, -1))
         self.tower.to(dtype).eval()
-        w1 = tensors.get(projector + "linear_1.weight")
-        w2 = tensors.get(projector + "linear_2.weight")
         width = spec.tower["hidden_size"] * len(spec.feature_layers)
-        if w1.shape[1] != width:
-            raise ValueError(f"{projector}linear_1.weight has {w1.shape[1]} input columns; the tower's features "
-                             f"have {width}")
-        self.linear_1 = nn.Linear(w1.shape[1], w1.shape[0], bias=spec.projector_bias, device=device, dtype=dtype)
-        self.linear_2 = nn.Linear(w2.shape[1], w2.shape[0], bias=spec.projector_bias, device=device, dtype=dtype)
-        with torch.no_grad():
-            for name, lin in (("linear_1", self.linear_1), ("linear_2", self.linear_2)):
-                lin.weight.copy_(tensors.get(f"{projector}{name}.weight"))
-                if spec.projector_bias:
-                    lin.bias.copy_(tensors.get(f"{projector}{name}.bias"))
+        if spec.merge > 1:  # Mistral3: the norm and the patch merger before the projector
+            self.norm_weight = nn.Parameter(tensors.get(projector + "norm.weight").to(device, dtype),
+                                            requires_grad=False)
+            self.merging = _linear(tensors, projector + "patch_merger.merging_layer", False, dtype, device)
+        self.linear_1 = _linear(tensors, projector + "linear_1", spec.projector_bias, dtype, device)
+        self.linear_2 = _linear(tensors, projector + "linear_2", spec.projector_bias, dtype, device)
+        if self.linear_1.in_features != width:
+            raise ValueError(f"{projector}linear_1.weight has {self.linear_1.in_features} input columns; the tower's "
+                             f"features have {width}")
         self.act = _ACTS[spec.projector_act]
-        self.hidden_size = w2.shape[0]
+        self.hidden_size = self.linear_2.out_features
 
     @torch.inference_mode()
     def features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, C, H, W] -> [N, spec.tokens, text hidden]."""
-        out = self.tower(pixels.to(self.linear_1.weight.dtype), output_hidden_states=True)
+        """pixels [N, C, H, W] (one size) -> [N, features per image, text hidden]."""
+        pixels = pixels.to(self.linear_1.weight.dtype)
+        if self.spec.merge > 1:
+            return torch.stack([self._grid(p) for p in pixels])
+        out = self.tower(pixels, output_hidden_states=True)
         picked = [out.hidden_states[i] for i in self.spec.feature_layers]
         if self.spec.drop_cls:
             picked = [h[:, 1:] for h in picked]
-        x = torch.cat(picked, dim=-1)
+        return self._project(torch.cat(picked, dim=-1))
+
+    def _grid(self, pixels: torch.Tensor) -> torch.Tensor:
+        """One image [C, H, W] at its own size -> [rows x cols, hidden] (Mistral3)."""
+        h, w = pixels.shape[1:]
+        out = self.tower(pixels[None], image_sizes=[(h, w)], output_hidden_states=True)
+        x = torch.cat([out.hidden_states[i] for i in self.spec.feature_layers], dim=-1)[0]  # [patches, d]
+        xf = x.float()
+        x = self.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.norm_eps)).to(x.dtype)
+        patch, m = self.spec.unit // self.spec.merge, self.spec.merge
+        grid = x.view(h // patch, w // patch, -1).permute(2, 0, 1)[None]  # [1, d, gh, gw]
+        blocks = F.unfold(grid, kernel_size=m, stride=m)  # [1, d * m * m, rows * cols]
+        return self._project(self.merging(blocks[0].t()))
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))

@@ -1,12 +1,18 @@
-"""VisionSpec: what a LLaVA-style checkpoint's config.json says about its images (torch-free: the server's intake
-and the runner both read it).
+"""VisionSpec: what a vision checkpoint's config.json says about its images (torch-free: the server's intake and
+the runner both read it).
 
 LlavaForConditionalGeneration (transformers' LlavaConfig): a vision tower (`vision_config`: CLIP or SigLIP) whose
 hidden states at `vision_feature_layer` (an index, or a list of them concatenated), less the CLS position under
 `vision_feature_select_strategy` "default", pass a two-layer projector (`projector_hidden_act`,
 `multimodal_projector_bias`) into the text model's embedding space. An image is one `image_token_index` token in
-the prompt, expanded to `tokens` positions whose embeddings are the projected features. Fields that change that
-math and are not implemented are refused by name.
+the prompt, expanded to `tokens` positions whose embeddings are the projected features.
+
+Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2): a Pixtral tower at the image's own size (a multiple of
+patch_size x spatial_merge_size, up to vision_config.image_size), then an RMSNorm, a learned merge of each
+spatial_merge_size^2 block of patches, and the two-layer projector. An image is a grid: `rows` rows of `cols`
+features, each row ended by [IMG_BREAK] and the last by [IMG_END] (tokens = 0 here: the count is the image's).
+
+Fields that change that math and are not implemented are refused by name.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any, Union
 
 # vision towers whose module transformers builds from vision_config alone and whose output is one feature per
 # patch (plus CLIP's CLS position) at a fixed image size
-VISION_TOWERS = ("clip_vision_model", "siglip_vision_model")
+VISION_TOWERS = ("clip_vision_model", "siglip_vision_model")  # LLaVA's; Mistral3's is "pixtral"
 PROJECTOR_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 TEXT_MODELS = ("llama", "mistral", "qwen2")  # text_config.model_type -> the native family that runs it
 
@@ -33,6 +39,9 @@ class VisionSpec:
     drop_cls: bool  # vision_feature_select_strategy "default": the CLS position is dropped
     projector_act: str
     projector_bias: bool
+    merge: int = 1  # Mistral3's spatial_merge_size (1: no merge, LLaVA)
+    norm_eps: float = 0.0  # Mistral3: the projector's RMSNorm epsilon (the text model's rms_norm_eps)
+    unit: int = 0  # a grid image's side step in pixels (patch_size x merge); 0: a fixed-size image (LLaVA)
 
     @property
     def tower_type(self) -> str:
@@ -70,6 +79,26 @@ def parse_llava(cfg: dict) -> VisionSpec:
                       bool(cfg.get("multimodal_projector_bias", True)))
 
 
+def parse_mistral3(cfg: dict) -> VisionSpec:
+    """config.json of a Mistral3ForConditionalGeneration -> its VisionSpec."""
+    arch = "Mistral3ForConditionalGeneration"
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, dict) or vision.get("model_type", "pixtral") != "pixtral":
+        raise ValueError(f"vision_config.model_type must be pixtral ({arch})")
+    vision = {**vision, "model_type": "pixtral"}
+    act = cfg.get("projector_hidden_act", "gelu")
+    if act not in PROJECTOR_ACTS:
+        raise ValueError(f"projector_hidden_act {act!r} is not supported ({arch}: {', '.join(PROJECTOR_ACTS)})")
+    merge = int(cfg.get("spatial_merge_size", 2))
+    patch = int(vision.get("patch_size", 16))
+    if merge < 1:
+        raise ValueError(f"spatial_merge_size {merge} must be >= 1 ({arch})")
+    eps = float((cfg.get("text_config") or {}).get("rms_norm_eps", 1e-5))
+    return VisionSpec(arch, int(cfg.get("image_token_index", cfg.get("image_token_id", 10))), 0, vision,
+                      _feature_layers(cfg.get("vision_feature_layer", -1), arch), False, act,
+                      bool(cfg.get("multimodal_projector_bias", False)), merge, eps, patch * merge)
+
+
 def _feature_layers(value: Union[int, list, Any], arch: str) -> tuple[int, ...]:
     layers = [value] if isinstance(value, int) else value
     if not isinstance(layers, list) or not layers or not all(isinstance(x, int) for x in layers):
@@ -77,10 +106,10 @@ def _feature_layers(value: Union[int, list, Any], arch: str) -> tuple[int, ...]:
     return tuple(layers)
 
 
-def text_config(cfg: dict) -> dict:
-    """The text model's config.json fields (text_config; the top level's tie_word_embeddings where text_config
-    leaves it unset, as transformers reads it) for the native family of its model_type."""
-    arch = "LlavaForConditionalGeneration"
+def text_config(cfg: dict, arch: str) -> dict:
+    """The text model's config.json fields (text_config, with the top level's tie_word_embeddings where it has one:
+    the composite model's setting is what ties the head, as transformers reads it) for the native family of its
+    model_type."""
     text = cfg.get("text_config")
     if not isinstance(text, dict):
         raise ValueError(f"{arch}: config.json has no text_config")
@@ -88,7 +117,7 @@ def text_config(cfg: dict) -> dict:
     if kind not in TEXT_MODELS:
         raise ValueError(f"text_config.model_type {kind!r} is not supported ({arch}: {', '.join(TEXT_MODELS)})")
     out = dict(text)
-    if "tie_word_embeddings" not in out and "tie_word_embeddings" in cfg:
+    if "tie_word_embeddings" in cfg:
         out["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     if cfg.get("quantization_config") is not None:
         raise ValueError(f"quantization_config is not supported ({arch}: float checkpoints)")

@@ -19,33 +19,46 @@ _PAD_RANGE = 1 << 30
 @dataclass
 class ImageInput:
     offset: int  # its first position in the prompt
-    length: int  # positions it fills (VisionSpec.tokens)
+    length: int  # positions its span fills (its features' positions, and a grid's row separators)
     digest: bytes  # blake2b of its pixel values (16 bytes): the cache key
     pixels: bytes  # float32 pixel values, C-contiguous
     shape: list[int]  # [channels, height, width]
+    # 0: every position of the span holds a feature (LLaVA); > 0: a grid (Pixtral's layout): rows of `cols` feature
+    # positions, each row followed by one separator position whose token is the text's own ([IMG_BREAK], [IMG_END])
+    cols: int = 0
 
     def to_wire(self) -> list:
-        return [self.offset, self.length, self.digest, self.pixels, list(self.shape)]
+        return [self.offset, self.length, self.digest, self.pixels, list(self.shape), self.cols]
 
     @classmethod
     def from_wire(cls, values: list) -> "ImageInput":
-        offset, length, digest, pixels, shape = values
-        ints = (offset, length, *shape) if isinstance(shape, list) else None
-        if (ints is None or not all(type(x) is int and x >= 0 for x in ints) or not isinstance(digest, bytes)
-                or not isinstance(pixels, bytes) or len(pixels) != 4 * _count(shape)):
+        if not isinstance(values, list) or len(values) != 6:
             raise ValueError("malformed ImageInput")
-        return cls(offset, length, digest, pixels, shape)
+        offset, length, digest, pixels, shape, cols = values
+        ints = (offset, length, cols, *shape) if isinstance(shape, list) else None
+        if (ints is None or not all(type(x) is int and x >= 0 for x in ints) or not isinstance(digest, bytes)
+                or not isinstance(pixels, bytes) or len(pixels) != 4 * _count(shape)
+                or (cols and length % (cols + 1))):
+            raise ValueError("malformed ImageInput")
+        return cls(offset, length, digest, pixels, shape, cols)
 
     @property
     def end(self) -> int:
         return self.offset + self.length
 
+    def feature_positions(self) -> list[int]:
+        """The span's positions (from its offset) that hold a feature, in feature order."""
+        if not self.cols:
+            return list(range(self.length))
+        w = self.cols + 1
+        return [r * w + c for r in range(self.length // w) for c in range(self.cols)]
+
     def pad_ids(self) -> list[int]:
-        """The ids its positions carry in the runtime: two 30-bit parts of the digest, a different id at each
-        position (two images' ids agree everywhere only when both parts agree)."""
+        """The ids its feature positions carry in the runtime: two 30-bit parts of the digest, a different id at
+        each position (two images' ids agree everywhere only when both parts agree)."""
         a = int.from_bytes(self.digest[:4], "big") % _PAD_RANGE
         b = int.from_bytes(self.digest[4:8], "big") % _PAD_RANGE | 1
-        return [PAD_BASE + (a + i * b) % _PAD_RANGE for i in range(self.length)]
+        return [PAD_BASE + (a + i * b) % _PAD_RANGE for i in range(len(self.feature_positions()))]
 
 
 def _count(shape: list[int]) -> int:
@@ -61,12 +74,13 @@ def pixel_digest(pixels: bytes, shape: list[int]) -> bytes:
 
 
 def with_pads(ids: list[int], images: list[ImageInput]) -> list[int]:
-    """The prompt as the runtime sees it: each image's positions holding its pad ids."""
+    """The prompt as the runtime sees it: each image's feature positions holding its pad ids."""
     if not images:
         return ids
     out = list(ids)
     for im in images:
-        out[im.offset:im.end] = im.pad_ids()
+        for q, pad in zip(im.feature_positions(), im.pad_ids()):
+            out[im.offset + q] = pad
     return out
 
 

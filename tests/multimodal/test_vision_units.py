@@ -1,7 +1,8 @@
 """The image path's parts without a server: the config's refusals, the vision encoder against transformers'
-get_image_features for each tower / strategy / feature-layer choice, the in-process Engine's greedy ids against
-transformers (SigLIP tower, Qwen2 text, an image split across prefill chunks and encoded once), the placeholders'
-expansion, the wire record, and the image sources' rules (data URLs, hosts, redirects)."""
+get_image_features for each tower / strategy / feature-layer choice (Mistral3's Pixtral grid too), the in-process
+Engine's greedy ids against transformers (SigLIP tower with Qwen2 text and an image split across prefill chunks and
+encoded once; Mistral3 with two images of different sizes), the placeholders' expansion, the wire record, and
+the image sources' rules (data URLs, hosts, redirects)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from radixlang_runtime.protocol.image_input import PAD_BASE, ImageInput, is_pad,
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
 from radixlang_runtime.protocol.sampling_params import SamplingParams
-from vision_checkpoints import build_tiny_llava, hf_llava_greedy, png
+from vision_checkpoints import build_tiny_llava, build_tiny_mistral3, hf_llava_greedy, hf_mistral3_greedy, png
 
 LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "image_token_index": 5,
          "text_config": {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
@@ -98,6 +99,44 @@ def test_engine_greedy_with_a_split_image(tmp_path):
         engine.shutdown()
 
 
+def test_mistral3_grid_encoder_and_engine(tmp_path):
+    from radixlang_runtime.entrypoints.engine import Engine
+    from radixlang_runtime.model.loader.config import ModelConfig
+    from radixlang_runtime.model.loader.weights import SafetensorsDir
+    from radixlang_runtime.model.models.llava import vision_prefixes
+    from radixlang_runtime.multimodal.vision_encoder import VisionEncoder
+
+    model, processor, grid = build_tiny_mistral3(tmp_path)
+    spec = ModelConfig.from_dir(str(tmp_path)).vision
+    assert (spec.unit, spec.merge, spec.tokens) == (14, 2, 0)
+    tensors = SafetensorsDir(str(tmp_path))
+    enc = VisionEncoder(spec, tensors, vision_prefixes(tensors), torch.float32, torch.device("cpu"))
+    pixels = torch.randn(1, 3, 28, 42)
+    with torch.no_grad():
+        want = model.get_image_features(pixels, image_sizes=torch.tensor([[28, 42]]),
+                                        vision_feature_layer=-1).pooler_output[0]
+    torch.testing.assert_close(enc.features(pixels)[0], want, rtol=1e-5, atol=1e-5)
+
+    images = [png(1, (40, 34)), png(2, (50, 20))]
+    text = "Look: [IMG] and then [IMG], what is there?"
+    engine = Engine(str(tmp_path), dtype="float32", chunked_prefill_size=16, max_total_tokens=1024)
+    try:
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        want, prompt = hf_mistral3_greedy(model, processor, grid, ids, images, 8)
+        swapped, _ = hf_mistral3_greedy(model, processor, grid, ids, images[::-1], 8)
+        assert want != swapped
+        sp = {"max_new_tokens": 8, "temperature": 0}
+        out = engine.generate(text, sp, image_data=[base64.b64encode(b).decode() for b in images])
+        assert out["output_ids"] == want and out["meta_info"]["prompt_tokens"] == len(prompt)
+        assert engine.generate(text, sp, image_data=[png_b64_of(b) for b in images[::-1]])["output_ids"] == swapped
+    finally:
+        engine.shutdown()
+
+
+def png_b64_of(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 def png_b64(k: int) -> str:
     return base64.b64encode(png(k)).decode()
 
@@ -105,6 +144,7 @@ def png_b64(k: int) -> str:
 def _prep(tokens: int = 4) -> ImagePrep:
     prep = ImagePrep.__new__(ImagePrep)
     prep.token_id, prep.tokens, prep.shape = 9, tokens, [3, 2, 2]
+    prep.unit, prep.separators = 0, (-1, -1)
     prep.sources = ImageSources()
     prep._pixels = lambda data, where: (bytes(48), [3, 2, 2])
     return prep
@@ -126,6 +166,22 @@ def test_attach_expands_and_counts():
         prep.attach([1, 9, 2], ["AAAA", "AAAA"], "image_data")
 
 
+def test_grid_span_and_features():
+    prep = _prep(0)
+    prep.unit, prep.separators = 2, (7, 8)
+    assert prep._span([3, 4, 6]) == [9, 9, 9, 7, 9, 9, 9, 8]  # 2 rows of 3, a break, then the end
+    prep._pixels = lambda data, where: (bytes(4 * 3 * 4 * 6), [3, 4, 6])
+    ids, (im,) = prep.attach([1, 9, 2], ["AAAA"], "image_data")
+    assert ids == [1, 9, 9, 9, 7, 9, 9, 9, 8, 2] and (im.offset, im.length, im.cols) == (1, 8, 3)
+    assert im.feature_positions() == [0, 1, 2, 4, 5, 6]
+    padded = with_pads(ids, [im])
+    assert [padded[i] for i in (0, 4, 8, 9)] == [1, 7, 8, 2]
+    assert [padded[1 + q] for q in im.feature_positions()] == im.pad_ids() and len(im.pad_ids()) == 6
+    assert ImageInput.from_wire(im.to_wire()) == im
+    with pytest.raises(ValueError, match="malformed"):
+        ImageInput.from_wire([1, 7, im.digest, im.pixels, im.shape, 3])  # 7 positions are not rows of 3 + 1
+
+
 def test_image_input_wire_and_pads():
     a = ImageInput(3, 5, pixel_digest(bytes(48), [3, 2, 2]), bytes(48), [3, 2, 2])
     b = ImageInput(3, 5, pixel_digest(bytes(47) + b"\1", [3, 2, 2]), bytes(47) + b"\1", [3, 2, 2])
@@ -136,7 +192,9 @@ def test_image_input_wire_and_pads():
     back = decode(encode(msg))
     assert back.images == [a] and back.input_ids == msg.input_ids
     with pytest.raises(ValueError, match="malformed"):
-        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2]])
+        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2], 0])
+    with pytest.raises(ValueError, match="malformed"):
+        ImageInput.from_wire([3, 5, a.digest, a.pixels, [3, 2, 2]])
 
 
 def test_sources_rules(tmp_path):

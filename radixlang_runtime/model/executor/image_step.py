@@ -24,10 +24,9 @@ KEEP_IMAGES = 16  # encoded images kept (an image split over chunks is encoded o
 
 @dataclass
 class ImageRows:
-    row: int  # the step's first flattened token row it fills
     image: Any  # ImageInput
-    start: int  # its first feature position filled
-    count: int
+    rows: list[int]  # the step's flattened token rows it fills
+    feats: list[int]  # the image's features there, by index
 
 
 def plan_images(batch: ModelBatch) -> list[ImageRows]:
@@ -35,9 +34,11 @@ def plan_images(batch: ModelBatch) -> list[ImageRows]:
     for i, ids in enumerate(batch.extend_ids):
         p, n = batch.prefix_lens[i], len(ids)
         for im in batch.images[i] if batch.images else ():
-            lo, hi = max(p, im.offset), min(p + n, im.end)
-            if lo < hi:
-                out.append(ImageRows(base + lo - p, im, lo - im.offset, hi - lo))
+            if max(p, im.offset) >= min(p + n, im.end):
+                continue
+            hits = [(k, im.offset + q) for k, q in enumerate(im.feature_positions()) if p <= im.offset + q < p + n]
+            if hits:
+                out.append(ImageRows(im, [base + pos - p for _, pos in hits], [k for k, _ in hits]))
         base += n
     return out
 
@@ -52,8 +53,8 @@ class ImageFeatures:
     def place(self, fb: ForwardBatch, plan: list[ImageRows]) -> None:
         """fb's image rows: their ids (pad ids, never looked up) set to 0 and their embeddings given."""
         self._encode([r.image for r in plan])
-        rows = torch.cat([torch.arange(r.row, r.row + r.count) for r in plan]).to(self.device)
-        feats = torch.cat([self._kept[r.image.digest][r.start:r.start + r.count] for r in plan])
+        rows = torch.tensor([x for r in plan for x in r.rows], dtype=torch.int64, device=self.device)
+        feats = torch.cat([self._kept[r.image.digest][torch.tensor(r.feats)] for r in plan])
         fb.input_ids[rows] = 0
         fb.image_rows, fb.image_embeds = rows, feats
 
@@ -67,8 +68,9 @@ class ImageFeatures:
             pixels = torch.stack([torch.frombuffer(bytearray(im.pixels), dtype=torch.float32).view(shape)
                                   for im in group]).to(self.device)
             for im, feats in zip(group, self.encoder.features(pixels)):
-                if feats.shape[0] != im.length:
-                    raise ValueError(f"an image gave {feats.shape[0]} features for {im.length} positions")
+                if feats.shape[0] != len(im.feature_positions()):
+                    raise ValueError(f"an image gave {feats.shape[0]} features for "
+                                     f"{len(im.feature_positions())} positions")
                 self._kept[im.digest] = feats
             self.encoded += len(group)
         for im in images:

@@ -46,6 +46,7 @@ _FAMILIES = (
     ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
     # a vision tower and projector beside the text model (multimodal/): images as input embeddings
     ModelFamily("LlavaForConditionalGeneration", llava.parse_llava_model, llama_family.LlamaForCausalLM),
+    ModelFamily("Mistral3ForConditionalGeneration", llava.parse_mistral3_model, llama_family.LlamaForCausalLM),
     ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),
     ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
     ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),

@@ -1,5 +1,6 @@
-"""LlavaForConditionalGeneration: the text model of text_config (Llama, Mistral or Qwen2: the native decoder of
-models/llama.py) with images, whose projected features take their placeholder positions' embeddings.
+"""LlavaForConditionalGeneration and Mistral3ForConditionalGeneration: the text model of text_config (Llama, Mistral
+or Qwen2: the native decoder of models/llama.py) with images, whose projected features take their placeholder
+positions' embeddings.
 
 The config's image path is a VisionSpec (multimodal/vision_spec.py) on ModelConfig.vision; the runner builds the
 vision tower beside the decoder (multimodal/vision_encoder.py) and places its features (executor/image_step.py).
@@ -16,9 +17,8 @@ import torch
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models.llama_family import parse_llama, parse_mistral, parse_qwen2
-from radixlang_runtime.multimodal.vision_spec import parse_llava, text_config
+from radixlang_runtime.multimodal.vision_spec import parse_llava, parse_mistral3, text_config
 
-ARCH = "LlavaForConditionalGeneration"
 _TEXT_PARSERS = {"llama": parse_llama, "mistral": parse_mistral, "qwen2": parse_qwen2}
 # (the decoder's prefix, the tensors' prefix) for each layout transformers has written
 _LAYOUTS = ((("model.", "language_model.model."), ("lm_head.", "language_model.lm_head.")),
@@ -31,13 +31,21 @@ VISION_PREFIXES = (("vision_tower.", "multi_modal_projector."),
 def parse_llava_model(cfg: dict) -> ModelConfig:
     """config.json -> the text model's ModelConfig, with architecture LlavaForConditionalGeneration and the
     VisionSpec on `vision`."""
-    spec = parse_llava(cfg)
-    text = text_config(cfg)
+    return _with_vision(cfg, parse_llava(cfg))
+
+
+def parse_mistral3_model(cfg: dict) -> ModelConfig:
+    """Mistral3ForConditionalGeneration's config.json -> its text model's ModelConfig and VisionSpec."""
+    return _with_vision(cfg, parse_mistral3(cfg))
+
+
+def _with_vision(cfg: dict, spec) -> ModelConfig:
+    text = text_config(cfg, spec.architecture)
     out = _TEXT_PARSERS[text.get("model_type", "llama")](text)
     if spec.image_token_id >= out.vocab_size:
         raise ValueError(f"image_token_index {spec.image_token_id} is outside the text model's vocabulary "
-                         f"({out.vocab_size} tokens; {ARCH})")
-    return dataclasses.replace(out, architecture=ARCH, vision=spec)
+                         f"({out.vocab_size} tokens; {spec.architecture})")
+    return dataclasses.replace(out, architecture=spec.architecture, vision=spec)
 
 
 class LlavaTextTensors:
@@ -48,7 +56,7 @@ class LlavaTextTensors:
         self.path = tensors.path
         layout = next((lay for lay in _LAYOUTS if any(n.startswith(lay[0][1]) for n in _names(tensors))), None)
         if layout is None:
-            raise ValueError(f"{ARCH}: the checkpoint has no text model tensors (language_model.model.* or "
+            raise ValueError("the checkpoint has no text model tensors (language_model.model.* or "
                              "model.language_model.*)")
         self._layout = layout
 
@@ -71,7 +79,7 @@ def vision_prefixes(tensors) -> tuple[str, str]:
     for tower, projector in VISION_PREFIXES:
         if any(n.startswith(projector) for n in names):
             return tower, projector
-    raise ValueError(f"{ARCH}: the checkpoint has no multi_modal_projector tensors")
+    raise ValueError("the checkpoint has no multi_modal_projector tensors")
 
 
 def _names(tensors) -> list[str]:
