@@ -355,10 +355,10 @@ def image_limits(vision: Any) -> dict[str, Any]:
     """RuntimeLimits' image fields for a model's VisionSpec (multimodal/vision_spec.py; None: text only)."""
     if vision is None:
         return {}
-    if vision.unit:  # a grid: each image at its own size
-        return {"image_token_id": vision.image_token_id, "image_unit": vision.unit}
+    if vision.layout == "grid":  # each image at its own size
+        return {"image_token_id": vision.image_token_id, "image_layout": "grid", "image_unit": vision.unit}
     size = int(vision.tower.get("image_size", 224))
-    return {"image_token_id": vision.image_token_id, "image_tokens": vision.tokens,
+    return {"image_token_id": vision.image_token_id, "image_layout": vision.layout, "image_tokens": vision.tokens,
             "image_shape": (int(vision.tower.get("num_channels", 3)), size, size)}
 
 

@@ -131,6 +131,53 @@ def hf_mistral3_greedy(model, processor, grid: tuple, ids: list[int], images: li
     return out[0, len(prompt):].tolist(), prompt
 
 
+IDEFICS3_MARKERS = ["<fake_token_around_image>", "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7)
+                                                                    for c in range(1, 7)]
+
+
+def build_tiny_idefics3(path, seed: int = 0):
+    """An Idefics3ForConditionalGeneration (SmolVLM's architecture: 32-pixel tiles of 16 patches, a pixel shuffle
+    by 2: 4 features a tile; images up to 64 pixels: at most 2 x 2 tiles plus the whole) saved to path; returns
+    (the eval-mode float32 model, transformers' Idefics3Processor over its tokenizer and image processor)."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN] + IDEFICS3_MARKERS})
+    tok.chat_template = CHAT_TEMPLATE.replace("IMAGE", IMAGE_TOKEN)
+    vision = transformers.Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=2, image_size=32, patch_size=8)
+    cfg = transformers.Idefics3Config(text_config=transformers.LlamaConfig(vocab_size=len(tok), **TEXT_TINY),
+                                      vision_config=vision, scale_factor=2,
+                                      image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN), tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = transformers.Idefics3ForConditionalGeneration(cfg).to(torch.float32).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    images = transformers.Idefics3ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                                 do_image_splitting=True)
+    images.save_pretrained(path)
+    return model, transformers.Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=4)
+
+
+def hf_idefics3_greedy(model, processor, text: str, images: list[bytes], n: int) -> tuple[list[int], int]:
+    """(transformers' n greedy tokens for text with its <image> placeholders and the images, the prompt's length
+    after the processor expanded it)."""
+    import torch
+    from PIL import Image
+
+    inputs = processor(text=[text], images=[[Image.open(io.BytesIO(b)).convert("RGB") for b in images]],
+                       return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=2,
+                             pad_token_id=2)
+    k = inputs["input_ids"].shape[1]
+    return out[0, k:].tolist(), k
+
+
 def png(seed: int, size: tuple[int, int] = (40, 34)) -> bytes:
     """A random RGB image, PNG-encoded."""
     import numpy as np

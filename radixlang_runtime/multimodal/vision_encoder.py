@@ -6,7 +6,8 @@ values, in the runner's dtype. features(pixels) is transformers' get_image_featu
 - LLaVA: the tower's hidden states at the spec's layers (concatenated), the CLS position dropped under the
   "default" strategy, then linear_1 / act / linear_2;
 - Mistral3: Pixtral's hidden states at the image's own size, an RMSNorm, each merge x merge block of patches
-  merged by a learned linear (row-major over the merged grid), then linear_1 / act / linear_2.
+  merged by a learned linear (row-major over the merged grid), then linear_1 / act / linear_2;
+- Idefics3: each tile's last hidden state, a pixel shuffle by merge (scale_factor), then one linear (proj).
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ def _tower(spec: VisionSpec, device: torch.device) -> nn.Module:
     import transformers
     from transformers.initialization import no_init_weights
 
-    names = {"clip_vision_model": "CLIPVision", "siglip_vision_model": "SiglipVision", "pixtral": "PixtralVision"}
-    kind = names[spec.tower_type]
+    classes = {"clip_vision_model": ("CLIPVisionConfig", "CLIPVisionModel"),
+               "siglip_vision_model": ("SiglipVisionConfig", "SiglipVisionModel"),
+               "pixtral": ("PixtralVisionConfig", "PixtralVisionModel"),
+               "idefics3_vision": ("Idefics3VisionConfig", "Idefics3VisionTransformer")}
+    config_cls, model_cls = classes[spec.tower_type]
     fields = {k: v for k, v in spec.tower.items() if k != "model_type"}
     if spec.tower_type == "siglip_vision_model":
         fields["vision_use_head"] = False  # its pooled output is not read: only the hidden states
-    cfg = getattr(transformers, kind + "Config")(**fields)
+    cfg = getattr(transformers, config_cls)(**fields)
     with no_init_weights(), torch.device(device):
-        return getattr(transformers, kind + "Model")(cfg)
+        return getattr(transformers, model_cls)(cfg)
 
 
 def _linear(tensors, name: str, bias: bool, dtype: torch.dtype, device: torch.device) -> nn.Linear:
@@ -63,8 +67,12 @@ class VisionEncoder(nn.Module):
             state[key] = tensors.get(found)
         self.tower.load_state_dict(state, strict=True)
         self.tower.to(dtype).eval()
+        if spec.layout == "tiles":  # Idefics3: the pixel shuffle's one linear
+            self.proj = _linear(tensors, projector + "modality_projection.proj", False, dtype, device)
+            self.hidden_size = self.proj.out_features
+            return
         width = spec.tower["hidden_size"] * len(spec.feature_layers)
-        if spec.merge > 1:  # Mistral3: the norm and the patch merger before the projector
+        if spec.layout == "grid":  # Mistral3: the norm and the patch merger before the projector
             self.norm_weight = nn.Parameter(tensors.get(projector + "norm.weight").to(device, dtype),
                                             requires_grad=False)
             self.merging = _linear(tensors, projector + "patch_merger.merging_layer", False, dtype, device)
@@ -78,10 +86,12 @@ class VisionEncoder(nn.Module):
 
     @torch.inference_mode()
     def features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, C, H, W] (one size) -> [N, features per image, text hidden]."""
-        pixels = pixels.to(self.linear_1.weight.dtype)
-        if self.spec.merge > 1:
+        """pixels [N, C, H, W] (one size; tiles: [N, tiles, C, H, W]) -> [N, features per image, text hidden]."""
+        pixels = pixels.to(next(self.tower.parameters()).dtype)
+        if self.spec.layout == "grid":
             return torch.stack([self._grid(p) for p in pixels])
+        if self.spec.layout == "tiles":
+            return torch.stack([self._tiles(p) for p in pixels])
         out = self.tower(pixels, output_hidden_states=True)
         picked = [out.hidden_states[i] for i in self.spec.feature_layers]
         if self.spec.drop_cls:
@@ -99,6 +109,15 @@ class VisionEncoder(nn.Module):
         grid = x.view(h // patch, w // patch, -1).permute(2, 0, 1)[None]  # [1, d, gh, gw]
         blocks = F.unfold(grid, kernel_size=m, stride=m)  # [1, d * m * m, rows * cols]
         return self._project(self.merging(blocks[0].t()))
+
+    def _tiles(self, pixels: torch.Tensor) -> torch.Tensor:
+        """One image's tiles [T, C, H, W] -> [T x tokens, hidden] (Idefics3: pixel shuffle, then proj)."""
+        x = self.tower(pixel_values=pixels).last_hidden_state  # [T, seq, d]
+        t, seq, d = x.shape
+        side, s = int(seq ** 0.5), self.spec.merge
+        x = x.view(t, side, side // s, d * s).permute(0, 2, 1, 3)
+        x = x.reshape(t, side // s, side // s, d * s * s).permute(0, 2, 1, 3).reshape(t, seq // (s * s), d * s * s)
+        return self.proj(x).reshape(-1, self.hidden_size)
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))

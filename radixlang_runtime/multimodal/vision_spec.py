@@ -12,6 +12,12 @@ patch_size x spatial_merge_size, up to vision_config.image_size), then an RMSNor
 spatial_merge_size^2 block of patches, and the two-layer projector. An image is a grid: `rows` rows of `cols`
 features, each row ended by [IMG_BREAK] and the last by [IMG_END] (tokens = 0 here: the count is the image's).
 
+Idefics3ForConditionalGeneration (SmolVLM): the image processor splits an image into tiles of
+vision_config.image_size (rows x cols, plus the whole image shrunk to one tile); each tile passes the
+Idefics3 vision transformer, a pixel shuffle by `scale_factor` and one linear (`tokens` features a tile). The
+prompt holds each tile's features after its <fake_token_around_image><row_r_col_c> markers, as transformers'
+Idefics3Processor writes them.
+
 Fields that change that math and are not implemented are refused by name.
 """
 
@@ -22,7 +28,7 @@ from typing import Any, Union
 
 # vision towers whose module transformers builds from vision_config alone and whose output is one feature per
 # patch (plus CLIP's CLS position) at a fixed image size
-VISION_TOWERS = ("clip_vision_model", "siglip_vision_model")  # LLaVA's; Mistral3's is "pixtral"
+VISION_TOWERS = ("clip_vision_model", "siglip_vision_model")  # LLaVA's; Mistral3's is pixtral, Idefics3's its own
 PROJECTOR_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 TEXT_MODELS = ("llama", "mistral", "qwen2")  # text_config.model_type -> the native family that runs it
 
@@ -42,6 +48,7 @@ class VisionSpec:
     merge: int = 1  # Mistral3's spatial_merge_size (1: no merge, LLaVA)
     norm_eps: float = 0.0  # Mistral3: the projector's RMSNorm epsilon (the text model's rms_norm_eps)
     unit: int = 0  # a grid image's side step in pixels (patch_size x merge); 0: a fixed-size image (LLaVA)
+    layout: str = "fixed"  # fixed (LLaVA) | grid (Mistral3) | tiles (Idefics3: merge is the pixel shuffle's factor)
 
     @property
     def tower_type(self) -> str:
@@ -96,7 +103,24 @@ def parse_mistral3(cfg: dict) -> VisionSpec:
     eps = float((cfg.get("text_config") or {}).get("rms_norm_eps", 1e-5))
     return VisionSpec(arch, int(cfg.get("image_token_index", cfg.get("image_token_id", 10))), 0, vision,
                       _feature_layers(cfg.get("vision_feature_layer", -1), arch), False, act,
-                      bool(cfg.get("multimodal_projector_bias", False)), merge, eps, patch * merge)
+                      bool(cfg.get("multimodal_projector_bias", False)), merge, eps, patch * merge, "grid")
+
+
+def parse_idefics3(cfg: dict) -> VisionSpec:
+    """config.json of an Idefics3ForConditionalGeneration (SmolVLM) -> its VisionSpec."""
+    arch = "Idefics3ForConditionalGeneration"
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, dict) or vision.get("model_type", "idefics3_vision") != "idefics3_vision":
+        raise ValueError(f"vision_config.model_type must be idefics3_vision ({arch})")
+    vision = {**vision, "model_type": "idefics3_vision"}
+    size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 32))
+    scale = int(cfg.get("scale_factor", 2))
+    if size % patch or (size // patch) % scale:
+        raise ValueError(f"vision_config.image_size {size} / patch_size {patch} must be a multiple of scale_factor "
+                         f"{scale} ({arch})")
+    tokens = (size // patch // scale) ** 2
+    return VisionSpec(arch, int(cfg.get("image_token_id", 128257)), tokens, vision, (-1,), False, "", False,
+                      merge=scale, layout="tiles")
 
 
 def _feature_layers(value: Union[int, list, Any], arch: str) -> tuple[int, ...]:

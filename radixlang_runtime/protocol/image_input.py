@@ -10,7 +10,7 @@ image's features there (model/executor/image_step.py).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PAD_BASE = 1 << 30  # pad ids are in [PAD_BASE, 2 * PAD_BASE): above any vocabulary id, within int32
 _PAD_RANGE = 1 << 30
@@ -22,25 +22,26 @@ class ImageInput:
     length: int  # positions its span fills (its features' positions, and a grid's row separators)
     digest: bytes  # blake2b of its pixel values (16 bytes): the cache key
     pixels: bytes  # float32 pixel values, C-contiguous
-    shape: list[int]  # [channels, height, width]
-    # 0: every position of the span holds a feature (LLaVA); > 0: a grid (Pixtral's layout): rows of `cols` feature
-    # positions, each row followed by one separator position whose token is the text's own ([IMG_BREAK], [IMG_END])
-    cols: int = 0
+    shape: list[int]  # [channels, height, width], or [tiles, channels, height, width]
+    # the span's positions (from offset, increasing) that hold a feature, the others keeping the text's own tokens
+    # (Pixtral's row separators, Idefics3's tile markers); []: every position holds one (LLaVA)
+    positions: list[int] = field(default_factory=list)
 
     def to_wire(self) -> list:
-        return [self.offset, self.length, self.digest, self.pixels, list(self.shape), self.cols]
+        return [self.offset, self.length, self.digest, self.pixels, list(self.shape), list(self.positions)]
 
     @classmethod
     def from_wire(cls, values: list) -> "ImageInput":
         if not isinstance(values, list) or len(values) != 6:
             raise ValueError("malformed ImageInput")
-        offset, length, digest, pixels, shape, cols = values
-        ints = (offset, length, cols, *shape) if isinstance(shape, list) else None
+        offset, length, digest, pixels, shape, positions = values
+        ints = (offset, length, *shape, *positions) if isinstance(shape, list) and isinstance(positions, list) \
+            else None
         if (ints is None or not all(type(x) is int and x >= 0 for x in ints) or not isinstance(digest, bytes)
                 or not isinstance(pixels, bytes) or len(pixels) != 4 * _count(shape)
-                or (cols and length % (cols + 1))):
+                or any(b <= a for a, b in zip(positions, positions[1:])) or (positions and positions[-1] >= length)):
             raise ValueError("malformed ImageInput")
-        return cls(offset, length, digest, pixels, shape, cols)
+        return cls(offset, length, digest, pixels, shape, positions)
 
     @property
     def end(self) -> int:
@@ -48,10 +49,7 @@ class ImageInput:
 
     def feature_positions(self) -> list[int]:
         """The span's positions (from its offset) that hold a feature, in feature order."""
-        if not self.cols:
-            return list(range(self.length))
-        w = self.cols + 1
-        return [r * w + c for r in range(self.length // w) for c in range(self.cols)]
+        return list(self.positions) if self.positions else list(range(self.length))
 
     def pad_ids(self) -> list[int]:
         """The ids its feature positions carry in the runtime: two 30-bit parts of the digest, a different id at

@@ -181,13 +181,14 @@ class RuntimeLimits:
     # --override-generation-config's max_new_tokens: the OpenAI-shaped routes' ceiling on max tokens, a request's
     # own count included (vLLM's override_max_tokens; sampling_defaults.max_tokens_cap); None: no ceiling
     max_tokens_cap: Optional[int] = None
-    # image input (multimodal/image_prep.py): the placeholder token, the positions an image fills and the pixel
-    # values' shape [channels, height, width] its vision tower takes (0 / (): a grid image, sized by itself);
-    # -1 / 0 / (): a text-only model
+    # image input (multimodal/image_prep.py): the placeholder token, the positions an image (a tile, for tiles) fills
+    # and the pixel values' shape [channels, height, width] its vision tower takes (0 / (): a grid image, sized by
+    # itself); -1 / 0 / (): a text-only model
     image_token_id: int = -1
     image_tokens: int = 0
     image_shape: tuple = ()
     image_unit: int = 0  # a grid image's side step in pixels (Mistral3: patch x merge); 0: fixed-size images
+    image_layout: str = ""  # multimodal/vision_spec.VisionSpec.layout: fixed | grid | tiles ("": text only)
 
     def room_after(self, prompt_len: int) -> int:
         """The tokens a prompt of this length leaves to generate: within the context and the KV pool (>= 0)."""

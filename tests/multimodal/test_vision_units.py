@@ -10,6 +10,9 @@ import base64
 import http.server
 import threading
 
+import types
+
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +23,8 @@ from radixlang_runtime.protocol.image_input import PAD_BASE, ImageInput, is_pad,
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
 from radixlang_runtime.protocol.sampling_params import SamplingParams
-from vision_checkpoints import build_tiny_llava, build_tiny_mistral3, hf_llava_greedy, hf_mistral3_greedy, png
+from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, hf_idefics3_greedy,
+                                hf_llava_greedy, hf_mistral3_greedy, png)
 
 LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "image_token_index": 5,
          "text_config": {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
@@ -133,6 +137,25 @@ def test_mistral3_grid_encoder_and_engine(tmp_path):
         engine.shutdown()
 
 
+def test_idefics3_tiles_engine(tmp_path):
+    from radixlang_runtime.entrypoints.engine import Engine
+
+    model, processor = build_tiny_idefics3(tmp_path)
+    images = [png(4, (60, 40)), png(5, (20, 30)), png(6, (64, 20))]  # 2 x 2, 1 x 1 and 1 x 2 tiles (+ the whole)
+    text = "<|im_start|>user\n<image>Compare it with <image> and <image>.<|im_end|>\n<|im_start|>assistant\n"
+    want, prompt_len = hf_idefics3_greedy(model, processor, text, images, 8)
+    other, _ = hf_idefics3_greedy(model, processor, text, images[::-1], 8)
+    assert want != other
+    engine = Engine(str(tmp_path), dtype="float32", chunked_prefill_size=32, max_total_tokens=2048)
+    try:
+        sp = {"max_new_tokens": 8, "temperature": 0}
+        out = engine.generate(text, sp, image_data=[png_b64_of(b) for b in images])
+        assert out["output_ids"] == want and out["meta_info"]["prompt_tokens"] == prompt_len
+        assert engine.generate(text, sp, image_data=[png_b64_of(b) for b in images[::-1]])["output_ids"] == other
+    finally:
+        engine.shutdown()
+
+
 def png_b64_of(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -141,12 +164,12 @@ def png_b64(k: int) -> str:
     return base64.b64encode(png(k)).decode()
 
 
-def _prep(tokens: int = 4) -> ImagePrep:
+def _prep(tokens: int = 4, layout: str = "fixed") -> ImagePrep:
     prep = ImagePrep.__new__(ImagePrep)
-    prep.token_id, prep.tokens, prep.shape = 9, tokens, [3, 2, 2]
+    prep.token_id, prep.tokens, prep.shape, prep.layout = 9, tokens, [3, 2, 2], layout
     prep.unit, prep.separators = 0, (-1, -1)
     prep.sources = ImageSources()
-    prep._pixels = lambda data, where: (bytes(48), [3, 2, 2])
+    prep._image = lambda data, where: (bytes(48), [3, 2, 2], [9] * tokens)
     return prep
 
 
@@ -167,19 +190,20 @@ def test_attach_expands_and_counts():
 
 
 def test_grid_span_and_features():
-    prep = _prep(0)
+    prep = _prep(0, "grid")
     prep.unit, prep.separators = 2, (7, 8)
-    assert prep._span([3, 4, 6]) == [9, 9, 9, 7, 9, 9, 9, 8]  # 2 rows of 3, a break, then the end
-    prep._pixels = lambda data, where: (bytes(4 * 3 * 4 * 6), [3, 4, 6])
-    ids, (im,) = prep.attach([1, 9, 2], ["AAAA"], "image_data")
-    assert ids == [1, 9, 9, 9, 7, 9, 9, 9, 8, 2] and (im.offset, im.length, im.cols) == (1, 8, 3)
+    prep.processor = lambda images, return_tensors, patch_size: {"pixel_values": np.zeros((1, 3, 4, 6))}
+    prep.sources = types.SimpleNamespace(read=lambda ref, where: png(0))
+    del prep._image
+    ids, (im,) = prep.attach([1, 9, 2], ["AAAA"], "image_data")  # 2 rows of 3, a break, then the end
+    assert ids == [1, 9, 9, 9, 7, 9, 9, 9, 8, 2] and (im.offset, im.length) == (1, 8)
     assert im.feature_positions() == [0, 1, 2, 4, 5, 6]
     padded = with_pads(ids, [im])
     assert [padded[i] for i in (0, 4, 8, 9)] == [1, 7, 8, 2]
     assert [padded[1 + q] for q in im.feature_positions()] == im.pad_ids() and len(im.pad_ids()) == 6
     assert ImageInput.from_wire(im.to_wire()) == im
     with pytest.raises(ValueError, match="malformed"):
-        ImageInput.from_wire([1, 7, im.digest, im.pixels, im.shape, 3])  # 7 positions are not rows of 3 + 1
+        ImageInput.from_wire([1, 6, im.digest, im.pixels, im.shape, [0, 1, 2, 4, 5, 6]])  # 6 is past the span
 
 
 def test_image_input_wire_and_pads():
@@ -192,7 +216,7 @@ def test_image_input_wire_and_pads():
     back = decode(encode(msg))
     assert back.images == [a] and back.input_ids == msg.input_ids
     with pytest.raises(ValueError, match="malformed"):
-        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2], 0])
+        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2], []])
     with pytest.raises(ValueError, match="malformed"):
         ImageInput.from_wire([3, 5, a.digest, a.pixels, [3, 2, 2]])
 

@@ -1,12 +1,13 @@
-"""LlavaForConditionalGeneration and Mistral3ForConditionalGeneration: the text model of text_config (Llama, Mistral
-or Qwen2: the native decoder of models/llama.py) with images, whose projected features take their placeholder
-positions' embeddings.
+"""LlavaForConditionalGeneration, Mistral3ForConditionalGeneration and Idefics3ForConditionalGeneration (SmolVLM):
+the text model of text_config (Llama, Mistral or Qwen2: the native decoder of models/llama.py) with images, whose
+projected features take their placeholder positions' embeddings.
 
 The config's image path is a VisionSpec (multimodal/vision_spec.py) on ModelConfig.vision; the runner builds the
 vision tower beside the decoder (multimodal/vision_encoder.py) and places its features (executor/image_step.py).
 The decoder reads its tensors through LlavaTextTensors, under the names a causal LM has: transformers writes
 them as `language_model.model.*` / `language_model.lm_head.*` (and newer files as `model.language_model.*` /
-`lm_head.*`), the tower under `vision_tower.` and the projector under `multi_modal_projector.` either way.
+`lm_head.*`), the tower under `vision_tower.` and the projector under `multi_modal_projector.` either way;
+Idefics3 as `model.text_model.*`, `model.vision_model.*` and `model.connector.*`.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ import torch
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models.llama_family import parse_llama, parse_mistral, parse_qwen2
-from radixlang_runtime.multimodal.vision_spec import parse_llava, parse_mistral3, text_config
+from radixlang_runtime.multimodal.vision_spec import parse_idefics3, parse_llava, parse_mistral3, text_config
 
 _TEXT_PARSERS = {"llama": parse_llama, "mistral": parse_mistral, "qwen2": parse_qwen2}
 # (the decoder's prefix, the tensors' prefix) for each layout transformers has written
 _LAYOUTS = ((("model.", "language_model.model."), ("lm_head.", "language_model.lm_head.")),
-            (("model.", "model.language_model."), ("lm_head.", "lm_head.")))
+            (("model.", "model.language_model."), ("lm_head.", "lm_head.")),
+            (("model.", "model.text_model."), ("lm_head.", "lm_head.")))  # Idefics3
 # where the tower and the projector lie, per layout
 VISION_PREFIXES = (("vision_tower.", "multi_modal_projector."),
-                   ("model.vision_tower.", "model.multi_modal_projector."))
+                   ("model.vision_tower.", "model.multi_modal_projector."),
+                   ("model.vision_model.", "model.connector."))  # Idefics3
 
 
 def parse_llava_model(cfg: dict) -> ModelConfig:
@@ -37,6 +40,11 @@ def parse_llava_model(cfg: dict) -> ModelConfig:
 def parse_mistral3_model(cfg: dict) -> ModelConfig:
     """Mistral3ForConditionalGeneration's config.json -> its text model's ModelConfig and VisionSpec."""
     return _with_vision(cfg, parse_mistral3(cfg))
+
+
+def parse_idefics3_model(cfg: dict) -> ModelConfig:
+    """Idefics3ForConditionalGeneration's (SmolVLM's) config.json -> its text model's ModelConfig and VisionSpec."""
+    return _with_vision(cfg, parse_idefics3(cfg))
 
 
 def _with_vision(cfg: dict, spec) -> ModelConfig:
