@@ -6,6 +6,7 @@ tests/multimodal/)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 IMAGE_TOKEN = "<image>"
@@ -176,6 +177,32 @@ def hf_idefics3_greedy(model, processor, text: str, images: list[bytes], n: int)
                              pad_token_id=2)
     k = inputs["input_ids"].shape[1]
     return out[0, k:].tolist(), k
+
+
+@contextlib.contextmanager
+def http_images(routes: dict):
+    """A local http server for the test's images: path -> (status, headers, body); yields its base URL."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            status, headers, body = routes.get(self.path, (404, {}, b""))
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v.replace("{port}", str(self.server.server_address[1])))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
 
 
 def png(seed: int, size: tuple[int, int] = (40, 34)) -> bytes:

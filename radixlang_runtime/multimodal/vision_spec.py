@@ -58,13 +58,8 @@ class VisionSpec:
 def parse_llava(cfg: dict) -> VisionSpec:
     """config.json of a LlavaForConditionalGeneration -> its VisionSpec (ValueError names a field not honoured)."""
     arch = "LlavaForConditionalGeneration"
-    vision = cfg.get("vision_config")
-    if not isinstance(vision, dict):
-        raise ValueError(f"{arch}: config.json has no vision_config")
-    tower = vision.get("model_type", "clip_vision_model")
-    if tower not in VISION_TOWERS:
-        raise ValueError(f"vision_config.model_type {tower!r} is not supported ({arch}: {', '.join(VISION_TOWERS)})")
-    vision = {**vision, "model_type": tower}
+    vision = _section(cfg, "vision_config", VISION_TOWERS, arch)
+    tower = vision["model_type"]
     token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
     strategy = cfg.get("vision_feature_select_strategy", "default")
     if strategy not in ("default", "full"):
@@ -89,10 +84,7 @@ def parse_llava(cfg: dict) -> VisionSpec:
 def parse_mistral3(cfg: dict) -> VisionSpec:
     """config.json of a Mistral3ForConditionalGeneration -> its VisionSpec."""
     arch = "Mistral3ForConditionalGeneration"
-    vision = cfg.get("vision_config")
-    if not isinstance(vision, dict) or vision.get("model_type", "pixtral") != "pixtral":
-        raise ValueError(f"vision_config.model_type must be pixtral ({arch})")
-    vision = {**vision, "model_type": "pixtral"}
+    vision = _section(cfg, "vision_config", ("pixtral",), arch)
     act = cfg.get("projector_hidden_act", "gelu")
     if act not in PROJECTOR_ACTS:
         raise ValueError(f"projector_hidden_act {act!r} is not supported ({arch}: {', '.join(PROJECTOR_ACTS)})")
@@ -109,10 +101,7 @@ def parse_mistral3(cfg: dict) -> VisionSpec:
 def parse_idefics3(cfg: dict) -> VisionSpec:
     """config.json of an Idefics3ForConditionalGeneration (SmolVLM) -> its VisionSpec."""
     arch = "Idefics3ForConditionalGeneration"
-    vision = cfg.get("vision_config")
-    if not isinstance(vision, dict) or vision.get("model_type", "idefics3_vision") != "idefics3_vision":
-        raise ValueError(f"vision_config.model_type must be idefics3_vision ({arch})")
-    vision = {**vision, "model_type": "idefics3_vision"}
+    vision = _section(cfg, "vision_config", ("idefics3_vision",), arch)
     size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 32))
     scale = int(cfg.get("scale_factor", 2))
     if size % patch or (size // patch) % scale:
@@ -121,6 +110,18 @@ def parse_idefics3(cfg: dict) -> VisionSpec:
     tokens = (size // patch // scale) ** 2
     return VisionSpec(arch, int(cfg.get("image_token_id", 128257)), tokens, vision, (-1,), False, "", False,
                       merge=scale, layout="tiles")
+
+
+def _section(cfg: dict, key: str, kinds: tuple, arch: str) -> dict:
+    """config.json's `key` (vision_config, text_config), whose model_type (default: kinds[0]) must be one of kinds;
+    returned with its model_type set."""
+    section = cfg.get(key)
+    if not isinstance(section, dict):
+        raise ValueError(f"{arch}: config.json has no {key}")
+    kind = section.get("model_type", kinds[0])
+    if kind not in kinds:
+        raise ValueError(f"{key}.model_type {kind!r} is not supported ({arch}: {', '.join(kinds)})")
+    return {**section, "model_type": kind}
 
 
 def _feature_layers(value: Union[int, list, Any], arch: str) -> tuple[int, ...]:
@@ -134,13 +135,7 @@ def text_config(cfg: dict, arch: str) -> dict:
     """The text model's config.json fields (text_config, with the top level's tie_word_embeddings where it has one:
     the composite model's setting is what ties the head, as transformers reads it) for the native family of its
     model_type."""
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        raise ValueError(f"{arch}: config.json has no text_config")
-    kind = text.get("model_type", "llama")
-    if kind not in TEXT_MODELS:
-        raise ValueError(f"text_config.model_type {kind!r} is not supported ({arch}: {', '.join(TEXT_MODELS)})")
-    out = dict(text)
+    out = _section(cfg, "text_config", TEXT_MODELS, arch)
     if "tie_word_embeddings" in cfg:
         out["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     if cfg.get("quantization_config") is not None:

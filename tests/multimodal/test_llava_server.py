@@ -9,8 +9,6 @@ the KV pool is whole after each test."""
 from __future__ import annotations
 
 import base64
-import http.server
-import threading
 
 import httpx
 import openai
@@ -18,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from server_utils import FP32_FLAGS, ServerProcess, assert_idle_and_whole, shared_server
-from vision_checkpoints import build_tiny_llava, hf_llava_greedy, png
+from vision_checkpoints import build_tiny_llava, hf_llava_greedy, http_images, png
 
 N = 10
 TOKENS = 16  # the tower's patches: positions one image fills
@@ -161,30 +159,12 @@ def test_prefix_cache_keys_images_by_their_pixels(llava, client):
 
 
 def test_image_over_http(llava, client):
-    body = png(2)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the stdlib's name
-            self.send_response(200 if self.path == "/cat.png" else 404)
-            self.send_header("Content-Type", "image/png")
-            self.end_headers()
-            if self.path == "/cat.png":
-                self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+    with http_images({"/cat.png": (200, {"Content-Type": "image/png"}, png(2))}) as base:
         text = f"<image>\n{QUESTION}"
         got = generate(client, text=text, image_data=base + "/cat.png")["output_ids"]
         assert got == reference(llava, prompt_ids(llava, text), [2])
         r = client.post("/generate", json={"text": text, "image_data": base + "/missing.png"})
         assert r.status_code == 400 and "image_data" in r.text and "404" in r.text, r.text
-    finally:
-        server.shutdown()
 
 
 @pytest.mark.parametrize("body, field, words", [

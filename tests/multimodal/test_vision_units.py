@@ -7,8 +7,6 @@ the image sources' rules (data URLs, hosts, redirects)."""
 from __future__ import annotations
 
 import base64
-import http.server
-import threading
 
 import types
 
@@ -24,7 +22,7 @@ from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
 from radixlang_runtime.protocol.sampling_params import SamplingParams
 from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, hf_idefics3_greedy,
-                                hf_llava_greedy, hf_mistral3_greedy, png)
+                                hf_llava_greedy, hf_mistral3_greedy, http_images, png)
 
 LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "image_token_index": 5,
          "text_config": {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
@@ -229,29 +227,11 @@ def test_sources_rules(tmp_path):
         with pytest.raises(FieldError, match=words):
             src.read(bad, "x")
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the stdlib's name
-            if self.path == "/hop":
-                self.send_response(302)
-                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/a.png")
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(png(0))
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+    routes = {"/a.png": (200, {}, png(0)), "/hop": (302, {"Location": "http://localhost:{port}/a.png"}, b"")}
+    with http_images(routes) as base:
         assert ImageSources(allowed_domains=("127.0.0.1",)).read(base + "/a.png", "x") == png(0)
         assert ImageSources().read(base + "/hop", "x") == png(0)
         with pytest.raises(FieldError, match="not in --allowed-media-domains"):
             ImageSources(allowed_domains=("example.org",)).read(base + "/a.png", "x")
         with pytest.raises(FieldError, match="'localhost' is not in --allowed-media-domains"):
             ImageSources(allowed_domains=("127.0.0.1",)).read(base + "/hop", "x")
-    finally:
-        server.shutdown()
