@@ -67,6 +67,11 @@ class VisionEncoder(nn.Module):
             state[key] = tensors.get(found)
         self.tower.load_state_dict(state, strict=True)
         self.tower.to(dtype).eval()
+        self.feature_layers = spec.feature_layers
+        if spec.layout == "fixed":  # the layers after the last one read never run (llava-1.5 reads the 23rd of 24)
+            layers = self.tower.encoder.layers
+            self.feature_layers = tuple(i if i >= 0 else len(layers) + 1 + i for i in spec.feature_layers)
+            self.tower.encoder.layers = layers[:max(self.feature_layers)]
         if spec.layout == "tiles":  # Idefics3: the pixel shuffle's one linear
             self.proj = _linear(tensors, projector + "modality_projection.proj", False, dtype, device)
             self.hidden_size = self.proj.out_features
@@ -93,7 +98,7 @@ class VisionEncoder(nn.Module):
         if self.spec.layout == "tiles":
             return torch.stack([self._tiles(p) for p in pixels])
         out = self.tower(pixels, output_hidden_states=True)
-        picked = [out.hidden_states[i] for i in self.spec.feature_layers]
+        picked = [out.hidden_states[i] for i in self.feature_layers]
         if self.spec.drop_cls:
             picked = [h[:, 1:] for h in picked]
         return self._project(torch.cat(picked, dim=-1))
