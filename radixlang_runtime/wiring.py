@@ -357,6 +357,12 @@ def image_limits(vision: Any) -> dict[str, Any]:
         return {}
     if vision.layout == "grid":  # each image at its own size
         return {"image_token_id": vision.image_token_id, "image_layout": "grid", "image_unit": vision.unit}
+    if vision.layout == "patches":  # each image at its own size, as flattened patches of this many values
+        t = vision.tower
+        values = int(t.get("in_chans", t.get("in_channels", 3))) * int(t.get("temporal_patch_size", 2)) * \
+            int(t.get("patch_size", 14)) ** 2
+        return {"image_token_id": vision.image_token_id, "image_layout": "patches", "image_merge": vision.merge,
+                "image_shape": (values,)}
     size = int(vision.tower.get("image_size", 224))
     return {"image_token_id": vision.image_token_id, "image_layout": vision.layout, "image_tokens": vision.tokens,
             "image_shape": (int(vision.tower.get("num_channels", 3)), size, size)}

@@ -179,6 +179,68 @@ def hf_idefics3_greedy(model, processor, text: str, images: list[bytes], n: int)
     return out[0, k:].tolist(), k
 
 
+QWEN_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+
+
+def build_tiny_qwen2_5_vl(path, seed: int = 0):
+    """A Qwen2_5_VLForConditionalGeneration (a 2-block windowed tower, 14-pixel patches merged 2 x 2, images of 4 to
+    12 merged features; multimodal rope sections 2 / 3 / 3) saved to path; returns (the eval-mode float32 model, its
+    image processor, the <|image_pad|> id)."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": list(QWEN_VL_TOKENS)})
+    tok.chat_template = CHAT_TEMPLATE.replace("IMAGE", "".join(QWEN_VL_TOKENS))
+    start, pad, end = (tok.convert_tokens_to_ids(t) for t in QWEN_VL_TOKENS)
+    # weights drawn wide (initializer_range 0.5): sharp attention, so the output depends on the positions
+    text = dict(vocab_size=len(tok), **TEXT_TINY, initializer_range=0.5,
+                rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": [2, 3, 3]})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=pad,
+                                        vision_start_token_id=start, vision_end_token_id=end, video_token_id=pad + 100,
+                                        tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).to(torch.float32).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    processor = transformers.Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 12, patch_size=14,
+                                                   merge_size=2, temporal_patch_size=2)
+    processor.save_pretrained(path)
+    return model, processor, pad
+
+
+def hf_qwen_vl_greedy(model, processor, pad: int, ids: list[int], images: list[bytes],
+                      n: int) -> tuple[list[int], int]:
+    """(transformers' n greedy tokens after ids, whose <|image_pad|> tokens are expanded here to each image's
+    features, the expanded prompt's length)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    pixels, grids, prompt, k = [], [], [], 0
+    for t in ids:
+        if t != pad:
+            prompt.append(t)
+            continue
+        out = processor(images=Image.open(io.BytesIO(images[k])).convert("RGB"), return_tensors="np")
+        pixels.append(out["pixel_values"])
+        grids.append(out["image_grid_thw"][0])
+        prompt += [pad] * int(np.prod(out["image_grid_thw"][0]) // 4)
+        k += 1
+    ids_t = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids_t, pixel_values=torch.from_numpy(np.concatenate(pixels)),
+                             image_grid_thw=torch.from_numpy(np.stack(grids)),
+                             mm_token_type_ids=(ids_t == pad).int(), attention_mask=torch.ones_like(ids_t),
+                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=2)
+    return out[0, len(prompt):].tolist(), len(prompt)
+
+
 @contextlib.contextmanager
 def http_images(routes: dict):
     """A local http server for the test's images: path -> (status, headers, body); yields its base URL."""

@@ -9,7 +9,8 @@ expanded here to its span, as transformers' processor for the model writes it:
 - grid (Mistral3): at the image's own size, rows of [IMG] tokens, each row ended by [IMG_BREAK], the last by
   [IMG_END] (PixtralProcessor);
 - tiles (Idefics3 / SmolVLM): per tile <fake_token_around_image><row_r_col_c> and its image tokens, a newline
-  after each row, then the whole image's tile after <global-img> (Idefics3Processor).
+  after each row, then the whole image's tile after <global-img> (Idefics3Processor);
+- patches (Qwen2.5-VL): t x h x w / merge^2 image tokens for the image's patch grid (Qwen2VLProcessor).
 The number of placeholders must equal the number of images. Every problem is a FieldError (HTTP 400).
 """
 
@@ -48,6 +49,7 @@ class ImagePrep:
         self.tokens = limits.image_tokens
         self.shape = list(limits.image_shape)  # what the vision tower takes (a tile's, for tiles)
         self.unit = limits.image_unit
+        self.merge = limits.image_merge
         self.sources = sources
         self.tokenizer = tokenizer
         self.separators = _separators(model_dir, tokenizer) if self.layout == "grid" else (-1, -1)
@@ -68,9 +70,9 @@ class ImagePrep:
         last = 0
         for k, ((start, n), ref) in enumerate(zip(slots, refs)):
             out += ids[last:start]
-            pixels, shape, span = self._image(self.sources.read(ref, f"{where}[{k}]"), f"{where}[{k}]")
-            feats = [q for q, t in enumerate(span) if t == self.token_id] if self.layout != "fixed" else []
-            images.append(ImageInput(len(out), len(span), pixel_digest(pixels, shape), pixels, shape, feats))
+            pixels, shape, span, grid = self._image(self.sources.read(ref, f"{where}[{k}]"), f"{where}[{k}]")
+            feats = [q for q, t in enumerate(span) if t == self.token_id] if self.layout in ("grid", "tiles") else []
+            images.append(ImageInput(len(out), len(span), pixel_digest(pixels, shape), pixels, shape, feats, grid))
             out += span
             last = start + n
         return out + ids[last:], images
@@ -92,11 +94,17 @@ class ImagePrep:
             out += [(start + j, step) for j in range(0, n, step)]
         return out
 
-    def _image(self, data: bytes, where: str) -> tuple[bytes, list[int], list[int]]:
-        """An image's bytes -> (float32 pixel values, their shape, its span's ids)."""
+    def _image(self, data: bytes, where: str) -> tuple[bytes, list[int], list[int], list[int]]:
+        """An image's bytes -> (float32 pixel values, their shape, its span's ids, its patch grid or [])."""
         img = _decode(data, where)
         if self.layout == "tiles":
-            return self._tiles(img, where)
+            return (*self._tiles(img, where), [])
+        if self.layout == "patches":
+            out = self.processor(images=img, return_tensors="np")
+            arr, grid = out["pixel_values"].astype("float32"), [int(x) for x in out["image_grid_thw"][0]]
+            self._check_shape(list(arr.shape[1:]), where)
+            return arr.tobytes(), list(arr.shape), [self.token_id] * (grid[0] * grid[1] * grid[2] // self.merge ** 2), \
+                grid
         extra = {"patch_size": {"height": self.unit, "width": self.unit}} if self.layout == "grid" else {}
         arr = self.processor(images=img, return_tensors="np", **extra)["pixel_values"][0].astype("float32")
         if self.layout == "grid":
@@ -106,9 +114,9 @@ class ImagePrep:
             rows, cols = arr.shape[1] // self.unit, arr.shape[2] // self.unit
             span = ([self.token_id] * cols + [self.separators[0]]) * rows
             span[-1] = self.separators[1]
-            return arr.tobytes(), list(arr.shape), span
+            return arr.tobytes(), list(arr.shape), span, []
         self._check_shape(list(arr.shape), where)
-        return arr.tobytes(), list(arr.shape), [self.token_id] * self.tokens
+        return arr.tobytes(), list(arr.shape), [self.token_id] * self.tokens, []
 
     def _tiles(self, img: Any, where: str) -> tuple[bytes, list[int], list[int]]:
         out = self.processor(images=[[img]], return_tensors="np", return_row_col_info=True)

@@ -7,10 +7,13 @@ values, in the runner's dtype. features(pixels) is transformers' get_image_featu
   "default" strategy, then linear_1 / act / linear_2;
 - Mistral3: Pixtral's hidden states at the image's own size, an RMSNorm, each merge x merge block of patches
   merged by a learned linear (row-major over the merged grid), then linear_1 / act / linear_2;
-- Idefics3: each tile's last hidden state, a pixel shuffle by merge (scale_factor), then one linear (proj).
+- Idefics3: each tile's last hidden state, a pixel shuffle by merge (scale_factor), then one linear (proj);
+- Qwen2.5-VL: the tower over the image's patches and grid, its merger included (pooler_output).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +33,9 @@ def _tower(spec: VisionSpec, device: torch.device) -> nn.Module:
     classes = {"clip_vision_model": ("CLIPVisionConfig", "CLIPVisionModel"),
                "siglip_vision_model": ("SiglipVisionConfig", "SiglipVisionModel"),
                "pixtral": ("PixtralVisionConfig", "PixtralVisionModel"),
-               "idefics3_vision": ("Idefics3VisionConfig", "Idefics3VisionTransformer")}
+               "idefics3_vision": ("Idefics3VisionConfig", "Idefics3VisionTransformer"),
+               "qwen2_5_vl": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel"),
+               "qwen2_5_vl_vision": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel")}
     config_cls, model_cls = classes[spec.tower_type]
     fields = {k: v for k, v in spec.tower.items() if k != "model_type"}
     if spec.tower_type == "siglip_vision_model":
@@ -72,6 +77,9 @@ class VisionEncoder(nn.Module):
             layers = self.tower.encoder.layers
             self.feature_layers = tuple(i if i >= 0 else len(layers) + 1 + i for i in spec.feature_layers)
             self.tower.encoder.layers = layers[:max(self.feature_layers)]
+        if spec.layout == "patches":  # Qwen2.5-VL: the merger is the tower's
+            self.hidden_size = int(spec.tower.get("out_hidden_size", 3584))
+            return
         if spec.layout == "tiles":  # Idefics3: the pixel shuffle's one linear
             self.proj = _linear(tensors, projector + "modality_projection.proj", False, dtype, device)
             self.hidden_size = self.proj.out_features
@@ -90,9 +98,13 @@ class VisionEncoder(nn.Module):
         self.hidden_size = self.linear_2.out_features
 
     @torch.inference_mode()
-    def features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, C, H, W] (one size; tiles: [N, tiles, C, H, W]) -> [N, features per image, text hidden]."""
+    def features(self, pixels: torch.Tensor, grids: Optional[list] = None) -> torch.Tensor:
+        """pixels [N, C, H, W] (one size; tiles: [N, tiles, C, H, W]; patches: [N, patches, patch values] with each
+        image's grid [t, h, w]) -> [N, features per image, text hidden]."""
         pixels = pixels.to(next(self.tower.parameters()).dtype)
+        if self.spec.layout == "patches":
+            return torch.stack([self.tower(hidden_states=p, grid_thw=torch.tensor([g], device=p.device)).pooler_output
+                                for p, g in zip(pixels, grids)])
         if self.spec.layout == "grid":
             return torch.stack([self._grid(p) for p in pixels])
         if self.spec.layout == "tiles":

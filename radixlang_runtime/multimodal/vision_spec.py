@@ -18,6 +18,13 @@ Idefics3 vision transformer, a pixel shuffle by `scale_factor` and one linear (`
 prompt holds each tile's features after its <fake_token_around_image><row_r_col_c> markers, as transformers'
 Idefics3Processor writes them.
 
+Qwen2_5_VLForConditionalGeneration: the image processor resizes each image to multiples of patch_size x
+spatial_merge_size and flattens it into patches of temporal_patch_size frames (the grid [t, h, w], image_grid_thw);
+Qwen2.5-VL's windowed vision transformer and its merger give t x h x w / merge^2 features, which fill that many
+<|image_pad|> positions. The text model's rope is multimodal (mrope_section): an image's positions count
+(t, row, column) from where it starts, and the text after it resumes at that start + max(rows, columns)
+(model/executor/mrope.py).
+
 Fields that change that math and are not implemented are refused by name.
 """
 
@@ -48,7 +55,9 @@ class VisionSpec:
     merge: int = 1  # Mistral3's spatial_merge_size (1: no merge, LLaVA)
     norm_eps: float = 0.0  # Mistral3: the projector's RMSNorm epsilon (the text model's rms_norm_eps)
     unit: int = 0  # a grid image's side step in pixels (patch_size x merge); 0: a fixed-size image (LLaVA)
-    layout: str = "fixed"  # fixed (LLaVA) | grid (Mistral3) | tiles (Idefics3: merge is the pixel shuffle's factor)
+    # fixed (LLaVA) | grid (Mistral3) | tiles (Idefics3: merge is the pixel shuffle's factor) | patches (Qwen2.5-VL:
+    # merge is spatial_merge_size)
+    layout: str = "fixed"
 
     @property
     def tower_type(self) -> str:
@@ -110,6 +119,40 @@ def parse_idefics3(cfg: dict) -> VisionSpec:
     tokens = (size // patch // scale) ** 2
     return VisionSpec(arch, int(cfg.get("image_token_id", 128257)), tokens, vision, (-1,), False, "", False,
                       merge=scale, layout="tiles")
+
+
+def parse_qwen2_5_vl(cfg: dict) -> VisionSpec:
+    """config.json of a Qwen2_5_VLForConditionalGeneration -> its VisionSpec."""
+    arch = "Qwen2_5_VLForConditionalGeneration"
+    vision = _section(cfg, "vision_config", ("qwen2_5_vl", "qwen2_5_vl_vision"), arch)  # the hub's, transformers 5's
+    if int(vision.get("temporal_patch_size", 2)) < 1 or int(vision.get("spatial_merge_size", 2)) < 1:
+        raise ValueError(f"vision_config's temporal_patch_size and spatial_merge_size must be >= 1 ({arch})")
+    return VisionSpec(arch, int(cfg.get("image_token_id", 151655)), 0, vision, (-1,), False, "", False,
+                      merge=int(vision.get("spatial_merge_size", 2)), layout="patches")
+
+
+def qwen_vl_text(cfg: dict, arch: str) -> tuple[dict, tuple[int, ...]]:
+    """A Qwen2.5-VL config's text model (text_config, or the top level of the hub's flat configs) for the Qwen2
+    parser, its rope without the multimodal fields, and the rope's mrope_section."""
+    text = dict(cfg["text_config"]) if isinstance(cfg.get("text_config"), dict) else \
+        {k: v for k, v in cfg.items() if k not in ("vision_config", "architectures", "model_type")}
+    if "tie_word_embeddings" in cfg:
+        text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    key = "rope_parameters" if isinstance(text.get("rope_parameters"), dict) else "rope_scaling"
+    rope = dict(text.get(key) or {})
+    section = tuple(int(x) for x in rope.pop("mrope_section", ()) or ())
+    for k in ("type", "rope_type"):
+        if rope.get(k) == "mrope":
+            rope[k] = "default"
+    if rope.get("mrope_interleaved"):
+        raise ValueError(f"mrope_interleaved is not supported ({arch}: Qwen2.5-VL's sections)")
+    rope.pop("mrope_interleaved", None)
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+    if not section or sum(section) != head_dim // 2:
+        raise ValueError(f"mrope_section {list(section)} must split the rotary half ({head_dim // 2} lanes) ({arch})")
+    if "quantization_config" in cfg:
+        raise ValueError(f"quantization_config is not supported ({arch}: float checkpoints)")
+    return {**text, key: rope or None}, section
 
 
 def _section(cfg: dict, key: str, kinds: tuple, arch: str) -> dict:

@@ -26,22 +26,26 @@ class ImageInput:
     # the span's positions (from offset, increasing) that hold a feature, the others keeping the text's own tokens
     # (Pixtral's row separators, Idefics3's tile markers); []: every position holds one (LLaVA)
     positions: list[int] = field(default_factory=list)
+    # Qwen2.5-VL: its patch grid [t, h, w] (image_grid_thw), which the tower reads and its multimodal rope
+    # positions follow (model/executor/mrope.py); []: none
+    grid: list[int] = field(default_factory=list)
 
     def to_wire(self) -> list:
-        return [self.offset, self.length, self.digest, self.pixels, list(self.shape), list(self.positions)]
+        return [self.offset, self.length, self.digest, self.pixels, list(self.shape), list(self.positions),
+                list(self.grid)]
 
     @classmethod
     def from_wire(cls, values: list) -> "ImageInput":
-        if not isinstance(values, list) or len(values) != 6:
+        if not isinstance(values, list) or len(values) != 7:
             raise ValueError("malformed ImageInput")
-        offset, length, digest, pixels, shape, positions = values
-        ints = (offset, length, *shape, *positions) if isinstance(shape, list) and isinstance(positions, list) \
-            else None
+        offset, length, digest, pixels, shape, positions, grid = values
+        lists = isinstance(shape, list) and isinstance(positions, list) and isinstance(grid, list)
+        ints = (offset, length, *shape, *positions, *grid) if lists else None
         if (ints is None or not all(type(x) is int and x >= 0 for x in ints) or not isinstance(digest, bytes)
                 or not isinstance(pixels, bytes) or len(pixels) != 4 * _count(shape)
                 or any(b <= a for a, b in zip(positions, positions[1:])) or (positions and positions[-1] >= length)):
             raise ValueError("malformed ImageInput")
-        return cls(offset, length, digest, pixels, shape, positions)
+        return cls(offset, length, digest, pixels, shape, positions, grid)
 
     @property
     def end(self) -> int:

@@ -188,7 +188,8 @@ class RuntimeLimits:
     image_tokens: int = 0
     image_shape: tuple = ()
     image_unit: int = 0  # a grid image's side step in pixels (Mistral3: patch x merge); 0: fixed-size images
-    image_layout: str = ""  # multimodal/vision_spec.VisionSpec.layout: fixed | grid | tiles ("": text only)
+    image_layout: str = ""  # multimodal/vision_spec.VisionSpec.layout: fixed | grid | tiles | patches ("": text)
+    image_merge: int = 1  # patches: merge x merge patches one feature (Qwen2.5-VL's spatial_merge_size)
 
     def room_after(self, prompt_len: int) -> int:
         """The tokens a prompt of this length leaves to generate: within the context and the KV pool (>= 0)."""

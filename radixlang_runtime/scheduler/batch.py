@@ -66,8 +66,7 @@ class ScheduleBatch:
             state_loads=self.state_loads, state_saves=self.state_saves,
             hidden_states=[r.return_hidden_states for r in self.reqs]
             if any(r.return_hidden_states for r in self.reqs) else [],
-            images=[r.images if i < self.decode_from else [] for i, r in enumerate(self.reqs)]
-            if any(r.images for r in self.reqs[:self.decode_from]) else [])
+            images=[r.images for r in self.reqs] if any(r.images for r in self.reqs) else [])
 
     def _pool_steps(self) -> list:
         """Each pooling request's PoolStep (final: its prompt's last position runs in this step)."""

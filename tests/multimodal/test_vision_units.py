@@ -1,8 +1,8 @@
 """The image path's parts without a server: the config's refusals, the vision encoder against transformers'
 get_image_features for each tower / strategy / feature-layer choice (Mistral3's Pixtral grid too), the in-process
 Engine's greedy ids against transformers (SigLIP tower with Qwen2 text and an image split across prefill chunks and
-encoded once; Mistral3 with two images of different sizes), the placeholders' expansion, the wire record, and
-the image sources' rules (data URLs, hosts, redirects)."""
+encoded once; Mistral3 with two images of different sizes; Idefics3's tiles; Qwen2.5-VL's multimodal rope), the
+placeholders' expansion, the wire record, and the image sources' rules (data URLs, hosts, redirects)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from radixlang_runtime.protocol.image_input import PAD_BASE, ImageInput, is_pad,
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
 from radixlang_runtime.protocol.sampling_params import SamplingParams
-from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, hf_idefics3_greedy,
-                                hf_llava_greedy, hf_mistral3_greedy, http_images, png)
+from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, build_tiny_qwen2_5_vl,
+                                hf_idefics3_greedy, hf_llava_greedy, hf_mistral3_greedy, hf_qwen_vl_greedy,
+                                http_images, png)
 
 LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "image_token_index": 5,
          "text_config": {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
@@ -54,6 +55,23 @@ def test_llava_text_model_refusals():
         ModelConfig.from_dict({**LLAVA, "image_token_index": 100})
     with pytest.raises(ValueError, match="quantization_config"):
         ModelConfig.from_dict({**LLAVA, "quantization_config": {"quant_method": "awq"}})
+
+
+def test_qwen2_5_vl_hub_config():
+    """The hub's flat Qwen2.5-VL config.json (text fields at the top, rope_scaling of type mrope)."""
+    from radixlang_runtime.model.loader.config import ModelConfig
+
+    flat = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "vocab_size": 1000,
+            "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "rope_theta": 1000000.0, "use_sliding_window": False, "sliding_window": 32768,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "tie_word_embeddings": True,
+            "image_token_id": 900, "vision_config": {"depth": 2, "hidden_size": 32, "out_hidden_size": 256,
+                                                     "in_chans": 3, "spatial_merge_size": 2, "temporal_patch_size": 2}}
+    cfg = ModelConfig.from_dict(flat)
+    assert cfg.mrope_section == (16, 24, 24) and cfg.rope.theta == 1000000.0 and cfg.tie_word_embeddings
+    assert cfg.vision.layout == "patches" and cfg.vision.merge == 2 and cfg.vision.image_token_id == 900
+    with pytest.raises(ValueError, match="mrope_section"):
+        ModelConfig.from_dict({**flat, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 25]}})
 
 
 @pytest.mark.parametrize("tower, text, strategy, layer", [
@@ -154,6 +172,37 @@ def test_idefics3_tiles_engine(tmp_path):
         engine.shutdown()
 
 
+def test_qwen2_5_vl_multimodal_rope_engine(tmp_path):
+    """Two images of different grids, prefill chunks that split them, decoding past the prompt (positions shifted by
+    the images): transformers' ids token for token; a cache hit and a second image after a cached first one too.
+    The contrast: the same engine with plain positions gives other ids (the model reads the positions)."""
+    import dataclasses
+
+    from radixlang_runtime.entrypoints.engine import Engine
+
+    model, processor, pad = build_tiny_qwen2_5_vl(tmp_path)
+    images = [png(1, (60, 40)), png(2, (30, 90)), png(3, (50, 50))]
+    text = ("Look <|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|> "
+            "then answer it.")
+    engine = Engine(str(tmp_path), dtype="float32", chunked_prefill_size=16, max_total_tokens=1024)
+    try:
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        sp = {"max_new_tokens": 10, "temperature": 0}
+        cached = []
+        for pair in ((0, 1), (1, 0), (0, 1), (0, 2)):  # the repeat is a cache hit; (0, 2) shares the first image
+            want, prompt_len = hf_qwen_vl_greedy(model, processor, pad, ids, [images[k] for k in pair], 10)
+            out = engine.generate(text, sp, image_data=[png_b64_of(images[k]) for k in pair])
+            assert out["output_ids"] == want and out["meta_info"]["prompt_tokens"] == prompt_len, pair
+            cached.append(out["meta_info"]["cached_tokens"])
+        assert cached[0] == cached[1] == 0 and cached[2] >= 16  # whole pages of the repeat
+        engine.flush_cache()
+        engine.runner.cfg = dataclasses.replace(engine.runner.cfg, mrope_section=())
+        plain = engine.generate(text, sp, image_data=[png_b64_of(images[k]) for k in (0, 2)])
+        assert plain["output_ids"] != want
+    finally:
+        engine.shutdown()
+
+
 def png_b64_of(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -167,7 +216,7 @@ def _prep(tokens: int = 4, layout: str = "fixed") -> ImagePrep:
     prep.token_id, prep.tokens, prep.shape, prep.layout = 9, tokens, [3, 2, 2], layout
     prep.unit, prep.separators = 0, (-1, -1)
     prep.sources = ImageSources()
-    prep._image = lambda data, where: (bytes(48), [3, 2, 2], [9] * tokens)
+    prep._image = lambda data, where: (bytes(48), [3, 2, 2], [9] * tokens, [])
     return prep
 
 
@@ -201,7 +250,7 @@ def test_grid_span_and_features():
     assert [padded[1 + q] for q in im.feature_positions()] == im.pad_ids() and len(im.pad_ids()) == 6
     assert ImageInput.from_wire(im.to_wire()) == im
     with pytest.raises(ValueError, match="malformed"):
-        ImageInput.from_wire([1, 6, im.digest, im.pixels, im.shape, [0, 1, 2, 4, 5, 6]])  # 6 is past the span
+        ImageInput.from_wire([1, 6, im.digest, im.pixels, im.shape, [0, 1, 2, 4, 5, 6], []])  # 6 is past the span
 
 
 def test_image_input_wire_and_pads():
@@ -214,9 +263,9 @@ def test_image_input_wire_and_pads():
     back = decode(encode(msg))
     assert back.images == [a] and back.input_ids == msg.input_ids
     with pytest.raises(ValueError, match="malformed"):
-        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2], []])
+        ImageInput.from_wire([3, 5, a.digest, bytes(40), [3, 2, 2], [], []])
     with pytest.raises(ValueError, match="malformed"):
-        ImageInput.from_wire([3, 5, a.digest, a.pixels, [3, 2, 2]])
+        ImageInput.from_wire([3, 5, a.digest, a.pixels, [3, 2, 2], []])
 
 
 def test_sources_rules(tmp_path):

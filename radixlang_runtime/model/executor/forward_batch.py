@@ -42,6 +42,7 @@ class ForwardBatch:
     # which replace the embedding lookup there (models/llama.py)
     image_rows: Optional[torch.Tensor] = None
     image_embeds: Optional[torch.Tensor] = None
+    mrope_positions: Optional[torch.Tensor] = None  # [3, T] multimodal rope (executor/mrope.py); None: positions
 
     @property
     def is_decode(self) -> bool:

@@ -72,6 +72,7 @@ def graph_off_reason(runner: Any) -> Optional[str]:
                        ("speculative_algorithm NEXTN (its draft reads every row's hidden state)",
                         args.speculative_algorithm == "NEXTN"),
                        ("mixture-of-experts routing (its expert counts are read on the host)", cfg.moe),
+                       ("multimodal rope (a request's positions past its images)", cfg.mrope_section),
                        ("model_impl transformers", cfg.model_impl != "native"),
                        ("attention_backend torch on CUDA", runner.device.type == "cuda"
                         and args.attention_backend != "triton")):

@@ -67,7 +67,7 @@ class ImageFeatures:
         for shape, group in by_shape.items():
             pixels = torch.stack([torch.frombuffer(bytearray(im.pixels), dtype=torch.float32).view(shape)
                                   for im in group]).to(self.device)
-            for im, feats in zip(group, self.encoder.features(pixels)):
+            for im, feats in zip(group, self.encoder.features(pixels, [im.grid for im in group])):
                 if feats.shape[0] != len(im.feature_positions()):
                     raise ValueError(f"an image gave {feats.shape[0]} features for "
                                      f"{len(im.feature_positions())} positions")

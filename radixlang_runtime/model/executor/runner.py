@@ -49,6 +49,7 @@ from radixlang_runtime.model.executor.sample_step import sample_step
 from radixlang_runtime.model.layers.packed_linear import dense_tiles_available, packing_available
 from radixlang_runtime.model.executor.pooling_step import fill_pooled, plan_pooling
 from radixlang_runtime.model.executor.image_step import image_features, plan_images
+from radixlang_runtime.model.executor.mrope import plan_mrope
 from radixlang_runtime.model.executor.hidden_step import fill_hidden, hidden_rows, plan_hidden
 from radixlang_runtime.model.executor.parallel import TPGroup, head_split, make_shard
 from radixlang_runtime.model.prequant.linear import swap_linears
@@ -363,6 +364,7 @@ class ModelRunner:
         elif pool is None and not plans and batch.phase != "decode":
             step = verify_as_decode(step, batch, counts)
         step.images = plan_images(batch) if batch.images else []
+        step.mrope = (plan_mrope(batch, self.cfg.vision.merge) if self.cfg.mrope_section else None) or []
         if self.tp is not None:
             self.tp.broadcast_obj(step)
         logits, hidden = self._run(step, batch.phase == "decode")  # [R, V] fp32; [P, hidden] fp32 or None
@@ -404,6 +406,8 @@ class ModelRunner:
         self.backend.init_forward_metadata(fb)
         if step.images:
             self.images.place(fb, step.images)
+        if step.mrope:
+            fb.mrope_positions = torch.tensor(step.mrope, dtype=torch.int64, device=self.device)
         hidden = None
         if step.lora_ids:  # some request runs an adapter (else the base path, unchanged)
             self.loras.touch(step.lora_ids)

@@ -29,6 +29,7 @@ class StepInputs:
     state_saves: list[tuple[int, int, int]] = field(default_factory=list)  # ModelBatch.state_saves
     state_verify: list[int] = field(default_factory=list)  # hybrid: requests verifying a draft (verify_step.py)
     images: list[Any] = field(default_factory=list)  # prefilled images' rows (executor/image_step.ImageRows)
+    mrope: list[list[int]] = field(default_factory=list)  # [3][T] multimodal rope positions (executor/mrope.py)
 
 
 def step_inputs(batch: ModelBatch, logit_rows: list[int]) -> StepInputs:

@@ -81,7 +81,8 @@ class ModelBatch:
     state_loads: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int, int]] = field(default_factory=list)
     hidden_states: list[bool] = field(default_factory=list)  # [B] return_hidden_states (executor/hidden_step.py)
-    # [B] each prefilling request's ImageInputs (protocol/image_input.py; executor/image_step.py), or []: none
+    # [B] each request's ImageInputs (protocol/image_input.py): a prefill's placed (executor/image_step.py), every
+    # row's positions counted past them under multimodal rope (executor/mrope.py); []: no request has one
     images: list[list[Any]] = field(default_factory=list)
 
     @property

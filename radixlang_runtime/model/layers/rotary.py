@@ -161,6 +161,17 @@ class Rotary:
         """Once per step: positions [T] -> cos [T, 1, d], sin [T, 1, d / 2]."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
+    def cos_sin_mrope(self, positions: torch.Tensor, section: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multimodal rope (Qwen2.5-VL): positions [3, T] (frame, row, column) -> cos [T, 1, d], sin [T, 1, d / 2];
+        the rotary half's lanes in order split by `section`, the k-th part rotating by axis k % 3 (transformers'
+        mrope_section)."""
+        axis = torch.cat([torch.full((n,), k % 3, dtype=torch.int64) for k, n in enumerate(section)])
+        axis = axis.to(positions.device)
+        T = positions.shape[1]
+        cos = self.cos[positions].gather(0, torch.cat([axis, axis]).expand(1, T, -1))[0]  # [T, d]
+        sin = self.sin[positions].gather(0, axis.expand(1, T, -1))[0]  # [T, d / 2]
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
     @staticmethod
     def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x [T, heads, D] (q and k heads together) -> rotated x. The rotary width d is cos's last dim;

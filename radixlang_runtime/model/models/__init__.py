@@ -48,6 +48,7 @@ _FAMILIES = (
     ModelFamily("LlavaForConditionalGeneration", llava.parse_llava_model, llama_family.LlamaForCausalLM),
     ModelFamily("Mistral3ForConditionalGeneration", llava.parse_mistral3_model, llama_family.LlamaForCausalLM),
     ModelFamily("Idefics3ForConditionalGeneration", llava.parse_idefics3_model, llama_family.LlamaForCausalLM),
+    ModelFamily("Qwen2_5_VLForConditionalGeneration", llava.parse_qwen2_5_vl_model, llama_family.LlamaForCausalLM),
     ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),
     ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
     ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),

@@ -167,7 +167,8 @@ class LlamaForCausalLM(nn.Module):
         residual = self.embed(fb.input_ids)  # [T, hidden], the residual stream
         if fb.image_rows is not None:  # image positions: the vision encoder's features (executor/image_step.py)
             residual[fb.image_rows] = fb.image_embeds.to(residual.dtype)
-        fb.rope_cos_sin = self.rotary.cos_sin(fb.positions)
+        fb.rope_cos_sin = self.rotary.cos_sin(fb.positions) if fb.mrope_positions is None else \
+            self.rotary.cos_sin_mrope(fb.mrope_positions, self.cfg.mrope_section)
         if self.fused_decode is not None and not fb.has_lora and self.fused_decode.applies(fb):
             h = self.fused_decode.run(residual, fb)  # the same kernels, one C call per layer
         else:

@@ -18,17 +18,21 @@ import torch
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models.llama_family import parse_llama, parse_mistral, parse_qwen2
-from radixlang_runtime.multimodal.vision_spec import parse_idefics3, parse_llava, parse_mistral3, text_config
+from radixlang_runtime.multimodal.vision_spec import (parse_idefics3, parse_llava, parse_mistral3, parse_qwen2_5_vl,
+                                                      qwen_vl_text, text_config)
 
 _TEXT_PARSERS = {"llama": parse_llama, "mistral": parse_mistral, "qwen2": parse_qwen2}
 # (the decoder's prefix, the tensors' prefix) for each layout transformers has written
 _LAYOUTS = ((("model.", "language_model.model."), ("lm_head.", "language_model.lm_head.")),
             (("model.", "model.language_model."), ("lm_head.", "lm_head.")),
-            (("model.", "model.text_model."), ("lm_head.", "lm_head.")))  # Idefics3
+            (("model.", "model.text_model."), ("lm_head.", "lm_head.")),  # Idefics3
+            (("model.", "model."), ("lm_head.", "lm_head.")))  # Qwen2.5-VL's hub files: the text model as a causal LM
 # where the tower and the projector lie, per layout
 VISION_PREFIXES = (("vision_tower.", "multi_modal_projector."),
                    ("model.vision_tower.", "model.multi_modal_projector."),
-                   ("model.vision_model.", "model.connector."))  # Idefics3
+                   ("model.vision_model.", "model.connector."),  # Idefics3
+                   # Qwen2.5-VL: the merger is inside the tower
+                   ("model.visual.", "model.visual.merger."), ("visual.", "visual.merger."))
 
 
 def parse_llava_model(cfg: dict) -> ModelConfig:
@@ -45,6 +49,15 @@ def parse_mistral3_model(cfg: dict) -> ModelConfig:
 def parse_idefics3_model(cfg: dict) -> ModelConfig:
     """Idefics3ForConditionalGeneration's (SmolVLM's) config.json -> its text model's ModelConfig and VisionSpec."""
     return _with_vision(cfg, parse_idefics3(cfg))
+
+
+def parse_qwen2_5_vl_model(cfg: dict) -> ModelConfig:
+    """Qwen2_5_VLForConditionalGeneration's config.json -> the Qwen2 decoder's ModelConfig with its multimodal rope
+    sections, and the VisionSpec."""
+    spec = parse_qwen2_5_vl(cfg)
+    text, section = qwen_vl_text(cfg, spec.architecture)
+    out = parse_qwen2(text)
+    return dataclasses.replace(out, architecture=spec.architecture, vision=spec, mrope_section=section)
 
 
 def _with_vision(cfg: dict, spec) -> ModelConfig:
