@@ -79,7 +79,7 @@ def test_qwen2_5_vl_hub_config():
 def test_encoder_matches_transformers(tmp_path, tower, text, strategy, layer):
     from radixlang_runtime.model.loader.config import ModelConfig
     from radixlang_runtime.model.loader.weights import SafetensorsDir
-    from radixlang_runtime.model.models.llava import vision_prefixes
+    from radixlang_runtime.model.models.vision_language import vision_prefixes
     from radixlang_runtime.multimodal.vision_encoder import VisionEncoder
 
     model, _, _ = build_tiny_llava(tmp_path, tower, text, strategy, layer)
@@ -123,7 +123,7 @@ def test_mistral3_grid_encoder_and_engine(tmp_path):
     from radixlang_runtime.entrypoints.engine import Engine
     from radixlang_runtime.model.loader.config import ModelConfig
     from radixlang_runtime.model.loader.weights import SafetensorsDir
-    from radixlang_runtime.model.models.llava import vision_prefixes
+    from radixlang_runtime.model.models.vision_language import vision_prefixes
     from radixlang_runtime.multimodal.vision_encoder import VisionEncoder
 
     model, processor, grid = build_tiny_mistral3(tmp_path)

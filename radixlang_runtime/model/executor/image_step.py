@@ -81,10 +81,10 @@ class ImageFeatures:
 
 def image_features(cfg, args, tp, tensors, dtype: torch.dtype, device: torch.device):
     """The runner's ImageFeatures for a model with image input (cfg.vision; None for a text model), after the
-    refusal of what it does not run with. tensors: the decoder's view of the checkpoint (models/llava.py)."""
+    refusal of what it does not run with. tensors: the decoder's view of the checkpoint (models/vision_language.py)."""
     if cfg.vision is None:
         return None
-    from radixlang_runtime.model.models.llava import vision_prefixes
+    from radixlang_runtime.model.models.vision_language import vision_prefixes
     from radixlang_runtime.multimodal.vision_encoder import VisionEncoder
 
     refused = (("--tp-size > 1", tp is not None), ("--speculative-algorithm", args.speculative_algorithm is not None),

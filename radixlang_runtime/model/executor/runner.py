@@ -36,7 +36,7 @@ from radixlang_runtime.model.executor.hybrid_args import check_hybrid_args, stat
 from radixlang_runtime.model.executor.linear_paths import quantized_linear_paths
 from radixlang_runtime.model.models.llama import LlamaForCausalLM
 from radixlang_runtime.model.models import family_for
-from radixlang_runtime.model.models.llava import LlavaTextTensors
+from radixlang_runtime.model.models.vision_language import VisionTextTensors
 from radixlang_runtime.model.layers.rotary import Rotary
 from radixlang_runtime.model.layers.gated_deltanet import GatedDeltaNet
 from radixlang_runtime.model.layers.mamba2 import Mamba2Mixer
@@ -110,7 +110,7 @@ class ModelRunner:
         self.cfg = cfg = ModelConfig.from_dir(model_dir, args.model_impl, args.trust_remote_code)
         tensors = SafetensorsDir(model_dir)
         if cfg.vision is not None:  # the decoder reads the text model's tensors under a causal LM's names
-            tensors = LlavaTextTensors(tensors)
+            tensors = VisionTextTensors(tensors)
         if cfg.quant is not None:  # a pre-quantized checkpoint: loaded on its exact values (model/prequant/)
             tensors = prequant_tensors(cfg.quant, tensors, args, tp)
         if cfg.num_labels and not args.is_embedding:  # a sequence classifier is a pooling model (vLLM's runner auto)

@@ -12,9 +12,9 @@ from typing import Callable
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models import (deepseek, gemma2, gemma3, gemma4, gemma4_config, glm4_moe, gpt_oss,
-                                            granite_hybrid, llama4, llama_family, llava, mixtral, nemotron_h, nextn,
+                                            granite_hybrid, llama4, llama_family, mixtral, nemotron_h, nextn,
                                             olmo2, olmoe, phi3, qwen3_next, qwen_moe, sequence_classifier,
-                                            transformers_fallback)
+                                            transformers_fallback, vision_language)
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,13 @@ _FAMILIES = (
     ModelFamily("Llama4ForCausalLM", llama4.parse_llama4, llama4.Llama4ForCausalLM),
     ModelFamily("Llama4ForConditionalGeneration", llama4.parse_llama4_multimodal, llama4.Llama4ForCausalLM),  # text
     # a vision tower and projector beside the text model (multimodal/): images as input embeddings
-    ModelFamily("LlavaForConditionalGeneration", llava.parse_llava_model, llama_family.LlamaForCausalLM),
-    ModelFamily("Mistral3ForConditionalGeneration", llava.parse_mistral3_model, llama_family.LlamaForCausalLM),
-    ModelFamily("Idefics3ForConditionalGeneration", llava.parse_idefics3_model, llama_family.LlamaForCausalLM),
-    ModelFamily("Qwen2_5_VLForConditionalGeneration", llava.parse_qwen2_5_vl_model, llama_family.LlamaForCausalLM),
+    ModelFamily("LlavaForConditionalGeneration", vision_language.parse_llava_model, llama_family.LlamaForCausalLM),
+    ModelFamily("Mistral3ForConditionalGeneration", vision_language.parse_mistral3_model,
+                llama_family.LlamaForCausalLM),
+    ModelFamily("Idefics3ForConditionalGeneration", vision_language.parse_idefics3_model,
+                llama_family.LlamaForCausalLM),
+    ModelFamily("Qwen2_5_VLForConditionalGeneration", vision_language.parse_qwen2_5_vl_model,
+                llama_family.LlamaForCausalLM),
     ModelFamily("GptOssForCausalLM", gpt_oss.parse_gpt_oss, gpt_oss.GptOssForCausalLM),
     ModelFamily("DeepseekV2ForCausalLM", deepseek.parse_deepseek_v2, deepseek.DeepseekForCausalLM),
     ModelFamily("DeepseekV3ForCausalLM", deepseek.parse_deepseek_v3, deepseek.DeepseekForCausalLM),

@@ -1,13 +1,15 @@
-"""LlavaForConditionalGeneration, Mistral3ForConditionalGeneration and Idefics3ForConditionalGeneration (SmolVLM):
-the text model of text_config (Llama, Mistral or Qwen2: the native decoder of models/llama.py) with images, whose
-projected features take their placeholder positions' embeddings.
+"""The vision-language architectures: LlavaForConditionalGeneration, Mistral3ForConditionalGeneration,
+Idefics3ForConditionalGeneration (SmolVLM) and Qwen2_5_VLForConditionalGeneration. Each is the text model of its
+text_config (Llama, Mistral or Qwen2: the native decoder of models/llama.py; Qwen2.5-VL's with its multimodal rope
+sections) with images, whose projected features take their placeholder positions' embeddings.
 
 The config's image path is a VisionSpec (multimodal/vision_spec.py) on ModelConfig.vision; the runner builds the
 vision tower beside the decoder (multimodal/vision_encoder.py) and places its features (executor/image_step.py).
-The decoder reads its tensors through LlavaTextTensors, under the names a causal LM has: transformers writes
+The decoder reads its tensors through VisionTextTensors, under the names a causal LM has: transformers writes
 them as `language_model.model.*` / `language_model.lm_head.*` (and newer files as `model.language_model.*` /
 `lm_head.*`), the tower under `vision_tower.` and the projector under `multi_modal_projector.` either way;
-Idefics3 as `model.text_model.*`, `model.vision_model.*` and `model.connector.*`.
+Idefics3 as `model.text_model.*`, `model.vision_model.*` and `model.connector.*`; Qwen2.5-VL as `model.*` and
+`visual.*` (the hub's) or `model.language_model.*` and `model.visual.*`.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def _with_vision(cfg: dict, spec) -> ModelConfig:
     return dataclasses.replace(out, architecture=spec.architecture, vision=spec)
 
 
-class LlavaTextTensors:
+class VisionTextTensors:
     """The checkpoint's text-model tensors under a causal LM's names (model.*, lm_head.weight)."""
 
     def __init__(self, tensors):
