@@ -1,11 +1,12 @@
-"""Images in a step: which of its token rows are image positions, and their embeddings (LLaVA-style models).
+"""Images in a step: which of its token rows are image positions, and their embeddings (the vision models).
 
 plan_images (the scheduler's rank) finds, per prefilling request, the part of each of its images (ModelBatch.
 images: protocol/image_input.ImageInput) that this step's extend covers: a chunked prefill may split an image,
 and a prefix-cache hit may cover it whole (then nothing runs for it). ImageFeatures turns the pixels into the
-projected features (multimodal/vision_encoder.py) once per image and keeps the latest few, by pixel digest, so a
-split image is encoded once; place() writes them over the decoder's embeddings at those rows (the decoder reads
-ForwardBatch.image_rows / image_embeds right after its embedding lookup, models/llama.py).
+projected features (multimodal/vision_encoder.py) once per image and keeps the latest ones (up to KEEP_BYTES, and
+always the step's own), by pixel digest, so a split image is encoded once; place() writes them over the decoder's
+embeddings at those rows (the decoder reads ForwardBatch.image_rows / image_embeds right after its embedding
+lookup, models/llama.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from radixlang_runtime.model.executor.forward_batch import ForwardBatch
 from radixlang_runtime.model.executor.step_io import ModelBatch
 
-KEEP_IMAGES = 16  # encoded images kept (an image split over chunks is encoded once)
+KEEP_BYTES = 256 << 20  # encoded images' features kept (an image split over chunks is encoded once)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ImageFeatures:
         """fb's image rows: their ids (pad ids, never looked up) set to 0 and their embeddings given."""
         self._encode([r.image for r in plan])
         rows = torch.tensor([x for r in plan for x in r.rows], dtype=torch.int64, device=self.device)
-        feats = torch.cat([self._kept[r.image.digest][torch.tensor(r.feats)] for r in plan])
+        feats = torch.cat([self._kept[r.image.digest][torch.tensor(r.feats, device=self.device)] for r in plan])
         fb.input_ids[rows] = 0
         fb.image_rows, fb.image_embeds = rows, feats
 
@@ -75,8 +76,11 @@ class ImageFeatures:
             self.encoded += len(group)
         for im in images:
             self._kept.move_to_end(im.digest)
-        while len(self._kept) > max(KEEP_IMAGES, len(images)):
-            self._kept.popitem(last=False)
+        step = {im.digest for im in images}
+        size = sum(t.numel() * t.element_size() for t in self._kept.values())
+        while size > KEEP_BYTES and next(iter(self._kept)) not in step:
+            _, t = self._kept.popitem(last=False)
+            size -= t.numel() * t.element_size()
 
 
 def image_features(cfg, args, tp, tensors, dtype: torch.dtype, device: torch.device):
