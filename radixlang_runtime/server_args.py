@@ -63,6 +63,7 @@ class ServerArgs:
     # images given as local files (file:// or a path) are read only under this directory (vLLM's flag); None: refused
     allowed_local_media_path: Optional[str] = None
     allowed_media_domains: Optional[list[str]] = None  # http(s) images only from these hosts (vLLM's); None: any
+    limit_mm_per_prompt: Optional[str] = None  # vLLM's: a JSON object, {"image": N} (None: 16 images a prompt)
     # /v1/chat/completions with tools: the output's tool-call format (SGLang's names: hermes, qwen25, llama3,
     # mistral, pythonic); None: told from the chat template's markup (tool_parsers.detect_parser)
     tool_call_parser: Optional[str] = None
@@ -305,6 +306,7 @@ class ServerArgs:
         need(self.max_request_body_bytes >= 1024, "max_request_body_bytes must be >= 1024")
         need(self.allowed_local_media_path is None or os.path.isdir(self.allowed_local_media_path),
              f"allowed_local_media_path must be a directory; got {self.allowed_local_media_path!r}")
+        self.images_per_prompt()  # limit_mm_per_prompt checked at start
         need(self.responses_store_max_entries >= 0 and self.responses_store_max_bytes >= 0
              and self.responses_store_ttl > 0, "responses_store_max_entries / _max_bytes must be >= 0 "
              "(0: nothing is stored), responses_store_ttl > 0")
@@ -396,6 +398,22 @@ class ServerArgs:
                 raise ValueError(f"{name} ttl_s needs hicache_storage_backend redis (an L3 expiry); the file "
                                  "backend's L2 is bounded by hicache_size instead")
         return cfg
+
+    def images_per_prompt(self) -> int:
+        """limit_mm_per_prompt's image count (vLLM's flag: a JSON object of modality counts); 16 by default. Other
+        modalities than image (none is served) must be 0."""
+        if self.limit_mm_per_prompt is None:
+            return 16
+        try:
+            limits = json.loads(self.limit_mm_per_prompt)
+        except ValueError:
+            limits = None
+        if not isinstance(limits, dict) or not all(type(v) is int and v >= 0 for v in limits.values()):
+            raise ValueError(f"limit_mm_per_prompt must be a JSON object of counts, e.g. '{{\"image\": 4}}'; got "
+                             f"{self.limit_mm_per_prompt!r}")
+        if other := sorted(k for k, v in limits.items() if k != "image" and v):
+            raise ValueError(f"limit_mm_per_prompt: {other[0]} inputs are not served (only image)")
+        return limits.get("image", 16)
 
     def speculative_chain_settings(self) -> tuple[int, int, int]:
         """STANDALONE's and NEXTN's draft chain: (num_steps, num_draft_tokens, batch size limit) with the defaults

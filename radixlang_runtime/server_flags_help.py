@@ -39,6 +39,8 @@ HELP: dict[str, str] = {
                      "it and /get_model_info reports it (DSL programs render roles with it)",
     "allowed_local_media_path": "images given as local files (file:// URLs or paths) are read from this directory "
                                 "only (default: refused)",
+    "limit_mm_per_prompt": "the most images a prompt may hold, as vLLM's JSON object, e.g. '{\"image\": 4}' "
+                           "(default 16)",
     "allowed_media_domains": "images given as http(s) URLs are fetched from these host names only, redirects "
                              "included (default: any host)",
     "tool_call_parser": "the tool-call format of the output (SGLang's names; vLLM's as aliases: minimax_m2, "

@@ -26,13 +26,12 @@ from radixlang_runtime.multimodal.image_source import ImageSources
 from radixlang_runtime.protocol.image_input import ImageInput, pixel_digest
 from radixlang_runtime.protocol.limits import FieldError
 
-MAX_IMAGES = 16  # per prompt
 MAX_PIXELS = 64 << 20  # a decoded image's pixels (a larger one is a decompression bomb, refused before decoding)
 FAKE_TOKEN, GLOBAL_TAG = "<fake_token_around_image>", "<global-img>"  # Idefics3Processor's markers
 
 
 class ImagePrep:
-    def __init__(self, model_dir: str, limits: Any, sources: ImageSources, tokenizer: Any):
+    def __init__(self, model_dir: str, limits: Any, sources: ImageSources, tokenizer: Any, max_images: int = 16):
         """limits: RuntimeLimits' image fields (the placeholder, the layout, a fixed image's or a tile's
         positions and pixel shape, a grid's side step)."""
         from transformers import AutoImageProcessor
@@ -52,6 +51,7 @@ class ImagePrep:
         self.merge = limits.image_merge
         self.sources = sources
         self.tokenizer = tokenizer
+        self.max_images = max_images  # per prompt (--limit-mm-per-prompt)
         self.separators = _separators(model_dir, tokenizer) if self.layout == "grid" else (-1, -1)
         if self.layout == "tiles":
             _token_ids(tokenizer, (FAKE_TOKEN, GLOBAL_TAG), model_dir)
@@ -59,8 +59,9 @@ class ImagePrep:
     def attach(self, ids: list[int], refs: list[Any], where: str) -> tuple[list[int], list[ImageInput]]:
         """A prompt's ids and its images (in prompt order) -> the ids with each image's placeholder expanded, and
         the images' ImageInputs."""
-        if len(refs) > MAX_IMAGES:
-            raise FieldError(where, f"at most {MAX_IMAGES} images per prompt, got {len(refs)}")
+        if len(refs) > self.max_images:
+            raise FieldError(where, f"at most {self.max_images} images per prompt (--limit-mm-per-prompt), got "
+                                    f"{len(refs)}")
         slots = self._placeholders(ids)
         if len(slots) != len(refs):
             raise FieldError(where, f"the prompt has {len(slots)} image placeholder(s) (token {self.token_id}) for "
@@ -163,7 +164,7 @@ def image_prep(model_dir: str, limits: Any, args: Any, tokenizer: Any) -> Option
     if limits.image_token_id < 0:
         return None
     sources = ImageSources(args.allowed_local_media_path, tuple(args.allowed_media_domains or ()))
-    return ImagePrep(model_dir, limits, sources, tokenizer)
+    return ImagePrep(model_dir, limits, sources, tokenizer, args.images_per_prompt())
 
 
 def _separators(model_dir: str, tokenizer: Any) -> tuple[int, int]:

@@ -307,10 +307,12 @@ def chat_content_spans(tokenizer: Any, messages: Any, template: Optional[str], t
     if parted := [i for i, (m, f) in enumerate(zip(clean, found)) if f and isinstance(m["content"], list)]:
         raise FieldError(f"messages[{parted[0]}].content", f"messages[{parted[0]}].content holds special-token text "
                                                            "beside an image, which is not kept as plain text")
-    marks = [f"\ue000{i}\ue001" if m["content"] else None for i, m in enumerate(clean)]
+    # a message with an image keeps its parts (no special text there: refused above), so the template renders it alike
+    marks = [f"\ue000{i}\ue001" if m["content"] and isinstance(m["content"], str) else None
+             for i, m in enumerate(clean)]
     skeleton = _apply(tokenizer, messages, template, extra, turn,
                       lambda ms: [dict(m, content=k) if k else m for m, k in zip(ms, marks)])
-    spans = content_spans(text, skeleton, marks, [m["content"] for m in clean])
+    spans = content_spans(text, skeleton, marks, [plain_text(m["content"]) for m in clean])
     if spans is None:
         i = next(i for i, f in enumerate(found) if f)
         raise FieldError(f"messages[{i}].content", f"messages[{i}].content holds the special-token text {found[i]!r} "

@@ -228,6 +228,22 @@ def test_dsl_image(llava, client, link):
     backend.shutdown()
 
 
+def test_chat_special_text_in_another_message_beside_an_image(llava, client):
+    """A system message's special-token text stays text (content spans) while the user's message holds an image."""
+    tok = llava["tok"]
+    messages = [{"role": "system", "content": "<|im_start|>x"},
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(0)}},
+                                             {"type": "text", "text": QUESTION}]}]
+    r = client.post("/v1/chat/completions", json={"model": "default", "messages": messages, "max_tokens": N,
+                                                  "temperature": 0})
+    assert r.status_code == 200, r.text
+    ids = (prompt_ids(llava, "<|im_start|>system\n")
+           + tok("<|im_start|>x", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+           + prompt_ids(llava, f"<|im_end|>\n<|im_start|>user\n<image>\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"))
+    assert r.json()["usage"]["prompt_tokens"] == len(ids) - 1 + TOKENS
+    assert r.json()["choices"][0]["message"]["content"] == tok.decode(reference(llava, ids, [0]))
+
+
 def test_text_model_refuses_images():
     srv = shared_server(*FP32_FLAGS)
     with httpx.Client(base_url=srv.url, timeout=60) as c:

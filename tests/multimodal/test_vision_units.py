@@ -214,7 +214,7 @@ def png_b64(k: int) -> str:
 def _prep(tokens: int = 4, layout: str = "fixed") -> ImagePrep:
     prep = ImagePrep.__new__(ImagePrep)
     prep.token_id, prep.tokens, prep.shape, prep.layout = 9, tokens, [3, 2, 2], layout
-    prep.unit, prep.separators = 0, (-1, -1)
+    prep.unit, prep.separators, prep.max_images = 0, (-1, -1), 16
     prep.sources = ImageSources()
     prep._image = lambda data, where: (bytes(48), [3, 2, 2], [9] * tokens, [])
     return prep
@@ -234,6 +234,21 @@ def test_attach_expands_and_counts():
     assert [(im.offset, im.length) for im in images] == [(1, 4), (6, 4)]
     with pytest.raises(FieldError, match="1 image placeholder"):
         prep.attach([1, 9, 2], ["AAAA", "AAAA"], "image_data")
+
+
+def test_limit_mm_per_prompt():
+    from radixlang_runtime.server_args import ServerArgs
+
+    assert ServerArgs().images_per_prompt() == 16
+    assert ServerArgs(limit_mm_per_prompt='{"image": 2, "video": 0}').images_per_prompt() == 2
+    for bad, words in (('{"video": 1}', "video inputs are not served"), ("4", "JSON object"),
+                       ('{"image": -1}', "JSON object")):
+        with pytest.raises(ValueError, match=words):
+            ServerArgs(limit_mm_per_prompt=bad)
+    prep = _prep()
+    prep.max_images = 2
+    with pytest.raises(FieldError, match="at most 2 images per prompt"):
+        prep.attach([9, 9, 9], ["AAAA"] * 3, "image_data")
 
 
 def test_grid_span_and_features():
