@@ -182,10 +182,10 @@ def hf_idefics3_greedy(model, processor, text: str, images: list[bytes], n: int)
 QWEN_VL_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
 
-def build_tiny_qwen2_5_vl(path, seed: int = 0):
-    """A Qwen2_5_VLForConditionalGeneration (a 2-block windowed tower, 14-pixel patches merged 2 x 2, images of 4 to
-    12 merged features; multimodal rope sections 2 / 3 / 3) saved to path; returns (the eval-mode float32 model, its
-    image processor, the <|image_pad|> id)."""
+def build_tiny_qwen_vl(path, version: str = "2.5", seed: int = 0):
+    """A Qwen2_5_VLForConditionalGeneration (version 2.5: a 2-block windowed tower) or Qwen2VLForConditionalGeneration
+    (2: a 2-block tower), 14-pixel patches merged 2 x 2, images of 4 to 12 merged features, multimodal rope sections
+    2 / 3 / 3, saved to path; returns (the eval-mode float32 model, its image processor, the <|image_pad|> id)."""
     import torch
     import transformers
     from transformers import AutoTokenizer
@@ -199,13 +199,18 @@ def build_tiny_qwen2_5_vl(path, seed: int = 0):
     # weights drawn wide (initializer_range 0.5): sharp attention, so the output depends on the positions
     text = dict(vocab_size=len(tok), **TEXT_TINY, initializer_range=0.5,
                 rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": [2, 3, 3]})
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
-    cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=pad,
-                                        vision_start_token_id=start, vision_end_token_id=end, video_token_id=pad + 100,
-                                        tie_word_embeddings=False)
+    common = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    if version == "2.5":
+        vision = dict(common, hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=56,
+                      fullatt_block_indexes=[1])
+        config_cls, model_cls = transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration
+    else:
+        vision = dict(common, embed_dim=32, hidden_size=64, mlp_ratio=2)
+        config_cls, model_cls = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
+    cfg = config_cls(text_config=text, vision_config=vision, image_token_id=pad, vision_start_token_id=start,
+                     vision_end_token_id=end, video_token_id=pad + 100, tie_word_embeddings=False)
     torch.manual_seed(seed)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).to(torch.float32).eval()
+    model = model_cls(cfg).to(torch.float32).eval()
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     processor = transformers.Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 12, patch_size=14,

@@ -10,7 +10,7 @@ expanded here to its span, as transformers' processor for the model writes it:
   [IMG_END] (PixtralProcessor);
 - tiles (Idefics3 / SmolVLM): per tile <fake_token_around_image><row_r_col_c> and its image tokens, a newline
   after each row, then the whole image's tile after <global-img> (Idefics3Processor);
-- patches (Qwen2.5-VL): t x h x w / merge^2 image tokens for the image's patch grid (Qwen2VLProcessor).
+- patches (Qwen2-VL, Qwen2.5-VL): t x h x w / merge^2 image tokens for the image's patch grid (Qwen2VLProcessor).
 The number of placeholders must equal the number of images. Every problem is a FieldError (HTTP 400).
 """
 

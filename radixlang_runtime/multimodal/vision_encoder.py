@@ -8,7 +8,7 @@ values, in the runner's dtype. features(pixels) is transformers' get_image_featu
 - Mistral3: Pixtral's hidden states at the image's own size, an RMSNorm, each merge x merge block of patches
   merged by a learned linear (row-major over the merged grid), then linear_1 / act / linear_2;
 - Idefics3: each tile's last hidden state, a pixel shuffle by merge (scale_factor), then one linear (proj);
-- Qwen2.5-VL: the tower over the image's patches and grid, its merger included (pooler_output).
+- Qwen2-VL / Qwen2.5-VL: the tower over the image's patches and grid, its merger included (pooler_output).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def _tower(spec: VisionSpec, device: torch.device) -> nn.Module:
                "siglip_vision_model": ("SiglipVisionConfig", "SiglipVisionModel"),
                "pixtral": ("PixtralVisionConfig", "PixtralVisionModel"),
                "idefics3_vision": ("Idefics3VisionConfig", "Idefics3VisionTransformer"),
+               "qwen2_vl": ("Qwen2VLVisionConfig", "Qwen2VisionTransformerPretrainedModel"),
+               "qwen2_vl_vision": ("Qwen2VLVisionConfig", "Qwen2VisionTransformerPretrainedModel"),
                "qwen2_5_vl": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel"),
                "qwen2_5_vl_vision": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel")}
     config_cls, model_cls = classes[spec.tower_type]
@@ -41,8 +43,12 @@ def _tower(spec: VisionSpec, device: torch.device) -> nn.Module:
     if spec.tower_type == "siglip_vision_model":
         fields["vision_use_head"] = False  # its pooled output is not read: only the hidden states
     cfg = getattr(transformers, config_cls)(**fields)
+    if model_cls == "Qwen2VisionTransformerPretrainedModel":  # not exported at transformers' top level
+        from transformers.models.qwen2_vl import modeling_qwen2_vl as module
+    else:
+        module = transformers
     with no_init_weights(), torch.device(device):
-        return getattr(transformers, model_cls)(cfg)
+        return getattr(module, model_cls)(cfg)
 
 
 def _linear(tensors, name: str, bias: bool, dtype: torch.dtype, device: torch.device) -> nn.Linear:
@@ -77,8 +83,8 @@ class VisionEncoder(nn.Module):
             layers = self.tower.encoder.layers
             self.feature_layers = tuple(i if i >= 0 else len(layers) + 1 + i for i in spec.feature_layers)
             self.tower.encoder.layers = layers[:max(self.feature_layers)]
-        if spec.layout == "patches":  # Qwen2.5-VL: the merger is the tower's
-            self.hidden_size = int(spec.tower.get("out_hidden_size", 3584))
+        if spec.layout == "patches":  # Qwen-VL: the merger is the tower's (Qwen2-VL's hidden_size is the text's)
+            self.hidden_size = int(spec.tower.get("out_hidden_size") or spec.tower["hidden_size"])
             return
         if spec.layout == "tiles":  # Idefics3: the pixel shuffle's one linear
             self.proj = _linear(tensors, projector + "modality_projection.proj", False, dtype, device)

@@ -1,11 +1,11 @@
-"""VisionSpec: what a vision checkpoint's config.json says about its images (torch-free: the server's intake and
-the runner both read it).
+"""VisionSpec: what a vision checkpoint's config.json says about its images (torch-free: the server's intake and the
+runner both read it).
 
 LlavaForConditionalGeneration (transformers' LlavaConfig): a vision tower (`vision_config`: CLIP or SigLIP) whose
 hidden states at `vision_feature_layer` (an index, or a list of them concatenated), less the CLS position under
 `vision_feature_select_strategy` "default", pass a two-layer projector (`projector_hidden_act`,
-`multimodal_projector_bias`) into the text model's embedding space. An image is one `image_token_index` token in
-the prompt, expanded to `tokens` positions whose embeddings are the projected features.
+`multimodal_projector_bias`) into the text model's embedding space. An image is one `image_token_index` token in the
+prompt, expanded to `tokens` positions whose embeddings are the projected features.
 
 Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2): a Pixtral tower at the image's own size (a multiple of
 patch_size x spatial_merge_size, up to vision_config.image_size), then an RMSNorm, a learned merge of each
@@ -13,17 +13,17 @@ spatial_merge_size^2 block of patches, and the two-layer projector. An image is 
 features, each row ended by [IMG_BREAK] and the last by [IMG_END] (tokens = 0 here: the count is the image's).
 
 Idefics3ForConditionalGeneration (SmolVLM): the image processor splits an image into tiles of
-vision_config.image_size (rows x cols, plus the whole image shrunk to one tile); each tile passes the
-Idefics3 vision transformer, a pixel shuffle by `scale_factor` and one linear (`tokens` features a tile). The
-prompt holds each tile's features after its <fake_token_around_image><row_r_col_c> markers, as transformers'
-Idefics3Processor writes them.
+vision_config.image_size (rows x cols, plus the whole image shrunk to one tile); each tile passes the Idefics3
+vision transformer, a pixel shuffle by `scale_factor` and one linear (`tokens` features a tile). The prompt holds
+each tile's features after its <fake_token_around_image><row_r_col_c> markers, as transformers' Idefics3Processor
+writes them.
 
-Qwen2_5_VLForConditionalGeneration: the image processor resizes each image to multiples of patch_size x
-spatial_merge_size and flattens it into patches of temporal_patch_size frames (the grid [t, h, w], image_grid_thw);
-Qwen2.5-VL's windowed vision transformer and its merger give t x h x w / merge^2 features, which fill that many
-<|image_pad|> positions. The text model's rope is multimodal (mrope_section): an image's positions count
-(t, row, column) from where it starts, and the text after it resumes at that start + max(rows, columns)
-(model/executor/mrope.py).
+Qwen2_5_VLForConditionalGeneration and Qwen2VLForConditionalGeneration: the image processor resizes each image to
+multiples of patch_size x spatial_merge_size and flattens it into patches of temporal_patch_size frames (the grid
+[t, h, w], image_grid_thw); the vision transformer (Qwen2.5-VL's windowed) and its merger give t x h x w / merge^2
+features, which fill that many <|image_pad|> positions. The text model's rope is multimodal (mrope_section): an
+image's positions count (t, row, column) from where it starts, and the text after it resumes at that start +
+max(rows, columns) (model/executor/mrope.py).
 
 Fields that change that math and are not implemented are refused by name.
 """
@@ -121,10 +121,14 @@ def parse_idefics3(cfg: dict) -> VisionSpec:
                       merge=scale, layout="tiles")
 
 
-def parse_qwen2_5_vl(cfg: dict) -> VisionSpec:
-    """config.json of a Qwen2_5_VLForConditionalGeneration -> its VisionSpec."""
-    arch = "Qwen2_5_VLForConditionalGeneration"
-    vision = _section(cfg, "vision_config", ("qwen2_5_vl", "qwen2_5_vl_vision"), arch)  # the hub's, transformers 5's
+# the vision_config model_types of each Qwen-VL (the hub's, then transformers 5's)
+QWEN_VL_TOWERS = {"Qwen2VLForConditionalGeneration": ("qwen2_vl", "qwen2_vl_vision"),
+                  "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "qwen2_5_vl_vision")}
+
+
+def parse_qwen_vl(cfg: dict, arch: str) -> VisionSpec:
+    """config.json of a Qwen2VLForConditionalGeneration or Qwen2_5_VLForConditionalGeneration -> its VisionSpec."""
+    vision = _section(cfg, "vision_config", QWEN_VL_TOWERS[arch], arch)
     if int(vision.get("temporal_patch_size", 2)) < 1 or int(vision.get("spatial_merge_size", 2)) < 1:
         raise ValueError(f"vision_config's temporal_patch_size and spatial_merge_size must be >= 1 ({arch})")
     return VisionSpec(arch, int(cfg.get("image_token_id", 151655)), 0, vision, (-1,), False, "", False,

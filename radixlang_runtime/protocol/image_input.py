@@ -26,7 +26,7 @@ class ImageInput:
     # the span's positions (from offset, increasing) that hold a feature, the others keeping the text's own tokens
     # (Pixtral's row separators, Idefics3's tile markers); []: every position holds one (LLaVA)
     positions: list[int] = field(default_factory=list)
-    # Qwen2.5-VL: its patch grid [t, h, w] (image_grid_thw), which the tower reads and its multimodal rope
+    # Qwen-VL: its patch grid [t, h, w] (image_grid_thw), which the tower reads and its multimodal rope
     # positions follow (model/executor/mrope.py); []: none
     grid: list[int] = field(default_factory=list)
 

@@ -21,7 +21,7 @@ from radixlang_runtime.protocol.image_input import PAD_BASE, ImageInput, is_pad,
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
 from radixlang_runtime.protocol.sampling_params import SamplingParams
-from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, build_tiny_qwen2_5_vl,
+from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, build_tiny_qwen_vl,
                                 hf_idefics3_greedy, hf_llava_greedy, hf_mistral3_greedy, hf_qwen_vl_greedy,
                                 http_images, png)
 
@@ -172,7 +172,8 @@ def test_idefics3_tiles_engine(tmp_path):
         engine.shutdown()
 
 
-def test_qwen2_5_vl_multimodal_rope_engine(tmp_path):
+@pytest.mark.parametrize("version", ["2.5", "2"])
+def test_qwen_vl_multimodal_rope_engine(tmp_path, version):
     """Two images of different grids, prefill chunks that split them, decoding past the prompt (positions shifted by
     the images): transformers' ids token for token; a cache hit and a second image after a cached first one too.
     The contrast: the same engine with plain positions gives other ids (the model reads the positions)."""
@@ -180,7 +181,7 @@ def test_qwen2_5_vl_multimodal_rope_engine(tmp_path):
 
     from radixlang_runtime.entrypoints.engine import Engine
 
-    model, processor, pad = build_tiny_qwen2_5_vl(tmp_path)
+    model, processor, pad = build_tiny_qwen_vl(tmp_path, version)
     images = [png(1, (60, 40)), png(2, (30, 90)), png(3, (50, 50))]
     text = ("Look <|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|> "
             "then answer it.")

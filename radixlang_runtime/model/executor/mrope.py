@@ -1,4 +1,4 @@
-"""Multimodal rope positions (Qwen2.5-VL, ModelConfig.mrope_section) of a step's rows.
+"""Multimodal rope positions (Qwen2-VL, Qwen2.5-VL; ModelConfig.mrope_section) of a step's rows.
 
 A prompt's text counts positions one by one, as any model's. An image of grid [t, h, w] (image_grid_thw; h and w
 in patches, merge x merge of them one feature) starting where the text's next position s would be fills its

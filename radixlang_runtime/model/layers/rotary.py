@@ -162,7 +162,7 @@ class Rotary:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     def cos_sin_mrope(self, positions: torch.Tensor, section: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Multimodal rope (Qwen2.5-VL): positions [3, T] (frame, row, column) -> cos [T, 1, d], sin [T, 1, d / 2];
+        """Multimodal rope (Qwen-VL): positions [3, T] (frame, row, column) -> cos [T, 1, d], sin [T, 1, d / 2];
         the rotary half's lanes in order split by `section`, the k-th part rotating by axis k % 3 (transformers'
         mrope_section)."""
         axis = torch.cat([torch.full((n,), k % 3, dtype=torch.int64) for k, n in enumerate(section)])

@@ -69,7 +69,7 @@ class ModelConfig:
     linear_attn: Optional[RecurrentSpec] = None
     quant: Optional[Any] = None  # quantization_config's spec (model/prequant/); None: float weights
     vision: Optional[Any] = None  # image input (multimodal/vision_spec.VisionSpec: LLaVA); None: text only
-    # multimodal rope (Qwen2.5-VL): the rotary half's lanes per axis (t, row, column); (): one position per token
+    # multimodal rope (Qwen-VL): the rotary half's lanes per axis (t, row, column); (): one position per token
     mrope_section: tuple[int, ...] = ()
     num_labels: int = 0  # a sequence classifier's score head rows (models/sequence_classifier.py); 0: an LM head
     # Gemma 4: the last kv_shared_layers layers read an earlier layer's K/V and have no pool plane of their own

@@ -1,15 +1,16 @@
 """The vision-language architectures: LlavaForConditionalGeneration, Mistral3ForConditionalGeneration,
-Idefics3ForConditionalGeneration (SmolVLM) and Qwen2_5_VLForConditionalGeneration. Each is the text model of its
-text_config (Llama, Mistral or Qwen2: the native decoder of models/llama.py; Qwen2.5-VL's with its multimodal rope
-sections) with images, whose projected features take their placeholder positions' embeddings.
+Idefics3ForConditionalGeneration (SmolVLM), Qwen2VLForConditionalGeneration and Qwen2_5_VLForConditionalGeneration.
+Each is the text model of its text_config (Llama, Mistral or Qwen2: the native decoder of models/llama.py; the
+Qwen-VLs' with their multimodal rope sections) with images, whose projected features take their placeholder
+positions' embeddings.
 
 The config's image path is a VisionSpec (multimodal/vision_spec.py) on ModelConfig.vision; the runner builds the
-vision tower beside the decoder (multimodal/vision_encoder.py) and places its features (executor/image_step.py).
-The decoder reads its tensors through VisionTextTensors, under the names a causal LM has: transformers writes
-them as `language_model.model.*` / `language_model.lm_head.*` (and newer files as `model.language_model.*` /
-`lm_head.*`), the tower under `vision_tower.` and the projector under `multi_modal_projector.` either way;
-Idefics3 as `model.text_model.*`, `model.vision_model.*` and `model.connector.*`; Qwen2.5-VL as `model.*` and
-`visual.*` (the hub's) or `model.language_model.*` and `model.visual.*`.
+vision tower beside the decoder (multimodal/vision_encoder.py) and places its features (executor/image_step.py). The
+decoder reads its tensors through VisionTextTensors, under the names a causal LM has: transformers writes them as
+`language_model.model.*` / `language_model.lm_head.*` (and newer files as `model.language_model.*` / `lm_head.*`),
+the tower under `vision_tower.` and the projector under `multi_modal_projector.` either way; Idefics3 as
+`model.text_model.*`, `model.vision_model.*` and `model.connector.*`; Qwen-VL as `model.*` and `visual.*` (the
+hub's) or `model.language_model.*` and `model.visual.*`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from radixlang_runtime.model.loader.config import ModelConfig
 from radixlang_runtime.model.models.llama_family import parse_llama, parse_mistral, parse_qwen2
-from radixlang_runtime.multimodal.vision_spec import (parse_idefics3, parse_llava, parse_mistral3, parse_qwen2_5_vl,
+from radixlang_runtime.multimodal.vision_spec import (parse_idefics3, parse_llava, parse_mistral3, parse_qwen_vl,
                                                       qwen_vl_text, text_config)
 
 _TEXT_PARSERS = {"llama": parse_llama, "mistral": parse_mistral, "qwen2": parse_qwen2}
@@ -53,13 +54,14 @@ def parse_idefics3_model(cfg: dict) -> ModelConfig:
     return _with_vision(cfg, parse_idefics3(cfg))
 
 
-def parse_qwen2_5_vl_model(cfg: dict) -> ModelConfig:
-    """Qwen2_5_VLForConditionalGeneration's config.json -> the Qwen2 decoder's ModelConfig with its multimodal rope
-    sections, and the VisionSpec."""
-    spec = parse_qwen2_5_vl(cfg)
-    text, section = qwen_vl_text(cfg, spec.architecture)
-    out = parse_qwen2(text)
-    return dataclasses.replace(out, architecture=spec.architecture, vision=spec, mrope_section=section)
+def qwen_vl_parser(arch: str):
+    """Qwen2VL- / Qwen2_5_VLForConditionalGeneration's config.json -> the Qwen2 decoder's ModelConfig with its
+    multimodal rope sections, and the VisionSpec."""
+    def parse(cfg: dict) -> ModelConfig:
+        spec = parse_qwen_vl(cfg, arch)
+        text, section = qwen_vl_text(cfg, arch)
+        return dataclasses.replace(parse_qwen2(text), architecture=arch, vision=spec, mrope_section=section)
+    return parse
 
 
 def _with_vision(cfg: dict, spec) -> ModelConfig:
