@@ -1,6 +1,6 @@
-"""Time to the first token of an image request, on CPU: a random LLaVA-1.5-shaped checkpoint (a CLIP ViT-L/14 tower
-at 336 pixels: 576 positions an image; a SmolLM2-135M-shaped text model; the embedded tokenizer with an <image>
-token), bf16, one request at a time, max_new_tokens 1:
+"""Time to the first token of an image request, on CPU: a random LLaVA-1.5-shaped checkpoint (random_checkpoint.
+build_llava: a CLIP ViT-L/14 tower at 336 pixels, 576 positions an image, beside a SmolLM2-135M-shaped text model),
+bf16, one request at a time, max_new_tokens 1:
 
   new image     an image the server has not seen: the tower, the projector and the prefill of ~590 positions
   same image    the same request again: its positions come from the prefix cache (keyed by the pixels)
@@ -26,36 +26,9 @@ import statistics
 import time
 
 from bench_common import in_child
+from random_checkpoint import build_llava
 
 TEXT = "<image>\nDescribe the picture in one word."
-
-
-def build(path: str) -> str:
-    """The checkpoint, written once (transformers' random init in float32, saved in bf16)."""
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    import torch
-    import transformers
-    from transformers import AutoTokenizer
-
-    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
-
-    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    text = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=576, intermediate_size=1536,
-                                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                                    max_position_embeddings=2048, tie_word_embeddings=True)
-    vision = transformers.CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                                           num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
-    cfg = transformers.LlavaConfig(text_config=text, vision_config=vision,
-                                   image_token_index=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(cfg).to(torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    transformers.CLIPImageProcessor(size={"shortest_edge": 336},
-                                    crop_size={"height": 336, "width": 336}).save_pretrained(path)
-    return path
 
 
 def png(seed: int) -> bytes:
@@ -133,7 +106,7 @@ def main() -> None:
     ap.add_argument("--random-dir", default="/tmp/radixlang-random")
     a = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
-    model = build(os.path.join(a.random_dir, "llava_clip_l"))
+    model = build_llava(os.path.join(a.random_dir, "llava_clip_l"))
     seeds = list(range(1, a.rounds + 1))
     mine = in_child(ours, model, seeds, a.threads)
     theirs = in_child(peer, model, seeds, a.threads)

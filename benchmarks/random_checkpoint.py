@@ -83,6 +83,38 @@ def build(name: str, out_dir: str) -> str:
     return out_dir
 
 
+def build_llava(out_dir: str) -> str:
+    """A LLaVA-1.5-shaped checkpoint (a CLIP ViT-L/14 tower at 336 pixels: 576 positions an image, beside a
+    SmolLM2-135M-shaped text model; the embedded tokenizer with an <image> token; CLIP's image processor), bfloat16,
+    written to out_dir unless it is there (bench_images.py); returns it."""
+    if os.path.isfile(os.path.join(out_dir, "config.json")):
+        return out_dir
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from radixlang_runtime.model.loader.resolve import embedded_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    text = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=576, intermediate_size=1536,
+                                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                    max_position_embeddings=2048, tie_word_embeddings=True)
+    vision = transformers.CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                                           num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
+    cfg = transformers.LlavaConfig(text_config=text, vision_config=vision,
+                                   image_token_index=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(cfg).to(torch.bfloat16)
+    tmp = out_dir.rstrip("/") + ".tmp"
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 336},
+                                    crop_size={"height": 336, "width": 336}).save_pretrained(tmp)
+    os.rename(tmp, out_dir)
+    return out_dir
+
+
 def add_prediction_layer(path: str, n: int, hidden: int) -> None:
     """model.layers.{n}: layer n - 1's block, enorm / hnorm / shared_head.norm at 1, a random eh_proj, the head and
     the embedding as the decoder's (DeepSeek V3's names; models/nextn.py)."""

@@ -21,10 +21,6 @@ from torch import nn
 
 from radixlang_runtime.multimodal.vision_spec import VisionSpec
 
-_ACTS = {"gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-         "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "relu": F.relu, "silu": F.silu}
-
-
 def _tower(spec: VisionSpec, device: torch.device) -> nn.Module:
     """transformers' vision model for the spec's vision_config, its weights left uninitialized (they are loaded)."""
     import transformers
@@ -100,7 +96,9 @@ class VisionEncoder(nn.Module):
         if self.linear_1.in_features != width:
             raise ValueError(f"{projector}linear_1.weight has {self.linear_1.in_features} input columns; the tower's "
                              f"features have {width}")
-        self.act = _ACTS[spec.projector_act]
+        from transformers.activations import ACT2FN  # the projector's activation, as transformers runs it
+
+        self.act = ACT2FN[spec.projector_act]
         self.hidden_size = self.linear_2.out_features
 
     @torch.inference_mode()
@@ -126,8 +124,7 @@ class VisionEncoder(nn.Module):
         h, w = pixels.shape[1:]
         out = self.tower(pixels[None], image_sizes=[(h, w)], output_hidden_states=True)
         x = torch.cat([out.hidden_states[i] for i in self.spec.feature_layers], dim=-1)[0]  # [patches, d]
-        xf = x.float()
-        x = self.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.norm_eps)).to(x.dtype)
+        x = F.rms_norm(x, self.norm_weight.shape, self.norm_weight, self.spec.norm_eps)
         patch, m = self.spec.unit // self.spec.merge, self.spec.merge
         grid = x.view(h // patch, w // patch, -1).permute(2, 0, 1)[None]  # [1, d, gh, gw]
         blocks = F.unfold(grid, kernel_size=m, stride=m)  # [1, d * m * m, rows * cols]

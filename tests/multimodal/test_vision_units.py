@@ -21,6 +21,7 @@ from radixlang_runtime.protocol.image_input import PAD_BASE, ImageInput, is_pad,
 from radixlang_runtime.protocol.limits import FieldError
 from radixlang_runtime.protocol.messages import TokenizedGenerateReq, decode, encode
 from radixlang_runtime.protocol.sampling_params import SamplingParams
+from conftest import assert_whole
 from vision_checkpoints import (build_tiny_idefics3, build_tiny_llava, build_tiny_mistral3, build_tiny_qwen_vl,
                                 hf_idefics3_greedy, hf_llava_greedy, hf_mistral3_greedy, hf_qwen_vl_greedy,
                                 http_images, png)
@@ -115,6 +116,15 @@ def test_engine_greedy_with_a_split_image(tmp_path):
         penalized = engine.generate(text, {**sp, "repetition_penalty": 1.3}, image_data=png_b64(3))
         assert len(penalized["output_ids"]) == 8
         assert engine.runner.images.encoded == 1  # the same pixels: kept, not encoded again
+        # a tower that fails fails its request with the error, and the engine goes on whole
+        encoder = engine.runner.images.encoder
+        engine.runner.images.encoder = types.SimpleNamespace(features=lambda *a: (_ for _ in ()).throw(
+            RuntimeError("tower down")))
+        with pytest.raises(RuntimeError, match="tower down"):
+            engine.generate(text, sp, image_data=png_b64(4))
+        engine.runner.images.encoder = encoder
+        assert engine.generate(text, sp, image_data=png_b64(4))["meta_info"]["completion_tokens"] == 8
+        assert_whole(engine)
     finally:
         engine.shutdown()
 
